@@ -1,0 +1,304 @@
+#!/usr/bin/python3
+"""Integration test of concord-train's command line (and concord-run's
+handling of failing workers).
+
+    /usr/bin/python3 tests/integration/test_train_cli.py --bin-dir build/bin [--keep]
+
+Bad inputs: concord-train must reject each one before training starts (no
+coordinator needed: it is run directly, without concord-run) with exit status
+2 and exactly one non-empty line on stderr that names the offending file (its
+path) or flag, within 60 s, and must not write --output. The same rejection
+through `concord-run --standalone --nproc 2` must make concord-run exit 2 and
+show the worker's message.
+
+Success: `concord-run --standalone --nproc 1 -- concord-train ...` writes
+--output (a dict name -> tensor with the scripted module's state_dict() keys,
+dtypes and shapes, readable by torch.load) and --metrics-out (JSON with
+world_size, steps, step_time_ms_mean, step_time_ms_median,
+samples_per_second, final_loss).
+
+Prints one line per check and a final 'N passed, N failed'; exits 1 on any
+failure.
+"""
+
+import argparse
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "reference"))
+
+import torch  # noqa: E402
+
+import fixtures  # noqa: E402
+
+CALL_TIMEOUT = 60.0
+
+
+class Checks(object):
+    def __init__(self):
+        self.passed = 0
+        self.failed = 0
+
+    def ok(self, name, detail=""):
+        self.passed += 1
+        print("PASS %s%s" % (name, (": " + detail) if detail else ""), flush=True)
+
+    def fail(self, name, detail):
+        self.failed += 1
+        print("FAIL %s: %s" % (name, detail), flush=True)
+
+    def check(self, cond, name, detail=""):
+        if cond:
+            self.ok(name)
+        else:
+            self.fail(name, detail)
+        return cond
+
+    def finish(self):
+        print("%d passed, %d failed" % (self.passed, self.failed), flush=True)
+        return 1 if self.failed else 0
+
+
+def nonempty_lines(text):
+    return [line for line in text.splitlines() if line.strip()]
+
+
+def expect_rejection(checks, name, cmd, needles, output_path, one_line=True):
+    """cmd must exit 2 within CALL_TIMEOUT, print one non-empty stderr line (if
+    one_line) containing at least one of needles, and not create output_path."""
+    if output_path and os.path.exists(output_path):
+        os.remove(output_path)
+    r = fixtures.run_command(cmd, timeout=CALL_TIMEOUT)
+    problems = []
+    if r.timed_out:
+        problems.append("did not finish within %.0f s" % CALL_TIMEOUT)
+    elif r.returncode != 2:
+        problems.append("exit status %s, expected 2" % r.returncode)
+    lines = nonempty_lines(r.stderr)
+    if one_line and len(lines) != 1:
+        problems.append("%d non-empty stderr lines, expected exactly 1" % len(lines))
+    if not any(n in r.stderr for n in needles):
+        problems.append("stderr names none of %s" % (needles,))
+    if output_path and os.path.exists(output_path):
+        problems.append("--output %s was written" % output_path)
+    if problems:
+        checks.fail(name, "; ".join(problems) + "\n" + r.describe())
+    else:
+        checks.ok(name, "exit 2 in %.1fs: %s" % (r.elapsed, lines[-1].strip() if lines else ""))
+    return not problems
+
+
+def write_bad_files(d):
+    """Bad model and data files. Returns a dict name -> path."""
+    os.makedirs(d, exist_ok=True)
+    paths = {}
+    g = torch.Generator().manual_seed(5)
+
+    paths["random_bytes"] = os.path.join(d, "random_bytes.pt")
+    with open(paths["random_bytes"], "wb") as f:
+        f.write(bytes(torch.randint(0, 256, (4096,), generator=g, dtype=torch.uint8).tolist()))
+
+    paths["tensor_file"] = os.path.join(d, "a_tensor.pt")
+    torch.save(torch.randn(4, 4, generator=g), paths["tensor_file"])
+
+    x = torch.randn(24, 3, 8, 8, generator=g)
+    y = torch.randint(0, 10, (24,), generator=g, dtype=torch.int64)
+
+    paths["data_not_dict"] = os.path.join(d, "data_not_dict.pt")
+    torch.save(x, paths["data_not_dict"])
+
+    paths["data_no_targets"] = os.path.join(d, "data_no_targets.pt")
+    torch.save({"inputs": x}, paths["data_no_targets"])
+
+    paths["data_len_mismatch"] = os.path.join(d, "data_len_mismatch.pt")
+    torch.save({"inputs": x, "targets": y[:23]}, paths["data_len_mismatch"])
+
+    paths["data_float_targets"] = os.path.join(d, "data_float_targets.pt")
+    torch.save({"inputs": x, "targets": y.to(torch.float32)}, paths["data_float_targets"])
+
+    # For the mlp model (16 -> 4): targets with 3 columns do not match.
+    xm = torch.randn(24, fixtures.MLP_IN, generator=g)
+    paths["data_mse_shape"] = os.path.join(d, "data_mse_shape.pt")
+    torch.save({"inputs": xm, "targets": torch.randn(24, fixtures.MLP_OUT - 1, generator=g)},
+               paths["data_mse_shape"])
+    return paths
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--bin-dir", required=True)
+    p.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    return p.parse_args()
+
+
+def run(args, checks, tmp):
+    bin_dir = os.path.abspath(args.bin_dir)
+    run_bin = os.path.join(bin_dir, "concord-run")
+    train_bin = os.path.join(bin_dir, "concord-train")
+    missing = [b for b in (run_bin, train_bin) if not os.access(b, os.X_OK)]
+    if missing:
+        checks.fail("concord binaries present", "not found or not executable: %s" % missing)
+        return
+
+    cnn_model, cnn_data = fixtures.make_fixture(os.path.join(tmp, "cnn"), "cnn", 40, 11)
+    mlp_model, mlp_data = fixtures.make_fixture(os.path.join(tmp, "mlp"), "mlp", 24, 12)
+    bad = write_bad_files(os.path.join(tmp, "bad"))
+    out = os.path.join(tmp, "out", "final.pt")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    nowhere = os.path.join(tmp, "does_not_exist", "model.pt")
+    nowhere_data = os.path.join(tmp, "does_not_exist", "data.pt")
+
+    def train(model=cnn_model, data=cnn_data, loss="cross_entropy", extra=(), drop=()):
+        flags = [("--model", model), ("--data", data), ("--loss", loss),
+                 ("--optimizer", "sgd"), ("--lr", "0.01"), ("--batch-size", "8"),
+                 ("--epochs", "1"), ("--output", out)]
+        cmd = [train_bin]
+        for k, v in flags:
+            if k not in drop:
+                cmd += [k, v]
+        return cmd + list(extra)
+
+    # --- bad files, concord-train run directly ---------------------------
+    expect_rejection(checks, "missing --model file", train(model=nowhere), [nowhere], out)
+    expect_rejection(checks, "--model is random bytes", train(model=bad["random_bytes"]),
+                     [bad["random_bytes"]], out)
+    expect_rejection(checks, "--model is a torch.save'd tensor, not TorchScript",
+                     train(model=bad["tensor_file"]), [bad["tensor_file"]], out)
+    expect_rejection(checks, "missing --data file", train(data=nowhere_data), [nowhere_data], out)
+    expect_rejection(checks, "--data is random bytes", train(data=bad["random_bytes"]),
+                     [bad["random_bytes"]], out)
+    expect_rejection(checks, "--data is a tensor, not a dict", train(data=bad["data_not_dict"]),
+                     [bad["data_not_dict"]], out)
+    expect_rejection(checks, "--data lacks 'targets'", train(data=bad["data_no_targets"]),
+                     [bad["data_no_targets"]], out)
+    expect_rejection(checks, "--data inputs/targets length mismatch",
+                     train(data=bad["data_len_mismatch"]), [bad["data_len_mismatch"]], out)
+    # Incompatibility between model output and targets: the message may name
+    # either file.
+    expect_rejection(checks, "cross_entropy with float targets",
+                     train(data=bad["data_float_targets"]),
+                     [bad["data_float_targets"], cnn_model], out)
+    expect_rejection(checks, "mse with output/target shape mismatch",
+                     train(model=mlp_model, data=bad["data_mse_shape"], loss="mse"),
+                     [bad["data_mse_shape"], mlp_model], out)
+
+    # --- bad flags ----------------------------------------------------------
+    expect_rejection(checks, "unknown flag", train(extra=["--no-such-flag", "1"]),
+                     ["no-such-flag"], out)
+    expect_rejection(checks, "--epochs 0", train(drop=("--epochs",), extra=["--epochs", "0"]),
+                     ["epochs"], out)
+    expect_rejection(checks, "negative --batch-size",
+                     train(drop=("--batch-size",), extra=["--batch-size", "-4"]),
+                     ["batch-size", "batch_size"], out)
+    expect_rejection(checks, "--batch-size 0",
+                     train(drop=("--batch-size",), extra=["--batch-size", "0"]),
+                     ["batch-size", "batch_size"], out)
+    expect_rejection(checks, "unknown --loss", train(loss="hinge"), ["loss", "hinge"], out)
+    expect_rejection(checks, "--model not given", train(drop=("--model",)), ["model"], out)
+
+    # --- rejection through concord-run (2 workers) ---------------------------
+    launch = [run_bin, "--standalone", "--nproc", "2", "--job-id", "cli-bad", "--"]
+    expect_rejection(checks, "concord-run --nproc 2: missing --model file",
+                     launch + train(model=nowhere), [nowhere], out, one_line=False)
+    expect_rejection(checks, "concord-run --nproc 2: inputs/targets length mismatch",
+                     launch + train(data=bad["data_len_mismatch"]),
+                     [bad["data_len_mismatch"]], out, one_line=False)
+
+    # --- success, world size 1 through concord-run ------------------------
+    n_samples, bs, epochs = 40, 8, 2
+    steps_expected = epochs * ((n_samples + bs - 1) // bs)
+    initial = fixtures.initial_state(cnn_model)
+    for label, extra in (("", []), (" --shuffle --seed 3", ["--shuffle", "--seed", "3"])):
+        name = "concord-run --nproc 1 trains%s" % label
+        out_ok = os.path.join(tmp, "ok%d" % len(extra), "final.pt")
+        metrics = os.path.join(tmp, "ok%d" % len(extra), "metrics.json")
+        os.makedirs(os.path.dirname(out_ok), exist_ok=True)
+        cmd = [run_bin, "--standalone", "--nproc", "1", "--job-id", "cli-ok", "--", train_bin,
+               "--model", cnn_model, "--data", cnn_data, "--loss", "cross_entropy",
+               "--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9",
+               "--weight-decay", "1e-4", "--batch-size", str(bs), "--epochs", str(epochs),
+               "--log-interval", "2", "--output", out_ok, "--metrics-out", metrics] + extra
+        r = fixtures.run_command(cmd, timeout=120)
+        if not checks.check(r.returncode == 0 and not r.timed_out, name, r.describe()):
+            continue
+        if not checks.check(os.path.isfile(out_ok), name + ": --output written", r.describe()):
+            continue
+        try:
+            final = fixtures.load_state(out_ok)
+        except Exception as e:  # noqa: BLE001
+            checks.fail(name + ": torch.load reads --output", "%s: %s" % (type(e).__name__, e))
+            continue
+        problems = []
+        if set(final) != set(initial):
+            problems.append("keys %s, expected %s" % (sorted(final), sorted(initial)))
+        for k in sorted(set(final) & set(initial)):
+            if final[k].dtype != initial[k].dtype or final[k].shape != initial[k].shape:
+                problems.append("%s: %s%s, expected %s%s" % (k, final[k].dtype, tuple(final[k].shape),
+                                                             initial[k].dtype, tuple(initial[k].shape)))
+        checks.check(not problems, name + ": --output has the state_dict keys, dtypes, shapes",
+                     "; ".join(problems))
+        changed = [k for k in fixtures.parameter_names(cnn_model)
+                   if k in final and final[k].shape == initial[k].shape
+                   and not torch.equal(final[k], initial[k])]
+        checks.check(len(changed) == len(fixtures.parameter_names(cnn_model)),
+                     name + ": every parameter changed",
+                     "changed only %s" % changed)
+        nbt = {k: int(v) for k, v in final.items() if k.endswith("num_batches_tracked")}
+        checks.check(all(v == steps_expected for v in nbt.values()),
+                     name + ": num_batches_tracked == %d" % steps_expected, str(nbt))
+        if not checks.check(os.path.isfile(metrics), name + ": --metrics-out written"):
+            continue
+        try:
+            with open(metrics) as f:
+                m = json.load(f)
+        except ValueError as e:
+            checks.fail(name + ": metrics are JSON", str(e))
+            continue
+        problems = []
+        for key in ("world_size", "steps", "step_time_ms_mean", "step_time_ms_median",
+                    "samples_per_second", "final_loss"):
+            if key not in m:
+                problems.append("no %r" % key)
+            elif not isinstance(m[key], (int, float)) or isinstance(m[key], bool) \
+                    or not math.isfinite(m[key]):
+                problems.append("%r is %r, not a finite number" % (key, m[key]))
+        if not problems:
+            if m["world_size"] != 1:
+                problems.append("world_size %r, expected 1" % m["world_size"])
+            if m["steps"] != steps_expected:
+                problems.append("steps %r, expected %d" % (m["steps"], steps_expected))
+            if not (m["step_time_ms_mean"] > 0 and m["step_time_ms_median"] > 0):
+                problems.append("step times not positive")
+            if not m["samples_per_second"] > 0:
+                problems.append("samples_per_second not positive")
+            if not m["final_loss"] >= 0:
+                problems.append("final_loss %r is negative" % m["final_loss"])
+        checks.check(not problems, name + ": metrics have the documented fields",
+                     "; ".join(problems) + " in " + json.dumps(m))
+
+
+def main():
+    args = parse_args()
+    checks = Checks()
+    tmp = tempfile.mkdtemp(prefix="concord_cli_")
+    try:
+        run(args, checks, tmp)
+    except Exception as e:  # noqa: BLE001 - an unexpected error is a failure
+        import traceback
+        traceback.print_exc()
+        checks.fail("test ran to completion", "%s: %s" % (type(e).__name__, e))
+    finally:
+        if args.keep:
+            print("kept %s" % tmp)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return checks.finish()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,236 @@
+// A real coordinator server on a free loopback port, called through real gRPC
+// stubs from several threads.
+
+#include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "concord/v1/worker.grpc.pb.h"
+#include "coordinator/server.h"
+
+namespace concord::coordinator {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Every call is bounded so that a bug shows as a failure, not a hang.
+constexpr auto kCallDeadline = std::chrono::seconds(20);
+
+v1::JoinRequest JoinReq(const std::string& job, int max_workers,
+                        const std::string& worker, int64_t wait_ms = 10000) {
+  v1::JoinRequest r;
+  r.mutable_spec()->set_job_id(job);
+  r.mutable_spec()->set_min_workers(1);
+  r.mutable_spec()->set_max_workers(max_workers);
+  r.set_worker_id(worker);
+  r.set_host("127.0.0.1");
+  r.set_wait_timeout_ms(wait_ms);
+  return r;
+}
+
+class CoordinatorServiceTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { spdlog::set_level(spdlog::level::warn); }
+
+  void SetUp() override {
+    auto server = Server::Start(ServerOptions{});
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    ASSERT_GT(server_->port(), 0);
+    EXPECT_EQ(server_->address(), absl::StrCat("127.0.0.1:", server_->port()));
+  }
+
+  // A fresh channel per stub, as separate worker processes would have.
+  std::unique_ptr<v1::WorkerService::Stub> NewStub() {
+    return v1::WorkerService::NewStub(grpc::CreateChannel(
+        server_->address(), grpc::InsecureChannelCredentials()));
+  }
+
+  static void Bound(grpc::ClientContext& context) {
+    context.set_deadline(std::chrono::system_clock::now() + kCallDeadline);
+  }
+
+  grpc::Status Join(const v1::JoinRequest& request,
+                    v1::JoinResponse* response) {
+    grpc::ClientContext context;
+    Bound(context);
+    return NewStub()->Join(&context, request, response);
+  }
+
+  std::unique_ptr<Server> server_;
+};
+
+TEST_F(CoordinatorServiceTest, ConcurrentJoinsFormOneGeneration) {
+  constexpr int kWorkers = 4;
+  std::vector<grpc::Status> statuses(kWorkers);
+  std::vector<v1::JoinResponse> responses(kWorkers);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kWorkers; ++i) {
+    threads.emplace_back([&, i] {
+      statuses[i] =
+          Join(JoinReq("job", kWorkers, absl::StrCat("w", i)), &responses[i]);
+    });
+  }
+  for (auto& t : threads) t.join();
+
+  std::set<int> ranks;
+  for (int i = 0; i < kWorkers; ++i) {
+    ASSERT_TRUE(statuses[i].ok()) << statuses[i].error_message();
+    EXPECT_EQ(responses[i].generation(), 1);
+    EXPECT_EQ(responses[i].world_size(), kWorkers);
+    EXPECT_EQ(responses[i].heartbeat_interval_ms(), 1000);
+    ASSERT_EQ(responses[i].members_size(), kWorkers);
+    EXPECT_EQ(responses[i].members(responses[i].rank()).worker_id(),
+              absl::StrCat("w", i));
+    EXPECT_EQ(responses[i].members(2).worker_id(),
+              responses[0].members(2).worker_id());
+    ranks.insert(responses[i].rank());
+  }
+  EXPECT_EQ(ranks, (std::set<int>{0, 1, 2, 3}));
+  EXPECT_EQ(
+      server_->service().WithCore([](Core& core) { return core.State("job"); }),
+      v1::JOB_STATE_RUNNING);
+
+  // The generation is live over the wire too.
+  v1::HeartbeatRequest hb;
+  hb.set_job_id("job");
+  hb.set_worker_id("w0");
+  hb.set_generation(1);
+  v1::HeartbeatResponse hb_response;
+  grpc::ClientContext ok_context;
+  ASSERT_TRUE(NewStub()->Heartbeat(&ok_context, hb, &hb_response).ok());
+  EXPECT_EQ(hb_response.current_generation(), 1);
+  hb.set_generation(0);
+  grpc::ClientContext stale_context;
+  EXPECT_EQ(NewStub()->Heartbeat(&stale_context, hb, &hb_response).error_code(),
+            grpc::StatusCode::ABORTED);
+}
+
+TEST_F(CoordinatorServiceTest, KvGetBlocksUntilAnotherThreadSets) {
+  v1::JoinResponse joined;
+  ASSERT_TRUE(Join(JoinReq("kv", 1, "solo"), &joined).ok());
+  ASSERT_EQ(joined.generation(), 1);
+
+  grpc::Status get_status;
+  v1::KvGetResponse got;
+  absl::Time returned;
+  std::thread getter([&] {
+    v1::KvGetRequest get;
+    get.set_job_id("kv");
+    get.set_generation(1);
+    get.add_keys("a");
+    get.add_keys("b");
+    get.set_wait_timeout_ms(10000);
+    grpc::ClientContext context;
+    Bound(context);
+    get_status = NewStub()->KvGet(&context, get, &got);
+    returned = absl::Now();
+  });
+
+  auto stub = NewStub();
+  for (const char* key : {"b", "a"}) {
+    absl::SleepFor(absl::Milliseconds(150));
+    v1::KvSetRequest set;
+    set.set_job_id("kv");
+    set.set_generation(1);
+    set.set_key(key);
+    set.set_value(absl::StrCat("value-", key));
+    v1::KvSetResponse unused;
+    grpc::ClientContext context;
+    Bound(context);
+    ASSERT_TRUE(stub->KvSet(&context, set, &unused).ok());
+  }
+  const absl::Time last_set = absl::Now();
+  getter.join();
+  ASSERT_TRUE(get_status.ok()) << get_status.error_message();
+  ASSERT_EQ(got.values_size(), 2);
+  EXPECT_EQ(got.values(0), "value-a");
+  EXPECT_EQ(got.values(1), "value-b");
+  EXPECT_GE(returned, last_set - absl::Milliseconds(50));
+}
+
+TEST_F(CoordinatorServiceTest, KvGetTimesOut) {
+  v1::JoinResponse joined;
+  ASSERT_TRUE(Join(JoinReq("kv", 1, "solo"), &joined).ok());
+  v1::KvGetRequest get;
+  get.set_job_id("kv");
+  get.set_generation(joined.generation());
+  get.add_keys("never");
+  get.set_wait_timeout_ms(300);
+  v1::KvGetResponse got;
+  grpc::ClientContext context;
+  Bound(context);
+  const absl::Time start = absl::Now();
+  const grpc::Status s = NewStub()->KvGet(&context, get, &got);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(250));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+TEST_F(CoordinatorServiceTest, JoinWithBadFieldIsInvalidArgument) {
+  v1::JoinResponse response;
+  EXPECT_EQ(Join(JoinReq("bad", 0, "w"), &response).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(Join(JoinReq("", 1, "w"), &response).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(Join(JoinReq("bad", 1, "w", -1), &response).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  v1::JoinRequest slow = JoinReq("bad", 1, "w");
+  slow.mutable_spec()->set_heartbeat_interval_ms(20000);
+  const grpc::Status s = Join(slow, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("heartbeat_timeout_ms"));
+}
+
+TEST_F(CoordinatorServiceTest, JoinTimesOutWhileTheRendezvousIsOpen) {
+  v1::JoinResponse response;
+  const absl::Time start = absl::Now();
+  EXPECT_EQ(Join(JoinReq("pair", 2, "alone", 300), &response).error_code(),
+            grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+TEST_F(CoordinatorServiceTest, ShutdownEndsBlockedJoins) {
+  grpc::Status status;
+  std::thread waiter([&] {
+    v1::JoinResponse response;
+    status = Join(JoinReq("pair", 2, "alone", 60000), &response);
+  });
+  absl::SleepFor(absl::Milliseconds(200));
+  const absl::Time start = absl::Now();
+  server_->Shutdown();
+  server_->Shutdown();  // idempotent
+  server_->Wait();
+  waiter.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << status.error_message();
+}
+
+TEST(CoordinatorServerTest, BadAddresses) {
+  ServerOptions no_port;
+  no_port.listen_address = "127.0.0.1";
+  EXPECT_EQ(Server::Start(no_port).status().code(),
+            absl::StatusCode::kInvalidArgument);
+
+  auto first = Server::Start(ServerOptions{});
+  ASSERT_TRUE(first.ok()) << first.status();
+  ServerOptions taken;
+  taken.listen_address = (*first)->address();
+  EXPECT_EQ(Server::Start(taken).status().code(),
+            absl::StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace concord::coordinator

@@ -1,0 +1,331 @@
+// concord-run: starts N worker processes of a training program, like
+// `torchrun`. With --standalone it also runs a coordinator on a free loopback
+// port for them; otherwise the workers join --coordinator HOST:PORT.
+//
+// Exit status: 0 when every worker exits 0; otherwise the first failing
+// worker's status (128+signal for a signal), after its stderr is shown.
+// Usage errors: exit 2.
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "coordinator/server.h"
+
+namespace {
+
+struct Options {
+  bool standalone = false;
+  std::string coordinator;
+  int nproc = 0;
+  std::string job_id;
+  int64_t heartbeat_interval_ms = 1000;
+  int64_t heartbeat_timeout_ms = 10000;
+  int64_t rendezvous_timeout_ms = 300000;
+  int64_t collective_timeout_ms = 300000;
+  std::string comm_host = "127.0.0.1";
+  std::vector<std::string> program;
+};
+
+struct Worker {
+  int index = 0;
+  pid_t pid = -1;
+  int stderr_fd = -1;
+  std::string partial;              // stderr bytes after the last newline
+  std::deque<std::string> tail;     // last lines of stderr
+  std::optional<int> exit_status;   // once reaped
+};
+
+constexpr size_t kTailLines = 40;
+
+[[noreturn]] void UsageError(const std::string& message) {
+  std::cerr << "concord-run: " << message << "\n";
+  std::exit(2);
+}
+
+Options ParseArgs(int argc, char** argv) {
+  // Everything after the first "--" is the program and its arguments.
+  int split = argc;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--") == 0) {
+      split = i;
+      break;
+    }
+  }
+  Options o;
+  CLI::App app{
+      "Starts N workers of a training program and, with --standalone, a "
+      "coordinator for them.\nUsage: concord-run [OPTIONS] -- PROGRAM "
+      "[ARGS...]"};
+  app.add_flag("--standalone", o.standalone,
+               "Run an embedded coordinator on a free loopback port");
+  app.add_option("--coordinator", o.coordinator,
+                 "Coordinator HOST:PORT to join (without --standalone)");
+  app.add_option("--nproc", o.nproc, "Number of worker processes")
+      ->required()
+      ->check(CLI::Range(1, 4096));
+  app.add_option("--job-id", o.job_id, "Job id (default: generated)");
+  app.add_option("--heartbeat-interval-ms", o.heartbeat_interval_ms)
+      ->check(CLI::PositiveNumber);
+  app.add_option("--heartbeat-timeout-ms", o.heartbeat_timeout_ms)
+      ->check(CLI::PositiveNumber);
+  app.add_option("--rendezvous-timeout-ms", o.rendezvous_timeout_ms)
+      ->check(CLI::PositiveNumber);
+  app.add_option("--collective-timeout-ms", o.collective_timeout_ms)
+      ->check(CLI::PositiveNumber);
+  app.add_option("--comm-host", o.comm_host,
+                 "Address the workers' communicators listen on");
+  try {
+    app.parse(split, argv);
+  } catch (const CLI::CallForHelp& e) {
+    std::exit(app.exit(e));
+  } catch (const CLI::ParseError& e) {
+    UsageError(e.what());
+  }
+  for (int i = split + 1; i < argc; ++i) o.program.emplace_back(argv[i]);
+  if (o.program.empty()) UsageError("no program given after '--'");
+  if (o.standalone == !o.coordinator.empty()) {
+    UsageError("give exactly one of --standalone and --coordinator HOST:PORT");
+  }
+  if (o.job_id.empty()) o.job_id = absl::StrCat("job-", getpid());
+  if (o.heartbeat_timeout_ms <= o.heartbeat_interval_ms) {
+    UsageError("--heartbeat-timeout-ms must exceed --heartbeat-interval-ms");
+  }
+  return o;
+}
+
+std::vector<std::string> WorkerEnv(const Options& o,
+                                   const std::string& coordinator, int index) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (std::strncmp(*e, "CONCORD_", 8) != 0) env.emplace_back(*e);
+  }
+  env.push_back("CONCORD_COORDINATOR=" + coordinator);
+  env.push_back("CONCORD_JOB_ID=" + o.job_id);
+  env.push_back(absl::StrCat("CONCORD_MIN_WORKERS=", o.nproc));
+  env.push_back(absl::StrCat("CONCORD_MAX_WORKERS=", o.nproc));
+  env.push_back(absl::StrCat("CONCORD_LOCAL_RANK=", index));
+  env.push_back(absl::StrCat("CONCORD_WORKER_ID=", o.job_id, "-w", index));
+  env.push_back("CONCORD_COMM_HOST=" + o.comm_host);
+  env.push_back(
+      absl::StrCat("CONCORD_HEARTBEAT_INTERVAL_MS=", o.heartbeat_interval_ms));
+  env.push_back(
+      absl::StrCat("CONCORD_HEARTBEAT_TIMEOUT_MS=", o.heartbeat_timeout_ms));
+  env.push_back(
+      absl::StrCat("CONCORD_RENDEZVOUS_TIMEOUT_MS=", o.rendezvous_timeout_ms));
+  env.push_back(
+      absl::StrCat("CONCORD_COLLECTIVE_TIMEOUT_MS=", o.collective_timeout_ms));
+  return env;
+}
+
+// Forks and execs one worker with its stderr on a pipe. Signals blocked in
+// the parent are unblocked in the child; the child dies with the parent.
+Worker Spawn(const Options& o, const std::string& coordinator, int index,
+             const sigset_t& parent_mask) {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) {
+    std::cerr << "concord-run: pipe: " << std::strerror(errno) << "\n";
+    std::exit(1);
+  }
+  std::vector<std::string> env = WorkerEnv(o, coordinator, index);
+  std::vector<char*> envp;
+  for (auto& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  std::vector<std::string> args = o.program;
+  std::vector<char*> argvp;
+  for (auto& a : args) argvp.push_back(a.data());
+  argvp.push_back(nullptr);
+
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid < 0) {
+    std::cerr << "concord-run: fork: " << std::strerror(errno) << "\n";
+    std::exit(1);
+  }
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(1);
+    sigprocmask(SIG_SETMASK, &parent_mask, nullptr);
+    dup2(fds[1], STDERR_FILENO);
+    execvpe(argvp[0], argvp.data(), envp.data());
+    // Only async-signal-safe calls between fork and exec.
+    const char* parts[] = {"concord-run: cannot run '", argvp[0], "': ",
+                           strerror(errno), "\n"};
+    for (const char* part : parts) {
+      (void)!write(STDERR_FILENO, part, strlen(part));
+    }
+    _exit(127);
+  }
+  close(fds[1]);
+  Worker w;
+  w.index = index;
+  w.pid = pid;
+  w.stderr_fd = fds[0];
+  return w;
+}
+
+// Forwards complete stderr lines, prefixed with the worker's index, and keeps
+// the last ones. Returns false at end of file.
+bool PumpStderr(Worker& w) {
+  char buf[4096];
+  const ssize_t n = read(w.stderr_fd, buf, sizeof(buf));
+  if (n <= 0) {
+    if (n < 0 && errno == EINTR) return true;
+    if (!w.partial.empty()) {
+      std::cerr << "[worker " << w.index << "] " << w.partial << "\n";
+      w.tail.push_back(w.partial);
+      w.partial.clear();
+    }
+    close(w.stderr_fd);
+    w.stderr_fd = -1;
+    return false;
+  }
+  w.partial.append(buf, static_cast<size_t>(n));
+  size_t start = 0;
+  for (size_t nl; (nl = w.partial.find('\n', start)) != std::string::npos;
+       start = nl + 1) {
+    std::string line = w.partial.substr(start, nl - start);
+    std::cerr << "[worker " << w.index << "] " << line << "\n";
+    w.tail.push_back(std::move(line));
+    if (w.tail.size() > kTailLines) w.tail.pop_front();
+  }
+  w.partial.erase(0, start);
+  return true;
+}
+
+int StatusOf(int wait_status) {
+  if (WIFEXITED(wait_status)) return WEXITSTATUS(wait_status);
+  if (WIFSIGNALED(wait_status)) return 128 + WTERMSIG(wait_status);
+  return 1;
+}
+
+int Supervise(std::vector<Worker>& workers, int signal_fd) {
+  std::optional<size_t> first_failure;
+  bool terminating = false;
+  absl::Time kill_at = absl::InfiniteFuture();
+  auto terminate_all = [&](int sig) {
+    for (auto& w : workers) {
+      if (!w.exit_status) kill(w.pid, sig);
+    }
+  };
+  for (;;) {
+    // Reap.
+    for (auto& w : workers) {
+      if (w.exit_status) continue;
+      int status = 0;
+      if (waitpid(w.pid, &status, WNOHANG) == w.pid) {
+        w.exit_status = StatusOf(status);
+        if (*w.exit_status != 0 && !first_failure && !terminating) {
+          first_failure = static_cast<size_t>(w.index);
+        }
+      }
+    }
+    bool all_done = true;
+    for (auto& w : workers) {
+      all_done = all_done && w.exit_status && w.stderr_fd < 0;
+    }
+    if (all_done) break;
+    if (first_failure && !terminating) {
+      // No elasticity yet: the others cannot go on without it.
+      terminating = true;
+      terminate_all(SIGTERM);
+      kill_at = absl::Now() + absl::Seconds(5);
+    }
+    if (terminating && absl::Now() > kill_at) {
+      terminate_all(SIGKILL);
+      kill_at = absl::InfiniteFuture();
+    }
+    std::vector<pollfd> fds;
+    std::vector<Worker*> owners;
+    for (auto& w : workers) {
+      if (w.stderr_fd >= 0) {
+        fds.push_back({w.stderr_fd, POLLIN, 0});
+        owners.push_back(&w);
+      }
+    }
+    fds.push_back({signal_fd, POLLIN, 0});
+    poll(fds.data(), fds.size(), 100);
+    for (size_t i = 0; i < owners.size(); ++i) {
+      if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) PumpStderr(*owners[i]);
+    }
+    if (fds.back().revents & POLLIN) {
+      signalfd_siginfo info;
+      if (read(signal_fd, &info, sizeof(info)) == sizeof(info) &&
+          info.ssi_signo != SIGCHLD) {
+        std::cerr << "concord-run: got signal " << info.ssi_signo
+                  << "; stopping workers\n";
+        terminate_all(static_cast<int>(info.ssi_signo));
+        if (!terminating) {
+          terminating = true;
+          kill_at = absl::Now() + absl::Seconds(10);
+        }
+      }
+    }
+  }
+  if (!first_failure) {
+    for (auto& w : workers) {
+      if (*w.exit_status != 0) return *w.exit_status;  // stopped by a signal
+    }
+    return 0;
+  }
+  const Worker& failed = workers[*first_failure];
+  std::cerr << "concord-run: worker " << failed.index << " (pid " << failed.pid
+            << ") failed with exit status " << *failed.exit_status
+            << "; the last lines of its stderr:\n";
+  for (const auto& line : failed.tail) std::cerr << "  " << line << "\n";
+  return *failed.exit_status;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options options = ParseArgs(argc, argv);
+  concord::InitLogging("concord-run", "warn");
+
+  sigset_t mask, old_mask;
+  sigemptyset(&mask);
+  sigaddset(&mask, SIGINT);
+  sigaddset(&mask, SIGTERM);
+  sigaddset(&mask, SIGCHLD);
+  sigprocmask(SIG_BLOCK, &mask, &old_mask);
+  const int signal_fd = signalfd(-1, &mask, SFD_CLOEXEC);
+
+  std::unique_ptr<concord::coordinator::Server> server;
+  std::string coordinator = options.coordinator;
+  if (options.standalone) {
+    concord::coordinator::ServerOptions server_options;
+    server_options.listen_address = "127.0.0.1:0";
+    auto started = concord::coordinator::Server::Start(server_options);
+    if (!started.ok()) {
+      std::cerr << "concord-run: cannot start the coordinator: "
+                << started.status() << "\n";
+      return 1;
+    }
+    server = std::move(*started);
+    coordinator = server->address();
+  }
+
+  std::vector<Worker> workers;
+  for (int i = 0; i < options.nproc; ++i) {
+    workers.push_back(Spawn(options, coordinator, i, old_mask));
+  }
+  const int status = Supervise(workers, signal_fd);
+  if (server) server->Shutdown();
+  return status;
+}

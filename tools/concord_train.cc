@@ -1,0 +1,281 @@
+// concord-train: trains a TorchScript module on tensor data with Concord's
+// DistributedDataParallel. Run it under `concord-run`; alone it trains as a
+// world of one.
+//
+// Exit status: 0 done; 2 bad flags or inputs (one line on stderr, before any
+// training); 1 a failure while training.
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/logging.h"
+#include "tools/train_data.h"
+#include "worker/ddp/distributed_data_parallel.h"
+#include "worker/session.h"
+
+namespace {
+
+using concord::train::Loss;
+
+struct Flags {
+  std::string model;
+  std::string data;
+  std::string loss = "cross_entropy";
+  std::string optimizer = "sgd";
+  double lr = 0.01;
+  double momentum = 0;
+  double weight_decay = 0;
+  int64_t batch_size = 32;
+  int64_t epochs = 1;
+  bool shuffle = false;
+  uint64_t seed = 0;
+  std::string output;
+  std::string metrics_out;
+  int64_t log_interval = 10;
+  std::string log_level = "info";
+};
+
+[[noreturn]] void Fail(int code, const std::string& message) {
+  std::cerr << "concord-train: " << message << std::endl;
+  std::exit(code);
+}
+
+Flags ParseFlags(int argc, char** argv) {
+  Flags f;
+  CLI::App app{"Trains a TorchScript model with Concord DDP."};
+  app.add_option("--model", f.model, "TorchScript module (torch.jit.save)")
+      ->required();
+  app.add_option("--data", f.data,
+                 "dict {'inputs': Tensor, 'targets': Tensor} (torch.save)")
+      ->required();
+  app.add_option("--loss", f.loss)
+      ->check(CLI::IsMember({"cross_entropy", "mse"}));
+  app.add_option("--optimizer", f.optimizer)->check(CLI::IsMember({"sgd"}));
+  app.add_option("--lr", f.lr)->check(CLI::PositiveNumber);
+  app.add_option("--momentum", f.momentum)->check(CLI::Range(0.0, 1.0));
+  app.add_option("--weight-decay", f.weight_decay)->check(CLI::NonNegativeNumber);
+  app.add_option("--batch-size", f.batch_size, "samples per rank and step")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  app.add_option("--epochs", f.epochs)->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  app.add_flag("--shuffle", f.shuffle, "shuffle every epoch (seeded)");
+  app.add_option("--seed", f.seed);
+  app.add_option("--output", f.output,
+                 "write every named parameter and buffer here at the end");
+  app.add_option("--metrics-out", f.metrics_out, "write step-time JSON here");
+  app.add_option("--log-interval", f.log_interval, "steps between progress lines")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  app.add_option("--log-level", f.log_level)
+      ->check(CLI::IsMember({"debug", "info", "warn", "error"}));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    std::exit(app.exit(e));
+  } catch (const CLI::ParseError& e) {
+    Fail(2, e.what());
+  }
+  return f;
+}
+
+// Rank r of W takes samples r, r+W, ... of `order`.
+std::vector<int64_t> Shard(const std::vector<int64_t>& order, int rank,
+                           int world) {
+  std::vector<int64_t> shard;
+  for (size_t i = static_cast<size_t>(rank); i < order.size(); i += world) {
+    shard.push_back(order[i]);
+  }
+  return shard;
+}
+
+int64_t BatchesOf(int64_t samples, int64_t batch) {
+  return (samples + batch - 1) / batch;
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
+}
+
+int Train(const Flags& flags) {
+  const Loss loss =
+      flags.loss == "mse" ? Loss::kMse : Loss::kCrossEntropy;
+  // Validate everything before joining: a bad input never starts a job.
+  auto model = concord::train::LoadModel(flags.model);
+  if (!model.ok()) Fail(2, std::string(model.status().message()));
+  auto data = concord::train::LoadData(flags.data, loss);
+  if (!data.ok()) Fail(2, std::string(data.status().message()));
+  if (auto s = concord::train::CheckModelFitsData(*model, *data, loss,
+                                                  flags.model, flags.data);
+      !s.ok()) {
+    Fail(2, std::string(s.message()));
+  }
+  auto options = concord::worker::WorkerOptions::FromEnvironment();
+  if (!options.ok()) Fail(2, std::string(options.status().message()));
+
+  auto session = concord::worker::Session::Start(*options);
+  if (!session.ok()) {
+    Fail(1, absl::StrCat("cannot join the job: ", session.status().ToString()));
+  }
+  concord::worker::Session& s = **session;
+  const int rank = s.rank();
+  const int world = s.world_size();
+  const bool leader = rank == s.authoritative_rank();
+
+  const int64_t n = data->size();
+  // Every rank must run the same number of steps (uneven inputs need the
+  // join protocol of the elastic worker).
+  const int64_t steps_per_epoch = BatchesOf((n + world - 1) / world, flags.batch_size);
+  for (int r = 0; r < world; ++r) {
+    const int64_t mine = (n - r + world - 1) / world;
+    if (BatchesOf(mine, flags.batch_size) != steps_per_epoch) {
+      s.Finish(false, "uneven inputs").IgnoreError();
+      Fail(2, absl::StrFormat(
+                  "--data %s: %d samples over %d ranks with --batch-size %d "
+                  "give rank 0 %d batches but rank %d %d; uneven inputs are "
+                  "not supported yet",
+                  flags.data, n, world, flags.batch_size, steps_per_epoch, r,
+                  BatchesOf(mine, flags.batch_size)));
+    }
+  }
+
+  model->train();
+  concord::DdpOptions ddp_options;
+  ddp_options.collective_timeout = options->collective_timeout;
+  auto ddp = concord::DistributedDataParallel::Create(
+      *model, s.shared_communicator(), s.authoritative_rank(), ddp_options);
+  if (!ddp.ok()) Fail(1, ddp.status().ToString());
+  torch::optim::SGD optimizer(
+      (*ddp)->parameters(),
+      torch::optim::SGDOptions(flags.lr)
+          .momentum(flags.momentum)
+          .weight_decay(flags.weight_decay));
+
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  const int64_t total_steps = steps_per_epoch * flags.epochs;
+  std::vector<double> step_ms;
+  double last_loss = 0;
+  int64_t step = 0;
+  int64_t samples_done = 0;
+  const auto start = std::chrono::steady_clock::now();
+  if (leader) {
+    std::cout << absl::StrFormat(
+                     "concord-train: %d samples, world size %d, generation "
+                     "%d, %d steps per epoch, %d epochs",
+                     n, world, s.generation(), steps_per_epoch, flags.epochs)
+              << std::endl;
+  }
+  for (int64_t epoch = 0; epoch < flags.epochs; ++epoch) {
+    if (flags.shuffle) {
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(flags.seed + epoch);
+      torch::Tensor perm = torch::randperm(n, gen, torch::kLong);
+      std::copy(perm.data_ptr<int64_t>(), perm.data_ptr<int64_t>() + n,
+                order.begin());
+    }
+    const std::vector<int64_t> shard = Shard(order, rank, world);
+    const torch::Tensor shard_index = torch::tensor(shard, torch::kLong);
+    for (int64_t b = 0; b < steps_per_epoch; ++b) {
+      const auto t0 = std::chrono::steady_clock::now();
+      const int64_t begin = b * flags.batch_size;
+      const int64_t len =
+          std::min<int64_t>(flags.batch_size, shard_index.size(0) - begin);
+      const torch::Tensor idx = shard_index.narrow(0, begin, len);
+      const torch::Tensor x = data->inputs.index_select(0, idx);
+      const torch::Tensor y = data->targets.index_select(0, idx);
+
+      optimizer.zero_grad();
+      torch::Tensor out = (*ddp)->Forward({x}).toTensor();
+      torch::Tensor l = concord::train::ComputeLoss(loss, out, y);
+      l.backward();
+      optimizer.step();
+
+      const auto t1 = std::chrono::steady_clock::now();
+      step_ms.push_back(
+          std::chrono::duration<double, std::milli>(t1 - t0).count());
+      ++step;
+      // Global samples of this step: every rank's batch at index b.
+      for (int r = 0; r < world; ++r) {
+        const int64_t shard_r = (n - r + world - 1) / world;
+        samples_done += std::max<int64_t>(
+            0, std::min<int64_t>(flags.batch_size, shard_r - begin));
+      }
+      last_loss = l.item<double>();
+      const double elapsed =
+          std::chrono::duration<double>(t1 - start).count();
+      const double sps = elapsed > 0 ? samples_done / elapsed : 0;
+      s.ReportProgress(step, sps);
+      if (leader && (step % flags.log_interval == 0 || step == total_steps)) {
+        std::cout << absl::StrFormat(
+                         "epoch %d/%d step %d/%d loss %.6f samples/s %.1f",
+                         epoch + 1, flags.epochs, step, total_steps, last_loss,
+                         sps)
+                  << std::endl;
+      }
+    }
+  }
+  const double seconds = std::chrono::duration<double>(
+                             std::chrono::steady_clock::now() - start)
+                             .count();
+  if (leader) {
+    // Step time without warm-up (the first steps allocate and connect).
+    std::vector<double> timed(step_ms.begin() + (step_ms.size() > 2 ? 2 : 0),
+                              step_ms.end());
+    const double mean =
+        timed.empty() ? 0
+                      : std::accumulate(timed.begin(), timed.end(), 0.0) /
+                            static_cast<double>(timed.size());
+    if (!flags.output.empty()) {
+      if (auto st = concord::train::SaveState((*ddp)->NamedState(),
+                                              flags.output);
+          !st.ok()) {
+        Fail(1, std::string(st.message()));
+      }
+    }
+    if (!flags.metrics_out.empty()) {
+      nlohmann::json m = {{"world_size", world},
+                          {"steps", step},
+                          {"step_time_ms_mean", mean},
+                          {"step_time_ms_median", Median(timed)},
+                          {"samples_per_second", samples_done / seconds},
+                          {"final_loss", last_loss}};
+      std::ofstream(flags.metrics_out) << m.dump(2) << "\n";
+    }
+    std::cout << absl::StrFormat(
+                     "concord-train: done: %d steps in %.2f s, %.1f "
+                     "samples/s, mean step %.2f ms, final loss %.6f%s",
+                     step, seconds, samples_done / seconds, mean, last_loss,
+                     flags.output.empty() ? ""
+                                          : absl::StrCat(", wrote ",
+                                                         flags.output))
+              << std::endl;
+  }
+  if (auto st = s.Finish(true, ""); !st.ok()) {
+    spdlog::warn("leaving the job: {}", st.ToString());
+  }
+  return 0;
+}
+
+}  // namespace
+
+int ConcordTrainMain(int argc, char** argv) {
+  const Flags flags = ParseFlags(argc, argv);
+  concord::InitLogging("concord-train", flags.log_level);
+  try {
+    return Train(flags);
+  } catch (const concord::Error& e) {
+    Fail(1, e.status().ToString());
+  } catch (const c10::Error& e) {
+    std::string what = e.what_without_backtrace();
+    Fail(1, what.substr(0, what.find('\n')));
+  } catch (const std::exception& e) {
+    Fail(1, e.what());
+  }
+}

@@ -1,0 +1,42 @@
+#include "worker/comm/coalesced.h"
+
+#include <ATen/ATen.h>
+
+#include <map>
+
+namespace concord::comm {
+
+absl::Status BroadcastCoalesced(Communicator& comm,
+                                const std::vector<at::Tensor>& tensors,
+                                int root, const CollectiveOptions& options) {
+  if (comm.size() == 1 || tensors.empty()) return absl::OkStatus();
+  at::NoGradGuard no_grad;
+  std::map<at::ScalarType, std::vector<at::Tensor>> by_dtype;
+  for (const auto& t : tensors) by_dtype[t.scalar_type()].push_back(t);
+
+  std::vector<std::pair<at::Tensor, std::vector<at::Tensor>*>> flats;
+  std::vector<std::shared_ptr<Work>> works;
+  for (auto& [dtype, group] : by_dtype) {
+    std::vector<at::Tensor> pieces;
+    pieces.reserve(group.size());
+    for (const auto& t : group) pieces.push_back(t.reshape({-1}));
+    at::Tensor flat = at::cat(pieces);
+    works.push_back(comm.Broadcast(flat, root, options));
+    flats.emplace_back(flat, &group);
+  }
+  for (auto& w : works) {
+    if (absl::Status s = w->Wait(); !s.ok()) return s;
+  }
+  if (comm.rank() == root) return absl::OkStatus();
+  for (auto& [flat, group] : flats) {
+    int64_t offset = 0;
+    for (auto& t : *group) {
+      const int64_t n = t.numel();
+      t.copy_(flat.narrow(0, offset, n).view(t.sizes()));
+      offset += n;
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace concord::comm

@@ -1,0 +1,21 @@
+#pragma once
+// Broadcast of many tensors as few flat messages, one per dtype (PyTorch's
+// _broadcast_coalesced).
+
+#include <ATen/core/Tensor.h>
+
+#include <vector>
+
+#include "absl/status/status.h"
+#include "worker/comm/communicator.h"
+
+namespace concord::comm {
+
+// Overwrites every tensor with `root`'s values. Blocks until done. Must be
+// called on every rank with tensors of the same shapes, dtypes and order.
+// Errors: those of Work::Wait.
+absl::Status BroadcastCoalesced(Communicator& comm,
+                                const std::vector<at::Tensor>& tensors,
+                                int root, const CollectiveOptions& options);
+
+}  // namespace concord::comm

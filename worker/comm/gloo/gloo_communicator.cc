@@ -1,0 +1,230 @@
+#include "worker/comm/gloo/gloo_communicator.h"
+
+#include <gloo/allreduce.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+
+namespace concord::comm {
+namespace {
+
+std::chrono::milliseconds ToMillis(absl::Duration d) {
+  return std::chrono::milliseconds(absl::ToInt64Milliseconds(d));
+}
+
+// Gloo's rendezvous store over a comm::Store. Gloo reports errors by
+// exception; these are caught in Create().
+class GlooStoreAdapter final : public gloo::rendezvous::Store {
+ public:
+  GlooStoreAdapter(comm::Store* store, absl::Duration timeout)
+      : store_(store), timeout_(timeout) {}
+
+  void set(const std::string& key, const std::vector<char>& data) override {
+    absl::Status s = store_->Set(key, std::string(data.begin(), data.end()));
+    if (!s.ok()) throw StoreError(s);
+  }
+  std::vector<char> get(const std::string& key) override {
+    auto values = store_->Get({key}, timeout_);
+    if (!values.ok()) throw StoreError(values.status());
+    const std::string& v = values->front();
+    return std::vector<char>(v.begin(), v.end());
+  }
+  void wait(const std::vector<std::string>& keys) override {
+    wait(keys, ToMillis(timeout_));
+  }
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds& timeout) override {
+    auto values = store_->Get(keys, absl::FromChrono(timeout));
+    if (!values.ok()) throw StoreError(values.status());
+  }
+
+  struct StoreError : std::runtime_error {
+    explicit StoreError(absl::Status s)
+        : std::runtime_error(s.ToString()), status(std::move(s)) {}
+    absl::Status status;
+  };
+
+ private:
+  comm::Store* store_;
+  absl::Duration timeout_;
+};
+
+// Gloo reports a peer that went away or a timeout as IoException.
+absl::Status FromGlooException(const std::exception& e) {
+  if (dynamic_cast<const gloo::IoException*>(&e) != nullptr) {
+    return absl::UnavailableError(absl::StrCat("gloo: ", e.what()));
+  }
+  return absl::InternalError(absl::StrCat("gloo: ", e.what()));
+}
+
+template <typename T>
+void SetSum(gloo::AllreduceOptions& opts, T* ptr, size_t n) {
+  opts.setOutput(ptr, n);
+  void (*fn)(void*, const void*, const void*, size_t) = &gloo::sum<T>;
+  opts.setReduceFunction(fn);
+}
+
+absl::Status CheckTensor(const at::Tensor& t) {
+  if (!t.defined()) return absl::InvalidArgumentError("undefined tensor");
+  if (!t.device().is_cpu()) {
+    return absl::InvalidArgumentError(
+        "the gloo communicator takes CPU tensors only");
+  }
+  if (!t.is_contiguous()) {
+    return absl::InvalidArgumentError("collective tensor must be contiguous");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
+    const GlooOptions& options, Store* store) {
+  if (options.size < 1 || options.rank < 0 || options.rank >= options.size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bad rank ", options.rank, " for world size ", options.size));
+  }
+  auto context =
+      std::make_shared<gloo::rendezvous::Context>(options.rank, options.size);
+  context->setTimeout(ToMillis(options.connect_timeout));
+  try {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = options.hostname;
+    auto device = gloo::transport::tcp::CreateDevice(attr);
+    GlooStoreAdapter adapter(store, options.connect_timeout);
+    context->connectFullMesh(adapter, device);
+  } catch (const GlooStoreAdapter::StoreError& e) {
+    return e.status;
+  } catch (const std::exception& e) {
+    return FromGlooException(e);
+  }
+  return std::unique_ptr<GlooCommunicator>(
+      new GlooCommunicator(options, std::move(context)));
+}
+
+GlooCommunicator::GlooCommunicator(const GlooOptions& options,
+                                   std::shared_ptr<gloo::Context> context)
+    : options_(options), context_(std::move(context)) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+GlooCommunicator::~GlooCommunicator() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+std::shared_ptr<Work> GlooCommunicator::Enqueue(
+    std::function<absl::Status(uint32_t)> op) {
+  auto work = std::make_shared<PromiseWork>();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(Task{std::move(op), work});
+  }
+  cv_.notify_all();
+  return work;
+}
+
+void GlooCommunicator::Loop() {
+  for (;;) {
+    Task task;
+    uint32_t tag;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, nothing left
+      task = std::move(queue_.front());
+      queue_.pop_front();
+      tag = next_tag_++;
+    }
+    if (task.work->IsCompleted()) continue;  // aborted before it ran
+    absl::Status status;
+    try {
+      status = task.op(tag);
+    } catch (const std::exception& e) {
+      status = FromGlooException(e);
+    }
+    task.work->MarkDone(std::move(status));
+  }
+}
+
+std::shared_ptr<Work> GlooCommunicator::AllreduceSum(
+    at::Tensor tensor, const CollectiveOptions& options) {
+  if (absl::Status s = CheckTensor(tensor); !s.ok()) {
+    return PromiseWork::Done(s);
+  }
+  if (options_.size == 1 || tensor.numel() == 0) {
+    return PromiseWork::Done(absl::OkStatus());
+  }
+  return Enqueue([this, tensor, options](uint32_t tag) -> absl::Status {
+    gloo::AllreduceOptions opts(context_);
+    opts.setTag(tag);
+    opts.setTimeout(ToMillis(options.timeout));
+    const size_t n = static_cast<size_t>(tensor.numel());
+    switch (tensor.scalar_type()) {
+      case at::kFloat:
+        SetSum(opts, tensor.data_ptr<float>(), n);
+        break;
+      case at::kDouble:
+        SetSum(opts, tensor.data_ptr<double>(), n);
+        break;
+      case at::kHalf:
+        SetSum(opts, reinterpret_cast<gloo::float16*>(tensor.data_ptr()), n);
+        break;
+      case at::kInt:
+        SetSum(opts, tensor.data_ptr<int32_t>(), n);
+        break;
+      case at::kLong:
+        SetSum(opts, tensor.data_ptr<int64_t>(), n);
+        break;
+      case at::kByte:
+        SetSum(opts, tensor.data_ptr<uint8_t>(), n);
+        break;
+      default:
+        return absl::InvalidArgumentError(
+            absl::StrCat("gloo allreduce does not support dtype ",
+                         std::string(c10::toString(tensor.scalar_type()))));
+    }
+    gloo::allreduce(opts);
+    return absl::OkStatus();
+  });
+}
+
+std::shared_ptr<Work> GlooCommunicator::Broadcast(
+    at::Tensor tensor, int root, const CollectiveOptions& options) {
+  if (absl::Status s = CheckTensor(tensor); !s.ok()) {
+    return PromiseWork::Done(s);
+  }
+  if (root < 0 || root >= options_.size) {
+    return PromiseWork::Done(absl::InvalidArgumentError(
+        absl::StrCat("broadcast root ", root, " out of range")));
+  }
+  if (options_.size == 1 || tensor.numel() == 0) {
+    return PromiseWork::Done(absl::OkStatus());
+  }
+  return Enqueue([this, tensor, root, options](uint32_t tag) -> absl::Status {
+    gloo::BroadcastOptions opts(context_);
+    opts.setTag(tag);
+    opts.setTimeout(ToMillis(options.timeout));
+    opts.setRoot(root);
+    // Broadcast moves bytes: the dtype does not matter.
+    opts.setOutput(static_cast<uint8_t*>(tensor.data_ptr()),
+                   static_cast<size_t>(tensor.nbytes()));
+    gloo::broadcast(opts);
+    return absl::OkStatus();
+  });
+}
+
+}  // namespace concord::comm

@@ -1,0 +1,78 @@
+#pragma once
+// Communicator over Gloo (CPU tensors, TCP).
+//
+// Rendezvous exchanges Gloo's addresses through a comm::Store (the
+// coordinator's key-value store in a job). Collectives run one at a time, in
+// issue order, on a dedicated thread; Gloo exceptions are caught there and
+// reported through the Work, never thrown across threads.
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "worker/comm/communicator.h"
+#include "worker/comm/store.h"
+
+namespace gloo {
+class Context;
+}
+
+namespace concord::comm {
+
+struct GlooOptions {
+  int rank = 0;
+  int size = 1;
+  int64_t generation = 0;
+  // Address this rank listens on for its peers (e.g. "127.0.0.1").
+  std::string hostname = "127.0.0.1";
+  // Bound on the rendezvous (connecting the full mesh).
+  absl::Duration connect_timeout = absl::Minutes(5);
+};
+
+class GlooCommunicator final : public Communicator {
+ public:
+  // Connects the full mesh; blocks until every rank has joined.
+  // Errors: INVALID_ARGUMENT (rank/size), UNAVAILABLE (a peer did not come or
+  // the network failed), DEADLINE_EXCEEDED, ABORTED (the store's generation
+  // ended).
+  static absl::StatusOr<std::unique_ptr<GlooCommunicator>> Create(
+      const GlooOptions& options, Store* store);
+  ~GlooCommunicator() override;
+
+  int rank() const override { return options_.rank; }
+  int size() const override { return options_.size; }
+  int64_t generation() const override { return options_.generation; }
+
+  // Supported dtypes: float32, float64, float16, int32, int64, uint8.
+  std::shared_ptr<Work> AllreduceSum(at::Tensor tensor,
+                                     const CollectiveOptions& options) override;
+  std::shared_ptr<Work> Broadcast(at::Tensor tensor, int root,
+                                  const CollectiveOptions& options) override;
+
+ private:
+  GlooOptions options_;
+  std::shared_ptr<gloo::Context> context_;
+  GlooCommunicator(const GlooOptions& options,
+                   std::shared_ptr<gloo::Context> context);
+  // Runs `op(tag)` on the communication thread; its status completes the work.
+  std::shared_ptr<Work> Enqueue(std::function<absl::Status(uint32_t)> op);
+  void Loop();
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  struct Task {
+    std::function<absl::Status(uint32_t)> op;
+    std::shared_ptr<class PromiseWork> work;
+  };
+  std::deque<Task> queue_;
+  bool stopping_ = false;
+  uint32_t next_tag_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace concord::comm

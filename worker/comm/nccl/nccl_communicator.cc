@@ -1,0 +1,329 @@
+#include "worker/comm/nccl/nccl_communicator.h"
+
+#include <ATen/ATen.h>
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <atomic>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace concord::comm {
+namespace {
+
+// Translates an NCCL result into a status: file, line, NCCL version and
+// ncclGetLastError's text. ncclInProgress is not a failure.
+absl::Status NcclStatus(ncclResult_t r, ncclComm_t comm, const char* file,
+                        int line) {
+  if (r == ncclSuccess || r == ncclInProgress) return absl::OkStatus();
+  const char* last = ncclGetLastError(comm);
+  return absl::UnavailableError(absl::StrFormat(
+      "%s:%d: NCCL %d.%d.%d error: %s (%s)", file, line, NCCL_MAJOR,
+      NCCL_MINOR, NCCL_PATCH, ncclGetErrorString(r), last ? last : ""));
+}
+
+#define CONCORD_NCCL_CHECK(expr, comm)                                  \
+  do {                                                                  \
+    ::absl::Status concord_nccl_s_ =                                    \
+        NcclStatus((expr), (comm), __FILE__, __LINE__);                 \
+    if (!concord_nccl_s_.ok()) return concord_nccl_s_;                  \
+  } while (false)
+
+absl::Status CudaStatus(cudaError_t e, const char* file, int line) {
+  if (e == cudaSuccess) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrFormat(
+      "%s:%d: CUDA error: %s", file, line, cudaGetErrorString(e)));
+}
+
+#define CONCORD_CUDA_CHECK(expr)                                           \
+  do {                                                                     \
+    ::absl::Status concord_cuda_s_ = CudaStatus((expr), __FILE__, __LINE__); \
+    if (!concord_cuda_s_.ok()) return concord_cuda_s_;                     \
+  } while (false)
+
+absl::StatusOr<ncclDataType_t> NcclType(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat:
+      return ncclFloat32;
+    case at::kDouble:
+      return ncclFloat64;
+    case at::kHalf:
+      return ncclFloat16;
+    case at::kBFloat16:
+      return ncclBfloat16;
+    case at::kInt:
+      return ncclInt32;
+    case at::kLong:
+      return ncclInt64;
+    case at::kByte:
+      return ncclUint8;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "nccl does not support dtype ", std::string(c10::toString(t))));
+  }
+}
+
+}  // namespace
+
+struct NcclCommunicator::State {
+  NcclOptions options;
+  ncclComm_t comm = nullptr;
+  cudaStream_t stream = nullptr;
+  std::mutex mu;  // serialises enqueueing and abort
+  std::atomic<bool> aborted{false};
+
+  // Waits until the non-blocking communicator has no operation in progress.
+  absl::Status WaitNotInProgress(absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    for (;;) {
+      ncclResult_t async = ncclSuccess;
+      CONCORD_NCCL_CHECK(ncclCommGetAsyncError(comm, &async), comm);
+      if (async != ncclInProgress) {
+        CONCORD_NCCL_CHECK(async, comm);
+        return absl::OkStatus();
+      }
+      if (absl::Now() > deadline) {
+        return absl::DeadlineExceededError("NCCL operation still in progress");
+      }
+      std::this_thread::yield();
+    }
+  }
+
+  void Abort() {
+    std::lock_guard<std::mutex> lock(mu);
+    if (aborted.exchange(true) || comm == nullptr) return;
+    ncclCommAbort(comm);
+  }
+};
+
+namespace {
+
+// A collective enqueued on the communicator's stream.
+class NcclWork final : public Work {
+ public:
+  NcclWork(std::shared_ptr<NcclCommunicator::State> state, cudaEvent_t event,
+           absl::Duration timeout, at::Tensor keep_alive)
+      : state_(std::move(state)),
+        event_(event),
+        deadline_(absl::Now() + timeout),
+        tensor_(std::move(keep_alive)) {}
+  ~NcclWork() override {
+    if (event_ != nullptr) cudaEventDestroy(event_);
+  }
+
+  bool IsCompleted() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return done_ || cudaEventQuery(event_) != cudaErrorNotReady;
+  }
+
+  absl::Status Wait(absl::Duration timeout) override {
+    const absl::Time until = absl::Now() + timeout;
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (done_) return status_;
+        if (state_->aborted.load()) return Finish(absl::AbortedError("NCCL communicator aborted"));
+        cudaError_t q = cudaEventQuery(event_);
+        if (q == cudaSuccess) return Finish(absl::OkStatus());
+        if (q != cudaErrorNotReady) {
+          return Finish(CudaStatus(q, __FILE__, __LINE__));
+        }
+        ncclResult_t async = ncclSuccess;
+        ncclCommGetAsyncError(state_->comm, &async);
+        if (async != ncclSuccess && async != ncclInProgress) {
+          return Finish(NcclStatus(async, state_->comm, __FILE__, __LINE__));
+        }
+      }
+      const absl::Time now = absl::Now();
+      if (now > deadline_) {
+        state_->Abort();
+        std::lock_guard<std::mutex> lock(mu_);
+        return Finish(absl::UnavailableError(
+            "NCCL collective timed out; communicator aborted"));
+      }
+      if (now > until) {
+        return absl::DeadlineExceededError("NCCL collective still running");
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+
+  void Abort() override {
+    state_->Abort();
+    std::lock_guard<std::mutex> lock(mu_);
+    (void)Finish(absl::AbortedError("collective aborted"));
+  }
+
+ private:
+  absl::Status Finish(absl::Status s) {  // mu_ held
+    if (!done_) {
+      done_ = true;
+      status_ = std::move(s);
+    }
+    return status_;
+  }
+
+  std::shared_ptr<NcclCommunicator::State> state_;
+  cudaEvent_t event_;
+  absl::Time deadline_;
+  at::Tensor tensor_;
+  mutable std::mutex mu_;
+  bool done_ = false;
+  absl::Status status_;
+};
+
+absl::Status CheckTensor(const at::Tensor& t, int device) {
+  if (!t.defined() || !t.is_cuda() || t.get_device() != device) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the nccl communicator takes tensors on cuda:", device));
+  }
+  if (!t.is_contiguous()) {
+    return absl::InvalidArgumentError("collective tensor must be contiguous");
+  }
+  return absl::OkStatus();
+}
+
+// Enqueues `launch` on the stream and returns the work that tracks it.
+template <typename Launch>
+std::shared_ptr<Work> Enqueue(const std::shared_ptr<NcclCommunicator::State>& s,
+                              const at::Tensor& tensor,
+                              const CollectiveOptions& options,
+                              Launch launch) {
+  auto fail = [](absl::Status st) { return PromiseWork::Done(std::move(st)); };
+  std::lock_guard<std::mutex> lock(s->mu);
+  if (s->aborted.load()) {
+    return fail(absl::AbortedError("NCCL communicator aborted"));
+  }
+  if (absl::Status st = NcclStatus(launch(), s->comm, __FILE__, __LINE__);
+      !st.ok()) {
+    return fail(st);
+  }
+  if (absl::Status st = s->WaitNotInProgress(options.timeout); !st.ok()) {
+    return fail(st);
+  }
+  cudaEvent_t event = nullptr;
+  if (absl::Status st = CudaStatus(
+          cudaEventCreateWithFlags(&event, cudaEventDisableTiming), __FILE__,
+          __LINE__);
+      !st.ok()) {
+    return fail(st);
+  }
+  cudaEventRecord(event, s->stream);
+  return std::make_shared<NcclWork>(s, event, options.timeout, tensor);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
+    const NcclOptions& options, Store* store) {
+  if (options.size < 1 || options.rank < 0 || options.rank >= options.size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bad rank ", options.rank, " for world size ", options.size));
+  }
+  int devices = 0;
+  CONCORD_CUDA_CHECK(cudaGetDeviceCount(&devices));
+  if (options.device < 0 || options.device >= devices) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CUDA device ", options.device, " does not exist (", devices,
+        " visible)"));
+  }
+  CONCORD_CUDA_CHECK(cudaSetDevice(options.device));
+
+  ncclUniqueId id;
+  const std::string key = "nccl/unique_id";
+  if (options.rank == 0) {
+    CONCORD_NCCL_CHECK(ncclGetUniqueId(&id), nullptr);
+    absl::Status s = store->Set(
+        key, std::string(reinterpret_cast<const char*>(&id), sizeof(id)));
+    if (!s.ok()) return s;
+  } else {
+    auto values = store->Get({key}, options.connect_timeout);
+    if (!values.ok()) return values.status();
+    if (values->front().size() != sizeof(id)) {
+      return absl::InternalError("malformed NCCL unique id in the store");
+    }
+    std::memcpy(&id, values->front().data(), sizeof(id));
+  }
+
+  auto state = std::make_shared<State>();
+  state->options = options;
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  CONCORD_NCCL_CHECK(ncclCommInitRankConfig(&state->comm, options.size, id,
+                                            options.rank, &config),
+                     nullptr);
+  if (absl::Status s = state->WaitNotInProgress(options.connect_timeout);
+      !s.ok()) {
+    state->Abort();
+    return s;
+  }
+  CONCORD_CUDA_CHECK(
+      cudaStreamCreateWithFlags(&state->stream, cudaStreamNonBlocking));
+  return std::unique_ptr<NcclCommunicator>(
+      new NcclCommunicator(std::move(state)));
+}
+
+NcclCommunicator::NcclCommunicator(std::shared_ptr<State> state)
+    : state_(std::move(state)) {}
+
+NcclCommunicator::~NcclCommunicator() {
+  if (!state_->aborted.load() && state_->comm != nullptr) {
+    ncclCommFinalize(state_->comm);
+    state_->WaitNotInProgress(absl::Seconds(30)).IgnoreError();
+    ncclCommDestroy(state_->comm);
+  } else if (state_->comm != nullptr) {
+    // ncclCommAbort already released it.
+  }
+  if (state_->stream != nullptr) cudaStreamDestroy(state_->stream);
+}
+
+int NcclCommunicator::rank() const { return state_->options.rank; }
+int NcclCommunicator::size() const { return state_->options.size; }
+int64_t NcclCommunicator::generation() const {
+  return state_->options.generation;
+}
+
+void NcclCommunicator::Abort() { state_->Abort(); }
+
+std::shared_ptr<Work> NcclCommunicator::AllreduceSum(
+    at::Tensor tensor, const CollectiveOptions& options) {
+  if (absl::Status s = CheckTensor(tensor, state_->options.device); !s.ok()) {
+    return PromiseWork::Done(s);
+  }
+  auto type = NcclType(tensor.scalar_type());
+  if (!type.ok()) return PromiseWork::Done(type.status());
+  if (tensor.numel() == 0) return PromiseWork::Done(absl::OkStatus());
+  void* ptr = tensor.data_ptr();
+  const size_t n = static_cast<size_t>(tensor.numel());
+  auto state = state_;
+  return Enqueue(state_, tensor, options, [&] {
+    return ncclAllReduce(ptr, ptr, n, *type, ncclSum, state->comm,
+                         state->stream);
+  });
+}
+
+std::shared_ptr<Work> NcclCommunicator::Broadcast(
+    at::Tensor tensor, int root, const CollectiveOptions& options) {
+  if (absl::Status s = CheckTensor(tensor, state_->options.device); !s.ok()) {
+    return PromiseWork::Done(s);
+  }
+  if (root < 0 || root >= state_->options.size) {
+    return PromiseWork::Done(absl::InvalidArgumentError(
+        absl::StrCat("broadcast root ", root, " out of range")));
+  }
+  if (tensor.numel() == 0) return PromiseWork::Done(absl::OkStatus());
+  void* ptr = tensor.data_ptr();
+  const size_t bytes = static_cast<size_t>(tensor.nbytes());
+  auto state = state_;
+  return Enqueue(state_, tensor, options, [&] {
+    return ncclBroadcast(ptr, ptr, bytes, ncclUint8, root, state->comm,
+                         state->stream);
+  });
+}
+
+}  // namespace concord::comm

@@ -1,0 +1,56 @@
+#pragma once
+// An asynchronous collective's handle (c10d's Work, without exceptions).
+
+#include <condition_variable>
+#include <mutex>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+
+namespace concord::comm {
+
+class Work {
+ public:
+  virtual ~Work() = default;
+
+  // True once the collective finished, failed or was aborted. Never blocks.
+  virtual bool IsCompleted() const = 0;
+
+  // Blocks until the collective ends or `timeout` passes. Returns:
+  //   OK                 - done; the output is valid.
+  //   DEADLINE_EXCEEDED  - `timeout` passed first; the work is still running.
+  //   UNAVAILABLE        - a peer went away or the transport failed: the
+  //                        communicator is broken; abort and re-form.
+  //   ABORTED            - Abort() was called.
+  //   INVALID_ARGUMENT   - the collective's arguments were bad (a bug).
+  // Any thread may call it, several times.
+  virtual absl::Status Wait(
+      absl::Duration timeout = absl::InfiniteDuration()) = 0;
+
+  // Gives up on the collective: Wait() returns ABORTED from now on. What the
+  // transport does with the operation in flight is the communicator's
+  // business (Gloo lets it run into its timeout; NCCL aborts the
+  // communicator). Never blocks.
+  virtual void Abort() = 0;
+};
+
+// A Work completed by whoever runs the operation, via MarkDone().
+class PromiseWork : public Work {
+ public:
+  bool IsCompleted() const override;
+  absl::Status Wait(absl::Duration timeout) override;
+  void Abort() override;
+
+  // Records the outcome and wakes waiters; later calls are ignored.
+  void MarkDone(absl::Status status);
+  // A work that is already done.
+  static std::shared_ptr<PromiseWork> Done(absl::Status status);
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  absl::Status status_;
+};
+
+}  // namespace concord::comm
