@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The whole test suite: installs what is missing, builds, runs ctest.
+# Every test has a timeout (a hang is a failure). Extra arguments go to ctest,
+# e.g. ./scripts/test.sh -L unit
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/install-deps.sh
+./scripts/build.sh
+BUILD_DIR=${BUILD_DIR:-build}
+ctest --test-dir "$BUILD_DIR" --output-on-failure --timeout 600 -j 2 "$@"

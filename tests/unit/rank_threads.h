@@ -1,0 +1,40 @@
+#pragma once
+// Ranks as threads: N Gloo communicators on loopback that rendezvous through
+// one in-memory store (Gloo's BaseTest::spawn).
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "worker/comm/gloo/gloo_communicator.h"
+#include "worker/comm/store.h"
+
+namespace concord::testing {
+
+// Connects `world` communicators (in parallel, as rendezvous requires) and
+// runs `body(rank, comm)` on one thread per rank.
+inline void RunRanks(
+    int world,
+    const std::function<void(int, std::shared_ptr<comm::Communicator>)>& body,
+    absl::Duration connect_timeout = absl::Seconds(30)) {
+  comm::InMemoryStore store;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      comm::GlooOptions options;
+      options.rank = r;
+      options.size = world;
+      options.generation = 1;
+      options.connect_timeout = connect_timeout;
+      auto comm = comm::GlooCommunicator::Create(options, &store);
+      ASSERT_TRUE(comm.ok()) << comm.status();
+      body(r, std::shared_ptr<comm::Communicator>(std::move(*comm)));
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+}  // namespace concord::testing
