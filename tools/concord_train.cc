@@ -40,6 +40,21 @@ struct Flags {
   std::string metrics_out;
   int64_t log_interval = 10;
   std::string log_level = "info";
+  // DDP (PyTorch's and apex's options).
+  double bucket_cap_mb = 25;
+  bool find_unused_parameters = false;
+  bool static_graph = false;
+  int64_t grad_accum = 1;
+  std::string comm_hook;
+  bool gradient_as_bucket_view = false;
+  bool no_broadcast_buffers = false;
+  std::vector<std::string> ignore;
+  bool delay_allreduce = false;
+  bool allreduce_always_fp32 = false;
+  double predivide_factor = 1.0;
+  bool no_gradient_average = false;
+  int64_t message_size = 0;
+  std::vector<std::string> allreduce_trigger_params;
 };
 
 [[noreturn]] void Fail(int code, const std::string& message) {
@@ -60,19 +75,50 @@ Flags ParseFlags(int argc, char** argv) {
   app.add_option("--optimizer", f.optimizer)->check(CLI::IsMember({"sgd"}));
   app.add_option("--lr", f.lr)->check(CLI::PositiveNumber);
   app.add_option("--momentum", f.momentum)->check(CLI::Range(0.0, 1.0));
-  app.add_option("--weight-decay", f.weight_decay)->check(CLI::NonNegativeNumber);
+  app.add_option("--weight-decay", f.weight_decay)
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--batch-size", f.batch_size, "samples per rank and step")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
-  app.add_option("--epochs", f.epochs)->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  app.add_option("--epochs", f.epochs)
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   app.add_flag("--shuffle", f.shuffle, "shuffle every epoch (seeded)");
   app.add_option("--seed", f.seed);
   app.add_option("--output", f.output,
                  "write every named parameter and buffer here at the end");
   app.add_option("--metrics-out", f.metrics_out, "write step-time JSON here");
-  app.add_option("--log-interval", f.log_interval, "steps between progress lines")
+  app.add_option("--log-interval", f.log_interval,
+                 "steps between progress lines")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   app.add_option("--log-level", f.log_level)
       ->check(CLI::IsMember({"debug", "info", "warn", "error"}));
+  auto* ddp = app.add_option_group("DDP", "DistributedDataParallel options");
+  auto* cap =
+      ddp->add_option("--bucket-cap-mb", f.bucket_cap_mb,
+                      "bucket size cap in MiB (PyTorch's bucket_cap_mb)")
+          ->check(CLI::PositiveNumber);
+  ddp->add_flag("--find-unused-parameters", f.find_unused_parameters);
+  ddp->add_flag("--static-graph", f.static_graph);
+  ddp->add_option("--grad-accum", f.grad_accum,
+                  "micro-batches per optimizer step (K-1 under no_sync)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  ddp->add_option("--comm-hook", f.comm_hook, "allreduce, fp16 or bf16");
+  ddp->add_flag("--gradient-as-bucket-view", f.gradient_as_bucket_view);
+  ddp->add_flag("--no-broadcast-buffers", f.no_broadcast_buffers);
+  ddp->add_option("--ignore", f.ignore,
+                  "parameter or buffer left out of DDP (repeatable)");
+  ddp->add_flag("--delay-allreduce", f.delay_allreduce, "apex: no overlap");
+  ddp->add_flag("--allreduce-always-fp32", f.allreduce_always_fp32);
+  ddp->add_option("--predivide-factor", f.predivide_factor,
+                  "apex gradient_predivide_factor")
+      ->check(CLI::PositiveNumber);
+  ddp->add_flag("--no-gradient-average", f.no_gradient_average,
+                "apex gradient_average=False: sum, do not average");
+  auto* message = ddp->add_option("--message-size", f.message_size,
+                                  "apex: bucket threshold in elements")
+                      ->check(CLI::PositiveNumber);
+  ddp->add_option("--allreduce-trigger-params", f.allreduce_trigger_params,
+                  "apex: parameters whose gradient closes a bucket");
+  message->excludes(cap);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -93,6 +139,23 @@ std::vector<int64_t> Shard(const std::vector<int64_t>& order, int rank,
   return shard;
 }
 
+concord::DdpOptions DdpOptionsFrom(const Flags& f) {
+  concord::DdpOptions o;
+  o.bucket_cap_bytes = static_cast<int64_t>(f.bucket_cap_mb * 1024 * 1024);
+  o.find_unused_parameters = f.find_unused_parameters;
+  o.static_graph = f.static_graph;
+  o.gradient_as_bucket_view = f.gradient_as_bucket_view;
+  o.broadcast_buffers = !f.no_broadcast_buffers;
+  o.ignore = f.ignore;
+  o.delay_allreduce = f.delay_allreduce;
+  o.allreduce_always_fp32 = f.allreduce_always_fp32;
+  o.gradient_predivide_factor = f.predivide_factor;
+  o.gradient_average = !f.no_gradient_average;
+  o.message_size = f.message_size;
+  o.allreduce_trigger_params = f.allreduce_trigger_params;
+  return o;
+}
+
 int64_t BatchesOf(int64_t samples, int64_t batch) {
   return (samples + batch - 1) / batch;
 }
@@ -105,8 +168,7 @@ double Median(std::vector<double> v) {
 }
 
 int Train(const Flags& flags) {
-  const Loss loss =
-      flags.loss == "mse" ? Loss::kMse : Loss::kCrossEntropy;
+  const Loss loss = flags.loss == "mse" ? Loss::kMse : Loss::kCrossEntropy;
   // Validate everything before joining: a bad input never starts a job.
   auto model = concord::train::LoadModel(flags.model);
   if (!model.ok()) Fail(2, std::string(model.status().message()));
@@ -116,6 +178,17 @@ int Train(const Flags& flags) {
                                                   flags.model, flags.data);
       !s.ok()) {
     Fail(2, std::string(s.message()));
+  }
+  concord::DdpOptions ddp_options = DdpOptionsFrom(flags);
+  if (auto st = concord::DistributedDataParallel::ValidateOptions(
+          ddp_options, !flags.comm_hook.empty());
+      !st.ok()) {
+    Fail(2, std::string(st.message()));
+  }
+  if (!flags.comm_hook.empty() && flags.comm_hook != "allreduce" &&
+      flags.comm_hook != "fp16" && flags.comm_hook != "bf16") {
+    Fail(2, absl::StrCat("--comm-hook ", flags.comm_hook,
+                         ": expected allreduce, fp16 or bf16"));
   }
   auto options = concord::worker::WorkerOptions::FromEnvironment();
   if (!options.ok()) Fail(2, std::string(options.status().message()));
@@ -132,7 +205,8 @@ int Train(const Flags& flags) {
   const int64_t n = data->size();
   // Every rank must run the same number of steps (uneven inputs need the
   // join protocol of the elastic worker).
-  const int64_t steps_per_epoch = BatchesOf((n + world - 1) / world, flags.batch_size);
+  const int64_t steps_per_epoch =
+      BatchesOf((n + world - 1) / world, flags.batch_size);
   for (int r = 0; r < world; ++r) {
     const int64_t mine = (n - r + world - 1) / world;
     if (BatchesOf(mine, flags.batch_size) != steps_per_epoch) {
@@ -147,16 +221,25 @@ int Train(const Flags& flags) {
   }
 
   model->train();
-  concord::DdpOptions ddp_options;
   ddp_options.collective_timeout = options->collective_timeout;
   auto ddp = concord::DistributedDataParallel::Create(
       *model, s.shared_communicator(), s.authoritative_rank(), ddp_options);
   if (!ddp.ok()) Fail(1, ddp.status().ToString());
-  torch::optim::SGD optimizer(
-      (*ddp)->parameters(),
-      torch::optim::SGDOptions(flags.lr)
-          .momentum(flags.momentum)
-          .weight_decay(flags.weight_decay));
+  if (!flags.comm_hook.empty()) {
+    concord::comm::CollectiveOptions hook_options;
+    hook_options.timeout = options->collective_timeout;
+    auto hook = concord::ddp::MakeCommHook(
+        flags.comm_hook, s.shared_communicator(), hook_options);
+    if (!hook.ok())
+      Fail(2, absl::StrCat("--comm-hook: ", hook.status().message()));
+    if (auto st = (*ddp)->RegisterCommHook(*hook); !st.ok()) {
+      Fail(2, absl::StrCat("--comm-hook: ", st.message()));
+    }
+  }
+  torch::optim::SGD optimizer((*ddp)->parameters(),
+                              torch::optim::SGDOptions(flags.lr)
+                                  .momentum(flags.momentum)
+                                  .weight_decay(flags.weight_decay));
 
   std::vector<int64_t> order(static_cast<size_t>(n));
   std::iota(order.begin(), order.end(), 0);
@@ -191,11 +274,23 @@ int Train(const Flags& flags) {
       const torch::Tensor x = data->inputs.index_select(0, idx);
       const torch::Tensor y = data->targets.index_select(0, idx);
 
-      optimizer.zero_grad();
-      torch::Tensor out = (*ddp)->Forward({x}).toTensor();
-      torch::Tensor l = concord::train::ComputeLoss(loss, out, y);
-      l.backward();
-      optimizer.step();
+      // Gradient accumulation: K-1 micro-batches under no_sync, then a
+      // synchronised one and the optimizer step (also at the epoch's end).
+      const bool step_now =
+          (b + 1) % flags.grad_accum == 0 || b + 1 == steps_per_epoch;
+      torch::Tensor l;
+      if (step_now) {
+        l = concord::train::ComputeLoss(loss, (*ddp)->Forward({x}).toTensor(),
+                                        y);
+        l.backward();
+        optimizer.step();
+        optimizer.zero_grad();
+      } else {
+        auto no_sync = (*ddp)->NoSync();
+        l = concord::train::ComputeLoss(loss, (*ddp)->Forward({x}).toTensor(),
+                                        y);
+        l.backward();
+      }
 
       const auto t1 = std::chrono::steady_clock::now();
       step_ms.push_back(
@@ -208,8 +303,7 @@ int Train(const Flags& flags) {
             0, std::min<int64_t>(flags.batch_size, shard_r - begin));
       }
       last_loss = l.item<double>();
-      const double elapsed =
-          std::chrono::duration<double>(t1 - start).count();
+      const double elapsed = std::chrono::duration<double>(t1 - start).count();
       const double sps = elapsed > 0 ? samples_done / elapsed : 0;
       s.ReportProgress(step, sps);
       if (leader && (step % flags.log_interval == 0 || step == total_steps)) {
@@ -221,26 +315,33 @@ int Train(const Flags& flags) {
       }
     }
   }
-  const double seconds = std::chrono::duration<double>(
-                             std::chrono::steady_clock::now() - start)
-                             .count();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
   if (leader) {
     // Step time without warm-up (the first steps allocate and connect).
     std::vector<double> timed(step_ms.begin() + (step_ms.size() > 2 ? 2 : 0),
                               step_ms.end());
-    const double mean =
-        timed.empty() ? 0
-                      : std::accumulate(timed.begin(), timed.end(), 0.0) /
-                            static_cast<double>(timed.size());
+    const double mean = timed.empty()
+                            ? 0
+                            : std::accumulate(timed.begin(), timed.end(), 0.0) /
+                                  static_cast<double>(timed.size());
     if (!flags.output.empty()) {
-      if (auto st = concord::train::SaveState((*ddp)->NamedState(),
-                                              flags.output);
+      if (auto st =
+              concord::train::SaveState((*ddp)->NamedState(), flags.output);
           !st.ok()) {
         Fail(1, std::string(st.message()));
       }
     }
     if (!flags.metrics_out.empty()) {
+      const auto& stats = (*ddp)->stats();
       nlohmann::json m = {{"world_size", world},
+                          {"bucket_bytes", stats.bucket_bytes},
+                          {"bucket_rebuilds", stats.rebuilds},
+                          {"forward_compute_us", stats.forward_compute_us},
+                          {"backward_compute_us", stats.backward_compute_us},
+                          {"backward_comm_us", stats.backward_comm_us},
+                          {"overlap_us", stats.overlap_us},
                           {"steps", step},
                           {"step_time_ms_mean", mean},
                           {"step_time_ms_median", Median(timed)},
@@ -252,9 +353,9 @@ int Train(const Flags& flags) {
                      "concord-train: done: %d steps in %.2f s, %.1f "
                      "samples/s, mean step %.2f ms, final loss %.6f%s",
                      step, seconds, samples_done / seconds, mean, last_loss,
-                     flags.output.empty() ? ""
-                                          : absl::StrCat(", wrote ",
-                                                         flags.output))
+                     flags.output.empty()
+                         ? ""
+                         : absl::StrCat(", wrote ", flags.output))
               << std::endl;
   }
   if (auto st = s.Finish(true, ""); !st.ok()) {

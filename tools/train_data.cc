@@ -57,9 +57,9 @@ absl::StatusOr<Dataset> LoadData(const std::string& path, Loss loss) {
   try {
     value = torch::pickle_load(*bytes);
   } catch (const std::exception& e) {
-    return Bad("--data", path,
-               absl::StrCat("not a file written by torch.save (",
-                            FirstLine(e), ")"));
+    return Bad(
+        "--data", path,
+        absl::StrCat("not a file written by torch.save (", FirstLine(e), ")"));
   }
   if (!value.isGenericDict()) {
     return Bad("--data", path,
@@ -94,11 +94,11 @@ absl::StatusOr<Dataset> LoadData(const std::string& path, Loss loss) {
   if (loss == Loss::kCrossEntropy) {
     if (data.targets.is_floating_point() || data.targets.is_complex() ||
         data.targets.scalar_type() == torch::kBool) {
-      return Bad("--data", path,
-                 absl::StrCat("cross_entropy needs integer class targets, "
-                              "found ",
-                              std::string(c10::toString(
-                                  data.targets.scalar_type()))));
+      return Bad(
+          "--data", path,
+          absl::StrCat("cross_entropy needs integer class targets, "
+                       "found ",
+                       std::string(c10::toString(data.targets.scalar_type()))));
     }
     if (data.targets.dim() != 1) {
       return Bad("--data", path,
@@ -108,10 +108,10 @@ absl::StatusOr<Dataset> LoadData(const std::string& path, Loss loss) {
     }
     data.targets = data.targets.to(torch::kLong);
   } else if (!data.targets.is_floating_point()) {
-    return Bad("--data", path,
-               absl::StrCat("mse needs floating-point targets, found ",
-                            std::string(c10::toString(
-                                data.targets.scalar_type()))));
+    return Bad(
+        "--data", path,
+        absl::StrCat("mse needs floating-point targets, found ",
+                     std::string(c10::toString(data.targets.scalar_type()))));
   }
   data.inputs = data.inputs.contiguous();
   data.targets = data.targets.contiguous();
@@ -134,9 +134,9 @@ absl::Status CheckModelFitsData(torch::jit::Module& model, const Dataset& data,
     out = model.forward({x});
   } catch (const std::exception& e) {
     model.train(was_training);
-    return absl::InvalidArgumentError(absl::StrCat(
-        where, "forward fails on inputs of shape ", Shape(x), " (",
-        FirstLine(e), ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, "forward fails on inputs of shape ", Shape(x), " (",
+                     FirstLine(e), ")"));
   }
   model.train(was_training);
   if (!out.isTensor()) {
@@ -146,22 +146,22 @@ absl::Status CheckModelFitsData(torch::jit::Module& model, const Dataset& data,
   const torch::Tensor output = out.toTensor();
   if (loss == Loss::kCrossEntropy) {
     if (output.dim() != 2) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, "cross_entropy needs output [N, classes], found ",
-          Shape(output)));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, "cross_entropy needs output [N, classes], found ",
+                       Shape(output)));
     }
     const int64_t classes = output.size(1);
     const auto lo = data.targets.min().item<int64_t>();
     const auto hi = data.targets.max().item<int64_t>();
     if (lo < 0 || hi >= classes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          where, "targets range over [", lo, ", ", hi, "] but the model has ",
-          classes, " classes"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, "targets range over [", lo, ", ", hi,
+                       "] but the model has ", classes, " classes"));
     }
   } else if (output.sizes() != y.sizes()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, "mse needs output shaped like the targets: ",
-                     Shape(output), " vs ", Shape(y)));
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, "mse needs output shaped like the targets: ", Shape(output),
+        " vs ", Shape(y)));
   }
   return absl::OkStatus();
 }

@@ -27,8 +27,8 @@ absl::Status EnvInt(const char* name, int64_t fallback, int64_t min,
     return absl::OkStatus();
   }
   if (!absl::SimpleAtoi(text, out) || *out < min) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        name, "='", text, "': expected an integer >= ", min));
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, "='", text, "': expected an integer >= ", min));
   }
   return absl::OkStatus();
 }
@@ -56,8 +56,8 @@ absl::StatusOr<WorkerOptions> WorkerOptions::FromEnvironment() {
       EnvInt("CONCORD_HEARTBEAT_TIMEOUT_MS", 10000, 1, &hb_timeout));
   CONCORD_RETURN_IF_ERROR(
       EnvInt("CONCORD_RENDEZVOUS_TIMEOUT_MS", 300000, 1, &rdzv_timeout));
-  CONCORD_RETURN_IF_ERROR(EnvInt("CONCORD_COLLECTIVE_TIMEOUT_MS", 300000, 1,
-                                 &collective_timeout));
+  CONCORD_RETURN_IF_ERROR(
+      EnvInt("CONCORD_COLLECTIVE_TIMEOUT_MS", 300000, 1, &collective_timeout));
   o.spec.set_min_workers(static_cast<int32_t>(min_workers));
   o.spec.set_max_workers(static_cast<int32_t>(max_workers));
   o.spec.set_heartbeat_interval_ms(hb_interval);
@@ -102,8 +102,9 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Start(
                  options.spec.job_id(), joined.generation(), joined.rank(),
                  joined.world_size());
     // Heartbeat while the communicator connects: that can take a while.
-    session->heartbeat_ = std::thread(
-        [s = session.get(), heartbeat_interval] { s->HeartbeatLoop(heartbeat_interval); });
+    session->heartbeat_ = std::thread([s = session.get(), heartbeat_interval] {
+      s->HeartbeatLoop(heartbeat_interval);
+    });
   }
   comm::PrefixStore gloo_store("gloo/", session->store_.get());
   CONCORD_ASSIGN_OR_RETURN(session->comm_,

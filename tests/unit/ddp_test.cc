@@ -74,8 +74,8 @@ TEST_P(DdpTest, GradientsAreTheMeanOverRanksForAnyBucketing) {
     // Parameters and buffers now equal rank 0's.
     auto reference = MakeNet(0);
     for (size_t i = 0; i < net->parameters().size(); ++i) {
-      EXPECT_TRUE(torch::equal(net->parameters()[i],
-                               reference->parameters()[i]));
+      EXPECT_TRUE(
+          torch::equal(net->parameters()[i], reference->parameters()[i]));
     }
     for (int iteration = 0; iteration < 2; ++iteration) {
       for (auto& p : net->parameters()) p.mutable_grad() = torch::Tensor();
@@ -128,8 +128,9 @@ TEST(DdpAccumulationTest, ExistingGradientIsPartOfTheReduction) {
     for (auto& p : net->parameters()) {
       p.mutable_grad() = torch::full_like(p, 1.0 + rank);  // 1 and 2
     }
-    torch::Tensor out = (*ddp)->Forward(
-        [&] { return net->forward(torch::zeros({1, 3})); });
+    torch::Tensor out = (*ddp)->Forward([&] {
+      return net->forward(torch::zeros({1, 3}));
+    });
     out.sum().backward();  // bias grad 1 on both ranks, weight grad 0
     // bias: ((1+1) + (2+1)) / 2; weight: (1 + 2) / 2.
     EXPECT_TRUE(torch::allclose(net->bias.grad(), torch::full({1}, 2.5f)));
@@ -159,8 +160,9 @@ TEST(DdpErrorsTest, UnusedParameterIsAClearError) {
 TEST(DdpErrorsTest, BadAuthoritativeRankIsRejected) {
   RunRanks(1, [&](int, std::shared_ptr<comm::Communicator> comm) {
     auto net = MakeNet(0);
-    EXPECT_EQ(DistributedDataParallel::Create(net.ptr(), comm, 1).status().code(),
-              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(
+        DistributedDataParallel::Create(net.ptr(), comm, 1).status().code(),
+        absl::StatusCode::kInvalidArgument);
   });
 }
 

@@ -20,8 +20,7 @@ TEST_P(GlooAllreduceTest, SumsOverRanks) {
                       int rank, std::shared_ptr<Communicator> comm) {
     for (auto dtype : {at::kFloat, at::kDouble, at::kLong}) {
       // Element i on rank r holds r * 1000 + i (exact in every dtype).
-      at::Tensor t =
-          (at::arange(numel, at::kDouble) + rank * 1000.0).to(dtype);
+      at::Tensor t = (at::arange(numel, at::kDouble) + rank * 1000.0).to(dtype);
       ASSERT_TRUE(comm->AllreduceSum(t, {})->Wait().ok());
       const double rank_sum = 1000.0 * world * (world - 1) / 2;
       at::Tensor expected =
@@ -57,7 +56,8 @@ TEST(GlooCommunicatorTest, ManyAsyncCollectivesCompleteInIssueOrder) {
     }
     for (int i = 0; i < 20; ++i) {
       ASSERT_TRUE(works[i]->Wait().ok());
-      EXPECT_TRUE(at::equal(tensors[i], at::full({i * 100 + 1}, float(2 * i + 1))));
+      EXPECT_TRUE(
+          at::equal(tensors[i], at::full({i * 100 + 1}, float(2 * i + 1))));
     }
   });
 }

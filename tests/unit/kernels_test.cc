@@ -27,7 +27,8 @@ TEST(KernelsCudaTest, ScaleMatchesCpuTwin) {
   std::vector<float> expected = host;
   ScaleCpu(expected.data(), n, 0.25f);
   float* device = nullptr;
-  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&device), n * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&device), n * sizeof(float)),
+            cudaSuccess);
   cudaMemcpy(device, host.data(), n * sizeof(float), cudaMemcpyHostToDevice);
   ASSERT_EQ(ScaleCuda(device, n, 0.25f, nullptr), cudaSuccess);
   cudaMemcpy(host.data(), device, n * sizeof(float), cudaMemcpyDeviceToHost);

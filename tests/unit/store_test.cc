@@ -1,8 +1,8 @@
+#include "worker/comm/store.h"
+
 #include <gtest/gtest.h>
 
 #include <thread>
-
-#include "worker/comm/store.h"
 
 namespace concord::comm {
 namespace {

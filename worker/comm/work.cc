@@ -16,13 +16,15 @@ absl::Status PromiseWork::Wait(absl::Duration timeout) {
     cv_.wait(lock, [this] { return done_; });
   } else if (!cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout),
                            [this] { return done_; })) {
-    return absl::DeadlineExceededError(
-        "collective did not finish within " + absl::FormatDuration(timeout));
+    return absl::DeadlineExceededError("collective did not finish within " +
+                                       absl::FormatDuration(timeout));
   }
   return status_;
 }
 
-void PromiseWork::Abort() { MarkDone(absl::AbortedError("collective aborted")); }
+void PromiseWork::Abort() {
+  MarkDone(absl::AbortedError("collective aborted"));
+}
 
 void PromiseWork::MarkDone(absl::Status status) {
   {
@@ -38,6 +40,57 @@ std::shared_ptr<PromiseWork> PromiseWork::Done(absl::Status status) {
   auto work = std::make_shared<PromiseWork>();
   work->MarkDone(std::move(status));
   return work;
+}
+
+namespace {
+
+class ThenWork final : public Work {
+ public:
+  ThenWork(std::shared_ptr<Work> inner, std::function<absl::Status()> then)
+      : inner_(std::move(inner)), then_(std::move(then)) {}
+
+  // Completed = Wait() will not block.
+  bool IsCompleted() const override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (done_) return true;
+    }
+    return inner_->IsCompleted();
+  }
+
+  absl::Status Wait(absl::Duration timeout) override {
+    absl::Status s = inner_->Wait(timeout);
+    if (s.code() == absl::StatusCode::kDeadlineExceeded) return s;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!done_) {
+      done_ = true;
+      status_ = s.ok() ? then_() : s;
+    }
+    return status_;
+  }
+
+  void Abort() override {
+    inner_->Abort();
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!done_) {
+      done_ = true;
+      status_ = absl::AbortedError("collective aborted");
+    }
+  }
+
+ private:
+  std::shared_ptr<Work> inner_;
+  std::function<absl::Status()> then_;
+  mutable std::mutex mu_;
+  bool done_ = false;
+  absl::Status status_;
+};
+
+}  // namespace
+
+std::shared_ptr<Work> Then(std::shared_ptr<Work> inner,
+                           std::function<absl::Status()> then) {
+  return std::make_shared<ThenWork>(std::move(inner), std::move(then));
 }
 
 }  // namespace concord::comm

@@ -2,6 +2,8 @@
 // An asynchronous collective's handle (c10d's Work, without exceptions).
 
 #include <condition_variable>
+#include <functional>
+#include <memory>
 #include <mutex>
 
 #include "absl/status/status.h"
@@ -52,5 +54,12 @@ class PromiseWork : public Work {
   bool done_ = false;
   absl::Status status_;
 };
+
+// A work that completes when `inner` has and `then` has run after it (on the
+// first thread that waits for it, once, only when `inner` succeeded): how a
+// communication hook decompresses a result. `then`'s status becomes the
+// work's.
+std::shared_ptr<Work> Then(std::shared_ptr<Work> inner,
+                           std::function<absl::Status()> then);
 
 }  // namespace concord::comm

@@ -1,6 +1,11 @@
 #include "worker/ddp/distributed_data_parallel.h"
 
+#include <cstring>
+#include <set>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/status_macros.h"
 #include "worker/comm/coalesced.h"
 
 namespace concord {
@@ -46,6 +51,79 @@ DistributedDataParallel::Create(torch::jit::Module module,
   return ddp;
 }
 
+namespace {
+
+ddp::ReducerOptions ReducerOptionsFrom(const DdpOptions& options,
+                                       int authoritative_rank) {
+  ddp::ReducerOptions r;
+  r.first_bucket_bytes = options.first_bucket_bytes;
+  r.bucket_cap_bytes = options.bucket_cap_bytes;
+  r.message_size = options.message_size;
+  r.find_unused_parameters = options.find_unused_parameters;
+  r.static_graph = options.static_graph;
+  r.gradient_as_bucket_view = options.gradient_as_bucket_view;
+  r.delay_allreduce = options.delay_allreduce;
+  r.allreduce_always_fp32 = options.allreduce_always_fp32;
+  r.gradient_average = options.gradient_average;
+  r.gradient_predivide_factor = options.gradient_predivide_factor;
+  r.authoritative_rank = authoritative_rank;
+  r.collective_timeout = options.collective_timeout;
+  // Triggers are resolved by name against the trainable parameters; for
+  // validation their presence is what matters.
+  r.trigger_params.assign(options.allreduce_trigger_params.size(), 0);
+  return r;
+}
+
+std::string Describe(const std::string& kind, const std::string& name,
+                     const torch::Tensor& t) {
+  return absl::StrCat(
+      kind, " '", name, "' ", std::string(c10::toString(t.scalar_type())), " ",
+      c10::str(t.sizes()), t.requires_grad() ? " requires_grad" : "");
+}
+
+// Every rank checks its model against the authoritative rank's description
+// and all learn whether any differs, so that they fail together instead of
+// hanging in a broadcast of mismatched sizes.
+absl::Status VerifySameModel(comm::Communicator& comm, int root,
+                             const std::vector<std::string>& mine,
+                             const comm::CollectiveOptions& opts) {
+  if (comm.size() == 1) return absl::OkStatus();
+  std::string text;
+  for (const auto& line : mine) absl::StrAppend(&text, line, "\n");
+  torch::Tensor length =
+      torch::tensor({static_cast<int64_t>(text.size())}, torch::kLong);
+  CONCORD_RETURN_IF_ERROR(comm.Broadcast(length, root, opts)->Wait());
+  torch::Tensor bytes = torch::empty({length.item<int64_t>()}, torch::kByte);
+  if (comm.rank() == root) {
+    std::memcpy(bytes.data_ptr(), text.data(), text.size());
+  }
+  CONCORD_RETURN_IF_ERROR(comm.Broadcast(bytes, root, opts)->Wait());
+  const std::string theirs(static_cast<const char*>(bytes.data_ptr()),
+                           static_cast<size_t>(bytes.numel()));
+  std::string difference;
+  if (theirs != text) {
+    std::vector<std::string> lines =
+        absl::StrSplit(theirs, '\n', absl::SkipEmpty());
+    size_t i = 0;
+    while (i < lines.size() && i < mine.size() && lines[i] == mine[i]) ++i;
+    difference = absl::StrCat("entry ", i, ": this rank has ",
+                              i < mine.size() ? mine[i] : "nothing",
+                              ", the authoritative rank ", root, " has ",
+                              i < lines.size() ? lines[i] : "nothing");
+  }
+  torch::Tensor mismatches =
+      torch::tensor({difference.empty() ? 0 : 1}, torch::kInt);
+  CONCORD_RETURN_IF_ERROR(comm.AllreduceSum(mismatches, opts)->Wait());
+  const int count = mismatches.item<int>();
+  if (count == 0) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("ranks wrap different models (", count, " of ", comm.size(),
+                   " differ from the authoritative rank)",
+                   difference.empty() ? "" : absl::StrCat("; ", difference)));
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<DistributedDataParallel>>
 DistributedDataParallel::Init(Named named,
                               std::shared_ptr<comm::Communicator> comm,
@@ -55,49 +133,91 @@ DistributedDataParallel::Init(Named named,
     return absl::InvalidArgumentError(absl::StrCat(
         "authoritative rank ", authoritative_rank, " out of range"));
   }
+  std::set<std::string> ignored(options.ignore.begin(), options.ignore.end());
+  std::set<std::string> known;
+  for (const auto& [name, t] : named.params) known.insert(name);
+  for (const auto& [name, t] : named.buffers) known.insert(name);
+  for (const auto& name : options.ignore) {
+    if (known.count(name) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cannot ignore '", name, "': no such parameter or buffer"));
+    }
+  }
   std::unique_ptr<DistributedDataParallel> ddp(new DistributedDataParallel());
   ddp->comm_ = comm;
   ddp->authoritative_rank_ = authoritative_rank;
   ddp->options_ = options;
-  std::vector<torch::Tensor> all_params;
+  std::vector<torch::Tensor> synced;  // broadcast at creation
+  std::vector<std::string> description;
   std::vector<std::string> trainable_names;
   for (const auto& [name, p] : named.params) {
-    all_params.push_back(p);
+    if (ignored.count(name)) continue;
+    synced.push_back(p);
+    description.push_back(Describe("parameter", name, p));
     if (p.requires_grad()) {
       ddp->params_.push_back(p);
       trainable_names.push_back(name);
     }
   }
-  for (const auto& [name, b] : named.buffers) ddp->buffers_.push_back(b);
+  for (const auto& [name, b] : named.buffers) {
+    if (ignored.count(name)) continue;
+    ddp->buffers_.push_back(b);
+    description.push_back(Describe("buffer", name, b));
+  }
   if (ddp->params_.empty()) {
     return absl::InvalidArgumentError(
-        "the module has no parameter that requires grad");
+        "the module has no parameter that requires grad (outside `ignore`)");
   }
-  ddp->named_ = std::move(named);
 
+  ddp::ReducerOptions r = ReducerOptionsFrom(options, authoritative_rank);
+  r.trigger_params.clear();
+  for (const auto& name : options.allreduce_trigger_params) {
+    auto it = std::find(trainable_names.begin(), trainable_names.end(), name);
+    if (it == trainable_names.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "allreduce trigger '", name, "' is not a trainable parameter"));
+    }
+    r.trigger_params.push_back(
+        static_cast<size_t>(it - trainable_names.begin()));
+  }
+  CONCORD_RETURN_IF_ERROR(ddp::Reducer::Validate(r, /*has_hook=*/false));
+
+  const comm::CollectiveOptions opts = CollectiveOpts(options);
+  CONCORD_RETURN_IF_ERROR(
+      VerifySameModel(*comm, authoritative_rank, description, opts));
   // Every rank starts from the authoritative rank's model.
-  std::vector<torch::Tensor> state = all_params;
-  state.insert(state.end(), ddp->buffers_.begin(), ddp->buffers_.end());
-  if (absl::Status s = comm::BroadcastCoalesced(
-          *comm, state, authoritative_rank, CollectiveOpts(options));
+  synced.insert(synced.end(), ddp->buffers_.begin(), ddp->buffers_.end());
+  if (absl::Status s =
+          comm::BroadcastCoalesced(*comm, synced, authoritative_rank, opts);
       !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("initial broadcast of the model "
                                                "failed: ",
                                                s.message()));
   }
-
-  ddp::ReducerOptions reducer_options;
-  reducer_options.first_bucket_bytes = options.first_bucket_bytes;
-  reducer_options.bucket_cap_bytes = options.bucket_cap_bytes;
-  reducer_options.collective_timeout = options.collective_timeout;
+  ddp->named_ = std::move(named);
   ddp->reducer_ = std::make_unique<ddp::Reducer>(
-      ddp->params_, std::move(trainable_names), comm, reducer_options);
+      ddp->params_, std::move(trainable_names), comm, r);
   return ddp;
 }
 
+absl::Status DistributedDataParallel::ValidateOptions(const DdpOptions& options,
+                                                      bool has_comm_hook) {
+  return ddp::Reducer::Validate(ReducerOptionsFrom(options, 0), has_comm_hook);
+}
+
+absl::Status DistributedDataParallel::RegisterCommHook(ddp::CommHook hook) {
+  return reducer_->RegisterCommHook(std::move(hook));
+}
+
 absl::Status DistributedDataParallel::PrepareForward() {
-  if (!torch::GradMode::is_enabled()) return absl::OkStatus();
-  if (options_.broadcast_buffers && !buffers_.empty()) {
+  // PyTorch 1.13's forward: buffers are broadcast when the previous forward
+  // was a synchronised one (or this is the first), whatever the grad mode;
+  // the reducer is armed when this one is.
+  const bool sync =
+      torch::GradMode::is_enabled() && require_backward_grad_sync_;
+  if (sync) CONCORD_RETURN_IF_ERROR(reducer_->PrepareForBackward());
+  if (options_.broadcast_buffers && require_forward_param_sync_ &&
+      !buffers_.empty()) {
     absl::Status s = comm::BroadcastCoalesced(
         *comm_, buffers_, authoritative_rank_, CollectiveOpts(options_));
     if (!s.ok()) {
@@ -105,7 +225,7 @@ absl::Status DistributedDataParallel::PrepareForward() {
           s.code(), absl::StrCat("buffer broadcast failed: ", s.message()));
     }
   }
-  reducer_->PrepareForBackward();
+  require_forward_param_sync_ = sync;
   return absl::OkStatus();
 }
 
@@ -115,7 +235,9 @@ c10::IValue DistributedDataParallel::Forward(std::vector<c10::IValue> inputs) {
         "Forward(inputs) is for TorchScript modules; use Forward(fn)"));
   }
   ThrowIfError(PrepareForward());
-  return script_->forward(std::move(inputs));
+  c10::IValue out = script_->forward(std::move(inputs));
+  reducer_->MarkForwardDone();
+  return out;
 }
 
 std::vector<std::pair<std::string, torch::Tensor>>

@@ -29,6 +29,7 @@
 
 #include "absl/status/statusor.h"
 #include "worker/comm/communicator.h"
+#include "worker/ddp/comm_hooks.h"
 #include "worker/ddp/reducer.h"
 #include "worker/error.h"
 
@@ -39,13 +40,30 @@ struct DdpOptions {
   int64_t first_bucket_bytes = 1 << 20;
   int64_t bucket_cap_bytes = 25 << 20;
   bool broadcast_buffers = true;
+  bool find_unused_parameters = false;
+  bool static_graph = false;
+  bool gradient_as_bucket_view = false;
+  // Parameters and buffers DDP leaves alone (not broadcast, not reduced), by
+  // the names of NamedState(): PyTorch's _set_params_and_buffers_to_ignore.
+  std::vector<std::string> ignore;
+  // apex.parallel.DistributedDataParallel's options (see ReducerOptions).
+  int64_t message_size = 0;
+  bool delay_allreduce = false;
+  bool allreduce_always_fp32 = false;
+  bool gradient_average = true;
+  double gradient_predivide_factor = 1.0;
+  std::vector<std::string> allreduce_trigger_params;  // by name
   absl::Duration collective_timeout = absl::Minutes(5);
 };
 
 class DistributedDataParallel {
  public:
-  // Blocks on the initial broadcast. Errors: INVALID_ARGUMENT (no trainable
-  // parameter, bad authoritative rank), those of Work::Wait.
+  // Verifies that every rank wraps the same model (names, shapes, dtypes,
+  // order), then broadcasts parameters and buffers from the authoritative
+  // rank. Blocks. Errors: INVALID_ARGUMENT (no trainable parameter, bad
+  // authoritative rank, contradictory or unknown options/names),
+  // FAILED_PRECONDITION (the ranks' models differ: on every rank, naming the
+  // first difference), those of Work::Wait.
   static absl::StatusOr<std::unique_ptr<DistributedDataParallel>> Create(
       std::shared_ptr<torch::nn::Module> module,
       std::shared_ptr<comm::Communicator> comm, int authoritative_rank,
@@ -54,8 +72,38 @@ class DistributedDataParallel {
       torch::jit::Module module, std::shared_ptr<comm::Communicator> comm,
       int authoritative_rank, DdpOptions options = {});
 
-  // Everything a forward needs first: buffer broadcast and arming the
-  // reducer (when grad mode is enabled). Errors: those of Work::Wait.
+  // INVALID_ARGUMENT when the options contradict each other (with a hook:
+  // `has_comm_hook`). Create checks this too; tools call it before joining.
+  static absl::Status ValidateOptions(const DdpOptions& options,
+                                      bool has_comm_hook);
+
+  // Replaces the default allreduce (Note [DDP Communication Hook]). Call
+  // before the first forward. FAILED_PRECONDITION when one is set already or
+  // apex scaling options are on.
+  absl::Status RegisterCommHook(ddp::CommHook hook);
+
+  // PyTorch's no_sync(): while the returned guard lives, forwards do not arm
+  // the reducer and backward only accumulates gradients locally; the first
+  // synchronised backward after it reduces the accumulated gradients.
+  class NoSyncGuard {
+   public:
+    explicit NoSyncGuard(DistributedDataParallel* ddp) : ddp_(ddp) {
+      previous_ = ddp_->require_backward_grad_sync_;
+      ddp_->require_backward_grad_sync_ = false;
+    }
+    ~NoSyncGuard() { ddp_->require_backward_grad_sync_ = previous_; }
+    NoSyncGuard(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+
+   private:
+    DistributedDataParallel* ddp_;
+    bool previous_;
+  };
+  NoSyncGuard NoSync() { return NoSyncGuard(this); }
+
+  // Everything a forward needs first: arming the reducer (grad mode on and
+  // not inside NoSync) and the buffer broadcast (when the previous forward
+  // was synchronised, as PyTorch does). Errors: those of Work::Wait.
   absl::Status PrepareForward();
 
   // TorchScript: PrepareForward, then module.forward(inputs).
@@ -66,7 +114,9 @@ class DistributedDataParallel {
   template <typename Fn>
   auto Forward(Fn&& forward) -> decltype(forward()) {
     ThrowIfError(PrepareForward());
-    return forward();
+    auto out = forward();
+    reducer_->MarkForwardDone();
+    return out;
   }
 
   // Trainable parameters, in the module's order (what the optimizer takes).
@@ -74,6 +124,8 @@ class DistributedDataParallel {
   // Every named parameter and buffer (trainable or not).
   std::vector<std::pair<std::string, torch::Tensor>> NamedState() const;
   const ddp::Reducer& reducer() const { return *reducer_; }
+  // Bucket sizes, rebuilds and the last iteration's timings.
+  const ddp::ReducerStats& stats() const { return reducer_->stats(); }
   comm::Communicator& communicator() { return *comm_; }
   int authoritative_rank() const { return authoritative_rank_; }
 
@@ -95,6 +147,8 @@ class DistributedDataParallel {
   int authoritative_rank_ = 0;
   DdpOptions options_;
   std::unique_ptr<ddp::Reducer> reducer_;
+  bool require_backward_grad_sync_ = true;
+  bool require_forward_param_sync_ = true;
 };
 
 }  // namespace concord

@@ -1,14 +1,48 @@
 #include "worker/ddp/reducer.h"
 
 #include <ATen/ATen.h>
-#include <spdlog/spdlog.h>
 #include <torch/csrc/autograd/engine.h>
+
+#include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "worker/ddp/bucket_assignment.h"
 #include "worker/error.h"
 
 namespace concord::ddp {
+namespace {
+
+int64_t Micros(std::chrono::steady_clock::duration d) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(d).count();
+}
+
+}  // namespace
+
+absl::Status Reducer::Validate(const ReducerOptions& o, bool has_hook) {
+  if (o.first_bucket_bytes <= 0 || o.bucket_cap_bytes <= 0) {
+    return absl::InvalidArgumentError("bucket caps must be positive");
+  }
+  if (o.message_size < 0) {
+    return absl::InvalidArgumentError("message_size must not be negative");
+  }
+  if (!(o.gradient_predivide_factor > 0)) {
+    return absl::InvalidArgumentError(
+        "gradient_predivide_factor must be positive");
+  }
+  const bool apex_scaling = o.allreduce_always_fp32 || !o.gradient_average ||
+                            o.gradient_predivide_factor != 1.0;
+  if (has_hook && apex_scaling) {
+    return absl::InvalidArgumentError(
+        "a communication hook decides the reduction: it cannot be combined "
+        "with allreduce_always_fp32, gradient_average=false or "
+        "gradient_predivide_factor");
+  }
+  if (o.delay_allreduce && !o.trigger_params.empty()) {
+    return absl::InvalidArgumentError(
+        "delay_allreduce and allreduce_trigger_params contradict each other");
+  }
+  return absl::OkStatus();
+}
 
 Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
                  std::shared_ptr<comm::Communicator> comm,
@@ -16,35 +50,23 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
     : params_(std::move(params)),
       names_(std::move(names)),
       comm_(std::move(comm)),
-      options_(options),
-      div_factor_(static_cast<double>(comm_->size())) {
-  std::vector<GradSpec> specs;
-  specs.reserve(params_.size());
-  for (const auto& p : params_) {
-    specs.push_back(GradSpec{static_cast<int64_t>(p.nbytes()),
-                             static_cast<int>(p.scalar_type())});
+      options_(std::move(options)) {
+  ThrowIfError(Validate(options_, /*has_hook=*/false));
+  const double world = static_cast<double>(comm_->size());
+  const double f = options_.gradient_predivide_factor;
+  if (f != 1.0 || !options_.gradient_average ||
+      options_.allreduce_always_fp32) {
+    // apex's arithmetic: 1/f before the allreduce, f/world after.
+    pre_scale_ = 1.0 / f;
+    post_scale_ = options_.gradient_average && f != world ? f / world : 1.0;
+    scale_in_fp32_ = options_.allreduce_always_fp32;
+  } else {
+    pre_scale_ = 1.0 / world;  // PyTorch: divide while copying
   }
-  const auto assignment = ComputeBucketAssignment(
-      specs, options_.first_bucket_bytes, options_.bucket_cap_bytes);
-  slots_.resize(params_.size());
-  buckets_.reserve(assignment.size());
-  for (const auto& indices : assignment) {
-    Bucket bucket;
-    bucket.params = indices;
-    int64_t numel = 0;
-    for (size_t i : indices) numel += params_[i].numel();
-    const at::Tensor& first = params_[indices.front()];
-    bucket.flat = at::zeros({numel}, first.options().requires_grad(false));
-    int64_t offset = 0;
-    for (size_t k = 0; k < indices.size(); ++k) {
-      const at::Tensor& p = params_[indices[k]];
-      bucket.views.push_back(
-          bucket.flat.narrow(0, offset, p.numel()).view(p.sizes()));
-      offset += p.numel();
-      slots_[indices[k]] = Slot{buckets_.size(), k, false};
-    }
-    buckets_.push_back(std::move(bucket));
-  }
+  saved_grads_.resize(params_.size());
+  std::vector<size_t> order(params_.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = order.size() - 1 - i;
+  Build(order);
   hook_handles_.reserve(params_.size());
   for (size_t i = 0; i < params_.size(); ++i) {
     hook_handles_.push_back(params_[i].register_hook(
@@ -61,15 +83,130 @@ Reducer::~Reducer() {
   }
 }
 
-void Reducer::PrepareForBackward() {
+absl::Status Reducer::RegisterCommHook(CommHook hook) {
+  if (hook_) {
+    return absl::FailedPreconditionError(
+        "a communication hook is already registered");
+  }
+  if (absl::Status s = Validate(options_, /*has_hook=*/true); !s.ok()) {
+    return absl::FailedPreconditionError(s.message());
+  }
+  hook_ = std::move(hook);
+  pre_scale_ = 1.0;  // the hook divides
+  post_scale_ = 1.0;
+  return absl::OkStatus();
+}
+
+void Reducer::Build(const std::vector<size_t>& order) {
+  std::vector<GradSpec> specs(params_.size());
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const at::Tensor& p = params_[i];
+    specs[i].bytes = options_.message_size > 0
+                         ? p.numel()
+                         : static_cast<int64_t>(p.nbytes());
+    specs[i].dtype = static_cast<int>(p.scalar_type());
+  }
+  for (size_t i : options_.trigger_params) {
+    if (i < specs.size()) specs[i].closes_bucket = true;
+  }
+  const int64_t first = options_.message_size > 0 ? options_.message_size
+                                                  : options_.first_bucket_bytes;
+  const int64_t cap = options_.message_size > 0 ? options_.message_size
+                                                : options_.bucket_cap_bytes;
+  const int64_t huge = std::numeric_limits<int64_t>::max();
+  const auto assignment = ComputeBucketAssignment(
+      specs, order, options_.delay_allreduce ? huge : first,
+      options_.delay_allreduce ? huge : cap);
+
+  std::vector<Bucket> buckets;
+  slots_.assign(params_.size(), Slot{});
+  stats_.bucket_bytes.clear();
+  for (const auto& indices : assignment) {
+    Bucket bucket;
+    bucket.params = indices;
+    int64_t numel = 0;
+    for (size_t i : indices) numel += params_[i].numel();
+    const at::Tensor& p0 = params_[indices.front()];
+    bucket.flat = at::zeros({numel}, p0.options().requires_grad(false));
+    int64_t offset = 0;
+    for (size_t k = 0; k < indices.size(); ++k) {
+      at::Tensor& p = params_[indices[k]];
+      // Not an autograd view but a tensor on the bucket's storage: with
+      // gradient_as_bucket_view it becomes `.grad`, and LibTorch's
+      // Optimizer::zero_grad() calls detach_(), which views refuse.
+      const at::Tensor shaped =
+          bucket.flat.narrow(0, offset, p.numel()).view(p.sizes());
+      at::Tensor view = at::empty({0}, bucket.flat.options());
+      view.set_(bucket.flat.storage(), shaped.storage_offset(), shaped.sizes(),
+                shaped.strides());
+      offset += p.numel();
+      slots_[indices[k]] = Slot{buckets.size(), k, false, false};
+      if (options_.gradient_as_bucket_view && p.grad().defined()) {
+        at::NoGradGuard no_grad;
+        view.copy_(p.grad());
+        p.mutable_grad() = view;
+      }
+      bucket.views.push_back(std::move(view));
+    }
+    stats_.bucket_bytes.push_back(static_cast<int64_t>(bucket.flat.nbytes()));
+    buckets.push_back(std::move(bucket));
+  }
+  buckets_ = std::move(buckets);
+}
+
+absl::Status Reducer::Rebuild() {
+  // Every rank takes the authoritative rank's observed order; parameters
+  // that never became ready go last, in reverse order.
+  std::vector<bool> seen(params_.size(), false);
+  std::vector<int64_t> order;
+  for (size_t i : ready_order_) {
+    if (!seen[i]) order.push_back(static_cast<int64_t>(i));
+    seen[i] = true;
+  }
+  for (size_t k = params_.size(); k-- > 0;) {
+    if (!seen[k]) order.push_back(static_cast<int64_t>(k));
+  }
+  at::Tensor t = at::tensor(order, at::kLong);
+  comm::CollectiveOptions opts;
+  opts.timeout = options_.collective_timeout;
+  absl::Status s =
+      comm_->Broadcast(t, options_.authoritative_rank, opts)->Wait();
+  if (!s.ok()) {
+    return absl::Status(s.code(),
+                        absl::StrCat("bucket rebuild failed: ", s.message()));
+  }
+  std::vector<size_t> agreed(params_.size());
+  for (size_t k = 0; k < agreed.size(); ++k) {
+    agreed[k] = static_cast<size_t>(t[static_cast<int64_t>(k)].item<int64_t>());
+  }
+  Build(agreed);
+  rebuilt_ = true;
+  ++stats_.rebuilds;
+  return absl::OkStatus();
+}
+
+absl::Status Reducer::PrepareForBackward() {
+  const bool may_rebuild =
+      options_.rebuild_buckets && !options_.delay_allreduce &&
+      (options_.static_graph || !options_.find_unused_parameters);
+  if (may_rebuild && !rebuilt_ && stats_.iterations >= 1) {
+    if (absl::Status s = Rebuild(); !s.ok()) return s;
+  }
   armed_ = true;
   callback_queued_ = false;
   next_bucket_ = 0;
-  for (auto& s : slots_) s.ready = false;
+  for (auto& s : slots_) s = Slot{s.bucket, s.index_in_bucket, false, false};
   for (auto& b : buckets_) {
     b.pending = b.params.size();
     b.work.reset();
   }
+  t_armed_ = Clock::now();
+  t_first_ready_ = t_last_ready_ = t_first_launch_ = Clock::time_point{};
+  return absl::OkStatus();
+}
+
+void Reducer::MarkForwardDone() {
+  stats_.forward_compute_us = Micros(Clock::now() - t_armed_);
 }
 
 void Reducer::OnGradReady(size_t param, const at::Tensor& grad) {
@@ -81,73 +218,195 @@ void Reducer::OnGradReady(size_t param, const at::Tensor& grad) {
         "' received a gradient twice in one backward; call the DDP forward "
         "before each backward")));
   }
+  const auto now = Clock::now();
   if (!callback_queued_) {
     callback_queued_ = true;
+    t_first_ready_ = now;
     torch::autograd::Engine::get_default_engine().queue_callback(
         [this] { FinalizeBackward(); });
   }
-  slot.ready = true;
-  Bucket& bucket = buckets_[slot.bucket];
-  at::Tensor& view = bucket.views[slot.index_in_bucket];
+  t_last_ready_ = now;
+  if (ready_order_.size() < params_.size() && !rebuilt_) {
+    ready_order_.push_back(param);
+  }
+  at::Tensor& view = buckets_[slot.bucket].views[slot.index_in_bucket];
   {
     at::NoGradGuard no_grad;
-    // PyTorch reduces the accumulated `param.grad`; the hook runs before the
-    // engine adds `grad` to it, so add what is already there.
-    const at::Tensor& existing = params_[param].grad();
+    // PyTorch reduces the accumulated `param.grad`; this hook runs before the
+    // engine adds `grad` to it, so add what is already there ourselves, and
+    // take `.grad` away from the engine: it then keeps `grad` as is (no
+    // accumulation pass), and never writes into a bucket being reduced.
+    at::Tensor& existing = params_[param].mutable_grad();
+    const bool scale_here = pre_scale_ != 1.0 && !scale_in_fp32_;
     if (existing.defined()) {
-      at::mul_out(view, at::add(existing, grad), 1.0 / div_factor_);
+      at::add_out(view, existing, grad);
+      if (scale_here) view.mul_(pre_scale_);
+    } else if (scale_here) {
+      at::mul_out(view, grad, pre_scale_);
     } else {
-      at::mul_out(view, grad, 1.0 / div_factor_);
+      view.copy_(grad);
     }
+    saved_grads_[param] = existing;
+    existing = at::Tensor();
   }
-  if (--bucket.pending == 0) LaunchReadyBuckets();
+  slot.used = true;
+  MarkReady(param);
+}
+
+void Reducer::MarkReady(size_t param) {
+  Slot& slot = slots_[param];
+  slot.ready = true;
+  if (--buckets_[slot.bucket].pending == 0) LaunchReadyBuckets();
 }
 
 void Reducer::LaunchReadyBuckets() {
-  comm::CollectiveOptions opts;
-  opts.timeout = options_.collective_timeout;
   while (next_bucket_ < buckets_.size() &&
          buckets_[next_bucket_].pending == 0) {
-    Bucket& bucket = buckets_[next_bucket_];
-    bucket.work = comm_->AllreduceSum(bucket.flat, opts);
+    if (t_first_launch_ == Clock::time_point{}) t_first_launch_ = Clock::now();
+    buckets_[next_bucket_].work = Launch(next_bucket_);
     ++next_bucket_;
   }
 }
 
+std::shared_ptr<comm::Work> Reducer::Launch(size_t index) {
+  Bucket& bucket = buckets_[index];
+  if (hook_) {
+    GradBucket grad_bucket;
+    grad_bucket.index = index;
+    grad_bucket.buffer = bucket.flat;
+    grad_bucket.gradients = bucket.views;
+    for (size_t i : bucket.params) grad_bucket.parameters.push_back(params_[i]);
+    grad_bucket.is_last = index + 1 == buckets_.size();
+    return hook_(grad_bucket);
+  }
+  comm::CollectiveOptions opts;
+  opts.timeout = options_.collective_timeout;
+  at::Tensor flat = bucket.flat;
+  if (scale_in_fp32_ && flat.scalar_type() != at::kFloat) {
+    at::Tensor wide = flat.to(at::kFloat);
+    if (pre_scale_ != 1.0) wide.mul_(pre_scale_);
+    const double post = post_scale_;
+    return comm::Then(comm_->AllreduceSum(wide, opts),
+                      [flat, wide, post]() mutable {
+                        if (post != 1.0) wide.mul_(post);
+                        flat.copy_(wide);
+                        return absl::OkStatus();
+                      });
+  }
+  if (scale_in_fp32_ && pre_scale_ != 1.0) flat.mul_(pre_scale_);
+  auto work = comm_->AllreduceSum(flat, opts);
+  if (post_scale_ == 1.0) return work;
+  const double post = post_scale_;
+  return comm::Then(std::move(work), [flat, post]() mutable {
+    flat.mul_(post);
+    return absl::OkStatus();
+  });
+}
+
 void Reducer::FinalizeBackward() {
   armed_ = false;
-  if (next_bucket_ < buckets_.size()) {
-    std::string missing;
+  // Parameters that got no gradient take part with zeros, so that every rank
+  // launches every bucket (a peer never waits for a bucket that will not
+  // come).
+  std::vector<size_t> unused;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!slots_[i].ready) unused.push_back(i);
+  }
+  for (size_t i : unused) {
+    // As in PyTorch, an unused parameter contributes its existing `.grad`
+    // (zeros when it has none).
+    const Slot& slot = slots_[i];
+    at::Tensor& view = buckets_[slot.bucket].views[slot.index_in_bucket];
+    const at::Tensor& existing = params_[i].grad();
+    at::NoGradGuard no_grad;
+    if (!existing.defined()) {
+      view.zero_();
+    } else if (pre_scale_ != 1.0 && !scale_in_fp32_) {
+      at::mul_out(view, existing, pre_scale_);
+    } else {
+      view.copy_(existing);
+    }
+    saved_grads_[i] = existing;
+    MarkReady(i);
+  }
+  LaunchReadyBuckets();
+
+  const bool tracks_usage =
+      options_.find_unused_parameters || options_.static_graph;
+  std::vector<bool> globally_used(params_.size(), true);
+  absl::Status status;
+  if (tracks_usage && !static_used_.empty()) {
+    globally_used = static_used_;  // static graph: learnt in iteration 1
+  } else if (tracks_usage) {
+    at::Tensor used =
+        at::zeros({static_cast<int64_t>(params_.size())}, at::kInt);
     for (size_t i = 0; i < params_.size(); ++i) {
-      if (!slots_[i].ready) {
-        absl::StrAppend(&missing, missing.empty() ? "" : ", ", names_[i]);
-      }
+      used[static_cast<int64_t>(i)] = slots_[i].used ? 1 : 0;
+    }
+    comm::CollectiveOptions opts;
+    opts.timeout = options_.collective_timeout;
+    status = comm_->AllreduceSum(used, opts)->Wait();
+    for (size_t i = 0; status.ok() && i < params_.size(); ++i) {
+      globally_used[i] = used[static_cast<int64_t>(i)].item<int>() > 0;
+    }
+    if (options_.static_graph && status.ok()) static_used_ = globally_used;
+  }
+  if (status.ok()) status = WaitAndWriteBack(globally_used);
+  if (!status.ok()) {
+    ThrowIfError(absl::Status(
+        status.code(),
+        absl::StrCat("gradient allreduce failed: ", status.message())));
+  }
+  stats_.unused_parameters.clear();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!globally_used[i]) stats_.unused_parameters.push_back(names_[i]);
+  }
+  const auto done = Clock::now();
+  stats_.backward_compute_us = Micros(t_last_ready_ - t_first_ready_);
+  stats_.backward_comm_us = Micros(done - t_first_launch_);
+  stats_.overlap_us =
+      std::max<int64_t>(0, Micros(t_last_ready_ - t_first_launch_));
+  ++stats_.iterations;
+  if (!tracks_usage && !unused.empty()) {
+    std::string names;
+    for (size_t i : unused) {
+      absl::StrAppend(&names, names.empty() ? "" : ", ", names_[i]);
     }
     ThrowIfError(absl::FailedPreconditionError(absl::StrCat(
-        "parameters received no gradient in this backward (unused in "
-        "forward?): ",
-        missing)));
+        "parameters received no gradient in this backward: ", names,
+        "; if they are unused in forward, enable find_unused_parameters")));
   }
+}
+
+absl::Status Reducer::WaitAndWriteBack(const std::vector<bool>& globally_used) {
   for (auto& bucket : buckets_) {
-    absl::Status s = bucket.work->Wait(options_.collective_timeout);
-    if (!s.ok()) {
-      ThrowIfError(absl::Status(
-          s.code(), absl::StrCat("gradient allreduce failed: ", s.message())));
+    if (absl::Status s = bucket.work->Wait(options_.collective_timeout);
+        !s.ok()) {
+      return s;
     }
   }
   at::NoGradGuard no_grad;
   for (auto& bucket : buckets_) {
     for (size_t k = 0; k < bucket.params.size(); ++k) {
-      at::Tensor& p = params_[bucket.params[k]];
-      at::Tensor& grad = p.mutable_grad();
-      if (grad.defined()) {
-        grad.copy_(bucket.views[k]);
+      const size_t i = bucket.params[k];
+      // PyTorch leaves the gradient of a globally unused parameter alone.
+      if (!globally_used[i]) continue;
+      // The user's gradient tensor keeps its identity (PyTorch copies into
+      // it), unless it is a view of the bucket.
+      at::Tensor& saved = saved_grads_[i];
+      at::Tensor& grad = params_[i].mutable_grad();
+      if (options_.gradient_as_bucket_view) {
+        grad = bucket.views[k];
+      } else if (saved.defined() && !saved.is_alias_of(bucket.flat)) {
+        saved.copy_(bucket.views[k]);
+        grad = saved;
       } else {
         grad = bucket.views[k].clone();
       }
+      saved = at::Tensor();
     }
   }
-  ++iterations_;
+  return absl::OkStatus();
 }
 
 std::vector<BucketInfo> Reducer::buckets() const {

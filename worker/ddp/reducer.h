@@ -1,33 +1,62 @@
 #pragma once
-// Gradient bucketing and overlapped allreduce (PyTorch's Reducer).
+// Gradient bucketing and overlapped allreduce (PyTorch's Reducer, with
+// apex's options).
 //
 // Note [Reducer flow]: a hook on every trainable parameter fires when
-// backward has computed its gradient. The hook writes grad / world_size into
-// the parameter's slot of its bucket (PyTorch divides while copying); when a
-// bucket's last gradient arrives, the bucket and every full bucket before it
-// are allreduced asynchronously (in bucket order, the same on every rank),
-// while backward goes on. The first hook of a backward also queues a final
-// callback on the autograd engine; it runs when backward is done, waits for
-// every bucket and writes the averaged gradients into `param.grad`.
+// backward has computed its gradient. The hook writes the gradient — scaled
+// by 1/world_size on PyTorch's default path, as PyTorch does while copying —
+// into the parameter's slot of its bucket; when a bucket's last gradient
+// arrives, the bucket and every full bucket before it are launched (in bucket
+// order, the same on every rank) while backward goes on. The first hook of a
+// backward also queues a final callback on the autograd engine; it runs when
+// backward is done: it marks unused parameters ready (find_unused_parameters),
+// launches what is left, waits for every bucket and writes the reduced
+// gradients into `param.grad` (or makes `param.grad` a view of the bucket).
+// After the first synchronised iteration the buckets are rebuilt once from
+// the order in which gradients became ready, in the authoritative rank's
+// order (broadcast), so that every rank agrees on the layout.
 //
 // Threads: hooks and the final callback run on the autograd thread of the
-// backward call; the collectives run on the communicator's thread. A failed
+// backward call; collectives run on the communicator's thread. A failed
 // collective surfaces as a concord::Error thrown out of `backward()`.
 
 #include <ATen/core/Tensor.h>
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "worker/comm/communicator.h"
+#include "worker/ddp/comm_hooks.h"
 
 namespace concord::ddp {
 
 struct ReducerOptions {
+  // PyTorch: dist._DEFAULT_FIRST_BUCKET_BYTES and bucket_cap_mb = 25.
   int64_t first_bucket_bytes = 1 << 20;
   int64_t bucket_cap_bytes = 25 << 20;
+  // apex's message_size: when > 0, buckets close at this many elements
+  // (every bucket, no small first one) instead of the byte caps.
+  int64_t message_size = 0;
+  bool rebuild_buckets = true;
+  bool find_unused_parameters = false;
+  bool static_graph = false;
+  bool gradient_as_bucket_view = false;
+  // apex: no overlap; every bucket is reduced after backward.
+  bool delay_allreduce = false;
+  // apex: fp16/bf16 buckets are reduced in fp32.
+  bool allreduce_always_fp32 = false;
+  // apex: divide the sum by the world size (false: plain sum).
+  bool gradient_average = true;
+  // apex: multiply by 1/f before the allreduce and f/world_size after.
+  double gradient_predivide_factor = 1.0;
+  // apex's allreduce_trigger_params: indices whose gradient closes a bucket.
+  std::vector<size_t> trigger_params;
+  // Source of the rebuilt bucket layout.
+  int authoritative_rank = 0;
   absl::Duration collective_timeout = absl::Minutes(5);
 };
 
@@ -37,10 +66,24 @@ struct BucketInfo {
   int64_t bytes = 0;
 };
 
+// PyTorch's _get_ddp_logging_data, the parts a C++ user needs. Times are of
+// the last synchronised iteration, in microseconds.
+struct ReducerStats {
+  int64_t iterations = 0;  // completed synchronised backward passes
+  int64_t rebuilds = 0;
+  std::vector<int64_t> bucket_bytes;
+  int64_t forward_compute_us = 0;   // armed -> first gradient ready
+  int64_t backward_compute_us = 0;  // first -> last gradient ready
+  int64_t backward_comm_us = 0;     // first launch -> all reduced
+  int64_t overlap_us = 0;           // communication during backward compute
+  std::vector<std::string> unused_parameters;  // globally, last iteration
+};
+
 class Reducer {
  public:
   // `params` are the trainable parameters in the module's order; `names` are
-  // used in error messages. Registers the hooks.
+  // used in error messages. Registers the hooks. INVALID_ARGUMENT through
+  // `Validate` for contradictory options.
   Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
           std::shared_ptr<comm::Communicator> comm, ReducerOptions options);
   // Removes the hooks; waits (bounded) for collectives still in flight.
@@ -48,16 +91,26 @@ class Reducer {
   Reducer(const Reducer&) = delete;
   Reducer& operator=(const Reducer&) = delete;
 
-  // Arms the reducer for the next backward. Called before every forward
-  // whose backward must be synchronised; a backward without it accumulates
-  // gradients locally (like `no_sync()`).
-  void PrepareForBackward();
+  static absl::Status Validate(const ReducerOptions& options, bool has_hook);
+
+  // Replaces the default reduction (see Note [DDP Communication Hook]).
+  // FAILED_PRECONDITION once a hook is set or apex scaling options are on.
+  absl::Status RegisterCommHook(CommHook hook);
+
+  // Arms the reducer for the next backward; rebuilds the buckets once after
+  // the first synchronised iteration (a collective: every rank calls it at
+  // the same point). A backward that is not armed accumulates gradients
+  // locally (no_sync). Errors: those of the layout broadcast.
+  absl::Status PrepareForBackward();
+  // For timing: the forward has finished (the loss is being computed).
+  void MarkForwardDone();
 
   std::vector<BucketInfo> buckets() const;
-  // Completed synchronised backward passes.
-  int64_t iterations() const { return iterations_; }
+  int64_t iterations() const { return stats_.iterations; }
+  const ReducerStats& stats() const { return stats_; }
 
  private:
+  using Clock = std::chrono::steady_clock;
   struct Bucket {
     at::Tensor flat;
     std::vector<size_t> params;
@@ -69,25 +122,44 @@ class Reducer {
     size_t bucket = 0;
     size_t index_in_bucket = 0;
     bool ready = false;
+    bool used = false;  // got a gradient from backward this iteration
   };
 
+  void Build(const std::vector<size_t>& order);
+  absl::Status Rebuild();
   void OnGradReady(size_t param, const at::Tensor& grad);
+  void MarkReady(size_t param);
   void LaunchReadyBuckets();
+  std::shared_ptr<comm::Work> Launch(size_t index);
   void FinalizeBackward();
+  absl::Status WaitAndWriteBack(const std::vector<bool>& globally_used);
 
   std::vector<at::Tensor> params_;
   std::vector<std::string> names_;
   std::shared_ptr<comm::Communicator> comm_;
   ReducerOptions options_;
-  double div_factor_;
+  CommHook hook_;
+  double pre_scale_ = 1.0;   // applied while copying into the bucket
+  double post_scale_ = 1.0;  // applied after the allreduce
+  bool scale_in_fp32_ = false;
+
   std::vector<Bucket> buckets_;
   std::vector<Slot> slots_;
   std::vector<unsigned> hook_handles_;
+  // Each parameter's `.grad` from before this backward, set aside by its
+  // hook and written back (reduced) by the final callback.
+  std::vector<at::Tensor> saved_grads_;
 
-  bool armed_ = false;              // PrepareForBackward seen
-  bool callback_queued_ = false;    // final callback queued this backward
-  size_t next_bucket_ = 0;          // first bucket not yet launched
-  int64_t iterations_ = 0;
+  bool armed_ = false;
+  bool callback_queued_ = false;
+  size_t next_bucket_ = 0;           // first bucket not yet launched
+  std::vector<size_t> ready_order_;  // first iteration, for the rebuild
+  bool rebuilt_ = false;
+  // static_graph: which parameters were globally used in iteration 1.
+  std::vector<bool> static_used_;
+
+  Clock::time_point t_armed_, t_first_ready_, t_last_ready_, t_first_launch_;
+  ReducerStats stats_;
 };
 
 }  // namespace concord::ddp

@@ -1,5 +1,6 @@
 #include "worker/comm/gloo/gloo_communicator.h"
 
+#include <ATen/ATen.h>
 #include <gloo/allreduce.h>
 #include <gloo/broadcast.h>
 #include <gloo/common/error.h>
@@ -7,8 +8,6 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
-
-#include <ATen/ATen.h>
 
 #include <chrono>
 
@@ -71,6 +70,15 @@ void SetSum(gloo::AllreduceOptions& opts, T* ptr, size_t n) {
   opts.setOutput(ptr, n);
   void (*fn)(void*, const void*, const void*, size_t) = &gloo::sum<T>;
   opts.setReduceFunction(fn);
+}
+
+// Gloo has no bfloat16: sum in float, round back (what c10::BFloat16's
+// operator+ does).
+void SumBFloat16(void* c, const void* a, const void* b, size_t n) {
+  auto* out = static_cast<c10::BFloat16*>(c);
+  const auto* x = static_cast<const c10::BFloat16*>(a);
+  const auto* y = static_cast<const c10::BFloat16*>(b);
+  for (size_t i = 0; i < n; ++i) out[i] = x[i] + y[i];
 }
 
 absl::Status CheckTensor(const at::Tensor& t) {
@@ -182,6 +190,10 @@ std::shared_ptr<Work> GlooCommunicator::AllreduceSum(
         break;
       case at::kHalf:
         SetSum(opts, reinterpret_cast<gloo::float16*>(tensor.data_ptr()), n);
+        break;
+      case at::kBFloat16:
+        opts.setOutput(reinterpret_cast<uint16_t*>(tensor.data_ptr()), n);
+        opts.setReduceFunction(&SumBFloat16);
         break;
       case at::kInt:
         SetSum(opts, tensor.data_ptr<int32_t>(), n);

@@ -48,7 +48,8 @@ class GlooCommunicator final : public Communicator {
   int size() const override { return options_.size; }
   int64_t generation() const override { return options_.generation; }
 
-  // Supported dtypes: float32, float64, float16, int32, int64, uint8.
+  // Supported dtypes: float32, float64, float16, bfloat16 (summed in float,
+  // rounded per step), int32, int64, uint8.
   std::shared_ptr<Work> AllreduceSum(at::Tensor tensor,
                                      const CollectiveOptions& options) override;
   std::shared_ptr<Work> Broadcast(at::Tensor tensor, int root,

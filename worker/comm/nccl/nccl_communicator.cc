@@ -23,27 +23,27 @@ absl::Status NcclStatus(ncclResult_t r, ncclComm_t comm, const char* file,
   if (r == ncclSuccess || r == ncclInProgress) return absl::OkStatus();
   const char* last = ncclGetLastError(comm);
   return absl::UnavailableError(absl::StrFormat(
-      "%s:%d: NCCL %d.%d.%d error: %s (%s)", file, line, NCCL_MAJOR,
-      NCCL_MINOR, NCCL_PATCH, ncclGetErrorString(r), last ? last : ""));
+      "%s:%d: NCCL %d.%d.%d error: %s (%s)", file, line, NCCL_MAJOR, NCCL_MINOR,
+      NCCL_PATCH, ncclGetErrorString(r), last ? last : ""));
 }
 
-#define CONCORD_NCCL_CHECK(expr, comm)                                  \
-  do {                                                                  \
-    ::absl::Status concord_nccl_s_ =                                    \
-        NcclStatus((expr), (comm), __FILE__, __LINE__);                 \
-    if (!concord_nccl_s_.ok()) return concord_nccl_s_;                  \
+#define CONCORD_NCCL_CHECK(expr, comm)                  \
+  do {                                                  \
+    ::absl::Status concord_nccl_s_ =                    \
+        NcclStatus((expr), (comm), __FILE__, __LINE__); \
+    if (!concord_nccl_s_.ok()) return concord_nccl_s_;  \
   } while (false)
 
 absl::Status CudaStatus(cudaError_t e, const char* file, int line) {
   if (e == cudaSuccess) return absl::OkStatus();
-  return absl::UnavailableError(absl::StrFormat(
-      "%s:%d: CUDA error: %s", file, line, cudaGetErrorString(e)));
+  return absl::UnavailableError(absl::StrFormat("%s:%d: CUDA error: %s", file,
+                                                line, cudaGetErrorString(e)));
 }
 
-#define CONCORD_CUDA_CHECK(expr)                                           \
-  do {                                                                     \
+#define CONCORD_CUDA_CHECK(expr)                                             \
+  do {                                                                       \
     ::absl::Status concord_cuda_s_ = CudaStatus((expr), __FILE__, __LINE__); \
-    if (!concord_cuda_s_.ok()) return concord_cuda_s_;                     \
+    if (!concord_cuda_s_.ok()) return concord_cuda_s_;                       \
   } while (false)
 
 absl::StatusOr<ncclDataType_t> NcclType(at::ScalarType t) {
@@ -127,7 +127,8 @@ class NcclWork final : public Work {
       {
         std::lock_guard<std::mutex> lock(mu_);
         if (done_) return status_;
-        if (state_->aborted.load()) return Finish(absl::AbortedError("NCCL communicator aborted"));
+        if (state_->aborted.load())
+          return Finish(absl::AbortedError("NCCL communicator aborted"));
         cudaError_t q = cudaEventQuery(event_);
         if (q == cudaSuccess) return Finish(absl::OkStatus());
         if (q != cudaErrorNotReady) {
@@ -192,8 +193,7 @@ absl::Status CheckTensor(const at::Tensor& t, int device) {
 template <typename Launch>
 std::shared_ptr<Work> Enqueue(const std::shared_ptr<NcclCommunicator::State>& s,
                               const at::Tensor& tensor,
-                              const CollectiveOptions& options,
-                              Launch launch) {
+                              const CollectiveOptions& options, Launch launch) {
   auto fail = [](absl::Status st) { return PromiseWork::Done(std::move(st)); };
   std::lock_guard<std::mutex> lock(s->mu);
   if (s->aborted.load()) {
@@ -207,9 +207,9 @@ std::shared_ptr<Work> Enqueue(const std::shared_ptr<NcclCommunicator::State>& s,
     return fail(st);
   }
   cudaEvent_t event = nullptr;
-  if (absl::Status st = CudaStatus(
-          cudaEventCreateWithFlags(&event, cudaEventDisableTiming), __FILE__,
-          __LINE__);
+  if (absl::Status st =
+          CudaStatus(cudaEventCreateWithFlags(&event, cudaEventDisableTiming),
+                     __FILE__, __LINE__);
       !st.ok()) {
     return fail(st);
   }
@@ -228,9 +228,9 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
   int devices = 0;
   CONCORD_CUDA_CHECK(cudaGetDeviceCount(&devices));
   if (options.device < 0 || options.device >= devices) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "CUDA device ", options.device, " does not exist (", devices,
-        " visible)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("CUDA device ", options.device, " does not exist (",
+                     devices, " visible)"));
   }
   CONCORD_CUDA_CHECK(cudaSetDevice(options.device));
 

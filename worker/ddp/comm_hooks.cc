@@ -1,0 +1,57 @@
+#include "worker/ddp/comm_hooks.h"
+
+#include <ATen/ATen.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace concord::ddp {
+namespace {
+
+CommHook CompressHook(at::ScalarType wire_dtype,
+                      std::shared_ptr<comm::Communicator> comm,
+                      comm::CollectiveOptions options) {
+  return [comm = std::move(comm), options,
+          wire_dtype](GradBucket& bucket) -> std::shared_ptr<comm::Work> {
+    at::Tensor compressed =
+        bucket.buffer.to(wire_dtype).div_(static_cast<double>(comm->size()));
+    auto work = comm->AllreduceSum(compressed, options);
+    at::Tensor buffer = bucket.buffer;
+    return comm::Then(std::move(work), [buffer, compressed]() mutable {
+      buffer.copy_(compressed);
+      return absl::OkStatus();
+    });
+  };
+}
+
+}  // namespace
+
+CommHook AllreduceHook(std::shared_ptr<comm::Communicator> comm,
+                       comm::CollectiveOptions options) {
+  return [comm = std::move(comm),
+          options](GradBucket& bucket) -> std::shared_ptr<comm::Work> {
+    bucket.buffer.div_(static_cast<double>(comm->size()));
+    return comm->AllreduceSum(bucket.buffer, options);
+  };
+}
+
+CommHook Fp16CompressHook(std::shared_ptr<comm::Communicator> comm,
+                          comm::CollectiveOptions options) {
+  return CompressHook(at::kHalf, std::move(comm), options);
+}
+
+CommHook Bf16CompressHook(std::shared_ptr<comm::Communicator> comm,
+                          comm::CollectiveOptions options) {
+  return CompressHook(at::kBFloat16, std::move(comm), options);
+}
+
+absl::StatusOr<CommHook> MakeCommHook(const std::string& name,
+                                      std::shared_ptr<comm::Communicator> comm,
+                                      comm::CollectiveOptions options) {
+  if (name == "allreduce") return AllreduceHook(std::move(comm), options);
+  if (name == "fp16") return Fp16CompressHook(std::move(comm), options);
+  if (name == "bf16") return Bf16CompressHook(std::move(comm), options);
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown communication hook '", name, "' (allreduce, fp16, bf16)"));
+}
+
+}  // namespace concord::ddp
