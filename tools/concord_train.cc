@@ -101,7 +101,8 @@ Flags ParseFlags(int argc, char** argv) {
   ddp->add_option("--grad-accum", f.grad_accum,
                   "micro-batches per optimizer step (K-1 under no_sync)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-  ddp->add_option("--comm-hook", f.comm_hook, "allreduce, fp16 or bf16");
+  ddp->add_option("--comm-hook", f.comm_hook,
+                  "allreduce, fp16, bf16 or powersgd[:RANK[:START_ITER]]");
   ddp->add_flag("--gradient-as-bucket-view", f.gradient_as_bucket_view);
   ddp->add_flag("--no-broadcast-buffers", f.no_broadcast_buffers);
   ddp->add_option("--ignore", f.ignore,
@@ -185,10 +186,12 @@ int Train(const Flags& flags) {
       !st.ok()) {
     Fail(2, std::string(st.message()));
   }
-  if (!flags.comm_hook.empty() && flags.comm_hook != "allreduce" &&
-      flags.comm_hook != "fp16" && flags.comm_hook != "bf16") {
-    Fail(2, absl::StrCat("--comm-hook ", flags.comm_hook,
-                         ": expected allreduce, fp16 or bf16"));
+  if (!flags.comm_hook.empty()) {
+    // A world of one is enough to check the name.
+    auto hook = concord::ddp::MakeCommHook(flags.comm_hook, nullptr);
+    if (!hook.ok()) {
+      Fail(2, absl::StrCat("--comm-hook: ", hook.status().message()));
+    }
   }
   auto options = concord::worker::WorkerOptions::FromEnvironment();
   if (!options.ok()) Fail(2, std::string(options.status().message()));

@@ -1,16 +1,21 @@
 #pragma once
 // Which gradients share a bucket. Torch-free, so it is cheap to test.
 //
-// Note [Bucket assignment]: like PyTorch's reducer, gradients are visited in
-// the order backward is expected to produce them — reverse parameter order at
-// first, the order observed in the first iteration after the rebuild —
-// grouped by dtype (a bucket is one flat tensor of one dtype), and a bucket
-// closes once it holds at least its cap: the first bucket of each dtype gets
-// `first_bucket_bytes` (PyTorch: 1 MiB) so that communication starts early,
-// later ones `bucket_cap_bytes` (PyTorch: 25 MiB). A gradient marked
-// `closes_bucket` (apex's allreduce_trigger_params) closes its bucket
-// whatever its size. Buckets are numbered in the order their first gradient
-// is visited, which is the order they are launched in.
+// Note [Bucket assignment]: PyTorch's compute_bucket_assignment_by_size.
+// Gradients are visited in an order and grouped by dtype (a bucket is one flat
+// tensor of one dtype); a bucket closes once it holds at least its cap — the
+// first bucket of each dtype `first_bucket_bytes` (PyTorch: 1 MiB), later ones
+// `bucket_cap_bytes` (PyTorch: 25 MiB) — or at a gradient marked
+// `closes_bucket` (apex's allreduce_trigger_params). Buckets are listed in the
+// order they closed, then the ones left open.
+//
+// The first layout (before any backward) is PyTorch 1.13's: parameters in
+// forward order, buckets sorted by their lowest index, the list reversed, so
+// that bucket 0 holds the last parameters (the first gradients of backward)
+// and the small first bucket ends up last. After the first iteration the
+// reducer rebuilds the layout from the order gradients became ready, where
+// the small bucket really is first. The layout never changes a sum; it
+// matters to overlap and to PowerSGD, which compresses per bucket.
 
 #include <cstddef>
 #include <cstdint>
@@ -24,15 +29,15 @@ struct GradSpec {
   bool closes_bucket = false;
 };
 
-// Visits `grads` in `order` (indices into `grads`, each once). Returns, for
-// each bucket in launch order, the indices of its gradients in the order
-// they are laid out in the bucket.
+// Visits `grads` in `order` (indices into `grads`, each once): PyTorch's
+// rebuild from the ready order. Returns each bucket's gradient indices, in
+// layout order, buckets in launch order.
 std::vector<std::vector<size_t>> ComputeBucketAssignment(
     const std::vector<GradSpec>& grads, const std::vector<size_t>& order,
     int64_t first_bucket_bytes, int64_t bucket_cap_bytes);
 
-// The same, visiting in reverse index order.
-std::vector<std::vector<size_t>> ComputeBucketAssignment(
+// PyTorch 1.13's initial layout (see the note).
+std::vector<std::vector<size_t>> InitialBucketAssignment(
     const std::vector<GradSpec>& grads, int64_t first_bucket_bytes,
     int64_t bucket_cap_bytes);
 

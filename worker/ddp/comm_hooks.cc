@@ -2,7 +2,9 @@
 
 #include <ATen/ATen.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "worker/ddp/powersgd.h"
 
 namespace concord::ddp {
 namespace {
@@ -50,8 +52,15 @@ absl::StatusOr<CommHook> MakeCommHook(const std::string& name,
   if (name == "allreduce") return AllreduceHook(std::move(comm), options);
   if (name == "fp16") return Fp16CompressHook(std::move(comm), options);
   if (name == "bf16") return Bf16CompressHook(std::move(comm), options);
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown communication hook '", name, "' (allreduce, fp16, bf16)"));
+  if (absl::StartsWith(name, "powersgd")) {
+    auto parsed = ParsePowerSgd(name);
+    if (!parsed.ok()) return parsed.status();
+    return PowerSgdHook(std::make_shared<PowerSgdState>(*parsed),
+                        std::move(comm), options);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown communication hook '", name,
+                   "' (allreduce, fp16, bf16, powersgd[:RANK[:START_ITER]])"));
 }
 
 }  // namespace concord::ddp

@@ -44,8 +44,9 @@ CommHook Fp16CompressHook(std::shared_ptr<comm::Communicator> comm,
 CommHook Bf16CompressHook(std::shared_ptr<comm::Communicator> comm,
                           comm::CollectiveOptions options = {});
 
-// Parses a --comm-hook value ("allreduce", "fp16", "bf16"). INVALID_ARGUMENT
-// names the value otherwise.
+// Parses a --comm-hook value ("allreduce", "fp16", "bf16",
+// "powersgd[:RANK[:START_ITER]]", PowerSGD's defaults otherwise: rank 1,
+// start 1000). INVALID_ARGUMENT names the value otherwise.
 absl::StatusOr<CommHook> MakeCommHook(const std::string& name,
                                       std::shared_ptr<comm::Communicator> comm,
                                       comm::CollectiveOptions options = {});

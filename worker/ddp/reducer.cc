@@ -64,9 +64,7 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
     pre_scale_ = 1.0 / world;  // PyTorch: divide while copying
   }
   saved_grads_.resize(params_.size());
-  std::vector<size_t> order(params_.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = order.size() - 1 - i;
-  Build(order);
+  Build({});
   hook_handles_.reserve(params_.size());
   for (size_t i = 0; i < params_.size(); ++i) {
     hook_handles_.push_back(params_[i].register_hook(
@@ -109,14 +107,15 @@ void Reducer::Build(const std::vector<size_t>& order) {
   for (size_t i : options_.trigger_params) {
     if (i < specs.size()) specs[i].closes_bucket = true;
   }
-  const int64_t first = options_.message_size > 0 ? options_.message_size
-                                                  : options_.first_bucket_bytes;
-  const int64_t cap = options_.message_size > 0 ? options_.message_size
-                                                : options_.bucket_cap_bytes;
+  int64_t first = options_.message_size > 0 ? options_.message_size
+                                            : options_.first_bucket_bytes;
+  int64_t cap = options_.message_size > 0 ? options_.message_size
+                                          : options_.bucket_cap_bytes;
   const int64_t huge = std::numeric_limits<int64_t>::max();
-  const auto assignment = ComputeBucketAssignment(
-      specs, order, options_.delay_allreduce ? huge : first,
-      options_.delay_allreduce ? huge : cap);
+  if (options_.delay_allreduce) first = cap = huge;
+  const auto assignment =
+      order.empty() ? InitialBucketAssignment(specs, first, cap)
+                    : ComputeBucketAssignment(specs, order, first, cap);
 
   std::vector<Bucket> buckets;
   slots_.assign(params_.size(), Slot{});

@@ -125,6 +125,7 @@ class Reducer {
     bool used = false;  // got a gradient from backward this iteration
   };
 
+  // Lays the buckets out in `order` (empty: PyTorch's initial layout).
   void Build(const std::vector<size_t>& order);
   absl::Status Rebuild();
   void OnGradReady(size_t param, const at::Tensor& grad);
