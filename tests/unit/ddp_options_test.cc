@@ -8,6 +8,7 @@
 
 #include "rank_threads.h"
 #include "worker/ddp/distributed_data_parallel.h"
+#include "worker/ddp/manual_reducer.h"
 
 namespace concord {
 namespace {
@@ -333,3 +334,28 @@ TEST(DdpApexFp32Test, HalfGradientsAreReducedInFloat) {
 
 }  // namespace
 }  // namespace concord
+
+namespace concord::ddp {
+namespace {
+
+TEST(ManualReducerTest, AveragesEveryGradientOnDemand) {
+  concord::testing::RunRanks(3, [&](int rank,
+                                    std::shared_ptr<comm::Communicator> comm) {
+    torch::Tensor a = torch::zeros({2, 3}, torch::requires_grad());
+    torch::Tensor b =
+        torch::zeros({5}, torch::dtype(torch::kDouble).requires_grad(true));
+    torch::Tensor none = torch::zeros({1}, torch::requires_grad());
+    a.mutable_grad() = torch::full({2, 3}, rank + 1.0f);
+    b.mutable_grad() = torch::full({5}, 3.0 * rank, torch::kDouble);
+    ManualReducer reducer({a, b, none}, comm);
+    // Nothing happens until asked (apex: e.g. every few iterations).
+    EXPECT_EQ(a.grad()[0][0].item<float>(), rank + 1.0f);
+    ASSERT_TRUE(reducer.Reduce().ok());
+    EXPECT_TRUE(torch::equal(a.grad(), torch::full({2, 3}, 2.0f)));
+    EXPECT_TRUE(torch::equal(b.grad(), torch::full({5}, 3.0, torch::kDouble)));
+    EXPECT_FALSE(none.grad().defined());
+  });
+}
+
+}  // namespace
+}  // namespace concord::ddp
