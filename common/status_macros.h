@@ -8,10 +8,10 @@
 #define CONCORD_STATUS_CONCAT_(a, b) CONCORD_STATUS_CONCAT_INNER_(a, b)
 
 // Returns from the enclosing function when `expr` (an absl::Status) is not OK.
-#define CONCORD_RETURN_IF_ERROR(expr)                         \
-  do {                                                        \
-    ::absl::Status concord_status_ = (expr);                  \
-    if (!concord_status_.ok()) return concord_status_;        \
+#define CONCORD_RETURN_IF_ERROR(expr)                  \
+  do {                                                 \
+    ::absl::Status concord_status_ = (expr);           \
+    if (!concord_status_.ok()) return concord_status_; \
   } while (false)
 
 // `lhs` = value of `rexpr` (an absl::StatusOr<T>), or returns its status.

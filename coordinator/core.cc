@@ -1,3 +1,7 @@
+// Membership: joins, generations, heartbeats, leaves, the key-value store,
+// the end-of-data agreement and timeouts. Operator views, admin actions and
+// persistence are in core_views.cc.
+
 #include "coordinator/core.h"
 
 #include <spdlog/spdlog.h>
@@ -9,118 +13,16 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/auth.h"
 #include "common/status_macros.h"
+#include "coordinator/core_internal.h"
+#include "coordinator/core_validation.h"
 
 namespace concord::coordinator {
-namespace {
 
-constexpr int32_t kMaxWorkers = 4096;
-constexpr int64_t kDefaultHeartbeatIntervalMs = 1000;
-constexpr int64_t kDefaultHeartbeatTimeoutMs = 10000;
-constexpr int64_t kDefaultRendezvousTimeoutMs = 300000;
-// Oldest events are dropped beyond this many per job.
-constexpr size_t kMaxEvents = 10000;
-
-// "10s", "10.2s", "0.25s": whole seconds stay whole (absl::FormatDuration
-// would write 300s as "5m").
-std::string Seconds(absl::Duration d) {
-  const int64_t ms = absl::ToInt64Milliseconds(d);
-  if (ms % 1000 == 0) return absl::StrCat(ms / 1000, "s");
-  std::string s = absl::StrFormat("%.3f", static_cast<double>(ms) / 1000.0);
-  while (!s.empty() && s.back() == '0') s.pop_back();
-  return absl::StrCat(s, "s");
-}
-
-// The spec with zero durations replaced by their defaults.
-v1::JobSpec WithDefaults(v1::JobSpec spec) {
-  if (spec.heartbeat_interval_ms() == 0) {
-    spec.set_heartbeat_interval_ms(kDefaultHeartbeatIntervalMs);
-  }
-  if (spec.heartbeat_timeout_ms() == 0) {
-    spec.set_heartbeat_timeout_ms(kDefaultHeartbeatTimeoutMs);
-  }
-  if (spec.rendezvous_timeout_ms() == 0) {
-    spec.set_rendezvous_timeout_ms(kDefaultRendezvousTimeoutMs);
-  }
-  return spec;
-}
-
-absl::Status Validate(const v1::JobSpec& spec, const std::string& worker_id) {
-  if (spec.job_id().empty()) {
-    return absl::InvalidArgumentError("spec.job_id is empty");
-  }
-  if (worker_id.empty())
-    return absl::InvalidArgumentError("worker_id is empty");
-  if (spec.min_workers() < 1 || spec.min_workers() > spec.max_workers() ||
-      spec.max_workers() > kMaxWorkers) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "need 1 <= min_workers <= max_workers <= %d; got min_workers %d, "
-        "max_workers %d",
-        kMaxWorkers, spec.min_workers(), spec.max_workers()));
-  }
-  if (spec.heartbeat_interval_ms() <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("heartbeat_interval_ms must be positive; got ",
-                     spec.heartbeat_interval_ms()));
-  }
-  if (spec.heartbeat_timeout_ms() <= spec.heartbeat_interval_ms()) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "heartbeat_timeout_ms (%d) must exceed heartbeat_interval_ms (%d)",
-        spec.heartbeat_timeout_ms(), spec.heartbeat_interval_ms()));
-  }
-  if (spec.rendezvous_timeout_ms() <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rendezvous_timeout_ms must be positive; got ",
-                     spec.rendezvous_timeout_ms()));
-  }
-  return absl::OkStatus();
-}
-
-// FAILED_PRECONDITION naming the first field where `got` differs from the
-// job's spec (both with defaults applied).
-absl::Status CompareSpecs(const v1::JobSpec& job, const v1::JobSpec& got) {
-  auto differs = [&](const char* field, int64_t have, int64_t want) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "spec.%s differs from job %s: job has %d, request has %d", field,
-        job.job_id(), have, want));
-  };
-  if (job.min_workers() != got.min_workers()) {
-    return differs("min_workers", job.min_workers(), got.min_workers());
-  }
-  if (job.max_workers() != got.max_workers()) {
-    return differs("max_workers", job.max_workers(), got.max_workers());
-  }
-  if (job.heartbeat_interval_ms() != got.heartbeat_interval_ms()) {
-    return differs("heartbeat_interval_ms", job.heartbeat_interval_ms(),
-                   got.heartbeat_interval_ms());
-  }
-  if (job.heartbeat_timeout_ms() != got.heartbeat_timeout_ms()) {
-    return differs("heartbeat_timeout_ms", job.heartbeat_timeout_ms(),
-                   got.heartbeat_timeout_ms());
-  }
-  if (job.rendezvous_timeout_ms() != got.rendezvous_timeout_ms()) {
-    return differs("rendezvous_timeout_ms", job.rendezvous_timeout_ms(),
-                   got.rendezvous_timeout_ms());
-  }
-  return absl::OkStatus();
-}
-
-template <typename Members>
-auto FindMember(Members& members, const std::string& worker_id) {
-  return std::find_if(members.begin(), members.end(),
-                      [&](const auto& m) { return m.worker_id == worker_id; });
-}
-
-absl::Status JobNotFound(const std::string& job_id) {
-  return absl::NotFoundError(absl::StrCat("unknown job '", job_id, "'"));
-}
-
-absl::Status JobFailed(const std::string& job_id, const std::string& why) {
-  return absl::FailedPreconditionError(
-      absl::StrCat("job ", job_id, " failed: ", why));
-}
-
-}  // namespace
+using internal::FindMember;
+using internal::JobNotFound;
+using internal::Seconds;
 
 Core::Core(const Clock* clock) : clock_(clock) {}
 
@@ -132,6 +34,29 @@ Core::Job* Core::FindJob(const std::string& job_id) {
 const Core::Job* Core::FindJob(const std::string& job_id) const {
   auto it = jobs_.find(job_id);
   return it == jobs_.end() ? nullptr : &it->second;
+}
+
+bool Core::Ended(const Job& job) {
+  return job.state == v1::JOB_STATE_FAILED ||
+         job.state == v1::JOB_STATE_STOPPED ||
+         job.state == v1::JOB_STATE_SUCCEEDED;
+}
+
+absl::Status Core::EndedError(const Job& job) {
+  const std::string& id = job.spec.job_id();
+  switch (job.state) {
+    case v1::JOB_STATE_FAILED:
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", id, " failed: ", job.failure));
+    case v1::JOB_STATE_STOPPED:
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", id, " was ", job.failure));
+    case v1::JOB_STATE_SUCCEEDED:
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", id, " has already succeeded"));
+    default:
+      return absl::OkStatus();
+  }
 }
 
 // ABORTED unless `generation` is the job's current, still running one.
@@ -147,13 +72,48 @@ absl::Status Core::CheckGeneration(const Job& job, int64_t generation) const {
   return absl::OkStatus();
 }
 
+absl::Status Core::CheckBinding(const Job& job, const std::string& worker_id,
+                                const std::string& secret) const {
+  auto it = job.bindings.find(worker_id);
+  if (it == job.bindings.end() || ConstantTimeEquals(it->second, secret)) {
+    return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(absl::StrFormat(
+      "worker id %s of job %s is bound to another worker process", worker_id,
+      job.spec.job_id()));
+}
+
+absl::StatusOr<size_t> Core::CheckMember(const Job& job,
+                                         const std::string& worker_id,
+                                         const std::string& secret,
+                                         int64_t generation) const {
+  CONCORD_RETURN_IF_ERROR(CheckBinding(job, worker_id, secret));
+  if (job.state == v1::JOB_STATE_FAILED || job.state == v1::JOB_STATE_STOPPED) {
+    return EndedError(job);
+  }
+  CONCORD_RETURN_IF_ERROR(CheckGeneration(job, generation));
+  auto member = FindMember(job.members, worker_id);
+  if (member == job.members.end()) {
+    return absl::NotFoundError(
+        absl::StrFormat("worker %s is not a member of generation %d of job %s",
+                        worker_id, job.generation, job.spec.job_id()));
+  }
+  return static_cast<size_t>(member - job.members.begin());
+}
+
 absl::Status Core::Join(const v1::JoinRequest& request) {
   const v1::JobSpec spec = WithDefaults(request.spec());
-  CONCORD_RETURN_IF_ERROR(Validate(spec, request.worker_id()));
+  CONCORD_RETURN_IF_ERROR(ValidateSpec(spec));
+  CONCORD_RETURN_IF_ERROR(ValidateRequest(request));
+  const std::string& worker_id = request.worker_id();
   const absl::Time now = clock_->Now();
 
   Job* job = FindJob(spec.job_id());
   if (job == nullptr) {
+    if (jobs_.size() >= internal::kMaxJobs) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the coordinator already holds ", jobs_.size(), " jobs"));
+    }
     job = &jobs_[spec.job_id()];
     job->spec = spec;
     job->rendezvous_started = now;
@@ -162,40 +122,46 @@ absl::Status Core::Join(const v1::JoinRequest& request) {
                              spec.min_workers(), spec.max_workers()));
   } else {
     CONCORD_RETURN_IF_ERROR(CompareSpecs(job->spec, spec));
-    if (job->state == v1::JOB_STATE_FAILED) {
-      return JobFailed(spec.job_id(), job->failure);
-    }
-    if (job->state == v1::JOB_STATE_SUCCEEDED) {
+    CONCORD_RETURN_IF_ERROR(EndedError(*job));
+    if (job->drained.count(worker_id) > 0) {
       return absl::FailedPreconditionError(
-          absl::StrCat("job ", spec.job_id(), " has already succeeded"));
+          absl::StrFormat("worker %s was drained from job %s by an operator",
+                          worker_id, spec.job_id()));
     }
-    if (FindMember(job->members, request.worker_id()) != job->members.end()) {
+    CONCORD_RETURN_IF_ERROR(
+        CheckBinding(*job, worker_id, request.worker_secret()));
+    if (FindMember(job->members, worker_id) != job->members.end()) {
       return absl::AlreadyExistsError(absl::StrFormat(
-          "worker %s is already a member of generation %d of job %s",
-          request.worker_id(), job->generation, spec.job_id()));
+          "worker %s is already a member of generation %d of job %s", worker_id,
+          job->generation, spec.job_id()));
     }
   }
+  job->bindings[worker_id] = request.worker_secret();
+  job->finished.erase(worker_id);
 
-  auto waiting = FindMember(job->waiting, request.worker_id());
+  auto waiting = FindMember(job->waiting, worker_id);
   if (waiting != job->waiting.end()) {
     // A retried Join: keep its place in the join order.
     waiting->host = request.host();
     waiting->committed_step = request.committed_step();
   } else {
     MemberState m;
-    m.worker_id = request.worker_id();
+    m.worker_id = worker_id;
     m.host = request.host();
     m.committed_step = request.committed_step();
     m.joined = now;
     m.last_heartbeat = now;
     job->waiting.push_back(std::move(m));
-    AddEvent(*job, "join", request.worker_id(),
-             absl::StrFormat("joined from %s at step %d (%d of %d waiting)",
+    job->last_arrival = now;
+    AddEvent(*job, "join", worker_id,
+             absl::StrFormat("joined from %s at step %d (%d waiting; min %d, "
+                             "max %d)",
                              request.host(), request.committed_step(),
-                             job->waiting.size(), spec.max_workers()));
+                             job->waiting.size(), spec.min_workers(),
+                             spec.max_workers()));
   }
   MaybeFormGeneration(*job);
-  Changed();
+  Changed(*job);
   return absl::OkStatus();
 }
 
@@ -203,8 +169,9 @@ absl::StatusOr<std::optional<Assignment>> Core::GetAssignment(
     const std::string& job_id, const std::string& worker_id) const {
   const Job* job = FindJob(job_id);
   if (job == nullptr) return JobNotFound(job_id);
-  if (job->state == v1::JOB_STATE_FAILED) {
-    return JobFailed(job_id, job->failure);
+  if (job->state == v1::JOB_STATE_FAILED ||
+      job->state == v1::JOB_STATE_STOPPED) {
+    return EndedError(*job);
   }
   auto member = FindMember(job->members, worker_id);
   if (member != job->members.end()) {
@@ -234,66 +201,72 @@ absl::StatusOr<std::optional<Assignment>> Core::GetAssignment(
 
 absl::StatusOr<v1::HeartbeatResponse> Core::Heartbeat(
     const v1::HeartbeatRequest& request) {
+  CONCORD_RETURN_IF_ERROR(ValidateRequest(request));
   Job* job = FindJob(request.job_id());
   if (job == nullptr) return JobNotFound(request.job_id());
-  if (job->state == v1::JOB_STATE_FAILED) {
-    return JobFailed(request.job_id(), job->failure);
-  }
-  CONCORD_RETURN_IF_ERROR(CheckGeneration(*job, request.generation()));
-  auto member = FindMember(job->members, request.worker_id());
-  if (member == job->members.end()) {
-    return absl::NotFoundError(absl::StrFormat(
-        "worker %s is not a member of generation %d of job %s",
-        request.worker_id(), job->generation, request.job_id()));
-  }
-  member->last_heartbeat = clock_->Now();
-  member->committed_step = request.step();
-  Changed();
+  CONCORD_ASSIGN_OR_RETURN(
+      const size_t index,
+      CheckMember(*job, request.worker_id(), request.worker_secret(),
+                  request.generation()));
+  MemberState& member = job->members[index];
+  member.last_heartbeat = clock_->Now();
+  member.committed_step = std::max(member.committed_step, request.step());
+  member.samples_per_second = request.samples_per_second();
+  member.ddp = request.ddp();
+  Changed(*job, /*persist=*/false);
   v1::HeartbeatResponse response;
+  if (job->boundary_step.has_value()) {
+    response.set_boundary_step(*job->boundary_step);
+  }
+  MaybeApplyBoundary(*job);
   response.set_current_generation(job->generation);
   response.set_state(job->state);
   return response;
 }
 
 absl::StatusOr<v1::LeaveResponse> Core::Leave(const v1::LeaveRequest& request) {
+  CONCORD_RETURN_IF_ERROR(ValidateRequest(request));
   Job* job = FindJob(request.job_id());
   if (job == nullptr) return JobNotFound(request.job_id());
+  const std::string& worker_id = request.worker_id();
+  CONCORD_RETURN_IF_ERROR(
+      CheckBinding(*job, worker_id, request.worker_secret()));
   const std::string reason = v1::LeaveReason_Name(request.reason());
   const std::string what = request.message().empty()
                                ? reason
                                : absl::StrCat(reason, ": ", request.message());
   v1::LeaveResponse response;
 
-  // A worker still waiting for a generation just withdraws; it has no
-  // generation to name.
-  auto waiting = FindMember(job->waiting, request.worker_id());
-  if (waiting != job->waiting.end()) {
-    job->waiting.erase(waiting);
-    AddEvent(*job, "leave", request.worker_id(),
-             absl::StrCat("left before a generation formed: ", what));
-    Changed();
+  // A worker that left at an end-of-data boundary has nothing left to say.
+  if (job->finished.count(worker_id) > 0) {
     response.set_state(job->state);
     return response;
   }
-  if (job->state == v1::JOB_STATE_FAILED) {
-    return JobFailed(request.job_id(), job->failure);
+  // A worker still waiting for a generation just withdraws; it has no
+  // generation to name.
+  auto waiting = FindMember(job->waiting, worker_id);
+  if (waiting != job->waiting.end()) {
+    job->waiting.erase(waiting);
+    job->bindings.erase(worker_id);
+    AddEvent(*job, "leave", worker_id,
+             absl::StrCat("left before a generation formed: ", what));
+    Changed(*job);
+    response.set_state(job->state);
+    return response;
   }
-  CONCORD_RETURN_IF_ERROR(CheckGeneration(*job, request.generation()));
-  auto member = FindMember(job->members, request.worker_id());
-  if (member == job->members.end()) {
-    return absl::NotFoundError(absl::StrFormat(
-        "worker %s is not a member of generation %d of job %s",
-        request.worker_id(), job->generation, request.job_id()));
-  }
-  if (job->state == v1::JOB_STATE_SUCCEEDED || member->completed) {
+  CONCORD_ASSIGN_OR_RETURN(const size_t index,
+                           CheckMember(*job, worker_id, request.worker_secret(),
+                                       request.generation()));
+  MemberState& member = job->members[index];
+  if (job->state == v1::JOB_STATE_SUCCEEDED || member.completed) {
     // Nothing left to change; a repeated Leave is harmless.
     response.set_state(job->state);
     return response;
   }
 
-  AddEvent(*job, "leave", request.worker_id(), what);
+  AddEvent(*job, "leave", worker_id, what);
   if (request.reason() == v1::LEAVE_REASON_COMPLETED) {
-    member->completed = true;
+    member.completed = true;
     const bool all =
         std::all_of(job->members.begin(), job->members.end(),
                     [](const MemberState& m) { return m.completed; });
@@ -304,32 +277,37 @@ absl::StatusOr<v1::LeaveResponse> Core::Leave(const v1::LeaveRequest& request) {
           absl::StrFormat("job succeeded in generation %d", job->generation));
     }
   } else {
-    EndGeneration(*job, absl::StrCat("worker ", request.worker_id(), " left (",
-                                     what, ")"));
+    job->bindings.erase(worker_id);
+    EndGeneration(*job,
+                  absl::StrCat("worker ", worker_id, " left (", what, ")"));
   }
-  Changed();
+  Changed(*job);
   response.set_state(job->state);
   return response;
 }
 
 absl::Status Core::KvSet(const v1::KvSetRequest& request) {
+  CONCORD_RETURN_IF_ERROR(ValidateRequest(request));
   Job* job = FindJob(request.job_id());
   if (job == nullptr) return JobNotFound(request.job_id());
-  if (request.key().empty()) return absl::InvalidArgumentError("empty key");
-  CONCORD_RETURN_IF_ERROR(CheckGeneration(*job, request.generation()));
+  CONCORD_RETURN_IF_ERROR(CheckMember(*job, request.worker_id(),
+                                      request.worker_secret(),
+                                      request.generation())
+                              .status());
   job->kv[request.key()] = request.value();
-  Changed();
+  Changed(*job);
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::optional<std::vector<std::string>>> Core::KvGet(
     const v1::KvGetRequest& request) const {
+  CONCORD_RETURN_IF_ERROR(ValidateRequest(request));
   const Job* job = FindJob(request.job_id());
   if (job == nullptr) return JobNotFound(request.job_id());
-  for (const std::string& key : request.keys()) {
-    if (key.empty()) return absl::InvalidArgumentError("empty key");
-  }
-  CONCORD_RETURN_IF_ERROR(CheckGeneration(*job, request.generation()));
+  CONCORD_RETURN_IF_ERROR(CheckMember(*job, request.worker_id(),
+                                      request.worker_secret(),
+                                      request.generation())
+                              .status());
   std::vector<std::string> values;
   values.reserve(request.keys_size());
   for (const std::string& key : request.keys()) {
@@ -338,6 +316,85 @@ absl::StatusOr<std::optional<std::vector<std::string>>> Core::KvGet(
     values.push_back(it->second);
   }
   return std::optional<std::vector<std::string>>(std::move(values));
+}
+
+absl::StatusOr<v1::EndOfDataResponse> Core::ReportEndOfData(
+    const v1::EndOfDataRequest& request) {
+  CONCORD_RETURN_IF_ERROR(ValidateRequest(request));
+  Job* job = FindJob(request.job_id());
+  if (job == nullptr) return JobNotFound(request.job_id());
+  CONCORD_RETURN_IF_ERROR(EndedError(*job));
+  CONCORD_ASSIGN_OR_RETURN(
+      const size_t index,
+      CheckMember(*job, request.worker_id(), request.worker_secret(),
+                  request.generation()));
+  MemberState& member = job->members[index];
+  const int64_t s = request.last_step();
+  for (const MemberState& m : job->members) {
+    if (m.committed_step > s) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "last_step %d is behind step %d, already committed by %s", s,
+          m.committed_step, m.worker_id));
+    }
+  }
+  if (!member.end_of_data_step.has_value() || s < *member.end_of_data_step) {
+    member.end_of_data_step = s;
+    const bool moved =
+        !job->boundary_step.has_value() || s < *job->boundary_step;
+    if (moved) job->boundary_step = s;
+    AddEvent(*job, "end_of_data", member.worker_id,
+             absl::StrFormat("no more data after step %d; boundary of "
+                             "generation %d is step %d",
+                             s, job->generation, *job->boundary_step));
+    Changed(*job);
+  }
+  v1::EndOfDataResponse response;
+  response.set_boundary_step(*job->boundary_step);
+  for (const MemberState& m : job->members) {
+    if (m.end_of_data_step == job->boundary_step) {
+      response.add_leaving(m.worker_id);
+    }
+  }
+  MaybeApplyBoundary(*job);
+  return response;
+}
+
+// Note [End of data]: once every member committed the boundary step, the
+// members whose data ends there leave and the rest re-form.
+void Core::MaybeApplyBoundary(Job& job) {
+  if (!job.boundary_step.has_value() || job.state != v1::JOB_STATE_RUNNING) {
+    return;
+  }
+  const int64_t boundary = *job.boundary_step;
+  for (const MemberState& m : job.members) {
+    if (!m.completed && m.committed_step < boundary) return;
+  }
+  std::vector<std::string> leaving;
+  for (const MemberState& m : job.members) {
+    if (m.end_of_data_step != boundary) continue;
+    leaving.push_back(m.worker_id);
+    job.bindings.erase(m.worker_id);
+    job.finished.insert(m.worker_id);
+    AddEvent(job, "leave", m.worker_id,
+             absl::StrFormat("no more data after step %d", boundary));
+  }
+  const bool anyone_left = leaving.size() < job.members.size();
+  const std::string why =
+      absl::StrFormat("end-of-data boundary at step %d: %s left", boundary,
+                      absl::StrJoin(leaving, ", "));
+  if (anyone_left) {
+    EndGeneration(job, why);
+  } else {
+    AddEvent(job, "generation", "",
+             absl::StrFormat("generation %d ended: %s", job.generation, why));
+    job.state = v1::JOB_STATE_SUCCEEDED;
+    job.boundary_step.reset();
+    AddEvent(job, "job", "",
+             absl::StrFormat("job succeeded in generation %d: every worker "
+                             "reached the end of its data",
+                             job.generation));
+  }
+  Changed(job);
 }
 
 void Core::Tick() {
@@ -356,49 +413,50 @@ void Core::Tick() {
                                  Seconds(silent), Seconds(timeout)));
       }
       if (!failed.empty()) {
+        for (const std::string& w : failed) job.bindings.erase(w);
         EndGeneration(job,
                       absl::StrCat("worker(s) ", absl::StrJoin(failed, ", "),
                                    " stopped heartbeating"));
-        Changed();
+        Changed(job);
       }
     } else if (job.state == v1::JOB_STATE_RENDEZVOUS) {
+      MaybeFormGeneration(job);
+      if (job.state == v1::JOB_STATE_RUNNING) {
+        Changed(job);
+        continue;
+      }
       const absl::Duration timeout =
           absl::Milliseconds(job.spec.rendezvous_timeout_ms());
       if (now - job.rendezvous_started <= timeout) continue;
       job.state = v1::JOB_STATE_FAILED;
       job.failure = absl::StrFormat(
-          "rendezvous timed out after %s with %d of %d workers",
-          Seconds(timeout), job.waiting.size(), job.spec.max_workers());
+          "rendezvous timed out after %s with %d worker(s) waiting; "
+          "min_workers is %d",
+          Seconds(timeout), job.waiting.size(), job.spec.min_workers());
+      for (const MemberState& m : job.waiting) job.bindings.erase(m.worker_id);
       job.waiting.clear();
       AddEvent(job, "job", "", absl::StrCat("job failed: ", job.failure));
-      Changed();
+      Changed(job);
     }
   }
 }
 
-std::vector<Event> Core::Events(const std::string& job_id) const {
-  const Job* job = FindJob(job_id);
-  return job == nullptr ? std::vector<Event>() : job->events;
-}
-
-std::optional<v1::JobState> Core::State(const std::string& job_id) const {
-  const Job* job = FindJob(job_id);
-  if (job == nullptr) return std::nullopt;
-  return job->state;
-}
-
-int64_t Core::CurrentGeneration(const std::string& job_id) const {
-  const Job* job = FindJob(job_id);
-  return job == nullptr ? 0 : job->generation;
-}
-
-// Note [Formation]: for now a generation forms only when max_workers are
-// waiting; min_workers bounds how few may wait when the rendezvous times out
-// (a later slice forms smaller generations once min_workers are there).
+// Note [Formation].
 void Core::MaybeFormGeneration(Job& job) {
-  const size_t n = static_cast<size_t>(job.spec.max_workers());
-  if (job.state != v1::JOB_STATE_RENDEZVOUS || job.waiting.size() < n) return;
+  if (job.state != v1::JOB_STATE_RENDEZVOUS) return;
+  const size_t max = static_cast<size_t>(job.spec.max_workers());
+  const size_t min = static_cast<size_t>(job.spec.min_workers());
   const absl::Time now = clock_->Now();
+  size_t n = 0;
+  if (job.waiting.size() >= max) {
+    n = max;
+  } else if (job.waiting.size() >= min &&
+             now - job.last_arrival >=
+                 absl::Milliseconds(job.spec.settle_ms())) {
+    n = job.waiting.size();
+  } else {
+    return;
+  }
   job.members.assign(std::make_move_iterator(job.waiting.begin()),
                      std::make_move_iterator(job.waiting.begin() + n));
   job.waiting.erase(job.waiting.begin(), job.waiting.begin() + n);
@@ -410,12 +468,14 @@ void Core::MaybeFormGeneration(Job& job) {
     m.rank = static_cast<int32_t>(i);
     m.last_heartbeat = now;
     m.completed = false;
+    m.end_of_data_step.reset();
     if (m.committed_step > job.members[job.authoritative_rank].committed_step) {
       job.authoritative_rank = m.rank;
     }
   }
   ++job.generation;
   job.kv.clear();
+  job.boundary_step.reset();
   job.state = v1::JOB_STATE_RUNNING;
   AddEvent(job, "generation", "",
            absl::StrFormat("generation %d formed with %d members, "
@@ -428,9 +488,11 @@ void Core::EndGeneration(Job& job, const std::string& why) {
   AddEvent(job, "generation", "",
            absl::StrFormat("generation %d ended: %s", job.generation, why));
   // Survivors are not carried over: each must Join again, which is how a
-  // worker learns that its generation is gone (Note [Generations]).
+  // worker learns that its generation is gone (Note [Generations]). They
+  // stay bound (Note [Worker binding]).
   job.members.clear();
   job.kv.clear();
+  job.boundary_step.reset();
   job.authoritative_rank = 0;
   job.state = v1::JOB_STATE_RENDEZVOUS;
   job.rendezvous_started = clock_->Now();
@@ -441,9 +503,40 @@ void Core::AddEvent(Job& job, std::string kind, std::string worker_id,
                     std::string message) {
   spdlog::info("job {}: {}{}{}: {}", job.spec.job_id(), kind,
                worker_id.empty() ? "" : " ", worker_id, message);
-  if (job.events.size() >= kMaxEvents) job.events.erase(job.events.begin());
-  job.events.push_back(Event{clock_->Now(), std::move(kind),
-                             std::move(worker_id), std::move(message)});
+  if (job.events.size() >= internal::kMaxEvents) job.events.pop_front();
+  job.events.push_back(Event{job.next_event_seq++, clock_->Now(),
+                             std::move(kind), std::move(worker_id),
+                             std::move(message)});
+}
+
+void Core::Changed(const Job& job, bool persist) {
+  ++version_;
+  if (!persist) return;
+  ++membership_version_;
+  dirty_.insert(job.spec.job_id());
+}
+
+std::vector<std::string> Core::TakeDirtyJobs() {
+  std::vector<std::string> ids(dirty_.begin(), dirty_.end());
+  dirty_.clear();
+  return ids;
+}
+
+std::vector<Event> Core::Events(const std::string& job_id) const {
+  const Job* job = FindJob(job_id);
+  if (job == nullptr) return {};
+  return std::vector<Event>(job->events.begin(), job->events.end());
+}
+
+std::optional<v1::JobState> Core::State(const std::string& job_id) const {
+  const Job* job = FindJob(job_id);
+  if (job == nullptr) return std::nullopt;
+  return job->state;
+}
+
+int64_t Core::CurrentGeneration(const std::string& job_id) const {
+  const Job* job = FindJob(job_id);
+  return job == nullptr ? 0 : job->generation;
 }
 
 }  // namespace concord::coordinator

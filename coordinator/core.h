@@ -1,21 +1,60 @@
 #pragma once
-// The coordinator's core: membership, generations, rendezvous, health and the
-// rendezvous key-value store, as a plain state machine.
+// The coordinator's core: membership, generations, rendezvous, health, the
+// end-of-data agreement, operator views and admin actions, as a plain state
+// machine.
 //
 // It knows nothing of gRPC and never blocks or sleeps: time comes from a
 // Clock, and callers that want to wait (the RPC layer) re-ask whenever
 // `version()` changes. Not thread-safe: the service layer serialises every
-// call with its own mutex.
+// call with its own mutex. Every request is validated first
+// (core_validation.h): a bad one is INVALID_ARGUMENT and changes nothing.
 //
 // Note [Generations]: a generation is a fixed set of members with ranks
 // 0..n-1. Any membership change ends it; the next one gets a higher number.
 // Anything addressed to another generation than the current one is refused
-// with ABORTED. Generation numbers never go backwards.
+// with ABORTED. Generation numbers never go backwards, across restarts too
+// (they are persisted, Note [Persistence]).
+//
+// Note [Formation]: a generation forms as soon as max_workers are waiting,
+// or once at least min_workers are waiting and no new worker has arrived for
+// the job's settle period (JobSpec.settle_ms, default 2 s). With fewer than
+// min_workers waiting for longer than the rendezvous timeout the job fails,
+// and the reason says how many were there. Ranks follow join order.
+//
+// Note [Worker binding]: the worker token says "some worker", not which one.
+// So the first Join of (job, worker_id) binds that pair to the random
+// worker_secret the worker process chose; every later call naming the worker
+// must carry the same secret (else PERMISSION_DENIED). The binding lasts while
+// the worker waits, is a member, or is a survivor expected to join again; it
+// is released when the worker withdraws, leaves with an error, is declared
+// failed, drained, or leaves at an end-of-data boundary, so a restarted
+// process (new secret) can take the id again. KvSet/KvGet/ReportEndOfData
+// must come from a bound member of the named generation, so a worker can act
+// neither for another worker nor in another job.
+//
+// Note [End of data]: a member reports "no more data after step s"
+// (ReportEndOfData). s must not be behind any member's committed step (in
+// lock-step DDP no one can pass a step the reporter cannot take part in).
+// The boundary is the smallest reported s of the generation; it may move
+// down while nobody has passed it and is announced in heartbeat responses
+// and membership updates. Once every member has committed the boundary step,
+// the members whose data ends there leave (released, refused nothing: a later
+// Leave of theirs is a harmless no-op) and the rest re-form at g+1 (or the
+// job succeeds when no one is left). Reports are per generation.
+//
+// Note [Persistence]: every change except a plain heartbeat marks its job
+// dirty; the service writes dirty jobs (ExportJob) to its Store before it
+// answers. After a restart, RestoreJob brings each job back with the same
+// generation, members, bindings and events; heartbeat ages and rendezvous
+// timers restart from the restore time, so workers get a full timeout to
+// reconnect.
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -23,6 +62,8 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "concord/v1/coordinator_state.pb.h"
+#include "concord/v1/operator.pb.h"
 #include "concord/v1/worker.pb.h"
 
 namespace concord::coordinator {
@@ -37,8 +78,11 @@ struct Assignment {
 };
 
 struct Event {
+  int64_t seq = 0;
   absl::Time time;
-  std::string kind;  // "join", "generation", "leave", "failure", "job"
+  // "job", "join", "generation", "leave", "failure", "drain", "end_of_data",
+  // "stop".
+  std::string kind;
   std::string worker_id;
   std::string message;
 };
@@ -48,23 +92,25 @@ class Core {
   explicit Core(const Clock* clock);
 
   // Registers a worker. Creates the job on its first Join. Returns at once;
-  // the assignment is available from `Assignment()` once the generation has
-  // formed (max_workers registered).
-  // Errors: INVALID_ARGUMENT (empty ids, min/max out of range, non-positive
-  // durations), FAILED_PRECONDITION (spec differs from the job's, or the job
-  // has ended), ALREADY_EXISTS (worker_id is a member of the current running
-  // generation).
+  // the assignment is available from `GetAssignment()` once the generation
+  // has formed (Note [Formation]).
+  // Errors: INVALID_ARGUMENT (bad ids, secret, spec), FAILED_PRECONDITION
+  // (spec differs from the job's, the job has ended, or the worker was
+  // drained), PERMISSION_DENIED (worker_id bound to another secret),
+  // ALREADY_EXISTS (worker_id is a member of the current running generation),
+  // RESOURCE_EXHAUSTED (too many jobs).
   absl::Status Join(const v1::JoinRequest& request);
 
   // The worker's place in the current generation, or nullopt while the
   // rendezvous is still open. NOT_FOUND for an unknown job/worker;
-  // FAILED_PRECONDITION when the job has failed (message says why).
+  // FAILED_PRECONDITION when the job has failed or was stopped.
   absl::StatusOr<std::optional<Assignment>> GetAssignment(
       const std::string& job_id, const std::string& worker_id) const;
 
-  // Records liveness and the committed step. ABORTED when `generation` is not
-  // current (or has ended), NOT_FOUND for an unknown job or a worker that is
-  // not a member, FAILED_PRECONDITION when the job has failed.
+  // Records liveness, the committed step, throughput and DDP timings.
+  // ABORTED when `generation` is not current (or has ended), NOT_FOUND for
+  // an unknown job or a worker that is not a member, FAILED_PRECONDITION when
+  // the job has failed, PERMISSION_DENIED for a wrong secret.
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(
       const v1::HeartbeatRequest& request);
 
@@ -74,26 +120,62 @@ class Core {
   // Heartbeat.
   absl::StatusOr<v1::LeaveResponse> Leave(const v1::LeaveRequest& request);
 
-  // Key-value store scoped to (job, generation). ABORTED when the generation
-  // is not current; INVALID_ARGUMENT for an empty key; NOT_FOUND for an
-  // unknown job. Setting a key again overwrites it.
+  // Key-value store scoped to (job, generation), for members of that
+  // generation. ABORTED when the generation is not current; INVALID_ARGUMENT
+  // for bad keys/sizes; NOT_FOUND for an unknown job or a caller that is not
+  // a member; PERMISSION_DENIED for a wrong secret. Setting a key again
+  // overwrites it.
   absl::Status KvSet(const v1::KvSetRequest& request);
   // Values of every key, or nullopt when one is not set yet.
   absl::StatusOr<std::optional<std::vector<std::string>>> KvGet(
       const v1::KvGetRequest& request) const;
 
-  // Declares members whose last heartbeat is older than the job's timeout
-  // failed, and fails jobs whose rendezvous outlived its timeout. Call
-  // periodically.
+  // Note [End of data]. Errors as for Heartbeat, plus INVALID_ARGUMENT when
+  // last_step is behind a member's committed step.
+  absl::StatusOr<v1::EndOfDataResponse> ReportEndOfData(
+      const v1::EndOfDataRequest& request);
+
+  // The worker's view for WatchMembership. NOT_FOUND (unknown job),
+  // PERMISSION_DENIED (the worker is bound to another secret).
+  absl::StatusOr<v1::MembershipUpdate> Membership(
+      const v1::WatchMembershipRequest& request) const;
+
+  // Operator views and actions (see operator.proto). INVALID_ARGUMENT for bad
+  // ids or limits, NOT_FOUND for unknown jobs/workers, FAILED_PRECONDITION
+  // for draining in an ended job.
+  v1::ListJobsResponse ListJobs() const;
+  absl::StatusOr<v1::JobStatus> GetJob(const v1::GetJobRequest& request) const;
+  absl::StatusOr<v1::ListEventsResponse> ListEvents(
+      const v1::ListEventsRequest& request) const;
+  absl::StatusOr<v1::DrainWorkerResponse> DrainWorker(
+      const v1::DrainWorkerRequest& request);
+  absl::StatusOr<v1::StopJobResponse> StopJob(
+      const v1::StopJobRequest& request);
+
+  // Forms generations whose settle period has passed, declares members whose
+  // last heartbeat is older than the job's timeout failed, and fails jobs
+  // whose rendezvous outlived its timeout. Call periodically.
   void Tick();
 
   // Bumped on every state change; lets waiters know when to re-ask.
   uint64_t version() const { return version_; }
+  // Bumped on every change except plain heartbeats: what membership watchers
+  // wait on.
+  uint64_t membership_version() const { return membership_version_; }
+
+  // Note [Persistence]: ids of jobs changed since the last call.
+  std::vector<std::string> TakeDirtyJobs();
+  // The job's state for the Store; nullopt for an unknown job.
+  std::optional<v1::JobRecord> ExportJob(const std::string& job_id) const;
+  // Replaces (or adds) a job from its record. INVALID_ARGUMENT when the
+  // record is inconsistent.
+  absl::Status RestoreJob(const v1::JobRecord& record);
 
   // For status and tests.
   std::vector<Event> Events(const std::string& job_id) const;
   std::optional<v1::JobState> State(const std::string& job_id) const;
   int64_t CurrentGeneration(const std::string& job_id) const;
+  size_t job_count() const { return jobs_.size(); }
 
  private:
   struct MemberState {
@@ -104,6 +186,9 @@ class Core {
     absl::Time last_heartbeat;
     int32_t rank = -1;
     bool completed = false;
+    std::optional<int64_t> end_of_data_step;
+    double samples_per_second = 0;
+    v1::DdpTimings ddp;
   };
   struct Job {
     v1::JobSpec spec;
@@ -114,22 +199,43 @@ class Core {
     std::vector<MemberState> members;  // of the current generation, by rank
     std::vector<MemberState> waiting;  // registered for the next generation
     absl::Time rendezvous_started;
+    absl::Time last_arrival;  // of a new waiting worker (Note [Formation])
     std::map<std::string, std::string> kv;  // of the current generation
-    std::vector<Event> events;
+    std::deque<Event> events;
+    int64_t next_event_seq = 1;
+    std::map<std::string, std::string> bindings;  // Note [Worker binding]
+    std::set<std::string> drained;
+    std::set<std::string> finished;  // left at an end-of-data boundary
+    std::optional<int64_t> boundary_step;
   };
 
   Job* FindJob(const std::string& job_id);
   const Job* FindJob(const std::string& job_id) const;
   absl::Status CheckGeneration(const Job& job, int64_t generation) const;
+  absl::Status CheckBinding(const Job& job, const std::string& worker_id,
+                            const std::string& secret) const;
+  // The index in `members` of a bound member of the current generation
+  // `generation`.
+  absl::StatusOr<size_t> CheckMember(const Job& job,
+                                     const std::string& worker_id,
+                                     const std::string& secret,
+                                     int64_t generation) const;
   void MaybeFormGeneration(Job& job);
   void EndGeneration(Job& job, const std::string& why);
+  void MaybeApplyBoundary(Job& job);
   void AddEvent(Job& job, std::string kind, std::string worker_id,
                 std::string message);
-  void Changed() { ++version_; }
+  // `persist`: whether the change must reach the Store (Note [Persistence]).
+  void Changed(const Job& job, bool persist = true);
+  static bool Ended(const Job& job);
+  static absl::Status EndedError(const Job& job);
+  v1::MemberStatus StatusOf(const MemberState& m) const;
 
   const Clock* clock_;
   std::map<std::string, Job> jobs_;
+  std::set<std::string> dirty_;
   uint64_t version_ = 0;
+  uint64_t membership_version_ = 0;
 };
 
 }  // namespace concord::coordinator

@@ -1,45 +1,169 @@
 #include "coordinator/server.h"
 
 #include <grpc/grpc.h>
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <prometheus/collectable.h>
+#include <prometheus/exposer.h>
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <exception>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/auth.h"
+#include "coordinator/file_store.h"
 
 namespace concord::coordinator {
 namespace {
 
-// Blocked Join/KvGet calls get this long to end on their own (they notice
-// the service's shutdown at once) before gRPC cancels them.
+// Blocked calls get this long to end on their own (they notice the
+// service's shutdown at once) before gRPC cancels them.
 constexpr absl::Duration kShutdownGrace = absl::Seconds(1);
+
+constexpr const char* kServices[] = {"concord.v1.WorkerService",
+                                     "concord.v1.OperatorService"};
+
+absl::Status CheckAddress(const std::string& what, const std::string& address) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == address.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " address '", address, "' is not host:port"));
+  }
+  return absl::OkStatus();
+}
+
+// Per-job gauges, read from the core at scrape time.
+class JobsCollector final : public prometheus::Collectable {
+ public:
+  explicit JobsCollector(CoreHost* host) : host_(host) {}
+
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    using prometheus::ClientMetric;
+    using prometheus::MetricFamily;
+    using prometheus::MetricType;
+    const v1::ListJobsResponse jobs =
+        host_->Read([](const Core& core) { return core.ListJobs(); });
+    MetricFamily states{"concord_jobs", "Jobs by state", MetricType::Gauge, {}};
+    MetricFamily generation{"concord_job_generation",
+                            "Current generation of each job",
+                            MetricType::Gauge,
+                            {}};
+    MetricFamily members{"concord_job_members",
+                         "Members of each job's current generation",
+                         MetricType::Gauge,
+                         {}};
+    MetricFamily waiting{"concord_job_waiting",
+                         "Workers waiting for each job's next generation",
+                         MetricType::Gauge,
+                         {}};
+    std::map<std::string, int> by_state;
+    for (int s = v1::JobState_MIN; s <= v1::JobState_MAX; ++s) {
+      if (s != v1::JOB_STATE_UNSPECIFIED) {
+        by_state[v1::JobState_Name(static_cast<v1::JobState>(s))] = 0;
+      }
+    }
+    auto gauge = [](MetricFamily& family, const std::string& label,
+                    const std::string& value, double v) {
+      ClientMetric m;
+      m.label.push_back({label, value});
+      m.gauge.value = v;
+      family.metric.push_back(std::move(m));
+    };
+    for (const v1::JobSummary& job : jobs.jobs()) {
+      ++by_state[v1::JobState_Name(job.state())];
+      gauge(generation, "job", job.job_id(),
+            static_cast<double>(job.generation()));
+      gauge(members, "job", job.job_id(), job.world_size());
+      gauge(waiting, "job", job.job_id(), job.waiting());
+    }
+    for (const auto& [state, n] : by_state) gauge(states, "state", state, n);
+    return {states, generation, members, waiting};
+  }
+
+ private:
+  CoreHost* host_;
+};
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(
     const ServerOptions& options) {
   const std::string& address = options.listen_address;
-  const size_t colon = address.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 == address.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("listen address '", address, "' is not host:port"));
+  if (absl::Status s = CheckAddress("listen", address); !s.ok()) return s;
+  if (!options.metrics_address.empty()) {
+    if (absl::Status s = CheckAddress("metrics", options.metrics_address);
+        !s.ok()) {
+      return s;
+    }
   }
   if (options.tick_interval <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("tick_interval must be positive");
   }
+  for (const auto* token : {&options.worker_token, &options.operator_token}) {
+    if (absl::Status s = ValidateToken(*token); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(token == &options.worker_token ? "worker" : "operator",
+                       " token: ", s.message()));
+    }
+  }
+  if (options.worker_token == options.operator_token) {
+    return absl::InvalidArgumentError(
+        "the worker and operator tokens must differ");
+  }
 
   std::unique_ptr<Server> server(new Server());
-  server->service_ = std::make_unique<WorkerServiceImpl>(&server->clock_);
+  server->metrics_ = std::make_unique<Metrics>();
+  if (!options.state_dir.empty()) {
+    auto store = FileStore::Open(options.state_dir);
+    if (!store.ok()) return store.status();
+    server->store_ = *std::move(store);
+  }
+  server->authorizer_ = std::make_unique<Authorizer>(options.worker_token,
+                                                     options.operator_token);
+  server->host_ = std::make_unique<CoreHost>(
+      &server->clock_, server->store_.get(), server->metrics_.get());
+  if (absl::Status s = server->host_->Restore(); !s.ok()) return s;
+  server->worker_service_ = std::make_unique<WorkerServiceImpl>(
+      server->host_.get(), server->authorizer_.get(), server->metrics_.get());
+  server->operator_service_ = std::make_unique<OperatorServiceImpl>(
+      server->host_.get(), server->authorizer_.get(), server->metrics_.get());
+
+  if (!options.metrics_address.empty()) {
+    try {
+      server->exposer_ =
+          std::make_unique<prometheus::Exposer>(options.metrics_address, 1);
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(absl::StrCat("cannot serve metrics on '",
+                                                 options.metrics_address,
+                                                 "': ", e.what()));
+    }
+    server->collector_ = std::make_shared<JobsCollector>(server->host_.get());
+    server->exposer_->RegisterCollectable(server->metrics_->registry());
+    server->exposer_->RegisterCollectable(server->collector_);
+    const std::vector<int> ports = server->exposer_->GetListeningPorts();
+    server->metrics_port_ = ports.empty() ? 0 : ports.front();
+  }
+  if (!options.health_address.empty()) {
+    auto health = HealthHttpServer::Start(options.health_address);
+    if (!health.ok()) return health.status();
+    server->health_ = *std::move(health);
+  }
+
+  // Process-wide switches of gRPC; harmless to repeat.
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   // Two coordinators must never share a port.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  // TODO(auth): insecure for now; tokens/mTLS come with the auth work
-  // (DESIGN.md: nothing is served to an unauthenticated caller).
+  // Tokens travel in metadata: use TLS (or a trusted network) beyond
+  // loopback.
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(),
                            &server->port_);
-  builder.RegisterService(server->service_.get());
+  builder.RegisterService(server->worker_service_.get());
+  builder.RegisterService(server->operator_service_.get());
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {
     if (server->server_ != nullptr) server->server_->Shutdown();
@@ -47,6 +171,15 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
     return absl::UnavailableError(
         absl::StrCat("cannot listen on '", address, "'"));
   }
+  grpc::HealthCheckServiceInterface* health =
+      server->server_->GetHealthCheckService();
+  if (health != nullptr) {
+    health->SetServingStatus(true);
+    for (const char* service : kServices) {
+      health->SetServingStatus(service, true);
+    }
+  }
+  const size_t colon = address.rfind(':');
   server->address_ = absl::StrCat(address.substr(0, colon), ":", server->port_);
   server->ticker_ =
       std::thread([s = server.get(), interval = options.tick_interval] {
@@ -62,7 +195,7 @@ void Server::TickLoop(absl::Duration interval) {
   while (!cv_.wait_for(lock, absl::ToChronoNanoseconds(interval),
                        [this] { return stopping_; })) {
     lock.unlock();
-    service_->Tick();
+    host_->Tick();
     lock.lock();
   }
 }
@@ -76,11 +209,17 @@ void Server::Shutdown() {
   }
   cv_.notify_all();
   if (ticker_.joinable()) ticker_.join();
-  if (service_ != nullptr) service_->Shutdown();
+  if (health_ != nullptr) health_->SetServing(false);
+  if (server_ != nullptr && server_->GetHealthCheckService() != nullptr) {
+    server_->GetHealthCheckService()->SetServingStatus(false);
+  }
+  if (host_ != nullptr) host_->Shutdown();
   if (server_ != nullptr) {
     server_->Shutdown(absl::ToChronoTime(absl::Now() + kShutdownGrace));
     server_->Wait();
   }
+  exposer_.reset();
+  health_.reset();
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopped_ = true;

@@ -1,6 +1,8 @@
 #pragma once
-// A running coordinator: the worker service on a gRPC port plus the thread
-// that ticks it (heartbeat and rendezvous timeouts).
+// A running coordinator: the worker and operator services on one gRPC port
+// (plus grpc.health.v1 and server reflection), the thread that ticks the
+// core, and optionally the Prometheus endpoint, the plain health port and
+// the embedded store.
 
 #include <grpcpp/grpcpp.h>
 
@@ -13,22 +15,46 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "coordinator/authorizer.h"
+#include "coordinator/health_http.h"
+#include "coordinator/host.h"
+#include "coordinator/metrics.h"
+#include "coordinator/operator_service.h"
 #include "coordinator/service.h"
+#include "coordinator/store.h"
+
+namespace prometheus {
+class Exposer;
+}
 
 namespace concord::coordinator {
 
 struct ServerOptions {
   // host:port; port 0 picks a free one. Loopback by default.
   std::string listen_address = "127.0.0.1:0";
+  // Bearer tokens of the two roles (common/auth.h rules); required and
+  // distinct.
+  std::string worker_token;
+  std::string operator_token;
+  // The embedded store's directory (file_store.h); empty = keep state in
+  // memory only.
+  std::string state_dir;
+  // Prometheus text endpoint (http://HOST:PORT/metrics); empty = none.
+  std::string metrics_address;
+  // Plain HTTP health endpoint (health_http.h); empty = none.
+  std::string health_address;
   // How often timeouts are checked.
   absl::Duration tick_interval = absl::Milliseconds(100);
 };
 
 class Server {
  public:
-  // Starts serving and returns once the port is bound. Errors:
-  // INVALID_ARGUMENT (malformed address, non-positive tick interval),
-  // UNAVAILABLE (the address cannot be bound, e.g. in use).
+  // Restores the state directory's jobs, then starts serving and returns
+  // once the ports are bound. Errors: INVALID_ARGUMENT (malformed address,
+  // bad or equal tokens, non-positive tick interval), UNAVAILABLE (an address
+  // cannot be bound, e.g. in use), FAILED_PRECONDITION (the state directory
+  // cannot be created, written or locked), DATA_LOSS (a record in it cannot
+  // be read).
   static absl::StatusOr<std::unique_ptr<Server>> Start(
       const ServerOptions& options);
 
@@ -40,25 +66,37 @@ class Server {
   int port() const { return port_; }
   // host:port actually bound, e.g. "127.0.0.1:41235".
   std::string address() const { return address_; }
+  // Bound ports of the optional endpoints (0 when off).
+  int metrics_port() const { return metrics_port_; }
+  int health_port() const { return health_ ? health_->port() : 0; }
 
-  // Stops the tick thread and the gRPC server; calls blocked in Join/KvGet
-  // end within about a second. Idempotent and callable from any thread; it
-  // returns once everything has stopped.
+  // Stops the tick thread and the servers; calls blocked in Join/KvGet/
+  // WatchMembership end within about a second. Idempotent and callable from
+  // any thread; it returns once everything has stopped.
   void Shutdown();
   // Blocks until Shutdown has completed (from another thread).
   void Wait();
 
   // For tests and status.
-  WorkerServiceImpl& service() { return *service_; }
+  CoreHost& host() { return *host_; }
 
  private:
   Server() = default;
   void TickLoop(absl::Duration interval);
 
   RealClock clock_;
-  std::unique_ptr<WorkerServiceImpl> service_;
+  std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<Store> store_;
+  std::unique_ptr<Authorizer> authorizer_;
+  std::unique_ptr<CoreHost> host_;
+  std::unique_ptr<WorkerServiceImpl> worker_service_;
+  std::unique_ptr<OperatorServiceImpl> operator_service_;
   std::unique_ptr<grpc::Server> server_;
+  std::shared_ptr<prometheus::Collectable> collector_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<HealthHttpServer> health_;
   int port_ = 0;
+  int metrics_port_ = 0;
   std::string address_;
   std::thread ticker_;
 

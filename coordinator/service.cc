@@ -1,6 +1,5 @@
 #include "coordinator/service.h"
 
-#include <algorithm>
 #include <optional>
 #include <string>
 #include <vector>
@@ -8,83 +7,61 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "common/grpc_status.h"
 
 namespace concord::coordinator {
 namespace {
 
 constexpr absl::Duration kDefaultWait = absl::Seconds(300);
-// How often a blocked call looks for cancellation even when nothing changes.
-constexpr absl::Duration kCancelPoll = absl::Milliseconds(200);
+// A watch stream re-checks for cancellation at least this often.
+constexpr absl::Duration kWatchPoll = absl::Milliseconds(200);
 
-absl::StatusOr<absl::Duration> WaitTimeout(int64_t ms) {
-  if (ms < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("wait_timeout_ms must not be negative; got ", ms));
-  }
+absl::Duration WaitTimeout(int64_t ms) {
   return ms == 0 ? kDefaultWait : absl::Milliseconds(ms);
+}
+
+bool Terminal(v1::JobState state) {
+  return state == v1::JOB_STATE_SUCCEEDED || state == v1::JOB_STATE_FAILED ||
+         state == v1::JOB_STATE_STOPPED;
 }
 
 }  // namespace
 
-WorkerServiceImpl::WorkerServiceImpl(const Clock* clock) : core_(clock) {}
-
-template <typename Poll>
-auto WorkerServiceImpl::WaitFor(grpc::ServerContext* context,
-                                absl::Duration timeout,
-                                std::unique_lock<std::mutex>& lock, Poll poll)
-    -> decltype(poll()) {
-  const absl::Time deadline =
-      std::min(absl::Now() + timeout, absl::FromChrono(context->deadline()));
-  while (true) {
-    auto result = poll();
-    if (!result.ok() || result->has_value()) return result;
-    if (shutting_down_) {
-      return absl::UnavailableError("the coordinator is shutting down");
-    }
-    if (context->IsCancelled()) {
-      return absl::CancelledError("the call was cancelled");
-    }
-    const absl::Time now = absl::Now();
-    if (now >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "gave up after waiting ", absl::FormatDuration(timeout)));
-    }
-    changed_.wait_for(
-        lock, absl::ToChronoNanoseconds(std::min(deadline - now, kCancelPoll)));
-  }
-}
+#define CONCORD_AUTHORIZE(scope, context, method)                            \
+  do {                                                                       \
+    absl::Status auth_status_ =                                              \
+        auth_->Check(*(context), Role::kWorker, method);                     \
+    if (!auth_status_.ok()) return (scope).Done(ToGrpcStatus(auth_status_)); \
+  } while (false)
 
 grpc::Status WorkerServiceImpl::Join(grpc::ServerContext* context,
                                      const v1::JoinRequest* request,
                                      v1::JoinResponse* response) {
-  const absl::StatusOr<absl::Duration> timeout =
-      WaitTimeout(request->wait_timeout_ms());
-  if (!timeout.ok()) return ToGrpcStatus(timeout.status());
+  RpcScope scope(metrics_, "Join");
+  CONCORD_AUTHORIZE(scope, context, "Join");
   const std::string& job_id = request->spec().job_id();
   const std::string& worker_id = request->worker_id();
 
-  std::unique_lock<std::mutex> lock(mu_);
-  if (shutting_down_) {
-    return ToGrpcStatus(
-        absl::UnavailableError("the coordinator is shutting down"));
+  std::unique_lock<std::mutex> lock(host_->mu());
+  if (host_->shutting_down()) {
+    return scope.Done(ToGrpcStatus(
+        absl::UnavailableError("the coordinator is shutting down")));
   }
-  const absl::Status joined = core_.Join(*request);
-  changed_.notify_all();
-  if (!joined.ok()) return ToGrpcStatus(joined);
+  const absl::Status joined = host_->core().Join(*request);
+  host_->AfterChange();
+  if (!joined.ok()) return scope.Done(ToGrpcStatus(joined));
 
-  auto assignment = WaitFor(context, *timeout, lock, [&] {
-    return core_.GetAssignment(job_id, worker_id);
-  });
+  auto assignment = host_->WaitFor(
+      *context, WaitTimeout(request->wait_timeout_ms()), lock,
+      [&](Core& core) { return core.GetAssignment(job_id, worker_id); });
   if (absl::IsNotFound(assignment.status())) {
     // Registered a moment ago, now gone: the generation it was placed in
     // formed and ended before this call woke up.
-    return ToGrpcStatus(absl::AbortedError(
+    return scope.Done(ToGrpcStatus(absl::AbortedError(
         absl::StrCat("the generation that worker ", worker_id,
-                     " was placed in has already ended; join again")));
+                     " was placed in has already ended; join again"))));
   }
-  if (!assignment.ok()) return ToGrpcStatus(assignment.status());
+  if (!assignment.ok()) return scope.Done(ToGrpcStatus(assignment.status()));
   const Assignment& a = **assignment;
   response->set_generation(a.generation);
   response->set_rank(a.rank);
@@ -93,64 +70,106 @@ grpc::Status WorkerServiceImpl::Join(grpc::ServerContext* context,
   response->set_heartbeat_interval_ms(
       absl::ToInt64Milliseconds(a.heartbeat_interval));
   for (const v1::Member& m : a.members) *response->add_members() = m;
-  return grpc::Status::OK;
+  return scope.Done(grpc::Status::OK);
 }
 
 grpc::Status WorkerServiceImpl::Heartbeat(grpc::ServerContext* context,
                                           const v1::HeartbeatRequest* request,
                                           v1::HeartbeatResponse* response) {
-  std::lock_guard<std::mutex> lock(mu_);
-  absl::StatusOr<v1::HeartbeatResponse> result = core_.Heartbeat(*request);
-  changed_.notify_all();
-  if (!result.ok()) return ToGrpcStatus(result.status());
+  RpcScope scope(metrics_, "Heartbeat");
+  CONCORD_AUTHORIZE(scope, context, "Heartbeat");
+  absl::StatusOr<v1::HeartbeatResponse> result =
+      host_->Mutate([&](Core& core) { return core.Heartbeat(*request); });
+  if (!result.ok()) return scope.Done(ToGrpcStatus(result.status()));
   *response = *std::move(result);
-  return grpc::Status::OK;
+  return scope.Done(grpc::Status::OK);
 }
 
 grpc::Status WorkerServiceImpl::Leave(grpc::ServerContext* context,
                                       const v1::LeaveRequest* request,
                                       v1::LeaveResponse* response) {
-  std::lock_guard<std::mutex> lock(mu_);
-  absl::StatusOr<v1::LeaveResponse> result = core_.Leave(*request);
-  changed_.notify_all();
-  if (!result.ok()) return ToGrpcStatus(result.status());
+  RpcScope scope(metrics_, "Leave");
+  CONCORD_AUTHORIZE(scope, context, "Leave");
+  absl::StatusOr<v1::LeaveResponse> result =
+      host_->Mutate([&](Core& core) { return core.Leave(*request); });
+  if (!result.ok()) return scope.Done(ToGrpcStatus(result.status()));
   *response = *std::move(result);
-  return grpc::Status::OK;
+  return scope.Done(grpc::Status::OK);
 }
 
 grpc::Status WorkerServiceImpl::KvSet(grpc::ServerContext* context,
                                       const v1::KvSetRequest* request,
                                       v1::KvSetResponse* response) {
-  std::lock_guard<std::mutex> lock(mu_);
-  const absl::Status status = core_.KvSet(*request);
-  changed_.notify_all();
-  return ToGrpcStatus(status);
+  RpcScope scope(metrics_, "KvSet");
+  CONCORD_AUTHORIZE(scope, context, "KvSet");
+  return scope.Done(ToGrpcStatus(
+      host_->Mutate([&](Core& core) { return core.KvSet(*request); })));
 }
 
 grpc::Status WorkerServiceImpl::KvGet(grpc::ServerContext* context,
                                       const v1::KvGetRequest* request,
                                       v1::KvGetResponse* response) {
-  const absl::StatusOr<absl::Duration> timeout =
-      WaitTimeout(request->wait_timeout_ms());
-  if (!timeout.ok()) return ToGrpcStatus(timeout.status());
-  std::unique_lock<std::mutex> lock(mu_);
+  RpcScope scope(metrics_, "KvGet");
+  CONCORD_AUTHORIZE(scope, context, "KvGet");
+  std::unique_lock<std::mutex> lock(host_->mu());
   auto values =
-      WaitFor(context, *timeout, lock, [&] { return core_.KvGet(*request); });
-  if (!values.ok()) return ToGrpcStatus(values.status());
+      host_->WaitFor(*context, WaitTimeout(request->wait_timeout_ms()), lock,
+                     [&](Core& core) { return core.KvGet(*request); });
+  if (!values.ok()) return scope.Done(ToGrpcStatus(values.status()));
   for (std::string& v : **values) response->add_values(std::move(v));
-  return grpc::Status::OK;
+  return scope.Done(grpc::Status::OK);
 }
 
-void WorkerServiceImpl::Tick() {
-  std::lock_guard<std::mutex> lock(mu_);
-  core_.Tick();
-  changed_.notify_all();
+grpc::Status WorkerServiceImpl::WatchMembership(
+    grpc::ServerContext* context, const v1::WatchMembershipRequest* request,
+    grpc::ServerWriter<v1::MembershipUpdate>* writer) {
+  RpcScope scope(metrics_, "WatchMembership");
+  CONCORD_AUTHORIZE(scope, context, "WatchMembership");
+  std::string last_sent;
+  bool sent_any = false;
+  std::unique_lock<std::mutex> lock(host_->mu());
+  while (true) {
+    if (host_->shutting_down()) {
+      return scope.Done(ToGrpcStatus(
+          absl::UnavailableError("the coordinator is shutting down")));
+    }
+    if (context->IsCancelled()) {
+      return scope.Done(
+          ToGrpcStatus(absl::CancelledError("the call was cancelled")));
+    }
+    const uint64_t seen = host_->core().membership_version();
+    absl::StatusOr<v1::MembershipUpdate> update =
+        host_->core().Membership(*request);
+    if (!update.ok()) return scope.Done(ToGrpcStatus(update.status()));
+    std::string bytes = update->SerializeAsString();
+    if (!sent_any || bytes != last_sent) {
+      lock.unlock();
+      const bool written = writer->Write(*update);
+      lock.lock();
+      if (!written) {
+        return scope.Done(
+            ToGrpcStatus(absl::CancelledError("the stream was closed")));
+      }
+      sent_any = true;
+      last_sent = std::move(bytes);
+      if (Terminal(update->state())) return scope.Done(grpc::Status::OK);
+    }
+    host_->WaitForChange(lock, seen, kWatchPoll);
+  }
 }
 
-void WorkerServiceImpl::Shutdown() {
-  std::lock_guard<std::mutex> lock(mu_);
-  shutting_down_ = true;
-  changed_.notify_all();
+grpc::Status WorkerServiceImpl::ReportEndOfData(
+    grpc::ServerContext* context, const v1::EndOfDataRequest* request,
+    v1::EndOfDataResponse* response) {
+  RpcScope scope(metrics_, "ReportEndOfData");
+  CONCORD_AUTHORIZE(scope, context, "ReportEndOfData");
+  absl::StatusOr<v1::EndOfDataResponse> result =
+      host_->Mutate([&](Core& core) { return core.ReportEndOfData(*request); });
+  if (!result.ok()) return scope.Done(ToGrpcStatus(result.status()));
+  *response = *std::move(result);
+  return scope.Done(grpc::Status::OK);
 }
+
+#undef CONCORD_AUTHORIZE
 
 }  // namespace concord::coordinator

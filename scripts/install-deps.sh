@@ -13,6 +13,8 @@ PACKAGES=(
   libopenblas0-pthread
   # The reference implementation the tests compare against (gloo backend).
   python3 python3-torch
+  # The coordinator's Prometheus metrics.
+  prometheus-cpp-dev
 )
 
 missing=()

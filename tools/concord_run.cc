@@ -2,6 +2,11 @@
 // `torchrun`. With --standalone it also runs a coordinator on a free loopback
 // port for them; otherwise the workers join --coordinator HOST:PORT.
 //
+// Tokens: with --coordinator, the worker token comes from --token-file (or
+// CONCORD_TOKEN_FILE); --standalone makes fresh worker and operator tokens
+// for its embedded coordinator. Either way the workers get the token file's
+// path in CONCORD_TOKEN_FILE.
+//
 // Exit status: 0 when every worker exits 0; otherwise the first failing
 // worker's status (128+signal for a signal), after its stderr is shown.
 // Usage errors: exit 2.
@@ -16,6 +21,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <iostream>
@@ -25,6 +31,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/auth.h"
 #include "common/logging.h"
 #include "coordinator/server.h"
 
@@ -40,6 +47,7 @@ struct Options {
   int64_t rendezvous_timeout_ms = 300000;
   int64_t collective_timeout_ms = 300000;
   std::string comm_host = "127.0.0.1";
+  std::string token_file;
   std::vector<std::string> program;
 };
 
@@ -47,9 +55,9 @@ struct Worker {
   int index = 0;
   pid_t pid = -1;
   int stderr_fd = -1;
-  std::string partial;              // stderr bytes after the last newline
-  std::deque<std::string> tail;     // last lines of stderr
-  std::optional<int> exit_status;   // once reaped
+  std::string partial;             // stderr bytes after the last newline
+  std::deque<std::string> tail;    // last lines of stderr
+  std::optional<int> exit_status;  // once reaped
 };
 
 constexpr size_t kTailLines = 40;
@@ -91,6 +99,9 @@ Options ParseArgs(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--comm-host", o.comm_host,
                  "Address the workers' communicators listen on");
+  app.add_option("--token-file", o.token_file,
+                 "File holding the worker token (with --coordinator; default "
+                 "$CONCORD_TOKEN_FILE)");
   try {
     app.parse(split, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -104,6 +115,19 @@ Options ParseArgs(int argc, char** argv) {
     UsageError("give exactly one of --standalone and --coordinator HOST:PORT");
   }
   if (o.job_id.empty()) o.job_id = absl::StrCat("job-", getpid());
+  if (!o.standalone) {
+    if (o.token_file.empty()) {
+      const char* env = std::getenv("CONCORD_TOKEN_FILE");
+      if (env != nullptr) o.token_file = env;
+    }
+    if (o.token_file.empty()) {
+      UsageError("--coordinator needs --token-file F (or CONCORD_TOKEN_FILE)");
+    }
+    auto token = concord::ReadTokenFile(o.token_file);
+    if (!token.ok()) UsageError(std::string(token.status().message()));
+  } else if (!o.token_file.empty()) {
+    UsageError("--token-file is for --coordinator; --standalone makes its own");
+  }
   if (o.heartbeat_timeout_ms <= o.heartbeat_interval_ms) {
     UsageError("--heartbeat-timeout-ms must exceed --heartbeat-interval-ms");
   }
@@ -117,6 +141,7 @@ std::vector<std::string> WorkerEnv(const Options& o,
     if (std::strncmp(*e, "CONCORD_", 8) != 0) env.emplace_back(*e);
   }
   env.push_back("CONCORD_COORDINATOR=" + coordinator);
+  env.push_back("CONCORD_TOKEN_FILE=" + o.token_file);
   env.push_back("CONCORD_JOB_ID=" + o.job_id);
   env.push_back(absl::StrCat("CONCORD_MIN_WORKERS=", o.nproc));
   env.push_back(absl::StrCat("CONCORD_MAX_WORKERS=", o.nproc));
@@ -165,8 +190,8 @@ Worker Spawn(const Options& o, const std::string& coordinator, int index,
     dup2(fds[1], STDERR_FILENO);
     execvpe(argvp[0], argvp.data(), envp.data());
     // Only async-signal-safe calls between fork and exec.
-    const char* parts[] = {"concord-run: cannot run '", argvp[0], "': ",
-                           strerror(errno), "\n"};
+    const char* parts[] = {"concord-run: cannot run '", argvp[0],
+                           "': ", strerror(errno), "\n"};
     for (const char* part : parts) {
       (void)!write(STDERR_FILENO, part, strlen(part));
     }
@@ -295,7 +320,7 @@ int Supervise(std::vector<Worker>& workers, int signal_fd) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const Options options = ParseArgs(argc, argv);
+  Options options = ParseArgs(argc, argv);
   concord::InitLogging("concord-run", "warn");
 
   sigset_t mask, old_mask;
@@ -308,9 +333,26 @@ int main(int argc, char** argv) {
 
   std::unique_ptr<concord::coordinator::Server> server;
   std::string coordinator = options.coordinator;
+  std::string token_dir;
   if (options.standalone) {
     concord::coordinator::ServerOptions server_options;
     server_options.listen_address = "127.0.0.1:0";
+    server_options.worker_token = concord::GenerateToken();
+    server_options.operator_token = concord::GenerateToken();
+    // The workers read their token from a file only this user can read.
+    std::string dir_template = "/tmp/concord-run-XXXXXX";
+    if (mkdtemp(dir_template.data()) == nullptr) {
+      std::cerr << "concord-run: mkdtemp: " << std::strerror(errno) << "\n";
+      return 1;
+    }
+    token_dir = dir_template;
+    options.token_file = token_dir + "/worker-token";
+    const absl::Status written = concord::WriteTokenFile(
+        options.token_file, server_options.worker_token);
+    if (!written.ok()) {
+      std::cerr << "concord-run: " << written.message() << "\n";
+      return 1;
+    }
     auto started = concord::coordinator::Server::Start(server_options);
     if (!started.ok()) {
       std::cerr << "concord-run: cannot start the coordinator: "
@@ -327,5 +369,9 @@ int main(int argc, char** argv) {
   }
   const int status = Supervise(workers, signal_fd);
   if (server) server->Shutdown();
+  if (!token_dir.empty()) {
+    unlink(options.token_file.c_str());
+    rmdir(token_dir.c_str());
+  }
   return status;
 }

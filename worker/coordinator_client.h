@@ -3,10 +3,20 @@
 //
 // Idempotent calls (KvSet, KvGet, Heartbeat, Join) are retried with backoff
 // while the coordinator is UNAVAILABLE, up to the call's own deadline.
-// Thread-safe: the heartbeat thread and the training thread share one client.
+// Every call carries the worker token (`authorization: Bearer`) and this
+// process's worker id and secret (Note [Worker binding] in
+// coordinator/core.h): the client fills in worker_id/worker_secret of every
+// request it sends. Thread-safe: the heartbeat thread, the membership
+// watcher and the training thread share one client.
 
+#include <atomic>
+#include <condition_variable>
+#include <functional>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -15,21 +25,30 @@
 
 namespace concord::worker {
 
+struct ClientIdentity {
+  // The worker token; empty sends none (the coordinator then refuses calls).
+  std::string token;
+  std::string worker_id;
+  // Random per process (common/auth.h GenerateToken); binds worker_id.
+  std::string worker_secret;
+};
+
 class CoordinatorClient {
  public:
   // Does not block; the channel connects lazily.
-  explicit CoordinatorClient(const std::string& address);
+  CoordinatorClient(const std::string& address, ClientIdentity identity);
 
   const std::string& address() const { return address_; }
+  const ClientIdentity& identity() const { return identity_; }
 
   // Blocks until this worker is a member of a generation.
   // Errors: as WorkerService.Join; DEADLINE_EXCEEDED after `wait`;
   // UNAVAILABLE when the coordinator stays unreachable for `wait`.
   absl::StatusOr<v1::JoinResponse> Join(v1::JoinRequest request,
                                         absl::Duration wait);
-  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(
-      const v1::HeartbeatRequest& request, absl::Duration timeout);
-  absl::StatusOr<v1::LeaveResponse> Leave(const v1::LeaveRequest& request,
+  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(v1::HeartbeatRequest request,
+                                                  absl::Duration timeout);
+  absl::StatusOr<v1::LeaveResponse> Leave(v1::LeaveRequest request,
                                           absl::Duration timeout);
   absl::Status KvSet(const std::string& job_id, int64_t generation,
                      const std::string& key, const std::string& value,
@@ -38,10 +57,59 @@ class CoordinatorClient {
   absl::StatusOr<std::vector<std::string>> KvGet(
       const std::string& job_id, int64_t generation,
       const std::vector<std::string>& keys, absl::Duration timeout);
+  // "No more data after step last_step" (Note [End of data] in
+  // coordinator/core.h).
+  absl::StatusOr<v1::EndOfDataResponse> ReportEndOfData(
+      const std::string& job_id, int64_t generation, int64_t last_step,
+      absl::Duration timeout);
+
+  // Opens one WatchMembership stream and calls `on_update` for each update
+  // until the stream ends or fails; returns its final status. Cancel it from
+  // another thread with context->TryCancel(). MembershipWatcher keeps one
+  // open across coordinator restarts.
+  absl::Status WatchOnce(
+      const std::string& job_id,
+      const std::function<void(const v1::MembershipUpdate&)>& on_update,
+      grpc::ClientContext* context);
 
  private:
   std::string address_;
+  ClientIdentity identity_;
   std::unique_ptr<v1::WorkerService::Stub> stub_;
+};
+
+// Keeps a WatchMembership stream open on a thread of its own, reconnecting
+// with backoff when the coordinator goes away (a restart), and keeps the
+// latest update. Stops on its own after a terminal job state.
+class MembershipWatcher {
+ public:
+  // Starts watching at once. `client` must outlive the watcher.
+  MembershipWatcher(CoordinatorClient* client, std::string job_id);
+  // Stops the thread (cancels the stream); returns within about a second.
+  ~MembershipWatcher();
+
+  // The latest update, if any arrived yet.
+  std::optional<v1::MembershipUpdate> Latest() const;
+  // Blocks until an update satisfies `pred`, or `timeout` passes (then
+  // DEADLINE_EXCEEDED). Thread-safe.
+  absl::StatusOr<v1::MembershipUpdate> WaitFor(
+      const std::function<bool(const v1::MembershipUpdate&)>& pred,
+      absl::Duration timeout);
+  // Updates received so far (reconnects resend the current one).
+  int64_t updates() const;
+
+ private:
+  void Run();
+
+  CoordinatorClient* client_;
+  std::string job_id_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::optional<v1::MembershipUpdate> latest_;
+  int64_t updates_ = 0;
+  bool stop_ = false;
+  grpc::ClientContext* active_ = nullptr;  // the open stream, to cancel it
+  std::thread thread_;
 };
 
 }  // namespace concord::worker

@@ -7,6 +7,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/auth.h"
 #include "common/status_macros.h"
 #include "worker/comm/gloo/gloo_communicator.h"
 #include "worker/coordinator_store.h"
@@ -67,6 +68,25 @@ absl::StatusOr<WorkerOptions> WorkerOptions::FromEnvironment() {
   o.comm_host = Env("CONCORD_COMM_HOST", "127.0.0.1");
   o.join_timeout = absl::Milliseconds(rdzv_timeout);
   o.collective_timeout = absl::Milliseconds(collective_timeout);
+  if (!o.coordinator.empty()) {
+    const std::string token_file = Env("CONCORD_TOKEN_FILE");
+    if (!token_file.empty()) {
+      absl::StatusOr<std::string> token = ReadTokenFile(token_file);
+      if (!token.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("CONCORD_TOKEN_FILE: ", token.status().message()));
+      }
+      o.token = *std::move(token);
+    } else {
+      o.token = Env("CONCORD_TOKEN");
+      if (o.token.empty()) {
+        return absl::InvalidArgumentError(
+            "CONCORD_TOKEN_FILE is not set: the coordinator needs a worker "
+            "token");
+      }
+      CONCORD_RETURN_IF_ERROR(ValidateToken(o.token));
+    }
+  }
   return o;
 }
 
@@ -82,7 +102,11 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Start(
     // Alone: world size 1, nothing to rendezvous with.
     session->store_ = std::make_unique<comm::InMemoryStore>();
   } else {
-    session->client_ = std::make_unique<CoordinatorClient>(options.coordinator);
+    // A fresh secret per process binds the worker id (Note [Worker binding]
+    // in coordinator/core.h).
+    session->client_ = std::make_unique<CoordinatorClient>(
+        options.coordinator,
+        ClientIdentity{options.token, options.worker_id, GenerateToken()});
     v1::JoinRequest request;
     *request.mutable_spec() = options.spec;
     request.set_worker_id(options.worker_id);
@@ -130,7 +154,7 @@ void Session::HeartbeatLoop(absl::Duration interval) {
     request.set_step(step_.load(std::memory_order_relaxed));
     request.set_samples_per_second(
         samples_per_second_.load(std::memory_order_relaxed));
-    auto response = client_->Heartbeat(request, interval);
+    auto response = client_->Heartbeat(std::move(request), interval);
     if (!response.ok()) {
       spdlog::warn("heartbeat: {}", response.status().ToString());
     }
@@ -159,7 +183,7 @@ absl::Status Session::Finish(bool ok, const std::string& message) {
   request.set_generation(generation_);
   request.set_reason(ok ? v1::LEAVE_REASON_COMPLETED : v1::LEAVE_REASON_ERROR);
   request.set_message(message);
-  return client_->Leave(request, absl::Seconds(10)).status();
+  return client_->Leave(std::move(request), absl::Seconds(10)).status();
 }
 
 }  // namespace concord::worker

@@ -27,6 +27,8 @@ namespace concord::worker {
 struct WorkerOptions {
   // host:port of the coordinator; empty = run alone.
   std::string coordinator;
+  // The worker token sent to the coordinator (required with a coordinator).
+  std::string token;
   v1::JobSpec spec;
   std::string worker_id;
   // Address peers use to reach this worker's communicator.
@@ -37,8 +39,10 @@ struct WorkerOptions {
   // Reads CONCORD_COORDINATOR, CONCORD_JOB_ID, CONCORD_MIN_WORKERS,
   // CONCORD_MAX_WORKERS, CONCORD_WORKER_ID, CONCORD_COMM_HOST,
   // CONCORD_HEARTBEAT_INTERVAL_MS, CONCORD_HEARTBEAT_TIMEOUT_MS,
-  // CONCORD_RENDEZVOUS_TIMEOUT_MS, CONCORD_COLLECTIVE_TIMEOUT_MS.
-  // INVALID_ARGUMENT names the variable that is malformed.
+  // CONCORD_RENDEZVOUS_TIMEOUT_MS, CONCORD_COLLECTIVE_TIMEOUT_MS, and the
+  // worker token from the file CONCORD_TOKEN_FILE names (or CONCORD_TOKEN).
+  // INVALID_ARGUMENT names the variable that is malformed, or the token
+  // variable when a coordinator is set but no token is.
   static absl::StatusOr<WorkerOptions> FromEnvironment();
 };
 

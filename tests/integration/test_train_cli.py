@@ -68,9 +68,10 @@ def nonempty_lines(text):
     return [line for line in text.splitlines() if line.strip()]
 
 
-def expect_rejection(checks, name, cmd, needles, output_path, one_line=True):
+def expect_rejection(checks, name, cmd, needles, output_path, one_line=True, also=()):
     """cmd must exit 2 within CALL_TIMEOUT, print one non-empty stderr line (if
-    one_line) containing at least one of needles, and not create output_path."""
+    one_line) containing at least one of needles and every string in also, and
+    not create output_path."""
     if output_path and os.path.exists(output_path):
         os.remove(output_path)
     r = fixtures.run_command(cmd, timeout=CALL_TIMEOUT)
@@ -84,6 +85,9 @@ def expect_rejection(checks, name, cmd, needles, output_path, one_line=True):
         problems.append("%d non-empty stderr lines, expected exactly 1" % len(lines))
     if not any(n in r.stderr for n in needles):
         problems.append("stderr names none of %s" % (needles,))
+    for a in also:
+        if a not in r.stderr:
+            problems.append("stderr does not mention %r" % a)
     if output_path and os.path.exists(output_path):
         problems.append("--output %s was written" % output_path)
     if problems:
@@ -114,6 +118,11 @@ def write_bad_files(d):
 
     paths["data_no_targets"] = os.path.join(d, "data_no_targets.pt")
     torch.save({"inputs": x}, paths["data_no_targets"])
+
+    # Two entries, neither 'targets' (a one-entry dict is pickled differently
+    # and is covered by data_no_targets).
+    paths["data_labels_not_targets"] = os.path.join(d, "data_labels_not_targets.pt")
+    torch.save({"inputs": x, "labels": y}, paths["data_labels_not_targets"])
 
     paths["data_len_mismatch"] = os.path.join(d, "data_len_mismatch.pt")
     torch.save({"inputs": x, "targets": y[:23]}, paths["data_len_mismatch"])
@@ -176,6 +185,9 @@ def run(args, checks, tmp):
                      [bad["data_not_dict"]], out)
     expect_rejection(checks, "--data lacks 'targets'", train(data=bad["data_no_targets"]),
                      [bad["data_no_targets"]], out)
+    expect_rejection(checks, "--data has 'labels' instead of 'targets'",
+                     train(data=bad["data_labels_not_targets"]),
+                     [bad["data_labels_not_targets"]], out, also=["targets"])
     expect_rejection(checks, "--data inputs/targets length mismatch",
                      train(data=bad["data_len_mismatch"]), [bad["data_len_mismatch"]], out)
     # Incompatibility between model output and targets: the message may name

@@ -29,11 +29,17 @@ v1::JobSpec Spec(int max_workers, int min_workers = 1) {
   return spec;  // durations left 0: the defaults (1 s / 10 s / 300 s)
 }
 
+// Each worker process's secret (Note [Worker binding]).
+std::string Secret(const std::string& worker) {
+  return absl::StrCat(worker, "-secret-0123456789");
+}
+
 v1::JoinRequest JoinReq(const v1::JobSpec& spec, const std::string& worker,
                         int64_t committed_step = 0) {
   v1::JoinRequest r;
   *r.mutable_spec() = spec;
   r.set_worker_id(worker);
+  r.set_worker_secret(Secret(worker));
   r.set_host(absl::StrCat(worker, ".local"));
   r.set_committed_step(committed_step);
   return r;
@@ -69,6 +75,7 @@ class CoordinatorCoreTest : public ::testing::Test {
     v1::HeartbeatRequest r;
     r.set_job_id(kJob);
     r.set_worker_id(worker);
+    r.set_worker_secret(Secret(worker));
     r.set_generation(gen);
     r.set_step(step);
     return core_.Heartbeat(r).status().code();
@@ -79,15 +86,19 @@ class CoordinatorCoreTest : public ::testing::Test {
     v1::LeaveRequest r;
     r.set_job_id(kJob);
     r.set_worker_id(worker);
+    r.set_worker_secret(Secret(worker));
     r.set_generation(gen);
     r.set_reason(reason);
     return core_.Leave(r);
   }
 
   absl::Status KvSet(int64_t gen, const std::string& key,
-                     const std::string& value) {
+                     const std::string& value,
+                     const std::string& worker = Worker(0)) {
     v1::KvSetRequest r;
     r.set_job_id(kJob);
+    r.set_worker_id(worker);
+    r.set_worker_secret(Secret(worker));
     r.set_generation(gen);
     r.set_key(key);
     r.set_value(value);
@@ -98,6 +109,8 @@ class CoordinatorCoreTest : public ::testing::Test {
       int64_t gen, const std::vector<std::string>& keys) {
     v1::KvGetRequest r;
     r.set_job_id(kJob);
+    r.set_worker_id(Worker(0));
+    r.set_worker_secret(Secret(Worker(0)));
     r.set_generation(gen);
     for (const auto& k : keys) r.add_keys(k);
     return core_.KvGet(r);
@@ -247,6 +260,7 @@ TEST_F(CoordinatorCoreTest, HeartbeatChecksJobWorkerAndGeneration) {
   v1::HeartbeatRequest unknown_job;
   unknown_job.set_job_id("nope");
   unknown_job.set_worker_id(Worker(0));
+  unknown_job.set_worker_secret(Secret(Worker(0)));
   unknown_job.set_generation(gen);
   EXPECT_EQ(core_.Heartbeat(unknown_job).status().code(),
             absl::StatusCode::kNotFound);
@@ -254,6 +268,7 @@ TEST_F(CoordinatorCoreTest, HeartbeatChecksJobWorkerAndGeneration) {
   v1::HeartbeatRequest stale;
   stale.set_job_id(kJob);
   stale.set_worker_id(Worker(0));
+  stale.set_worker_secret(Secret(Worker(0)));
   stale.set_generation(gen + 1);
   const auto s = core_.Heartbeat(stale);
   EXPECT_EQ(s.status().code(), absl::StatusCode::kAborted);
@@ -352,6 +367,8 @@ TEST_F(CoordinatorCoreTest, KvIsScopedToTheCurrentGeneration) {
             absl::StatusCode::kAborted);
   v1::KvSetRequest unknown;
   unknown.set_job_id("nope");
+  unknown.set_worker_id(Worker(0));
+  unknown.set_worker_secret(Secret(Worker(0)));
   unknown.set_key("k");
   EXPECT_EQ(core_.KvSet(unknown).code(), absl::StatusCode::kNotFound);
 
@@ -389,7 +406,7 @@ TEST_F(CoordinatorCoreTest, AllCompletedSucceeds) {
 }
 
 TEST_F(CoordinatorCoreTest, RendezvousTimeoutFailsTheJob) {
-  const v1::JobSpec spec = Spec(3, 2);
+  const v1::JobSpec spec = Spec(3, 3);
   ASSERT_TRUE(core_.Join(JoinReq(spec, "a")).ok());
   ASSERT_TRUE(core_.Join(JoinReq(spec, "b")).ok());
   clock_.Advance(absl::Seconds(300));
@@ -402,7 +419,8 @@ TEST_F(CoordinatorCoreTest, RendezvousTimeoutFailsTheJob) {
   const auto a = core_.GetAssignment(kJob, "a");
   EXPECT_EQ(a.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(a.status().message(),
-              HasSubstr("rendezvous timed out after 300s with 2 of 3 workers"));
+              HasSubstr("rendezvous timed out after 300s with 2 worker(s) "
+                        "waiting; min_workers is 3"));
   EXPECT_EQ(core_.Join(JoinReq(spec, "c")).code(),
             absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(core_.Events(kJob).back().kind, "job");
@@ -413,7 +431,7 @@ TEST_F(CoordinatorCoreTest, EveryMutationBumpsTheVersion) {
   ASSERT_TRUE(core_.Join(JoinReq(Spec(1), "a")).ok());
   EXPECT_GT(core_.version(), v);
   v = core_.version();
-  EXPECT_TRUE(KvSet(1, "k", "v").ok());
+  EXPECT_TRUE(KvSet(1, "k", "v", "a").ok());
   EXPECT_GT(core_.version(), v);
   v = core_.version();
   EXPECT_EQ(HeartbeatCode("a", 1), absl::StatusCode::kOk);

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/auth.h"
 #include "concord/v1/worker.grpc.pb.h"
 #include "coordinator/server.h"
 
@@ -26,6 +27,19 @@ using ::testing::HasSubstr;
 
 // Every call is bounded so that a bug shows as a failure, not a hang.
 constexpr auto kCallDeadline = std::chrono::seconds(20);
+constexpr char kWorkerToken[] = "worker-token-0123456789";
+constexpr char kOperatorToken[] = "operator-token-0123456789";
+
+ServerOptions Options() {
+  ServerOptions options;
+  options.worker_token = kWorkerToken;
+  options.operator_token = kOperatorToken;
+  return options;
+}
+
+std::string Secret(const std::string& worker) {
+  return absl::StrCat(worker, "-secret-0123456789");
+}
 
 v1::JoinRequest JoinReq(const std::string& job, int max_workers,
                         const std::string& worker, int64_t wait_ms = 10000) {
@@ -34,6 +48,7 @@ v1::JoinRequest JoinReq(const std::string& job, int max_workers,
   r.mutable_spec()->set_min_workers(1);
   r.mutable_spec()->set_max_workers(max_workers);
   r.set_worker_id(worker);
+  r.set_worker_secret(Secret(worker));
   r.set_host("127.0.0.1");
   r.set_wait_timeout_ms(wait_ms);
   return r;
@@ -44,7 +59,7 @@ class CoordinatorServiceTest : public ::testing::Test {
   static void SetUpTestSuite() { spdlog::set_level(spdlog::level::warn); }
 
   void SetUp() override {
-    auto server = Server::Start(ServerOptions{});
+    auto server = Server::Start(Options());
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
     ASSERT_GT(server_->port(), 0);
@@ -59,6 +74,7 @@ class CoordinatorServiceTest : public ::testing::Test {
 
   static void Bound(grpc::ClientContext& context) {
     context.set_deadline(std::chrono::system_clock::now() + kCallDeadline);
+    AddBearerToken(context, kWorkerToken);
   }
 
   grpc::Status Join(const v1::JoinRequest& request,
@@ -99,20 +115,23 @@ TEST_F(CoordinatorServiceTest, ConcurrentJoinsFormOneGeneration) {
   }
   EXPECT_EQ(ranks, (std::set<int>{0, 1, 2, 3}));
   EXPECT_EQ(
-      server_->service().WithCore([](Core& core) { return core.State("job"); }),
+      server_->host().Read([](const Core& core) { return core.State("job"); }),
       v1::JOB_STATE_RUNNING);
 
   // The generation is live over the wire too.
   v1::HeartbeatRequest hb;
   hb.set_job_id("job");
   hb.set_worker_id("w0");
+  hb.set_worker_secret(Secret("w0"));
   hb.set_generation(1);
   v1::HeartbeatResponse hb_response;
   grpc::ClientContext ok_context;
+  Bound(ok_context);
   ASSERT_TRUE(NewStub()->Heartbeat(&ok_context, hb, &hb_response).ok());
   EXPECT_EQ(hb_response.current_generation(), 1);
   hb.set_generation(0);
   grpc::ClientContext stale_context;
+  Bound(stale_context);
   EXPECT_EQ(NewStub()->Heartbeat(&stale_context, hb, &hb_response).error_code(),
             grpc::StatusCode::ABORTED);
 }
@@ -128,6 +147,8 @@ TEST_F(CoordinatorServiceTest, KvGetBlocksUntilAnotherThreadSets) {
   std::thread getter([&] {
     v1::KvGetRequest get;
     get.set_job_id("kv");
+    get.set_worker_id("solo");
+    get.set_worker_secret(Secret("solo"));
     get.set_generation(1);
     get.add_keys("a");
     get.add_keys("b");
@@ -143,6 +164,8 @@ TEST_F(CoordinatorServiceTest, KvGetBlocksUntilAnotherThreadSets) {
     absl::SleepFor(absl::Milliseconds(150));
     v1::KvSetRequest set;
     set.set_job_id("kv");
+    set.set_worker_id("solo");
+    set.set_worker_secret(Secret("solo"));
     set.set_generation(1);
     set.set_key(key);
     set.set_value(absl::StrCat("value-", key));
@@ -165,6 +188,8 @@ TEST_F(CoordinatorServiceTest, KvGetTimesOut) {
   ASSERT_TRUE(Join(JoinReq("kv", 1, "solo"), &joined).ok());
   v1::KvGetRequest get;
   get.set_job_id("kv");
+  get.set_worker_id("solo");
+  get.set_worker_secret(Secret("solo"));
   get.set_generation(joined.generation());
   get.add_keys("never");
   get.set_wait_timeout_ms(300);
@@ -219,14 +244,22 @@ TEST_F(CoordinatorServiceTest, ShutdownEndsBlockedJoins) {
 }
 
 TEST(CoordinatorServerTest, BadAddresses) {
-  ServerOptions no_port;
+  ServerOptions no_port = Options();
   no_port.listen_address = "127.0.0.1";
   EXPECT_EQ(Server::Start(no_port).status().code(),
             absl::StatusCode::kInvalidArgument);
 
-  auto first = Server::Start(ServerOptions{});
+  ServerOptions no_tokens;
+  EXPECT_EQ(Server::Start(no_tokens).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  ServerOptions same = Options();
+  same.operator_token = same.worker_token;
+  EXPECT_EQ(Server::Start(same).status().code(),
+            absl::StatusCode::kInvalidArgument);
+
+  auto first = Server::Start(Options());
   ASSERT_TRUE(first.ok()) << first.status();
-  ServerOptions taken;
+  ServerOptions taken = Options();
   taken.listen_address = (*first)->address();
   EXPECT_EQ(Server::Start(taken).status().code(),
             absl::StatusCode::kUnavailable);

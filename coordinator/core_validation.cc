@@ -1,0 +1,290 @@
+#include "coordinator/core_validation.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+
+namespace concord::coordinator {
+namespace {
+
+constexpr size_t kMaxIdLength = 128;
+constexpr size_t kMinSecretLength = 16;
+constexpr size_t kMaxSecretLength = 256;
+constexpr size_t kMaxHostLength = 255;
+constexpr size_t kMaxMessageLength = 4096;
+constexpr size_t kMaxKeyLength = 1024;
+constexpr size_t kMaxValueLength = 4 << 20;
+constexpr int kMaxKeys = 4096;
+constexpr int64_t kMaxHeartbeatIntervalMs = 3600 * 1000;
+constexpr int64_t kMaxHeartbeatTimeoutMs = 24 * 3600 * 1000;
+constexpr int64_t kMaxRendezvousTimeoutMs = 7LL * 24 * 3600 * 1000;
+constexpr int64_t kDefaultHeartbeatIntervalMs = 1000;
+constexpr int64_t kDefaultHeartbeatTimeoutMs = 10000;
+constexpr int64_t kDefaultRendezvousTimeoutMs = 300000;
+constexpr int64_t kDefaultSettleMs = 2000;
+
+absl::Status Invalid(const char* field, const std::string& rule) {
+  return absl::InvalidArgumentError(absl::StrCat(field, " ", rule));
+}
+
+absl::Status ValidateSecret(const std::string& secret) {
+  if (secret.size() < kMinSecretLength || secret.size() > kMaxSecretLength) {
+    return Invalid(
+        "worker_secret",
+        absl::StrFormat("must have %d to %d characters; got %d",
+                        kMinSecretLength, kMaxSecretLength, secret.size()));
+  }
+  for (char c : secret) {
+    if (c < '!' || c > '~') {
+      return Invalid("worker_secret", "must be printable ASCII");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateCaller(const std::string& job_id,
+                            const std::string& worker_id,
+                            const std::string& secret) {
+  CONCORD_RETURN_IF_ERROR(ValidateId("job_id", job_id));
+  CONCORD_RETURN_IF_ERROR(ValidateId("worker_id", worker_id));
+  return ValidateSecret(secret);
+}
+
+absl::Status MaxLength(const char* field, const std::string& s, size_t max) {
+  if (s.size() <= max) return absl::OkStatus();
+  return Invalid(field,
+                 absl::StrFormat("is %d bytes; at most %d", s.size(), max));
+}
+
+absl::Status NonNegative(const char* field, int64_t v) {
+  if (v >= 0) return absl::OkStatus();
+  return Invalid(field, absl::StrCat("must not be negative; got ", v));
+}
+
+absl::Status FiniteNonNegative(const char* field, double v) {
+  if (std::isfinite(v) && v >= 0) return absl::OkStatus();
+  return Invalid(field, absl::StrCat("must be finite and >= 0; got ", v));
+}
+
+absl::Status ValidateWait(int64_t ms) {
+  if (ms >= 0 && ms <= kMaxWaitMs) return absl::OkStatus();
+  return Invalid("wait_timeout_ms",
+                 absl::StrFormat("must be in [0, %d]; got %d", kMaxWaitMs, ms));
+}
+
+absl::Status ValidateKey(const std::string& key) {
+  if (key.empty()) return Invalid("key", "is empty");
+  return MaxLength("key", key, kMaxKeyLength);
+}
+
+absl::Status ValidateGeneration(int64_t generation) {
+  return NonNegative("generation", generation);
+}
+
+}  // namespace
+
+absl::Status ValidateId(const char* field, const std::string& id) {
+  if (id.empty()) return Invalid(field, "is empty");
+  if (id.size() > kMaxIdLength) {
+    return Invalid(field, absl::StrFormat("is %d characters; at most %d",
+                                          id.size(), kMaxIdLength));
+  }
+  if (id[0] == '.') return Invalid(field, "must not start with '.'");
+  for (char c : id) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+                    (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+                    c == '-' || c == ':';
+    if (!ok) {
+      return Invalid(field, "may only contain letters, digits and . _ : -");
+    }
+  }
+  return absl::OkStatus();
+}
+
+v1::JobSpec WithDefaults(v1::JobSpec spec) {
+  if (spec.heartbeat_interval_ms() == 0) {
+    spec.set_heartbeat_interval_ms(kDefaultHeartbeatIntervalMs);
+  }
+  if (spec.heartbeat_timeout_ms() == 0) {
+    spec.set_heartbeat_timeout_ms(kDefaultHeartbeatTimeoutMs);
+  }
+  if (spec.rendezvous_timeout_ms() == 0) {
+    spec.set_rendezvous_timeout_ms(kDefaultRendezvousTimeoutMs);
+  }
+  if (spec.settle_ms() == 0) {
+    spec.set_settle_ms(
+        std::min(kDefaultSettleMs, spec.rendezvous_timeout_ms() / 2));
+  }
+  return spec;
+}
+
+absl::Status ValidateSpec(const v1::JobSpec& spec) {
+  auto field = [](const char* name) { return absl::StrCat("spec.", name); };
+  if (absl::Status s = ValidateId("spec.job_id", spec.job_id()); !s.ok()) {
+    return s;
+  }
+  if (spec.min_workers() < 1 || spec.min_workers() > spec.max_workers() ||
+      spec.max_workers() > kMaxWorkersPerJob) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "need 1 <= min_workers <= max_workers <= %d; got min_workers %d, "
+        "max_workers %d",
+        kMaxWorkersPerJob, spec.min_workers(), spec.max_workers()));
+  }
+  if (spec.heartbeat_interval_ms() <= 0 ||
+      spec.heartbeat_interval_ms() > kMaxHeartbeatIntervalMs) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("heartbeat_interval_ms must be in [1, %d]; got %d",
+                        kMaxHeartbeatIntervalMs, spec.heartbeat_interval_ms()));
+  }
+  if (spec.heartbeat_timeout_ms() <= spec.heartbeat_interval_ms() ||
+      spec.heartbeat_timeout_ms() > kMaxHeartbeatTimeoutMs) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "heartbeat_timeout_ms (%d) must exceed heartbeat_interval_ms (%d) and "
+        "be at most %d",
+        spec.heartbeat_timeout_ms(), spec.heartbeat_interval_ms(),
+        kMaxHeartbeatTimeoutMs));
+  }
+  if (spec.rendezvous_timeout_ms() <= 0 ||
+      spec.rendezvous_timeout_ms() > kMaxRendezvousTimeoutMs) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("rendezvous_timeout_ms must be in [1, %d]; got %d",
+                        kMaxRendezvousTimeoutMs, spec.rendezvous_timeout_ms()));
+  }
+  if (spec.settle_ms() < 0 ||
+      spec.settle_ms() >= spec.rendezvous_timeout_ms()) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s must be in [0, rendezvous_timeout_ms (%d)); got %d",
+        field("settle_ms"), spec.rendezvous_timeout_ms(), spec.settle_ms()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CompareSpecs(const v1::JobSpec& job, const v1::JobSpec& got) {
+  auto differs = [&](const char* field, int64_t have, int64_t want) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "spec.%s differs from job %s: job has %d, request has %d", field,
+        job.job_id(), have, want));
+  };
+  if (job.min_workers() != got.min_workers()) {
+    return differs("min_workers", job.min_workers(), got.min_workers());
+  }
+  if (job.max_workers() != got.max_workers()) {
+    return differs("max_workers", job.max_workers(), got.max_workers());
+  }
+  if (job.heartbeat_interval_ms() != got.heartbeat_interval_ms()) {
+    return differs("heartbeat_interval_ms", job.heartbeat_interval_ms(),
+                   got.heartbeat_interval_ms());
+  }
+  if (job.heartbeat_timeout_ms() != got.heartbeat_timeout_ms()) {
+    return differs("heartbeat_timeout_ms", job.heartbeat_timeout_ms(),
+                   got.heartbeat_timeout_ms());
+  }
+  if (job.rendezvous_timeout_ms() != got.rendezvous_timeout_ms()) {
+    return differs("rendezvous_timeout_ms", job.rendezvous_timeout_ms(),
+                   got.rendezvous_timeout_ms());
+  }
+  if (job.settle_ms() != got.settle_ms()) {
+    return differs("settle_ms", job.settle_ms(), got.settle_ms());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateRequest(const v1::JoinRequest& r) {
+  CONCORD_RETURN_IF_ERROR(ValidateId("worker_id", r.worker_id()));
+  CONCORD_RETURN_IF_ERROR(ValidateSecret(r.worker_secret()));
+  CONCORD_RETURN_IF_ERROR(MaxLength("host", r.host(), kMaxHostLength));
+  CONCORD_RETURN_IF_ERROR(NonNegative("committed_step", r.committed_step()));
+  return ValidateWait(r.wait_timeout_ms());
+}
+
+absl::Status ValidateRequest(const v1::HeartbeatRequest& r) {
+  CONCORD_RETURN_IF_ERROR(
+      ValidateCaller(r.job_id(), r.worker_id(), r.worker_secret()));
+  CONCORD_RETURN_IF_ERROR(ValidateGeneration(r.generation()));
+  CONCORD_RETURN_IF_ERROR(NonNegative("step", r.step()));
+  CONCORD_RETURN_IF_ERROR(
+      FiniteNonNegative("samples_per_second", r.samples_per_second()));
+  const v1::DdpTimings& d = r.ddp();
+  CONCORD_RETURN_IF_ERROR(FiniteNonNegative("ddp.step_ms", d.step_ms()));
+  CONCORD_RETURN_IF_ERROR(FiniteNonNegative("ddp.forward_ms", d.forward_ms()));
+  CONCORD_RETURN_IF_ERROR(
+      FiniteNonNegative("ddp.backward_ms", d.backward_ms()));
+  CONCORD_RETURN_IF_ERROR(
+      FiniteNonNegative("ddp.allreduce_wait_ms", d.allreduce_wait_ms()));
+  CONCORD_RETURN_IF_ERROR(
+      FiniteNonNegative("ddp.optimizer_ms", d.optimizer_ms()));
+  return NonNegative("ddp.buckets", d.buckets());
+}
+
+absl::Status ValidateRequest(const v1::LeaveRequest& r) {
+  CONCORD_RETURN_IF_ERROR(
+      ValidateCaller(r.job_id(), r.worker_id(), r.worker_secret()));
+  CONCORD_RETURN_IF_ERROR(ValidateGeneration(r.generation()));
+  if (!v1::LeaveReason_IsValid(r.reason())) {
+    return Invalid("reason",
+                   absl::StrCat("is not a LeaveReason: ", r.reason()));
+  }
+  return MaxLength("message", r.message(), kMaxMessageLength);
+}
+
+absl::Status ValidateRequest(const v1::KvSetRequest& r) {
+  CONCORD_RETURN_IF_ERROR(
+      ValidateCaller(r.job_id(), r.worker_id(), r.worker_secret()));
+  CONCORD_RETURN_IF_ERROR(ValidateGeneration(r.generation()));
+  CONCORD_RETURN_IF_ERROR(ValidateKey(r.key()));
+  return MaxLength("value", r.value(), kMaxValueLength);
+}
+
+absl::Status ValidateRequest(const v1::KvGetRequest& r) {
+  CONCORD_RETURN_IF_ERROR(
+      ValidateCaller(r.job_id(), r.worker_id(), r.worker_secret()));
+  CONCORD_RETURN_IF_ERROR(ValidateGeneration(r.generation()));
+  if (r.keys_size() == 0 || r.keys_size() > kMaxKeys) {
+    return Invalid("keys", absl::StrFormat("must hold 1 to %d keys; got %d",
+                                           kMaxKeys, r.keys_size()));
+  }
+  for (const std::string& key : r.keys()) {
+    CONCORD_RETURN_IF_ERROR(ValidateKey(key));
+  }
+  return ValidateWait(r.wait_timeout_ms());
+}
+
+absl::Status ValidateRequest(const v1::WatchMembershipRequest& r) {
+  return ValidateCaller(r.job_id(), r.worker_id(), r.worker_secret());
+}
+
+absl::Status ValidateRequest(const v1::EndOfDataRequest& r) {
+  CONCORD_RETURN_IF_ERROR(
+      ValidateCaller(r.job_id(), r.worker_id(), r.worker_secret()));
+  CONCORD_RETURN_IF_ERROR(ValidateGeneration(r.generation()));
+  return NonNegative("last_step", r.last_step());
+}
+
+absl::Status ValidateRequest(const v1::GetJobRequest& r) {
+  return ValidateId("job_id", r.job_id());
+}
+
+absl::Status ValidateRequest(const v1::ListEventsRequest& r) {
+  CONCORD_RETURN_IF_ERROR(ValidateId("job_id", r.job_id()));
+  CONCORD_RETURN_IF_ERROR(NonNegative("after_seq", r.after_seq()));
+  if (r.limit() < 0 || r.limit() > 1000) {
+    return Invalid("limit",
+                   absl::StrCat("must be in [0, 1000]; got ", r.limit()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateRequest(const v1::DrainWorkerRequest& r) {
+  CONCORD_RETURN_IF_ERROR(ValidateId("job_id", r.job_id()));
+  CONCORD_RETURN_IF_ERROR(ValidateId("worker_id", r.worker_id()));
+  return MaxLength("reason", r.reason(), kMaxMessageLength);
+}
+
+absl::Status ValidateRequest(const v1::StopJobRequest& r) {
+  CONCORD_RETURN_IF_ERROR(ValidateId("job_id", r.job_id()));
+  return MaxLength("reason", r.reason(), kMaxMessageLength);
+}
+
+}  // namespace concord::coordinator

@@ -1,0 +1,47 @@
+#pragma once
+// Request validation for the coordinator core: every field of every request
+// is checked before anything changes. Each function returns OK or
+// INVALID_ARGUMENT naming the field and the rule.
+//
+// Rules: job and worker ids are 1-128 characters of [A-Za-z0-9._:-] and do
+// not start with '.'; worker secrets 16-256 printable ASCII characters;
+// hosts at most 255 bytes; messages and reasons at most 4096 bytes; keys
+// 1-1024 bytes, values at most 4 MiB, at most 4096 keys per KvGet; steps and
+// generations non-negative; rates and timings finite and non-negative; waits
+// at most 1 h. Spec limits are in ValidateSpec.
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "concord/v1/operator.pb.h"
+#include "concord/v1/worker.pb.h"
+
+namespace concord::coordinator {
+
+inline constexpr int32_t kMaxWorkersPerJob = 4096;
+inline constexpr int64_t kMaxWaitMs = 3600 * 1000;
+
+absl::Status ValidateId(const char* field, const std::string& id);
+
+// The spec with zero durations replaced by their defaults.
+v1::JobSpec WithDefaults(v1::JobSpec spec);
+// Checks a spec with defaults applied.
+absl::Status ValidateSpec(const v1::JobSpec& spec);
+// FAILED_PRECONDITION naming the first field where `got` differs from the
+// job's spec (both with defaults applied).
+absl::Status CompareSpecs(const v1::JobSpec& job, const v1::JobSpec& got);
+
+// The spec is checked by the caller, after defaults.
+absl::Status ValidateRequest(const v1::JoinRequest& r);
+absl::Status ValidateRequest(const v1::HeartbeatRequest& r);
+absl::Status ValidateRequest(const v1::LeaveRequest& r);
+absl::Status ValidateRequest(const v1::KvSetRequest& r);
+absl::Status ValidateRequest(const v1::KvGetRequest& r);
+absl::Status ValidateRequest(const v1::WatchMembershipRequest& r);
+absl::Status ValidateRequest(const v1::EndOfDataRequest& r);
+absl::Status ValidateRequest(const v1::GetJobRequest& r);
+absl::Status ValidateRequest(const v1::ListEventsRequest& r);
+absl::Status ValidateRequest(const v1::DrainWorkerRequest& r);
+absl::Status ValidateRequest(const v1::StopJobRequest& r);
+
+}  // namespace concord::coordinator

@@ -1,0 +1,310 @@
+// The core's operator views, admin actions (drain, stop), the workers'
+// membership view, and persistence (export/restore of job records).
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+#include "coordinator/core.h"
+#include "coordinator/core_internal.h"
+#include "coordinator/core_validation.h"
+
+namespace concord::coordinator {
+
+using internal::FindMember;
+using internal::JobNotFound;
+
+namespace {
+
+int64_t UnixMs(absl::Time t) { return absl::ToUnixMillis(t); }
+
+v1::Event ToProto(const Event& e) {
+  v1::Event out;
+  out.set_seq(e.seq);
+  out.set_time_unix_ms(UnixMs(e.time));
+  out.set_kind(e.kind);
+  out.set_worker_id(e.worker_id);
+  out.set_message(e.message);
+  return out;
+}
+
+Event FromProto(const v1::Event& e) {
+  return Event{e.seq(), absl::FromUnixMillis(e.time_unix_ms()), e.kind(),
+               e.worker_id(), e.message()};
+}
+
+}  // namespace
+
+absl::StatusOr<v1::MembershipUpdate> Core::Membership(
+    const v1::WatchMembershipRequest& request) const {
+  CONCORD_RETURN_IF_ERROR(ValidateRequest(request));
+  const Job* job = FindJob(request.job_id());
+  if (job == nullptr) return JobNotFound(request.job_id());
+  CONCORD_RETURN_IF_ERROR(
+      CheckBinding(*job, request.worker_id(), request.worker_secret()));
+  v1::MembershipUpdate update;
+  update.set_generation(job->generation);
+  update.set_state(job->state);
+  update.set_failure(job->failure);
+  update.set_authoritative_rank(job->authoritative_rank);
+  update.set_world_size(static_cast<int32_t>(job->members.size()));
+  update.set_rank(-1);
+  for (const MemberState& m : job->members) {
+    v1::Member& out = *update.add_members();
+    out.set_worker_id(m.worker_id);
+    out.set_rank(m.rank);
+    out.set_host(m.host);
+    if (m.worker_id == request.worker_id()) {
+      update.set_is_member(true);
+      update.set_rank(m.rank);
+    }
+  }
+  if (job->boundary_step.has_value()) {
+    update.set_boundary_step(*job->boundary_step);
+    for (const MemberState& m : job->members) {
+      if (m.end_of_data_step == job->boundary_step) {
+        update.add_leaving_at_boundary(m.worker_id);
+      }
+    }
+  }
+  return update;
+}
+
+v1::MemberStatus Core::StatusOf(const MemberState& m) const {
+  v1::MemberStatus out;
+  out.set_worker_id(m.worker_id);
+  out.set_rank(m.rank);
+  out.set_host(m.host);
+  out.set_committed_step(m.committed_step);
+  out.set_last_heartbeat_age_ms(std::max<int64_t>(
+      0, absl::ToInt64Milliseconds(clock_->Now() - m.last_heartbeat)));
+  out.set_samples_per_second(m.samples_per_second);
+  *out.mutable_ddp() = m.ddp;
+  out.set_completed(m.completed);
+  if (m.end_of_data_step.has_value()) {
+    out.set_end_of_data_step(*m.end_of_data_step);
+  }
+  return out;
+}
+
+v1::ListJobsResponse Core::ListJobs() const {
+  v1::ListJobsResponse response;
+  for (const auto& [id, job] : jobs_) {
+    v1::JobSummary& s = *response.add_jobs();
+    s.set_job_id(id);
+    s.set_state(job.state);
+    s.set_generation(job.generation);
+    s.set_world_size(static_cast<int32_t>(job.members.size()));
+    s.set_waiting(static_cast<int32_t>(job.waiting.size()));
+    s.set_min_workers(job.spec.min_workers());
+    s.set_max_workers(job.spec.max_workers());
+    s.set_failure(job.failure);
+  }
+  return response;
+}
+
+absl::StatusOr<v1::JobStatus> Core::GetJob(
+    const v1::GetJobRequest& request) const {
+  CONCORD_RETURN_IF_ERROR(ValidateRequest(request));
+  const Job* job = FindJob(request.job_id());
+  if (job == nullptr) return JobNotFound(request.job_id());
+  v1::JobStatus status;
+  *status.mutable_spec() = job->spec;
+  status.set_state(job->state);
+  status.set_failure(job->failure);
+  status.set_generation(job->generation);
+  status.set_authoritative_rank(job->authoritative_rank);
+  for (const MemberState& m : job->members) {
+    *status.add_members() = StatusOf(m);
+  }
+  for (const MemberState& m : job->waiting) {
+    *status.add_waiting() = StatusOf(m);
+  }
+  if (job->boundary_step.has_value()) {
+    status.set_boundary_step(*job->boundary_step);
+  }
+  const size_t first = job->events.size() > internal::kRecentEvents
+                           ? job->events.size() - internal::kRecentEvents
+                           : 0;
+  for (size_t i = first; i < job->events.size(); ++i) {
+    *status.add_recent_events() = ToProto(job->events[i]);
+  }
+  return status;
+}
+
+absl::StatusOr<v1::ListEventsResponse> Core::ListEvents(
+    const v1::ListEventsRequest& request) const {
+  CONCORD_RETURN_IF_ERROR(ValidateRequest(request));
+  const Job* job = FindJob(request.job_id());
+  if (job == nullptr) return JobNotFound(request.job_id());
+  const int limit = request.limit() == 0 ? 100 : request.limit();
+  v1::ListEventsResponse response;
+  auto it = std::upper_bound(
+      job->events.begin(), job->events.end(), request.after_seq(),
+      [](int64_t seq, const Event& e) { return seq < e.seq; });
+  for (; it != job->events.end() && response.events_size() < limit; ++it) {
+    *response.add_events() = ToProto(*it);
+  }
+  return response;
+}
+
+absl::StatusOr<v1::DrainWorkerResponse> Core::DrainWorker(
+    const v1::DrainWorkerRequest& request) {
+  CONCORD_RETURN_IF_ERROR(ValidateRequest(request));
+  Job* job = FindJob(request.job_id());
+  if (job == nullptr) return JobNotFound(request.job_id());
+  CONCORD_RETURN_IF_ERROR(EndedError(*job));
+  const std::string& worker_id = request.worker_id();
+  const std::string why =
+      request.reason().empty()
+          ? std::string("drained by an operator")
+          : absl::StrCat("drained by an operator: ", request.reason());
+  v1::DrainWorkerResponse response;
+  auto waiting = FindMember(job->waiting, worker_id);
+  const bool member = FindMember(job->members, worker_id) != job->members.end();
+  if (waiting == job->waiting.end() && !member &&
+      job->bindings.count(worker_id) == 0) {
+    return absl::NotFoundError(absl::StrFormat("worker %s is not in job %s",
+                                               worker_id, request.job_id()));
+  }
+  job->drained.insert(worker_id);
+  job->bindings.erase(worker_id);
+  AddEvent(*job, "drain", worker_id, why);
+  if (waiting != job->waiting.end()) job->waiting.erase(waiting);
+  if (member) {
+    response.set_ended_generation(job->generation);
+    EndGeneration(*job, absl::StrCat("worker ", worker_id, " ", why));
+  }
+  Changed(*job);
+  return response;
+}
+
+absl::StatusOr<v1::StopJobResponse> Core::StopJob(
+    const v1::StopJobRequest& request) {
+  CONCORD_RETURN_IF_ERROR(ValidateRequest(request));
+  Job* job = FindJob(request.job_id());
+  if (job == nullptr) return JobNotFound(request.job_id());
+  v1::StopJobResponse response;
+  if (!Ended(*job)) {
+    job->state = v1::JOB_STATE_STOPPED;
+    job->failure =
+        request.reason().empty()
+            ? std::string("stopped by an operator")
+            : absl::StrCat("stopped by an operator: ", request.reason());
+    job->waiting.clear();
+    job->kv.clear();
+    job->boundary_step.reset();
+    AddEvent(*job, "stop", "", job->failure);
+    Changed(*job);
+  }
+  response.set_state(job->state);
+  return response;
+}
+
+std::optional<v1::JobRecord> Core::ExportJob(const std::string& job_id) const {
+  const Job* job = FindJob(job_id);
+  if (job == nullptr) return std::nullopt;
+  auto member_record = [](const MemberState& m) {
+    v1::MemberRecord r;
+    r.set_worker_id(m.worker_id);
+    r.set_host(m.host);
+    r.set_committed_step(m.committed_step);
+    r.set_joined_unix_ms(UnixMs(m.joined));
+    r.set_rank(m.rank);
+    r.set_completed(m.completed);
+    if (m.end_of_data_step.has_value()) {
+      r.set_end_of_data_step(*m.end_of_data_step);
+    }
+    r.set_samples_per_second(m.samples_per_second);
+    return r;
+  };
+  v1::JobRecord record;
+  *record.mutable_spec() = job->spec;
+  record.set_state(job->state);
+  record.set_failure(job->failure);
+  record.set_generation(job->generation);
+  record.set_authoritative_rank(job->authoritative_rank);
+  for (const MemberState& m : job->members) {
+    *record.add_members() = member_record(m);
+  }
+  for (const MemberState& m : job->waiting) {
+    *record.add_waiting() = member_record(m);
+  }
+  for (const auto& [k, v] : job->kv) (*record.mutable_kv())[k] = v;
+  for (const Event& e : job->events) *record.add_events() = ToProto(e);
+  record.set_next_event_seq(job->next_event_seq);
+  for (const auto& [w, s] : job->bindings) (*record.mutable_bindings())[w] = s;
+  for (const std::string& w : job->drained) record.add_drained(w);
+  if (job->boundary_step.has_value()) {
+    record.set_boundary_step(*job->boundary_step);
+  }
+  return record;
+}
+
+absl::Status Core::RestoreJob(const v1::JobRecord& record) {
+  CONCORD_RETURN_IF_ERROR(ValidateSpec(record.spec()));
+  if (record.generation() < 0 || !v1::JobState_IsValid(record.state()) ||
+      record.state() == v1::JOB_STATE_UNSPECIFIED) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job record ", record.spec().job_id(), " has a bad generation/state"));
+  }
+  const absl::Time now = clock_->Now();
+  Job job;
+  job.spec = record.spec();
+  job.state = record.state();
+  job.failure = record.failure();
+  job.generation = record.generation();
+  job.authoritative_rank = record.authoritative_rank();
+  auto restore_member = [&](const v1::MemberRecord& r) {
+    MemberState m;
+    m.worker_id = r.worker_id();
+    m.host = r.host();
+    m.committed_step = r.committed_step();
+    m.joined = absl::FromUnixMillis(r.joined_unix_ms());
+    m.last_heartbeat = now;  // a full timeout to reconnect
+    m.rank = r.rank();
+    m.completed = r.completed();
+    if (r.has_end_of_data_step()) m.end_of_data_step = r.end_of_data_step();
+    m.samples_per_second = r.samples_per_second();
+    return m;
+  };
+  for (const auto& r : record.members()) {
+    job.members.push_back(restore_member(r));
+  }
+  for (const auto& r : record.waiting()) {
+    job.waiting.push_back(restore_member(r));
+  }
+  for (size_t i = 0; i < job.members.size(); ++i) {
+    if (job.members[i].rank != static_cast<int32_t>(i)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "job record ", record.spec().job_id(), ": ranks out of order"));
+    }
+  }
+  job.rendezvous_started = now;
+  job.last_arrival = now;
+  job.kv.insert(record.kv().begin(), record.kv().end());
+  for (const v1::Event& e : record.events()) {
+    job.events.push_back(FromProto(e));
+  }
+  job.next_event_seq =
+      std::max<int64_t>(record.next_event_seq(),
+                        job.events.empty() ? 1 : job.events.back().seq + 1);
+  job.bindings.insert(record.bindings().begin(), record.bindings().end());
+  job.drained.insert(record.drained().begin(), record.drained().end());
+  if (record.has_boundary_step()) job.boundary_step = record.boundary_step();
+
+  Job* existing = FindJob(record.spec().job_id());
+  if (existing != nullptr && existing->generation > job.generation) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "job %s: the record's generation %d is behind the current %d",
+        record.spec().job_id(), job.generation, existing->generation));
+  }
+  jobs_[record.spec().job_id()] = std::move(job);
+  ++version_;
+  ++membership_version_;
+  return absl::OkStatus();
+}
+
+}  // namespace concord::coordinator

@@ -1,0 +1,362 @@
+// concordctl: the operator's command line for a coordinator.
+//
+//   concordctl --endpoint HOST:PORT --token-file F [-o table|json] COMMAND
+//     jobs                      every job, one line each
+//     status [JOB]              one job in detail (without JOB: as `jobs`)
+//     events JOB [--after N] [--limit N]
+//     drain JOB WORKER [--reason TEXT]
+//     stop JOB [--reason TEXT]
+//
+// The token comes from --token-file or CONCORD_TOKEN_FILE (an operator
+// token). Output: a table by default; `-o json` prints one JSON object whose
+// field names are documented in docs/operators.md and never change meaning.
+// Exit status: 0 on success, 1 when the coordinator refuses or cannot be
+// reached (one line on stderr naming the gRPC code), 2 for bad flags.
+
+#include <grpcpp/grpcpp.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/auth.h"
+#include "common/grpc_status.h"
+#include "concord/v1/operator.grpc.pb.h"
+
+namespace {
+
+using json = nlohmann::ordered_json;
+namespace v1 = concord::v1;
+
+constexpr int kUsageError = 2;
+constexpr int kCallError = 1;
+
+struct Flags {
+  std::string endpoint = "127.0.0.1:7070";
+  std::string token_file;
+  std::string output = "table";
+  int64_t timeout_ms = 10000;
+  std::string job;
+  std::string worker;
+  std::string reason;
+  int64_t after = 0;
+  int limit = 100;
+};
+
+std::string StateName(v1::JobState state) {
+  std::string name = v1::JobState_Name(state);
+  const std::string prefix = "JOB_STATE_";
+  if (name.rfind(prefix, 0) == 0) name = name.substr(prefix.size());
+  return name;
+}
+
+std::string FormatTime(int64_t unix_ms) {
+  return absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::FromUnixMillis(unix_ms),
+                          absl::UTCTimeZone());
+}
+
+json EventJson(const v1::Event& e) {
+  return json{{"seq", e.seq()},
+              {"time", FormatTime(e.time_unix_ms())},
+              {"time_unix_ms", e.time_unix_ms()},
+              {"kind", e.kind()},
+              {"worker_id", e.worker_id()},
+              {"message", e.message()}};
+}
+
+json MemberJson(const v1::MemberStatus& m) {
+  json j{{"worker_id", m.worker_id()},
+         {"rank", m.rank()},
+         {"host", m.host()},
+         {"committed_step", m.committed_step()},
+         {"last_heartbeat_age_ms", m.last_heartbeat_age_ms()},
+         {"samples_per_second", m.samples_per_second()},
+         {"completed", m.completed()},
+         {"end_of_data_step", nullptr},
+         {"ddp",
+          {{"step_ms", m.ddp().step_ms()},
+           {"forward_ms", m.ddp().forward_ms()},
+           {"backward_ms", m.ddp().backward_ms()},
+           {"allreduce_wait_ms", m.ddp().allreduce_wait_ms()},
+           {"optimizer_ms", m.ddp().optimizer_ms()},
+           {"buckets", m.ddp().buckets()}}}};
+  if (m.has_end_of_data_step()) j["end_of_data_step"] = m.end_of_data_step();
+  return j;
+}
+
+json SummaryJson(const v1::JobSummary& s) {
+  return json{
+      {"job_id", s.job_id()},           {"state", StateName(s.state())},
+      {"generation", s.generation()},   {"world_size", s.world_size()},
+      {"waiting", s.waiting()},         {"min_workers", s.min_workers()},
+      {"max_workers", s.max_workers()}, {"failure", s.failure()}};
+}
+
+json StatusJson(const v1::JobStatus& s) {
+  json j{{"job_id", s.spec().job_id()},
+         {"state", StateName(s.state())},
+         {"failure", s.failure()},
+         {"generation", s.generation()},
+         {"authoritative_rank", s.authoritative_rank()},
+         {"min_workers", s.spec().min_workers()},
+         {"max_workers", s.spec().max_workers()},
+         {"boundary_step", nullptr},
+         {"members", json::array()},
+         {"waiting", json::array()},
+         {"recent_events", json::array()}};
+  if (s.has_boundary_step()) j["boundary_step"] = s.boundary_step();
+  for (const auto& m : s.members()) j["members"].push_back(MemberJson(m));
+  for (const auto& m : s.waiting()) j["waiting"].push_back(MemberJson(m));
+  for (const auto& e : s.recent_events()) {
+    j["recent_events"].push_back(EventJson(e));
+  }
+  return j;
+}
+
+// Left-aligned columns separated by two spaces.
+void PrintTable(const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> width;
+  for (const auto& row : rows) {
+    if (width.size() < row.size()) width.resize(row.size(), 0);
+    for (size_t i = 0; i < row.size(); ++i) {
+      width[i] = std::max(width[i], row[i].size());
+    }
+  }
+  for (const auto& row : rows) {
+    std::string line;
+    for (size_t i = 0; i < row.size(); ++i) {
+      line += row[i];
+      if (i + 1 < row.size())
+        line += std::string(width[i] - row[i].size() + 2, ' ');
+    }
+    std::cout << line << "\n";
+  }
+}
+
+std::string Age(int64_t ms) { return absl::StrFormat("%.1fs", ms / 1000.0); }
+
+void PrintJobsTable(const v1::ListJobsResponse& r) {
+  std::vector<std::vector<std::string>> rows = {{"JOB", "STATE", "GENERATION",
+                                                 "MEMBERS", "WAITING", "MIN",
+                                                 "MAX", "FAILURE"}};
+  for (const auto& s : r.jobs()) {
+    rows.push_back({s.job_id(), StateName(s.state()),
+                    absl::StrCat(s.generation()), absl::StrCat(s.world_size()),
+                    absl::StrCat(s.waiting()), absl::StrCat(s.min_workers()),
+                    absl::StrCat(s.max_workers()), s.failure()});
+  }
+  PrintTable(rows);
+}
+
+void PrintEventsTable(const google::protobuf::RepeatedPtrField<v1::Event>& es) {
+  std::vector<std::vector<std::string>> rows = {
+      {"SEQ", "TIME", "KIND", "WORKER", "MESSAGE"}};
+  for (const auto& e : es) {
+    rows.push_back({absl::StrCat(e.seq()), FormatTime(e.time_unix_ms()),
+                    e.kind(), e.worker_id(), e.message()});
+  }
+  PrintTable(rows);
+}
+
+void PrintStatusTable(const v1::JobStatus& s) {
+  std::cout << "job " << s.spec().job_id() << ": " << StateName(s.state())
+            << ", generation " << s.generation() << ", " << s.members_size()
+            << " member(s) (min " << s.spec().min_workers() << ", max "
+            << s.spec().max_workers() << "), " << s.waiting_size()
+            << " waiting, authoritative rank " << s.authoritative_rank();
+  if (s.has_boundary_step()) {
+    std::cout << ", end-of-data boundary at step " << s.boundary_step();
+  }
+  std::cout << "\n";
+  if (!s.failure().empty()) std::cout << "reason: " << s.failure() << "\n";
+  std::vector<std::vector<std::string>> rows = {
+      {"RANK", "WORKER", "HOST", "STEP", "HEARTBEAT", "SAMPLES/S", "STEP_MS",
+       "ALLREDUCE_MS", "NOTE"}};
+  auto add = [&](const v1::MemberStatus& m, bool waiting) {
+    std::string note = waiting ? "waiting" : "";
+    if (m.rank() == s.authoritative_rank() && !waiting) note = "authoritative";
+    if (m.completed()) note = "completed";
+    if (m.has_end_of_data_step()) {
+      note = absl::StrCat(note, note.empty() ? "" : ", ", "data ends at ",
+                          m.end_of_data_step());
+    }
+    rows.push_back(
+        {waiting ? "-" : absl::StrCat(m.rank()), m.worker_id(), m.host(),
+         absl::StrCat(m.committed_step()), Age(m.last_heartbeat_age_ms()),
+         absl::StrFormat("%.1f", m.samples_per_second()),
+         absl::StrFormat("%.1f", m.ddp().step_ms()),
+         absl::StrFormat("%.1f", m.ddp().allreduce_wait_ms()), note});
+  };
+  for (const auto& m : s.members()) add(m, false);
+  for (const auto& m : s.waiting()) add(m, true);
+  std::cout << "\n";
+  PrintTable(rows);
+  std::cout << "\nrecent events:\n";
+  PrintEventsTable(s.recent_events());
+}
+
+[[noreturn]] void Fail(const grpc::Status& status) {
+  const absl::Status s = concord::FromGrpcStatus(status);
+  std::cerr << "concordctl: " << absl::StatusCodeToString(s.code()) << ": "
+            << s.message() << "\n";
+  std::exit(kCallError);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags f;
+  CLI::App app{"Operator CLI of a Concord coordinator", "concordctl"};
+  app.require_subcommand(1);
+  app.add_option("--endpoint", f.endpoint, "Coordinator HOST:PORT")
+      ->capture_default_str();
+  app.add_option("--token-file", f.token_file,
+                 "Operator token file (default $CONCORD_TOKEN_FILE)");
+  app.add_option("-o,--output", f.output, "table or json")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"table", "json"}));
+  app.add_option("--timeout-ms", f.timeout_ms, "Deadline of the call")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  CLI::App* jobs = app.add_subcommand("jobs", "List jobs");
+  CLI::App* status = app.add_subcommand("status", "Show one job (or all)");
+  status->add_option("job", f.job, "Job id");
+  CLI::App* events = app.add_subcommand("events", "A job's events");
+  events->add_option("job", f.job, "Job id")->required();
+  events->add_option("--after", f.after, "Only events after this seq")
+      ->check(CLI::NonNegativeNumber);
+  events->add_option("--limit", f.limit, "At most this many (1-1000)")
+      ->check(CLI::Range(1, 1000));
+  CLI::App* drain = app.add_subcommand("drain", "Remove a worker from a job");
+  drain->add_option("job", f.job, "Job id")->required();
+  drain->add_option("worker", f.worker, "Worker id")->required();
+  drain->add_option("--reason", f.reason, "Why (recorded in the events)");
+  CLI::App* stop = app.add_subcommand("stop", "Stop a job");
+  stop->add_option("job", f.job, "Job id")->required();
+  stop->add_option("--reason", f.reason, "Why (recorded in the events)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::string message = e.what();
+    std::replace(message.begin(), message.end(), '\n', ' ');
+    std::fprintf(stderr, "concordctl: %s\n", message.c_str());
+    return kUsageError;
+  }
+  if (f.token_file.empty()) {
+    const char* env = std::getenv("CONCORD_TOKEN_FILE");
+    if (env != nullptr) f.token_file = env;
+  }
+  if (f.token_file.empty()) {
+    std::fprintf(stderr,
+                 "concordctl: --token-file F (or CONCORD_TOKEN_FILE) is "
+                 "required\n");
+    return kUsageError;
+  }
+  auto token = concord::ReadTokenFile(f.token_file);
+  if (!token.ok()) {
+    std::fprintf(stderr, "concordctl: %s\n",
+                 std::string(token.status().message()).c_str());
+    return kUsageError;
+  }
+
+  auto stub = v1::OperatorService::NewStub(
+      grpc::CreateChannel(f.endpoint, grpc::InsecureChannelCredentials()));
+  auto context = [&] {
+    auto c = std::make_unique<grpc::ClientContext>();
+    c->set_deadline(std::chrono::system_clock::now() +
+                    std::chrono::milliseconds(f.timeout_ms));
+    concord::AddBearerToken(*c, *token);
+    return c;
+  };
+  const bool as_json = f.output == "json";
+
+  if (jobs->parsed() || (status->parsed() && f.job.empty())) {
+    v1::ListJobsResponse r;
+    grpc::Status s = stub->ListJobs(context().get(), {}, &r);
+    if (!s.ok()) Fail(s);
+    if (as_json) {
+      json j{{"jobs", json::array()}};
+      for (const auto& job : r.jobs()) j["jobs"].push_back(SummaryJson(job));
+      std::cout << j.dump(2) << "\n";
+    } else {
+      PrintJobsTable(r);
+    }
+  } else if (status->parsed()) {
+    v1::GetJobRequest req;
+    req.set_job_id(f.job);
+    v1::JobStatus r;
+    grpc::Status s = stub->GetJob(context().get(), req, &r);
+    if (!s.ok()) Fail(s);
+    if (as_json) {
+      std::cout << StatusJson(r).dump(2) << "\n";
+    } else {
+      PrintStatusTable(r);
+    }
+  } else if (events->parsed()) {
+    v1::ListEventsRequest req;
+    req.set_job_id(f.job);
+    req.set_after_seq(f.after);
+    req.set_limit(f.limit);
+    v1::ListEventsResponse r;
+    grpc::Status s = stub->ListEvents(context().get(), req, &r);
+    if (!s.ok()) Fail(s);
+    if (as_json) {
+      json j{{"job_id", f.job}, {"events", json::array()}};
+      for (const auto& e : r.events()) j["events"].push_back(EventJson(e));
+      std::cout << j.dump(2) << "\n";
+    } else {
+      PrintEventsTable(r.events());
+    }
+  } else if (drain->parsed()) {
+    v1::DrainWorkerRequest req;
+    req.set_job_id(f.job);
+    req.set_worker_id(f.worker);
+    req.set_reason(f.reason);
+    v1::DrainWorkerResponse r;
+    grpc::Status s = stub->DrainWorker(context().get(), req, &r);
+    if (!s.ok()) Fail(s);
+    if (as_json) {
+      std::cout << json{{"job_id", f.job},
+                        {"worker_id", f.worker},
+                        {"ended_generation", r.ended_generation()}}
+                       .dump(2)
+                << "\n";
+    } else {
+      std::cout << "drained " << f.worker << " from " << f.job;
+      if (r.ended_generation() > 0) {
+        std::cout << " (generation " << r.ended_generation() << " ended)";
+      }
+      std::cout << "\n";
+    }
+  } else if (stop->parsed()) {
+    v1::StopJobRequest req;
+    req.set_job_id(f.job);
+    req.set_reason(f.reason);
+    v1::StopJobResponse r;
+    grpc::Status s = stub->StopJob(context().get(), req, &r);
+    if (!s.ok()) Fail(s);
+    if (as_json) {
+      std::cout
+          << json{{"job_id", f.job}, {"state", StateName(r.state())}}.dump(2)
+          << "\n";
+    } else {
+      std::cout << "job " << f.job << ": " << StateName(r.state()) << "\n";
+    }
+  }
+  return 0;
+}
