@@ -157,6 +157,20 @@ concord::DdpOptions DdpOptionsFrom(const Flags& f) {
   return o;
 }
 
+// What a heartbeat tells the coordinator about the last synchronised step.
+concord::v1::DdpTimings Timings(const concord::ddp::ReducerStats& stats,
+                                double step_ms) {
+  concord::v1::DdpTimings t;
+  t.set_step_ms(step_ms);
+  t.set_forward_ms(stats.forward_compute_us / 1e3);
+  t.set_backward_ms(stats.backward_compute_us / 1e3);
+  // Communication not hidden behind backward.
+  t.set_allreduce_wait_ms(
+      std::max<int64_t>(0, stats.backward_comm_us - stats.overlap_us) / 1e3);
+  t.set_buckets(static_cast<int32_t>(stats.bucket_bytes.size()));
+  return t;
+}
+
 int64_t BatchesOf(int64_t samples, int64_t batch) {
   return (samples + batch - 1) / batch;
 }
@@ -282,11 +296,16 @@ int Train(const Flags& flags) {
       const bool step_now =
           (b + 1) % flags.grad_accum == 0 || b + 1 == steps_per_epoch;
       torch::Tensor l;
+      double optimizer_ms = 0;
       if (step_now) {
         l = concord::train::ComputeLoss(loss, (*ddp)->Forward({x}).toTensor(),
                                         y);
         l.backward();
+        const auto t_opt = std::chrono::steady_clock::now();
         optimizer.step();
+        optimizer_ms = std::chrono::duration<double, std::milli>(
+                           std::chrono::steady_clock::now() - t_opt)
+                           .count();
         optimizer.zero_grad();
       } else {
         auto no_sync = (*ddp)->NoSync();
@@ -298,6 +317,12 @@ int Train(const Flags& flags) {
       const auto t1 = std::chrono::steady_clock::now();
       step_ms.push_back(
           std::chrono::duration<double, std::milli>(t1 - t0).count());
+      if (step_now) {
+        concord::v1::DdpTimings timings =
+            Timings((*ddp)->stats(), step_ms.back());
+        timings.set_optimizer_ms(optimizer_ms);
+        s.ReportDdpTimings(timings);
+      }
       ++step;
       // Global samples of this step: every rank's batch at index b.
       for (int r = 0; r < world; ++r) {

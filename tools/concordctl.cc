@@ -219,6 +219,8 @@ int main(int argc, char** argv) {
   Flags f;
   CLI::App app{"Operator CLI of a Concord coordinator", "concordctl"};
   app.require_subcommand(1);
+  // Global options may follow the subcommand too (`status JOB -o json`).
+  app.fallthrough();
   app.add_option("--endpoint", f.endpoint, "Coordinator HOST:PORT")
       ->capture_default_str();
   app.add_option("--token-file", f.token_file,

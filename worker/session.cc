@@ -143,6 +143,11 @@ void Session::ReportProgress(int64_t step, double samples_per_second) {
   samples_per_second_.store(samples_per_second, std::memory_order_relaxed);
 }
 
+void Session::ReportDdpTimings(const v1::DdpTimings& timings) {
+  std::lock_guard<std::mutex> lock(timings_mu_);
+  timings_ = timings;
+}
+
 void Session::HeartbeatLoop(absl::Duration interval) {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {
@@ -154,6 +159,10 @@ void Session::HeartbeatLoop(absl::Duration interval) {
     request.set_step(step_.load(std::memory_order_relaxed));
     request.set_samples_per_second(
         samples_per_second_.load(std::memory_order_relaxed));
+    {
+      std::lock_guard<std::mutex> timings_lock(timings_mu_);
+      if (timings_) *request.mutable_ddp() = *timings_;
+    }
     auto response = client_->Heartbeat(std::move(request), interval);
     if (!response.ok()) {
       spdlog::warn("heartbeat: {}", response.status().ToString());

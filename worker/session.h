@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -65,6 +66,9 @@ class Session {
 
   // Progress carried by the next heartbeat. Thread-safe, cheap.
   void ReportProgress(int64_t step, double samples_per_second);
+  // DDP timings of the last step, carried by the next heartbeat (operators
+  // see them in `concordctl status`). Thread-safe.
+  void ReportDdpTimings(const v1::DdpTimings& timings);
 
   // Tells the coordinator this worker is done (or failed) and stops the
   // heartbeat. Idempotent.
@@ -84,6 +88,8 @@ class Session {
 
   std::atomic<int64_t> step_{0};
   std::atomic<double> samples_per_second_{0};
+  std::mutex timings_mu_;
+  std::optional<v1::DdpTimings> timings_;  // guarded by timings_mu_
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;

@@ -308,6 +308,12 @@ TEST_F(ProcessTest, ConcordctlTablesJsonAndErrors) {
   ASSERT_FALSE(j.is_discarded()) << jobs_json.out;
   EXPECT_EQ(j["jobs"][0]["job_id"], "j1");
   EXPECT_EQ(j["jobs"][0]["generation"], 1);
+  // The documented spelling: the output flag after the subcommand.
+  Result status_json = Run(base({"status", "j1", "-o", "json"}));
+  EXPECT_EQ(status_json.exit_status, 0) << status_json.err;
+  EXPECT_FALSE(nlohmann::json::parse(status_json.out, nullptr, false)
+                   .is_discarded())
+      << status_json.out;
   Result status = Run(base({"status", "j1"}));
   EXPECT_EQ(status.exit_status, 0);
   EXPECT_THAT(status.out, HasSubstr("authoritative"));
