@@ -12,6 +12,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -193,6 +194,30 @@ int Train(const Flags& flags) {
                                                   flags.model, flags.data);
       !s.ok()) {
     Fail(2, std::string(s.message()));
+  }
+  {
+    // Names given to DDP must exist in the model (checked again by DDP,
+    // but then on every rank after joining).
+    std::set<std::string> params, state;
+    for (const auto& p : model->named_parameters(/*recurse=*/true)) {
+      params.insert(p.name);
+      state.insert(p.name);
+    }
+    for (const auto& b : model->named_buffers(/*recurse=*/true)) {
+      state.insert(b.name);
+    }
+    for (const auto& name : flags.ignore) {
+      if (state.count(name) == 0) {
+        Fail(2, absl::StrCat("--ignore ", name, ": --model ", flags.model,
+                             " has no such parameter or buffer"));
+      }
+    }
+    for (const auto& name : flags.allreduce_trigger_params) {
+      if (params.count(name) == 0) {
+        Fail(2, absl::StrCat("--allreduce-trigger-params ", name, ": --model ",
+                             flags.model, " has no such parameter"));
+      }
+    }
   }
   concord::DdpOptions ddp_options = DdpOptionsFrom(flags);
   if (auto st = concord::DistributedDataParallel::ValidateOptions(

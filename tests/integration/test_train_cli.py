@@ -213,6 +213,30 @@ def run(args, checks, tmp):
     expect_rejection(checks, "unknown --loss", train(loss="hinge"), ["loss", "hinge"], out)
     expect_rejection(checks, "--model not given", train(drop=("--model",)), ["model"], out)
 
+    # --- DDP options: unknown values and contradictions ----------------------
+    expect_rejection(checks, "unknown --comm-hook", train(extra=["--comm-hook", "nope"]),
+                     ["comm-hook", "nope"], out)
+    expect_rejection(checks, "--comm-hook powersgd with rank 0",
+                     train(extra=["--comm-hook", "powersgd:0"]), ["powersgd:0"], out)
+    expect_rejection(checks, "--comm-hook powersgd starting before the rebuild",
+                     train(extra=["--comm-hook", "powersgd:1:1"]), ["powersgd:1:1"], out)
+    expect_rejection(checks, "--comm-hook with --predivide-factor",
+                     train(extra=["--comm-hook", "fp16", "--predivide-factor", "2"]),
+                     ["hook", "predivide"], out)
+    expect_rejection(checks, "--message-size with --bucket-cap-mb",
+                     train(extra=["--message-size", "10", "--bucket-cap-mb", "1"]),
+                     ["message-size", "bucket-cap-mb"], out)
+    expect_rejection(checks, "--delay-allreduce with trigger parameters",
+                     train(extra=["--delay-allreduce", "--allreduce-trigger-params", "x"]),
+                     ["delay_allreduce", "trigger"], out)
+    expect_rejection(checks, "--grad-accum 0", train(extra=["--grad-accum", "0"]),
+                     ["grad-accum"], out)
+    expect_rejection(checks, "--ignore an unknown name",
+                     train(extra=["--ignore", "no.such.param"]), ["no.such.param"], out)
+    expect_rejection(checks, "--allreduce-trigger-params an unknown name",
+                     train(extra=["--allreduce-trigger-params", "nope.weight"]),
+                     ["nope.weight"], out)
+
     # --- rejection through concord-run (2 workers) ---------------------------
     launch = [run_bin, "--standalone", "--nproc", "2", "--job-id", "cli-bad", "--"]
     expect_rejection(checks, "concord-run --nproc 2: missing --model file",
