@@ -7,6 +7,8 @@ Usage (Debian's python3, which has torch; build Concord first):
     /usr/bin/python3 bench/ddp_vs_pytorch.py --bin-dir build/bin
     /usr/bin/python3 bench/ddp_vs_pytorch.py --bin-dir build/bin --kind cnn --world-size 2 \
         --samples 8192 --epochs 2 --batch-size 32 --repeat 3
+    /usr/bin/python3 bench/ddp_vs_pytorch.py --bin-dir build/bin \
+        --sweep-bucket-cap-mb 1,5,25,100 --overlap
 
 What it does:
   1. Writes a fixture (tests/reference/fixtures.py): model.pt (TorchScript)
@@ -29,6 +31,24 @@ What it does:
      concord/pytorch (< 1 for step time means Concord is faster; > 1 for
      samples/s means Concord is faster), plus how far apart the two final
      models are (informational: they should agree closely).
+
+  4. With --sweep-bucket-cap-mb LIST and/or --overlap, the same for several
+     DDP configurations, and one table with a row per configuration, PyTorch
+     and Concord side by side:
+       bucket_cap_mb=C   both trainers with --bucket-cap-mb C (PyTorch's
+                         bucket_cap_mb; the first bucket stays at PyTorch's
+                         1 MiB in both)
+       overlap on        the defaults: buckets are reduced while backward
+                         goes on
+       overlap off       Concord with --delay-allreduce (apex's
+                         delay_allreduce: one allreduce per dtype after
+                         backward). PyTorch's DDP has no switch to turn the
+                         overlap off, so this row's PyTorch columns repeat its
+                         default run (marked *).
+     Columns: step time median (ms) of each and the ratio, the number of
+     buckets (after the rebuild), and the DDP logging times of the last
+     sampled iteration: backward communication and its overlap with backward
+     compute (us; PyTorch's are its _get_ddp_logging_data() averages).
 
 Timings on a shared 2-core machine are noisy: use --repeat and compare
 ratios, not absolute numbers. Not a test; not registered with ctest.
@@ -69,29 +89,53 @@ def parse_args():
     p.add_argument("--repeat", type=int, default=1, help="alternate the two trainers N times")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--timeout", type=float, default=900.0, help="per training run, seconds")
+    p.add_argument("--sweep-bucket-cap-mb", metavar="LIST",
+                   help="comma-separated bucket caps in MiB (e.g. 1,5,25,100): one row each")
+    p.add_argument("--overlap", action="store_true",
+                   help="add overlap on (defaults) / off (concord --delay-allreduce) rows")
     p.add_argument("--json-out", help="also write the results here as JSON")
     p.add_argument("--keep", action="store_true", help="keep the temporary directory")
     args = p.parse_args()
     if args.samples is None:
         args.samples = args.world_size * args.batch_size * 64
+    args.caps = []
+    if args.sweep_bucket_cap_mb:
+        try:
+            args.caps = [float(c) for c in args.sweep_bucket_cap_mb.split(",") if c.strip()]
+        except ValueError:
+            p.error("--sweep-bucket-cap-mb: expected numbers, e.g. 1,5,25,100")
+        if not args.caps or min(args.caps) <= 0:
+            p.error("--sweep-bucket-cap-mb: caps must be positive")
     return args
 
 
-def run_pytorch(args, model, data, out_dir, loss):
-    metrics = os.path.join(out_dir, "torch_metrics.json")
-    final = os.path.join(out_dir, "torch_final.pt")
+def configurations(args):
+    """[(label, pytorch flags or None (no equivalent), concord flags)]."""
+    configs = []
+    for cap in args.caps:
+        flag = ["--bucket-cap-mb", repr(cap)]
+        configs.append(("bucket_cap_mb=%g" % cap, flag, flag))
+    if args.overlap:
+        configs.append(("overlap on (defaults)", [], []))
+        configs.append(("overlap off (delay_allreduce)", None, ["--delay-allreduce"]))
+    return configs or [("defaults", [], [])]
+
+
+def run_pytorch(args, model, data, out_dir, loss, extra=(), tag=""):
+    metrics = os.path.join(out_dir, "torch_metrics%s.json" % tag)
+    final = os.path.join(out_dir, "torch_final%s.pt" % tag)
     cmd = [sys.executable, os.path.join(REF_DIR, "torch_ddp_train.py"),
            "--model", model, "--data", data, "--loss", loss, "--lr", repr(args.lr),
            "--momentum", repr(args.momentum), "--weight-decay", repr(args.weight_decay),
            "--batch-size", str(args.batch_size), "--epochs", str(args.epochs),
            "--world-size", str(args.world_size), "--threads", str(args.threads),
-           "--output", final, "--metrics-out", metrics]
+           "--output", final, "--metrics-out", metrics] + list(extra)
     return cmd, metrics, final
 
 
-def run_concord(args, model, data, out_dir, loss):
-    metrics = os.path.join(out_dir, "concord_metrics.json")
-    final = os.path.join(out_dir, "concord_final.pt")
+def run_concord(args, model, data, out_dir, loss, extra=(), tag=""):
+    metrics = os.path.join(out_dir, "concord_metrics%s.json" % tag)
+    final = os.path.join(out_dir, "concord_final%s.pt" % tag)
     b = os.path.abspath(args.bin_dir)
     cmd = [os.path.join(b, "concord-run"), "--standalone", "--nproc", str(args.world_size),
            "--job-id", "bench-ddp-vs-pytorch", "--",
@@ -100,7 +144,7 @@ def run_concord(args, model, data, out_dir, loss):
            "--lr", repr(args.lr), "--momentum", repr(args.momentum),
            "--weight-decay", repr(args.weight_decay), "--batch-size", str(args.batch_size),
            "--epochs", str(args.epochs), "--log-interval", "1000000",
-           "--output", final, "--metrics-out", metrics]
+           "--output", final, "--metrics-out", metrics] + list(extra)
     return cmd, metrics, final
 
 
@@ -126,6 +170,70 @@ def fmt(v, digits=2):
     return str(v)
 
 
+def compare_finals(concord_path, pytorch_path):
+    """(agree within rtol 1e-4, max rel diff) of two final models."""
+    a = fixtures.load_state(concord_path)
+    b = fixtures.load_state(pytorch_path)
+    failures = fixtures.compare_states(a, b, rtol=1e-4, atol=1e-5)
+    worst = max([fixtures.max_rel_diff(a[k], b[k]) for k in b
+                 if k in a and b[k].is_floating_point() and a[k].shape == b[k].shape] or [0.0])
+    return not failures, worst
+
+
+def summarize(runs):
+    out = {k: statistics.median([r[k] for r in runs]) for k in METRICS + ("wall_s",)}
+    for k in ("bucket_bytes", "steps", "world_size"):
+        out[k] = runs[-1].get(k)
+    for k in ("backward_comm_us", "overlap_us"):
+        vals = [r[k] for r in runs if isinstance(r.get(k), (int, float))]
+        out[k] = statistics.median(vals) if vals else None
+    return out
+
+
+def print_single(summary):
+    rows = [("step time mean (ms)", "step_time_ms_mean"),
+            ("step time median (ms)", "step_time_ms_median"),
+            ("samples/s", "samples_per_second"),
+            ("final loss", "final_loss"),
+            ("wall incl. startup (s)", "wall_s"),
+            ("steps", "steps")]
+    print()
+    print("%-24s %14s %14s %16s" % ("", "pytorch DDP", "concord", "concord/pytorch"))
+    for label, key in rows:
+        p, c = summary["pytorch"].get(key), summary["concord"].get(key)
+        ratio = (c / p) if key != "steps" and isinstance(p, (int, float)) \
+            and isinstance(c, (int, float)) and p else None
+        digits = 4 if key == "final_loss" else (1 if key == "samples_per_second" else 2)
+        print("%-24s %14s %14s %16s" % (label, fmt(p, digits), fmt(c, digits), fmt(ratio, 3)))
+
+
+def print_sweep(table):
+    """table: [(label, pytorch summary, pytorch_is_stand_in, concord summary, agree)]."""
+    print()
+    head = ("%-30s | %9s %9s %7s | %7s %7s | %9s %9s | %9s %9s | %s"
+            % ("configuration", "pt ms", "cc ms", "cc/pt", "pt bkts", "cc bkts",
+               "pt comm", "cc comm", "pt ovl", "cc ovl", "models"))
+    print(head)
+    print("-" * len(head))
+    for label, p, stand_in, c, agree in table:
+        star = "*" if stand_in else ""
+        pm, cm = p.get("step_time_ms_median"), c.get("step_time_ms_median")
+        ratio = cm / pm if isinstance(pm, (int, float)) and isinstance(cm, (int, float)) and pm \
+            else None
+        nb = lambda m: len(m["bucket_bytes"]) if m.get("bucket_bytes") else None  # noqa: E731
+        print("%-30s | %9s %9s %7s | %7s %7s | %9s %9s | %9s %9s | %s" % (
+            label, fmt(pm, 2) + star, fmt(cm, 2), fmt(ratio, 3), fmt(nb(p)) + star, fmt(nb(c)),
+            fmt(p.get("backward_comm_us"), 0) + star, fmt(c.get("backward_comm_us"), 0),
+            fmt(p.get("overlap_us"), 0) + star, fmt(c.get("overlap_us"), 0), agree))
+    print("pt = PyTorch DDP, cc = Concord; ms = step time median; bkts = buckets after the "
+          "rebuild;\ncomm / ovl = backward communication time / its overlap with backward "
+          "compute (us, last sampled iteration).")
+    if any(stand_in for _, _, stand_in, _, _ in table):
+        print("* PyTorch's DDP cannot turn the overlap off: its columns repeat its run with "
+              "default options.")
+    print("models: do the final models agree within rtol 1e-4 (max rel diff)?")
+
+
 def main():
     args = parse_args()
     for tool in ("concord-run", "concord-train"):
@@ -143,68 +251,69 @@ def main():
                        if k in set(fixtures.parameter_names(model)))
         steps = args.epochs * fixtures.num_batches(args.samples, 0, args.world_size,
                                                    args.batch_size)
+        configs = configurations(args)
         print("kind=%s (%s, %.2f M parameters, %.1f MB of gradients), world size %d, "
               "%d samples, batch %d per rank, %d epochs, %d steps, %d thread(s) per worker, "
-              "repeat %d" % (args.kind, loss, n_params / 1e6, n_params * 4 / 2 ** 20,
-                             args.world_size, args.samples, args.batch_size, args.epochs, steps,
-                             args.threads, args.repeat), flush=True)
+              "repeat %d, %d configuration(s)"
+              % (args.kind, loss, n_params / 1e6, n_params * 4 / 2 ** 20, args.world_size,
+                 args.samples, args.batch_size, args.epochs, steps, args.threads, args.repeat,
+                 len(configs)), flush=True)
 
-        results = {"pytorch": [], "concord": []}
+        # runs[(trainer, flags)] -> list of metrics; PyTorch runs are shared by
+        # configurations with the same PyTorch flags.
+        runs = {}
         finals = {}
+        default_pt = ("pytorch", ())
+        jobs = []
+        for label, pt_flags, cc_flags in configs:
+            pt_key = ("pytorch", tuple(pt_flags)) if pt_flags is not None else default_pt
+            for key in (pt_key, ("concord", tuple(cc_flags))):
+                if key not in [j[0] for j in jobs]:
+                    jobs.append((key, len(jobs)))
         for i in range(args.repeat):
-            # Alternate the order so neither always runs on a warm cache.
-            order = ("pytorch", "concord") if i % 2 == 0 else ("concord", "pytorch")
-            for name in order:
+            # Alternate the order so that no trainer always runs on a warm cache.
+            order = jobs if i % 2 == 0 else list(reversed(jobs))
+            for (name, flags), tag in order:
                 maker = run_pytorch if name == "pytorch" else run_concord
-                cmd, metrics, final = maker(args, model, data, tmp, loss)
+                cmd, metrics, final = maker(args, model, data, tmp, loss, flags, "-%d" % tag)
                 m = one_run(name, cmd, metrics, args)
                 if m is None:
                     return 1
-                results[name].append(m)
-                finals[name] = final
-                print("  run %d %-8s step mean %8.2f ms  median %8.2f ms  %10.1f samples/s"
-                      % (i + 1, name, m["step_time_ms_mean"], m["step_time_ms_median"],
-                         m["samples_per_second"]), flush=True)
+                runs.setdefault((name, flags), []).append(m)
+                finals[(name, flags)] = final
+                print("  run %d %-8s %-28s step mean %8.2f ms  median %8.2f ms  %10.1f samples/s"
+                      % (i + 1, name, " ".join(flags) or "(defaults)", m["step_time_ms_mean"],
+                         m["step_time_ms_median"], m["samples_per_second"]), flush=True)
 
-        summary = {}
-        for name, runs in results.items():
-            summary[name] = {k: statistics.median([r[k] for r in runs])
-                             for k in METRICS + ("wall_s",)}
-            summary[name]["steps"] = runs[-1].get("steps")
-            summary[name]["world_size"] = runs[-1].get("world_size")
+        summary = {"%s %s" % (name, " ".join(flags) or "(defaults)"): summarize(r)
+                   for (name, flags), r in runs.items()}
+        table = []
+        for label, pt_flags, cc_flags in configs:
+            pt_key = ("pytorch", tuple(pt_flags)) if pt_flags is not None else default_pt
+            cc_key = ("concord", tuple(cc_flags))
+            try:
+                ok, worst = compare_finals(finals[cc_key], finals[pt_key])
+                agree = "%s (%.1e)" % ("yes" if ok else "NO", worst)
+            except Exception as e:  # noqa: BLE001
+                agree = "could not compare (%s)" % e
+            table.append((label, summarize(runs[pt_key]), pt_flags is None,
+                          summarize(runs[cc_key]), agree))
 
-        rows = [("step time mean (ms)", "step_time_ms_mean"),
-                ("step time median (ms)", "step_time_ms_median"),
-                ("samples/s", "samples_per_second"),
-                ("final loss", "final_loss"),
-                ("wall incl. startup (s)", "wall_s"),
-                ("steps", "steps")]
-        print()
-        print("%-24s %14s %14s %16s" % ("", "pytorch DDP", "concord", "concord/pytorch"))
-        for label, key in rows:
-            p, c = summary["pytorch"].get(key), summary["concord"].get(key)
-            ratio = (c / p) if key != "steps" and isinstance(p, (int, float)) \
-                and isinstance(c, (int, float)) and p else None
-            digits = 4 if key == "final_loss" else (1 if key == "samples_per_second" else 2)
-            print("%-24s %14s %14s %16s" % (label, fmt(p, digits), fmt(c, digits), fmt(ratio, 3)))
-
-        # Informational: did both do the same training?
-        try:
-            a = fixtures.load_state(finals["concord"])
-            b = fixtures.load_state(finals["pytorch"])
-            failures = fixtures.compare_states(a, b, rtol=1e-4, atol=1e-5)
-            worst = max([fixtures.max_rel_diff(a[k], b[k]) for k in b
-                         if k in a and b[k].is_floating_point() and a[k].shape == b[k].shape] or [0.0])
-            print("\nfinal models: %s (max rel diff %.2e)"
-                  % ("agree within rtol 1e-4" if not failures else
-                     "DIFFER in %d tensors" % len(failures), worst))
-            summary["final_models_agree"] = not failures
-        except Exception as e:  # noqa: BLE001
-            print("\nfinal models: could not compare (%s)" % e)
+        if len(configs) == 1 and configs[0][0] == "defaults":
+            print_single({"pytorch": table[0][1], "concord": table[0][3]})
+            print("\nfinal models: %s" % table[0][4])
+        else:
+            print_sweep(table)
 
         if args.json_out:
             with open(args.json_out, "w") as f:
-                json.dump({"config": vars(args), "summary": summary, "runs": results}, f, indent=2)
+                json.dump({"config": {k: v for k, v in vars(args).items()},
+                           "summary": summary,
+                           "table": [{"configuration": t[0], "pytorch": t[1],
+                                      "pytorch_stand_in": t[2], "concord": t[3],
+                                      "final_models": t[4]} for t in table],
+                           "runs": {"%s %s" % (n, " ".join(f)): r for (n, f), r in runs.items()}},
+                          f, indent=2)
                 f.write("\n")
     finally:
         if args.keep:

@@ -16,6 +16,30 @@ Kinds:
              width 1024 (about 2.6 M parameters, 10 MB of gradients, so DDP's
              bucketing matters). inputs float32 (N, 512), targets int64 (N,).
 
+Kinds for the DDP option tests (all regression, mse, inputs float32 (N, 16),
+targets float32 (N, 4), the data of `mlp`):
+  mlp-wide     5 Linear layers whose fourth is 512x512 (1.2 MB of gradients):
+               more than PyTorch's 1 MiB first bucket, so a small
+               bucket_cap_mb really gives several buckets.
+  mlp-unused   Linear -> Tanh -> Linear, plus a Linear `unused` that forward
+               never calls: its parameters never get a gradient (DDP needs
+               find_unused_parameters or static_graph).
+  mlp-dynamic  mlp-unused plus a Linear `gated` used only when the batch's first
+               sample has x[0, 0] > 0: in a step some ranks use it and others
+               do not (locally unused, globally used), or none does.
+  mlp-buffer   Linear -> Tanh -> Linear on x - center, where the buffer
+               `center` is updated in every training forward from the batch
+               (center = (center + mean(x)) / 2) before it is used: unlike
+               BatchNorm's running statistics it changes the gradients, so
+               broadcast_buffers (or ignoring the buffer) changes rank 0's
+               parameters.
+  mlp-mixed    Linear -> Tanh -> (* gain) -> Linear where `gain` is a bfloat16
+               parameter (32 values) and the rest float32: two dtypes, so two
+               kinds of buckets, and apex's allreduce_always_fp32 changes how
+               the bfloat16 bucket is reduced (for W >= 3; with 2 ranks one
+               rounding to bfloat16 gives the same either way). No PyTorch
+               DDP reference over Gloo (no bfloat16 allreduce).
+
 Everything is deterministic from the seed: the same (kind, n_samples, seed)
 always writes the same model.pt and data.pt.
 """
@@ -26,7 +50,13 @@ import os
 import torch
 import torch.nn as nn
 
-KINDS = ("cnn", "mlp", "mlp-large")
+KINDS = ("cnn", "mlp", "mlp-large", "mlp-wide", "mlp-unused", "mlp-dynamic", "mlp-buffer",
+         "mlp-mixed")
+# Kinds whose data is that of `mlp` (regression, 16 -> 4).
+MLP_DATA_KINDS = ("mlp", "mlp-wide", "mlp-unused", "mlp-dynamic", "mlp-buffer", "mlp-mixed")
+# Parameters that forward never uses, per kind (they must never change).
+NEVER_USED = {"mlp-unused": ("unused.weight", "unused.bias"),
+              "mlp-dynamic": ("unused.weight", "unused.bias")}
 
 # Shapes per kind.
 CNN_IN = (3, 8, 8)
@@ -84,9 +114,84 @@ class LargeMLP(nn.Module):
         return self.fc4(x)
 
 
+class WideMLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(MLP_IN, 64)
+        self.fc2 = nn.Linear(64, 64)
+        self.fc3 = nn.Linear(64, 512)
+        self.fc4 = nn.Linear(512, 512)
+        self.fc5 = nn.Linear(512, MLP_OUT)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.fc1(x))
+        x = torch.relu(self.fc2(x))
+        x = torch.relu(self.fc3(x))
+        x = torch.tanh(self.fc4(x))
+        return self.fc5(x)
+
+
+class UnusedMLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(MLP_IN, 32)
+        self.fc2 = nn.Linear(32, MLP_OUT)
+        self.unused = nn.Linear(32, MLP_OUT)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.tanh(self.fc1(x)))
+
+
+class DynamicMLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(MLP_IN, 32)
+        self.fc2 = nn.Linear(32, MLP_OUT)
+        self.unused = nn.Linear(32, MLP_OUT)
+        self.gated = nn.Linear(32, MLP_OUT)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.fc1(x))
+        out = self.fc2(h)
+        if bool(x[0, 0] > 0.0):
+            out = out + self.gated(h)
+        return out
+
+
+def dynamic_gate(x):
+    """Whether DynamicMLP uses `gated` on the batch x."""
+    return bool(x[0, 0] > 0.0)
+
+
+class BufferMLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(MLP_IN, 32)
+        self.fc2 = nn.Linear(32, MLP_OUT)
+        self.register_buffer("center", torch.zeros(MLP_IN))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            self.center.mul_(0.5).add_(x.detach().mean(0), alpha=0.5)
+        return self.fc2(torch.tanh(self.fc1(x - self.center)))
+
+
+class MixedMLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(MLP_IN, 32)
+        # Small values: bfloat16's spacing (2^-8 relative) must be finer than
+        # an SGD update, or the parameter never changes.
+        self.gain = nn.Parameter((0.05 * torch.randn(32)).to(torch.bfloat16))
+        self.fc2 = nn.Linear(32, MLP_OUT)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.tanh(self.fc1(x)) * self.gain.float())
+
+
 def default_loss(kind):
     """The loss concord-train / torch_ddp_train.py should use for a kind."""
-    return "mse" if kind == "mlp" else "cross_entropy"
+    return "mse" if kind in MLP_DATA_KINDS else "cross_entropy"
 
 
 def build_model(kind):
@@ -96,6 +201,16 @@ def build_model(kind):
         return SmallMLP()
     if kind == "mlp-large":
         return LargeMLP()
+    if kind == "mlp-wide":
+        return WideMLP()
+    if kind == "mlp-unused":
+        return UnusedMLP()
+    if kind == "mlp-dynamic":
+        return DynamicMLP()
+    if kind == "mlp-buffer":
+        return BufferMLP()
+    if kind == "mlp-mixed":
+        return MixedMLP()
     raise ValueError("unknown fixture kind %r (expected one of %s)" % (kind, ", ".join(KINDS)))
 
 
@@ -107,7 +222,7 @@ def make_data(kind, n_samples, seed):
         inputs = torch.randn((n_samples,) + CNN_IN, generator=g)
         teacher = torch.randn(CNN_IN[0] * CNN_IN[1] * CNN_IN[2], CNN_CLASSES, generator=g)
         targets = (inputs.flatten(1) @ teacher).argmax(dim=1).to(torch.int64)
-    elif kind == "mlp":
+    elif kind in MLP_DATA_KINDS:
         inputs = torch.randn(n_samples, MLP_IN, generator=g)
         teacher = torch.randn(MLP_IN, MLP_OUT, generator=g) / math.sqrt(MLP_IN)
         targets = torch.sin(inputs @ teacher) + 0.05 * torch.randn(n_samples, MLP_OUT, generator=g)
@@ -222,34 +337,264 @@ def compare_states(actual, expected, rtol=1e-5, atol=1e-6):
 
 # --- single-process simulation of the DDP semantics ---------------------------
 
-def simulate_ddp(model_path, data_path, loss, world_size, batch_size, epochs,
-                 lr=0.01, momentum=0.0, weight_decay=0.0, shuffle_seed=None):
+def validation_forward(module, inputs):
+    """What concord-train does to a loaded module before training
+    (CheckModelFitsData): one forward in eval mode without grad on the first
+    min(2, N) samples. It matters for bit-exact comparisons: it is the
+    module's first call, so TorchScript's profiling executor switches to the
+    optimized graph (autodiff's backward formulas, whose float results differ
+    from eager autograd's by an ulp) one training forward earlier than
+    without it. torch_ddp_train.py and simulate() do the same."""
+    with torch.no_grad():
+        was_training = module.training
+        module.eval()
+        module(inputs[:min(2, inputs.size(0))])
+        module.train(was_training)
+
+
+# --- the order in which Gloo's allreduce adds the ranks' shares ---------------
+#
+# Float addition is not associative, so a bit-exact simulation of an
+# allreduce(sum) needs Gloo's order. Gloo's ring allreduce (what PyTorch's
+# ProcessGroupGloo and Concord's communicator run) splits the buffer into
+# segments and reduces each one around the ring: with 3 ranks an element is
+# (x_i + x_j) + x_k, where the rank k added last depends on the element's
+# segment (the first two commute, so k says everything). With 2 ranks there is
+# one add and no order. probe_gloo_ring measures k for every element of a
+# buffer, with PyTorch's Gloo, instead of assuming Gloo's segmentation:
+# shares of 1 on one rank and 2^-(m+1) (half an ulp of 1, m mantissa bits) on
+# the others sum to 1 + 2^-m exactly when the 1 is added last, and to 1 (a tie
+# rounded to even, twice) otherwise.
+
+def _ring_probe_worker(rank, world, init_file, requests, out_path):
+    import datetime
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank,
+                            world_size=world, timeout=datetime.timedelta(seconds=120))
+    try:
+        result = {}
+        for n, dtype_name in requests:
+            dtype = getattr(torch, dtype_name)
+            mant = {torch.float16: 10, torch.float32: 23, torch.float64: 52}[dtype]
+            last = torch.full((n,), -1, dtype=torch.int64)
+            for k in range(world):
+                t = torch.full((n,), 2.0 ** -(mant + 1), dtype=dtype)
+                if rank == k:
+                    t.fill_(1.0)
+                dist.all_reduce(t)
+                last[t == 1.0 + 2.0 ** -mant] = k
+            result[(n, dtype_name)] = last
+        if rank == 0:
+            torch.save(result, out_path)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def probe_gloo_ring(requests, world_size, timeout=120.0):
+    """For each (n_elements, dtype) in requests: a LongTensor of n_elements,
+    the rank whose share Gloo's allreduce(sum) adds last to each element, for
+    a buffer of that size and dtype (a bfloat16 buffer is split like a float16
+    one: same element size; Gloo cannot sum bfloat16 in PyTorch 1.13).
+    Only for world_size 3 (2 has no order; more ranks need more than the last
+    one): returns {} otherwise. Forks world_size processes (call it before
+    this process runs autograd). Returns {(n, dtype): tensor}."""
+    import shutil
+    import tempfile
+    import torch.multiprocessing as mp
+
+    if world_size != 3 or not requests:
+        return {}
+    names = {torch.float16: "float16", torch.bfloat16: "float16", torch.float32: "float32",
+             torch.float64: "float64"}
+    wanted = sorted(set((int(n), names[d]) for n, d in requests))
+    tmp = tempfile.mkdtemp(prefix="gloo_ring_probe_")
+    try:
+        out = os.path.join(tmp, "probe.pt")
+        ctx = mp.start_processes(_ring_probe_worker,
+                                 args=(world_size, os.path.join(tmp, "store"), wanted, out),
+                                 nprocs=world_size, join=False, start_method="fork")
+        import time as _time
+        deadline = _time.monotonic() + timeout
+        while not ctx.join(timeout=1.0):
+            if _time.monotonic() > deadline:
+                for p in ctx.processes:
+                    p.kill()
+                raise RuntimeError("probe_gloo_ring timed out")
+        measured = torch.load(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    result = {}
+    for n, d in requests:
+        last = measured[(int(n), names[d])]
+        if int(last.min()) < 0:
+            raise RuntimeError("probe_gloo_ring: %d elements of %s: no rank found last for "
+                               "some elements" % (n, d))
+        result[(int(n), d)] = last
+    return result
+
+
+def ring_sum(parts, last=None, add=None):
+    """Sum of the ranks' shares (equal-shaped 1-D tensors, rank order) in
+    Gloo's order: rank order when `last` is None (exact for 2 ranks),
+    otherwise (for 3 ranks) the two shares other than last[i] first, then
+    last[i]'s. `add(a, b)` adds two partial sums (default a + b in their
+    dtype)."""
+    add = add or (lambda a, b: a + b)
+    w = len(parts)
+    if last is None or w < 3:
+        acc = parts[0]
+        for p in parts[1:]:
+            acc = add(acc, p)
+        return acc
+    if w != 3:
+        raise ValueError("ring_sum: a last-rank map describes 3 ranks only")
+    out = torch.empty_like(parts[0])
+    for k in range(3):
+        a, b = [parts[r] for r in range(3) if r != k]
+        s = add(add(a, b), parts[k])
+        mask = last == k
+        out[mask] = s[mask]
+    return out
+
+
+# The reductions simulate() knows. Each takes the W ranks' flattened bucket
+# contents (rank order) and the bucket's last-rank map (or None: rank order)
+# and returns the reduced bucket. `wire_dtype`, when set, is the dtype the
+# allreduce runs in (it decides Gloo's segmentation).
+
+def reduce_pytorch(flats, last=None):
+    """PyTorch DDP's default: every rank multiplies its gradient by 1/W while
+    copying it into the bucket, then allreduce(sum)."""
+    w = len(flats)
+    return ring_sum([g.mul(1.0 / w) for g in flats], last)
+
+
+def make_reduce_apex(predivide=1.0, average=True, always_fp32=False):
+    """apex.parallel.DistributedDataParallel.allreduce_bucket: (with
+    allreduce_always_fp32: convert the bucket to float32,) multiply by 1/f
+    when f != 1, allreduce(sum), multiply by f/W when gradient_average,
+    (convert back). Every operation is in the bucket's dtype (bfloat16 adds
+    round to bfloat16), or float32 with always_fp32; for float32 gradients
+    always_fp32 changes nothing."""
+    def reduce_apex(flats, last=None):
+        w = len(flats)
+        dtype = flats[0].dtype
+        if always_fp32:
+            flats = [g.float() for g in flats]
+        pre = [g.mul(1.0 / predivide) if predivide != 1.0 else g.clone() for g in flats]
+        acc = ring_sum(pre, last)
+        if average:
+            acc = acc.mul(predivide / w)
+        return acc.to(dtype)
+    if always_fp32:
+        reduce_apex.wire_dtype = torch.float32
+    return reduce_apex
+
+
+def make_reduce_compressed(dtype):
+    """PyTorch's fp16_compress_hook / bf16_compress_hook: cast the bucket to
+    `dtype` and divide it by W (in `dtype`), allreduce(sum) in `dtype` (Gloo
+    adds two values in float and rounds the result to `dtype`, add by add),
+    cast the sum back to the gradient's dtype."""
+    def reduce_compressed(flats, last=None):
+        w = len(flats)
+        parts = [g.to(dtype).div_(w) for g in flats]
+        acc = ring_sum(parts, last, add=lambda a, b: (a.float() + b.float()).to(dtype))
+        return acc.to(flats[0].dtype)
+    reduce_compressed.wire_dtype = dtype
+    return reduce_compressed
+
+
+def bucket_elements(model_path, layouts):
+    """(n_elements, dtype) of every bucket in layouts (lists of buckets of
+    parameter names), for probe_gloo_ring."""
+    m = torch.jit.load(model_path, map_location="cpu")
+    params = dict(m.named_parameters())
+    out = set()
+    for layout in layouts or ():
+        for bucket in layout:
+            out.add((sum(params[k].numel() for k in bucket), params[bucket[0]].dtype))
+    return sorted(out, key=lambda t: (t[0], str(t[1])))
+
+
+def simulate(model_path, data_path, loss, world_size, batch_size, epochs,
+             lr=0.01, momentum=0.0, weight_decay=0.0, shuffle_seed=None,
+             grad_accum=1, broadcast_buffers=True, ignore=(), reduce=None,
+             layouts=None, ring=None, first_layout_steps=1, all_ranks=False, trace=None):
     """Train W copies of the model in ONE process, applying DDP's semantics by
-    hand: rank 0's buffers are copied to every rank before each forward
-    (broadcast_buffers=True), gradients are averaged over the ranks, every rank
-    steps its own torch.optim.SGD. Returns rank 0's final state_dict.
+    hand, in the loop of concord-train and torch_ddp_train.py:
+
+      validation_forward once; then for each batch b of an epoch (B batches):
+        sync = (b + 1) % grad_accum == 0 or b + 1 == B
+        forward + backward on every rank (gradients accumulate);
+        if sync: reduce the gradients, optimizer.step(), optimizer.zero_grad()
+        (in place: set_to_none=False, so a gradient, once it exists, stays a
+        tensor; at the start every .grad is None).
+
+    DDP's semantics applied:
+      * broadcast_buffers: before a forward, rank 0's buffers are copied to
+        every rank when the previous forward was a synchronised one (or this is
+        the first): PyTorch's require_forward_param_sync, so under no_sync only
+        the first micro-batch of an accumulation broadcasts.
+      * gradients, bucket by bucket: every rank's gradients of the bucket's
+        parameters, flattened (None as zeros), go through reduce(flats, last)
+        (default reduce_pytorch) and the result is written into every rank's
+        .grad. A parameter whose .grad is None on every rank (unused
+        everywhere, never had a gradient) keeps None, as PyTorch's
+        find_unused_parameters leaves globally unused gradients alone.
+        layouts = (first, rebuilt): the buckets (lists of parameter names) of
+        the first synchronised step and of the later ones (DDP rebuilds them
+        once); default one bucket per parameter (the same numbers for
+        element-wise reductions in rank order); the first layout serves the
+        first `first_layout_steps` synchronised steps (PyTorch 1.13 with
+        static_graph rebuilds after the second). ring: {(n, dtype): last-rank
+        map} from probe_gloo_ring, to add the shares in Gloo's order.
+      * ignore: names of parameters and buffers DDP leaves alone: ignored
+        parameters keep their local gradient (and are still stepped by the
+        local optimizer), ignored buffers are not broadcast.
+      * every rank steps its own torch.optim.SGD over all of its parameters.
 
     With shuffle_seed, epoch e permutes the samples with torch.randperm(n,
-    generator seeded with shuffle_seed + e) before sharding.
+    generator seeded with shuffle_seed + e) before sharding. Only for even
+    shards (every rank takes the same number of steps).
 
-    Used to check the reference (torch_ddp_train.py) itself. Only for even
-    shards (every rank takes the same number of steps)."""
+    Returns rank 0's final state_dict, or with all_ranks a list of every
+    rank's. With trace (a list), appends per micro-batch (epoch, b, sync,
+    [per-rank dynamic_gate of the batch])."""
     import torch.nn.functional as F
 
+    reduce = reduce or reduce_pytorch
+    ignore = set(ignore)
+    ring = ring or {}
     data = torch.load(data_path, map_location="cpu")
     inputs, targets = data["inputs"], data["targets"]
     n = inputs.size(0)
     counts = [num_batches(n, r, world_size, batch_size) for r in range(world_size)]
     if len(set(counts)) != 1:
-        raise ValueError("simulate_ddp handles even shards only (batches per rank: %s)" % counts)
+        raise ValueError("simulate handles even shards only (batches per rank: %s)" % counts)
     models = []
     opts = []
     for r in range(world_size):
         m = torch.jit.load(model_path, map_location="cpu")
+        validation_forward(m, inputs)
         m.train()
         models.append(m)
         opts.append(torch.optim.SGD(m.parameters(), lr=lr, momentum=momentum,
                                     weight_decay=weight_decay))
+    param_names = [k for k, _ in models[0].named_parameters()]
+    unknown = ignore - set(param_names) - set(k for k, _ in models[0].named_buffers())
+    if unknown:
+        raise ValueError("cannot ignore %s: no such parameter or buffer" % sorted(unknown))
+    reduced_names = [k for k in param_names if k not in ignore]
+    if layouts is None:
+        layouts = ([[k] for k in reduced_names],) * 2
+    for layout in layouts:
+        if sorted(k for bucket in layout for k in bucket) != sorted(reduced_names):
+            raise ValueError("simulate: buckets %s do not hold exactly the parameters %s"
+                             % (layout, reduced_names))
+    previous_sync = True
+    sync_steps = 0
     for epoch in range(epochs):
         if shuffle_seed is None:
             order = torch.arange(n, dtype=torch.int64)
@@ -259,30 +604,65 @@ def simulate_ddp(model_path, data_path, loss, world_size, batch_size, epochs,
         shards = [(inputs.index_select(0, order[r::world_size]),
                    targets.index_select(0, order[r::world_size])) for r in range(world_size)]
         for b in range(counts[0]):
-            # broadcast_buffers: rank 0's buffers to everyone, before forward.
-            src = dict(models[0].named_buffers())
-            for m in models[1:]:
-                with torch.no_grad():
-                    for k, v in m.named_buffers():
-                        v.copy_(src[k])
+            sync = (b + 1) % grad_accum == 0 or b + 1 == counts[0]
+            if broadcast_buffers and previous_sync:
+                src = dict(models[0].named_buffers())
+                for m in models[1:]:
+                    with torch.no_grad():
+                        for k, v in m.named_buffers():
+                            if k not in ignore:
+                                v.copy_(src[k])
+            previous_sync = sync
+            gates = []
             for r, m in enumerate(models):
-                opts[r].zero_grad()
                 x, y = shards[r]
                 xb, yb = x[b * batch_size:(b + 1) * batch_size], y[b * batch_size:(b + 1) * batch_size]
+                gates.append(dynamic_gate(xb) if xb.dim() == 2 else None)
                 out = m(xb)
                 lval = F.cross_entropy(out, yb) if loss == "cross_entropy" else F.mse_loss(out, yb)
                 lval.backward()
+            if trace is not None:
+                trace.append((epoch, b, sync, gates))
+            if not sync:
+                continue
             named = [dict(m.named_parameters()) for m in models]
-            for k in named[0]:
-                grads = [nm[k].grad for nm in named]
-                if grads[0] is None:
-                    continue
-                avg = torch.stack(grads).sum(0) / world_size
-                for g in grads:
-                    g.copy_(avg)
+            layout = layouts[0] if sync_steps < first_layout_steps else layouts[1]
+            sync_steps += 1
+            with torch.no_grad():
+                for bucket in layout:
+                    flats = []
+                    for nm in named:
+                        flats.append(torch.cat([
+                            (nm[k].grad if nm[k].grad is not None else torch.zeros_like(nm[k]))
+                            .detach().reshape(-1) for k in bucket]))
+                    key = (flats[0].numel(), getattr(reduce, "wire_dtype", None) or flats[0].dtype)
+                    reduced = reduce(flats, ring.get(key))
+                    offset = 0
+                    for k in bucket:
+                        numel = named[0][k].numel()
+                        part = reduced[offset:offset + numel].view_as(named[0][k])
+                        offset += numel
+                        if all(nm[k].grad is None for nm in named):
+                            continue
+                        for nm in named:
+                            if nm[k].grad is None:
+                                nm[k].grad = part.clone()
+                            else:
+                                nm[k].grad.copy_(part)
             for o in opts:
                 o.step()
-    return {k: v.detach().clone() for k, v in models[0].state_dict().items()}
+                o.zero_grad(set_to_none=False)
+    states = [{k: v.detach().clone() for k, v in m.state_dict().items()} for m in models]
+    return states if all_ranks else states[0]
+
+
+def simulate_ddp(model_path, data_path, loss, world_size, batch_size, epochs,
+                 lr=0.01, momentum=0.0, weight_decay=0.0, shuffle_seed=None):
+    """simulate() with PyTorch DDP's defaults (broadcast_buffers, averaging,
+    no accumulation, shares added in rank order): rank 0's final state_dict.
+    Used to check the reference (torch_ddp_train.py) itself."""
+    return simulate(model_path, data_path, loss, world_size, batch_size, epochs, lr=lr,
+                    momentum=momentum, weight_decay=weight_decay, shuffle_seed=shuffle_seed)
 
 
 # --- running the tools -------------------------------------------------------

@@ -9,28 +9,66 @@ and writes rank 0's final state_dict (parameters and buffers) with torch.save.
         --model model.pt --data data.pt --loss cross_entropy \
         --lr 0.05 --momentum 0.9 --weight-decay 1e-4 --batch-size 8 --epochs 2 \
         --world-size 2 --output ref.pt [--metrics-out ref.json] [--threads 1]
+        [DDP options: --bucket-cap-mb F --find-unused-parameters --static-graph
+         --grad-accum K --comm-hook allreduce|fp16 --gradient-as-bucket-view
+         --no-broadcast-buffers --ignore NAME ...]
 
 Semantics (the concord-train contract):
-  * W processes (torch.multiprocessing.spawn), init through a file:// store in
-    a fresh temporary directory (no port to race for), gloo backend.
-  * The loaded ScriptModule (torch.jit.load) is wrapped directly in DDP
-    (broadcast_buffers=True, default bucket sizes), in training mode.
+  * W processes (torch.multiprocessing, started with fork by default: a
+    worker does not import torch again; --start-method spawn for the old way),
+    init through a file:// store in a fresh temporary directory (no port to
+    race for), gloo backend.
+  * The loaded ScriptModule (torch.jit.load) first runs concord-train's
+    validation forward (eval mode, no grad, the first min(2, N) samples: it
+    advances TorchScript's profiling executor, so without it the results
+    differ from concord-train's by an ulp), then is wrapped directly in DDP,
+    in training mode, with concord-train's DDP flags mapped onto PyTorch 1.13's
+    arguments: --bucket-cap-mb F (bucket_cap_mb, default 25),
+    --find-unused-parameters, --static-graph (DDP(static_graph=True)),
+    --gradient-as-bucket-view, --no-broadcast-buffers (broadcast_buffers=
+    False), --ignore NAME (repeatable: DDP._set_params_and_buffers_to_ignore_
+    for_model(module, names) before wrapping; ignored parameters are neither
+    broadcast nor reduced but are still in the optimizer, ignored buffers are
+    not broadcast), --comm-hook allreduce|fp16 (ddp.register_comm_hook(None,
+    default_hooks.allreduce_hook / fp16_compress_hook)). --comm-hook bf16 is
+    refused: PyTorch 1.13's bf16_compress_hook needs NCCL (Gloo has no
+    bfloat16 allreduce); the tests check Concord's bf16 hook against
+    fixtures.simulate instead.
   * Rank r of W takes samples r, r+W, r+2W, ... in order, no padding;
     batches of --batch-size, the last partial batch included; the same order
     every epoch. With --shuffle, epoch e first permutes the samples with
     torch.randperm(n, generator=torch.Generator().manual_seed(seed + e)) (what
     concord-train does today) and then shards that order the same way.
-  * Each step: optimizer.zero_grad(); out = model(x); loss (mean reduction);
-    loss.backward(); optimizer.step(). SGD is torch.optim.SGD (dampening 0,
-    nesterov False).
+  * The loop (concord-train's): for each batch b of an epoch (B batches),
+    with K = --grad-accum (default 1):
+      if (b + 1) % K != 0 and b + 1 != B:
+          with ddp.no_sync(): out = ddp(x); loss (mean); loss.backward()
+      else:
+          out = ddp(x); loss (mean); loss.backward()
+          optimizer.step(); optimizer.zero_grad(set_to_none=False)
+    Gradients are summed over the micro-batches (no loss scaling). zero_grad
+    comes after step and zeroes existing gradients in place, as LibTorch's
+    Optimizer::zero_grad does (at the start every .grad is None). SGD is
+    torch.optim.SGD (dampening 0, nesterov False) over all of the module's
+    parameters.
   * If ranks would take different numbers of steps in total (uneven shards),
     the loop runs inside DDP's join() context (divide_by_initial_world_size
     True, PyTorch's defaults); otherwise join() is not used (it adds an
     allreduce per step).
   * --metrics-out (rank 0): {"world_size", "steps", "step_time_ms_mean",
-    "step_time_ms_median", "samples_per_second", "final_loss"}. A step's time
-    runs from batch selection to the end of optimizer.step() on rank 0; the
-    first 2 steps are excluded when there are more than 2.
+    "step_time_ms_median", "samples_per_second", "final_loss", "bucket_bytes",
+    "initial_bucket_bytes", "bucket_rebuilds", "forward_compute_us",
+    "backward_compute_us", "backward_comm_us", "overlap_us"}. A step is one
+    micro-batch (forward + backward, and the optimizer step when it is
+    due), as concord-train counts them; its time runs from batch selection to
+    its end on rank 0; the first 2 steps are excluded when there are more
+    than 2. The bucket and timing entries come from PyTorch's
+    ddp._get_ddp_logging_data() at the end (sizes in bytes; bucket_bytes is
+    the layout after the rebuild when there was one; times are PyTorch's
+    sampled averages converted from ns to us; bucket_rebuilds is 0 or 1).
+    Also "initial_bucket_params" and "bucket_params": the parameter names of
+    each bucket, in bucket order, before the first iteration and at the end
+    (ddp.reducer._get_zeros_like_grad_buckets()).
     samples_per_second is the global rate: samples consumed by all ranks in
     all steps divided by rank 0's wall time from the start of the first step
     to the end of the last (warm-up included), as concord-train computes it.
@@ -76,6 +114,19 @@ def parse_args(argv=None):
     p.add_argument("--log-interval", type=int, default=0, help="print rank 0's loss every N steps")
     p.add_argument("--timeout", type=float, default=300.0,
                    help="process-group timeout in seconds")
+    p.add_argument("--start-method", choices=("fork", "spawn"), default="fork",
+                   help="how the W worker processes start")
+    ddp = p.add_argument_group("DDP options (PyTorch's names in concord-train's spelling)")
+    ddp.add_argument("--bucket-cap-mb", type=float, default=25.0)
+    ddp.add_argument("--find-unused-parameters", action="store_true")
+    ddp.add_argument("--static-graph", action="store_true")
+    ddp.add_argument("--grad-accum", type=int, default=1,
+                     help="micro-batches per optimizer step (K-1 under no_sync)")
+    ddp.add_argument("--comm-hook", choices=("allreduce", "fp16", "bf16"))
+    ddp.add_argument("--gradient-as-bucket-view", action="store_true")
+    ddp.add_argument("--no-broadcast-buffers", action="store_true")
+    ddp.add_argument("--ignore", action="append", default=[], metavar="NAME",
+                     help="parameter or buffer DDP leaves alone (repeatable)")
     args = p.parse_args(argv)
     if args.batch_size < 1:
         p.error("--batch-size must be >= 1")
@@ -83,6 +134,13 @@ def parse_args(argv=None):
         p.error("--epochs must be >= 1")
     if args.world_size < 1:
         p.error("--world-size must be >= 1")
+    if args.grad_accum < 1:
+        p.error("--grad-accum must be >= 1")
+    if not args.bucket_cap_mb > 0:
+        p.error("--bucket-cap-mb must be positive")
+    if args.comm_hook == "bf16":
+        p.error("--comm-hook bf16: PyTorch 1.13's bf16_compress_hook needs NCCL; Gloo has no "
+                "bfloat16 allreduce (compare with fixtures.simulate instead)")
     return args
 
 
@@ -102,6 +160,30 @@ def compute_loss(kind, out, y):
     return F.mse_loss(out, y)
 
 
+def _sizes(text):
+    """'19008, 4096' or '19008 4096' (PyTorch's logging strings) -> [ints]."""
+    if not text:
+        return []
+    return [int(t) for t in str(text).replace(",", " ").split()]
+
+
+def ddp_metrics(ld):
+    """The entries of concord-train's --metrics-out, from
+    ddp._get_ddp_logging_data()."""
+    initial = _sizes(ld.get("bucket_sizes"))
+    rebuilt = _sizes(ld.get("rebuilt_bucket_sizes"))
+    us = lambda key: int(ld.get(key, 0)) // 1000  # noqa: E731 (ns -> us)
+    return {
+        "initial_bucket_bytes": initial,
+        "bucket_bytes": rebuilt or initial,
+        "bucket_rebuilds": 1 if int(ld.get("has_rebuilt_buckets", 0)) else 0,
+        "forward_compute_us": us("avg_forward_compute_time"),
+        "backward_compute_us": us("avg_backward_compute_time"),
+        "backward_comm_us": us("avg_backward_comm_time"),
+        "overlap_us": us("avg_backward_compute_comm_overlap_time"),
+    }
+
+
 def worker(rank, args, init_file):
     torch.set_num_threads(args.threads)
     world = args.world_size
@@ -110,17 +192,47 @@ def worker(rank, args, init_file):
                             timeout=datetime.timedelta(seconds=args.timeout))
     try:
         model = torch.jit.load(args.model, map_location="cpu")
-        model.train()
         inputs, targets = load_data(args.data)
+        # concord-train's check that the model fits the data: an eval-mode,
+        # no-grad forward on the first 2 samples (see fixtures.validation_forward:
+        # it moves TorchScript's profiling executor on by one call).
+        with torch.no_grad():
+            model.eval()
+            model(inputs[:min(2, inputs.size(0))])
+        model.train()
         n = inputs.size(0)
         bs = args.batch_size
         my_batches = (len(range(rank, n, world)) + bs - 1) // bs
         batches_per_rank = [(len(range(r, n, world)) + bs - 1) // bs for r in range(world)]
         uneven = len(set(batches_per_rank)) > 1
 
-        ddp = DDP(model, broadcast_buffers=True)
+        if args.ignore:
+            known = set(k for k, _ in model.named_parameters()) | \
+                set(k for k, _ in model.named_buffers())
+            unknown = [k for k in args.ignore if k not in known]
+            if unknown:
+                raise ValueError("--ignore %s: no such parameter or buffer" % unknown)
+            DDP._set_params_and_buffers_to_ignore_for_model(model, list(args.ignore))
+        ddp = DDP(model, broadcast_buffers=not args.no_broadcast_buffers,
+                  bucket_cap_mb=args.bucket_cap_mb,
+                  find_unused_parameters=args.find_unused_parameters,
+                  gradient_as_bucket_view=args.gradient_as_bucket_view,
+                  static_graph=args.static_graph)
+        if args.comm_hook is not None:
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+            hook = {"allreduce": default_hooks.allreduce_hook,
+                    "fp16": default_hooks.fp16_compress_hook}[args.comm_hook]
+            ddp.register_comm_hook(None, hook)
+        # Over every parameter, ignored ones included (they train locally).
         opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum,
                               weight_decay=args.weight_decay, dampening=0, nesterov=False)
+        K = args.grad_accum
+        param_name = {id(p): k for k, p in model.named_parameters()}
+
+        def bucket_params():
+            return [[param_name[id(p)] for p in b.parameters()]
+                    for b in ddp.reducer._get_zeros_like_grad_buckets()]
+        initial_bucket_params = bucket_params()
 
         # Global samples per step (for samples_per_second on rank 0): the sum
         # of every rank's batch size at that step index.
@@ -153,11 +265,18 @@ def worker(rank, args, init_file):
                     idx = shard[b * bs:(b + 1) * bs]
                     x = inputs.index_select(0, idx)
                     y = targets.index_select(0, idx)
-                    opt.zero_grad()
-                    out = ddp(x)
-                    loss = compute_loss(args.loss, out, y)
-                    loss.backward()
-                    opt.step()
+                    step_now = (b + 1) % K == 0 or b + 1 == my_batches
+                    if step_now:
+                        out = ddp(x)
+                        loss = compute_loss(args.loss, out, y)
+                        loss.backward()
+                        opt.step()
+                        opt.zero_grad(set_to_none=False)
+                    else:
+                        with ddp.no_sync():
+                            out = ddp(x)
+                            loss = compute_loss(args.loss, out, y)
+                            loss.backward()
                     t1 = time.perf_counter()
                     steps += 1
                     last_loss = float(loss.detach())
@@ -173,6 +292,8 @@ def worker(rank, args, init_file):
         else:
             loop()
 
+        logging_data = ddp._get_ddp_logging_data()
+        final_bucket_params = bucket_params()
         dist.barrier()
         if rank == 0:
             if args.output:
@@ -190,6 +311,9 @@ def worker(rank, args, init_file):
                     "samples_per_second": (sum(step_samples) / total_t) if total_t > 0 else 0.0,
                     "final_loss": last_loss if math.isfinite(last_loss) else None,
                 }
+                metrics.update(ddp_metrics(logging_data))
+                metrics["initial_bucket_params"] = initial_bucket_params
+                metrics["bucket_params"] = final_bucket_params
                 with open(args.metrics_out, "w") as f:
                     json.dump(metrics, f, indent=2)
                     f.write("\n")
@@ -204,14 +328,38 @@ def main(argv=None):
         if not os.path.isfile(path):
             print("torch_ddp_train.py: %s %s: no such file" % (label, path), file=sys.stderr)
             return 2
+    return run(args)
+
+
+def run(args, timeout=None):
+    """Train with parsed `args` (parse_args). Returns 0 on success, 1 when a
+    worker failed and 124 when `timeout` seconds passed first (the workers
+    are then killed). Callable in-process: with the fork start method the
+    workers share the caller's imported torch (the tests use that to save a
+    second interpreter start); the caller must not have started threads that
+    a fork would break (torch's intra-op pool with OMP_NUM_THREADS=1 starts
+    none)."""
     tmp = tempfile.mkdtemp(prefix="torch_ddp_init_")
+    context = None
     try:
         init_file = os.path.join(tmp, "store")
-        mp.spawn(worker, args=(args, init_file), nprocs=args.world_size, join=True)
+        context = mp.start_processes(worker, args=(args, init_file), nprocs=args.world_size,
+                                     join=False, start_method=args.start_method)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not context.join(timeout=1.0):
+            if deadline is not None and time.monotonic() > deadline:
+                print("torch_ddp_train.py: training timed out after %.0f s" % timeout,
+                      file=sys.stderr)
+                return 124
     except Exception as e:  # ProcessRaisedException / ProcessExitedException
         print("torch_ddp_train.py: training failed: %s" % e, file=sys.stderr)
         return 1
     finally:
+        if context is not None:
+            for proc in context.processes:
+                if proc.is_alive():
+                    proc.kill()
+                    proc.join()
         shutil.rmtree(tmp, ignore_errors=True)
     return 0
 

@@ -12,7 +12,9 @@
 // The first layout (before any backward) is PyTorch 1.13's: parameters in
 // forward order, buckets sorted by their lowest index, the list reversed, so
 // that bucket 0 holds the last parameters (the first gradients of backward)
-// and the small first bucket ends up last. After the first iteration the
+// and the small first bucket ends up last. (PyTorch uses this capped layout
+// only with find_unused_parameters and no static graph; otherwise its first
+// iteration is one bucket per dtype — the reducer passes unlimited caps.) After the first iteration the
 // reducer rebuilds the layout from the order gradients became ready, where
 // the small bucket really is first. The layout never changes a sum; it
 // matters to overlap and to PowerSGD, which compresses per bucket.

@@ -62,6 +62,7 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
     scale_in_fp32_ = options_.allreduce_always_fp32;
   } else {
     pre_scale_ = 1.0 / world;  // PyTorch: divide while copying
+    pytorch_scaling_ = true;
   }
   saved_grads_.resize(params_.size());
   Build({});
@@ -90,6 +91,7 @@ absl::Status Reducer::RegisterCommHook(CommHook hook) {
     return absl::FailedPreconditionError(s.message());
   }
   hook_ = std::move(hook);
+  pytorch_scaling_ = false;
   pre_scale_ = 1.0;  // the hook divides
   post_scale_ = 1.0;
   return absl::OkStatus();
@@ -112,7 +114,13 @@ void Reducer::Build(const std::vector<size_t>& order) {
   int64_t cap = options_.message_size > 0 ? options_.message_size
                                           : options_.bucket_cap_bytes;
   const int64_t huge = std::numeric_limits<int64_t>::max();
-  if (options_.delay_allreduce) first = cap = huge;
+  // PyTorch 1.13 reduces the first iteration in one bucket per dtype unless
+  // it looks for unused parameters without a static graph (then it never
+  // rebuilds); the capped layout comes with the rebuild.
+  const bool single_first =
+      order.empty() && options_.message_size == 0 &&
+      (options_.static_graph || !options_.find_unused_parameters);
+  if (options_.delay_allreduce || single_first) first = cap = huge;
   const auto assignment =
       order.empty() ? InitialBucketAssignment(specs, first, cap)
                     : ComputeBucketAssignment(specs, order, first, cap);
@@ -237,7 +245,11 @@ void Reducer::OnGradReady(size_t param, const at::Tensor& grad) {
     // accumulation pass), and never writes into a bucket being reduced.
     at::Tensor& existing = params_[param].mutable_grad();
     const bool scale_here = pre_scale_ != 1.0 && !scale_in_fp32_;
-    if (existing.defined()) {
+    if (existing.defined() && existing.is_alias_of(view) && pytorch_scaling_) {
+      // A bucket-view gradient: PyTorch accumulates in place and divides.
+      at::add_out(view, existing, grad);
+      view.div_(static_cast<double>(comm_->size()));
+    } else if (existing.defined()) {
       at::add_out(view, existing, grad);
       if (scale_here) view.mul_(pre_scale_);
     } else if (scale_here) {

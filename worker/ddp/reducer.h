@@ -143,6 +143,7 @@ class Reducer {
   double pre_scale_ = 1.0;   // applied while copying into the bucket
   double post_scale_ = 1.0;  // applied after the allreduce
   bool scale_in_fp32_ = false;
+  bool pytorch_scaling_ = false;  // default path: no hook, no apex scaling
 
   std::vector<Bucket> buckets_;
   std::vector<Slot> slots_;
