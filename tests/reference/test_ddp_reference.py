@@ -224,29 +224,7 @@ OPTIONS = {
 }
 
 
-class Checks(object):
-    def __init__(self):
-        self.passed = 0
-        self.failed = 0
-
-    def ok(self, name, detail=""):
-        self.passed += 1
-        print("PASS %s%s" % (name, (": " + detail) if detail else ""), flush=True)
-
-    def fail(self, name, detail):
-        self.failed += 1
-        print("FAIL %s: %s" % (name, detail), flush=True)
-
-    def check(self, cond, name, detail=""):
-        if cond:
-            self.ok(name)
-        else:
-            self.fail(name, detail)
-        return cond
-
-    def finish(self):
-        print("%d passed, %d failed" % (self.passed, self.failed), flush=True)
-        return 1 if self.failed else 0
+Checks = fixtures.Checks
 
 
 def parse_args():

@@ -82,15 +82,8 @@ def main():
     p.add_argument("--rank", type=int, default=1)
     p.add_argument("--start-iter", type=int, default=2)
     args = p.parse_args()
-    passed = failed = 0
-
-    def check(ok, name, detail=""):
-        nonlocal passed, failed
-        print("%s %s%s" % ("PASS" if ok else "FAIL", name, (": " + detail) if detail else ""))
-        if ok:
-            passed += 1
-        else:
-            failed += 1
+    checks = fixtures.Checks()
+    check = checks.check
 
     with tempfile.TemporaryDirectory(prefix="concord-powersgd-") as tmp:
         torch.manual_seed(0)
@@ -119,8 +112,7 @@ def main():
                   % (args.world_size, args.rank, args.start_iter), "; ".join(problems[:5]))
             gap = max(fixtures.max_rel_diff(c[k], b[k]) for k in b)
             check(gap > 1e-3, "compression changed the result", "max rel diff to plain DDP %.3g" % gap)
-    print("%d passed, %d failed" % (passed, failed))
-    return 1 if failed else 0
+    return checks.finish()
 
 
 if __name__ == "__main__":
