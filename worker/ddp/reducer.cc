@@ -183,8 +183,9 @@ absl::Status Reducer::Rebuild() {
                         absl::StrCat("bucket rebuild failed: ", s.message()));
   }
   std::vector<size_t> agreed(params_.size());
+  const int64_t* indices = t.data_ptr<int64_t>();
   for (size_t k = 0; k < agreed.size(); ++k) {
-    agreed[k] = static_cast<size_t>(t[static_cast<int64_t>(k)].item<int64_t>());
+    agreed[k] = static_cast<size_t>(indices[k]);
   }
   Build(agreed);
   rebuilt_ = true;
@@ -349,16 +350,15 @@ void Reducer::FinalizeBackward() {
   if (tracks_usage && !static_used_.empty()) {
     globally_used = static_used_;  // static graph: learnt in iteration 1
   } else if (tracks_usage) {
-    at::Tensor used =
-        at::zeros({static_cast<int64_t>(params_.size())}, at::kInt);
-    for (size_t i = 0; i < params_.size(); ++i) {
-      used[static_cast<int64_t>(i)] = slots_[i].used ? 1 : 0;
-    }
+    std::vector<int32_t> flags(params_.size());
+    for (size_t i = 0; i < params_.size(); ++i) flags[i] = slots_[i].used;
+    at::Tensor used = at::tensor(flags, at::kInt);
     comm::CollectiveOptions opts;
     opts.timeout = options_.collective_timeout;
     status = comm_->AllreduceSum(used, opts)->Wait();
+    const int32_t* counts = used.data_ptr<int32_t>();
     for (size_t i = 0; status.ok() && i < params_.size(); ++i) {
-      globally_used[i] = used[static_cast<int64_t>(i)].item<int>() > 0;
+      globally_used[i] = counts[i] > 0;
     }
     if (options_.static_graph && status.ok()) static_used_ = globally_used;
   }
