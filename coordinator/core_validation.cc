@@ -52,10 +52,54 @@ absl::Status ValidateCaller(const std::string& job_id,
   return ValidateSecret(secret);
 }
 
-absl::Status MaxLength(const char* field, const std::string& s, size_t max) {
-  if (s.size() <= max) return absl::OkStatus();
-  return Invalid(field,
-                 absl::StrFormat("is %d bytes; at most %d", s.size(), max));
+// Strict UTF-8 (no overlong forms, surrogates or code points past
+// U+10FFFF): what protobuf requires of a proto3 `string` when it parses
+// one. gRPC refuses other bytes before they arrive, but a record holding
+// them could not be read back after a restart, so the core checks too.
+bool IsUtf8(const std::string& s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    size_t n;
+    uint32_t cp;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if ((c & 0xE0) == 0xC0) {
+      n = 1;
+      cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      n = 2;
+      cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      n = 3;
+      cp = c & 0x07;
+    } else {
+      return false;
+    }
+    if (i + n >= s.size()) return false;  // truncated sequence
+    for (size_t k = 1; k <= n; ++k) {
+      const auto t = static_cast<unsigned char>(s[i + k]);
+      if ((t & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (t & 0x3F);
+    }
+    static constexpr uint32_t kMin[] = {0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) {
+      return false;
+    }
+    i += n + 1;
+  }
+  return true;
+}
+
+// Free text and string keys: at most `max` bytes of UTF-8.
+absl::Status ValidText(const char* field, const std::string& s, size_t max) {
+  if (s.size() > max) {
+    return Invalid(field,
+                   absl::StrFormat("is %d bytes; at most %d", s.size(), max));
+  }
+  if (!IsUtf8(s)) return Invalid(field, "is not valid UTF-8");
+  return absl::OkStatus();
 }
 
 absl::Status NonNegative(const char* field, int64_t v) {
@@ -76,7 +120,7 @@ absl::Status ValidateWait(int64_t ms) {
 
 absl::Status ValidateKey(const std::string& key) {
   if (key.empty()) return Invalid("key", "is empty");
-  return MaxLength("key", key, kMaxKeyLength);
+  return ValidText("key", key, kMaxKeyLength);
 }
 
 absl::Status ValidateGeneration(int64_t generation) {
@@ -194,7 +238,7 @@ absl::Status CompareSpecs(const v1::JobSpec& job, const v1::JobSpec& got) {
 absl::Status ValidateRequest(const v1::JoinRequest& r) {
   CONCORD_RETURN_IF_ERROR(ValidateId("worker_id", r.worker_id()));
   CONCORD_RETURN_IF_ERROR(ValidateSecret(r.worker_secret()));
-  CONCORD_RETURN_IF_ERROR(MaxLength("host", r.host(), kMaxHostLength));
+  CONCORD_RETURN_IF_ERROR(ValidText("host", r.host(), kMaxHostLength));
   CONCORD_RETURN_IF_ERROR(NonNegative("committed_step", r.committed_step()));
   return ValidateWait(r.wait_timeout_ms());
 }
@@ -226,7 +270,7 @@ absl::Status ValidateRequest(const v1::LeaveRequest& r) {
     return Invalid("reason",
                    absl::StrCat("is not a LeaveReason: ", r.reason()));
   }
-  return MaxLength("message", r.message(), kMaxMessageLength);
+  return ValidText("message", r.message(), kMaxMessageLength);
 }
 
 absl::Status ValidateRequest(const v1::KvSetRequest& r) {
@@ -234,7 +278,11 @@ absl::Status ValidateRequest(const v1::KvSetRequest& r) {
       ValidateCaller(r.job_id(), r.worker_id(), r.worker_secret()));
   CONCORD_RETURN_IF_ERROR(ValidateGeneration(r.generation()));
   CONCORD_RETURN_IF_ERROR(ValidateKey(r.key()));
-  return MaxLength("value", r.value(), kMaxValueLength);
+  if (r.value().size() > kMaxValueLength) {  // bytes: any content
+    return Invalid("value", absl::StrFormat("is %d bytes; at most %d",
+                                            r.value().size(), kMaxValueLength));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ValidateRequest(const v1::KvGetRequest& r) {
@@ -279,12 +327,12 @@ absl::Status ValidateRequest(const v1::ListEventsRequest& r) {
 absl::Status ValidateRequest(const v1::DrainWorkerRequest& r) {
   CONCORD_RETURN_IF_ERROR(ValidateId("job_id", r.job_id()));
   CONCORD_RETURN_IF_ERROR(ValidateId("worker_id", r.worker_id()));
-  return MaxLength("reason", r.reason(), kMaxMessageLength);
+  return ValidText("reason", r.reason(), kMaxMessageLength);
 }
 
 absl::Status ValidateRequest(const v1::StopJobRequest& r) {
   CONCORD_RETURN_IF_ERROR(ValidateId("job_id", r.job_id()));
-  return MaxLength("reason", r.reason(), kMaxMessageLength);
+  return ValidText("reason", r.reason(), kMaxMessageLength);
 }
 
 }  // namespace concord::coordinator

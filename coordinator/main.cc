@@ -2,7 +2,7 @@
 // or SIGTERM.
 //
 // Exit status: 0 after a clean shutdown; 2 for bad flags, missing or
-// unreadable token files, an address in use, or a state directory that
+// unreadable token or TLS files, an address in use, or a state directory that
 // cannot be written (one line on stderr); 1 when the state directory holds
 // a record that cannot be read.
 
@@ -69,6 +69,7 @@ int main(int argc, char** argv) {
   std::string listen = "127.0.0.1:7070";
   std::string log_level = "info";
   std::string worker_token_file, operator_token_file;
+  concord::TlsFiles tls_files;
   concord::coordinator::ServerOptions options;
   app.add_option("--listen", listen, "host:port to serve on (loopback default)")
       ->capture_default_str();
@@ -81,6 +82,11 @@ int main(int argc, char** argv) {
   app.add_option("--operator-token-file", operator_token_file,
                  "File holding the operators' bearer token")
       ->required();
+  app.add_option("--tls-cert", tls_files.cert,
+                 "PEM certificate chain: serve gRPC over TLS (with --tls-key)");
+  app.add_option("--tls-key", tls_files.key, "PEM private key of --tls-cert");
+  app.add_option("--tls-client-ca", tls_files.ca,
+                 "PEM CA: require client certificates it signed (mTLS)");
   app.add_option("--metrics-listen", options.metrics_address,
                  "host:port for Prometheus metrics at /metrics (default off)");
   app.add_option("--health-listen", options.health_address,
@@ -111,6 +117,14 @@ int main(int argc, char** argv) {
     }
     *token = *std::move(read);
   }
+  auto tls = concord::LoadServerTls(
+      tls_files, {"--tls-client-ca", "--tls-cert", "--tls-key"});
+  if (!tls.ok()) {
+    std::fprintf(stderr, "concord-coordinator: %s\n",
+                 std::string(tls.status().message()).c_str());
+    return kUsageError;
+  }
+  options.tls = *std::move(tls);
   concord::InitLogging("coordinator", log_level);
 
   // Block the signals before any thread starts so that every thread inherits
@@ -138,6 +152,12 @@ int main(int argc, char** argv) {
                                                                  : kUsageError;
   }
   spdlog::info("concord-coordinator listening on {}", (*server)->address());
+  spdlog::info("gRPC transport: {}",
+               options.tls.cert_pem.empty()
+                   ? "plaintext"
+                   : (options.tls.ca_pem.empty()
+                          ? "TLS"
+                          : "mTLS (client certificates required)"));
   if ((*server)->metrics_port() != 0) {
     spdlog::info("metrics on port {}", (*server)->metrics_port());
   }

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/auth.h"
+#include "common/tls.h"
 #include "coordinator/file_store.h"
 
 namespace concord::coordinator {
@@ -160,7 +161,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   // Tokens travel in metadata: use TLS (or a trusted network) beyond
   // loopback.
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(),
+  builder.AddListeningPort(address, ServerCredentials(options.tls),
                            &server->port_);
   builder.RegisterService(server->worker_service_.get());
   builder.RegisterService(server->operator_service_.get());

@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/tls.h"
 #include "coordinator/authorizer.h"
 #include "coordinator/health_http.h"
 #include "coordinator/host.h"
@@ -36,6 +37,10 @@ struct ServerOptions {
   // distinct.
   std::string worker_token;
   std::string operator_token;
+  // TLS of the gRPC port (common/tls.h LoadServerTls): empty = plaintext;
+  // cert and key = TLS; plus a CA = mTLS (clients must present a
+  // certificate that CA signed).
+  TlsMaterial tls;
   // The embedded store's directory (file_store.h); empty = keep state in
   // memory only.
   std::string state_dir;

@@ -15,6 +15,8 @@ PACKAGES=(
   python3 python3-torch
   # The coordinator's Prometheus metrics.
   prometheus-cpp-dev
+  # TLS file checks (common/tls.cc); the tests make certificates with openssl.
+  libssl-dev openssl
 )
 
 missing=()

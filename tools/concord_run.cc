@@ -33,6 +33,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/auth.h"
 #include "common/logging.h"
+#include "common/tls.h"
 #include "coordinator/server.h"
 
 namespace {
@@ -48,6 +49,7 @@ struct Options {
   int64_t collective_timeout_ms = 300000;
   std::string comm_host = "127.0.0.1";
   std::string token_file;
+  concord::TlsFiles tls;  // towards --coordinator; passed on to the workers
   std::vector<std::string> program;
 };
 
@@ -102,6 +104,11 @@ Options ParseArgs(int argc, char** argv) {
   app.add_option("--token-file", o.token_file,
                  "File holding the worker token (with --coordinator; default "
                  "$CONCORD_TOKEN_FILE)");
+  app.add_option("--tls-ca", o.tls.ca,
+                 "PEM CA that signed the coordinator's certificate (TLS)");
+  app.add_option("--tls-cert", o.tls.cert,
+                 "PEM client certificate for mTLS (with --tls-key)");
+  app.add_option("--tls-key", o.tls.key, "PEM private key of --tls-cert");
   try {
     app.parse(split, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -125,8 +132,16 @@ Options ParseArgs(int argc, char** argv) {
     }
     auto token = concord::ReadTokenFile(o.token_file);
     if (!token.ok()) UsageError(std::string(token.status().message()));
+    // Checked here so that a bad file is one line, not N workers failing.
+    auto tls =
+        concord::LoadClientTls(o.tls, {"--tls-ca", "--tls-cert", "--tls-key"});
+    if (!tls.ok()) UsageError(std::string(tls.status().message()));
   } else if (!o.token_file.empty()) {
     UsageError("--token-file is for --coordinator; --standalone makes its own");
+  } else if (!o.tls.ca.empty() || !o.tls.cert.empty() || !o.tls.key.empty()) {
+    UsageError(
+        "--tls-ca/--tls-cert/--tls-key are for --coordinator; --standalone "
+        "serves plaintext on loopback");
   }
   if (o.heartbeat_timeout_ms <= o.heartbeat_interval_ms) {
     UsageError("--heartbeat-timeout-ms must exceed --heartbeat-interval-ms");
@@ -142,6 +157,11 @@ std::vector<std::string> WorkerEnv(const Options& o,
   }
   env.push_back("CONCORD_COORDINATOR=" + coordinator);
   env.push_back("CONCORD_TOKEN_FILE=" + o.token_file);
+  for (auto [name, path] : {std::pair{"CONCORD_TLS_CA=", &o.tls.ca},
+                            std::pair{"CONCORD_TLS_CERT=", &o.tls.cert},
+                            std::pair{"CONCORD_TLS_KEY=", &o.tls.key}}) {
+    if (!path->empty()) env.push_back(name + *path);
+  }
   env.push_back("CONCORD_JOB_ID=" + o.job_id);
   env.push_back(absl::StrCat("CONCORD_MIN_WORKERS=", o.nproc));
   env.push_back(absl::StrCat("CONCORD_MAX_WORKERS=", o.nproc));

@@ -1,6 +1,7 @@
 // concordctl: the operator's command line for a coordinator.
 //
-//   concordctl --endpoint HOST:PORT --token-file F [-o table|json] COMMAND
+//   concordctl --endpoint HOST:PORT --token-file F [-o table|json]
+//              [--tls-ca F [--tls-cert F --tls-key F]] COMMAND
 //     jobs                      every job, one line each
 //     status [JOB]              one job in detail (without JOB: as `jobs`)
 //     events JOB [--after N] [--limit N]
@@ -32,6 +33,7 @@
 #include "absl/time/time.h"
 #include "common/auth.h"
 #include "common/grpc_status.h"
+#include "common/tls.h"
 #include "concord/v1/operator.grpc.pb.h"
 
 namespace {
@@ -45,6 +47,7 @@ constexpr int kCallError = 1;
 struct Flags {
   std::string endpoint = "127.0.0.1:7070";
   std::string token_file;
+  concord::TlsFiles tls;
   std::string output = "table";
   int64_t timeout_ms = 10000;
   std::string job;
@@ -225,6 +228,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--token-file", f.token_file,
                  "Operator token file (default $CONCORD_TOKEN_FILE)");
+  app.add_option("--tls-ca", f.tls.ca,
+                 "PEM CA that signed the coordinator's certificate (TLS)");
+  app.add_option("--tls-cert", f.tls.cert,
+                 "PEM client certificate for mTLS (with --tls-key)");
+  app.add_option("--tls-key", f.tls.key, "PEM private key of --tls-cert");
   app.add_option("-o,--output", f.output, "table or json")
       ->capture_default_str()
       ->check(CLI::IsMember({"table", "json"}));
@@ -276,8 +284,15 @@ int main(int argc, char** argv) {
     return kUsageError;
   }
 
+  auto tls =
+      concord::LoadClientTls(f.tls, {"--tls-ca", "--tls-cert", "--tls-key"});
+  if (!tls.ok()) {
+    std::fprintf(stderr, "concordctl: %s\n",
+                 std::string(tls.status().message()).c_str());
+    return kUsageError;
+  }
   auto stub = v1::OperatorService::NewStub(
-      grpc::CreateChannel(f.endpoint, grpc::InsecureChannelCredentials()));
+      grpc::CreateChannel(f.endpoint, concord::ChannelCredentials(*tls)));
   auto context = [&] {
     auto c = std::make_unique<grpc::ClientContext>();
     c->set_deadline(std::chrono::system_clock::now() +

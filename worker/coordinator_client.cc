@@ -47,7 +47,7 @@ CoordinatorClient::CoordinatorClient(const std::string& address,
     : address_(address),
       identity_(std::move(identity)),
       stub_(v1::WorkerService::NewStub(
-          grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))) {}
+          grpc::CreateChannel(address, ChannelCredentials(identity_.tls)))) {}
 
 absl::StatusOr<v1::JoinResponse> CoordinatorClient::Join(
     v1::JoinRequest request, absl::Duration wait) {

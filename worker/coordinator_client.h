@@ -21,6 +21,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/tls.h"
 #include "concord/v1/worker.grpc.pb.h"
 
 namespace concord::worker {
@@ -31,6 +32,9 @@ struct ClientIdentity {
   std::string worker_id;
   // Random per process (common/auth.h GenerateToken); binds worker_id.
   std::string worker_secret;
+  // TLS towards the coordinator (common/tls.h LoadClientTls): empty =
+  // plaintext; a CA = TLS; plus a certificate and key = mTLS.
+  TlsMaterial tls;
 };
 
 class CoordinatorClient {

@@ -86,6 +86,11 @@ absl::StatusOr<WorkerOptions> WorkerOptions::FromEnvironment() {
       }
       CONCORD_RETURN_IF_ERROR(ValidateToken(o.token));
     }
+    TlsFiles files{Env("CONCORD_TLS_CA"), Env("CONCORD_TLS_CERT"),
+                   Env("CONCORD_TLS_KEY")};
+    CONCORD_ASSIGN_OR_RETURN(
+        o.tls, LoadClientTls(files, {"CONCORD_TLS_CA", "CONCORD_TLS_CERT",
+                                     "CONCORD_TLS_KEY"}));
   }
   return o;
 }
@@ -105,8 +110,8 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Start(
     // A fresh secret per process binds the worker id (Note [Worker binding]
     // in coordinator/core.h).
     session->client_ = std::make_unique<CoordinatorClient>(
-        options.coordinator,
-        ClientIdentity{options.token, options.worker_id, GenerateToken()});
+        options.coordinator, ClientIdentity{options.token, options.worker_id,
+                                            GenerateToken(), options.tls});
     v1::JoinRequest request;
     *request.mutable_spec() = options.spec;
     request.set_worker_id(options.worker_id);

@@ -18,6 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/tls.h"
 #include "concord/v1/worker.pb.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/store.h"
@@ -30,6 +31,8 @@ struct WorkerOptions {
   std::string coordinator;
   // The worker token sent to the coordinator (required with a coordinator).
   std::string token;
+  // TLS towards the coordinator; empty = plaintext.
+  TlsMaterial tls;
   v1::JobSpec spec;
   std::string worker_id;
   // Address peers use to reach this worker's communicator.
@@ -41,9 +44,12 @@ struct WorkerOptions {
   // CONCORD_MAX_WORKERS, CONCORD_WORKER_ID, CONCORD_COMM_HOST,
   // CONCORD_HEARTBEAT_INTERVAL_MS, CONCORD_HEARTBEAT_TIMEOUT_MS,
   // CONCORD_RENDEZVOUS_TIMEOUT_MS, CONCORD_COLLECTIVE_TIMEOUT_MS, and the
-  // worker token from the file CONCORD_TOKEN_FILE names (or CONCORD_TOKEN).
-  // INVALID_ARGUMENT names the variable that is malformed, or the token
-  // variable when a coordinator is set but no token is.
+  // worker token from the file CONCORD_TOKEN_FILE names (or CONCORD_TOKEN),
+  // and the PEM files CONCORD_TLS_CA (the CA that signed the coordinator's
+  // certificate: turns TLS on), CONCORD_TLS_CERT and CONCORD_TLS_KEY (this
+  // worker's certificate for mTLS) name. INVALID_ARGUMENT names the
+  // variable that is malformed (or its file), or the token variable when a
+  // coordinator is set but no token is.
   static absl::StatusOr<WorkerOptions> FromEnvironment();
 };
 

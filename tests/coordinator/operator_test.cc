@@ -37,7 +37,7 @@ class OperatorTest : public ::testing::Test {
   std::unique_ptr<worker::CoordinatorClient> Client(const std::string& id) {
     return std::make_unique<worker::CoordinatorClient>(
         server_->address(),
-        worker::ClientIdentity{kWorkerToken, id, Secret(id)});
+        worker::ClientIdentity{kWorkerToken, id, Secret(id), {}});
   }
 
   // Joins `ids` concurrently into job `job` (min = max = ids.size()).

@@ -385,6 +385,38 @@ TEST_F(CoordinatorCoreTest, KvIsScopedToTheCurrentGeneration) {
   EXPECT_EQ(KvSet(gen, "addr/0", "old").code(), absl::StatusCode::kAborted);
 }
 
+// Found by the fuzz target: text that is not UTF-8 would be stored, and a
+// persisted record holding it could not be parsed after a restart.
+TEST_F(CoordinatorCoreTest, TextMustBeUtf8AndBytesNeedNot) {
+  v1::JoinRequest bad_host = JoinReq(Spec(2), Worker(0));
+  for (const std::string host :
+       {"\xff", "a\xc3", "\xc0\xaf", "\xed\xa0\x80", "\xf4\x90\x80\x80"}) {
+    bad_host.set_host(host);
+    const absl::Status s = core_.Join(bad_host);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << host;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("host is not valid UTF-8"));
+  }
+  EXPECT_EQ(core_.version(), 0u);
+  EXPECT_EQ(core_.job_count(), 0u);
+  bad_host.set_host("h\xc3\xa9te-\xe2\x82\xac-\xf0\x9f\x98\x80");  // é € 😀
+  EXPECT_TRUE(core_.Join(bad_host).ok());
+
+  const int64_t gen = FormGeneration(2);
+  EXPECT_EQ(KvSet(gen, "k\xff", "v").code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(KvSet(gen, "k", std::string("\xff\x00\xfe", 3)).ok());
+  v1::LeaveRequest leave;
+  leave.set_job_id(kJob);
+  leave.set_worker_id(Worker(1));
+  leave.set_worker_secret(Secret(Worker(1)));
+  leave.set_generation(gen);
+  leave.set_reason(v1::LEAVE_REASON_ERROR);
+  leave.set_message("cut \xe2\x82");
+  EXPECT_EQ(core_.Leave(leave).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(core_.CurrentGeneration(kJob), gen);
+}
+
 TEST_F(CoordinatorCoreTest, AllCompletedSucceeds) {
   const int64_t gen = FormGeneration(3);
   for (int i = 0; i < 3; ++i) {

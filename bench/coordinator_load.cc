@@ -1,0 +1,542 @@
+// Load generator for the coordinator: many simulated workers over loopback.
+//
+//   build/bin/concord-bench-coordinator [--workers 10000] [--job-size 1000]
+//       [--rendezvous-workers 1000] [--duration-s 30] [--rate-hz 1]
+//       [--connections 1000] [--client-threads 2] [--state-dir DIR]
+//
+// Starts `concord-coordinator`'s Server in a child process (so that its CPU
+// time is its own, read from /proc), then
+//  1. rendezvous: --rendezvous-workers workers join one job (min = max = N)
+//     at once with async Joins; prints the time from the first Join sent to
+//     the last answer (every worker placed in generation 1);
+//  2. joins the rest of --workers in jobs of --job-size the same way;
+//  3. heartbeats: every worker sends one Heartbeat per 1/--rate-hz seconds,
+//     spread evenly over the period, for --duration-s; prints p50/p99/max
+//     latency, errors, achieved rate, the coordinator's CPU (cores used over
+//     the phase) and its thread count.
+// Simulated workers share --connections gRPC channels (each its own TCP
+// connection) driven by --client-threads completion-queue threads. Bounded
+// in time; loopback only. Not a test: it prints figures.
+
+#include <arpa/inet.h>
+#include <grpcpp/grpcpp.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <limits>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/auth.h"
+#include "common/logging.h"
+#include "concord/v1/worker.grpc.pb.h"
+#include "coordinator/server.h"
+
+namespace {
+
+namespace v1 = concord::v1;
+using SteadyClock = std::chrono::steady_clock;
+
+struct Flags {
+  int workers = 10000;
+  int job_size = 1000;
+  int rendezvous_workers = 1000;
+  int duration_s = 30;
+  double rate_hz = 1.0;
+  int connections = 1000;
+  int client_threads = 2;
+  std::string state_dir;
+  std::string log_level = "warn";
+};
+
+struct Worker {
+  std::string job;
+  std::string id;
+  std::string secret;
+  int64_t generation = 0;
+  v1::WorkerService::Stub* stub = nullptr;
+};
+
+double Seconds(SteadyClock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
+
+// utime + stime of a process, in seconds.
+double CpuSeconds(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(in)),
+                   std::istreambuf_iterator<char>());
+  // Fields after the command name (which may hold spaces) start at ')'.
+  std::istringstream fields(text.substr(text.rfind(')') + 2));
+  std::string f;
+  double utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && fields >> f; ++i) {
+    if (i == 14) utime = std::stod(f);
+    if (i == 15) stime = std::stod(f);
+  }
+  return (utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+int Threads(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("Threads:", 0) == 0) return std::stoi(line.substr(8));
+  }
+  return -1;
+}
+
+// Forks a process serving the coordinator on 127.0.0.1:0; returns
+// "ADDRESS METRICS_PORT" ("" on failure) and its pid.
+std::string StartCoordinator(const concord::coordinator::ServerOptions& options,
+                             const std::string& log_level, pid_t* pid) {
+  int fds[2];
+  if (pipe(fds) != 0) return "";
+  *pid = fork();
+  if (*pid == 0) {
+    close(fds[0]);
+    sigset_t signals;
+    sigemptyset(&signals);
+    sigaddset(&signals, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+    concord::InitLogging("coordinator", log_level);
+    auto server = concord::coordinator::Server::Start(options);
+    const std::string address =
+        server.ok() ? absl::StrCat((*server)->address(), " ",
+                                   (*server)->metrics_port(), "\n")
+                    : std::string("\n");
+    (void)!write(fds[1], address.data(), address.size());
+    close(fds[1]);
+    if (!server.ok()) _exit(2);
+    int signal_number = 0;
+    sigwait(&signals, &signal_number);
+    (*server)->Shutdown();
+    _exit(0);
+  }
+  close(fds[1]);
+  std::string address;
+  char c;
+  while (read(fds[0], &c, 1) == 1 && c != '\n') address.push_back(c);
+  close(fds[0]);
+  return address;
+}
+
+// GET http://127.0.0.1:port/path: the body, or "" on error.
+std::string HttpGet(int port, const std::string& path) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  std::string out;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    const std::string request =
+        absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
+    (void)!send(fd, request.data(), request.size(), MSG_NOSIGNAL);
+    char buf[65536];
+    pollfd p{fd, POLLIN, 0};
+    while (poll(&p, 1, 5000) > 0) {
+      const ssize_t n = read(fd, buf, sizeof(buf));
+      if (n <= 0) break;
+      out.append(buf, static_cast<size_t>(n));
+    }
+  }
+  close(fd);
+  return out;
+}
+
+// The coordinator's own view: the upper bound (ms) of the histogram bucket
+// of concord_rpc_duration_seconds{method} that holds quantile q.
+double ServerQuantileMs(const std::string& metrics, const std::string& method,
+                        double q) {
+  const std::string prefix = absl::StrCat(
+      "concord_rpc_duration_seconds_bucket{method=\"", method, "\",le=\"");
+  std::vector<std::pair<double, double>> buckets;  // (le, cumulative count)
+  std::istringstream lines(metrics);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.rfind(prefix, 0) != 0) continue;
+    const size_t quote = line.find('"', prefix.size());
+    const std::string le = line.substr(prefix.size(), quote - prefix.size());
+    const double bound =
+        le == "+Inf" ? std::numeric_limits<double>::infinity() : std::stod(le);
+    buckets.push_back({bound, std::stod(line.substr(line.rfind(' ') + 1))});
+  }
+  if (buckets.empty() || buckets.back().second <= 0) return -1;
+  const double target = q * buckets.back().second;
+  for (const auto& [bound, count] : buckets) {
+    if (count >= target) return 1e3 * bound;
+  }
+  return -1;
+}
+
+// A unary call in flight on a completion queue.
+template <typename Response>
+struct Pending {
+  grpc::ClientContext context;
+  Response response;
+  grpc::Status status;
+  std::unique_ptr<grpc::ClientAsyncResponseReader<Response>> reader;
+  SteadyClock::time_point sent;
+  size_t worker = 0;
+};
+
+// Joins workers[first, first + n) to their job at once; returns the seconds
+// from the first Join sent to the last answer, or -1 when one failed.
+double JoinAll(std::vector<Worker>& workers, size_t first, size_t n,
+               const std::string& token) {
+  grpc::CompletionQueue cq;
+  std::vector<std::unique_ptr<Pending<v1::JoinResponse>>> calls;
+  const SteadyClock::time_point start = SteadyClock::now();
+  for (size_t i = first; i < first + n; ++i) {
+    Worker& w = workers[i];
+    v1::JoinRequest request;
+    request.mutable_spec()->set_job_id(w.job);
+    request.mutable_spec()->set_min_workers(static_cast<int32_t>(n));
+    request.mutable_spec()->set_max_workers(static_cast<int32_t>(n));
+    request.mutable_spec()->set_heartbeat_interval_ms(1000);
+    // Long enough that the first job's members outlive the later joins.
+    request.mutable_spec()->set_heartbeat_timeout_ms(600000);
+    request.mutable_spec()->set_rendezvous_timeout_ms(600000);
+    request.set_worker_id(w.id);
+    request.set_worker_secret(w.secret);
+    request.set_host("127.0.0.1");
+    request.set_wait_timeout_ms(300000);
+    auto call = std::make_unique<Pending<v1::JoinResponse>>();
+    call->context.set_deadline(std::chrono::system_clock::now() +
+                               std::chrono::minutes(5));
+    concord::AddBearerToken(call->context, token);
+    call->worker = i;
+    call->reader = w.stub->AsyncJoin(&call->context, request, &cq);
+    call->reader->Finish(&call->response, &call->status, call.get());
+    calls.push_back(std::move(call));
+  }
+  size_t done = 0, failed = 0;
+  void* tag;
+  bool ok;
+  while (done < n && cq.Next(&tag, &ok)) {
+    auto* call = static_cast<Pending<v1::JoinResponse>*>(tag);
+    ++done;
+    if (!call->status.ok()) {
+      if (failed++ == 0) {
+        std::fprintf(stderr, "join of %s failed: %s\n",
+                     workers[call->worker].id.c_str(),
+                     call->status.error_message().c_str());
+      }
+      continue;
+    }
+    workers[call->worker].generation = call->response.generation();
+  }
+  const double seconds = Seconds(SteadyClock::now() - start);
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  return failed == 0 ? seconds : -1;
+}
+
+struct HeartbeatStats {
+  std::vector<double> latency_ms;
+  int64_t sent = 0;
+  int64_t errors = 0;
+  std::string first_error;
+  double max_send_lag_ms = 0;  // how far behind schedule the client sent
+};
+
+// One client thread: heartbeats of workers[t], workers[t + T], ... at
+// `rate_hz` each, phase-shifted evenly over the period, until `end`.
+// Latencies of calls sent before `measure_from` are not kept.
+void HeartbeatThread(const std::vector<Worker>& workers, size_t t,
+                     size_t threads, double rate_hz, const std::string& token,
+                     SteadyClock::time_point start,
+                     SteadyClock::time_point measure_from,
+                     SteadyClock::time_point end, HeartbeatStats* stats) {
+  grpc::CompletionQueue cq;
+  const auto period = std::chrono::duration_cast<SteadyClock::duration>(
+      std::chrono::duration<double>(1.0 / rate_hz));
+  const size_t n = workers.size();
+  // Worker i is due at start + i/n * period + k * period.
+  std::vector<size_t> mine;
+  for (size_t i = t; i < n; i += threads) mine.push_back(i);
+  size_t cursor = 0;
+  int64_t round = 0, in_flight = 0, step = 0;
+  auto due = [&](size_t index) {
+    return start + round * period +
+           (period * static_cast<int64_t>(mine[index])) /
+               static_cast<int64_t>(n);
+  };
+  while (true) {
+    const SteadyClock::time_point now = SteadyClock::now();
+    // At most kBatch sends between two looks at the completions, so that a
+    // client that falls behind does not also delay the answers it measures.
+    constexpr int kBatch = 64;
+    for (int batch = 0;
+         batch < kBatch && !mine.empty() && now < end && due(cursor) <= now;
+         ++batch) {
+      const Worker& w = workers[mine[cursor]];
+      v1::HeartbeatRequest request;
+      request.set_job_id(w.job);
+      request.set_worker_id(w.id);
+      request.set_worker_secret(w.secret);
+      request.set_generation(w.generation);
+      request.set_step(step);
+      request.set_samples_per_second(1000.0);
+      auto* call = new Pending<v1::HeartbeatResponse>();
+      call->context.set_deadline(std::chrono::system_clock::now() +
+                                 std::chrono::seconds(10));
+      concord::AddBearerToken(call->context, token);
+      call->sent = SteadyClock::now();
+      stats->max_send_lag_ms = std::max(
+          stats->max_send_lag_ms, 1e3 * Seconds(call->sent - due(cursor)));
+      call->reader = w.stub->AsyncHeartbeat(&call->context, request, &cq);
+      call->reader->Finish(&call->response, &call->status, call);
+      ++in_flight;
+      if (++cursor == mine.size()) {
+        cursor = 0;
+        ++round;
+        ++step;
+      }
+    }
+    if (now >= end && in_flight == 0) break;
+    const SteadyClock::time_point wake =
+        now >= end ? now + std::chrono::seconds(1)
+                   : std::min(due(cursor), now + std::chrono::milliseconds(5));
+    void* tag;
+    bool ok;
+    while (true) {
+      // gRPC takes system_clock deadlines only.
+      const auto status = cq.AsyncNext(
+          &tag, &ok,
+          std::chrono::system_clock::now() +
+              std::max(wake - SteadyClock::now(), SteadyClock::duration{0}));
+      if (status != grpc::CompletionQueue::GOT_EVENT) break;
+      auto* call = static_cast<Pending<v1::HeartbeatResponse>*>(tag);
+      const SteadyClock::time_point done = SteadyClock::now();
+      --in_flight;
+      ++stats->sent;
+      if (!call->status.ok()) {
+        if (stats->errors++ == 0) {
+          stats->first_error = absl::StrCat(call->status.error_code(), ": ",
+                                            call->status.error_message());
+        }
+      } else if (call->sent >= measure_from) {
+        stats->latency_ms.push_back(1e3 * Seconds(done - call->sent));
+      }
+      delete call;
+      // Keep sending on time even when answers keep coming.
+      if (SteadyClock::now() >= wake) break;
+    }
+  }
+  cq.Shutdown();
+  void* tag;
+  bool ok;
+  while (cq.Next(&tag, &ok)) {
+  }
+}
+
+double Percentile(std::vector<double>& v, double p) {
+  if (v.empty()) return 0;
+  const size_t k = std::min(v.size() - 1, static_cast<size_t>(p * v.size()));
+  std::nth_element(v.begin(), v.begin() + static_cast<ptrdiff_t>(k), v.end());
+  return v[k];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags f;
+  CLI::App app{"Load generator for concord-coordinator",
+               "concord-bench-coordinator"};
+  app.add_option("--workers", f.workers, "Simulated workers heartbeating")
+      ->check(CLI::Range(1, 100000));
+  app.add_option("--job-size", f.job_size, "Workers per job (<= 4096)")
+      ->check(CLI::Range(1, 4096));
+  app.add_option("--rendezvous-workers", f.rendezvous_workers,
+                 "Workers of the measured rendezvous (the first job)")
+      ->check(CLI::Range(1, 4096));
+  app.add_option("--duration-s", f.duration_s, "Heartbeat phase length")
+      ->check(CLI::Range(2, 600));
+  app.add_option("--rate-hz", f.rate_hz, "Heartbeats per worker per second")
+      ->check(CLI::Range(0.01, 100.0));
+  app.add_option("--connections", f.connections, "gRPC channels (TCP)")
+      ->check(CLI::Range(1, 10000));
+  app.add_option("--client-threads", f.client_threads, "Client threads")
+      ->check(CLI::Range(1, 64));
+  app.add_option("--coordinator-log-level", f.log_level,
+                 "The coordinator's log level (info logs every join)")
+      ->capture_default_str();
+  app.add_option("--state-dir", f.state_dir,
+                 "Run the coordinator with the embedded store here");
+  CLI11_PARSE(app, argc, argv);
+
+  // Every connection is a descriptor on both sides.
+  rlimit limit{};
+  getrlimit(RLIMIT_NOFILE, &limit);
+  limit.rlim_cur = limit.rlim_max;
+  setrlimit(RLIMIT_NOFILE, &limit);
+
+  concord::coordinator::ServerOptions options;
+  options.worker_token = concord::GenerateToken();
+  options.operator_token = concord::GenerateToken();
+  options.state_dir = f.state_dir;
+  options.metrics_address = "127.0.0.1:0";
+  pid_t pid = -1;
+  const std::string started = StartCoordinator(options, f.log_level, &pid);
+  const std::string address = started.substr(0, started.find(' '));
+  const int metrics_port = started.find(' ') == std::string::npos
+                               ? 0
+                               : std::stoi(started.substr(started.find(' ')));
+  if (address.empty()) {
+    std::fprintf(stderr,
+                 "concord-bench-coordinator: coordinator did not start\n");
+    if (pid > 0) waitpid(pid, nullptr, 0);
+    return 1;
+  }
+  std::printf(
+      "coordinator pid %d on %s; %d workers, %d connections, %d "
+      "client threads, %d cores here\n",
+      pid, address.c_str(), f.workers, f.connections, f.client_threads,
+      static_cast<int>(std::thread::hardware_concurrency()));
+
+  std::vector<std::unique_ptr<v1::WorkerService::Stub>> stubs;
+  for (int i = 0; i < f.connections; ++i) {
+    grpc::ChannelArguments args;
+    args.SetInt("concord.bench.connection", i);  // one TCP connection each
+    stubs.push_back(v1::WorkerService::NewStub(grpc::CreateCustomChannel(
+        address, grpc::InsecureChannelCredentials(), args)));
+  }
+  // The rendezvous job first, then jobs of --job-size.
+  std::vector<Worker> workers;
+  std::vector<std::pair<size_t, size_t>> jobs;  // [first, count)
+  const int total = std::max(f.workers, f.rendezvous_workers);
+  for (int placed = 0; placed < total;) {
+    const int size = jobs.empty() ? f.rendezvous_workers
+                                  : std::min(f.job_size, total - placed);
+    jobs.push_back({static_cast<size_t>(placed), static_cast<size_t>(size)});
+    for (int k = 0; k < size; ++k, ++placed) {
+      Worker w;
+      w.job = absl::StrCat("bench-", jobs.size() - 1);
+      w.id = absl::StrCat("w", placed);
+      w.secret = absl::StrCat("secret-", placed, "-0123456789abcdef");
+      w.stub = stubs[static_cast<size_t>(placed) % stubs.size()].get();
+      workers.push_back(std::move(w));
+    }
+  }
+
+  int status = 0;
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    const int threads_before = Threads(pid);
+    const double cpu_before = CpuSeconds(pid);
+    // The coordinator's peak thread count while the Joins wait.
+    std::atomic<bool> joining{true};
+    std::atomic<int> peak_threads{threads_before};
+    std::thread sampler([&] {
+      while (joining) {
+        peak_threads = std::max(peak_threads.load(), Threads(pid));
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+    });
+    const double seconds =
+        JoinAll(workers, jobs[j].first, jobs[j].second, options.worker_token);
+    joining = false;
+    sampler.join();
+    if (seconds < 0) {
+      status = 1;
+      break;
+    }
+    if (j == 0) {
+      std::printf(
+          "rendezvous: %zu workers joined one job in %.3f s "
+          "(coordinator CPU %.2f s, threads %d, peak %d)\n",
+          jobs[j].second, seconds, CpuSeconds(pid) - cpu_before, threads_before,
+          peak_threads.load());
+    } else if (j + 1 == jobs.size()) {
+      std::printf("joined %zu jobs, %zu workers (last job: %.3f s)\n",
+                  jobs.size(), workers.size(), seconds);
+    }
+  }
+  if (status == 0) {
+    workers.resize(static_cast<size_t>(f.workers));
+    const size_t threads = static_cast<size_t>(f.client_threads);
+    std::vector<HeartbeatStats> stats(threads);
+    const SteadyClock::time_point start = SteadyClock::now();
+    const SteadyClock::time_point measure_from =
+        start + std::chrono::seconds(1);
+    const SteadyClock::time_point end =
+        start + std::chrono::seconds(f.duration_s);
+    const double cpu_before = CpuSeconds(pid);
+    const rusage self_before = [] {
+      rusage r{};
+      getrusage(RUSAGE_SELF, &r);
+      return r;
+    }();
+    std::vector<std::thread> pool;
+    for (size_t t = 0; t < threads; ++t) {
+      pool.emplace_back(HeartbeatThread, std::cref(workers), t, threads,
+                        f.rate_hz, std::cref(options.worker_token), start,
+                        measure_from, end, &stats[t]);
+    }
+    for (auto& th : pool) th.join();
+    const double wall = Seconds(SteadyClock::now() - start);
+    const double cpu = CpuSeconds(pid) - cpu_before;
+    rusage self_after{};
+    getrusage(RUSAGE_SELF, &self_after);
+    auto tv = [](const timeval& v) { return v.tv_sec + v.tv_usec / 1e6; };
+    const double client_cpu =
+        tv(self_after.ru_utime) + tv(self_after.ru_stime) -
+        tv(self_before.ru_utime) - tv(self_before.ru_stime);
+    std::vector<double> latency;
+    int64_t sent = 0, errors = 0;
+    double lag = 0;
+    std::string first_error;
+    for (auto& s : stats) {
+      latency.insert(latency.end(), s.latency_ms.begin(), s.latency_ms.end());
+      sent += s.sent;
+      errors += s.errors;
+      lag = std::max(lag, s.max_send_lag_ms);
+      if (first_error.empty()) first_error = s.first_error;
+    }
+    const double p50 = Percentile(latency, 0.50);
+    const double p99 = Percentile(latency, 0.99);
+    const double max =
+        latency.empty() ? 0 : *std::max_element(latency.begin(), latency.end());
+    std::printf(
+        "heartbeats: %d workers at %.2f Hz for %.1f s: %lld answered (%.0f/s), "
+        "%lld errors%s%s\n",
+        f.workers, f.rate_hz, wall, static_cast<long long>(sent),
+        static_cast<double>(sent) / wall, static_cast<long long>(errors),
+        errors > 0 ? ", first: " : "", first_error.c_str());
+    std::printf(
+        "heartbeat latency: p50 %.2f ms, p99 %.2f ms, max %.2f ms "
+        "(client fell behind schedule by at most %.1f ms)\n",
+        p50, p99, max, lag);
+    const std::string metrics = HttpGet(metrics_port, "/metrics");
+    std::printf(
+        "heartbeat handler time in the coordinator (its histogram): p50 <= "
+        "%g ms, p99 <= %g ms\n",
+        ServerQuantileMs(metrics, "Heartbeat", 0.5),
+        ServerQuantileMs(metrics, "Heartbeat", 0.99));
+    std::printf(
+        "coordinator CPU: %.2f s over %.1f s = %.2f cores; threads %d; "
+        "load generator CPU %.2f cores\n",
+        cpu, wall, cpu / wall, Threads(pid), client_cpu / wall);
+    if (errors > 0) status = 1;
+  }
+  kill(pid, SIGTERM);
+  waitpid(pid, nullptr, 0);
+  return status;
+}
