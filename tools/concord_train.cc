@@ -56,6 +56,7 @@ struct Flags {
   bool no_gradient_average = false;
   int64_t message_size = 0;
   std::vector<std::string> allreduce_trigger_params;
+  bool sync_bn = false;
 };
 
 [[noreturn]] void Fail(int code, const std::string& message) {
@@ -121,6 +122,9 @@ Flags ParseFlags(int argc, char** argv) {
   ddp->add_option("--allreduce-trigger-params", f.allreduce_trigger_params,
                   "apex: parameters whose gradient closes a bucket");
   message->excludes(cap);
+  app.add_flag("--sync-bn", f.sync_bn,
+               "SyncBatchNorm (C++-frontend models only: refused for "
+               "TorchScript)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -188,6 +192,15 @@ int Train(const Flags& flags) {
   // Validate everything before joining: a bad input never starts a job.
   auto model = concord::train::LoadModel(flags.model);
   if (!model.ok()) Fail(2, std::string(model.status().message()));
+  if (flags.sync_bn) {
+    // A scripted BatchNorm's forward is compiled TorchScript: no C++ module
+    // can take its place (concord::ConvertSyncBatchNorm needs the C++
+    // frontend), and Python's nn.SyncBatchNorm is not scriptable.
+    Fail(2, "--sync-bn: " + flags.model +
+                " is TorchScript, whose BatchNorm layers can't be swapped "
+                "from C++; use concord::SyncBatchNorm / ConvertSyncBatchNorm "
+                "in a C++-frontend program");
+  }
   auto data = concord::train::LoadData(flags.data, loss);
   if (!data.ok()) Fail(2, std::string(data.status().message()));
   if (auto s = concord::train::CheckModelFitsData(*model, *data, loss,
@@ -278,10 +291,15 @@ int Train(const Flags& flags) {
       Fail(2, absl::StrCat("--comm-hook: ", st.message()));
     }
   }
-  torch::optim::SGD optimizer((*ddp)->parameters(),
-                              torch::optim::SGDOptions(flags.lr)
-                                  .momentum(flags.momentum)
-                                  .weight_decay(flags.weight_decay));
+  // The optimizer takes every trainable parameter, also those DDP ignores
+  // (they train on their local gradient, as in PyTorch).
+  std::vector<torch::Tensor> trainable;
+  for (const auto& p : model->parameters(/*recurse=*/true)) {
+    if (p.requires_grad()) trainable.push_back(p);
+  }
+  torch::optim::SGD optimizer(trainable, torch::optim::SGDOptions(flags.lr)
+                                             .momentum(flags.momentum)
+                                             .weight_decay(flags.weight_decay));
 
   std::vector<int64_t> order(static_cast<size_t>(n));
   std::iota(order.begin(), order.end(), 0);

@@ -39,29 +39,7 @@ import fixtures  # noqa: E402
 CALL_TIMEOUT = 60.0
 
 
-class Checks(object):
-    def __init__(self):
-        self.passed = 0
-        self.failed = 0
-
-    def ok(self, name, detail=""):
-        self.passed += 1
-        print("PASS %s%s" % (name, (": " + detail) if detail else ""), flush=True)
-
-    def fail(self, name, detail):
-        self.failed += 1
-        print("FAIL %s: %s" % (name, detail), flush=True)
-
-    def check(self, cond, name, detail=""):
-        if cond:
-            self.ok(name)
-        else:
-            self.fail(name, detail)
-        return cond
-
-    def finish(self):
-        print("%d passed, %d failed" % (self.passed, self.failed), flush=True)
-        return 1 if self.failed else 0
+Checks = fixtures.Checks
 
 
 def nonempty_lines(text):
@@ -236,6 +214,10 @@ def run(args, checks, tmp):
     expect_rejection(checks, "--allreduce-trigger-params an unknown name",
                      train(extra=["--allreduce-trigger-params", "nope.weight"]),
                      ["nope.weight"], out)
+
+    expect_rejection(checks, "--sync-bn with a TorchScript model",
+                     train(extra=["--sync-bn"]), ["--sync-bn"], out,
+                     also=["TorchScript", cnn_model])
 
     # --- rejection through concord-run (2 workers) ---------------------------
     launch = [run_bin, "--standalone", "--nproc", "2", "--job-id", "cli-bad", "--"]

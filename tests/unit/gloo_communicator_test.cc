@@ -99,6 +99,30 @@ TEST(GlooCommunicatorTest, BadArgumentsAreErrorsNotCrashes) {
   });
 }
 
+TEST(GlooCommunicatorTest, AllgatherPlacesEachRankInItsSlot) {
+  for (int world : {1, 2, 3, 5}) {
+    RunRanks(world, [&](int rank, std::shared_ptr<Communicator> comm) {
+      for (int64_t n : {0, 1, 7, 100003}) {
+        for (auto dtype : {at::kFloat, at::kDouble, at::kHalf}) {
+          at::Tensor in =
+              (at::arange(n, at::kDouble).fmod(97) + rank * 100.0).to(dtype);
+          at::Tensor out = at::full({world * n}, -1.0, dtype);
+          ASSERT_TRUE(comm->Allgather(out, in, {})->Wait().ok());
+          for (int r = 0; r < world; ++r) {
+            at::Tensor expected =
+                (at::arange(n, at::kDouble).fmod(97) + r * 100.0).to(dtype);
+            EXPECT_TRUE(at::equal(out.narrow(0, r * n, n), expected))
+                << "world " << world << " n " << n << " slot " << r;
+          }
+        }
+      }
+      EXPECT_EQ(
+          comm->Allgather(at::ones({3}), at::ones({2}), {})->Wait().code(),
+          absl::StatusCode::kInvalidArgument);
+    });
+  }
+}
+
 TEST(GlooCommunicatorTest, CreateRejectsBadRank) {
   InMemoryStore store;
   GlooOptions options;

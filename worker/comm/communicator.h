@@ -39,6 +39,13 @@ class Communicator {
   // Overwrites `tensor` on every rank with `root`'s.
   virtual std::shared_ptr<Work> Broadcast(at::Tensor tensor, int root,
                                           const CollectiveOptions& options) = 0;
+
+  // Gathers every rank's `input` into `output` on every rank: rank r's
+  // elements land at output[r * n, (r + 1) * n), n = input.numel(). `output`
+  // has size() * n elements of `input`'s dtype (both contiguous, distinct).
+  // Returns INVALID_ARGUMENT through the Work for mismatched tensors.
+  virtual std::shared_ptr<Work> Allgather(at::Tensor output, at::Tensor input,
+                                          const CollectiveOptions& options) = 0;
 };
 
 }  // namespace concord::comm

@@ -1,6 +1,7 @@
 #include "worker/comm/gloo/gloo_communicator.h"
 
 #include <ATen/ATen.h>
+#include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/broadcast.h>
 #include <gloo/common/error.h>
@@ -89,6 +90,22 @@ absl::Status CheckTensor(const at::Tensor& t) {
   }
   if (!t.is_contiguous()) {
     return absl::InvalidArgumentError("collective tensor must be contiguous");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckAllgather(const at::Tensor& output, const at::Tensor& input,
+                            int size) {
+  if (absl::Status s = CheckTensor(output); !s.ok()) return s;
+  if (absl::Status s = CheckTensor(input); !s.ok()) return s;
+  if (output.scalar_type() != input.scalar_type() ||
+      output.numel() != input.numel() * size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("allgather output must hold ", size, " x ", input.numel(),
+                     " elements of the input's dtype, got ", output.numel()));
+  }
+  if (input.numel() > 0 && output.is_alias_of(input)) {
+    return absl::InvalidArgumentError("allgather output aliases its input");
   }
   return absl::OkStatus();
 }
@@ -235,6 +252,30 @@ std::shared_ptr<Work> GlooCommunicator::Broadcast(
     opts.setOutput(static_cast<uint8_t*>(tensor.data_ptr()),
                    static_cast<size_t>(tensor.nbytes()));
     gloo::broadcast(opts);
+    return absl::OkStatus();
+  });
+}
+
+std::shared_ptr<Work> GlooCommunicator::Allgather(
+    at::Tensor output, at::Tensor input, const CollectiveOptions& options) {
+  if (absl::Status s = CheckAllgather(output, input, options_.size); !s.ok()) {
+    return PromiseWork::Done(s);
+  }
+  if (input.numel() == 0) return PromiseWork::Done(absl::OkStatus());
+  if (options_.size == 1) {
+    output.copy_(input.view_as(output));
+    return PromiseWork::Done(absl::OkStatus());
+  }
+  return Enqueue([this, output, input, options](uint32_t tag) -> absl::Status {
+    gloo::AllgatherOptions opts(context_);
+    opts.setTag(tag);
+    opts.setTimeout(ToMillis(options.timeout));
+    // Allgather moves bytes: the dtype does not matter.
+    opts.setInput(static_cast<uint8_t*>(input.data_ptr()),
+                  static_cast<size_t>(input.nbytes()));
+    opts.setOutput(static_cast<uint8_t*>(output.data_ptr()),
+                   static_cast<size_t>(output.nbytes()));
+    gloo::allgather(opts);
     return absl::OkStatus();
   });
 }

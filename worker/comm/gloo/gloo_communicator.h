@@ -54,6 +54,9 @@ class GlooCommunicator final : public Communicator {
                                      const CollectiveOptions& options) override;
   std::shared_ptr<Work> Broadcast(at::Tensor tensor, int root,
                                   const CollectiveOptions& options) override;
+  // Any dtype (bytes are moved).
+  std::shared_ptr<Work> Allgather(at::Tensor output, at::Tensor input,
+                                  const CollectiveOptions& options) override;
 
  private:
   GlooOptions options_;

@@ -189,6 +189,19 @@ absl::Status CheckTensor(const at::Tensor& t, int device) {
   return absl::OkStatus();
 }
 
+absl::Status CheckAllgather(const at::Tensor& output, const at::Tensor& input,
+                            int size, int device) {
+  if (absl::Status s = CheckTensor(output, device); !s.ok()) return s;
+  if (absl::Status s = CheckTensor(input, device); !s.ok()) return s;
+  if (output.scalar_type() != input.scalar_type() ||
+      output.numel() != input.numel() * size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("allgather output must hold ", size, " x ", input.numel(),
+                     " elements of the input's dtype, got ", output.numel()));
+  }
+  return absl::OkStatus();
+}
+
 // Enqueues `launch` on the stream and returns the work that tracks it.
 template <typename Launch>
 std::shared_ptr<Work> Enqueue(const std::shared_ptr<NcclCommunicator::State>& s,
@@ -323,6 +336,24 @@ std::shared_ptr<Work> NcclCommunicator::Broadcast(
   return Enqueue(state_, tensor, options, [&] {
     return ncclBroadcast(ptr, ptr, bytes, ncclUint8, root, state->comm,
                          state->stream);
+  });
+}
+
+std::shared_ptr<Work> NcclCommunicator::Allgather(
+    at::Tensor output, at::Tensor input, const CollectiveOptions& options) {
+  if (absl::Status s = CheckAllgather(output, input, state_->options.size,
+                                      state_->options.device);
+      !s.ok()) {
+    return PromiseWork::Done(s);
+  }
+  if (input.numel() == 0) return PromiseWork::Done(absl::OkStatus());
+  const void* in = input.data_ptr();
+  void* out = output.data_ptr();
+  // Bytes are moved: any dtype, NCCL's element type is uint8.
+  const size_t bytes = static_cast<size_t>(input.nbytes());
+  auto state = state_;
+  return Enqueue(state_, output, options, [&] {
+    return ncclAllGather(in, out, bytes, ncclUint8, state->comm, state->stream);
   });
 }
 

@@ -46,6 +46,9 @@ class NcclCommunicator final : public Communicator {
                                      const CollectiveOptions& options) override;
   std::shared_ptr<Work> Broadcast(at::Tensor tensor, int root,
                                   const CollectiveOptions& options) override;
+  // Any dtype (bytes are moved).
+  std::shared_ptr<Work> Allgather(at::Tensor output, at::Tensor input,
+                                  const CollectiveOptions& options) override;
 
   // Aborts the NCCL communicator: every collective in flight fails. Used when
   // the generation ends. Thread-safe, idempotent.

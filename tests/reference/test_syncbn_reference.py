@@ -1,0 +1,114 @@
+#!/usr/bin/python3
+"""SyncBatchNorm: Concord's concord::SyncBatchNorm over W ranks (threads over
+real Gloo, run by the syncbn_reference_helper binary) against Python
+PyTorch's torch.nn.BatchNorm{1,2,3}d on the concatenated batch.
+
+    /usr/bin/python3 tests/reference/test_syncbn_reference.py --bin-dir B
+
+(PyTorch's own nn.SyncBatchNorm runs only on CUDA, so on CPU the reference is
+BatchNorm on the whole batch, which is what SyncBatchNorm must equal.)
+Compared: outputs, input gradients, weight/bias gradients summed over ranks,
+running statistics after two steps. Tolerance rtol 1e-4, atol 1e-5 (float32;
+the statistics are combined in a different order than BatchNorm sums).
+"""
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import zlib
+
+import torch
+
+# (name, per-rank batch sizes, (C, spatial...), channels_last, momentum)
+CASES = [
+    ("2d_w2", [4, 4], (3, 5, 4), False, 0.1),
+    ("2d_w3_uneven", [2, 5, 3], (4, 3, 3), False, 0.1),
+    ("2d_w4_empty_rank", [3, 0, 2, 4], (5, 3, 2), False, 0.1),
+    ("1d_nc_w3", [5, 1, 3], (6,), False, 0.1),
+    ("1d_ncl_w2", [3, 4], (3, 7), False, None),
+    ("3d_w2", [2, 3], (3, 2, 3, 2), False, 0.2),
+    ("2d_channels_last_w3", [3, 2, 0], (7, 3, 4), True, 0.1),
+    ("3d_channels_last_w4", [1, 2, 1, 2], (3, 2, 2, 3), True, None),
+]
+STEPS = 2
+
+
+def reference(x, g, weight, bias, momentum, eps):
+    dims = x.dim() - 1
+    cls = {2: torch.nn.BatchNorm1d, 3: torch.nn.BatchNorm1d,
+           4: torch.nn.BatchNorm2d, 5: torch.nn.BatchNorm3d}[dims]
+    bn = cls(x.size(2), eps=eps, momentum=momentum)
+    with torch.no_grad():
+        bn.weight.copy_(weight)
+        bn.bias.copy_(bias)
+    out = {"y": [], "dx": [], "dw": [], "db": []}
+    for s in range(x.size(0)):
+        bn.zero_grad()
+        xs = x[s].clone().requires_grad_(True)
+        y = bn(xs)
+        (y * g[s]).sum().backward()
+        out["y"].append(y.detach())
+        out["dx"].append(xs.grad)
+        out["dw"].append(bn.weight.grad.clone())
+        out["db"].append(bn.bias.grad.clone())
+    out = {k: torch.stack(v) for k, v in out.items()}
+    out["running_mean"] = bn.running_mean
+    out["running_var"] = bn.running_var
+    out["num_batches_tracked"] = bn.num_batches_tracked
+    return out
+
+
+def run_case(helper, tmp, name, sizes, tail, channels_last, momentum):
+    gen = torch.Generator().manual_seed(zlib.crc32(name.encode()))
+    shape = (STEPS, sum(sizes)) + tail
+    x = torch.randn(shape, generator=gen) * 2.5 + 1.0
+    g = torch.randn(shape, generator=gen)
+    weight = torch.rand(tail[0], generator=gen) + 0.5
+    bias = torch.randn(tail[0], generator=gen)
+    eps = 1e-5
+    inputs = {"x": x, "g": g, "sizes": torch.tensor(sizes, dtype=torch.int64),
+              "weight": weight, "bias": bias,
+              "momentum": torch.tensor(-1.0 if momentum is None else momentum,
+                                       dtype=torch.float64),
+              "eps": torch.tensor(eps, dtype=torch.float64),
+              "channels_last": torch.tensor(int(channels_last))}
+    in_path = os.path.join(tmp, name + ".in.pt")
+    out_path = os.path.join(tmp, name + ".out.pt")
+    torch.save(inputs, in_path)
+    proc = subprocess.run([helper, "--in", in_path, "--out", out_path],
+                          capture_output=True, text=True, timeout=120)
+    if proc.returncode != 0:
+        return [f"{name}: helper failed ({proc.returncode}): {proc.stderr.strip()}"]
+    got = torch.load(out_path)
+    want = reference(x, g, weight, bias, momentum, eps)
+    failures = []
+    for key, expected in want.items():
+        actual = got[key]
+        try:
+            torch.testing.assert_close(actual, expected.to(actual.dtype),
+                                       rtol=1e-4, atol=1e-5)
+        except AssertionError as e:
+            failures.append(f"{name}: {key}: {str(e).splitlines()[0]}")
+    return failures
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--bin-dir", required=True)
+    args = parser.parse_args()
+    helper = os.path.join(args.bin_dir, "syncbn_reference_helper")
+    torch.set_num_threads(1)
+    failures = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for case in CASES:
+            case_failures = run_case(helper, tmp, *case)
+            print(f"{case[0]}: {'FAIL' if case_failures else 'ok'}", flush=True)
+            failures += case_failures
+    for f in failures:
+        print(f, file=sys.stderr)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
