@@ -12,14 +12,17 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <optional>
 #include <set>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/logging.h"
 #include "tools/train_data.h"
 #include "worker/ddp/distributed_data_parallel.h"
 #include "worker/session.h"
+#include "worker/syncbn/sync_batch_norm.h"
 
 namespace {
 
@@ -67,7 +70,8 @@ struct Flags {
 Flags ParseFlags(int argc, char** argv) {
   Flags f;
   CLI::App app{"Trains a TorchScript model with Concord DDP."};
-  app.add_option("--model", f.model, "TorchScript module (torch.jit.save)")
+  app.add_option("--model", f.model,
+                 "TorchScript module (torch.jit.save), or builtin:cnn")
       ->required();
   app.add_option("--data", f.data,
                  "dict {'inputs': Tensor, 'targets': Tensor} (torch.save)")
@@ -190,35 +194,62 @@ double Median(std::vector<double> v) {
 int Train(const Flags& flags) {
   const Loss loss = flags.loss == "mse" ? Loss::kMse : Loss::kCrossEntropy;
   // Validate everything before joining: a bad input never starts a job.
-  auto model = concord::train::LoadModel(flags.model);
-  if (!model.ok()) Fail(2, std::string(model.status().message()));
-  if (flags.sync_bn) {
-    // A scripted BatchNorm's forward is compiled TorchScript: no C++ module
-    // can take its place (concord::ConvertSyncBatchNorm needs the C++
-    // frontend), and Python's nn.SyncBatchNorm is not scriptable.
-    Fail(2, "--sync-bn: " + flags.model +
-                " is TorchScript, whose BatchNorm layers can't be swapped "
-                "from C++; use concord::SyncBatchNorm / ConvertSyncBatchNorm "
-                "in a C++-frontend program");
+  const bool builtin = absl::StartsWith(flags.model, "builtin:");
+  std::optional<torch::jit::Module> script;
+  if (!builtin) {
+    auto loaded = concord::train::LoadModel(flags.model);
+    if (!loaded.ok()) Fail(2, std::string(loaded.status().message()));
+    script = std::move(*loaded);
+    if (flags.sync_bn) {
+      // A scripted BatchNorm's forward is compiled TorchScript: no C++
+      // module can take its place (ConvertSyncBatchNorm needs the C++
+      // frontend), and Python's nn.SyncBatchNorm is not scriptable.
+      Fail(2, "--sync-bn: " + flags.model +
+                  " is TorchScript, whose BatchNorm layers can't be swapped "
+                  "from C++; use --model builtin:cnn, or "
+                  "concord::ConvertSyncBatchNorm in a C++-frontend program");
+    }
   }
   auto data = concord::train::LoadData(flags.data, loss);
   if (!data.ok()) Fail(2, std::string(data.status().message()));
-  if (auto s = concord::train::CheckModelFitsData(*model, *data, loss,
-                                                  flags.model, flags.data);
-      !s.ok()) {
-    Fail(2, std::string(s.message()));
+  torch::nn::Sequential net{nullptr};
+  if (builtin) {
+    auto made = concord::train::BuiltinModel(flags.model, *data, loss,
+                                             flags.seed, flags.data);
+    if (!made.ok()) Fail(2, std::string(made.status().message()));
+    net = *made;
+  } else if (auto st = concord::train::CheckModelFitsData(
+                 *script, *data, loss, flags.model, flags.data);
+             !st.ok()) {
+    Fail(2, std::string(st.message()));
+  }
+  // Names and tensors of the model, whichever kind it is.
+  std::vector<std::pair<std::string, torch::Tensor>> named_params,
+      named_buffers;
+  if (script) {
+    for (const auto& p : script->named_parameters(/*recurse=*/true)) {
+      named_params.emplace_back(p.name, p.value);
+    }
+    for (const auto& b : script->named_buffers(/*recurse=*/true)) {
+      named_buffers.emplace_back(b.name, b.value);
+    }
+  } else {
+    for (const auto& p : net->named_parameters(/*recurse=*/true)) {
+      named_params.emplace_back(p.key(), p.value());
+    }
+    for (const auto& b : net->named_buffers(/*recurse=*/true)) {
+      named_buffers.emplace_back(b.key(), b.value());
+    }
   }
   {
     // Names given to DDP must exist in the model (checked again by DDP,
     // but then on every rank after joining).
     std::set<std::string> params, state;
-    for (const auto& p : model->named_parameters(/*recurse=*/true)) {
-      params.insert(p.name);
-      state.insert(p.name);
+    for (const auto& [name, t] : named_params) {
+      params.insert(name);
+      state.insert(name);
     }
-    for (const auto& b : model->named_buffers(/*recurse=*/true)) {
-      state.insert(b.name);
-    }
+    for (const auto& [name, t] : named_buffers) state.insert(name);
     for (const auto& name : flags.ignore) {
       if (state.count(name) == 0) {
         Fail(2, absl::StrCat("--ignore ", name, ": --model ", flags.model,
@@ -275,11 +306,31 @@ int Train(const Flags& flags) {
     }
   }
 
-  model->train();
   ddp_options.collective_timeout = options->collective_timeout;
-  auto ddp = concord::DistributedDataParallel::Create(
-      *model, s.shared_communicator(), s.authoritative_rank(), ddp_options);
+  std::shared_ptr<concord::SyncBnGroup> sync_bn_group;
+  absl::StatusOr<std::unique_ptr<concord::DistributedDataParallel>> ddp;
+  if (script) {
+    script->train();
+    ddp = concord::DistributedDataParallel::Create(
+        *script, s.shared_communicator(), s.authoritative_rank(), ddp_options);
+  } else {
+    if (flags.sync_bn) {
+      concord::comm::CollectiveOptions bn_options;
+      bn_options.timeout = options->collective_timeout;
+      sync_bn_group = std::make_shared<concord::SyncBnGroup>(
+          s.shared_communicator(), bn_options);
+      concord::ConvertSyncBatchNorm(net.ptr(), sync_bn_group);
+    }
+    net->train();
+    ddp = concord::DistributedDataParallel::Create(
+        net.ptr(), s.shared_communicator(), s.authoritative_rank(),
+        ddp_options);
+  }
   if (!ddp.ok()) Fail(1, ddp.status().ToString());
+  auto forward = [&](const torch::Tensor& x) -> torch::Tensor {
+    if (script) return (*ddp)->Forward({x}).toTensor();
+    return (*ddp)->Forward([&] { return net->forward(x); });
+  };
   if (!flags.comm_hook.empty()) {
     concord::comm::CollectiveOptions hook_options;
     hook_options.timeout = options->collective_timeout;
@@ -294,7 +345,7 @@ int Train(const Flags& flags) {
   // The optimizer takes every trainable parameter, also those DDP ignores
   // (they train on their local gradient, as in PyTorch).
   std::vector<torch::Tensor> trainable;
-  for (const auto& p : model->parameters(/*recurse=*/true)) {
+  for (const auto& [name, p] : named_params) {
     if (p.requires_grad()) trainable.push_back(p);
   }
   torch::optim::SGD optimizer(trainable, torch::optim::SGDOptions(flags.lr)
@@ -341,8 +392,7 @@ int Train(const Flags& flags) {
       torch::Tensor l;
       double optimizer_ms = 0;
       if (step_now) {
-        l = concord::train::ComputeLoss(loss, (*ddp)->Forward({x}).toTensor(),
-                                        y);
+        l = concord::train::ComputeLoss(loss, forward(x), y);
         l.backward();
         const auto t_opt = std::chrono::steady_clock::now();
         optimizer.step();
@@ -352,8 +402,7 @@ int Train(const Flags& flags) {
         optimizer.zero_grad();
       } else {
         auto no_sync = (*ddp)->NoSync();
-        l = concord::train::ComputeLoss(loss, (*ddp)->Forward({x}).toTensor(),
-                                        y);
+        l = concord::train::ComputeLoss(loss, forward(x), y);
         l.backward();
       }
 

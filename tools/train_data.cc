@@ -166,6 +166,36 @@ absl::Status CheckModelFitsData(torch::jit::Module& model, const Dataset& data,
   return absl::OkStatus();
 }
 
+absl::StatusOr<torch::nn::Sequential> BuiltinModel(
+    const std::string& name, const Dataset& data, Loss loss, uint64_t seed,
+    const std::string& data_path) {
+  if (name != "builtin:cnn") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--model ", name, ": unknown built-in model (builtin:cnn)"));
+  }
+  const torch::Tensor& x = data.inputs;
+  if (loss != Loss::kCrossEntropy || x.dim() != 4 || x.size(2) % 4 != 0 ||
+      x.size(3) % 4 != 0 || !x.is_floating_point()) {
+    return Bad("--data", data_path,
+               absl::StrCat("builtin:cnn needs float inputs [N, C, H, W] with "
+                            "H and W multiples of 4 and cross_entropy, found ",
+                            Shape(x)));
+  }
+  const int64_t classes = data.targets.max().item<int64_t>() + 1;
+  if (data.targets.min().item<int64_t>() < 0) {
+    return Bad("--data", data_path, "negative class targets");
+  }
+  namespace nn = torch::nn;
+  torch::manual_seed(seed);
+  const int64_t flat = 32 * (x.size(2) / 4) * (x.size(3) / 4);
+  return nn::Sequential(
+      nn::Conv2d(nn::Conv2dOptions(x.size(1), 16, 3).padding(1)),
+      nn::BatchNorm2d(16), nn::ReLU(), nn::MaxPool2d(2),
+      nn::Conv2d(nn::Conv2dOptions(16, 32, 3).padding(1)), nn::BatchNorm2d(32),
+      nn::ReLU(), nn::MaxPool2d(2), nn::Flatten(), nn::Linear(flat, 64),
+      nn::BatchNorm1d(64), nn::ReLU(), nn::Linear(64, classes));
+}
+
 torch::Tensor ComputeLoss(Loss loss, const torch::Tensor& output,
                           const torch::Tensor& targets) {
   if (loss == Loss::kCrossEntropy) {

@@ -29,6 +29,15 @@ absl::StatusOr<torch::jit::Module> LoadModel(const std::string& path);
 // wrong kind for `loss`.
 absl::StatusOr<Dataset> LoadData(const std::string& path, Loss loss);
 
+// `--model builtin:cnn`: the demo's CNN (examples/make_demo.py's DemoNet)
+// in the C++ frontend, for (N, C, H, W) inputs with H, W multiples of 4 and
+// integer class targets; initialised from `seed`. A C++-frontend model can
+// have its BatchNorm layers converted to SyncBatchNorm. INVALID_ARGUMENT
+// naming the flag and the data file when the data does not fit.
+absl::StatusOr<torch::nn::Sequential> BuiltinModel(
+    const std::string& name, const Dataset& data, Loss loss, uint64_t seed,
+    const std::string& data_path);
+
 // Runs the model (eval mode, no grad, no state change) on the first samples
 // and checks that its output fits the targets under `loss`.
 // INVALID_ARGUMENT naming both files otherwise.
