@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/auth.h"
+#include "common/http_get.h"
 #include "concord/v1/operator.grpc.pb.h"
 #include "concord/v1/worker.grpc.pb.h"
 #include "coordinator/server.h"
@@ -63,28 +64,6 @@ inline v1::JoinRequest JoinReq(const std::string& job, int min, int max,
   return r;
 }
 
-// GET http://127.0.0.1:port/path; the whole response, or "" on error.
-inline std::string HttpGet(int port, const std::string& path) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
-  std::string out;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-    const std::string request =
-        absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
-    (void)!send(fd, request.data(), request.size(), MSG_NOSIGNAL);
-    char buf[4096];
-    pollfd p{fd, POLLIN, 0};
-    while (poll(&p, 1, 5000) > 0) {
-      const ssize_t n = read(fd, buf, sizeof(buf));
-      if (n <= 0) break;
-      out.append(buf, static_cast<size_t>(n));
-    }
-  }
-  close(fd);
-  return out;
-}
+using concord::HttpGet;
 
 }  // namespace concord::coordinator::testing
