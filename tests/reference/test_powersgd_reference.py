@@ -13,7 +13,6 @@ happened: the result must differ from uncompressed DDP by far more than that.
 """
 import argparse
 import os
-import socket
 import sys
 import tempfile
 
@@ -30,16 +29,21 @@ import fixtures  # noqa: E402
 BATCH, EPOCHS, LR = 8, 2, 0.1
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def reference_worker(rank, args, port, model, data, out):
+def reference_worker(rank, args, init_file, model, data, out):
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port,
+    # A file store and a barrier before tearing down, as torch_ddp_train.py
+    # does: a TCP store on rank 0 that goes away while the others still use it
+    # aborts them ("Resource deadlock avoided").
+    dist.init_process_group("gloo", init_method="file://" + init_file,
                             rank=rank, world_size=args.world_size)
+    try:
+        train(rank, args, model, data, out)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def train(rank, args, model, data, out):
     module = torch.jit.load(model)
     d = torch.load(data)
     ddp = DDP(module)
@@ -58,7 +62,6 @@ def reference_worker(rank, args, port, model, data, out):
             opt.zero_grad()
     if rank == 0:
         torch.save(module.state_dict(), out)
-    dist.destroy_process_group()
 
 
 def concord(args, model, data, out, hook):
@@ -99,7 +102,7 @@ def main():
         ref = os.path.join(tmp, "ref.pt")
         mp.start_processes(reference_worker, nprocs=args.world_size, join=True,
                            start_method="fork",
-                           args=(args, free_port(), model, data, ref))
+                           args=(args, os.path.join(tmp, "store"), model, data, ref))
         hook = "powersgd:%d:%d" % (args.rank, args.start_iter)
         out = os.path.join(tmp, "concord.pt")
         check(concord(args, model, data, out, hook), "concord-train --comm-hook " + hook)
