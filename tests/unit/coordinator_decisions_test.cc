@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
 #include "coordinator/core.h"
+#include "coordinator_requests.h"
 
 namespace concord::coordinator {
 namespace {
@@ -24,31 +25,11 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-constexpr char kJob[] = "job";
-
-std::string Secret(const std::string& worker) {
-  return absl::StrCat(worker, "-secret-0123456789");
-}
-std::string Worker(int i) { return absl::StrCat("w", i); }
-
-v1::JobSpec Spec(int max_workers, int min_workers = 1) {
-  v1::JobSpec spec;
-  spec.set_job_id(kJob);
-  spec.set_min_workers(min_workers);
-  spec.set_max_workers(max_workers);
-  return spec;
-}
-
-v1::JoinRequest JoinReq(const v1::JobSpec& spec, const std::string& worker,
-                        int64_t step = 0) {
-  v1::JoinRequest r;
-  *r.mutable_spec() = spec;
-  r.set_worker_id(worker);
-  r.set_worker_secret(Secret(worker));
-  r.set_host("h");
-  r.set_committed_step(step);
-  return r;
-}
+using testing::JoinReq;
+using testing::kJob;
+using testing::Secret;
+using testing::Spec;
+using testing::Worker;
 
 v1::HeartbeatRequest Hb(const std::string& worker, int64_t gen,
                         int64_t step = 0) {

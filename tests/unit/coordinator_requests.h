@@ -1,0 +1,41 @@
+#pragma once
+// Request builders shared by the coordinator core's unit tests: one job,
+// workers w0, w1, ... each with its own secret (Note [Worker binding]).
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "concord/v1/worker.pb.h"
+
+namespace concord::coordinator::testing {
+
+inline constexpr char kJob[] = "job";
+
+inline std::string Worker(int i) { return absl::StrCat("w", i); }
+
+inline std::string Secret(const std::string& worker) {
+  return absl::StrCat(worker, "-secret-0123456789");
+}
+
+// Durations left 0: the defaults (1 s / 10 s / 300 s).
+inline v1::JobSpec Spec(int max_workers, int min_workers = 1) {
+  v1::JobSpec spec;
+  spec.set_job_id(kJob);
+  spec.set_min_workers(min_workers);
+  spec.set_max_workers(max_workers);
+  return spec;
+}
+
+inline v1::JoinRequest JoinReq(const v1::JobSpec& spec,
+                               const std::string& worker,
+                               int64_t committed_step = 0) {
+  v1::JoinRequest r;
+  *r.mutable_spec() = spec;
+  r.set_worker_id(worker);
+  r.set_worker_secret(Secret(worker));
+  r.set_host(absl::StrCat(worker, ".local"));
+  r.set_committed_step(committed_step);
+  return r;
+}
+
+}  // namespace concord::coordinator::testing
