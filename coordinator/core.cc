@@ -109,6 +109,14 @@ absl::Status Core::Join(const v1::JoinRequest& request) {
   const absl::Time now = clock_->Now();
 
   Job* job = FindJob(spec.job_id());
+  const int64_t current = job == nullptr ? 0 : job->generation;
+  if (request.previous_generation() > current) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "previous_generation %d is ahead of job %s's current generation %d "
+        "(did the coordinator lose its state?)",
+        request.previous_generation(), spec.job_id(), current));
+  }
+  bool reform = false;
   if (job == nullptr) {
     if (jobs_.size() >= internal::kMaxJobs) {
       return absl::ResourceExhaustedError(absl::StrCat(
@@ -130,18 +138,33 @@ absl::Status Core::Join(const v1::JoinRequest& request) {
     }
     CONCORD_RETURN_IF_ERROR(
         CheckBinding(*job, worker_id, request.worker_secret()));
-    if (FindMember(job->members, worker_id) != job->members.end()) {
-      return absl::AlreadyExistsError(absl::StrFormat(
-          "worker %s is already a member of generation %d of job %s", worker_id,
-          job->generation, spec.job_id()));
+    auto member = FindMember(job->members, worker_id);
+    if (member != job->members.end()) {
+      // Note [Re-forming]: only naming the running generation ends it.
+      if (request.previous_generation() != job->generation ||
+          member->completed) {
+        return absl::AlreadyExistsError(absl::StrFormat(
+            "worker %s is already a member of generation %d of job %s%s",
+            worker_id, job->generation, spec.job_id(),
+            member->completed ? " and has completed" : ""));
+      }
+      reform = true;
     }
+  }
+  if (reform) {
+    EndGeneration(*job,
+                  absl::StrFormat("worker %s asked to re-form: %s", worker_id,
+                                  request.reform_reason().empty()
+                                      ? "no reason given"
+                                      : request.reform_reason()),
+                  /*removed=*/{});
   }
   job->bindings[worker_id] = request.worker_secret();
   job->finished.erase(worker_id);
 
   auto waiting = FindMember(job->waiting, worker_id);
   if (waiting != job->waiting.end()) {
-    // A retried Join: keep its place in the join order.
+    // A retried Join: keep its place.
     waiting->host = request.host();
     waiting->committed_step = request.committed_step();
   } else {
@@ -149,16 +172,31 @@ absl::Status Core::Join(const v1::JoinRequest& request) {
     m.worker_id = worker_id;
     m.host = request.host();
     m.committed_step = request.committed_step();
-    m.joined = now;
     m.last_heartbeat = now;
+    auto survivor = FindMember(job->expected, worker_id);
+    const bool back = survivor != job->expected.end();
+    m.joined = back ? survivor->joined : now;
     job->waiting.push_back(std::move(m));
     job->last_arrival = now;
-    AddEvent(*job, "join", worker_id,
-             absl::StrFormat("joined from %s at step %d (%d waiting; min %d, "
-                             "max %d)",
-                             request.host(), request.committed_step(),
-                             job->waiting.size(), spec.min_workers(),
-                             spec.max_workers()));
+    if (back) {
+      const size_t missing = static_cast<size_t>(std::count_if(
+          job->expected.begin(), job->expected.end(),
+          [&](const MemberState& e) { return Missing(*job, e.worker_id); }));
+      AddEvent(*job, "join", worker_id,
+               absl::StrFormat("joined again from %s at step %d after "
+                               "generation %d ended (%d waiting, %d "
+                               "survivor(s) not back yet; min %d, max %d)",
+                               request.host(), request.committed_step(),
+                               job->generation, job->waiting.size(), missing,
+                               spec.min_workers(), spec.max_workers()));
+    } else {
+      AddEvent(*job, "join", worker_id,
+               absl::StrFormat("joined from %s at step %d (%d waiting; min "
+                               "%d, max %d)",
+                               request.host(), request.committed_step(),
+                               job->waiting.size(), spec.min_workers(),
+                               spec.max_workers()));
+    }
   }
   MaybeFormGeneration(*job);
   Changed(*job);
@@ -204,11 +242,21 @@ absl::StatusOr<v1::HeartbeatResponse> Core::Heartbeat(
   CONCORD_RETURN_IF_ERROR(ValidateRequest(request));
   Job* job = FindJob(request.job_id());
   if (job == nullptr) return JobNotFound(request.job_id());
-  CONCORD_ASSIGN_OR_RETURN(
-      const size_t index,
-      CheckMember(*job, request.worker_id(), request.worker_secret(),
-                  request.generation()));
-  MemberState& member = job->members[index];
+  const absl::StatusOr<size_t> index = CheckMember(
+      *job, request.worker_id(), request.worker_secret(), request.generation());
+  if (!index.ok()) {
+    // Note [Re-forming]: an expected survivor still heartbeating its ended
+    // generation is alive, just catching up.
+    auto survivor = FindMember(job->expected, request.worker_id());
+    if (absl::IsAborted(index.status()) &&
+        request.generation() <= job->generation &&
+        survivor != job->expected.end()) {
+      survivor->last_heartbeat = clock_->Now();
+      Changed(*job, /*persist=*/false);
+    }
+    return index.status();
+  }
+  MemberState& member = job->members[*index];
   member.last_heartbeat = clock_->Now();
   member.committed_step = std::max(member.committed_step, request.step());
   member.samples_per_second = request.samples_per_second();
@@ -221,6 +269,7 @@ absl::StatusOr<v1::HeartbeatResponse> Core::Heartbeat(
   MaybeApplyBoundary(*job);
   response.set_current_generation(job->generation);
   response.set_state(job->state);
+  response.set_waiting_workers(WaitingWorkers(*job));
   return response;
 }
 
@@ -235,9 +284,10 @@ absl::StatusOr<v1::LeaveResponse> Core::Leave(const v1::LeaveRequest& request) {
   const std::string what = request.message().empty()
                                ? reason
                                : absl::StrCat(reason, ": ", request.message());
+  const bool out_of_data = request.reason() == v1::LEAVE_REASON_END_OF_DATA;
   v1::LeaveResponse response;
 
-  // A worker that left at an end-of-data boundary has nothing left to say.
+  // A worker that left for good has nothing left to say.
   if (job->finished.count(worker_id) > 0) {
     response.set_state(job->state);
     return response;
@@ -246,10 +296,51 @@ absl::StatusOr<v1::LeaveResponse> Core::Leave(const v1::LeaveRequest& request) {
   // generation to name.
   auto waiting = FindMember(job->waiting, worker_id);
   if (waiting != job->waiting.end()) {
-    job->waiting.erase(waiting);
+    const int64_t step = waiting->committed_step;
+    Forget(*job, worker_id);
     job->bindings.erase(worker_id);
-    AddEvent(*job, "leave", worker_id,
-             absl::StrCat("left before a generation formed: ", what));
+    if (out_of_data) {
+      job->finished.insert(worker_id);
+      AddEvent(*job, "leave", worker_id,
+               absl::StrFormat("ran out of data at step %d while waiting for a "
+                               "generation%s",
+                               step,
+                               request.message().empty()
+                                   ? ""
+                                   : absl::StrCat(": ", request.message())));
+    } else {
+      AddEvent(*job, "leave", worker_id,
+               absl::StrCat("left before a generation formed: ", what));
+    }
+    if (!(out_of_data && MaybeSucceed(*job))) MaybeFormGeneration(*job);
+    Changed(*job);
+    response.set_state(job->state);
+    return response;
+  }
+  // Note [Re-forming]: an expected survivor naming its ended generation
+  // leaves that way too (the Leave raced with the others' re-joins).
+  auto survivor = FindMember(job->expected, worker_id);
+  if (survivor != job->expected.end() &&
+      request.generation() == job->generation &&
+      request.reason() != v1::LEAVE_REASON_COMPLETED) {
+    const int64_t step = survivor->committed_step;
+    Forget(*job, worker_id);
+    job->bindings.erase(worker_id);
+    if (out_of_data) {
+      job->finished.insert(worker_id);
+      AddEvent(*job, "leave", worker_id,
+               absl::StrFormat("ran out of data at step %d, after generation "
+                               "%d ended%s",
+                               step, job->generation,
+                               request.message().empty()
+                                   ? ""
+                                   : absl::StrCat(": ", request.message())));
+    } else {
+      AddEvent(*job, "leave", worker_id,
+               absl::StrFormat("left after generation %d ended: %s",
+                               job->generation, what));
+    }
+    if (!(out_of_data && MaybeSucceed(*job))) MaybeFormGeneration(*job);
     Changed(*job);
     response.set_state(job->state);
     return response;
@@ -264,8 +355,8 @@ absl::StatusOr<v1::LeaveResponse> Core::Leave(const v1::LeaveRequest& request) {
     return response;
   }
 
-  AddEvent(*job, "leave", worker_id, what);
   if (request.reason() == v1::LEAVE_REASON_COMPLETED) {
+    AddEvent(*job, "leave", worker_id, what);
     member.completed = true;
     const bool all =
         std::all_of(job->members.begin(), job->members.end(),
@@ -276,10 +367,27 @@ absl::StatusOr<v1::LeaveResponse> Core::Leave(const v1::LeaveRequest& request) {
           *job, "job", "",
           absl::StrFormat("job succeeded in generation %d", job->generation));
     }
+  } else if (out_of_data) {
+    const int64_t step = member.committed_step;
+    job->bindings.erase(worker_id);
+    job->finished.insert(worker_id);
+    AddEvent(*job, "leave", worker_id,
+             absl::StrFormat("ran out of data at step %d%s", step,
+                             request.message().empty()
+                                 ? ""
+                                 : absl::StrCat(": ", request.message())));
+    EndGeneration(*job,
+                  absl::StrFormat("worker %s ran out of data at step %d",
+                                  worker_id, step),
+                  {worker_id});
+    if (!MaybeSucceed(*job)) MaybeFormGeneration(*job);
   } else {
+    AddEvent(*job, "leave", worker_id, what);
     job->bindings.erase(worker_id);
     EndGeneration(*job,
-                  absl::StrCat("worker ", worker_id, " left (", what, ")"));
+                  absl::StrCat("worker ", worker_id, " left (", what, ")"),
+                  {worker_id});
+    MaybeFormGeneration(*job);
   }
   Changed(*job);
   response.set_state(job->state);
@@ -383,7 +491,9 @@ void Core::MaybeApplyBoundary(Job& job) {
       absl::StrFormat("end-of-data boundary at step %d: %s left", boundary,
                       absl::StrJoin(leaving, ", "));
   if (anyone_left) {
-    EndGeneration(job, why);
+    EndGeneration(job, why,
+                  std::set<std::string>(leaving.begin(), leaving.end()));
+    if (!MaybeSucceed(job)) MaybeFormGeneration(job);
   } else {
     AddEvent(job, "generation", "",
              absl::StrFormat("generation %d ended: %s", job.generation, why));
@@ -400,45 +510,127 @@ void Core::MaybeApplyBoundary(Job& job) {
 void Core::Tick() {
   const absl::Time now = clock_->Now();
   for (auto& [job_id, job] : jobs_) {
+    const absl::Duration heartbeat_timeout =
+        absl::Milliseconds(job.spec.heartbeat_timeout_ms());
     if (job.state == v1::JOB_STATE_RUNNING) {
-      const absl::Duration timeout =
-          absl::Milliseconds(job.spec.heartbeat_timeout_ms());
-      std::vector<std::string> failed;
+      std::set<std::string> failed;
       for (const MemberState& m : job.members) {
         const absl::Duration silent = now - m.last_heartbeat;
-        if (m.completed || silent <= timeout) continue;
-        failed.push_back(m.worker_id);
+        if (m.completed || silent <= heartbeat_timeout) continue;
+        failed.insert(m.worker_id);
         AddEvent(job, "failure", m.worker_id,
                  absl::StrFormat("no heartbeat for %s (timeout %s)",
-                                 Seconds(silent), Seconds(timeout)));
+                                 Seconds(silent), Seconds(heartbeat_timeout)));
       }
       if (!failed.empty()) {
         for (const std::string& w : failed) job.bindings.erase(w);
         EndGeneration(job,
                       absl::StrCat("worker(s) ", absl::StrJoin(failed, ", "),
-                                   " stopped heartbeating"));
+                                   " stopped heartbeating"),
+                      failed);
+        MaybeFormGeneration(job);
         Changed(job);
       }
     } else if (job.state == v1::JOB_STATE_RENDEZVOUS) {
+      // Note [Formation]: expected survivors silent for too long are gone.
+      std::vector<std::string> dropped;
+      for (const MemberState& e : job.expected) {
+        const absl::Duration silent = now - e.last_heartbeat;
+        if (!Missing(job, e.worker_id) || silent <= heartbeat_timeout) continue;
+        dropped.push_back(e.worker_id);
+        AddEvent(job, "failure", e.worker_id,
+                 absl::StrFormat("did not join again after generation %d "
+                                 "ended: no heartbeat for %s (timeout %s)",
+                                 job.generation, Seconds(silent),
+                                 Seconds(heartbeat_timeout)));
+      }
+      for (const std::string& w : dropped) {
+        job.bindings.erase(w);
+        Forget(job, w);
+      }
       MaybeFormGeneration(job);
-      if (job.state == v1::JOB_STATE_RUNNING) {
+      const absl::Duration timeout =
+          absl::Milliseconds(job.spec.rendezvous_timeout_ms());
+      if (job.state == v1::JOB_STATE_RUNNING ||
+          now - job.rendezvous_started <= timeout) {
+        if (job.state == v1::JOB_STATE_RUNNING || !dropped.empty()) {
+          Changed(job);
+        }
+        continue;
+      }
+      // The rendezvous timed out: form with whoever is waiting, if enough.
+      std::vector<std::string> missing;
+      for (const MemberState& e : job.expected) {
+        if (Missing(job, e.worker_id)) missing.push_back(e.worker_id);
+      }
+      const size_t min = static_cast<size_t>(job.spec.min_workers());
+      const size_t max = static_cast<size_t>(job.spec.max_workers());
+      if (job.waiting.size() >= min) {
+        for (const std::string& w : missing) {
+          AddEvent(job, "failure", w,
+                   absl::StrFormat("did not join again after generation %d "
+                                   "ended, within the rendezvous timeout %s",
+                                   job.generation, Seconds(timeout)));
+          job.bindings.erase(w);
+          Forget(job, w);
+        }
+        FormGeneration(job, std::min(job.waiting.size(), max));
         Changed(job);
         continue;
       }
-      const absl::Duration timeout =
-          absl::Milliseconds(job.spec.rendezvous_timeout_ms());
-      if (now - job.rendezvous_started <= timeout) continue;
       job.state = v1::JOB_STATE_FAILED;
       job.failure = absl::StrFormat(
           "rendezvous timed out after %s with %d worker(s) waiting; "
           "min_workers is %d",
           Seconds(timeout), job.waiting.size(), job.spec.min_workers());
+      if (!missing.empty()) {
+        absl::StrAppendFormat(
+            &job.failure,
+            "; survivor(s) %s of generation %d did not join again",
+            absl::StrJoin(missing, ", "), job.generation);
+      }
       for (const MemberState& m : job.waiting) job.bindings.erase(m.worker_id);
+      for (const std::string& w : missing) job.bindings.erase(w);
       job.waiting.clear();
+      job.expected.clear();
       AddEvent(job, "job", "", absl::StrCat("job failed: ", job.failure));
       Changed(job);
     }
   }
+}
+
+bool Core::Missing(const Job& job, const std::string& worker_id) {
+  return FindMember(job.expected, worker_id) != job.expected.end() &&
+         FindMember(job.waiting, worker_id) == job.waiting.end();
+}
+
+void Core::Forget(Job& job, const std::string& worker_id) {
+  auto e = FindMember(job.expected, worker_id);
+  if (e != job.expected.end()) job.expected.erase(e);
+  auto w = FindMember(job.waiting, worker_id);
+  if (w != job.waiting.end()) job.waiting.erase(w);
+}
+
+bool Core::MaybeSucceed(Job& job) {
+  if (job.state != v1::JOB_STATE_RENDEZVOUS || job.generation == 0 ||
+      !job.members.empty() || !job.expected.empty() || !job.waiting.empty()) {
+    return false;
+  }
+  job.state = v1::JOB_STATE_SUCCEEDED;
+  AddEvent(job, "job", "",
+           absl::StrFormat("job succeeded after generation %d: every worker "
+                           "ran out of data or completed",
+                           job.generation));
+  return true;
+}
+
+int32_t Core::WaitingWorkers(const Job& job) {
+  if (job.state != v1::JOB_STATE_RUNNING) return 0;
+  const int64_t room =
+      std::max<int64_t>(0, int64_t{job.spec.max_workers()} -
+                               static_cast<int64_t>(job.members.size()));
+  return static_cast<int32_t>(
+      std::min(room, static_cast<int64_t>(job.waiting.size())));
 }
 
 // Note [Formation].
@@ -446,22 +638,42 @@ void Core::MaybeFormGeneration(Job& job) {
   if (job.state != v1::JOB_STATE_RENDEZVOUS) return;
   const size_t max = static_cast<size_t>(job.spec.max_workers());
   const size_t min = static_cast<size_t>(job.spec.min_workers());
-  const absl::Time now = clock_->Now();
-  size_t n = 0;
-  if (job.waiting.size() >= max) {
-    n = max;
-  } else if (job.waiting.size() >= min &&
-             now - job.last_arrival >=
-                 absl::Milliseconds(job.spec.settle_ms())) {
-    n = job.waiting.size();
-  } else {
+  if (!job.expected.empty()) {
+    // Survivors: as soon as all are back and there are enough, no settling.
+    for (const MemberState& e : job.expected) {
+      if (Missing(job, e.worker_id)) return;
+    }
+    if (job.waiting.size() < min) return;
+    FormGeneration(job, std::min(job.waiting.size(), max));
     return;
   }
+  if (job.waiting.size() >= max) {
+    FormGeneration(job, max);
+  } else if (job.waiting.size() >= min &&
+             clock_->Now() - job.last_arrival >=
+                 absl::Milliseconds(job.spec.settle_ms())) {
+    FormGeneration(job, job.waiting.size());
+  }
+}
+
+void Core::FormGeneration(Job& job, size_t n) {
+  const absl::Time now = clock_->Now();
+  // Survivors first, then by first-join time: the rank order.
+  std::stable_sort(job.waiting.begin(), job.waiting.end(),
+                   [&](const MemberState& a, const MemberState& b) {
+                     const bool sa = FindMember(job.expected, a.worker_id) !=
+                                     job.expected.end();
+                     const bool sb = FindMember(job.expected, b.worker_id) !=
+                                     job.expected.end();
+                     if (sa != sb) return sa;
+                     return a.joined < b.joined;
+                   });
   job.members.assign(std::make_move_iterator(job.waiting.begin()),
                      std::make_move_iterator(job.waiting.begin() + n));
   job.waiting.erase(job.waiting.begin(), job.waiting.begin() + n);
-  // Ranks follow the join order, so a strict comparison in rank order breaks
-  // ties in favour of the longest-lived member.
+  job.expected.clear();
+  // Ranks follow first-join order, so a strict comparison in rank order
+  // breaks ties in favour of the longest-lived member.
   job.authoritative_rank = 0;
   for (size_t i = 0; i < job.members.size(); ++i) {
     MemberState& m = job.members[i];
@@ -484,19 +696,38 @@ void Core::MaybeFormGeneration(Job& job) {
                            job.authoritative_rank));
 }
 
-void Core::EndGeneration(Job& job, const std::string& why) {
+void Core::EndGeneration(Job& job, const std::string& why,
+                         const std::set<std::string>& removed) {
+  // Note [Re-forming]: the others are expected in the next generation. Each
+  // must Join again, which is how a worker learns that its generation is gone
+  // (Note [Generations]); they stay bound (Note [Worker binding]).
+  job.expected.clear();
+  std::vector<std::string> survivors;
+  for (MemberState& m : job.members) {
+    if (removed.count(m.worker_id) > 0) continue;
+    if (m.completed) {
+      job.finished.insert(m.worker_id);
+      job.bindings.erase(m.worker_id);
+      continue;
+    }
+    m.rank = -1;
+    m.end_of_data_step.reset();
+    survivors.push_back(m.worker_id);
+    job.expected.push_back(std::move(m));
+  }
   AddEvent(job, "generation", "",
-           absl::StrFormat("generation %d ended: %s", job.generation, why));
-  // Survivors are not carried over: each must Join again, which is how a
-  // worker learns that its generation is gone (Note [Generations]). They
-  // stay bound (Note [Worker binding]).
+           absl::StrFormat("generation %d ended: %s%s", job.generation, why,
+                           survivors.empty()
+                               ? ""
+                               : absl::StrCat("; expecting ",
+                                              absl::StrJoin(survivors, ", "),
+                                              " to join again")));
   job.members.clear();
   job.kv.clear();
   job.boundary_step.reset();
   job.authoritative_rank = 0;
   job.state = v1::JOB_STATE_RENDEZVOUS;
   job.rendezvous_started = clock_->Now();
-  MaybeFormGeneration(job);
 }
 
 void Core::AddEvent(Job& job, std::string kind, std::string worker_id,

@@ -15,21 +15,38 @@
 // with ABORTED. Generation numbers never go backwards, across restarts too
 // (they are persisted, Note [Persistence]).
 //
-// Note [Formation]: a generation forms as soon as max_workers are waiting,
-// or once at least min_workers are waiting and no new worker has arrived for
-// the job's settle period (JobSpec.settle_ms, default 2 s). With fewer than
-// min_workers waiting for longer than the rendezvous timeout the job fails,
-// and the reason says how many were there. Ranks follow join order.
+// Note [Formation]: with expected survivors of an ended generation (Note
+// [Re-forming]) the next generation forms as soon as every one of them is
+// waiting again and at least min_workers are waiting, without a settle
+// period; an expected survivor not back within heartbeat_timeout of its last
+// heartbeat is dropped (a "failure" event; its binding is released), which
+// may let the generation form. With no expected survivors (the first
+// generation, or every one was dropped) a generation forms as soon as
+// max_workers are waiting, or once at least min_workers are waiting and no
+// new worker has arrived for the job's settle period (JobSpec.settle_ms,
+// default 2 s). A generation admits at most max_workers: survivors first,
+// then the others, each group by the time the worker process first joined
+// the job (kept across its re-joins), which is also the rank order; so
+// survivors keep their relative order and newcomers get the highest ranks.
+// The authoritative rank is the member with the highest committed step
+// (re-joining workers report theirs in JoinRequest.committed_step), ties to
+// the lowest rank, i.e. the longest-lived. When the rendezvous outlives its
+// timeout with at least min_workers waiting, the expected survivors still
+// missing are dropped and the generation forms with those waiting; with
+// fewer the job fails, and the reason says how many were there.
 //
 // Note [Worker binding]: the worker token says "some worker", not which one.
 // So the first Join of (job, worker_id) binds that pair to the random
 // worker_secret the worker process chose; every later call naming the worker
 // must carry the same secret (else PERMISSION_DENIED). The binding lasts while
-// the worker waits, is a member, or is a survivor expected to join again; it
-// is released when the worker withdraws, leaves with an error, is declared
-// failed, drained, or leaves at an end-of-data boundary, so a restarted
-// process (new secret) can take the id again. KvSet/KvGet/ReportEndOfData
-// must come from a bound member of the named generation, so a worker can act
+// the worker waits, is a member, or is a survivor expected to join again
+// (Note [Re-forming]); it is released when the worker withdraws, leaves with
+// an error, is declared failed (or dropped as an expected survivor), is
+// drained, runs out of data (an end-of-data boundary or Leave(END_OF_DATA)),
+// or had completed when its generation ended, so a restarted process (new
+// secret) can take the id again. The worker's first-join time (Note
+// [Formation]) lives as long as its binding. KvSet/KvGet/ReportEndOfData must
+// come from a bound member of the named generation, so a worker can act
 // neither for another worker nor in another job.
 //
 // Note [End of data]: a member reports "no more data after step s"
@@ -39,15 +56,56 @@
 // down while nobody has passed it and is announced in heartbeat responses
 // and membership updates. Once every member has committed the boundary step,
 // the members whose data ends there leave (released, refused nothing: a later
-// Leave of theirs is a harmless no-op) and the rest re-form at g+1 (or the
-// job succeeds when no one is left). Reports are per generation.
+// Leave of theirs is a harmless no-op) and the rest re-form at g+1 as
+// expected survivors (or the job succeeds when no one is left). Reports are
+// per generation. A member that ran out of data at a step boundary the
+// members agreed on among themselves says so with Leave(END_OF_DATA) instead
+// (Note [Re-forming]).
 //
-// Note [Persistence]: every change except a plain heartbeat marks its job
-// dirty; the service writes dirty jobs (ExportJob) to its Store before it
-// answers. After a restart, RestoreJob brings each job back with the same
-// generation, members, bindings and events; heartbeat ages and rendezvous
-// timers restart from the restore time, so workers get a full timeout to
-// reconnect.
+// Note [Re-forming]: when a generation ends (a re-form request, a Leave with
+// another reason than COMPLETED, a heartbeat failure, an end-of-data boundary
+// or Leave, a drain), its members that did not cause the end become expected
+// survivors of the next one (Note [Formation]): not the failed, drained,
+// erroring or finished ones, nor those that had completed (they are finished
+// too). Each keeps its binding, its first-join time and its last heartbeat
+// time. Expected survivors that join again stay expected (and waiting) until
+// the next generation forms.
+//  - Join with previous_generation = the current, running generation from a
+//    member of it: the worker says that generation is over (its communicator
+//    failed, or the members agreed to re-form at a step boundary). The
+//    generation ends (the event names the worker and its reform_reason) and
+//    the worker, a survivor, is waiting at once. Without previous_generation
+//    (0) or naming an older one, a member of the running generation is
+//    ALREADY_EXISTS, as is a member that has completed. From anyone else an
+//    older or ended previous_generation is a plain join (a survivor catching
+//    up). A previous_generation above the job's current one (0 for a job the
+//    coordinator does not know) is INVALID_ARGUMENT.
+//  - A Heartbeat from an expected survivor naming its ended generation (or
+//    an older one) refreshes its liveness (it is alive, just catching up)
+//    and is still ABORTED.
+//  - Leave(END_OF_DATA) from a member of the running generation: the worker
+//    is finished (its binding released) and the generation ends without it.
+//    From an expected survivor naming its ended generation (such a Leave
+//    races with the others' re-joins, so it is not ABORTED): it is finished
+//    and no longer expected. Either way, once no member, expected survivor
+//    or waiting worker is left, the job has succeeded. A repeated Leave of a
+//    finished worker is a harmless no-op. Leave(ERROR) (or UNSPECIFIED) from
+//    an expected survivor naming its ended generation drops it (released).
+//    Leave(COMPLETED) keeps its meaning: a member completed, and the job
+//    succeeds when every member has.
+//  - HeartbeatResponse and MembershipUpdate carry waiting_workers, the number
+//    of waiting workers the next generation could admit: min(waiting,
+//    max_workers - members) while running, else 0; members re-form at a step
+//    boundary to let them in. Every Join changes the membership version, so
+//    watchers see it change.
+//
+// Note [Persistence]: every change except a plain heartbeat (or a stale one
+// that refreshes an expected survivor) marks its job dirty; the service
+// writes dirty jobs (ExportJob) to its Store before it answers. After a
+// restart, RestoreJob brings each job back with the same generation,
+// members, waiting workers, expected survivors, first-join times, bindings,
+// finished workers and events; heartbeat ages and rendezvous timers restart
+// from the restore time, so workers get a full timeout to reconnect.
 
 #include <cstdint>
 #include <deque>
@@ -93,12 +151,14 @@ class Core {
 
   // Registers a worker. Creates the job on its first Join. Returns at once;
   // the assignment is available from `GetAssignment()` once the generation
-  // has formed (Note [Formation]).
-  // Errors: INVALID_ARGUMENT (bad ids, secret, spec), FAILED_PRECONDITION
-  // (spec differs from the job's, the job has ended, or the worker was
-  // drained), PERMISSION_DENIED (worker_id bound to another secret),
-  // ALREADY_EXISTS (worker_id is a member of the current running generation),
-  // RESOURCE_EXHAUSTED (too many jobs).
+  // has formed (Note [Formation]). A member naming its running generation in
+  // previous_generation ends it (Note [Re-forming]).
+  // Errors: INVALID_ARGUMENT (bad ids, secret, spec, reform_reason, or a
+  // previous_generation above the current one), FAILED_PRECONDITION (spec
+  // differs from the job's, the job has ended, or the worker was drained),
+  // PERMISSION_DENIED (worker_id bound to another secret), ALREADY_EXISTS
+  // (worker_id is a member of the current running generation and does not
+  // name it in previous_generation), RESOURCE_EXHAUSTED (too many jobs).
   absl::Status Join(const v1::JoinRequest& request);
 
   // The worker's place in the current generation, or nullopt while the
@@ -110,14 +170,19 @@ class Core {
   // Records liveness, the committed step, throughput and DDP timings.
   // ABORTED when `generation` is not current (or has ended), NOT_FOUND for
   // an unknown job or a worker that is not a member, FAILED_PRECONDITION when
-  // the job has failed, PERMISSION_DENIED for a wrong secret.
+  // the job has failed, PERMISSION_DENIED for a wrong secret. An expected
+  // survivor's ABORTED heartbeat still counts as a sign of life (Note
+  // [Re-forming]).
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(
       const v1::HeartbeatRequest& request);
 
   // COMPLETED marks the member done (the job succeeds when every member has
-  // completed); any other reason ends the generation. A worker still waiting
-  // for a generation withdraws (its `generation` is ignored). Errors as for
-  // Heartbeat.
+  // completed); END_OF_DATA finishes the worker and ends its generation;
+  // any other reason ends the generation. A worker still waiting for a
+  // generation withdraws (its `generation` is ignored; with END_OF_DATA it is
+  // finished). An expected survivor naming its ended generation is finished
+  // (END_OF_DATA) or dropped (ERROR, UNSPECIFIED) (Note [Re-forming]).
+  // Errors as for Heartbeat.
   absl::StatusOr<v1::LeaveResponse> Leave(const v1::LeaveRequest& request);
 
   // Key-value store scoped to (job, generation), for members of that
@@ -153,8 +218,9 @@ class Core {
       const v1::StopJobRequest& request);
 
   // Forms generations whose settle period has passed, declares members whose
-  // last heartbeat is older than the job's timeout failed, and fails jobs
-  // whose rendezvous outlived its timeout. Call periodically.
+  // last heartbeat is older than the job's timeout failed, drops expected
+  // survivors as silent for as long, and forms or fails jobs whose
+  // rendezvous outlived its timeout (Note [Formation]). Call periodically.
   void Tick();
 
   // Bumped on every state change; lets waiters know when to re-ask.
@@ -182,6 +248,7 @@ class Core {
     std::string worker_id;
     std::string host;
     int64_t committed_step = 0;
+    // When this worker process first joined the job (Note [Formation]).
     absl::Time joined;
     absl::Time last_heartbeat;
     int32_t rank = -1;
@@ -198,6 +265,10 @@ class Core {
     int32_t authoritative_rank = 0;
     std::vector<MemberState> members;  // of the current generation, by rank
     std::vector<MemberState> waiting;  // registered for the next generation
+    // Survivors of the ended generation `generation` that the next one waits
+    // for (Note [Re-forming]); those already back are in `waiting` too.
+    // Empty while a generation runs.
+    std::vector<MemberState> expected;
     absl::Time rendezvous_started;
     absl::Time last_arrival;  // of a new waiting worker (Note [Formation])
     std::map<std::string, std::string> kv;  // of the current generation
@@ -205,7 +276,9 @@ class Core {
     int64_t next_event_seq = 1;
     std::map<std::string, std::string> bindings;  // Note [Worker binding]
     std::set<std::string> drained;
-    std::set<std::string> finished;  // left at an end-of-data boundary
+    // Left for good: ran out of data, or had completed when their generation
+    // ended. A later Leave of theirs is a no-op.
+    std::set<std::string> finished;
     std::optional<int64_t> boundary_step;
   };
 
@@ -220,8 +293,24 @@ class Core {
                                      const std::string& worker_id,
                                      const std::string& secret,
                                      int64_t generation) const;
+  // Note [Formation]: forms the next generation when its rule allows.
   void MaybeFormGeneration(Job& job);
-  void EndGeneration(Job& job, const std::string& why);
+  // Forms the next generation from the first `n` waiting workers (survivors
+  // first, then by first-join time).
+  void FormGeneration(Job& job, size_t n);
+  // Ends the running generation; its members other than `removed` become
+  // expected survivors (Note [Re-forming]). Does not form the next one.
+  void EndGeneration(Job& job, const std::string& why,
+                     const std::set<std::string>& removed);
+  // Whether `worker_id` is an expected survivor that has not joined again.
+  static bool Missing(const Job& job, const std::string& worker_id);
+  // Removes `worker_id` from `expected` (and `waiting`).
+  static void Forget(Job& job, const std::string& worker_id);
+  // Once no member, expected survivor or waiting worker is left after a
+  // worker ran out of data, the job has succeeded; returns whether it has.
+  bool MaybeSucceed(Job& job);
+  // Note [Re-forming]: waiting workers the next generation could admit.
+  static int32_t WaitingWorkers(const Job& job);
   void MaybeApplyBoundary(Job& job);
   void AddEvent(Job& job, std::string kind, std::string worker_id,
                 std::string message);
@@ -230,6 +319,8 @@ class Core {
   static bool Ended(const Job& job);
   static absl::Status EndedError(const Job& job);
   v1::MemberStatus StatusOf(const MemberState& m) const;
+  // RestoreJob's consistency checks of a job's workers.
+  static absl::Status CheckRestoredWorkers(const Job& job);
 
   const Clock* clock_;
   std::map<std::string, Job> jobs_;

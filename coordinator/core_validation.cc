@@ -240,6 +240,10 @@ absl::Status ValidateRequest(const v1::JoinRequest& r) {
   CONCORD_RETURN_IF_ERROR(ValidateSecret(r.worker_secret()));
   CONCORD_RETURN_IF_ERROR(ValidText("host", r.host(), kMaxHostLength));
   CONCORD_RETURN_IF_ERROR(NonNegative("committed_step", r.committed_step()));
+  CONCORD_RETURN_IF_ERROR(
+      NonNegative("previous_generation", r.previous_generation()));
+  CONCORD_RETURN_IF_ERROR(
+      ValidText("reform_reason", r.reform_reason(), kMaxMessageLength));
   return ValidateWait(r.wait_timeout_ms());
 }
 

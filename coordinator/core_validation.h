@@ -5,10 +5,11 @@
 //
 // Rules: job and worker ids are 1-128 characters of [A-Za-z0-9._:-] and do
 // not start with '.'; worker secrets 16-256 printable ASCII characters;
-// hosts at most 255 bytes; messages and reasons at most 4096 bytes; keys
-// 1-1024 bytes, values at most 4 MiB, at most 4096 keys per KvGet; steps and
-// generations non-negative; rates and timings finite and non-negative; waits
-// at most 1 h. Spec limits are in ValidateSpec.
+// hosts at most 255 bytes; messages and reasons (reform_reason too) at most
+// 4096 bytes; text is UTF-8; keys 1-1024 bytes, values at most 4 MiB, at most
+// 4096 keys per KvGet; steps and generations (previous_generation too)
+// non-negative; rates and timings finite and non-negative; waits at most
+// 1 h. Spec limits are in ValidateSpec.
 
 #include <string>
 

@@ -2,6 +2,7 @@
 // membership view, and persistence (export/restore of job records).
 
 #include <algorithm>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -51,6 +52,7 @@ absl::StatusOr<v1::MembershipUpdate> Core::Membership(
   update.set_authoritative_rank(job->authoritative_rank);
   update.set_world_size(static_cast<int32_t>(job->members.size()));
   update.set_rank(-1);
+  update.set_waiting_workers(WaitingWorkers(*job));
   for (const MemberState& m : job->members) {
     v1::Member& out = *update.add_members();
     out.set_worker_id(m.worker_id);
@@ -122,6 +124,9 @@ absl::StatusOr<v1::JobStatus> Core::GetJob(
   for (const MemberState& m : job->waiting) {
     *status.add_waiting() = StatusOf(m);
   }
+  for (const MemberState& m : job->expected) {
+    if (Missing(*job, m.worker_id)) *status.add_expected() = StatusOf(m);
+  }
   if (job->boundary_step.has_value()) {
     status.set_boundary_step(*job->boundary_step);
   }
@@ -162,21 +167,24 @@ absl::StatusOr<v1::DrainWorkerResponse> Core::DrainWorker(
           ? std::string("drained by an operator")
           : absl::StrCat("drained by an operator: ", request.reason());
   v1::DrainWorkerResponse response;
-  auto waiting = FindMember(job->waiting, worker_id);
+  const bool waiting =
+      FindMember(job->waiting, worker_id) != job->waiting.end();
   const bool member = FindMember(job->members, worker_id) != job->members.end();
-  if (waiting == job->waiting.end() && !member &&
-      job->bindings.count(worker_id) == 0) {
+  if (!waiting && !member && job->bindings.count(worker_id) == 0) {
     return absl::NotFoundError(absl::StrFormat("worker %s is not in job %s",
                                                worker_id, request.job_id()));
   }
   job->drained.insert(worker_id);
   job->bindings.erase(worker_id);
   AddEvent(*job, "drain", worker_id, why);
-  if (waiting != job->waiting.end()) job->waiting.erase(waiting);
+  // Neither waiting nor expected any more (Note [Re-forming]).
+  Forget(*job, worker_id);
   if (member) {
     response.set_ended_generation(job->generation);
-    EndGeneration(*job, absl::StrCat("worker ", worker_id, " ", why));
+    EndGeneration(*job, absl::StrCat("worker ", worker_id, " ", why),
+                  {worker_id});
   }
+  MaybeFormGeneration(*job);
   Changed(*job);
   return response;
 }
@@ -194,6 +202,7 @@ absl::StatusOr<v1::StopJobResponse> Core::StopJob(
             ? std::string("stopped by an operator")
             : absl::StrCat("stopped by an operator: ", request.reason());
     job->waiting.clear();
+    job->expected.clear();
     job->kv.clear();
     job->boundary_step.reset();
     AddEvent(*job, "stop", "", job->failure);
@@ -208,6 +217,7 @@ std::optional<v1::JobRecord> Core::ExportJob(const std::string& job_id) const {
   if (job == nullptr) return std::nullopt;
   auto member_record = [](const MemberState& m) {
     v1::MemberRecord r;
+    r.set_last_heartbeat_unix_ms(UnixMs(m.last_heartbeat));
     r.set_worker_id(m.worker_id);
     r.set_host(m.host);
     r.set_committed_step(m.committed_step);
@@ -232,6 +242,10 @@ std::optional<v1::JobRecord> Core::ExportJob(const std::string& job_id) const {
   for (const MemberState& m : job->waiting) {
     *record.add_waiting() = member_record(m);
   }
+  for (const MemberState& m : job->expected) {
+    *record.add_expected() = member_record(m);
+  }
+  for (const std::string& w : job->finished) record.add_finished(w);
   for (const auto& [k, v] : job->kv) (*record.mutable_kv())[k] = v;
   for (const Event& e : job->events) *record.add_events() = ToProto(e);
   record.set_next_event_seq(job->next_event_seq);
@@ -241,6 +255,56 @@ std::optional<v1::JobRecord> Core::ExportJob(const std::string& job_id) const {
     record.set_boundary_step(*job->boundary_step);
   }
   return record;
+}
+
+// Note [Re-forming]: expected survivors belong to an ended generation whose
+// successor has not formed, are bound, and are neither drained nor finished;
+// no worker is twice a member, waiting or expected.
+absl::Status Core::CheckRestoredWorkers(const Job& job) {
+  const std::string& id = job.spec.job_id();
+  auto bad = [&](const std::string& what) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job record ", id, ": ", what));
+  };
+  std::set<std::string> members, waiting, expected;
+  for (const MemberState& m : job.members) {
+    if (!members.insert(m.worker_id).second) {
+      return bad(absl::StrCat("member ", m.worker_id, " is listed twice"));
+    }
+  }
+  for (const MemberState& m : job.waiting) {
+    if (!waiting.insert(m.worker_id).second || members.count(m.worker_id)) {
+      return bad(absl::StrCat("waiting worker ", m.worker_id,
+                              " is listed twice or is a member"));
+    }
+  }
+  if (!job.expected.empty() && (job.state != v1::JOB_STATE_RENDEZVOUS ||
+                                !job.members.empty() || job.generation < 1)) {
+    return bad(
+        "expected survivors outside a rendezvous after an ended generation");
+  }
+  for (const MemberState& m : job.expected) {
+    if (absl::Status s = ValidateId("expected.worker_id", m.worker_id);
+        !s.ok()) {
+      return bad(std::string(s.message()));
+    }
+    if (!expected.insert(m.worker_id).second) {
+      return bad(
+          absl::StrCat("expected survivor ", m.worker_id, " is listed twice"));
+    }
+    if (job.bindings.count(m.worker_id) == 0 ||
+        job.drained.count(m.worker_id) > 0 ||
+        job.finished.count(m.worker_id) > 0) {
+      return bad(absl::StrCat("expected survivor ", m.worker_id,
+                              " is unbound, drained or finished"));
+    }
+  }
+  for (const std::string& w : job.finished) {
+    if (absl::Status s = ValidateId("finished", w); !s.ok()) {
+      return bad(std::string(s.message()));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Core::RestoreJob(const v1::JobRecord& record) {
@@ -276,12 +340,19 @@ absl::Status Core::RestoreJob(const v1::JobRecord& record) {
   for (const auto& r : record.waiting()) {
     job.waiting.push_back(restore_member(r));
   }
+  for (const auto& r : record.expected()) {
+    job.expected.push_back(restore_member(r));
+  }
   for (size_t i = 0; i < job.members.size(); ++i) {
     if (job.members[i].rank != static_cast<int32_t>(i)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "job record ", record.spec().job_id(), ": ranks out of order"));
     }
   }
+  job.bindings.insert(record.bindings().begin(), record.bindings().end());
+  job.drained.insert(record.drained().begin(), record.drained().end());
+  job.finished.insert(record.finished().begin(), record.finished().end());
+  CONCORD_RETURN_IF_ERROR(CheckRestoredWorkers(job));
   job.rendezvous_started = now;
   job.last_arrival = now;
   job.kv.insert(record.kv().begin(), record.kv().end());
@@ -291,8 +362,6 @@ absl::Status Core::RestoreJob(const v1::JobRecord& record) {
   job.next_event_seq =
       std::max<int64_t>(record.next_event_seq(),
                         job.events.empty() ? 1 : job.events.back().seq + 1);
-  job.bindings.insert(record.bindings().begin(), record.bindings().end());
-  job.drained.insert(record.drained().begin(), record.drained().end());
   if (record.has_boundary_step()) job.boundary_step = record.boundary_step();
 
   Job* existing = FindJob(record.spec().job_id());

@@ -291,27 +291,39 @@ TEST_F(CoordinatorCoreTest,
   EXPECT_EQ(core_.GetAssignment(kJob, Worker(0)).status().code(),
             absl::StatusCode::kNotFound);
 
-  // They re-join with a new worker; the next generation is 2, and the
-  // authoritative rank is the survivor with the most progress.
+  // They re-join, and a new worker joins; the next generation is 2. The
+  // survivors keep their order ahead of the newcomer, and the authoritative
+  // rank is the survivor with the most progress.
   const v1::JobSpec spec = Spec(3);
   ASSERT_TRUE(core_.Join(JoinReq(spec, "fresh", 0)).ok());
   ASSERT_TRUE(core_.Join(JoinReq(spec, Worker(1), 9)).ok());
-  ASSERT_TRUE(core_.Join(JoinReq(spec, Worker(0), 9)).ok());
+  ASSERT_TRUE(core_.Join(JoinReq(spec, Worker(0), 8)).ok());
   EXPECT_EQ(core_.CurrentGeneration(kJob), 2);
-  EXPECT_EQ(AssignmentOf("fresh").rank, 0);
-  EXPECT_EQ(AssignmentOf(Worker(0)).rank, 2);
+  EXPECT_EQ(AssignmentOf(Worker(0)).rank, 0);
+  EXPECT_EQ(AssignmentOf(Worker(1)).rank, 1);
+  EXPECT_EQ(AssignmentOf("fresh").rank, 2);
   EXPECT_EQ(AssignmentOf(Worker(0)).authoritative_rank, 1);
   EXPECT_EQ(HeartbeatCode(Worker(0), 1), absl::StatusCode::kAborted);
   EXPECT_EQ(HeartbeatCode(Worker(0), 2), absl::StatusCode::kOk);
 
-  // An error Leave ends generation 2; the next one is 3, never lower.
+  // An error Leave ends generation 2; the next one is 3, never lower. Even
+  // max_workers newcomers wait for the survivors, who hold the model.
   ASSERT_TRUE(Leave("fresh", 2, v1::LEAVE_REASON_ERROR).ok());
   EXPECT_EQ(core_.State(kJob), v1::JOB_STATE_RENDEZVOUS);
   EXPECT_EQ(core_.CurrentGeneration(kJob), 2);
   for (const char* w : {"x", "y", "z"}) {
     ASSERT_TRUE(core_.Join(JoinReq(spec, w)).ok());
   }
+  EXPECT_EQ(core_.CurrentGeneration(kJob), 2);
+  ASSERT_TRUE(core_.Join(JoinReq(spec, Worker(1), 12)).ok());
+  ASSERT_TRUE(core_.Join(JoinReq(spec, Worker(0), 12)).ok());
   EXPECT_EQ(core_.CurrentGeneration(kJob), 3);
+  EXPECT_EQ(AssignmentOf(Worker(0)).rank, 0);
+  EXPECT_EQ(AssignmentOf(Worker(1)).rank, 1);
+  EXPECT_EQ(AssignmentOf("x").rank, 2);
+  auto y = core_.GetAssignment(kJob, "y");  // still waiting
+  ASSERT_TRUE(y.ok());
+  EXPECT_FALSE(y->has_value());
   EXPECT_THAT(EventKinds(), ::testing::Contains("leave"));
 }
 
