@@ -38,4 +38,51 @@ inline v1::JoinRequest JoinReq(const v1::JobSpec& spec,
   return r;
 }
 
+// A Join from a worker that was a member of `previous_generation`. While that
+// generation runs, it is a re-form request (Note [Re-forming]).
+inline v1::JoinRequest RejoinReq(const v1::JobSpec& spec,
+                                 const std::string& worker,
+                                 int64_t previous_generation,
+                                 int64_t committed_step = 0,
+                                 const std::string& reform_reason = "") {
+  v1::JoinRequest r = JoinReq(spec, worker, committed_step);
+  r.set_previous_generation(previous_generation);
+  r.set_reform_reason(reform_reason);
+  return r;
+}
+
+inline v1::HeartbeatRequest HeartbeatReq(const std::string& worker,
+                                         int64_t generation, int64_t step = 0) {
+  v1::HeartbeatRequest r;
+  r.set_job_id(kJob);
+  r.set_worker_id(worker);
+  r.set_worker_secret(Secret(worker));
+  r.set_generation(generation);
+  r.set_step(step);
+  return r;
+}
+
+inline v1::LeaveRequest LeaveReq(const std::string& worker, int64_t generation,
+                                 v1::LeaveReason reason) {
+  v1::LeaveRequest r;
+  r.set_job_id(kJob);
+  r.set_worker_id(worker);
+  r.set_worker_secret(Secret(worker));
+  r.set_generation(generation);
+  r.set_reason(reason);
+  return r;
+}
+
+inline v1::EndOfDataRequest EndOfDataReq(const std::string& worker,
+                                         int64_t generation,
+                                         int64_t last_step) {
+  v1::EndOfDataRequest r;
+  r.set_job_id(kJob);
+  r.set_worker_id(worker);
+  r.set_worker_secret(Secret(worker));
+  r.set_generation(generation);
+  r.set_last_step(last_step);
+  return r;
+}
+
 }  // namespace concord::coordinator::testing
