@@ -15,6 +15,8 @@
 //  2. a request refused with INVALID_ARGUMENT changed nothing (the core's
 //     version and every job's exported record are as before);
 //  3. every assignment is consistent (0 <= rank < world size = members);
+//  4. expected survivors (Note [Re-forming]) only exist between
+//     generations and are never members;
 // and at the end every job survives ExportJob -> RestoreJob unchanged.
 
 #include "tests/coordinator/fuzz/core_fuzz.h"
@@ -102,6 +104,7 @@ class Harness {
       }
       CheckGenerations();
       CheckAssignments();
+      CheckSurvivors();
     }
     CheckRoundTrip();
     int64_t highest = 0;
@@ -157,7 +160,10 @@ class Harness {
     return proto->ParseFromString(in.Take(n));
   }
 
-  v1::JoinRequest JoinOf(Bytes& in) {
+  // `op` also picks previous_generation, without reading more input (so the
+  // corpus keeps its meaning): none, the current one (a re-form request from
+  // a member, Note [Re-forming]), or one ahead (INVALID_ARGUMENT).
+  v1::JoinRequest JoinOf(Bytes& in, uint8_t op) {
     v1::JoinRequest r;
     v1::JobSpec& spec = *r.mutable_spec();
     spec.set_job_id(Job(in));
@@ -183,6 +189,11 @@ class Harness {
     r.set_host(in.U8() % 8 == 0 ? in.Take(in.U8()) : "127.0.0.1");
     r.set_committed_step(Small(in));
     r.set_wait_timeout_ms(Small(in) * 100);
+    if (op >= 0x80) {
+      const int64_t current = core_.CurrentGeneration(spec.job_id());
+      r.set_previous_generation(op >= 0xd0 ? current + 1 : current);
+      r.set_reform_reason("fuzz");
+    }
     return r;
   }
 
@@ -198,7 +209,7 @@ class Harness {
     switch (op % 13) {
       case 0: {
         v1::JoinRequest r;
-        if (raw ? !ParseRaw(in, &r) : (r = JoinOf(in), false)) break;
+        if (raw ? !ParseRaw(in, &r) : (r = JoinOf(in, op), false)) break;
         return core_.Join(r);
       }
       case 1: {
@@ -378,6 +389,19 @@ class Harness {
             Fail("members not ordered by rank in " + job);
           }
         }
+      }
+    }
+  }
+
+  void CheckSurvivors() const {
+    for (const auto& [job, generation] : generations_) {
+      std::optional<v1::JobRecord> record = core_.ExportJob(job);
+      if (!record || record->expected().empty()) continue;
+      if (record->state() != v1::JOB_STATE_RENDEZVOUS ||
+          !record->members().empty() || record->generation() < 1) {
+        Fail(absl::StrCat("expected survivors in ", job, " in state ",
+                          record->state(), " with ", record->members_size(),
+                          " members"));
       }
     }
   }
