@@ -136,6 +136,77 @@ TEST_F(CoordinatorServiceTest, ConcurrentJoinsFormOneGeneration) {
             grpc::StatusCode::ABORTED);
 }
 
+// Note [Re-forming] over the wire: a watcher sees a waiting worker, and the
+// member's re-form request lets it in at once.
+TEST_F(CoordinatorServiceTest, WatchersSeeWaitingWorkersAndAReformAdmitsThem) {
+  auto join_req = [](const std::string& worker) {
+    v1::JoinRequest r = JoinReq("elastic", 2, worker);
+    r.mutable_spec()->set_settle_ms(100);
+    return r;
+  };
+  v1::JoinResponse first;
+  ASSERT_TRUE(Join(join_req("w0"), &first).ok());
+  ASSERT_EQ(first.generation(), 1);
+  ASSERT_EQ(first.world_size(), 1);
+
+  grpc::ClientContext watch_context;
+  Bound(watch_context);
+  v1::WatchMembershipRequest watch;
+  watch.set_job_id("elastic");
+  watch.set_worker_id("w0");
+  watch.set_worker_secret(Secret("w0"));
+  auto watch_stub = NewStub();
+  auto reader = watch_stub->WatchMembership(&watch_context, watch);
+  // Reads updates until one satisfies `done`.
+  auto read_until = [&](auto done) {
+    v1::MembershipUpdate update;
+    while (reader->Read(&update)) {
+      if (done(update)) return update;
+    }
+    ADD_FAILURE() << "the membership stream ended";
+    return update;
+  };
+  v1::MembershipUpdate update =
+      read_until([](const v1::MembershipUpdate&) { return true; });
+  EXPECT_EQ(update.generation(), 1);
+  EXPECT_TRUE(update.is_member());
+  EXPECT_EQ(update.waiting_workers(), 0);
+
+  grpc::Status joined_status;
+  v1::JoinResponse joined;
+  std::thread joiner([&] { joined_status = Join(join_req("w1"), &joined); });
+  update = read_until(
+      [](const v1::MembershipUpdate& u) { return u.waiting_workers() > 0; });
+  EXPECT_EQ(update.generation(), 1);
+  EXPECT_EQ(update.waiting_workers(), 1);
+
+  v1::JoinRequest reform = join_req("w0");
+  reform.set_previous_generation(1);
+  reform.set_reform_reason("admit a waiting worker");
+  v1::JoinResponse reformed;
+  const grpc::Status reform_status = Join(reform, &reformed);
+  joiner.join();
+  ASSERT_TRUE(reform_status.ok()) << reform_status.error_message();
+  ASSERT_TRUE(joined_status.ok()) << joined_status.error_message();
+  EXPECT_EQ(reformed.generation(), 2);
+  EXPECT_EQ(reformed.world_size(), 2);
+  EXPECT_EQ(reformed.rank(), 0);
+  EXPECT_EQ(joined.generation(), 2);
+  EXPECT_EQ(joined.rank(), 1);
+  update = read_until([](const v1::MembershipUpdate& u) {
+    return u.generation() == 2 && u.is_member();
+  });
+  EXPECT_EQ(update.world_size(), 2);
+  EXPECT_EQ(update.waiting_workers(), 0);
+  watch_context.TryCancel();
+  (void)reader->Finish();
+
+  // A previous generation ahead of the job's is refused.
+  reform.set_previous_generation(7);
+  EXPECT_EQ(Join(reform, &reformed).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+}
+
 TEST_F(CoordinatorServiceTest, KvGetBlocksUntilAnotherThreadSets) {
   v1::JoinResponse joined;
   ASSERT_TRUE(Join(JoinReq("kv", 1, "solo"), &joined).ok());
