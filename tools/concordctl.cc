@@ -117,10 +117,12 @@ json StatusJson(const v1::JobStatus& s) {
          {"boundary_step", nullptr},
          {"members", json::array()},
          {"waiting", json::array()},
+         {"expected", json::array()},
          {"recent_events", json::array()}};
   if (s.has_boundary_step()) j["boundary_step"] = s.boundary_step();
   for (const auto& m : s.members()) j["members"].push_back(MemberJson(m));
   for (const auto& m : s.waiting()) j["waiting"].push_back(MemberJson(m));
+  for (const auto& m : s.expected()) j["expected"].push_back(MemberJson(m));
   for (const auto& e : s.recent_events()) {
     j["recent_events"].push_back(EventJson(e));
   }
@@ -203,6 +205,10 @@ void PrintStatusTable(const v1::JobStatus& s) {
   };
   for (const auto& m : s.members()) add(m, false);
   for (const auto& m : s.waiting()) add(m, true);
+  for (const auto& m : s.expected()) {
+    add(m, true);
+    rows.back().back() = "expected";  // a survivor not back yet
+  }
   std::cout << "\n";
   PrintTable(rows);
   std::cout << "\nrecent events:\n";
