@@ -176,12 +176,13 @@ absl::Status Core::Join(const v1::JoinRequest& request) {
     auto survivor = FindMember(job->expected, worker_id);
     const bool back = survivor != job->expected.end();
     m.joined = back ? survivor->joined : now;
+    if (back) survivor->back = true;
     job->waiting.push_back(std::move(m));
     job->last_arrival = now;
     if (back) {
-      const size_t missing = static_cast<size_t>(std::count_if(
-          job->expected.begin(), job->expected.end(),
-          [&](const MemberState& e) { return Missing(*job, e.worker_id); }));
+      const size_t missing = static_cast<size_t>(
+          std::count_if(job->expected.begin(), job->expected.end(),
+                        [](const MemberState& e) { return !e.back; }));
       AddEvent(*job, "join", worker_id,
                absl::StrFormat("joined again from %s at step %d after "
                                "generation %d ended (%d waiting, %d "
@@ -513,11 +514,11 @@ void Core::Tick() {
     const absl::Duration heartbeat_timeout =
         absl::Milliseconds(job.spec.heartbeat_timeout_ms());
     if (job.state == v1::JOB_STATE_RUNNING) {
-      std::set<std::string> failed;
+      std::vector<std::string> failed;  // in rank order
       for (const MemberState& m : job.members) {
         const absl::Duration silent = now - m.last_heartbeat;
         if (m.completed || silent <= heartbeat_timeout) continue;
-        failed.insert(m.worker_id);
+        failed.push_back(m.worker_id);
         AddEvent(job, "failure", m.worker_id,
                  absl::StrFormat("no heartbeat for %s (timeout %s)",
                                  Seconds(silent), Seconds(heartbeat_timeout)));
@@ -527,7 +528,7 @@ void Core::Tick() {
         EndGeneration(job,
                       absl::StrCat("worker(s) ", absl::StrJoin(failed, ", "),
                                    " stopped heartbeating"),
-                      failed);
+                      std::set<std::string>(failed.begin(), failed.end()));
         MaybeFormGeneration(job);
         Changed(job);
       }
@@ -536,7 +537,7 @@ void Core::Tick() {
       std::vector<std::string> dropped;
       for (const MemberState& e : job.expected) {
         const absl::Duration silent = now - e.last_heartbeat;
-        if (!Missing(job, e.worker_id) || silent <= heartbeat_timeout) continue;
+        if (e.back || silent <= heartbeat_timeout) continue;
         dropped.push_back(e.worker_id);
         AddEvent(job, "failure", e.worker_id,
                  absl::StrFormat("did not join again after generation %d "
@@ -561,9 +562,9 @@ void Core::Tick() {
       // The rendezvous timed out: form with whoever is waiting, if enough.
       std::vector<std::string> missing;
       for (const MemberState& e : job.expected) {
-        if (Missing(job, e.worker_id)) missing.push_back(e.worker_id);
+        if (!e.back) missing.push_back(e.worker_id);
       }
-      const size_t min = static_cast<size_t>(job.spec.min_workers());
+      const size_t min = MinWorkers(job);
       const size_t max = static_cast<size_t>(job.spec.max_workers());
       if (job.waiting.size() >= min) {
         for (const std::string& w : missing) {
@@ -582,7 +583,7 @@ void Core::Tick() {
       job.failure = absl::StrFormat(
           "rendezvous timed out after %s with %d worker(s) waiting; "
           "min_workers is %d",
-          Seconds(timeout), job.waiting.size(), job.spec.min_workers());
+          Seconds(timeout), job.waiting.size(), MinWorkers(job));
       if (!missing.empty()) {
         absl::StrAppendFormat(
             &job.failure,
@@ -597,11 +598,6 @@ void Core::Tick() {
       Changed(job);
     }
   }
-}
-
-bool Core::Missing(const Job& job, const std::string& worker_id) {
-  return FindMember(job.expected, worker_id) != job.expected.end() &&
-         FindMember(job.waiting, worker_id) == job.waiting.end();
 }
 
 void Core::Forget(Job& job, const std::string& worker_id) {
@@ -634,14 +630,22 @@ int32_t Core::WaitingWorkers(const Job& job) {
 }
 
 // Note [Formation].
+// Workers that ran out of data are done, not missing: they count towards
+// min_workers, so that the ranks with data left can finish alone.
+size_t Core::MinWorkers(const Job& job) {
+  const size_t min = static_cast<size_t>(job.spec.min_workers());
+  return std::max<size_t>(
+      1, min > job.finished.size() ? min - job.finished.size() : 1);
+}
+
 void Core::MaybeFormGeneration(Job& job) {
   if (job.state != v1::JOB_STATE_RENDEZVOUS) return;
   const size_t max = static_cast<size_t>(job.spec.max_workers());
-  const size_t min = static_cast<size_t>(job.spec.min_workers());
+  const size_t min = MinWorkers(job);
   if (!job.expected.empty()) {
     // Survivors: as soon as all are back and there are enough, no settling.
     for (const MemberState& e : job.expected) {
-      if (Missing(job, e.worker_id)) return;
+      if (!e.back) return;
     }
     if (job.waiting.size() < min) return;
     FormGeneration(job, std::min(job.waiting.size(), max));
@@ -659,12 +663,12 @@ void Core::MaybeFormGeneration(Job& job) {
 void Core::FormGeneration(Job& job, size_t n) {
   const absl::Time now = clock_->Now();
   // Survivors first, then by first-join time: the rank order.
+  std::set<std::string> survivors;
+  for (const MemberState& e : job.expected) survivors.insert(e.worker_id);
   std::stable_sort(job.waiting.begin(), job.waiting.end(),
                    [&](const MemberState& a, const MemberState& b) {
-                     const bool sa = FindMember(job.expected, a.worker_id) !=
-                                     job.expected.end();
-                     const bool sb = FindMember(job.expected, b.worker_id) !=
-                                     job.expected.end();
+                     const bool sa = survivors.count(a.worker_id) > 0;
+                     const bool sb = survivors.count(b.worker_id) > 0;
                      if (sa != sb) return sa;
                      return a.joined < b.joined;
                    });
@@ -711,6 +715,7 @@ void Core::EndGeneration(Job& job, const std::string& why,
       continue;
     }
     m.rank = -1;
+    m.back = false;
     m.end_of_data_step.reset();
     survivors.push_back(m.worker_id);
     job.expected.push_back(std::move(m));

@@ -252,6 +252,8 @@ class Core {
     absl::Time joined;
     absl::Time last_heartbeat;
     int32_t rank = -1;
+    // Of an expected survivor: it has joined again (it is in `waiting` too).
+    bool back = false;
     bool completed = false;
     std::optional<int64_t> end_of_data_step;
     double samples_per_second = 0;
@@ -295,6 +297,7 @@ class Core {
                                      int64_t generation) const;
   // Note [Formation]: forms the next generation when its rule allows.
   void MaybeFormGeneration(Job& job);
+  static size_t MinWorkers(const Job& job);
   // Forms the next generation from the first `n` waiting workers (survivors
   // first, then by first-join time).
   void FormGeneration(Job& job, size_t n);
@@ -302,8 +305,6 @@ class Core {
   // expected survivors (Note [Re-forming]). Does not form the next one.
   void EndGeneration(Job& job, const std::string& why,
                      const std::set<std::string>& removed);
-  // Whether `worker_id` is an expected survivor that has not joined again.
-  static bool Missing(const Job& job, const std::string& worker_id);
   // Removes `worker_id` from `expected` (and `waiting`).
   static void Forget(Job& job, const std::string& worker_id);
   // Once no member, expected survivor or waiting worker is left after a

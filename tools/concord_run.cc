@@ -7,9 +7,16 @@
 // for its embedded coordinator. Either way the workers get the token file's
 // path in CONCORD_TOKEN_FILE.
 //
-// Exit status: 0 when every worker exits 0; otherwise the first failing
-// worker's status (128+signal for a signal), after its stderr is shown.
-// Usage errors: exit 2.
+// Elasticity: the job takes --min-workers to --max-workers members (both
+// default to --nproc). A worker that fails is restarted, as a new worker
+// that joins the running job, up to --max-restarts times per local worker;
+// the healthy ones are never restarted. While the job can still have
+// --min-workers members the others go on without a failed worker; below
+// that, concord-run stops them all.
+//
+// Exit status: 0 when the last run of every local worker exits 0; otherwise
+// the first failing worker's status (128+signal for a signal), after its
+// stderr is shown. Usage errors: exit 2.
 
 #include <fcntl.h>
 #include <poll.h>
@@ -25,6 +32,7 @@
 #include <cstring>
 #include <deque>
 #include <iostream>
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <string>
@@ -42,6 +50,10 @@ struct Options {
   bool standalone = false;
   std::string coordinator;
   int nproc = 0;
+  int min_workers = 0;  // 0: nproc
+  int max_workers = 0;  // 0: nproc
+  int max_restarts = 0;
+  int64_t settle_ms = 0;  // 0: the coordinator's default
   std::string job_id;
   int64_t heartbeat_interval_ms = 1000;
   int64_t heartbeat_timeout_ms = 10000;
@@ -55,6 +67,7 @@ struct Options {
 
 struct Worker {
   int index = 0;
+  int restarts = 0;  // how many runs of this local worker came before
   pid_t pid = -1;
   int stderr_fd = -1;
   std::string partial;             // stderr bytes after the last newline
@@ -90,6 +103,19 @@ Options ParseArgs(int argc, char** argv) {
   app.add_option("--nproc", o.nproc, "Number of worker processes")
       ->required()
       ->check(CLI::Range(1, 4096));
+  app.add_option("--min-workers", o.min_workers,
+                 "Fewest members the job trains with (default: --nproc)")
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--max-workers", o.max_workers,
+                 "Most members the job admits (default: --nproc)")
+      ->check(CLI::Range(1, 1 << 20));
+  app.add_option("--max-restarts", o.max_restarts,
+                 "Restart a failed local worker up to this many times")
+      ->check(CLI::Range(0, 1 << 20));
+  app.add_option("--settle-ms", o.settle_ms,
+                 "With fewer than --max-workers waiting, form a generation "
+                 "once none arrived for this long")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   app.add_option("--job-id", o.job_id, "Job id (default: generated)");
   app.add_option("--heartbeat-interval-ms", o.heartbeat_interval_ms)
       ->check(CLI::PositiveNumber);
@@ -143,6 +169,11 @@ Options ParseArgs(int argc, char** argv) {
         "--tls-ca/--tls-cert/--tls-key are for --coordinator; --standalone "
         "serves plaintext on loopback");
   }
+  if (o.min_workers == 0) o.min_workers = o.nproc;
+  if (o.max_workers == 0) o.max_workers = std::max(o.nproc, o.min_workers);
+  if (o.min_workers > o.max_workers) {
+    UsageError("--min-workers must not exceed --max-workers");
+  }
   if (o.heartbeat_timeout_ms <= o.heartbeat_interval_ms) {
     UsageError("--heartbeat-timeout-ms must exceed --heartbeat-interval-ms");
   }
@@ -150,10 +181,15 @@ Options ParseArgs(int argc, char** argv) {
 }
 
 std::vector<std::string> WorkerEnv(const Options& o,
-                                   const std::string& coordinator, int index) {
+                                   const std::string& coordinator, int index,
+                                   int restarts) {
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
-    if (std::strncmp(*e, "CONCORD_", 8) != 0) env.emplace_back(*e);
+    // The job's settings are concord-run's to give; test hooks pass.
+    if (std::strncmp(*e, "CONCORD_", 8) != 0 ||
+        std::strncmp(*e, "CONCORD_TEST_", 13) == 0) {
+      env.emplace_back(*e);
+    }
   }
   env.push_back("CONCORD_COORDINATOR=" + coordinator);
   env.push_back("CONCORD_TOKEN_FILE=" + o.token_file);
@@ -163,10 +199,17 @@ std::vector<std::string> WorkerEnv(const Options& o,
     if (!path->empty()) env.push_back(name + *path);
   }
   env.push_back("CONCORD_JOB_ID=" + o.job_id);
-  env.push_back(absl::StrCat("CONCORD_MIN_WORKERS=", o.nproc));
-  env.push_back(absl::StrCat("CONCORD_MAX_WORKERS=", o.nproc));
+  env.push_back(absl::StrCat("CONCORD_MIN_WORKERS=", o.min_workers));
+  env.push_back(absl::StrCat("CONCORD_MAX_WORKERS=", o.max_workers));
+  if (o.settle_ms > 0) {
+    env.push_back(absl::StrCat("CONCORD_SETTLE_MS=", o.settle_ms));
+  }
   env.push_back(absl::StrCat("CONCORD_LOCAL_RANK=", index));
-  env.push_back(absl::StrCat("CONCORD_WORKER_ID=", o.job_id, "-w", index));
+  env.push_back(absl::StrCat("CONCORD_RESTART_COUNT=", restarts));
+  // A restarted worker is a new member (a new process, a new secret): it
+  // gets an id of its own.
+  env.push_back(absl::StrCat("CONCORD_WORKER_ID=", o.job_id, "-w", index,
+                             restarts > 0 ? absl::StrCat("-r", restarts) : ""));
   env.push_back("CONCORD_COMM_HOST=" + o.comm_host);
   env.push_back(
       absl::StrCat("CONCORD_HEARTBEAT_INTERVAL_MS=", o.heartbeat_interval_ms));
@@ -182,13 +225,13 @@ std::vector<std::string> WorkerEnv(const Options& o,
 // Forks and execs one worker with its stderr on a pipe. Signals blocked in
 // the parent are unblocked in the child; the child dies with the parent.
 Worker Spawn(const Options& o, const std::string& coordinator, int index,
-             const sigset_t& parent_mask) {
+             int restarts, const sigset_t& parent_mask) {
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) {
     std::cerr << "concord-run: pipe: " << std::strerror(errno) << "\n";
     std::exit(1);
   }
-  std::vector<std::string> env = WorkerEnv(o, coordinator, index);
+  std::vector<std::string> env = WorkerEnv(o, coordinator, index, restarts);
   std::vector<char*> envp;
   for (auto& e : env) envp.push_back(e.data());
   envp.push_back(nullptr);
@@ -220,6 +263,7 @@ Worker Spawn(const Options& o, const std::string& coordinator, int index,
   close(fds[1]);
   Worker w;
   w.index = index;
+  w.restarts = restarts;
   w.pid = pid;
   w.stderr_fd = fds[0];
   return w;
@@ -260,8 +304,10 @@ int StatusOf(int wait_status) {
   return 1;
 }
 
-int Supervise(std::vector<Worker>& workers, int signal_fd) {
-  std::optional<size_t> first_failure;
+int Supervise(const Options& o, const std::string& coordinator,
+              const sigset_t& parent_mask, std::vector<Worker>& workers,
+              int signal_fd) {
+  std::optional<size_t> first_failure;  // index into `workers`
   bool terminating = false;
   absl::Time kill_at = absl::InfiniteFuture();
   auto terminate_all = [&](int sig) {
@@ -270,24 +316,43 @@ int Supervise(std::vector<Worker>& workers, int signal_fd) {
     }
   };
   for (;;) {
-    // Reap.
-    for (auto& w : workers) {
+    // Reap; restart what failed while restarts are left.
+    const size_t count = workers.size();
+    for (size_t i = 0; i < count; ++i) {
+      Worker& w = workers[i];
       if (w.exit_status) continue;
       int status = 0;
-      if (waitpid(w.pid, &status, WNOHANG) == w.pid) {
-        w.exit_status = StatusOf(status);
-        if (*w.exit_status != 0 && !first_failure && !terminating) {
-          first_failure = static_cast<size_t>(w.index);
-        }
+      if (waitpid(w.pid, &status, WNOHANG) != w.pid) continue;
+      w.exit_status = StatusOf(status);
+      if (*w.exit_status == 0 || terminating) continue;
+      if (w.restarts < o.max_restarts) {
+        std::cerr << "concord-run: worker " << w.index << " (pid " << w.pid
+                  << ") failed with exit status " << *w.exit_status
+                  << "; restarting it (" << w.restarts + 1 << " of "
+                  << o.max_restarts << ")\n";
+        const int index = w.index, restarts = w.restarts + 1;
+        workers.push_back(
+            Spawn(o, coordinator, index, restarts, parent_mask));
+      } else if (!first_failure) {
+        first_failure = i;
       }
     }
     bool all_done = true;
+    bool finished = false;  // a worker is done training: so is the job
+    int alive = 0;          // local workers still running
     for (auto& w : workers) {
       all_done = all_done && w.exit_status && w.stderr_fd < 0;
+      if (!w.exit_status) ++alive;
+      if (w.exit_status && *w.exit_status == 0) finished = true;
     }
     if (all_done) break;
-    if (first_failure && !terminating) {
-      // No elasticity yet: the others cannot go on without it.
+    // A worker that failed for good: the others go on while the job can
+    // still have min_workers members (with more workers elsewhere, the
+    // coordinator decides; its rendezvous timeout ends the job).
+    if (first_failure && !terminating && !finished && alive > 0 &&
+        alive < o.min_workers && o.standalone) {
+      std::cerr << "concord-run: " << alive << " worker(s) left, fewer than "
+                << "--min-workers " << o.min_workers << "; stopping them\n";
       terminating = true;
       terminate_all(SIGTERM);
       kill_at = absl::Now() + absl::Seconds(5);
@@ -324,8 +389,11 @@ int Supervise(std::vector<Worker>& workers, int signal_fd) {
     }
   }
   if (!first_failure) {
-    for (auto& w : workers) {
-      if (*w.exit_status != 0) return *w.exit_status;  // stopped by a signal
+    // The last run of every local worker decides.
+    std::vector<const Worker*> last(static_cast<size_t>(o.nproc), nullptr);
+    for (const auto& w : workers) last[static_cast<size_t>(w.index)] = &w;
+    for (const Worker* w : last) {
+      if (w != nullptr && *w->exit_status != 0) return *w->exit_status;
     }
     return 0;
   }
@@ -385,9 +453,10 @@ int main(int argc, char** argv) {
 
   std::vector<Worker> workers;
   for (int i = 0; i < options.nproc; ++i) {
-    workers.push_back(Spawn(options, coordinator, i, old_mask));
+    workers.push_back(Spawn(options, coordinator, i, 0, old_mask));
   }
-  const int status = Supervise(workers, signal_fd);
+  const int status =
+      Supervise(options, coordinator, old_mask, workers, signal_fd);
   if (server) server->Shutdown();
   if (!token_dir.empty()) {
     unlink(options.token_file.c_str());

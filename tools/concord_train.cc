@@ -13,14 +13,19 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <optional>
+#include <csignal>
 #include <set>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/logging.h"
 #include "tools/train_data.h"
+#include "common/status_macros.h"
 #include "worker/ddp/distributed_data_parallel.h"
+#include "worker/elastic/state.h"
 #include "worker/session.h"
 #include "worker/syncbn/sync_batch_norm.h"
 
@@ -60,6 +65,11 @@ struct Flags {
   int64_t message_size = 0;
   std::vector<std::string> allreduce_trigger_params;
   bool sync_bn = false;
+  // Elastic training (issue 4).
+  std::string sharding = "elastic";
+  bool no_divide_by_initial_world_size = false;
+  bool throw_on_early_termination = false;
+  std::string output_per_worker;
 };
 
 [[noreturn]] void Fail(int code, const std::string& message) {
@@ -126,6 +136,26 @@ Flags ParseFlags(int argc, char** argv) {
   ddp->add_option("--allreduce-trigger-params", f.allreduce_trigger_params,
                   "apex: parameters whose gradient closes a bucket");
   message->excludes(cap);
+  auto* elastic = app.add_option_group("Elastic", "membership changes");
+  elastic
+      ->add_option("--sharding", f.sharding,
+                   "elastic: every step the job takes the next world x "
+                   "batch samples of the epoch and splits them over the "
+                   "ranks there are (re-sharded when ranks leave, die or "
+                   "join; nothing skipped or seen twice); fixed: rank r of "
+                   "the first generation keeps samples r, r+W, ... of every "
+                   "epoch (PyTorch's DistributedSampler without padding) and "
+                   "leaves when its data runs out (PyTorch's join)")
+      ->check(CLI::IsMember({"elastic", "fixed"}));
+  elastic->add_flag(
+      "--no-divide-by-initial-world-size", f.no_divide_by_initial_world_size,
+      "after ranks ran out of data, average over the ranks left");
+  elastic->add_flag("--throw-on-early-termination",
+                    f.throw_on_early_termination,
+                    "fail every rank when the first one runs out of data");
+  elastic->add_option("--output-per-worker", f.output_per_worker,
+                      "every worker that finishes training writes its final "
+                      "state to DIR/<worker id>.pt");
   app.add_flag("--sync-bn", f.sync_bn,
                "SyncBatchNorm (C++-frontend models only: refused for "
                "TorchScript)");
@@ -136,18 +166,64 @@ Flags ParseFlags(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     Fail(2, e.what());
   }
+  if (f.sharding == "fixed" && f.grad_accum > 1) {
+    Fail(2, "--grad-accum: gradient accumulation needs --sharding elastic");
+  }
   return f;
 }
 
-// Rank r of W takes samples r, r+W, ... of `order`.
-std::vector<int64_t> Shard(const std::vector<int64_t>& order, int rank,
-                           int world) {
-  std::vector<int64_t> shard;
-  for (size_t i = static_cast<size_t>(rank); i < order.size(); i += world) {
-    shard.push_back(order[i]);
+// Test hook: CONCORD_TEST_KILL="LOCAL:STEP:PHASE[,...]" makes the worker
+// that concord-run started as local worker LOCAL (CONCORD_LOCAL_RANK) kill
+// itself with SIGKILL when it takes step STEP, in PHASE (forward: before the
+// forward; backward: while buckets are in flight; optimizer: right after
+// optimizer.step(), before the commit). Only a worker's first run dies this
+// way (CONCORD_RESTART_COUNT unset or 0), so a restarted one does not.
+struct FaultInjection {
+  std::vector<std::pair<int64_t, std::string>> faults;  // (step, phase)
+  int64_t step = 0;  // the step being taken
+
+  static FaultInjection FromEnvironment() {
+    FaultInjection f;
+    const char* spec = std::getenv("CONCORD_TEST_KILL");
+    const char* restarts = std::getenv("CONCORD_RESTART_COUNT");
+    const char* local = std::getenv("CONCORD_LOCAL_RANK");
+    if (spec == nullptr ||
+        (restarts != nullptr && std::string(restarts) != "0")) {
+      return f;
+    }
+    for (absl::string_view one : absl::StrSplit(spec, ',')) {
+      std::vector<std::string> parts = absl::StrSplit(one, ':');
+      int who = -1;
+      int64_t at = -1;
+      if (parts.size() != 3 || !absl::SimpleAtoi(parts[0], &who) ||
+          !absl::SimpleAtoi(parts[1], &at) ||
+          (parts[2] != "forward" && parts[2] != "backward" &&
+           parts[2] != "optimizer")) {
+        Fail(2, absl::StrCat("CONCORD_TEST_KILL='", spec,
+                             "': expected LOCAL:STEP:forward|backward|"
+                             "optimizer[,...]"));
+      }
+      if (local != nullptr && std::to_string(who) == local) {
+        f.faults.emplace_back(at, parts[2]);
+      }
+    }
+    return f;
   }
-  return shard;
-}
+  bool Armed(const char* phase) const {
+    for (const auto& [at, p] : faults) {
+      if (p == phase) return true;
+    }
+    return false;
+  }
+  void MaybeDie(const char* phase) const {
+    for (const auto& [at, p] : faults) {
+      if (at != step || p != phase) continue;
+      std::cerr << "concord-train: CONCORD_TEST_KILL: killing myself at step "
+                << step << " in " << phase << std::endl;
+      std::raise(SIGKILL);
+    }
+  }
+};
 
 concord::DdpOptions DdpOptionsFrom(const Flags& f) {
   concord::DdpOptions o;
@@ -284,27 +360,20 @@ int Train(const Flags& flags) {
     Fail(1, absl::StrCat("cannot join the job: ", session.status().ToString()));
   }
   concord::worker::Session& s = **session;
-  const int rank = s.rank();
-  const int world = s.world_size();
-  const bool leader = rank == s.authoritative_rank();
-
   const int64_t n = data->size();
-  // Every rank must run the same number of steps (uneven inputs need the
-  // join protocol of the elastic worker).
-  const int64_t steps_per_epoch =
-      BatchesOf((n + world - 1) / world, flags.batch_size);
-  for (int r = 0; r < world; ++r) {
-    const int64_t mine = (n - r + world - 1) / world;
-    if (BatchesOf(mine, flags.batch_size) != steps_per_epoch) {
-      s.Finish(false, "uneven inputs").IgnoreError();
-      Fail(2, absl::StrFormat(
-                  "--data %s: %d samples over %d ranks with --batch-size %d "
-                  "give rank 0 %d batches but rank %d %d; uneven inputs are "
-                  "not supported yet",
-                  flags.data, n, world, flags.batch_size, steps_per_epoch, r,
-                  BatchesOf(mine, flags.batch_size)));
-    }
+  const bool fixed = flags.sharding == "fixed";
+  if (!fixed && n < options->spec.max_workers()) {
+    s.Finish(false, "too few samples").IgnoreError();
+    Fail(2, absl::StrFormat("--data %s: %d samples cannot feed up to %d "
+                            "ranks (--sharding elastic needs a sample per "
+                            "rank and step)",
+                            flags.data, n, options->spec.max_workers()));
   }
+  // Fixed sharding: this worker's shard is its rank in the first generation
+  // it trains in (a worker admitted later has none).
+  const int shard = s.rank();
+  const int shards = s.world_size();
+  FaultInjection fault = FaultInjection::FromEnvironment();
 
   ddp_options.collective_timeout = options->collective_timeout;
   std::shared_ptr<concord::SyncBnGroup> sync_bn_group;
@@ -331,7 +400,8 @@ int Train(const Flags& flags) {
     if (script) return (*ddp)->Forward({x}).toTensor();
     return (*ddp)->Forward([&] { return net->forward(x); });
   };
-  if (!flags.comm_hook.empty()) {
+  auto register_hook = [&]() {
+    if (flags.comm_hook.empty()) return;
     concord::comm::CollectiveOptions hook_options;
     hook_options.timeout = options->collective_timeout;
     auto hook = concord::ddp::MakeCommHook(
@@ -341,7 +411,8 @@ int Train(const Flags& flags) {
     if (auto st = (*ddp)->RegisterCommHook(*hook); !st.ok()) {
       Fail(2, absl::StrCat("--comm-hook: ", st.message()));
     }
-  }
+  };
+  register_hook();
   // The optimizer takes every trainable parameter, also those DDP ignores
   // (they train on their local gradient, as in PyTorch).
   std::vector<torch::Tensor> trainable;
@@ -351,94 +422,215 @@ int Train(const Flags& flags) {
   torch::optim::SGD optimizer(trainable, torch::optim::SGDOptions(flags.lr)
                                              .momentum(flags.momentum)
                                              .weight_decay(flags.weight_decay));
+  if (fault.Armed("backward") && !trainable.empty()) {
+    // The first parameter's gradient comes last in backward: by then
+    // buckets are in flight.
+    trainable.front().register_hook([&fault](const torch::Tensor&) {
+      fault.MaybeDie("backward");
+    });
+  }
 
+  concord::elastic::ElasticOptions elastic_options;
+  elastic_options.divide_by_initial_world_size =
+      !flags.no_divide_by_initial_world_size;
+  elastic_options.throw_on_early_termination = flags.throw_on_early_termination;
+  concord::elastic::State state(&s, ddp->get(), &optimizer, elastic_options);
+  state.OnReset([&](const concord::elastic::ResetInfo&) {
+    if (sync_bn_group) sync_bn_group->SetCommunicator(s.shared_communicator());
+    register_hook();
+  });
+  if (auto st = state.Sync(); !st.ok()) Fail(1, st.ToString());
+
+  // This worker's batch of the next step, the samples the whole job takes
+  // in it, and whether the epoch ends with it.
+  struct Batch {
+    torch::Tensor index;
+    int64_t job_samples = 0;
+  };
   std::vector<int64_t> order(static_cast<size_t>(n));
-  std::iota(order.begin(), order.end(), 0);
-  const int64_t total_steps = steps_per_epoch * flags.epochs;
+  int64_t order_epoch = -1;
+  auto order_of = [&](int64_t epoch) -> const std::vector<int64_t>& {
+    if (order_epoch != epoch) {
+      std::iota(order.begin(), order.end(), 0);
+      if (flags.shuffle) {
+        auto gen =
+            at::make_generator<at::CPUGeneratorImpl>(flags.seed + epoch);
+        torch::Tensor perm = torch::randperm(n, gen, torch::kLong);
+        std::copy(perm.data_ptr<int64_t>(), perm.data_ptr<int64_t>() + n,
+                  order.begin());
+      }
+      order_epoch = epoch;
+    }
+    return order;
+  };
+  const int64_t fixed_steps_per_epoch = [&] {
+    // Shard 0 is the largest.
+    return BatchesOf((n + shards - 1) / shards, flags.batch_size);
+  }();
+  // Fixed sharding: shard j's batch at its step k (empty once it is done).
+  auto fixed_batch = [&](int j, int64_t k) -> std::vector<int64_t> {
+    const int64_t shard_size = (n - j + shards - 1) / shards;
+    const int64_t per_epoch = BatchesOf(shard_size, flags.batch_size);
+    if (per_epoch == 0 || k / per_epoch >= flags.epochs) return {};
+    const auto& o = order_of(k / per_epoch);
+    const int64_t begin = (k % per_epoch) * flags.batch_size;
+    const int64_t len = std::min(flags.batch_size, shard_size - begin);
+    std::vector<int64_t> idx;
+    for (int64_t i = begin; i < begin + len; ++i) {
+      idx.push_back(o[static_cast<size_t>(j + i * shards)]);
+    }
+    return idx;
+  };
+  // Elastic sharding: the job's next window of the epoch, split over the
+  // ranks there are now; a tail too small to give every rank a sample goes
+  // with this step.
+  auto elastic_batch = [&](int64_t epoch, int64_t position) -> Batch {
+    const int world = s.world_size();
+    const int rank = s.rank();
+    const int64_t remaining = n - position;
+    int64_t take = std::min<int64_t>(world * flags.batch_size, remaining);
+    if (remaining - take < world) take = remaining;
+    const auto& o = order_of(epoch);
+    std::vector<int64_t> idx;
+    for (int64_t i = rank; i < take; i += world) {
+      idx.push_back(o[static_cast<size_t>(position + i)]);
+    }
+    return Batch{torch::tensor(idx, torch::kLong), take};
+  };
+
   std::vector<double> step_ms;
   double last_loss = 0;
-  int64_t step = 0;
   int64_t samples_done = 0;
+  bool left = false;
   const auto start = std::chrono::steady_clock::now();
-  if (leader) {
+  if (s.rank() == s.authoritative_rank()) {
     std::cout << absl::StrFormat(
                      "concord-train: %d samples, world size %d, generation "
-                     "%d, %d steps per epoch, %d epochs",
-                     n, world, s.generation(), steps_per_epoch, flags.epochs)
+                     "%d, %s sharding, %d epochs",
+                     n, s.world_size(), s.generation(), flags.sharding,
+                     flags.epochs)
               << std::endl;
   }
-  for (int64_t epoch = 0; epoch < flags.epochs; ++epoch) {
-    if (flags.shuffle) {
-      auto gen = at::make_generator<at::CPUGeneratorImpl>(flags.seed + epoch);
-      torch::Tensor perm = torch::randperm(n, gen, torch::kLong);
-      std::copy(perm.data_ptr<int64_t>(), perm.data_ptr<int64_t>() + n,
-                order.begin());
-    }
-    const std::vector<int64_t> shard = Shard(order, rank, world);
-    const torch::Tensor shard_index = torch::tensor(shard, torch::kLong);
-    for (int64_t b = 0; b < steps_per_epoch; ++b) {
-      const auto t0 = std::chrono::steady_clock::now();
-      const int64_t begin = b * flags.batch_size;
-      const int64_t len =
-          std::min<int64_t>(flags.batch_size, shard_index.size(0) - begin);
-      const torch::Tensor idx = shard_index.narrow(0, begin, len);
-      const torch::Tensor x = data->inputs.index_select(0, idx);
-      const torch::Tensor y = data->targets.index_select(0, idx);
 
-      // Gradient accumulation: K-1 micro-batches under no_sync, then a
-      // synchronised one and the optimizer step (also at the epoch's end).
-      const bool step_now =
-          (b + 1) % flags.grad_accum == 0 || b + 1 == steps_per_epoch;
-      torch::Tensor l;
-      double optimizer_ms = 0;
-      if (step_now) {
-        l = concord::train::ComputeLoss(loss, forward(x), y);
-        l.backward();
-        const auto t_opt = std::chrono::steady_clock::now();
-        optimizer.step();
-        optimizer_ms = std::chrono::duration<double, std::milli>(
-                           std::chrono::steady_clock::now() - t_opt)
-                           .count();
-        optimizer.zero_grad();
-      } else {
+  auto take_step = [&](concord::elastic::State& st, const Batch& batch) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const torch::Tensor x = data->inputs.index_select(0, batch.index);
+    const torch::Tensor y = data->targets.index_select(0, batch.index);
+    fault.step = st.step + 1;
+    fault.MaybeDie("forward");
+    torch::Tensor l = concord::train::ComputeLoss(loss, forward(x), y);
+    l.backward();
+    const auto t_opt = std::chrono::steady_clock::now();
+    optimizer.step();
+    fault.MaybeDie("optimizer");
+    const double optimizer_ms = std::chrono::duration<double, std::milli>(
+                                    std::chrono::steady_clock::now() - t_opt)
+                                    .count();
+    optimizer.zero_grad();
+    ++st.step;
+    samples_done += batch.job_samples;
+    last_loss = l.item<double>();
+    const auto t1 = std::chrono::steady_clock::now();
+    step_ms.push_back(
+        std::chrono::duration<double, std::milli>(t1 - t0).count());
+    concord::v1::DdpTimings timings = Timings((*ddp)->stats(), step_ms.back());
+    timings.set_optimizer_ms(optimizer_ms);
+    s.ReportDdpTimings(timings);
+    const double elapsed = std::chrono::duration<double>(t1 - start).count();
+    const double sps = elapsed > 0 ? samples_done / elapsed : 0;
+    if (s.rank() == s.authoritative_rank() &&
+        st.step % flags.log_interval == 0) {
+      std::cout << absl::StrFormat(
+                       "epoch %d/%d step %d loss %.6f samples/s %.1f "
+                       "world %d",
+                       st.epoch + 1, flags.epochs, st.step, last_loss, sps,
+                       s.world_size())
+                << std::endl;
+    }
+    return sps;
+  };
+
+  // Gradient accumulation (elastic sharding): K-1 micro-batches under
+  // no_sync, then a synchronised one and the optimizer step (also at the
+  // epoch's end); a failure goes back to the first of the K.
+  auto train = [&](concord::elastic::State& st) -> absl::Status {
+    if (fixed) {
+      for (;;) {
+        std::vector<int64_t> mine = fixed_batch(shard, st.step);
+        CONCORD_ASSIGN_OR_RETURN(auto decision,
+                                 st.BeginStep(!mine.empty(), /*admit=*/false));
+        if (decision == concord::elastic::StepDecision::kLeft) {
+          left = true;
+          return absl::OkStatus();
+        }
+        if (decision == concord::elastic::StepDecision::kDone) {
+          return absl::OkStatus();
+        }
+        int64_t job = 0;
+        for (int j = 0; j < shards; ++j) {
+          job += static_cast<int64_t>(fixed_batch(j, st.step).size());
+        }
+        st.epoch = st.step / std::max<int64_t>(1, fixed_steps_per_epoch);
+        const double sps =
+            take_step(st, Batch{torch::tensor(mine, torch::kLong), job});
+        st.Commit();
+        s.ReportProgress(st.step, sps);
+      }
+    }
+    while (st.epoch < flags.epochs) {
+      // Admitting workers is safe while the epoch has a sample for each
+      // rank there could be.
+      const bool admit = n - st.position >= options->spec.max_workers();
+      CONCORD_ASSIGN_OR_RETURN(auto decision,
+                               st.BeginStep(/*has_data=*/true, admit));
+      (void)decision;  // every rank has data: always kRun
+      int64_t position = st.position;  // committed with the step
+      for (int64_t micro = 1; micro < flags.grad_accum; ++micro) {
+        const Batch batch = elastic_batch(st.epoch, position);
+        if (position + batch.job_samples >= n) break;  // the epoch's last
         auto no_sync = (*ddp)->NoSync();
-        l = concord::train::ComputeLoss(loss, forward(x), y);
-        l.backward();
+        const torch::Tensor x = data->inputs.index_select(0, batch.index);
+        const torch::Tensor y = data->targets.index_select(0, batch.index);
+        concord::train::ComputeLoss(loss, forward(x), y).backward();
+        position += batch.job_samples;
+        samples_done += batch.job_samples;
       }
-
-      const auto t1 = std::chrono::steady_clock::now();
-      step_ms.push_back(
-          std::chrono::duration<double, std::milli>(t1 - t0).count());
-      if (step_now) {
-        concord::v1::DdpTimings timings =
-            Timings((*ddp)->stats(), step_ms.back());
-        timings.set_optimizer_ms(optimizer_ms);
-        s.ReportDdpTimings(timings);
+      const Batch batch = elastic_batch(st.epoch, position);
+      const double sps = take_step(st, batch);
+      st.position = position + batch.job_samples;
+      if (st.position >= n) {
+        ++st.epoch;
+        st.position = 0;
       }
-      ++step;
-      // Global samples of this step: every rank's batch at index b.
-      for (int r = 0; r < world; ++r) {
-        const int64_t shard_r = (n - r + world - 1) / world;
-        samples_done += std::max<int64_t>(
-            0, std::min<int64_t>(flags.batch_size, shard_r - begin));
-      }
-      last_loss = l.item<double>();
-      const double elapsed = std::chrono::duration<double>(t1 - start).count();
-      const double sps = elapsed > 0 ? samples_done / elapsed : 0;
-      s.ReportProgress(step, sps);
-      if (leader && (step % flags.log_interval == 0 || step == total_steps)) {
-        std::cout << absl::StrFormat(
-                         "epoch %d/%d step %d/%d loss %.6f samples/s %.1f",
-                         epoch + 1, flags.epochs, step, total_steps, last_loss,
-                         sps)
-                  << std::endl;
-      }
+      st.Commit();
+      s.ReportProgress(st.step, sps);
     }
+    return absl::OkStatus();
+  };
+  if (absl::Status st = concord::elastic::Run(state, train); !st.ok()) {
+    s.Finish(false, std::string(st.message())).IgnoreError();
+    Fail(1, st.ToString());
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
           .count();
-  if (leader) {
+  if (left) {
+    std::cout << absl::StrFormat(
+                     "concord-train: worker %s ran out of data after step "
+                     "%d and left the job",
+                     options->worker_id, state.step)
+              << std::endl;
+    return 0;
+  }
+  if (!flags.output_per_worker.empty()) {
+    const std::string path = absl::StrCat(flags.output_per_worker, "/",
+                                          options->worker_id, ".pt");
+    if (auto st = concord::train::SaveState((*ddp)->NamedState(), path);
+        !st.ok()) {
+      Fail(1, std::string(st.message()));
+    }
+  }
+  if (s.rank() == s.authoritative_rank()) {
     // Step time without warm-up (the first steps allocate and connect).
     std::vector<double> timed(step_ms.begin() + (step_ms.size() > 2 ? 2 : 0),
                               step_ms.end());
@@ -455,14 +647,16 @@ int Train(const Flags& flags) {
     }
     if (!flags.metrics_out.empty()) {
       const auto& stats = (*ddp)->stats();
-      nlohmann::json m = {{"world_size", world},
+      nlohmann::json m = {{"world_size", s.world_size()},
+                          {"generation", s.generation()},
+                          {"reforms", state.reforms()},
                           {"bucket_bytes", stats.bucket_bytes},
                           {"bucket_rebuilds", stats.rebuilds},
                           {"forward_compute_us", stats.forward_compute_us},
                           {"backward_compute_us", stats.backward_compute_us},
                           {"backward_comm_us", stats.backward_comm_us},
                           {"overlap_us", stats.overlap_us},
-                          {"steps", step},
+                          {"steps", state.step},
                           {"step_time_ms_mean", mean},
                           {"step_time_ms_median", Median(timed)},
                           {"samples_per_second", samples_done / seconds},
@@ -471,8 +665,10 @@ int Train(const Flags& flags) {
     }
     std::cout << absl::StrFormat(
                      "concord-train: done: %d steps in %.2f s, %.1f "
-                     "samples/s, mean step %.2f ms, final loss %.6f%s",
-                     step, seconds, samples_done / seconds, mean, last_loss,
+                     "samples/s, mean step %.2f ms, final loss %.6f, "
+                     "generation %d, world size %d%s",
+                     state.step, seconds, samples_done / seconds, mean,
+                     last_loss, s.generation(), s.world_size(),
                      flags.output.empty()
                          ? ""
                          : absl::StrCat(", wrote ", flags.output))

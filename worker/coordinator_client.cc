@@ -160,9 +160,12 @@ absl::Status CoordinatorClient::WatchOnce(
   return FromGrpcStatus(reader->Finish());
 }
 
-MembershipWatcher::MembershipWatcher(CoordinatorClient* client,
-                                     std::string job_id)
-    : client_(client), job_id_(std::move(job_id)) {
+MembershipWatcher::MembershipWatcher(
+    CoordinatorClient* client, std::string job_id,
+    std::function<void(const v1::MembershipUpdate&)> on_update)
+    : client_(client),
+      job_id_(std::move(job_id)),
+      on_update_(std::move(on_update)) {
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -190,6 +193,7 @@ void MembershipWatcher::Run() {
         job_id_,
         [&](const v1::MembershipUpdate& update) {
           backoff.Reset();
+          if (on_update_) on_update_(update);
           std::lock_guard<std::mutex> lock(mu_);
           latest_ = update;
           ++updates_;

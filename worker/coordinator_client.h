@@ -87,8 +87,12 @@ class CoordinatorClient {
 // latest update. Stops on its own after a terminal job state.
 class MembershipWatcher {
  public:
-  // Starts watching at once. `client` must outlive the watcher.
-  MembershipWatcher(CoordinatorClient* client, std::string job_id);
+  // Starts watching at once. `client` must outlive the watcher. `on_update`
+  // (optional) runs on the watcher's thread for every update, outside the
+  // watcher's lock; it must not block for long.
+  MembershipWatcher(
+      CoordinatorClient* client, std::string job_id,
+      std::function<void(const v1::MembershipUpdate&)> on_update = nullptr);
   // Stops the thread (cancels the stream); returns within about a second.
   ~MembershipWatcher();
 
@@ -107,6 +111,7 @@ class MembershipWatcher {
 
   CoordinatorClient* client_;
   std::string job_id_;
+  std::function<void(const v1::MembershipUpdate&)> on_update_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::optional<v1::MembershipUpdate> latest_;

@@ -59,6 +59,9 @@ absl::StatusOr<WorkerOptions> WorkerOptions::FromEnvironment() {
       EnvInt("CONCORD_RENDEZVOUS_TIMEOUT_MS", 300000, 1, &rdzv_timeout));
   CONCORD_RETURN_IF_ERROR(
       EnvInt("CONCORD_COLLECTIVE_TIMEOUT_MS", 300000, 1, &collective_timeout));
+  int64_t settle_ms;
+  CONCORD_RETURN_IF_ERROR(EnvInt("CONCORD_SETTLE_MS", 0, 0, &settle_ms));
+  o.spec.set_settle_ms(settle_ms);
   o.spec.set_min_workers(static_cast<int32_t>(min_workers));
   o.spec.set_max_workers(static_cast<int32_t>(max_workers));
   o.spec.set_heartbeat_interval_ms(hb_interval);
@@ -98,50 +101,159 @@ absl::StatusOr<WorkerOptions> WorkerOptions::FromEnvironment() {
 absl::StatusOr<std::unique_ptr<Session>> Session::Start(
     const WorkerOptions& options) {
   std::unique_ptr<Session> session(new Session(options));
-  comm::GlooOptions gloo;
-  gloo.hostname = options.comm_host;
-  gloo.connect_timeout = options.join_timeout;
-  absl::Duration heartbeat_interval = absl::ZeroDuration();
-
   if (options.coordinator.empty()) {
     // Alone: world size 1, nothing to rendezvous with.
     session->store_ = std::make_unique<comm::InMemoryStore>();
-  } else {
-    // A fresh secret per process binds the worker id (Note [Worker binding]
-    // in coordinator/core.h).
-    session->client_ = std::make_unique<CoordinatorClient>(
-        options.coordinator, ClientIdentity{options.token, options.worker_id,
-                                            GenerateToken(), options.tls});
-    v1::JoinRequest request;
-    *request.mutable_spec() = options.spec;
-    request.set_worker_id(options.worker_id);
-    request.set_host(options.comm_host);
-    CONCORD_ASSIGN_OR_RETURN(
-        v1::JoinResponse joined,
-        session->client_->Join(request, options.join_timeout));
-    gloo.rank = joined.rank();
-    gloo.size = joined.world_size();
-    gloo.generation = joined.generation();
-    session->authoritative_rank_ = joined.authoritative_rank();
-    session->generation_ = joined.generation();
-    heartbeat_interval = absl::Milliseconds(joined.heartbeat_interval_ms());
-    session->store_ = std::make_unique<CoordinatorStore>(
-        session->client_.get(), options.spec.job_id(), joined.generation());
-    spdlog::info("joined job '{}' generation {} as rank {} of {}",
-                 options.spec.job_id(), joined.generation(), joined.rank(),
-                 joined.world_size());
-    // Heartbeat while the communicator connects: that can take a while.
-    session->heartbeat_ = std::thread([s = session.get(), heartbeat_interval] {
-      s->HeartbeatLoop(heartbeat_interval);
-    });
+    comm::GlooOptions gloo;
+    gloo.hostname = options.comm_host;
+    comm::PrefixStore gloo_store("gloo/", session->store_.get());
+    CONCORD_ASSIGN_OR_RETURN(session->comm_,
+                             comm::GlooCommunicator::Create(gloo, &gloo_store));
+    return session;
   }
-  comm::PrefixStore gloo_store("gloo/", session->store_.get());
-  CONCORD_ASSIGN_OR_RETURN(session->comm_,
-                           comm::GlooCommunicator::Create(gloo, &gloo_store));
+  // A fresh secret per process binds the worker id (Note [Worker binding]
+  // in coordinator/core.h).
+  session->client_ = std::make_unique<CoordinatorClient>(
+      options.coordinator, ClientIdentity{options.token, options.worker_id,
+                                          GenerateToken(), options.tls});
+  CONCORD_RETURN_IF_ERROR(session->JoinAndConnect(
+      /*previous_generation=*/0, "", /*committed_step=*/0,
+      absl::Now() + options.join_timeout));
+  Session* s = session.get();
+  session->watcher_ = std::make_unique<MembershipWatcher>(
+      session->client_.get(), options.spec.job_id(),
+      [s](const v1::MembershipUpdate& update) { s->OnMembership(update); });
   return session;
 }
 
-Session::~Session() { StopHeartbeat(); }
+absl::Status Session::JoinAndConnect(int64_t previous_generation,
+                                     const std::string& reason,
+                                     int64_t committed_step,
+                                     absl::Time deadline) {
+  std::string why = reason;
+  for (;;) {
+    v1::JoinRequest request;
+    *request.mutable_spec() = options_.spec;
+    request.set_worker_id(options_.worker_id);
+    request.set_host(options_.comm_host);
+    request.set_committed_step(committed_step);
+    request.set_previous_generation(previous_generation);
+    request.set_reform_reason(why.substr(0, 1000));
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "no generation of job ", options_.spec.job_id(), " formed within ",
+          absl::FormatDuration(options_.join_timeout)));
+    }
+    CONCORD_ASSIGN_OR_RETURN(v1::JoinResponse joined,
+                             client_->Join(request, left));
+    generation_.store(joined.generation());
+    authoritative_rank_.store(joined.authoritative_rank());
+    store_ = std::make_unique<CoordinatorStore>(
+        client_.get(), options_.spec.job_id(), joined.generation());
+    spdlog::info("joined job '{}' generation {} as rank {} of {}",
+                 options_.spec.job_id(), joined.generation(), joined.rank(),
+                 joined.world_size());
+    if (!heartbeat_.joinable()) {
+      // Heartbeat while the communicator connects: that can take a while.
+      const absl::Duration interval =
+          absl::Milliseconds(joined.heartbeat_interval_ms());
+      heartbeat_ =
+          std::thread([this, interval] { HeartbeatLoop(interval); });
+    }
+    comm::GlooOptions gloo;
+    gloo.hostname = options_.comm_host;
+    gloo.connect_timeout = std::min(options_.join_timeout, left);
+    gloo.rank = joined.rank();
+    gloo.size = joined.world_size();
+    gloo.generation = joined.generation();
+    comm::PrefixStore gloo_store("gloo/", store_.get());
+    auto comm = comm::GlooCommunicator::Create(gloo, &gloo_store);
+    if (comm.ok()) {
+      std::lock_guard<std::mutex> lock(comm_mu_);
+      comm_ = *std::move(comm);
+      reform_wanted_.store(false);
+      return absl::OkStatus();
+    }
+    // A member of the new generation did not connect (it died, or the
+    // generation ended meanwhile): ask for the next one.
+    spdlog::warn("communicator of generation {} did not connect: {}",
+                 joined.generation(), comm.status().ToString());
+    previous_generation = joined.generation();
+    why = absl::StrCat("communicator of generation ", joined.generation(),
+                       " did not connect: ", comm.status().message());
+  }
+}
+
+namespace {
+
+// A communicator given up may still be inside a Gloo operation that only
+// returns at its timeout; its destructor waits for that, so it is destroyed
+// on a thread of its own rather than on the training thread.
+void Retire(std::shared_ptr<comm::Communicator> comm) {
+  if (comm == nullptr) return;
+  comm->Abort();
+  std::thread([c = std::move(comm)]() mutable { c.reset(); }).detach();
+}
+
+bool Terminal(v1::JobState state) {
+  return state == v1::JOB_STATE_FAILED || state == v1::JOB_STATE_STOPPED ||
+         state == v1::JOB_STATE_SUCCEEDED;
+}
+
+}  // namespace
+
+absl::Status Session::Reform(int64_t committed_step,
+                             const std::string& reason) {
+  if (client_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "a worker without a coordinator cannot re-form (world of one)");
+  }
+  std::shared_ptr<comm::Communicator> old;
+  {
+    std::lock_guard<std::mutex> lock(comm_mu_);
+    old = std::move(comm_);
+  }
+  const int64_t previous = old ? old->generation() : generation_.load();
+  Retire(std::move(old));
+  spdlog::info("leaving generation {} at step {}: {}", previous,
+               committed_step, reason);
+  return JoinAndConnect(previous, reason, committed_step,
+                        absl::Now() + options_.join_timeout);
+}
+
+std::shared_ptr<comm::Communicator> Session::shared_communicator() const {
+  std::lock_guard<std::mutex> lock(comm_mu_);
+  return comm_;
+}
+
+void Session::OnMembership(const v1::MembershipUpdate& update) {
+  std::shared_ptr<comm::Communicator> comm = shared_communicator();
+  if (comm == nullptr) return;  // between generations
+  const int64_t mine = comm->generation();
+  const bool over = update.generation() > mine ||
+                    (update.generation() == mine && !update.is_member()) ||
+                    (update.generation() == mine && Terminal(update.state()) &&
+                     update.state() != v1::JOB_STATE_SUCCEEDED);
+  if (over) {
+    spdlog::info("generation {} is over (coordinator at generation {}{}); "
+                 "aborting its collectives",
+                 mine, update.generation(),
+                 update.failure().empty()
+                     ? ""
+                     : absl::StrCat(": ", update.failure()));
+    comm->Abort();
+    return;
+  }
+  if (update.generation() == mine && update.waiting_workers() > 0) {
+    reform_wanted_.store(true);
+  }
+}
+
+Session::~Session() {
+  StopHeartbeat();
+  watcher_.reset();
+}
 
 void Session::ReportProgress(int64_t step, double samples_per_second) {
   step_.store(step, std::memory_order_relaxed);
@@ -160,7 +272,7 @@ void Session::HeartbeatLoop(absl::Duration interval) {
     v1::HeartbeatRequest request;
     request.set_job_id(options_.spec.job_id());
     request.set_worker_id(options_.worker_id);
-    request.set_generation(generation_);
+    request.set_generation(generation_.load());
     request.set_step(step_.load(std::memory_order_relaxed));
     request.set_samples_per_second(
         samples_per_second_.load(std::memory_order_relaxed));
@@ -169,8 +281,17 @@ void Session::HeartbeatLoop(absl::Duration interval) {
       if (timings_) *request.mutable_ddp() = *timings_;
     }
     auto response = client_->Heartbeat(std::move(request), interval);
+    if (response.ok() && response->waiting_workers() > 0 &&
+        response->current_generation() == generation_.load()) {
+      reform_wanted_.store(true);
+    }
     if (!response.ok()) {
-      spdlog::warn("heartbeat: {}", response.status().ToString());
+      // ABORTED: between generations (Note [Re-forming]); not news.
+      if (response.status().code() == absl::StatusCode::kAborted) {
+        spdlog::debug("heartbeat: {}", response.status().ToString());
+      } else {
+        spdlog::warn("heartbeat: {}", response.status().ToString());
+      }
     }
     lock.lock();
     cv_.wait_for(lock, absl::ToChronoNanoseconds(interval),
@@ -188,14 +309,26 @@ void Session::StopHeartbeat() {
 }
 
 absl::Status Session::Finish(bool ok, const std::string& message) {
+  return LeaveOnce(ok ? v1::LEAVE_REASON_COMPLETED : v1::LEAVE_REASON_ERROR,
+                   message);
+}
+
+absl::Status Session::LeaveAtEndOfData(int64_t last_step) {
+  return LeaveOnce(v1::LEAVE_REASON_END_OF_DATA,
+                   absl::StrCat("no more data after step ", last_step));
+}
+
+absl::Status Session::LeaveOnce(v1::LeaveReason reason,
+                                const std::string& message) {
   StopHeartbeat();
   if (finished_ || client_ == nullptr) return absl::OkStatus();
   finished_ = true;
+  watcher_.reset();
   v1::LeaveRequest request;
   request.set_job_id(options_.spec.job_id());
   request.set_worker_id(options_.worker_id);
-  request.set_generation(generation_);
-  request.set_reason(ok ? v1::LEAVE_REASON_COMPLETED : v1::LEAVE_REASON_ERROR);
+  request.set_generation(generation_.load());
+  request.set_reason(reason);
   request.set_message(message);
   return client_->Leave(std::move(request), absl::Seconds(10)).status();
 }

@@ -43,7 +43,8 @@ struct WorkerOptions {
   // Reads CONCORD_COORDINATOR, CONCORD_JOB_ID, CONCORD_MIN_WORKERS,
   // CONCORD_MAX_WORKERS, CONCORD_WORKER_ID, CONCORD_COMM_HOST,
   // CONCORD_HEARTBEAT_INTERVAL_MS, CONCORD_HEARTBEAT_TIMEOUT_MS,
-  // CONCORD_RENDEZVOUS_TIMEOUT_MS, CONCORD_COLLECTIVE_TIMEOUT_MS, and the
+  // CONCORD_RENDEZVOUS_TIMEOUT_MS, CONCORD_COLLECTIVE_TIMEOUT_MS,
+  // CONCORD_SETTLE_MS, and the
   // worker token from the file CONCORD_TOKEN_FILE names (or CONCORD_TOKEN),
   // and the PEM files CONCORD_TLS_CA (the CA that signed the coordinator's
   // certificate: turns TLS on), CONCORD_TLS_CERT and CONCORD_TLS_KEY (this
@@ -53,22 +54,50 @@ struct WorkerOptions {
   static absl::StatusOr<WorkerOptions> FromEnvironment();
 };
 
+// Note [Re-forming]: a Session belongs to one generation at a time. When
+// that generation is over for this worker — a collective failed (a peer
+// died), the members agreed to stop at a step boundary (someone ran out of
+// data, or workers wait to be admitted) — Reform() aborts the communicator,
+// asks the coordinator for the next generation (JoinRequest.
+// previous_generation, so the coordinator ends the old one at once if nobody
+// told it yet) and connects a new communicator. A membership watcher aborts
+// the communicator as soon as the coordinator says the generation ended
+// (someone else's failure or a heartbeat timeout), so that no collective
+// waits out its timeout for a peer that is gone; it also raises
+// reform_wanted() when workers wait to be admitted.
 class Session {
  public:
   // Joins the job (blocks until a generation forms), connects the
-  // communicator and starts heartbeating.
+  // communicator and starts heartbeating and watching the membership.
   // Errors: those of CoordinatorClient::Join and GlooCommunicator::Create.
   static absl::StatusOr<std::unique_ptr<Session>> Start(
       const WorkerOptions& options);
   ~Session();
 
-  comm::Communicator& communicator() { return *comm_; }
-  std::shared_ptr<comm::Communicator> shared_communicator() { return comm_; }
-  int rank() const { return comm_->rank(); }
-  int world_size() const { return comm_->size(); }
-  int64_t generation() const { return comm_->generation(); }
+  // The communicator of the current generation; Reform replaces it. Callers
+  // keep the shared_ptr they hold for as long as they use it.
+  std::shared_ptr<comm::Communicator> shared_communicator() const;
+  comm::Communicator& communicator() { return *shared_communicator(); }
+  int rank() const { return shared_communicator()->rank(); }
+  int world_size() const { return shared_communicator()->size(); }
+  int64_t generation() const { return shared_communicator()->generation(); }
   int authoritative_rank() const { return authoritative_rank_; }
   const WorkerOptions& options() const { return options_; }
+  // Whether a coordinator runs the job (false: a world of one).
+  bool elastic() const { return client_ != nullptr; }
+
+  // Note [Re-forming]: leaves the current generation (saying `reason`) and
+  // blocks until the next one has formed and its communicator connected,
+  // retrying when a member of the new generation does not connect. Errors:
+  // FAILED_PRECONDITION when the job failed, was stopped (e.g. it stayed
+  // below min_workers for the rendezvous timeout) or has no coordinator;
+  // DEADLINE_EXCEEDED after the join timeout; UNAVAILABLE when the
+  // coordinator stays unreachable.
+  absl::Status Reform(int64_t committed_step, const std::string& reason);
+  // Workers are waiting to be admitted to the job (Note [Re-forming]).
+  bool reform_wanted() const {
+    return reform_wanted_.load(std::memory_order_relaxed);
+  }
 
   // Progress carried by the next heartbeat. Thread-safe, cheap.
   void ReportProgress(int64_t step, double samples_per_second);
@@ -79,18 +108,31 @@ class Session {
   // Tells the coordinator this worker is done (or failed) and stops the
   // heartbeat. Idempotent.
   absl::Status Finish(bool ok, const std::string& message);
+  // Leaves the job because this worker's data ended after `last_step`, at a
+  // boundary the members agreed on (LEAVE_REASON_END_OF_DATA); the others
+  // re-form without it. Stops the heartbeat. Idempotent with Finish.
+  absl::Status LeaveAtEndOfData(int64_t last_step);
 
  private:
   explicit Session(WorkerOptions options) : options_(std::move(options)) {}
+  // Joins (previous_generation: see JoinRequest) and connects a communicator.
+  absl::Status JoinAndConnect(int64_t previous_generation,
+                              const std::string& reason, int64_t committed_step,
+                              absl::Time deadline);
+  void OnMembership(const v1::MembershipUpdate& update);
   void HeartbeatLoop(absl::Duration interval);
   void StopHeartbeat();
+  absl::Status LeaveOnce(v1::LeaveReason reason, const std::string& message);
 
   WorkerOptions options_;
   std::unique_ptr<CoordinatorClient> client_;
   std::unique_ptr<comm::Store> store_;
-  std::shared_ptr<comm::Communicator> comm_;
-  int authoritative_rank_ = 0;
-  int64_t generation_ = 0;  // set before the heartbeat thread starts
+  mutable std::mutex comm_mu_;
+  std::shared_ptr<comm::Communicator> comm_;  // guarded by comm_mu_
+  std::atomic<int> authoritative_rank_{0};
+  std::atomic<int64_t> generation_{0};
+  std::atomic<bool> reform_wanted_{false};
+  std::unique_ptr<MembershipWatcher> watcher_;
 
   std::atomic<int64_t> step_{0};
   std::atomic<double> samples_per_second_{0};

@@ -46,6 +46,14 @@ class Communicator {
   // Returns INVALID_ARGUMENT through the Work for mismatched tensors.
   virtual std::shared_ptr<Work> Allgather(at::Tensor output, at::Tensor input,
                                           const CollectiveOptions& options) = 0;
+
+  // Gives the communicator up (its generation is over): every collective
+  // queued or in flight fails with ABORTED, later ones fail at once, and the
+  // transport is torn down so that peers still waiting on this rank fail
+  // too instead of running into their timeouts. Never blocks; any thread.
+  // The object may only be destroyed once its operation in flight has
+  // returned (the destructor waits for that, at most a collective timeout).
+  virtual void Abort() = 0;
 };
 
 }  // namespace concord::comm

@@ -182,22 +182,45 @@ DistributedDataParallel::Init(Named named,
   }
   CONCORD_RETURN_IF_ERROR(ddp::Reducer::Validate(r, /*has_hook=*/false));
 
-  const comm::CollectiveOptions opts = CollectiveOpts(options);
-  CONCORD_RETURN_IF_ERROR(
-      VerifySameModel(*comm, authoritative_rank, description, opts));
-  // Every rank starts from the authoritative rank's model.
   synced.insert(synced.end(), ddp->buffers_.begin(), ddp->buffers_.end());
-  if (absl::Status s =
-          comm::BroadcastCoalesced(*comm, synced, authoritative_rank, opts);
-      !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("initial broadcast of the model "
-                                               "failed: ",
-                                               s.message()));
-  }
+  ddp->synced_ = std::move(synced);
+  ddp->description_ = std::move(description);
+  CONCORD_RETURN_IF_ERROR(ddp->VerifyAndBroadcast());
   ddp->named_ = std::move(named);
   ddp->reducer_ = std::make_unique<ddp::Reducer>(
       ddp->params_, std::move(trainable_names), comm, r);
   return ddp;
+}
+
+absl::Status DistributedDataParallel::VerifyAndBroadcast() {
+  const comm::CollectiveOptions opts = CollectiveOpts(options_);
+  CONCORD_RETURN_IF_ERROR(
+      VerifySameModel(*comm_, authoritative_rank_, description_, opts));
+  // Every rank starts from the authoritative rank's model.
+  if (absl::Status s = comm::BroadcastCoalesced(*comm_, synced_,
+                                                authoritative_rank_, opts);
+      !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("broadcast of the model from "
+                                               "the authoritative rank "
+                                               "failed: ",
+                                               s.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DistributedDataParallel::Rebind(
+    std::shared_ptr<comm::Communicator> comm, int authoritative_rank) {
+  if (comm == nullptr) return absl::InvalidArgumentError("null communicator");
+  if (authoritative_rank < 0 || authoritative_rank >= comm->size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "authoritative rank ", authoritative_rank, " out of range"));
+  }
+  comm_ = comm;
+  authoritative_rank_ = authoritative_rank;
+  reducer_->Rebind(std::move(comm), authoritative_rank);
+  // The next forward broadcasts buffers again, as after creation.
+  require_forward_param_sync_ = true;
+  return VerifyAndBroadcast();
 }
 
 absl::Status DistributedDataParallel::ValidateOptions(const DdpOptions& options,

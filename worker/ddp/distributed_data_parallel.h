@@ -119,8 +119,32 @@ class DistributedDataParallel {
     return out;
   }
 
+  // Note [Re-forming] (worker/session.h): moves DDP to the next generation's
+  // communicator. Drops the interrupted iteration (every `.grad` is
+  // undefined afterwards) and the communication hook (register it again),
+  // checks that every rank of the new generation wraps the same model and
+  // broadcasts parameters and buffers from `authoritative_rank`. A worker
+  // that joins the new generation calls Create instead: both run the same
+  // collectives. Then every rank calls SyncReducerLayout. Blocks. Errors as
+  // for Create.
+  absl::Status Rebind(std::shared_ptr<comm::Communicator> comm,
+                      int authoritative_rank);
+  // The authoritative rank's bucket layout, on every rank (a broadcast).
+  absl::Status SyncReducerLayout() { return reducer_->SyncLayout(); }
+  // What gradient sums are divided by (default: the world size); PyTorch's
+  // join semantics divide by the initial world size.
+  void SetGradientDivisor(double divisor) {
+    reducer_->SetGradientDivisor(divisor);
+  }
+
   // Trainable parameters, in the module's order (what the optimizer takes).
   const std::vector<torch::Tensor>& parameters() const { return params_; }
+  // Every buffer of the module, also those DDP ignores.
+  std::vector<torch::Tensor> AllBuffers() const {
+    std::vector<torch::Tensor> out;
+    for (const auto& [name, b] : named_.buffers) out.push_back(b);
+    return out;
+  }
   // Every named parameter and buffer (trainable or not).
   std::vector<std::pair<std::string, torch::Tensor>> NamedState() const;
   const ddp::Reducer& reducer() const { return *reducer_; }
@@ -138,11 +162,17 @@ class DistributedDataParallel {
       Named named, std::shared_ptr<comm::Communicator> comm,
       int authoritative_rank, DdpOptions options);
   DistributedDataParallel() = default;
+  // VerifySameModel, then the broadcast of `synced_`.
+  absl::Status VerifyAndBroadcast();
 
   std::optional<torch::jit::Module> script_;
   Named named_;
   std::vector<torch::Tensor> params_;
   std::vector<torch::Tensor> buffers_;
+  // Parameters (trainable or not) and buffers DDP keeps equal across ranks,
+  // with the description every rank checks against the authoritative one.
+  std::vector<torch::Tensor> synced_;
+  std::vector<std::string> description_;
   std::shared_ptr<comm::Communicator> comm_;
   int authoritative_rank_ = 0;
   DdpOptions options_;

@@ -52,18 +52,8 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
       comm_(std::move(comm)),
       options_(std::move(options)) {
   ThrowIfError(Validate(options_, /*has_hook=*/false));
-  const double world = static_cast<double>(comm_->size());
-  const double f = options_.gradient_predivide_factor;
-  if (f != 1.0 || !options_.gradient_average ||
-      options_.allreduce_always_fp32) {
-    // apex's arithmetic: 1/f before the allreduce, f/world after.
-    pre_scale_ = 1.0 / f;
-    post_scale_ = options_.gradient_average && f != world ? f / world : 1.0;
-    scale_in_fp32_ = options_.allreduce_always_fp32;
-  } else {
-    pre_scale_ = 1.0 / world;  // PyTorch: divide while copying
-    pytorch_scaling_ = true;
-  }
+  divisor_ = static_cast<double>(comm_->size());
+  SetScales();
   saved_grads_.resize(params_.size());
   Build({});
   hook_handles_.reserve(params_.size());
@@ -82,6 +72,107 @@ Reducer::~Reducer() {
   }
 }
 
+void Reducer::SetScales() {
+  const double f = options_.gradient_predivide_factor;
+  pytorch_scaling_ = false;
+  scale_in_fp32_ = false;
+  if (hook_) {
+    pre_scale_ = post_scale_ = 1.0;  // the hook divides
+  } else if (f != 1.0 || !options_.gradient_average ||
+             options_.allreduce_always_fp32) {
+    // apex's arithmetic: 1/f before the allreduce, f/world after.
+    pre_scale_ = 1.0 / f;
+    post_scale_ =
+        options_.gradient_average && f != divisor_ ? f / divisor_ : 1.0;
+    scale_in_fp32_ = options_.allreduce_always_fp32;
+  } else {
+    pre_scale_ = 1.0 / divisor_;  // PyTorch: divide while copying
+    post_scale_ = 1.0;
+    pytorch_scaling_ = true;
+  }
+}
+
+void Reducer::SetGradientDivisor(double divisor) {
+  if (!(divisor > 0)) {
+    ThrowIfError(absl::InvalidArgumentError(
+        absl::StrCat("gradient divisor must be positive, got ", divisor)));
+  }
+  divisor_ = divisor;
+  SetScales();
+}
+
+void Reducer::Rebind(std::shared_ptr<comm::Communicator> comm,
+                     int authoritative_rank) {
+  // Collectives of the old generation may still be "in flight" on its
+  // (aborted) communicator; their buffers are ours, so drop the handles
+  // without touching the tensors they hold.
+  for (auto& b : buckets_) b.work.reset();
+  armed_ = false;
+  callback_queued_ = false;
+  next_bucket_ = 0;
+  {
+    at::NoGradGuard no_grad;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      saved_grads_[i] = at::Tensor();
+      params_[i].mutable_grad() = at::Tensor();
+    }
+  }
+  comm_ = std::move(comm);
+  options_.authoritative_rank = authoritative_rank;
+  hook_ = nullptr;
+  divisor_ = static_cast<double>(comm_->size());
+  SetScales();
+}
+
+absl::Status Reducer::SyncLayout() {
+  const int authoritative_rank = options_.authoritative_rank;
+  // The authoritative rank's layout: [rebuilt, iterations, has static
+  // usage, order..., static usage...].
+  const size_t n = params_.size();
+  at::Tensor t = at::zeros({static_cast<int64_t>(3 + 2 * n)}, at::kLong);
+  int64_t* v = t.data_ptr<int64_t>();
+  v[0] = rebuilt_ ? 1 : 0;
+  v[1] = stats_.iterations;
+  v[2] = static_used_.empty() ? 0 : 1;
+  for (size_t k = 0; k < rebuilt_order_.size() && k < n; ++k) {
+    v[3 + k] = static_cast<int64_t>(rebuilt_order_[k]);
+  }
+  for (size_t k = 0; k < static_used_.size() && k < n; ++k) {
+    v[3 + n + k] = static_used_[k] ? 1 : 0;
+  }
+  comm::CollectiveOptions opts;
+  opts.timeout = options_.collective_timeout;
+  absl::Status s = comm_->Broadcast(t, authoritative_rank, opts)->Wait();
+  if (!s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("bucket layout broadcast "
+                                               "failed: ",
+                                               s.message()));
+  }
+  v = t.data_ptr<int64_t>();
+  ready_order_.clear();
+  if (v[0] == 1) {
+    std::vector<size_t> agreed(n);
+    for (size_t k = 0; k < n; ++k) agreed[k] = static_cast<size_t>(v[3 + k]);
+    Build(agreed);
+    rebuilt_order_ = std::move(agreed);
+    rebuilt_ = true;
+    stats_.iterations = std::max<int64_t>(stats_.iterations, v[1]);
+  } else {
+    // Nobody agreed on a layout yet: start over from the first-iteration
+    // layout, and rebuild after the next iteration.
+    Build({});
+    rebuilt_order_.clear();
+    rebuilt_ = false;
+    stats_.iterations = 0;
+  }
+  static_used_.clear();
+  if (v[2] == 1) {
+    static_used_.resize(n);
+    for (size_t k = 0; k < n; ++k) static_used_[k] = v[3 + n + k] != 0;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Reducer::RegisterCommHook(CommHook hook) {
   if (hook_) {
     return absl::FailedPreconditionError(
@@ -91,9 +182,7 @@ absl::Status Reducer::RegisterCommHook(CommHook hook) {
     return absl::FailedPreconditionError(s.message());
   }
   hook_ = std::move(hook);
-  pytorch_scaling_ = false;
-  pre_scale_ = 1.0;  // the hook divides
-  post_scale_ = 1.0;
+  SetScales();
   return absl::OkStatus();
 }
 
@@ -188,6 +277,7 @@ absl::Status Reducer::Rebuild() {
     agreed[k] = static_cast<size_t>(indices[k]);
   }
   Build(agreed);
+  rebuilt_order_ = std::move(agreed);
   rebuilt_ = true;
   ++stats_.rebuilds;
   return absl::OkStatus();
@@ -249,7 +339,7 @@ void Reducer::OnGradReady(size_t param, const at::Tensor& grad) {
     if (existing.defined() && existing.is_alias_of(view) && pytorch_scaling_) {
       // A bucket-view gradient: PyTorch accumulates in place and divides.
       at::add_out(view, existing, grad);
-      view.div_(static_cast<double>(comm_->size()));
+      view.div_(divisor_);
     } else if (existing.defined()) {
       at::add_out(view, existing, grad);
       if (scale_here) view.mul_(pre_scale_);

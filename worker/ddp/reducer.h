@@ -105,6 +105,25 @@ class Reducer {
   // For timing: the forward has finished (the loss is being computed).
   void MarkForwardDone();
 
+  // Note [Re-forming] (worker/session.h): moves the reducer to the next
+  // generation's communicator. Drops what the interrupted iteration left
+  // (launched buckets, set-aside gradients; `.grad` of every parameter is
+  // undefined afterwards), any communication hook (it belongs to the old
+  // communicator: register one again) and the gradient divisor. No
+  // collective.
+  void Rebind(std::shared_ptr<comm::Communicator> comm, int authoritative_rank);
+  // Takes the authoritative rank's bucket layout, rebuild state and
+  // static-graph usage: a broadcast that every rank of a new generation
+  // calls at the same point (survivors after Rebind, a newcomer after
+  // creating its reducer). Errors: those of the broadcast.
+  absl::Status SyncLayout();
+  // What the gradient sum is divided by on the default path (and apex's
+  // average): the world size unless set (PyTorch's join semantics divide by
+  // the initial world size while ranks that ran out of data shadow with
+  // zeros). Must be positive.
+  void SetGradientDivisor(double divisor);
+  double gradient_divisor() const { return divisor_; }
+
   std::vector<BucketInfo> buckets() const;
   int64_t iterations() const { return stats_.iterations; }
   const ReducerStats& stats() const { return stats_; }
@@ -127,6 +146,8 @@ class Reducer {
 
   // Lays the buckets out in `order` (empty: PyTorch's initial layout).
   void Build(const std::vector<size_t>& order);
+  // The pre/post scales for `divisor_`, for the path in use.
+  void SetScales();
   absl::Status Rebuild();
   void OnGradReady(size_t param, const at::Tensor& grad);
   void MarkReady(size_t param);
@@ -140,6 +161,7 @@ class Reducer {
   std::shared_ptr<comm::Communicator> comm_;
   ReducerOptions options_;
   CommHook hook_;
+  double divisor_ = 1.0;     // SetGradientDivisor
   double pre_scale_ = 1.0;   // applied while copying into the bucket
   double post_scale_ = 1.0;  // applied after the allreduce
   bool scale_in_fp32_ = false;
@@ -157,6 +179,7 @@ class Reducer {
   size_t next_bucket_ = 0;           // first bucket not yet launched
   std::vector<size_t> ready_order_;  // first iteration, for the rebuild
   bool rebuilt_ = false;
+  std::vector<size_t> rebuilt_order_;  // the agreed order of the rebuild
   // static_graph: which parameters were globally used in iteration 1.
   std::vector<bool> static_used_;
 

@@ -156,6 +156,12 @@ std::shared_ptr<Work> GlooCommunicator::Enqueue(
   auto work = std::make_shared<PromiseWork>();
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (aborted_) {
+      work->MarkDone(absl::AbortedError(absl::StrCat(
+          "the communicator of generation ", options_.generation,
+          " was aborted")));
+      return work;
+    }
     queue_.push_back(Task{std::move(op), work});
   }
   cv_.notify_all();
@@ -173,8 +179,9 @@ void GlooCommunicator::Loop() {
       task = std::move(queue_.front());
       queue_.pop_front();
       tag = next_tag_++;
+      if (task.work->IsCompleted()) continue;  // aborted before it ran
+      running_ = task.work;
     }
-    if (task.work->IsCompleted()) continue;  // aborted before it ran
     absl::Status status;
     try {
       status = task.op(tag);
@@ -182,6 +189,32 @@ void GlooCommunicator::Loop() {
       status = FromGlooException(e);
     }
     task.work->MarkDone(std::move(status));
+    std::lock_guard<std::mutex> lock(mu_);
+    running_.reset();
+  }
+}
+
+void GlooCommunicator::Abort() {
+  std::deque<Task> queued;
+  std::shared_ptr<PromiseWork> running;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (aborted_) return;
+    aborted_ = true;
+    queued.swap(queue_);
+    running = running_;
+  }
+  const absl::Status aborted = absl::AbortedError(absl::StrCat(
+      "the communicator of generation ", options_.generation,
+      " was aborted"));
+  for (Task& task : queued) task.work->MarkDone(aborted);
+  if (running) running->MarkDone(aborted);
+  // Closing the pairs wakes Gloo's operation in flight (it fails with an
+  // IoException on the communication thread) and the peers blocked on us.
+  try {
+    context_->closeConnections();
+  } catch (const std::exception& e) {
+    // The connections are going away either way.
   }
 }
 

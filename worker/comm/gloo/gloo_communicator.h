@@ -57,6 +57,10 @@ class GlooCommunicator final : public Communicator {
   // Any dtype (bytes are moved).
   std::shared_ptr<Work> Allgather(at::Tensor output, at::Tensor input,
                                   const CollectiveOptions& options) override;
+  // Fails every queued and running collective (ABORTED) and closes the
+  // connections to every peer: Gloo then fails the operation in flight here
+  // and at the peers waiting on this rank.
+  void Abort() override;
 
  private:
   GlooOptions options_;
@@ -75,6 +79,8 @@ class GlooCommunicator final : public Communicator {
   };
   std::deque<Task> queue_;
   bool stopping_ = false;
+  bool aborted_ = false;
+  std::shared_ptr<class PromiseWork> running_;  // the task in flight
   uint32_t next_tag_ = 0;
   std::thread thread_;
 };

@@ -52,7 +52,7 @@ class NcclCommunicator final : public Communicator {
 
   // Aborts the NCCL communicator: every collective in flight fails. Used when
   // the generation ends. Thread-safe, idempotent.
-  void Abort();
+  void Abort() override;
 
   struct State;
 

@@ -1,0 +1,272 @@
+#include "worker/elastic/state.h"
+
+#include <spdlog/spdlog.h>
+
+#include <cstring>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status_macros.h"
+#include "worker/error.h"
+
+namespace concord::elastic {
+namespace {
+
+absl::Status Annotate(const absl::Status& s, const std::string& what) {
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
+}
+
+// Broadcasts `bytes` from `root` (length first, then the bytes).
+absl::Status BroadcastBytes(comm::Communicator& comm, int root,
+                            std::string* bytes,
+                            const comm::CollectiveOptions& opts) {
+  torch::Tensor length =
+      torch::tensor({static_cast<int64_t>(bytes->size())}, torch::kLong);
+  CONCORD_RETURN_IF_ERROR(comm.Broadcast(length, root, opts)->Wait());
+  torch::Tensor data = torch::empty({length.item<int64_t>()}, torch::kByte);
+  if (comm.rank() == root && !bytes->empty()) {
+    std::memcpy(data.data_ptr(), bytes->data(), bytes->size());
+  }
+  CONCORD_RETURN_IF_ERROR(comm.Broadcast(data, root, opts)->Wait());
+  bytes->assign(static_cast<const char*>(data.data_ptr()),
+                static_cast<size_t>(data.numel()));
+  return absl::OkStatus();
+}
+
+int64_t ReadInt(torch::serialize::InputArchive& archive, const char* key) {
+  c10::IValue v;
+  if (!archive.try_read(key, v) || !v.isInt()) {
+    throw std::runtime_error(absl::StrCat("missing '", key, "'"));
+  }
+  return v.toInt();
+}
+
+}  // namespace
+
+bool Retryable(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kAborted:
+    case absl::StatusCode::kDeadlineExceeded:
+      return true;
+    default:
+      return false;
+  }
+}
+
+State::State(worker::Session* session, DistributedDataParallel* ddp,
+             torch::optim::Optimizer* optimizer, ElasticOptions options)
+    : session_(session),
+      ddp_(ddp),
+      optimizer_(optimizer),
+      options_(options),
+      buffers_(ddp->AllBuffers()) {
+  for (const auto& b : buffers_) committed_.buffers.push_back(b.clone());
+}
+
+void State::OnReset(std::function<void(const ResetInfo&)> callback) {
+  callbacks_.push_back(std::move(callback));
+}
+
+void State::Commit() {
+  committed_.step = step;
+  committed_.epoch = epoch;
+  committed_.position = position;
+  committed_.finished_ranks = finished_ranks_;
+  committed_.values.clear();
+  for (const auto& [name, v] : values) committed_.values[name] = v.clone();
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < buffers_.size(); ++i) {
+    committed_.buffers[i].copy_(buffers_[i]);
+  }
+  session_->ReportProgress(step, 0);
+}
+
+void State::Restore() {
+  step = committed_.step;
+  epoch = committed_.epoch;
+  position = committed_.position;
+  finished_ranks_ = committed_.finished_ranks;
+  values.clear();
+  for (const auto& [name, v] : committed_.values) values[name] = v.clone();
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < buffers_.size(); ++i) {
+    buffers_[i].copy_(committed_.buffers[i]);
+  }
+}
+
+void State::SetDivisor() {
+  const int world = session_->world_size();
+  ddp_->SetGradientDivisor(options_.divide_by_initial_world_size
+                               ? world + finished_ranks_
+                               : world);
+}
+
+absl::Status State::SyncPayload() {
+  std::shared_ptr<comm::Communicator> comm = session_->shared_communicator();
+  const int root = session_->authoritative_rank();
+  comm::CollectiveOptions opts;
+  opts.timeout = session_->options().collective_timeout;
+  std::string bytes;
+  if (comm->rank() == root) {
+    torch::serialize::OutputArchive archive;
+    archive.write("step", c10::IValue(step));
+    archive.write("epoch", c10::IValue(epoch));
+    archive.write("position", c10::IValue(position));
+    archive.write("finished_ranks",
+                  c10::IValue(static_cast<int64_t>(finished_ranks_)));
+    torch::serialize::OutputArchive optimizer;
+    optimizer_->save(optimizer);
+    archive.write("optimizer", optimizer);
+    torch::serialize::OutputArchive user;
+    for (const auto& [name, v] : values) user.write(name, v);
+    archive.write("values", user);
+    std::ostringstream out;
+    archive.save_to(out);
+    bytes = out.str();
+  }
+  CONCORD_RETURN_IF_ERROR(BroadcastBytes(*comm, root, &bytes, opts));
+  if (comm->rank() == root) return absl::OkStatus();
+  try {
+    std::istringstream in(bytes);
+    torch::serialize::InputArchive archive;
+    archive.load_from(in);
+    const int64_t s = ReadInt(archive, "step");
+    const int64_t e = ReadInt(archive, "epoch");
+    const int64_t p = ReadInt(archive, "position");
+    const int64_t f = ReadInt(archive, "finished_ranks");
+    torch::serialize::InputArchive optimizer;
+    archive.read("optimizer", optimizer);
+    torch::serialize::InputArchive user;
+    archive.read("values", user);
+    std::map<std::string, torch::Tensor> received;
+    for (const std::string& name : user.keys()) {
+      torch::Tensor t;
+      user.read(name, t);
+      received[name] = t;
+    }
+    optimizer_->load(optimizer);
+    step = s;
+    epoch = e;
+    position = p;
+    finished_ranks_ = static_cast<int>(f);
+    values = std::move(received);
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat(
+        "the authoritative rank's training state does not load here (is "
+        "this the same program and optimizer?): ",
+        e.what()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status State::Sync() {
+  CONCORD_RETURN_IF_ERROR(
+      Annotate(ddp_->SyncReducerLayout(), "syncing the bucket layout"));
+  CONCORD_RETURN_IF_ERROR(
+      Annotate(SyncPayload(), "syncing the training state"));
+  SetDivisor();
+  tainted_ = false;
+  Commit();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepDecision> State::BeginStep(bool has_data, bool admit) {
+  std::shared_ptr<comm::Communicator> comm = session_->shared_communicator();
+  const int world = comm->size();
+  torch::Tensor flags = torch::tensor(
+      {int64_t{has_data ? 1 : 0},
+       int64_t{admit && session_->reform_wanted() ? 1 : 0}},
+      torch::kLong);
+  comm::CollectiveOptions opts;
+  opts.timeout = session_->options().collective_timeout;
+  CONCORD_RETURN_IF_ERROR(Annotate(comm->AllreduceSum(flags, opts)->Wait(),
+                                   "step agreement failed"));
+  const int64_t with_data = flags[0].item<int64_t>();
+  const bool admitting = flags[1].item<int64_t>() > 0;
+  if (with_data < world) {
+    if (options_.throw_on_early_termination) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "%d of %d ranks ran out of data before step %d "
+          "(throw_on_early_termination)",
+          world - with_data, world, step + 1));
+    }
+    if (with_data == 0) return StepDecision::kDone;
+    if (!has_data) {
+      CONCORD_RETURN_IF_ERROR(session_->LeaveAtEndOfData(step));
+      return StepDecision::kLeft;
+    }
+    finished_ranks_ += static_cast<int>(world - with_data);
+    Commit();  // a retried re-form restores this
+    CONCORD_RETURN_IF_ERROR(Reform(
+        absl::StrFormat("%d rank(s) ran out of data after step %d",
+                        world - with_data, step),
+        /*restore=*/false));
+    return StepDecision::kRun;
+  }
+  if (admitting) {
+    CONCORD_RETURN_IF_ERROR(Reform(
+        absl::StrFormat("admitting waiting workers after step %d", step),
+        /*restore=*/false));
+  }
+  return StepDecision::kRun;
+}
+
+absl::Status State::Reform(const std::string& reason, bool restore) {
+  const int previous_world = session_->world_size();
+  std::string why = reason;
+  for (;;) {
+    if (restore) Restore();
+    // A worker whose model may be half-received says so by claiming no
+    // committed step: it must not be chosen to broadcast.
+    CONCORD_RETURN_IF_ERROR(session_->Reform(tainted_ ? 0 : step, why));
+    const int root = session_->authoritative_rank();
+    tainted_ = session_->rank() != root;
+    absl::Status s = ddp_->Rebind(session_->shared_communicator(), root);
+    if (s.ok()) s = Sync();
+    if (s.ok()) break;
+    if (!Retryable(s)) return s;
+    spdlog::warn("re-forming again: {}", s.ToString());
+    why = std::string(s.message());
+    restore = true;
+  }
+  ++reforms_;
+  ResetInfo info;
+  info.generation = session_->generation();
+  info.rank = session_->rank();
+  info.world_size = session_->world_size();
+  info.previous_world_size = previous_world;
+  info.authoritative_rank = session_->authoritative_rank();
+  info.step = step;
+  info.reason = reason;
+  spdlog::info(
+      "generation {}: rank {} of {} (was {} ranks), authoritative rank {}, "
+      "going on from step {}",
+      info.generation, info.rank, info.world_size, info.previous_world_size,
+      info.authoritative_rank, info.step);
+  for (const auto& callback : callbacks_) callback(info);
+  return absl::OkStatus();
+}
+
+absl::Status Run(State& state,
+                 const std::function<absl::Status(State&)>& train) {
+  for (;;) {
+    absl::Status status;
+    try {
+      status = train(state);
+    } catch (const Error& e) {
+      status = e.status();
+    }
+    if (status.ok() || !Retryable(status) || !state.session().elastic()) {
+      return status;
+    }
+    spdlog::warn("step {} failed ({}); re-forming", state.step + 1,
+                 status.ToString());
+    CONCORD_RETURN_IF_ERROR(
+        state.Reform(std::string(status.message()), /*restore=*/true));
+  }
+}
+
+}  // namespace concord::elastic
