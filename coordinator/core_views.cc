@@ -125,7 +125,7 @@ absl::StatusOr<v1::JobStatus> Core::GetJob(
     *status.add_waiting() = StatusOf(m);
   }
   for (const MemberState& m : job->expected) {
-    if (Missing(*job, m.worker_id)) *status.add_expected() = StatusOf(m);
+    if (!m.back) *status.add_expected() = StatusOf(m);
   }
   if (job->boundary_step.has_value()) {
     status.set_boundary_step(*job->boundary_step);
@@ -340,8 +340,11 @@ absl::Status Core::RestoreJob(const v1::JobRecord& record) {
   for (const auto& r : record.waiting()) {
     job.waiting.push_back(restore_member(r));
   }
+  std::set<std::string> waiting;
+  for (const MemberState& m : job.waiting) waiting.insert(m.worker_id);
   for (const auto& r : record.expected()) {
     job.expected.push_back(restore_member(r));
+    job.expected.back().back = waiting.count(r.worker_id()) > 0;
   }
   for (size_t i = 0; i < job.members.size(); ++i) {
     if (job.members[i].rank != static_cast<int32_t>(i)) {

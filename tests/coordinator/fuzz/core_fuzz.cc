@@ -32,6 +32,7 @@
 #include <cstring>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -402,6 +403,20 @@ class Harness {
         Fail(absl::StrCat("expected survivors in ", job, " in state ",
                           record->state(), " with ", record->members_size(),
                           " members"));
+      }
+      // GetJob shows exactly the expected survivors that are not waiting.
+      std::set<std::string> waiting, missing, shown;
+      for (const auto& m : record->waiting()) waiting.insert(m.worker_id());
+      for (const auto& m : record->expected()) {
+        if (waiting.count(m.worker_id()) == 0) missing.insert(m.worker_id());
+      }
+      v1::GetJobRequest get;
+      get.set_job_id(job);
+      const absl::StatusOr<v1::JobStatus> status = core_.GetJob(get);
+      if (!status.ok()) Fail("GetJob failed for " + job);
+      for (const auto& m : status->expected()) shown.insert(m.worker_id());
+      if (shown != missing) {
+        Fail("GetJob's expected survivors differ from the record's in " + job);
       }
     }
   }
