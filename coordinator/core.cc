@@ -487,7 +487,9 @@ void Core::MaybeApplyBoundary(Job& job) {
     AddEvent(job, "leave", m.worker_id,
              absl::StrFormat("no more data after step %d", boundary));
   }
-  const bool anyone_left = leaving.size() < job.members.size();
+  // Waiting workers carry on too (Note [Re-forming]).
+  const bool anyone_left =
+      leaving.size() < job.members.size() || !job.waiting.empty();
   const std::string why =
       absl::StrFormat("end-of-data boundary at step %d: %s left", boundary,
                       absl::StrJoin(leaving, ", "));

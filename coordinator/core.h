@@ -57,7 +57,8 @@
 // and membership updates. Once every member has committed the boundary step,
 // the members whose data ends there leave (released, refused nothing: a later
 // Leave of theirs is a harmless no-op) and the rest re-form at g+1 as
-// expected survivors (or the job succeeds when no one is left). Reports are
+// expected survivors, with the waiting workers (the job succeeds when no
+// member that had not completed and no waiting worker is left). Reports are
 // per generation. A member that ran out of data at a step boundary the
 // members agreed on among themselves says so with Leave(END_OF_DATA) instead
 // (Note [Re-forming]).

@@ -839,6 +839,28 @@ TEST_F(CoordinatorReformTest, TheLastMemberRunningOutOfDataEndsTheJob) {
   EXPECT_EQ(core_.State(kJob), v1::JOB_STATE_SUCCEEDED);
 }
 
+TEST_F(CoordinatorReformTest, AWaitingWorkerOutlivesAnEndOfDataBoundary) {
+  const int64_t gen = FormSettled(2, 3);
+  ASSERT_TRUE(core_.Join(JoinReq(Spec(3), "spare")).ok());
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(core_.ReportEndOfData(EndOfDataReq(Worker(i), gen, 5)).ok());
+  }
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(core_.Heartbeat(HeartbeatReq(Worker(i), gen, 5)).ok());
+  }
+  // Both members left at the boundary, but the job goes on with the spare.
+  EXPECT_EQ(core_.State(kJob), v1::JOB_STATE_RENDEZVOUS);
+  EXPECT_TRUE(Expected().empty());
+  clock_.Advance(absl::Seconds(2));
+  core_.Tick();
+  ASSERT_EQ(core_.CurrentGeneration(kJob), gen + 1);
+  EXPECT_THAT(Ranks(), ElementsAre("spare"));
+  ASSERT_TRUE(
+      core_.Leave(LeaveReq("spare", gen + 1, v1::LEAVE_REASON_END_OF_DATA))
+          .ok());
+  EXPECT_EQ(core_.State(kJob), v1::JOB_STATE_SUCCEEDED);
+}
+
 TEST_F(CoordinatorReformTest, CompletedMembersAreNotExpected) {
   const int64_t gen = FormSettled(3, 3);
   const v1::JobSpec spec = Spec(3);
