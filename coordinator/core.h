@@ -18,12 +18,13 @@
 // Note [Formation]: with expected survivors of an ended generation (Note
 // [Re-forming]) the next generation forms as soon as every one of them is
 // waiting again and at least min_workers are waiting, without a settle
-// period; an expected survivor not back within heartbeat_timeout of its last
-// heartbeat is dropped (a "failure" event; its binding is released), which
-// may let the generation form. With no expected survivors (the first
-// generation, or every one was dropped) a generation forms as soon as
-// max_workers are waiting, or once at least min_workers are waiting and no
-// new worker has arrived for the job's settle period (JobSpec.settle_ms,
+// period, and not before, even with max_workers newcomers waiting (the
+// survivors hold the model and its progress); an expected survivor not back
+// within heartbeat_timeout of its last heartbeat is dropped (a "failure" event;
+// its binding is released), which may let the generation form. With no expected
+// survivors (the first generation, or every one was dropped) a generation forms
+// as soon as max_workers are waiting, or once at least min_workers are waiting
+// and no new worker has arrived for the job's settle period (JobSpec.settle_ms,
 // default 2 s). A generation admits at most max_workers: survivors first,
 // then the others, each group by the time the worker process first joined
 // the job (kept across its re-joins), which is also the rank order; so
