@@ -10,14 +10,24 @@ Kinds:
   cnn        classification, cross_entropy. Conv2d -> BatchNorm2d -> ReLU ->
              MaxPool2d -> flatten -> Linear -> BatchNorm1d -> ReLU -> Linear.
              inputs float32 (N, 3, 8, 8), targets int64 (N,) in [0, 10).
+  cnn-bn2d   cnn without its BatchNorm1d (Conv2d -> BatchNorm2d -> ReLU ->
+             MaxPool2d -> flatten -> Linear -> ReLU -> Linear), the data of
+             `cnn`: it trains on batches of one sample, which BatchNorm1d
+             refuses in training mode (with strided sharding and uneven
+             shards, the extra batch of the ranks with more data holds one
+             sample: the join tests need it).
   mlp        regression, mse. Linear -> BatchNorm1d -> ReLU -> Linear -> Tanh ->
              Linear. inputs float32 (N, 16), targets float32 (N, 4).
   mlp-large  classification, cross_entropy, for the benchmark: Linear layers of
              width 1024 (about 2.6 M parameters, 10 MB of gradients, so DDP's
              bucketing matters). inputs float32 (N, 512), targets int64 (N,).
 
-Kinds for the DDP option tests (all regression, mse, inputs float32 (N, 16),
-targets float32 (N, 4), the data of `mlp`):
+Kinds for the DDP option and join tests (all regression, mse, inputs
+float32 (N, 16), targets float32 (N, 4), the data of `mlp`):
+  mlp-plain    `mlp` without its BatchNorm1d: Linear -> ReLU -> Linear -> Tanh
+               -> Linear, no buffers, 1.7 K parameters (one bucket whatever
+               the first-iteration bucket cap): trains on batches of one
+               sample, for the bit-exact join tests.
   mlp-wide     5 Linear layers whose fourth is 512x512 (1.2 MB of gradients):
                more than PyTorch's 1 MiB first bucket, so a small
                bucket_cap_mb really gives several buckets.
@@ -50,10 +60,13 @@ import os
 import torch
 import torch.nn as nn
 
-KINDS = ("cnn", "mlp", "mlp-large", "mlp-wide", "mlp-unused", "mlp-dynamic", "mlp-buffer",
-         "mlp-mixed")
+KINDS = ("cnn", "cnn-bn2d", "mlp", "mlp-large", "mlp-plain", "mlp-wide", "mlp-unused",
+         "mlp-dynamic", "mlp-buffer", "mlp-mixed")
+# Kinds whose data is that of `cnn` (classification, (3, 8, 8) -> 10 classes).
+CNN_DATA_KINDS = ("cnn", "cnn-bn2d")
 # Kinds whose data is that of `mlp` (regression, 16 -> 4).
-MLP_DATA_KINDS = ("mlp", "mlp-wide", "mlp-unused", "mlp-dynamic", "mlp-buffer", "mlp-mixed")
+MLP_DATA_KINDS = ("mlp", "mlp-plain", "mlp-wide", "mlp-unused", "mlp-dynamic", "mlp-buffer",
+                  "mlp-mixed")
 # Parameters that forward never uses, per kind (they must never change).
 NEVER_USED = {"mlp-unused": ("unused.weight", "unused.bias"),
               "mlp-dynamic": ("unused.weight", "unused.bias")}
@@ -85,6 +98,22 @@ class SmallCNN(nn.Module):
         return self.fc2(x)
 
 
+class SmallCNNNoBN1d(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(CNN_IN[0], 8, kernel_size=3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.pool = nn.MaxPool2d(2)
+        self.fc1 = nn.Linear(8 * (CNN_IN[1] // 2) * (CNN_IN[2] // 2), 32)
+        self.fc2 = nn.Linear(32, CNN_CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.pool(torch.relu(self.bn(self.conv(x))))
+        x = torch.flatten(x, 1)
+        x = torch.relu(self.fc1(x))
+        return self.fc2(x)
+
+
 class SmallMLP(nn.Module):
     def __init__(self):
         super().__init__()
@@ -95,6 +124,19 @@ class SmallMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = torch.relu(self.bn(self.fc1(x)))
+        x = torch.tanh(self.fc2(x))
+        return self.fc3(x)
+
+
+class PlainMLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(MLP_IN, 32)
+        self.fc2 = nn.Linear(32, 32)
+        self.fc3 = nn.Linear(32, MLP_OUT)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.fc1(x))
         x = torch.tanh(self.fc2(x))
         return self.fc3(x)
 
@@ -197,8 +239,12 @@ def default_loss(kind):
 def build_model(kind):
     if kind == "cnn":
         return SmallCNN()
+    if kind == "cnn-bn2d":
+        return SmallCNNNoBN1d()
     if kind == "mlp":
         return SmallMLP()
+    if kind == "mlp-plain":
+        return PlainMLP()
     if kind == "mlp-large":
         return LargeMLP()
     if kind == "mlp-wide":
@@ -218,7 +264,7 @@ def make_data(kind, n_samples, seed):
     """Deterministic (inputs, targets) for a kind. Targets come from a fixed
     random 'teacher' so that training actually reduces the loss."""
     g = torch.Generator().manual_seed(seed * 7919 + 17)
-    if kind == "cnn":
+    if kind in CNN_DATA_KINDS:
         inputs = torch.randn((n_samples,) + CNN_IN, generator=g)
         teacher = torch.randn(CNN_IN[0] * CNN_IN[1] * CNN_IN[2], CNN_CLASSES, generator=g)
         targets = (inputs.flatten(1) @ teacher).argmax(dim=1).to(torch.int64)
@@ -263,6 +309,24 @@ def num_batches(n_samples, rank, world_size, batch_size):
     """Batches per epoch for a rank, the last partial batch included."""
     count = len(range(rank, n_samples, world_size))
     return (count + batch_size - 1) // batch_size
+
+
+def stream_lengths(n_samples, world_size, batch_size, epochs):
+    """Micro-batches per rank when each rank's data stream is all its epochs'
+    batches one after another (concord-train --sharding fixed; PyTorch's DDP
+    with the whole loop inside join()). Shards differ by at most one sample,
+    so there are at most two distinct lengths, and the longer streams' extra
+    batch of each epoch holds one sample."""
+    return [epochs * num_batches(n_samples, r, world_size, batch_size)
+            for r in range(world_size)]
+
+
+def last_joiner(lengths):
+    """The rank whose final model PyTorch's join() gives every rank
+    (DDP._sync_final_model): the largest of the ranks with the longest
+    stream (ties go to the larger rank)."""
+    longest = max(lengths)
+    return max(r for r, n in enumerate(lengths) if n == longest)
 
 
 # --- state dict helpers ------------------------------------------------------
@@ -333,6 +397,48 @@ def compare_states(actual, expected, rtol=1e-5, atol=1e-6):
                 failures.append("%s: not equal: actual %s, expected %s"
                                 % (k, a.flatten()[:8].tolist(), e.flatten()[:8].tolist()))
     return failures
+
+
+def worst_rel_diff(actual, expected):
+    """The largest max_rel_diff over the floating-point tensors both dicts
+    hold with the same shape."""
+    worst = 0.0
+    for k in expected:
+        if k in actual and expected[k].is_floating_point() and actual[k].shape == expected[k].shape:
+            worst = max(worst, max_rel_diff(actual[k], expected[k]))
+    return worst
+
+
+def report_mismatch(checks, name, actual, expected, rtol, atol):
+    """One check (a Checks) that compare_states(actual, expected) finds
+    nothing; on failure its detail lists the differing tensors and every
+    tensor's max relative difference. Returns whether it passed."""
+    failures = compare_states(actual, expected, rtol=rtol, atol=atol)
+    if not failures:
+        checks.ok(name, "%d tensors, max rel diff %.3e (rtol %g, atol %g)"
+                  % (len(expected), worst_rel_diff(actual, expected), rtol, atol))
+        return True
+    detail = ["%d of %d tensors differ" % (len(failures), len(expected))] + ["  " + f for f in failures]
+    # Per-tensor max relative difference, for diagnosis.
+    detail.append("  max relative difference per tensor:")
+    for k in sorted(set(actual) & set(expected)):
+        a, e = actual[k], expected[k]
+        if a.shape == e.shape and a.is_floating_point() and e.is_floating_point():
+            detail.append("    %-28s %.3e" % (k, max_rel_diff(a, e)))
+        elif a.shape == e.shape and a.dtype == e.dtype:
+            detail.append("    %-28s %s" % (k, "equal" if torch.equal(a, e) else "NOT equal"))
+    checks.fail(name, "\n".join(detail))
+    return False
+
+
+def train_flags(loss, lr, momentum, weight_decay, batch_size, epochs, shuffle_seed=None):
+    """The training flags concord-train and torch_ddp_train.py share."""
+    flags = ["--loss", loss, "--optimizer", "sgd", "--lr", repr(lr),
+             "--momentum", repr(momentum), "--weight-decay", repr(weight_decay),
+             "--batch-size", str(batch_size), "--epochs", str(epochs)]
+    if shuffle_seed is not None:
+        flags += ["--shuffle", "--seed", str(shuffle_seed)]
+    return flags
 
 
 # --- single-process simulation of the DDP semantics ---------------------------
@@ -521,7 +627,8 @@ def bucket_elements(model_path, layouts):
 def simulate(model_path, data_path, loss, world_size, batch_size, epochs,
              lr=0.01, momentum=0.0, weight_decay=0.0, shuffle_seed=None,
              grad_accum=1, broadcast_buffers=True, ignore=(), reduce=None,
-             layouts=None, ring=None, first_layout_steps=1, all_ranks=False, trace=None):
+             layouts=None, ring=None, first_layout_steps=1, all_ranks=False, trace=None,
+             join=False, divide_by_initial_world_size=True):
     """Train W copies of the model in ONE process, applying DDP's semantics by
     hand, in the loop of concord-train and torch_ddp_train.py:
 
@@ -556,14 +663,30 @@ def simulate(model_path, data_path, loss, world_size, batch_size, epochs,
       * every rank steps its own torch.optim.SGD over all of its parameters.
 
     With shuffle_seed, epoch e permutes the samples with torch.randperm(n,
-    generator seeded with shuffle_seed + e) before sharding. Only for even
-    shards (every rank takes the same number of steps).
+    generator seeded with shuffle_seed + e) before sharding. Without join,
+    only for even shards (every rank takes the same number of steps).
+
+    join: the whole loop inside DDP's join() context (PyTorch's uneven
+    inputs), which allows uneven shards. Each rank's stream is all its
+    epochs' batches one after another (stream_lengths); step s runs on the
+    ranks whose stream is longer than s (the active ones); the others have
+    joined and shadow the collectives with zeros. So the reduced gradient is
+    the sum over every rank of grad * (1/D) for the active ones and zeros for
+    the joined ones (in Gloo's order with `ring`), where D is world_size with
+    divide_by_initial_world_size (PyTorch's default) or else the number of
+    active ranks; only the active ranks step. broadcast_buffers sends the
+    largest active rank's buffers (DDP._find_common_rank) instead of rank
+    0's. At the end every rank takes the parameters and buffers of
+    last_joiner() (DDP._sync_final_model). With the default reduction and
+    grad_accum 1 only.
 
     Returns rank 0's final state_dict, or with all_ranks a list of every
     rank's. With trace (a list), appends per micro-batch (epoch, b, sync,
     [per-rank dynamic_gate of the batch])."""
     import torch.nn.functional as F
 
+    if join and (reduce is not None or grad_accum != 1):
+        raise ValueError("simulate: join with the default reduction and grad_accum 1 only")
     reduce = reduce or reduce_pytorch
     ignore = set(ignore)
     ring = ring or {}
@@ -571,7 +694,7 @@ def simulate(model_path, data_path, loss, world_size, batch_size, epochs,
     inputs, targets = data["inputs"], data["targets"]
     n = inputs.size(0)
     counts = [num_batches(n, r, world_size, batch_size) for r in range(world_size)]
-    if len(set(counts)) != 1:
+    if len(set(counts)) != 1 and not join:
         raise ValueError("simulate handles even shards only (batches per rank: %s)" % counts)
     models = []
     opts = []
@@ -593,65 +716,95 @@ def simulate(model_path, data_path, loss, world_size, batch_size, epochs,
         if sorted(k for bucket in layout for k in bucket) != sorted(reduced_names):
             raise ValueError("simulate: buckets %s do not hold exactly the parameters %s"
                              % (layout, reduced_names))
-    previous_sync = True
-    sync_steps = 0
+    # Every epoch's shards, and each rank's stream of (epoch, batch).
+    shards = []
     for epoch in range(epochs):
         if shuffle_seed is None:
             order = torch.arange(n, dtype=torch.int64)
         else:
             order = torch.randperm(n, generator=torch.Generator().manual_seed(shuffle_seed + epoch),
                                    dtype=torch.int64)
-        shards = [(inputs.index_select(0, order[r::world_size]),
-                   targets.index_select(0, order[r::world_size])) for r in range(world_size)]
-        for b in range(counts[0]):
-            sync = (b + 1) % grad_accum == 0 or b + 1 == counts[0]
-            if broadcast_buffers and previous_sync:
-                src = dict(models[0].named_buffers())
-                for m in models[1:]:
-                    with torch.no_grad():
-                        for k, v in m.named_buffers():
-                            if k not in ignore:
-                                v.copy_(src[k])
-            previous_sync = sync
-            gates = []
+        shards.append([(inputs.index_select(0, order[r::world_size]),
+                        targets.index_select(0, order[r::world_size])) for r in range(world_size)])
+    streams = [[(e, b) for e in range(epochs) for b in range(counts[r])]
+               for r in range(world_size)]
+    previous_sync = True
+    sync_steps = 0
+    for step in range(max(len(st) for st in streams)):
+        active = [r for r in range(world_size) if step < len(streams[r])]
+        epoch, b = streams[active[0]][step]
+        sync = (b + 1) % grad_accum == 0 or b + 1 == counts[active[0]]
+        if broadcast_buffers and previous_sync:
+            # With join, DDP agrees on the largest active rank; rank 0 otherwise.
+            src_rank = max(active) if join else 0
+            src = dict(models[src_rank].named_buffers())
             for r, m in enumerate(models):
-                x, y = shards[r]
-                xb, yb = x[b * batch_size:(b + 1) * batch_size], y[b * batch_size:(b + 1) * batch_size]
-                gates.append(dynamic_gate(xb) if xb.dim() == 2 else None)
-                out = m(xb)
-                lval = F.cross_entropy(out, yb) if loss == "cross_entropy" else F.mse_loss(out, yb)
-                lval.backward()
-            if trace is not None:
-                trace.append((epoch, b, sync, gates))
-            if not sync:
-                continue
-            named = [dict(m.named_parameters()) for m in models]
-            layout = layouts[0] if sync_steps < first_layout_steps else layouts[1]
-            sync_steps += 1
-            with torch.no_grad():
-                for bucket in layout:
-                    flats = []
-                    for nm in named:
-                        flats.append(torch.cat([
-                            (nm[k].grad if nm[k].grad is not None else torch.zeros_like(nm[k]))
-                            .detach().reshape(-1) for k in bucket]))
-                    key = (flats[0].numel(), getattr(reduce, "wire_dtype", None) or flats[0].dtype)
-                    reduced = reduce(flats, ring.get(key))
-                    offset = 0
-                    for k in bucket:
-                        numel = named[0][k].numel()
-                        part = reduced[offset:offset + numel].view_as(named[0][k])
-                        offset += numel
-                        if all(nm[k].grad is None for nm in named):
-                            continue
-                        for nm in named:
-                            if nm[k].grad is None:
-                                nm[k].grad = part.clone()
-                            else:
-                                nm[k].grad.copy_(part)
-            for o in opts:
-                o.step()
-                o.zero_grad(set_to_none=False)
+                if r == src_rank:
+                    continue
+                with torch.no_grad():
+                    for k, v in m.named_buffers():
+                        if k not in ignore:
+                            v.copy_(src[k])
+        previous_sync = sync
+        gates = []
+        for r in active:
+            e_r, b_r = streams[r][step]
+            x, y = shards[e_r][r]
+            lo, hi = b_r * batch_size, (b_r + 1) * batch_size
+            xb, yb = x[lo:hi], y[lo:hi]
+            gates.append(dynamic_gate(xb) if xb.dim() == 2 else None)
+            out = models[r](xb)
+            lval = F.cross_entropy(out, yb) if loss == "cross_entropy" else F.mse_loss(out, yb)
+            lval.backward()
+        if trace is not None:
+            trace.append((epoch, b, sync, gates))
+        if not sync:
+            continue
+        step_reduce = reduce
+        if join:
+            div = world_size if divide_by_initial_world_size else len(active)
+
+            def step_reduce(flats, last=None, active=active, div=div):
+                return ring_sum([g.mul(1.0 / div) if r in active else torch.zeros_like(g)
+                                 for r, g in enumerate(flats)], last)
+        named = [dict(m.named_parameters()) for m in models]
+        layout = layouts[0] if sync_steps < first_layout_steps else layouts[1]
+        sync_steps += 1
+        with torch.no_grad():
+            for bucket in layout:
+                flats = []
+                for r, nm in enumerate(named):
+                    flats.append(torch.cat([
+                        (nm[k].grad if nm[k].grad is not None and r in active
+                         else torch.zeros_like(nm[k])).detach().reshape(-1) for k in bucket]))
+                key = (flats[0].numel(), getattr(reduce, "wire_dtype", None) or flats[0].dtype)
+                reduced = step_reduce(flats, ring.get(key))
+                offset = 0
+                for k in bucket:
+                    numel = named[0][k].numel()
+                    part = reduced[offset:offset + numel].view_as(named[0][k])
+                    offset += numel
+                    if all(named[r][k].grad is None for r in active):
+                        continue
+                    for r in active:
+                        nm = named[r]
+                        if nm[k].grad is None:
+                            nm[k].grad = part.clone()
+                        else:
+                            nm[k].grad.copy_(part)
+        for r in active:
+            opts[r].step()
+            opts[r].zero_grad(set_to_none=False)
+    if join:
+        src = models[last_joiner([len(st) for st in streams])]
+        with torch.no_grad():
+            for m in models:
+                if m is src:
+                    continue
+                for (_, v), (_, w) in zip(m.named_parameters(), src.named_parameters()):
+                    v.copy_(w)
+                for (_, v), (_, w) in zip(m.named_buffers(), src.named_buffers()):
+                    v.copy_(w)
     states = [{k: v.detach().clone() for k, v in m.state_dict().items()} for m in models]
     return states if all_ranks else states[0]
 

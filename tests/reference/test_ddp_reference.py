@@ -279,39 +279,12 @@ def parse_args():
 
 
 def hyper_flags(args, loss):
-    flags = ["--loss", loss, "--optimizer", "sgd", "--lr", repr(args.lr),
-             "--momentum", repr(args.momentum), "--weight-decay", repr(args.weight_decay),
-             "--batch-size", str(args.batch_size), "--epochs", str(args.epochs)]
-    if args.shuffle_seed is not None:
-        flags += ["--shuffle", "--seed", str(args.shuffle_seed)]
-    return flags
+    return fixtures.train_flags(loss, args.lr, args.momentum, args.weight_decay,
+                                args.batch_size, args.epochs, args.shuffle_seed)
 
 
-def worst_rel_diff(actual, expected):
-    worst = 0.0
-    for k in expected:
-        if k in actual and expected[k].is_floating_point() and actual[k].shape == expected[k].shape:
-            worst = max(worst, fixtures.max_rel_diff(actual[k], expected[k]))
-    return worst
-
-
-def report_mismatch(checks, name, actual, expected, rtol, atol):
-    failures = fixtures.compare_states(actual, expected, rtol=rtol, atol=atol)
-    if not failures:
-        checks.ok(name, "%d tensors, max rel diff %.3e (rtol %g, atol %g)"
-                  % (len(expected), worst_rel_diff(actual, expected), rtol, atol))
-        return True
-    detail = ["%d of %d tensors differ" % (len(failures), len(expected))] + ["  " + f for f in failures]
-    # Per-tensor max relative difference, for diagnosis.
-    detail.append("  max relative difference per tensor:")
-    for k in sorted(set(actual) & set(expected)):
-        a, e = actual[k], expected[k]
-        if a.shape == e.shape and a.is_floating_point() and e.is_floating_point():
-            detail.append("    %-28s %.3e" % (k, fixtures.max_rel_diff(a, e)))
-        elif a.shape == e.shape and a.dtype == e.dtype:
-            detail.append("    %-28s %s" % (k, "equal" if torch.equal(a, e) else "NOT equal"))
-    checks.fail(name, "\n".join(detail))
-    return False
+worst_rel_diff = fixtures.worst_rel_diff
+report_mismatch = fixtures.report_mismatch
 
 
 class Case(object):

@@ -3,7 +3,7 @@
 
 Trains the same TorchScript model file on the same tensor data as
 concord-train, with the same sharding, loss, optimizer and hyper-parameters,
-and writes rank 0's final state_dict (parameters and buffers) with torch.save.
+and writes the final state_dict (parameters and buffers) with torch.save.
 
     /usr/bin/python3 tests/reference/torch_ddp_train.py \
         --model model.pt --data data.pt --loss cross_entropy \
@@ -12,6 +12,8 @@ and writes rank 0's final state_dict (parameters and buffers) with torch.save.
         [DDP options: --bucket-cap-mb F --find-unused-parameters --static-graph
          --grad-accum K --comm-hook allreduce|fp16 --gradient-as-bucket-view
          --no-broadcast-buffers --ignore NAME ...]
+        [uneven shards: --no-divide-by-initial-world-size
+         --throw-on-early-termination]
 
 Semantics (the concord-train contract):
   * W processes (torch.multiprocessing, started with fork by default: a
@@ -52,9 +54,23 @@ Semantics (the concord-train contract):
     torch.optim.SGD (dampening 0, nesterov False) over all of the module's
     parameters.
   * If ranks would take different numbers of steps in total (uneven shards),
-    the loop runs inside DDP's join() context (divide_by_initial_world_size
-    True, PyTorch's defaults); otherwise join() is not used (it adds an
-    allreduce per step).
+    the whole loop, every epoch, runs inside DDP's join() context: each
+    rank's data stream is its epochs' batches one after another
+    (fixtures.stream_lengths), and a rank whose stream ends joins while the
+    others go on; joined ranks shadow the collectives with zeros (what
+    concord-train --sharding fixed does by leaving the job at the step
+    boundary). join(divide_by_initial_world_size=True,
+    throw_on_early_termination=False) are PyTorch's defaults;
+    --no-divide-by-initial-world-size divides the gradients by the number of
+    ranks still active instead of W, and --throw-on-early-termination makes
+    every rank raise when the first one runs out (the run then fails). At
+    the end DDP gives every rank the model of the last joiner
+    (fixtures.last_joiner). With even shards join() is not used (it adds an
+    allreduce per step) and the two flags change nothing.
+  * --output: rank 0 writes its final state_dict, or with uneven shards the
+    last joiner (every rank holds its model after join(): the rank with the
+    most data). A path containing {rank} makes every rank write its own,
+    with {rank} replaced by the rank.
   * --metrics-out (rank 0): {"world_size", "steps", "step_time_ms_mean",
     "step_time_ms_median", "samples_per_second", "final_loss", "bucket_bytes",
     "initial_bucket_bytes", "bucket_rebuilds", "forward_compute_us",
@@ -93,6 +109,9 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fixtures  # noqa: E402
+
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description="PyTorch DDP reference trainer (gloo)")
@@ -108,7 +127,8 @@ def parse_args(argv=None):
     p.add_argument("--shuffle", action="store_true", help="permute the samples every epoch")
     p.add_argument("--seed", type=int, default=0, help="--shuffle seed (epoch e uses seed + e)")
     p.add_argument("--world-size", type=int, default=1)
-    p.add_argument("--output", help="where rank 0 writes its final state_dict")
+    p.add_argument("--output", help="where the final state_dict goes (rank 0's, or the last "
+                   "joiner's with uneven shards; {rank} in the path: every rank's)")
     p.add_argument("--metrics-out", help="where rank 0 writes metrics JSON")
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads in each worker")
     p.add_argument("--log-interval", type=int, default=0, help="print rank 0's loss every N steps")
@@ -127,6 +147,13 @@ def parse_args(argv=None):
     ddp.add_argument("--no-broadcast-buffers", action="store_true")
     ddp.add_argument("--ignore", action="append", default=[], metavar="NAME",
                      help="parameter or buffer DDP leaves alone (repeatable)")
+    join = p.add_argument_group("uneven shards (the loop inside DDP.join())")
+    join.add_argument("--no-divide-by-initial-world-size", action="store_true",
+                      help="join(divide_by_initial_world_size=False): divide by the ranks "
+                           "still active")
+    join.add_argument("--throw-on-early-termination", action="store_true",
+                      help="join(throw_on_early_termination=True): every rank raises when "
+                           "the first runs out of data")
     args = p.parse_args(argv)
     if args.batch_size < 1:
         p.error("--batch-size must be >= 1")
@@ -202,8 +229,8 @@ def worker(rank, args, init_file):
         model.train()
         n = inputs.size(0)
         bs = args.batch_size
-        my_batches = (len(range(rank, n, world)) + bs - 1) // bs
-        batches_per_rank = [(len(range(r, n, world)) + bs - 1) // bs for r in range(world)]
+        my_batches = fixtures.num_batches(n, rank, world, bs)
+        batches_per_rank = [fixtures.num_batches(n, r, world, bs) for r in range(world)]
         uneven = len(set(batches_per_rank)) > 1
 
         if args.ignore:
@@ -287,7 +314,8 @@ def worker(rank, args, init_file):
             wall[1] = time.perf_counter()
 
         if uneven:
-            with ddp.join():
+            with ddp.join(divide_by_initial_world_size=not args.no_divide_by_initial_world_size,
+                          throw_on_early_termination=args.throw_on_early_termination):
                 loop()
         else:
             loop()
@@ -295,10 +323,13 @@ def worker(rank, args, init_file):
         logging_data = ddp._get_ddp_logging_data()
         final_bucket_params = bucket_params()
         dist.barrier()
-        if rank == 0:
-            if args.output:
+        if args.output:
+            # After join() every rank holds the last joiner's model.
+            writer = fixtures.last_joiner(batches_per_rank) if uneven else 0
+            if "{rank}" in args.output or rank == writer:
                 state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-                torch.save(state, args.output)
+                torch.save(state, args.output.replace("{rank}", str(rank)))
+        if rank == 0:
             if args.metrics_out:
                 timed = slice(2, None) if len(step_times) > 2 else slice(None)
                 t = step_times[timed]
@@ -320,6 +351,14 @@ def worker(rank, args, init_file):
         dist.barrier()
     finally:
         dist.destroy_process_group()
+    # Leave without running the destructors: PyTorch 1.13 can deadlock in
+    # ProcessGroupGloo's destructor (reached from the Reducer's when the
+    # worker's locals go), which joins its threads while holding the GIL when
+    # one of them is freeing a tensor whose Python object needs the GIL. Seen
+    # in about one join() run in 20 with 4 ranks; everything is written by now.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def main(argv=None):
