@@ -180,6 +180,12 @@ Options ParseArgs(int argc, char** argv) {
   return o;
 }
 
+std::string Hostname() {
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  return host;
+}
+
 std::vector<std::string> WorkerEnv(const Options& o,
                                    const std::string& coordinator, int index,
                                    int restarts) {
@@ -206,9 +212,11 @@ std::vector<std::string> WorkerEnv(const Options& o,
   }
   env.push_back(absl::StrCat("CONCORD_LOCAL_RANK=", index));
   env.push_back(absl::StrCat("CONCORD_RESTART_COUNT=", restarts));
-  // A restarted worker is a new member (a new process, a new secret): it
-  // gets an id of its own.
-  env.push_back(absl::StrCat("CONCORD_WORKER_ID=", o.job_id, "-w", index,
+  // Unique in the job across machines and launchers: the host, this
+  // launcher's pid, the local index; a restarted worker is a new member (a
+  // new process, a new secret), with an id of its own.
+  env.push_back(absl::StrCat("CONCORD_WORKER_ID=", o.job_id, "-", Hostname(),
+                             "-", getpid(), "-w", index,
                              restarts > 0 ? absl::StrCat("-r", restarts) : ""));
   env.push_back("CONCORD_COMM_HOST=" + o.comm_host);
   env.push_back(

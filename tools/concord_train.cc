@@ -70,6 +70,7 @@ struct Flags {
   bool no_divide_by_initial_world_size = false;
   bool throw_on_early_termination = false;
   std::string output_per_worker;
+  std::string sample_log;
 };
 
 [[noreturn]] void Fail(int code, const std::string& message) {
@@ -156,6 +157,10 @@ Flags ParseFlags(int argc, char** argv) {
   elastic->add_option("--output-per-worker", f.output_per_worker,
                       "every worker that finishes training writes its final "
                       "state to DIR/<worker id>.pt");
+  elastic->add_option("--sample-log", f.sample_log,
+                      "every worker appends a line 'STEP EPOCH SAMPLE...' "
+                      "with the job's samples of each step it commits to "
+                      "DIR/<worker id>.samples (elastic sharding)");
   app.add_flag("--sync-bn", f.sync_bn,
                "SyncBatchNorm (C++-frontend models only: refused for "
                "TorchScript)");
@@ -498,6 +503,13 @@ int Train(const Flags& flags) {
     return Batch{torch::tensor(idx, torch::kLong), take};
   };
 
+  std::ofstream sample_log;
+  if (!flags.sample_log.empty() && !fixed) {
+    const std::string path = absl::StrCat(flags.sample_log, "/",
+                                          options->worker_id, ".samples");
+    sample_log.open(path, std::ios::app);
+    if (!sample_log) Fail(2, "--sample-log: cannot write " + path);
+  }
   std::vector<double> step_ms;
   double last_loss = 0;
   int64_t samples_done = 0;
@@ -597,12 +609,20 @@ int Train(const Flags& flags) {
       }
       const Batch batch = elastic_batch(st.epoch, position);
       const double sps = take_step(st, batch);
+      if (sample_log.is_open()) {
+        sample_log << st.step << " " << st.epoch;
+        const auto& o = order_of(st.epoch);
+        for (int64_t i = st.position; i < position + batch.job_samples; ++i) {
+          sample_log << " " << o[static_cast<size_t>(i)];
+        }
+      }
       st.position = position + batch.job_samples;
       if (st.position >= n) {
         ++st.epoch;
         st.position = 0;
       }
       st.Commit();
+      if (sample_log.is_open()) sample_log << std::endl;  // committed
       s.ReportProgress(st.step, sps);
     }
     return absl::OkStatus();

@@ -174,44 +174,47 @@ absl::Status State::Sync() {
 }
 
 absl::StatusOr<StepDecision> State::BeginStep(bool has_data, bool admit) {
-  std::shared_ptr<comm::Communicator> comm = session_->shared_communicator();
-  const int world = comm->size();
-  torch::Tensor flags = torch::tensor(
-      {int64_t{has_data ? 1 : 0},
-       int64_t{admit && session_->reform_wanted() ? 1 : 0}},
-      torch::kLong);
-  comm::CollectiveOptions opts;
-  opts.timeout = session_->options().collective_timeout;
-  CONCORD_RETURN_IF_ERROR(Annotate(comm->AllreduceSum(flags, opts)->Wait(),
-                                   "step agreement failed"));
-  const int64_t with_data = flags[0].item<int64_t>();
-  const bool admitting = flags[1].item<int64_t>() > 0;
-  if (with_data < world) {
-    if (options_.throw_on_early_termination) {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "%d of %d ranks ran out of data before step %d "
-          "(throw_on_early_termination)",
-          world - with_data, world, step + 1));
+  // After a re-form the new generation agrees again: a newcomer's first
+  // BeginStep meets the survivors' second one.
+  for (;;) {
+    std::shared_ptr<comm::Communicator> comm =
+        session_->shared_communicator();
+    const int world = comm->size();
+    torch::Tensor flags = torch::tensor(
+        {int64_t{has_data ? 1 : 0},
+         int64_t{admit && session_->reform_wanted() ? 1 : 0}},
+        torch::kLong);
+    comm::CollectiveOptions opts;
+    opts.timeout = session_->options().collective_timeout;
+    CONCORD_RETURN_IF_ERROR(Annotate(comm->AllreduceSum(flags, opts)->Wait(),
+                                     "step agreement failed"));
+    const int64_t with_data = flags[0].item<int64_t>();
+    const bool admitting = flags[1].item<int64_t>() > 0;
+    if (with_data < world) {
+      if (options_.throw_on_early_termination) {
+        return absl::FailedPreconditionError(absl::StrFormat(
+            "%d of %d ranks ran out of data before step %d "
+            "(throw_on_early_termination)",
+            world - with_data, world, step + 1));
+      }
+      if (with_data == 0) return StepDecision::kDone;
+      if (!has_data) {
+        CONCORD_RETURN_IF_ERROR(session_->LeaveAtEndOfData(step));
+        return StepDecision::kLeft;
+      }
+      finished_ranks_ += static_cast<int>(world - with_data);
+      Commit();  // a retried re-form restores this
+      CONCORD_RETURN_IF_ERROR(Reform(
+          absl::StrFormat("%d rank(s) ran out of data after step %d",
+                          world - with_data, step),
+          /*restore=*/false));
+      continue;
     }
-    if (with_data == 0) return StepDecision::kDone;
-    if (!has_data) {
-      CONCORD_RETURN_IF_ERROR(session_->LeaveAtEndOfData(step));
-      return StepDecision::kLeft;
-    }
-    finished_ranks_ += static_cast<int>(world - with_data);
-    Commit();  // a retried re-form restores this
-    CONCORD_RETURN_IF_ERROR(Reform(
-        absl::StrFormat("%d rank(s) ran out of data after step %d",
-                        world - with_data, step),
-        /*restore=*/false));
-    return StepDecision::kRun;
-  }
-  if (admitting) {
+    if (!admitting) return StepDecision::kRun;
     CONCORD_RETURN_IF_ERROR(Reform(
         absl::StrFormat("admitting waiting workers after step %d", step),
         /*restore=*/false));
   }
-  return StepDecision::kRun;
 }
 
 absl::Status State::Reform(const std::string& reason, bool restore) {
