@@ -219,6 +219,7 @@ absl::StatusOr<std::optional<Assignment>> Core::GetAssignment(
     a.rank = member->rank;
     a.world_size = static_cast<int32_t>(job->members.size());
     a.authoritative_rank = job->authoritative_rank;
+    a.finished_workers = static_cast<int32_t>(job->finished.size());
     a.heartbeat_interval =
         absl::Milliseconds(job->spec.heartbeat_interval_ms());
     for (const MemberState& m : job->members) {

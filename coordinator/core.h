@@ -135,6 +135,7 @@ struct Assignment {
   int32_t authoritative_rank = 0;
   std::vector<v1::Member> members;  // ordered by rank
   absl::Duration heartbeat_interval;
+  int32_t finished_workers = 0;  // left at the end of their data
 };
 
 struct Event {

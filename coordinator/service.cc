@@ -67,6 +67,7 @@ grpc::Status WorkerServiceImpl::Join(grpc::ServerContext* context,
   response->set_rank(a.rank);
   response->set_world_size(a.world_size);
   response->set_authoritative_rank(a.authoritative_rank);
+  response->set_finished_workers(a.finished_workers);
   response->set_heartbeat_interval_ms(
       absl::ToInt64Milliseconds(a.heartbeat_interval));
   for (const v1::Member& m : a.members) *response->add_members() = m;

@@ -513,6 +513,7 @@ int Train(const Flags& flags) {
   std::vector<double> step_ms;
   double last_loss = 0;
   int64_t samples_done = 0;
+  int64_t batches = 0;  // forward/backward passes, micro-batches included
   bool left = false;
   const auto start = std::chrono::steady_clock::now();
   if (s.rank() == s.authoritative_rank()) {
@@ -540,6 +541,7 @@ int Train(const Flags& flags) {
                                     .count();
     optimizer.zero_grad();
     ++st.step;
+    ++batches;
     samples_done += batch.job_samples;
     last_loss = l.item<double>();
     const auto t1 = std::chrono::steady_clock::now();
@@ -606,6 +608,7 @@ int Train(const Flags& flags) {
         concord::train::ComputeLoss(loss, forward(x), y).backward();
         position += batch.job_samples;
         samples_done += batch.job_samples;
+        ++batches;
       }
       const Batch batch = elastic_batch(st.epoch, position);
       const double sps = take_step(st, batch);
@@ -676,7 +679,8 @@ int Train(const Flags& flags) {
                           {"backward_compute_us", stats.backward_compute_us},
                           {"backward_comm_us", stats.backward_comm_us},
                           {"overlap_us", stats.overlap_us},
-                          {"steps", state.step},
+                          {"steps", batches},
+                          {"optimizer_steps", state.step},
                           {"step_time_ms_mean", mean},
                           {"step_time_ms_median", Median(timed)},
                           {"samples_per_second", samples_done / seconds},

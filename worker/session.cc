@@ -3,10 +3,12 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/auth.h"
 #include "common/status_macros.h"
 #include "worker/comm/gloo/gloo_communicator.h"
@@ -145,9 +147,16 @@ absl::Status Session::JoinAndConnect(int64_t previous_generation,
           "no generation of job ", options_.spec.job_id(), " formed within ",
           absl::FormatDuration(options_.join_timeout)));
     }
-    CONCORD_ASSIGN_OR_RETURN(v1::JoinResponse joined,
-                             client_->Join(request, left));
+    absl::StatusOr<v1::JoinResponse> response = client_->Join(request, left);
+    if (absl::IsAborted(response.status())) {
+      // Placed in a generation that ended before we heard of it: again.
+      spdlog::info("join: {}", std::string(response.status().message()));
+      continue;
+    }
+    CONCORD_RETURN_IF_ERROR(response.status());
+    const v1::JoinResponse& joined = *response;
     generation_.store(joined.generation());
+    finished_workers_.store(joined.finished_workers());
     authoritative_rank_.store(joined.authoritative_rank());
     store_ = std::make_unique<CoordinatorStore>(
         client_.get(), options_.spec.job_id(), joined.generation());
@@ -236,13 +245,25 @@ void Session::OnMembership(const v1::MembershipUpdate& update) {
                     (update.generation() == mine && Terminal(update.state()) &&
                      update.state() != v1::JOB_STATE_SUCCEEDED);
   if (over) {
+    // The collective in flight may still complete: the others may have
+    // finished it and moved on before we did (a re-form at a step boundary).
+    // Give it a moment, then abort what is left, so that nothing waits out
+    // its timeout on a peer that is gone.
+    const absl::Duration grace = std::clamp(
+        2 * absl::Milliseconds(options_.spec.heartbeat_interval_ms()),
+        absl::Milliseconds(200), absl::Seconds(2));
     spdlog::info("generation {} is over (coordinator at generation {}{}); "
-                 "aborting its collectives",
+                 "aborting its collectives in {} ms",
                  mine, update.generation(),
                  update.failure().empty()
                      ? ""
-                     : absl::StrCat(": ", update.failure()));
-    comm->Abort();
+                     : absl::StrCat(": ", update.failure()),
+                 absl::ToInt64Milliseconds(grace));
+    std::thread([comm = std::move(comm), grace]() mutable {
+      absl::SleepFor(grace);
+      comm->Abort();
+      comm.reset();
+    }).detach();
     return;
   }
   if (update.generation() == mine && update.waiting_workers() > 0) {

@@ -94,6 +94,9 @@ class Session {
   // DEADLINE_EXCEEDED after the join timeout; UNAVAILABLE when the
   // coordinator stays unreachable.
   absl::Status Reform(int64_t committed_step, const std::string& reason);
+  // Workers of the job that left when their data ran out, as of the
+  // current generation's formation.
+  int finished_workers() const { return finished_workers_.load(); }
   // Workers are waiting to be admitted to the job (Note [Re-forming]).
   bool reform_wanted() const {
     return reform_wanted_.load(std::memory_order_relaxed);
@@ -132,6 +135,7 @@ class Session {
   std::atomic<int> authoritative_rank_{0};
   std::atomic<int64_t> generation_{0};
   std::atomic<bool> reform_wanted_{false};
+  std::atomic<int> finished_workers_{0};
   std::unique_ptr<MembershipWatcher> watcher_;
 
   std::atomic<int64_t> step_{0};

@@ -74,7 +74,6 @@ void State::Commit() {
   committed_.step = step;
   committed_.epoch = epoch;
   committed_.position = position;
-  committed_.finished_ranks = finished_ranks_;
   committed_.values.clear();
   for (const auto& [name, v] : values) committed_.values[name] = v.clone();
   torch::NoGradGuard no_grad;
@@ -88,7 +87,6 @@ void State::Restore() {
   step = committed_.step;
   epoch = committed_.epoch;
   position = committed_.position;
-  finished_ranks_ = committed_.finished_ranks;
   values.clear();
   for (const auto& [name, v] : committed_.values) values[name] = v.clone();
   torch::NoGradGuard no_grad;
@@ -100,7 +98,7 @@ void State::Restore() {
 void State::SetDivisor() {
   const int world = session_->world_size();
   ddp_->SetGradientDivisor(options_.divide_by_initial_world_size
-                               ? world + finished_ranks_
+                               ? world + session_->finished_workers()
                                : world);
 }
 
@@ -115,8 +113,6 @@ absl::Status State::SyncPayload() {
     archive.write("step", c10::IValue(step));
     archive.write("epoch", c10::IValue(epoch));
     archive.write("position", c10::IValue(position));
-    archive.write("finished_ranks",
-                  c10::IValue(static_cast<int64_t>(finished_ranks_)));
     torch::serialize::OutputArchive optimizer;
     optimizer_->save(optimizer);
     archive.write("optimizer", optimizer);
@@ -136,7 +132,6 @@ absl::Status State::SyncPayload() {
     const int64_t s = ReadInt(archive, "step");
     const int64_t e = ReadInt(archive, "epoch");
     const int64_t p = ReadInt(archive, "position");
-    const int64_t f = ReadInt(archive, "finished_ranks");
     torch::serialize::InputArchive optimizer;
     archive.read("optimizer", optimizer);
     torch::serialize::InputArchive user;
@@ -151,7 +146,6 @@ absl::Status State::SyncPayload() {
     step = s;
     epoch = e;
     position = p;
-    finished_ranks_ = static_cast<int>(f);
     values = std::move(received);
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat(
@@ -202,8 +196,6 @@ absl::StatusOr<StepDecision> State::BeginStep(bool has_data, bool admit) {
         CONCORD_RETURN_IF_ERROR(session_->LeaveAtEndOfData(step));
         return StepDecision::kLeft;
       }
-      finished_ranks_ += static_cast<int>(world - with_data);
-      Commit();  // a retried re-form restores this
       CONCORD_RETURN_IF_ERROR(Reform(
           absl::StrFormat("%d rank(s) ran out of data after step %d",
                           world - with_data, step),

@@ -124,15 +124,15 @@ class State {
   // the rendezvous timed out), and non-retryable ones of Sync.
   absl::Status Reform(const std::string& reason, bool restore);
 
-  // Ranks that ran out of data and left (Note [Step agreement]).
-  int finished_ranks() const { return finished_ranks_; }
+  // Workers that ran out of data and left (Note [Step agreement]), as the
+  // coordinator counts them.
+  int finished_ranks() const { return session_->finished_workers(); }
   int64_t reforms() const { return reforms_; }
   worker::Session& session() { return *session_; }
 
  private:
   struct Snapshot {
     int64_t step = 0, epoch = 0, position = 0;
-    int finished_ranks = 0;
     std::map<std::string, torch::Tensor> values;
     std::vector<torch::Tensor> buffers;
   };
@@ -145,7 +145,6 @@ class State {
   ElasticOptions options_;
   std::vector<torch::Tensor> buffers_;
   Snapshot committed_;
-  int finished_ranks_ = 0;
   int64_t reforms_ = 0;
   // The model may be half-received (a re-form's broadcast failed): this
   // worker must not become authoritative (it joins saying step 0).
