@@ -37,11 +37,10 @@ Steps for each --case:
      0.0). Buffers are compared only for a report: with broadcast_buffers
      PyTorch's join() takes buffers from the largest active rank rather than
      rank 0, which Concord need not share (BatchNorm's running statistics do
-     not change the training). Where concord-train's --help says its --output
-     may contain {rank} (every rank writes its own, {rank} being the rank of
-     the first generation), every rank with the longest stream must end with
-     those parameters too; otherwise the output of the rank concord-train
-     writes from is the one compared. Also: every parameter changed, and
+     not change the training). With concord-train's --output-per-worker
+     every worker with the longest stream writes its own final state, and
+     each must end with those parameters too (survivors bit-identical); the
+     authoritative rank's --output is compared as well. Also: every parameter changed, and
      Concord's metrics count the longest stream's steps.
   The throw case (--throw-on-early-termination) instead checks that PyTorch's
   run fails with its "exhausted" RuntimeError, and that every concord-train
@@ -206,10 +205,13 @@ def concord(args, checks, case, per_rank):
     bin_dir = os.path.abspath(args.bin_dir)
     run_bin = os.path.join(bin_dir, "concord-run")
     train_bin = os.path.join(bin_dir, "concord-train")
-    out = os.path.join(case.dir, "concord_final_{rank}.pt" if per_rank else "concord_final.pt")
+    out = os.path.join(case.dir, "concord_final.pt")
+    per_worker = os.path.join(case.dir, "per_worker")
+    os.makedirs(per_worker, exist_ok=True)
     metrics = os.path.join(case.dir, "concord_metrics.json")
     train = [train_bin] + case.common() + ["--sharding", "fixed"] + case.flags + [
-        "--output", out, "--metrics-out", metrics]
+        "--output", out, "--metrics-out", metrics] + (
+            ["--output-per-worker", per_worker] if per_rank else [])
     status_dir = os.path.join(case.dir, "worker_status")
     if case.throw:
         # Each worker under a shell that records its exit status. concord-run
@@ -235,15 +237,15 @@ def concord(args, checks, case, per_rank):
         return None, None, conc
     states = {}
     if per_rank:
-        for r in range(case.world):
-            pth = out.replace("{rank}", str(r))
-            if os.path.isfile(pth):
-                states[r] = fixtures.load_state(pth)
-        checks.check(all(r in states for r in case.survivors),
-                     "[%s] concord: every rank with the longest stream %s wrote --output {rank}"
-                     % (case.name, case.survivors),
-                     "written by ranks %s\n%s" % (sorted(states), conc.describe()))
-    elif checks.check(os.path.isfile(out), "[%s] concord wrote --output" % case.name,
+        # Every worker that trained to the end writes its own; those that
+        # left at the end of their data write nothing.
+        for name in sorted(os.listdir(per_worker)):
+            states[name] = fixtures.load_state(os.path.join(per_worker, name))
+        checks.check(len(states) == len(case.survivors),
+                     "[%s] concord: each of the %d worker(s) with the longest stream wrote "
+                     "--output-per-worker" % (case.name, len(case.survivors)),
+                     "written: %s\n%s" % (sorted(states), conc.describe()))
+    if checks.check(os.path.isfile(out), "[%s] concord wrote --output" % case.name,
                       conc.describe()):
         states[None] = fixtures.load_state(out)
     m = None
@@ -328,8 +330,8 @@ def compare_case(checks, case, ref, ref_m, ring, conc, conc_m):
                      "(max rel diff %.3e)" % (case.name, fixtures.worst_rel_diff(
                          simulated[True], simulated[False])),
                      "the same result either way: this case cannot tell")
-    conc = sorted((conc or {}).items(), key=lambda t: -1 if t[0] is None else t[0])
-    labelled = [("concord" if r is None else "concord rank %d" % r, state) for r, state in conc]
+    conc = sorted((conc or {}).items(), key=lambda t: "" if t[0] is None else t[0])
+    labelled = [("concord" if r is None else "concord worker %s" % r, state) for r, state in conc]
     for label, state in [("pytorch", expected)] + labelled:
         if state is None:
             continue
@@ -341,13 +343,7 @@ def compare_case(checks, case, ref, ref_m, ring, conc, conc_m):
     if expected is None or not conc:
         return
     for r, state in conc:
-        if r is not None and r not in case.survivors:
-            print("    concord rank %d (stream of %d, left early) wrote --output too: max rel "
-                  "diff %.3e to the final parameters (not checked)"
-                  % (r, case.lengths[r], fixtures.worst_rel_diff(
-                      params_of(state, names), params_of(expected, names))), flush=True)
-            continue
-        label = "concord" if r is None else "concord rank %d" % r
+        label = "concord" if r is None else "concord worker %s" % r
         missing = sorted(set(expected) - set(state))
         extra = sorted(set(state) - set(expected))
         checks.check(not missing and not extra,
@@ -407,10 +403,10 @@ def run(args, checks, tmp):
                           "concord-train --help does not mention --sharding"):
         pass
     else:
-        per_rank = concord_supports(bin_dir, "{rank}")
-        print("concord-train --output %s {rank}: %s" % (
+        per_rank = concord_supports(bin_dir, "--output-per-worker")
+        print("concord-train %s --output-per-worker: %s" % (
             "takes" if per_rank else "does not take",
-            "every rank with the longest stream is compared" if per_rank else
+            "every worker with the longest stream is compared" if per_rank else
             "only the rank concord-train writes from is compared"), flush=True)
         for case in cases:
             t0 = time.monotonic()
