@@ -174,6 +174,9 @@ Options ParseArgs(int argc, char** argv) {
   if (o.min_workers > o.max_workers) {
     UsageError("--min-workers must not exceed --max-workers");
   }
+  if (o.settle_ms >= o.rendezvous_timeout_ms) {
+    UsageError("--settle-ms must be below --rendezvous-timeout-ms");
+  }
   if (o.heartbeat_timeout_ms <= o.heartbeat_interval_ms) {
     UsageError("--heartbeat-timeout-ms must exceed --heartbeat-interval-ms");
   }

@@ -19,6 +19,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/logging.h"
@@ -223,8 +224,8 @@ struct FaultInjection {
   void MaybeDie(const char* phase) const {
     for (const auto& [at, p] : faults) {
       if (at != step || p != phase) continue;
-      std::cerr << "concord-train: CONCORD_TEST_KILL: killing myself at step "
-                << step << " in " << phase << std::endl;
+      spdlog::warn("CONCORD_TEST_KILL: killing myself at step {} in {}", step,
+                   phase);
       std::raise(SIGKILL);
     }
   }
@@ -514,6 +515,8 @@ int Train(const Flags& flags) {
   double last_loss = 0;
   int64_t samples_done = 0;
   int64_t batches = 0;  // forward/backward passes, micro-batches included
+  // Per re-form: when the first step after it was done (Unix us).
+  std::vector<int64_t> first_step_after_reform;
   bool left = false;
   const auto start = std::chrono::steady_clock::now();
   if (s.rank() == s.authoritative_rank()) {
@@ -542,6 +545,12 @@ int Train(const Flags& flags) {
     optimizer.zero_grad();
     ++st.step;
     ++batches;
+    if (first_step_after_reform.size() < st.reform_records().size()) {
+      first_step_after_reform.resize(st.reform_records().size(),
+                                     absl::ToUnixMicros(absl::Now()));
+      spdlog::info("step {} done: the first in generation {}, world size {}",
+                   st.step, s.generation(), s.world_size());
+    }
     samples_done += batch.job_samples;
     last_loss = l.item<double>();
     const auto t1 = std::chrono::steady_clock::now();
@@ -685,6 +694,22 @@ int Train(const Flags& flags) {
                           {"step_time_ms_median", Median(timed)},
                           {"samples_per_second", samples_done / seconds},
                           {"final_loss", last_loss}};
+      nlohmann::json reforms = nlohmann::json::array();
+      const auto& records = state.reform_records();
+      for (size_t i = 0; i < records.size(); ++i) {
+        const auto& r = records[i];
+        reforms.push_back(
+            {{"reason", r.reason},
+             {"generation", r.generation},
+             {"world_size", r.world_size},
+             {"started_unix_us", r.started_us},
+             {"rendezvous_unix_us", r.rendezvous_us},
+             {"synced_unix_us", r.synced_us},
+             {"first_step_done_unix_us", i < first_step_after_reform.size()
+                                             ? first_step_after_reform[i]
+                                             : 0}});
+      }
+      m["reform_log"] = reforms;
       std::ofstream(flags.metrics_out) << m.dump(2) << "\n";
     }
     std::cout << absl::StrFormat(

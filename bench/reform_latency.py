@@ -1,0 +1,272 @@
+#!/usr/bin/python3
+"""Benchmark: how long Concord's elastic re-form takes, next to what torchrun
+does with its defaults (restart every worker), in one run.
+
+Usage (Debian's python3, which has torch; build Concord first):
+
+    /usr/bin/python3 bench/reform_latency.py --bin-dir build/bin
+    /usr/bin/python3 bench/reform_latency.py --bin-dir build/bin --world-size 4 \\
+        --kind mlp-large --repeat 3 --heartbeat-timeout-ms 2000,10000
+
+Scenarios (concord-run --standalone, concord-train on a fixture of
+tests/reference/fixtures.py):
+  leave   uneven inputs (--sharding fixed): half the ranks run out of data
+          after their last step; the others agree on the boundary, re-form
+          and go on. Latency = from the step agreement that saw it to the
+          survivors' next step done (concord-train --metrics-out
+          reform_log: started -> first_step_done).
+  kill    the benchmark sends SIGKILL to one concord-train worker at time
+          T0 while the job trains; the survivors' collectives fail at once
+          (the kernel closes the dead process's sockets), they join the
+          next generation, which forms once the coordinator has dropped the
+          dead member (its heartbeat timeout, counted from its last
+          heartbeat), and take the model from the authoritative rank.
+          Reported: detect (T0 -> a survivor caught the failure), re-form
+          (-> the next generation formed and connected), sync (-> model and
+          state received), resume (T0 -> the first step after it done), for
+          each --heartbeat-timeout-ms.
+  torchrun (for comparison, not run: torchrun is not installed here)
+          torchrun's defaults detect a lost node with the c10d rendezvous
+          keep-alive: 5 s x 3 attempts = 15 s, then stop and restart every
+          worker. The restart cost is measured here: W fresh Python
+          processes that import torch, init_process_group(gloo) and wrap
+          the same model in DistributedDataParallel (no checkpoint load,
+          which torchrun jobs add on top).
+
+Not a test; not registered with ctest. Timings on a shared 2-core machine
+are noisy: use --repeat (medians are printed).
+"""
+
+import argparse
+import json
+import os
+import re
+import select
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REF_DIR = os.path.join(os.path.dirname(HERE), "tests", "reference")
+sys.path.insert(0, REF_DIR)
+
+import fixtures  # noqa: E402
+import torch  # noqa: E402
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--bin-dir", default="build/bin")
+    p.add_argument("--kind", default="mlp-plain", help="fixture kind (tests/reference/fixtures.py)")
+    p.add_argument("--world-size", type=int, default=4)
+    p.add_argument("--samples", type=int, default=4096)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--heartbeat-timeout-ms", default="2000,10000",
+                   help="comma-separated; the interval is a tenth of it")
+    p.add_argument("--kill-after-s", type=float, default=2.0,
+                   help="train this long before the SIGKILL")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=180)
+    return p.parse_args()
+
+
+def concord_cmd(args, model, data, extra_run, extra_train, metrics):
+    return ([os.path.join(args.bin_dir, "concord-run"), "--standalone",
+             "--nproc", str(args.world_size)] + extra_run + ["--",
+            os.path.join(args.bin_dir, "concord-train"), "--model", model, "--data", data,
+            "--batch-size", str(args.batch_size), "--log-interval", "1000000",
+            "--loss", fixtures.default_loss(args.kind), "--metrics-out", metrics] + extra_train)
+
+
+def children(pid):
+    r = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True)
+    return [int(x) for x in r.stdout.split()]
+
+
+def subset(data, path, n):
+    d = torch.load(data)
+    torch.save({"inputs": d["inputs"][:n].clone(), "targets": d["targets"][:n].clone()}, path)
+    return path
+
+
+def leave_once(args, model, data, tmp):
+    """Uneven inputs: half the ranks have one batch more."""
+    w = args.world_size
+    n = w * args.batch_size * 8 + max(1, w // 2)
+    metrics = os.path.join(tmp, "leave.json")
+    cmd = concord_cmd(args, model, subset(data, os.path.join(tmp, "leave.pt"), n), [],
+                      ["--sharding", "fixed", "--epochs", "1"], metrics)
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+    if r.returncode != 0:
+        raise RuntimeError("leave run failed:\n" + r.stderr[-3000:])
+    with open(metrics) as f:
+        m = json.load(f)
+    e = m["reform_log"][0]
+    return {"re-form": (e["rendezvous_unix_us"] - e["started_unix_us"]) / 1e3,
+            "sync": (e["synced_unix_us"] - e["rendezvous_unix_us"]) / 1e3,
+            "next step done": (e["first_step_done_unix_us"] - e["started_unix_us"]) / 1e3,
+            "step (median)": m["step_time_ms_median"]}
+
+
+# spdlog's "[2026-11-22 17:34:18.422] [concord-train] [info] ..." (local time).
+STAMP = re.compile(r"^\[worker \d+\] \[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3})\] (.*)$")
+
+
+def stamp(text):
+    base, ms = text.split(".")
+    return time.mktime(time.strptime(base, "%Y-%m-%d %H:%M:%S")) + int(ms) / 1e3
+
+
+def kill_once(args, model, data, timeout_ms):
+    """SIGKILL one worker at T0; times of the survivors' first reactions."""
+    interval = max(50, timeout_ms // 10)
+    cmd = concord_cmd(args, model, data,
+                      ["--min-workers", str(args.world_size - 1),
+                       "--max-workers", str(args.world_size),
+                       # All W form the first generation, however slowly
+                       # they start.
+                       "--settle-ms", "200000",
+                       "--heartbeat-interval-ms", str(interval),
+                       "--heartbeat-timeout-ms", str(timeout_ms)],
+                      ["--epochs", "100000"], os.devnull)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    events = {}
+    seen = []
+    t0 = None
+    deadline = time.time() + args.timeout
+    try:
+        started = time.time()
+        fd = proc.stderr.fileno()
+        buf = ""
+        joined = 0
+        while time.time() < deadline and "resumed" not in events:
+            if (t0 is None and joined == args.world_size
+                    and time.time() - started > args.kill_after_s):
+                workers = children(proc.pid)
+                if len(workers) < args.world_size:
+                    raise RuntimeError("found workers %s" % workers)
+                t0 = time.time()
+                os.kill(workers[-1], signal.SIGKILL)
+            chunk = ""
+            if select.select([fd], [], [], 0.05)[0]:
+                chunk = os.read(fd, 1 << 16).decode(errors="replace")
+                if not chunk and proc.poll() is not None:
+                    raise RuntimeError("the job ended: %s\n%s" % (events, "\n".join(seen[-30:])))
+            buf += chunk
+            lines = buf.split("\n")
+            buf = lines.pop()
+            seen.extend(lines)
+            for line in lines:
+                m = STAMP.match(line)
+                if t0 is None and "joined job" in line:
+                    joined += 1
+                    started = time.time()
+                if t0 is None or not m:
+                    continue
+                when, what = stamp(m.group(1)), m.group(2)
+                if "re-forming" in what:
+                    events.setdefault("detected", when)
+                elif "joined job" in what and "detected" in events:
+                    events.setdefault("formed", when)
+                elif "going on from step" in what and "formed" in events:
+                    events.setdefault("synced", when)
+                elif "the first in generation" in what and "synced" in events:
+                    events.setdefault("resumed", when)
+        if "resumed" not in events:
+            raise RuntimeError("no resumption seen: %s; last output:\n%s"
+                               % (events, "\n".join(seen[-20:])))
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    return {"detect": (events["detected"] - t0) * 1e3,
+            "re-form": (events["formed"] - events["detected"]) * 1e3,
+            "sync": (events["synced"] - events["formed"]) * 1e3,
+            "resume": (events["resumed"] - t0) * 1e3}
+
+
+RESTART_WORKER = r"""
+import sys, time, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+rank, world, store, model = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+torch.set_num_threads(1)
+dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=world)
+ddp = DDP(torch.jit.load(model))
+dist.barrier()
+print(time.time(), flush=True)
+dist.barrier()
+"""
+
+
+def restart_all_once(args, model, tmp, i):
+    """What torchrun does after detecting a failure: start every worker
+    again (Python, torch, process group, DDP wrap)."""
+    store = os.path.join(tmp, "store-%d" % i)
+    t0 = time.time()
+    procs = [subprocess.Popen([sys.executable, "-c", RESTART_WORKER, str(r),
+                               str(args.world_size), store, model],
+                              stdout=subprocess.PIPE, text=True)
+             for r in range(args.world_size)]
+    ready = []
+    for p in procs:
+        out, _ = p.communicate(timeout=args.timeout)
+        ready.append(float(out.split()[0]))
+    return {"restart all": (max(ready) - t0) * 1e3}
+
+
+def median_table(title, rows):
+    keys = list(rows[0].keys())
+    print(title)
+    print("  " + "".join("%16s" % k for k in keys))
+    print("  " + "".join("%14.1f ms" % statistics.median(r[k] for r in rows) for k in keys))
+    if len(rows) > 1:
+        print("  (medians of %d runs; min..max: %s)" % (len(rows), ", ".join(
+            "%s %.0f..%.0f" % (k, min(r[k] for r in rows), max(r[k] for r in rows))
+            for k in keys)))
+    sys.stdout.flush()
+
+
+def main():
+    args = parse_args()
+    for tool in ("concord-run", "concord-train"):
+        if not os.access(os.path.join(args.bin_dir, tool), os.X_OK):
+            print("reform_latency.py: %s/%s missing (build first)" % (args.bin_dir, tool),
+                  file=sys.stderr)
+            return 2
+    os.environ["OMP_NUM_THREADS"] = "1"
+    tmp = tempfile.mkdtemp(prefix="concord_reform_")
+    try:
+        model, data = fixtures.make_fixture(os.path.join(tmp, "fixture"), args.kind,
+                                            args.samples, args.seed)
+        print("kind=%s, world size %d, batch %d per rank, %d run(s) each\n" % (
+            args.kind, args.world_size, args.batch_size, args.repeat), flush=True)
+        median_table("Concord, a rank leaves (uneven inputs): agreement -> survivors' next "
+                     "step done", [leave_once(args, model, data, tmp)
+                                   for _ in range(args.repeat)])
+        for timeout_ms in [int(x) for x in args.heartbeat_timeout_ms.split(",")]:
+            median_table("Concord, SIGKILL of a worker (heartbeat timeout %d ms, interval %d "
+                         "ms): T0 -> training resumed" % (timeout_ms, max(50, timeout_ms // 10)),
+                         [kill_once(args, model, data, timeout_ms)
+                          for _ in range(args.repeat)])
+        rows = [restart_all_once(args, model, tmp, i) for i in range(args.repeat)]
+        median_table("PyTorch: restarting all %d workers (what torchrun does after detecting a "
+                     "failure; its default detection is 5 s keep-alive x 3 = 15 s)"
+                     % args.world_size, rows)
+        print("  => torchrun with defaults, SIGKILL -> training resumes: >= %.1f s "
+              "(+ loading a checkpoint, + redoing the steps since it)"
+              % (15 + statistics.median(r["restart all"] for r in rows) / 1e3))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
