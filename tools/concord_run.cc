@@ -27,12 +27,12 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <iostream>
-#include <algorithm>
 #include <memory>
 #include <optional>
 #include <string>
@@ -342,8 +342,7 @@ int Supervise(const Options& o, const std::string& coordinator,
                   << "; restarting it (" << w.restarts + 1 << " of "
                   << o.max_restarts << ")\n";
         const int index = w.index, restarts = w.restarts + 1;
-        workers.push_back(
-            Spawn(o, coordinator, index, restarts, parent_mask));
+        workers.push_back(Spawn(o, coordinator, index, restarts, parent_mask));
       } else if (!first_failure) {
         first_failure = i;
       }

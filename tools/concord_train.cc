@@ -8,23 +8,23 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <optional>
-#include <csignal>
 #include <set>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
-#include "absl/time/clock.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "common/logging.h"
-#include "tools/train_data.h"
 #include "common/status_macros.h"
+#include "tools/train_data.h"
 #include "worker/ddp/distributed_data_parallel.h"
 #include "worker/elastic/state.h"
 #include "worker/session.h"
@@ -149,9 +149,9 @@ Flags ParseFlags(int argc, char** argv) {
                    "epoch (PyTorch's DistributedSampler without padding) and "
                    "leaves when its data runs out (PyTorch's join)")
       ->check(CLI::IsMember({"elastic", "fixed"}));
-  elastic->add_flag(
-      "--no-divide-by-initial-world-size", f.no_divide_by_initial_world_size,
-      "after ranks ran out of data, average over the ranks left");
+  elastic->add_flag("--no-divide-by-initial-world-size",
+                    f.no_divide_by_initial_world_size,
+                    "after ranks ran out of data, average over the ranks left");
   elastic->add_flag("--throw-on-early-termination",
                     f.throw_on_early_termination,
                     "fail every rank when the first one runs out of data");
@@ -186,7 +186,7 @@ Flags ParseFlags(int argc, char** argv) {
 // way (CONCORD_RESTART_COUNT unset or 0), so a restarted one does not.
 struct FaultInjection {
   std::vector<std::pair<int64_t, std::string>> faults;  // (step, phase)
-  int64_t step = 0;  // the step being taken
+  int64_t step = 0;                                     // the step being taken
 
   static FaultInjection FromEnvironment() {
     FaultInjection f;
@@ -431,9 +431,8 @@ int Train(const Flags& flags) {
   if (fault.Armed("backward") && !trainable.empty()) {
     // The first parameter's gradient comes last in backward: by then
     // buckets are in flight.
-    trainable.front().register_hook([&fault](const torch::Tensor&) {
-      fault.MaybeDie("backward");
-    });
+    trainable.front().register_hook(
+        [&fault](const torch::Tensor&) { fault.MaybeDie("backward"); });
   }
 
   concord::elastic::ElasticOptions elastic_options;
@@ -459,8 +458,7 @@ int Train(const Flags& flags) {
     if (order_epoch != epoch) {
       std::iota(order.begin(), order.end(), 0);
       if (flags.shuffle) {
-        auto gen =
-            at::make_generator<at::CPUGeneratorImpl>(flags.seed + epoch);
+        auto gen = at::make_generator<at::CPUGeneratorImpl>(flags.seed + epoch);
         torch::Tensor perm = torch::randperm(n, gen, torch::kLong);
         std::copy(perm.data_ptr<int64_t>(), perm.data_ptr<int64_t>() + n,
                   order.begin());
@@ -506,8 +504,8 @@ int Train(const Flags& flags) {
 
   std::ofstream sample_log;
   if (!flags.sample_log.empty() && !fixed) {
-    const std::string path = absl::StrCat(flags.sample_log, "/",
-                                          options->worker_id, ".samples");
+    const std::string path =
+        absl::StrCat(flags.sample_log, "/", options->worker_id, ".samples");
     sample_log.open(path, std::ios::app);
     if (!sample_log) Fail(2, "--sample-log: cannot write " + path);
   }
@@ -606,7 +604,7 @@ int Train(const Flags& flags) {
       const bool admit = n - st.position >= options->spec.max_workers();
       CONCORD_ASSIGN_OR_RETURN(auto decision,
                                st.BeginStep(/*has_data=*/true, admit));
-      (void)decision;  // every rank has data: always kRun
+      (void)decision;                  // every rank has data: always kRun
       int64_t position = st.position;  // committed with the step
       for (int64_t micro = 1; micro < flags.grad_accum; ++micro) {
         const Batch batch = elastic_batch(st.epoch, position);
@@ -655,8 +653,8 @@ int Train(const Flags& flags) {
     return 0;
   }
   if (!flags.output_per_worker.empty()) {
-    const std::string path = absl::StrCat(flags.output_per_worker, "/",
-                                          options->worker_id, ".pt");
+    const std::string path =
+        absl::StrCat(flags.output_per_worker, "/", options->worker_id, ".pt");
     if (auto st = concord::train::SaveState((*ddp)->NamedState(), path);
         !st.ok()) {
       Fail(1, std::string(st.message()));

@@ -167,8 +167,7 @@ absl::Status Session::JoinAndConnect(int64_t previous_generation,
       // Heartbeat while the communicator connects: that can take a while.
       const absl::Duration interval =
           absl::Milliseconds(joined.heartbeat_interval_ms());
-      heartbeat_ =
-          std::thread([this, interval] { HeartbeatLoop(interval); });
+      heartbeat_ = std::thread([this, interval] { HeartbeatLoop(interval); });
     }
     comm::GlooOptions gloo;
     gloo.hostname = options_.comm_host;
@@ -225,8 +224,8 @@ absl::Status Session::Reform(int64_t committed_step,
   }
   const int64_t previous = old ? old->generation() : generation_.load();
   Retire(std::move(old));
-  spdlog::info("leaving generation {} at step {}: {}", previous,
-               committed_step, reason);
+  spdlog::info("leaving generation {} at step {}: {}", previous, committed_step,
+               reason);
   return JoinAndConnect(previous, reason, committed_step,
                         absl::Now() + options_.join_timeout);
 }
@@ -252,13 +251,12 @@ void Session::OnMembership(const v1::MembershipUpdate& update) {
     const absl::Duration grace = std::clamp(
         2 * absl::Milliseconds(options_.spec.heartbeat_interval_ms()),
         absl::Milliseconds(200), absl::Seconds(2));
-    spdlog::info("generation {} is over (coordinator at generation {}{}); "
-                 "aborting its collectives in {} ms",
-                 mine, update.generation(),
-                 update.failure().empty()
-                     ? ""
-                     : absl::StrCat(": ", update.failure()),
-                 absl::ToInt64Milliseconds(grace));
+    spdlog::info(
+        "generation {} is over (coordinator at generation {}{}); "
+        "aborting its collectives in {} ms",
+        mine, update.generation(),
+        update.failure().empty() ? "" : absl::StrCat(": ", update.failure()),
+        absl::ToInt64Milliseconds(grace));
     std::thread([comm = std::move(comm), grace]() mutable {
       absl::SleepFor(grace);
       comm->Abort();

@@ -197,8 +197,8 @@ absl::Status DistributedDataParallel::VerifyAndBroadcast() {
   CONCORD_RETURN_IF_ERROR(
       VerifySameModel(*comm_, authoritative_rank_, description_, opts));
   // Every rank starts from the authoritative rank's model.
-  if (absl::Status s = comm::BroadcastCoalesced(*comm_, synced_,
-                                                authoritative_rank_, opts);
+  if (absl::Status s =
+          comm::BroadcastCoalesced(*comm_, synced_, authoritative_rank_, opts);
       !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("broadcast of the model from "
                                                "the authoritative rank "

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "worker/error.h"
 
@@ -171,13 +172,12 @@ absl::StatusOr<StepDecision> State::BeginStep(bool has_data, bool admit) {
   // After a re-form the new generation agrees again: a newcomer's first
   // BeginStep meets the survivors' second one.
   for (;;) {
-    std::shared_ptr<comm::Communicator> comm =
-        session_->shared_communicator();
+    std::shared_ptr<comm::Communicator> comm = session_->shared_communicator();
     const int world = comm->size();
-    torch::Tensor flags = torch::tensor(
-        {int64_t{has_data ? 1 : 0},
-         int64_t{admit && session_->reform_wanted() ? 1 : 0}},
-        torch::kLong);
+    torch::Tensor flags =
+        torch::tensor({int64_t{has_data ? 1 : 0},
+                       int64_t{admit && session_->reform_wanted() ? 1 : 0}},
+                      torch::kLong);
     comm::CollectiveOptions opts;
     opts.timeout = session_->options().collective_timeout;
     CONCORD_RETURN_IF_ERROR(Annotate(comm->AllreduceSum(flags, opts)->Wait(),
@@ -186,37 +186,41 @@ absl::StatusOr<StepDecision> State::BeginStep(bool has_data, bool admit) {
     const bool admitting = flags[1].item<int64_t>() > 0;
     if (with_data < world) {
       if (options_.throw_on_early_termination) {
-        return absl::FailedPreconditionError(absl::StrFormat(
-            "%d of %d ranks ran out of data before step %d "
-            "(throw_on_early_termination)",
-            world - with_data, world, step + 1));
+        return absl::FailedPreconditionError(
+            absl::StrFormat("%d of %d ranks ran out of data before step %d "
+                            "(throw_on_early_termination)",
+                            world - with_data, world, step + 1));
       }
       if (with_data == 0) return StepDecision::kDone;
       if (!has_data) {
         CONCORD_RETURN_IF_ERROR(session_->LeaveAtEndOfData(step));
         return StepDecision::kLeft;
       }
-      CONCORD_RETURN_IF_ERROR(Reform(
-          absl::StrFormat("%d rank(s) ran out of data after step %d",
-                          world - with_data, step),
-          /*restore=*/false));
+      CONCORD_RETURN_IF_ERROR(
+          Reform(absl::StrFormat("%d rank(s) ran out of data after step %d",
+                                 world - with_data, step),
+                 /*restore=*/false));
       continue;
     }
     if (!admitting) return StepDecision::kRun;
-    CONCORD_RETURN_IF_ERROR(Reform(
-        absl::StrFormat("admitting waiting workers after step %d", step),
-        /*restore=*/false));
+    CONCORD_RETURN_IF_ERROR(
+        Reform(absl::StrFormat("admitting waiting workers after step %d", step),
+               /*restore=*/false));
   }
 }
 
 absl::Status State::Reform(const std::string& reason, bool restore) {
   const int previous_world = session_->world_size();
+  ReformRecord record;
+  record.reason = reason;
+  record.started_us = absl::ToUnixMicros(absl::Now());
   std::string why = reason;
   for (;;) {
     if (restore) Restore();
     // A worker whose model may be half-received says so by claiming no
     // committed step: it must not be chosen to broadcast.
     CONCORD_RETURN_IF_ERROR(session_->Reform(tainted_ ? 0 : step, why));
+    record.rendezvous_us = absl::ToUnixMicros(absl::Now());
     const int root = session_->authoritative_rank();
     tainted_ = session_->rank() != root;
     absl::Status s = ddp_->Rebind(session_->shared_communicator(), root);
@@ -228,6 +232,10 @@ absl::Status State::Reform(const std::string& reason, bool restore) {
     restore = true;
   }
   ++reforms_;
+  record.synced_us = absl::ToUnixMicros(absl::Now());
+  record.generation = session_->generation();
+  record.world_size = session_->world_size();
+  records_.push_back(record);
   ResetInfo info;
   info.generation = session_->generation();
   info.rank = session_->rank();

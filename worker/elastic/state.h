@@ -77,6 +77,16 @@ struct ResetInfo {
   std::string reason;
 };
 
+// One re-form, for metrics: wall-clock times (Unix epoch, microseconds).
+struct ReformRecord {
+  std::string reason;
+  int64_t generation = 0;  // the one formed
+  int world_size = 0;
+  int64_t started_us = 0;     // the failure was caught / agreement reached
+  int64_t rendezvous_us = 0;  // the next generation formed and connected
+  int64_t synced_us = 0;      // model and state received: training resumes
+};
+
 enum class StepDecision {
   kRun,   // take the step
   kLeft,  // this rank had no data: it has left the job; stop training
@@ -128,6 +138,7 @@ class State {
   // coordinator counts them.
   int finished_ranks() const { return session_->finished_workers(); }
   int64_t reforms() const { return reforms_; }
+  const std::vector<ReformRecord>& reform_records() const { return records_; }
   worker::Session& session() { return *session_; }
 
  private:
@@ -150,6 +161,7 @@ class State {
   // worker must not become authoritative (it joins saying step 0).
   bool tainted_ = false;
   std::vector<std::function<void(const ResetInfo&)>> callbacks_;
+  std::vector<ReformRecord> records_;
 };
 
 // Whether a failed collective's status means "re-form and go on".
@@ -160,6 +172,7 @@ bool Retryable(const absl::Status& status);
 // or the generation ended), restores the last commit, re-forms and runs
 // `train` again from the committed position. concord::Error thrown by
 // `train` (DDP's forward and backward throw) counts as returned.
-absl::Status Run(State& state, const std::function<absl::Status(State&)>& train);
+absl::Status Run(State& state,
+                 const std::function<absl::Status(State&)>& train);
 
 }  // namespace concord::elastic

@@ -157,9 +157,9 @@ std::shared_ptr<Work> GlooCommunicator::Enqueue(
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (aborted_) {
-      work->MarkDone(absl::AbortedError(absl::StrCat(
-          "the communicator of generation ", options_.generation,
-          " was aborted")));
+      work->MarkDone(absl::AbortedError(
+          absl::StrCat("the communicator of generation ", options_.generation,
+                       " was aborted")));
       return work;
     }
     queue_.push_back(Task{std::move(op), work});
@@ -205,8 +205,7 @@ void GlooCommunicator::Abort() {
     running = running_;
   }
   const absl::Status aborted = absl::AbortedError(absl::StrCat(
-      "the communicator of generation ", options_.generation,
-      " was aborted"));
+      "the communicator of generation ", options_.generation, " was aborted"));
   for (Task& task : queued) task.work->MarkDone(aborted);
   if (running) running->MarkDone(aborted);
   // Closing the pairs wakes Gloo's operation in flight (it fails with an

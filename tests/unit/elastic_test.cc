@@ -1,0 +1,207 @@
+// Re-forming below the session: a communicator given up mid-collective, and
+// DDP moving to the next generation's communicator while a newcomer joins.
+// Ranks as threads over real Gloo.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <mutex>
+#include <thread>
+
+#include "rank_threads.h"
+#include "worker/ddp/distributed_data_parallel.h"
+
+namespace concord {
+namespace {
+
+using concord::testing::RunRanks;
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+TEST(GlooAbortTest, AbortFailsTheWorkInFlightAtOnceAndLaterWorkToo) {
+  RunRanks(2, [](int rank, std::shared_ptr<comm::Communicator> comm) {
+    if (rank == 1) {
+      // Alive, but never takes part: rank 0 would wait it out.
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+      return;
+    }
+    comm::CollectiveOptions opts;
+    opts.timeout = absl::Seconds(3);  // bounds the destructor's wait
+    auto work = comm->AllreduceSum(torch::ones({4}), opts);
+    std::thread aborter([comm] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      comm->Abort();
+    });
+    const auto start = Clock::now();
+    const absl::Status s = work->Wait(absl::Seconds(30));
+    aborter.join();
+    EXPECT_TRUE(absl::IsAborted(s)) << s;
+    EXPECT_LT(SecondsSince(start), 2.0);
+    const absl::Status later =
+        comm->AllreduceSum(torch::ones({4}), opts)->Wait();
+    EXPECT_TRUE(absl::IsAborted(later)) << later;
+  });
+}
+
+TEST(GlooAbortTest, APeerThatAbortsFailsTheOthersCollective) {
+  RunRanks(2, [](int rank, std::shared_ptr<comm::Communicator> comm) {
+    comm::CollectiveOptions opts;
+    opts.timeout = absl::Seconds(60);
+    if (rank == 1) {
+      // Gives up instead of taking part: its connections close.
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      comm->Abort();
+      return;
+    }
+    const auto start = Clock::now();
+    const absl::Status s =
+        comm->AllreduceSum(torch::ones({1 << 16}), opts)->Wait();
+    EXPECT_FALSE(s.ok());
+    EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+    // Not the 60 s timeout: the closed connection ends it.
+    EXPECT_LT(SecondsSince(start), 10.0);
+  });
+}
+
+std::mutex& RngMutex() {
+  static std::mutex mu;
+  return mu;
+}
+
+torch::nn::Sequential MakeNet(uint64_t seed) {
+  std::lock_guard<std::mutex> lock(RngMutex());
+  torch::manual_seed(seed);
+  return torch::nn::Sequential(torch::nn::Linear(6, 16), torch::nn::ReLU(),
+                               torch::nn::Linear(16, 8), torch::nn::ReLU(),
+                               torch::nn::Linear(8, 3));
+}
+
+torch::Tensor Batch(int rank, int step) {
+  std::lock_guard<std::mutex> lock(RngMutex());
+  torch::manual_seed(1000 * step + rank);
+  return torch::randn({4, 6});
+}
+
+struct Rank {
+  torch::nn::Sequential net{nullptr};
+  std::unique_ptr<DistributedDataParallel> ddp;
+};
+
+void Step(Rank& r, int rank, int step) {
+  for (auto& p : r.net->parameters()) p.mutable_grad() = torch::Tensor();
+  r.ddp->Forward([&] { return r.net->forward(Batch(rank, step)); })
+      .pow(2)
+      .mean()
+      .backward();
+}
+
+std::vector<std::vector<size_t>> Layout(const Rank& r) {
+  std::vector<std::vector<size_t>> out;
+  for (const auto& b : r.ddp->reducer().buckets()) out.push_back(b.params);
+  return out;
+}
+
+TEST(DdpRebindTest, SurvivorsAndANewcomerAgreeOnModelLayoutAndGradients) {
+  std::vector<Rank> ranks(3);
+  DdpOptions options;
+  options.first_bucket_bytes = 256;  // several buckets after the rebuild
+  options.bucket_cap_bytes = 512;
+  // Generation 1: ranks 0 and 1 train two iterations (the buckets are
+  // rebuilt from the ready order after the first).
+  RunRanks(2, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
+    Rank& r = ranks[static_cast<size_t>(rank)];
+    r.net = MakeNet(rank);
+    auto ddp = DistributedDataParallel::Create(r.net.ptr(), comm, 0, options);
+    ASSERT_TRUE(ddp.ok()) << ddp.status();
+    r.ddp = *std::move(ddp);
+    for (int step = 0; step < 2; ++step) Step(r, rank, step);
+    torch::NoGradGuard no_grad;
+    for (auto& p : r.net->parameters()) p.sub_(p.grad() * 0.1);
+  });
+  ASSERT_EQ(ranks[0].ddp->stats().rebuilds, 1);
+  const auto rebuilt = Layout(ranks[0]);
+  ASSERT_GT(rebuilt.size(), 1u);
+  // Rank 1 drifts (as after a half step): the authoritative model wins.
+  {
+    torch::NoGradGuard no_grad;
+    ranks[1].net->parameters()[0].add_(1.0);
+  }
+  // Generation 2: the two survivors and a newcomer, rank 1 authoritative.
+  std::vector<std::vector<torch::Tensor>> grads(3);
+  RunRanks(3, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
+    Rank& r = ranks[static_cast<size_t>(rank)];
+    if (rank < 2) {
+      ASSERT_TRUE(r.ddp->Rebind(comm, /*authoritative_rank=*/0).ok());
+    } else {
+      r.net = MakeNet(7);
+      auto ddp = DistributedDataParallel::Create(r.net.ptr(), comm, 0, options);
+      ASSERT_TRUE(ddp.ok()) << ddp.status();
+      r.ddp = *std::move(ddp);
+    }
+    ASSERT_TRUE(r.ddp->SyncReducerLayout().ok());
+    Step(r, rank, 5);
+    for (auto& p : r.net->parameters()) grads[rank].push_back(p.grad());
+  });
+  for (int rank = 1; rank < 3; ++rank) {
+    EXPECT_EQ(Layout(ranks[rank]), rebuilt) << "rank " << rank;
+    auto mine = ranks[rank].net->parameters();
+    auto theirs = ranks[0].net->parameters();
+    for (size_t i = 0; i < mine.size(); ++i) {
+      EXPECT_TRUE(torch::equal(mine[i], theirs[i])) << "rank " << rank;
+      EXPECT_TRUE(torch::equal(grads[rank][i], grads[0][i])) << "rank " << rank;
+    }
+  }
+  // The mean over the three ranks' batches of rank 0's model's gradients.
+  auto reference = MakeNet(0);
+  {
+    torch::NoGradGuard no_grad;
+    auto src = ranks[0].net->parameters();
+    auto dst = reference->parameters();
+    for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
+  }
+  std::vector<torch::Tensor> mean;
+  for (int rank = 0; rank < 3; ++rank) {
+    for (auto& p : reference->parameters()) p.mutable_grad() = torch::Tensor();
+    reference->forward(Batch(rank, 5)).pow(2).mean().backward();
+    auto params = reference->parameters();
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (rank == 0) {
+        mean.push_back(params[i].grad().clone() / 3);
+      } else {
+        mean[i] += params[i].grad() / 3;
+      }
+    }
+  }
+  for (size_t i = 0; i < mean.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(grads[0][i], mean[i], 1e-5, 1e-6));
+  }
+}
+
+TEST(DdpRebindTest, TheGradientDivisorFollowsJoinSemantics) {
+  // World of one standing in for three: PyTorch's join divides by the
+  // initial world size while finished ranks shadow with zeros.
+  RunRanks(1, [&](int, std::shared_ptr<comm::Communicator> comm) {
+    auto net = MakeNet(3);
+    auto ddp = DistributedDataParallel::Create(net.ptr(), comm, 0);
+    ASSERT_TRUE(ddp.ok()) << ddp.status();
+    auto local = MakeNet(3);
+    local->forward(Batch(0, 0)).pow(2).mean().backward();
+    (*ddp)->SetGradientDivisor(3);
+    (*ddp)
+        ->Forward([&] { return net->forward(Batch(0, 0)); })
+        .pow(2)
+        .mean()
+        .backward();
+    auto got = net->parameters();
+    auto want = local->parameters();
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_TRUE(torch::equal(got[i].grad(), want[i].grad() * (1.0 / 3)));
+    }
+  });
+}
+
+}  // namespace
+}  // namespace concord
