@@ -24,6 +24,17 @@ using internal::FindMember;
 using internal::JobNotFound;
 using internal::Seconds;
 
+namespace {
+
+// Note [Re-forming]: how long a lost watch stream may stay lost before its
+// expected survivor is dropped.
+absl::Duration WatchGrace(const v1::JobSpec& spec) {
+  return std::clamp(absl::Milliseconds(spec.heartbeat_interval_ms()),
+                    absl::Milliseconds(100), absl::Seconds(1));
+}
+
+}  // namespace
+
 Core::Core(const Clock* clock) : clock_(clock) {}
 
 Core::Job* Core::FindJob(const std::string& job_id) {
@@ -158,6 +169,12 @@ absl::Status Core::Join(const v1::JoinRequest& request) {
                                       ? "no reason given"
                                       : request.reform_reason()),
                   /*removed=*/{});
+  }
+  if (job->bindings.count(worker_id) == 0) {
+    // A new binding: a lost stream of an earlier holder of the id says
+    // nothing about this process.
+    auto watch = job->watches.find(worker_id);
+    if (watch != job->watches.end()) watch->second.lost_at.reset();
   }
   job->bindings[worker_id] = request.worker_secret();
   job->finished.erase(worker_id);
@@ -511,11 +528,84 @@ void Core::MaybeApplyBoundary(Job& job) {
   Changed(job);
 }
 
+void Core::WatchOpened(const std::string& job_id,
+                       const std::string& worker_id) {
+  Job* job = FindJob(job_id);
+  if (job == nullptr) return;
+  WatchState& watch = job->watches[worker_id];
+  ++watch.open;
+  watch.lost_at.reset();
+}
+
+void Core::WatchClosed(const std::string& job_id, const std::string& worker_id,
+                       bool lost) {
+  Job* job = FindJob(job_id);
+  if (job == nullptr) return;
+  auto it = job->watches.find(worker_id);
+  if (it == job->watches.end() || it->second.open <= 0) return;
+  WatchState& watch = it->second;
+  --watch.open;
+  if (lost) {
+    watch.lost_at = clock_->Now();
+  } else {
+    watch.lost_at.reset();
+  }
+  if (watch.open == 0 && job->bindings.count(worker_id) == 0) {
+    job->watches.erase(it);
+    return;
+  }
+  if (lost && DropDisconnected(*job)) {
+    MaybeFormGeneration(*job);
+    Changed(*job);
+  }
+}
+
+bool Core::DropDisconnected(Job& job) {
+  if (job.state != v1::JOB_STATE_RENDEZVOUS || job.expected.empty() ||
+      job.watches.empty()) {
+    return false;
+  }
+  const absl::Time now = clock_->Now();
+  const absl::Duration grace = WatchGrace(job.spec);
+  std::vector<std::string> dropped;
+  for (const MemberState& e : job.expected) {
+    if (e.back) continue;
+    auto watch = job.watches.find(e.worker_id);
+    if (watch == job.watches.end() || watch->second.open > 0 ||
+        !watch->second.lost_at.has_value()) {
+      continue;  // never watched (since its binding), or watching now
+    }
+    const absl::Time lost_at = *watch->second.lost_at;
+    // A heartbeat after the loss: alive, its watcher just reconnecting.
+    if (e.last_heartbeat > lost_at || now - lost_at < grace) continue;
+    dropped.push_back(e.worker_id);
+    AddEvent(job, "failure", e.worker_id,
+             absl::StrFormat("did not join again after generation %d ended: "
+                             "its connection to the coordinator broke (watch "
+                             "stream lost for %s, grace %s)",
+                             job.generation, Seconds(now - lost_at),
+                             Seconds(grace)));
+  }
+  for (const std::string& w : dropped) {
+    job.bindings.erase(w);
+    Forget(job, w);
+  }
+  return !dropped.empty();
+}
+
 void Core::Tick() {
   const absl::Time now = clock_->Now();
   for (auto& [job_id, job] : jobs_) {
     const absl::Duration heartbeat_timeout =
         absl::Milliseconds(job.spec.heartbeat_timeout_ms());
+    // Streams of workers released since they closed.
+    for (auto it = job.watches.begin(); it != job.watches.end();) {
+      if (it->second.open <= 0 && job.bindings.count(it->first) == 0) {
+        it = job.watches.erase(it);
+      } else {
+        ++it;
+      }
+    }
     if (job.state == v1::JOB_STATE_RUNNING) {
       std::vector<std::string> failed;  // in rank order
       for (const MemberState& m : job.members) {
@@ -536,6 +626,8 @@ void Core::Tick() {
         Changed(job);
       }
     } else if (job.state == v1::JOB_STATE_RENDEZVOUS) {
+      // Note [Re-forming]: those whose connection broke are gone.
+      const bool disconnected = DropDisconnected(job);
       // Note [Formation]: expected survivors silent for too long are gone.
       std::vector<std::string> dropped;
       for (const MemberState& e : job.expected) {
@@ -557,7 +649,8 @@ void Core::Tick() {
           absl::Milliseconds(job.spec.rendezvous_timeout_ms());
       if (job.state == v1::JOB_STATE_RUNNING ||
           now - job.rendezvous_started <= timeout) {
-        if (job.state == v1::JOB_STATE_RUNNING || !dropped.empty()) {
+        if (job.state == v1::JOB_STATE_RUNNING || !dropped.empty() ||
+            disconnected) {
           Changed(job);
         }
         continue;
@@ -643,6 +736,8 @@ size_t Core::MinWorkers(const Job& job) {
 
 void Core::MaybeFormGeneration(Job& job) {
   if (job.state != v1::JOB_STATE_RENDEZVOUS) return;
+  // Callers record the change (Changed) whatever happens here.
+  DropDisconnected(job);
   const size_t max = static_cast<size_t>(job.spec.max_workers());
   const size_t min = MinWorkers(job);
   if (!job.expected.empty()) {

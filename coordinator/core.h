@@ -17,24 +17,25 @@
 //
 // Note [Formation]: with expected survivors of an ended generation (Note
 // [Re-forming]) the next generation forms as soon as every one of them is
-// waiting again and at least min_workers are waiting, without a settle
-// period, and not before, even with max_workers newcomers waiting (the
-// survivors hold the model and its progress); an expected survivor not back
-// within heartbeat_timeout of its last heartbeat is dropped (a "failure" event;
-// its binding is released), which may let the generation form. With no expected
+// waiting again and at least min_workers are waiting, without a settle period,
+// and not before, even with max_workers newcomers waiting (the survivors hold
+// the model and its progress); an expected survivor not back within
+// heartbeat_timeout of its last heartbeat (or, sooner, once its connection to
+// the coordinator broke: Note [Re-forming]) is dropped (a "failure" event; its
+// binding is released), which may let the generation form. With no expected
 // survivors (the first generation, or every one was dropped) a generation forms
 // as soon as max_workers are waiting, or once at least min_workers are waiting
 // and no new worker has arrived for the job's settle period (JobSpec.settle_ms,
-// default 2 s). A generation admits at most max_workers: survivors first,
-// then the others, each group by the time the worker process first joined
-// the job (kept across its re-joins), which is also the rank order; so
-// survivors keep their relative order and newcomers get the highest ranks.
-// The authoritative rank is the member with the highest committed step
-// (re-joining workers report theirs in JoinRequest.committed_step), ties to
-// the lowest rank, i.e. the longest-lived. When the rendezvous outlives its
-// timeout with at least min_workers waiting, the expected survivors still
-// missing are dropped and the generation forms with those waiting; with
-// fewer the job fails, and the reason says how many were there.
+// default 2 s). A generation admits at most max_workers: survivors first, then
+// the others, each group by the time the worker process first joined the job
+// (kept across its re-joins), which is also the rank order; so survivors keep
+// their relative order and newcomers get the highest ranks. The authoritative
+// rank is the member with the highest committed step (re-joining workers report
+// theirs in JoinRequest.committed_step), ties to the lowest rank, i.e. the
+// longest-lived. When the rendezvous outlives its timeout with at least
+// min_workers waiting, the expected survivors still missing are dropped and the
+// generation forms with those waiting; with fewer the job fails, and the reason
+// says how many were there.
 //
 // Note [Worker binding]: the worker token says "some worker", not which one.
 // So the first Join of (job, worker_id) binds that pair to the random
@@ -95,6 +96,27 @@
 //    an expected survivor naming its ended generation drops it (released).
 //    Leave(COMPLETED) keeps its meaning: a member completed, and the job
 //    succeeds when every member has.
+//  - An expected survivor whose connection to the coordinator broke is
+//    dropped without waiting for heartbeat_timeout: every worker keeps a
+//    WatchMembership stream open, and the service reports each stream to
+//    the core (WatchOpened, WatchClosed; transient, never persisted). A
+//    stream is lost when the client went away (the call was cancelled, a
+//    write failed: a killed process's connection closes), not when the
+//    coordinator shuts down or the job ended. An expected survivor not back
+//    yet that has no stream open, lost its last one at least the grace ago,
+//    and has not heartbeated since, is dropped like a silent one (a
+//    "failure" event saying its connection broke; its binding is released),
+//    which may let the next generation form at once. The grace is the job's
+//    heartbeat_interval_ms clamped to [100 ms, 1 s]: time for a watcher to
+//    reconnect after a transient error (a stream opened again, or a heartbeat
+//    after the loss, keeps the worker). The rule is applied whenever the
+//    core considers forming (Join, Leave, ...), when a stream is lost, and
+//    on every Tick, so the drop comes within the grace plus one tick period
+//    of the loss. Only expected survivors are dropped this way: a running
+//    member whose stream is lost stays until heartbeats decide (its
+//    communicator fails the others at once anyway), and a worker that never
+//    watched (or watched only before its binding) waits for
+//    heartbeat_timeout as before.
 //  - HeartbeatResponse and MembershipUpdate carry waiting_workers, the number
 //    of waiting workers the next generation could admit: min(waiting,
 //    max_workers - members) while running, else 0; members re-form at a step
@@ -220,10 +242,26 @@ class Core {
   absl::StatusOr<v1::StopJobResponse> StopJob(
       const v1::StopJobRequest& request);
 
+  // Note [Re-forming]: the service reports every WatchMembership stream of
+  // `worker_id` once it is open (after its first update was computed) and
+  // when it closes; `lost` means the client went away (cancelled, a write
+  // failed), not a shutdown or a job that ended. Counts open streams per
+  // worker and remembers when the last one was lost (transient: not
+  // exported, not persisted). A lost stream may drop an expected survivor,
+  // now or on a later Tick. Never fail; an unknown job is ignored, and for
+  // a worker the job does not hold nothing observable changes (its stream
+  // is counted only so that its close pairs up). A close without an open
+  // is ignored.
+  void WatchOpened(const std::string& job_id, const std::string& worker_id);
+  void WatchClosed(const std::string& job_id, const std::string& worker_id,
+                   bool lost);
+
   // Forms generations whose settle period has passed, declares members whose
   // last heartbeat is older than the job's timeout failed, drops expected
   // survivors as silent for as long, and forms or fails jobs whose
-  // rendezvous outlived its timeout (Note [Formation]). Call periodically.
+  // rendezvous outlived its timeout (Note [Formation]), and drops expected
+  // survivors whose watch stream was lost (Note [Re-forming]). Call
+  // periodically (the server does every 100 ms).
   void Tick();
 
   // Bumped on every state change; lets waiters know when to re-ask.
@@ -262,6 +300,13 @@ class Core {
     double samples_per_second = 0;
     v1::DdpTimings ddp;
   };
+  // A worker's WatchMembership streams (Note [Re-forming]).
+  struct WatchState {
+    int64_t open = 0;
+    // When its last stream was lost; unset while one is open, after a
+    // normal close, or once the worker id is bound anew.
+    std::optional<absl::Time> lost_at;
+  };
   struct Job {
     v1::JobSpec spec;
     v1::JobState state = v1::JOB_STATE_RENDEZVOUS;
@@ -285,6 +330,9 @@ class Core {
     // ended. A later Leave of theirs is a no-op.
     std::set<std::string> finished;
     std::optional<int64_t> boundary_step;
+    // Transient, never exported: by worker id, while the worker has a
+    // stream open or is bound.
+    std::map<std::string, WatchState> watches;
   };
 
   Job* FindJob(const std::string& job_id);
@@ -298,8 +346,12 @@ class Core {
                                      const std::string& worker_id,
                                      const std::string& secret,
                                      int64_t generation) const;
-  // Note [Formation]: forms the next generation when its rule allows.
+  // Note [Formation]: forms the next generation when its rule allows, after
+  // dropping the expected survivors whose connection broke.
   void MaybeFormGeneration(Job& job);
+  // Note [Re-forming]: drops the expected survivors whose watch stream was
+  // lost at least the grace ago; returns whether it dropped any.
+  bool DropDisconnected(Job& job);
   static size_t MinWorkers(const Job& job);
   // Forms the next generation from the first `n` waiting workers (survivors
   // first, then by first-join time).

@@ -373,6 +373,8 @@ absl::Status Core::RestoreJob(const v1::JobRecord& record) {
         "job %s: the record's generation %d is behind the current %d",
         record.spec().job_id(), job.generation, existing->generation));
   }
+  // Open watch streams outlive a replaced record (Note [Re-forming]).
+  if (existing != nullptr) job.watches = std::move(existing->watches);
   jobs_[record.spec().job_id()] = std::move(job);
   ++version_;
   ++membership_version_;

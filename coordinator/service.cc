@@ -129,31 +129,54 @@ grpc::Status WorkerServiceImpl::WatchMembership(
   std::string last_sent;
   bool sent_any = false;
   std::unique_lock<std::mutex> lock(host_->mu());
+  // Note [Re-forming] in core.h: the core learns of the stream once it is
+  // open and of its end on every way out after that (the lock is held on
+  // each); `lost` when the client went away, which a stream cut by the
+  // coordinator's own shutdown is not.
+  bool open = false;
+  auto finish = [&](bool lost, grpc::Status status) {
+    if (open) {
+      host_->core().WatchClosed(request->job_id(), request->worker_id(),
+                                lost && !host_->shutting_down());
+      host_->AfterChange();
+    }
+    return scope.Done(std::move(status));
+  };
   while (true) {
     if (host_->shutting_down()) {
-      return scope.Done(ToGrpcStatus(
-          absl::UnavailableError("the coordinator is shutting down")));
+      return finish(/*lost=*/false, ToGrpcStatus(absl::UnavailableError(
+                                        "the coordinator is shutting down")));
     }
     if (context->IsCancelled()) {
-      return scope.Done(
+      return finish(
+          /*lost=*/true,
           ToGrpcStatus(absl::CancelledError("the call was cancelled")));
     }
     const uint64_t seen = host_->core().membership_version();
     absl::StatusOr<v1::MembershipUpdate> update =
         host_->core().Membership(*request);
-    if (!update.ok()) return scope.Done(ToGrpcStatus(update.status()));
+    if (!update.ok()) {
+      return finish(/*lost=*/false, ToGrpcStatus(update.status()));
+    }
+    if (!open) {
+      host_->core().WatchOpened(request->job_id(), request->worker_id());
+      open = true;
+    }
     std::string bytes = update->SerializeAsString();
     if (!sent_any || bytes != last_sent) {
       lock.unlock();
       const bool written = writer->Write(*update);
       lock.lock();
       if (!written) {
-        return scope.Done(
+        return finish(
+            /*lost=*/true,
             ToGrpcStatus(absl::CancelledError("the stream was closed")));
       }
       sent_any = true;
       last_sent = std::move(bytes);
-      if (Terminal(update->state())) return scope.Done(grpc::Status::OK);
+      if (Terminal(update->state())) {
+        return finish(/*lost=*/false, grpc::Status::OK);
+      }
     }
     host_->WaitForChange(lock, seen, kWatchPoll);
   }

@@ -207,6 +207,68 @@ TEST_F(CoordinatorServiceTest, WatchersSeeWaitingWorkersAndAReformAdmitsThem) {
             grpc::StatusCode::INVALID_ARGUMENT);
 }
 
+// Note [Re-forming] over the wire: a member's watch stream goes away (its
+// process was killed), and once the generation ends that expected survivor
+// is dropped after the grace (here 100 ms), long before the heartbeat
+// timeout (20 s), so the next generation forms with the rest.
+TEST_F(CoordinatorServiceTest, ASurvivorWhoseWatchWentAwayIsDroppedQuickly) {
+  auto join_req = [](const std::string& worker) {
+    v1::JoinRequest r = JoinReq("killed", 2, worker);
+    r.mutable_spec()->set_heartbeat_interval_ms(100);
+    r.mutable_spec()->set_heartbeat_timeout_ms(20000);
+    return r;
+  };
+  grpc::Status first_status;
+  v1::JoinResponse first;
+  std::thread other([&] { first_status = Join(join_req("w0"), &first); });
+  v1::JoinResponse second;
+  ASSERT_TRUE(Join(join_req("w1"), &second).ok());
+  other.join();
+  ASSERT_TRUE(first_status.ok()) << first_status.error_message();
+  ASSERT_EQ(second.generation(), 1);
+  ASSERT_EQ(second.world_size(), 2);
+
+  {
+    grpc::ClientContext watch_context;
+    Bound(watch_context);
+    v1::WatchMembershipRequest watch;
+    watch.set_job_id("killed");
+    watch.set_worker_id("w1");
+    watch.set_worker_secret(Secret("w1"));
+    auto stub = NewStub();
+    auto reader = stub->WatchMembership(&watch_context, watch);
+    v1::MembershipUpdate update;
+    ASSERT_TRUE(reader->Read(&update));
+    EXPECT_TRUE(update.is_member());
+    // w1 dies: its stream goes away.
+    watch_context.TryCancel();
+    (void)reader->Finish();
+  }
+
+  // w0's communicator failed: it asks to re-form and waits for w1, which
+  // never comes back.
+  v1::JoinRequest reform = join_req("w0");
+  reform.set_previous_generation(1);
+  reform.set_reform_reason("peer w1 gone");
+  const absl::Time start = absl::Now();
+  v1::JoinResponse reformed;
+  const grpc::Status status = Join(reform, &reformed);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  EXPECT_EQ(reformed.generation(), 2);
+  EXPECT_EQ(reformed.world_size(), 1);
+  const std::vector<Event> events = server_->host().Read(
+      [](const Core& core) { return core.Events("killed"); });
+  std::vector<std::string> failures;
+  for (const Event& e : events) {
+    if (e.kind == "failure") failures.push_back(e.worker_id + ": " + e.message);
+  }
+  ASSERT_EQ(failures.size(), 1u);
+  EXPECT_THAT(failures[0],
+              HasSubstr("w1: did not join again after generation 1 ended: its "
+                        "connection to the coordinator broke"));
+}
+
 TEST_F(CoordinatorServiceTest, KvGetBlocksUntilAnotherThreadSets) {
   v1::JoinResponse joined;
   ASSERT_TRUE(Join(JoinReq("kv", 1, "solo"), &joined).ok());

@@ -8,7 +8,9 @@
 //  - raw: a length-prefixed slice parsed as the request proto itself
 //    (arbitrary bytes, whatever protobuf makes of them).
 // Clock advances and Tick() are operations too, so heartbeat timeouts,
-// settle periods and rendezvous timeouts all happen.
+// settle periods and rendezvous timeouts all happen; a structured
+// Membership call may also open or close (lose) a watch stream, so expected
+// survivors are dropped for lost streams too.
 //
 // After every operation the invariants are checked:
 //  1. no job's generation ever goes backwards, and no job disappears;
@@ -281,7 +283,25 @@ class Harness {
         } else {
           Identify(in, &r);
         }
-        return core_.Membership(r).status();
+        absl::Status status = core_.Membership(r).status();
+        // The stream opens, or one closes (lost or not), as the service
+        // would report it after a good Membership; unmatched closes too.
+        if (!raw && status.ok()) {
+          switch (in.U8() % 4) {
+            case 1:
+              core_.WatchOpened(r.job_id(), r.worker_id());
+              break;
+            case 2:
+              core_.WatchClosed(r.job_id(), r.worker_id(), /*lost=*/true);
+              break;
+            case 3:
+              core_.WatchClosed(r.job_id(), r.worker_id(), /*lost=*/false);
+              break;
+            default:
+              break;
+          }
+        }
+        return status;
       }
       case 7: {
         v1::GetJobRequest r;
