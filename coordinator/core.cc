@@ -64,6 +64,8 @@ absl::Status Core::EndedError(const Job& job) {
           absl::StrCat("job ", id, " was ", job.failure));
     case v1::JOB_STATE_SUCCEEDED:
       return absl::FailedPreconditionError(
+          // concord-train matches "has already succeeded": a worker that
+          // comes after the end has nothing to do.
           absl::StrCat("job ", id, " has already succeeded"));
     default:
       return absl::OkStatus();

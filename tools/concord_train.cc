@@ -363,6 +363,15 @@ int Train(const Flags& flags) {
 
   auto session = concord::worker::Session::Start(*options);
   if (!session.ok()) {
+    // A worker started (or restarted) after the others finished: the job
+    // is done, and so is this worker.
+    if (absl::IsFailedPrecondition(session.status()) &&
+        absl::StrContains(session.status().message(),
+                          "has already succeeded")) {
+      std::cout << "concord-train: " << session.status().message()
+                << "; nothing left to do" << std::endl;
+      return 0;
+    }
     Fail(1, absl::StrCat("cannot join the job: ", session.status().ToString()));
   }
   concord::worker::Session& s = **session;
