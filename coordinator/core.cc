@@ -251,6 +251,8 @@ absl::StatusOr<std::optional<Assignment>> Core::GetAssignment(
     return std::optional<Assignment>(std::move(a));
   }
   if (FindMember(job->waiting, worker_id) != job->waiting.end()) {
+    // Waiting for a generation that will never come.
+    if (job->state == v1::JOB_STATE_SUCCEEDED) return EndedError(*job);
     return std::optional<Assignment>();
   }
   return absl::NotFoundError(

@@ -861,6 +861,22 @@ TEST_F(CoordinatorReformTest, AWaitingWorkerOutlivesAnEndOfDataBoundary) {
   EXPECT_EQ(core_.State(kJob), v1::JOB_STATE_SUCCEEDED);
 }
 
+TEST_F(CoordinatorReformTest, AWorkerStillWaitingWhenTheJobSucceedsIsToldSo) {
+  const int64_t gen = FormSettled(2, 2);
+  // At max_workers: the newcomer waits for a generation that never comes.
+  ASSERT_TRUE(core_.Join(JoinReq(Spec(2), "late")).ok());
+  ASSERT_TRUE(core_.GetAssignment(kJob, "late").ok());  // waiting: no error yet
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(
+        core_.Leave(LeaveReq(Worker(i), gen, v1::LEAVE_REASON_COMPLETED)).ok());
+  }
+  ASSERT_EQ(core_.State(kJob), v1::JOB_STATE_SUCCEEDED);
+  const auto late = core_.GetAssignment(kJob, "late");
+  EXPECT_TRUE(absl::IsFailedPrecondition(late.status())) << late.status();
+  EXPECT_THAT(std::string(late.status().message()),
+              ::testing::HasSubstr("has already succeeded"));
+}
+
 TEST_F(CoordinatorReformTest, CompletedMembersAreNotExpected) {
   const int64_t gen = FormSettled(3, 3);
   const v1::JobSpec spec = Spec(3);
