@@ -9,9 +9,9 @@ runs out, join mid-run or are restarted.
 
 Without --group or --case every case runs (about 2.5 minutes on 2 cores).
 
-Every run uses a TorchScript MLP without buffers (fixtures kind mlp-plain,
-regression, mse) and SGD with momentum (optimizer state that joiners must
-receive). Workers are killed with concord-train's test hook
+Every run uses a small TorchScript MLP without buffers (SmoothMLP: fixtures'
+mlp-plain with tanh activations, on its data: regression, mse) and SGD with
+momentum (optimizer state that joiners must receive). Workers are killed with concord-train's test hook
 CONCORD_TEST_KILL="LOCAL:STEP:PHASE[,...]" (local worker LOCAL of
 concord-run SIGKILLs itself when taking optimizer step STEP: before the
 forward, while gradient buckets are in flight, or after optimizer.step()
@@ -36,9 +36,9 @@ What is checked (per case, see CASES / --list):
     matches it to 1e-4 (check_replay: a lost or doubled step, a wrong
     divisor or optimizer state lost in a hand-over is far larger);
   * where arithmetic says so, the final model equals a fault-free run's bit
-    for bit: a death before the first step (prestep), and a job whose every
-    step had the same window as the fault-free run, i.e. the same world size
-    (restart; see compare_to_fault_free);
+    for bit: a death before the first step (prestep), and a restart that the
+    others must wait for (min_workers = W), so that every step has the
+    fault-free run's window and world size (compare_to_fault_free);
   * concord-run's exit status: 0 when every local worker's last run exited 0
     (restarts), else the first worker that failed for good (137 for a
     SIGKILL'd one).
@@ -104,6 +104,10 @@ RENDEZVOUS_TIMEOUT_MS = 20000
 RUN_TIMEOUT = 100.0  # one concord-run of a schedule
 
 SIGKILL_STATUS = 128 + signal.SIGKILL
+
+# Every run's optimizer (check_replay repeats it).
+LR = 0.05
+MOMENTUM = 0.9
 
 
 # --- processes ------------------------------------------------------------------
@@ -266,14 +270,42 @@ class Bins(object):
 
 # --- one run --------------------------------------------------------------------
 
+class SmoothMLP(torch.nn.Module):
+    """fixtures' mlp-plain with tanh for its ReLU: no kinks, so that the
+    rounding noise between Gloo's sums and check_replay's never flips an
+    activation (with ReLU one pre-activation within ~1e-7 of zero in a few
+    thousand steps, which happens in about one chaos run of five, sends the
+    two apart by 1e-3)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(fixtures.MLP_IN, 32)
+        self.fc2 = torch.nn.Linear(32, 32)
+        self.fc3 = torch.nn.Linear(32, fixtures.MLP_OUT)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.tanh(self.fc1(x))
+        x = torch.tanh(self.fc2(x))
+        return self.fc3(x)
+
+
 class Fixture(object):
-    def __init__(self, tmp, n_samples, seed=3, kind="mlp-plain"):
-        d = os.path.join(tmp, "fixture-%s-%d-%d" % (kind, n_samples, seed))
-        if not os.path.isfile(os.path.join(d, "data.pt")):
-            fixtures.make_fixture(d, kind, n_samples, seed)
+    """A TorchScript SmoothMLP (no buffers, trains on one-sample batches) and
+    the data of fixtures' mlp kinds (regression, 16 -> 4)."""
+
+    def __init__(self, tmp, n_samples, seed=3):
+        d = os.path.join(tmp, "fixture-smooth-%d-%d" % (n_samples, seed))
         self.model = os.path.join(d, "model.pt")
         self.data = os.path.join(d, "data.pt")
         self.n = n_samples
+        if not os.path.isfile(self.data):
+            os.makedirs(d, exist_ok=True)
+            torch.manual_seed(seed)
+            model = SmoothMLP()
+            model.train()
+            torch.jit.save(torch.jit.script(model), self.model)
+            inputs, targets = fixtures.make_data("mlp-plain", n_samples, seed)
+            torch.save({"inputs": inputs, "targets": targets}, self.data)
 
 
 class RunDir(object):
@@ -306,7 +338,7 @@ class RunDir(object):
 
 def train_args(fx, rd, batch, epochs, sharding="elastic", shuffle_seed=None, extra=()):
     args = ["--model", fx.model, "--data", fx.data, "--loss", "mse", "--optimizer", "sgd",
-            "--lr", "0.05", "--momentum", "0.9", "--batch-size", batch, "--epochs", epochs,
+            "--lr", LR, "--momentum", MOMENTUM, "--batch-size", batch, "--epochs", epochs,
             "--sharding", sharding, "--output", rd.output, "--metrics-out", rd.metrics,
             "--output-per-worker", rd.workers, "--log-interval", "5"]
     if sharding == "elastic":
@@ -573,7 +605,7 @@ def generation_worlds(texts):
     return out, problems
 
 
-def replay_history(fx, history, world_at, batch, lr=0.05, momentum=0.9):
+def replay_history(fx, history, world_at, lr=LR, momentum=MOMENTUM):
     """What the job's committed history says the final model must be: from
     the initial model, for each step in order, the window split over that
     step's W ranks as concord-train does (rank r takes the window's samples
@@ -611,7 +643,7 @@ def replay_history(fx, history, world_at, batch, lr=0.05, momentum=0.9):
 REPLAY_ATOL = 1e-4
 
 
-def check_replay(checks, name, rd, fx, history, texts, batch):
+def check_replay(checks, name, rd, fx, history, texts):
     """The final model (--output and every per-worker output) equals
     replay_history of the committed history within REPLAY_ATOL, with each
     step's world size from the workers' logs (generation_worlds)."""
@@ -632,7 +664,7 @@ def check_replay(checks, name, rd, fx, history, texts, batch):
 
     if not problems:
         try:
-            expected = replay_history(fx, history, world_at, batch)
+            expected = replay_history(fx, history, world_at)
         except ValueError as e:
             problems.append(str(e))
     worst = 0.0
@@ -722,7 +754,7 @@ def case_kill(ctx, name, world, min_workers, kills, n=150, batch=4, epochs=3, ex
     final = last_step_of(rd)
     check_metrics(ctx.checks, name, rd, world_size=survivors, min_reforms=1, optimizer_steps=final)
     _, history = check_sample_logs(ctx.checks, name, rd, n, epochs, final)
-    check_replay(ctx.checks, name, rd, fx, history, [p.stderr()], batch)
+    check_replay(ctx.checks, name, rd, fx, history, [p.stderr()])
     summary(name, p, rd, "killed %s" % spec)
 
 
@@ -744,7 +776,7 @@ def case_prestep(ctx, name):
     final = last_step_of(rd)
     m = check_metrics(ctx.checks, name, rd, world_size=2, min_reforms=1, optimizer_steps=final)
     _, history = check_sample_logs(ctx.checks, name, rd, n, epochs, final)
-    check_replay(ctx.checks, name, rd, fx, history, [p.stderr()], batch)
+    check_replay(ctx.checks, name, rd, fx, history, [p.stderr()])
     m_ref = ref.load_metrics()
     problems = []
     if not (os.path.isfile(ref.output) and os.path.isfile(rd.output)):
@@ -920,7 +952,7 @@ def case_join(ctx, name):
         final = last_step_of(rd)
         check_metrics(ctx.checks, name, rd, world_size=3, min_reforms=1, optimizer_steps=final)
         _, history = check_sample_logs(ctx.checks, name, rd, n, epochs, final)
-        check_replay(ctx.checks, name, rd, fx, history, [first.stderr(), joiner.stderr()], batch)
+        check_replay(ctx.checks, name, rd, fx, history, [first.stderr(), joiner.stderr()])
         m = re.search(r"joined job '[^']*' generation (\d+) as rank (\d+) of (\d+)", joiner.stderr())
         summary(name, first, rd, "joiner exit %s in %.1fs, %s" % (
             joiner.returncode, joiner.elapsed,
@@ -935,10 +967,10 @@ def case_restart(ctx, name, world, min_workers, kills, restarts, n=512, batch=4,
     min_workers = world the others cannot go on without it: they wait in the
     rendezvous for the restarted worker, every step has the fault-free
     window, and the final model must be the fault-free one (same_history).
-    Otherwise the others may go on over fewer workers until it is back
-    (compared with the fault-free run only when they did not)."""
+    Otherwise the others go on over fewer workers until it is back (the
+    replay still checks the arithmetic)."""
     fx = Fixture(ctx.tmp, n)
-    ref = fault_free_run(ctx, name, fx, world, batch, epochs, 9)
+    ref = fault_free_run(ctx, name, fx, world, batch, epochs, 9) if same_history else None
     rd = RunDir(ctx.tmp, name)
     spec = ",".join("%d:%d:%s" % k for k in kills)
     p = Proc(name, launch_cmd(ctx.bins, world, name, train_args(fx, rd, batch, epochs, shuffle_seed=9),
@@ -960,8 +992,9 @@ def case_restart(ctx, name, world, min_workers, kills, restarts, n=512, batch=4,
     final = last_step_of(rd)
     check_metrics(ctx.checks, name, rd, world_size=world, min_reforms=1, optimizer_steps=final)
     _, history = check_sample_logs(ctx.checks, name, rd, n, epochs, final)
-    check_replay(ctx.checks, name, rd, fx, history, [p.stderr()], batch)
-    compare_to_fault_free(ctx.checks, name, rd, history, ref, required=same_history)
+    check_replay(ctx.checks, name, rd, fx, history, [p.stderr()])
+    if same_history:
+        compare_to_fault_free(ctx.checks, name, rd, history, ref, required=True)
     summary(name, p, rd, "killed %s, finished %s" % (spec, [w.split("-")[-2:] for w in ids]))
 
 
@@ -990,7 +1023,7 @@ def case_restart_late(ctx, name):
     check_outputs_identical(ctx.checks, name, rd)
     final = last_step_of(rd)
     _, history = check_sample_logs(ctx.checks, name, rd, 150, 2, final)
-    check_replay(ctx.checks, name, rd, fx, history, [p.stderr()], 4)
+    check_replay(ctx.checks, name, rd, fx, history, [p.stderr()])
     summary(name, p, rd, "restarted worker %s" % ("came too late" if late else "joined"))
 
 
@@ -1194,7 +1227,7 @@ def case_chaos(ctx, name, seed):
     m = check_metrics(ctx.checks, name, rd, min_reforms=1, optimizer_steps=final)
     lost, history = check_sample_logs(ctx.checks, name, rd, n, epochs, final,
                                       allow_lost_commits=True)
-    check_replay(ctx.checks, name, rd, fx, history, [p.stderr()], batch)
+    check_replay(ctx.checks, name, rd, fx, history, [p.stderr()])
     summary(name, p, rd, "%d kills, %d lost commits, reforms %s" % (
         len(kills), lost, m and m.get("reforms")))
 
