@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstdlib>
 
 #include "absl/strings/numbers.h"
@@ -118,9 +119,12 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Start(
   session->client_ = std::make_unique<CoordinatorClient>(
       options.coordinator, ClientIdentity{options.token, options.worker_id,
                                           GenerateToken(), options.tls});
+  // Gloo writes to sockets whose peer may have just died: that must be an
+  // error on the work, not a SIGPIPE that kills this process.
+  std::signal(SIGPIPE, SIG_IGN);
   CONCORD_RETURN_IF_ERROR(session->JoinAndConnect(
       /*previous_generation=*/0, "", /*committed_step=*/0,
-      absl::Now() + options.join_timeout));
+      session->JoinDeadline()));
   Session* s = session.get();
   session->watcher_ = std::make_unique<MembershipWatcher>(
       session->client_.get(), options.spec.job_id(),
@@ -211,6 +215,13 @@ bool Terminal(v1::JobState state) {
 
 }  // namespace
 
+absl::Time Session::JoinDeadline() const {
+  // The coordinator fails a job whose rendezvous outlived the timeout on
+  // its next tick: wait a little longer, so that the worker hears why
+  // (below min_workers) instead of giving up first with a bare deadline.
+  return absl::Now() + options_.join_timeout + absl::Seconds(2);
+}
+
 absl::Status Session::Reform(int64_t committed_step,
                              const std::string& reason) {
   if (client_ == nullptr) {
@@ -226,8 +237,7 @@ absl::Status Session::Reform(int64_t committed_step,
   Retire(std::move(old));
   spdlog::info("leaving generation {} at step {}: {}", previous, committed_step,
                reason);
-  return JoinAndConnect(previous, reason, committed_step,
-                        absl::Now() + options_.join_timeout);
+  return JoinAndConnect(previous, reason, committed_step, JoinDeadline());
 }
 
 std::shared_ptr<comm::Communicator> Session::shared_communicator() const {

@@ -69,6 +69,8 @@ class Session {
  public:
   // Joins the job (blocks until a generation forms), connects the
   // communicator and starts heartbeating and watching the membership.
+  // Ignores SIGPIPE for the process (a peer that died must fail the
+  // collective, not kill this worker).
   // Errors: those of CoordinatorClient::Join and GlooCommunicator::Create.
   static absl::StatusOr<std::unique_ptr<Session>> Start(
       const WorkerOptions& options);
@@ -123,6 +125,7 @@ class Session {
                               const std::string& reason, int64_t committed_step,
                               absl::Time deadline);
   void OnMembership(const v1::MembershipUpdate& update);
+  absl::Time JoinDeadline() const;
   void HeartbeatLoop(absl::Duration interval);
   void StopHeartbeat();
   absl::Status LeaveOnce(v1::LeaveReason reason, const std::string& message);
