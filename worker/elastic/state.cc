@@ -210,7 +210,8 @@ absl::StatusOr<StepDecision> State::BeginStep(bool has_data, bool admit) {
 }
 
 absl::Status State::Reform(const std::string& reason, bool restore) {
-  const int previous_world = session_->world_size();
+  const auto previous = session_->shared_communicator();
+  const int previous_world = previous ? previous->size() : 0;
   ReformRecord record;
   record.reason = reason;
   record.started_us = absl::ToUnixMicros(absl::Now());
@@ -219,7 +220,13 @@ absl::Status State::Reform(const std::string& reason, bool restore) {
     if (restore) Restore();
     // A worker whose model may be half-received says so by claiming no
     // committed step: it must not be chosen to broadcast.
-    CONCORD_RETURN_IF_ERROR(session_->Reform(tainted_ ? 0 : step, why));
+    if (absl::Status joined = session_->Reform(tainted_ ? 0 : step, why);
+        !joined.ok()) {
+      // Session::Reform already waited out the join timeout (or the job is
+      // over): not something another re-form would fix.
+      return absl::FailedPreconditionError(
+          absl::StrCat("re-forming failed: ", joined.ToString()));
+    }
     record.rendezvous_us = absl::ToUnixMicros(absl::Now());
     const int root = session_->authoritative_rank();
     tainted_ = session_->rank() != root;

@@ -130,8 +130,9 @@ class State {
   // Note [Re-forming]: leaves the current generation and joins the next
   // (restoring the last commit first when `restore`), then Sync and the
   // reset callbacks. Collective failures during the hand-over are retried
-  // with another re-form. Errors: those of Session::Reform (the job failed,
-  // the rendezvous timed out), and non-retryable ones of Sync.
+  // with another re-form. Errors: FAILED_PRECONDITION carrying Session::
+  // Reform's error (the job failed, the rendezvous timed out: never retried),
+  // and non-retryable ones of Sync.
   absl::Status Reform(const std::string& reason, bool restore);
 
   // Workers that ran out of data and left (Note [Step agreement]), as the
