@@ -1,10 +1,15 @@
 // concord-coordinator: serves the worker and operator services until SIGINT
 // or SIGTERM.
 //
+// With --store etcd several replicas run against one etcd cluster: one leads
+// and serves, the others stand by without listening on --listen and take
+// over when it goes (Note [etcd leadership] in etcd_store.h). A leader that
+// loses its lease stops serving and stands by again.
+//
 // Exit status: 0 after a clean shutdown; 2 for bad flags, missing or
-// unreadable token or TLS files, an address in use, or a state directory that
-// cannot be written (one line on stderr); 1 when the state directory holds
-// a record that cannot be read.
+// unreadable token or TLS files, an address in use, a state directory that
+// cannot be written, or an etcd that cannot be reached at startup (one line
+// on stderr); 1 when the store holds a record that cannot be read.
 
 #include <netdb.h>
 #include <pthread.h>
@@ -14,18 +19,151 @@
 
 #include <CLI/CLI.hpp>
 #include <cerrno>
+#include <condition_variable>
 #include <cstdio>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "common/auth.h"
 #include "common/logging.h"
+#include "coordinator/etcd_store.h"
+#include "coordinator/health_http.h"
 #include "coordinator/server.h"
 
 namespace {
 
 constexpr int kUsageError = 2;
+
+// How long startup waits for etcd to answer before giving up.
+constexpr absl::Duration kEtcdStartupTimeout = absl::Seconds(10);
+
+// SIGINT/SIGTERM, received by a thread in sigwait (no work is done in a
+// signal handler).
+class StopSignal {
+ public:
+  // Call before any other thread starts, so every thread inherits the mask.
+  StopSignal() {
+    sigemptyset(&signals_);
+    sigaddset(&signals_, SIGINT);
+    sigaddset(&signals_, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &signals_, nullptr);
+  }
+  void StartListening() {
+    std::thread([this] {
+      int number = 0;
+      sigwait(&signals_, &number);
+      std::lock_guard<std::mutex> lock(mu_);
+      signal_ = number;
+      cv_.notify_all();
+    }).detach();
+  }
+  bool requested() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return signal_ != 0;
+  }
+  // Whether a signal came within `timeout`.
+  bool WaitFor(absl::Duration timeout) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout),
+                        [this] { return signal_ != 0; });
+  }
+  const char* name() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return signal_ == SIGINT ? "SIGINT" : "SIGTERM";
+  }
+
+ private:
+  sigset_t signals_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int signal_ = 0;
+};
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "concord-coordinator: %s\n",
+               std::string(status.message()).c_str());
+  return status.code() == absl::StatusCode::kDataLoss ? 1 : kUsageError;
+}
+
+void LogServing(const concord::coordinator::Server& server,
+                const concord::coordinator::ServerOptions& options) {
+  spdlog::info("concord-coordinator listening on {}", server.address());
+  spdlog::info("gRPC transport: {}",
+               options.tls.cert_pem.empty()
+                   ? "plaintext"
+                   : (options.tls.ca_pem.empty()
+                          ? "TLS"
+                          : "mTLS (client certificates required)"));
+  if (server.metrics_port() != 0) {
+    spdlog::info("metrics on port {}", server.metrics_port());
+  }
+  if (server.health_port() != 0) {
+    spdlog::info("health on port {}", server.health_port());
+  }
+}
+
+// --store etcd: campaign, serve while leading, stand by again when the
+// lease is lost, resign on a signal.
+int RunReplica(concord::coordinator::EtcdStore& store,
+               concord::coordinator::ServerOptions options, StopSignal& stop) {
+  using concord::coordinator::HealthHttpServer;
+  using concord::coordinator::Server;
+  // The plain health port belongs to the replica, not to one term: it says
+  // SERVING only while this replica leads (readiness), and stays bound.
+  std::unique_ptr<HealthHttpServer> health;
+  if (!options.health_address.empty()) {
+    auto started = HealthHttpServer::Start(options.health_address);
+    if (!started.ok()) return Fail(started.status());
+    health = *std::move(started);
+    health->SetServing(false);
+    spdlog::info("health on port {}", health->port());
+    options.health_address.clear();
+  }
+  char host[256] = "unknown";
+  gethostname(host, sizeof(host) - 1);
+  const std::string identity = absl::StrCat(
+      host, " pid ", getpid(), " serving ", options.listen_address);
+  while (true) {
+    absl::Status campaign = store.Campaign(
+        identity, [&] { return stop.requested(); },
+        [](const std::string& leader) {
+          spdlog::info("standing by; the leader is {}", leader);
+        });
+    if (absl::IsCancelled(campaign)) break;
+    if (!campaign.ok()) {
+      spdlog::error("campaign failed: {}", campaign.ToString());
+      continue;
+    }
+    options.store = &store;
+    auto server = Server::Start(options);
+    if (!server.ok()) {
+      store.Resign();
+      return Fail(server.status());
+    }
+    LogServing(**server, options);
+    if (health != nullptr) health->SetServing(true);
+    std::string lost;
+    while (!stop.WaitFor(absl::Milliseconds(100))) {
+      lost = store.WaitLost(absl::ZeroDuration());
+      if (!lost.empty()) break;
+    }
+    if (health != nullptr) health->SetServing(false);
+    (*server)->Shutdown();
+    if (stop.requested()) break;
+    spdlog::warn("stopped serving ({}); standing by", lost);
+  }
+  spdlog::info("received {}, resigning", stop.name());
+  store.Resign();
+  spdlog::info("stopped");
+  return 0;
+}
 
 // An address already in use, found before gRPC tries it (gRPC would log its
 // own multi-line error first). Empty when the address looks free or cannot
@@ -64,6 +202,10 @@ std::string AddressInUse(const std::string& address) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Block the signals before any thread starts (gRPC channels start threads)
+  // so that every thread inherits the mask and only the signal thread ever
+  // sees them.
+  StopSignal stop;
   CLI::App app{"Concord coordinator: membership and rendezvous for workers",
                "concord-coordinator"};
   std::string listen = "127.0.0.1:7070";
@@ -91,6 +233,33 @@ int main(int argc, char** argv) {
                  "host:port for Prometheus metrics at /metrics (default off)");
   app.add_option("--health-listen", options.health_address,
                  "host:port for a plain HTTP health check (default off)");
+  std::string store_kind = "embedded";
+  std::vector<std::string> etcd_endpoints;
+  concord::TlsFiles etcd_tls_files;
+  concord::coordinator::EtcdStoreOptions etcd_options;
+  app.add_option("--store", store_kind,
+                 "Where jobs are kept: embedded (--state-dir, or memory) or "
+                 "etcd (--etcd-endpoints; replicas with one leader)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"embedded", "etcd"}));
+  app.add_option("--etcd-endpoints", etcd_endpoints,
+                 "etcd client URLs, comma-separated (http://HOST:PORT or "
+                 "https://HOST:PORT)")
+      ->delimiter(',');
+  app.add_option("--etcd-prefix", etcd_options.prefix,
+                 "Key prefix of this coordinator's data in etcd")
+      ->capture_default_str();
+  app.add_option("--etcd-lease-ttl", etcd_options.lease_ttl,
+                 "Seconds a leader that stopped renewing keeps leadership "
+                 "(failover time)")
+      ->capture_default_str()
+      ->check(CLI::Range(2, 600));
+  app.add_option("--etcd-ca", etcd_tls_files.ca,
+                 "PEM CA that signed etcd's certificate (https endpoints)");
+  app.add_option("--etcd-cert", etcd_tls_files.cert,
+                 "PEM client certificate for etcd (--client-cert-auth)");
+  app.add_option("--etcd-key", etcd_tls_files.key,
+                 "PEM private key of --etcd-cert");
   app.add_option("--log-level", log_level, "Log level")
       ->capture_default_str()
       ->check(CLI::IsMember(
@@ -125,16 +294,38 @@ int main(int argc, char** argv) {
     return kUsageError;
   }
   options.tls = *std::move(tls);
+  const bool etcd = store_kind == "etcd";
+  if (etcd && etcd_endpoints.empty()) {
+    std::fprintf(stderr,
+                 "concord-coordinator: --store etcd needs --etcd-endpoints\n");
+    return kUsageError;
+  }
+  if (etcd && !options.state_dir.empty()) {
+    std::fprintf(stderr,
+                 "concord-coordinator: --state-dir and --store etcd exclude "
+                 "each other\n");
+    return kUsageError;
+  }
+  if (!etcd && (!etcd_endpoints.empty() || !etcd_tls_files.ca.empty() ||
+                !etcd_tls_files.cert.empty() || !etcd_tls_files.key.empty())) {
+    std::fprintf(stderr,
+                 "concord-coordinator: --etcd-* flags need --store etcd\n");
+    return kUsageError;
+  }
+  std::unique_ptr<concord::coordinator::EtcdStore> etcd_store;
+  if (etcd) {
+    auto etcd_tls = concord::LoadClientTls(
+        etcd_tls_files, {"--etcd-ca", "--etcd-cert", "--etcd-key"});
+    if (!etcd_tls.ok()) return Fail(etcd_tls.status());
+    auto client = concord::coordinator::EtcdClient::Create(
+        etcd_endpoints, *etcd_tls, absl::Seconds(2));
+    if (!client.ok()) return Fail(client.status());
+    auto store = concord::coordinator::EtcdStore::Create(*std::move(client),
+                                                         etcd_options);
+    if (!store.ok()) return Fail(store.status());
+    etcd_store = *std::move(store);
+  }
   concord::InitLogging("coordinator", log_level);
-
-  // Block the signals before any thread starts so that every thread inherits
-  // the mask and only the sigwait below ever sees them; no work is done in a
-  // signal handler.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   options.listen_address = listen;
   for (const std::string& address : {listen, options.metrics_address}) {
@@ -144,31 +335,29 @@ int main(int argc, char** argv) {
       return kUsageError;
     }
   }
+  stop.StartListening();
+  if (etcd_store != nullptr) {
+    // Fail fast on an etcd that is not there at all; later outages are
+    // ridden out (a standby waits, a leader steps down).
+    const absl::Time give_up = absl::Now() + kEtcdStartupTimeout;
+    absl::StatusOr<std::string> leader = etcd_store->Leader();
+    while (!leader.ok() && absl::Now() < give_up && !stop.requested()) {
+      absl::SleepFor(absl::Milliseconds(500));
+      leader = etcd_store->Leader();
+    }
+    if (!leader.ok()) {
+      return Fail(absl::UnavailableError(absl::StrCat(
+          "cannot reach etcd at ", absl::StrJoin(etcd_endpoints, ","), ": ",
+          leader.status().message())));
+    }
+    return RunReplica(*etcd_store, options, stop);
+  }
   auto server = concord::coordinator::Server::Start(options);
-  if (!server.ok()) {
-    std::fprintf(stderr, "concord-coordinator: %s\n",
-                 std::string(server.status().message()).c_str());
-    return server.status().code() == absl::StatusCode::kDataLoss ? 1
-                                                                 : kUsageError;
+  if (!server.ok()) return Fail(server.status());
+  LogServing(**server, options);
+  while (!stop.WaitFor(absl::Hours(1))) {
   }
-  spdlog::info("concord-coordinator listening on {}", (*server)->address());
-  spdlog::info("gRPC transport: {}",
-               options.tls.cert_pem.empty()
-                   ? "plaintext"
-                   : (options.tls.ca_pem.empty()
-                          ? "TLS"
-                          : "mTLS (client certificates required)"));
-  if ((*server)->metrics_port() != 0) {
-    spdlog::info("metrics on port {}", (*server)->metrics_port());
-  }
-  if ((*server)->health_port() != 0) {
-    spdlog::info("health on port {}", (*server)->health_port());
-  }
-
-  int signal_number = 0;
-  sigwait(&signals, &signal_number);
-  spdlog::info("received {}, shutting down",
-               signal_number == SIGINT ? "SIGINT" : "SIGTERM");
+  spdlog::info("received {}, shutting down", stop.name());
   (*server)->Shutdown();
   spdlog::info("stopped");
   return 0;

@@ -117,15 +117,21 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
 
   std::unique_ptr<Server> server(new Server());
   server->metrics_ = std::make_unique<Metrics>();
+  if (options.store != nullptr && !options.state_dir.empty()) {
+    return absl::InvalidArgumentError(
+        "a state directory and another store cannot both be given");
+  }
+  server->store_ = options.store;
   if (!options.state_dir.empty()) {
     auto store = FileStore::Open(options.state_dir);
     if (!store.ok()) return store.status();
-    server->store_ = *std::move(store);
+    server->owned_store_ = *std::move(store);
+    server->store_ = server->owned_store_.get();
   }
   server->authorizer_ = std::make_unique<Authorizer>(options.worker_token,
                                                      options.operator_token);
-  server->host_ = std::make_unique<CoreHost>(
-      &server->clock_, server->store_.get(), server->metrics_.get());
+  server->host_ = std::make_unique<CoreHost>(&server->clock_, server->store_,
+                                             server->metrics_.get());
   if (absl::Status s = server->host_->Restore(); !s.ok()) return s;
   server->worker_service_ = std::make_unique<WorkerServiceImpl>(
       server->host_.get(), server->authorizer_.get(), server->metrics_.get());

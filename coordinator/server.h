@@ -44,6 +44,9 @@ struct ServerOptions {
   // The embedded store's directory (file_store.h); empty = keep state in
   // memory only.
   std::string state_dir;
+  // A store owned by the caller (e.g. the etcd store, etcd_store.h), which
+  // must outlive the server; when set, `state_dir` must be empty.
+  Store* store = nullptr;
   // Prometheus text endpoint (http://HOST:PORT/metrics); empty = none.
   std::string metrics_address;
   // Plain HTTP health endpoint (health_http.h); empty = none.
@@ -91,7 +94,8 @@ class Server {
 
   RealClock clock_;
   std::unique_ptr<Metrics> metrics_;
-  std::unique_ptr<Store> store_;
+  std::unique_ptr<Store> owned_store_;  // the embedded store, if any
+  Store* store_ = nullptr;
   std::unique_ptr<Authorizer> authorizer_;
   std::unique_ptr<CoreHost> host_;
   std::unique_ptr<WorkerServiceImpl> worker_service_;

@@ -17,6 +17,8 @@ PACKAGES=(
   prometheus-cpp-dev
   # TLS file checks (common/tls.cc); the tests make certificates with openssl.
   libssl-dev openssl
+  # The etcd store's tests start a real etcd on loopback.
+  etcd-server
 )
 
 missing=()

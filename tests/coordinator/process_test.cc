@@ -162,6 +162,27 @@ TEST_F(ProcessTest, StartupErrorsAreOneLineAndExitTwo) {
        operator_file_, "--listen", "127.0.0.1:0", "--state-dir",
        worker_file_ + "/sub"},  // not a directory
       {coord, "--bogus-flag"},
+      // The etcd store: flags that do not fit together, malformed
+      // endpoints, and an etcd that is not there (closed port; given up
+      // after 10 s).
+      {coord, "--worker-token-file", worker_file_, "--operator-token-file",
+       operator_file_, "--store", "etcd"},
+      {coord, "--worker-token-file", worker_file_, "--operator-token-file",
+       operator_file_, "--store", "etcd", "--etcd-endpoints",
+       "http://127.0.0.1:1", "--state-dir", dir_ + "/state"},
+      {coord, "--worker-token-file", worker_file_, "--operator-token-file",
+       operator_file_, "--etcd-endpoints", "http://127.0.0.1:1"},
+      {coord, "--worker-token-file", worker_file_, "--operator-token-file",
+       operator_file_, "--store", "etcd", "--etcd-endpoints", "ftp://x:1"},
+      {coord, "--worker-token-file", worker_file_, "--operator-token-file",
+       operator_file_, "--store", "etcd", "--etcd-endpoints",
+       "https://127.0.0.1:1"},  // https without --etcd-ca
+      {coord, "--worker-token-file", worker_file_, "--operator-token-file",
+       operator_file_, "--store", "etcd", "--etcd-endpoints",
+       "http://127.0.0.1:1", "--etcd-lease-ttl", "1"},
+      {coord, "--worker-token-file", worker_file_, "--operator-token-file",
+       operator_file_, "--store", "etcd", "--etcd-endpoints",
+       "http://127.0.0.1:1", "--listen", "127.0.0.1:0"},
   };
   // An address in use.
   auto taken = Server::Start(Options());
@@ -311,8 +332,8 @@ TEST_F(ProcessTest, ConcordctlTablesJsonAndErrors) {
   // The documented spelling: the output flag after the subcommand.
   Result status_json = Run(base({"status", "j1", "-o", "json"}));
   EXPECT_EQ(status_json.exit_status, 0) << status_json.err;
-  EXPECT_FALSE(nlohmann::json::parse(status_json.out, nullptr, false)
-                   .is_discarded())
+  EXPECT_FALSE(
+      nlohmann::json::parse(status_json.out, nullptr, false).is_discarded())
       << status_json.out;
   Result status = Run(base({"status", "j1"}));
   EXPECT_EQ(status.exit_status, 0);
