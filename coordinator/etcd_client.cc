@@ -68,18 +68,30 @@ absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Create(
           absl::StrCat("etcd endpoint '", url, "' is https: give --etcd-ca"));
     }
     any_https = any_https || https;
-    auto channel =
-        grpc::CreateChannel(target, https ? ChannelCredentials(tls)
-                                          : grpc::InsecureChannelCredentials());
-    endpoints.push_back(Endpoint{url, etcdserverpb::KV::NewStub(channel),
-                                 etcdserverpb::Lease::NewStub(channel)});
+    endpoints.push_back(Endpoint{url, target, https, Stubs{}});
   }
   if (tls.enabled() && !any_https) {
     return absl::InvalidArgumentError(
         "etcd TLS files were given but no endpoint is https://");
   }
-  return std::unique_ptr<EtcdClient>(
-      new EtcdClient(std::move(endpoints), call_timeout));
+  std::unique_ptr<EtcdClient> client(
+      new EtcdClient(std::move(endpoints), tls, call_timeout));
+  for (Endpoint& e : client->endpoints_) e.stubs = client->Connect(e);
+  return client;
+}
+
+EtcdClient::Stubs EtcdClient::Connect(const Endpoint& endpoint) const {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  auto channel = grpc::CreateCustomChannel(
+      endpoint.target,
+      endpoint.https ? ChannelCredentials(tls_)
+                     : grpc::InsecureChannelCredentials(),
+      args);
+  return Stubs{etcdserverpb::KV::NewStub(channel),
+               etcdserverpb::Lease::NewStub(channel), absl::Now()};
 }
 
 std::string EtcdClient::endpoints() const {
@@ -89,7 +101,7 @@ std::string EtcdClient::endpoints() const {
 }
 
 absl::Status EtcdClient::Call(
-    const std::function<grpc::Status(Endpoint&, grpc::ClientContext&)>& call,
+    const std::function<grpc::Status(Stubs&, grpc::ClientContext&)>& call,
     absl::Time deadline) {
   const size_t first = current_.load();
   grpc::Status status(grpc::StatusCode::DEADLINE_EXCEEDED,
@@ -101,10 +113,20 @@ absl::Status EtcdClient::Call(
     grpc::ClientContext context;
     context.set_deadline(
         absl::ToChronoTime(std::min(deadline, now + call_timeout_)));
-    status = call(endpoints_[index], context);
+    Stubs stubs;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stubs = endpoints_[index].stubs;
+    }
+    status = call(stubs, context);
     if (!Unreachable(status)) {
       current_.store(index);
       break;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    Endpoint& e = endpoints_[index];
+    if (absl::Now() - e.stubs.created > absl::Seconds(1)) {
+      e.stubs = Connect(e);
     }
   }
   if (status.ok()) return absl::OkStatus();
@@ -116,7 +138,7 @@ absl::Status EtcdClient::Call(
 absl::StatusOr<etcdserverpb::RangeResponse> EtcdClient::Range(
     const etcdserverpb::RangeRequest& request) {
   etcdserverpb::RangeResponse response;
-  absl::Status s = Call([&](Endpoint& e, grpc::ClientContext& ctx) {
+  absl::Status s = Call([&](Stubs& e, grpc::ClientContext& ctx) {
     return e.kv->Range(&ctx, request, &response);
   });
   if (!s.ok()) return s;
@@ -126,7 +148,7 @@ absl::StatusOr<etcdserverpb::RangeResponse> EtcdClient::Range(
 absl::StatusOr<etcdserverpb::TxnResponse> EtcdClient::Txn(
     const etcdserverpb::TxnRequest& request) {
   etcdserverpb::TxnResponse response;
-  absl::Status s = Call([&](Endpoint& e, grpc::ClientContext& ctx) {
+  absl::Status s = Call([&](Stubs& e, grpc::ClientContext& ctx) {
     return e.kv->Txn(&ctx, request, &response);
   });
   if (!s.ok()) return s;
@@ -138,7 +160,7 @@ absl::StatusOr<etcdserverpb::LeaseGrantResponse> EtcdClient::LeaseGrant(
   etcdserverpb::LeaseGrantRequest request;
   request.set_ttl(ttl_seconds);
   etcdserverpb::LeaseGrantResponse response;
-  absl::Status s = Call([&](Endpoint& e, grpc::ClientContext& ctx) {
+  absl::Status s = Call([&](Stubs& e, grpc::ClientContext& ctx) {
     return e.lease->LeaseGrant(&ctx, request, &response);
   });
   if (!s.ok()) return s;
@@ -158,7 +180,7 @@ absl::StatusOr<int64_t> EtcdClient::LeaseKeepAlive(int64_t lease_id,
   etcdserverpb::LeaseKeepAliveResponse response;
   bool answered = false;
   absl::Status s = Call(
-      [&](Endpoint& e, grpc::ClientContext& ctx) {
+      [&](Stubs& e, grpc::ClientContext& ctx) {
         auto stream = e.lease->LeaseKeepAlive(&ctx);
         answered = stream->Write(request) && stream->Read(&response);
         stream->WritesDone();
@@ -176,7 +198,7 @@ absl::Status EtcdClient::LeaseRevoke(int64_t lease_id) {
   etcdserverpb::LeaseRevokeRequest request;
   request.set_id(lease_id);
   etcdserverpb::LeaseRevokeResponse response;
-  return Call([&](Endpoint& e, grpc::ClientContext& ctx) {
+  return Call([&](Stubs& e, grpc::ClientContext& ctx) {
     return e.lease->LeaseRevoke(&ctx, request, &response);
   });
 }

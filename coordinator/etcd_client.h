@@ -16,6 +16,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -55,22 +56,37 @@ class EtcdClient {
   std::string endpoints() const;
 
  private:
+  struct Stubs {
+    std::shared_ptr<etcdserverpb::KV::Stub> kv;
+    std::shared_ptr<etcdserverpb::Lease::Stub> lease;
+    absl::Time created;
+  };
   struct Endpoint {
     std::string url;
-    std::unique_ptr<etcdserverpb::KV::Stub> kv;
-    std::unique_ptr<etcdserverpb::Lease::Stub> lease;
+    std::string target;  // host:port
+    bool https = false;
+    Stubs stubs;  // guarded by mu_
   };
-  EtcdClient(std::vector<Endpoint> endpoints, absl::Duration call_timeout)
-      : endpoints_(std::move(endpoints)), call_timeout_(call_timeout) {}
+  EtcdClient(std::vector<Endpoint> endpoints, TlsMaterial tls,
+             absl::Duration call_timeout)
+      : endpoints_(std::move(endpoints)),
+        tls_(std::move(tls)),
+        call_timeout_(call_timeout) {}
 
-  // Runs `call(endpoint, context)` on the current endpoint, then on the
+  // Stubs on a new channel to `endpoint`.
+  Stubs Connect(const Endpoint& endpoint) const;
+  // Runs `call(stubs, context)` on the current endpoint, then on the
   // others while the endpoint is unreachable, each try bounded by the call
-  // timeout and all of them by `deadline`.
+  // timeout and all of them by `deadline`. An endpoint found unreachable
+  // whose channel is older than a second gets a new one (Note [Fresh
+  // channels] in worker/coordinator_client.cc).
   absl::Status Call(
-      const std::function<grpc::Status(Endpoint&, grpc::ClientContext&)>& call,
+      const std::function<grpc::Status(Stubs&, grpc::ClientContext&)>& call,
       absl::Time deadline = absl::InfiniteFuture());
 
+  std::mutex mu_;
   std::vector<Endpoint> endpoints_;
+  const TlsMaterial tls_;
   absl::Duration call_timeout_;
   std::atomic<size_t> current_{0};
 };

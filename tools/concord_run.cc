@@ -99,7 +99,8 @@ Options ParseArgs(int argc, char** argv) {
   app.add_flag("--standalone", o.standalone,
                "Run an embedded coordinator on a free loopback port");
   app.add_option("--coordinator", o.coordinator,
-                 "Coordinator HOST:PORT to join (without --standalone)");
+                 "Coordinator HOST:PORT to join, or HOST:PORT,HOST:PORT,... "
+                 "for replicas (without --standalone)");
   app.add_option("--nproc", o.nproc, "Number of worker processes")
       ->required()
       ->check(CLI::Range(1, 4096));

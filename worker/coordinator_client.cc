@@ -5,7 +5,9 @@
 
 #include <thread>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/auth.h"
 #include "common/backoff.h"
 #include "common/grpc_status.h"
@@ -13,10 +15,12 @@
 namespace concord::worker {
 namespace {
 
-// Calls `rpc(context)` until it returns something other than UNAVAILABLE or
-// `timeout` has passed. Each attempt gets the remaining time as its deadline.
+// Calls `rpc(stub, context)` until it returns something other than
+// UNAVAILABLE or `timeout` has passed, moving to the next replica after each
+// UNAVAILABLE. Each attempt gets the remaining time as its deadline.
 template <typename Rpc>
-absl::Status CallWithRetry(const std::string& token, absl::Duration timeout,
+absl::Status CallWithRetry(CoordinatorClient::Replicas& replicas,
+                           const std::string& token, absl::Duration timeout,
                            Rpc rpc) {
   const absl::Time deadline = absl::Now() + timeout;
   Backoff backoff(absl::Milliseconds(50), absl::Seconds(2));
@@ -24,8 +28,11 @@ absl::Status CallWithRetry(const std::string& token, absl::Duration timeout,
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(deadline));
     AddBearerToken(context, token);
-    absl::Status status = FromGrpcStatus(rpc(&context));
+    const size_t used = replicas.current();
+    absl::Status status =
+        FromGrpcStatus(rpc(replicas.stub(used).get(), &context));
     if (status.code() != absl::StatusCode::kUnavailable) return status;
+    if (replicas.Next(used, status)) continue;  // try the other replica at once
     const absl::Duration pause = backoff.Next();
     if (absl::Now() + pause >= deadline) {
       return absl::UnavailableError(
@@ -40,14 +47,92 @@ bool Terminal(v1::JobState state) {
          state == v1::JOB_STATE_STOPPED;
 }
 
+// The channel to one coordinator replica. gRPC's default reconnect backoff
+// grows to two minutes; capped at one second here. Note [Fresh channels].
+std::shared_ptr<grpc::Channel> CoordinatorChannel(const std::string& address,
+                                                  const TlsMaterial& tls) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  // Its own subchannels: a fresh channel must not inherit the backoff
+  // state of the one it replaces through gRPC's global subchannel pool.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  return grpc::CreateCustomChannel(address, ChannelCredentials(tls), args);
+}
+
+// Note [Fresh channels]: after a coordinator restart or an etcd failover
+// (a standby starts listening a lease TTL after the leader died), a gRPC
+// 1.51 channel that has been failing to connect can take several seconds
+// (measured: ~4 s) to notice that the address now accepts connections,
+// whatever its backoff settings say: longer than a short heartbeat
+// timeout, so the new coordinator would declare every worker failed. A
+// channel that has been failing for a second is therefore replaced by a
+// fresh one, which connects at its first call.
+constexpr absl::Duration kRefreshAfter = absl::Seconds(1);
+
 }  // namespace
+
+std::vector<std::string> SplitCoordinatorAddress(const std::string& address) {
+  // A gRPC target with a scheme (ipv4:a,b / dns:/// / unix:) is one target.
+  const size_t colon = address.find(':');
+  const std::string scheme =
+      colon == std::string::npos ? "" : address.substr(0, colon);
+  if (scheme == "ipv4" || scheme == "ipv6" || scheme == "dns" ||
+      scheme == "unix" || scheme == "unix-abstract") {
+    return {address};
+  }
+  std::vector<std::string> out;
+  for (absl::string_view part : absl::StrSplit(address, ',')) {
+    part = absl::StripAsciiWhitespace(part);
+    if (!part.empty()) out.emplace_back(part);
+  }
+  if (out.empty()) out.push_back(address);
+  return out;
+}
+
+CoordinatorClient::Replicas::Replicas(const std::string& address,
+                                      const TlsMaterial& tls)
+    : addresses_(SplitCoordinatorAddress(address)), tls_(tls) {
+  for (const std::string& replica : addresses_) {
+    stubs_.push_back(
+        Fresh{v1::WorkerService::NewStub(CoordinatorChannel(replica, tls_)),
+              absl::Now()});
+  }
+}
+
+std::shared_ptr<v1::WorkerService::Stub> CoordinatorClient::Replicas::stub(
+    size_t i) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stubs_[i].stub;
+}
+
+bool CoordinatorClient::Replicas::Next(size_t used, const absl::Status& why) {
+  {
+    // Note [Fresh channels].
+    std::lock_guard<std::mutex> lock(mu_);
+    Fresh& failing = stubs_[used];
+    if (absl::Now() - failing.created > kRefreshAfter) {
+      failing.stub = v1::WorkerService::NewStub(
+          CoordinatorChannel(addresses_[used], tls_));
+      failing.created = absl::Now();
+    }
+  }
+  if (stubs_.size() < 2) return false;
+  size_t expected = used;
+  const size_t next = (used + 1) % stubs_.size();
+  if (current_.compare_exchange_strong(expected, next)) {
+    spdlog::info("coordinator {}: {}; trying {}", addresses_[used],
+                 std::string(why.message()), addresses_[next]);
+  }
+  // One pass over the others right away; the backoff paces the rounds.
+  return (used + 1) % stubs_.size() != 0;
+}
 
 CoordinatorClient::CoordinatorClient(const std::string& address,
                                      ClientIdentity identity)
     : address_(address),
       identity_(std::move(identity)),
-      stub_(v1::WorkerService::NewStub(
-          grpc::CreateChannel(address, ChannelCredentials(identity_.tls)))) {}
+      replicas_(address, identity_.tls) {}
 
 absl::StatusOr<v1::JoinResponse> CoordinatorClient::Join(
     v1::JoinRequest request, absl::Duration wait) {
@@ -55,9 +140,10 @@ absl::StatusOr<v1::JoinResponse> CoordinatorClient::Join(
   request.set_worker_id(identity_.worker_id);
   request.set_worker_secret(identity_.worker_secret);
   v1::JoinResponse response;
-  absl::Status status =
-      CallWithRetry(identity_.token, wait, [&](grpc::ClientContext* ctx) {
-        return stub_->Join(ctx, request, &response);
+  absl::Status status = CallWithRetry(
+      replicas_, identity_.token, wait,
+      [&](v1::WorkerService::Stub* stub, grpc::ClientContext* ctx) {
+        return stub->Join(ctx, request, &response);
       });
   if (!status.ok()) return status;
   return response;
@@ -68,9 +154,10 @@ absl::StatusOr<v1::HeartbeatResponse> CoordinatorClient::Heartbeat(
   request.set_worker_id(identity_.worker_id);
   request.set_worker_secret(identity_.worker_secret);
   v1::HeartbeatResponse response;
-  absl::Status status =
-      CallWithRetry(identity_.token, timeout, [&](grpc::ClientContext* ctx) {
-        return stub_->Heartbeat(ctx, request, &response);
+  absl::Status status = CallWithRetry(
+      replicas_, identity_.token, timeout,
+      [&](v1::WorkerService::Stub* stub, grpc::ClientContext* ctx) {
+        return stub->Heartbeat(ctx, request, &response);
       });
   if (!status.ok()) return status;
   return response;
@@ -81,9 +168,10 @@ absl::StatusOr<v1::LeaveResponse> CoordinatorClient::Leave(
   request.set_worker_id(identity_.worker_id);
   request.set_worker_secret(identity_.worker_secret);
   v1::LeaveResponse response;
-  absl::Status status =
-      CallWithRetry(identity_.token, timeout, [&](grpc::ClientContext* ctx) {
-        return stub_->Leave(ctx, request, &response);
+  absl::Status status = CallWithRetry(
+      replicas_, identity_.token, timeout,
+      [&](v1::WorkerService::Stub* stub, grpc::ClientContext* ctx) {
+        return stub->Leave(ctx, request, &response);
       });
   if (!status.ok()) return status;
   return response;
@@ -102,9 +190,11 @@ absl::Status CoordinatorClient::KvSet(const std::string& job_id,
   request.set_worker_id(identity_.worker_id);
   request.set_worker_secret(identity_.worker_secret);
   v1::KvSetResponse response;
-  return CallWithRetry(identity_.token, timeout, [&](grpc::ClientContext* ctx) {
-    return stub_->KvSet(ctx, request, &response);
-  });
+  return CallWithRetry(
+      replicas_, identity_.token, timeout,
+      [&](v1::WorkerService::Stub* stub, grpc::ClientContext* ctx) {
+        return stub->KvSet(ctx, request, &response);
+      });
 }
 
 absl::StatusOr<std::vector<std::string>> CoordinatorClient::KvGet(
@@ -118,9 +208,10 @@ absl::StatusOr<std::vector<std::string>> CoordinatorClient::KvGet(
   request.set_worker_id(identity_.worker_id);
   request.set_worker_secret(identity_.worker_secret);
   v1::KvGetResponse response;
-  absl::Status status =
-      CallWithRetry(identity_.token, timeout, [&](grpc::ClientContext* ctx) {
-        return stub_->KvGet(ctx, request, &response);
+  absl::Status status = CallWithRetry(
+      replicas_, identity_.token, timeout,
+      [&](v1::WorkerService::Stub* stub, grpc::ClientContext* ctx) {
+        return stub->KvGet(ctx, request, &response);
       });
   if (!status.ok()) return status;
   return std::vector<std::string>(response.values().begin(),
@@ -137,9 +228,10 @@ absl::StatusOr<v1::EndOfDataResponse> CoordinatorClient::ReportEndOfData(
   request.set_generation(generation);
   request.set_last_step(last_step);
   v1::EndOfDataResponse response;
-  absl::Status status =
-      CallWithRetry(identity_.token, timeout, [&](grpc::ClientContext* ctx) {
-        return stub_->ReportEndOfData(ctx, request, &response);
+  absl::Status status = CallWithRetry(
+      replicas_, identity_.token, timeout,
+      [&](v1::WorkerService::Stub* stub, grpc::ClientContext* ctx) {
+        return stub->ReportEndOfData(ctx, request, &response);
       });
   if (!status.ok()) return status;
   return response;
@@ -154,10 +246,16 @@ absl::Status CoordinatorClient::WatchOnce(
   request.set_worker_id(identity_.worker_id);
   request.set_worker_secret(identity_.worker_secret);
   AddBearerToken(*context, identity_.token);
-  auto reader = stub_->WatchMembership(context, request);
+  const size_t used = replicas_.current();
+  // Held for the stream's life: Next may replace the replica's stub.
+  const std::shared_ptr<v1::WorkerService::Stub> stub = replicas_.stub(used);
+  auto reader = stub->WatchMembership(context, request);
   v1::MembershipUpdate update;
   while (reader->Read(&update)) on_update(update);
-  return FromGrpcStatus(reader->Finish());
+  absl::Status status = FromGrpcStatus(reader->Finish());
+  if (status.code() == absl::StatusCode::kUnavailable)
+    replicas_.Next(used, status);
+  return status;
 }
 
 MembershipWatcher::MembershipWatcher(

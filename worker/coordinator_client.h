@@ -37,10 +37,42 @@ struct ClientIdentity {
   TlsMaterial tls;
 };
 
+// The replicas named by a coordinator address: "HOST:PORT" or
+// "HOST:PORT,HOST:PORT,..." (coordinator replicas sharing an etcd store, in
+// any order: only the leader listens). A gRPC target with a scheme
+// ("ipv4:...", "dns:///...", "unix:...") is one target, passed as is.
+std::vector<std::string> SplitCoordinatorAddress(const std::string& address);
+
 class CoordinatorClient {
  public:
-  // Does not block; the channel connects lazily.
+  // Does not block; the channels connect lazily. `address`: see
+  // SplitCoordinatorAddress. With several replicas, a call that finds one
+  // UNAVAILABLE moves on to the next (and stays there while it answers).
   CoordinatorClient(const std::string& address, ClientIdentity identity);
+
+  // One stub per replica and the one in use.
+  class Replicas {
+   public:
+    Replicas(const std::string& address, const TlsMaterial& tls);
+    size_t current() const { return current_.load(); }
+    std::shared_ptr<v1::WorkerService::Stub> stub(size_t i);
+    // After replica `used` was UNAVAILABLE (`why`): gives it a fresh
+    // channel if its channel is older than a second (Note [Fresh channels]
+    // in the .cc), moves to the next replica; returns whether that is worth
+    // trying at once (not back at the first).
+    bool Next(size_t used, const absl::Status& why);
+
+   private:
+    struct Fresh {
+      std::shared_ptr<v1::WorkerService::Stub> stub;
+      absl::Time created;
+    };
+    const std::vector<std::string> addresses_;
+    const TlsMaterial tls_;
+    std::mutex mu_;
+    std::vector<Fresh> stubs_;  // guarded by mu_
+    std::atomic<size_t> current_{0};
+  };
 
   const std::string& address() const { return address_; }
   const ClientIdentity& identity() const { return identity_; }
@@ -79,7 +111,7 @@ class CoordinatorClient {
  private:
   std::string address_;
   ClientIdentity identity_;
-  std::unique_ptr<v1::WorkerService::Stub> stub_;
+  Replicas replicas_;
 };
 
 // Keeps a WatchMembership stream open on a thread of its own, reconnecting

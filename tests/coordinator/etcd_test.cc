@@ -80,8 +80,9 @@ class EtcdTest : public ::testing::Test {
       execvp(argv[0], argv.data());
       _exit(127);
     }
-    // Up when a Range answers.
-    auto probe = NewClient();
+    // Up when a Range answers. A fresh client per try: a gRPC channel that
+    // failed to connect takes seconds to retry (Note [Fresh channels] in
+    // worker/coordinator_client.cc).
     const absl::Time deadline = absl::Now() + absl::Seconds(20);
     while (absl::Now() < deadline) {
       int status = 0;
@@ -93,7 +94,7 @@ class EtcdTest : public ::testing::Test {
       }
       etcdserverpb::RangeRequest request;
       request.set_key("probe");
-      if (probe->Range(request).ok()) return;
+      if (NewClient()->Range(request).ok()) return;
       absl::SleepFor(absl::Milliseconds(100));
     }
     FAIL() << "etcd did not answer within 20 s";
