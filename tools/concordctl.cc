@@ -29,6 +29,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/auth.h"
@@ -230,7 +231,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   // Global options may follow the subcommand too (`status JOB -o json`).
   app.fallthrough();
-  app.add_option("--endpoint", f.endpoint, "Coordinator HOST:PORT")
+  app.add_option("--endpoint", f.endpoint,
+                 "Coordinator HOST:PORT (or replicas: HOST:PORT,HOST:PORT)")
       ->capture_default_str();
   app.add_option("--token-file", f.token_file,
                  "Operator token file (default $CONCORD_TOKEN_FILE)");
@@ -297,8 +299,26 @@ int main(int argc, char** argv) {
                  std::string(tls.status().message()).c_str());
     return kUsageError;
   }
-  auto stub = v1::OperatorService::NewStub(
-      grpc::CreateChannel(f.endpoint, concord::ChannelCredentials(*tls)));
+  // Replicas (A,B,...): only the leader listens; take the first that
+  // accepts a connection.
+  std::shared_ptr<grpc::Channel> channel;
+  const std::vector<std::string> replicas =
+      absl::StrSplit(f.endpoint, ',', absl::SkipWhitespace());
+  for (const std::string& replica : replicas) {
+    channel = grpc::CreateChannel(replica, concord::ChannelCredentials(*tls));
+    if (replicas.size() == 1 ||
+        channel->WaitForConnected(
+            std::chrono::system_clock::now() +
+            std::chrono::milliseconds(f.timeout_ms /
+                                      static_cast<int>(replicas.size())))) {
+      break;
+    }
+  }
+  if (channel == nullptr) {
+    channel =
+        grpc::CreateChannel(f.endpoint, concord::ChannelCredentials(*tls));
+  }
+  auto stub = v1::OperatorService::NewStub(channel);
   auto context = [&] {
     auto c = std::make_unique<grpc::ClientContext>();
     c->set_deadline(std::chrono::system_clock::now() +

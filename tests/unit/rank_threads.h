@@ -4,8 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <condition_variable>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -15,12 +17,17 @@
 namespace concord::testing {
 
 // Connects `world` communicators (in parallel, as rendezvous requires) and
-// runs `body(rank, comm)` on one thread per rank.
+// runs `body(rank, comm)` on one thread per rank once every rank is
+// connected (a rank whose body returns at once must not close its pairs
+// while a peer is still connecting to it).
 inline void RunRanks(
     int world,
     const std::function<void(int, std::shared_ptr<comm::Communicator>)>& body,
     absl::Duration connect_timeout = absl::Seconds(30)) {
   comm::InMemoryStore store;
+  std::mutex mu;
+  std::condition_variable cv;
+  int connected = 0;
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
@@ -30,6 +37,12 @@ inline void RunRanks(
       options.generation = 1;
       options.connect_timeout = connect_timeout;
       auto comm = comm::GlooCommunicator::Create(options, &store);
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        ++connected;
+        cv.notify_all();
+        cv.wait(lock, [&] { return connected == world; });
+      }
       ASSERT_TRUE(comm.ok()) << comm.status();
       body(r, std::shared_ptr<comm::Communicator>(std::move(*comm)));
     });
