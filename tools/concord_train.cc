@@ -234,6 +234,19 @@ int64_t BatchesOf(int64_t samples, int64_t batch) {
   return (samples + batch - 1) / batch;
 }
 
+// Bytes this process has written (Linux /proc/self/io "wchar": every
+// write/writev, which is how Gloo sends; gRPC's sendmsg is not counted);
+// -1 where it cannot be read.
+int64_t BytesWritten() {
+  std::ifstream io("/proc/self/io");
+  std::string key;
+  int64_t value = 0;
+  while (io >> key >> value) {
+    if (key == "wchar:") return value;
+  }
+  return -1;
+}
+
 double Median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -425,8 +438,17 @@ int Train(const Flags& flags) {
   if (flags.slowmo_options) {
     concord::slowmo::SlowMoOptions o = *flags.slowmo_options;
     o.collective_timeout = options->collective_timeout;
-    auto made =
-        concord::slowmo::SlowMo::Create(trainable, s.shared_communicator(), o);
+    o.broadcast_buffers = !flags.no_broadcast_buffers;
+    // The buffers DDP keeps equal (not those it was told to ignore).
+    std::vector<torch::Tensor> buffers;
+    for (const auto& [name, b] : named_buffers) {
+      if (std::find(flags.ignore.begin(), flags.ignore.end(), name) ==
+          flags.ignore.end()) {
+        buffers.push_back(b);
+      }
+    }
+    auto made = concord::slowmo::SlowMo::Create(
+        trainable, buffers, s.shared_communicator(), s.authoritative_rank(), o);
     if (!made.ok()) {
       s.Finish(false, std::string(made.status().message())).IgnoreError();
       Fail(1, absl::StrCat("--algorithm ", flags.slowmo.algorithm, ": ",
@@ -530,7 +552,7 @@ int Train(const Flags& flags) {
     std::optional<concord::DistributedDataParallel::NoSyncGuard> local;
     if (slowmo) {
       local.emplace(ddp->get());
-      slowmo->PrepareForward();
+      concord::ThrowIfError(slowmo->PrepareForward());
     }
     torch::Tensor l = concord::train::ComputeLoss(loss, forward(x), y);
     l.backward();
@@ -649,6 +671,7 @@ int Train(const Flags& flags) {
     }
     return absl::OkStatus();
   };
+  const int64_t written_before = BytesWritten();
   if (absl::Status st = concord::elastic::Run(state, train); !st.ok()) {
     s.Finish(false, std::string(st.message())).IgnoreError();
     Fail(1, st.ToString());
@@ -656,8 +679,11 @@ int Train(const Flags& flags) {
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
           .count();
+  // Gloo's traffic and the few progress lines written while training.
+  const int64_t written =
+      written_before < 0 ? -1 : BytesWritten() - written_before;
   // SGP: the model is the de-biased estimate.
-  if (slowmo) slowmo->PrepareForward();
+  if (slowmo) slowmo->Debias();
   if (left) {
     std::cout << absl::StrFormat(
                      "concord-train: worker %s ran out of data after step "
@@ -706,7 +732,13 @@ int Train(const Flags& flags) {
                           {"step_time_ms_mean", mean},
                           {"step_time_ms_median", Median(timed)},
                           {"samples_per_second", samples_done / seconds},
-                          {"final_loss", last_loss}};
+                          {"final_loss", last_loss},
+                          {"bytes_written", written},
+                          {"bytes_written_per_step",
+                           written < 0 || state.step == 0
+                               ? -1.0
+                               : static_cast<double>(written) /
+                                     static_cast<double>(state.step)}};
       nlohmann::json reforms = nlohmann::json::array();
       const auto& records = state.reform_records();
       for (size_t i = 0; i < records.size(); ++i) {

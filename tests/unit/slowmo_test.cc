@@ -142,7 +142,7 @@ void ExpectClose(const torch::Tensor& a, const torch::Tensor& b,
 void RunAndCompare(int world, SlowMoOptions o, int64_t steps) {
   RunRanks(world, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
     Model m = MakeModel(rank);
-    auto s = SlowMo::Create(m.params, comm, o);
+    auto s = SlowMo::Create(m.params, {}, comm, 0, o);
     ASSERT_TRUE(s.ok()) << s.status();
     Reference ref = Start(world);
     bool differed = false;
@@ -206,7 +206,7 @@ TEST(SlowMoTest, ShardedEqualsUnsharded) {
   o.slowmo_num_shards = 2;
   RunRanks(3, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
     Model m = MakeModel(rank);
-    auto s = *SlowMo::Create(m.params, comm, o);
+    auto s = *SlowMo::Create(m.params, {}, comm, 0, o);
     LocalStep(m, rank, 0);
     ASSERT_TRUE(s->PerformSlowMo(*m.opt).ok());
     EXPECT_EQ(s->num_shards(), 2);
@@ -229,7 +229,7 @@ void PushSumRounds(int world, GraphType graph, std::vector<int> offsets,
   o.push_sum = push_sum;
   RunRanks(world, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
     Model m = MakeModel(rank, /*differ=*/true);
-    auto s = *SlowMo::Create(m.params, comm, o);
+    auto s = *SlowMo::Create(m.params, {}, comm, 0, o);
     std::vector<torch::Tensor> x;
     torch::Tensor sum0 = torch::zeros({kTotal});
     for (int r = 0; r < world; ++r) {
@@ -241,7 +241,7 @@ void PushSumRounds(int world, GraphType graph, std::vector<int> offsets,
     const double spread0 = (x[0] - x[world - 1]).abs().max().item<double>();
     for (int64_t t = 0; t < 7; ++t) {
       // No gradient: the gossip alone.
-      s->PrepareForward();
+      ASSERT_TRUE(s->PrepareForward().ok());
       s->AfterBackward();
       ASSERT_TRUE(s->PerformSlowMo(*m.opt).ok());
       std::vector<torch::Tensor> next;
@@ -262,7 +262,7 @@ void PushSumRounds(int world, GraphType graph, std::vector<int> offsets,
     ASSERT_TRUE(comm->AllreduceSum(w, {})->Wait().ok());
     EXPECT_DOUBLE_EQ(w.item<double>(), world);
     // De-biased estimates moved towards the average.
-    s->PrepareForward();
+    ASSERT_TRUE(s->PrepareForward().ok());
     EXPECT_FALSE(s->is_ps_numerator());
     const double spread = (Flat(m) - sum0 / world).abs().max().item<double>();
     EXPECT_LT(spread, 0.5 * spread0);
@@ -278,6 +278,24 @@ TEST(SlowMoTest, PushSumKeepsTheNetworkAverage) {
 TEST(SlowMoTest, PushPullKeepsTheNetworkAverage) {
   PushSumRounds(3, GraphType::kNPeerDirectedExponential, {1, 2}, false);
   PushSumRounds(4, GraphType::kBipartiteLinear, {1, 3}, false);
+}
+
+// fairscale's forward pre-hook broadcasts the buffers (here from the
+// authoritative rank); broadcast_buffers=false leaves them local.
+TEST(SlowMoTest, BuffersFollowTheAuthoritativeRankBeforeEachForward) {
+  for (bool broadcast : {true, false}) {
+    SlowMoOptions o = LocalSgd(3);
+    o.broadcast_buffers = broadcast;
+    RunRanks(3, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
+      Model m = MakeModel(rank);
+      torch::Tensor running = torch::full({4}, static_cast<float>(rank));
+      auto s = *SlowMo::Create(m.params, {running}, comm, 2, o);
+      ASSERT_TRUE(s->PrepareForward().ok());
+      EXPECT_TRUE(torch::equal(
+          running,
+          torch::full({4}, broadcast ? 2.0f : static_cast<float>(rank))));
+    });
+  }
 }
 
 SlowMoOptions ShardedSlowMo() {
@@ -304,7 +322,7 @@ TEST(SlowMoTest, MembershipChangeReshardsSlowMomentum) {
   comm::InMemoryStore next_store;
   RunRanks(3, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
     Model m = MakeModel(rank);
-    auto s = *SlowMo::Create(m.params, comm, o);
+    auto s = *SlowMo::Create(m.params, {}, comm, 0, o);
     for (int64_t n = 0; n < 6; ++n) {
       LocalStep(m, rank, n);
       ASSERT_TRUE(s->PerformSlowMo(*m.opt).ok());
@@ -367,7 +385,7 @@ TEST(SlowMoTest, SyncStateFinishesAnOwedUpdate) {
   const SlowMoOptions o = ShardedSlowMo();
   RunRanks(2, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
     Model m = MakeModel(rank);
-    auto s = *SlowMo::Create(m.params, comm, o);
+    auto s = *SlowMo::Create(m.params, {}, comm, 0, o);
     Reference ref = Start(2);
     for (int64_t n = 0; n < 4; ++n) {
       LocalStep(m, rank, n);

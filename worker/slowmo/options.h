@@ -26,6 +26,9 @@ struct SlowMoOptions {
   int peers_per_itr = 1;
   bool push_sum = true;
   bool slowmo_sgp_average_params = false;
+  // fairscale's broadcast_buffers: the module's buffers are broadcast from
+  // the authoritative rank before every forward (PrepareForward).
+  bool broadcast_buffers = true;
   // Only 1: the intra-node hierarchy (gradient average inside a node,
   // exchange between node masters) is not implemented.
   int nprocs_per_node = 1;

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "worker/comm/coalesced.h"
 
 namespace concord::slowmo {
 namespace {
@@ -29,10 +30,16 @@ struct SlowMo::Plan {
 };
 
 absl::StatusOr<std::unique_ptr<SlowMo>> SlowMo::Create(
-    std::vector<torch::Tensor> params, std::shared_ptr<comm::Communicator> comm,
+    std::vector<torch::Tensor> params, std::vector<torch::Tensor> buffers,
+    std::shared_ptr<comm::Communicator> comm, int authoritative_rank,
     SlowMoOptions options) {
   CONCORD_RETURN_IF_ERROR(ValidateOptions(options));
   if (comm == nullptr) return absl::InvalidArgumentError("no communicator");
+  if (authoritative_rank < 0 || authoritative_rank >= comm->size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("authoritative rank ", authoritative_rank,
+                     " out of range for world size ", comm->size()));
+  }
   if (params.empty()) {
     return absl::InvalidArgumentError("SlowMo needs at least one parameter");
   }
@@ -47,7 +54,9 @@ absl::StatusOr<std::unique_ptr<SlowMo>> SlowMo::Create(
   }
   std::unique_ptr<SlowMo> s(new SlowMo());
   s->params_ = std::move(params);
+  s->buffers_ = std::move(buffers);
   s->comm_ = std::move(comm);
+  s->authoritative_rank_ = authoritative_rank;
   s->options_ = options;
   // fairscale: slow momentum off is slowmo_lr = 1 and slowmo_momentum = 0.
   s->slowmo_ = options.slowmo_lr != 1.0 || options.slowmo_momentum != 0.0;
@@ -94,7 +103,22 @@ absl::Status SlowMo::Wait(std::shared_ptr<comm::Work> work,
                              "): ", s.message()));
 }
 
-void SlowMo::PrepareForward() {
+absl::Status SlowMo::PrepareForward() {
+  if (options_.broadcast_buffers && !buffers_.empty()) {
+    comm::CollectiveOptions opts;
+    opts.timeout = options_.collective_timeout;
+    absl::Status s =
+        comm::BroadcastCoalesced(*comm_, buffers_, authoritative_rank_, opts);
+    if (!s.ok()) {
+      return absl::Status(
+          s.code(), absl::StrCat("SlowMo buffer broadcast: ", s.message()));
+    }
+  }
+  Debias();
+  return absl::OkStatus();
+}
+
+void SlowMo::Debias() {
   if (options_.base_algorithm != BaseAlgorithm::kSgp || !is_numerator_) return;
   torch::NoGradGuard no_grad;
   for (auto& p : params_) p.div_(ps_weight_);
@@ -415,6 +439,7 @@ absl::Status SlowMo::SyncState(std::shared_ptr<comm::Communicator> comm,
   torch::NoGradGuard no_grad;
   const int64_t my_updates = num_updates_;
   comm_ = std::move(comm);
+  authoritative_rank_ = authoritative_rank;
   comm::CollectiveOptions opts;
   opts.timeout = options_.collective_timeout;
   torch::Tensor header =

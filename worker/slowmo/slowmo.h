@@ -8,11 +8,12 @@
 // local as fairscale leaves them with one process per node):
 //   auto ddp = *DistributedDataParallel::Create(net, comm, auth_rank);
 //   torch::optim::SGD opt(ddp->parameters(), lr);
-//   auto slowmo = *slowmo::SlowMo::Create(ddp->parameters(), comm, options);
+//   auto slowmo = *slowmo::SlowMo::Create(ddp->parameters(), ddp->AllBuffers(),
+//                                         comm, auth_rank, options);
 //   state.Attach(slowmo.get());                 // elastic::State
 //   per step:
 //     auto no_sync = ddp->NoSync();
-//     slowmo->PrepareForward();                 // SGP: de-bias
+//     CONCORD_RETURN_IF_ERROR(slowmo->PrepareForward());  // buffers; de-bias
 //     loss = forward; loss.backward();
 //     slowmo->AfterBackward();                  // SGP: back to numerators
 //     opt.step(); ++state.step; state.Commit();
@@ -79,16 +80,27 @@ namespace concord::slowmo {
 class SlowMo final : public elastic::Participant {
  public:
   // `params`: the module's parameters (what is averaged or gossiped), all of
-  // one floating dtype and device. Errors: those of ValidateOptions,
-  // INVALID_ARGUMENT (no parameters, mixed dtypes or devices, a gossip
-  // graph that does not exist for this world size).
+  // one floating dtype and device; `buffers`: the module's buffers
+  // (broadcast before every forward when options.broadcast_buffers).
+  // Errors: those of ValidateOptions, INVALID_ARGUMENT (no parameters,
+  // mixed dtypes or devices, a bad authoritative rank),
+  // FAILED_PRECONDITION (a gossip graph that does not exist for this world
+  // size).
   static absl::StatusOr<std::unique_ptr<SlowMo>> Create(
-      std::vector<torch::Tensor> params,
-      std::shared_ptr<comm::Communicator> comm, SlowMoOptions options);
+      std::vector<torch::Tensor> params, std::vector<torch::Tensor> buffers,
+      std::shared_ptr<comm::Communicator> comm, int authoritative_rank,
+      SlowMoOptions options);
 
-  // Note [Push-sum]; no-ops for LocalSGD. Call on the training thread.
-  void PrepareForward();
+  // Before a forward (fairscale's forward pre-hook): broadcasts the
+  // buffers from the authoritative rank, then (SGP) de-biases the
+  // parameters (Note [Push-sum]). Errors: those of the broadcast
+  // (retryable; the parameters are untouched then).
+  absl::Status PrepareForward();
+  // After backward (SGP): back to numerators. No-op for LocalSGD.
   void AfterBackward();
+  // SGP: the de-biased parameters without a buffer broadcast (before
+  // saving the model). No-op for LocalSGD.
+  void Debias();
 
   // Note [SlowMo step]. The optimizer's parameters must be among `params`
   // and fp32 when slow momentum is on. Blocks on the step's collectives.
@@ -144,7 +156,9 @@ class SlowMo final : public elastic::Participant {
   absl::Status RebuildGraph();
 
   std::vector<torch::Tensor> params_;
+  std::vector<torch::Tensor> buffers_;
   std::shared_ptr<comm::Communicator> comm_;
+  int authoritative_rank_ = 0;
   SlowMoOptions options_;
   bool slowmo_ = false;
   double slowmo_lr_ = 1.0;
