@@ -378,6 +378,70 @@ TEST(SlowMoTest, MembershipChangeReshardsSlowMomentum) {
   });
 }
 
+// SGP with unsharded slow momentum, 3 ranks -> 2 (rank 2 leaves, rank 1 is
+// authoritative): everyone takes rank 1's u, x_old, weight and count, the
+// graph is rebuilt for 2 ranks from round 0, and the next gossip averages
+// the two ranks' numerators.
+TEST(SlowMoTest, MembershipChangeRebuildsTheGossipGraph) {
+  SlowMoOptions o;
+  o.base_algorithm = BaseAlgorithm::kSgp;
+  o.slowmo_memory_efficient = false;
+  o.slowmo_frequency = 2;
+  comm::InMemoryStore next_store;
+  std::mutex mu;
+  torch::Tensor root_u, root_old;
+  RunRanks(3, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
+    Model m = MakeModel(rank, /*differ=*/true);
+    auto s = *SlowMo::Create(m.params, {}, comm, 0, o);
+    for (int64_t n = 0; n < 3; ++n) {
+      LocalStep(m, rank, n);
+      ASSERT_TRUE(s->PerformSlowMo(*m.opt).ok());
+    }
+    EXPECT_EQ(s->gossip_round(), 3);
+    if (rank == 1) {
+      std::lock_guard<std::mutex> lock(mu);
+      root_u = s->momentum_buffer().clone();
+      root_old = s->old_params().clone();
+    }
+    torch::Tensor barrier = torch::ones({1});
+    ASSERT_TRUE(comm->AllreduceSum(barrier, {})->Wait().ok());
+    if (rank == 2) return;
+    comm::GlooOptions next;
+    next.rank = rank;
+    next.size = 2;
+    next.generation = 2;
+    auto made = comm::GlooCommunicator::Create(next, &next_store);
+    ASSERT_TRUE(made.ok()) << made.status();
+    std::shared_ptr<comm::Communicator> comm2(std::move(*made));
+    ASSERT_TRUE(s->SyncState(comm2, 1, /*step=*/3, *m.opt).ok());
+    EXPECT_EQ(s->graph()->world_size(), 2);
+    EXPECT_EQ(s->gossip_round(), 0);
+    EXPECT_EQ(s->num_updates(), 3);
+    EXPECT_TRUE(torch::equal(s->momentum_buffer(), root_u));
+    EXPECT_TRUE(torch::equal(s->old_params(), root_old));
+    // Update 4 is a slow step, not memory-efficient: gossip first, then
+    // each rank's own slow step from the shared u and x_old.
+    torch::Tensor mine = Flat(m);
+    torch::Tensor theirs = mine.clone();
+    std::vector<torch::Tensor> recv = {torch::empty_like(mine)};
+    ASSERT_TRUE(
+        comm2->Exchange(theirs, {1 - rank}, recv, {1 - rank}, {})->Wait().ok());
+    ASSERT_TRUE(s->PerformSlowMo(*m.opt).ok());
+    torch::Tensor x = (mine + recv[0]).mul_(0.5f);
+    torch::Tensor u = root_u.clone(), x_old = root_old.clone();
+    for (int64_t i = 0; i < kTotal; ++i) {
+      const double lr = LrOf(i);
+      const double ui = 0.5 * u[i].item<float>() +
+                        (x_old[i].item<float>() - x[i].item<float>()) / lr;
+      u[i] = ui;
+      x_old[i] = x_old[i].item<float>() - lr * ui;
+    }
+    ExpectClose(Flat(m), x_old, "parameters after the slow step");
+    ExpectClose(s->momentum_buffer(), u, "u");
+    EXPECT_EQ(s->gossip_round(), 1);
+  });
+}
+
 // An update whose collectives failed stays owed: the committed step is one
 // ahead of SlowMo's count, and SyncState performs it (here in the same
 // generation, with rank 1 authoritative).
