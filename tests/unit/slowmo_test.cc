@@ -215,6 +215,21 @@ TEST(SlowMoTest, ShardedEqualsUnsharded) {
   });
 }
 
+// SGP with slowmo_sgp_average_params: a slow step replaces that update's
+// gossip by the exact average (fairscale's _should_allreduce_params), so
+// with a slow step every update SGP trains like LocalSGD averaging every
+// update plus slow momentum.
+TEST(SlowMoTest, SgpAveragesExactlyOnSlowStepsWhenAsked) {
+  SlowMoOptions o;
+  o.base_algorithm = BaseAlgorithm::kSgp;
+  o.slowmo_sgp_average_params = true;
+  o.slowmo_memory_efficient = false;
+  o.slowmo_frequency = 1;
+  o.localsgd_frequency = 1;  // the reference's "average every update"
+  o.slowmo_momentum = 0.4;
+  RunAndCompare(3, o, 5);
+}
+
 // x_r' = (x_r + x_in) / 2 for numerators and weights, with the in-peer of
 // round t written out by hand: r - offsets[t % offsets.size()] (fairscale's
 // books: npeer-directed-exponential over 3 ranks is [r+1, r+2], directed
