@@ -24,10 +24,13 @@
 #include "absl/time/clock.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "tools/fault_injection.h"
+#include "tools/slowmo_flags.h"
 #include "tools/train_data.h"
 #include "worker/ddp/distributed_data_parallel.h"
 #include "worker/elastic/state.h"
 #include "worker/session.h"
+#include "worker/slowmo/slowmo.h"
 #include "worker/syncbn/sync_batch_norm.h"
 
 namespace {
@@ -72,6 +75,9 @@ struct Flags {
   bool throw_on_early_termination = false;
   std::string output_per_worker;
   std::string sample_log;
+  // SlowMo (issue 5): --algorithm and fairscale's arguments.
+  concord::train::SlowMoFlags slowmo;
+  std::optional<concord::slowmo::SlowMoOptions> slowmo_options;
 };
 
 [[noreturn]] void Fail(int code, const std::string& message) {
@@ -162,6 +168,7 @@ Flags ParseFlags(int argc, char** argv) {
                       "every worker appends a line 'STEP EPOCH SAMPLE...' "
                       "with the job's samples of each step it commits to "
                       "DIR/<worker id>.samples (elastic sharding)");
+  concord::train::AddSlowMoFlags(app, &f.slowmo);
   app.add_flag("--sync-bn", f.sync_bn,
                "SyncBatchNorm (C++-frontend models only: refused for "
                "TorchScript)");
@@ -175,61 +182,22 @@ Flags ParseFlags(int argc, char** argv) {
   if (f.sharding == "fixed" && f.grad_accum > 1) {
     Fail(2, "--grad-accum: gradient accumulation needs --sharding elastic");
   }
+  auto slowmo = concord::train::SlowMoOptionsFrom(f.slowmo);
+  if (!slowmo.ok()) Fail(2, std::string(slowmo.status().message()));
+  f.slowmo_options = *slowmo;
+  if (f.slowmo_options) {
+    // No gradient is reduced between averages: DDP's gradient options do
+    // not apply.
+    if (!f.comm_hook.empty()) {
+      Fail(2, "--comm-hook applies to --algorithm ddp only (" +
+                  f.slowmo.algorithm + " reduces no gradients)");
+    }
+    if (f.grad_accum > 1) {
+      Fail(2, "--grad-accum applies to --algorithm ddp only");
+    }
+  }
   return f;
 }
-
-// Test hook: CONCORD_TEST_KILL="LOCAL:STEP:PHASE[,...]" makes the worker
-// that concord-run started as local worker LOCAL (CONCORD_LOCAL_RANK) kill
-// itself with SIGKILL when it takes step STEP, in PHASE (forward: before the
-// forward; backward: while buckets are in flight; optimizer: right after
-// optimizer.step(), before the commit). Only a worker's first run dies this
-// way (CONCORD_RESTART_COUNT unset or 0), so a restarted one does not.
-struct FaultInjection {
-  std::vector<std::pair<int64_t, std::string>> faults;  // (step, phase)
-  int64_t step = 0;                                     // the step being taken
-
-  static FaultInjection FromEnvironment() {
-    FaultInjection f;
-    const char* spec = std::getenv("CONCORD_TEST_KILL");
-    const char* restarts = std::getenv("CONCORD_RESTART_COUNT");
-    const char* local = std::getenv("CONCORD_LOCAL_RANK");
-    if (spec == nullptr ||
-        (restarts != nullptr && std::string(restarts) != "0")) {
-      return f;
-    }
-    for (absl::string_view one : absl::StrSplit(spec, ',')) {
-      std::vector<std::string> parts = absl::StrSplit(one, ':');
-      int who = -1;
-      int64_t at = -1;
-      if (parts.size() != 3 || !absl::SimpleAtoi(parts[0], &who) ||
-          !absl::SimpleAtoi(parts[1], &at) ||
-          (parts[2] != "forward" && parts[2] != "backward" &&
-           parts[2] != "optimizer")) {
-        Fail(2, absl::StrCat("CONCORD_TEST_KILL='", spec,
-                             "': expected LOCAL:STEP:forward|backward|"
-                             "optimizer[,...]"));
-      }
-      if (local != nullptr && std::to_string(who) == local) {
-        f.faults.emplace_back(at, parts[2]);
-      }
-    }
-    return f;
-  }
-  bool Armed(const char* phase) const {
-    for (const auto& [at, p] : faults) {
-      if (p == phase) return true;
-    }
-    return false;
-  }
-  void MaybeDie(const char* phase) const {
-    for (const auto& [at, p] : faults) {
-      if (at != step || p != phase) continue;
-      spdlog::warn("CONCORD_TEST_KILL: killing myself at step {} in {}", step,
-                   phase);
-      std::raise(SIGKILL);
-    }
-  }
-};
 
 concord::DdpOptions DdpOptionsFrom(const Flags& f) {
   concord::DdpOptions o;
@@ -264,6 +232,19 @@ concord::v1::DdpTimings Timings(const concord::ddp::ReducerStats& stats,
 
 int64_t BatchesOf(int64_t samples, int64_t batch) {
   return (samples + batch - 1) / batch;
+}
+
+// Bytes this process has written (Linux /proc/self/io "wchar": every
+// write/writev, which is how Gloo sends; gRPC's sendmsg is not counted);
+// -1 where it cannot be read.
+int64_t BytesWritten() {
+  std::ifstream io("/proc/self/io");
+  std::string key;
+  int64_t value = 0;
+  while (io >> key >> value) {
+    if (key == "wchar:") return value;
+  }
+  return -1;
 }
 
 double Median(std::vector<double> v) {
@@ -388,7 +369,8 @@ int Train(const Flags& flags) {
   // it trains in (a worker admitted later has none).
   const int shard = s.rank();
   const int shards = s.world_size();
-  FaultInjection fault = FaultInjection::FromEnvironment();
+  concord::train::FaultInjection fault =
+      concord::train::FaultInjection::FromEnvironment();
 
   ddp_options.collective_timeout = options->collective_timeout;
   std::shared_ptr<concord::SyncBnGroup> sync_bn_group;
@@ -449,6 +431,32 @@ int Train(const Flags& flags) {
       !flags.no_divide_by_initial_world_size;
   elastic_options.throw_on_early_termination = flags.throw_on_early_termination;
   concord::elastic::State state(&s, ddp->get(), &optimizer, elastic_options);
+  // SlowMo (--algorithm other than ddp): gradients stay local (DDP under
+  // no_sync keeps the broadcasts and the re-forming), the parameters are
+  // averaged after the step (Note [SlowMo step]).
+  std::unique_ptr<concord::slowmo::SlowMo> slowmo;
+  if (flags.slowmo_options) {
+    concord::slowmo::SlowMoOptions o = *flags.slowmo_options;
+    o.collective_timeout = options->collective_timeout;
+    o.broadcast_buffers = !flags.no_broadcast_buffers;
+    // The buffers DDP keeps equal (not those it was told to ignore).
+    std::vector<torch::Tensor> buffers;
+    for (const auto& [name, b] : named_buffers) {
+      if (std::find(flags.ignore.begin(), flags.ignore.end(), name) ==
+          flags.ignore.end()) {
+        buffers.push_back(b);
+      }
+    }
+    auto made = concord::slowmo::SlowMo::Create(
+        trainable, buffers, s.shared_communicator(), s.authoritative_rank(), o);
+    if (!made.ok()) {
+      s.Finish(false, std::string(made.status().message())).IgnoreError();
+      Fail(1, absl::StrCat("--algorithm ", flags.slowmo.algorithm, ": ",
+                           made.status().message()));
+    }
+    slowmo = std::move(*made);
+    state.Attach(slowmo.get());
+  }
   state.OnReset([&](const concord::elastic::ResetInfo&) {
     if (sync_bn_group) sync_bn_group->SetCommunicator(s.shared_communicator());
     register_hook();
@@ -541,8 +549,14 @@ int Train(const Flags& flags) {
     const torch::Tensor y = data->targets.index_select(0, batch.index);
     fault.step = st.step + 1;
     fault.MaybeDie("forward");
+    std::optional<concord::DistributedDataParallel::NoSyncGuard> local;
+    if (slowmo) {
+      local.emplace(ddp->get());
+      concord::ThrowIfError(slowmo->PrepareForward());
+    }
     torch::Tensor l = concord::train::ComputeLoss(loss, forward(x), y);
     l.backward();
+    if (slowmo) slowmo->AfterBackward();
     const auto t_opt = std::chrono::steady_clock::now();
     optimizer.step();
     fault.MaybeDie("optimizer");
@@ -580,6 +594,15 @@ int Train(const Flags& flags) {
     return sps;
   };
 
+  // SlowMo's part of the step, after the commit (Note [SlowMo step]): a
+  // failure here leaves the committed step owing its average, which the
+  // re-form finishes.
+  auto average = [&]() -> absl::Status {
+    if (!slowmo) return absl::OkStatus();
+    fault.MaybeDie("slowmo");
+    return slowmo->PerformSlowMo(optimizer);
+  };
+
   // Gradient accumulation (elastic sharding): K-1 micro-batches under
   // no_sync, then a synchronised one and the optimizer step (also at the
   // epoch's end); a failure goes back to the first of the K.
@@ -604,6 +627,7 @@ int Train(const Flags& flags) {
         const double sps =
             take_step(st, Batch{torch::tensor(mine, torch::kLong), job});
         st.Commit();
+        CONCORD_RETURN_IF_ERROR(average());
         s.ReportProgress(st.step, sps);
       }
     }
@@ -642,10 +666,12 @@ int Train(const Flags& flags) {
       }
       st.Commit();
       if (sample_log.is_open()) sample_log << std::endl;  // committed
+      CONCORD_RETURN_IF_ERROR(average());
       s.ReportProgress(st.step, sps);
     }
     return absl::OkStatus();
   };
+  const int64_t written_before = BytesWritten();
   if (absl::Status st = concord::elastic::Run(state, train); !st.ok()) {
     s.Finish(false, std::string(st.message())).IgnoreError();
     Fail(1, st.ToString());
@@ -653,6 +679,11 @@ int Train(const Flags& flags) {
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
           .count();
+  // Gloo's traffic and the few progress lines written while training.
+  const int64_t written =
+      written_before < 0 ? -1 : BytesWritten() - written_before;
+  // SGP: the model is the de-biased estimate.
+  if (slowmo) slowmo->Debias();
   if (left) {
     std::cout << absl::StrFormat(
                      "concord-train: worker %s ran out of data after step "
@@ -686,7 +717,8 @@ int Train(const Flags& flags) {
     }
     if (!flags.metrics_out.empty()) {
       const auto& stats = (*ddp)->stats();
-      nlohmann::json m = {{"world_size", s.world_size()},
+      nlohmann::json m = {{"algorithm", flags.slowmo.algorithm},
+                          {"world_size", s.world_size()},
                           {"generation", s.generation()},
                           {"reforms", state.reforms()},
                           {"bucket_bytes", stats.bucket_bytes},
@@ -700,7 +732,13 @@ int Train(const Flags& flags) {
                           {"step_time_ms_mean", mean},
                           {"step_time_ms_median", Median(timed)},
                           {"samples_per_second", samples_done / seconds},
-                          {"final_loss", last_loss}};
+                          {"final_loss", last_loss},
+                          {"bytes_written", written},
+                          {"bytes_written_per_step",
+                           written < 0 || state.step == 0
+                               ? -1.0
+                               : static_cast<double>(written) /
+                                     static_cast<double>(state.step)}};
       nlohmann::json reforms = nlohmann::json::array();
       const auto& records = state.reform_records();
       for (size_t i = 0; i < records.size(); ++i) {

@@ -215,6 +215,37 @@ def run(args, checks, tmp):
                      train(extra=["--allreduce-trigger-params", "nope.weight"]),
                      ["nope.weight"], out)
 
+    # --- SlowMo (issue 5): --algorithm and fairscale's arguments --------------
+    expect_rejection(checks, "unknown --algorithm", train(extra=["--algorithm", "gossip"]),
+                     ["algorithm", "gossip"], out)
+    expect_rejection(checks, "--slowmo-frequency with --algorithm ddp",
+                     train(extra=["--slowmo-frequency", "4"]), ["--slowmo-frequency"], out,
+                     also=["ddp"])
+    expect_rejection(checks, "--slowmo-momentum with plain localsgd",
+                     train(extra=["--algorithm", "localsgd", "--slowmo-momentum", "0.2"]),
+                     ["--slowmo-momentum"], out, also=["localsgd"])
+    expect_rejection(checks, "--sgp-graph with slowmo-localsgd",
+                     train(extra=["--algorithm", "slowmo-localsgd", "--sgp-graph", "ring"]),
+                     ["--sgp-graph"], out)
+    expect_rejection(checks, "unknown --sgp-graph",
+                     train(extra=["--algorithm", "slowmo-sgp", "--sgp-graph", "star"]),
+                     ["star"], out)
+    expect_rejection(checks, "--slowmo-momentum 1",
+                     train(extra=["--algorithm", "slowmo-localsgd", "--slowmo-momentum", "1"]),
+                     ["slowmo_momentum", "slowmo-momentum"], out)
+    expect_rejection(checks, "--localsgd-frequency 0",
+                     train(extra=["--algorithm", "localsgd", "--localsgd-frequency", "0"]),
+                     ["localsgd-frequency"], out)
+    expect_rejection(checks, "--slowmo-num-shards 0",
+                     train(extra=["--algorithm", "slowmo-localsgd", "--slowmo-num-shards", "0"]),
+                     ["slowmo-num-shards"], out)
+    expect_rejection(checks, "--nprocs-per-node 2 (hierarchy not implemented)",
+                     train(extra=["--algorithm", "localsgd", "--nprocs-per-node", "2"]),
+                     ["nprocs_per_node", "nprocs-per-node"], out, also=["not implemented"])
+    expect_rejection(checks, "--comm-hook with SlowMo",
+                     train(extra=["--algorithm", "slowmo-sgp", "--comm-hook", "fp16"]),
+                     ["--comm-hook"], out)
+
     expect_rejection(checks, "--sync-bn with a TorchScript model",
                      train(extra=["--sync-bn"]), ["--sync-bn"], out,
                      also=["TorchScript", cnn_model])

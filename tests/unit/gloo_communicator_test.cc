@@ -132,5 +132,57 @@ TEST(GlooCommunicatorTest, CreateRejectsBadRank) {
             absl::StatusCode::kInvalidArgument);
 }
 
+TEST(GlooCommunicatorTest, ReduceSumReachesTheRootOnly) {
+  const int world = 3;
+  RunRanks(world, [&](int rank, std::shared_ptr<Communicator> comm) {
+    for (int root = 0; root < world; ++root) {
+      at::Tensor t = at::arange(5, at::kFloat) + 10.0 * rank;
+      ASSERT_TRUE(comm->ReduceSum(t, root, {})->Wait().ok());
+      if (rank == root) {
+        EXPECT_TRUE(at::equal(t, at::arange(5, at::kFloat) * world + 30.0));
+      }
+    }
+    const absl::Status bad = comm->ReduceSum(at::ones({2}), world, {})->Wait();
+    EXPECT_TRUE(absl::IsInvalidArgument(bad)) << bad;
+  });
+}
+
+TEST(GlooCommunicatorTest, ExchangeDeliversEachMessageToItsPeer) {
+  const int world = 4;
+  RunRanks(world, [&](int rank, std::shared_ptr<Communicator> comm) {
+    // Rank r sends to r+1 and r+2 and receives from r-1 and r-2; rank 3
+    // sends nothing and rank 0 receives only from 2 on a second round.
+    at::Tensor send = at::full({1000}, static_cast<double>(rank), at::kDouble);
+    std::vector<int> to = {(rank + 1) % world, (rank + 2) % world};
+    std::vector<int> from = {(rank + world - 1) % world,
+                             (rank + world - 2) % world};
+    std::vector<at::Tensor> recv = {at::empty_like(send), at::empty_like(send)};
+    ASSERT_TRUE(comm->Exchange(send, to, recv, from, {})->Wait().ok());
+    for (size_t i = 0; i < from.size(); ++i) {
+      EXPECT_TRUE(at::equal(
+          recv[i],
+          at::full({1000}, static_cast<double>(from[i]), at::kDouble)));
+    }
+    // Uneven: only 3 -> 0; the others take part with empty lists.
+    std::vector<int> to2, from2;
+    std::vector<at::Tensor> recv2;
+    if (rank == 3) to2 = {0};
+    if (rank == 0) {
+      from2 = {3};
+      recv2 = {at::empty_like(send)};
+    }
+    ASSERT_TRUE(comm->Exchange(send, to2, recv2, from2, {})->Wait().ok());
+    if (rank == 0) {
+      EXPECT_TRUE(at::equal(recv2[0], at::full({1000}, 3.0, at::kDouble)));
+    }
+    // A collective afterwards still matches up.
+    at::Tensor one = at::ones({3}, at::kFloat);
+    ASSERT_TRUE(comm->AllreduceSum(one, {})->Wait().ok());
+    EXPECT_TRUE(at::equal(one, at::full({3}, 4.0f)));
+    const absl::Status self = comm->Exchange(send, {rank}, {}, {}, {})->Wait();
+    EXPECT_TRUE(absl::IsInvalidArgument(self)) << self;
+  });
+}
+
 }  // namespace
 }  // namespace concord::comm

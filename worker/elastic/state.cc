@@ -162,6 +162,13 @@ absl::Status State::Sync() {
       Annotate(ddp_->SyncReducerLayout(), "syncing the bucket layout"));
   CONCORD_RETURN_IF_ERROR(
       Annotate(SyncPayload(), "syncing the training state"));
+  for (Participant* participant : participants_) {
+    CONCORD_RETURN_IF_ERROR(
+        Annotate(participant->SyncState(session_->shared_communicator(),
+                                        session_->authoritative_rank(), step,
+                                        *optimizer_),
+                 "syncing attached state"));
+  }
   SetDivisor();
   tainted_ = false;
   Commit();

@@ -66,6 +66,24 @@ struct ElasticOptions {
   bool throw_on_early_termination = false;
 };
 
+// State kept outside the model and the optimizer that must follow the
+// authoritative rank after every re-form (SlowMo's slow momentum, old
+// parameters and push-sum weight). Its owner keeps it transactional: it
+// changes only when a step's collectives all succeeded, so a failed step
+// leaves the last committed value in place and there is nothing to restore.
+class Participant {
+ public:
+  virtual ~Participant() = default;
+  // Called by State::Sync after the model, the optimizer state and the
+  // counters arrived: take the authoritative rank's state over `comm` (the
+  // new generation's), re-distribute what is sharded, and finish what the
+  // committed step `step` still owes. Errors: retryable ones of the
+  // collectives; FAILED_PRECONDITION for a state that cannot be continued.
+  virtual absl::Status SyncState(std::shared_ptr<comm::Communicator> comm,
+                                 int authoritative_rank, int64_t step,
+                                 torch::optim::Optimizer& optimizer) = 0;
+};
+
 // What a reset callback learns after a re-form.
 struct ResetInfo {
   int64_t generation = 0;
@@ -106,11 +124,18 @@ class State {
   std::map<std::string, torch::Tensor> values;  // the user's own
 
   // Takes the authoritative rank's state: bucket layout, optimizer state,
-  // counters, values; then sets the gradient divisor and commits. Every
-  // rank of a generation calls it once after creating DDP (survivors of a
-  // re-form get it from Run). Errors: those of the broadcasts (retryable,
-  // Note [Elastic step]), INTERNAL for a payload that does not load.
+  // counters, values, attached participants; then sets the gradient divisor and
+  // commits. Every rank of a generation calls it once after creating DDP
+  // (survivors of a re-form get it from Run). Errors: those of the broadcasts
+  // (retryable, Note [Elastic step]), INTERNAL for a payload that does not
+  // load.
   absl::Status Sync();
+
+  // Adds `participant` (it must outlive the state) to every Sync, after the
+  // training state. Call before the first Sync.
+  void Attach(Participant* participant) {
+    participants_.push_back(participant);
+  }
 
   // Note [Elastic step].
   void Commit();
@@ -162,6 +187,7 @@ class State {
   // worker must not become authoritative (it joins saying step 0).
   bool tainted_ = false;
   std::vector<std::function<void(const ResetInfo&)>> callbacks_;
+  std::vector<Participant*> participants_;
   std::vector<ReformRecord> records_;
 };
 

@@ -6,13 +6,17 @@
 #include <gloo/broadcast.h>
 #include <gloo/common/error.h>
 #include <gloo/math.h>
+#include <gloo/reduce.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+#include <gloo/types.h>
 
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace concord::comm {
 namespace {
@@ -66,8 +70,8 @@ absl::Status FromGlooException(const std::exception& e) {
   return absl::InternalError(absl::StrCat("gloo: ", e.what()));
 }
 
-template <typename T>
-void SetSum(gloo::AllreduceOptions& opts, T* ptr, size_t n) {
+template <typename Options, typename T>
+void SetSum(Options& opts, T* ptr, size_t n) {
   opts.setOutput(ptr, n);
   void (*fn)(void*, const void*, const void*, size_t) = &gloo::sum<T>;
   opts.setReduceFunction(fn);
@@ -81,6 +85,46 @@ void SumBFloat16(void* c, const void* a, const void* b, size_t n) {
   const auto* y = static_cast<const c10::BFloat16*>(b);
   for (size_t i = 0; i < n; ++i) out[i] = x[i] + y[i];
 }
+
+// Points Gloo's allreduce or reduce at `tensor` (in place) with a sum.
+template <typename Options>
+absl::Status SetSumOutput(Options& opts, const at::Tensor& tensor,
+                          const char* what) {
+  const size_t n = static_cast<size_t>(tensor.numel());
+  switch (tensor.scalar_type()) {
+    case at::kFloat:
+      SetSum(opts, tensor.data_ptr<float>(), n);
+      break;
+    case at::kDouble:
+      SetSum(opts, tensor.data_ptr<double>(), n);
+      break;
+    case at::kHalf:
+      SetSum(opts, reinterpret_cast<gloo::float16*>(tensor.data_ptr()), n);
+      break;
+    case at::kBFloat16:
+      opts.setOutput(reinterpret_cast<uint16_t*>(tensor.data_ptr()), n);
+      opts.setReduceFunction(&SumBFloat16);
+      break;
+    case at::kInt:
+      SetSum(opts, tensor.data_ptr<int32_t>(), n);
+      break;
+    case at::kLong:
+      SetSum(opts, tensor.data_ptr<int64_t>(), n);
+      break;
+    case at::kByte:
+      SetSum(opts, tensor.data_ptr<uint8_t>(), n);
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("gloo ", what, " does not support dtype ",
+                       std::string(c10::toString(tensor.scalar_type()))));
+  }
+  return absl::OkStatus();
+}
+
+// Exchange's messages: Gloo's slots for unbound buffers, away from the
+// prefixes Gloo's own collectives use (gloo/types.h).
+constexpr uint8_t kExchangeSlotPrefix = 0x40;
 
 absl::Status CheckTensor(const at::Tensor& t) {
   if (!t.defined()) return absl::InvalidArgumentError("undefined tensor");
@@ -229,35 +273,7 @@ std::shared_ptr<Work> GlooCommunicator::AllreduceSum(
     gloo::AllreduceOptions opts(context_);
     opts.setTag(tag);
     opts.setTimeout(ToMillis(options.timeout));
-    const size_t n = static_cast<size_t>(tensor.numel());
-    switch (tensor.scalar_type()) {
-      case at::kFloat:
-        SetSum(opts, tensor.data_ptr<float>(), n);
-        break;
-      case at::kDouble:
-        SetSum(opts, tensor.data_ptr<double>(), n);
-        break;
-      case at::kHalf:
-        SetSum(opts, reinterpret_cast<gloo::float16*>(tensor.data_ptr()), n);
-        break;
-      case at::kBFloat16:
-        opts.setOutput(reinterpret_cast<uint16_t*>(tensor.data_ptr()), n);
-        opts.setReduceFunction(&SumBFloat16);
-        break;
-      case at::kInt:
-        SetSum(opts, tensor.data_ptr<int32_t>(), n);
-        break;
-      case at::kLong:
-        SetSum(opts, tensor.data_ptr<int64_t>(), n);
-        break;
-      case at::kByte:
-        SetSum(opts, tensor.data_ptr<uint8_t>(), n);
-        break;
-      default:
-        return absl::InvalidArgumentError(
-            absl::StrCat("gloo allreduce does not support dtype ",
-                         std::string(c10::toString(tensor.scalar_type()))));
-    }
+    CONCORD_RETURN_IF_ERROR(SetSumOutput(opts, tensor, "allreduce"));
     gloo::allreduce(opts);
     return absl::OkStatus();
   });
@@ -284,6 +300,72 @@ std::shared_ptr<Work> GlooCommunicator::Broadcast(
     opts.setOutput(static_cast<uint8_t*>(tensor.data_ptr()),
                    static_cast<size_t>(tensor.nbytes()));
     gloo::broadcast(opts);
+    return absl::OkStatus();
+  });
+}
+
+std::shared_ptr<Work> GlooCommunicator::ReduceSum(
+    at::Tensor tensor, int root, const CollectiveOptions& options) {
+  if (absl::Status s = CheckTensor(tensor); !s.ok()) {
+    return PromiseWork::Done(s);
+  }
+  if (root < 0 || root >= options_.size) {
+    return PromiseWork::Done(absl::InvalidArgumentError(
+        absl::StrCat("reduce root ", root, " out of range")));
+  }
+  if (options_.size == 1 || tensor.numel() == 0) {
+    return PromiseWork::Done(absl::OkStatus());
+  }
+  return Enqueue([this, tensor, root, options](uint32_t tag) -> absl::Status {
+    gloo::ReduceOptions opts(context_);
+    opts.setTag(tag);
+    opts.setTimeout(ToMillis(options.timeout));
+    opts.setRoot(root);
+    CONCORD_RETURN_IF_ERROR(SetSumOutput(opts, tensor, "reduce"));
+    gloo::reduce(opts);
+    return absl::OkStatus();
+  });
+}
+
+std::shared_ptr<Work> GlooCommunicator::Exchange(
+    at::Tensor send, std::vector<int> to, std::vector<at::Tensor> recv,
+    std::vector<int> from, const CollectiveOptions& options) {
+  if (absl::Status s = CheckExchangeArguments(send, to, recv, from,
+                                              options_.rank, options_.size);
+      !s.ok()) {
+    return PromiseWork::Done(s);
+  }
+  if (absl::Status s = CheckTensor(send); !s.ok()) return PromiseWork::Done(s);
+  // Every rank takes a tag, so that the tags of later collectives agree,
+  // even where this rank has nothing to move.
+  return Enqueue([this, send, to = std::move(to), recv = std::move(recv),
+                  from = std::move(from),
+                  options](uint32_t tag) -> absl::Status {
+    if (send.numel() == 0 || (to.empty() && from.empty())) {
+      return absl::OkStatus();
+    }
+    const uint64_t slot = gloo::Slot::build(kExchangeSlotPrefix, tag);
+    const size_t bytes = static_cast<size_t>(send.nbytes());
+    auto out = context_->createUnboundBuffer(send.data_ptr(), bytes);
+    std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> in;
+    for (size_t i = 0; i < from.size(); ++i) {
+      in.push_back(context_->createUnboundBuffer(recv[i].data_ptr(), bytes));
+      in.back()->recv(from[i], slot);
+    }
+    for (int peer : to) out->send(peer, slot);
+    const auto timeout = ToMillis(options.timeout);
+    for (size_t i = 0; i < to.size(); ++i) {
+      if (!out->waitSend(timeout)) {
+        return absl::UnavailableError(
+            "gloo: exchange send was aborted or timed out");
+      }
+    }
+    for (auto& buffer : in) {
+      if (!buffer->waitRecv(timeout)) {
+        return absl::UnavailableError(
+            "gloo: exchange receive was aborted or timed out");
+      }
+    }
     return absl::OkStatus();
   });
 }

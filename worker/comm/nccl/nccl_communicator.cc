@@ -339,6 +339,63 @@ std::shared_ptr<Work> NcclCommunicator::Broadcast(
   });
 }
 
+std::shared_ptr<Work> NcclCommunicator::ReduceSum(
+    at::Tensor tensor, int root, const CollectiveOptions& options) {
+  if (absl::Status s = CheckTensor(tensor, state_->options.device); !s.ok()) {
+    return PromiseWork::Done(s);
+  }
+  if (root < 0 || root >= state_->options.size) {
+    return PromiseWork::Done(absl::InvalidArgumentError(
+        absl::StrCat("reduce root ", root, " out of range")));
+  }
+  auto type = NcclType(tensor.scalar_type());
+  if (!type.ok()) return PromiseWork::Done(type.status());
+  if (tensor.numel() == 0) return PromiseWork::Done(absl::OkStatus());
+  void* ptr = tensor.data_ptr();
+  const size_t n = static_cast<size_t>(tensor.numel());
+  auto state = state_;
+  return Enqueue(state_, tensor, options, [&] {
+    return ncclReduce(ptr, ptr, n, *type, ncclSum, root, state->comm,
+                      state->stream);
+  });
+}
+
+std::shared_ptr<Work> NcclCommunicator::Exchange(
+    at::Tensor send, std::vector<int> to, std::vector<at::Tensor> recv,
+    std::vector<int> from, const CollectiveOptions& options) {
+  if (absl::Status s = CheckExchangeArguments(
+          send, to, recv, from, state_->options.rank, state_->options.size);
+      !s.ok()) {
+    return PromiseWork::Done(s);
+  }
+  if (absl::Status s = CheckTensor(send, state_->options.device); !s.ok()) {
+    return PromiseWork::Done(s);
+  }
+  if (send.numel() == 0 || (to.empty() && from.empty())) {
+    return PromiseWork::Done(absl::OkStatus());
+  }
+  const size_t bytes = static_cast<size_t>(send.nbytes());
+  auto state = state_;
+  // As for every collective, the caller keeps the tensors alive until the
+  // work completes.
+  return Enqueue(state_, send, options, [&]() -> ncclResult_t {
+    ncclResult_t r = ncclGroupStart();
+    if (r != ncclSuccess) return r;
+    for (int peer : to) {
+      r = ncclSend(send.data_ptr(), bytes, ncclUint8, peer, state->comm,
+                   state->stream);
+      if (r != ncclSuccess && r != ncclInProgress) break;
+    }
+    for (size_t i = 0;
+         i < from.size() && (r == ncclSuccess || r == ncclInProgress); ++i) {
+      r = ncclRecv(recv[i].data_ptr(), bytes, ncclUint8, from[i], state->comm,
+                   state->stream);
+    }
+    const ncclResult_t end = ncclGroupEnd();
+    return r == ncclSuccess || r == ncclInProgress ? end : r;
+  });
+}
+
 std::shared_ptr<Work> NcclCommunicator::Allgather(
     at::Tensor output, at::Tensor input, const CollectiveOptions& options) {
   if (absl::Status s = CheckAllgather(output, input, state_->options.size,

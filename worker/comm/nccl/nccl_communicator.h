@@ -46,6 +46,13 @@ class NcclCommunicator final : public Communicator {
                                      const CollectiveOptions& options) override;
   std::shared_ptr<Work> Broadcast(at::Tensor tensor, int root,
                                   const CollectiveOptions& options) override;
+  std::shared_ptr<Work> ReduceSum(at::Tensor tensor, int root,
+                                  const CollectiveOptions& options) override;
+  // Any dtype (bytes are moved): ncclSend/ncclRecv in one NCCL group.
+  std::shared_ptr<Work> Exchange(at::Tensor send, std::vector<int> to,
+                                 std::vector<at::Tensor> recv,
+                                 std::vector<int> from,
+                                 const CollectiveOptions& options) override;
   // Any dtype (bytes are moved).
   std::shared_ptr<Work> Allgather(at::Tensor output, at::Tensor input,
                                   const CollectiveOptions& options) override;

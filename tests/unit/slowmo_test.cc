@@ -1,0 +1,489 @@
+// SlowMo (worker/slowmo): each formula against a straightforward reference
+// computed here, with ranks as threads over real Gloo. Every rank takes a
+// fixed gradient per step, so each thread can compute every rank's
+// trajectory by hand.
+#include "worker/slowmo/slowmo.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <mutex>
+
+#include "rank_threads.h"
+
+namespace concord::slowmo {
+namespace {
+
+using concord::testing::RunRanks;
+
+constexpr int64_t kSizes[] = {5, 7};   // two parameters, 12 elements
+constexpr double kLr[] = {0.1, 0.05};  // one optimizer group each
+constexpr int64_t kTotal = 12;
+
+// The gradient of element i (flat) on `rank` at update `step`; the first
+// step's is the same everywhere, so x_old starts equal on every rank.
+float Grad(int rank, int64_t step, int64_t i) {
+  const double r = step == 0 ? 0 : rank;
+  return static_cast<float>(std::sin(1.0 + 0.7 * r + 1.3 * step + 0.1 * i));
+}
+float Init(int rank, int64_t i) {
+  return static_cast<float>(0.5 * std::cos(0.3 * i) + 0.01 * rank);
+}
+double LrOf(int64_t i) { return i < kSizes[0] ? kLr[0] : kLr[1]; }
+
+struct Model {
+  std::vector<torch::Tensor> params;
+  std::unique_ptr<torch::optim::SGD> opt;
+};
+
+// Parameters start equal on every rank (as after DDP's broadcast) unless
+// `differ`.
+Model MakeModel(int rank, bool differ = false) {
+  Model m;
+  int64_t at = 0;
+  for (int64_t n : kSizes) {
+    torch::Tensor p = torch::empty({n});
+    for (int64_t i = 0; i < n; ++i) {
+      p[i] = Init(differ ? rank : 0, at + i);
+    }
+    m.params.push_back(p.requires_grad_());
+    at += n;
+  }
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  for (size_t g = 0; g < m.params.size(); ++g) {
+    groups.emplace_back(std::vector<torch::Tensor>{m.params[g]},
+                        std::make_unique<torch::optim::SGDOptions>(kLr[g]));
+  }
+  m.opt = std::make_unique<torch::optim::SGD>(std::move(groups),
+                                              torch::optim::SGDOptions(0.1));
+  return m;
+}
+
+void LocalStep(Model& m, int rank, int64_t step) {
+  int64_t at = 0;
+  for (auto& p : m.params) {
+    torch::Tensor g = torch::empty_like(p);
+    for (int64_t i = 0; i < p.numel(); ++i) g[i] = Grad(rank, step, at + i);
+    p.mutable_grad() = g;
+    at += p.numel();
+  }
+  m.opt->step();
+}
+
+torch::Tensor Flat(const Model& m) {
+  return torch::cat(
+      {m.params[0].detach().reshape(-1), m.params[1].detach().reshape(-1)});
+}
+
+// The reference: every rank's flat parameters, and the full u and x_old.
+struct Reference {
+  std::vector<torch::Tensor> x;
+  torch::Tensor u, x_old;
+  bool initialized = false;
+};
+
+Reference Start(int world) {
+  Reference ref;
+  for (int r = 0; r < world; ++r) {
+    torch::Tensor x = torch::empty({kTotal});
+    for (int64_t i = 0; i < kTotal; ++i) x[i] = Init(0, i);
+    ref.x.push_back(x);
+  }
+  return ref;
+}
+
+// One update of LocalSGD + slow momentum, written out plainly.
+void ReferenceUpdate(Reference& ref, int64_t n, const SlowMoOptions& o) {
+  const int world = static_cast<int>(ref.x.size());
+  for (int r = 0; r < world; ++r) {
+    for (int64_t i = 0; i < kTotal; ++i) {
+      ref.x[r][i] = ref.x[r][i].item<float>() -
+                    static_cast<float>(LrOf(i)) * Grad(r, n, i);
+    }
+  }
+  const bool slowmo = o.slowmo_lr != 1.0 || o.slowmo_momentum != 0.0;
+  if (slowmo && !ref.initialized) {
+    ref.x_old = ref.x[0].clone();
+    ref.u = torch::zeros({kTotal});
+    ref.initialized = true;
+  }
+  const bool slow = slowmo && (n + 1) % o.slowmo_frequency == 0;
+  const bool average = (n + 1) % o.localsgd_frequency == 0 || slow;
+  if (average) {
+    torch::Tensor mean = torch::zeros({kTotal});
+    for (int r = 0; r < world; ++r) mean += ref.x[r] / world;
+    for (int r = 0; r < world; ++r) ref.x[r] = mean.clone();
+  }
+  if (slow) {
+    for (int64_t i = 0; i < kTotal; ++i) {
+      const double lr = LrOf(i);
+      const double x = ref.x[0][i].item<float>();
+      const double xo = ref.x_old[i].item<float>();
+      const double u =
+          o.slowmo_momentum * ref.u[i].item<float>() + (xo - x) / lr;
+      ref.u[i] = u;
+      ref.x_old[i] = xo - o.slowmo_lr * lr * u;
+    }
+    for (int r = 0; r < world; ++r) ref.x[r] = ref.x_old.clone();
+  }
+}
+
+void ExpectClose(const torch::Tensor& a, const torch::Tensor& b,
+                 const std::string& what) {
+  ASSERT_EQ(a.numel(), b.numel()) << what;
+  EXPECT_TRUE(torch::allclose(a, b, 1e-5, 1e-6)) << what << "\n"
+                                                 << a << "\n"
+                                                 << b;
+}
+
+// Runs `steps` updates on every rank and checks parameters (every step),
+// u and x_old (the rank's slice) against the reference.
+void RunAndCompare(int world, SlowMoOptions o, int64_t steps) {
+  RunRanks(world, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
+    Model m = MakeModel(rank);
+    auto s = SlowMo::Create(m.params, {}, comm, 0, o);
+    ASSERT_TRUE(s.ok()) << s.status();
+    Reference ref = Start(world);
+    bool differed = false;
+    for (int64_t n = 0; n < steps; ++n) {
+      LocalStep(m, rank, n);
+      ASSERT_TRUE((*s)->PerformSlowMo(*m.opt).ok());
+      ReferenceUpdate(ref, n, o);
+      ExpectClose(Flat(m), ref.x[rank],
+                  "parameters after update " + std::to_string(n));
+      differed |= world > 1 && !torch::equal(ref.x[0], ref.x[world - 1]);
+      if ((*s)->slowmo_enabled()) {
+        const int64_t a = (*s)->portion_start(), b = (*s)->portion_end();
+        if (b > a) {
+          ExpectClose((*s)->momentum_buffer(), ref.u.narrow(0, a, b - a), "u");
+          ExpectClose((*s)->old_params(), ref.x_old.narrow(0, a, b - a),
+                      "x_old");
+        }
+      }
+    }
+    // Between averages the ranks really drift apart (the test can fail).
+    if (world > 1 && o.localsgd_frequency > 1) {
+      EXPECT_TRUE(differed);
+    }
+    EXPECT_EQ((*s)->num_updates(), steps);
+  });
+}
+
+SlowMoOptions LocalSgd(int64_t tau) {
+  SlowMoOptions o;
+  o.base_algorithm = BaseAlgorithm::kLocalSgd;
+  o.localsgd_frequency = tau;
+  o.slowmo_lr = 1.0;
+  o.slowmo_momentum = 0.0;  // fairscale: slow momentum off
+  return o;
+}
+
+TEST(SlowMoTest, LocalSgdAveragesEveryTauUpdates) {
+  for (int world : {1, 2, 3}) RunAndCompare(world, LocalSgd(3), 7);
+}
+
+TEST(SlowMoTest, SlowMomentumStepMatchesTheFormula) {
+  SlowMoOptions o = LocalSgd(2);
+  o.slowmo_momentum = 0.5;
+  o.slowmo_lr = 0.7;
+  o.slowmo_frequency = 4;
+  o.slowmo_memory_efficient = false;
+  for (int world : {1, 3}) RunAndCompare(world, o, 12);
+}
+
+TEST(SlowMoTest, ShardedEqualsUnsharded) {
+  SlowMoOptions o = LocalSgd(2);
+  o.slowmo_momentum = 0.6;
+  o.slowmo_lr = 1.2;
+  o.slowmo_frequency = 4;
+  o.slowmo_memory_efficient = true;
+  for (int shards : {1, 2, 3, 32}) {
+    o.slowmo_num_shards = shards;
+    RunAndCompare(3, o, 12);
+  }
+  // Shards cover the vector without overlap: 2 shards of ceil(12/2).
+  o.slowmo_num_shards = 2;
+  RunRanks(3, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
+    Model m = MakeModel(rank);
+    auto s = *SlowMo::Create(m.params, {}, comm, 0, o);
+    LocalStep(m, rank, 0);
+    ASSERT_TRUE(s->PerformSlowMo(*m.opt).ok());
+    EXPECT_EQ(s->num_shards(), 2);
+    EXPECT_EQ(s->portion_start(), rank < 2 ? rank * 6 : 0);
+    EXPECT_EQ(s->portion_end(), rank < 2 ? rank * 6 + 6 : 0);
+  });
+}
+
+// SGP with slowmo_sgp_average_params: a slow step replaces that update's
+// gossip by the exact average (fairscale's _should_allreduce_params), so
+// with a slow step every update SGP trains like LocalSGD averaging every
+// update plus slow momentum.
+TEST(SlowMoTest, SgpAveragesExactlyOnSlowStepsWhenAsked) {
+  SlowMoOptions o;
+  o.base_algorithm = BaseAlgorithm::kSgp;
+  o.slowmo_sgp_average_params = true;
+  o.slowmo_memory_efficient = false;
+  o.slowmo_frequency = 1;
+  o.localsgd_frequency = 1;  // the reference's "average every update"
+  o.slowmo_momentum = 0.4;
+  RunAndCompare(3, o, 5);
+}
+
+// x_r' = (x_r + x_in) / 2 for numerators and weights, with the in-peer of
+// round t written out by hand: r - offsets[t % offsets.size()] (fairscale's
+// books: npeer-directed-exponential over 3 ranks is [r+1, r+2], directed
+// exponential over 4 ranks is [r+1, r+3, r+2]).
+void PushSumRounds(int world, GraphType graph, std::vector<int> offsets,
+                   bool push_sum) {
+  SlowMoOptions o;
+  o.base_algorithm = BaseAlgorithm::kSgp;
+  o.slowmo_lr = 1.0;
+  o.slowmo_momentum = 0.0;
+  o.graph = graph;
+  o.push_sum = push_sum;
+  RunRanks(world, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
+    Model m = MakeModel(rank, /*differ=*/true);
+    auto s = *SlowMo::Create(m.params, {}, comm, 0, o);
+    std::vector<torch::Tensor> x;
+    torch::Tensor sum0 = torch::zeros({kTotal});
+    for (int r = 0; r < world; ++r) {
+      torch::Tensor v = torch::empty({kTotal});
+      for (int64_t i = 0; i < kTotal; ++i) v[i] = Init(r, i);
+      x.push_back(v);
+      sum0 += v;
+    }
+    const double spread0 = (x[0] - x[world - 1]).abs().max().item<double>();
+    for (int64_t t = 0; t < 7; ++t) {
+      // No gradient: the gossip alone.
+      ASSERT_TRUE(s->PrepareForward().ok());
+      s->AfterBackward();
+      ASSERT_TRUE(s->PerformSlowMo(*m.opt).ok());
+      std::vector<torch::Tensor> next;
+      for (int r = 0; r < world; ++r) {
+        const int off = offsets[static_cast<size_t>(t) % offsets.size()];
+        next.push_back((x[r] + x[(r + world - off) % world]).mul_(0.5f));
+      }
+      x = next;
+      ExpectClose(Flat(m), x[rank], "numerators, round " + std::to_string(t));
+      EXPECT_EQ(s->ps_weight(), 1.0);
+      EXPECT_EQ(s->gossip_round(), t + 1);
+    }
+    // The network sum of numerators and of weights is kept.
+    torch::Tensor total = Flat(m).clone();
+    ASSERT_TRUE(comm->AllreduceSum(total, {})->Wait().ok());
+    ExpectClose(total, sum0, "sum of numerators");
+    torch::Tensor w = torch::tensor({s->ps_weight()}, torch::kDouble);
+    ASSERT_TRUE(comm->AllreduceSum(w, {})->Wait().ok());
+    EXPECT_DOUBLE_EQ(w.item<double>(), world);
+    // De-biased estimates moved towards the average.
+    ASSERT_TRUE(s->PrepareForward().ok());
+    EXPECT_FALSE(s->is_ps_numerator());
+    const double spread = (Flat(m) - sum0 / world).abs().max().item<double>();
+    EXPECT_LT(spread, 0.5 * spread0);
+  });
+}
+
+TEST(SlowMoTest, PushSumKeepsTheNetworkAverage) {
+  PushSumRounds(3, GraphType::kNPeerDirectedExponential, {1, 2}, true);
+  PushSumRounds(4, GraphType::kDirectedExponential, {1, 3, 2}, true);
+  PushSumRounds(2, GraphType::kRing, {1}, true);
+}
+
+TEST(SlowMoTest, PushPullKeepsTheNetworkAverage) {
+  PushSumRounds(3, GraphType::kNPeerDirectedExponential, {1, 2}, false);
+  PushSumRounds(4, GraphType::kBipartiteLinear, {1, 3}, false);
+}
+
+// fairscale's forward pre-hook broadcasts the buffers (here from the
+// authoritative rank); broadcast_buffers=false leaves them local.
+TEST(SlowMoTest, BuffersFollowTheAuthoritativeRankBeforeEachForward) {
+  for (bool broadcast : {true, false}) {
+    SlowMoOptions o = LocalSgd(3);
+    o.broadcast_buffers = broadcast;
+    RunRanks(3, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
+      Model m = MakeModel(rank);
+      torch::Tensor running = torch::full({4}, static_cast<float>(rank));
+      auto s = *SlowMo::Create(m.params, {running}, comm, 2, o);
+      ASSERT_TRUE(s->PrepareForward().ok());
+      EXPECT_TRUE(torch::equal(
+          running,
+          torch::full({4}, broadcast ? 2.0f : static_cast<float>(rank))));
+    });
+  }
+}
+
+SlowMoOptions ShardedSlowMo() {
+  SlowMoOptions o = LocalSgd(2);
+  o.slowmo_momentum = 0.5;
+  o.slowmo_lr = 0.8;
+  o.slowmo_frequency = 4;
+  o.slowmo_memory_efficient = true;
+  o.slowmo_num_shards = 3;
+  return o;
+}
+
+// Rank 2 of 3 goes away after 6 updates (one slow step done); ranks 0 and 1
+// form the next generation and SyncState re-shards u and x_old from 3
+// owners to 2: the survivors' slices move to their new owners, rank 2's
+// slice restarts (u = 0, x_old = x). Then training goes on and must match
+// a reference that started from the state re-sharded by hand.
+TEST(SlowMoTest, MembershipChangeReshardsSlowMomentum) {
+  const SlowMoOptions o = ShardedSlowMo();
+  std::mutex mu;
+  torch::Tensor u_full = torch::zeros({kTotal});
+  torch::Tensor old_full = torch::zeros({kTotal});
+  torch::Tensor x_before;
+  comm::InMemoryStore next_store;
+  RunRanks(3, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
+    Model m = MakeModel(rank);
+    auto s = *SlowMo::Create(m.params, {}, comm, 0, o);
+    for (int64_t n = 0; n < 6; ++n) {
+      LocalStep(m, rank, n);
+      ASSERT_TRUE(s->PerformSlowMo(*m.opt).ok());
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      const int64_t a = s->portion_start(), len = s->portion_end() - a;
+      ASSERT_EQ(len, 4);
+      u_full.narrow(0, a, len).copy_(s->momentum_buffer());
+      old_full.narrow(0, a, len).copy_(s->old_params());
+      if (rank == 0) x_before = Flat(m);
+    }
+    torch::Tensor barrier = torch::ones({1});
+    ASSERT_TRUE(comm->AllreduceSum(barrier, {})->Wait().ok());
+    if (rank == 2) return;  // gone
+
+    comm::GlooOptions next;
+    next.rank = rank;
+    next.size = 2;
+    next.generation = 2;
+    auto next_comm = comm::GlooCommunicator::Create(next, &next_store);
+    ASSERT_TRUE(next_comm.ok()) << next_comm.status();
+    std::shared_ptr<comm::Communicator> comm2(std::move(*next_comm));
+    ASSERT_TRUE(
+        s->SyncState(comm2, /*authoritative_rank=*/0, /*step=*/6, *m.opt).ok());
+    // By hand: rank 2's old slice [8, 12) is lost.
+    torch::Tensor u_ref = u_full.clone();
+    torch::Tensor old_ref = old_full.clone();
+    u_ref.narrow(0, 8, 4).zero_();
+    old_ref.narrow(0, 8, 4).copy_(x_before.narrow(0, 8, 4));
+    EXPECT_EQ(s->num_shards(), 2);
+    EXPECT_EQ(s->portion_start(), 6 * rank);
+    EXPECT_EQ(s->portion_end(), 6 * rank + 6);
+    EXPECT_TRUE(
+        torch::equal(s->momentum_buffer(), u_ref.narrow(0, 6 * rank, 6)));
+    EXPECT_TRUE(torch::equal(s->old_params(), old_ref.narrow(0, 6 * rank, 6)));
+    EXPECT_EQ(s->num_updates(), 6);
+
+    Reference ref;
+    ref.x = {Flat(m), Flat(m)};
+    ref.u = u_ref;
+    ref.x_old = old_ref;
+    ref.initialized = true;
+    for (int64_t n = 6; n < 8; ++n) {  // update 8 is a slow step
+      LocalStep(m, rank, n);
+      ASSERT_TRUE(s->PerformSlowMo(*m.opt).ok());
+      ReferenceUpdate(ref, n, o);
+      ExpectClose(Flat(m), ref.x[rank],
+                  "parameters after update " + std::to_string(n));
+    }
+    ExpectClose(s->momentum_buffer(), ref.u.narrow(0, 6 * rank, 6), "u");
+    ExpectClose(s->old_params(), ref.x_old.narrow(0, 6 * rank, 6), "x_old");
+  });
+}
+
+// SGP with unsharded slow momentum, 3 ranks -> 2 (rank 2 leaves, rank 1 is
+// authoritative): everyone takes rank 1's u, x_old, weight and count, the
+// graph is rebuilt for 2 ranks from round 0, and the next gossip averages
+// the two ranks' numerators.
+TEST(SlowMoTest, MembershipChangeRebuildsTheGossipGraph) {
+  SlowMoOptions o;
+  o.base_algorithm = BaseAlgorithm::kSgp;
+  o.slowmo_memory_efficient = false;
+  o.slowmo_frequency = 2;
+  comm::InMemoryStore next_store;
+  std::mutex mu;
+  torch::Tensor root_u, root_old;
+  RunRanks(3, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
+    Model m = MakeModel(rank, /*differ=*/true);
+    auto s = *SlowMo::Create(m.params, {}, comm, 0, o);
+    for (int64_t n = 0; n < 3; ++n) {
+      LocalStep(m, rank, n);
+      ASSERT_TRUE(s->PerformSlowMo(*m.opt).ok());
+    }
+    EXPECT_EQ(s->gossip_round(), 3);
+    if (rank == 1) {
+      std::lock_guard<std::mutex> lock(mu);
+      root_u = s->momentum_buffer().clone();
+      root_old = s->old_params().clone();
+    }
+    torch::Tensor barrier = torch::ones({1});
+    ASSERT_TRUE(comm->AllreduceSum(barrier, {})->Wait().ok());
+    if (rank == 2) return;
+    comm::GlooOptions next;
+    next.rank = rank;
+    next.size = 2;
+    next.generation = 2;
+    auto made = comm::GlooCommunicator::Create(next, &next_store);
+    ASSERT_TRUE(made.ok()) << made.status();
+    std::shared_ptr<comm::Communicator> comm2(std::move(*made));
+    ASSERT_TRUE(s->SyncState(comm2, 1, /*step=*/3, *m.opt).ok());
+    EXPECT_EQ(s->graph()->world_size(), 2);
+    EXPECT_EQ(s->gossip_round(), 0);
+    EXPECT_EQ(s->num_updates(), 3);
+    EXPECT_TRUE(torch::equal(s->momentum_buffer(), root_u));
+    EXPECT_TRUE(torch::equal(s->old_params(), root_old));
+    // Update 4 is a slow step, not memory-efficient: gossip first, then
+    // each rank's own slow step from the shared u and x_old.
+    torch::Tensor mine = Flat(m);
+    torch::Tensor theirs = mine.clone();
+    std::vector<torch::Tensor> recv = {torch::empty_like(mine)};
+    ASSERT_TRUE(
+        comm2->Exchange(theirs, {1 - rank}, recv, {1 - rank}, {})->Wait().ok());
+    ASSERT_TRUE(s->PerformSlowMo(*m.opt).ok());
+    torch::Tensor x = (mine + recv[0]).mul_(0.5f);
+    torch::Tensor u = root_u.clone(), x_old = root_old.clone();
+    for (int64_t i = 0; i < kTotal; ++i) {
+      const double lr = LrOf(i);
+      const double ui = 0.5 * u[i].item<float>() +
+                        (x_old[i].item<float>() - x[i].item<float>()) / lr;
+      u[i] = ui;
+      x_old[i] = x_old[i].item<float>() - lr * ui;
+    }
+    ExpectClose(Flat(m), x_old, "parameters after the slow step");
+    ExpectClose(s->momentum_buffer(), u, "u");
+    EXPECT_EQ(s->gossip_round(), 1);
+  });
+}
+
+// An update whose collectives failed stays owed: the committed step is one
+// ahead of SlowMo's count, and SyncState performs it (here in the same
+// generation, with rank 1 authoritative).
+TEST(SlowMoTest, SyncStateFinishesAnOwedUpdate) {
+  const SlowMoOptions o = ShardedSlowMo();
+  RunRanks(2, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
+    Model m = MakeModel(rank);
+    auto s = *SlowMo::Create(m.params, {}, comm, 0, o);
+    Reference ref = Start(2);
+    for (int64_t n = 0; n < 4; ++n) {
+      LocalStep(m, rank, n);
+      ReferenceUpdate(ref, n, o);
+      if (n < 3) {
+        ASSERT_TRUE(s->PerformSlowMo(*m.opt).ok());
+      }
+    }
+    EXPECT_EQ(s->num_updates(), 3);
+    ASSERT_TRUE(s->SyncState(comm, 1, /*step=*/4, *m.opt).ok());
+    EXPECT_EQ(s->num_updates(), 4);
+    ExpectClose(Flat(m), ref.x[rank], "parameters after the owed update");
+    const int64_t a = s->portion_start(), b = s->portion_end();
+    ExpectClose(s->momentum_buffer(), ref.u.narrow(0, a, b - a), "u");
+    // A count that is off by more than one is refused.
+    const absl::Status bad = s->SyncState(comm, 0, /*step=*/9, *m.opt);
+    EXPECT_TRUE(absl::IsFailedPrecondition(bad)) << bad;
+  });
+}
+
+}  // namespace
+}  // namespace concord::slowmo

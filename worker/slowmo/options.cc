@@ -1,0 +1,46 @@
+#include "worker/slowmo/options.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace concord::slowmo {
+
+absl::Status ValidateOptions(const SlowMoOptions& o) {
+  if (o.nprocs_per_node != 1) {
+    return absl::UnimplementedError(absl::StrCat(
+        "nprocs_per_node ", o.nprocs_per_node,
+        ": the intra-node hierarchy is not implemented; use 1 (one process "
+        "per node, fairscale's behaviour for one GPU per machine)"));
+  }
+  if (o.slowmo_frequency < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "slowmo_frequency must be >= 1, got ", o.slowmo_frequency));
+  }
+  if (o.localsgd_frequency < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "localsgd_frequency must be >= 1, got ", o.localsgd_frequency));
+  }
+  if (o.slowmo_num_shards < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "slowmo_num_shards must be >= 1, got ", o.slowmo_num_shards));
+  }
+  if (!(o.slowmo_momentum >= 0.0 && o.slowmo_momentum < 1.0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "slowmo_momentum must be in [0, 1), got ", o.slowmo_momentum));
+  }
+  if (!(o.slowmo_lr > 0.0) || !std::isfinite(o.slowmo_lr)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("slowmo_lr must be > 0, got ", o.slowmo_lr));
+  }
+  if (o.peers_per_itr < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("peers_per_itr must be >= 1, got ", o.peers_per_itr));
+  }
+  if (o.collective_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("collective_timeout must be positive");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace concord::slowmo

@@ -1,0 +1,183 @@
+#pragma once
+// concord::slowmo::SlowMo: fairscale's SlowMoDistributedDataParallel
+// (experimental/nn/data_parallel/gossip) for LibTorch, with its arithmetic,
+// and elastic: its state follows the authoritative rank and is re-sharded
+// when the membership changes.
+//
+// Usage (with DDP for the initial broadcast and re-forming, gradients left
+// local as fairscale leaves them with one process per node):
+//   auto ddp = *DistributedDataParallel::Create(net, comm, auth_rank);
+//   torch::optim::SGD opt(ddp->parameters(), lr);
+//   auto slowmo = *slowmo::SlowMo::Create(ddp->parameters(), ddp->AllBuffers(),
+//                                         comm, auth_rank, options);
+//   state.Attach(slowmo.get());                 // elastic::State
+//   per step:
+//     auto no_sync = ddp->NoSync();
+//     CONCORD_RETURN_IF_ERROR(slowmo->PrepareForward());  // buffers; de-bias
+//     loss = forward; loss.backward();
+//     slowmo->AfterBackward();                  // SGP: back to numerators
+//     opt.step(); ++state.step; state.Commit();
+//     CONCORD_RETURN_IF_ERROR(slowmo->PerformSlowMo(opt));
+//
+// Note [SlowMo step]: PerformSlowMo is fairscale's perform_slowmo, called
+// once after every optimizer step (update n = 0, 1, ...):
+//   - LocalSGD: when (n+1) % localsgd_frequency == 0, parameters are
+//     divided by the world size and allreduced (skipped when a
+//     memory-efficient slow step follows: its reduce averages already).
+//   - SGP: every update (but not on memory-efficient slow steps, and
+//     replaced by the LocalSGD average when slowmo_sgp_average_params and a
+//     slow step is due), one push-sum gossip round (Note [Push-sum]).
+//   - Slow momentum, when enabled (slowmo_lr != 1 or slowmo_momentum != 0)
+//     and (n+1) % slowmo_frequency == 0, per element with the inner
+//     optimizer's current learning rate γ of the element's group:
+//       u ← β·u − x/γ + x_old/γ;  x_old ← x_old − α·γ·u;  x ← x_old
+//     Memory-efficient: the flat parameter vector (optimizer order) is cut
+//     into min(world, slowmo_num_shards) slices of ceil(total/shards)
+//     elements; rank s owns slice s: every rank divides by the world size,
+//     each slice is reduced to its owner, the owner updates u and x_old for
+//     its slice and broadcasts the new x back. Otherwise every rank updates
+//     its whole vector locally.
+//   x_old and u are created at the first call, from the parameters after the
+//   first optimizer step (as fairscale does).
+// A step is transactional (Note [Elastic step]): everything is computed into
+// temporaries and written into the parameters, u, x_old and the push-sum
+// weight only after every collective succeeded; a failure leaves the
+// update pending. Since the optimizer step itself cannot be undone, the
+// caller commits the elastic state after optimizer.step() and before
+// PerformSlowMo: the committed step then owes its averaging, and SyncState
+// (run by elastic::State::Sync after the re-form) performs it in the new
+// generation.
+//
+// Note [Push-sum]: between steps the parameters hold push-sum numerators x
+// and the rank a weight w (1 at the start). PrepareForward divides the
+// parameters by w (the de-biased estimate z = x/w the model computes with);
+// AfterBackward multiplies them back, so the optimizer applies the gradient
+// at z to x. A gossip round with k = peers_per_itr out-peers and uniform
+// mixing (fairscale's UniformMixing, lo = 1/(k+1)) sends [x, w] to each
+// out-peer and sets x ← (x + Σ_in x_j)·lo, w ← (w + Σ_in w_j)·lo, which is
+// fairscale's arithmetic (its lazy mixing) and keeps Σx and Σw over the
+// ranks (every rank keeps lo and sends lo to each of its k out-peers).
+// fairscale does not send w on regular graphs, assuming every in-peer's
+// weight equals its own; Concord sends it (one element), so the sums stay
+// exact for any weights. push_sum=false is fairscale's PushPull: no weight
+// (in-degree must equal out-degree, the mixing being doubly stochastic).
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/comm/communicator.h"
+#include "worker/elastic/state.h"
+#include "worker/slowmo/gossip_graph.h"
+#include "worker/slowmo/options.h"
+
+namespace concord::slowmo {
+
+class SlowMo final : public elastic::Participant {
+ public:
+  // `params`: the module's parameters (what is averaged or gossiped), all of
+  // one floating dtype and device; `buffers`: the module's buffers
+  // (broadcast before every forward when options.broadcast_buffers).
+  // Errors: those of ValidateOptions, INVALID_ARGUMENT (no parameters,
+  // mixed dtypes or devices, a bad authoritative rank),
+  // FAILED_PRECONDITION (a gossip graph that does not exist for this world
+  // size).
+  static absl::StatusOr<std::unique_ptr<SlowMo>> Create(
+      std::vector<torch::Tensor> params, std::vector<torch::Tensor> buffers,
+      std::shared_ptr<comm::Communicator> comm, int authoritative_rank,
+      SlowMoOptions options);
+
+  // Before a forward (fairscale's forward pre-hook): broadcasts the
+  // buffers from the authoritative rank, then (SGP) de-biases the
+  // parameters (Note [Push-sum]). Errors: those of the broadcast
+  // (retryable; the parameters are untouched then).
+  absl::Status PrepareForward();
+  // After backward (SGP): back to numerators. No-op for LocalSGD.
+  void AfterBackward();
+  // SGP: the de-biased parameters without a buffer broadcast (before
+  // saving the model). No-op for LocalSGD.
+  void Debias();
+
+  // Note [SlowMo step]. The optimizer's parameters must be among `params`
+  // and fp32 when slow momentum is on. Blocks on the step's collectives.
+  // Errors: INVALID_ARGUMENT (optimizer parameters), those of Work::Wait
+  // (retryable: the update stays pending, nothing changed).
+  absl::Status PerformSlowMo(torch::optim::Optimizer& optimizer);
+
+  // elastic::Participant: moves to `comm`, takes the authoritative rank's
+  // update count, push-sum weight and (non-sharded) u and x_old, re-shards
+  // u and x_old over the new world from the shards the survivors hold
+  // (a shard whose owner is gone restarts: u = 0, x_old = x), rebuilds the
+  // gossip graph for the new world size, and performs the update `step`
+  // still owes (Note [SlowMo step]). Every rank of the generation calls it
+  // after the model was broadcast. Errors: those of the collectives,
+  // FAILED_PRECONDITION when the update count and `step` disagree.
+  absl::Status SyncState(std::shared_ptr<comm::Communicator> comm,
+                         int authoritative_rank, int64_t step,
+                         torch::optim::Optimizer& optimizer) override;
+
+  // Inspection (tests, logs).
+  bool slowmo_enabled() const { return slowmo_; }
+  int64_t num_updates() const { return num_updates_; }
+  bool initialized() const { return initialized_; }
+  int num_shards() const { return num_shards_; }
+  int64_t portion_start() const { return portion_start_; }
+  int64_t portion_end() const { return portion_end_; }
+  // This rank's slice of u and x_old ([portion_start, portion_end) of the
+  // flat optimizer-order vector; undefined before the first update and on
+  // ranks that own no shard).
+  const torch::Tensor& momentum_buffer() const { return momentum_; }
+  const torch::Tensor& old_params() const { return old_params_; }
+  double ps_weight() const { return ps_weight_.item<double>(); }
+  bool is_ps_numerator() const { return is_numerator_; }
+  int64_t gossip_round() const { return gossip_round_; }
+  const std::optional<GossipGraph>& graph() const { return graph_; }
+  const SlowMoOptions& options() const { return options_; }
+
+ private:
+  SlowMo() = default;
+  struct Plan;
+  Plan PlanFor(int64_t update) const;
+  absl::Status Wait(std::shared_ptr<comm::Work> work, const char* what) const;
+  // The optimizer's parameters as indices into params_, in group order,
+  // with each group's learning rate.
+  absl::Status MapOptimizer(torch::optim::Optimizer& optimizer,
+                            std::vector<size_t>* index,
+                            std::vector<double>* lr) const;
+  absl::Status Gossip(torch::Tensor& flat, torch::Tensor& weight);
+  void Layout(int64_t total);
+  absl::Status Reshard(int authoritative_rank, int64_t root_updates,
+                       bool root_initialized, int64_t my_updates,
+                       torch::optim::Optimizer& optimizer);
+  absl::Status RebuildGraph();
+
+  std::vector<torch::Tensor> params_;
+  std::vector<torch::Tensor> buffers_;
+  std::shared_ptr<comm::Communicator> comm_;
+  int authoritative_rank_ = 0;
+  SlowMoOptions options_;
+  bool slowmo_ = false;
+  double slowmo_lr_ = 1.0;
+  double slowmo_momentum_ = 0.0;
+  int64_t num_updates_ = 0;
+
+  // Slow momentum (Note [SlowMo step]).
+  bool initialized_ = false;
+  int64_t total_ = 0;  // elements of the optimizer's parameters
+  int num_shards_ = 1;
+  int64_t portion_length_ = 0;
+  int64_t portion_start_ = 0, portion_end_ = 0;
+  torch::Tensor momentum_, old_params_;
+
+  // SGP (Note [Push-sum]).
+  std::optional<GossipGraph> graph_;
+  int64_t gossip_round_ = 0;
+  torch::Tensor ps_weight_;  // one element, the parameters' dtype
+  bool is_numerator_ = false;
+};
+
+}  // namespace concord::slowmo
