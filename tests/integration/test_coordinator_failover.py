@@ -165,8 +165,9 @@ def run(args, checks, tmp):
                  "replica B stands by without listening", b.proc.describe())
 
     fx = te.Fixture(tmp, 512)
-    # Long enough to fail over twice mid-run (about 25 s on 2 cores).
-    batch, epochs = 4, 60
+    # Long enough to fail over twice mid-run: the two fail-overs take about
+    # 5 s, the job at least 15 s (5,760 steps of ~2.5 ms).
+    batch, epochs = 4, 90
     rd = te.RunDir(tmp, "failover")
     target = "%s,%s" % (a.address, b.address)
     train = te.train_args(fx, rd, batch, epochs)
