@@ -227,6 +227,13 @@ absl::Status SlowMo::PerformSlowMo(torch::optim::Optimizer& optimizer) {
   comm::CollectiveOptions opts;
   opts.timeout = options_.collective_timeout;
   const int world = comm_->size();
+  const bool first_slow = slowmo_ && !initialized_;
+  if (!plan.gossip && !plan.allreduce && !plan.slow && !first_slow) {
+    // Nothing to exchange this update (LocalSGD between averages): the
+    // parameters stay as the optimizer left them.
+    ++num_updates_;
+    return absl::OkStatus();
+  }
 
   // Offsets of the parameters in `flat` (SlowMo's order).
   std::vector<int64_t> offset(params_.size() + 1, 0);
@@ -235,7 +242,9 @@ absl::Status SlowMo::PerformSlowMo(torch::optim::Optimizer& optimizer) {
   }
   std::vector<size_t> order;  // optimizer order -> index into params_
   std::vector<double> lr;
-  if (slowmo_) CONCORD_RETURN_IF_ERROR(MapOptimizer(optimizer, &order, &lr));
+  if (plan.slow || first_slow) {
+    CONCORD_RETURN_IF_ERROR(MapOptimizer(optimizer, &order, &lr));
+  }
   auto optimizer_flat = [&](const torch::Tensor& flat) {
     std::vector<torch::Tensor> parts;
     for (size_t i : order) {
