@@ -257,6 +257,16 @@ class Coordinator(object):
         self.proc.wait(10)
 
 
+def start_coordinator(ctx, name, rd):
+    """A standalone coordinator for case `name`, or None (a failed check)."""
+    coord = Coordinator(ctx.bins, os.path.join(rd.path, "coordinator"))
+    if not ctx.checks.check(coord.address is not None, name + ": concord-coordinator started",
+                            coord.proc.describe()):
+        coord.stop()
+        return None
+    return coord
+
+
 class Bins(object):
     def __init__(self, bin_dir):
         d = os.path.abspath(bin_dir)
@@ -858,10 +868,8 @@ def case_fixed_staggered(ctx, name, world, n, batch, epochs, kills, min_workers)
     fx = Fixture(ctx.tmp, n)
     rd = RunDir(ctx.tmp, name)
     streams = fixtures.stream_lengths(n, world, batch, epochs)
-    coord = Coordinator(ctx.bins, os.path.join(rd.path, "coordinator"))
-    if not ctx.checks.check(coord.address is not None, name + ": concord-coordinator started",
-                            coord.proc.describe()):
-        coord.stop()
+    coord = start_coordinator(ctx, name, rd)
+    if coord is None:
         return
     try:
         launchers = []
@@ -913,10 +921,8 @@ def case_join(ctx, name):
     n, batch, epochs = 512, 4, 40
     fx = Fixture(ctx.tmp, n)
     rd = RunDir(ctx.tmp, name)
-    coord = Coordinator(ctx.bins, os.path.join(rd.path, "coordinator"))
-    if not ctx.checks.check(coord.address is not None, name + ": concord-coordinator started",
-                            coord.proc.describe()):
-        coord.stop()
+    coord = start_coordinator(ctx, name, rd)
+    if coord is None:
         return
     try:
         common = dict(min_workers=2, max_workers=3, coordinator=coord.address,
@@ -1062,10 +1068,8 @@ def case_below_min_coordinator(ctx, name):
     the coordinator's reason (rendezvous timeout, min_workers)."""
     fx = Fixture(ctx.tmp, 150)
     rd = RunDir(ctx.tmp, name)
-    coord = Coordinator(ctx.bins, os.path.join(rd.path, "coordinator"))
-    if not ctx.checks.check(coord.address is not None, name + ": concord-coordinator started",
-                            coord.proc.describe()):
-        coord.stop()
+    coord = start_coordinator(ctx, name, rd)
+    if coord is None:
         return
     try:
         p = Proc(name, launch_cmd(ctx.bins, 2, name, train_args(fx, rd, 4, 50), min_workers=2,
