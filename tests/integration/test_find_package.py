@@ -1,0 +1,242 @@
+#!/usr/bin/python3
+"""`cmake --install` and find_package(Concord), end to end.
+
+    /usr/bin/python3 tests/integration/test_find_package.py --bin-dir build/bin \
+        --build-dir build --source-dir . [--cmake cmake] [--keep]
+
+1. Installs the build tree into a fresh temporary prefix
+   (`cmake --install BUILD --prefix P`) and checks the layout: the four
+   tools (and nothing else) in P/bin, the libraries, the public headers of
+   README's "Using the library" with the generated ones under
+   P/include/concord, ConcordConfig.cmake, ConcordConfigVersion.cmake and
+   the exported targets in P/lib/cmake/Concord; no installed CMake file or
+   header names the source or build tree.
+2. Copies examples/find_package out of the source tree, configures it with
+   CMAKE_PREFIX_PATH=P only (package registry off, CMAKE_PREFIX_PATH and
+   Concord_DIR cleared from the environment), and checks that it found
+   Concord in P and that no compile command names the source or build tree;
+   builds it with -Wall -Wextra -Werror.
+3. Runs it for real: P/bin/concord-run --standalone --nproc 2 (the
+   installed launcher with its embedded coordinator) and two example
+   processes, 40 steps. Both ranks must report world 2, a loss that fell
+   below a fifth of the first step's, and bit-identical parameters (they
+   started from different weights); one process alone with twice the batch
+   must end with the same parameters (rtol 1e-5). A bad flag is one line on
+   stderr and exit status 2.
+
+Prints one line per check and a final 'N passed, N failed'; exits 1 on any
+failure.
+"""
+
+import argparse
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "reference"))
+
+import fixtures  # noqa: E402
+
+TOOLS = ["concord-coordinator", "concord-run", "concord-train", "concordctl"]
+LIBS = ["libconcord.a", "libconcord_worker_core.a", "libconcord_common.a",
+        "libconcord_proto.a", "libconcord_kernels_cpu.a"]
+HEADERS = ["worker/session.h", "worker/ddp/distributed_data_parallel.h",
+           "worker/ddp/comm_hooks.h", "worker/elastic/state.h",
+           "worker/syncbn/sync_batch_norm.h", "worker/slowmo/slowmo.h",
+           "worker/comm/communicator.h", "common/status_macros.h",
+           "common/tls.h", "kernels/dtype.h", "concord/config.h",
+           "concord/v1/worker.pb.h", "concord/v1/worker.grpc.pb.h"]
+PACKAGE = ["ConcordConfig.cmake", "ConcordConfigVersion.cmake",
+           "ConcordTargets.cmake"]
+FINAL = re.compile(
+    r"concord-example: rank (\d+) world (\d+) steps (\d+) first_loss (\S+) "
+    r"last_loss (\S+) param_sum (\S+) param_sq_sum (\S+)")
+
+
+def cmake_cache_value(build_dir, key):
+    try:
+        with open(os.path.join(build_dir, "CMakeCache.txt")) as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return line.split("=", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def files_naming(root, needles):
+    """Text files under root that contain one of needles."""
+    hits = []
+    for dirpath, _, names in os.walk(root):
+        for name in names:
+            path = os.path.join(dirpath, name)
+            try:
+                with open(path, errors="replace") as f:
+                    text = f.read()
+            except OSError:
+                continue
+            hits += ["%s names %s" % (path, n) for n in needles if n in text]
+    return hits
+
+
+def finals(output):
+    return [m.groups() for m in FINAL.finditer(output)]
+
+
+def check_install(checks, args, prefix):
+    r = fixtures.run_command([args.cmake, "--install", args.build_dir,
+                              "--prefix", prefix], timeout=120)
+    if not checks.check(r.returncode == 0 and not r.timed_out,
+                        "cmake --install", r.describe()):
+        return False
+    checks.ok("install took %.1f s" % r.elapsed)
+    bins = sorted(os.listdir(os.path.join(prefix, "bin")))
+    checks.check(bins == sorted(TOOLS), "bin/ holds the tools only",
+                 "bin/ has %s" % bins)
+    for tool in TOOLS:
+        path = os.path.join(prefix, "bin", tool)
+        checks.check(os.access(path, os.X_OK), "bin/%s executable" % tool,
+                     "missing or not executable")
+    missing = [p for p in
+               ["lib/" + n for n in LIBS] +
+               ["include/concord/" + h for h in HEADERS] +
+               ["lib/cmake/Concord/" + n for n in PACKAGE]
+               if not os.path.isfile(os.path.join(prefix, p))]
+    checks.check(not missing, "installed libraries, headers, package",
+                 "missing: %s" % missing)
+    needles = [os.path.realpath(args.source_dir) + "/",
+               os.path.realpath(args.build_dir) + "/"]
+    leaks = (files_naming(os.path.join(prefix, "lib", "cmake"), needles) +
+             files_naming(os.path.join(prefix, "include"), needles))
+    checks.check(not leaks, "installed package names no source/build path",
+                 "; ".join(leaks[:5]))
+    return not missing
+
+
+def build_example(checks, args, prefix, work):
+    src = os.path.join(work, "example-src")
+    build = os.path.join(work, "example-build")
+    shutil.copytree(os.path.join(args.source_dir, "examples", "find_package"),
+                    src)
+    # Nothing but -DCMAKE_PREFIX_PATH may point CMake or the compiler
+    # elsewhere (fixtures.run_command passes this process's environment on).
+    for var in ["CMAKE_PREFIX_PATH", "Concord_DIR", "Concord_ROOT", "CPATH",
+                "CPLUS_INCLUDE_PATH", "LIBRARY_PATH"]:
+        os.environ.pop(var, None)
+    configure = [args.cmake, "-S", src, "-B", build,
+                 "-DCMAKE_PREFIX_PATH=" + prefix,
+                 "-DCMAKE_FIND_PACKAGE_NO_PACKAGE_REGISTRY=ON",
+                 "-DCMAKE_BUILD_TYPE=Release",
+                 "-DCMAKE_EXPORT_COMPILE_COMMANDS=ON",
+                 "-DCMAKE_CXX_FLAGS=-Wall -Wextra -Werror"]
+    compiler = cmake_cache_value(args.build_dir, "CMAKE_CXX_COMPILER")
+    if compiler:
+        configure.append("-DCMAKE_CXX_COMPILER=" + compiler)
+    if shutil.which("ninja"):
+        configure += ["-G", "Ninja"]
+    r = fixtures.run_command(configure, timeout=120)
+    if not checks.check(r.returncode == 0 and not r.timed_out,
+                        "example configures against the prefix", r.describe()):
+        return None
+    found = cmake_cache_value(build, "Concord_DIR")
+    expected = os.path.join(prefix, "lib", "cmake", "Concord")
+    checks.check(os.path.realpath(found) == os.path.realpath(expected),
+                 "Concord found in the prefix",
+                 "Concord_DIR=%r, expected %r" % (found, expected))
+    try:
+        with open(os.path.join(build, "compile_commands.json")) as f:
+            commands = " ".join(c["command"] for c in json.load(f))
+    except (OSError, ValueError, KeyError) as e:
+        checks.fail("compile commands", str(e))
+        return None
+    needles = [os.path.realpath(args.source_dir) + "/",
+               os.path.realpath(args.build_dir) + "/"]
+    leaks = [n for n in needles if n in commands]
+    checks.check(not leaks, "example's compile command names no source/build "
+                 "tree path", "found %s in: %s" % (leaks, commands))
+    checks.check(os.path.join(prefix, "include", "concord") in commands,
+                 "example includes P/include/concord", commands)
+    r = fixtures.run_command([args.cmake, "--build", build, "--parallel", "1"],
+                             timeout=420)
+    if not checks.check(r.returncode == 0 and not r.timed_out,
+                        "example builds (-Wall -Wextra -Werror)",
+                        r.describe()):
+        return None
+    checks.ok("example built in %.1f s" % r.elapsed)
+    return os.path.join(build, "concord-example")
+
+
+def run_example(checks, prefix, example):
+    launcher = os.path.join(prefix, "bin", "concord-run")
+    r = fixtures.run_command([launcher, "--standalone", "--nproc", "2", "--",
+                              example, "--steps", "40", "--batch-size", "16"],
+                             timeout=120)
+    if not checks.check(r.returncode == 0 and not r.timed_out,
+                        "installed concord-run + 2 example processes",
+                        r.describe()):
+        return
+    checks.ok("2 ranks trained in %.1f s" % r.elapsed)
+    ranks = finals(r.stdout)
+    if not checks.check(sorted(int(x[0]) for x in ranks) == [0, 1],
+                        "both ranks finished", r.describe()):
+        return
+    for rank, world, steps, first, last, _, _ in ranks:
+        checks.check(world == "2" and steps == "40",
+                     "rank %s: world 2, 40 steps" % rank,
+                     "world %s steps %s" % (world, steps))
+        checks.check(float(last) < 0.2 * float(first),
+                     "rank %s: loss fell (%s -> %s)" % (rank, first, last),
+                     "first %s last %s" % (first, last))
+    checks.check(ranks[0][5:] == ranks[1][5:],
+                 "ranks end with identical parameters",
+                 "rank sums %s vs %s" % (ranks[0][5:], ranks[1][5:]))
+    alone = fixtures.run_command([example, "--steps", "40", "--batch-size",
+                                  "32"], timeout=60)
+    one = finals(alone.stdout)
+    if not checks.check(alone.returncode == 0 and len(one) == 1 and
+                        one[0][1] == "1", "one process alone, batch 32",
+                        alone.describe()):
+        return
+    for i, name in [(5, "param_sum"), (6, "param_sq_sum")]:
+        a, b = float(ranks[0][i]), float(one[0][i])
+        checks.check(abs(a - b) <= 1e-5 * max(abs(a), abs(b), 1e-3),
+                     "2 ranks x 16 = 1 process x 32 (%s)" % name,
+                     "%r vs %r" % (a, b))
+    bad = fixtures.run_command([example, "--steps", "zero"], timeout=60)
+    lines = [x for x in bad.stderr.splitlines() if x.strip()]
+    checks.check(bad.returncode == 2 and len(lines) == 1 and
+                 "--steps" in lines[0], "bad flag: one line, exit 2",
+                 bad.describe())
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--bin-dir", required=True)
+    parser.add_argument("--build-dir", required=True)
+    parser.add_argument("--source-dir", required=True)
+    parser.add_argument("--cmake", default="cmake")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the temporary prefix and example build")
+    args = parser.parse_args()
+    checks = fixtures.Checks()
+    work = tempfile.mkdtemp(prefix="concord-install-")
+    prefix = os.path.join(work, "prefix")
+    try:
+        if check_install(checks, args, prefix):
+            example = build_example(checks, args, prefix, work)
+            if example:
+                run_example(checks, prefix, example)
+    finally:
+        if args.keep:
+            print("kept %s" % work)
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    return checks.finish()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
