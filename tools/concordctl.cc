@@ -34,6 +34,7 @@
 #include "absl/time/time.h"
 #include "common/auth.h"
 #include "common/grpc_status.h"
+#include "common/operator_json.h"
 #include "common/tls.h"
 #include "concord/v1/operator.grpc.pb.h"
 
@@ -59,76 +60,16 @@ struct Flags {
 };
 
 std::string StateName(v1::JobState state) {
-  std::string name = v1::JobState_Name(state);
-  const std::string prefix = "JOB_STATE_";
-  if (name.rfind(prefix, 0) == 0) name = name.substr(prefix.size());
-  return name;
+  return concord::JobStateName(state);
 }
 
 std::string FormatTime(int64_t unix_ms) {
-  return absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::FromUnixMillis(unix_ms),
-                          absl::UTCTimeZone());
+  return concord::FormatUnixMs(unix_ms);
 }
 
-json EventJson(const v1::Event& e) {
-  return json{{"seq", e.seq()},
-              {"time", FormatTime(e.time_unix_ms())},
-              {"time_unix_ms", e.time_unix_ms()},
-              {"kind", e.kind()},
-              {"worker_id", e.worker_id()},
-              {"message", e.message()}};
-}
-
-json MemberJson(const v1::MemberStatus& m) {
-  json j{{"worker_id", m.worker_id()},
-         {"rank", m.rank()},
-         {"host", m.host()},
-         {"committed_step", m.committed_step()},
-         {"last_heartbeat_age_ms", m.last_heartbeat_age_ms()},
-         {"samples_per_second", m.samples_per_second()},
-         {"completed", m.completed()},
-         {"end_of_data_step", nullptr},
-         {"ddp",
-          {{"step_ms", m.ddp().step_ms()},
-           {"forward_ms", m.ddp().forward_ms()},
-           {"backward_ms", m.ddp().backward_ms()},
-           {"allreduce_wait_ms", m.ddp().allreduce_wait_ms()},
-           {"optimizer_ms", m.ddp().optimizer_ms()},
-           {"buckets", m.ddp().buckets()}}}};
-  if (m.has_end_of_data_step()) j["end_of_data_step"] = m.end_of_data_step();
-  return j;
-}
-
-json SummaryJson(const v1::JobSummary& s) {
-  return json{
-      {"job_id", s.job_id()},           {"state", StateName(s.state())},
-      {"generation", s.generation()},   {"world_size", s.world_size()},
-      {"waiting", s.waiting()},         {"min_workers", s.min_workers()},
-      {"max_workers", s.max_workers()}, {"failure", s.failure()}};
-}
-
-json StatusJson(const v1::JobStatus& s) {
-  json j{{"job_id", s.spec().job_id()},
-         {"state", StateName(s.state())},
-         {"failure", s.failure()},
-         {"generation", s.generation()},
-         {"authoritative_rank", s.authoritative_rank()},
-         {"min_workers", s.spec().min_workers()},
-         {"max_workers", s.spec().max_workers()},
-         {"boundary_step", nullptr},
-         {"members", json::array()},
-         {"waiting", json::array()},
-         {"expected", json::array()},
-         {"recent_events", json::array()}};
-  if (s.has_boundary_step()) j["boundary_step"] = s.boundary_step();
-  for (const auto& m : s.members()) j["members"].push_back(MemberJson(m));
-  for (const auto& m : s.waiting()) j["waiting"].push_back(MemberJson(m));
-  for (const auto& m : s.expected()) j["expected"].push_back(MemberJson(m));
-  for (const auto& e : s.recent_events()) {
-    j["recent_events"].push_back(EventJson(e));
-  }
-  return j;
-}
+using concord::EventJson;
+using concord::StatusJson;
+using concord::SummaryJson;
 
 // Left-aligned columns separated by two spaces.
 void PrintTable(const std::vector<std::vector<std::string>>& rows) {
