@@ -283,7 +283,9 @@ absl::StatusOr<v1::HeartbeatResponse> Core::Heartbeat(
   member.last_heartbeat = clock_->Now();
   member.committed_step = std::max(member.committed_step, request.step());
   member.samples_per_second = request.samples_per_second();
+  if (request.has_loss()) member.loss = request.loss();
   member.ddp = request.ddp();
+  RecordProgress(*job);
   Changed(*job, /*persist=*/false);
   v1::HeartbeatResponse response;
   if (job->boundary_step.has_value()) {
@@ -795,6 +797,8 @@ void Core::FormGeneration(Job& job, size_t n) {
   job.kv.clear();
   job.boundary_step.reset();
   job.state = v1::JOB_STATE_RUNNING;
+  job.history.GenerationFormed(now, job.generation,
+                               static_cast<int32_t>(job.members.size()));
   AddEvent(job, "generation", "",
            absl::StrFormat("generation %d formed with %d members, "
                            "authoritative rank %d",
@@ -829,6 +833,7 @@ void Core::EndGeneration(Job& job, const std::string& why,
                                : absl::StrCat("; expecting ",
                                               absl::StrJoin(survivors, ", "),
                                               " to join again")));
+  job.history.GenerationEnded(clock_->Now(), job.generation, why);
   job.members.clear();
   job.kv.clear();
   job.boundary_step.reset();
@@ -841,6 +846,7 @@ void Core::AddEvent(Job& job, std::string kind, std::string worker_id,
                     std::string message) {
   spdlog::info("job {}: {}{}{}: {}", job.spec.job_id(), kind,
                worker_id.empty() ? "" : " ", worker_id, message);
+  if (kind == "failure") job.history.RecordFailure();
   if (job.events.size() >= internal::kMaxEvents) job.events.pop_front();
   job.events.push_back(Event{job.next_event_seq++, clock_->Now(),
                              std::move(kind), std::move(worker_id),

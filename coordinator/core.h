@@ -131,6 +131,7 @@
 // finished workers and events; heartbeat ages and rendezvous timers restart
 // from the restore time, so workers get a full timeout to reconnect.
 
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -147,6 +148,7 @@
 #include "concord/v1/coordinator_state.pb.h"
 #include "concord/v1/operator.pb.h"
 #include "concord/v1/worker.pb.h"
+#include "coordinator/job_history.h"
 
 namespace concord::coordinator {
 
@@ -158,6 +160,25 @@ struct Assignment {
   std::vector<v1::Member> members;  // ordered by rank
   absl::Duration heartbeat_interval;
   int32_t finished_workers = 0;  // left at the end of their data
+};
+
+// A job's figures for the per-job Prometheus metrics (Note [Job history]).
+struct JobMetricsSample {
+  std::string job_id;
+  v1::JobState state = v1::JOB_STATE_UNSPECIFIED;
+  int64_t generation = 0;
+  int32_t members = 0;
+  int32_t waiting = 0;
+  int64_t step = 0;  // of the newest progress point (0 before any)
+  double samples_per_second = 0;
+  std::optional<double> loss;
+  double steps_per_second = 0;
+  // Failures, the re-form histogram: see JobHistory.
+  int64_t failures = 0;
+  std::array<uint64_t, JobHistory::kReformBuckets.size() + 1> reform_buckets{};
+  uint64_t reform_count = 0;
+  double reform_seconds_sum = 0;
+  std::optional<double> last_reform_seconds;
 };
 
 struct Event {
@@ -278,6 +299,16 @@ class Core {
   // record is inconsistent.
   absl::Status RestoreJob(const v1::JobRecord& record);
 
+  // Note [Job history]: a copy of the job's progress and generation history;
+  // NOT_FOUND for an unknown job, INVALID_ARGUMENT for a malformed id.
+  absl::StatusOr<JobHistory> History(const std::string& job_id) const;
+  // Every job's figures for the metrics, except jobs that ended more than
+  // `ended_retention` ago (the time of their last event), so that the
+  // number of exported series stays bounded by the live jobs and not by
+  // every job the coordinator still remembers.
+  std::vector<JobMetricsSample> MetricsSamples(
+      absl::Duration ended_retention) const;
+
   // For status and tests.
   std::vector<Event> Events(const std::string& job_id) const;
   std::optional<v1::JobState> State(const std::string& job_id) const;
@@ -298,6 +329,7 @@ class Core {
     bool completed = false;
     std::optional<int64_t> end_of_data_step;
     double samples_per_second = 0;
+    std::optional<double> loss;  // of its last heartbeat that had one
     v1::DdpTimings ddp;
   };
   // A worker's WatchMembership streams (Note [Re-forming]).
@@ -333,6 +365,8 @@ class Core {
     // Transient, never exported: by worker id, while the worker has a
     // stream open or is bound.
     std::map<std::string, WatchState> watches;
+    // Transient, never exported (Note [Job history]).
+    JobHistory history;
   };
 
   Job* FindJob(const std::string& job_id);
@@ -368,6 +402,8 @@ class Core {
   // Note [Re-forming]: waiting workers the next generation could admit.
   static int32_t WaitingWorkers(const Job& job);
   void MaybeApplyBoundary(Job& job);
+  // Note [Job history]: adds the members' aggregates after a heartbeat.
+  void RecordProgress(Job& job);
   void AddEvent(Job& job, std::string kind, std::string worker_id,
                 std::string message);
   // `persist`: whether the change must reach the Store (Note [Persistence]).

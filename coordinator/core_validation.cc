@@ -254,6 +254,9 @@ absl::Status ValidateRequest(const v1::HeartbeatRequest& r) {
   CONCORD_RETURN_IF_ERROR(NonNegative("step", r.step()));
   CONCORD_RETURN_IF_ERROR(
       FiniteNonNegative("samples_per_second", r.samples_per_second()));
+  if (r.has_loss() && !std::isfinite(r.loss())) {
+    return Invalid("loss", absl::StrCat("must be finite; got ", r.loss()));
+  }
   const v1::DdpTimings& d = r.ddp();
   CONCORD_RETURN_IF_ERROR(FiniteNonNegative("ddp.step_ms", d.step_ms()));
   CONCORD_RETURN_IF_ERROR(FiniteNonNegative("ddp.forward_ms", d.forward_ms()));

@@ -88,6 +88,7 @@ v1::MemberStatus Core::StatusOf(const MemberState& m) const {
   if (m.end_of_data_step.has_value()) {
     out.set_end_of_data_step(*m.end_of_data_step);
   }
+  if (m.loss.has_value()) out.set_loss(*m.loss);
   return out;
 }
 

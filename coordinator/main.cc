@@ -107,6 +107,9 @@ void LogServing(const concord::coordinator::Server& server,
   if (server.health_port() != 0) {
     spdlog::info("health on port {}", server.health_port());
   }
+  if (server.status_port() != 0) {
+    spdlog::info("status page on port {}", server.status_port());
+  }
 }
 
 // --store etcd: campaign, serve while leading, stand by again when the
@@ -233,6 +236,9 @@ int main(int argc, char** argv) {
                  "host:port for Prometheus metrics at /metrics (default off)");
   app.add_option("--health-listen", options.health_address,
                  "host:port for a plain HTTP health check (default off)");
+  app.add_option("--status-listen", options.status_address,
+                 "host:port for the status page (plain HTTP, operator token; "
+                 "default off)");
   std::string store_kind = "embedded";
   std::vector<std::string> etcd_endpoints;
   concord::TlsFiles etcd_tls_files;
@@ -328,7 +334,20 @@ int main(int argc, char** argv) {
   concord::InitLogging("coordinator", log_level);
 
   options.listen_address = listen;
-  for (const std::string& address : {listen, options.metrics_address}) {
+  if (!options.status_address.empty()) {
+    const std::string host =
+        options.status_address.substr(0, options.status_address.rfind(':'));
+    if (host != "localhost" && host != "[::1]" && host.rfind("127.", 0) != 0) {
+      // The page is plain HTTP: the operator token would cross the network
+      // in the clear (docs/operators.md "Status page").
+      spdlog::warn(
+          "the status page on {} is plain HTTP: keep it on loopback or "
+          "behind a TLS proxy",
+          options.status_address);
+    }
+  }
+  for (const std::string& address :
+       {listen, options.metrics_address, options.status_address}) {
     const std::string in_use = address.empty() ? "" : AddressInUse(address);
     if (!in_use.empty()) {
       std::fprintf(stderr, "concord-coordinator: %s\n", in_use.c_str());

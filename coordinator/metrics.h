@@ -5,10 +5,9 @@
 //   concord_rpc_total{method,code}          counter
 //   concord_rpc_duration_seconds{method}    histogram (server-side latency)
 //   concord_store_errors_total              counter
-//   concord_jobs{state}                     gauge  } read from the core at
-//   concord_job_generation{job}             gauge  } scrape time (see
-//   concord_job_members{job}                gauge  } CoreHost::Collect)
-//   concord_job_waiting{job}                gauge  }
+//
+// The per-job series (concord_jobs, concord_job_*) are read from the core at
+// scrape time: jobs_collector.h.
 //
 // Thread-safe.
 

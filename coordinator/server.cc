@@ -16,6 +16,7 @@
 #include "common/auth.h"
 #include "common/tls.h"
 #include "coordinator/file_store.h"
+#include "coordinator/jobs_collector.h"
 
 namespace concord::coordinator {
 namespace {
@@ -35,58 +36,6 @@ absl::Status CheckAddress(const std::string& what, const std::string& address) {
   }
   return absl::OkStatus();
 }
-
-// Per-job gauges, read from the core at scrape time.
-class JobsCollector final : public prometheus::Collectable {
- public:
-  explicit JobsCollector(CoreHost* host) : host_(host) {}
-
-  std::vector<prometheus::MetricFamily> Collect() const override {
-    using prometheus::ClientMetric;
-    using prometheus::MetricFamily;
-    using prometheus::MetricType;
-    const v1::ListJobsResponse jobs =
-        host_->Read([](const Core& core) { return core.ListJobs(); });
-    MetricFamily states{"concord_jobs", "Jobs by state", MetricType::Gauge, {}};
-    MetricFamily generation{"concord_job_generation",
-                            "Current generation of each job",
-                            MetricType::Gauge,
-                            {}};
-    MetricFamily members{"concord_job_members",
-                         "Members of each job's current generation",
-                         MetricType::Gauge,
-                         {}};
-    MetricFamily waiting{"concord_job_waiting",
-                         "Workers waiting for each job's next generation",
-                         MetricType::Gauge,
-                         {}};
-    std::map<std::string, int> by_state;
-    for (int s = v1::JobState_MIN; s <= v1::JobState_MAX; ++s) {
-      if (s != v1::JOB_STATE_UNSPECIFIED) {
-        by_state[v1::JobState_Name(static_cast<v1::JobState>(s))] = 0;
-      }
-    }
-    auto gauge = [](MetricFamily& family, const std::string& label,
-                    const std::string& value, double v) {
-      ClientMetric m;
-      m.label.push_back({label, value});
-      m.gauge.value = v;
-      family.metric.push_back(std::move(m));
-    };
-    for (const v1::JobSummary& job : jobs.jobs()) {
-      ++by_state[v1::JobState_Name(job.state())];
-      gauge(generation, "job", job.job_id(),
-            static_cast<double>(job.generation()));
-      gauge(members, "job", job.job_id(), job.world_size());
-      gauge(waiting, "job", job.job_id(), job.waiting());
-    }
-    for (const auto& [state, n] : by_state) gauge(states, "state", state, n);
-    return {states, generation, members, waiting};
-  }
-
- private:
-  CoreHost* host_;
-};
 
 }  // namespace
 
@@ -152,6 +101,12 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
     server->exposer_->RegisterCollectable(server->collector_);
     const std::vector<int> ports = server->exposer_->GetListeningPorts();
     server->metrics_port_ = ports.empty() ? 0 : ports.front();
+  }
+  if (!options.status_address.empty()) {
+    auto status = StatusHttpServer::Start(
+        options.status_address, options.operator_token, server->host_.get());
+    if (!status.ok()) return status.status();
+    server->status_ = *std::move(status);
   }
   if (!options.health_address.empty()) {
     auto health = HealthHttpServer::Start(options.health_address);
@@ -226,6 +181,7 @@ void Server::Shutdown() {
     server_->Wait();
   }
   exposer_.reset();
+  status_.reset();
   health_.reset();
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -22,6 +22,7 @@
 #include "coordinator/metrics.h"
 #include "coordinator/operator_service.h"
 #include "coordinator/service.h"
+#include "coordinator/status_http.h"
 #include "coordinator/store.h"
 
 namespace prometheus {
@@ -51,6 +52,9 @@ struct ServerOptions {
   std::string metrics_address;
   // Plain HTTP health endpoint (health_http.h); empty = none.
   std::string health_address;
+  // The status page (status_http.h; plain HTTP, operator token); empty =
+  // none.
+  std::string status_address;
   // How often timeouts are checked.
   absl::Duration tick_interval = absl::Milliseconds(100);
 };
@@ -77,6 +81,7 @@ class Server {
   // Bound ports of the optional endpoints (0 when off).
   int metrics_port() const { return metrics_port_; }
   int health_port() const { return health_ ? health_->port() : 0; }
+  int status_port() const { return status_ ? status_->port() : 0; }
 
   // Stops the tick thread and the servers; calls blocked in Join/KvGet/
   // WatchMembership end within about a second. Idempotent and callable from
@@ -104,6 +109,7 @@ class Server {
   std::shared_ptr<prometheus::Collectable> collector_;
   std::unique_ptr<prometheus::Exposer> exposer_;
   std::unique_ptr<HealthHttpServer> health_;
+  std::unique_ptr<StatusHttpServer> status_;
   int port_ = 0;
   int metrics_port_ = 0;
   std::string address_;

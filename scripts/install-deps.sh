@@ -19,7 +19,16 @@ PACKAGES=(
   libssl-dev openssl
   # The etcd store's tests start a real etcd on loopback.
   etcd-server
+  # The coordinator's status page (civetweb, as prometheus-cpp's exposer).
+  libcivetweb-dev
+  # The status page's browser test: headless Chromium driven by
+  # playwright-core (tests/browser, installed with npm ci by test.sh).
+  chromium
 )
+# Node and npm for that driver: Debian's, unless a node with npm is there
+# already (e.g. NodeSource's nodejs, which bundles npm and conflicts with
+# Debian's npm package).
+command -v npm >/dev/null 2>&1 || PACKAGES+=(nodejs npm)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -628,7 +628,7 @@ int Train(const Flags& flags) {
             take_step(st, Batch{torch::tensor(mine, torch::kLong), job});
         st.Commit();
         CONCORD_RETURN_IF_ERROR(average());
-        s.ReportProgress(st.step, sps);
+        s.ReportProgress(st.step, sps, last_loss);
       }
     }
     while (st.epoch < flags.epochs) {
@@ -667,7 +667,7 @@ int Train(const Flags& flags) {
       st.Commit();
       if (sample_log.is_open()) sample_log << std::endl;  // committed
       CONCORD_RETURN_IF_ERROR(average());
-      s.ReportProgress(st.step, sps);
+      s.ReportProgress(st.step, sps, last_loss);
     }
     return absl::OkStatus();
   };

@@ -7,12 +7,15 @@
 //     events JOB [--after N] [--limit N]
 //     drain JOB WORKER [--reason TEXT]
 //     stop JOB [--reason TEXT]
+//     watch JOB [--interval SECONDS]   follow a job until it ends
+//                                      (concordctl_watch.h)
 //
 // The token comes from --token-file or CONCORD_TOKEN_FILE (an operator
 // token). Output: a table by default; `-o json` prints one JSON object whose
 // field names are documented in docs/operators.md and never change meaning.
 // Exit status: 0 on success, 1 when the coordinator refuses or cannot be
-// reached (one line on stderr naming the gRPC code), 2 for bad flags.
+// reached (one line on stderr naming the gRPC code), 2 for bad flags; watch:
+// 3 when the job FAILED or was STOPPED.
 
 #include <grpcpp/grpcpp.h>
 
@@ -34,8 +37,10 @@
 #include "absl/time/time.h"
 #include "common/auth.h"
 #include "common/grpc_status.h"
+#include "common/operator_json.h"
 #include "common/tls.h"
 #include "concord/v1/operator.grpc.pb.h"
+#include "tools/concordctl_watch.h"
 
 namespace {
 
@@ -56,79 +61,75 @@ struct Flags {
   std::string reason;
   int64_t after = 0;
   int limit = 100;
+  double interval_s = 2;
 };
 
+// Commands by group, as `concordctl --help` lists them (kubectl's layout).
+struct CommandHelp {
+  const char* group;
+  const char* name;
+  const char* description;
+};
+constexpr CommandHelp kCommands[] = {
+    {"Basic commands", "jobs", "List every job, one line each"},
+    {"Basic commands", "status",
+     "Show one job in detail (without JOB: as jobs)"},
+    {"Basic commands", "events", "Print a job's events"},
+    {"Basic commands", "watch", "Follow a job live until it ends"},
+    {"Admin commands", "drain", "Remove a worker from its job"},
+    {"Admin commands", "stop", "Stop a job"},
+};
+
+void PrintTopHelp() {
+  std::string out =
+      "concordctl controls a Concord coordinator: it shows jobs and acts on "
+      "them.\n";
+  std::string group;
+  for (const CommandHelp& c : kCommands) {
+    if (group != c.group) {
+      group = c.group;
+      out += absl::StrCat("\n", group, ":\n");
+    }
+    out += absl::StrFormat("  %-8s %s\n", c.name, c.description);
+  }
+  out +=
+      "\nExamples:\n"
+      "  # List every job\n"
+      "  concordctl --endpoint 127.0.0.1:7070 --token-file operator.token "
+      "jobs\n\n"
+      "  # One job as JSON (field names: docs/operators.md)\n"
+      "  concordctl status my-job -o json\n\n"
+      "  # Follow a job every second until it ends (exit 0: succeeded)\n"
+      "  concordctl watch my-job --interval 1\n\n"
+      "  # Take a worker out of a job\n"
+      "  concordctl drain my-job worker-3 --reason 'bad host'\n"
+      "\nOptions (every command):\n"
+      "  --endpoint HOST:PORT[,HOST:PORT]  coordinator, or its replicas "
+      "(default 127.0.0.1:7070)\n"
+      "  --token-file FILE                 operator token (default "
+      "$CONCORD_TOKEN_FILE)\n"
+      "  -o, --output table|json           output format (default table)\n"
+      "  --timeout-ms MS                   deadline of each call (default "
+      "10000)\n"
+      "  --tls-ca FILE [--tls-cert FILE --tls-key FILE]  TLS / mTLS\n"
+      "\nUsage:\n"
+      "  concordctl [options] <command> [arguments] [options]\n"
+      "\nUse \"concordctl <command> --help\" for more information about a "
+      "command.\n";
+  std::cout << out;
+}
+
 std::string StateName(v1::JobState state) {
-  std::string name = v1::JobState_Name(state);
-  const std::string prefix = "JOB_STATE_";
-  if (name.rfind(prefix, 0) == 0) name = name.substr(prefix.size());
-  return name;
+  return concord::JobStateName(state);
 }
 
 std::string FormatTime(int64_t unix_ms) {
-  return absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::FromUnixMillis(unix_ms),
-                          absl::UTCTimeZone());
+  return concord::FormatUnixMs(unix_ms);
 }
 
-json EventJson(const v1::Event& e) {
-  return json{{"seq", e.seq()},
-              {"time", FormatTime(e.time_unix_ms())},
-              {"time_unix_ms", e.time_unix_ms()},
-              {"kind", e.kind()},
-              {"worker_id", e.worker_id()},
-              {"message", e.message()}};
-}
-
-json MemberJson(const v1::MemberStatus& m) {
-  json j{{"worker_id", m.worker_id()},
-         {"rank", m.rank()},
-         {"host", m.host()},
-         {"committed_step", m.committed_step()},
-         {"last_heartbeat_age_ms", m.last_heartbeat_age_ms()},
-         {"samples_per_second", m.samples_per_second()},
-         {"completed", m.completed()},
-         {"end_of_data_step", nullptr},
-         {"ddp",
-          {{"step_ms", m.ddp().step_ms()},
-           {"forward_ms", m.ddp().forward_ms()},
-           {"backward_ms", m.ddp().backward_ms()},
-           {"allreduce_wait_ms", m.ddp().allreduce_wait_ms()},
-           {"optimizer_ms", m.ddp().optimizer_ms()},
-           {"buckets", m.ddp().buckets()}}}};
-  if (m.has_end_of_data_step()) j["end_of_data_step"] = m.end_of_data_step();
-  return j;
-}
-
-json SummaryJson(const v1::JobSummary& s) {
-  return json{
-      {"job_id", s.job_id()},           {"state", StateName(s.state())},
-      {"generation", s.generation()},   {"world_size", s.world_size()},
-      {"waiting", s.waiting()},         {"min_workers", s.min_workers()},
-      {"max_workers", s.max_workers()}, {"failure", s.failure()}};
-}
-
-json StatusJson(const v1::JobStatus& s) {
-  json j{{"job_id", s.spec().job_id()},
-         {"state", StateName(s.state())},
-         {"failure", s.failure()},
-         {"generation", s.generation()},
-         {"authoritative_rank", s.authoritative_rank()},
-         {"min_workers", s.spec().min_workers()},
-         {"max_workers", s.spec().max_workers()},
-         {"boundary_step", nullptr},
-         {"members", json::array()},
-         {"waiting", json::array()},
-         {"expected", json::array()},
-         {"recent_events", json::array()}};
-  if (s.has_boundary_step()) j["boundary_step"] = s.boundary_step();
-  for (const auto& m : s.members()) j["members"].push_back(MemberJson(m));
-  for (const auto& m : s.waiting()) j["waiting"].push_back(MemberJson(m));
-  for (const auto& m : s.expected()) j["expected"].push_back(MemberJson(m));
-  for (const auto& e : s.recent_events()) {
-    j["recent_events"].push_back(EventJson(e));
-  }
-  return j;
-}
+using concord::EventJson;
+using concord::StatusJson;
+using concord::SummaryJson;
 
 // Left-aligned columns separated by two spaces.
 void PrintTable(const std::vector<std::vector<std::string>>& rows) {
@@ -227,6 +228,20 @@ void PrintStatusTable(const v1::JobStatus& s) {
 
 int main(int argc, char** argv) {
   Flags f;
+  // Top-level help (no command named): kubectl's layout, not CLI11's.
+  {
+    bool help = false;
+    bool command = false;
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      if (a == "-h" || a == "--help") help = true;
+      for (const CommandHelp& c : kCommands) command |= a == c.name;
+    }
+    if (help && !command) {
+      PrintTopHelp();
+      return 0;
+    }
+  }
   CLI::App app{"Operator CLI of a Concord coordinator", "concordctl"};
   app.require_subcommand(1);
   // Global options may follow the subcommand too (`status JOB -o json`).
@@ -247,7 +262,7 @@ int main(int argc, char** argv) {
   app.add_option("--timeout-ms", f.timeout_ms, "Deadline of the call")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  CLI::App* jobs = app.add_subcommand("jobs", "List jobs");
+  CLI::App* jobs = app.add_subcommand("jobs", "List every job");
   CLI::App* status = app.add_subcommand("status", "Show one job (or all)");
   status->add_option("job", f.job, "Job id");
   CLI::App* events = app.add_subcommand("events", "A job's events");
@@ -263,6 +278,20 @@ int main(int argc, char** argv) {
   CLI::App* stop = app.add_subcommand("stop", "Stop a job");
   stop->add_option("job", f.job, "Job id")->required();
   stop->add_option("--reason", f.reason, "Why (recorded in the events)");
+  CLI::App* watch = app.add_subcommand(
+      "watch",
+      "Follow a job live until it ends: a table redrawn in place on a "
+      "terminal, one snapshot per interval otherwise (-o json: one object "
+      "per line). Exit 0 when the job succeeded, 3 when it failed or was "
+      "stopped, 1 when the coordinator refuses (unknown job) or stays "
+      "unreachable");
+  watch->add_option("job", f.job, "Job id")->required();
+  watch->add_option("--interval", f.interval_s, "Seconds between updates")
+      ->capture_default_str()
+      ->check(CLI::Range(0.1, 3600.0));
+  watch->footer(
+      "Example:\n  concordctl watch my-job --interval 1 --endpoint "
+      "127.0.0.1:7070 --token-file operator.token");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -327,6 +356,13 @@ int main(int argc, char** argv) {
     return c;
   };
   const bool as_json = f.output == "json";
+  if (watch->parsed()) {
+    concord::ctl::WatchOptions w;
+    w.job = f.job;
+    w.interval = absl::Seconds(f.interval_s);
+    w.json = as_json;
+    return concord::ctl::Watch(*stub, context, w);
+  }
 
   if (jobs->parsed() || (status->parsed() && f.job.empty())) {
     v1::ListJobsResponse r;

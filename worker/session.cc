@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <csignal>
 #include <cstdlib>
 
@@ -284,9 +285,16 @@ Session::~Session() {
   watcher_.reset();
 }
 
-void Session::ReportProgress(int64_t step, double samples_per_second) {
+void Session::ReportProgress(int64_t step, double samples_per_second,
+                             std::optional<double> loss) {
   step_.store(step, std::memory_order_relaxed);
   samples_per_second_.store(samples_per_second, std::memory_order_relaxed);
+  // The coordinator refuses a non-finite loss (a diverged run must not make
+  // its heartbeats fail): such a step reports none.
+  loss_.store(loss.has_value() && std::isfinite(*loss)
+                  ? *loss
+                  : std::numeric_limits<double>::quiet_NaN(),
+              std::memory_order_relaxed);
 }
 
 void Session::ReportDdpTimings(const v1::DdpTimings& timings) {
@@ -305,6 +313,10 @@ void Session::HeartbeatLoop(absl::Duration interval) {
     request.set_step(step_.load(std::memory_order_relaxed));
     request.set_samples_per_second(
         samples_per_second_.load(std::memory_order_relaxed));
+    if (const double loss = loss_.load(std::memory_order_relaxed);
+        std::isfinite(loss)) {
+      request.set_loss(loss);
+    }
     {
       std::lock_guard<std::mutex> timings_lock(timings_mu_);
       if (timings_) *request.mutable_ddp() = *timings_;

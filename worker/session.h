@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -104,8 +105,12 @@ class Session {
     return reform_wanted_.load(std::memory_order_relaxed);
   }
 
-  // Progress carried by the next heartbeat. Thread-safe, cheap.
-  void ReportProgress(int64_t step, double samples_per_second);
+  // Progress carried by the next heartbeat: the last committed step, this
+  // worker's throughput and, when given, the step's training loss (a NaN or
+  // infinite loss is not sent: the heartbeat then carries none). Thread-safe,
+  // cheap.
+  void ReportProgress(int64_t step, double samples_per_second,
+                      std::optional<double> loss = std::nullopt);
   // DDP timings of the last step, carried by the next heartbeat (operators
   // see them in `concordctl status`). Thread-safe.
   void ReportDdpTimings(const v1::DdpTimings& timings);
@@ -143,6 +148,8 @@ class Session {
 
   std::atomic<int64_t> step_{0};
   std::atomic<double> samples_per_second_{0};
+  // NaN: no loss to report.
+  std::atomic<double> loss_{std::numeric_limits<double>::quiet_NaN()};
   std::mutex timings_mu_;
   std::optional<v1::DdpTimings> timings_;  // guarded by timings_mu_
   std::mutex mu_;

@@ -1,0 +1,81 @@
+#include "common/operator_json.h"
+
+#include "absl/time/time.h"
+
+namespace concord {
+
+std::string JobStateName(v1::JobState state) {
+  std::string name = v1::JobState_Name(state);
+  const std::string prefix = "JOB_STATE_";
+  if (name.rfind(prefix, 0) == 0) name = name.substr(prefix.size());
+  return name;
+}
+
+std::string FormatUnixMs(int64_t unix_ms) {
+  return absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::FromUnixMillis(unix_ms),
+                          absl::UTCTimeZone());
+}
+
+OrderedJson EventJson(const v1::Event& e) {
+  return OrderedJson{{"seq", e.seq()},
+                     {"time", FormatUnixMs(e.time_unix_ms())},
+                     {"time_unix_ms", e.time_unix_ms()},
+                     {"kind", e.kind()},
+                     {"worker_id", e.worker_id()},
+                     {"message", e.message()}};
+}
+
+OrderedJson MemberJson(const v1::MemberStatus& m) {
+  OrderedJson j{{"worker_id", m.worker_id()},
+                {"rank", m.rank()},
+                {"host", m.host()},
+                {"committed_step", m.committed_step()},
+                {"last_heartbeat_age_ms", m.last_heartbeat_age_ms()},
+                {"samples_per_second", m.samples_per_second()},
+                {"completed", m.completed()},
+                {"end_of_data_step", nullptr},
+                {"ddp",
+                 {{"step_ms", m.ddp().step_ms()},
+                  {"forward_ms", m.ddp().forward_ms()},
+                  {"backward_ms", m.ddp().backward_ms()},
+                  {"allreduce_wait_ms", m.ddp().allreduce_wait_ms()},
+                  {"optimizer_ms", m.ddp().optimizer_ms()},
+                  {"buckets", m.ddp().buckets()}}},
+                {"loss", nullptr}};
+  if (m.has_end_of_data_step()) j["end_of_data_step"] = m.end_of_data_step();
+  if (m.has_loss()) j["loss"] = m.loss();
+  return j;
+}
+
+OrderedJson SummaryJson(const v1::JobSummary& s) {
+  return OrderedJson{
+      {"job_id", s.job_id()},           {"state", JobStateName(s.state())},
+      {"generation", s.generation()},   {"world_size", s.world_size()},
+      {"waiting", s.waiting()},         {"min_workers", s.min_workers()},
+      {"max_workers", s.max_workers()}, {"failure", s.failure()}};
+}
+
+OrderedJson StatusJson(const v1::JobStatus& s) {
+  OrderedJson j{{"job_id", s.spec().job_id()},
+                {"state", JobStateName(s.state())},
+                {"failure", s.failure()},
+                {"generation", s.generation()},
+                {"authoritative_rank", s.authoritative_rank()},
+                {"min_workers", s.spec().min_workers()},
+                {"max_workers", s.spec().max_workers()},
+                {"boundary_step", nullptr},
+                {"members", OrderedJson::array()},
+                {"waiting", OrderedJson::array()},
+                {"expected", OrderedJson::array()},
+                {"recent_events", OrderedJson::array()}};
+  if (s.has_boundary_step()) j["boundary_step"] = s.boundary_step();
+  for (const auto& m : s.members()) j["members"].push_back(MemberJson(m));
+  for (const auto& m : s.waiting()) j["waiting"].push_back(MemberJson(m));
+  for (const auto& m : s.expected()) j["expected"].push_back(MemberJson(m));
+  for (const auto& e : s.recent_events()) {
+    j["recent_events"].push_back(EventJson(e));
+  }
+  return j;
+}
+
+}  // namespace concord

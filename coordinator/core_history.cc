@@ -1,0 +1,76 @@
+// The core's progress history (Note [Job history] in job_history.h): fed by
+// heartbeats, read by the metrics collector and the status page.
+
+#include <algorithm>
+
+#include "common/status_macros.h"
+#include "coordinator/core.h"
+#include "coordinator/core_internal.h"
+#include "coordinator/core_validation.h"
+
+namespace concord::coordinator {
+
+void Core::RecordProgress(Job& job) {
+  int64_t step = 0;
+  double samples_per_second = 0;
+  double loss_sum = 0;
+  int losses = 0;
+  for (const MemberState& m : job.members) {
+    step = std::max(step, m.committed_step);
+    samples_per_second += m.samples_per_second;
+    if (m.loss.has_value()) {
+      loss_sum += *m.loss;
+      ++losses;
+    }
+  }
+  std::optional<double> loss;
+  if (losses > 0) loss = loss_sum / losses;
+  job.history.RecordProgress(clock_->Now(), step, samples_per_second, loss,
+                             static_cast<int32_t>(job.members.size()));
+}
+
+absl::StatusOr<JobHistory> Core::History(const std::string& job_id) const {
+  CONCORD_RETURN_IF_ERROR(ValidateId("job_id", job_id));
+  const Job* job = FindJob(job_id);
+  if (job == nullptr) return internal::JobNotFound(job_id);
+  return job->history;
+}
+
+std::vector<JobMetricsSample> Core::MetricsSamples(
+    absl::Duration ended_retention) const {
+  const absl::Time now = clock_->Now();
+  std::vector<JobMetricsSample> samples;
+  for (const auto& [id, job] : jobs_) {
+    if (Ended(job) && !job.events.empty() &&
+        now - job.events.back().time > ended_retention) {
+      continue;
+    }
+    JobMetricsSample& s = samples.emplace_back();
+    s.job_id = id;
+    s.state = job.state;
+    s.generation = job.generation;
+    s.members = static_cast<int32_t>(job.members.size());
+    s.waiting = static_cast<int32_t>(job.waiting.size());
+    const JobHistory& h = job.history;
+    if (!h.points().empty()) {
+      const ProgressPoint& last = h.points().back();
+      s.step = last.step;
+      // A job between generations (or ended) trains at no speed.
+      if (job.state == v1::JOB_STATE_RUNNING) {
+        s.samples_per_second = last.samples_per_second;
+        s.steps_per_second = h.StepsPerSecond();
+      }
+      s.loss = last.loss;
+    }
+    s.failures = h.failures();
+    s.reform_buckets = h.reform_buckets();
+    s.reform_count = h.reform_count();
+    s.reform_seconds_sum = h.reform_seconds_sum();
+    if (h.last_reform().has_value()) {
+      s.last_reform_seconds = absl::ToDoubleSeconds(*h.last_reform());
+    }
+  }
+  return samples;
+}
+
+}  // namespace concord::coordinator
