@@ -19,6 +19,9 @@ PACKAGES=(
   libssl-dev openssl
   # The etcd store's tests start a real etcd on loopback.
   etcd-server
+  # sd_notify (Type=notify, watchdog) in the coordinator; systemd-analyze
+  # checks the unit's hardening (tests/deploy).
+  libsystemd-dev systemd
 )
 
 missing=()
