@@ -22,6 +22,8 @@ PACKAGES=(
   # sd_notify (Type=notify, watchdog) in the coordinator; systemd-analyze
   # checks the unit's hardening (tests/deploy).
   libsystemd-dev systemd
+  # The unit sandbox test traces the coordinator's system calls.
+  strace
 )
 
 missing=()
