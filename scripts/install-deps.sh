@@ -25,6 +25,11 @@ PACKAGES=(
   # The unit sandbox test traces the coordinator's system calls.
   strace
 )
+# Kubernetes manifest validation (tests/deploy/k8s-validate, `npm ci`): node
+# and npm, unless there already (NodeSource's nodejs bundles npm and
+# conflicts with Debian's npm package).
+command -v node >/dev/null 2>&1 || PACKAGES+=(nodejs)
+command -v npm >/dev/null 2>&1 || PACKAGES+=(npm)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

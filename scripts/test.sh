@@ -6,5 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install-deps.sh
 ./scripts/build.sh
+# The Kubernetes schema validator's npm packages, as pinned by its lock file.
+npm ci --prefix tests/deploy/k8s-validate --no-audit --no-fund --loglevel=error
 BUILD_DIR=${BUILD_DIR:-build}
 ctest --test-dir "$BUILD_DIR" --output-on-failure --timeout 600 -j 2 "$@"

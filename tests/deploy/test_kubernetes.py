@@ -1,0 +1,550 @@
+#!/usr/bin/python3
+"""deploy/kubernetes, checked offline.
+
+    /usr/bin/python3 tests/deploy/test_kubernetes.py --bin-dir build/bin
+
+1. Schemas: every object validates against the Kubernetes JSON schemas
+   bundled with the npm package kubernetes-models (tests/deploy/k8s-validate,
+   pinned by its package-lock.json; `npm ci` there first, scripts/test.sh does).
+2. Cross-references the schemas cannot see (cross_check below): selectors
+   and labels, named ports against the coordinator's flags, probes on the
+   health port, Secret keys and the files the flags read, NetworkPolicy
+   reach, the Indexed Job's elastic range against --min/--max-workers, the
+   coordinator address against the Service, the security context of every
+   container, kustomization.yaml's resources and images.
+3. The checks can fail: copies with a wrong field type, a Service selector
+   that misses the pods, a missing Secret key, a NetworkPolicy on the wrong
+   port and a parallelism above --max-workers are each rejected.
+4. The Deployment's args run: the real concord-coordinator starts with them
+   (paths mapped into a temporary directory, 0.0.0.0 ports onto free
+   loopback ports, certificates made with openssl) and the probes' httpGet
+   answers 200 on the port they name.
+
+Prints one line per check and 'N passed, N failed'; exits 1 on any failure.
+"""
+
+import argparse
+import copy
+import glob
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+import yaml
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+MANIFESTS = os.path.join(ROOT, "deploy", "kubernetes")
+VALIDATOR = os.path.join(HERE, "k8s-validate")
+
+
+class Checks(object):
+    def __init__(self):
+        self.passed = self.failed = 0
+
+    def check(self, ok, what, detail=""):
+        print("%s: %s%s" % ("PASS" if ok else "FAIL", what, " (%s)" % detail if detail else ""),
+              flush=True)
+        if ok:
+            self.passed += 1
+        else:
+            self.failed += 1
+        return ok
+
+
+def load(directory):
+    """[(file name, object)] of every manifest but kustomization.yaml."""
+    docs = []
+    for path in sorted(glob.glob(os.path.join(directory, "*.yaml"))):
+        if os.path.basename(path) == "kustomization.yaml":
+            continue
+        with open(path) as f:
+            for doc in yaml.safe_load_all(f):
+                if doc is not None:
+                    docs.append((os.path.basename(path), doc))
+    return docs
+
+
+def schema_check(directory):
+    """(ok, [result dicts], stderr) from validate.mjs."""
+    files = sorted(p for p in glob.glob(os.path.join(directory, "*.yaml"))
+                   if os.path.basename(p) != "kustomization.yaml")
+    p = subprocess.run(["node", os.path.join(VALIDATOR, "validate.mjs")] + files,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120,
+                       universal_newlines=True, cwd=VALIDATOR)
+    results = [json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")]
+    return p.returncode == 0 and results and all(r["ok"] for r in results), results, p.stderr
+
+
+# ---- cross-references -------------------------------------------------------
+
+def flag(args, name):
+    """The value after `name` in an argument list (before a lone --)."""
+    for i, a in enumerate(args):
+        if a == "--":
+            return None
+        if a == name and i + 1 < len(args):
+            return str(args[i + 1])
+    return None
+
+
+def port_of(address):
+    return int(str(address).rsplit(":", 1)[1])
+
+
+def matches(selector, labels):
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+def container_port(container, ref):
+    """containerPort for a named or numbered port reference, or None."""
+    for p in container.get("ports", []):
+        if ref == p.get("name") or ref == p.get("containerPort"):
+            return p["containerPort"]
+    return None
+
+
+def cross_check(docs):
+    """A list of problems (empty when everything refers to what exists)."""
+    problems = []
+    by_kind = {}
+    for _, d in docs:
+        by_kind.setdefault(d["kind"], []).append(d)
+    namespaces = [d["metadata"]["name"] for d in by_kind.get("Namespace", [])]
+    for _, d in docs:
+        if d["kind"] != "Namespace" and d["metadata"].get("namespace") not in namespaces:
+            problems.append("%s %s: namespace %r is not one of the manifests' %s" % (
+                d["kind"], d["metadata"]["name"], d["metadata"].get("namespace"), namespaces))
+    secrets = {s["metadata"]["name"]: set(s.get("data", {})) | set(s.get("stringData", {}))
+               for s in by_kind.get("Secret", [])}
+    claims = {c["metadata"]["name"] for c in by_kind.get("PersistentVolumeClaim", [])}
+    deployments = [d for d in by_kind.get("Deployment", [])
+                   if d["metadata"]["name"] == "concord-coordinator"]
+    if len(deployments) != 1:
+        return problems + ["no Deployment concord-coordinator"]
+    deployment = deployments[0]
+    jobs = by_kind.get("Job", [])
+    if not jobs:
+        return problems + ["no worker Job"]
+
+    def pod_checks(owner, pod):
+        spec = pod["spec"]
+        volumes = {v["name"]: v for v in spec.get("volumes", [])}
+        pod_sc = spec.get("securityContext", {})
+        for c in spec["containers"]:
+            what = "%s container %s" % (owner, c["name"])
+            sc = c.get("securityContext", {})
+            if not (sc.get("runAsNonRoot", pod_sc.get("runAsNonRoot")) is True):
+                problems.append(what + ": runAsNonRoot is not true")
+            if sc.get("readOnlyRootFilesystem") is not True:
+                problems.append(what + ": readOnlyRootFilesystem is not true")
+            if sc.get("allowPrivilegeEscalation") is not False:
+                problems.append(what + ": allowPrivilegeEscalation is not false")
+            if "ALL" not in sc.get("capabilities", {}).get("drop", []):
+                problems.append(what + ": capabilities do not drop ALL")
+            res = c.get("resources", {})
+            if not res.get("requests") or not res.get("limits", {}).get("memory"):
+                problems.append(what + ": resources need requests and a memory limit")
+            mounts = c.get("volumeMounts", [])
+            for m in mounts:
+                if m["name"] not in volumes:
+                    problems.append("%s: volumeMount %s names no volume" % (what, m["name"]))
+            # Every file a flag reads lies in a mounted secret volume that
+            # projects it.
+            args = [str(a) for a in c.get("args", [])]
+            for i, a in enumerate(args[:-1]):
+                if not (a.endswith("-file") or a in ("--tls-cert", "--tls-key", "--tls-ca",
+                                                     "--tls-client-ca")):
+                    continue
+                path = args[i + 1]
+                mount = next((m for m in mounts if path.startswith(m["mountPath"].rstrip("/") + "/")),
+                             None)
+                if mount is None:
+                    problems.append("%s: %s %s is under no volumeMount" % (what, a, path))
+                    continue
+                volume = volumes.get(mount["name"], {})
+                secret = volume.get("secret")
+                if secret is None:
+                    problems.append("%s: %s %s is not in a secret volume" % (what, a, path))
+                    continue
+                relative = path[len(mount["mountPath"].rstrip("/")) + 1:]
+                items = secret.get("items")
+                keys = [it["key"] for it in items if it["path"] == relative] if items else [relative]
+                if not keys:
+                    problems.append("%s: %s %s: secret volume %s projects no %s" % (
+                        what, a, path, mount["name"], relative))
+            for v in volumes.values():
+                if "secret" in v:
+                    name = v["secret"]["secretName"]
+                    if name not in secrets:
+                        problems.append("%s: volume %s names Secret %s, which is not there" % (
+                            owner, v["name"], name))
+                        continue
+                    for it in v["secret"].get("items", []):
+                        if it["key"] not in secrets[name]:
+                            problems.append("%s: volume %s wants key %s of Secret %s (keys %s)" % (
+                                owner, v["name"], it["key"], name, sorted(secrets[name])))
+                if "persistentVolumeClaim" in v and v["persistentVolumeClaim"]["claimName"] not in claims:
+                    problems.append("%s: volume %s names claim %s, which is not there" % (
+                        owner, v["name"], v["persistentVolumeClaim"]["claimName"]))
+            for e in c.get("env", []):
+                for ref in (e.get("valueFrom", {}).get("secretKeyRef"),):
+                    if ref and ref.get("key") not in secrets.get(ref.get("name"), set()):
+                        problems.append("%s: env %s wants key %s of Secret %s" % (
+                            what, e["name"], ref.get("key"), ref.get("name")))
+
+    # The coordinator.
+    dspec = deployment["spec"]
+    labels = dspec["template"]["metadata"]["labels"]
+    if not matches(dspec["selector"]["matchLabels"], labels):
+        problems.append("Deployment selector does not match its pod labels")
+    coord = dspec["template"]["spec"]["containers"][0]
+    cargs = [str(a) for a in coord.get("args", [])]
+    flag_ports = {}
+    for name, f in (("grpc", "--listen"), ("metrics", "--metrics-listen"),
+                    ("health", "--health-listen")):
+        value = flag(cargs, f)
+        if value is None:
+            problems.append("coordinator: no %s flag" % f)
+            continue
+        flag_ports[name] = port_of(value)
+        if container_port(coord, name) != flag_ports[name]:
+            problems.append("coordinator: port %s is %s but %s says %s" % (
+                name, container_port(coord, name), f, value))
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        p = coord.get(probe)
+        if p is None:
+            problems.append("coordinator: no %s" % probe)
+            continue
+        if "httpGet" in p:
+            port = container_port(coord, p["httpGet"]["port"])
+            if port != flag_ports.get("health"):
+                problems.append("coordinator: %s httpGet port %s is not --health-listen's %s" % (
+                    probe, p["httpGet"]["port"], flag_ports.get("health")))
+        elif "grpc" in p:
+            if p["grpc"]["port"] != flag_ports.get("grpc") or flag(cargs, "--tls-cert"):
+                problems.append("coordinator: %s grpc probe needs the plaintext gRPC port" % probe)
+        else:
+            problems.append("coordinator: %s is neither httpGet nor grpc" % probe)
+    pod_checks("Deployment concord-coordinator", dspec["template"])
+
+    services = {s["metadata"]["name"]: s for s in by_kind.get("Service", [])}
+    service = services.get("concord-coordinator")
+    if service is None:
+        problems.append("no Service concord-coordinator")
+    else:
+        if not matches(service["spec"]["selector"], labels):
+            problems.append("Service concord-coordinator: selector %s does not select the "
+                            "coordinator's pods %s" % (service["spec"]["selector"], labels))
+        for p in service["spec"]["ports"]:
+            if container_port(coord, p.get("targetPort", p["port"])) is None:
+                problems.append("Service port %s: targetPort %s is no container port" % (
+                    p.get("name"), p.get("targetPort")))
+
+    # Network policies.
+    policies = by_kind.get("NetworkPolicy", [])
+    coord_policies = [p for p in policies if matches(p["spec"]["podSelector"].get("matchLabels"),
+                                                     labels)]
+    if not coord_policies:
+        problems.append("no NetworkPolicy selects the coordinator's pods")
+    job_labels = [j["spec"]["template"]["metadata"]["labels"] for j in jobs]
+    grpc_from, metrics_from = [], []
+    for pol in coord_policies:
+        for rule in pol["spec"].get("ingress", []):
+            ports = [container_port(coord, p.get("port")) for p in rule.get("ports", [])]
+            if not rule.get("ports"):
+                problems.append("NetworkPolicy %s: a rule opens every port" % pol["metadata"]["name"])
+            for port in ports:
+                if port is None:
+                    problems.append("NetworkPolicy %s: a port is no coordinator port" %
+                                    pol["metadata"]["name"])
+                elif port == flag_ports.get("grpc"):
+                    grpc_from += rule.get("from", [{}])
+                elif port == flag_ports.get("metrics"):
+                    metrics_from += rule.get("from", [{}])
+    roles = set()
+    for peer in grpc_from:
+        sel = peer.get("podSelector", {}).get("matchLabels", {})
+        if set(peer) != {"podSelector"} or set(sel) != {"concord.dev/role"}:
+            problems.append("NetworkPolicy: the gRPC port is open to %s (only worker and "
+                            "operator pods may reach it)" % peer)
+        else:
+            roles.add(sel["concord.dev/role"])
+    if roles != {"worker", "operator"}:
+        problems.append("NetworkPolicy: gRPC open to roles %s, want worker and operator" %
+                        sorted(roles))
+    for jl in job_labels:
+        if not any(matches(p.get("podSelector", {}).get("matchLabels"), jl) for p in grpc_from):
+            problems.append("NetworkPolicy: worker pods %s cannot reach the gRPC port" % jl)
+    if not metrics_from or any(
+            peer.get("namespaceSelector", {}).get("matchLabels") !=
+            {"kubernetes.io/metadata.name": "monitoring"} or "podSelector" in peer
+            for peer in metrics_from):
+        problems.append("NetworkPolicy: the metrics port must be open to the monitoring "
+                        "namespace only (%s)" % metrics_from)
+    for jl in job_labels:
+        if not any(matches(p["spec"]["podSelector"].get("matchLabels"), jl) and any(
+                matches(peer.get("podSelector", {}).get("matchLabels"), jl)
+                for rule in p["spec"].get("ingress", []) for peer in rule.get("from", []))
+                   for p in policies):
+            problems.append("NetworkPolicy: worker pods %s cannot reach each other" % jl)
+
+    # Workers.
+    for job in jobs:
+        name = "Job %s" % job["metadata"]["name"]
+        spec = job["spec"]
+        if spec.get("completionMode") != "Indexed":
+            problems.append(name + ": completionMode is not Indexed")
+        c = spec["template"]["spec"]["containers"][0]
+        args = [str(a) for a in c.get("command", []) + c.get("args", [])]
+        lo, hi = flag(args, "--min-workers"), flag(args, "--max-workers")
+        nproc = flag(args, "--nproc")
+        if lo is None or hi is None or nproc != "1":
+            problems.append(name + ": concord-run needs --nproc 1, --min-workers, --max-workers")
+        else:
+            lo, hi = int(lo), int(hi)
+            if spec.get("completions") != hi:
+                problems.append("%s: completions %s is not --max-workers %d" % (
+                    name, spec.get("completions"), hi))
+            if not lo <= spec.get("parallelism", 1) <= hi:
+                problems.append("%s: parallelism %s is outside --min-workers..--max-workers "
+                                "(%d..%d)" % (name, spec.get("parallelism"), lo, hi))
+        address = flag(args, "--coordinator")
+        if address is None:
+            problems.append(name + ": no --coordinator")
+        else:
+            for one in address.split(","):
+                host, port = one.rsplit(":", 1)
+                parts = host.split(".")
+                svc = services.get(parts[0])
+                ns = parts[1] if len(parts) > 1 else job["metadata"]["namespace"]
+                if svc is None or svc["metadata"]["namespace"] != ns or parts[2:] not in (
+                        [], ["svc"], ["svc", "cluster", "local"]):
+                    problems.append("%s: --coordinator %s names no Service of the manifests" % (
+                        name, one))
+                elif int(port) not in [p["port"] for p in svc["spec"]["ports"]] or int(
+                        port) != next((p["port"] for p in svc["spec"]["ports"]
+                                       if container_port(coord, p.get("targetPort")) ==
+                                       flag_ports.get("grpc")), None):
+                    problems.append("%s: --coordinator port %s is not the Service's gRPC port" % (
+                        name, port))
+        if flag(cargs, "--tls-cert") and not flag(args, "--tls-ca"):
+            problems.append(name + ": the coordinator speaks TLS but workers get no --tls-ca")
+        for ref in re.findall(r"\$\((\w+)\)", " ".join(args)):
+            if ref not in [e["name"] for e in c.get("env", [])]:
+                problems.append("%s: $(%s) is no env variable of the container" % (name, ref))
+        pod_checks(name, spec["template"])
+    return problems
+
+
+def kustomization_check(directory):
+    problems = []
+    with open(os.path.join(directory, "kustomization.yaml")) as f:
+        k = yaml.safe_load(f)
+    present = {os.path.basename(p) for p in glob.glob(os.path.join(directory, "*.yaml"))}
+    present.discard("kustomization.yaml")
+    listed = set(k.get("resources", []))
+    if listed != present:
+        problems.append("kustomization resources %s differ from the files %s" % (
+            sorted(listed), sorted(present)))
+    images = set()
+    for _, d in load(directory):
+        spec = d.get("spec", {}).get("template", {}).get("spec", {})
+        for c in spec.get("containers", []):
+            images.add(c["image"].split(":")[0])
+    named = {i["name"] for i in k.get("images", [])}
+    if images != named:
+        problems.append("kustomization images %s differ from the containers' %s" % (
+            sorted(named), sorted(images)))
+    return problems
+
+
+# ---- negative copies ----------------------------------------------------------
+
+def mutate(directory, scratch, name, fn):
+    """A copy of the manifests with fn applied to each (file, object)."""
+    target = os.path.join(scratch, name)
+    shutil.copytree(directory, target)
+    for path in glob.glob(os.path.join(target, "*.yaml")):
+        if os.path.basename(path) == "kustomization.yaml":
+            continue
+        with open(path) as f:
+            docs = [d for d in yaml.safe_load_all(f) if d is not None]
+        docs = [fn(os.path.basename(path), copy.deepcopy(d)) for d in docs]
+        with open(path, "w") as f:
+            yaml.safe_dump_all(docs, f, sort_keys=False)
+    return target
+
+
+def containers(d):
+    return d.get("spec", {}).get("template", {}).get("spec", {}).get("containers", [])
+
+
+def port_as_string(_, d):
+    if d["kind"] == "Deployment":
+        containers(d)[0]["ports"][0]["containerPort"] = "7070"
+    return d
+
+
+def selector_miss(_, d):
+    if d["kind"] == "Service":
+        d["spec"]["selector"]["app.kubernetes.io/component"] = "coordinatr"
+    return d
+
+
+def secret_key_missing(_, d):
+    if d["kind"] == "Secret" and d["metadata"]["name"] == "concord-tokens":
+        d["stringData"].pop("worker-token")
+    return d
+
+
+def policy_wrong_port(_, d):
+    if d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == "concord-coordinator":
+        d["spec"]["ingress"][0]["ports"][0]["port"] = "health"
+    return d
+
+
+def too_parallel(_, d):
+    if d["kind"] == "Job":
+        d["spec"]["parallelism"] = 5
+    return d
+
+
+# ---- the Deployment's args, run -------------------------------------------------
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def run_deployment_args(c, bin_dir, docs):
+    deployment = next(d for _, d in docs if d["kind"] == "Deployment")
+    coord = deployment["spec"]["template"]["spec"]["containers"][0]
+    d = tempfile.mkdtemp(prefix="concord-k8s-")
+    proc = None
+    try:
+        # The mounts' files, made here.
+        mounts = {m["mountPath"]: os.path.join(d, m["name"]) for m in coord["volumeMounts"]}
+        for local in mounts.values():
+            os.makedirs(local)
+        openssl = ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                   "ec_paramgen_curve:prime256v1", "-nodes", "-days", "2", "-subj", "/CN=coord",
+                   "-addext", "subjectAltName=IP:127.0.0.1"]
+        files = {}
+        for mount, local in mounts.items():
+            files[mount + "/worker-token"] = ("token", "w" * 32)
+            files[mount + "/operator-token"] = ("token", "o" * 32)
+        args = [str(a) for a in coord["args"]]
+        ports = {}
+        out = []
+        for a in args:
+            if a.startswith("0.0.0.0:"):
+                ports[int(a.split(":")[1])] = free_port()
+                a = "127.0.0.1:%d" % ports[int(a.split(":")[1])]
+            else:
+                for mount, local in mounts.items():
+                    if a == mount or a.startswith(mount + "/"):
+                        a = local + a[len(mount):]
+            out.append(a)
+        cert, key = flag(out, "--tls-cert"), flag(out, "--tls-key")
+        if cert and key:
+            subprocess.run(openssl + ["-keyout", key, "-out", cert], check=True, timeout=60,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for f, value in ((flag(out, "--worker-token-file"), "w" * 32),
+                         (flag(out, "--operator-token-file"), "o" * 32)):
+            with open(f, "w") as fh:
+                fh.write(value + "\n")
+        log = open(os.path.join(d, "coordinator.log"), "w")
+        proc = subprocess.Popen([os.path.join(bin_dir, "concord-coordinator")] + out,
+                                stdout=log, stderr=subprocess.STDOUT)
+        probe = coord["readinessProbe"]["httpGet"]
+        port = ports[container_port(coord, probe["port"])]
+        status = None
+        deadline = time.monotonic() + 30
+        while status is None and time.monotonic() < deadline and proc.poll() is None:
+            try:
+                status = urllib.request.urlopen("http://127.0.0.1:%d%s" % (port, probe["path"]),
+                                                timeout=2).status
+            except OSError:
+                time.sleep(0.1)
+        with open(log.name) as f:
+            tail = f.read()[-300:]
+        c.check(status == 200, "the coordinator runs with the Deployment's args and its "
+                "readiness probe gets 200", tail if status != 200 else "")
+        grpc = ports[container_port(coord, "grpc")]
+        try:
+            socket.create_connection(("127.0.0.1", grpc), timeout=2).close()
+            accepted = True
+        except OSError:
+            accepted = False
+        c.check(accepted, "the Service's gRPC targetPort is where it listens")
+    finally:
+        if proc is not None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--bin-dir", required=True)
+    args = parser.parse_args()
+    c = Checks()
+    if not os.path.isdir(os.path.join(VALIDATOR, "node_modules", "kubernetes-models")):
+        c.check(False, "kubernetes-models installed: run `npm ci` in tests/deploy/k8s-validate "
+                "(scripts/test.sh does)")
+        print("%d passed, %d failed" % (c.passed, c.failed))
+        sys.exit(1)
+
+    ok, results, err = schema_check(MANIFESTS)
+    c.check(ok and len(results) >= 8, "every object validates against the Kubernetes schemas",
+            "; ".join("%s %s: %s" % (r["kind"], r["name"], r["error"]) for r in results
+                      if not r["ok"]) + err.strip())
+    docs = load(MANIFESTS)
+    problems = cross_check(docs)
+    c.check(not problems, "cross-references hold", "; ".join(problems))
+    problems = kustomization_check(MANIFESTS)
+    c.check(not problems, "kustomization.yaml lists every manifest and image", "; ".join(problems))
+
+    scratch = tempfile.mkdtemp(prefix="concord-k8s-bad-")
+    try:
+        bad = mutate(MANIFESTS, scratch, "port-as-string", port_as_string)
+        ok, results, err = schema_check(bad)
+        errors = [r["error"] for r in results if not r["ok"]]
+        c.check(not ok and any("containerPort must be integer" in e for e in errors),
+                "a containerPort written as a string fails schema validation", "; ".join(errors))
+        for name, fn, expect in (("selector", selector_miss, "does not select"),
+                                 ("secret-key", secret_key_missing, "wants key worker-token"),
+                                 ("policy-port", policy_wrong_port, "cannot reach the gRPC port"),
+                                 ("parallelism", too_parallel, "parallelism 5 is outside")):
+            bad = mutate(MANIFESTS, scratch, name, fn)
+            ok, _, _ = schema_check(bad)
+            problems = cross_check(load(bad))
+            c.check(ok and any(expect in p for p in problems),
+                    "a copy with a broken %s passes the schemas and fails the cross-check" % name,
+                    "; ".join(problems)[:300])
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+    run_deployment_args(c, args.bin_dir, docs)
+    print("%d passed, %d failed" % (c.passed, c.failed))
+    sys.exit(1 if c.failed else 0)
+
+
+if __name__ == "__main__":
+    main()
