@@ -136,16 +136,23 @@ def install_deps_packages():
     return {t for line in block.splitlines() for t in line.split("#")[0].split()}
 
 
-def dpkg_owner(path):
-    for candidate in (path, "/usr" + path, path[4:] if path.startswith("/usr/") else None,
-                      os.path.realpath(path)):
-        if not candidate:
-            continue
-        p = subprocess.run(["dpkg", "-S", candidate], stdout=subprocess.PIPE,
-                           stderr=subprocess.DEVNULL, universal_newlines=True, timeout=60)
-        if p.returncode == 0:
-            return p.stdout.split(":")[0].strip()
-    return None
+def dpkg_owners(paths):
+    """{path: Debian package} for the paths dpkg knows, in one dpkg call (a
+    path is tried as is, with /usr in front or taken off, and resolved)."""
+    candidates = {}
+    for path in paths:
+        for c in (path, "/usr" + path, path[4:] if path.startswith("/usr/") else None,
+                  os.path.realpath(path)):
+            if c:
+                candidates.setdefault(c, path)
+    out = subprocess.run(["dpkg", "-S"] + sorted(candidates), stdout=subprocess.PIPE,
+                         stderr=subprocess.DEVNULL, universal_newlines=True, timeout=120).stdout
+    owners = {}
+    for line in out.splitlines():
+        pkg, _, found = line.partition(": ")
+        if found.strip() in candidates:
+            owners.setdefault(candidates[found.strip()], pkg.split(":")[0].strip())
+    return owners
 
 
 def needed(binary):
@@ -157,7 +164,8 @@ def needed(binary):
     resolved = dict(re.findall(r"^\s*(\S+) => (/\S+)", subprocess.run(
         ["ldd", binary], stdout=subprocess.PIPE, timeout=60, universal_newlines=True).stdout,
                                 re.M))
-    return {so: dpkg_owner(resolved[so]) if so in resolved else None for so in sonames}
+    owners = dpkg_owners([resolved[so] for so in sonames if so in resolved])
+    return {so: owners.get(resolved.get(so)) for so in sonames}
 
 
 def problems_of(path, kind, bin_dir, executables, deps):
