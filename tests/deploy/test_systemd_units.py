@@ -8,6 +8,12 @@ For every deploy/systemd/*.service:
     overall exposure it prints is at most N;
   - `systemd-analyze verify` of a copy whose ExecStart names the built
     binary (the installed path does not exist here) prints no diagnostic;
+  - its ExecStart= runs: the real binary with the unit's arguments (%d
+    mapped to a directory with tokens and openssl-made PEM files, %S to a
+    temporary one, every address onto a free loopback port) and
+    NOTIFY_SOCKET; the embedded-store unit sends READY=1 and serves, then
+    STOPPING=1 and exit 0 on SIGTERM; the etcd unit gets past its flags and
+    credentials to "cannot reach etcd" (exit 2: no etcd at the mapped port);
   - Type=notify, WatchdogSec=, NotifyAccess=main; every %d/NAME the command
     line reads is a LoadCredential= of the unit; DynamicUser=yes and an empty
     CapabilityBoundingSet=.
@@ -22,10 +28,14 @@ import argparse
 import glob
 import os
 import re
+import shlex
+import signal
+import socket
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HARDENING = ("DynamicUser", "CapabilityBoundingSet", "NoNewPrivileges", "Protect", "Private",
@@ -66,7 +76,9 @@ def verify(path):
     """Diagnostics systemd-analyze verify prints about the unit (it exits 0
     for unknown keys and bad values, so its output is what counts)."""
     code, out, err = run(["systemd-analyze", "verify", "--man=no", path])
-    lines = [l for l in (out + err).splitlines() if l.strip()]
+    # Lines about this unit (they name it); not the host's own units.
+    name = os.path.basename(path)
+    lines = [l for l in (out + err).splitlines() if name in l]
     return code, lines
 
 
@@ -81,6 +93,98 @@ def directives(text):
         k, v = line.split("=", 1)
         result.setdefault(k.strip(), []).append(v.strip())
     return result
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def run_exec_start(c, name, text, bin_dir, scratch):
+    command = shlex.split(re.sub(r"\\\n", " ", directives_raw(text, "ExecStart")))
+    d = tempfile.mkdtemp(prefix="run-", dir=scratch)
+    creds, state = os.path.join(d, "credentials"), os.path.join(d, "state")
+    os.makedirs(creds)
+    ports = {}
+
+    def mapped(arg):
+        arg = arg.replace("%d", creds).replace("%S", state)
+        return re.sub(r"\b\d+\.\d+\.\d+\.\d+:\d+\b",
+                      lambda m: "127.0.0.1:%d" % ports.setdefault(m.group(0), free_port()), arg)
+
+    args = [mapped(a) for a in command[1:]]
+    # What systemd would provide: the StateDirectory= under %S, credentials.
+    for sub in directives(text).get("StateDirectory", []):
+        os.makedirs(os.path.join(state, sub), mode=0o700)
+    files = set(re.findall(re.escape(creds) + r"/([A-Za-z0-9._-]+)", " ".join(args)))
+    cert, key = os.path.join(d, "cert.pem"), os.path.join(d, "key.pem")
+    if any(not f.endswith("token") for f in files):
+        # One self-signed pair serves as every certificate, CA and key.
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                        "ec_paramgen_curve:prime256v1", "-nodes", "-days", "2", "-subj", "/CN=t",
+                        "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", key, "-out", cert],
+                       check=True, timeout=60, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for f in files:
+        if f.endswith("token"):
+            with open(os.path.join(creds, f), "w") as fh:
+                fh.write(f[0] * 32 + "\n")
+        else:
+            shutil.copy(key if f.endswith(".key") else cert, os.path.join(creds, f))
+    notify_path = os.path.join(d, "notify")
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(notify_path)
+    notify.settimeout(0.5)
+    env = dict(os.environ, NOTIFY_SOCKET=notify_path)
+    env.pop("WATCHDOG_USEC", None)
+    binary = os.path.join(os.path.abspath(bin_dir), os.path.basename(command[0]))
+    log = open(os.path.join(d, "log"), "w")
+    proc = subprocess.Popen([binary] + args, stdout=log, stderr=subprocess.STDOUT, env=env)
+    messages = []
+    try:
+        etcd = "--store" in args and args[args.index("--store") + 1] == "etcd"
+        deadline = time.monotonic() + (40 if etcd else 30)
+        while time.monotonic() < deadline and proc.poll() is None and not any(
+                "READY=1" in m for m in messages):
+            try:
+                messages.append(notify.recv(4096).decode())
+            except socket.timeout:
+                pass
+        out = open(log.name).read()
+        if etcd:
+            try:
+                code = proc.wait(timeout=max(1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                code = None
+            out = open(log.name).read()
+            c.check(code == 2 and "cannot reach etcd" in out,
+                    "%s: ExecStart's flags and credentials are accepted (then: no etcd, exit 2)"
+                    % name, "exit %s: %s" % (code, out.strip()[-200:]))
+            return
+        ready = any("READY=1" in m for m in messages)
+        c.check(ready, "%s: ExecStart runs and sends READY=1" % name, out.strip()[-200:])
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=20)
+        while True:
+            try:
+                messages.append(notify.recv(4096).decode())
+            except socket.timeout:
+                break
+        c.check(code == 0 and any("STOPPING=1" in m for m in messages),
+                "%s: STOPPING=1 and exit 0 on SIGTERM" % name, "exit %s" % code)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        notify.close()
+
+
+def directives_raw(text, key):
+    """The raw value of the first `key=` line, continuation lines included."""
+    m = re.search(r"^%s=((?:.*\\\n)*.*)$" % key, text, re.M)
+    return m.group(1) if m else ""
 
 
 def check_unit(c, unit, bin_dir, threshold, scratch):
@@ -98,6 +202,8 @@ def check_unit(c, unit, bin_dir, threshold, scratch):
     code, lines = verify(copy)
     c.check(code == 0 and not lines, "%s: systemd-analyze verify prints nothing" % name,
             "; ".join(lines)[:500])
+
+    run_exec_start(c, name, text, bin_dir, scratch)
 
     d = directives(text)
     c.check(d.get("Type") == ["notify"], "%s: Type=notify" % name, str(d.get("Type")))
