@@ -5,14 +5,16 @@
 
 1. Schemas: every object validates against the Kubernetes JSON schemas
    bundled with the npm package kubernetes-models (tests/deploy/k8s-validate,
-   pinned by its package-lock.json; `npm ci` there first, scripts/test.sh does).
+   pinned by its package-lock.json; `npm ci` there first, scripts/test.sh
+   does), and has no field the API does not know (strict, like
+   `kubectl --validate=strict`).
 2. Cross-references the schemas cannot see (cross_check below): selectors
    and labels, named ports against the coordinator's flags, probes on the
    health port, Secret keys and the files the flags read, NetworkPolicy
    reach, the Indexed Job's elastic range against --min/--max-workers, the
    coordinator address against the Service, the security context of every
    container, kustomization.yaml's resources and images.
-3. The checks can fail: copies with a wrong field type, a Service selector
+3. The checks can fail: copies with a wrong field type, misspelt fields, a Service selector
    that misses the pods, a missing Secret key, a NetworkPolicy on the wrong
    port and a parallelism above --max-workers are each rejected.
 4. The Deployment's args run: the real concord-coordinator starts with them
@@ -394,6 +396,16 @@ def port_as_string(_, d):
     return d
 
 
+def misspelt_fields(_, d):
+    if d["kind"] == "Deployment":
+        c = containers(d)[0]
+        c["readinesProbe"] = c.pop("readinessProbe")
+    if d["kind"] == "Job":
+        item = d["spec"]["template"]["spec"]["volumes"][0]["secret"]["items"][0]
+        item["mod"] = 256  # for "mode"
+    return d
+
+
 def selector_miss(_, d):
     if d["kind"] == "Service":
         d["spec"]["selector"]["app.kubernetes.io/component"] = "coordinatr"
@@ -528,6 +540,13 @@ def main():
         errors = [r["error"] for r in results if not r["ok"]]
         c.check(not ok and any("containerPort must be integer" in e for e in errors),
                 "a containerPort written as a string fails schema validation", "; ".join(errors))
+        bad = mutate(MANIFESTS, scratch, "misspelt", misspelt_fields)
+        ok, results, err = schema_check(bad)
+        errors = " ".join(r["error"] for r in results if not r["ok"])
+        c.check(not ok and "containers/0/readinesProbe" in errors and
+                "volumes/0/secret/items/0/mod" in errors,
+                "misspelt field names (readinesProbe, a volume item's mod) fail validation",
+                errors[:300])
         for name, fn, expect in (("selector", selector_miss, "does not select"),
                                  ("secret-key", secret_key_missing, "wants key worker-token"),
                                  ("policy-port", policy_wrong_port, "cannot reach the gRPC port"),
