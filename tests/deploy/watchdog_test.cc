@@ -95,7 +95,9 @@ TEST(WatchdogTest, PingsStopWhileTheCoreIsStuck) {
   // Ticking: about 5 pings a second.
   std::vector<Clock::time_point> healthy =
       systemd.Pings(std::chrono::milliseconds(1000));
-  EXPECT_GE(healthy.size(), 4u);
+  // (3 leaves room for a loaded machine; more than 6 would break the rate
+  // limit of one ping per half interval.)
+  EXPECT_GE(healthy.size(), 3u);
   EXPECT_LE(healthy.size(), 6u);
 
   // A stuck core: something holds the core's mutex and never returns.
@@ -123,7 +125,7 @@ TEST(WatchdogTest, PingsStopWhileTheCoreIsStuck) {
   }
   cv.notify_all();
   stuck.join();
-  EXPECT_GE(systemd.Pings(std::chrono::milliseconds(600)).size(), 2u)
+  EXPECT_GE(systemd.Pings(std::chrono::milliseconds(1000)).size(), 2u)
       << "pings did not resume";
   (*server)->Shutdown();
   unsetenv("NOTIFY_SOCKET");
