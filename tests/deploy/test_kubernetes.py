@@ -21,6 +21,10 @@
    (paths mapped into a temporary directory, 0.0.0.0 ports onto free
    loopback ports, certificates made with openssl) and the probes' httpGet
    answers 200 on the port they name.
+5. The Job's command line runs: --min-workers copies of it (concord-run +
+   concord-train, $(POD_IP) = 127.0.0.1, the Service name mapped onto that
+   coordinator, a small TorchScript CNN and data in the mapped /data) train
+   to the end over TLS and write the output.
 
 Prints one line per check and 'N passed, N failed'; exits 1 on any failure.
 """
@@ -501,6 +505,8 @@ def run_deployment_args(c, bin_dir, docs):
         except OSError:
             accepted = False
         c.check(accepted, "the Service's gRPC targetPort is where it listens")
+        if status == 200 and accepted:
+            run_job(c, bin_dir, docs, d, mounts, grpc, cert)
     finally:
         if proc is not None:
             proc.send_signal(signal.SIGTERM)
@@ -510,6 +516,67 @@ def run_deployment_args(c, bin_dir, docs):
                 proc.kill()
                 proc.wait()
         shutil.rmtree(d, ignore_errors=True)
+
+
+def run_job(c, bin_dir, docs, d, coordinator_mounts, grpc_port, cert):
+    """The Job's command line, as Kubernetes would run it in --min-workers
+    pods, against the coordinator started from the Deployment: paths of its
+    mounts mapped into `d`, $(POD_IP) as 127.0.0.1, the Service's name onto
+    the coordinator's loopback port; the CA is the coordinator's self-signed
+    certificate. Every worker must exit 0 and the output must be written."""
+    sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
+    import fixtures  # torch (Debian's python3-torch)
+
+    job = next(x for _, x in docs if x["kind"] == "Job")
+    ctr = job["spec"]["template"]["spec"]["containers"][0]
+    pods = int(flag([str(a) for a in ctr["args"]], "--min-workers"))
+    mounts = {m["mountPath"]: os.path.join(d, "job-" + m["name"]) for m in ctr["volumeMounts"]}
+    for local in mounts.values():
+        os.makedirs(local)
+    env_values = {"POD_IP": "127.0.0.1"}
+    args = []
+    for a in [str(x) for x in ctr["command"] + ctr["args"]]:
+        a = re.sub(r"\$\((\w+)\)", lambda m: env_values.get(m.group(1), m.group(0)), a)
+        a = re.sub(r"^concord-coordinator(\.[a-z0-9.-]+)?:\d+$", "127.0.0.1:%d" % grpc_port, a)
+        for mount in sorted(mounts, key=len, reverse=True):
+            if a.startswith(mount + "/"):
+                a = mounts[mount] + a[len(mount):]
+                break
+        args.append(a)
+    args[0] = os.path.join(os.path.abspath(bin_dir), args[0])
+    i = args.index("--")
+    args[i + 1] = os.path.join(os.path.abspath(bin_dir), args[i + 1])
+    token = flag(args, "--token-file")
+    with open(token, "w") as f:
+        f.write("w" * 32 + "\n")  # the coordinator's worker token above
+    shutil.copy(cert, flag(args, "--tls-ca"))
+    model, data = flag(args[i + 1:], "--model"), flag(args[i + 1:], "--data")
+    made_model, made_data = fixtures.make_fixture(os.path.join(d, "fixture"), "cnn", 192, 3)
+    shutil.copy(made_model, model)
+    shutil.copy(made_data, data)
+    env = dict(os.environ, **{e["name"]: str(e["value"]) for e in ctr.get("env", [])
+                              if "value" in e})
+    env["HOME"] = d
+    procs = []
+    for pod in range(pods):
+        log = open(os.path.join(d, "pod-%d.log" % pod), "w")
+        procs.append((subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                       cwd=d), log.name))
+    codes = []
+    for proc, _ in procs:
+        try:
+            codes.append(proc.wait(timeout=150))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            codes.append(proc.wait())
+    tails = " | ".join(open(log).read().strip()[-200:] for _, log in procs)
+    output = flag(args[i + 1:], "--output")
+    c.check(codes == [0] * pods and os.path.exists(output),
+            "the Job's command line trains in %d pods (--min-workers) against the Deployment's "
+            "coordinator and writes %s" % (pods, flag(ctr["args"][ctr["args"].index("--") + 1:],
+                                                     "--output")),
+            "exit %s; %s" % (codes, tails) if codes != [0] * pods or not os.path.exists(output)
+            else "")
 
 
 def main():
