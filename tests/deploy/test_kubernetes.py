@@ -21,6 +21,11 @@
    (paths mapped into a temporary directory, 0.0.0.0 ports onto free
    loopback ports, certificates made with openssl) and the probes' httpGet
    answers 200 on the port they name.
+6. replicas/coordinator-etcd.yaml (the coordinator as etcd replicas, in
+   place of coordinator.yaml): schemas, the same cross-references plus
+   probes fit for standbys (liveness must not be the health port's 503) and
+   the PodDisruptionBudget; its replicas run against a real etcd with TLS:
+   one ready, the others 503, a standby ready after SIGTERM to the leader.
 5. The Job's command line runs: --min-workers copies of it (concord-run +
    concord-train, $(POD_IP) = 127.0.0.1, the Service name mapped onto that
    coordinator, a small TorchScript CNN and data in the mapped /data) train
@@ -42,6 +47,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 
 import yaml
@@ -50,6 +56,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 MANIFESTS = os.path.join(ROOT, "deploy", "kubernetes")
 VALIDATOR = os.path.join(HERE, "k8s-validate")
+# The etcd-replica coordinator, used instead of coordinator.yaml.
+REPLICAS = os.path.join(MANIFESTS, "replicas", "coordinator-etcd.yaml")
 
 
 class Checks(object):
@@ -66,12 +74,15 @@ class Checks(object):
         return ok
 
 
-def load(directory):
-    """[(file name, object)] of every manifest but kustomization.yaml."""
+def load(directory, coordinator=None):
+    """[(file name, object)] of every manifest but kustomization.yaml;
+    `coordinator`, when given, replaces coordinator.yaml."""
     docs = []
     for path in sorted(glob.glob(os.path.join(directory, "*.yaml"))):
         if os.path.basename(path) == "kustomization.yaml":
             continue
+        if coordinator and os.path.basename(path) == "coordinator.yaml":
+            path = coordinator
         with open(path) as f:
             for doc in yaml.safe_load_all(f):
                 if doc is not None:
@@ -81,7 +92,8 @@ def load(directory):
 
 def schema_check(directory):
     """(ok, [result dicts], stderr) from validate.mjs."""
-    files = sorted(p for p in glob.glob(os.path.join(directory, "*.yaml"))
+    files = sorted(p for p in glob.glob(os.path.join(directory, "*.yaml")) +
+                   glob.glob(os.path.join(directory, "replicas", "*.yaml"))
                    if os.path.basename(p) != "kustomization.yaml")
     p = subprocess.run(["node", os.path.join(VALIDATOR, "validate.mjs")] + files,
                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=120,
@@ -167,8 +179,8 @@ def cross_check(docs):
             # projects it.
             args = [str(a) for a in c.get("args", [])]
             for i, a in enumerate(args[:-1]):
-                if not (a.endswith("-file") or a in ("--tls-cert", "--tls-key", "--tls-ca",
-                                                     "--tls-client-ca")):
+                if not (a.endswith("-file") or a.startswith("--tls-") or (
+                        a.startswith("--etcd-") and args[i + 1].startswith("/"))):
                     continue
                 path = args[i + 1]
                 mount = next((m for m in mounts if path.startswith(m["mountPath"].rstrip("/") + "/")),
@@ -212,6 +224,14 @@ def cross_check(docs):
     labels = dspec["template"]["metadata"]["labels"]
     if not matches(dspec["selector"]["matchLabels"], labels):
         problems.append("Deployment selector does not match its pod labels")
+    if dspec.get("replicas", 1) > 1 and flag([str(a) for a in dspec["template"]["spec"][
+            "containers"][0].get("args", [])], "--store") != "etcd":
+        problems.append("Deployment: more than one replica needs --store etcd (the embedded "
+                        "store's directory is locked by one process)")
+    for pdb in by_kind.get("PodDisruptionBudget", []):
+        if not matches(pdb["spec"]["selector"].get("matchLabels"), labels):
+            problems.append("PodDisruptionBudget %s selects no coordinator pod" %
+                            pdb["metadata"]["name"])
     coord = dspec["template"]["spec"]["containers"][0]
     cargs = [str(a) for a in coord.get("args", [])]
     flag_ports = {}
@@ -225,12 +245,21 @@ def cross_check(docs):
         if container_port(coord, name) != flag_ports[name]:
             problems.append("coordinator: port %s is %s but %s says %s" % (
                 name, container_port(coord, name), f, value))
+    etcd = flag(cargs, "--store") == "etcd"
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         p = coord.get(probe)
         if p is None:
             problems.append("coordinator: no %s" % probe)
             continue
-        if "httpGet" in p:
+        if etcd and probe != "readinessProbe" and "httpGet" in p:
+            problems.append("coordinator: %s httpGet on the health port would restart every "
+                            "etcd standby (they answer 503)" % probe)
+        if probe == "readinessProbe" and "httpGet" not in p:
+            problems.append("coordinator: readinessProbe must ask the health port (httpGet)")
+        if "tcpSocket" in p:
+            if container_port(coord, p["tcpSocket"]["port"]) != flag_ports.get("health"):
+                problems.append("coordinator: %s tcpSocket port is not --health-listen's" % probe)
+        elif "httpGet" in p:
             port = container_port(coord, p["httpGet"]["port"])
             if port != flag_ports.get("health"):
                 problems.append("coordinator: %s httpGet port %s is not --health-listen's %s" % (
@@ -444,43 +473,95 @@ def free_port():
     return port
 
 
+OPENSSL = ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+           "-nodes", "-days", "2", "-subj", "/CN=coord", "-addext", "subjectAltName=IP:127.0.0.1"]
+
+
+def pod_files(coord, d):
+    """The coordinator container's mounts as directories under `d` with the
+    files its flags read: tokens, and one self-signed certificate (made
+    with openssl) as every certificate, CA and key. Returns
+    (mount path -> local directory, certificate, key)."""
+    mounts = {m["mountPath"]: os.path.join(d, m["name"]) for m in coord["volumeMounts"]}
+    for local in mounts.values():
+        os.makedirs(local, exist_ok=True)
+    cert, key = os.path.join(d, "cert.pem"), os.path.join(d, "key.pem")
+    subprocess.run(OPENSSL + ["-keyout", key, "-out", cert], check=True, timeout=60,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    args = [str(a) for a in coord["args"]]
+    for i, a in enumerate(args[:-1]):
+        value = args[i + 1]
+        mount = next((m for m in mounts if value.startswith(m + "/")), None)
+        if mount is None:
+            continue
+        local = mounts[mount] + value[len(mount):]
+        if a.endswith("-token-file"):
+            with open(local, "w") as f:
+                f.write(("w" if "worker" in a else "o") * 32 + "\n")
+        elif a.endswith("-key"):
+            shutil.copy(key, local)
+        else:
+            shutil.copy(cert, local)
+    return mounts, cert, key
+
+
+def pod_args(coord, mounts, hosts):
+    """The container's args with its mounts mapped, 0.0.0.0:PORT onto a free
+    loopback port and every URL host in `hosts` ({name: address}) replaced.
+    Returns (args, {container port: loopback port})."""
+    ports, out = {}, []
+    for a in [str(x) for x in coord["args"]]:
+        if a.startswith("0.0.0.0:"):
+            ports[int(a.split(":")[1])] = free_port()
+            a = "127.0.0.1:%d" % ports[int(a.split(":")[1])]
+        for name, address in hosts.items():
+            a = a.replace(name, address)
+        for mount in sorted(mounts, key=len, reverse=True):
+            if a == mount or a.startswith(mount + "/"):
+                a = mounts[mount] + a[len(mount):]
+                break
+        if a.startswith("/") and not a.startswith(tuple(mounts.values())):
+            # Never touch this machine's own paths (e.g. /var/lib/concord).
+            raise AssertionError("%s is under no volumeMount of the container" % a)
+        out.append(a)
+    return out, ports
+
+
+def http_status(port, path):
+    try:
+        return urllib.request.urlopen("http://127.0.0.1:%d%s" % (port, path), timeout=2).status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError:
+        return None
+
+
+def accepts(port):
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        return True
+    except OSError:
+        return False
+
+
+def stop(proc):
+    if proc is not None and proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def run_deployment_args(c, bin_dir, docs):
     deployment = next(d for _, d in docs if d["kind"] == "Deployment")
     coord = deployment["spec"]["template"]["spec"]["containers"][0]
     d = tempfile.mkdtemp(prefix="concord-k8s-")
     proc = None
     try:
-        # The mounts' files, made here.
-        mounts = {m["mountPath"]: os.path.join(d, m["name"]) for m in coord["volumeMounts"]}
-        for local in mounts.values():
-            os.makedirs(local)
-        openssl = ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
-                   "ec_paramgen_curve:prime256v1", "-nodes", "-days", "2", "-subj", "/CN=coord",
-                   "-addext", "subjectAltName=IP:127.0.0.1"]
-        files = {}
-        for mount, local in mounts.items():
-            files[mount + "/worker-token"] = ("token", "w" * 32)
-            files[mount + "/operator-token"] = ("token", "o" * 32)
-        args = [str(a) for a in coord["args"]]
-        ports = {}
-        out = []
-        for a in args:
-            if a.startswith("0.0.0.0:"):
-                ports[int(a.split(":")[1])] = free_port()
-                a = "127.0.0.1:%d" % ports[int(a.split(":")[1])]
-            else:
-                for mount, local in mounts.items():
-                    if a == mount or a.startswith(mount + "/"):
-                        a = local + a[len(mount):]
-            out.append(a)
-        cert, key = flag(out, "--tls-cert"), flag(out, "--tls-key")
-        if cert and key:
-            subprocess.run(openssl + ["-keyout", key, "-out", cert], check=True, timeout=60,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        for f, value in ((flag(out, "--worker-token-file"), "w" * 32),
-                         (flag(out, "--operator-token-file"), "o" * 32)):
-            with open(f, "w") as fh:
-                fh.write(value + "\n")
+        mounts, cert, _ = pod_files(coord, d)
+        out, ports = pod_args(coord, mounts, {})
         log = open(os.path.join(d, "coordinator.log"), "w")
         proc = subprocess.Popen([os.path.join(bin_dir, "concord-coordinator")] + out,
                                 stdout=log, stderr=subprocess.STDOUT)
@@ -488,33 +569,97 @@ def run_deployment_args(c, bin_dir, docs):
         port = ports[container_port(coord, probe["port"])]
         status = None
         deadline = time.monotonic() + 30
-        while status is None and time.monotonic() < deadline and proc.poll() is None:
-            try:
-                status = urllib.request.urlopen("http://127.0.0.1:%d%s" % (port, probe["path"]),
-                                                timeout=2).status
-            except OSError:
-                time.sleep(0.1)
+        while status != 200 and time.monotonic() < deadline and proc.poll() is None:
+            status = http_status(port, probe["path"])
+            time.sleep(0.1)
         with open(log.name) as f:
             tail = f.read()[-300:]
         c.check(status == 200, "the coordinator runs with the Deployment's args and its "
                 "readiness probe gets 200", tail if status != 200 else "")
         grpc = ports[container_port(coord, "grpc")]
-        try:
-            socket.create_connection(("127.0.0.1", grpc), timeout=2).close()
-            accepted = True
-        except OSError:
-            accepted = False
+        accepted = accepts(grpc)
         c.check(accepted, "the Service's gRPC targetPort is where it listens")
         if status == 200 and accepted:
             run_job(c, bin_dir, docs, d, mounts, grpc, cert)
     finally:
-        if proc is not None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop(proc)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def run_replicas(c, bin_dir, docs):
+    """replicas/coordinator-etcd.yaml's Deployment: `replicas` coordinators
+    with its args against a real etcd (TLS, client certificates) on
+    loopback. Exactly one is ready (readiness 200), the others 503 while
+    their liveness port is open; SIGTERM to the leader makes another one
+    ready."""
+    deployment = next(d for _, d in docs if d["kind"] == "Deployment")
+    coord = deployment["spec"]["template"]["spec"]["containers"][0]
+    args = [str(a) for a in coord["args"]]
+    endpoint = flag(args, "--etcd-endpoints")
+    etcd_bin = shutil.which("etcd")
+    if not c.check(etcd_bin is not None, "etcd installed (Debian etcd-server)"):
+        return
+    d = tempfile.mkdtemp(prefix="concord-k8s-etcd-")
+    procs = []
+    etcd = None
+    try:
+        mounts, cert, key = pod_files(coord, d)
+        client = "https://127.0.0.1:%d" % free_port()
+        peer = "http://127.0.0.1:%d" % free_port()
+        etcd = subprocess.Popen(
+            [etcd_bin, "--name", "t", "--data-dir", os.path.join(d, "etcd"),
+             "--listen-client-urls", client, "--advertise-client-urls", client,
+             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+             "--initial-cluster", "t=" + peer, "--cert-file", cert, "--key-file", key,
+             "--trusted-ca-file", cert, "--client-cert-auth", "--log-level", "error"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        host = endpoint.split("://", 1)[1].rsplit(":", 1)[0]
+        ready_probe = coord["readinessProbe"]["httpGet"]
+        live_probe = coord["livenessProbe"]
+        replicas = []
+        for r in range(deployment["spec"]["replicas"]):
+            out, ports = pod_args(coord, mounts, {"https://%s:%s" % (
+                host, endpoint.rsplit(":", 1)[1]): client})
+            log = open(os.path.join(d, "replica-%d.log" % r), "w")
+            procs.append(subprocess.Popen([os.path.join(bin_dir, "concord-coordinator")] + out,
+                                          stdout=log, stderr=subprocess.STDOUT))
+            replicas.append((procs[-1], ports, log.name))
+            time.sleep(0.5)  # the first one leads
+        ready_port = lambda ports: ports[container_port(coord, ready_probe["port"])]
+        live_port = lambda ports: ports[container_port(
+            coord, (live_probe.get("tcpSocket") or live_probe.get("httpGet"))["port"])]
+
+        def statuses():
+            return [http_status(ready_port(p), ready_probe["path"]) for _, p, _ in replicas]
+
+        deadline = time.monotonic() + 30
+        seen = statuses()
+        while sorted(seen) != [200] + [503] * (len(replicas) - 1) and time.monotonic() < deadline:
+            time.sleep(0.2)
+            seen = statuses()
+        logs = " | ".join(open(l).read()[-150:] for _, _, l in replicas)
+        if not c.check(sorted(seen) == [200] + [503] * (len(replicas) - 1),
+                       "etcd replicas: one is ready (200), the others stand by (503)",
+                       "%s %s" % (seen, logs if 200 not in seen else "")):
+            return
+        c.check(all(accepts(live_port(p)) for _, p, _ in replicas),
+                "etcd replicas: the liveness probe's port is open on every replica")
+        leader = seen.index(200)
+        c.check(accepts(replicas[leader][1][container_port(coord, "grpc")]),
+                "etcd replicas: the ready one serves gRPC")
+        stop(replicas[leader][0])
+        deadline = time.monotonic() + 20
+        others = [i for i in range(len(replicas)) if i != leader]
+        took_over = False
+        while not took_over and time.monotonic() < deadline:
+            took_over = any(http_status(ready_port(replicas[i][1]), ready_probe["path"]) == 200
+                            for i in others)
+            time.sleep(0.2)
+        c.check(took_over, "etcd replicas: SIGTERM to the leader makes a standby ready")
+    finally:
+        for p in procs:
+            stop(p)
+        stop(etcd)
         shutil.rmtree(d, ignore_errors=True)
 
 
@@ -628,6 +773,28 @@ def main():
         shutil.rmtree(scratch, ignore_errors=True)
 
     run_deployment_args(c, args.bin_dir, docs)
+
+    # The etcd-replica variant, in place of coordinator.yaml.
+    replica_docs = load(MANIFESTS, coordinator=REPLICAS)
+    problems = cross_check(replica_docs)
+    c.check(not problems, "replicas/coordinator-etcd.yaml: cross-references hold",
+            "; ".join(problems))
+    scratch = tempfile.mkdtemp(prefix="concord-k8s-bad-")
+    try:
+        def http_liveness(name, d):
+            if d["kind"] == "Deployment":
+                probe = containers(d)[0]["livenessProbe"]
+                probe["httpGet"] = {"path": "/", "port": probe.pop("tcpSocket")["port"]}
+            return d
+        bad = mutate(os.path.dirname(REPLICAS), scratch, "liveness", http_liveness)
+        problems = cross_check(load(MANIFESTS, coordinator=os.path.join(
+            bad, os.path.basename(REPLICAS))))
+        c.check(any("would restart every etcd standby" in p for p in problems),
+                "replicas: an httpGet liveness probe (it would restart the standbys) is rejected",
+                "; ".join(problems)[:200])
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    run_replicas(c, args.bin_dir, replica_docs)
     print("%d passed, %d failed" % (c.passed, c.failed))
     sys.exit(1 if c.failed else 0)
 
