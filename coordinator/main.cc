@@ -10,6 +10,12 @@
 // unreadable token or TLS files, an address in use, a state directory that
 // cannot be written, or an etcd that cannot be reached at startup (one line
 // on stderr); 1 when the store holds a record that cannot be read.
+//
+// Under systemd with Type=notify (NOTIFY_SOCKET set) it reports READY=1 once
+// the gRPC port accepts connections (an etcd standby: once it stands by),
+// STATUS= lines (leader or standby, and changes), WATCHDOG=1 from the tick
+// thread when WatchdogSec= is set (Note [Watchdog pings] in
+// systemd_notify.h), and STOPPING=1 on SIGINT/SIGTERM.
 
 #include <netdb.h>
 #include <pthread.h>
@@ -36,6 +42,7 @@
 #include "coordinator/etcd_store.h"
 #include "coordinator/health_http.h"
 #include "coordinator/server.h"
+#include "coordinator/systemd_notify.h"
 
 namespace {
 
@@ -115,7 +122,8 @@ void LogServing(const concord::coordinator::Server& server,
 // --store etcd: campaign, serve while leading, stand by again when the
 // lease is lost, resign on a signal.
 int RunReplica(concord::coordinator::EtcdStore& store,
-               concord::coordinator::ServerOptions options, StopSignal& stop) {
+               concord::coordinator::ServerOptions options, StopSignal& stop,
+               concord::coordinator::SystemdNotifier& notifier) {
   using concord::coordinator::HealthHttpServer;
   using concord::coordinator::Server;
   // The plain health port belongs to the replica, not to one term: it says
@@ -134,10 +142,16 @@ int RunReplica(concord::coordinator::EtcdStore& store,
   const std::string identity = absl::StrCat(
       host, " pid ", getpid(), " serving ", options.listen_address);
   while (true) {
+    // The campaign polls etcd and checks `stop` every poll: a live standby.
     absl::Status campaign = store.Campaign(
-        identity, [&] { return stop.requested(); },
-        [](const std::string& leader) {
+        identity,
+        [&] {
+          notifier.Alive();
+          return stop.requested();
+        },
+        [&](const std::string& leader) {
           spdlog::info("standing by; the leader is {}", leader);
+          notifier.Ready(absl::StrCat("standby; the leader is ", leader));
         });
     if (absl::IsCancelled(campaign)) break;
     if (!campaign.ok()) {
@@ -152,6 +166,8 @@ int RunReplica(concord::coordinator::EtcdStore& store,
     }
     LogServing(**server, options);
     if (health != nullptr) health->SetServing(true);
+    notifier.Ready(
+        absl::StrCat("leader; serving on ", (*server)->address(), " (etcd)"));
     std::string lost;
     while (!stop.WaitFor(absl::Milliseconds(100))) {
       lost = store.WaitLost(absl::ZeroDuration());
@@ -161,8 +177,10 @@ int RunReplica(concord::coordinator::EtcdStore& store,
     (*server)->Shutdown();
     if (stop.requested()) break;
     spdlog::warn("stopped serving ({}); standing by", lost);
+    notifier.Status(absl::StrCat("standby; lost leadership: ", lost));
   }
   spdlog::info("received {}, resigning", stop.name());
+  notifier.Stopping(absl::StrCat("received ", stop.name(), ", resigning"));
   store.Resign();
   spdlog::info("stopped");
   return 0;
@@ -209,6 +227,7 @@ int main(int argc, char** argv) {
   // so that every thread inherits the mask and only the signal thread ever
   // sees them.
   StopSignal stop;
+  auto notifier = concord::coordinator::SystemdNotifier::FromEnvironment();
   CLI::App app{"Concord coordinator: membership and rendezvous for workers",
                "concord-coordinator"};
   std::string listen = "127.0.0.1:7070";
@@ -346,6 +365,7 @@ int main(int argc, char** argv) {
           options.status_address);
     }
   }
+  options.on_tick = [&notifier] { notifier.Alive(); };
   for (const std::string& address :
        {listen, options.metrics_address, options.status_address}) {
     const std::string in_use = address.empty() ? "" : AddressInUse(address);
@@ -369,14 +389,20 @@ int main(int argc, char** argv) {
           "cannot reach etcd at ", absl::StrJoin(etcd_endpoints, ","), ": ",
           leader.status().message())));
     }
-    return RunReplica(*etcd_store, options, stop);
+    return RunReplica(*etcd_store, options, stop, notifier);
   }
   auto server = concord::coordinator::Server::Start(options);
   if (!server.ok()) return Fail(server.status());
   LogServing(**server, options);
+  notifier.Ready(absl::StrCat(
+      "serving on ", (*server)->address(), " (",
+      options.state_dir.empty() ? std::string("state in memory")
+                                : absl::StrCat("state in ", options.state_dir),
+      ")"));
   while (!stop.WaitFor(absl::Hours(1))) {
   }
   spdlog::info("received {}, shutting down", stop.name());
+  notifier.Stopping(absl::StrCat("received ", stop.name(), ", shutting down"));
   (*server)->Shutdown();
   spdlog::info("stopped");
   return 0;

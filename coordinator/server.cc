@@ -143,21 +143,21 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   }
   const size_t colon = address.rfind(':');
   server->address_ = absl::StrCat(address.substr(0, colon), ":", server->port_);
-  server->ticker_ =
-      std::thread([s = server.get(), interval = options.tick_interval] {
-        s->TickLoop(interval);
-      });
+  server->ticker_ = std::thread(
+      [s = server.get(), interval = options.tick_interval,
+       on_tick = options.on_tick] { s->TickLoop(interval, on_tick); });
   return server;
 }
 
 Server::~Server() { Shutdown(); }
 
-void Server::TickLoop(absl::Duration interval) {
+void Server::TickLoop(absl::Duration interval, std::function<void()> on_tick) {
   std::unique_lock<std::mutex> lock(mu_);
   while (!cv_.wait_for(lock, absl::ToChronoNanoseconds(interval),
                        [this] { return stopping_; })) {
     lock.unlock();
     host_->Tick();
+    if (on_tick) on_tick();
     lock.lock();
   }
 }

@@ -7,6 +7,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -57,6 +58,10 @@ struct ServerOptions {
   std::string status_address;
   // How often timeouts are checked.
   absl::Duration tick_interval = absl::Milliseconds(100);
+  // Called on the tick thread after every tick of the core returned (proof
+  // that the core is not stuck: Note [Watchdog pings] in systemd_notify.h).
+  // Must be cheap and must not call into the server.
+  std::function<void()> on_tick;
 };
 
 class Server {
@@ -95,7 +100,7 @@ class Server {
 
  private:
   Server() = default;
-  void TickLoop(absl::Duration interval);
+  void TickLoop(absl::Duration interval, std::function<void()> on_tick);
 
   RealClock clock_;
   std::unique_ptr<Metrics> metrics_;

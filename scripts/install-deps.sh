@@ -24,11 +24,18 @@ PACKAGES=(
   # The status page's browser test: headless Chromium driven by
   # playwright-core (tests/browser, installed with npm ci by test.sh).
   chromium
+  # sd_notify (Type=notify, watchdog) in the coordinator; systemd-analyze
+  # checks the unit's hardening (tests/deploy).
+  libsystemd-dev systemd
+  # The unit sandbox test traces the coordinator's system calls.
+  strace
 )
-# Node and npm for that driver: Debian's, unless a node with npm is there
-# already (e.g. NodeSource's nodejs, which bundles npm and conflicts with
-# Debian's npm package).
-command -v npm >/dev/null 2>&1 || PACKAGES+=(nodejs npm)
+# Node and npm for the browser driver and the Kubernetes manifest validator
+# (tests/browser, tests/deploy/k8s-validate: `npm ci`): Debian's, unless
+# there already (NodeSource's nodejs bundles npm and conflicts with Debian's
+# npm package).
+command -v node >/dev/null 2>&1 || PACKAGES+=(nodejs)
+command -v npm >/dev/null 2>&1 || PACKAGES+=(npm)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

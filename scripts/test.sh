@@ -9,5 +9,7 @@ cd "$(dirname "$0")/.."
 # The browser test's driver (playwright-core, pinned by package-lock.json;
 # it uses Debian's chromium, no browser download).
 PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --prefix tests/browser --no-audit --no-fund
+# The Kubernetes schema validator's npm packages, as pinned by its lock file.
+npm ci --prefix tests/deploy/k8s-validate --no-audit --no-fund --loglevel=error
 BUILD_DIR=${BUILD_DIR:-build}
 ctest --test-dir "$BUILD_DIR" --output-on-failure --timeout 600 -j 2 "$@"
