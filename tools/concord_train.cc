@@ -596,13 +596,15 @@ int Train(const Flags& flags, concord::train::Progress& progress) {
     }
     return total;
   };
-  // After a committed step: every --log-interval steps, on the
-  // authoritative rank.
+  // After a committed step: every --log-interval steps (and the last on a
+  // terminal), on the authoritative rank.
   // `epoch`: the step's (0-based; the state may have moved on to the next).
   auto report = [&](const concord::elastic::State& st, int64_t epoch,
                     double sps) {
-    if (s.rank() != s.authoritative_rank() ||
-        st.step % flags.log_interval != 0) {
+    if (s.rank() != s.authoritative_rank()) return;
+    // A bar also shows the last step.
+    if (st.step % flags.log_interval != 0 &&
+        !(progress.terminal() && st.step == total_steps(st))) {
       return;
     }
     concord::train::ProgressLine line;

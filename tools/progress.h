@@ -41,6 +41,7 @@ class Progress {
   // instead of printing lines.
   Progress(std::ostream& out, bool terminal) : out_(out), terminal_(terminal) {}
 
+  bool terminal() const { return terminal_; }
   void Update(const ProgressLine& p);
   // Ends the bar's line (if one is drawn) so that what comes next starts on
   // a line of its own; the next Update draws a new bar.

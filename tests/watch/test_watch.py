@@ -15,8 +15,8 @@ Cases (all by default), each with real processes on loopback:
              the done line's.
   tty        the killed job with stdout and stderr on a pseudo-terminal: the
              bar is redrawn in place ('\\r', fewer screen lines than frames,
-             as a terminal shows it), and no log line shares a screen line
-             with a bar.
+             as a terminal shows it), ends at the last step, and no log line
+             shares a screen line with a bar.
   trace      `concord-run --trace FILE` over a 2-worker job (several buckets,
              --message-size): FILE parses as JSON; every event has ph, ts, pid,
              tid, name; X durations are >= 0 and nest per track; exactly one
@@ -242,6 +242,8 @@ def case_tty(checks, job):
     checks.check(0 < len(bar_lines) < len(frames),
                  "tty: the bar is redrawn in place (%d frames on %d screen lines)"
                  % (len(frames), len(bar_lines)), detail)
+    checks.check(frames and frames[-1][2] == frames[-1][3] and "100%" in raw,
+                 "tty: the last frame shows the last step (step T/T, 100%)", detail)
     mixed = [l for l in shown if BAR.search(l) and not BAR.fullmatch(l.strip())]
     mixed += [l for l in log_lines if "[" in l and BAR.search(l)]
     checks.check(not mixed and log_lines, "tty: log lines never share a line with the bar",
