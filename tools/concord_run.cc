@@ -444,9 +444,8 @@ int Supervise(const Options& o, const std::string& coordinator,
 
 }  // namespace
 
-// --trace FILE: checks that FILE can be written and makes the directory
-// for the workers' files next to it. Exits 2 otherwise.
-void PrepareTrace(Options& o) {
+// --trace FILE: checks that FILE can be written. Exits 2 otherwise.
+void CheckTrace(const Options& o) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (fs::is_directory(o.trace, ec)) {
@@ -457,12 +456,18 @@ void PrepareTrace(Options& o) {
     UsageError("--trace " + o.trace + ": " + std::strerror(errno));
   }
   close(fd);
+}
+
+// Makes the directory for the workers' trace files next to --trace FILE.
+bool MakeTraceParts(Options& o) {
   std::string dir = o.trace + ".parts-XXXXXX";
   if (mkdtemp(dir.data()) == nullptr) {
-    UsageError("--trace " + o.trace + ": cannot make " + dir + ": " +
-               std::strerror(errno));
+    std::cerr << "concord-run: --trace " << o.trace << ": cannot make " << dir
+              << ": " << std::strerror(errno) << "\n";
+    return false;
   }
   o.trace_parts = dir;
+  return true;
 }
 
 // Merges the workers' trace files into --trace FILE and removes them.
@@ -495,7 +500,7 @@ bool MergeTrace(const Options& o) {
 int main(int argc, char** argv) {
   Options options = ParseArgs(argc, argv);
   concord::InitLogging("concord-run", "warn");
-  if (!options.trace.empty()) PrepareTrace(options);
+  if (!options.trace.empty()) CheckTrace(options);
 
   sigset_t mask, old_mask;
   sigemptyset(&mask);
@@ -537,13 +542,16 @@ int main(int argc, char** argv) {
     coordinator = server->address();
   }
 
-  std::vector<Worker> workers;
-  for (int i = 0; i < options.nproc; ++i) {
-    workers.push_back(Spawn(options, coordinator, i, 0, old_mask));
-  }
-  int status = Supervise(options, coordinator, old_mask, workers, signal_fd);
-  if (!options.trace_parts.empty() && !MergeTrace(options) && status == 0) {
-    status = 1;
+  int status = 1;
+  if (options.trace.empty() || MakeTraceParts(options)) {
+    std::vector<Worker> workers;
+    for (int i = 0; i < options.nproc; ++i) {
+      workers.push_back(Spawn(options, coordinator, i, 0, old_mask));
+    }
+    status = Supervise(options, coordinator, old_mask, workers, signal_fd);
+    if (!options.trace_parts.empty() && !MergeTrace(options) && status == 0) {
+      status = 1;
+    }
   }
   if (server) server->Shutdown();
   if (!token_dir.empty()) {

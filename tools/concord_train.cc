@@ -497,9 +497,21 @@ int Train(const Flags& flags, concord::train::Progress& progress) {
     slowmo = std::move(*made);
     state.Attach(slowmo.get());
   }
-  state.OnReset([&](const concord::elastic::ResetInfo&) {
+  state.OnReset([&](const concord::elastic::ResetInfo& info) {
     if (sync_bn_group) sync_bn_group->SetCommunicator(s.shared_communicator());
     register_hook();
+    if (trace && !state.reform_records().empty()) {
+      // The re-form on the new rank's track: from the failure (or the
+      // agreement) to the state received, the rendezvous inside it.
+      const auto& r = state.reform_records().back();
+      const concord::trace::Args args = {{"generation", r.generation},
+                                         {"world_size", r.world_size},
+                                         {"step", info.step}};
+      trace->Complete("re-form", concord::trace::Recorder::kTrainThread,
+                      r.started_us, r.synced_us, args);
+      trace->Complete("rendezvous", concord::trace::Recorder::kTrainThread,
+                      r.started_us, r.rendezvous_us, args);
+    }
   });
   if (auto st = state.Sync(); !st.ok()) Fail(1, st.ToString());
 

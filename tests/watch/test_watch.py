@@ -25,9 +25,10 @@ Cases (all by default), each with real processes on loopback:
              rank; per step and rank one allreduce per bucket (the bucket count
              of --metrics-out), each starting inside that step's backward.
   kill       the same with worker 1 SIGKILLed in the middle of a backward
-             (buckets in flight): the merged FILE still parses, holds the dead
-             rank's steps up to its death, a 'generation 2' instant with world
-             size 1, and the survivor's steps to the end.
+             (buckets in flight): the merged FILE still parses, holds rank
+             1's steps up to the kill and none after it, a 're-form' span around a
+             'generation 2' instant with world size 1, and the survivor's
+             steps to the end.
   errors     bad --trace values: exit 2 with one line, no job.
 
 Prints one line per check and 'N passed, N failed'; exits 1 on a failure.
@@ -390,25 +391,31 @@ def case_kill(checks, job):
     done = DONE.search(r.stdout)
     final = int(done.group(1)) if done else -1
     problems = []
+    # Whichever worker was rank 1 (ranks follow join order), rank 1 ends
+    # with the kill: the job goes on as one rank 0.
     dead = by.get(1, {})
     for step in range(1, KILL_STEP):
         for want in ("forward", "backward", "optimizer", "allreduce"):
             if not dead.get(step, {}).get(want):
-                problems.append("dead rank 1, step %d: no %s" % (step, want))
+                problems.append("rank 1, step %d: no %s" % (step, want))
     if any(s > KILL_STEP for s in dead if s is not None):
-        problems.append("rank 1 has steps after its death: %s" % sorted(s for s in dead if s))
-    survivor = by.get(0, {})
+        problems.append("rank 1 has steps after the kill: %s" % sorted(s for s in dead if s))
+    survivor = by.get(0, {})  # rank 0 of both generations
     for step in range(1, final + 1):
         for want in ("forward", "backward", "optimizer"):
             if not survivor.get(step, {}).get(want):
-                problems.append("survivor, step %d: no %s" % (step, want))
+                problems.append("rank 0, step %d: no %s" % (step, want))
     gen2 = [e for e in events if e["ph"] == "i" and e["name"] == "generation 2"]
     if not (gen2 and gen2[0]["pid"] == 0 and gen2[0]["args"]["world_size"] == 1):
         problems.append("no 'generation 2' instant with world size 1 on rank 0: %s" % gen2)
+    reform = [e for e in spans if e["name"] == "re-form"]
+    if not (gen2 and len(reform) == 1 and reform[0]["pid"] == 0 and reform[0]["args"]["world_size"] == 1
+            and reform[0]["ts"] <= gen2[0]["ts"] <= reform[0]["ts"] + reform[0]["dur"]):
+        problems.append("no 're-form' span around the generation 2 mark on rank 0: %s" % reform)
     failed = [e for e in spans if e["name"] == "allreduce" and e["args"].get("failed")]
     checks.check(not problems and final > 0,
-                 "kill: the dead rank's steps 1..%d, the re-form and the survivor's %d steps "
-                 "are in the trace (%d failed allreduces marked)" % (KILL_STEP - 1, final,
+                 "kill: rank 1's steps 1..%d and none after the kill, the re-form and rank 0's "
+                 "%d steps are in the trace (%d failed allreduces marked)" % (KILL_STEP - 1, final,
                                                                      len(failed)),
                  "; ".join(problems[:8]) + "\n" + r.describe())
 
