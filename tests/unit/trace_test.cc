@@ -174,6 +174,9 @@ TEST_F(TraceTest, WorkTracerTimesAWorkFromWatchToCompletion) {
                  {{"bucket", 1}});
     std::this_thread::sleep_for(std::chrono::milliseconds(30));
     ok->MarkDone(absl::OkStatus());
+    // A re-form moved this worker to rank 1 before the failure surfaced:
+    // the work stays on the track of the rank that launched it.
+    (*r)->SetGeneration(2, 1, 2);
     failed->MarkDone(absl::UnavailableError("peer gone"));
     // Never completes: the tracer's destructor must not wait for it.
     tracer.Watch(std::make_shared<comm::PromiseWork>(), "allreduce", 3, {});
@@ -187,6 +190,8 @@ TEST_F(TraceTest, WorkTracerTimesAWorkFromWatchToCompletion) {
   EXPECT_EQ(reduced[0]["args"]["step"], 4);
   EXPECT_FALSE(reduced[0]["args"].contains("failed"));
   EXPECT_EQ(reduced[1]["tid"], 2);
+  EXPECT_EQ(reduced[0]["pid"], 0);
+  EXPECT_EQ(reduced[1]["pid"], 0);
   EXPECT_EQ(reduced[1]["args"]["failed"], 1);
 }
 

@@ -114,15 +114,20 @@ int64_t Recorder::step() const {
   return step_;
 }
 
+int Recorder::rank() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return rank_;
+}
+
 void Recorder::Complete(std::string_view name, int tid, int64_t start_us,
-                        int64_t end_us, Args args) {
+                        int64_t end_us, Args args, int rank) {
   nlohmann::json a = ToJson(args);
   std::lock_guard<std::mutex> lock(mu_);
   if (!a.contains("step")) a["step"] = step_;
   nlohmann::json e = {{"ph", "X"},
                       {"name", name},
                       {"cat", "train"},
-                      {"pid", rank_},
+                      {"pid", rank < 0 ? rank_ : rank},
                       {"tid", tid},
                       {"ts", start_us},
                       {"dur", std::max<int64_t>(0, end_us - start_us)},

@@ -66,11 +66,13 @@ class Recorder {
   // The training step that events are tagged with (args.step), 0 until set.
   void SetStep(int64_t step);
   int64_t step() const;
+  // The rank events go to now (0 until SetGeneration).
+  int rank() const;
 
-  // A complete ("X") event on thread track `tid` of the current rank,
-  // tagged with the current step unless `args` has one.
+  // A complete ("X") event on thread track `tid` of rank `rank` (-1: the
+  // current one), tagged with the current step unless `args` has one.
   void Complete(std::string_view name, int tid, int64_t start_us,
-                int64_t end_us, Args args = {});
+                int64_t end_us, Args args = {}, int rank = -1);
   // An instant ("i") event on the training track; global = drawn across
   // every track.
   void Instant(std::string_view name, Args args = {}, bool global = false);

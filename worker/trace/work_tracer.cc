@@ -18,8 +18,8 @@ WorkTracer::~WorkTracer() {
 
 void WorkTracer::Watch(std::shared_ptr<comm::Work> work, std::string name,
                        int tid, Args args) {
-  Pending p{std::move(work), std::move(name), tid, std::move(args),
-            NowMicros()};
+  Pending p{std::move(work), std::move(name), tid,
+            std::move(args), NowMicros(),     recorder_->rank()};
   bool has_step = false;
   for (const auto& [key, value] : p.args) has_step |= key == "step";
   if (!has_step) p.args.emplace_back("step", recorder_->step());
@@ -50,7 +50,7 @@ void WorkTracer::Loop() {
     }
     if (!s.ok()) p.args.emplace_back("failed", 1);
     recorder_->Complete(p.name, p.tid, p.start_us, NowMicros(),
-                        std::move(p.args));
+                        std::move(p.args), p.rank);
   }
 }
 

@@ -29,8 +29,10 @@ class WorkTracer {
   WorkTracer(const WorkTracer&) = delete;
   WorkTracer& operator=(const WorkTracer&) = delete;
 
-  // The event is named `name`, on thread track `tid`; a failed or aborted
-  // work gets args.failed = 1. `step` is the recorder's step when launched.
+  // The event is named `name`, on thread track `tid` of the rank events go
+  // to now (a work aborted by a re-form is recorded after the recorder
+  // moved to the new generation's rank); a failed or aborted work gets
+  // args.failed = 1. `step` is the recorder's step now unless in `args`.
   void Watch(std::shared_ptr<comm::Work> work, std::string name, int tid,
              Args args);
 
@@ -41,6 +43,7 @@ class WorkTracer {
     int tid = 0;
     Args args;
     int64_t start_us = 0;
+    int rank = 0;
   };
   void Loop();
 
