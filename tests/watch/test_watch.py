@@ -24,7 +24,9 @@ Cases (all by default), each with real processes on loopback:
              backward, optimizer and allreduce events for every step on every
              rank; per step and rank one allreduce per bucket (the bucket count
              of --metrics-out), each starting inside that step's backward.
-  kill       the same with worker 1 SIGKILLed in the middle of a backward
+  hook       the same with --comm-hook fp16: one allreduce per bucket and step,
+             marked as a hook's.
+  kill       the trace job with worker 1 SIGKILLed in the middle of a backward
              (buckets in flight): the merged FILE still parses, holds rank
              1's steps up to the kill and none after it, a 're-form' span around a
              'generation 2' instant with world size 1, and the survivor's
@@ -272,7 +274,8 @@ def check_trace_basics(checks, name, events):
             problems.append("bad dur: %s" % json.dumps(e)[:200])
         if e.get("ph") in ("B", "E"):
             problems.append("unexpected B/E: %s" % json.dumps(e)[:200])
-    spans = [e for e in events if e.get("ph") == "X"]
+    spans = [e for e in events if e.get("ph") == "X" and
+             all(k in e for k in ("ts", "pid", "tid", "name", "dur"))]
     tracks = {}
     for e in spans:
         tracks.setdefault((e["pid"], e["tid"]), []).append(e)
@@ -371,6 +374,35 @@ def case_trace(checks, job):
                  "trace: generation 1 marked on both ranks", json.dumps(gens)[:500])
 
 
+def case_hook(checks, job):
+    """A communication hook's buckets are traced too (until the final
+    callback's wait for them ends)."""
+    trace = os.path.join(job.tmp, "hook.json")
+    r = fixtures.run_command(job.cmd(run_extra=["--trace", trace],
+                                     train_extra=["--message-size", "600",
+                                                  "--comm-hook", "fp16"]),
+                             timeout=RUN_TIMEOUT)
+    if not checks.check(r.returncode == 0 and os.path.exists(trace),
+                        "hook: a 2-worker job with --comm-hook fp16 and --trace succeeds",
+                        r.describe()):
+        return
+    spans = check_trace_basics(checks, "hook", load_trace(trace))
+    by = steps_by_rank(spans)
+    done = DONE.search(r.stdout)
+    steps = int(done.group(1)) if done else 0
+    problems = []
+    for pid in (0, 1):
+        for step in range(1, steps + 1):
+            reduces = by.get(pid, {}).get(step, {}).get("allreduce", [])
+            n = reduces[0]["args"]["buckets"] if reduces else -1
+            if sorted(a["args"]["bucket"] for a in reduces) != list(range(n)) or \
+                    not all(a["args"].get("hook") == 1 for a in reduces):
+                problems.append("rank %d step %d: %s" % (pid, step, [a["args"] for a in reduces]))
+    checks.check(steps > 0 and not problems,
+                 "hook: one allreduce per bucket (marked hook) in each of the %d steps" % steps,
+                 "; ".join(problems[:6]))
+
+
 def case_kill(checks, job):
     trace = os.path.join(job.tmp, "killed.json")
     env = {"CONCORD_TEST_KILL": "1:%d:backward" % KILL_STEP}
@@ -454,8 +486,8 @@ def case_errors(checks, job):
                  str(events)[:300] + "\n" + r.describe())
 
 
-CASES = {"progress": case_progress, "tty": case_tty, "trace": case_trace, "kill": case_kill,
-         "errors": case_errors}
+CASES = {"progress": case_progress, "tty": case_tty, "trace": case_trace, "hook": case_hook,
+         "kill": case_kill, "errors": case_errors}
 
 
 def main():
@@ -468,7 +500,7 @@ def main():
     tmp = tempfile.mkdtemp(prefix="concord-watch-")
     try:
         job = Job(args, tmp)
-        for name in args.case or ["errors", "progress", "tty", "trace", "kill"]:
+        for name in args.case or ["errors", "progress", "tty", "trace", "hook", "kill"]:
             CASES[name](checks, job)
     finally:
         if args.keep:
