@@ -27,6 +27,7 @@ set(CONCORD_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/Concord)
 set(_concord_exported
   concord_proto proto
   concord_common common
+  concord_trace trace
   concord_worker_core worker_core
   concord_kernels_cpu kernels_cpu
   concord worker)

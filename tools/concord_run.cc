@@ -14,6 +14,11 @@
 // --min-workers members the others go on without a failed worker; below
 // that, concord-run stops them all.
 //
+// Timelines: with --trace FILE each worker writes its own trace file
+// (CONCORD_TRACE_FILE, in a directory next to FILE) and concord-run merges
+// them into FILE when the workers are done, a killed worker's included
+// (Note [Trace files] in worker/trace/recorder.h).
+//
 // Exit status: 0 when the last run of every local worker exits 0; otherwise
 // the first failing worker's status (128+signal for a signal), after its
 // stderr is shown. Usage errors: exit 2.
@@ -32,6 +37,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -43,6 +49,7 @@
 #include "common/logging.h"
 #include "common/tls.h"
 #include "coordinator/server.h"
+#include "worker/trace/merge.h"
 
 namespace {
 
@@ -61,7 +68,9 @@ struct Options {
   int64_t collective_timeout_ms = 300000;
   std::string comm_host = "127.0.0.1";
   std::string token_file;
-  concord::TlsFiles tls;  // towards --coordinator; passed on to the workers
+  concord::TlsFiles tls;    // towards --coordinator; passed on to the workers
+  std::string trace;        // --trace FILE
+  std::string trace_parts;  // the workers' trace files go here
   std::vector<std::string> program;
 };
 
@@ -136,6 +145,9 @@ Options ParseArgs(int argc, char** argv) {
   app.add_option("--tls-cert", o.tls.cert,
                  "PEM client certificate for mTLS (with --tls-key)");
   app.add_option("--tls-key", o.tls.key, "PEM private key of --tls-cert");
+  app.add_option("--trace", o.trace,
+                 "merge the workers' timelines (Chrome trace-event JSON, one "
+                 "track per rank; open in Perfetto) into this file");
   try {
     app.parse(split, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -231,6 +243,10 @@ std::vector<std::string> WorkerEnv(const Options& o,
       absl::StrCat("CONCORD_RENDEZVOUS_TIMEOUT_MS=", o.rendezvous_timeout_ms));
   env.push_back(
       absl::StrCat("CONCORD_COLLECTIVE_TIMEOUT_MS=", o.collective_timeout_ms));
+  if (!o.trace_parts.empty()) {
+    env.push_back(absl::StrCat("CONCORD_TRACE_FILE=", o.trace_parts, "/worker-",
+                               index, "-run-", restarts, ".json"));
+  }
   return env;
 }
 
@@ -281,6 +297,15 @@ Worker Spawn(const Options& o, const std::string& coordinator, int index,
   return w;
 }
 
+// What a forwarded line starts with: on a terminal, back to the line's
+// start and erase it, so that a worker's progress bar (drawn in place on
+// the shared terminal, see concord-train) does not run into the line; the
+// worker draws its bar again on its next update.
+const char* LineStart() {
+  static const char* start = isatty(STDERR_FILENO) == 1 ? "\r\x1b[K" : "";
+  return start;
+}
+
 // Forwards complete stderr lines, prefixed with the worker's index, and keeps
 // the last ones. Returns false at end of file.
 bool PumpStderr(Worker& w) {
@@ -289,7 +314,8 @@ bool PumpStderr(Worker& w) {
   if (n <= 0) {
     if (n < 0 && errno == EINTR) return true;
     if (!w.partial.empty()) {
-      std::cerr << "[worker " << w.index << "] " << w.partial << "\n";
+      std::cerr << LineStart() << "[worker " << w.index << "] " << w.partial
+                << "\n";
       w.tail.push_back(w.partial);
       w.partial.clear();
     }
@@ -302,7 +328,7 @@ bool PumpStderr(Worker& w) {
   for (size_t nl; (nl = w.partial.find('\n', start)) != std::string::npos;
        start = nl + 1) {
     std::string line = w.partial.substr(start, nl - start);
-    std::cerr << "[worker " << w.index << "] " << line << "\n";
+    std::cerr << LineStart() << "[worker " << w.index << "] " << line << "\n";
     w.tail.push_back(std::move(line));
     if (w.tail.size() > kTailLines) w.tail.pop_front();
   }
@@ -418,9 +444,63 @@ int Supervise(const Options& o, const std::string& coordinator,
 
 }  // namespace
 
+// --trace FILE: checks that FILE can be written. Exits 2 otherwise.
+void CheckTrace(const Options& o) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_directory(o.trace, ec)) {
+    UsageError("--trace " + o.trace + ": is a directory");
+  }
+  const int fd = open(o.trace.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    UsageError("--trace " + o.trace + ": " + std::strerror(errno));
+  }
+  close(fd);
+}
+
+// Makes the directory for the workers' trace files next to --trace FILE.
+bool MakeTraceParts(Options& o) {
+  std::string dir = o.trace + ".parts-XXXXXX";
+  if (mkdtemp(dir.data()) == nullptr) {
+    std::cerr << "concord-run: --trace " << o.trace << ": cannot make " << dir
+              << ": " << std::strerror(errno) << "\n";
+    return false;
+  }
+  o.trace_parts = dir;
+  return true;
+}
+
+// Merges the workers' trace files into --trace FILE and removes them.
+// Returns false when FILE could not be written.
+bool MergeTrace(const Options& o) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> parts;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(o.trace_parts, ec)) {
+    parts.push_back(entry.path().string());
+  }
+  std::sort(parts.begin(), parts.end());
+  auto merged = concord::trace::MergeTraceFiles(parts, o.trace);
+  if (merged.ok()) {
+    std::cerr << "concord-run: wrote the timeline of " << merged->files
+              << " worker run(s), " << merged->events << " events, to "
+              << o.trace;
+    if (merged->skipped_lines > 0) {
+      std::cerr << " (" << merged->skipped_lines
+                << " cut-off line(s) of killed workers left out)";
+    }
+    std::cerr << "\n";
+  } else {
+    std::cerr << "concord-run: " << merged.status().message() << "\n";
+  }
+  fs::remove_all(o.trace_parts, ec);
+  return merged.ok();
+}
+
 int main(int argc, char** argv) {
   Options options = ParseArgs(argc, argv);
   concord::InitLogging("concord-run", "warn");
+  if (!options.trace.empty()) CheckTrace(options);
 
   sigset_t mask, old_mask;
   sigemptyset(&mask);
@@ -462,12 +542,17 @@ int main(int argc, char** argv) {
     coordinator = server->address();
   }
 
-  std::vector<Worker> workers;
-  for (int i = 0; i < options.nproc; ++i) {
-    workers.push_back(Spawn(options, coordinator, i, 0, old_mask));
+  int status = 1;
+  if (options.trace.empty() || MakeTraceParts(options)) {
+    std::vector<Worker> workers;
+    for (int i = 0; i < options.nproc; ++i) {
+      workers.push_back(Spawn(options, coordinator, i, 0, old_mask));
+    }
+    status = Supervise(options, coordinator, old_mask, workers, signal_fd);
+    if (!options.trace_parts.empty() && !MergeTrace(options) && status == 0) {
+      status = 1;
+    }
   }
-  const int status =
-      Supervise(options, coordinator, old_mask, workers, signal_fd);
   if (server) server->Shutdown();
   if (!token_dir.empty()) {
     unlink(options.token_file.c_str());

@@ -5,6 +5,8 @@
 // Exit status: 0 done; 2 bad flags or inputs (one line on stderr, before any
 // training); 1 a failure while training.
 
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -25,6 +27,7 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "tools/fault_injection.h"
+#include "tools/progress.h"
 #include "tools/slowmo_flags.h"
 #include "tools/train_data.h"
 #include "worker/ddp/distributed_data_parallel.h"
@@ -32,6 +35,7 @@
 #include "worker/session.h"
 #include "worker/slowmo/slowmo.h"
 #include "worker/syncbn/sync_batch_norm.h"
+#include "worker/trace/recorder.h"
 
 namespace {
 
@@ -53,6 +57,7 @@ struct Flags {
   std::string metrics_out;
   int64_t log_interval = 10;
   std::string log_level = "info";
+  std::string trace;
   // DDP (PyTorch's and apex's options).
   double bucket_cap_mb = 25;
   bool find_unused_parameters = false;
@@ -80,7 +85,11 @@ struct Flags {
   std::optional<concord::slowmo::SlowMoOptions> slowmo_options;
 };
 
+// The progress output (ConcordTrainMain's); null before it exists.
+concord::train::Progress* progress_output = nullptr;
+
 [[noreturn]] void Fail(int code, const std::string& message) {
+  if (progress_output != nullptr) progress_output->BreakLine();
   std::cerr << "concord-train: " << message << std::endl;
   std::exit(code);
 }
@@ -115,6 +124,11 @@ Flags ParseFlags(int argc, char** argv) {
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   app.add_option("--log-level", f.log_level)
       ->check(CLI::IsMember({"debug", "info", "warn", "error"}));
+  app.add_option("--trace", f.trace,
+                 "write this worker's timeline (Chrome trace-event JSON: "
+                 "forward, backward, each bucket's allreduce, optimizer) "
+                 "here; for a job of several workers give --trace to "
+                 "concord-run, which merges theirs");
   auto* ddp = app.add_option_group("DDP", "DistributedDataParallel options");
   auto* cap =
       ddp->add_option("--bucket-cap-mb", f.bucket_cap_mb,
@@ -254,7 +268,7 @@ double Median(std::vector<double> v) {
   return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
 }
 
-int Train(const Flags& flags) {
+int Train(const Flags& flags, concord::train::Progress& progress) {
   const Loss loss = flags.loss == "mse" ? Loss::kMse : Loss::kCrossEntropy;
   // Validate everything before joining: a bad input never starts a job.
   const bool builtin = absl::StartsWith(flags.model, "builtin:");
@@ -341,6 +355,31 @@ int Train(const Flags& flags) {
   }
   auto options = concord::worker::WorkerOptions::FromEnvironment();
   if (!options.ok()) Fail(2, std::string(options.status().message()));
+  // The timeline: --trace alone, or the file concord-run --trace gave.
+  std::shared_ptr<concord::trace::Recorder> trace;
+  if (!flags.trace.empty() && !options->trace_file.empty()) {
+    Fail(2,
+         "--trace: concord-run --trace collects this worker's timeline "
+         "already; give --trace to one of them");
+  }
+  if (!flags.trace.empty() && options->spec.max_workers() > 1) {
+    Fail(2, absl::StrFormat(
+                "--trace %s: the job's %d workers would all write this file; "
+                "give --trace to concord-run (it merges the workers' "
+                "timelines) or set CONCORD_TRACE_FILE per worker",
+                flags.trace, options->spec.max_workers()));
+  }
+  if (const std::string& path =
+          flags.trace.empty() ? options->trace_file : flags.trace;
+      !path.empty()) {
+    auto made = concord::trace::Recorder::Create(path, options->worker_id);
+    if (!made.ok()) {
+      Fail(2,
+           absl::StrCat(flags.trace.empty() ? "CONCORD_TRACE_FILE" : "--trace",
+                        ": ", made.status().message()));
+    }
+    trace = *std::move(made);
+  }
 
   auto session = concord::worker::Session::Start(*options);
   if (!session.ok()) {
@@ -393,6 +432,7 @@ int Train(const Flags& flags) {
         ddp_options);
   }
   if (!ddp.ok()) Fail(1, ddp.status().ToString());
+  (*ddp)->SetTraceRecorder(trace);
   auto forward = [&](const torch::Tensor& x) -> torch::Tensor {
     if (script) return (*ddp)->Forward({x}).toTensor();
     return (*ddp)->Forward([&] { return net->forward(x); });
@@ -457,9 +497,21 @@ int Train(const Flags& flags) {
     slowmo = std::move(*made);
     state.Attach(slowmo.get());
   }
-  state.OnReset([&](const concord::elastic::ResetInfo&) {
+  state.OnReset([&](const concord::elastic::ResetInfo& info) {
     if (sync_bn_group) sync_bn_group->SetCommunicator(s.shared_communicator());
     register_hook();
+    if (trace && !state.reform_records().empty()) {
+      // The re-form on the new rank's track: from the failure (or the
+      // agreement) to the state received, the rendezvous inside it.
+      const auto& r = state.reform_records().back();
+      const concord::trace::Args args = {{"generation", r.generation},
+                                         {"world_size", r.world_size},
+                                         {"step", info.step}};
+      trace->Complete("re-form", concord::trace::Recorder::kTrainThread,
+                      r.started_us, r.synced_us, args);
+      trace->Complete("rendezvous", concord::trace::Recorder::kTrainThread,
+                      r.started_us, r.rendezvous_us, args);
+    }
   });
   if (auto st = state.Sync(); !st.ok()) Fail(1, st.ToString());
 
@@ -535,19 +587,57 @@ int Train(const Flags& flags) {
   bool left = false;
   const auto start = std::chrono::steady_clock::now();
   if (s.rank() == s.authoritative_rank()) {
-    std::cout << absl::StrFormat(
-                     "concord-train: %d samples, world size %d, generation "
-                     "%d, %s sharding, %d epochs",
-                     n, s.world_size(), s.generation(), flags.sharding,
-                     flags.epochs)
-              << std::endl;
+    progress.PrintLine(absl::StrFormat(
+        "concord-train: %d samples, world size %d, generation %d, %s "
+        "sharding, %d epochs",
+        n, s.world_size(), s.generation(), flags.sharding, flags.epochs));
   }
+  // The job's optimizer steps at the current world size (elastic sharding:
+  // the rest of the epoch and the epochs after it are split over the ranks
+  // there are now).
+  auto total_steps = [&](const concord::elastic::State& st) -> int64_t {
+    if (fixed) return fixed_steps_per_epoch * flags.epochs;
+    const int world = s.world_size();
+    int64_t total = st.step;
+    if (st.epoch < flags.epochs) {
+      total += concord::train::StepsToEpochEnd(
+                   n, st.position, world, flags.batch_size, flags.grad_accum) +
+               (flags.epochs - st.epoch - 1) *
+                   concord::train::StepsToEpochEnd(
+                       n, 0, world, flags.batch_size, flags.grad_accum);
+    }
+    return total;
+  };
+  // After a committed step: every --log-interval steps (and the last on a
+  // terminal), on the authoritative rank.
+  // `epoch`: the step's (0-based; the state may have moved on to the next).
+  auto report = [&](const concord::elastic::State& st, int64_t epoch,
+                    double sps) {
+    if (s.rank() != s.authoritative_rank()) return;
+    // A bar also shows the last step.
+    if (st.step % flags.log_interval != 0 &&
+        !(progress.terminal() && st.step == total_steps(st))) {
+      return;
+    }
+    concord::train::ProgressLine line;
+    line.epoch = epoch + 1;
+    line.epochs = flags.epochs;
+    line.step = st.step;
+    line.total_steps = total_steps(st);
+    line.loss = last_loss;
+    line.samples_per_second = sps;
+    line.generation = s.generation();
+    line.world_size = s.world_size();
+    progress.Update(line);
+  };
 
   auto take_step = [&](concord::elastic::State& st, const Batch& batch) {
     const auto t0 = std::chrono::steady_clock::now();
     const torch::Tensor x = data->inputs.index_select(0, batch.index);
     const torch::Tensor y = data->targets.index_select(0, batch.index);
     fault.step = st.step + 1;
+    if (trace) trace->SetStep(st.step + 1);
+    concord::trace::Recorder::Span step_span(trace, "step");
     fault.MaybeDie("forward");
     std::optional<concord::DistributedDataParallel::NoSyncGuard> local;
     if (slowmo) {
@@ -555,10 +645,16 @@ int Train(const Flags& flags) {
       concord::ThrowIfError(slowmo->PrepareForward());
     }
     torch::Tensor l = concord::train::ComputeLoss(loss, forward(x), y);
-    l.backward();
+    {
+      concord::trace::Recorder::Span span(trace, "backward");
+      l.backward();
+    }
     if (slowmo) slowmo->AfterBackward();
     const auto t_opt = std::chrono::steady_clock::now();
-    optimizer.step();
+    {
+      concord::trace::Recorder::Span span(trace, "optimizer");
+      optimizer.step();
+    }
     fault.MaybeDie("optimizer");
     const double optimizer_ms = std::chrono::duration<double, std::milli>(
                                     std::chrono::steady_clock::now() - t_opt)
@@ -581,17 +677,7 @@ int Train(const Flags& flags) {
     timings.set_optimizer_ms(optimizer_ms);
     s.ReportDdpTimings(timings);
     const double elapsed = std::chrono::duration<double>(t1 - start).count();
-    const double sps = elapsed > 0 ? samples_done / elapsed : 0;
-    if (s.rank() == s.authoritative_rank() &&
-        st.step % flags.log_interval == 0) {
-      std::cout << absl::StrFormat(
-                       "epoch %d/%d step %d loss %.6f samples/s %.1f "
-                       "world %d",
-                       st.epoch + 1, flags.epochs, st.step, last_loss, sps,
-                       s.world_size())
-                << std::endl;
-    }
-    return sps;
+    return elapsed > 0 ? samples_done / elapsed : 0;
   };
 
   // SlowMo's part of the step, after the commit (Note [SlowMo step]): a
@@ -600,6 +686,7 @@ int Train(const Flags& flags) {
   auto average = [&]() -> absl::Status {
     if (!slowmo) return absl::OkStatus();
     fault.MaybeDie("slowmo");
+    concord::trace::Recorder::Span span(trace, "slowmo");
     return slowmo->PerformSlowMo(optimizer);
   };
 
@@ -627,6 +714,7 @@ int Train(const Flags& flags) {
         const double sps =
             take_step(st, Batch{torch::tensor(mine, torch::kLong), job});
         st.Commit();
+        report(st, st.epoch, sps);
         CONCORD_RETURN_IF_ERROR(average());
         s.ReportProgress(st.step, sps, last_loss);
       }
@@ -643,9 +731,12 @@ int Train(const Flags& flags) {
         const Batch batch = elastic_batch(st.epoch, position);
         if (position + batch.job_samples >= n) break;  // the epoch's last
         auto no_sync = (*ddp)->NoSync();
+        if (trace) trace->SetStep(st.step + 1);
         const torch::Tensor x = data->inputs.index_select(0, batch.index);
         const torch::Tensor y = data->targets.index_select(0, batch.index);
-        concord::train::ComputeLoss(loss, forward(x), y).backward();
+        torch::Tensor l = concord::train::ComputeLoss(loss, forward(x), y);
+        concord::trace::Recorder::Span span(trace, "backward");
+        l.backward();
         position += batch.job_samples;
         samples_done += batch.job_samples;
         ++batches;
@@ -659,6 +750,7 @@ int Train(const Flags& flags) {
           sample_log << " " << o[static_cast<size_t>(i)];
         }
       }
+      const int64_t step_epoch = st.epoch;
       st.position = position + batch.job_samples;
       if (st.position >= n) {
         ++st.epoch;
@@ -666,6 +758,7 @@ int Train(const Flags& flags) {
       }
       st.Commit();
       if (sample_log.is_open()) sample_log << std::endl;  // committed
+      report(st, step_epoch, sps);
       CONCORD_RETURN_IF_ERROR(average());
       s.ReportProgress(st.step, sps, last_loss);
     }
@@ -685,11 +778,10 @@ int Train(const Flags& flags) {
   // SGP: the model is the de-biased estimate.
   if (slowmo) slowmo->Debias();
   if (left) {
-    std::cout << absl::StrFormat(
-                     "concord-train: worker %s ran out of data after step "
-                     "%d and left the job",
-                     options->worker_id, state.step)
-              << std::endl;
+    progress.PrintLine(absl::StrFormat(
+        "concord-train: worker %s ran out of data after step %d and left the "
+        "job",
+        options->worker_id, state.step));
     return 0;
   }
   if (!flags.output_per_worker.empty()) {
@@ -757,16 +849,12 @@ int Train(const Flags& flags) {
       m["reform_log"] = reforms;
       std::ofstream(flags.metrics_out) << m.dump(2) << "\n";
     }
-    std::cout << absl::StrFormat(
-                     "concord-train: done: %d steps in %.2f s, %.1f "
-                     "samples/s, mean step %.2f ms, final loss %.6f, "
-                     "generation %d, world size %d%s",
-                     state.step, seconds, samples_done / seconds, mean,
-                     last_loss, s.generation(), s.world_size(),
-                     flags.output.empty()
-                         ? ""
-                         : absl::StrCat(", wrote ", flags.output))
-              << std::endl;
+    progress.PrintLine(absl::StrFormat(
+        "concord-train: done: %d steps in %.2f s, %.1f samples/s, mean step "
+        "%.2f ms, final loss %.6f, generation %d, world size %d%s",
+        state.step, seconds, samples_done / seconds, mean, last_loss,
+        s.generation(), s.world_size(),
+        flags.output.empty() ? "" : absl::StrCat(", wrote ", flags.output)));
   }
   if (auto st = s.Finish(true, ""); !st.ok()) {
     spdlog::warn("leaving the job: {}", st.ToString());
@@ -779,8 +867,15 @@ int Train(const Flags& flags) {
 int ConcordTrainMain(int argc, char** argv) {
   const Flags flags = ParseFlags(argc, argv);
   concord::InitLogging("concord-train", flags.log_level);
+  // Progress on a terminal is a bar redrawn in place; log lines (stderr)
+  // first end its line.
+  concord::train::Progress progress(std::cout, isatty(STDOUT_FILENO) == 1);
+  for (auto& sink : spdlog::default_logger()->sinks()) {
+    sink = progress.WrapSink(sink);
+  }
+  progress_output = &progress;
   try {
-    return Train(flags);
+    return Train(flags, progress);
   } catch (const concord::Error& e) {
     Fail(1, e.status().ToString());
   } catch (const c10::Error& e) {

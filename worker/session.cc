@@ -73,6 +73,7 @@ absl::StatusOr<WorkerOptions> WorkerOptions::FromEnvironment() {
   o.spec.set_rendezvous_timeout_ms(rdzv_timeout);
   o.worker_id = Env("CONCORD_WORKER_ID", DefaultWorkerId());
   o.comm_host = Env("CONCORD_COMM_HOST", "127.0.0.1");
+  o.trace_file = Env("CONCORD_TRACE_FILE");
   o.join_timeout = absl::Milliseconds(rdzv_timeout);
   o.collective_timeout = absl::Milliseconds(collective_timeout);
   if (!o.coordinator.empty()) {

@@ -40,12 +40,15 @@ struct WorkerOptions {
   std::string comm_host = "127.0.0.1";
   absl::Duration join_timeout = absl::Minutes(5);
   absl::Duration collective_timeout = absl::Minutes(5);
+  // Where this worker writes its timeline (Note [Trace files] in
+  // worker/trace/recorder.h), set by `concord-run --trace`; empty: none.
+  std::string trace_file;
 
   // Reads CONCORD_COORDINATOR, CONCORD_JOB_ID, CONCORD_MIN_WORKERS,
   // CONCORD_MAX_WORKERS, CONCORD_WORKER_ID, CONCORD_COMM_HOST,
   // CONCORD_HEARTBEAT_INTERVAL_MS, CONCORD_HEARTBEAT_TIMEOUT_MS,
   // CONCORD_RENDEZVOUS_TIMEOUT_MS, CONCORD_COLLECTIVE_TIMEOUT_MS,
-  // CONCORD_SETTLE_MS, and the
+  // CONCORD_SETTLE_MS, CONCORD_TRACE_FILE, and the
   // worker token from the file CONCORD_TOKEN_FILE names (or CONCORD_TOKEN),
   // and the PEM files CONCORD_TLS_CA (the CA that signed the coordinator's
   // certificate: turns TLS on), CONCORD_TLS_CERT and CONCORD_TLS_KEY (this

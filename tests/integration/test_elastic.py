@@ -934,7 +934,7 @@ def case_join(ctx, name):
         started_at = None
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and first.poll() is None:
-            steps = [int(s) for s in re.findall(r" step (\d+) loss", first.stdout())]
+            steps = [int(s) for s in re.findall(r" step (\d+)(?:/\d+)? loss", first.stdout())]
             if steps and max(steps) >= 20:
                 started_at = max(steps)
                 break

@@ -217,10 +217,21 @@ absl::Status DistributedDataParallel::Rebind(
   }
   comm_ = comm;
   authoritative_rank_ = authoritative_rank;
+  if (trace_)
+    trace_->SetGeneration(comm->generation(), comm->rank(), comm->size());
   reducer_->Rebind(std::move(comm), authoritative_rank);
   // The next forward broadcasts buffers again, as after creation.
   require_forward_param_sync_ = true;
   return VerifyAndBroadcast();
+}
+
+void DistributedDataParallel::SetTraceRecorder(
+    std::shared_ptr<trace::Recorder> recorder) {
+  trace_ = std::move(recorder);
+  if (trace_) {
+    trace_->SetGeneration(comm_->generation(), comm_->rank(), comm_->size());
+  }
+  reducer_->SetTraceRecorder(trace_);
 }
 
 absl::Status DistributedDataParallel::ValidateOptions(const DdpOptions& options,
@@ -257,6 +268,7 @@ c10::IValue DistributedDataParallel::Forward(std::vector<c10::IValue> inputs) {
     ThrowIfError(absl::FailedPreconditionError(
         "Forward(inputs) is for TorchScript modules; use Forward(fn)"));
   }
+  trace::Recorder::Span span(trace_, "forward");
   ThrowIfError(PrepareForward());
   c10::IValue out = script_->forward(std::move(inputs));
   reducer_->MarkForwardDone();

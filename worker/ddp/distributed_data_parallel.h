@@ -32,6 +32,7 @@
 #include "worker/ddp/comm_hooks.h"
 #include "worker/ddp/reducer.h"
 #include "worker/error.h"
+#include "worker/trace/recorder.h"
 
 namespace concord {
 
@@ -113,6 +114,7 @@ class DistributedDataParallel {
   // C++ frontend: PrepareForward, then `forward()` (the module's own call).
   template <typename Fn>
   auto Forward(Fn&& forward) -> decltype(forward()) {
+    trace::Recorder::Span span(trace_, "forward");
     ThrowIfError(PrepareForward());
     auto out = forward();
     reducer_->MarkForwardDone();
@@ -136,6 +138,15 @@ class DistributedDataParallel {
   void SetGradientDivisor(double divisor) {
     reducer_->SetGradientDivisor(divisor);
   }
+
+  // Timeline (Note [Trace files] in worker/trace/recorder.h): forward
+  // (with the buffer broadcast), each bucket's allreduce and the final
+  // callback's wait, on this rank's tracks; the generation is marked now
+  // and at every Rebind. Tag steps with recorder->SetStep and time the
+  // rest of a step (backward, optimizer) with trace::Recorder::Span. Null
+  // turns it off (the default; then nothing is timed). Call between
+  // iterations.
+  void SetTraceRecorder(std::shared_ptr<trace::Recorder> recorder);
 
   // Trainable parameters, in the module's order (what the optimizer takes).
   const std::vector<torch::Tensor>& parameters() const { return params_; }
@@ -177,6 +188,7 @@ class DistributedDataParallel {
   int authoritative_rank_ = 0;
   DdpOptions options_;
   std::unique_ptr<ddp::Reducer> reducer_;
+  std::shared_ptr<trace::Recorder> trace_;
   bool require_backward_grad_sync_ = true;
   bool require_forward_param_sync_ = true;
 };

@@ -8,6 +8,8 @@
 #include "absl/strings/str_cat.h"
 #include "worker/ddp/bucket_assignment.h"
 #include "worker/error.h"
+#include "worker/trace/recorder.h"
+#include "worker/trace/work_tracer.h"
 
 namespace concord::ddp {
 namespace {
@@ -72,6 +74,12 @@ Reducer::~Reducer() {
   }
 }
 
+void Reducer::SetTraceRecorder(std::shared_ptr<trace::Recorder> recorder) {
+  work_tracer_.reset();
+  trace_ = std::move(recorder);
+  if (trace_) work_tracer_ = std::make_unique<trace::WorkTracer>(trace_);
+}
+
 void Reducer::SetScales() {
   const double f = options_.gradient_predivide_factor;
   pytorch_scaling_ = false;
@@ -117,6 +125,7 @@ void Reducer::Rebind(std::shared_ptr<comm::Communicator> comm,
       params_[i].mutable_grad() = at::Tensor();
     }
   }
+  hook_launch_us_.clear();
   comm_ = std::move(comm);
   options_.authoritative_rank = authoritative_rank;
   hook_ = nullptr;
@@ -372,6 +381,23 @@ void Reducer::LaunchReadyBuckets() {
 
 std::shared_ptr<comm::Work> Reducer::Launch(size_t index) {
   Bucket& bucket = buckets_[index];
+  // The communicator's work for the timeline (null: not traced).
+  auto traced = [&](std::shared_ptr<comm::Work> work) {
+    if (trace_) {
+      trace_->NameThread(trace::Recorder::BucketThread(index),
+                         absl::StrCat("allreduce bucket ", index));
+      work_tracer_->Watch(
+          work, "allreduce", trace::Recorder::BucketThread(index),
+          {{"bucket", static_cast<int64_t>(index)},
+           {"buckets", static_cast<int64_t>(buckets_.size())},
+           {"bytes", static_cast<int64_t>(bucket.flat.nbytes())}});
+    }
+    return work;
+  };
+  if (trace_) {
+    hook_launch_us_.resize(buckets_.size());
+    hook_launch_us_[index] = hook_ ? trace::NowMicros() : 0;
+  }
   if (hook_) {
     GradBucket grad_bucket;
     grad_bucket.index = index;
@@ -388,7 +414,7 @@ std::shared_ptr<comm::Work> Reducer::Launch(size_t index) {
     at::Tensor wide = flat.to(at::kFloat);
     if (pre_scale_ != 1.0) wide.mul_(pre_scale_);
     const double post = post_scale_;
-    return comm::Then(comm_->AllreduceSum(wide, opts),
+    return comm::Then(traced(comm_->AllreduceSum(wide, opts)),
                       [flat, wide, post]() mutable {
                         if (post != 1.0) wide.mul_(post);
                         flat.copy_(wide);
@@ -396,7 +422,7 @@ std::shared_ptr<comm::Work> Reducer::Launch(size_t index) {
                       });
   }
   if (scale_in_fp32_ && pre_scale_ != 1.0) flat.mul_(pre_scale_);
-  auto work = comm_->AllreduceSum(flat, opts);
+  auto work = traced(comm_->AllreduceSum(flat, opts));
   if (post_scale_ == 1.0) return work;
   const double post = post_scale_;
   return comm::Then(std::move(work), [flat, post]() mutable {
@@ -452,7 +478,15 @@ void Reducer::FinalizeBackward() {
     }
     if (options_.static_graph && status.ok()) static_used_ = globally_used;
   }
-  if (status.ok()) status = WaitAndWriteBack(globally_used);
+  if (status.ok()) {
+    const int64_t wait_start = trace_ ? trace::NowMicros() : 0;
+    status = WaitAndWriteBack(globally_used);
+    if (trace_) {
+      const int64_t now = trace::NowMicros();
+      trace_->Complete("wait for buckets", trace::Recorder::kTrainThread,
+                       wait_start, now);
+    }
+  }
   if (!status.ok()) {
     ThrowIfError(absl::Status(
         status.code(),
@@ -480,11 +514,24 @@ void Reducer::FinalizeBackward() {
 }
 
 absl::Status Reducer::WaitAndWriteBack(const std::vector<bool>& globally_used) {
-  for (auto& bucket : buckets_) {
-    if (absl::Status s = bucket.work->Wait(options_.collective_timeout);
-        !s.ok()) {
-      return s;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    absl::Status s = buckets_[b].work->Wait(options_.collective_timeout);
+    if (trace_ && b < hook_launch_us_.size() && hook_launch_us_[b] != 0) {
+      // A hook's work: it ended (as far as anyone can tell) when this wait
+      // did.
+      trace_->NameThread(trace::Recorder::BucketThread(b),
+                         absl::StrCat("allreduce bucket ", b));
+      trace::Args args = {
+          {"bucket", static_cast<int64_t>(b)},
+          {"buckets", static_cast<int64_t>(buckets_.size())},
+          {"bytes", static_cast<int64_t>(buckets_[b].flat.nbytes())},
+          {"hook", 1}};
+      if (!s.ok()) args.emplace_back("failed", 1);
+      trace_->Complete("allreduce", trace::Recorder::BucketThread(b),
+                       hook_launch_us_[b], trace::NowMicros(), std::move(args));
+      hook_launch_us_[b] = 0;
     }
+    if (!s.ok()) return s;
   }
   at::NoGradGuard no_grad;
   for (auto& bucket : buckets_) {

@@ -32,6 +32,11 @@
 #include "worker/comm/communicator.h"
 #include "worker/ddp/comm_hooks.h"
 
+namespace concord::trace {
+class Recorder;
+class WorkTracer;
+}  // namespace concord::trace
+
 namespace concord::ddp {
 
 struct ReducerOptions {
@@ -124,6 +129,12 @@ class Reducer {
   void SetGradientDivisor(double divisor);
   double gradient_divisor() const { return divisor_; }
 
+  // Timeline (Note [Trace files] in worker/trace/recorder.h): each bucket's
+  // allreduce, from its launch to its completion, on the bucket's track,
+  // and the final callback's wait for the buckets on the training track.
+  // Null: off (the default). Call between iterations.
+  void SetTraceRecorder(std::shared_ptr<trace::Recorder> recorder);
+
   std::vector<BucketInfo> buckets() const;
   int64_t iterations() const { return stats_.iterations; }
   const ReducerStats& stats() const { return stats_; }
@@ -185,6 +196,13 @@ class Reducer {
 
   Clock::time_point t_armed_, t_first_ready_, t_last_ready_, t_first_launch_;
   ReducerStats stats_;
+
+  // Tracing (null: off). A hook's work is timed until the final callback's
+  // wait ends (its continuation may issue collectives, which only the
+  // autograd thread may do); the communicator's own works by `work_tracer_`.
+  std::shared_ptr<trace::Recorder> trace_;
+  std::unique_ptr<trace::WorkTracer> work_tracer_;
+  std::vector<int64_t> hook_launch_us_;  // per bucket, 0: not a hook's
 };
 
 }  // namespace concord::ddp

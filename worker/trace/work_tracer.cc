@@ -1,0 +1,57 @@
+#include "worker/trace/work_tracer.h"
+
+#include <utility>
+
+namespace concord::trace {
+
+WorkTracer::WorkTracer(std::shared_ptr<Recorder> recorder)
+    : recorder_(std::move(recorder)), thread_([this] { Loop(); }) {}
+
+WorkTracer::~WorkTracer() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void WorkTracer::Watch(std::shared_ptr<comm::Work> work, std::string name,
+                       int tid, Args args) {
+  Pending p{std::move(work), std::move(name), tid,
+            std::move(args), NowMicros(),     recorder_->rank()};
+  bool has_step = false;
+  for (const auto& [key, value] : p.args) has_step |= key == "step";
+  if (!has_step) p.args.emplace_back("step", recorder_->step());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(std::move(p));
+  }
+  cv_.notify_all();
+}
+
+void WorkTracer::Loop() {
+  for (;;) {
+    Pending p;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+      if (stop_) return;
+      p = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    // Bounded waits, so that a stop is noticed while a collective hangs.
+    absl::Status s;
+    for (;;) {
+      s = p.work->Wait(absl::Milliseconds(100));
+      if (s.code() != absl::StatusCode::kDeadlineExceeded) break;
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stop_) return;
+    }
+    if (!s.ok()) p.args.emplace_back("failed", 1);
+    recorder_->Complete(p.name, p.tid, p.start_us, NowMicros(),
+                        std::move(p.args), p.rank);
+  }
+}
+
+}  // namespace concord::trace
