@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <mutex>
+
 #include "rank_threads.h"
 #include "slowmo_fixture.h"
 #include "worker/comm/gloo/gloo_communicator.h"
@@ -189,6 +191,95 @@ TEST(SlowMoHierarchyTest, SgpGossipsBetweenMastersOfUnevenNodes) {
     EXPECT_EQ(s->graph()->world_size(), 3);
     EXPECT_EQ(s->node_size(), rank == 1 ? 1 : 2);
     EXPECT_EQ(s->is_master(), rank == 0 || rank == 1 || rank == 3);
+  });
+}
+
+// 2 nodes x 2 (ids n0 n1 n0 n1: masters 0 and 1, owners of the two slices,
+// each the other's replica) with sharded slow momentum; after 6 updates
+// rank 0 (master of n0, owner of slice [0, 6)) dies. The survivors, ranks
+// 1, 2, 3 -> 0, 1, 2, form the next generation: n1 = {0, 2} led by 0, n0 =
+// {1} led by its next-lowest rank, which held no state. u and x_old after
+// the re-form equal the no-loss state (slice 0 from its replica, slice 1
+// from its owner, now a rank of another node's number), and two more
+// updates (the second a slow step) match the reference over the new nodes.
+TEST(SlowMoHierarchyTest, MasterDeathElectsTheNextRankAndKeepsTheState) {
+  SlowMoOptions o;
+  o.localsgd_frequency = 2;
+  o.slowmo_momentum = 0.5;
+  o.slowmo_lr = 0.8;
+  o.slowmo_frequency = 4;
+  o.slowmo_num_shards = 2;
+  o.nprocs_per_node = 2;
+  const Nodes before({"n0", "n1", "n0", "n1"});
+  const Nodes after({"n1", "n0", "n1"});
+  comm::InMemoryStore group_store, next_store;
+  comm::GlooGroupFactory factory(&group_store, comm::GlooOptions());
+  std::mutex mu;
+  torch::Tensor u_full = torch::zeros({kTotal});
+  torch::Tensor old_full = torch::zeros({kTotal});
+  RunRanks(4, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
+    Model m = MakeModel(rank);
+    SlowMoOptions mine = o;
+    mine.node_id = before.ids[static_cast<size_t>(rank)];
+    auto s = *SlowMo::Create(m.params, {}, comm, 0, mine, &factory);
+    for (int64_t n = 0; n < 6; ++n) {
+      SetGrads(m, rank, n);
+      ASSERT_TRUE(s->AfterBackward().ok());
+      m.opt->step();
+      ASSERT_TRUE(s->PerformSlowMo(*m.opt).ok());
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      const int64_t a = s->portion_start(), len = s->portion_end() - a;
+      EXPECT_EQ(len, rank < 2 ? 6 : 0);
+      if (len > 0) {
+        u_full.narrow(0, a, len).copy_(s->momentum_buffer());
+        old_full.narrow(0, a, len).copy_(s->old_params());
+      }
+    }
+    torch::Tensor barrier = torch::ones({1});
+    ASSERT_TRUE(comm->AllreduceSum(barrier, {})->Wait().ok());
+    if (rank == 0) return;  // gone
+    const int next = rank - 1;
+    comm::GlooOptions g;
+    g.rank = next;
+    g.size = 3;
+    g.generation = 2;
+    auto made = comm::GlooCommunicator::Create(g, &next_store);
+    ASSERT_TRUE(made.ok()) << made.status();
+    std::shared_ptr<comm::Communicator> comm2(std::move(*made));
+    ASSERT_TRUE(s->SyncState(comm2, 0, /*step=*/6, *m.opt).ok());
+    EXPECT_EQ(s->num_nodes(), 2);
+    EXPECT_EQ(s->is_master(), next < 2);
+    EXPECT_EQ(s->node_size(), next == 1 ? 1 : 2);
+    const int64_t a = s->portion_start(), len = s->portion_end() - a;
+    EXPECT_EQ(len, next < 2 ? 6 : 0);
+    if (len > 0) {
+      EXPECT_TRUE(torch::equal(s->momentum_buffer(), u_full.narrow(0, a, len)));
+      EXPECT_TRUE(torch::equal(s->old_params(), old_full.narrow(0, a, len)));
+    }
+    Reference ref;  // update 6 averaged: every rank has the same x
+    ref.x = {Flat(m), Flat(m)};
+    ref.u = u_full.clone();  // each thread its own reference
+    ref.x_old = old_full.clone();
+    ref.initialized = true;
+    const int node = after.layout.node_of[static_cast<size_t>(next)];
+    for (int64_t n = 6; n < 8; ++n) {
+      SetGrads(m, next, n);
+      ASSERT_TRUE(s->AfterBackward().ok());
+      m.opt->step();
+      ASSERT_TRUE(s->PerformSlowMo(*m.opt).ok());
+      ReferenceUpdate(ref, n, o, [&](int u, int64_t step, int64_t i) {
+        return after.NodeGrad(u, step, i);
+      });
+      ExpectClose(Flat(m), ref.x[static_cast<size_t>(node)],
+                  "rank " + std::to_string(next) + " after update " +
+                      std::to_string(n));
+    }
+    if (len > 0) {
+      ExpectClose(s->momentum_buffer(), ref.u.narrow(0, a, len), "u");
+      ExpectClose(s->old_params(), ref.x_old.narrow(0, a, len), "x_old");
+    }
   });
 }
 
