@@ -91,6 +91,9 @@ def main():
             cmd = [os.path.join(args.bin_dir, "concord-run"), "--coordinator", address,
                    "--token-file", token, "--node-id", node, "--nproc", "2",
                    "--min-workers", "3", "--max-workers", "4", "--job-id", "hier",
+                   # The first generation waits for all 4 (forms at once when
+                   # they are there), however slowly one starts.
+                   "--settle-ms", "10000",
                    "--collective-timeout-ms", "20000", "--rendezvous-timeout-ms", "20000",
                    "--heartbeat-interval-ms", "200", "--heartbeat-timeout-ms", "2000",
                    "--", os.path.join(args.bin_dir, "concord-train"), "--model", model,
