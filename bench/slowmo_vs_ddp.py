@@ -27,6 +27,9 @@ What it does:
      its traffic to the other ranks, plus a few log lines), and the final
      model's loss (and accuracy for demo-cnn) on the whole data set,
      evaluated here in eval mode.
+  With --nprocs-per-node K > 1 the non-ddp runs use SlowMo's hierarchy:
+  nodes of K consecutive ranks (one host: one node id), gradients averaged
+  in the node every step, the algorithm between node masters.
 """
 
 import argparse
@@ -62,6 +65,9 @@ def parse_args():
     p.add_argument("--slowmo-frequency", type=int, default=12,
                    help="fairscale's default is 48; shorter runs need fewer")
     p.add_argument("--slowmo-momentum", type=float, default=0.5)
+    p.add_argument("--nprocs-per-node", type=int, default=1,
+                   help="SlowMo's hierarchy for localsgd/slowmo-*: nodes of this many "
+                        "consecutive ranks (the workers share this host's node id)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--timeout", type=float, default=900)
     return p.parse_args()
@@ -84,6 +90,8 @@ def algorithm_flags(args, algorithm):
     if algorithm.startswith("slowmo-"):
         flags += ["--slowmo-frequency", str(args.slowmo_frequency),
                   "--slowmo-momentum", str(args.slowmo_momentum)]
+    if algorithm != "ddp" and args.nprocs_per_node > 1:
+        flags += ["--nprocs-per-node", str(args.nprocs_per_node)]
     return flags
 
 
@@ -136,10 +144,11 @@ def main():
     model, data, loss = make_task(args, os.path.join(tmp, "task"))
     rows = [run(args, tmp, model, data, loss, a) for a in ALGORITHMS]
     print("%s, %d samples, world size %d, batch %d per rank, %d epochs, lr %g, momentum %g; "
-          "localsgd every %d steps, slow momentum every %d steps (beta %g, alpha 1)" % (
+          "localsgd every %d steps, slow momentum every %d steps (beta %g, alpha 1); "
+          "%d process(es) per node" % (
               args.model_kind, args.samples, args.world_size, args.batch_size, args.epochs,
               args.lr, args.momentum, args.localsgd_frequency, args.slowmo_frequency,
-              args.slowmo_momentum))
+              args.slowmo_momentum, args.nprocs_per_node))
     header = "%-16s %6s %10s %16s %12s %9s" % ("algorithm", "steps", "step ms", "bytes/step/rank",
                                               "final loss", "accuracy")
     print(header)

@@ -67,6 +67,7 @@ struct Options {
   int64_t rendezvous_timeout_ms = 300000;
   int64_t collective_timeout_ms = 300000;
   std::string comm_host = "127.0.0.1";
+  std::string node_id;  // empty: the workers use the hostname
   std::string token_file;
   concord::TlsFiles tls;    // towards --coordinator; passed on to the workers
   std::string trace;        // --trace FILE
@@ -137,6 +138,12 @@ Options ParseArgs(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--comm-host", o.comm_host,
                  "Address the workers' communicators listen on");
+  app.add_option("--node-id", o.node_id,
+                 "The node the workers run on, for SlowMo's --nprocs-per-node "
+                 "(CONCORD_NODE_ID; default: the hostname)")
+      ->check([](const std::string& v) {
+        return v.empty() ? std::string("must not be empty") : std::string();
+      });
   app.add_option("--token-file", o.token_file,
                  "File holding the worker token (with --coordinator; default "
                  "$CONCORD_TOKEN_FILE)");
@@ -235,6 +242,7 @@ std::vector<std::string> WorkerEnv(const Options& o,
                              "-", getpid(), "-w", index,
                              restarts > 0 ? absl::StrCat("-r", restarts) : ""));
   env.push_back("CONCORD_COMM_HOST=" + o.comm_host);
+  if (!o.node_id.empty()) env.push_back("CONCORD_NODE_ID=" + o.node_id);
   env.push_back(
       absl::StrCat("CONCORD_HEARTBEAT_INTERVAL_MS=", o.heartbeat_interval_ms));
   env.push_back(

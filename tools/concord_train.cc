@@ -479,6 +479,7 @@ int Train(const Flags& flags, concord::train::Progress& progress) {
     concord::slowmo::SlowMoOptions o = *flags.slowmo_options;
     o.collective_timeout = options->collective_timeout;
     o.broadcast_buffers = !flags.no_broadcast_buffers;
+    o.node_id = options->node_id;
     // The buffers DDP keeps equal (not those it was told to ignore).
     std::vector<torch::Tensor> buffers;
     for (const auto& [name, b] : named_buffers) {
@@ -487,8 +488,9 @@ int Train(const Flags& flags, concord::train::Progress& progress) {
         buffers.push_back(b);
       }
     }
-    auto made = concord::slowmo::SlowMo::Create(
-        trainable, buffers, s.shared_communicator(), s.authoritative_rank(), o);
+    auto made = concord::slowmo::SlowMo::Create(trainable, buffers,
+                                                s.shared_communicator(),
+                                                s.authoritative_rank(), o, &s);
     if (!made.ok()) {
       s.Finish(false, std::string(made.status().message())).IgnoreError();
       Fail(1, absl::StrCat("--algorithm ", flags.slowmo.algorithm, ": ",
@@ -649,7 +651,7 @@ int Train(const Flags& flags, concord::train::Progress& progress) {
       concord::trace::Recorder::Span span(trace, "backward");
       l.backward();
     }
-    if (slowmo) slowmo->AfterBackward();
+    if (slowmo) concord::ThrowIfError(slowmo->AfterBackward());
     const auto t_opt = std::chrono::steady_clock::now();
     {
       concord::trace::Recorder::Span span(trace, "optimizer");

@@ -43,8 +43,10 @@ void AddSlowMoFlags(CLI::App& app, SlowMoFlags* f) {
                 "shard the slow-momentum state (true|false, default true)")
       ->each(note("--slowmo-memory-efficient"));
   g->add_option("--nprocs-per-node", f->nprocs_per_node,
-                "processes per node (only 1: the hierarchy is not "
-                "implemented)")
+                "processes per node (1): > 1 averages gradients inside a "
+                "node every step and runs the algorithm between node "
+                "masters; nodes are the workers with one CONCORD_NODE_ID "
+                "(default: the hostname)")
       ->check(CLI::Range(1, 1 << 10))
       ->each(note("--nprocs-per-node"));
   g->add_option("--sgp-graph", f->sgp_graph,

@@ -32,8 +32,7 @@ struct SlowMoFlags {
 void AddSlowMoFlags(CLI::App& app, SlowMoFlags* flags);
 
 // The SlowMo options the flags ask for; nullopt for --algorithm ddp.
-// INVALID_ARGUMENT (one line, naming the flag) for values that do not fit,
-// UNIMPLEMENTED for --nprocs-per-node > 1.
+// INVALID_ARGUMENT (one line, naming the flag) for values that do not fit.
 absl::StatusOr<std::optional<slowmo::SlowMoOptions>> SlowMoOptionsFrom(
     const SlowMoFlags& flags);
 

@@ -44,6 +44,12 @@ std::string DefaultWorkerId() {
   return absl::StrCat(host, "-", getpid());
 }
 
+std::string DefaultNodeId() {
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  return host;
+}
+
 }  // namespace
 
 absl::StatusOr<WorkerOptions> WorkerOptions::FromEnvironment() {
@@ -74,6 +80,7 @@ absl::StatusOr<WorkerOptions> WorkerOptions::FromEnvironment() {
   o.worker_id = Env("CONCORD_WORKER_ID", DefaultWorkerId());
   o.comm_host = Env("CONCORD_COMM_HOST", "127.0.0.1");
   o.trace_file = Env("CONCORD_TRACE_FILE");
+  o.node_id = Env("CONCORD_NODE_ID", DefaultNodeId());
   o.join_timeout = absl::Milliseconds(rdzv_timeout);
   o.collective_timeout = absl::Milliseconds(collective_timeout);
   if (!o.coordinator.empty()) {
@@ -231,15 +238,48 @@ absl::Status Session::Reform(int64_t committed_step,
         "a worker without a coordinator cannot re-form (world of one)");
   }
   std::shared_ptr<comm::Communicator> old;
+  std::vector<std::weak_ptr<comm::Communicator>> groups;
   {
     std::lock_guard<std::mutex> lock(comm_mu_);
     old = std::move(comm_);
+    groups.swap(groups_);
   }
   const int64_t previous = old ? old->generation() : generation_.load();
+  for (auto& group : groups) {
+    if (auto g = group.lock()) g->Abort();
+  }
   Retire(std::move(old));
   spdlog::info("leaving generation {} at step {}: {}", previous, committed_step,
                reason);
   return JoinAndConnect(previous, reason, committed_step, JoinDeadline());
+}
+
+absl::StatusOr<std::shared_ptr<comm::Communicator>> Session::CreateGroup(
+    const comm::Communicator& parent, const std::string& name,
+    const std::vector<int>& members) {
+  {
+    std::lock_guard<std::mutex> lock(comm_mu_);
+    if (comm_ == nullptr || comm_.get() != &parent) {
+      return absl::AbortedError(absl::StrCat("group '", name, "': generation ",
+                                             parent.generation(),
+                                             " is not the current one"));
+    }
+  }
+  comm::GlooOptions gloo;
+  gloo.hostname = options_.comm_host;
+  gloo.connect_timeout = options_.join_timeout;
+  comm::GlooGroupFactory factory(store_.get(), gloo);
+  CONCORD_ASSIGN_OR_RETURN(auto group,
+                           factory.CreateGroup(parent, name, members));
+  std::lock_guard<std::mutex> lock(comm_mu_);
+  if (comm_.get() != &parent) {
+    // The generation ended while the group connected.
+    group->Abort();
+    return absl::AbortedError(absl::StrCat("group '", name, "': generation ",
+                                           parent.generation(), " ended"));
+  }
+  groups_.push_back(group);
+  return group;
 }
 
 std::shared_ptr<comm::Communicator> Session::shared_communicator() const {
@@ -269,9 +309,18 @@ void Session::OnMembership(const v1::MembershipUpdate& update) {
         mine, update.generation(),
         update.failure().empty() ? "" : absl::StrCat(": ", update.failure()),
         absl::ToInt64Milliseconds(grace));
-    std::thread([comm = std::move(comm), grace]() mutable {
+    std::vector<std::weak_ptr<comm::Communicator>> groups;
+    {
+      std::lock_guard<std::mutex> lock(comm_mu_);
+      if (comm_ == comm) groups = groups_;
+    }
+    std::thread([comm = std::move(comm), groups = std::move(groups),
+                 grace]() mutable {
       absl::SleepFor(grace);
       comm->Abort();
+      for (auto& group : groups) {
+        if (auto g = group.lock()) g->Abort();
+      }
       comm.reset();
     }).detach();
     return;

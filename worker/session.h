@@ -16,12 +16,14 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/tls.h"
 #include "concord/v1/worker.pb.h"
 #include "worker/comm/communicator.h"
+#include "worker/comm/group.h"
 #include "worker/comm/store.h"
 #include "worker/coordinator_client.h"
 
@@ -36,6 +38,10 @@ struct WorkerOptions {
   TlsMaterial tls;
   v1::JobSpec spec;
   std::string worker_id;
+  // The node this worker runs on, for SlowMo's hierarchy (Note [Node
+  // hierarchy] in worker/slowmo/hierarchy.h): workers with the same one
+  // share a node. Default: the hostname.
+  std::string node_id;
   // Address peers use to reach this worker's communicator.
   std::string comm_host = "127.0.0.1";
   absl::Duration join_timeout = absl::Minutes(5);
@@ -48,7 +54,7 @@ struct WorkerOptions {
   // CONCORD_MAX_WORKERS, CONCORD_WORKER_ID, CONCORD_COMM_HOST,
   // CONCORD_HEARTBEAT_INTERVAL_MS, CONCORD_HEARTBEAT_TIMEOUT_MS,
   // CONCORD_RENDEZVOUS_TIMEOUT_MS, CONCORD_COLLECTIVE_TIMEOUT_MS,
-  // CONCORD_SETTLE_MS, CONCORD_TRACE_FILE, and the
+  // CONCORD_SETTLE_MS, CONCORD_TRACE_FILE, CONCORD_NODE_ID, and the
   // worker token from the file CONCORD_TOKEN_FILE names (or CONCORD_TOKEN),
   // and the PEM files CONCORD_TLS_CA (the CA that signed the coordinator's
   // certificate: turns TLS on), CONCORD_TLS_CERT and CONCORD_TLS_KEY (this
@@ -69,7 +75,7 @@ struct WorkerOptions {
 // (someone else's failure or a heartbeat timeout), so that no collective
 // waits out its timeout for a peer that is gone; it also raises
 // reform_wanted() when workers wait to be admitted.
-class Session {
+class Session final : public comm::GroupFactory {
  public:
   // Joins the job (blocks until a generation forms), connects the
   // communicator and starts heartbeating and watching the membership.
@@ -89,6 +95,16 @@ class Session {
   int64_t generation() const { return shared_communicator()->generation(); }
   int authoritative_rank() const { return authoritative_rank_; }
   const WorkerOptions& options() const { return options_; }
+  // comm::GroupFactory: a Gloo communicator over some ranks of the current
+  // generation, rendezvousing through the generation's store; aborted with
+  // the generation's communicator (Reform, or the coordinator saying the
+  // generation is over). Training thread only, like Reform. Errors: those
+  // of GroupFactory, ABORTED when `parent` is not the current
+  // generation's.
+  absl::StatusOr<std::shared_ptr<comm::Communicator>> CreateGroup(
+      const comm::Communicator& parent, const std::string& name,
+      const std::vector<int>& members) override;
+
   // Whether a coordinator runs the job (false: a world of one).
   bool elastic() const { return client_ != nullptr; }
 
@@ -143,6 +159,8 @@ class Session {
   std::unique_ptr<comm::Store> store_;
   mutable std::mutex comm_mu_;
   std::shared_ptr<comm::Communicator> comm_;  // guarded by comm_mu_
+  // Groups of comm_'s generation (CreateGroup), guarded by comm_mu_.
+  std::vector<std::weak_ptr<comm::Communicator>> groups_;
   std::atomic<int> authoritative_rank_{0};
   std::atomic<int64_t> generation_{0};
   std::atomic<bool> reform_wanted_{false};

@@ -239,9 +239,9 @@ def run(args, checks, tmp):
     expect_rejection(checks, "--slowmo-num-shards 0",
                      train(extra=["--algorithm", "slowmo-localsgd", "--slowmo-num-shards", "0"]),
                      ["slowmo-num-shards"], out)
-    expect_rejection(checks, "--nprocs-per-node 2 (hierarchy not implemented)",
-                     train(extra=["--algorithm", "localsgd", "--nprocs-per-node", "2"]),
-                     ["nprocs_per_node", "nprocs-per-node"], out, also=["not implemented"])
+    expect_rejection(checks, "--nprocs-per-node 0",
+                     train(extra=["--algorithm", "localsgd", "--nprocs-per-node", "0"]),
+                     ["nprocs_per_node", "nprocs-per-node"], out)
     expect_rejection(checks, "--comm-hook with SlowMo",
                      train(extra=["--algorithm", "slowmo-sgp", "--comm-hook", "fp16"]),
                      ["--comm-hook"], out)

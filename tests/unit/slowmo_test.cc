@@ -11,131 +11,13 @@
 #include <mutex>
 
 #include "rank_threads.h"
+#include "slowmo_fixture.h"
 
 namespace concord::slowmo {
 namespace {
 
 using concord::testing::RunRanks;
-
-constexpr int64_t kSizes[] = {5, 7};   // two parameters, 12 elements
-constexpr double kLr[] = {0.1, 0.05};  // one optimizer group each
-constexpr int64_t kTotal = 12;
-
-// The gradient of element i (flat) on `rank` at update `step`; the first
-// step's is the same everywhere, so x_old starts equal on every rank.
-float Grad(int rank, int64_t step, int64_t i) {
-  const double r = step == 0 ? 0 : rank;
-  return static_cast<float>(std::sin(1.0 + 0.7 * r + 1.3 * step + 0.1 * i));
-}
-float Init(int rank, int64_t i) {
-  return static_cast<float>(0.5 * std::cos(0.3 * i) + 0.01 * rank);
-}
-double LrOf(int64_t i) { return i < kSizes[0] ? kLr[0] : kLr[1]; }
-
-struct Model {
-  std::vector<torch::Tensor> params;
-  std::unique_ptr<torch::optim::SGD> opt;
-};
-
-// Parameters start equal on every rank (as after DDP's broadcast) unless
-// `differ`.
-Model MakeModel(int rank, bool differ = false) {
-  Model m;
-  int64_t at = 0;
-  for (int64_t n : kSizes) {
-    torch::Tensor p = torch::empty({n});
-    for (int64_t i = 0; i < n; ++i) {
-      p[i] = Init(differ ? rank : 0, at + i);
-    }
-    m.params.push_back(p.requires_grad_());
-    at += n;
-  }
-  std::vector<torch::optim::OptimizerParamGroup> groups;
-  for (size_t g = 0; g < m.params.size(); ++g) {
-    groups.emplace_back(std::vector<torch::Tensor>{m.params[g]},
-                        std::make_unique<torch::optim::SGDOptions>(kLr[g]));
-  }
-  m.opt = std::make_unique<torch::optim::SGD>(std::move(groups),
-                                              torch::optim::SGDOptions(0.1));
-  return m;
-}
-
-void LocalStep(Model& m, int rank, int64_t step) {
-  int64_t at = 0;
-  for (auto& p : m.params) {
-    torch::Tensor g = torch::empty_like(p);
-    for (int64_t i = 0; i < p.numel(); ++i) g[i] = Grad(rank, step, at + i);
-    p.mutable_grad() = g;
-    at += p.numel();
-  }
-  m.opt->step();
-}
-
-torch::Tensor Flat(const Model& m) {
-  return torch::cat(
-      {m.params[0].detach().reshape(-1), m.params[1].detach().reshape(-1)});
-}
-
-// The reference: every rank's flat parameters, and the full u and x_old.
-struct Reference {
-  std::vector<torch::Tensor> x;
-  torch::Tensor u, x_old;
-  bool initialized = false;
-};
-
-Reference Start(int world) {
-  Reference ref;
-  for (int r = 0; r < world; ++r) {
-    torch::Tensor x = torch::empty({kTotal});
-    for (int64_t i = 0; i < kTotal; ++i) x[i] = Init(0, i);
-    ref.x.push_back(x);
-  }
-  return ref;
-}
-
-// One update of LocalSGD + slow momentum, written out plainly.
-void ReferenceUpdate(Reference& ref, int64_t n, const SlowMoOptions& o) {
-  const int world = static_cast<int>(ref.x.size());
-  for (int r = 0; r < world; ++r) {
-    for (int64_t i = 0; i < kTotal; ++i) {
-      ref.x[r][i] = ref.x[r][i].item<float>() -
-                    static_cast<float>(LrOf(i)) * Grad(r, n, i);
-    }
-  }
-  const bool slowmo = o.slowmo_lr != 1.0 || o.slowmo_momentum != 0.0;
-  if (slowmo && !ref.initialized) {
-    ref.x_old = ref.x[0].clone();
-    ref.u = torch::zeros({kTotal});
-    ref.initialized = true;
-  }
-  const bool slow = slowmo && (n + 1) % o.slowmo_frequency == 0;
-  const bool average = (n + 1) % o.localsgd_frequency == 0 || slow;
-  if (average) {
-    torch::Tensor mean = torch::zeros({kTotal});
-    for (int r = 0; r < world; ++r) mean += ref.x[r] / world;
-    for (int r = 0; r < world; ++r) ref.x[r] = mean.clone();
-  }
-  if (slow) {
-    for (int64_t i = 0; i < kTotal; ++i) {
-      const double lr = LrOf(i);
-      const double x = ref.x[0][i].item<float>();
-      const double xo = ref.x_old[i].item<float>();
-      const double u =
-          o.slowmo_momentum * ref.u[i].item<float>() + (xo - x) / lr;
-      ref.u[i] = u;
-      ref.x_old[i] = xo - o.slowmo_lr * lr * u;
-    }
-    for (int r = 0; r < world; ++r) ref.x[r] = ref.x_old.clone();
-  }
-}
-
-void ExpectClose(const torch::Tensor& a, const torch::Tensor& b,
-                 const std::string& what) {
-  ASSERT_EQ(a.numel(), b.numel()) << what;
-  EXPECT_TRUE(torch::allclose(a, b, 1e-5, 1e-6)) << what << "\n"
-                                                 << a << "\n"
-                                                 << b;
-}
+using namespace concord::slowmo::fixture;  // NOLINT
 
 // Runs `steps` updates on every rank and checks parameters (every step),
 // u and x_old (the rank's slice) against the reference.
@@ -257,7 +139,7 @@ void PushSumRounds(int world, GraphType graph, std::vector<int> offsets,
     for (int64_t t = 0; t < 7; ++t) {
       // No gradient: the gossip alone.
       ASSERT_TRUE(s->PrepareForward().ok());
-      s->AfterBackward();
+      ASSERT_TRUE(s->AfterBackward().ok());
       ASSERT_TRUE(s->PerformSlowMo(*m.opt).ok());
       std::vector<torch::Tensor> next;
       for (int r = 0; r < world; ++r) {
@@ -323,19 +205,23 @@ SlowMoOptions ShardedSlowMo() {
   return o;
 }
 
-// Rank 2 of 3 goes away after 6 updates (one slow step done); ranks 0 and 1
-// form the next generation and SyncState re-shards u and x_old from 3
-// owners to 2: the survivors' slices move to their new owners, rank 2's
-// slice restarts (u = 0, x_old = x). Then training goes on and must match
-// a reference that started from the state re-sharded by hand.
-TEST(SlowMoTest, MembershipChangeReshardsSlowMomentum) {
-  const SlowMoOptions o = ShardedSlowMo();
+// `world` ranks train 6 updates (one slow step) with `shards` shards, then
+// ranks >= 2 go away; ranks 0 and 1 form the next generation and SyncState
+// re-shards u and x_old over 2 owners: every old slice comes from its owner
+// or, when that is gone, from its replica on the next rank (Note [Shard
+// replicas]); the slices in `lost` (owner and replica gone) restart (u = 0,
+// x_old = x). Then training goes on and must match a reference that started
+// from the state re-sharded by hand.
+void ReshardAfterLoss(int world, int shards,
+                      std::vector<std::pair<int64_t, int64_t>> lost) {
+  SlowMoOptions o = ShardedSlowMo();
+  o.slowmo_num_shards = shards;
   std::mutex mu;
   torch::Tensor u_full = torch::zeros({kTotal});
   torch::Tensor old_full = torch::zeros({kTotal});
   torch::Tensor x_before;
   comm::InMemoryStore next_store;
-  RunRanks(3, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
+  RunRanks(world, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
     Model m = MakeModel(rank);
     auto s = *SlowMo::Create(m.params, {}, comm, 0, o);
     for (int64_t n = 0; n < 6; ++n) {
@@ -345,14 +231,27 @@ TEST(SlowMoTest, MembershipChangeReshardsSlowMomentum) {
     {
       std::lock_guard<std::mutex> lock(mu);
       const int64_t a = s->portion_start(), len = s->portion_end() - a;
-      ASSERT_EQ(len, 4);
+      ASSERT_EQ(len, kTotal / shards);
       u_full.narrow(0, a, len).copy_(s->momentum_buffer());
       old_full.narrow(0, a, len).copy_(s->old_params());
       if (rank == 0) x_before = Flat(m);
     }
     torch::Tensor barrier = torch::ones({1});
     ASSERT_TRUE(comm->AllreduceSum(barrier, {})->Wait().ok());
-    if (rank == 2) return;  // gone
+    {
+      // Each rank's replica is its predecessor's slice, bit for bit.
+      std::lock_guard<std::mutex> lock(mu);
+      const int64_t a = s->replica_start(), len = s->replica_end() - a;
+      const int prev = (rank + world - 1) % world;
+      ASSERT_EQ(a, prev * (kTotal / shards));
+      ASSERT_EQ(len, kTotal / shards);
+      EXPECT_TRUE(
+          torch::equal(s->replica_momentum(), u_full.narrow(0, a, len)));
+      EXPECT_TRUE(
+          torch::equal(s->replica_old_params(), old_full.narrow(0, a, len)));
+    }
+    ASSERT_TRUE(comm->AllreduceSum(barrier, {})->Wait().ok());
+    if (rank >= 2) return;  // gone
 
     comm::GlooOptions next;
     next.rank = rank;
@@ -363,17 +262,22 @@ TEST(SlowMoTest, MembershipChangeReshardsSlowMomentum) {
     std::shared_ptr<comm::Communicator> comm2(std::move(*next_comm));
     ASSERT_TRUE(
         s->SyncState(comm2, /*authoritative_rank=*/0, /*step=*/6, *m.opt).ok());
-    // By hand: rank 2's old slice [8, 12) is lost.
+    // By hand: the lost slices restart, everything else is kept.
     torch::Tensor u_ref = u_full.clone();
     torch::Tensor old_ref = old_full.clone();
-    u_ref.narrow(0, 8, 4).zero_();
-    old_ref.narrow(0, 8, 4).copy_(x_before.narrow(0, 8, 4));
+    for (const auto& [a, b] : lost) {
+      u_ref.narrow(0, a, b - a).zero_();
+      old_ref.narrow(0, a, b - a).copy_(x_before.narrow(0, a, b - a));
+    }
     EXPECT_EQ(s->num_shards(), 2);
     EXPECT_EQ(s->portion_start(), 6 * rank);
     EXPECT_EQ(s->portion_end(), 6 * rank + 6);
     EXPECT_TRUE(
         torch::equal(s->momentum_buffer(), u_ref.narrow(0, 6 * rank, 6)));
     EXPECT_TRUE(torch::equal(s->old_params(), old_ref.narrow(0, 6 * rank, 6)));
+    EXPECT_EQ(s->replica_start(), 6 * (1 - rank));
+    EXPECT_TRUE(torch::equal(s->replica_momentum(),
+                             u_ref.narrow(0, 6 * (1 - rank), 6)));
     EXPECT_EQ(s->num_updates(), 6);
 
     Reference ref;
@@ -391,6 +295,18 @@ TEST(SlowMoTest, MembershipChangeReshardsSlowMomentum) {
     ExpectClose(s->momentum_buffer(), ref.u.narrow(0, 6 * rank, 6), "u");
     ExpectClose(s->old_params(), ref.x_old.narrow(0, 6 * rank, 6), "x_old");
   });
+}
+
+// Rank 2 of 3 owned slice [8, 12); its replica on rank 0 survives: nothing
+// restarts (the no-loss state).
+TEST(SlowMoTest, MembershipChangeReshardsSlowMomentum) {
+  ReshardAfterLoss(3, 3, {});
+}
+
+// Ranks 2 and 3 of 4: slice [6, 9) had its owner (2) and replica (3) both
+// gone and restarts; slice [9, 12) comes from its replica on rank 0.
+TEST(SlowMoTest, ShardLostWithItsReplicaRestarts) {
+  ReshardAfterLoss(4, 4, {{6, 9}});
 }
 
 // SGP with unsharded slow momentum, 3 ranks -> 2 (rank 2 leaves, rank 1 is

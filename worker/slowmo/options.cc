@@ -7,11 +7,9 @@
 namespace concord::slowmo {
 
 absl::Status ValidateOptions(const SlowMoOptions& o) {
-  if (o.nprocs_per_node != 1) {
-    return absl::UnimplementedError(absl::StrCat(
-        "nprocs_per_node ", o.nprocs_per_node,
-        ": the intra-node hierarchy is not implemented; use 1 (one process "
-        "per node, fairscale's behaviour for one GPU per machine)"));
+  if (o.nprocs_per_node < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("nprocs_per_node must be >= 1, got ", o.nprocs_per_node));
   }
   if (o.slowmo_frequency < 1) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -29,14 +29,17 @@ struct SlowMoOptions {
   // fairscale's broadcast_buffers: the module's buffers are broadcast from
   // the authoritative rank before every forward (PrepareForward).
   bool broadcast_buffers = true;
-  // Only 1: the intra-node hierarchy (gradient average inside a node,
-  // exchange between node masters) is not implemented.
+  // Note [Node hierarchy] (worker/slowmo/hierarchy.h): > 1 groups the ranks
+  // into nodes of at most this many processes that share `node_id`.
   int nprocs_per_node = 1;
+  // This worker's node (WorkerOptions::node_id); ranks with the same one
+  // share a node. Empty everywhere: nodes of nprocs_per_node consecutive
+  // ranks, fairscale's layout.
+  std::string node_id;
   absl::Duration collective_timeout = absl::Minutes(5);
 };
 
-// INVALID_ARGUMENT with a one-line reason for a bad value; UNIMPLEMENTED for
-// nprocs_per_node > 1.
+// INVALID_ARGUMENT with a one-line reason for a bad value.
 absl::Status ValidateOptions(const SlowMoOptions& options);
 
 }  // namespace concord::slowmo

@@ -4,10 +4,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "worker/comm/coalesced.h"
+#include "worker/slowmo/hierarchy.h"
 
 namespace concord::slowmo {
 namespace {
@@ -18,6 +21,29 @@ torch::Tensor Flatten(const std::vector<torch::Tensor>& tensors) {
   flat.reserve(tensors.size());
   for (const auto& t : tensors) flat.push_back(t.reshape({-1}));
   return torch::cat(flat);
+}
+
+// Every rank's `id` (two allgathers: lengths, then the padded bytes).
+absl::StatusOr<std::vector<std::string>> AllgatherIds(
+    comm::Communicator& comm, const std::string& id,
+    const comm::CollectiveOptions& opts) {
+  const int world = comm.size();
+  torch::Tensor length =
+      torch::tensor({static_cast<int64_t>(id.size())}, torch::kLong);
+  torch::Tensor lengths = torch::empty({world}, torch::kLong);
+  CONCORD_RETURN_IF_ERROR(comm.Allgather(lengths, length, opts)->Wait());
+  const int64_t longest = lengths.max().item<int64_t>();
+  torch::Tensor mine = torch::zeros({longest}, torch::kByte);
+  if (!id.empty()) std::memcpy(mine.data_ptr(), id.data(), id.size());
+  torch::Tensor all = torch::empty({world * longest}, torch::kByte);
+  CONCORD_RETURN_IF_ERROR(comm.Allgather(all, mine, opts)->Wait());
+  std::vector<std::string> ids;
+  const char* bytes = static_cast<const char*>(all.data_ptr());
+  for (int r = 0; r < world; ++r) {
+    ids.emplace_back(bytes + r * longest,
+                     static_cast<size_t>(lengths[r].item<int64_t>()));
+  }
+  return ids;
 }
 
 }  // namespace
@@ -32,9 +58,13 @@ struct SlowMo::Plan {
 absl::StatusOr<std::unique_ptr<SlowMo>> SlowMo::Create(
     std::vector<torch::Tensor> params, std::vector<torch::Tensor> buffers,
     std::shared_ptr<comm::Communicator> comm, int authoritative_rank,
-    SlowMoOptions options) {
+    SlowMoOptions options, comm::GroupFactory* groups) {
   CONCORD_RETURN_IF_ERROR(ValidateOptions(options));
   if (comm == nullptr) return absl::InvalidArgumentError("no communicator");
+  if (options.nprocs_per_node > 1 && groups == nullptr) {
+    return absl::InvalidArgumentError(
+        "nprocs_per_node > 1 needs a group factory for the node groups");
+  }
   if (authoritative_rank < 0 || authoritative_rank >= comm->size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("authoritative rank ", authoritative_rank,
@@ -63,20 +93,78 @@ absl::StatusOr<std::unique_ptr<SlowMo>> SlowMo::Create(
   s->slowmo_lr_ = s->slowmo_ ? options.slowmo_lr : 1.0;
   s->slowmo_momentum_ = s->slowmo_ ? options.slowmo_momentum : 0.0;
   s->ps_weight_ = torch::ones({1}, s->params_[0].options());
-  CONCORD_RETURN_IF_ERROR(s->RebuildGraph());
+  s->groups_ = groups;
+  s->num_nodes_ = s->comm_->size();
+  s->master_rank_ = s->comm_->rank();
+  // With a hierarchy the graph is over the nodes, known once connected.
+  if (options.nprocs_per_node == 1) CONCORD_RETURN_IF_ERROR(s->RebuildGraph());
   return s;
 }
 
 absl::Status SlowMo::RebuildGraph() {
   gossip_round_ = 0;
   if (options_.base_algorithm != BaseAlgorithm::kSgp) return absl::OkStatus();
-  auto graph = GossipGraph::Create(options_.graph, comm_->size(),
-                                   options_.peers_per_itr);
+  auto graph =
+      GossipGraph::Create(options_.graph, num_nodes_, options_.peers_per_itr);
   if (!graph.ok()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "SGP over ", comm_->size(), " ranks: ", graph.status().message()));
+    return absl::FailedPreconditionError(
+        absl::StrCat("SGP over ", num_nodes_,
+                     options_.nprocs_per_node > 1 ? " nodes: " : " ranks: ",
+                     graph.status().message()));
   }
   graph_ = std::move(*graph);
+  return absl::OkStatus();
+}
+
+absl::Status SlowMo::EnsureGroups() {
+  if (groups_for_.lock() == comm_) return absl::OkStatus();
+  node_.reset();
+  masters_ = comm_;
+  num_nodes_ = comm_->size();
+  master_rank_ = comm_->rank();
+  if (options_.nprocs_per_node > 1) {
+    comm::CollectiveOptions opts;
+    opts.timeout = options_.collective_timeout;
+    std::vector<std::string> ids(1, options_.node_id);
+    if (comm_->size() > 1) {
+      absl::StatusOr<std::vector<std::string>> all =
+          AllgatherIds(*comm_, options_.node_id, opts);
+      if (!all.ok()) {
+        return absl::Status(
+            all.status().code(),
+            absl::StrCat("SlowMo node ids: ", all.status().message()));
+      }
+      ids = *std::move(all);
+    }
+    const NodeLayout layout = GroupNodes(ids, options_.nprocs_per_node);
+    const int me = comm_->rank();
+    const std::vector<int>& node = layout.nodes[static_cast<size_t>(
+        layout.node_of[static_cast<size_t>(me)])];
+    num_nodes_ = static_cast<int>(layout.masters.size());
+    master_rank_ = -1;
+    for (int m = 0; m < num_nodes_; ++m) {
+      if (layout.masters[static_cast<size_t>(m)] == me) master_rank_ = m;
+    }
+    if (node.size() > 1) {
+      CONCORD_ASSIGN_OR_RETURN(
+          node_, groups_->CreateGroup(
+                     *comm_, absl::StrCat("slowmo-node-", node[0]), node));
+    }
+    if (master_rank_ < 0) {
+      masters_.reset();
+    } else if (num_nodes_ < comm_->size()) {
+      CONCORD_ASSIGN_OR_RETURN(
+          masters_,
+          groups_->CreateGroup(*comm_, "slowmo-masters", layout.masters));
+    }
+    spdlog::info(
+        "SlowMo: generation {}: {} node(s) over {} ranks; rank {} is {} of "
+        "a node of {}",
+        comm_->generation(), num_nodes_, comm_->size(), me,
+        master_rank_ >= 0 ? "the master" : "a member", node.size());
+    CONCORD_RETURN_IF_ERROR(RebuildGraph());
+  }
+  groups_for_ = comm_;
   return absl::OkStatus();
 }
 
@@ -125,7 +213,39 @@ void SlowMo::Debias() {
   is_numerator_ = false;
 }
 
-void SlowMo::AfterBackward() {
+absl::Status SlowMo::AfterBackward() {
+  torch::NoGradGuard no_grad;
+  CONCORD_RETURN_IF_ERROR(EnsureGroups());
+  if (node_) {
+    // fairscale's backward hook: the node's average gradient.
+    std::vector<torch::Tensor> grads;
+    for (const auto& p : params_) {
+      if (!p.requires_grad()) continue;
+      grads.push_back(p.grad().defined()
+                          ? p.grad().reshape({-1})
+                          : torch::zeros({p.numel()}, p.options()));
+    }
+    if (!grads.empty()) {
+      torch::Tensor flat = torch::cat(grads).div_(node_->size());
+      comm::CollectiveOptions opts;
+      opts.timeout = options_.collective_timeout;
+      CONCORD_RETURN_IF_ERROR(
+          Wait(node_->AllreduceSum(flat, opts), "node gradient average"));
+      int64_t at = 0;
+      for (auto& p : params_) {
+        if (!p.requires_grad()) continue;
+        if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+        p.mutable_grad().copy_(
+            flat.narrow(0, at, p.numel()).view(p.grad().sizes()));
+        at += p.numel();
+      }
+    }
+  }
+  ToNumerators();
+  return absl::OkStatus();
+}
+
+void SlowMo::ToNumerators() {
   if (options_.base_algorithm != BaseAlgorithm::kSgp || is_numerator_) return;
   torch::NoGradGuard no_grad;
   for (auto& p : params_) p.mul_(ps_weight_);
@@ -168,25 +288,36 @@ absl::Status SlowMo::MapOptimizer(torch::optim::Optimizer& optimizer,
 
 void SlowMo::Layout(int64_t total) {
   total_ = total;
-  const int world = comm_->size();
-  const int rank = comm_->rank();
+  const int world = num_nodes_;
+  const int rank = master_rank_;
   num_shards_ = options_.slowmo_memory_efficient
                     ? std::min(world, options_.slowmo_num_shards)
                     : 1;
   portion_length_ = (total + num_shards_ - 1) / num_shards_;
+  portion_start_ = portion_end_ = 0;
+  replica_start_ = replica_end_ = 0;
+  if (rank < 0) return;  // not a master: no slow-momentum state
   if (!options_.slowmo_memory_efficient) {
-    portion_start_ = 0;
     portion_end_ = total;
-  } else if (rank < num_shards_) {
-    portion_start_ = std::min<int64_t>(rank * portion_length_, total);
-    portion_end_ = std::min<int64_t>((rank + 1) * portion_length_, total);
-  } else {
-    portion_start_ = portion_end_ = 0;
+    return;
+  }
+  auto bound = [&](int64_t s) {
+    return std::min<int64_t>(s * portion_length_, total);
+  };
+  if (rank < num_shards_) {
+    portion_start_ = bound(rank);
+    portion_end_ = bound(rank + 1);
+  }
+  // Note [Shard replicas]: this rank keeps slice rank - 1.
+  const int replicated = (rank + world - 1) % world;
+  if (world >= 2 && replicated < num_shards_) {
+    replica_start_ = bound(replicated);
+    replica_end_ = bound(replicated + 1);
   }
 }
 
 absl::Status SlowMo::Gossip(torch::Tensor& flat, torch::Tensor& weight) {
-  const GossipPeers peers = graph_->PeersAt(comm_->rank(), gossip_round_);
+  const GossipPeers peers = graph_->PeersAt(master_rank_, gossip_round_);
   const bool push_sum = options_.push_sum;
   if (!push_sum && peers.in.size() != peers.out.size()) {
     return absl::FailedPreconditionError(
@@ -200,8 +331,9 @@ absl::Status SlowMo::Gossip(torch::Tensor& flat, torch::Tensor& weight) {
   }
   comm::CollectiveOptions opts;
   opts.timeout = options_.collective_timeout;
-  CONCORD_RETURN_IF_ERROR(Wait(
-      comm_->Exchange(message, peers.out, received, peers.in, opts), "gossip"));
+  CONCORD_RETURN_IF_ERROR(
+      Wait(masters_->Exchange(message, peers.out, received, peers.in, opts),
+           "gossip"));
   // fairscale's lazy uniform mixing: (own + sum of received) * lo, with lo
   // = 1/(k+1) as a float32 tensor.
   const torch::Tensor lo =
@@ -220,13 +352,17 @@ absl::Status SlowMo::Gossip(torch::Tensor& flat, torch::Tensor& weight) {
   return absl::OkStatus();
 }
 
+// The slow-momentum state an update computes before applying it.
+struct SlowMo::SlowState {
+  torch::Tensor momentum, old_params;
+  torch::Tensor replica_momentum, replica_old_params;
+  bool initialized = false;
+};
+
 absl::Status SlowMo::PerformSlowMo(torch::optim::Optimizer& optimizer) {
   torch::NoGradGuard no_grad;
-  if (options_.base_algorithm == BaseAlgorithm::kSgp) AfterBackward();
+  ToNumerators();
   const Plan plan = PlanFor(num_updates_);
-  comm::CollectiveOptions opts;
-  opts.timeout = options_.collective_timeout;
-  const int world = comm_->size();
   const bool first_slow = slowmo_ && !initialized_;
   if (!plan.gossip && !plan.allreduce && !plan.slow && !first_slow) {
     // Nothing to exchange this update (LocalSGD between averages): the
@@ -234,6 +370,7 @@ absl::Status SlowMo::PerformSlowMo(torch::optim::Optimizer& optimizer) {
     ++num_updates_;
     return absl::OkStatus();
   }
+  CONCORD_RETURN_IF_ERROR(EnsureGroups());
 
   // Offsets of the parameters in `flat` (SlowMo's order).
   std::vector<int64_t> offset(params_.size() + 1, 0);
@@ -245,116 +382,170 @@ absl::Status SlowMo::PerformSlowMo(torch::optim::Optimizer& optimizer) {
   if (plan.slow || first_slow) {
     CONCORD_RETURN_IF_ERROR(MapOptimizer(optimizer, &order, &lr));
   }
-  auto optimizer_flat = [&](const torch::Tensor& flat) {
+
+  torch::Tensor flat = Flatten(params_);
+  torch::Tensor weight = ps_weight_.clone();
+  SlowState state{momentum_, old_params_, replica_momentum_,
+                  replica_old_params_, initialized_};
+  // fairscale creates x_old at the first call, before any averaging.
+  if (first_slow) {
     std::vector<torch::Tensor> parts;
     for (size_t i : order) {
       parts.push_back(flat.narrow(0, offset[i], params_[i].numel()));
     }
-    return torch::cat(parts);
-  };
-
-  torch::Tensor flat = Flatten(params_);
-  torch::Tensor weight = ps_weight_.clone();
-  // fairscale creates x_old at the first call, before any averaging.
-  torch::Tensor momentum = momentum_, old_params = old_params_;
-  bool initialized = initialized_;
-  if (slowmo_ && !initialized) {
-    torch::Tensor y = optimizer_flat(flat);
+    torch::Tensor y = torch::cat(parts);
     Layout(y.numel());
-    old_params =
+    state.old_params =
         y.narrow(0, portion_start_, portion_end_ - portion_start_).clone();
-    momentum = torch::zeros_like(old_params);
-    initialized = true;
+    state.momentum = torch::zeros_like(state.old_params);
+    state.replica_old_params =
+        y.narrow(0, replica_start_, replica_end_ - replica_start_).clone();
+    state.replica_momentum = torch::zeros_like(state.replica_old_params);
+    state.initialized = true;
   }
 
+  if (masters_ != nullptr) {
+    CONCORD_RETURN_IF_ERROR(
+        MastersStep(plan, flat, weight, order, lr, offset, state));
+  }
+  // Note [Node hierarchy]: the node takes its master's result.
+  const bool sgp = options_.base_algorithm == BaseAlgorithm::kSgp;
+  if (node_ != nullptr && (plan.gossip || plan.allreduce || plan.slow)) {
+    comm::CollectiveOptions opts;
+    opts.timeout = options_.collective_timeout;
+    torch::Tensor message = sgp ? torch::cat({flat, weight}) : flat;
+    CONCORD_RETURN_IF_ERROR(Wait(node_->Broadcast(message, 0, opts),
+                                 "parameter broadcast in the node"));
+    flat = message.narrow(0, 0, offset.back());
+    if (sgp) weight = message.narrow(0, offset.back(), 1).clone();
+  }
+
+  // Every collective succeeded: apply.
+  for (size_t i = 0; i < params_.size(); ++i) {
+    params_[i].copy_(
+        flat.narrow(0, offset[i], params_[i].numel()).view(params_[i].sizes()));
+  }
+  ps_weight_ = weight;
+  momentum_ = state.momentum;
+  old_params_ = state.old_params;
+  replica_momentum_ = state.replica_momentum;
+  replica_old_params_ = state.replica_old_params;
+  initialized_ = state.initialized;
+  if (plan.gossip) ++gossip_round_;
+  ++num_updates_;
+  return absl::OkStatus();
+}
+
+absl::Status SlowMo::MastersStep(const Plan& plan, torch::Tensor& flat,
+                                 torch::Tensor& weight,
+                                 const std::vector<size_t>& order,
+                                 const std::vector<double>& lr,
+                                 const std::vector<int64_t>& offset,
+                                 SlowState& state) {
+  comm::Communicator& masters = *masters_;
+  comm::CollectiveOptions opts;
+  opts.timeout = options_.collective_timeout;
+  const int world = masters.size();
   if (plan.gossip) CONCORD_RETURN_IF_ERROR(Gossip(flat, weight));
   if (plan.allreduce) {
     flat.div_(world);
     CONCORD_RETURN_IF_ERROR(
-        Wait(comm_->AllreduceSum(flat, opts), "parameter average"));
+        Wait(masters.AllreduceSum(flat, opts), "parameter average"));
   }
+  if (!plan.slow) return absl::OkStatus();
 
-  torch::Tensor y;  // the optimizer's parameters after the slow step
-  if (plan.slow) {
-    y = optimizer_flat(flat);
-    if (y.numel() != total_) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("the optimizer's parameters changed: ", y.numel(),
-                       " elements, slow momentum holds ", total_));
+  // The optimizer's parameters, in its order.
+  std::vector<torch::Tensor> parts;
+  for (size_t i : order) {
+    parts.push_back(flat.narrow(0, offset[i], params_[i].numel()));
+  }
+  torch::Tensor y = torch::cat(parts);
+  if (y.numel() != total_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the optimizer's parameters changed: ", y.numel(),
+                     " elements, slow momentum holds ", total_));
+  }
+  auto shard = [&](int s) {
+    const int64_t start = std::min<int64_t>(s * portion_length_, total_);
+    const int64_t end = std::min<int64_t>((s + 1) * portion_length_, total_);
+    return y.narrow(0, start, end - start);
+  };
+  const bool sharded = options_.slowmo_memory_efficient;
+  if (sharded) {
+    // fairscale's "gather": every rank divides, each slice is reduced to
+    // its owner.
+    y.div_(world);
+    std::vector<std::shared_ptr<comm::Work>> works;
+    for (int s = 0; s < num_shards_; ++s) {
+      works.push_back(masters.ReduceSum(shard(s), s, opts));
     }
-    auto shard = [&](int s) {
-      const int64_t start = std::min<int64_t>(s * portion_length_, total_);
-      const int64_t end = std::min<int64_t>((s + 1) * portion_length_, total_);
-      return y.narrow(0, start, end - start);
-    };
-    const bool sharded = options_.slowmo_memory_efficient;
-    if (sharded) {
-      // fairscale's "gather": every rank divides, each slice is reduced to
-      // its owner.
-      y.div_(world);
-      std::vector<std::shared_ptr<comm::Work>> works;
-      for (int s = 0; s < num_shards_; ++s) {
-        works.push_back(comm_->ReduceSum(shard(s), s, opts));
-      }
-      for (auto& w : works) {
-        CONCORD_RETURN_IF_ERROR(Wait(w, "slow-momentum reduce"));
-      }
+    for (auto& w : works) {
+      CONCORD_RETURN_IF_ERROR(Wait(w, "slow-momentum reduce"));
     }
-    if (portion_end_ > portion_start_) {
-      momentum = momentum.clone();
-      old_params = old_params.clone();
-      int64_t at = 0;  // element offset of the parameter in `y`
-      for (size_t j = 0; j < order.size(); ++j) {
-        const int64_t numel = params_[order[j]].numel();
-        const int64_t lo = std::max(portion_start_, at);
-        const int64_t hi = std::min(portion_end_, at + numel);
-        if (hi > lo) {
-          torch::Tensor x = y.narrow(0, lo, hi - lo);
-          torch::Tensor u = momentum.narrow(0, lo - portion_start_, hi - lo);
-          torch::Tensor x_old =
-              old_params.narrow(0, lo - portion_start_, hi - lo);
-          // fairscale's _perform_local_optimization, op for op.
-          u.mul_(slowmo_momentum_)
-              .sub_(x, 1.0 / lr[j])
-              .add_(x_old, 1.0 / lr[j]);
-          x_old.add_(u, -lr[j] * slowmo_lr_);
-          x.copy_(x_old);
-        }
-        at += numel;
+  }
+  if (portion_end_ > portion_start_) {
+    state.momentum = state.momentum.clone();
+    state.old_params = state.old_params.clone();
+    int64_t at = 0;  // element offset of the parameter in `y`
+    for (size_t j = 0; j < order.size(); ++j) {
+      const int64_t numel = params_[order[j]].numel();
+      const int64_t lo = std::max(portion_start_, at);
+      const int64_t hi = std::min(portion_end_, at + numel);
+      if (hi > lo) {
+        torch::Tensor x = y.narrow(0, lo, hi - lo);
+        torch::Tensor u =
+            state.momentum.narrow(0, lo - portion_start_, hi - lo);
+        torch::Tensor x_old =
+            state.old_params.narrow(0, lo - portion_start_, hi - lo);
+        // fairscale's _perform_local_optimization, op for op.
+        u.mul_(slowmo_momentum_).sub_(x, 1.0 / lr[j]).add_(x_old, 1.0 / lr[j]);
+        x_old.add_(u, -lr[j] * slowmo_lr_);
+        x.copy_(x_old);
       }
+      at += numel;
     }
-    if (sharded) {
-      std::vector<std::shared_ptr<comm::Work>> works;
-      for (int s = 0; s < num_shards_; ++s) {
-        works.push_back(comm_->Broadcast(shard(s), s, opts));
+  }
+  if (sharded) {
+    std::vector<std::shared_ptr<comm::Work>> works;
+    for (int s = 0; s < num_shards_; ++s) {
+      works.push_back(masters.Broadcast(shard(s), s, opts));
+    }
+    for (auto& w : works) {
+      CONCORD_RETURN_IF_ERROR(Wait(w, "slow-momentum broadcast"));
+    }
+    if (world >= 2) {
+      // Note [Shard replicas]: the new x of a slice is its new x_old; its
+      // new u goes from the owner to the next rank.
+      const int r = master_rank_;
+      const auto f32 = torch::TensorOptions().dtype(torch::kFloat);
+      torch::Tensor send = torch::zeros({portion_length_}, f32);
+      std::vector<int> to, from;
+      std::vector<torch::Tensor> recv;
+      if (r < num_shards_) {
+        to.push_back((r + 1) % world);
+        send.narrow(0, 0, state.momentum.numel()).copy_(state.momentum);
       }
-      for (auto& w : works) {
-        CONCORD_RETURN_IF_ERROR(Wait(w, "slow-momentum broadcast"));
+      const int replicated = (r + world - 1) % world;
+      if (replicated < num_shards_) {
+        from.push_back(replicated);
+        recv.push_back(torch::empty({portion_length_}, f32));
+      }
+      CONCORD_RETURN_IF_ERROR(Wait(masters.Exchange(send, to, recv, from, opts),
+                                   "slow-momentum replica"));
+      if (!from.empty()) {
+        const int64_t len = replica_end_ - replica_start_;
+        state.replica_momentum = recv[0].narrow(0, 0, len).clone();
+        state.replica_old_params = y.narrow(0, replica_start_, len).clone();
       }
     }
   }
-
-  // Every collective succeeded: apply.
-  std::vector<int64_t> y_offset(params_.size(), -1);
-  if (y.defined()) {
-    int64_t at = 0;
-    for (size_t i : order) {
-      y_offset[i] = at;
-      at += params_[i].numel();
-    }
-  }
-  for (size_t i = 0; i < params_.size(); ++i) {
+  // Back into `flat`.
+  int64_t at = 0;
+  for (size_t i : order) {
     const int64_t numel = params_[i].numel();
-    torch::Tensor value = y_offset[i] >= 0 ? y.narrow(0, y_offset[i], numel)
-                                           : flat.narrow(0, offset[i], numel);
-    params_[i].copy_(value.view(params_[i].sizes()));
+    flat.narrow(0, offset[i], numel).copy_(y.narrow(0, at, numel));
+    at += numel;
   }
-  ps_weight_ = weight;
-  momentum_ = momentum;
-  old_params_ = old_params;
-  initialized_ = initialized;
-  if (plan.gossip) ++gossip_round_;
-  ++num_updates_;
   return absl::OkStatus();
 }
 
@@ -366,6 +557,7 @@ absl::Status SlowMo::Reshard(int root, int64_t root_updates,
   if (!slowmo_ || !root_initialized) {
     initialized_ = false;
     momentum_ = old_params_ = torch::Tensor();
+    replica_momentum_ = replica_old_params_ = torch::Tensor();
     return absl::OkStatus();
   }
   torch::Tensor total = torch::tensor({total_}, torch::kLong);
@@ -378,66 +570,115 @@ absl::Status SlowMo::Reshard(int root, int64_t root_updates,
                      " on the authoritative rank"));
   }
   const auto f32 = torch::TensorOptions().dtype(torch::kFloat);
-  torch::Tensor u, x_old;
+  // Only state of the authoritative rank's update count counts. The
+  // exchange runs over the whole generation: with a hierarchy the state
+  // may sit on a rank that is no longer a master.
+  const bool valid = initialized_ && my_updates == root_updates;
+  torch::Tensor u, x_old, lost;
   if (!options_.slowmo_memory_efficient) {
-    // Every rank holds everything: take the authoritative rank's.
-    const bool mine = comm_->rank() == root;
-    u = mine ? momentum_.clone() : torch::empty({n}, f32);
-    x_old = mine ? old_params_.clone() : torch::empty({n}, f32);
-    CONCORD_RETURN_IF_ERROR(
-        Wait(comm_->Broadcast(u, root, opts), "slow-momentum broadcast"));
-    CONCORD_RETURN_IF_ERROR(
-        Wait(comm_->Broadcast(x_old, root, opts), "old-parameter broadcast"));
-  } else {
-    // Each surviving owner puts its slice where it belongs in the full
-    // vectors; a sum then gives everyone the whole (each element has at
-    // most one owner). Only owners whose state is that of the authoritative
-    // rank's update count contribute.
-    u = torch::zeros({n}, f32);
-    x_old = torch::zeros({n}, f32);
-    torch::Tensor owned = torch::zeros({n}, torch::kInt);
-    if (initialized_ && my_updates == root_updates &&
-        portion_end_ > portion_start_ && momentum_.defined()) {
-      const int64_t len = portion_end_ - portion_start_;
-      u.narrow(0, portion_start_, len).copy_(momentum_);
-      x_old.narrow(0, portion_start_, len).copy_(old_params_);
-      owned.narrow(0, portion_start_, len).fill_(1);
+    // Every master holds everything: take it from the lowest rank that has
+    // it (the authoritative rank unless it is no master).
+    torch::Tensor has = torch::zeros({comm_->size()}, torch::kInt);
+    if (valid && momentum_.defined() && momentum_.numel() == n) {
+      has[comm_->rank()] = 1;
     }
     CONCORD_RETURN_IF_ERROR(
-        Wait(comm_->AllreduceSum(u, opts), "slow-momentum re-shard"));
-    CONCORD_RETURN_IF_ERROR(
-        Wait(comm_->AllreduceSum(x_old, opts), "old-parameter re-shard"));
+        Wait(comm_->AllreduceSum(has, opts), "slow-momentum holders"));
+    const torch::Tensor holders = has.nonzero();
+    if (holders.numel() > 0) {
+      const int source = has[root].item<int>() > 0
+                             ? root
+                             : static_cast<int>(holders[0][0].item<int64_t>());
+      torch::Tensor both = comm_->rank() == source
+                               ? torch::cat({momentum_, old_params_})
+                               : torch::empty({2 * n}, f32);
+      CONCORD_RETURN_IF_ERROR(Wait(comm_->Broadcast(both, source, opts),
+                                   "slow-momentum broadcast"));
+      u = both.narrow(0, 0, n);
+      x_old = both.narrow(0, n, n);
+      lost = torch::zeros({n}, torch::kBool);
+    } else {
+      u = torch::zeros({n}, f32);
+      x_old = torch::zeros({n}, f32);
+      lost = torch::ones({n}, torch::kBool);
+    }
+  } else {
+    // Each surviving owner puts its slice where it belongs in the full
+    // vectors; then each surviving replica of a slice no owner claimed; a
+    // sum gives everyone the whole (each element has one source at most).
+    torch::Tensor owned = torch::zeros({n}, torch::kInt);
+    const int64_t len = portion_end_ - portion_start_;
+    const bool owner =
+        valid && len > 0 && momentum_.defined() && momentum_.numel() == len;
+    if (owner) owned.narrow(0, portion_start_, len).fill_(1);
     CONCORD_RETURN_IF_ERROR(
         Wait(comm_->AllreduceSum(owned, opts), "re-shard ownership"));
     if (owned.max().item<int>() > 1) {
       return absl::InternalError("two ranks owned one slow-momentum element");
     }
-    const torch::Tensor lost = owned.eq(0);
-    const int64_t lost_count = lost.sum().item<int64_t>();
-    if (lost_count > 0) {
-      // Its owner is gone: slow momentum restarts there from the current
-      // (authoritative) parameters.
-      std::vector<size_t> order;
-      std::vector<double> lr;
-      CONCORD_RETURN_IF_ERROR(MapOptimizer(optimizer, &order, &lr));
-      std::vector<torch::Tensor> parts;
-      for (size_t i : order) parts.push_back(params_[i].reshape({-1}));
-      torch::Tensor x = torch::cat(parts);
-      // The slow step works on push-sum numerators.
-      if (!is_numerator_ && options_.base_algorithm == BaseAlgorithm::kSgp) {
-        x = x.mul(ps_weight_);
-      }
-      x_old = torch::where(lost, x, x_old);
-      spdlog::warn(
-          "slow momentum: {} of {} elements lost with their owner; they "
-          "restart from the current parameters",
-          lost_count, n);
+    // [u, x_old, replica claims].
+    torch::Tensor packed = torch::zeros({3 * n}, f32);
+    if (owner) {
+      packed.narrow(0, portion_start_, len).copy_(momentum_);
+      packed.narrow(0, n + portion_start_, len).copy_(old_params_);
     }
+    const int64_t rlen = replica_end_ - replica_start_;
+    if (valid && rlen > 0 && replica_momentum_.defined() &&
+        replica_momentum_.numel() == rlen) {
+      const torch::Tensor orphan =
+          owned.narrow(0, replica_start_, rlen).eq(0).to(torch::kFloat);
+      packed.narrow(0, replica_start_, rlen).add_(replica_momentum_ * orphan);
+      packed.narrow(0, n + replica_start_, rlen)
+          .add_(replica_old_params_ * orphan);
+      packed.narrow(0, 2 * n + replica_start_, rlen).copy_(orphan);
+    }
+    CONCORD_RETURN_IF_ERROR(
+        Wait(comm_->AllreduceSum(packed, opts), "slow-momentum re-shard"));
+    const torch::Tensor claims = packed.narrow(0, 2 * n, n);
+    if (claims.max().item<float>() > 1.0f) {
+      return absl::InternalError(
+          "two replicas claimed one slow-momentum element");
+    }
+    const int64_t from_replicas = claims.gt(0.5f).sum().item<int64_t>();
+    if (from_replicas > 0) {
+      spdlog::info(
+          "slow momentum: {} of {} elements taken from replicas (their "
+          "owner is gone)",
+          from_replicas, n);
+    }
+    u = packed.narrow(0, 0, n);
+    x_old = packed.narrow(0, n, n);
+    lost = owned.eq(0).logical_and(claims.lt(0.5f));
+  }
+  const int64_t lost_count = lost.sum().item<int64_t>();
+  if (lost_count > 0) {
+    // Every holder is gone: slow momentum restarts there from the current
+    // (authoritative) parameters.
+    std::vector<size_t> order;
+    std::vector<double> lr;
+    CONCORD_RETURN_IF_ERROR(MapOptimizer(optimizer, &order, &lr));
+    std::vector<torch::Tensor> parts;
+    for (size_t i : order) parts.push_back(params_[i].reshape({-1}));
+    torch::Tensor x = torch::cat(parts);
+    // The slow step works on push-sum numerators.
+    if (!is_numerator_ && options_.base_algorithm == BaseAlgorithm::kSgp) {
+      x = x.mul(ps_weight_);
+    }
+    x_old = torch::where(lost, x, x_old);
+    u = torch::where(lost, torch::zeros_like(u), u);
+    spdlog::warn(
+        "slow momentum: {} of {} elements lost with their owner{}; they "
+        "restart from the current parameters",
+        lost_count, n,
+        options_.slowmo_memory_efficient ? " and its replica" : "s");
   }
   Layout(n);
   const int64_t len = portion_end_ - portion_start_;
   momentum_ = u.narrow(0, portion_start_, len).clone();
   old_params_ = x_old.narrow(0, portion_start_, len).clone();
+  const int64_t rlen = replica_end_ - replica_start_;
+  replica_momentum_ = u.narrow(0, replica_start_, rlen).clone();
+  replica_old_params_ = x_old.narrow(0, replica_start_, rlen).clone();
   initialized_ = true;
   return absl::OkStatus();
 }
@@ -465,6 +706,7 @@ absl::Status SlowMo::SyncState(std::shared_ptr<comm::Communicator> comm,
            "push-sum weight broadcast"));
   ps_weight_ = weight;
   is_numerator_ = header[2].item<int64_t>() != 0;
+  CONCORD_RETURN_IF_ERROR(EnsureGroups());
   CONCORD_RETURN_IF_ERROR(Reshard(authoritative_rank, root_updates,
                                   root_initialized, my_updates, optimizer));
   num_updates_ = root_updates;

@@ -9,13 +9,14 @@
 //   auto ddp = *DistributedDataParallel::Create(net, comm, auth_rank);
 //   torch::optim::SGD opt(ddp->parameters(), lr);
 //   auto slowmo = *slowmo::SlowMo::Create(ddp->parameters(), ddp->AllBuffers(),
-//                                         comm, auth_rank, options);
+//                                         comm, auth_rank, options,
+//                                         session.get());  // node groups
 //   state.Attach(slowmo.get());                 // elastic::State
 //   per step:
 //     auto no_sync = ddp->NoSync();
 //     CONCORD_RETURN_IF_ERROR(slowmo->PrepareForward());  // buffers; de-bias
 //     loss = forward; loss.backward();
-//     slowmo->AfterBackward();                  // SGP: back to numerators
+//     CONCORD_RETURN_IF_ERROR(slowmo->AfterBackward());  // node; numerators
 //     opt.step(); ++state.step; state.Commit();
 //     CONCORD_RETURN_IF_ERROR(slowmo->PerformSlowMo(opt));
 //
@@ -37,6 +38,17 @@
 //     each slice is reduced to its owner, the owner updates u and x_old for
 //     its slice and broadcasts the new x back. Otherwise every rank updates
 //     its whole vector locally.
+//     Note [Shard replicas]: the next rank, (s+1) mod world, keeps a replica
+//     of slice s: after the broadcast it holds the new x = x_old of the
+//     slice already, and the owner sends it its new u (one point-to-point
+//     message of a slice: the whole vector once over the network per slow
+//     step). After a membership change a slice is taken from its owner, or
+//     from its replica when the owner is gone; it restarts (u = 0,
+//     x_old = x, logged) only when both are gone.
+//   With a node hierarchy (Note [Node hierarchy] in hierarchy.h), "world"
+//   above is the node masters' group: the others average their gradients
+//   with their node in AfterBackward and take their master's parameters
+//   (and push-sum weight) at the end of every update that changed them.
 //   x_old and u are created at the first call, from the parameters after the
 //   first optimizer step (as fairscale does).
 // A step is transactional (Note [Elastic step]): everything is computed into
@@ -71,6 +83,7 @@
 
 #include "absl/status/statusor.h"
 #include "worker/comm/communicator.h"
+#include "worker/comm/group.h"
 #include "worker/elastic/state.h"
 #include "worker/slowmo/gossip_graph.h"
 #include "worker/slowmo/options.h"
@@ -82,22 +95,29 @@ class SlowMo final : public elastic::Participant {
   // `params`: the module's parameters (what is averaged or gossiped), all of
   // one floating dtype and device; `buffers`: the module's buffers
   // (broadcast before every forward when options.broadcast_buffers).
-  // Errors: those of ValidateOptions, INVALID_ARGUMENT (no parameters,
-  // mixed dtypes or devices, a bad authoritative rank),
-  // FAILED_PRECONDITION (a gossip graph that does not exist for this world
-  // size).
+  // `groups` (needed with options.nprocs_per_node > 1, must outlive this)
+  // makes the node groups of each generation (Note [Node hierarchy]); they
+  // are connected at the first call that needs them in a generation (no
+  // collective here). Errors: those of ValidateOptions, INVALID_ARGUMENT (no
+  // parameters, mixed dtypes or devices, a bad authoritative rank, no
+  // `groups` for a hierarchy), FAILED_PRECONDITION (a gossip graph that does
+  // not exist for this world size).
   static absl::StatusOr<std::unique_ptr<SlowMo>> Create(
       std::vector<torch::Tensor> params, std::vector<torch::Tensor> buffers,
       std::shared_ptr<comm::Communicator> comm, int authoritative_rank,
-      SlowMoOptions options);
+      SlowMoOptions options, comm::GroupFactory* groups = nullptr);
 
   // Before a forward (fairscale's forward pre-hook): broadcasts the
   // buffers from the authoritative rank, then (SGP) de-biases the
   // parameters (Note [Push-sum]). Errors: those of the broadcast
   // (retryable; the parameters are untouched then).
   absl::Status PrepareForward();
-  // After backward (SGP): back to numerators. No-op for LocalSGD.
-  void AfterBackward();
+  // After backward: with a node hierarchy, the gradients are averaged over
+  // the node (one allreduce; an undefined gradient counts as zeros and
+  // becomes them); SGP: back to numerators. Errors: those of the node's
+  // allreduce and of connecting the generation's groups (retryable; the
+  // gradients are untouched then).
+  absl::Status AfterBackward();
   // SGP: the de-biased parameters without a buffer broadcast (before
   // saving the model). No-op for LocalSGD.
   void Debias();
@@ -109,11 +129,13 @@ class SlowMo final : public elastic::Participant {
   absl::Status PerformSlowMo(torch::optim::Optimizer& optimizer);
 
   // elastic::Participant: moves to `comm`, takes the authoritative rank's
-  // update count, push-sum weight and (non-sharded) u and x_old, re-shards
-  // u and x_old over the new world from the shards the survivors hold
-  // (a shard whose owner is gone restarts: u = 0, x_old = x), rebuilds the
-  // gossip graph for the new world size, and performs the update `step`
-  // still owes (Note [SlowMo step]). Every rank of the generation calls it
+  // update count, push-sum weight and (non-sharded) u and x_old, connects
+  // the node groups of the new generation, re-shards u and x_old over the
+  // new world (or masters) from the shards and replicas the survivors hold
+  // (Note [Shard replicas]; a slice whose owner and replica are both gone
+  // restarts: u = 0, x_old = x), rebuilds the gossip graph for the new
+  // world size, and performs the update `step` still owes (Note [SlowMo
+  // step]). Every rank of the generation calls it
   // after the model was broadcast. Errors: those of the collectives,
   // FAILED_PRECONDITION when the update count and `step` disagree.
   absl::Status SyncState(std::shared_ptr<comm::Communicator> comm,
@@ -132,6 +154,20 @@ class SlowMo final : public elastic::Participant {
   // ranks that own no shard).
   const torch::Tensor& momentum_buffer() const { return momentum_; }
   const torch::Tensor& old_params() const { return old_params_; }
+  // The slice this rank keeps a replica of (Note [Shard replicas]):
+  // [replica_start, replica_end), empty when none.
+  int64_t replica_start() const { return replica_start_; }
+  int64_t replica_end() const { return replica_end_; }
+  const torch::Tensor& replica_momentum() const { return replica_momentum_; }
+  const torch::Tensor& replica_old_params() const {
+    return replica_old_params_;
+  }
+  // Note [Node hierarchy], as of the last connected generation: nodes
+  // (= world size without a hierarchy), whether this rank is its node's
+  // master, its node's size.
+  int num_nodes() const { return num_nodes_; }
+  bool is_master() const { return master_rank_ >= 0; }
+  int node_size() const { return node_ ? node_->size() : 1; }
   double ps_weight() const { return ps_weight_.item<double>(); }
   bool is_ps_numerator() const { return is_numerator_; }
   int64_t gossip_round() const { return gossip_round_; }
@@ -149,6 +185,18 @@ class SlowMo final : public elastic::Participant {
                             std::vector<size_t>* index,
                             std::vector<double>* lr) const;
   absl::Status Gossip(torch::Tensor& flat, torch::Tensor& weight);
+  // The update's work between masters (Note [SlowMo step]) on `flat` (in
+  // params_ order), `weight`, and the slow-momentum state.
+  struct SlowState;
+  absl::Status MastersStep(const Plan& plan, torch::Tensor& flat,
+                           torch::Tensor& weight,
+                           const std::vector<size_t>& order,
+                           const std::vector<double>& lr,
+                           const std::vector<int64_t>& offset,
+                           SlowState& state);
+  // Note [Node hierarchy]: connects this generation's groups once.
+  absl::Status EnsureGroups();
+  void ToNumerators();
   void Layout(int64_t total);
   absl::Status Reshard(int authoritative_rank, int64_t root_updates,
                        bool root_initialized, int64_t my_updates,
@@ -157,8 +205,16 @@ class SlowMo final : public elastic::Participant {
 
   std::vector<torch::Tensor> params_;
   std::vector<torch::Tensor> buffers_;
-  std::shared_ptr<comm::Communicator> comm_;
+  std::shared_ptr<comm::Communicator> comm_;  // the generation's
   int authoritative_rank_ = 0;
+  // Note [Node hierarchy]: masters_ is comm_ without a hierarchy, the
+  // masters' group on a master, null elsewhere; node_ is the node's group
+  // (null for a node of one).
+  comm::GroupFactory* groups_ = nullptr;
+  std::weak_ptr<comm::Communicator> groups_for_;  // the comm_ they are of
+  std::shared_ptr<comm::Communicator> masters_, node_;
+  int num_nodes_ = 1;
+  int master_rank_ = 0;  // rank in masters_, -1 on a non-master
   SlowMoOptions options_;
   bool slowmo_ = false;
   double slowmo_lr_ = 1.0;
@@ -172,6 +228,9 @@ class SlowMo final : public elastic::Participant {
   int64_t portion_length_ = 0;
   int64_t portion_start_ = 0, portion_end_ = 0;
   torch::Tensor momentum_, old_params_;
+  // Note [Shard replicas].
+  int64_t replica_start_ = 0, replica_end_ = 0;
+  torch::Tensor replica_momentum_, replica_old_params_;
 
   // SGP (Note [Push-sum]).
   std::optional<GossipGraph> graph_;

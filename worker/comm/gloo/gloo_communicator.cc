@@ -13,6 +13,7 @@
 #include <gloo/transport/unbound_buffer.h>
 #include <gloo/types.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
@@ -392,6 +393,23 @@ std::shared_ptr<Work> GlooCommunicator::Allgather(
     gloo::allgather(opts);
     return absl::OkStatus();
   });
+}
+
+absl::StatusOr<std::shared_ptr<Communicator>> GlooGroupFactory::CreateGroup(
+    const Communicator& parent, const std::string& name,
+    const std::vector<int>& members) {
+  CONCORD_RETURN_IF_ERROR(CheckGroupMembers(parent, members));
+  GlooOptions options = base_;
+  options.size = static_cast<int>(members.size());
+  options.rank = static_cast<int>(
+      std::find(members.begin(), members.end(), parent.rank()) -
+      members.begin());
+  options.generation = parent.generation();
+  PrefixStore store(absl::StrCat("group/", parent.generation(), "/", name, "/"),
+                    store_);
+  CONCORD_ASSIGN_OR_RETURN(auto comm,
+                           GlooCommunicator::Create(options, &store));
+  return std::shared_ptr<Communicator>(std::move(comm));
 }
 
 }  // namespace concord::comm

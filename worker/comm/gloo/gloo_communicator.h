@@ -16,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "worker/comm/communicator.h"
+#include "worker/comm/group.h"
 #include "worker/comm/store.h"
 
 namespace gloo {
@@ -92,6 +93,25 @@ class GlooCommunicator final : public Communicator {
   std::shared_ptr<class PromiseWork> running_;  // the task in flight
   uint32_t next_tag_ = 0;
   std::thread thread_;
+};
+
+// Groups of Gloo communicators that rendezvous through one store, under
+// "group/<generation>/<name>/" (ranks as threads in tests; a Session keeps
+// its own, which also aborts them with their generation). Never aborts
+// anything itself.
+class GlooGroupFactory final : public GroupFactory {
+ public:
+  // `store` must outlive the factory; `base` gives hostname and the
+  // connect timeout (rank, size and generation are the group's).
+  GlooGroupFactory(Store* store, GlooOptions base)
+      : store_(store), base_(std::move(base)) {}
+  absl::StatusOr<std::shared_ptr<Communicator>> CreateGroup(
+      const Communicator& parent, const std::string& name,
+      const std::vector<int>& members) override;
+
+ private:
+  Store* store_;
+  GlooOptions base_;
 };
 
 }  // namespace concord::comm
