@@ -12,7 +12,7 @@ RUN apt-get update \
       build-essential cmake ninja-build pkg-config \
       libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
       libabsl-dev libspdlog-dev libcli11-dev nlohmann-json3-dev \
-      prometheus-cpp-dev libssl-dev libsystemd-dev \
+      prometheus-cpp-dev libssl-dev libsystemd-dev libcivetweb-dev \
       libtorch-dev libgloo-dev \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
@@ -29,7 +29,7 @@ RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
       libgrpc++1.51 libgrpc29 libprotobuf32 libabsl20220623 \
       libspdlog1.10 libfmt9 libssl3 \
-      libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libsystemd0 \
+      libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libsystemd0 libcivetweb1 \
       libstdc++6 zlib1g ca-certificates \
  && rm -rf /var/lib/apt/lists/* \
  && groupadd --system --gid 65532 concord \

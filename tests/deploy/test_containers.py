@@ -37,13 +37,15 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 
 import yaml
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from testlib import Checks, free_port  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -54,20 +56,6 @@ FORBIDDEN = re.compile(r"(-dev$|^build-essential$|^gcc|^g\+\+|^clang|^cpp(-|$)|^
                        r"^ninja|^libtool$|^autoconf$|^pkg-config$|^nvidia-cuda-toolkit$)")
 # Always in Debian's slim image (essential): need not be listed.
 BASE = {"libc6", "libgcc-s1"}
-
-
-class Checks(object):
-    def __init__(self):
-        self.passed = self.failed = 0
-
-    def check(self, ok, what, detail=""):
-        print("%s: %s%s" % ("PASS" if ok else "FAIL", what, " (%s)" % detail if detail else ""),
-              flush=True)
-        if ok:
-            self.passed += 1
-        else:
-            self.failed += 1
-        return ok
 
 
 def parse(path):
@@ -241,14 +229,6 @@ def problems_of(path, kind, bin_dir, executables, deps):
     return problems, copied, stages
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 def healthcheck(c, bin_dir, stages):
     runtime = stages[-1]
     hc = [t for k, t in runtime["instructions"] if k == "HEALTHCHECK"]
@@ -363,10 +343,14 @@ def main():
     d = tempfile.mkdtemp(prefix="concord-docker-bad-")
     try:
         text = open(os.path.join(CONTAINERS, "coordinator.Dockerfile")).read()
-        text = text.replace("libsystemd0 \\", "libsystemd0 g++ libtorch-dev \\")
-        text = text.replace("USER 65532:65532", "USER root")
-        text = text.replace("/src/build/bin/concordctl /usr/local/bin/",
-                            "/src/build/bin/concordctl /src/build/bin/concord-run /usr/local/bin/")
+        for old, new in [("libsystemd0 ", "libsystemd0 g++ libtorch-dev "),
+                         ("USER 65532:65532", "USER root"),
+                         ("/src/build/bin/concordctl /usr/local/bin/",
+                          "/src/build/bin/concordctl /src/build/bin/concord-run /usr/local/bin/")]:
+            # Each break must land, or this check would pass on an unbroken copy.
+            if old not in text:
+                sys.exit("test_containers: cannot break coordinator.Dockerfile: no %r" % old)
+            text = text.replace(old, new)
         bad = os.path.join(d, "coordinator.Dockerfile")
         open(bad, "w").write(text)
         shutil.copy(os.path.join(CONTAINERS, "coordinator.Dockerfile.dockerignore"), d)

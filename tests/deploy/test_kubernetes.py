@@ -42,7 +42,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -52,26 +51,15 @@ import urllib.request
 
 import yaml
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from testlib import Checks, accepts, free_port  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 MANIFESTS = os.path.join(ROOT, "deploy", "kubernetes")
 VALIDATOR = os.path.join(HERE, "k8s-validate")
 # The etcd-replica coordinator, used instead of coordinator.yaml.
 REPLICAS = os.path.join(MANIFESTS, "replicas", "coordinator-etcd.yaml")
-
-
-class Checks(object):
-    def __init__(self):
-        self.passed = self.failed = 0
-
-    def check(self, ok, what, detail=""):
-        print("%s: %s%s" % ("PASS" if ok else "FAIL", what, " (%s)" % detail if detail else ""),
-              flush=True)
-        if ok:
-            self.passed += 1
-        else:
-            self.failed += 1
-        return ok
 
 
 def load(directory, coordinator=None):
@@ -465,14 +453,6 @@ def too_parallel(_, d):
 
 # ---- the Deployment's args, run -------------------------------------------------
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 OPENSSL = ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
            "-nodes", "-days", "2", "-subj", "/CN=coord", "-addext", "subjectAltName=IP:127.0.0.1"]
 
@@ -534,14 +514,6 @@ def http_status(port, path):
         return e.code
     except OSError:
         return None
-
-
-def accepts(port):
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=2).close()
-        return True
-    except OSError:
-        return False
 
 
 def stop(proc):
@@ -632,13 +604,15 @@ def run_replicas(c, bin_dir, docs):
         def statuses():
             return [http_status(ready_port(p), ready_probe["path"]) for _, p, _ in replicas]
 
+        # One leader ready, the rest standing by; None: a port not up yet.
+        settled = lambda s: None not in s and sorted(s) == [200] + [503] * (len(s) - 1)
         deadline = time.monotonic() + 30
         seen = statuses()
-        while sorted(seen) != [200] + [503] * (len(replicas) - 1) and time.monotonic() < deadline:
+        while not settled(seen) and time.monotonic() < deadline:
             time.sleep(0.2)
             seen = statuses()
         logs = " | ".join(open(l).read()[-150:] for _, _, l in replicas)
-        if not c.check(sorted(seen) == [200] + [503] * (len(replicas) - 1),
+        if not c.check(settled(seen),
                        "etcd replicas: one is ready (200), the others stand by (503)",
                        "%s %s" % (seen, logs if 200 not in seen else "")):
             return

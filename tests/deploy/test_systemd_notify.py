@@ -33,40 +33,10 @@ import tempfile
 import threading
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from testlib import Checks, accepts, free_port  # noqa: E402
+
 WATCHDOG_USEC = 1000000  # 1 s: pings expected every ~0.5 s
-
-
-class Checks(object):
-    def __init__(self):
-        self.passed = 0
-        self.failed = 0
-
-    def check(self, ok, what, detail=""):
-        # Details of passing checks only when short (not log tails).
-        show = detail and (not ok or "\n" not in detail)
-        print("%s: %s%s" % ("PASS" if ok else "FAIL", what,
-                            (" (%s)" % detail.strip()) if show else ""), flush=True)
-        if ok:
-            self.passed += 1
-        else:
-            self.failed += 1
-        return ok
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-def accepts(port):
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        return True
-    except OSError:
-        return False
 
 
 class NotifySocket(object):

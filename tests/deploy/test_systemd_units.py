@@ -37,24 +37,13 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from testlib import Checks, free_port  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HARDENING = ("DynamicUser", "CapabilityBoundingSet", "NoNewPrivileges", "Protect", "Private",
              "Restrict", "SystemCall", "MemoryDenyWriteExecute", "LockPersonality", "IPAddress",
              "UMask", "DevicePolicy", "ProcSubset", "RemoveIPC", "User=")
-
-
-class Checks(object):
-    def __init__(self):
-        self.passed = self.failed = 0
-
-    def check(self, ok, what, detail=""):
-        print("%s: %s%s" % ("PASS" if ok else "FAIL", what, " (%s)" % detail if detail else ""),
-              flush=True)
-        if ok:
-            self.passed += 1
-        else:
-            self.failed += 1
-        return ok
 
 
 def run(args):
@@ -93,14 +82,6 @@ def directives(text):
         k, v = line.split("=", 1)
         result.setdefault(k.strip(), []).append(v.strip())
     return result
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def run_exec_start(c, name, text, bin_dir, scratch):

@@ -37,7 +37,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.error
 import urllib.request
 
@@ -50,19 +49,12 @@ import test_elastic as te  # noqa: E402
 
 import fixtures  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from testlib import wait_for  # noqa: E402
+
 JOB = "status-job"
 SKIP = 77
 CHROMIUM = "/usr/bin/chromium"
-
-
-def wait_for(predicate, timeout, interval=0.1):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    return None
 
 
 class Coordinator(object):

@@ -56,9 +56,13 @@ always writes the same model.pt and data.pt.
 
 import math
 import os
+import sys
 
 import torch
 import torch.nn as nn
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from testlib import Checks  # noqa: E402
 
 KINDS = ("cnn", "cnn-bn2d", "mlp", "mlp-large", "mlp-plain", "mlp-wide", "mlp-unused",
          "mlp-dynamic", "mlp-buffer", "mlp-mixed")
@@ -880,29 +884,3 @@ def run_command(cmd, timeout, env=None, cwd=None):
     result.leftover_processes = leftover
     return result
 
-
-class Checks(object):
-    """PASS/FAIL lines and the closing 'N passed, N failed' of a test script."""
-
-    def __init__(self):
-        self.passed = 0
-        self.failed = 0
-
-    def ok(self, name, detail=""):
-        self.passed += 1
-        print("PASS %s%s" % (name, (": " + detail) if detail else ""), flush=True)
-
-    def fail(self, name, detail):
-        self.failed += 1
-        print("FAIL %s: %s" % (name, detail), flush=True)
-
-    def check(self, cond, name, detail=""):
-        if cond:
-            self.ok(name)
-        else:
-            self.fail(name, detail)
-        return cond
-
-    def finish(self):
-        print("%d passed, %d failed" % (self.passed, self.failed), flush=True)
-        return 1 if self.failed else 0

@@ -1,0 +1,64 @@
+"""What every Python test script here shares (no torch: the deploy tests use it).
+
+Checks prints one PASS/FAIL line per check and the closing 'N passed, N
+failed'; free_port, accepts and wait_for are the loopback helpers.
+"""
+import socket
+import time
+
+
+class Checks(object):
+    """PASS/FAIL lines and the closing 'N passed, N failed' of a test script."""
+
+    def __init__(self):
+        self.passed = 0
+        self.failed = 0
+
+    def ok(self, name, detail=""):
+        self.passed += 1
+        print("PASS %s%s" % (name, (": " + detail) if detail else ""), flush=True)
+
+    def fail(self, name, detail=""):
+        self.failed += 1
+        print("FAIL %s%s" % (name, (": " + detail.strip()) if detail else ""), flush=True)
+
+    def check(self, cond, name, detail=""):
+        """Counts `cond`; a passing check shows `detail` only when it is one line."""
+        if cond:
+            self.ok(name, detail if detail and "\n" not in detail else "")
+        else:
+            self.fail(name, detail)
+        return cond
+
+    def finish(self):
+        print("%d passed, %d failed" % (self.passed, self.failed), flush=True)
+        return 1 if self.failed else 0
+
+
+def free_port():
+    """A loopback port nobody listens on now."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def accepts(port, host="127.0.0.1"):
+    """Whether something accepts TCP connections on host:port."""
+    try:
+        socket.create_connection((host, port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def wait_for(predicate, timeout, interval=0.05):
+    """predicate()'s first truthy value within `timeout` seconds, else None."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    return None
