@@ -364,8 +364,23 @@ TEST(SlowMoFp16Test, SyncStateTakesTheAuthoritativeMasters) {
       if (rank == 0) root_masters = Cat(m.p32).clone();
     }
     ASSERT_TRUE(s->SyncState(comm, 0, /*step=*/3, *m.opt).ok());
-    std::lock_guard<std::mutex> lock(mu);
-    EXPECT_TRUE(torch::equal(Cat(m.p32), root_masters)) << "rank " << rank;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      EXPECT_TRUE(torch::equal(Cat(m.p32), root_masters)) << "rank " << rank;
+    }
+
+    // A rank without masters: every rank fails, with one line.
+    Fp16Model fresh = MakeFp16(rank);
+    auto t = *SlowMo::Create(fresh.p16, {}, comm, 0, o);
+    if (rank == 0) {
+      ASSERT_TRUE(t->SetFp32Params(fresh.p32).ok());
+    }
+    const torch::Tensor before = Cat(fresh.p32).clone();
+    absl::Status st = t->SyncState(comm, 0, /*step=*/0, *fresh.opt);
+    EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+    EXPECT_NE(st.message().find("SetFp32Params"), absl::string_view::npos);
+    EXPECT_EQ(std::string(st.message()).find('\n'), std::string::npos);
+    EXPECT_TRUE(torch::equal(Cat(fresh.p32), before));
   });
 }
 

@@ -805,13 +805,18 @@ absl::Status SlowMo::SyncState(std::shared_ptr<comm::Communicator> comm,
   is_numerator_ = header[2].item<int64_t>() != 0;
   // Note [fp16 masters]: the optimizer's fp32 masters follow the
   // authoritative rank like the model.
+  // Every rank learns whether any disagrees, so that all of them fail.
   const int64_t root_master_numel = header[3].item<int64_t>();
-  if (root_master_numel != master_numel) {
+  torch::Tensor mismatch =
+      torch::tensor({root_master_numel != master_numel ? 1 : 0}, torch::kInt);
+  CONCORD_RETURN_IF_ERROR(
+      Wait(comm_->AllreduceSum(mismatch, opts), "fp32 master check"));
+  if (mismatch.item<int>() > 0) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "fp32 masters: ", root_master_numel < 0 ? 0 : root_master_numel,
+        "fp32 masters: ", std::max<int64_t>(root_master_numel, 0),
         " elements on the authoritative rank, ",
-        master_numel < 0 ? 0 : master_numel,
-        " here: call SetFp32Params alike on every rank before "
+        std::max<int64_t>(master_numel, 0), " here, and ", mismatch.item<int>(),
+        " rank(s) disagree: call SetFp32Params alike on every rank before "
         "elastic::State::Sync"));
   }
   if (master_numel >= 0) {

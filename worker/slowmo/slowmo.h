@@ -172,9 +172,11 @@ class SlowMo final : public elastic::Participant {
   // (Note [Shard replicas]; a slice whose owner and replica are both gone
   // restarts: u = 0, x_old = x), rebuilds the gossip graph for the new
   // world size, and performs the update `step` still owes (Note [SlowMo
-  // step]). Every rank of the generation calls it
+  // step]). With fp32 masters (Note [fp16 masters]) it first broadcasts
+  // them from the authoritative rank. Every rank of the generation calls it
   // after the model was broadcast. Errors: those of the collectives,
-  // FAILED_PRECONDITION when the update count and `step` disagree.
+  // FAILED_PRECONDITION when the update count and `step` disagree, or (on
+  // every rank) when the ranks' fp32 masters differ in size or presence.
   absl::Status SyncState(std::shared_ptr<comm::Communicator> comm,
                          int authoritative_rank, int64_t step,
                          torch::optim::Optimizer& optimizer) override;
