@@ -13,6 +13,7 @@
 
 #include "rank_threads.h"
 #include "slowmo_fixture.h"
+#include "worker/comm/gloo/gloo_communicator.h"
 #include "worker/slowmo/slowmo.h"
 
 namespace concord::slowmo {
@@ -298,6 +299,96 @@ TEST(SlowMoFp16Test, SgpRoundWithFp16Parameters) {
     EXPECT_EQ(s->gossip_round(), 5);
     // Gossip really mixed different values (the test can fail).
     EXPECT_FALSE(torch::equal(Cat(ref[0].p32), Cat(ref[1].p32)));
+  });
+}
+
+// The fixed gradient of `rank` at `step`, per parameter, in fp16 (as a
+// backward through an fp16 model leaves it).
+std::vector<torch::Tensor> Grads16(int rank, int64_t step) {
+  std::vector<torch::Tensor> g;
+  int64_t at = 0;
+  for (int64_t n : kSizes) {
+    torch::Tensor t = torch::empty({n});
+    for (int64_t i = 0; i < n; ++i) t[i] = Grad(rank, step, at + i);
+    g.push_back(t.to(torch::kHalf));
+    at += n;
+  }
+  return g;
+}
+
+// fairseq: the fp16 gradients into the masters, step, masters into fp16.
+void StepWith(Fp16Model& m, const std::vector<torch::Tensor>& g16) {
+  torch::NoGradGuard no_grad;
+  for (size_t j = 0; j < m.p32.size(); ++j) {
+    m.p32[j].mutable_grad() = g16[j].to(torch::kFloat);
+  }
+  m.opt->step();
+  for (size_t j = 0; j < m.p16.size(); ++j) m.p16[j].copy_(m.p32[j]);
+}
+
+// Note [Node hierarchy] with fp16: 4 ranks = 2 nodes x 2 (interleaved),
+// fp16 gradients averaged in the node, LocalSGD with error feedback and
+// sharded slow momentum between the masters, the master's fp32 masters
+// broadcast in the node; every rank equals its node's unit of a 2-unit
+// reference (gradient: the node's fp16 average) bit for bit.
+TEST(SlowMoFp16Test, HierarchyNodesTakeTheirMastersFp32) {
+  SlowMoOptions o = LocalSgd(2);
+  o.slowmo_momentum = 0.5;
+  o.slowmo_lr = 0.7;
+  o.slowmo_frequency = 4;
+  o.slowmo_memory_efficient = true;
+  o.slowmo_num_shards = 2;
+  o.nprocs_per_node = 2;
+  const std::vector<std::string> ids = {"n0", "n1", "n0", "n1"};
+  const std::vector<std::vector<int>> node_ranks = {{0, 2}, {1, 3}};
+  comm::InMemoryStore group_store;
+  comm::GlooGroupFactory factory(&group_store, comm::GlooOptions());
+  RunRanks(4, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
+    Fp16Model m = MakeFp16(rank);
+    SlowMoOptions mine = o;
+    mine.node_id = ids[static_cast<size_t>(rank)];
+    auto made = SlowMo::Create(m.p16, {}, comm, 0, mine, &factory);
+    ASSERT_TRUE(made.ok()) << made.status();
+    auto& s = *made;
+    ASSERT_TRUE(s->SetFp32Params(m.p32).ok());
+    const int node = rank % 2;
+    std::vector<Fp16Model> ref;
+    for (int u = 0; u < 2; ++u) ref.push_back(MakeFp16(u));
+    std::vector<SlowRef> slows(2);
+    bool differed = false;
+    for (int64_t n = 0; n < 9; ++n) {
+      ASSERT_TRUE(s->PrepareForward().ok());
+      {
+        torch::NoGradGuard no_grad;
+        std::vector<torch::Tensor> g = Grads16(rank, n);
+        for (size_t j = 0; j < 2; ++j) m.p16[j].mutable_grad() = g[j];
+      }
+      ASSERT_TRUE(s->AfterBackward().ok());
+      StepWith(m, {m.p16[0].grad(), m.p16[1].grad()});
+      absl::Status st = s->PerformSlowMo(*m.opt);
+      ASSERT_TRUE(st.ok()) << st;
+      for (int u = 0; u < 2; ++u) {
+        const auto a = Grads16(node_ranks[u][0], n);
+        const auto b = Grads16(node_ranks[u][1], n);
+        StepWith(ref[u],
+                 {a[0].div(2) + b[0].div(2), a[1].div(2) + b[1].div(2)});
+      }
+      LocalSgdReference(ref, n, o, slows);
+      const std::string at =
+          "rank " + std::to_string(rank) + " after update " + std::to_string(n);
+      EXPECT_TRUE(torch::equal(Cat(m.p16), Cat(ref[node].p16))) << "p16 " << at;
+      EXPECT_TRUE(torch::equal(Cat(m.p32), Cat(ref[node].p32))) << "p32 " << at;
+      differed |= !torch::equal(Cat(ref[0].p32), Cat(ref[1].p32));
+      const int64_t a = s->portion_start(), b = s->portion_end();
+      if (b > a) {
+        EXPECT_TRUE(torch::equal(s->old_params(),
+                                 Cat(slows[0].x_old).narrow(0, a, b - a)))
+            << "x_old " << at;
+      }
+    }
+    EXPECT_EQ(s->num_nodes(), 2);
+    EXPECT_EQ(s->is_master(), rank < 2);
+    EXPECT_TRUE(differed) << "the nodes never drifted apart";
   });
 }
 
