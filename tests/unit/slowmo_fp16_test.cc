@@ -392,6 +392,50 @@ TEST(SlowMoFp16Test, HierarchyNodesTakeTheirMastersFp32) {
   });
 }
 
+// fairscale also takes one flat fp32 tensor of every element: with one
+// learning rate it trains exactly like one master per parameter (two
+// SlowMo instances side by side on the same ranks).
+TEST(SlowMoFp16Test, OneFlatMasterWorksLikeOnePerParameter) {
+  SlowMoOptions o = LocalSgd(2);
+  o.slowmo_momentum = 0.5;
+  o.slowmo_lr = 0.7;
+  o.slowmo_frequency = 4;
+  o.slowmo_num_shards = 2;
+  RunRanks(2, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
+    Fp16Model a = MakeFp16(rank);  // one master per parameter
+    a.opt = std::make_unique<torch::optim::SGD>(a.p32,
+                                                torch::optim::SGDOptions(0.1));
+    Fp16Model b = MakeFp16(rank);  // one flat master
+    torch::Tensor flat32 = Cat(b.p32).clone().requires_grad_();
+    b.opt = std::make_unique<torch::optim::SGD>(
+        std::vector<torch::Tensor>{flat32}, torch::optim::SGDOptions(0.1));
+    auto sa = *SlowMo::Create(a.p16, {}, comm, 0, o);
+    auto sb = *SlowMo::Create(b.p16, {}, comm, 0, o);
+    for (int64_t n = 0; n < 9; ++n) {
+      const std::vector<torch::Tensor> g = Grads16(rank, n);
+      StepWith(a, g);
+      {
+        torch::NoGradGuard no_grad;
+        flat32.mutable_grad() = Cat(g).to(torch::kFloat);
+        b.opt->step();
+        b.p16[0].copy_(flat32.narrow(0, 0, kSizes[0]));
+        b.p16[1].copy_(flat32.narrow(0, kSizes[0], kSizes[1]));
+      }
+      ASSERT_TRUE(sa->PerformSlowMo(*a.opt, a.p32).ok());
+      ASSERT_TRUE(sb->PerformSlowMo(*b.opt, {flat32}).ok());
+      const std::string at = " after update " + std::to_string(n);
+      EXPECT_TRUE(torch::equal(Cat(a.p16), Cat(b.p16))) << "p16" << at;
+      EXPECT_TRUE(torch::equal(Cat(a.p32), flat32.detach())) << "p32" << at;
+      EXPECT_TRUE(torch::equal(sa->momentum_buffer(), sb->momentum_buffer()))
+          << "u" << at;
+      EXPECT_TRUE(torch::equal(sa->old_params(), sb->old_params()))
+          << "x_old" << at;
+    }
+    // The masters moved away from their start (the test can fail).
+    EXPECT_FALSE(torch::equal(flat32.detach(), Cat(MakeFp16(rank).p32)));
+  });
+}
+
 // Masters that do not match the parameters, or that the optimizer does not
 // step: INVALID_ARGUMENT with a one-line message, nothing changed.
 TEST(SlowMoFp16Test, MismatchedFp32ParamsChangeNothing) {
