@@ -261,15 +261,19 @@ absl::Status SlowMo::MapOptimizer(torch::optim::Optimizer& optimizer,
       return absl::InvalidArgumentError(absl::StrCat(
           "slow momentum divides by the learning rate, which is ", group_lr));
     }
+    const std::vector<torch::Tensor>& units = Units();
     for (const auto& p : group.params()) {
       size_t i = 0;
-      while (i < params_.size() &&
-             params_[i].unsafeGetTensorImpl() != p.unsafeGetTensorImpl()) {
+      while (i < units.size() &&
+             units[i].unsafeGetTensorImpl() != p.unsafeGetTensorImpl()) {
         ++i;
       }
-      if (i == params_.size()) {
+      if (i == units.size()) {
         return absl::InvalidArgumentError(
-            "the optimizer has a parameter SlowMo was not given");
+            fp32_params_.empty()
+                ? "the optimizer has a parameter SlowMo was not given"
+                : "the optimizer has a parameter that is not one of the fp32 "
+                  "masters SlowMo was given");
       }
       if (p.scalar_type() != torch::kFloat) {
         return absl::InvalidArgumentError(
@@ -284,6 +288,55 @@ absl::Status SlowMo::MapOptimizer(torch::optim::Optimizer& optimizer,
     return absl::InvalidArgumentError("the optimizer has no parameters");
   }
   return absl::OkStatus();
+}
+
+std::vector<int64_t> SlowMo::UnitOffsets() const {
+  const std::vector<torch::Tensor>& units = Units();
+  std::vector<int64_t> offset(units.size() + 1, 0);
+  for (size_t i = 0; i < units.size(); ++i) {
+    offset[i + 1] = offset[i] + units[i].numel();
+  }
+  return offset;
+}
+
+absl::Status SlowMo::SetFp32Params(std::vector<torch::Tensor> fp32_params) {
+  int64_t total = 0;
+  for (const auto& p : params_) total += p.numel();
+  for (const auto& m : fp32_params) {
+    if (!m.defined() || m.scalar_type() != torch::kFloat ||
+        m.device() != params_[0].device()) {
+      return absl::InvalidArgumentError(
+          "fp32_params must be float32 tensors on the parameters' device");
+    }
+  }
+  const bool flat = fp32_params.size() == 1 && fp32_params[0].numel() == total;
+  bool paired = fp32_params.size() == params_.size();
+  for (size_t i = 0; paired && i < params_.size(); ++i) {
+    paired = fp32_params[i].numel() == params_[i].numel();
+  }
+  if (!flat && !paired) {
+    int64_t given = 0;
+    for (const auto& m : fp32_params) given += m.numel();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "fp32_params must be one tensor per parameter with the same numel "
+        "(",
+        params_.size(), " parameters, ", total, " elements) or one tensor of ",
+        total, " elements; got ", fp32_params.size(), " tensors of ", given,
+        " elements"));
+  }
+  fp32_params_ = std::move(fp32_params);
+  return absl::OkStatus();
+}
+
+absl::Status SlowMo::PerformSlowMo(torch::optim::Optimizer& optimizer,
+                                   std::vector<torch::Tensor> fp32_params) {
+  std::vector<torch::Tensor> previous = fp32_params_;
+  CONCORD_RETURN_IF_ERROR(SetFp32Params(std::move(fp32_params)));
+  absl::Status s = PerformSlowMo(optimizer);
+  // Bad input (e.g. an optimizer that does not step these masters) changes
+  // nothing; a failed collective keeps them for the retry and SyncState.
+  if (absl::IsInvalidArgument(s)) fp32_params_ = std::move(previous);
+  return s;
 }
 
 void SlowMo::Layout(int64_t total) {
@@ -361,6 +414,14 @@ struct SlowMo::SlowState {
 
 absl::Status SlowMo::PerformSlowMo(torch::optim::Optimizer& optimizer) {
   torch::NoGradGuard no_grad;
+  if (fp32_params_.empty() && params_[0].scalar_type() == torch::kHalf &&
+      !warned_fp16_) {
+    // fairscale warns likewise.
+    spdlog::warn(
+        "SlowMo: the parameters are fp16 and no fp32 masters were given "
+        "(SetFp32Params): averaging them in fp16 loses precision");
+    warned_fp16_ = true;
+  }
   ToNumerators();
   const Plan plan = PlanFor(num_updates_);
   const bool first_slow = slowmo_ && !initialized_;
@@ -377,21 +438,28 @@ absl::Status SlowMo::PerformSlowMo(torch::optim::Optimizer& optimizer) {
   for (size_t i = 0; i < params_.size(); ++i) {
     offset[i + 1] = offset[i] + params_[i].numel();
   }
-  std::vector<size_t> order;  // optimizer order -> index into params_
+  // The tensors the optimizer steps: params_, or the fp32 masters (Note
+  // [fp16 masters]), with their offsets in their flat vector.
+  const std::vector<torch::Tensor>& units = Units();
+  const std::vector<int64_t> unit_offset = UnitOffsets();
+  std::vector<size_t> order;  // optimizer order -> index into units
   std::vector<double> lr;
   if (plan.slow || first_slow) {
     CONCORD_RETURN_IF_ERROR(MapOptimizer(optimizer, &order, &lr));
   }
 
   torch::Tensor flat = Flatten(params_);
+  torch::Tensor master32 =
+      fp32_params_.empty() ? torch::Tensor() : Flatten(fp32_params_);
   torch::Tensor weight = ps_weight_.clone();
   SlowState state{momentum_, old_params_, replica_momentum_,
                   replica_old_params_, initialized_};
   // fairscale creates x_old at the first call, before any averaging.
   if (first_slow) {
+    const torch::Tensor& source = master32.defined() ? master32 : flat;
     std::vector<torch::Tensor> parts;
     for (size_t i : order) {
-      parts.push_back(flat.narrow(0, offset[i], params_[i].numel()));
+      parts.push_back(source.narrow(0, unit_offset[i], units[i].numel()));
     }
     torch::Tensor y = torch::cat(parts);
     Layout(y.numel());
@@ -404,26 +472,45 @@ absl::Status SlowMo::PerformSlowMo(torch::optim::Optimizer& optimizer) {
     state.initialized = true;
   }
 
-  if (masters_ != nullptr) {
-    CONCORD_RETURN_IF_ERROR(
-        MastersStep(plan, flat, weight, order, lr, offset, state));
+  // Note [fp16 masters], 1: the error of the fp16 value communicated.
+  const bool averaging = plan.gossip || plan.allreduce;
+  if (master32.defined() && averaging) {
+    if (plan.allreduce) flat.div_(num_nodes_).mul_(num_nodes_);
+    master32.sub_(flat.to(torch::kFloat));
   }
-  // Note [Node hierarchy]: the node takes its master's result.
+  if (masters_ != nullptr) {
+    CONCORD_RETURN_IF_ERROR(MastersStep(plan, flat, master32, weight, order, lr,
+                                        unit_offset, state));
+  }
+  // Note [Node hierarchy]: the node takes its master's result (with fp32
+  // masters, the master's p32).
   const bool sgp = options_.base_algorithm == BaseAlgorithm::kSgp;
-  if (node_ != nullptr && (plan.gossip || plan.allreduce || plan.slow)) {
+  if (node_ != nullptr && (averaging || plan.slow)) {
     comm::CollectiveOptions opts;
     opts.timeout = options_.collective_timeout;
-    torch::Tensor message = sgp ? torch::cat({flat, weight}) : flat;
+    torch::Tensor& values = master32.defined() ? master32 : flat;
+    const int64_t n = values.numel();
+    torch::Tensor message =
+        sgp ? torch::cat({values, weight.to(values.scalar_type())}) : values;
     CONCORD_RETURN_IF_ERROR(Wait(node_->Broadcast(message, 0, opts),
                                  "parameter broadcast in the node"));
-    flat = message.narrow(0, 0, offset.back());
-    if (sgp) weight = message.narrow(0, offset.back(), 1).clone();
+    values = message.narrow(0, 0, n);
+    if (sgp) {
+      weight = message.narrow(0, n, 1).to(ps_weight_.scalar_type()).clone();
+    }
   }
+  // Note [fp16 masters], 5.
+  if (master32.defined() && (averaging || plan.slow)) flat.copy_(master32);
 
   // Every collective succeeded: apply.
   for (size_t i = 0; i < params_.size(); ++i) {
     params_[i].copy_(
         flat.narrow(0, offset[i], params_[i].numel()).view(params_[i].sizes()));
+  }
+  for (size_t i = 0; i < fp32_params_.size(); ++i) {
+    fp32_params_[i].copy_(
+        master32.narrow(0, unit_offset[i], fp32_params_[i].numel())
+            .view(fp32_params_[i].sizes()));
   }
   ps_weight_ = weight;
   momentum_ = state.momentum;
@@ -437,7 +524,7 @@ absl::Status SlowMo::PerformSlowMo(torch::optim::Optimizer& optimizer) {
 }
 
 absl::Status SlowMo::MastersStep(const Plan& plan, torch::Tensor& flat,
-                                 torch::Tensor& weight,
+                                 torch::Tensor& master32, torch::Tensor& weight,
                                  const std::vector<size_t>& order,
                                  const std::vector<double>& lr,
                                  const std::vector<int64_t>& offset,
@@ -452,12 +539,18 @@ absl::Status SlowMo::MastersStep(const Plan& plan, torch::Tensor& flat,
     CONCORD_RETURN_IF_ERROR(
         Wait(masters.AllreduceSum(flat, opts), "parameter average"));
   }
+  // Note [fp16 masters], 3: the average plus the error.
+  if (master32.defined() && (plan.gossip || plan.allreduce)) {
+    master32.add_(flat.to(torch::kFloat));
+  }
   if (!plan.slow) return absl::OkStatus();
 
-  // The optimizer's parameters, in its order.
+  // The optimizer's parameters, in its order (the fp32 masters if given).
+  const std::vector<torch::Tensor>& units = Units();
+  torch::Tensor& source = master32.defined() ? master32 : flat;
   std::vector<torch::Tensor> parts;
   for (size_t i : order) {
-    parts.push_back(flat.narrow(0, offset[i], params_[i].numel()));
+    parts.push_back(source.narrow(0, offset[i], units[i].numel()));
   }
   torch::Tensor y = torch::cat(parts);
   if (y.numel() != total_) {
@@ -488,7 +581,7 @@ absl::Status SlowMo::MastersStep(const Plan& plan, torch::Tensor& flat,
     state.old_params = state.old_params.clone();
     int64_t at = 0;  // element offset of the parameter in `y`
     for (size_t j = 0; j < order.size(); ++j) {
-      const int64_t numel = params_[order[j]].numel();
+      const int64_t numel = units[order[j]].numel();
       const int64_t lo = std::max(portion_start_, at);
       const int64_t hi = std::min(portion_end_, at + numel);
       if (hi > lo) {
@@ -539,11 +632,11 @@ absl::Status SlowMo::MastersStep(const Plan& plan, torch::Tensor& flat,
       }
     }
   }
-  // Back into `flat`.
+  // Back into `source`.
   int64_t at = 0;
   for (size_t i : order) {
-    const int64_t numel = params_[i].numel();
-    flat.narrow(0, offset[i], numel).copy_(y.narrow(0, at, numel));
+    const int64_t numel = units[i].numel();
+    source.narrow(0, offset[i], numel).copy_(y.narrow(0, at, numel));
     at += numel;
   }
   return absl::OkStatus();
@@ -658,10 +751,12 @@ absl::Status SlowMo::Reshard(int root, int64_t root_updates,
     std::vector<double> lr;
     CONCORD_RETURN_IF_ERROR(MapOptimizer(optimizer, &order, &lr));
     std::vector<torch::Tensor> parts;
-    for (size_t i : order) parts.push_back(params_[i].reshape({-1}));
+    for (size_t i : order) parts.push_back(Units()[i].reshape({-1}));
     torch::Tensor x = torch::cat(parts);
-    // The slow step works on push-sum numerators.
-    if (!is_numerator_ && options_.base_algorithm == BaseAlgorithm::kSgp) {
+    // The slow step works on push-sum numerators (fp32 masters hold them
+    // throughout).
+    if (fp32_params_.empty() && !is_numerator_ &&
+        options_.base_algorithm == BaseAlgorithm::kSgp) {
       x = x.mul(ps_weight_);
     }
     x_old = torch::where(lost, x, x_old);
@@ -692,9 +787,11 @@ absl::Status SlowMo::SyncState(std::shared_ptr<comm::Communicator> comm,
   authoritative_rank_ = authoritative_rank;
   comm::CollectiveOptions opts;
   opts.timeout = options_.collective_timeout;
+  int64_t master_numel = -1;  // none
+  if (!fp32_params_.empty()) master_numel = UnitOffsets().back();
   torch::Tensor header =
       torch::tensor({num_updates_, int64_t{initialized_ ? 1 : 0},
-                     int64_t{is_numerator_ ? 1 : 0}},
+                     int64_t{is_numerator_ ? 1 : 0}, master_numel},
                     torch::kLong);
   CONCORD_RETURN_IF_ERROR(Wait(
       comm_->Broadcast(header, authoritative_rank, opts), "state broadcast"));
@@ -706,6 +803,33 @@ absl::Status SlowMo::SyncState(std::shared_ptr<comm::Communicator> comm,
            "push-sum weight broadcast"));
   ps_weight_ = weight;
   is_numerator_ = header[2].item<int64_t>() != 0;
+  // Note [fp16 masters]: the optimizer's fp32 masters follow the
+  // authoritative rank like the model.
+  // Every rank learns whether any disagrees, so that all of them fail.
+  const int64_t root_master_numel = header[3].item<int64_t>();
+  torch::Tensor mismatch =
+      torch::tensor({root_master_numel != master_numel ? 1 : 0}, torch::kInt);
+  CONCORD_RETURN_IF_ERROR(
+      Wait(comm_->AllreduceSum(mismatch, opts), "fp32 master check"));
+  if (mismatch.item<int>() > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "fp32 masters: ", std::max<int64_t>(root_master_numel, 0),
+        " elements on the authoritative rank, ",
+        std::max<int64_t>(master_numel, 0), " here, and ", mismatch.item<int>(),
+        " rank(s) disagree: call SetFp32Params alike on every rank before "
+        "elastic::State::Sync"));
+  }
+  if (master_numel >= 0) {
+    torch::Tensor all = Flatten(fp32_params_);
+    CONCORD_RETURN_IF_ERROR(
+        Wait(comm_->Broadcast(all, authoritative_rank, opts),
+             "fp32 master broadcast"));
+    const std::vector<int64_t> at = UnitOffsets();
+    for (size_t i = 0; i < fp32_params_.size(); ++i) {
+      fp32_params_[i].copy_(all.narrow(0, at[i], fp32_params_[i].numel())
+                                .view(fp32_params_[i].sizes()));
+    }
+  }
   CONCORD_RETURN_IF_ERROR(EnsureGroups());
   CONCORD_RETURN_IF_ERROR(Reshard(authoritative_rank, root_updates,
                                   root_initialized, my_updates, optimizer));

@@ -60,6 +60,30 @@
 // (run by elastic::State::Sync after the re-form) performs it in the new
 // generation.
 //
+// Note [fp16 masters]: fairscale's perform_slowmo(optimizer, fp32_params).
+// With fp16 module parameters the optimizer (fairseq's FP16Optimizer, apex
+// amp) steps fp32 master copies and copies them into the fp16 parameters;
+// SetFp32Params gives SlowMo those masters (one per parameter, in `params`
+// order, or one flat tensor of every element in that order). Then, per
+// update, element-wise, with W the number of participants (nodes):
+//   averaging = a gossip round or an exact average this update;
+//   1. if averaging: (exact average only) p16 ← (p16 / W) · W in fp16 (the
+//      rounding loss now, not in the allreduce); p32 ← p32 − float(p16):
+//      p32 holds the error of the communicated fp16 value;
+//   2. the gossip round / average on the fp16 parameters (as without
+//      masters);
+//   3. if averaging: p32 ← p32 + float(p16) (error feedback);
+//   4. slow momentum on the optimizer's parameters, i.e. the fp32 masters
+//      (u and x_old are fp32, sharded or not, as above);
+//   5. if averaging or a slow step: p16 ← half(p32).
+// SGP: the masters hold push-sum numerators throughout (de-biasing divides
+// the fp16 parameters only). With a node hierarchy the master's p32 is
+// broadcast to its node and every rank sets p16 ← half(p32). The masters are
+// the user's optimizer state but not in the model: SyncState broadcasts them
+// from the authoritative rank (every rank must call SetFp32Params before
+// elastic::State::Sync), and a restarted slow-momentum slice takes x_old
+// from them.
+//
 // Note [Push-sum]: between steps the parameters hold push-sum numerators x
 // and the rank a weight w (1 at the start). PrepareForward divides the
 // parameters by w (the de-biased estimate z = x/w the model computes with);
@@ -123,10 +147,23 @@ class SlowMo final : public elastic::Participant {
   void Debias();
 
   // Note [SlowMo step]. The optimizer's parameters must be among `params`
+  // (or the fp32 masters, Note [fp16 masters])
   // and fp32 when slow momentum is on. Blocks on the step's collectives.
   // Errors: INVALID_ARGUMENT (optimizer parameters), those of Work::Wait
   // (retryable: the update stays pending, nothing changed).
   absl::Status PerformSlowMo(torch::optim::Optimizer& optimizer);
+  // Note [fp16 masters]: SetFp32Params(fp32_params), then the above
+  // (fairscale's perform_slowmo(optimizer, fp32_params)); on
+  // INVALID_ARGUMENT the previous masters are kept and nothing changed.
+  absl::Status PerformSlowMo(torch::optim::Optimizer& optimizer,
+                             std::vector<torch::Tensor> fp32_params);
+  // Note [fp16 masters]: the fp32 master copies the optimizer steps, kept
+  // (by reference) for every later update and re-form. Errors:
+  // INVALID_ARGUMENT when they are not float32 on the parameters' device,
+  // or neither one per parameter with the same numel nor one tensor of
+  // every element (nothing changed then).
+  absl::Status SetFp32Params(std::vector<torch::Tensor> fp32_params);
+  const std::vector<torch::Tensor>& fp32_params() const { return fp32_params_; }
 
   // elastic::Participant: moves to `comm`, takes the authoritative rank's
   // update count, push-sum weight and (non-sharded) u and x_old, connects
@@ -135,9 +172,11 @@ class SlowMo final : public elastic::Participant {
   // (Note [Shard replicas]; a slice whose owner and replica are both gone
   // restarts: u = 0, x_old = x), rebuilds the gossip graph for the new
   // world size, and performs the update `step` still owes (Note [SlowMo
-  // step]). Every rank of the generation calls it
+  // step]). With fp32 masters (Note [fp16 masters]) it first broadcasts
+  // them from the authoritative rank. Every rank of the generation calls it
   // after the model was broadcast. Errors: those of the collectives,
-  // FAILED_PRECONDITION when the update count and `step` disagree.
+  // FAILED_PRECONDITION when the update count and `step` disagree, or (on
+  // every rank) when the ranks' fp32 masters differ in size or presence.
   absl::Status SyncState(std::shared_ptr<comm::Communicator> comm,
                          int authoritative_rank, int64_t step,
                          torch::optim::Optimizer& optimizer) override;
@@ -181,15 +220,24 @@ class SlowMo final : public elastic::Participant {
   absl::Status Wait(std::shared_ptr<comm::Work> work, const char* what) const;
   // The optimizer's parameters as indices into params_, in group order,
   // with each group's learning rate.
+  // With fp32 masters the indices are into fp32_params_ (Note [fp16 masters]).
   absl::Status MapOptimizer(torch::optim::Optimizer& optimizer,
                             std::vector<size_t>* index,
                             std::vector<double>* lr) const;
+  // The tensors the optimizer steps (params_ or fp32_params_) and their
+  // offsets in their flat vector.
+  const std::vector<torch::Tensor>& Units() const {
+    return fp32_params_.empty() ? params_ : fp32_params_;
+  }
+  std::vector<int64_t> UnitOffsets() const;
   absl::Status Gossip(torch::Tensor& flat, torch::Tensor& weight);
   // The update's work between masters (Note [SlowMo step]) on `flat` (in
   // params_ order), `weight`, and the slow-momentum state.
   struct SlowState;
+  // `master32`: the flat fp32 masters (undefined without); `offset`: the
+  // units' offsets (Units()).
   absl::Status MastersStep(const Plan& plan, torch::Tensor& flat,
-                           torch::Tensor& weight,
+                           torch::Tensor& master32, torch::Tensor& weight,
                            const std::vector<size_t>& order,
                            const std::vector<double>& lr,
                            const std::vector<int64_t>& offset,
@@ -205,6 +253,8 @@ class SlowMo final : public elastic::Participant {
 
   std::vector<torch::Tensor> params_;
   std::vector<torch::Tensor> buffers_;
+  std::vector<torch::Tensor> fp32_params_;  // Note [fp16 masters]
+  bool warned_fp16_ = false;
   std::shared_ptr<comm::Communicator> comm_;  // the generation's
   int authoritative_rank_ = 0;
   // Note [Node hierarchy]: masters_ is comm_ without a hierarchy, the
