@@ -195,5 +195,37 @@ TEST_F(TraceTest, WorkTracerTimesAWorkFromWatchToCompletion) {
   EXPECT_EQ(reduced[1]["args"]["failed"], 1);
 }
 
+// The tracer waits for works in launch order: a work that ended while the
+// tracer still waited for an earlier one ends at its own completion, not
+// when the tracer got round to it (else the next step's collective on the
+// same track would seem to start before this one ended).
+TEST_F(TraceTest, WorkTracerEndsAWorkWhenItCompletedNotWhenNoticed) {
+  const std::string path = Path("late.json");
+  {
+    auto r = Recorder::Create(path, "w");
+    ASSERT_TRUE(r.ok());
+    (*r)->SetGeneration(1, 0, 1);
+    auto first = std::make_shared<comm::PromiseWork>();
+    auto second = std::make_shared<comm::PromiseWork>();
+    WorkTracer tracer(*r);
+    tracer.Watch(first, "first", Recorder::BucketThread(0), {});
+    tracer.Watch(second, "second", Recorder::BucketThread(1), {});
+    second->MarkDone(absl::OkStatus());
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    first->MarkDone(absl::OkStatus());
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  const auto events = nlohmann::json::parse(Read(path));
+  const auto first = Named(events, "first");
+  const auto second = Named(events, "second");
+  ASSERT_EQ(first.size(), 1u);
+  ASSERT_EQ(second.size(), 1u);
+  EXPECT_GE(first[0]["dur"].get<int64_t>(), 190000);
+  // Noticed ~200 ms late, but it ended at once.
+  EXPECT_LT(second[0]["dur"].get<int64_t>(), 100000);
+  EXPECT_LT(second[0]["ts"].get<int64_t>() + second[0]["dur"].get<int64_t>(),
+            first[0]["ts"].get<int64_t>() + first[0]["dur"].get<int64_t>());
+}
+
 }  // namespace
 }  // namespace concord::trace

@@ -32,8 +32,15 @@ void PromiseWork::MarkDone(absl::Status status) {
     if (done_) return;
     done_ = true;
     status_ = std::move(status);
+    completed_at_ = absl::Now();
   }
   cv_.notify_all();
+}
+
+std::optional<absl::Time> PromiseWork::CompletedAt() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!done_) return std::nullopt;
+  return completed_at_;
 }
 
 std::shared_ptr<PromiseWork> PromiseWork::Done(absl::Status status) {
@@ -67,6 +74,11 @@ class ThenWork final : public Work {
       status_ = s.ok() ? then_() : s;
     }
     return status_;
+  }
+
+  // The collective's end; `then` runs later, on a waiter.
+  std::optional<absl::Time> CompletedAt() const override {
+    return inner_->CompletedAt();
   }
 
   void Abort() override {

@@ -5,6 +5,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -34,6 +35,11 @@ class Work {
   // business (Gloo lets it run into its timeout; NCCL aborts the
   // communicator). Never blocks.
   virtual void Abort() = 0;
+
+  // When the collective ended (done, failed or aborted), where the work
+  // knows: a timeline takes its end from here rather than from when a
+  // waiter got round to noticing. nullopt while running or when unknown.
+  virtual std::optional<absl::Time> CompletedAt() const { return std::nullopt; }
 };
 
 // A Work completed by whoever runs the operation, via MarkDone().
@@ -42,6 +48,7 @@ class PromiseWork : public Work {
   bool IsCompleted() const override;
   absl::Status Wait(absl::Duration timeout) override;
   void Abort() override;
+  std::optional<absl::Time> CompletedAt() const override;
 
   // Records the outcome and wakes waiters; later calls are ignored.
   void MarkDone(absl::Status status);
@@ -53,6 +60,7 @@ class PromiseWork : public Work {
   std::condition_variable cv_;
   bool done_ = false;
   absl::Status status_;
+  absl::Time completed_at_;
 };
 
 // A work that completes when `inner` has and `then` has run after it (on the

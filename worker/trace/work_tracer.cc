@@ -1,5 +1,7 @@
 #include "worker/trace/work_tracer.h"
 
+#include <algorithm>
+#include <optional>
 #include <utility>
 
 namespace concord::trace {
@@ -49,8 +51,14 @@ void WorkTracer::Loop() {
       if (stop_) return;
     }
     if (!s.ok()) p.args.emplace_back("failed", 1);
-    recorder_->Complete(p.name, p.tid, p.start_us, NowMicros(),
-                        std::move(p.args), p.rank);
+    // The work's own end where it knows it: this thread may notice late
+    // (a loaded machine), and the next step's collective on the same track
+    // must not seem to start before this one ended.
+    const std::optional<absl::Time> at = p.work->CompletedAt();
+    const int64_t end_us =
+        std::max(p.start_us, at ? absl::ToUnixMicros(*at) : NowMicros());
+    recorder_->Complete(p.name, p.tid, p.start_us, end_us, std::move(p.args),
+                        p.rank);
   }
 }
 
