@@ -1,0 +1,382 @@
+// The life of a generation: watch streams, the tick (heartbeat, lost-watch
+// and rendezvous timeouts), forming and ending generations, events and the
+// dirty set. The requests that drive it are in core.cc.
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "coordinator/core.h"
+#include "coordinator/core_internal.h"
+
+namespace concord::coordinator {
+
+using internal::FindMember;
+using internal::Seconds;
+
+namespace {
+
+// Note [Re-forming]: how long a lost watch stream may stay lost before its
+// expected survivor is dropped.
+absl::Duration WatchGrace(const v1::JobSpec& spec) {
+  return std::clamp(absl::Milliseconds(spec.heartbeat_interval_ms()),
+                    absl::Milliseconds(100), absl::Seconds(1));
+}
+
+}  // namespace
+
+void Core::WatchOpened(const std::string& job_id,
+                       const std::string& worker_id) {
+  Job* job = FindJob(job_id);
+  if (job == nullptr) return;
+  WatchState& watch = job->watches[worker_id];
+  ++watch.open;
+  watch.lost_at.reset();
+}
+
+void Core::WatchClosed(const std::string& job_id, const std::string& worker_id,
+                       bool lost) {
+  Job* job = FindJob(job_id);
+  if (job == nullptr) return;
+  auto it = job->watches.find(worker_id);
+  if (it == job->watches.end() || it->second.open <= 0) return;
+  WatchState& watch = it->second;
+  --watch.open;
+  if (lost) {
+    watch.lost_at = clock_->Now();
+  } else {
+    watch.lost_at.reset();
+  }
+  if (watch.open == 0 && job->bindings.count(worker_id) == 0) {
+    job->watches.erase(it);
+    return;
+  }
+  if (lost && DropDisconnected(*job)) {
+    MaybeFormGeneration(*job);
+    Changed(*job);
+  }
+}
+
+bool Core::DropDisconnected(Job& job) {
+  if (job.state != v1::JOB_STATE_RENDEZVOUS || job.expected.empty() ||
+      job.watches.empty()) {
+    return false;
+  }
+  const absl::Time now = clock_->Now();
+  const absl::Duration grace = WatchGrace(job.spec);
+  std::vector<std::string> dropped;
+  for (const MemberState& e : job.expected) {
+    if (e.back) continue;
+    auto watch = job.watches.find(e.worker_id);
+    if (watch == job.watches.end() || watch->second.open > 0 ||
+        !watch->second.lost_at.has_value()) {
+      continue;  // never watched (since its binding), or watching now
+    }
+    const absl::Time lost_at = *watch->second.lost_at;
+    // A heartbeat after the loss: alive, its watcher just reconnecting.
+    if (e.last_heartbeat > lost_at || now - lost_at < grace) continue;
+    dropped.push_back(e.worker_id);
+    AddEvent(job, "failure", e.worker_id,
+             absl::StrFormat("did not join again after generation %d ended: "
+                             "its connection to the coordinator broke (watch "
+                             "stream lost for %s, grace %s)",
+                             job.generation, Seconds(now - lost_at),
+                             Seconds(grace)));
+  }
+  for (const std::string& w : dropped) {
+    job.bindings.erase(w);
+    Forget(job, w);
+  }
+  return !dropped.empty();
+}
+
+void Core::Tick() {
+  const absl::Time now = clock_->Now();
+  for (auto& [job_id, job] : jobs_) {
+    const absl::Duration heartbeat_timeout =
+        absl::Milliseconds(job.spec.heartbeat_timeout_ms());
+    // Streams of workers released since they closed.
+    for (auto it = job.watches.begin(); it != job.watches.end();) {
+      if (it->second.open <= 0 && job.bindings.count(it->first) == 0) {
+        it = job.watches.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (job.state == v1::JOB_STATE_RUNNING) {
+      std::vector<std::string> failed;  // in rank order
+      for (const MemberState& m : job.members) {
+        const absl::Duration silent = now - m.last_heartbeat;
+        if (m.completed || silent <= heartbeat_timeout) continue;
+        failed.push_back(m.worker_id);
+        AddEvent(job, "failure", m.worker_id,
+                 absl::StrFormat("no heartbeat for %s (timeout %s)",
+                                 Seconds(silent), Seconds(heartbeat_timeout)));
+      }
+      if (!failed.empty()) {
+        for (const std::string& w : failed) job.bindings.erase(w);
+        EndGeneration(job,
+                      absl::StrCat("worker(s) ", absl::StrJoin(failed, ", "),
+                                   " stopped heartbeating"),
+                      std::set<std::string>(failed.begin(), failed.end()));
+        MaybeFormGeneration(job);
+        Changed(job);
+      }
+    } else if (job.state == v1::JOB_STATE_RENDEZVOUS) {
+      // Note [Re-forming]: those whose connection broke are gone.
+      const bool disconnected = DropDisconnected(job);
+      // Note [Formation]: expected survivors silent for too long are gone.
+      std::vector<std::string> dropped;
+      for (const MemberState& e : job.expected) {
+        const absl::Duration silent = now - e.last_heartbeat;
+        if (e.back || silent <= heartbeat_timeout) continue;
+        dropped.push_back(e.worker_id);
+        AddEvent(job, "failure", e.worker_id,
+                 absl::StrFormat("did not join again after generation %d "
+                                 "ended: no heartbeat for %s (timeout %s)",
+                                 job.generation, Seconds(silent),
+                                 Seconds(heartbeat_timeout)));
+      }
+      for (const std::string& w : dropped) {
+        job.bindings.erase(w);
+        Forget(job, w);
+      }
+      MaybeFormGeneration(job);
+      const absl::Duration timeout =
+          absl::Milliseconds(job.spec.rendezvous_timeout_ms());
+      if (job.state == v1::JOB_STATE_RUNNING ||
+          now - job.rendezvous_started <= timeout) {
+        if (job.state == v1::JOB_STATE_RUNNING || !dropped.empty() ||
+            disconnected) {
+          Changed(job);
+        }
+        continue;
+      }
+      // The rendezvous timed out: form with whoever is waiting, if enough.
+      std::vector<std::string> missing;
+      for (const MemberState& e : job.expected) {
+        if (!e.back) missing.push_back(e.worker_id);
+      }
+      const size_t min = MinWorkers(job);
+      const size_t max = static_cast<size_t>(job.spec.max_workers());
+      if (job.waiting.size() >= min) {
+        for (const std::string& w : missing) {
+          AddEvent(job, "failure", w,
+                   absl::StrFormat("did not join again after generation %d "
+                                   "ended, within the rendezvous timeout %s",
+                                   job.generation, Seconds(timeout)));
+          job.bindings.erase(w);
+          Forget(job, w);
+        }
+        FormGeneration(job, std::min(job.waiting.size(), max));
+        Changed(job);
+        continue;
+      }
+      job.state = v1::JOB_STATE_FAILED;
+      job.failure = absl::StrFormat(
+          "rendezvous timed out after %s with %d worker(s) waiting; "
+          "min_workers is %d",
+          Seconds(timeout), job.waiting.size(), MinWorkers(job));
+      if (!missing.empty()) {
+        absl::StrAppendFormat(
+            &job.failure,
+            "; survivor(s) %s of generation %d did not join again",
+            absl::StrJoin(missing, ", "), job.generation);
+      }
+      for (const MemberState& m : job.waiting) job.bindings.erase(m.worker_id);
+      for (const std::string& w : missing) job.bindings.erase(w);
+      job.waiting.clear();
+      job.expected.clear();
+      AddEvent(job, "job", "", absl::StrCat("job failed: ", job.failure));
+      Changed(job);
+    }
+  }
+}
+
+void Core::Forget(Job& job, const std::string& worker_id) {
+  auto e = FindMember(job.expected, worker_id);
+  if (e != job.expected.end()) job.expected.erase(e);
+  auto w = FindMember(job.waiting, worker_id);
+  if (w != job.waiting.end()) job.waiting.erase(w);
+}
+
+bool Core::MaybeSucceed(Job& job) {
+  if (job.state != v1::JOB_STATE_RENDEZVOUS || job.generation == 0 ||
+      !job.members.empty() || !job.expected.empty() || !job.waiting.empty()) {
+    return false;
+  }
+  job.state = v1::JOB_STATE_SUCCEEDED;
+  AddEvent(job, "job", "",
+           absl::StrFormat("job succeeded after generation %d: every worker "
+                           "ran out of data or completed",
+                           job.generation));
+  return true;
+}
+
+int32_t Core::WaitingWorkers(const Job& job) {
+  if (job.state != v1::JOB_STATE_RUNNING) return 0;
+  const int64_t room =
+      std::max<int64_t>(0, int64_t{job.spec.max_workers()} -
+                               static_cast<int64_t>(job.members.size()));
+  return static_cast<int32_t>(
+      std::min(room, static_cast<int64_t>(job.waiting.size())));
+}
+
+// Note [Formation].
+// Workers that ran out of data are done, not missing: they count towards
+// min_workers, so that the ranks with data left can finish alone.
+size_t Core::MinWorkers(const Job& job) {
+  const size_t min = static_cast<size_t>(job.spec.min_workers());
+  return std::max<size_t>(
+      1, min > job.finished.size() ? min - job.finished.size() : 1);
+}
+
+void Core::MaybeFormGeneration(Job& job) {
+  if (job.state != v1::JOB_STATE_RENDEZVOUS) return;
+  // Callers record the change (Changed) whatever happens here.
+  DropDisconnected(job);
+  const size_t max = static_cast<size_t>(job.spec.max_workers());
+  const size_t min = MinWorkers(job);
+  if (!job.expected.empty()) {
+    // Survivors: as soon as all are back and there are enough, no settling.
+    for (const MemberState& e : job.expected) {
+      if (!e.back) return;
+    }
+    if (job.waiting.size() < min) return;
+    FormGeneration(job, std::min(job.waiting.size(), max));
+    return;
+  }
+  if (job.waiting.size() >= max) {
+    FormGeneration(job, max);
+  } else if (job.waiting.size() >= min &&
+             clock_->Now() - job.last_arrival >=
+                 absl::Milliseconds(job.spec.settle_ms())) {
+    FormGeneration(job, job.waiting.size());
+  }
+}
+
+void Core::FormGeneration(Job& job, size_t n) {
+  const absl::Time now = clock_->Now();
+  // Survivors first, then by first-join time: the rank order.
+  std::set<std::string> survivors;
+  for (const MemberState& e : job.expected) survivors.insert(e.worker_id);
+  std::stable_sort(job.waiting.begin(), job.waiting.end(),
+                   [&](const MemberState& a, const MemberState& b) {
+                     const bool sa = survivors.count(a.worker_id) > 0;
+                     const bool sb = survivors.count(b.worker_id) > 0;
+                     if (sa != sb) return sa;
+                     return a.joined < b.joined;
+                   });
+  job.members.assign(std::make_move_iterator(job.waiting.begin()),
+                     std::make_move_iterator(job.waiting.begin() + n));
+  job.waiting.erase(job.waiting.begin(), job.waiting.begin() + n);
+  job.expected.clear();
+  // Ranks follow first-join order, so a strict comparison in rank order
+  // breaks ties in favour of the longest-lived member.
+  job.authoritative_rank = 0;
+  for (size_t i = 0; i < job.members.size(); ++i) {
+    MemberState& m = job.members[i];
+    m.rank = static_cast<int32_t>(i);
+    m.last_heartbeat = now;
+    m.completed = false;
+    m.end_of_data_step.reset();
+    if (m.committed_step > job.members[job.authoritative_rank].committed_step) {
+      job.authoritative_rank = m.rank;
+    }
+  }
+  ++job.generation;
+  job.kv.clear();
+  job.boundary_step.reset();
+  job.state = v1::JOB_STATE_RUNNING;
+  job.history.GenerationFormed(now, job.generation,
+                               static_cast<int32_t>(job.members.size()));
+  AddEvent(job, "generation", "",
+           absl::StrFormat("generation %d formed with %d members, "
+                           "authoritative rank %d",
+                           job.generation, job.members.size(),
+                           job.authoritative_rank));
+}
+
+void Core::EndGeneration(Job& job, const std::string& why,
+                         const std::set<std::string>& removed) {
+  // Note [Re-forming]: the others are expected in the next generation. Each
+  // must Join again, which is how a worker learns that its generation is gone
+  // (Note [Generations]); they stay bound (Note [Worker binding]).
+  job.expected.clear();
+  std::vector<std::string> survivors;
+  for (MemberState& m : job.members) {
+    if (removed.count(m.worker_id) > 0) continue;
+    if (m.completed) {
+      job.finished.insert(m.worker_id);
+      job.bindings.erase(m.worker_id);
+      continue;
+    }
+    m.rank = -1;
+    m.back = false;
+    m.end_of_data_step.reset();
+    survivors.push_back(m.worker_id);
+    job.expected.push_back(std::move(m));
+  }
+  AddEvent(job, "generation", "",
+           absl::StrFormat("generation %d ended: %s%s", job.generation, why,
+                           survivors.empty()
+                               ? ""
+                               : absl::StrCat("; expecting ",
+                                              absl::StrJoin(survivors, ", "),
+                                              " to join again")));
+  job.history.GenerationEnded(clock_->Now(), job.generation, why);
+  job.members.clear();
+  job.kv.clear();
+  job.boundary_step.reset();
+  job.authoritative_rank = 0;
+  job.state = v1::JOB_STATE_RENDEZVOUS;
+  job.rendezvous_started = clock_->Now();
+}
+
+void Core::AddEvent(Job& job, std::string kind, std::string worker_id,
+                    std::string message) {
+  spdlog::info("job {}: {}{}{}: {}", job.spec.job_id(), kind,
+               worker_id.empty() ? "" : " ", worker_id, message);
+  if (kind == "failure") job.history.RecordFailure();
+  if (job.events.size() >= internal::kMaxEvents) job.events.pop_front();
+  job.events.push_back(Event{job.next_event_seq++, clock_->Now(),
+                             std::move(kind), std::move(worker_id),
+                             std::move(message)});
+}
+
+void Core::Changed(const Job& job, bool persist) {
+  ++version_;
+  if (!persist) return;
+  ++membership_version_;
+  dirty_.insert(job.spec.job_id());
+}
+
+std::vector<std::string> Core::TakeDirtyJobs() {
+  std::vector<std::string> ids(dirty_.begin(), dirty_.end());
+  dirty_.clear();
+  return ids;
+}
+
+std::vector<Event> Core::Events(const std::string& job_id) const {
+  const Job* job = FindJob(job_id);
+  if (job == nullptr) return {};
+  return std::vector<Event>(job->events.begin(), job->events.end());
+}
+
+std::optional<v1::JobState> Core::State(const std::string& job_id) const {
+  const Job* job = FindJob(job_id);
+  if (job == nullptr) return std::nullopt;
+  return job->state;
+}
+
+int64_t Core::CurrentGeneration(const std::string& job_id) const {
+  const Job* job = FindJob(job_id);
+  return job == nullptr ? 0 : job->generation;
+}
+
+}  // namespace concord::coordinator
