@@ -4,6 +4,8 @@
 
 #include <map>
 
+#include "worker/tensor_ops.h"
+
 namespace concord::comm {
 
 absl::Status BroadcastCoalesced(Communicator& comm,
@@ -17,10 +19,7 @@ absl::Status BroadcastCoalesced(Communicator& comm,
   std::vector<std::pair<at::Tensor, std::vector<at::Tensor>*>> flats;
   std::vector<std::shared_ptr<Work>> works;
   for (auto& [dtype, group] : by_dtype) {
-    std::vector<at::Tensor> pieces;
-    pieces.reserve(group.size());
-    for (const auto& t : group) pieces.push_back(t.reshape({-1}));
-    at::Tensor flat = at::cat(pieces);
+    at::Tensor flat = FlattenTensors(group);
     works.push_back(comm.Broadcast(flat, root, options));
     flats.emplace_back(flat, &group);
   }
@@ -28,14 +27,7 @@ absl::Status BroadcastCoalesced(Communicator& comm,
     if (absl::Status s = w->Wait(); !s.ok()) return s;
   }
   if (comm.rank() == root) return absl::OkStatus();
-  for (auto& [flat, group] : flats) {
-    int64_t offset = 0;
-    for (auto& t : *group) {
-      const int64_t n = t.numel();
-      t.copy_(flat.narrow(0, offset, n).view(t.sizes()));
-      offset += n;
-    }
-  }
+  for (auto& [flat, group] : flats) UnflattenInto(flat, *group);
   return absl::OkStatus();
 }
 

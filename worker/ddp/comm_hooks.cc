@@ -5,6 +5,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "worker/ddp/powersgd.h"
+#include "worker/tensor_ops.h"
 
 namespace concord::ddp {
 namespace {
@@ -14,12 +15,14 @@ CommHook CompressHook(at::ScalarType wire_dtype,
                       comm::CollectiveOptions options) {
   return [comm = std::move(comm), options,
           wire_dtype](GradBucket& bucket) -> std::shared_ptr<comm::Work> {
-    at::Tensor compressed =
-        bucket.buffer.to(wire_dtype).div_(static_cast<double>(comm->size()));
+    // PyTorch's fp16/bf16_compress_hook: cast, divide in the wire type,
+    // allreduce, cast back (Note [Kernels in the worker] for the casts).
+    at::Tensor compressed = CastTo(bucket.buffer, wire_dtype)
+                                .div_(static_cast<double>(comm->size()));
     auto work = comm->AllreduceSum(compressed, options);
     at::Tensor buffer = bucket.buffer;
     return comm::Then(std::move(work), [buffer, compressed]() mutable {
-      buffer.copy_(compressed);
+      CastInto(compressed, buffer);
       return absl::OkStatus();
     });
   };

@@ -4,6 +4,8 @@
 
 #include <map>
 
+#include "worker/tensor_ops.h"
+
 namespace concord::ddp {
 
 absl::Status ManualReducer::Reduce() {
@@ -16,9 +18,7 @@ absl::Status ManualReducer::Reduce() {
   std::vector<std::pair<at::Tensor, std::vector<at::Tensor>*>> flats;
   std::vector<std::shared_ptr<comm::Work>> works;
   for (auto& [dtype, grads] : by_dtype) {
-    std::vector<at::Tensor> pieces;
-    for (const auto& g : grads) pieces.push_back(g.reshape({-1}));
-    at::Tensor flat = at::cat(pieces);
+    at::Tensor flat = FlattenTensors(grads);
     works.push_back(comm_->AllreduceSum(flat, options_));
     flats.emplace_back(flat, &grads);
   }
@@ -28,11 +28,7 @@ absl::Status ManualReducer::Reduce() {
   const double world = static_cast<double>(comm_->size());
   for (auto& [flat, grads] : flats) {
     flat.div_(world);
-    int64_t offset = 0;
-    for (auto& g : *grads) {
-      g.copy_(flat.narrow(0, offset, g.numel()).view(g.sizes()));
-      offset += g.numel();
-    }
+    UnflattenInto(flat, *grads);
   }
   return absl::OkStatus();
 }

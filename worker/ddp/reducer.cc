@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "worker/ddp/bucket_assignment.h"
 #include "worker/error.h"
+#include "worker/tensor_ops.h"
 #include "worker/trace/recorder.h"
 #include "worker/trace/work_tracer.h"
 
@@ -411,22 +412,25 @@ std::shared_ptr<comm::Work> Reducer::Launch(size_t index) {
   opts.timeout = options_.collective_timeout;
   at::Tensor flat = bucket.flat;
   if (scale_in_fp32_ && flat.scalar_type() != at::kFloat) {
-    at::Tensor wide = flat.to(at::kFloat);
-    if (pre_scale_ != 1.0) wide.mul_(pre_scale_);
+    // apex's allreduce_different_streams path: the bucket widened to fp32,
+    // scaled and reduced there, and narrowed back (Note [Kernels in the
+    // worker] for the casts and scaling).
+    at::Tensor wide = CastTo(flat, at::kFloat);
+    if (pre_scale_ != 1.0) Scale(wide, pre_scale_);
     const double post = post_scale_;
     return comm::Then(traced(comm_->AllreduceSum(wide, opts)),
                       [flat, wide, post]() mutable {
-                        if (post != 1.0) wide.mul_(post);
-                        flat.copy_(wide);
+                        if (post != 1.0) Scale(wide, post);
+                        CastInto(wide, flat);
                         return absl::OkStatus();
                       });
   }
-  if (scale_in_fp32_ && pre_scale_ != 1.0) flat.mul_(pre_scale_);
+  if (scale_in_fp32_ && pre_scale_ != 1.0) Scale(flat, pre_scale_);
   auto work = traced(comm_->AllreduceSum(flat, opts));
   if (post_scale_ == 1.0) return work;
   const double post = post_scale_;
   return comm::Then(std::move(work), [flat, post]() mutable {
-    flat.mul_(post);
+    Scale(flat, post);
     return absl::OkStatus();
   });
 }
@@ -535,24 +539,27 @@ absl::Status Reducer::WaitAndWriteBack(const std::vector<bool>& globally_used) {
   }
   at::NoGradGuard no_grad;
   for (auto& bucket : buckets_) {
+    // The user's gradient tensors keep their identity (PyTorch copies into
+    // them): one unflatten per bucket.
+    std::vector<FlatPiece> copies;
     for (size_t k = 0; k < bucket.params.size(); ++k) {
       const size_t i = bucket.params[k];
       // PyTorch leaves the gradient of a globally unused parameter alone.
       if (!globally_used[i]) continue;
-      // The user's gradient tensor keeps its identity (PyTorch copies into
-      // it), unless it is a view of the bucket.
       at::Tensor& saved = saved_grads_[i];
       at::Tensor& grad = params_[i].mutable_grad();
       if (options_.gradient_as_bucket_view) {
-        grad = bucket.views[k];
+        grad = bucket.views[k];  // the bucket is the gradient
       } else if (saved.defined() && !saved.is_alias_of(bucket.flat)) {
-        saved.copy_(bucket.views[k]);
+        copies.push_back(FlatPiece{saved, bucket.views[k].storage_offset() -
+                                              bucket.flat.storage_offset()});
         grad = saved;
       } else {
         grad = bucket.views[k].clone();
       }
       saved = at::Tensor();
     }
+    UnflattenInto(bucket.flat, copies);
   }
   return absl::OkStatus();
 }

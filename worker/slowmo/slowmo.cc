@@ -10,8 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "worker/comm/coalesced.h"
-#include "worker/slowmo/flatten.h"
 #include "worker/slowmo/hierarchy.h"
+#include "worker/tensor_ops.h"
 
 namespace concord::slowmo {
 namespace {
@@ -214,24 +214,21 @@ absl::Status SlowMo::AfterBackward() {
     std::vector<torch::Tensor> grads;
     for (const auto& p : params_) {
       if (!p.requires_grad()) continue;
-      grads.push_back(p.grad().defined()
-                          ? p.grad().reshape({-1})
-                          : torch::zeros({p.numel()}, p.options()));
+      grads.push_back(p.grad().defined() ? p.grad() : torch::zeros_like(p));
     }
     if (!grads.empty()) {
-      torch::Tensor flat = torch::cat(grads).div_(node_->size());
+      torch::Tensor flat = FlattenTensors(grads).div_(node_->size());
       comm::CollectiveOptions opts;
       opts.timeout = options_.collective_timeout;
       CONCORD_RETURN_IF_ERROR(
           Wait(node_->AllreduceSum(flat, opts), "node gradient average"));
-      int64_t at = 0;
+      size_t k = 0;
       for (auto& p : params_) {
         if (!p.requires_grad()) continue;
-        if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
-        p.mutable_grad().copy_(
-            flat.narrow(0, at, p.numel()).view(p.grad().sizes()));
-        at += p.numel();
+        if (!p.grad().defined()) p.mutable_grad() = grads[k];
+        ++k;
       }
+      UnflattenInto(flat, grads);
     }
   }
   ToNumerators();
@@ -441,9 +438,9 @@ absl::Status SlowMo::PerformSlowMo(torch::optim::Optimizer& optimizer) {
     CONCORD_RETURN_IF_ERROR(MapOptimizer(optimizer, &order, &lr));
   }
 
-  torch::Tensor flat = Flatten(params_);
+  torch::Tensor flat = FlattenTensors(params_);
   torch::Tensor master32 =
-      fp32_params_.empty() ? torch::Tensor() : Flatten(fp32_params_);
+      fp32_params_.empty() ? torch::Tensor() : FlattenTensors(fp32_params_);
   torch::Tensor weight = ps_weight_.clone();
   SlowState state{momentum_, old_params_, replica_momentum_,
                   replica_old_params_, initialized_};
@@ -496,15 +493,8 @@ absl::Status SlowMo::PerformSlowMo(torch::optim::Optimizer& optimizer) {
   if (master32.defined() && (averaging || plan.slow)) flat.copy_(master32);
 
   // Every collective succeeded: apply.
-  for (size_t i = 0; i < params_.size(); ++i) {
-    params_[i].copy_(
-        flat.narrow(0, offset[i], params_[i].numel()).view(params_[i].sizes()));
-  }
-  for (size_t i = 0; i < fp32_params_.size(); ++i) {
-    fp32_params_[i].copy_(
-        master32.narrow(0, unit_offset[i], fp32_params_[i].numel())
-            .view(fp32_params_[i].sizes()));
-  }
+  UnflattenInto(flat, params_);
+  if (!fp32_params_.empty()) UnflattenInto(master32, fp32_params_);
   ps_weight_ = weight;
   momentum_ = state.momentum;
   old_params_ = state.old_params;

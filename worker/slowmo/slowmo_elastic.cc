@@ -10,8 +10,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "worker/slowmo/flatten.h"
 #include "worker/slowmo/slowmo.h"
+#include "worker/tensor_ops.h"
 
 namespace concord::slowmo {
 
@@ -193,7 +193,7 @@ absl::Status SlowMo::SyncState(std::shared_ptr<comm::Communicator> comm,
         "elastic::State::Sync"));
   }
   if (master_numel >= 0) {
-    torch::Tensor all = Flatten(fp32_params_);
+    torch::Tensor all = FlattenTensors(fp32_params_);
     CONCORD_RETURN_IF_ERROR(
         Wait(comm_->Broadcast(all, authoritative_rank, opts),
              "fp32 master broadcast"));

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/syncbn.h"
 #include "worker/error.h"
+#include "worker/kernel_dispatch.h"
 
 namespace concord::syncbn {
 namespace {
@@ -59,30 +60,6 @@ Layout MakeLayout(const at::Tensor& input) {
   return {input.contiguous(), {n, c, spatial}};
 }
 
-// Runs a kernel on the tensor's device: the CPU twin, or the CUDA kernel on
-// the legacy default stream (the stream LibTorch's default work runs on).
-template <typename Cpu, typename Cuda>
-void OnDevice(const at::Tensor& t, Cpu cpu, Cuda cuda) {
-  if (t.is_cpu()) {
-    cpu();
-    return;
-  }
-#if defined(CONCORD_KERNELS_CUDA)
-  TORCH_CHECK(t.is_cuda(), "SyncBatchNorm: unsupported device ", t.device());
-  const cudaError_t e = cuda(static_cast<cudaStream_t>(nullptr));
-  TORCH_CHECK(e == cudaSuccess,
-              "SyncBatchNorm CUDA kernel: ", cudaGetErrorString(e));
-  // The communicator runs on its own stream: the kernels' results must be
-  // complete before a collective reads them.
-  TORCH_CHECK(cudaStreamSynchronize(nullptr) == cudaSuccess,
-              "SyncBatchNorm: cudaStreamSynchronize failed");
-#else
-  (void)cuda;
-  TORCH_CHECK(false, "SyncBatchNorm: tensors on ", t.device(),
-              " need Concord built with CUDA kernels");
-#endif
-}
-
 void WaitOrThrow(const std::shared_ptr<comm::Work>& work, const char* what) {
   absl::Status s = work->Wait();
   if (!s.ok()) {
@@ -122,8 +99,8 @@ class SyncBnFunction : public torch::autograd::Function<SyncBnFunction> {
 
     // 1. Local statistics, 2. one allgather.
     at::Tensor row = at::empty({kernels::StatsRowSize(c)}, f32);
-    OnDevice(
-        layout.x,
+    kernels_dispatch::OnDevice(
+        layout.x, "SyncBatchNorm",
         [&] {
           kernels::WelfordStatsCpu(layout.x.data_ptr(), dtype, shape,
                                    row.data_ptr<float>());
@@ -146,8 +123,8 @@ class SyncBnFunction : public torch::autograd::Function<SyncBnFunction> {
     // 3. Combination (the same on every rank).
     at::Tensor mean = at::empty({c}, f32), invstd = at::empty({c}, f32),
                var_unbiased = at::empty({c}, f32), total = at::empty({1}, f32);
-    OnDevice(
-        layout.x,
+    kernels_dispatch::OnDevice(
+        layout.x, "SyncBatchNorm",
         [&] {
           kernels::WelfordCombineCpu(
               gathered.data_ptr<float>(), world, c,
@@ -187,8 +164,8 @@ class SyncBnFunction : public torch::autograd::Function<SyncBnFunction> {
     }
 
     at::Tensor y = at::empty_like(layout.x);
-    OnDevice(
-        layout.x,
+    kernels_dispatch::OnDevice(
+        layout.x, "SyncBatchNorm",
         [&] {
           kernels::BatchNormForwardCpu(
               layout.x.data_ptr(), dtype, shape, mean.data_ptr<float>(),
@@ -239,8 +216,8 @@ class SyncBnFunction : public torch::autograd::Function<SyncBnFunction> {
     }
 
     at::Tensor reduced = at::empty({2 * c}, x.options().dtype(at::kFloat));
-    OnDevice(
-        x,
+    kernels_dispatch::OnDevice(
+        x, "SyncBatchNorm",
         [&] {
           kernels::BackwardReduceCpu(dy.data_ptr(), x.data_ptr(), dtype, shape,
                                      mean.data_ptr<float>(),
@@ -266,8 +243,8 @@ class SyncBnFunction : public torch::autograd::Function<SyncBnFunction> {
                   "gradient allreduce");
     }
     at::Tensor dx = at::empty_like(x);
-    OnDevice(
-        x,
+    kernels_dispatch::OnDevice(
+        x, "SyncBatchNorm",
         [&] {
           kernels::BackwardElementwiseCpu(
               dy.data_ptr(), x.data_ptr(), dtype, shape, mean.data_ptr<float>(),
