@@ -32,6 +32,7 @@ CASES = [
     ("3d_channels_last_w4", [1, 2, 1, 2], (3, 2, 2, 3), True, None),
 ]
 STEPS = 2
+EPS = 1e-5
 
 
 def reference(x, g, weight, bias, momentum, eps):
@@ -59,38 +60,57 @@ def reference(x, g, weight, bias, momentum, eps):
     return out
 
 
-def run_case(helper, tmp, name, sizes, tail, channels_last, momentum):
+def case_inputs(name, sizes, tail, channels_last, momentum):
+    """The helper's input dict for one case (the same seed every run)."""
     gen = torch.Generator().manual_seed(zlib.crc32(name.encode()))
     shape = (STEPS, sum(sizes)) + tail
     x = torch.randn(shape, generator=gen) * 2.5 + 1.0
     g = torch.randn(shape, generator=gen)
     weight = torch.rand(tail[0], generator=gen) + 0.5
     bias = torch.randn(tail[0], generator=gen)
-    eps = 1e-5
-    inputs = {"x": x, "g": g, "sizes": torch.tensor(sizes, dtype=torch.int64),
-              "weight": weight, "bias": bias,
-              "momentum": torch.tensor(-1.0 if momentum is None else momentum,
-                                       dtype=torch.float64),
-              "eps": torch.tensor(eps, dtype=torch.float64),
-              "channels_last": torch.tensor(int(channels_last))}
+    return {"x": x, "g": g, "sizes": torch.tensor(sizes, dtype=torch.int64),
+            "weight": weight, "bias": bias,
+            "momentum": torch.tensor(-1.0 if momentum is None else momentum,
+                                     dtype=torch.float64),
+            "eps": torch.tensor(EPS, dtype=torch.float64),
+            "channels_last": torch.tensor(int(channels_last))}
+
+
+def run_helper(helper, tmp, name, inputs):
+    """Concord's SyncBatchNorm on the inputs: (results dict, None) or
+    (None, one line saying why not)."""
     in_path = os.path.join(tmp, name + ".in.pt")
     out_path = os.path.join(tmp, name + ".out.pt")
     torch.save(inputs, in_path)
     proc = subprocess.run([helper, "--in", in_path, "--out", out_path],
                           capture_output=True, text=True, timeout=120)
     if proc.returncode != 0:
-        return [f"{name}: helper failed ({proc.returncode}): {proc.stderr.strip()}"]
-    got = torch.load(out_path)
-    want = reference(x, g, weight, bias, momentum, eps)
+        return None, (f"{name}: helper failed ({proc.returncode}): "
+                      f"{proc.stderr.strip()}")
+    return torch.load(out_path), None
+
+
+def compare(name, got, want, rtol=1e-4, atol=1e-5):
+    """One line per quantity that differs."""
     failures = []
     for key, expected in want.items():
         actual = got[key]
         try:
             torch.testing.assert_close(actual, expected.to(actual.dtype),
-                                       rtol=1e-4, atol=1e-5)
+                                       rtol=rtol, atol=atol)
         except AssertionError as e:
             failures.append(f"{name}: {key}: {str(e).splitlines()[0]}")
     return failures
+
+
+def run_case(helper, tmp, name, sizes, tail, channels_last, momentum):
+    inputs = case_inputs(name, sizes, tail, channels_last, momentum)
+    got, error = run_helper(helper, tmp, name, inputs)
+    if error:
+        return [error]
+    want = reference(inputs["x"], inputs["g"], inputs["weight"],
+                     inputs["bias"], momentum, EPS)
+    return compare(name, got, want)
 
 
 def main():

@@ -1,0 +1,159 @@
+#!/usr/bin/python3
+"""SyncBatchNorm against PyTorch's own torch.nn.SyncBatchNorm (label gpu).
+
+    python3 tests/reference/test_syncbn_cuda_reference.py --bin-dir B
+
+PyTorch's nn.SyncBatchNorm runs only on CUDA ("SyncBatchNorm expected input
+tensor to be on GPU"), so this is the gpu suite's half of issue 6's
+reference comparison; test_syncbn_reference.py compares with BatchNorm on the
+concatenated batch everywhere. For every case of that test (the same inputs:
+2-4 ranks, uneven and empty batches, 1d/2d/3d, channels-last, cumulative
+momentum), W processes run nn.SyncBatchNorm on their slices of each step on
+CUDA (nccl when there are W devices, else gloo with CUDA tensors on one
+device); Concord's SyncBatchNorm runs the same slices over Gloo in the
+syncbn_reference_helper binary. Compared: outputs, input gradients,
+weight/bias gradients summed over ranks (nn.SyncBatchNorm leaves each rank's
+local part for DDP to reduce), running statistics and num_batches_tracked.
+
+Needs a PyTorch with CUDA and a device; prints "skipped: no CUDA device" and
+exits 0 otherwise (ctest reports the test as skipped). Debian's python3-torch
+is CPU-only, so on CI machines this always skips.
+"""
+import argparse
+import os
+import socket
+import sys
+import tempfile
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import test_syncbn_reference as cpu_ref  # noqa: E402
+
+# nn.SyncBatchNorm on CUDA sums in float32 in another order than Concord's
+# CPU twins (which accumulate in double): a little looser than the CPU test.
+RTOL, ATOL = 1e-4, 2e-5
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rank_main(rank, world, port, inputs, momentum, out_dir):
+    devices = torch.cuda.device_count()
+    backend = "nccl" if devices >= world else "gloo"
+    device = torch.device("cuda", rank % devices)
+    torch.cuda.set_device(device)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}",
+                            rank=rank, world_size=world)
+    sizes = inputs["sizes"].tolist()
+    start = sum(sizes[:rank])
+    x_all, g_all = inputs["x"], inputs["g"]
+    channels = x_all.size(2)
+    # nn.SyncBatchNorm takes every (N, C, *) input itself.
+    bn = torch.nn.SyncBatchNorm(channels, eps=inputs["eps"].item(),
+                                momentum=momentum).to(device)
+    with torch.no_grad():
+        bn.weight.copy_(inputs["weight"])
+        bn.bias.copy_(inputs["bias"])
+    channels_last = bool(inputs["channels_last"].item())
+    out = {"y": [], "dx": [], "dw": [], "db": []}
+    for s in range(x_all.size(0)):
+        bn.zero_grad(set_to_none=False)
+        x = x_all[s, start:start + sizes[rank]].to(device)
+        if channels_last and x.dim() == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
+        elif channels_last and x.dim() == 5:
+            x = x.contiguous(memory_format=torch.channels_last_3d)
+        x.requires_grad_(True)
+        y = bn(x)
+        g = g_all[s, start:start + sizes[rank]].to(device)
+        (y * g).sum().backward()
+        dx = x.grad if x.grad is not None else torch.zeros_like(x)
+        out["y"].append(y.detach().cpu())
+        out["dx"].append(dx.cpu())
+        # A rank with an empty batch gets no weight/bias gradient (None:
+        # zeros to autograd).
+        for key, p in (("dw", bn.weight), ("db", bn.bias)):
+            grad = p.grad if p.grad is not None else torch.zeros_like(p)
+            out[key].append(grad.detach().cpu().clone())
+    out["running_mean"] = bn.running_mean.cpu()
+    out["running_var"] = bn.running_var.cpu()
+    out["num_batches_tracked"] = bn.num_batches_tracked.cpu()
+    torch.save(out, os.path.join(out_dir, f"rank{rank}.pt"))
+    dist.destroy_process_group()
+
+
+def pytorch_sync_bn(inputs, momentum, tmp, name):
+    """nn.SyncBatchNorm's results, assembled like the helper's output."""
+    world = inputs["sizes"].numel()
+    out_dir = os.path.join(tmp, name + ".torch")
+    os.makedirs(out_dir)
+    mp.spawn(rank_main, args=(world, free_port(), inputs, momentum, out_dir),
+             nprocs=world, join=True)
+    ranks = [torch.load(os.path.join(out_dir, f"rank{r}.pt"))
+             for r in range(world)]
+    steps = inputs["x"].size(0)
+    result = {
+        "y": torch.stack([torch.cat([r["y"][s] for r in ranks])
+                          for s in range(steps)]),
+        "dx": torch.stack([torch.cat([r["dx"][s] for r in ranks])
+                           for s in range(steps)]),
+        "dw": torch.stack([sum(r["dw"][s] for r in ranks)
+                           for s in range(steps)]),
+        "db": torch.stack([sum(r["db"][s] for r in ranks)
+                           for s in range(steps)]),
+    }
+    for key in ("running_mean", "running_var", "num_batches_tracked"):
+        result[key] = ranks[0][key]
+        for r in ranks[1:]:
+            if not torch.equal(r[key], ranks[0][key]):
+                raise AssertionError(f"nn.SyncBatchNorm's ranks disagree on {key}")
+    return result
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bin-dir", required=True)
+    args = parser.parse_args()
+    if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
+        print(f"skipped: no CUDA device (torch {torch.__version__}, "
+              f"built with CUDA {torch.version.cuda})")
+        return 0
+    helper = os.path.join(args.bin_dir, "syncbn_reference_helper")
+    torch.set_num_threads(1)
+    failures = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, sizes, tail, channels_last, momentum in cpu_ref.CASES:
+            inputs = cpu_ref.case_inputs(name, sizes, tail, channels_last,
+                                         momentum)
+            got, error = cpu_ref.run_helper(helper, tmp, name, inputs)
+            if error:
+                failures.append(error)
+                print(f"{name}: FAIL", flush=True)
+                continue
+            want = pytorch_sync_bn(inputs, momentum, tmp, name)
+            # nn.SyncBatchNorm itself against BatchNorm on the whole batch:
+            # a failure here is PyTorch's (or this harness's), not Concord's.
+            sanity = cpu_ref.compare(
+                name + " (nn.SyncBatchNorm vs BatchNorm)", want,
+                cpu_ref.reference(inputs["x"], inputs["g"], inputs["weight"],
+                                  inputs["bias"], momentum, cpu_ref.EPS),
+                rtol=RTOL, atol=ATOL)
+            case_failures = cpu_ref.compare(name, got, want, rtol=RTOL,
+                                            atol=ATOL)
+            print(f"{name}: {'FAIL' if case_failures else 'ok'}"
+                  f"{' (reference disagrees with BatchNorm)' if sanity else ''}",
+                  flush=True)
+            failures += case_failures + sanity
+    for f in failures:
+        print(f, file=sys.stderr)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
