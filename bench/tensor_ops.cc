@@ -1,0 +1,168 @@
+// The worker's kernel calls (worker/tensor_ops.h, Note [Kernels in the
+// worker]) against the LibTorch ops they replace, on this machine's tensors
+// (CPU: the kernels' CPU twins; built with CUDA and given CUDA tensors, the
+// same calls run the CUDA kernels).
+//
+//   build/bin/concord-bench-tensor-ops [--benchmark_filter=Flatten]
+//
+// Each pair of rows is one comparison from one run: `…/libtorch` is what the
+// worker did before (at::cat of reshaped tensors, copy_ per tensor, Tensor::to,
+// mul_), `…/concord` the kernel call. Gradients: a ResNet-50-like list
+// (161 tensors, 25.6 M floats) and 2,000 small tensors of 1,000 floats (one
+// DDP bucket's worth of a model made of small layers). bytes_per_second
+// counts the bytes read and written.
+
+#include "worker/tensor_ops.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <benchmark/benchmark.h>
+
+#include <vector>
+
+namespace {
+
+std::vector<int64_t> ResNet50Like() {
+  std::vector<int64_t> sizes = {9408, 64, 64};
+  const int64_t widths[] = {64, 128, 256, 512};
+  const int blocks[] = {3, 4, 6, 3};
+  int64_t in = 64;
+  for (int stage = 0; stage < 4; ++stage) {
+    const int64_t w = widths[stage];
+    for (int b = 0; b < blocks[stage]; ++b) {
+      for (int64_t s :
+           {in * w, w, w, w * w * 9, w, w, w * 4 * w, 4 * w, 4 * w}) {
+        sizes.push_back(s);
+      }
+      if (b == 0) {
+        for (int64_t s : {in * 4 * w, 4 * w, 4 * w}) sizes.push_back(s);
+      }
+      in = 4 * w;
+    }
+  }
+  sizes.push_back(2048 * 1000);
+  sizes.push_back(1000);
+  return sizes;
+}
+
+std::vector<at::Tensor> Tensors(int64_t which) {
+  std::vector<int64_t> sizes =
+      which == 0 ? ResNet50Like() : std::vector<int64_t>(2000, 1000);
+  std::vector<at::Tensor> out;
+  for (int64_t n : sizes) out.push_back(at::randn({n}));
+  return out;
+}
+
+int64_t Bytes(const std::vector<at::Tensor>& ts) {
+  int64_t b = 0;
+  for (const auto& t : ts) b += t.nbytes();
+  return b;
+}
+
+void Label(benchmark::State& state, int64_t which, int64_t bytes_moved) {
+  state.SetLabel(which == 0 ? "resnet50-like" : "2000x1000");
+  state.SetBytesProcessed(state.iterations() * bytes_moved);
+}
+
+void BM_FlattenLibTorch(benchmark::State& state) {
+  const auto ts = Tensors(state.range(0));
+  for (auto _ : state) {
+    std::vector<at::Tensor> pieces;
+    pieces.reserve(ts.size());
+    for (const auto& t : ts) pieces.push_back(t.reshape({-1}));
+    benchmark::DoNotOptimize(at::cat(pieces));
+  }
+  Label(state, state.range(0), 2 * Bytes(ts));
+}
+
+void BM_FlattenConcord(benchmark::State& state) {
+  const auto ts = Tensors(state.range(0));
+  for (auto _ : state) benchmark::DoNotOptimize(concord::FlattenTensors(ts));
+  Label(state, state.range(0), 2 * Bytes(ts));
+}
+
+void BM_UnflattenLibTorch(benchmark::State& state) {
+  auto ts = Tensors(state.range(0));
+  const at::Tensor flat = concord::FlattenTensors(ts);
+  for (auto _ : state) {
+    int64_t offset = 0;
+    for (auto& t : ts) {
+      t.copy_(flat.narrow(0, offset, t.numel()).view(t.sizes()));
+      offset += t.numel();
+    }
+  }
+  Label(state, state.range(0), 2 * Bytes(ts));
+}
+
+void BM_UnflattenConcord(benchmark::State& state) {
+  auto ts = Tensors(state.range(0));
+  const at::Tensor flat = concord::FlattenTensors(ts);
+  for (auto _ : state) concord::UnflattenInto(flat, ts);
+  Label(state, state.range(0), 2 * Bytes(ts));
+}
+
+// A 25 MB bucket: the fp16 hook's cast out and back.
+constexpr int64_t kBucket = 25 * 1024 * 1024 / 4;
+
+void BM_CastToHalfLibTorch(benchmark::State& state) {
+  const at::Tensor x = at::randn({kBucket});
+  for (auto _ : state) benchmark::DoNotOptimize(x.to(at::kHalf));
+  state.SetBytesProcessed(state.iterations() * kBucket * 6);
+}
+
+void BM_CastToHalfConcord(benchmark::State& state) {
+  const at::Tensor x = at::randn({kBucket});
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(concord::CastTo(x, at::kHalf));
+  }
+  state.SetBytesProcessed(state.iterations() * kBucket * 6);
+}
+
+void BM_CastFromHalfLibTorch(benchmark::State& state) {
+  const at::Tensor h = at::randn({kBucket}).to(at::kHalf);
+  at::Tensor out = at::empty({kBucket});
+  for (auto _ : state) out.copy_(h);
+  state.SetBytesProcessed(state.iterations() * kBucket * 6);
+}
+
+void BM_CastFromHalfConcord(benchmark::State& state) {
+  const at::Tensor h = at::randn({kBucket}).to(at::kHalf);
+  at::Tensor out = at::empty({kBucket});
+  for (auto _ : state) concord::CastInto(h, out);
+  state.SetBytesProcessed(state.iterations() * kBucket * 6);
+}
+
+void BM_ScaleLibTorch(benchmark::State& state) {
+  at::Tensor x = at::randn({kBucket});
+  for (auto _ : state) x.mul_(1.0 / 3);
+  state.SetBytesProcessed(state.iterations() * kBucket * 8);
+}
+
+void BM_ScaleConcord(benchmark::State& state) {
+  at::Tensor x = at::randn({kBucket});
+  for (auto _ : state) concord::Scale(x, 1.0 / 3);
+  state.SetBytesProcessed(state.iterations() * kBucket * 8);
+}
+
+BENCHMARK(BM_FlattenLibTorch)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_FlattenConcord)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_UnflattenLibTorch)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_UnflattenConcord)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_CastToHalfLibTorch)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_CastToHalfConcord)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_CastFromHalfLibTorch)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_CastFromHalfConcord)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_ScaleLibTorch)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_ScaleConcord)->Unit(benchmark::kMillisecond);
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // One thread: the worker's training thread shares the cores with Gloo's.
+  at::set_num_threads(1);
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
