@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/model_sizes.h"
 #include "worker/comm/gloo/gloo_communicator.h"
 #include "worker/comm/store.h"
 #include "worker/ddp/bucket_assignment.h"
@@ -28,30 +29,6 @@ namespace {
 
 using concord::comm::Communicator;
 using Clock = std::chrono::steady_clock;
-
-std::vector<int64_t> ResNet50Like() {
-  // Conv/BN shapes of ResNet-50, condensed: many small tensors, some large.
-  std::vector<int64_t> sizes = {9408, 64, 64};
-  const int64_t widths[] = {64, 128, 256, 512};
-  const int blocks[] = {3, 4, 6, 3};
-  int64_t in = 64;
-  for (int stage = 0; stage < 4; ++stage) {
-    const int64_t w = widths[stage];
-    for (int b = 0; b < blocks[stage]; ++b) {
-      for (int64_t s :
-           {in * w, w, w, w * w * 9, w, w, w * 4 * w, 4 * w, 4 * w}) {
-        sizes.push_back(s);
-      }
-      if (b == 0) {
-        for (int64_t s : {in * 4 * w, 4 * w, 4 * w}) sizes.push_back(s);
-      }
-      in = 4 * w;
-    }
-  }
-  sizes.push_back(2048 * 1000);
-  sizes.push_back(1000);
-  return sizes;
-}
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -164,7 +141,7 @@ int main(int argc, char** argv) {
   at::set_num_threads(1);
   const std::vector<int64_t> sizes =
       tensors > 0 ? std::vector<int64_t>(tensors, std::max<int64_t>(numel, 1))
-                  : ResNet50Like();
+                  : concord::bench::ResNet50Like();
   int64_t total = 0;
   for (int64_t s : sizes) total += s;
   concord::comm::InMemoryStore store;

@@ -9,11 +9,29 @@
 
 #include <ATen/ATen.h>
 
+#include <optional>
+
+#include "kernels/dtype.h"
+
 #if defined(CONCORD_KERNELS_CUDA)
 #include <cuda_runtime_api.h>
 #endif
 
 namespace concord::kernels_dispatch {
+
+// The kernels' element type for a LibTorch dtype, if they take it.
+inline std::optional<kernels::DType> KernelType(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat:
+      return kernels::DType::kFloat32;
+    case at::kHalf:
+      return kernels::DType::kFloat16;
+    case at::kBFloat16:
+      return kernels::DType::kBFloat16;
+    default:
+      return std::nullopt;
+  }
+}
 
 // `cpu()` runs the twin; `cuda(stream)` enqueues the kernel and returns its
 // launch error. `what` names the caller in errors ("SyncBatchNorm").

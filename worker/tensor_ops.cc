@@ -3,7 +3,6 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
-#include <optional>
 
 #include "kernels/bucket.h"
 #include "kernels/scale.h"
@@ -13,20 +12,8 @@ namespace concord {
 namespace {
 
 using kernels::BucketSlice;
+using kernels_dispatch::KernelType;
 using kernels_dispatch::OnDevice;
-
-std::optional<kernels::DType> KernelType(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat:
-      return kernels::DType::kFloat32;
-    case at::kHalf:
-      return kernels::DType::kFloat16;
-    case at::kBFloat16:
-      return kernels::DType::kBFloat16;
-    default:
-      return std::nullopt;
-  }
-}
 
 bool Strided(const at::Tensor& t) { return t.layout() == at::kStrided; }
 

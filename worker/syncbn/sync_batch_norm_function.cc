@@ -17,20 +17,11 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 kernels::DType KernelType(const at::Tensor& t) {
-  switch (t.scalar_type()) {
-    case at::kFloat:
-      return kernels::DType::kFloat32;
-    case at::kHalf:
-      return kernels::DType::kFloat16;
-    case at::kBFloat16:
-      return kernels::DType::kBFloat16;
-    default:
-      TORCH_CHECK(false,
-                  "SyncBatchNorm takes float32, float16 or bfloat16 "
-                  "input, got ",
-                  t.scalar_type());
-  }
-  return kernels::DType::kFloat32;
+  const auto type = kernels_dispatch::KernelType(t.scalar_type());
+  TORCH_CHECK(type.has_value(),
+              "SyncBatchNorm takes float32, float16 or bfloat16 input, got ",
+              t.scalar_type());
+  return *type;
 }
 
 // A raw float pointer, or null for an undefined tensor.
