@@ -1,6 +1,3 @@
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include "kernels/bucket.h"
 
 namespace concord::kernels {
@@ -32,8 +29,11 @@ template <bool kToBucket>
 cudaError_t LaunchCopy(const BucketSlice* slices, int64_t count,
                        int64_t max_numel, int64_t element_size, void* bucket,
                        cudaStream_t stream) {
-  if (count == 0 || max_numel == 0) return cudaSuccess;
-  const int64_t x = (max_numel + kThreads - 1) / kThreads;
+  if (count <= 0) return cudaSuccess;
+  // max_numel only sizes the grid (the loops run to each slice's own numel):
+  // a wrong hint is slow, never wrong.
+  int64_t x = (max_numel + kThreads - 1) / kThreads;
+  if (x < 1) x = 1;
   const dim3 grid(static_cast<unsigned>(x < kMaxGrid ? x : kMaxGrid),
                   static_cast<unsigned>(count < kMaxGrid ? count : kMaxGrid));
   switch (element_size) {
@@ -59,39 +59,43 @@ cudaError_t LaunchCopy(const BucketSlice* slices, int64_t count,
   return cudaGetLastError();
 }
 
-__device__ __forceinline__ float Load(const void* p, DType t, int64_t i) {
-  switch (t) {
-    case DType::kFloat16:
-      return __half2float(static_cast<const __half*>(p)[i]);
-    case DType::kBFloat16:
-      return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-    case DType::kFloat32:
-    default:
-      return static_cast<const float*>(p)[i];
-  }
-}
-
-__device__ __forceinline__ void Store(void* p, DType t, int64_t i, float v) {
-  switch (t) {
-    case DType::kFloat16:
-      static_cast<__half*>(p)[i] = __float2half_rn(v);
-      break;
-    case DType::kBFloat16:
-      static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
-      break;
-    case DType::kFloat32:
-    default:
-      static_cast<float*>(p)[i] = v;
-      break;
-  }
-}
-
-__global__ void Cast(const void* src, DType src_type, void* dst, DType dst_type,
+// dst[i] = src[i] through float, with the twins' conversions (Elem, Note
+// [Integer conversions]): bit for bit CastCpu, NaNs included.
+template <DType S, DType D>
+__global__ void Cast(const typename Elem<S>::T* src, typename Elem<D>::T* dst,
                      int64_t n) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
        i < n; i += static_cast<int64_t>(blockDim.x) * gridDim.x) {
-    Store(dst, dst_type, i, Load(src, src_type, i));
+    dst[i] = Elem<D>::Store(Elem<S>::Load(src[i]));
   }
+}
+
+template <DType S, DType D>
+void LaunchCast(const void* src, void* dst, int64_t n, cudaStream_t stream) {
+  const int64_t wanted = (n + kThreads - 1) / kThreads;
+  Cast<S, D>
+      <<<static_cast<unsigned>(wanted < kMaxGrid ? wanted : kMaxGrid), kThreads,
+         0, stream>>>(static_cast<const typename Elem<S>::T*>(src),
+                      static_cast<typename Elem<D>::T*>(dst), n);
+}
+
+template <DType S>
+cudaError_t CastFrom(const void* src, void* dst, DType dst_type, int64_t n,
+                     cudaStream_t stream) {
+  switch (dst_type) {
+    case DType::kFloat32:
+      LaunchCast<S, DType::kFloat32>(src, dst, n, stream);
+      break;
+    case DType::kFloat16:
+      LaunchCast<S, DType::kFloat16>(src, dst, n, stream);
+      break;
+    case DType::kBFloat16:
+      LaunchCast<S, DType::kBFloat16>(src, dst, n, stream);
+      break;
+    default:
+      return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
 }
 
 }  // namespace
@@ -112,15 +116,22 @@ cudaError_t UnflattenCuda(const BucketSlice* device_slices, int64_t count,
 
 cudaError_t CastCuda(const void* src, DType src_type, void* dst, DType dst_type,
                      int64_t n, cudaStream_t stream) {
-  if (n == 0) return cudaSuccess;
+  if (n <= 0) return cudaSuccess;
   if (src_type == dst_type) {
-    return cudaMemcpyAsync(dst, src, n * DTypeSize(src_type),
+    return cudaMemcpyAsync(dst, src,
+                           static_cast<size_t>(n * DTypeSize(src_type)),
                            cudaMemcpyDeviceToDevice, stream);
   }
-  const int64_t wanted = (n + kThreads - 1) / kThreads;
-  Cast<<<static_cast<unsigned>(wanted < kMaxGrid ? wanted : kMaxGrid), kThreads,
-         0, stream>>>(src, src_type, dst, dst_type, n);
-  return cudaGetLastError();
+  switch (src_type) {
+    case DType::kFloat32:
+      return CastFrom<DType::kFloat32>(src, dst, dst_type, n, stream);
+    case DType::kFloat16:
+      return CastFrom<DType::kFloat16>(src, dst, dst_type, n, stream);
+    case DType::kBFloat16:
+      return CastFrom<DType::kBFloat16>(src, dst, dst_type, n, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
 }
 
 }  // namespace concord::kernels

@@ -37,7 +37,9 @@ void CastCpu(const void* src, DType src_type, void* dst, DType dst_type,
 namespace concord::kernels {
 // One launch for all slices. `device_slices` (the array itself) lives in
 // device memory, as do the tensors and the bucket; `max_numel` is the largest
-// slice (it sizes the grid). Enqueued on `stream`.
+// slice (it sizes the grid: a smaller value is slower, not wrong). Enqueued on
+// `stream`. CastCuda's `src` and `dst` must not overlap (its threads run in
+// no order; CastCpu's in-place narrowing has no CUDA counterpart).
 cudaError_t FlattenCuda(const BucketSlice* device_slices, int64_t count,
                         int64_t max_numel, int64_t element_size, void* bucket,
                         cudaStream_t stream);

@@ -70,6 +70,113 @@ inline uint16_t FloatToBf16Bits(float f) {
   return static_cast<uint16_t>((u + rounding_bias) >> 16);
 }
 
+// Note [Integer conversions]
+// The same four conversions on bit patterns, with integer operations only,
+// bit-identical to the functions above for every input (kernels_test checks
+// all 2^16 halfs and bf16s and a sweep of floats). The CUDA kernels use these
+// rather than __float2half_rn and friends: the hardware conversions give a
+// canonical NaN (0x7FFF) where the twins (and c10 on the CPU) give sign|0x7E00
+// for half and 0x7FC0 for bf16, and no float instruction is involved here
+// that flushing subnormals, contracting or canonicalising NaNs could change.
+// A NaN read from half is quieted with its payload kept, as the CPUs'
+// float multiply in HalfBitsToFloat does.
+#if defined(__CUDACC__)
+#define CONCORD_HOST_DEVICE __host__ __device__
+#else
+#define CONCORD_HOST_DEVICE
+#endif
+namespace bits {
+
+CONCORD_HOST_DEVICE inline uint32_t HalfToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1Fu;
+  uint32_t mant = h & 0x3FFu;
+  if (exp == 0x1Fu) {  // inf, or NaN (quieted)
+    return sign | 0x7F800000u | (mant << 13) | (mant != 0 ? 0x00400000u : 0u);
+  }
+  if (exp != 0) return sign | ((exp + 112u) << 23) | (mant << 13);
+  if (mant == 0) return sign;  // +-0
+  // Subnormal half: normalise (a normal float).
+  uint32_t e = 113;
+  while ((mant & 0x400u) == 0) {
+    mant <<= 1;
+    --e;
+  }
+  return sign | (e << 23) | ((mant & 0x3FFu) << 13);
+}
+
+CONCORD_HOST_DEVICE inline uint16_t FloatToHalf(uint32_t w) {
+  const uint32_t sign = (w >> 16) & 0x8000u;
+  const uint32_t u = w & 0x7FFFFFFFu;
+  if (u > 0x7F800000u) return static_cast<uint16_t>(sign | 0x7E00u);  // NaN
+  // 65520 (0x477FF000) and above round to infinity.
+  if (u >= 0x477FF000u) return static_cast<uint16_t>(sign | 0x7C00u);
+  uint32_t result, rem, halfway;
+  if (u >= 0x38800000u) {  // a normal half: rebias 127 -> 15
+    const uint32_t v = u - 0x38000000u;
+    result = v >> 13;
+    rem = v & 0x1FFFu;
+    halfway = 0x1000u;
+  } else if (u <= 0x33000000u) {  // at most 2^-25: rounds to +-0
+    return static_cast<uint16_t>(sign);
+  } else {  // a subnormal half (or the smallest normal, by rounding)
+    const uint32_t exp = u >> 23;  // 102..112
+    const uint32_t mant = (u & 0x7FFFFFu) | 0x800000u;
+    const uint32_t shift = 126u - exp;  // 14..24
+    result = mant >> shift;
+    rem = mant & ((1u << shift) - 1u);
+    halfway = 1u << (shift - 1u);
+  }
+  if (rem > halfway || (rem == halfway && (result & 1u) != 0)) ++result;
+  return static_cast<uint16_t>(sign | result);
+}
+
+CONCORD_HOST_DEVICE inline uint32_t Bf16ToFloat(uint16_t b) {
+  return static_cast<uint32_t>(b) << 16;
+}
+
+CONCORD_HOST_DEVICE inline uint16_t FloatToBf16(uint32_t u) {
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0;  // NaN
+  const uint32_t rounding_bias = ((u >> 16) & 1u) + 0x7FFFu;
+  return static_cast<uint16_t>((u + rounding_bias) >> 16);
+}
+
+}  // namespace bits
+
+#if defined(__CUDACC__)
+// Device element access for the CUDA kernels: Elem<D>::T is the storage type
+// of DType D; Load widens to float and Store narrows (round to nearest even),
+// bit for bit as LoadAsFloat / StoreFromFloat (Note [Integer conversions]).
+template <DType D>
+struct Elem;
+template <>
+struct Elem<DType::kFloat32> {
+  using T = float;
+  __device__ static float Load(T v) { return v; }
+  __device__ static T Store(float v) { return v; }
+};
+template <>
+struct Elem<DType::kFloat16> {
+  using T = uint16_t;
+  __device__ static float Load(T v) {
+    return __uint_as_float(bits::HalfToFloat(v));
+  }
+  __device__ static T Store(float v) {
+    return bits::FloatToHalf(__float_as_uint(v));
+  }
+};
+template <>
+struct Elem<DType::kBFloat16> {
+  using T = uint16_t;
+  __device__ static float Load(T v) {
+    return __uint_as_float(bits::Bf16ToFloat(v));
+  }
+  __device__ static T Store(float v) {
+    return bits::FloatToBf16(__float_as_uint(v));
+  }
+};
+#endif
+
 // Element i of a buffer of type `t`, widened to float.
 inline float LoadAsFloat(const void* data, DType t, int64_t i) {
   switch (t) {

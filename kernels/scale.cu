@@ -15,7 +15,7 @@ __global__ void ScaleKernel(float* data, int64_t n, float factor) {
 
 cudaError_t ScaleCuda(float* data, int64_t n, float factor,
                       cudaStream_t stream) {
-  if (n == 0) return cudaSuccess;
+  if (n <= 0) return cudaSuccess;
   constexpr int kThreads = 256;
   const int64_t wanted = (n + kThreads - 1) / kThreads;
   const int blocks = static_cast<int>(wanted < 65535 ? wanted : 65535);

@@ -210,6 +210,31 @@ TEST(KernelsCpuTest, CastsRoundLikeLibTorch) {
   EXPECT_TRUE(torch::equal(b, h.to(torch::kFloat).to(torch::kBFloat16)));
 }
 
+// Note [Integer conversions]: the integer-only conversions the CUDA kernels
+// use give the twins' bits for every 16-bit input, and for every float whose
+// low 16 bits are one of the patterns around the half and bf16 rounding
+// points (all 2^32 floats agree too; too slow for a unit test).
+TEST(KernelsCpuTest, IntegerConversionsEqualTheTwins) {
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const auto v = static_cast<uint16_t>(h);
+    ASSERT_EQ(bits::HalfToFloat(v), detail::BitsFromFloat(HalfBitsToFloat(v)))
+        << std::hex << h;
+    ASSERT_EQ(bits::Bf16ToFloat(v), detail::BitsFromFloat(Bf16BitsToFloat(v)))
+        << std::hex << h;
+  }
+  const uint32_t lows[] = {0x0000, 0x0001, 0x0FFF, 0x1000, 0x1001,
+                           0x1FFF, 0x2000, 0x3000, 0x5000, 0x7FFF,
+                           0x8000, 0x8001, 0xC000, 0xFFFF};
+  for (uint32_t high = 0; high < 65536; ++high) {
+    for (uint32_t low : lows) {
+      const uint32_t w = (high << 16) | low;
+      const float f = detail::FloatFromBits(w);
+      ASSERT_EQ(bits::FloatToHalf(w), FloatToHalfBits(f)) << std::hex << w;
+      ASSERT_EQ(bits::FloatToBf16(w), FloatToBf16Bits(f)) << std::hex << w;
+    }
+  }
+}
+
 #if defined(CONCORD_KERNELS_CUDA)
 TEST(KernelsCudaTest, ScaleMatchesCpuTwin) {
   int devices = 0;
