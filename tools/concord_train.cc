@@ -268,15 +268,28 @@ double Median(std::vector<double> v) {
   return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
 }
 
-int Train(const Flags& flags, concord::train::Progress& progress) {
-  const Loss loss = flags.loss == "mse" ? Loss::kMse : Loss::kCrossEntropy;
-  // Validate everything before joining: a bad input never starts a job.
+// What concord-train reads and checks before it joins the job: a bad input
+// never starts one (exit 2 with one line).
+struct Prepared {
+  Loss loss = Loss::kCrossEntropy;
+  std::optional<torch::jit::Module> script;  // a TorchScript --model
+  torch::nn::Sequential net{nullptr};        // or a built-in one
+  concord::train::Dataset data;
+  std::vector<std::pair<std::string, torch::Tensor>> named_params,
+      named_buffers;
+  concord::DdpOptions ddp_options;
+  concord::worker::WorkerOptions options;
+  std::shared_ptr<concord::trace::Recorder> trace;  // --trace, if any
+};
+
+Prepared Prepare(const Flags& flags) {
+  Prepared in;
+  in.loss = flags.loss == "mse" ? Loss::kMse : Loss::kCrossEntropy;
   const bool builtin = absl::StartsWith(flags.model, "builtin:");
-  std::optional<torch::jit::Module> script;
   if (!builtin) {
     auto loaded = concord::train::LoadModel(flags.model);
     if (!loaded.ok()) Fail(2, std::string(loaded.status().message()));
-    script = std::move(*loaded);
+    in.script = std::move(*loaded);
     if (flags.sync_bn) {
       // A scripted BatchNorm's forward is compiled TorchScript: no C++
       // module can take its place (ConvertSyncBatchNorm needs the C++
@@ -287,46 +300,44 @@ int Train(const Flags& flags, concord::train::Progress& progress) {
                   "concord::ConvertSyncBatchNorm in a C++-frontend program");
     }
   }
-  auto data = concord::train::LoadData(flags.data, loss);
+  auto data = concord::train::LoadData(flags.data, in.loss);
   if (!data.ok()) Fail(2, std::string(data.status().message()));
-  torch::nn::Sequential net{nullptr};
+  in.data = *std::move(data);
   if (builtin) {
-    auto made = concord::train::BuiltinModel(flags.model, *data, loss,
+    auto made = concord::train::BuiltinModel(flags.model, in.data, in.loss,
                                              flags.seed, flags.data);
     if (!made.ok()) Fail(2, std::string(made.status().message()));
-    net = *made;
+    in.net = *made;
   } else if (auto st = concord::train::CheckModelFitsData(
-                 *script, *data, loss, flags.model, flags.data);
+                 *in.script, in.data, in.loss, flags.model, flags.data);
              !st.ok()) {
     Fail(2, std::string(st.message()));
   }
   // Names and tensors of the model, whichever kind it is.
-  std::vector<std::pair<std::string, torch::Tensor>> named_params,
-      named_buffers;
-  if (script) {
-    for (const auto& p : script->named_parameters(/*recurse=*/true)) {
-      named_params.emplace_back(p.name, p.value);
+  if (in.script) {
+    for (const auto& p : in.script->named_parameters(/*recurse=*/true)) {
+      in.named_params.emplace_back(p.name, p.value);
     }
-    for (const auto& b : script->named_buffers(/*recurse=*/true)) {
-      named_buffers.emplace_back(b.name, b.value);
+    for (const auto& b : in.script->named_buffers(/*recurse=*/true)) {
+      in.named_buffers.emplace_back(b.name, b.value);
     }
   } else {
-    for (const auto& p : net->named_parameters(/*recurse=*/true)) {
-      named_params.emplace_back(p.key(), p.value());
+    for (const auto& p : in.net->named_parameters(/*recurse=*/true)) {
+      in.named_params.emplace_back(p.key(), p.value());
     }
-    for (const auto& b : net->named_buffers(/*recurse=*/true)) {
-      named_buffers.emplace_back(b.key(), b.value());
+    for (const auto& b : in.net->named_buffers(/*recurse=*/true)) {
+      in.named_buffers.emplace_back(b.key(), b.value());
     }
   }
   {
     // Names given to DDP must exist in the model (checked again by DDP,
     // but then on every rank after joining).
     std::set<std::string> params, state;
-    for (const auto& [name, t] : named_params) {
+    for (const auto& [name, t] : in.named_params) {
       params.insert(name);
       state.insert(name);
     }
-    for (const auto& [name, t] : named_buffers) state.insert(name);
+    for (const auto& [name, t] : in.named_buffers) state.insert(name);
     for (const auto& name : flags.ignore) {
       if (state.count(name) == 0) {
         Fail(2, absl::StrCat("--ignore ", name, ": --model ", flags.model,
@@ -340,9 +351,9 @@ int Train(const Flags& flags, concord::train::Progress& progress) {
       }
     }
   }
-  concord::DdpOptions ddp_options = DdpOptionsFrom(flags);
+  in.ddp_options = DdpOptionsFrom(flags);
   if (auto st = concord::DistributedDataParallel::ValidateOptions(
-          ddp_options, !flags.comm_hook.empty());
+          in.ddp_options, !flags.comm_hook.empty());
       !st.ok()) {
     Fail(2, std::string(st.message()));
   }
@@ -355,33 +366,105 @@ int Train(const Flags& flags, concord::train::Progress& progress) {
   }
   auto options = concord::worker::WorkerOptions::FromEnvironment();
   if (!options.ok()) Fail(2, std::string(options.status().message()));
+  in.options = *std::move(options);
   // The timeline: --trace alone, or the file concord-run --trace gave.
-  std::shared_ptr<concord::trace::Recorder> trace;
-  if (!flags.trace.empty() && !options->trace_file.empty()) {
+  if (!flags.trace.empty() && !in.options.trace_file.empty()) {
     Fail(2,
          "--trace: concord-run --trace collects this worker's timeline "
          "already; give --trace to one of them");
   }
-  if (!flags.trace.empty() && options->spec.max_workers() > 1) {
+  if (!flags.trace.empty() && in.options.spec.max_workers() > 1) {
     Fail(2, absl::StrFormat(
                 "--trace %s: the job's %d workers would all write this file; "
                 "give --trace to concord-run (it merges the workers' "
                 "timelines) or set CONCORD_TRACE_FILE per worker",
-                flags.trace, options->spec.max_workers()));
+                flags.trace, in.options.spec.max_workers()));
   }
   if (const std::string& path =
-          flags.trace.empty() ? options->trace_file : flags.trace;
+          flags.trace.empty() ? in.options.trace_file : flags.trace;
       !path.empty()) {
-    auto made = concord::trace::Recorder::Create(path, options->worker_id);
+    auto made = concord::trace::Recorder::Create(path, in.options.worker_id);
     if (!made.ok()) {
       Fail(2,
            absl::StrCat(flags.trace.empty() ? "CONCORD_TRACE_FILE" : "--trace",
                         ": ", made.status().message()));
     }
-    trace = *std::move(made);
+    in.trace = *std::move(made);
   }
+  return in;
+}
 
-  auto session = concord::worker::Session::Start(*options);
+// The run's figures for --metrics-out.
+struct RunFigures {
+  int64_t batches = 0;  // forward/backward passes, micro-batches included
+  int64_t samples_done = 0;
+  double seconds = 0;
+  double mean_ms = 0, median_ms = 0;  // step time without warm-up
+  double last_loss = 0;
+  int64_t written = -1;  // bytes written while training; -1: unknown
+  // Per re-form: when the first step after it was done (Unix us).
+  std::vector<int64_t> first_step_after_reform;
+};
+
+// --metrics-out: the authoritative rank's figures as JSON.
+void WriteMetrics(const Flags& flags, const concord::worker::Session& s,
+                  const concord::elastic::State& state,
+                  const concord::ddp::ReducerStats& stats,
+                  const RunFigures& run) {
+  nlohmann::json m = {
+      {"algorithm", flags.slowmo.algorithm},
+      {"world_size", s.world_size()},
+      {"generation", s.generation()},
+      {"reforms", state.reforms()},
+      {"bucket_bytes", stats.bucket_bytes},
+      {"bucket_rebuilds", stats.rebuilds},
+      {"forward_compute_us", stats.forward_compute_us},
+      {"backward_compute_us", stats.backward_compute_us},
+      {"backward_comm_us", stats.backward_comm_us},
+      {"overlap_us", stats.overlap_us},
+      {"steps", run.batches},
+      {"optimizer_steps", state.step},
+      {"step_time_ms_mean", run.mean_ms},
+      {"step_time_ms_median", run.median_ms},
+      {"samples_per_second", run.samples_done / run.seconds},
+      {"final_loss", run.last_loss},
+      {"bytes_written", run.written},
+      {"bytes_written_per_step", run.written < 0 || state.step == 0
+                                     ? -1.0
+                                     : static_cast<double>(run.written) /
+                                           static_cast<double>(state.step)}};
+  nlohmann::json reforms = nlohmann::json::array();
+  const auto& records = state.reform_records();
+  for (size_t i = 0; i < records.size(); ++i) {
+    const auto& r = records[i];
+    reforms.push_back(
+        {{"reason", r.reason},
+         {"generation", r.generation},
+         {"world_size", r.world_size},
+         {"started_unix_us", r.started_us},
+         {"rendezvous_unix_us", r.rendezvous_us},
+         {"synced_unix_us", r.synced_us},
+         {"first_step_done_unix_us", i < run.first_step_after_reform.size()
+                                         ? run.first_step_after_reform[i]
+                                         : 0}});
+  }
+  m["reform_log"] = reforms;
+  std::ofstream(flags.metrics_out) << m.dump(2) << "\n";
+}
+
+int Train(const Flags& flags, concord::train::Progress& progress) {
+  Prepared in = Prepare(flags);
+  const Loss loss = in.loss;
+  std::optional<torch::jit::Module>& script = in.script;
+  torch::nn::Sequential& net = in.net;
+  const concord::train::Dataset& data = in.data;
+  const auto& named_params = in.named_params;
+  const auto& named_buffers = in.named_buffers;
+  concord::DdpOptions& ddp_options = in.ddp_options;
+  const concord::worker::WorkerOptions& options = in.options;
+  const std::shared_ptr<concord::trace::Recorder>& trace = in.trace;
+
+  auto session = concord::worker::Session::Start(options);
   if (!session.ok()) {
     // A worker started (or restarted) after the others finished: the job
     // is done, and so is this worker.
@@ -395,14 +478,14 @@ int Train(const Flags& flags, concord::train::Progress& progress) {
     Fail(1, absl::StrCat("cannot join the job: ", session.status().ToString()));
   }
   concord::worker::Session& s = **session;
-  const int64_t n = data->size();
+  const int64_t n = data.size();
   const bool fixed = flags.sharding == "fixed";
-  if (!fixed && n < options->spec.max_workers()) {
+  if (!fixed && n < options.spec.max_workers()) {
     s.Finish(false, "too few samples").IgnoreError();
     Fail(2, absl::StrFormat("--data %s: %d samples cannot feed up to %d "
                             "ranks (--sharding elastic needs a sample per "
                             "rank and step)",
-                            flags.data, n, options->spec.max_workers()));
+                            flags.data, n, options.spec.max_workers()));
   }
   // Fixed sharding: this worker's shard is its rank in the first generation
   // it trains in (a worker admitted later has none).
@@ -411,7 +494,7 @@ int Train(const Flags& flags, concord::train::Progress& progress) {
   concord::train::FaultInjection fault =
       concord::train::FaultInjection::FromEnvironment();
 
-  ddp_options.collective_timeout = options->collective_timeout;
+  ddp_options.collective_timeout = options.collective_timeout;
   std::shared_ptr<concord::SyncBnGroup> sync_bn_group;
   absl::StatusOr<std::unique_ptr<concord::DistributedDataParallel>> ddp;
   if (script) {
@@ -421,7 +504,7 @@ int Train(const Flags& flags, concord::train::Progress& progress) {
   } else {
     if (flags.sync_bn) {
       concord::comm::CollectiveOptions bn_options;
-      bn_options.timeout = options->collective_timeout;
+      bn_options.timeout = options.collective_timeout;
       sync_bn_group = std::make_shared<concord::SyncBnGroup>(
           s.shared_communicator(), bn_options);
       concord::ConvertSyncBatchNorm(net.ptr(), sync_bn_group);
@@ -440,7 +523,7 @@ int Train(const Flags& flags, concord::train::Progress& progress) {
   auto register_hook = [&]() {
     if (flags.comm_hook.empty()) return;
     concord::comm::CollectiveOptions hook_options;
-    hook_options.timeout = options->collective_timeout;
+    hook_options.timeout = options.collective_timeout;
     auto hook = concord::ddp::MakeCommHook(
         flags.comm_hook, s.shared_communicator(), hook_options);
     if (!hook.ok())
@@ -477,9 +560,9 @@ int Train(const Flags& flags, concord::train::Progress& progress) {
   std::unique_ptr<concord::slowmo::SlowMo> slowmo;
   if (flags.slowmo_options) {
     concord::slowmo::SlowMoOptions o = *flags.slowmo_options;
-    o.collective_timeout = options->collective_timeout;
+    o.collective_timeout = options.collective_timeout;
     o.broadcast_buffers = !flags.no_broadcast_buffers;
-    o.node_id = options->node_id;
+    o.node_id = options.node_id;
     // The buffers DDP keeps equal (not those it was told to ignore).
     std::vector<torch::Tensor> buffers;
     for (const auto& [name, b] : named_buffers) {
@@ -576,7 +659,7 @@ int Train(const Flags& flags, concord::train::Progress& progress) {
   std::ofstream sample_log;
   if (!flags.sample_log.empty() && !fixed) {
     const std::string path =
-        absl::StrCat(flags.sample_log, "/", options->worker_id, ".samples");
+        absl::StrCat(flags.sample_log, "/", options.worker_id, ".samples");
     sample_log.open(path, std::ios::app);
     if (!sample_log) Fail(2, "--sample-log: cannot write " + path);
   }
@@ -635,8 +718,8 @@ int Train(const Flags& flags, concord::train::Progress& progress) {
 
   auto take_step = [&](concord::elastic::State& st, const Batch& batch) {
     const auto t0 = std::chrono::steady_clock::now();
-    const torch::Tensor x = data->inputs.index_select(0, batch.index);
-    const torch::Tensor y = data->targets.index_select(0, batch.index);
+    const torch::Tensor x = data.inputs.index_select(0, batch.index);
+    const torch::Tensor y = data.targets.index_select(0, batch.index);
     fault.step = st.step + 1;
     if (trace) trace->SetStep(st.step + 1);
     concord::trace::Recorder::Span step_span(trace, "step");
@@ -724,7 +807,7 @@ int Train(const Flags& flags, concord::train::Progress& progress) {
     while (st.epoch < flags.epochs) {
       // Admitting workers is safe while the epoch has a sample for each
       // rank there could be.
-      const bool admit = n - st.position >= options->spec.max_workers();
+      const bool admit = n - st.position >= options.spec.max_workers();
       CONCORD_ASSIGN_OR_RETURN(auto decision,
                                st.BeginStep(/*has_data=*/true, admit));
       (void)decision;                  // every rank has data: always kRun
@@ -734,8 +817,8 @@ int Train(const Flags& flags, concord::train::Progress& progress) {
         if (position + batch.job_samples >= n) break;  // the epoch's last
         auto no_sync = (*ddp)->NoSync();
         if (trace) trace->SetStep(st.step + 1);
-        const torch::Tensor x = data->inputs.index_select(0, batch.index);
-        const torch::Tensor y = data->targets.index_select(0, batch.index);
+        const torch::Tensor x = data.inputs.index_select(0, batch.index);
+        const torch::Tensor y = data.targets.index_select(0, batch.index);
         torch::Tensor l = concord::train::ComputeLoss(loss, forward(x), y);
         concord::trace::Recorder::Span span(trace, "backward");
         l.backward();
@@ -783,12 +866,12 @@ int Train(const Flags& flags, concord::train::Progress& progress) {
     progress.PrintLine(absl::StrFormat(
         "concord-train: worker %s ran out of data after step %d and left the "
         "job",
-        options->worker_id, state.step));
+        options.worker_id, state.step));
     return 0;
   }
   if (!flags.output_per_worker.empty()) {
     const std::string path =
-        absl::StrCat(flags.output_per_worker, "/", options->worker_id, ".pt");
+        absl::StrCat(flags.output_per_worker, "/", options.worker_id, ".pt");
     if (auto st = concord::train::SaveState((*ddp)->NamedState(), path);
         !st.ok()) {
       Fail(1, std::string(st.message()));
@@ -810,46 +893,10 @@ int Train(const Flags& flags, concord::train::Progress& progress) {
       }
     }
     if (!flags.metrics_out.empty()) {
-      const auto& stats = (*ddp)->stats();
-      nlohmann::json m = {{"algorithm", flags.slowmo.algorithm},
-                          {"world_size", s.world_size()},
-                          {"generation", s.generation()},
-                          {"reforms", state.reforms()},
-                          {"bucket_bytes", stats.bucket_bytes},
-                          {"bucket_rebuilds", stats.rebuilds},
-                          {"forward_compute_us", stats.forward_compute_us},
-                          {"backward_compute_us", stats.backward_compute_us},
-                          {"backward_comm_us", stats.backward_comm_us},
-                          {"overlap_us", stats.overlap_us},
-                          {"steps", batches},
-                          {"optimizer_steps", state.step},
-                          {"step_time_ms_mean", mean},
-                          {"step_time_ms_median", Median(timed)},
-                          {"samples_per_second", samples_done / seconds},
-                          {"final_loss", last_loss},
-                          {"bytes_written", written},
-                          {"bytes_written_per_step",
-                           written < 0 || state.step == 0
-                               ? -1.0
-                               : static_cast<double>(written) /
-                                     static_cast<double>(state.step)}};
-      nlohmann::json reforms = nlohmann::json::array();
-      const auto& records = state.reform_records();
-      for (size_t i = 0; i < records.size(); ++i) {
-        const auto& r = records[i];
-        reforms.push_back(
-            {{"reason", r.reason},
-             {"generation", r.generation},
-             {"world_size", r.world_size},
-             {"started_unix_us", r.started_us},
-             {"rendezvous_unix_us", r.rendezvous_us},
-             {"synced_unix_us", r.synced_us},
-             {"first_step_done_unix_us", i < first_step_after_reform.size()
-                                             ? first_step_after_reform[i]
-                                             : 0}});
-      }
-      m["reform_log"] = reforms;
-      std::ofstream(flags.metrics_out) << m.dump(2) << "\n";
+      WriteMetrics(
+          flags, s, state, (*ddp)->stats(),
+          RunFigures{batches, samples_done, seconds, mean, Median(timed),
+                     last_loss, written, first_step_after_reform});
     }
     progress.PrintLine(absl::StrFormat(
         "concord-train: done: %d steps in %.2f s, %.1f samples/s, mean step "
