@@ -1,0 +1,129 @@
+#include "tools/train_flags.h"
+
+#include <CLI/CLI.hpp>
+
+namespace concord::train {
+
+absl::StatusOr<TrainFlags> ParseTrainFlags(int argc, char** argv) {
+  TrainFlags f;
+  CLI::App app{"Trains a TorchScript model with Concord DDP."};
+  app.add_option("--model", f.model,
+                 "TorchScript module (torch.jit.save), or builtin:cnn")
+      ->required();
+  app.add_option("--data", f.data,
+                 "dict {'inputs': Tensor, 'targets': Tensor} (torch.save)")
+      ->required();
+  app.add_option("--loss", f.loss)
+      ->check(CLI::IsMember({"cross_entropy", "mse"}));
+  app.add_option("--optimizer", f.optimizer)->check(CLI::IsMember({"sgd"}));
+  app.add_option("--lr", f.lr)->check(CLI::PositiveNumber);
+  app.add_option("--momentum", f.momentum)->check(CLI::Range(0.0, 1.0));
+  app.add_option("--weight-decay", f.weight_decay)
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--batch-size", f.batch_size, "samples per rank and step")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  app.add_option("--epochs", f.epochs)
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  app.add_flag("--shuffle", f.shuffle, "shuffle every epoch (seeded)");
+  app.add_option("--seed", f.seed);
+  app.add_option("--output", f.output,
+                 "write every named parameter and buffer here at the end");
+  app.add_option("--metrics-out", f.metrics_out, "write step-time JSON here");
+  app.add_option("--log-interval", f.log_interval,
+                 "steps between progress lines")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  app.add_option("--log-level", f.log_level)
+      ->check(CLI::IsMember({"debug", "info", "warn", "error"}));
+  app.add_option("--trace", f.trace,
+                 "write this worker's timeline (Chrome trace-event JSON: "
+                 "forward, backward, each bucket's allreduce, optimizer) "
+                 "here; for a job of several workers give --trace to "
+                 "concord-run, which merges theirs");
+  auto* ddp = app.add_option_group("DDP", "DistributedDataParallel options");
+  auto* cap =
+      ddp->add_option("--bucket-cap-mb", f.bucket_cap_mb,
+                      "bucket size cap in MiB (PyTorch's bucket_cap_mb)")
+          ->check(CLI::PositiveNumber);
+  ddp->add_flag("--find-unused-parameters", f.find_unused_parameters);
+  ddp->add_flag("--static-graph", f.static_graph);
+  ddp->add_option("--grad-accum", f.grad_accum,
+                  "micro-batches per optimizer step (K-1 under no_sync)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  ddp->add_option("--comm-hook", f.comm_hook,
+                  "allreduce, fp16, bf16 or powersgd[:RANK[:START_ITER]]");
+  ddp->add_flag("--gradient-as-bucket-view", f.gradient_as_bucket_view);
+  ddp->add_flag("--no-broadcast-buffers", f.no_broadcast_buffers);
+  ddp->add_option("--ignore", f.ignore,
+                  "parameter or buffer left out of DDP (repeatable)");
+  ddp->add_flag("--delay-allreduce", f.delay_allreduce, "apex: no overlap");
+  ddp->add_flag("--allreduce-always-fp32", f.allreduce_always_fp32);
+  ddp->add_option("--predivide-factor", f.predivide_factor,
+                  "apex gradient_predivide_factor")
+      ->check(CLI::PositiveNumber);
+  ddp->add_flag("--no-gradient-average", f.no_gradient_average,
+                "apex gradient_average=False: sum, do not average");
+  auto* message = ddp->add_option("--message-size", f.message_size,
+                                  "apex: bucket threshold in elements")
+                      ->check(CLI::PositiveNumber);
+  ddp->add_option("--allreduce-trigger-params", f.allreduce_trigger_params,
+                  "apex: parameters whose gradient closes a bucket");
+  message->excludes(cap);
+  auto* elastic = app.add_option_group("Elastic", "membership changes");
+  elastic
+      ->add_option("--sharding", f.sharding,
+                   "elastic: every step the job takes the next world x "
+                   "batch samples of the epoch and splits them over the "
+                   "ranks there are (re-sharded when ranks leave, die or "
+                   "join; nothing skipped or seen twice); fixed: rank r of "
+                   "the first generation keeps samples r, r+W, ... of every "
+                   "epoch (PyTorch's DistributedSampler without padding) and "
+                   "leaves when its data runs out (PyTorch's join)")
+      ->check(CLI::IsMember({"elastic", "fixed"}));
+  elastic->add_flag("--no-divide-by-initial-world-size",
+                    f.no_divide_by_initial_world_size,
+                    "after ranks ran out of data, average over the ranks left");
+  elastic->add_flag("--throw-on-early-termination",
+                    f.throw_on_early_termination,
+                    "fail every rank when the first one runs out of data");
+  elastic->add_option("--output-per-worker", f.output_per_worker,
+                      "every worker that finishes training writes its final "
+                      "state to DIR/<worker id>.pt");
+  elastic->add_option("--sample-log", f.sample_log,
+                      "every worker appends a line 'STEP EPOCH SAMPLE...' "
+                      "with the job's samples of each step it commits to "
+                      "DIR/<worker id>.samples (elastic sharding)");
+  concord::train::AddSlowMoFlags(app, &f.slowmo);
+  app.add_flag("--sync-bn", f.sync_bn,
+               "SyncBatchNorm (C++-frontend models only: refused for "
+               "TorchScript)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    std::exit(app.exit(e));
+  } catch (const CLI::ParseError& e) {
+    return absl::InvalidArgumentError(e.what());
+  }
+  if (f.sharding == "fixed" && f.grad_accum > 1) {
+    return absl::InvalidArgumentError(
+        "--grad-accum: gradient accumulation needs --sharding elastic");
+  }
+  auto slowmo = concord::train::SlowMoOptionsFrom(f.slowmo);
+  if (!slowmo.ok()) return slowmo.status();
+  f.slowmo_options = *slowmo;
+  if (f.slowmo_options) {
+    // No gradient is reduced between averages: DDP's gradient options do
+    // not apply.
+    if (!f.comm_hook.empty()) {
+      return absl::InvalidArgumentError(
+          "--comm-hook applies to --algorithm ddp only (" + f.slowmo.algorithm +
+          " reduces no gradients)");
+    }
+    if (f.grad_accum > 1) {
+      return absl::InvalidArgumentError(
+          "--grad-accum applies to --algorithm ddp only");
+    }
+  }
+  return f;
+}
+
+}  // namespace concord::train

@@ -1,0 +1,65 @@
+#pragma once
+// concord-train's command line (no LibTorch here): every flag, parsed and
+// checked against each other before anything is loaded.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "tools/slowmo_flags.h"
+#include "worker/slowmo/options.h"
+
+namespace concord::train {
+
+struct TrainFlags {
+  std::string model;
+  std::string data;
+  std::string loss = "cross_entropy";
+  std::string optimizer = "sgd";
+  double lr = 0.01;
+  double momentum = 0;
+  double weight_decay = 0;
+  int64_t batch_size = 32;
+  int64_t epochs = 1;
+  bool shuffle = false;
+  uint64_t seed = 0;
+  std::string output;
+  std::string metrics_out;
+  int64_t log_interval = 10;
+  std::string log_level = "info";
+  std::string trace;
+  // DDP (PyTorch's and apex's options).
+  double bucket_cap_mb = 25;
+  bool find_unused_parameters = false;
+  bool static_graph = false;
+  int64_t grad_accum = 1;
+  std::string comm_hook;
+  bool gradient_as_bucket_view = false;
+  bool no_broadcast_buffers = false;
+  std::vector<std::string> ignore;
+  bool delay_allreduce = false;
+  bool allreduce_always_fp32 = false;
+  double predivide_factor = 1.0;
+  bool no_gradient_average = false;
+  int64_t message_size = 0;
+  std::vector<std::string> allreduce_trigger_params;
+  bool sync_bn = false;
+  // Elastic training (issue 4).
+  std::string sharding = "elastic";
+  bool no_divide_by_initial_world_size = false;
+  bool throw_on_early_termination = false;
+  std::string output_per_worker;
+  std::string sample_log;
+  // SlowMo (issue 5): --algorithm and fairscale's arguments.
+  concord::train::SlowMoFlags slowmo;
+  std::optional<concord::slowmo::SlowMoOptions> slowmo_options;
+};
+
+// Parses argv. --help prints the usage and exits 0; INVALID_ARGUMENT (one
+// line, naming the flag) for a flag that is unknown, malformed or does not
+// fit with the others.
+absl::StatusOr<TrainFlags> ParseTrainFlags(int argc, char** argv);
+
+}  // namespace concord::train
