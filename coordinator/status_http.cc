@@ -147,8 +147,15 @@ absl::StatusOr<std::unique_ptr<StatusHttpServer>> StatusHttpServer::Start(
   mg_callbacks callbacks{};
   callbacks.log_message = LogMessage;
   char error_text[256] = "";
+  mg_error_data error{};
+  error.text = error_text;
+  error.text_buffer_size = sizeof(error_text);
+#if CIVETWEB_VERSION_MAJOR == 1 && CIVETWEB_VERSION_MINOR < 16
+  // civetweb 1.15 (Debian 12) writes the code through a pointer; 1.16
+  // (Debian 13) holds it, with a sub code, in the struct.
   unsigned error_code = 0;
-  mg_error_data error{&error_code, error_text, sizeof(error_text)};
+  error.code = &error_code;
+#endif
   mg_init_data init{&callbacks, nullptr, options};
   mg_init_library(0);
   server->ctx_ = mg_start2(&init, &error);
