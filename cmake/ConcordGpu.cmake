@@ -15,6 +15,13 @@ if(NOT CONCORD_WITH_CUDA STREQUAL "OFF")
       set(CMAKE_CUDA_ARCHITECTURES 80 90)
     endif()
     enable_language(CUDA)
+    # nvcc's host compiler can be older than the C++ compiler (Debian 13:
+    # CUDA 12.4 needs g++-13, the system compiler is GCC 14). CMake adds the
+    # CUDA toolchain's implicit link directories to every link that has CUDA
+    # objects, GCC 13's among them, whose libstdc++.so then shadows the
+    # system's (links fail on __cxa_call_terminate). The C++ driver links
+    # with its own GCC's directories; drop the host compiler's.
+    list(FILTER CMAKE_CUDA_IMPLICIT_LINK_DIRECTORIES EXCLUDE REGEX "/gcc/")
     find_package(CUDAToolkit REQUIRED)
     set(CONCORD_HAVE_CUDA ON)
   elseif(CONCORD_WITH_CUDA STREQUAL "ON")
