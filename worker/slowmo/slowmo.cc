@@ -606,9 +606,13 @@ absl::Status SlowMo::MastersStep(const Plan& plan, torch::Tensor& flat,
         from.push_back(replicated);
         recv.push_back(torch::empty({portion_length_}, f32));
       }
-      CONCORD_RETURN_IF_ERROR(Wait(masters.Exchange(send, to, recv, from, opts),
-                                   "slow-momentum replica"));
-      if (!from.empty()) {
+      // The peer lists are moved in (copying a one-element vector trips
+      // GCC 14's -Warray-bounds, a false positive).
+      const bool receives = !from.empty();
+      CONCORD_RETURN_IF_ERROR(Wait(
+          masters.Exchange(send, std::move(to), recv, std::move(from), opts),
+          "slow-momentum replica"));
+      if (receives) {
         const int64_t len = replica_end_ - replica_start_;
         state.replica_momentum = recv[0].narrow(0, 0, len).clone();
         state.replica_old_params = y.narrow(0, replica_start_, len).clone();
