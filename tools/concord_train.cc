@@ -35,6 +35,7 @@
 #include "worker/session.h"
 #include "worker/slowmo/slowmo.h"
 #include "worker/syncbn/sync_batch_norm.h"
+#include "worker/torch_compat.h"
 #include "worker/trace/recorder.h"
 
 namespace {
@@ -583,7 +584,9 @@ int Train(const Flags& flags, concord::train::Progress& progress) {
     const double optimizer_ms = std::chrono::duration<double, std::milli>(
                                     std::chrono::steady_clock::now() - t_opt)
                                     .count();
-    optimizer.zero_grad();
+    // Zeroed, not dropped, whatever the LibTorch version's default (Note
+    // [LibTorch versions]): PyTorch's zero_grad(set_to_none=False).
+    concord::compat::ZeroGrad(optimizer, /*set_to_none=*/false);
     ++st.step;
     ++batches;
     if (first_step_after_reform.size() < st.reform_records().size()) {

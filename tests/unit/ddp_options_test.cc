@@ -9,6 +9,7 @@
 #include "rank_threads.h"
 #include "worker/ddp/distributed_data_parallel.h"
 #include "worker/ddp/manual_reducer.h"
+#include "worker/torch_compat.h"
 
 namespace concord {
 namespace {
@@ -131,8 +132,18 @@ TEST(DdpBucketViewTest, GradientsAreViewsOfTheBuckets) {
           << "both live in one bucket";
     }
     torch::optim::SGD sgd(net->parameters(), 0.1);
-    sgd.zero_grad();  // LibTorch detach_()es the gradients: must not throw
+    // Zeroing detach_()es the gradients: must not throw.
+    compat::ZeroGrad(sgd, /*set_to_none=*/false);
     EXPECT_EQ(net->bias.grad().abs().sum().item<float>(), 0.0f);
+    // Dropped gradients (LibTorch 2.x's default) come back as bucket views.
+    compat::ZeroGrad(sgd, /*set_to_none=*/true);
+    EXPECT_FALSE(net->bias.grad().defined());
+    torch::Tensor out = ddp->Forward([&] {
+      return net->forward(torch::full({2, 4}, rank + 1.0f));
+    });
+    out.sum().backward();
+    EXPECT_TRUE(torch::allclose(net->bias.grad(), torch::full({3}, 2.0f)));
+    EXPECT_TRUE(net->bias.grad().is_alias_of(net->weight.grad()));
   });
 }
 

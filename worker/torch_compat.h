@@ -1,0 +1,32 @@
+#pragma once
+// Note [LibTorch versions]: Concord builds against LibTorch 1.13 (Debian 12)
+// through 2.x (Debian 13's 2.6, pip's on GPU machines). What differs between
+// them, and what Concord does about it, lives here and nowhere else:
+//
+// - Optimizer::zero_grad() zeroes gradients in 1.13 but sets them to none
+//   (undefined) in 2.x, as Python's does since 2.0. Concord always says which
+//   it wants: ZeroGrad(optimizer, set_to_none).
+
+#include <torch/optim/optimizer.h>
+#include <torch/version.h>
+
+namespace concord::compat {
+
+// Zeroes every gradient the optimizer owns (set_to_none = false: detached
+// and filled with zeros, as PyTorch's zero_grad(set_to_none=False)), or
+// drops them (set_to_none = true).
+inline void ZeroGrad(torch::optim::Optimizer& optimizer, bool set_to_none) {
+#if TORCH_VERSION_MAJOR >= 2
+  optimizer.zero_grad(set_to_none);
+#else
+  if (!set_to_none) {
+    optimizer.zero_grad();
+    return;
+  }
+  for (auto& group : optimizer.param_groups()) {
+    for (auto& p : group.params()) p.mutable_grad() = at::Tensor();
+  }
+#endif
+}
+
+}  // namespace concord::compat
