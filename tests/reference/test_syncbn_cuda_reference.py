@@ -21,7 +21,6 @@ is CPU-only, so on CI machines this always skips.
 """
 import argparse
 import os
-import socket
 import sys
 import tempfile
 
@@ -37,18 +36,15 @@ import test_syncbn_reference as cpu_ref  # noqa: E402
 RTOL, ATOL = 1e-4, 2e-5
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def rank_main(rank, world, port, inputs, momentum, out_dir):
+def rank_main(rank, world, inputs, momentum, out_dir):
     devices = torch.cuda.device_count()
     backend = "nccl" if devices >= world else "gloo"
     device = torch.device("cuda", rank % devices)
     torch.cuda.set_device(device)
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}",
+    # A file store, as the other reference tests: Debian's PyTorch 2.6 has no
+    # libuv, which a TCPStore wants by default.
+    dist.init_process_group(backend,
+                            init_method="file://" + os.path.join(out_dir, "store"),
                             rank=rank, world_size=world)
     sizes = inputs["sizes"].tolist()
     start = sum(sizes[:rank])
@@ -93,7 +89,7 @@ def pytorch_sync_bn(inputs, momentum, tmp, name):
     world = inputs["sizes"].numel()
     out_dir = os.path.join(tmp, name + ".torch")
     os.makedirs(out_dir)
-    mp.spawn(rank_main, args=(world, free_port(), inputs, momentum, out_dir),
+    mp.spawn(rank_main, args=(world, inputs, momentum, out_dir),
              nprocs=world, join=True)
     ranks = [torch.load(os.path.join(out_dir, f"rank{r}.pt"))
              for r in range(world)]
