@@ -1,15 +1,69 @@
 #!/usr/bin/env bash
-# The whole test suite: installs what is missing, builds, runs ctest.
-# Every test has a timeout (a hang is a failure). Extra arguments go to ctest,
-# e.g. ./scripts/test.sh -L unit
+# The whole test suite on both platforms CI tests: installs what is missing,
+# builds, runs ctest. Every test has a timeout (a hang is a failure).
+#
+#   ./scripts/test.sh [--platform debian12|debian13|all] [CTEST ARGS...]
+#
+# debian12: this machine, Debian 12 with LibTorch 1.13 (CPU), in build/.
+# debian13: Debian 13 with CUDA LibTorch 2.6, NCCL 2.22 and CUDA 12.4 in a
+#   debootstrapped root (scripts/debian13.sh), CUDA and NCCL required, in
+#   build-debian13/; its CPU suite without the deploy and browser labels
+#   (those check Debian 12 artefacts: bookworm images, systemd units, the
+#   status page in Debian 12's chromium).
+# Extra arguments go to ctest on each platform, e.g. ./scripts/test.sh -L unit
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/install-deps.sh
-./scripts/build.sh
-# The browser test's driver (playwright-core, pinned by package-lock.json;
-# it uses Debian's chromium, no browser download).
-PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --prefix tests/browser --no-audit --no-fund
-# The Kubernetes schema validator's npm packages, as pinned by its lock file.
-npm ci --prefix tests/deploy/k8s-validate --no-audit --no-fund --loglevel=error
-BUILD_DIR=${BUILD_DIR:-build}
-ctest --test-dir "$BUILD_DIR" --output-on-failure --timeout 600 -j 2 "$@"
+
+platform=all
+if [ "${1:-}" = "--platform" ]; then
+  platform=${2:?--platform needs debian12, debian13 or all}
+  shift 2
+fi
+case "$platform" in
+  debian12 | debian13 | all) ;;
+  *)
+    echo "test.sh: --platform $platform: expected debian12, debian13 or all" >&2
+    exit 2
+    ;;
+esac
+
+CTEST_ARGS=(--output-on-failure --timeout 600 -j 2)
+failed=()
+
+run_debian12() {
+  local start=$SECONDS
+  ./scripts/install-deps.sh
+  ./scripts/build.sh
+  # The browser test's driver (playwright-core, pinned by package-lock.json;
+  # it uses Debian's chromium, no browser download).
+  PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --prefix tests/browser --no-audit --no-fund
+  # The Kubernetes schema validator's npm packages, as pinned by its lock file.
+  npm ci --prefix tests/deploy/k8s-validate --no-audit --no-fund --loglevel=error
+  echo "test.sh: debian12: ctest"
+  ctest --test-dir "${BUILD_DIR:-build}" "${CTEST_ARGS[@]}" "$@" || failed+=(debian12)
+  echo "test.sh: debian12 took $((SECONDS - start)) s"
+}
+
+run_debian13() {
+  local start=$SECONDS
+  ./scripts/debian13.sh root
+  ./scripts/debian13.sh run env BUILD_DIR=build-debian13 ./scripts/build.sh \
+    -DCONCORD_WITH_CUDA=ON -DCONCORD_WITH_NCCL=ON
+  echo "test.sh: debian13: ctest"
+  ./scripts/debian13.sh run ctest --test-dir build-debian13 "${CTEST_ARGS[@]}" \
+    --label-exclude 'deploy|browser' "$@" || failed+=(debian13)
+  echo "test.sh: debian13 took $((SECONDS - start)) s"
+}
+
+case "$platform" in
+  debian12) run_debian12 "$@" ;;
+  debian13) run_debian13 "$@" ;;
+  all)
+    run_debian12 "$@"
+    run_debian13 "$@"
+    ;;
+esac
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "test.sh: tests failed on: ${failed[*]}" >&2
+  exit 1
+fi
