@@ -9,6 +9,7 @@ binaries print now (ctest runs it: the reference cannot go stale).
 """
 import argparse
 import os
+import re
 import subprocess
 import sys
 
@@ -45,7 +46,20 @@ def help_text(bin_dir, argv):
     text = out.stdout + out.stderr
     # CLI11 prints argv[0] in its usage line: make it the bare name.
     text = text.replace(exe, argv[0])
-    return "\n".join(line.rstrip() for line in text.strip().splitlines())
+    return "\n".join(cli11_23_defaults(line.rstrip())
+                     for line in text.strip().splitlines())
+
+
+def cli11_23_defaults(line):
+    """An option's default as CLI11 2.3 (Debian 12) prints it, `TYPE=DEFAULT`.
+
+    CLI11 2.4 and later (Debian 13) print `TYPE [DEFAULT]`; the reference is
+    one text whichever CLI11 the binaries were built with. A range such as
+    `INT in [2 - 600]` is not a default.
+    """
+    if not line.lstrip().startswith("-"):
+        return line
+    return re.sub(r"(?<! in) \[([^\[\]]*)\]$", r"=\1", line)
 
 
 def render(bin_dir):
