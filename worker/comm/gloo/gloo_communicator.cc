@@ -1,6 +1,9 @@
 #include "worker/comm/gloo/gloo_communicator.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/Event.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/broadcast.h>
@@ -15,6 +18,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -127,11 +131,66 @@ absl::Status SetSumOutput(Options& opts, const at::Tensor& tensor,
 // prefixes Gloo's own collectives use (gloo/types.h).
 constexpr uint8_t kExchangeSlotPrefix = 0x40;
 
+// Note [CUDA tensors over Gloo]: NCCL refuses two ranks on one GPU, so
+// processes that share a GPU run Gloo with their CUDA tensors staged through
+// pinned host memory, as c10d's ProcessGroupGloo does. The calling thread
+// records an event on the tensor's current stream: the point after which its
+// contents are final. The communication thread makes a side stream wait for
+// that event, copies the tensor to the host on it, runs the Gloo operation
+// on the host copy, copies the result back on the side stream and waits for
+// that copy before the work completes; so a Wait() orders every later use of
+// the tensor, from any stream, after the result, and the training thread
+// never blocks on the device. CPU tensors are used in place.
+class Staged {
+ public:
+  // Calling thread. `read`: the operation reads the tensor (otherwise it
+  // only writes it: no copy to the host).
+  Staged(at::Tensor tensor, bool read) : tensor_(std::move(tensor)) {
+    if (!tensor_.is_cuda()) return;
+    c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
+    if (read) {
+      ready_ = std::make_shared<c10::Event>(c10::DeviceType::CUDA);
+      ready_->record(impl.getStream(tensor_.device()));
+    }
+  }
+
+  // Communication thread: the tensor the Gloo operation works on.
+  at::Tensor Host() {
+    if (!tensor_.is_cuda()) return tensor_;
+    c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
+    side_ = impl.getStreamFromGlobalPool(tensor_.device());
+    host_ = at::empty(tensor_.sizes(),
+                      tensor_.options().device(at::kCPU).pinned_memory(true));
+    if (ready_ != nullptr) {
+      ready_->block(*side_);
+      c10::StreamGuard guard(*side_);
+      host_.copy_(tensor_, /*non_blocking=*/true);
+      side_->synchronize();
+    }
+    return host_;
+  }
+
+  // Communication thread, after the operation: the result back in place.
+  void CopyBack() {
+    if (!tensor_.is_cuda()) return;
+    c10::StreamGuard guard(*side_);
+    tensor_.copy_(host_, /*non_blocking=*/true);
+    side_->synchronize();
+  }
+
+ private:
+  at::Tensor tensor_;
+  at::Tensor host_;
+  std::shared_ptr<c10::Event> ready_;
+  std::optional<c10::Stream> side_;
+};
+
 absl::Status CheckTensor(const at::Tensor& t) {
   if (!t.defined()) return absl::InvalidArgumentError("undefined tensor");
-  if (!t.device().is_cpu()) {
+  if (!t.device().is_cpu() && !t.device().is_cuda()) {
     return absl::InvalidArgumentError(
-        "the gloo communicator takes CPU tensors only");
+        absl::StrCat("the gloo communicator takes CPU or CUDA tensors, not ",
+                     t.device().str()));
   }
   if (!t.is_contiguous()) {
     return absl::InvalidArgumentError("collective tensor must be contiguous");
@@ -151,6 +210,10 @@ absl::Status CheckAllgather(const at::Tensor& output, const at::Tensor& input,
   }
   if (input.numel() > 0 && output.is_alias_of(input)) {
     return absl::InvalidArgumentError("allgather output aliases its input");
+  }
+  if (output.device() != input.device()) {
+    return absl::InvalidArgumentError(
+        "allgather output and input are on different devices");
   }
   return absl::OkStatus();
 }
@@ -270,12 +333,15 @@ std::shared_ptr<Work> GlooCommunicator::AllreduceSum(
   if (options_.size == 1 || tensor.numel() == 0) {
     return PromiseWork::Done(absl::OkStatus());
   }
-  return Enqueue([this, tensor, options](uint32_t tag) -> absl::Status {
+  auto staged = std::make_shared<Staged>(tensor, /*read=*/true);
+  return Enqueue([this, staged, options](uint32_t tag) -> absl::Status {
+    const at::Tensor host = staged->Host();
     gloo::AllreduceOptions opts(context_);
     opts.setTag(tag);
     opts.setTimeout(ToMillis(options.timeout));
-    CONCORD_RETURN_IF_ERROR(SetSumOutput(opts, tensor, "allreduce"));
+    CONCORD_RETURN_IF_ERROR(SetSumOutput(opts, host, "allreduce"));
     gloo::allreduce(opts);
+    staged->CopyBack();
     return absl::OkStatus();
   });
 }
@@ -292,15 +358,18 @@ std::shared_ptr<Work> GlooCommunicator::Broadcast(
   if (options_.size == 1 || tensor.numel() == 0) {
     return PromiseWork::Done(absl::OkStatus());
   }
-  return Enqueue([this, tensor, root, options](uint32_t tag) -> absl::Status {
+  auto staged = std::make_shared<Staged>(tensor, /*read=*/rank() == root);
+  return Enqueue([this, staged, root, options](uint32_t tag) -> absl::Status {
+    const at::Tensor host = staged->Host();
     gloo::BroadcastOptions opts(context_);
     opts.setTag(tag);
     opts.setTimeout(ToMillis(options.timeout));
     opts.setRoot(root);
     // Broadcast moves bytes: the dtype does not matter.
-    opts.setOutput(static_cast<uint8_t*>(tensor.data_ptr()),
-                   static_cast<size_t>(tensor.nbytes()));
+    opts.setOutput(static_cast<uint8_t*>(host.data_ptr()),
+                   static_cast<size_t>(host.nbytes()));
     gloo::broadcast(opts);
+    staged->CopyBack();
     return absl::OkStatus();
   });
 }
@@ -317,13 +386,16 @@ std::shared_ptr<Work> GlooCommunicator::ReduceSum(
   if (options_.size == 1 || tensor.numel() == 0) {
     return PromiseWork::Done(absl::OkStatus());
   }
-  return Enqueue([this, tensor, root, options](uint32_t tag) -> absl::Status {
+  auto staged = std::make_shared<Staged>(tensor, /*read=*/true);
+  return Enqueue([this, staged, root, options](uint32_t tag) -> absl::Status {
+    const at::Tensor host = staged->Host();
     gloo::ReduceOptions opts(context_);
     opts.setTag(tag);
     opts.setTimeout(ToMillis(options.timeout));
     opts.setRoot(root);
-    CONCORD_RETURN_IF_ERROR(SetSumOutput(opts, tensor, "reduce"));
+    CONCORD_RETURN_IF_ERROR(SetSumOutput(opts, host, "reduce"));
     gloo::reduce(opts);
+    staged->CopyBack();
     return absl::OkStatus();
   });
 }
@@ -339,18 +411,24 @@ std::shared_ptr<Work> GlooCommunicator::Exchange(
   if (absl::Status s = CheckTensor(send); !s.ok()) return PromiseWork::Done(s);
   // Every rank takes a tag, so that the tags of later collectives agree,
   // even where this rank has nothing to move.
-  return Enqueue([this, send, to = std::move(to), recv = std::move(recv),
-                  from = std::move(from),
+  const bool moves = send.numel() > 0 && !(to.empty() && from.empty());
+  auto staged_send = std::make_shared<Staged>(send, /*read=*/!to.empty());
+  std::vector<std::shared_ptr<Staged>> staged_recv;
+  for (const at::Tensor& r : recv) {
+    staged_recv.push_back(std::make_shared<Staged>(r, /*read=*/false));
+  }
+  return Enqueue([this, moves, staged_send, to = std::move(to),
+                  staged_recv = std::move(staged_recv), from = std::move(from),
                   options](uint32_t tag) -> absl::Status {
-    if (send.numel() == 0 || (to.empty() && from.empty())) {
-      return absl::OkStatus();
-    }
+    if (!moves) return absl::OkStatus();
+    const at::Tensor send_host = staged_send->Host();
     const uint64_t slot = gloo::Slot::build(kExchangeSlotPrefix, tag);
-    const size_t bytes = static_cast<size_t>(send.nbytes());
-    auto out = context_->createUnboundBuffer(send.data_ptr(), bytes);
+    const size_t bytes = static_cast<size_t>(send_host.nbytes());
+    auto out = context_->createUnboundBuffer(send_host.data_ptr(), bytes);
     std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> in;
     for (size_t i = 0; i < from.size(); ++i) {
-      in.push_back(context_->createUnboundBuffer(recv[i].data_ptr(), bytes));
+      const at::Tensor recv_host = staged_recv[i]->Host();
+      in.push_back(context_->createUnboundBuffer(recv_host.data_ptr(), bytes));
       in.back()->recv(from[i], slot);
     }
     for (int peer : to) out->send(peer, slot);
@@ -367,6 +445,7 @@ std::shared_ptr<Work> GlooCommunicator::Exchange(
             "gloo: exchange receive was aborted or timed out");
       }
     }
+    for (auto& r : staged_recv) r->CopyBack();
     return absl::OkStatus();
   });
 }
@@ -381,18 +460,24 @@ std::shared_ptr<Work> GlooCommunicator::Allgather(
     output.copy_(input.view_as(output));
     return PromiseWork::Done(absl::OkStatus());
   }
-  return Enqueue([this, output, input, options](uint32_t tag) -> absl::Status {
-    gloo::AllgatherOptions opts(context_);
-    opts.setTag(tag);
-    opts.setTimeout(ToMillis(options.timeout));
-    // Allgather moves bytes: the dtype does not matter.
-    opts.setInput(static_cast<uint8_t*>(input.data_ptr()),
-                  static_cast<size_t>(input.nbytes()));
-    opts.setOutput(static_cast<uint8_t*>(output.data_ptr()),
-                   static_cast<size_t>(output.nbytes()));
-    gloo::allgather(opts);
-    return absl::OkStatus();
-  });
+  auto staged_in = std::make_shared<Staged>(input, /*read=*/true);
+  auto staged_out = std::make_shared<Staged>(output, /*read=*/false);
+  return Enqueue(
+      [this, staged_in, staged_out, options](uint32_t tag) -> absl::Status {
+        const at::Tensor in = staged_in->Host();
+        const at::Tensor out = staged_out->Host();
+        gloo::AllgatherOptions opts(context_);
+        opts.setTag(tag);
+        opts.setTimeout(ToMillis(options.timeout));
+        // Allgather moves bytes: the dtype does not matter.
+        opts.setInput(static_cast<uint8_t*>(in.data_ptr()),
+                      static_cast<size_t>(in.nbytes()));
+        opts.setOutput(static_cast<uint8_t*>(out.data_ptr()),
+                       static_cast<size_t>(out.nbytes()));
+        gloo::allgather(opts);
+        staged_out->CopyBack();
+        return absl::OkStatus();
+      });
 }
 
 absl::StatusOr<std::shared_ptr<Communicator>> GlooGroupFactory::CreateGroup(

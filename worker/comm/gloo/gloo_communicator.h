@@ -1,5 +1,6 @@
 #pragma once
-// Communicator over Gloo (CPU tensors, TCP).
+// Communicator over Gloo (TCP): CPU tensors in place, CUDA tensors staged
+// through pinned host memory (Note [CUDA tensors over Gloo]).
 //
 // Rendezvous exchanges Gloo's addresses through a comm::Store (the
 // coordinator's key-value store in a job). Collectives run one at a time, in
