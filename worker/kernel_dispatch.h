@@ -2,19 +2,25 @@
 // Runs one of kernels/'s kernels on a LibTorch tensor's device (internal; not
 // an installed header). Note [Kernels in the worker]: a CPU tensor runs the
 // CPU twin; a CUDA tensor runs the CUDA kernel (when Concord was built with
-// them) on the legacy default stream — the stream LibTorch's own work runs on
-// unless the program picked another — with the tensor's device current, and
-// the stream is synchronised before returning, because the communicators
-// read the results from their own streams (NCCL) or from the host (Gloo).
+// them) on LibTorch's current stream of the tensor's device, with that
+// device current, as LibTorch's own ops run: the host does not wait. What
+// reads the results is ordered after them by that stream — LibTorch's ops on
+// it, the communicators through an event recorded on it (Note [CUDA tensors
+// over Gloo], and the NCCL communicator's stream waits on it).
 
 #include <ATen/ATen.h>
 
 #include <optional>
 
+#include "concord/config.h"
 #include "kernels/dtype.h"
 
 #if defined(CONCORD_KERNELS_CUDA)
 #include <cuda_runtime_api.h>
+#endif
+#if defined(CONCORD_KERNELS_CUDA) && CONCORD_TORCH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #endif
 
 namespace concord::kernels_dispatch {
@@ -41,28 +47,17 @@ void OnDevice(const at::Tensor& t, const char* what, Cpu cpu, Cuda cuda) {
     cpu();
     return;
   }
-#if defined(CONCORD_KERNELS_CUDA)
+#if defined(CONCORD_KERNELS_CUDA) && CONCORD_TORCH_CUDA
   TORCH_CHECK(t.is_cuda(), what, ": unsupported device ", t.device());
-  int previous = 0;
-  TORCH_CHECK(cudaGetDevice(&previous) == cudaSuccess, what,
-              ": cudaGetDevice failed");
-  const int device = t.device().index() < 0 ? previous : t.device().index();
-  if (device != previous) {
-    TORCH_CHECK(cudaSetDevice(device) == cudaSuccess, what, ": cudaSetDevice(",
-                device, ") failed");
-  }
-  const cudaError_t launched = cuda(static_cast<cudaStream_t>(nullptr));
-  const cudaError_t synced =
-      launched == cudaSuccess ? cudaStreamSynchronize(nullptr) : launched;
-  if (device != previous) cudaSetDevice(previous);
+  const c10::cuda::CUDAGuard guard(t.device());
+  const cudaError_t launched =
+      cuda(c10::cuda::getCurrentCUDAStream(t.device().index()).stream());
   TORCH_CHECK(launched == cudaSuccess, what,
               " CUDA kernel: ", cudaGetErrorString(launched));
-  TORCH_CHECK(synced == cudaSuccess, what,
-              ": cudaStreamSynchronize failed: ", cudaGetErrorString(synced));
 #else
   (void)cuda;
   TORCH_CHECK(false, what, ": tensors on ", t.device(),
-              " need Concord built with CUDA kernels");
+              " need Concord built with CUDA kernels and a CUDA LibTorch");
 #endif
 }
 

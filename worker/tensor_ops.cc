@@ -33,7 +33,9 @@ void CopySlices(const at::Tensor& flat, std::vector<BucketSlice>& slices,
   if (slices.empty()) return;
   const auto count = static_cast<int64_t>(slices.size());
   const int64_t element_size = flat.element_size();
-  // The slice array's device copy lives until OnDevice has synchronised.
+  // The slice array's device copy is freed on return, before the kernel has
+  // run: LibTorch's caching allocator hands its block out again only in
+  // stream order, and the kernel runs on the stream it was allocated on.
   at::Tensor device_slices;
   OnDevice(
       flat, "bucket copy",
