@@ -127,6 +127,8 @@ Prepared Prepare(const Flags& flags) {
   in.loss = flags.loss == "mse" ? Loss::kMse : Loss::kCrossEntropy;
   const bool builtin = absl::StartsWith(flags.model, "builtin:");
   if (!builtin) {
+    // The same arithmetic with every LibTorch (Note [LibTorch versions]).
+    concord::compat::UnfusedTorchScriptOnCpu();
     auto loaded = concord::train::LoadModel(flags.model);
     if (!loaded.ok()) Fail(2, std::string(loaded.status().message()));
     in.script = std::move(*loaded);

@@ -6,11 +6,29 @@
 // - Optimizer::zero_grad() zeroes gradients in 1.13 but sets them to none
 //   (undefined) in 2.x, as Python's does since 2.0. Concord always says which
 //   it wants: ZeroGrad(optimizer, set_to_none).
+// - TorchScript's CPU fuser: off in Debian 12's 1.13 (built without LLVM),
+//   on in Debian 13's 2.6 (with LLVM), where a model's elementwise ops then
+//   run in generated kernels that round differently from ATen's, and where
+//   Python's torch hangs the first time it fuses a graph. concord-train runs
+//   TorchScript unfused on CPU with every LibTorch, as the Python reference
+//   tests do (tests/reference/fixtures.py): UnfusedTorchScriptOnCpu().
 
 #include <torch/optim/optimizer.h>
 #include <torch/version.h>
 
+// Declared in torch/csrc/jit/codegen/fuser/interface.h, which Debian's
+// LibTorch packages do not install; exported by libtorch_cpu in 1.13 and 2.x.
+namespace torch::jit {
+TORCH_API void overrideCanFuseOnCPU(bool value);
+}  // namespace torch::jit
+
 namespace concord::compat {
+
+// TorchScript graphs run on CPU without fusion (see above), for the whole
+// process.
+inline void UnfusedTorchScriptOnCpu() {
+  torch::jit::overrideCanFuseOnCPU(false);
+}
 
 // Zeroes every gradient the optimizer owns (set_to_none = false: detached
 // and filled with zeros, as PyTorch's zero_grad(set_to_none=False)), or

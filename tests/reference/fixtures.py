@@ -61,6 +61,12 @@ import sys
 import torch
 import torch.nn as nn
 
+# TorchScript runs unfused on CPU, as concord-train runs it with every
+# LibTorch (Note [LibTorch versions] in worker/torch_compat.h): Debian 13's
+# PyTorch 2.6 fuses with LLVM-generated kernels (other roundings than ATen's)
+# and hangs the first time it does so; Debian 12's 1.13 never fuses on CPU.
+torch._C._jit_override_can_fuse_on_cpu(False)
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from testlib import Checks  # noqa: E402
 
