@@ -4,6 +4,7 @@
 #include <iterator>
 
 #include "absl/strings/str_cat.h"
+#include "worker/state_dict_file.h"
 
 namespace concord::train {
 namespace {
@@ -207,23 +208,9 @@ torch::Tensor ComputeLoss(Loss loss, const torch::Tensor& output,
 absl::Status SaveState(
     const std::vector<std::pair<std::string, torch::Tensor>>& state,
     const std::string& path) {
-  c10::Dict<std::string, torch::Tensor> dict;
-  for (const auto& [name, tensor] : state) {
-    dict.insert(name, tensor.detach().clone());
-  }
-  const std::vector<char> bytes = torch::pickle_save(c10::IValue(dict));
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    if (!out) {
-      return absl::UnavailableError(
-          absl::StrCat("--output ", path, ": cannot write"));
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    return absl::UnavailableError(
-        absl::StrCat("--output ", path, ": cannot rename into place"));
+  // Note [State dict files]: loads with torch.load(weights_only=True).
+  if (absl::Status s = concord::SaveStateDict(state, path); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("--output ", s.message()));
   }
   return absl::OkStatus();
 }

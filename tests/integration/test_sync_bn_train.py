@@ -70,7 +70,7 @@ def elastic_cases(checks, run, train, data, tmp):
         checks.check(r.returncode == want, "%s: concord-run exits %d" % (name, want),
                      r.describe())
         workers = os.path.join(out, "workers")
-        states = [torch.load(os.path.join(workers, f)) for f in sorted(os.listdir(workers))
+        states = [fixtures.load_state(os.path.join(workers, f)) for f in sorted(os.listdir(workers))
                   if f.endswith(".pt")] if os.path.isdir(workers) else []
         metrics = None
         if os.path.isfile(os.path.join(out, "metrics.json")):
@@ -140,7 +140,7 @@ def main():
             r = fixtures.run_command(cmd, timeout=240)
             checks.check(r.returncode == 0, "concord-run --nproc %d %s" % (nproc, " ".join(extra)),
                          r.describe())
-            return torch.load(out) if r.returncode == 0 else None
+            return fixtures.load_state(out) if r.returncode == 0 else None
 
         if args.elastic:
             elastic_cases(checks, run, train, data, tmp)

@@ -342,9 +342,10 @@ def last_joiner(lengths):
 # --- state dict helpers ------------------------------------------------------
 
 def load_state(path):
-    """Load a dict name -> tensor written by torch.save (Python) or
-    torch::pickle_save (C++)."""
-    obj = torch.load(path, map_location="cpu")
+    """Load a dict name -> tensor written by torch.save (Python) or by
+    Concord (Note [State dict files]), the way a careful Python user does:
+    torch.load with weights_only=True (2.6's default; 1.13 has the flag)."""
+    obj = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(obj, dict):
         raise ValueError("%s: expected a dict of tensors, got %s" % (path, type(obj).__name__))
     out = {}

@@ -21,6 +21,7 @@
 
 #include "worker/comm/gloo/gloo_communicator.h"
 #include "worker/comm/store.h"
+#include "worker/state_dict_file.h"
 #include "worker/syncbn/sync_batch_norm.h"
 
 namespace {
@@ -129,18 +130,20 @@ int Run(const std::string& in_path, const std::string& out_path) {
     y_steps.push_back(torch::cat(ys));
     dx_steps.push_back(torch::cat(dxs));
   }
-  c10::Dict<std::string, torch::Tensor> out;
-  out.insert("y", torch::stack(y_steps));
-  out.insert("dx", torch::stack(dx_steps));
-  out.insert("dw", dw);
-  out.insert("db", db);
-  out.insert("running_mean", running_mean);
-  out.insert("running_var", running_var);
-  out.insert("num_batches_tracked", batches);
-  const std::vector<char> saved = torch::pickle_save(c10::IValue(out));
-  std::ofstream o(out_path, std::ios::binary | std::ios::trunc);
-  o.write(saved.data(), static_cast<std::streamsize>(saved.size()));
-  return o ? 0 : 1;
+  const absl::Status saved =
+      concord::SaveStateDict({{"y", torch::stack(y_steps)},
+                              {"dx", torch::stack(dx_steps)},
+                              {"dw", dw},
+                              {"db", db},
+                              {"running_mean", running_mean},
+                              {"running_var", running_var},
+                              {"num_batches_tracked", batches}},
+                             out_path);
+  if (!saved.ok()) {
+    std::cerr << "syncbn_reference_helper: " << saved.message() << std::endl;
+    return 1;
+  }
+  return 0;
 }
 
 }  // namespace

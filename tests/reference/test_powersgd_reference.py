@@ -109,7 +109,7 @@ def main():
         plain = os.path.join(tmp, "plain.pt")
         check(concord(args, model, data, plain, None), "concord-train without a hook")
         if os.path.exists(out) and os.path.exists(plain):
-            a, b, c = torch.load(out), torch.load(ref), torch.load(plain)
+            a, b, c = (fixtures.load_state(p) for p in (out, ref, plain))
             problems = fixtures.compare_states(a, b, rtol=1e-5, atol=1e-6)
             check(not problems, "PowerSGD (W=%d, rank %d, start %d) equals PyTorch's powerSGD_hook"
                   % (args.world_size, args.rank, args.start_iter), "; ".join(problems[:5]))

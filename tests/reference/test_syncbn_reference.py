@@ -20,6 +20,9 @@ import zlib
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fixtures  # noqa: E402
+
 # (name, per-rank batch sizes, (C, spatial...), channels_last, momentum)
 CASES = [
     ("2d_w2", [4, 4], (3, 5, 4), False, 0.1),
@@ -87,7 +90,7 @@ def run_helper(helper, tmp, name, inputs):
     if proc.returncode != 0:
         return None, (f"{name}: helper failed ({proc.returncode}): "
                       f"{proc.stderr.strip()}")
-    return torch.load(out_path), None
+    return fixtures.load_state(out_path), None
 
 
 def compare(name, got, want, rtol=1e-4, atol=1e-5):
