@@ -214,9 +214,14 @@ std::vector<std::string> WorkerEnv(const Options& o,
                                    int restarts) {
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
-    // The job's settings are concord-run's to give; test hooks pass.
-    if (std::strncmp(*e, "CONCORD_", 8) != 0 ||
-        std::strncmp(*e, "CONCORD_TEST_", 13) == 0) {
+    // The job's settings are concord-run's to give; test hooks, the
+    // device and the backend (Note [Worker device]) pass.
+    if ((std::strncmp(*e, "CONCORD_", 8) != 0 ||
+         std::strncmp(*e, "CONCORD_TEST_", 13) == 0 ||
+         std::strncmp(*e, "CONCORD_DEVICE=", 15) == 0 ||
+         std::strncmp(*e, "CONCORD_BACKEND=", 16) == 0) &&
+        std::strncmp(*e, "LOCAL_RANK=", 11) != 0 &&
+        std::strncmp(*e, "LOCAL_WORLD_SIZE=", 17) != 0) {
       env.emplace_back(*e);
     }
   }
@@ -233,7 +238,12 @@ std::vector<std::string> WorkerEnv(const Options& o,
   if (o.settle_ms > 0) {
     env.push_back(absl::StrCat("CONCORD_SETTLE_MS=", o.settle_ms));
   }
+  // The worker's index on this node: a CUDA worker's device is
+  // cuda:<local rank> (Note [Worker device] in worker/device.h). torchrun's
+  // names too, for programs written against them.
   env.push_back(absl::StrCat("CONCORD_LOCAL_RANK=", index));
+  env.push_back(absl::StrCat("LOCAL_RANK=", index));
+  env.push_back(absl::StrCat("LOCAL_WORLD_SIZE=", o.nproc));
   env.push_back(absl::StrCat("CONCORD_RESTART_COUNT=", restarts));
   // Unique in the job across machines and launchers: the host, this
   // launcher's pid, the local index; a restarted worker is a new member (a

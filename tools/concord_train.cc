@@ -119,8 +119,45 @@ struct Prepared {
       named_buffers;
   concord::DdpOptions ddp_options;
   concord::worker::WorkerOptions options;
+  torch::Device device = torch::kCPU;               // where the model trains
   std::shared_ptr<concord::trace::Recorder> trace;  // --trace, if any
 };
+
+// Note [Worker device]: --device and --backend (else the environment's)
+// resolved on this machine; `options` then names the device itself, so the
+// session does not resolve `auto` again. A device or backend that is not
+// there is exit 2 with one line; `auto` without a GPU says so once.
+torch::Device ResolveTrainDevice(const Flags& flags,
+                                 concord::worker::WorkerOptions& options) {
+  if (!flags.device.empty()) {
+    options.device = *concord::ParseDeviceRequest(flags.device);
+  }
+  if (!flags.backend.empty()) {
+    options.backend = *concord::ParseBackendRequest(flags.backend);
+  }
+  auto resolved = concord::worker::ResolveWorkerDevice(options);
+  if (!resolved.ok()) {
+    Fail(2, absl::StrCat(flags.device.empty() ? "CONCORD_DEVICE: " : "--",
+                         resolved.status().message()));
+  }
+  if (!resolved->note.empty()) {
+    std::cerr << "concord-train: "
+              << (flags.device.empty() ? "CONCORD_DEVICE: " : "--")
+              << resolved->note << std::endl;
+  }
+  const concord::WorkerDevice& device = resolved->device;
+  auto backend = concord::worker::ResolveBackend(options, device);
+  if (!backend.ok()) {
+    Fail(2, absl::StrCat(flags.backend.empty() ? "CONCORD_BACKEND: " : "--",
+                         backend.status().message()));
+  }
+  options.device.kind = device.is_cuda() ? concord::DeviceRequest::Kind::kCuda
+                                         : concord::DeviceRequest::Kind::kCpu;
+  options.device.index = device.index;
+  if (!device.is_cuda()) return torch::kCPU;
+  return torch::Device(torch::kCUDA,
+                       static_cast<torch::DeviceIndex>(device.index));
+}
 
 Prepared Prepare(const Flags& flags) {
   Prepared in;
@@ -154,6 +191,15 @@ Prepared Prepare(const Flags& flags) {
                  *in.script, in.data, in.loss, flags.model, flags.data);
              !st.ok()) {
     Fail(2, std::string(st.message()));
+  }
+  auto options = concord::worker::WorkerOptions::FromEnvironment();
+  if (!options.ok()) Fail(2, std::string(options.status().message()));
+  in.options = *std::move(options);
+  in.device = ResolveTrainDevice(flags, in.options);
+  if (in.script) {
+    in.script->to(in.device);
+  } else {
+    in.net->to(in.device);
   }
   // Names and tensors of the model, whichever kind it is.
   if (in.script) {
@@ -206,9 +252,6 @@ Prepared Prepare(const Flags& flags) {
       Fail(2, absl::StrCat("--comm-hook: ", hook.status().message()));
     }
   }
-  auto options = concord::worker::WorkerOptions::FromEnvironment();
-  if (!options.ok()) Fail(2, std::string(options.status().message()));
-  in.options = *std::move(options);
   // The timeline: --trace alone, or the file concord-run --trace gave.
   if (!flags.trace.empty() && !in.options.trace_file.empty()) {
     Fail(2,
@@ -560,8 +603,10 @@ int Train(const Flags& flags, concord::train::Progress& progress) {
 
   auto take_step = [&](concord::elastic::State& st, const Batch& batch) {
     const auto t0 = std::chrono::steady_clock::now();
-    const torch::Tensor x = data.inputs.index_select(0, batch.index);
-    const torch::Tensor y = data.targets.index_select(0, batch.index);
+    const torch::Tensor x =
+        data.inputs.index_select(0, batch.index).to(in.device);
+    const torch::Tensor y =
+        data.targets.index_select(0, batch.index).to(in.device);
     fault.step = st.step + 1;
     if (trace) trace->SetStep(st.step + 1);
     concord::trace::Recorder::Span step_span(trace, "step");
@@ -661,8 +706,10 @@ int Train(const Flags& flags, concord::train::Progress& progress) {
         if (position + batch.job_samples >= n) break;  // the epoch's last
         auto no_sync = (*ddp)->NoSync();
         if (trace) trace->SetStep(st.step + 1);
-        const torch::Tensor x = data.inputs.index_select(0, batch.index);
-        const torch::Tensor y = data.targets.index_select(0, batch.index);
+        const torch::Tensor x =
+            data.inputs.index_select(0, batch.index).to(in.device);
+        const torch::Tensor y =
+            data.targets.index_select(0, batch.index).to(in.device);
         torch::Tensor l = concord::train::ComputeLoss(loss, forward(x), y);
         concord::trace::Recorder::Span span(trace, "backward");
         l.backward();

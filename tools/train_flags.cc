@@ -2,6 +2,9 @@
 
 #include <CLI/CLI.hpp>
 
+#include "absl/strings/str_cat.h"
+#include "worker/device.h"
+
 namespace concord::train {
 
 absl::StatusOr<TrainFlags> ParseTrainFlags(int argc, char** argv) {
@@ -93,6 +96,13 @@ absl::StatusOr<TrainFlags> ParseTrainFlags(int argc, char** argv) {
                       "with the job's samples of each step it commits to "
                       "DIR/<worker id>.samples (elastic sharding)");
   concord::train::AddSlowMoFlags(app, &f.slowmo);
+  app.add_option("--device", f.device,
+                 "cpu, cuda (cuda:<local rank>), cuda:N or auto (a GPU when "
+                 "there is one); default: $CONCORD_DEVICE, else cpu");
+  app.add_option("--backend", f.backend,
+                 "the communicator: auto (nccl on a GPU, else gloo), gloo "
+                 "(also for processes sharing a GPU) or nccl; default: "
+                 "$CONCORD_BACKEND, else auto");
   app.add_flag("--sync-bn", f.sync_bn,
                "SyncBatchNorm (C++-frontend models only: refused for "
                "TorchScript)");
@@ -102,6 +112,18 @@ absl::StatusOr<TrainFlags> ParseTrainFlags(int argc, char** argv) {
     std::exit(app.exit(e));
   } catch (const CLI::ParseError& e) {
     return absl::InvalidArgumentError(e.what());
+  }
+  if (!f.device.empty()) {
+    if (auto d = concord::ParseDeviceRequest(f.device); !d.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--device: ", d.status().message()));
+    }
+  }
+  if (!f.backend.empty()) {
+    if (auto b = concord::ParseBackendRequest(f.backend); !b.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--backend: ", b.status().message()));
+    }
   }
   if (f.sharding == "fixed" && f.grad_accum > 1) {
     return absl::InvalidArgumentError(

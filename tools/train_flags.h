@@ -30,6 +30,10 @@ struct TrainFlags {
   int64_t log_interval = 10;
   std::string log_level = "info";
   std::string trace;
+  // Note [Worker device] (worker/device.h): empty = CONCORD_DEVICE's, else
+  // the CPU; CONCORD_BACKEND's, else auto.
+  std::string device;
+  std::string backend;
   // DDP (PyTorch's and apex's options).
   double bucket_cap_mb = 25;
   bool find_unused_parameters = false;

@@ -1,6 +1,8 @@
 #include "worker/session.h"
 
 #include <spdlog/spdlog.h>
+#include <torch/cuda.h>
+#include <torch/version.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,8 +15,12 @@
 #include "absl/time/clock.h"
 #include "common/auth.h"
 #include "common/status_macros.h"
+#include "concord/config.h"
 #include "worker/comm/gloo/gloo_communicator.h"
 #include "worker/coordinator_store.h"
+#if CONCORD_HAVE_NCCL && CONCORD_TORCH_CUDA
+#include "worker/comm/nccl/nccl_communicator.h"
+#endif
 
 namespace concord::worker {
 namespace {
@@ -81,6 +87,28 @@ absl::StatusOr<WorkerOptions> WorkerOptions::FromEnvironment() {
   o.comm_host = Env("CONCORD_COMM_HOST", "127.0.0.1");
   o.trace_file = Env("CONCORD_TRACE_FILE");
   o.node_id = Env("CONCORD_NODE_ID", DefaultNodeId());
+  if (const std::string device = Env("CONCORD_DEVICE"); !device.empty()) {
+    auto parsed = ParseDeviceRequest(device);
+    if (!parsed.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("CONCORD_DEVICE: ", parsed.status().message()));
+    }
+    o.device = *parsed;
+  }
+  if (const std::string backend = Env("CONCORD_BACKEND"); !backend.empty()) {
+    auto parsed = ParseBackendRequest(backend);
+    if (!parsed.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("CONCORD_BACKEND: ", parsed.status().message()));
+    }
+    o.backend = *parsed;
+  }
+  int64_t local_rank;
+  const char* local_name = std::getenv("CONCORD_LOCAL_RANK") != nullptr
+                               ? "CONCORD_LOCAL_RANK"
+                               : "LOCAL_RANK";
+  CONCORD_RETURN_IF_ERROR(EnvInt(local_name, -1, 0, &local_rank));
+  o.local_rank = static_cast<int>(local_rank);
   o.join_timeout = absl::Milliseconds(rdzv_timeout);
   o.collective_timeout = absl::Milliseconds(collective_timeout);
   if (!o.coordinator.empty()) {
@@ -110,17 +138,68 @@ absl::StatusOr<WorkerOptions> WorkerOptions::FromEnvironment() {
   return o;
 }
 
+absl::StatusOr<ResolvedDevice> ResolveWorkerDevice(
+    const WorkerOptions& options) {
+  const int devices = static_cast<int>(torch::cuda::device_count());
+  std::string why;
+#if CONCORD_TORCH_CUDA
+  why = "no CUDA driver or device, or CUDA_VISIBLE_DEVICES hides them";
+#else
+  why = absl::StrCat("LibTorch ", TORCH_VERSION, " was built without CUDA");
+#endif
+  return ResolveDevice(options.device, options.local_rank, devices, why);
+}
+
+absl::StatusOr<Backend> ResolveBackend(const WorkerOptions& options,
+                                       const WorkerDevice& device) {
+  // NCCL needs CUDA tensors, which only a CUDA LibTorch makes.
+  return ChooseBackend(options.backend, device,
+                       CONCORD_HAVE_NCCL && CONCORD_TORCH_CUDA);
+}
+
+absl::StatusOr<std::unique_ptr<comm::Communicator>> Session::Connect(
+    int rank, int size, int64_t generation, comm::Store* store,
+    absl::Duration timeout) const {
+  if (backend_ == Backend::kNccl) {
+#if CONCORD_HAVE_NCCL && CONCORD_TORCH_CUDA
+    comm::NcclOptions nccl;
+    nccl.rank = rank;
+    nccl.size = size;
+    nccl.generation = generation;
+    nccl.device = device_.index;
+    nccl.connect_timeout = timeout;
+    comm::PrefixStore nccl_store("nccl/", store);
+    return comm::NcclCommunicator::Create(nccl, &nccl_store);
+#else
+    return absl::FailedPreconditionError("this Concord has no NCCL");
+#endif
+  }
+  comm::GlooOptions gloo;
+  gloo.hostname = options_.comm_host;
+  gloo.connect_timeout = timeout;
+  gloo.rank = rank;
+  gloo.size = size;
+  gloo.generation = generation;
+  comm::PrefixStore gloo_store("gloo/", store);
+  return comm::GlooCommunicator::Create(gloo, &gloo_store);
+}
+
 absl::StatusOr<std::unique_ptr<Session>> Session::Start(
     const WorkerOptions& options) {
   std::unique_ptr<Session> session(new Session(options));
+  CONCORD_ASSIGN_OR_RETURN(ResolvedDevice device, ResolveWorkerDevice(options));
+  if (!device.note.empty()) spdlog::warn("{}", device.note);
+  session->device_ = device.device;
+  CONCORD_ASSIGN_OR_RETURN(session->backend_,
+                           ResolveBackend(options, session->device_));
+  spdlog::debug("worker device {}, backend {}", session->device_.ToString(),
+                std::string(BackendName(session->backend_)));
   if (options.coordinator.empty()) {
     // Alone: world size 1, nothing to rendezvous with.
     session->store_ = std::make_unique<comm::InMemoryStore>();
-    comm::GlooOptions gloo;
-    gloo.hostname = options.comm_host;
-    comm::PrefixStore gloo_store("gloo/", session->store_.get());
-    CONCORD_ASSIGN_OR_RETURN(session->comm_,
-                             comm::GlooCommunicator::Create(gloo, &gloo_store));
+    CONCORD_ASSIGN_OR_RETURN(
+        session->comm_,
+        session->Connect(0, 1, 0, session->store_.get(), options.join_timeout));
     return session;
   }
   // A fresh secret per process binds the worker id (Note [Worker binding]
@@ -182,14 +261,8 @@ absl::Status Session::JoinAndConnect(int64_t previous_generation,
           absl::Milliseconds(joined.heartbeat_interval_ms());
       heartbeat_ = std::thread([this, interval] { HeartbeatLoop(interval); });
     }
-    comm::GlooOptions gloo;
-    gloo.hostname = options_.comm_host;
-    gloo.connect_timeout = std::min(options_.join_timeout, left);
-    gloo.rank = joined.rank();
-    gloo.size = joined.world_size();
-    gloo.generation = joined.generation();
-    comm::PrefixStore gloo_store("gloo/", store_.get());
-    auto comm = comm::GlooCommunicator::Create(gloo, &gloo_store);
+    auto comm = Connect(joined.rank(), joined.world_size(), joined.generation(),
+                        store_.get(), std::min(options_.join_timeout, left));
     if (comm.ok()) {
       std::lock_guard<std::mutex> lock(comm_mu_);
       comm_ = *std::move(comm);
@@ -265,12 +338,17 @@ absl::StatusOr<std::shared_ptr<comm::Communicator>> Session::CreateGroup(
                                              " is not the current one"));
     }
   }
-  comm::GlooOptions gloo;
-  gloo.hostname = options_.comm_host;
-  gloo.connect_timeout = options_.join_timeout;
-  comm::GlooGroupFactory factory(store_.get(), gloo);
-  CONCORD_ASSIGN_OR_RETURN(auto group,
-                           factory.CreateGroup(parent, name, members));
+  CONCORD_RETURN_IF_ERROR(comm::CheckGroupMembers(parent, members));
+  const int rank = static_cast<int>(
+      std::find(members.begin(), members.end(), parent.rank()) -
+      members.begin());
+  comm::PrefixStore group_store(
+      absl::StrCat("group/", parent.generation(), "/", name, "/"),
+      store_.get());
+  CONCORD_ASSIGN_OR_RETURN(
+      std::shared_ptr<comm::Communicator> group,
+      Connect(rank, static_cast<int>(members.size()), parent.generation(),
+              &group_store, options_.join_timeout));
   std::lock_guard<std::mutex> lock(comm_mu_);
   if (comm_.get() != &parent) {
     // The generation ended while the group connected.

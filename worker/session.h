@@ -26,6 +26,7 @@
 #include "worker/comm/group.h"
 #include "worker/comm/store.h"
 #include "worker/coordinator_client.h"
+#include "worker/device.h"
 
 namespace concord::worker {
 
@@ -46,6 +47,12 @@ struct WorkerOptions {
   std::string comm_host = "127.0.0.1";
   absl::Duration join_timeout = absl::Minutes(5);
   absl::Duration collective_timeout = absl::Minutes(5);
+  // Note [Worker device] in worker/device.h: the device asked for (default:
+  // the CPU), the communicator backend, and this worker's rank among the
+  // workers of its node (concord-run's CONCORD_LOCAL_RANK; -1: unknown).
+  DeviceRequest device;
+  BackendRequest backend = BackendRequest::kAuto;
+  int local_rank = -1;
   // Where this worker writes its timeline (Note [Trace files] in
   // worker/trace/recorder.h), set by `concord-run --trace`; empty: none.
   std::string trace_file;
@@ -54,7 +61,9 @@ struct WorkerOptions {
   // CONCORD_MAX_WORKERS, CONCORD_WORKER_ID, CONCORD_COMM_HOST,
   // CONCORD_HEARTBEAT_INTERVAL_MS, CONCORD_HEARTBEAT_TIMEOUT_MS,
   // CONCORD_RENDEZVOUS_TIMEOUT_MS, CONCORD_COLLECTIVE_TIMEOUT_MS,
-  // CONCORD_SETTLE_MS, CONCORD_TRACE_FILE, CONCORD_NODE_ID, and the
+  // CONCORD_SETTLE_MS, CONCORD_TRACE_FILE, CONCORD_NODE_ID,
+  // CONCORD_DEVICE, CONCORD_BACKEND, CONCORD_LOCAL_RANK (or torchrun's
+  // LOCAL_RANK), and the
   // worker token from the file CONCORD_TOKEN_FILE names (or CONCORD_TOKEN),
   // and the PEM files CONCORD_TLS_CA (the CA that signed the coordinator's
   // certificate: turns TLS on), CONCORD_TLS_CERT and CONCORD_TLS_KEY (this
@@ -63,6 +72,16 @@ struct WorkerOptions {
   // coordinator is set but no token is.
   static absl::StatusOr<WorkerOptions> FromEnvironment();
 };
+
+// The device `options` asks for on this machine (Note [Worker device]): asks
+// LibTorch how many CUDA devices are visible. Errors: those of
+// ResolveDevice.
+absl::StatusOr<ResolvedDevice> ResolveWorkerDevice(
+    const WorkerOptions& options);
+// The backend of a worker on `device` with this build (NCCL only where
+// Concord has NCCL and LibTorch has CUDA). Errors: those of ChooseBackend.
+absl::StatusOr<Backend> ResolveBackend(const WorkerOptions& options,
+                                       const WorkerDevice& device);
 
 // Note [Re-forming]: a Session belongs to one generation at a time. When
 // that generation is over for this worker — a collective failed (a peer
@@ -81,7 +100,11 @@ class Session final : public comm::GroupFactory {
   // communicator and starts heartbeating and watching the membership.
   // Ignores SIGPIPE for the process (a peer that died must fail the
   // collective, not kill this worker).
-  // Errors: those of CoordinatorClient::Join and GlooCommunicator::Create.
+  // The device and backend are resolved first (ResolveWorkerDevice,
+  // ResolveBackend): a CUDA worker's generations are NCCL communicators on
+  // its device unless it asked for Gloo.
+  // Errors: those of the resolution, CoordinatorClient::Join and the
+  // communicator's Create.
   static absl::StatusOr<std::unique_ptr<Session>> Start(
       const WorkerOptions& options);
   ~Session();
@@ -94,13 +117,17 @@ class Session final : public comm::GroupFactory {
   int world_size() const { return shared_communicator()->size(); }
   int64_t generation() const { return shared_communicator()->generation(); }
   int authoritative_rank() const { return authoritative_rank_; }
+  // Note [Worker device]: where this worker's tensors live, and which
+  // communicator its generations use.
+  const WorkerDevice& device() const { return device_; }
+  Backend backend() const { return backend_; }
   const WorkerOptions& options() const { return options_; }
-  // comm::GroupFactory: a Gloo communicator over some ranks of the current
-  // generation, rendezvousing through the generation's store; aborted with
-  // the generation's communicator (Reform, or the coordinator saying the
-  // generation is over). Training thread only, like Reform. Errors: those
-  // of GroupFactory, ABORTED when `parent` is not the current
-  // generation's.
+  // comm::GroupFactory: a communicator of the session's backend over some
+  // ranks of the current generation, rendezvousing through the generation's
+  // store; aborted with the generation's communicator (Reform, or the
+  // coordinator saying the generation is over). Training thread only, like
+  // Reform. Errors: those of GroupFactory, ABORTED when `parent` is not the
+  // current generation's.
   absl::StatusOr<std::shared_ptr<comm::Communicator>> CreateGroup(
       const comm::Communicator& parent, const std::string& name,
       const std::vector<int>& members) override;
@@ -148,6 +175,11 @@ class Session final : public comm::GroupFactory {
   absl::Status JoinAndConnect(int64_t previous_generation,
                               const std::string& reason, int64_t committed_step,
                               absl::Time deadline);
+  // A communicator of the session's backend: `rank` of `size` in
+  // `generation`, rendezvousing through `store`.
+  absl::StatusOr<std::unique_ptr<comm::Communicator>> Connect(
+      int rank, int size, int64_t generation, comm::Store* store,
+      absl::Duration timeout) const;
   void OnMembership(const v1::MembershipUpdate& update);
   absl::Time JoinDeadline() const;
   void HeartbeatLoop(absl::Duration interval);
@@ -155,6 +187,8 @@ class Session final : public comm::GroupFactory {
   absl::Status LeaveOnce(v1::LeaveReason reason, const std::string& message);
 
   WorkerOptions options_;
+  WorkerDevice device_;
+  Backend backend_ = Backend::kGloo;
   std::unique_ptr<CoordinatorClient> client_;
   std::unique_ptr<comm::Store> store_;
   mutable std::mutex comm_mu_;

@@ -123,6 +123,50 @@ def parse_args():
     return p.parse_args()
 
 
+def device_cases(checks, train, out, tmp):
+    """Note [Worker device]: --device and --backend where there is no GPU."""
+    expect_rejection(checks, "--device gpu (not a device)", train(extra=["--device", "gpu"]),
+                     ["--device"], out, also=["cpu, cuda, cuda:N or auto"])
+    expect_rejection(checks, "--backend mpi (not a backend)",
+                     train(extra=["--backend", "mpi"]), ["--backend"], out)
+    expect_rejection(checks, "--backend nccl on the CPU", train(extra=["--backend", "nccl"]),
+                     ["--backend nccl"], out, also=["needs a CUDA device"])
+    if torch.cuda.is_available():
+        checks.ok("--device cuda / auto without a GPU",
+                  "skipped: this machine has a CUDA device")
+        return
+    expect_rejection(checks, "--device cuda without a GPU", train(extra=["--device", "cuda"]),
+                     ["--device cuda: no CUDA device is visible"], out)
+    expect_rejection(checks, "--device cuda:1 without a GPU",
+                     train(extra=["--device", "cuda:1"]),
+                     ["--device cuda:1: no CUDA device is visible"], out)
+    r = fixtures.run_command(train(), timeout=CALL_TIMEOUT,
+                             env={"CONCORD_DEVICE": "cuda"})
+    checks.check(r.returncode == 2 and len(nonempty_lines(r.stderr)) == 1
+                 and "CONCORD_DEVICE: device cuda: no CUDA device" in r.stderr,
+                 "CONCORD_DEVICE=cuda without a GPU: one line, exit 2", r.describe())
+    # auto: trains on the CPU, says so exactly once, and trains what cpu does.
+    states = {}
+    for device in ("cpu", "auto"):
+        path = os.path.join(tmp, "device-" + device, "final.pt")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        cmd = [c if c != out else path for c in train(extra=["--device", device])]
+        r = fixtures.run_command(cmd, timeout=120)
+        said = [line for line in nonempty_lines(r.stderr) if "--device auto" in line]
+        if device == "auto":
+            checks.check(r.returncode == 0 and len(said) == 1
+                         and "no CUDA device is visible" in said[0]
+                         and "training on the CPU" in said[0],
+                         "--device auto without a GPU: trains on the CPU, said once",
+                         r.describe())
+        if r.returncode == 0 and os.path.isfile(path):
+            states[device] = fixtures.load_state(path)
+    if len(states) == 2:
+        problems = fixtures.compare_states(states["auto"], states["cpu"], rtol=0, atol=0)
+        checks.check(not problems, "--device auto without a GPU trains what --device cpu does",
+                     "; ".join(problems[:5]))
+
+
 def run(args, checks, tmp):
     bin_dir = os.path.abspath(args.bin_dir)
     run_bin = os.path.join(bin_dir, "concord-run")
@@ -249,6 +293,8 @@ def run(args, checks, tmp):
     expect_rejection(checks, "--sync-bn with a TorchScript model",
                      train(extra=["--sync-bn"]), ["--sync-bn"], out,
                      also=["TorchScript", cnn_model])
+
+    device_cases(checks, train, out, tmp)
 
     # --- rejection through concord-run (2 workers) ---------------------------
     launch = [run_bin, "--standalone", "--nproc", "2", "--job-id", "cli-bad", "--"]
