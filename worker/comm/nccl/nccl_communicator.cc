@@ -4,14 +4,24 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "concord/config.h"
+#if CONCORD_TORCH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
 
 namespace concord::comm {
 namespace {
@@ -74,8 +84,32 @@ struct NcclCommunicator::State {
   NcclOptions options;
   ncclComm_t comm = nullptr;
   cudaStream_t stream = nullptr;
+#if CONCORD_TORCH_CUDA
+  // Note [NCCL streams]: `stream` is this pool stream's.
+  std::optional<c10::cuda::CUDAStream> torch_stream;
+#endif
   std::mutex mu;  // serialises enqueueing and abort
   std::atomic<bool> aborted{false};
+  std::atomic<bool> failed{false};
+
+  // The stream collectives run on (Note [NCCL streams]).
+  absl::Status MakeStream() {
+#if CONCORD_TORCH_CUDA
+    torch_stream = c10::cuda::getStreamFromPool(
+        /*isHighPriority=*/true, static_cast<c10::DeviceIndex>(options.device));
+    stream = torch_stream->stream();
+    return absl::OkStatus();
+#else
+    return CudaStatus(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+                      __FILE__, __LINE__);
+#endif
+  }
+  void DestroyStream() {
+#if !CONCORD_TORCH_CUDA
+    if (stream != nullptr) cudaStreamDestroy(stream);
+#endif
+    stream = nullptr;
+  }
 
   // Waits until the non-blocking communicator has no operation in progress.
   absl::Status WaitNotInProgress(absl::Duration timeout) {
@@ -106,12 +140,16 @@ namespace {
 // A collective enqueued on the communicator's stream.
 class NcclWork final : public Work {
  public:
+  // `copy_back`: (caller's CPU tensor, its device copy) pairs to copy back
+  // once the collective has completed (Note [NCCL streams]).
   NcclWork(std::shared_ptr<NcclCommunicator::State> state, cudaEvent_t event,
-           absl::Duration timeout, at::Tensor keep_alive)
+           absl::Duration timeout, std::vector<at::Tensor> keep_alive,
+           std::vector<std::pair<at::Tensor, at::Tensor>> copy_back)
       : state_(std::move(state)),
         event_(event),
         deadline_(absl::Now() + timeout),
-        tensor_(std::move(keep_alive)) {}
+        tensors_(std::move(keep_alive)),
+        copy_back_(std::move(copy_back)) {}
   ~NcclWork() override {
     if (event_ != nullptr) cudaEventDestroy(event_);
   }
@@ -142,6 +180,7 @@ class NcclWork final : public Work {
       }
       const absl::Time now = absl::Now();
       if (now > deadline_) {
+        state_->failed.store(true);
         state_->Abort();
         std::lock_guard<std::mutex> lock(mu_);
         return Finish(absl::UnavailableError(
@@ -164,6 +203,12 @@ class NcclWork final : public Work {
   absl::Status Finish(absl::Status s) {  // mu_ held
     if (!done_) {
       done_ = true;
+      if (s.ok()) {
+        for (auto& [user, staged] : copy_back_) user.copy_(staged);
+      } else if (!absl::IsAborted(s)) {
+        state_->failed.store(true);
+      }
+      copy_back_.clear();
       status_ = std::move(s);
     }
     return status_;
@@ -172,14 +217,20 @@ class NcclWork final : public Work {
   std::shared_ptr<NcclCommunicator::State> state_;
   cudaEvent_t event_;
   absl::Time deadline_;
-  at::Tensor tensor_;
+  std::vector<at::Tensor> tensors_;
+  std::vector<std::pair<at::Tensor, at::Tensor>> copy_back_;
   mutable std::mutex mu_;
   bool done_ = false;
   absl::Status status_;
 };
 
 absl::Status CheckTensor(const at::Tensor& t, int device) {
-  if (!t.defined() || !t.is_cuda() || t.get_device() != device) {
+#if CONCORD_TORCH_CUDA
+  const bool cpu_ok = t.defined() && t.device().is_cpu();  // staged
+#else
+  const bool cpu_ok = false;
+#endif
+  if (!cpu_ok && (!t.defined() || !t.is_cuda() || t.get_device() != device)) {
     return absl::InvalidArgumentError(
         absl::StrCat("the nccl communicator takes tensors on cuda:", device));
   }
@@ -202,21 +253,84 @@ absl::Status CheckAllgather(const at::Tensor& output, const at::Tensor& input,
   return absl::OkStatus();
 }
 
+// The tensors of one collective as NCCL sees them: CUDA tensors as they
+// are, CPU tensors (CUDA LibTorch only) as device copies that go back to the
+// caller's tensor when the work completes (Note [NCCL streams]).
+class Operands {
+ public:
+  explicit Operands(int device) : device_(device) {}
+  // The tensor to hand NCCL for `t`; `written`: NCCL writes it.
+  at::Tensor Use(const at::Tensor& t, bool written) {
+    used_.push_back(t);
+    if (t.is_cuda()) return t;
+    at::Tensor staged =
+        t.to(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device_)));
+    used_.push_back(staged);
+    if (written) copy_back_.emplace_back(t, staged);
+    return staged;
+  }
+  std::vector<at::Tensor>& used() { return used_; }
+  std::vector<std::pair<at::Tensor, at::Tensor>>& copy_back() {
+    return copy_back_;
+  }
+
+ private:
+  int device_;
+  std::vector<at::Tensor> used_;
+  std::vector<std::pair<at::Tensor, at::Tensor>> copy_back_;
+};
+
+// Note [NCCL streams]: the NCCL stream waits for what is queued on the
+// current stream of the operands' device, and the allocator learns that
+// their memory is in use on the NCCL stream.
+absl::Status OrderAfterCurrentStream(NcclCommunicator::State& s,
+                                     const std::vector<at::Tensor>& tensors) {
+#if CONCORD_TORCH_CUDA
+  const auto device = static_cast<c10::DeviceIndex>(s.options.device);
+  cudaStream_t current = c10::cuda::getCurrentCUDAStream(device).stream();
+  if (current != s.stream) {
+    cudaEvent_t ready = nullptr;
+    CONCORD_CUDA_CHECK(
+        cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+    cudaError_t e = cudaEventRecord(ready, current);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(s.stream, ready, 0);
+    cudaEventDestroy(ready);  // released once the wait has been satisfied
+    CONCORD_CUDA_CHECK(e);
+  }
+  for (const at::Tensor& t : tensors) {
+    if (t.is_cuda() && t.storage().data_ptr().get() != nullptr) {
+      c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(),
+                                                    *s.torch_stream);
+    }
+  }
+#else
+  (void)s;
+  (void)tensors;
+#endif
+  return absl::OkStatus();
+}
+
 // Enqueues `launch` on the stream and returns the work that tracks it.
 template <typename Launch>
 std::shared_ptr<Work> Enqueue(const std::shared_ptr<NcclCommunicator::State>& s,
-                              const at::Tensor& tensor,
+                              Operands& operands,
                               const CollectiveOptions& options, Launch launch) {
   auto fail = [](absl::Status st) { return PromiseWork::Done(std::move(st)); };
   std::lock_guard<std::mutex> lock(s->mu);
   if (s->aborted.load()) {
     return fail(absl::AbortedError("NCCL communicator aborted"));
   }
-  if (absl::Status st = NcclStatus(launch(), s->comm, __FILE__, __LINE__);
+  if (absl::Status st = OrderAfterCurrentStream(*s, operands.used());
       !st.ok()) {
     return fail(st);
   }
+  if (absl::Status st = NcclStatus(launch(), s->comm, __FILE__, __LINE__);
+      !st.ok()) {
+    s->failed.store(true);
+    return fail(st);
+  }
   if (absl::Status st = s->WaitNotInProgress(options.timeout); !st.ok()) {
+    s->failed.store(true);
     return fail(st);
   }
   cudaEvent_t event = nullptr;
@@ -227,7 +341,9 @@ std::shared_ptr<Work> Enqueue(const std::shared_ptr<NcclCommunicator::State>& s,
     return fail(st);
   }
   cudaEventRecord(event, s->stream);
-  return std::make_shared<NcclWork>(s, event, options.timeout, tensor);
+  return std::make_shared<NcclWork>(s, event, options.timeout,
+                                    std::move(operands.used()),
+                                    std::move(operands.copy_back()));
 }
 
 }  // namespace
@@ -270,13 +386,21 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
   CONCORD_NCCL_CHECK(ncclCommInitRankConfig(&state->comm, options.size, id,
                                             options.rank, &config),
                      nullptr);
-  if (absl::Status s = state->WaitNotInProgress(options.connect_timeout);
-      !s.ok()) {
+  return Connected(std::move(state), options.connect_timeout);
+}
+
+// A communicator whose non-blocking initialisation (init, shrink or split)
+// was issued: waits for it until `timeout`, then makes its stream.
+absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Connected(
+    std::shared_ptr<State> state, absl::Duration timeout) {
+  if (absl::Status s = state->WaitNotInProgress(timeout); !s.ok()) {
     state->Abort();
     return s;
   }
-  CONCORD_CUDA_CHECK(
-      cudaStreamCreateWithFlags(&state->stream, cudaStreamNonBlocking));
+  if (absl::Status s = state->MakeStream(); !s.ok()) {
+    state->Abort();
+    return s;
+  }
   return std::unique_ptr<NcclCommunicator>(
       new NcclCommunicator(std::move(state)));
 }
@@ -289,10 +413,9 @@ NcclCommunicator::~NcclCommunicator() {
     ncclCommFinalize(state_->comm);
     state_->WaitNotInProgress(absl::Seconds(30)).IgnoreError();
     ncclCommDestroy(state_->comm);
-  } else if (state_->comm != nullptr) {
-    // ncclCommAbort already released it.
   }
-  if (state_->stream != nullptr) cudaStreamDestroy(state_->stream);
+  // else ncclCommAbort (or a derivation) already released it.
+  state_->DestroyStream();
 }
 
 int NcclCommunicator::rank() const { return state_->options.rank; }
@@ -302,6 +425,107 @@ int64_t NcclCommunicator::generation() const {
 }
 
 void NcclCommunicator::Abort() { state_->Abort(); }
+bool NcclCommunicator::usable() const { return !state_->aborted.load(); }
+bool NcclCommunicator::failed() const { return state_->failed.load(); }
+
+absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Shrink(
+    const std::vector<int>& excluded, bool abort_in_flight, int64_t generation,
+    absl::Duration timeout) {
+#if NCCL_VERSION_CODE >= 22700
+  const int size = state_->options.size;
+  for (size_t i = 0; i < excluded.size(); ++i) {
+    if (excluded[i] < 0 || excluded[i] >= size ||
+        (i > 0 && excluded[i] <= excluded[i - 1]) ||
+        excluded[i] == state_->options.rank) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "shrink: excluded ranks must be ascending ranks of ", size,
+          " other than this one's (", state_->options.rank, ")"));
+    }
+  }
+  auto next = std::make_shared<State>();
+  next->options = state_->options;
+  next->options.size = size - static_cast<int>(excluded.size());
+  next->options.rank = state_->options.rank -
+                       static_cast<int>(std::count_if(
+                           excluded.begin(), excluded.end(),
+                           [&](int r) { return r < state_->options.rank; }));
+  next->options.generation = generation;
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    if (state_->aborted.load()) {
+      return absl::FailedPreconditionError(
+          "shrink: the communicator was aborted");
+    }
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    std::vector<int> ranks = excluded;
+    const ncclResult_t r = ncclCommShrink(
+        state_->comm, ranks.data(), static_cast<int>(ranks.size()), &next->comm,
+        &config, abort_in_flight ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT);
+    if (absl::Status st = NcclStatus(r, state_->comm, __FILE__, __LINE__);
+        !st.ok()) {
+      state_->aborted.store(true);
+      ncclCommAbort(state_->comm);
+      return st;
+    }
+  }
+  auto made = Connected(std::move(next), timeout);
+  // The parent is spent either way (Note [Re-forming NCCL]).
+  state_->Abort();
+  return made;
+#else
+  (void)excluded;
+  (void)abort_in_flight;
+  (void)generation;
+  (void)timeout;
+  return absl::FailedPreconditionError(absl::StrFormat(
+      "shrink: NCCL %d.%d.%d has no ncclCommShrink (2.27 or later)", NCCL_MAJOR,
+      NCCL_MINOR, NCCL_PATCH));
+#endif
+}
+
+absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Split(
+    int color, int key, int64_t generation, absl::Duration timeout) {
+  auto next = std::make_shared<State>();
+  next->options = state_->options;
+  next->options.generation = generation;
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    if (state_->aborted.load()) {
+      return absl::FailedPreconditionError(
+          "split: the communicator was aborted");
+    }
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    const ncclResult_t r =
+        ncclCommSplit(state_->comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key,
+                      &next->comm, &config);
+    if (absl::Status st = NcclStatus(r, state_->comm, __FILE__, __LINE__);
+        !st.ok()) {
+      state_->aborted.store(true);
+      ncclCommAbort(state_->comm);
+      return st;
+    }
+    // The split completes on the parent (non-blocking): wait for it there.
+    if (absl::Status st = state_->WaitNotInProgress(timeout); !st.ok()) {
+      state_->aborted.store(true);
+      ncclCommAbort(state_->comm);
+      return st;
+    }
+  }
+  if (color < 0 || next->comm == nullptr) {
+    state_->Abort();
+    return std::unique_ptr<NcclCommunicator>();
+  }
+  int rank = 0, size = 0;
+  CONCORD_NCCL_CHECK(ncclCommUserRank(next->comm, &rank), next->comm);
+  CONCORD_NCCL_CHECK(ncclCommCount(next->comm, &size), next->comm);
+  next->options.rank = rank;
+  next->options.size = size;
+  auto made = Connected(std::move(next), timeout);
+  state_->Abort();
+  return made;
+}
 
 std::shared_ptr<Work> NcclCommunicator::AllreduceSum(
     at::Tensor tensor, const CollectiveOptions& options) {
@@ -311,10 +535,12 @@ std::shared_ptr<Work> NcclCommunicator::AllreduceSum(
   auto type = NcclType(tensor.scalar_type());
   if (!type.ok()) return PromiseWork::Done(type.status());
   if (tensor.numel() == 0) return PromiseWork::Done(absl::OkStatus());
-  void* ptr = tensor.data_ptr();
-  const size_t n = static_cast<size_t>(tensor.numel());
+  Operands operands(state_->options.device);
+  at::Tensor t = operands.Use(tensor, /*written=*/true);
+  void* ptr = t.data_ptr();
+  const size_t n = static_cast<size_t>(t.numel());
   auto state = state_;
-  return Enqueue(state_, tensor, options, [&] {
+  return Enqueue(state_, operands, options, [&] {
     return ncclAllReduce(ptr, ptr, n, *type, ncclSum, state->comm,
                          state->stream);
   });
@@ -330,10 +556,12 @@ std::shared_ptr<Work> NcclCommunicator::Broadcast(
         absl::StrCat("broadcast root ", root, " out of range")));
   }
   if (tensor.numel() == 0) return PromiseWork::Done(absl::OkStatus());
-  void* ptr = tensor.data_ptr();
-  const size_t bytes = static_cast<size_t>(tensor.nbytes());
+  Operands operands(state_->options.device);
+  at::Tensor t = operands.Use(tensor, /*written=*/true);
+  void* ptr = t.data_ptr();
+  const size_t bytes = static_cast<size_t>(t.nbytes());
   auto state = state_;
-  return Enqueue(state_, tensor, options, [&] {
+  return Enqueue(state_, operands, options, [&] {
     return ncclBroadcast(ptr, ptr, bytes, ncclUint8, root, state->comm,
                          state->stream);
   });
@@ -351,10 +579,12 @@ std::shared_ptr<Work> NcclCommunicator::ReduceSum(
   auto type = NcclType(tensor.scalar_type());
   if (!type.ok()) return PromiseWork::Done(type.status());
   if (tensor.numel() == 0) return PromiseWork::Done(absl::OkStatus());
-  void* ptr = tensor.data_ptr();
-  const size_t n = static_cast<size_t>(tensor.numel());
+  Operands operands(state_->options.device);
+  at::Tensor t = operands.Use(tensor, /*written=*/true);
+  void* ptr = t.data_ptr();
+  const size_t n = static_cast<size_t>(t.numel());
   auto state = state_;
-  return Enqueue(state_, tensor, options, [&] {
+  return Enqueue(state_, operands, options, [&] {
     return ncclReduce(ptr, ptr, n, *type, ncclSum, root, state->comm,
                       state->stream);
   });
@@ -374,21 +604,23 @@ std::shared_ptr<Work> NcclCommunicator::Exchange(
   if (send.numel() == 0 || (to.empty() && from.empty())) {
     return PromiseWork::Done(absl::OkStatus());
   }
+  Operands operands(state_->options.device);
+  at::Tensor out = operands.Use(send, /*written=*/false);
+  std::vector<at::Tensor> in;
+  for (const at::Tensor& r : recv) in.push_back(operands.Use(r, true));
   const size_t bytes = static_cast<size_t>(send.nbytes());
   auto state = state_;
-  // As for every collective, the caller keeps the tensors alive until the
-  // work completes.
-  return Enqueue(state_, send, options, [&]() -> ncclResult_t {
+  return Enqueue(state_, operands, options, [&]() -> ncclResult_t {
     ncclResult_t r = ncclGroupStart();
     if (r != ncclSuccess) return r;
     for (int peer : to) {
-      r = ncclSend(send.data_ptr(), bytes, ncclUint8, peer, state->comm,
+      r = ncclSend(out.data_ptr(), bytes, ncclUint8, peer, state->comm,
                    state->stream);
       if (r != ncclSuccess && r != ncclInProgress) break;
     }
     for (size_t i = 0;
          i < from.size() && (r == ncclSuccess || r == ncclInProgress); ++i) {
-      r = ncclRecv(recv[i].data_ptr(), bytes, ncclUint8, from[i], state->comm,
+      r = ncclRecv(in[i].data_ptr(), bytes, ncclUint8, from[i], state->comm,
                    state->stream);
     }
     const ncclResult_t end = ncclGroupEnd();
@@ -404,12 +636,13 @@ std::shared_ptr<Work> NcclCommunicator::Allgather(
     return PromiseWork::Done(s);
   }
   if (input.numel() == 0) return PromiseWork::Done(absl::OkStatus());
-  const void* in = input.data_ptr();
-  void* out = output.data_ptr();
+  Operands operands(state_->options.device);
+  const void* in = operands.Use(input, /*written=*/false).data_ptr();
+  void* out = operands.Use(output, /*written=*/true).data_ptr();
   // Bytes are moved: any dtype, NCCL's element type is uint8.
   const size_t bytes = static_cast<size_t>(input.nbytes());
   auto state = state_;
-  return Enqueue(state_, output, options, [&] {
+  return Enqueue(state_, operands, options, [&] {
     return ncclAllGather(in, out, bytes, ncclUint8, state->comm, state->stream);
   });
 }

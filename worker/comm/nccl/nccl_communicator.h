@@ -8,9 +8,23 @@
 // ncclCommAbort: Work::Wait polls the CUDA event and ncclCommGetAsyncError,
 // and aborts the communicator when the collective's timeout passes.
 // Collectives run on one CUDA stream owned by the communicator, in issue
-// order. LibTorch's CPU build has no view of CUDA streams, so the caller
-// makes sure a tensor's producers have finished (e.g. a device synchronize)
-// before handing it over.
+// order.
+//
+// Note [NCCL streams]: as c10d's ProcessGroupNCCL does it. With a CUDA
+// LibTorch the communicator's stream is one of LibTorch's pool streams; each
+// collective first makes it wait (a CUDA event, no host wait) for the work
+// already queued on the tensor's current stream, so that gradients written
+// by backward kernels are final before NCCL reads them, and tells the
+// caching allocator that the tensor's memory is in use on the NCCL stream
+// (recordStream), so that freeing it early cannot hand it to another
+// tensor while NCCL still writes. Work::Wait returns once the collective's
+// event has completed, so everything issued after it sees the result. The
+// few CPU tensors the training code hands over (find_unused_parameters'
+// bitmap, the model check, SlowMo's ids) are staged: copied to the device,
+// reduced there and copied back when the work completes, the host
+// synchronisations PyTorch has at the same places. With LibTorch's CPU
+// build (compiled, never chosen: no CUDA tensors exist there) the caller
+// orders producers itself and CPU tensors are refused.
 
 #include <memory>
 
@@ -61,10 +75,35 @@ class NcclCommunicator final : public Communicator {
   // the generation ends. Thread-safe, idempotent.
   void Abort() override;
 
+  // Note [Re-forming NCCL] (worker/comm/reform_plan.h): the next
+  // generation's communicator derived from this one. Every member of this
+  // communicator that stays calls the same derivation; this one is spent
+  // afterwards (its collectives fail with ABORTED). Non-blocking with
+  // `timeout` as the deadline; on failure this communicator is aborted.
+  // Errors: FAILED_PRECONDITION (aborted already; Shrink without NCCL >=
+  // 2.27), INVALID_ARGUMENT (bad ranks), UNAVAILABLE, DEADLINE_EXCEEDED.
+  //
+  // ncclCommShrink without the `excluded` ranks (ascending); abort mode
+  // (NCCL_SHRINK_ABORT) ends the operations in flight first.
+  absl::StatusOr<std::unique_ptr<NcclCommunicator>> Shrink(
+      const std::vector<int>& excluded, bool abort_in_flight,
+      int64_t generation, absl::Duration timeout);
+  // ncclCommSplit: the ranks calling with the same `color` >= 0 form a
+  // communicator, ordered by `key`; a rank that leaves calls with color -1
+  // (NCCL_SPLIT_NOCOLOR) and gets OK with null.
+  absl::StatusOr<std::unique_ptr<NcclCommunicator>> Split(
+      int color, int key, int64_t generation, absl::Duration timeout);
+  // Not aborted: a derivation can start from it.
+  bool usable() const;
+  // A collective failed or timed out.
+  bool failed() const;
+
   struct State;
 
  private:
   explicit NcclCommunicator(std::shared_ptr<State> state);
+  static absl::StatusOr<std::unique_ptr<NcclCommunicator>> Connected(
+      std::shared_ptr<State> state, absl::Duration timeout);
   std::shared_ptr<State> state_;
 };
 

@@ -1,0 +1,69 @@
+#pragma once
+// Note [Re-forming NCCL]: how a worker gets the communicator of its next
+// generation. Gloo connects a new one every generation (a TCP rendezvous
+// costs little). NCCL initialisation is expensive (bootstrap, topology
+// detection, channel setup), so where the new generation is the old one
+// minus some members, in the same order, it is derived from the old
+// communicator instead:
+//
+//   - NCCL >= 2.27: ncclCommShrink, excluding the old ranks that are gone;
+//     in abort mode (NCCL_SHRINK_ABORT, which first ends the parent's
+//     operations in flight) when a member died or a collective of the old
+//     generation failed, in default mode when members left cleanly at a
+//     step boundary everyone agreed on;
+//   - older NCCL: ncclCommSplit, which every member of the old
+//     communicator must call, so only when every member that leaves is
+//     alive to call it (it left cleanly, calling the split with no colour)
+//     and nothing failed;
+//   - otherwise a new initialisation through the generation's store: when
+//     workers joined (no derivation can add ranks), when the new ranks are
+//     not the survivors in their old order, when the old communicator was
+//     already aborted (its generation ended under it), or with Gloo.
+//
+// The decision needs no device: this file is torch-free and tested on CPU
+// (tests/unit/reform_plan_test.cc); the NCCL calls live in
+// nccl/nccl_communicator.cc.
+
+#include <string>
+#include <vector>
+
+#include "worker/device.h"
+
+namespace concord::comm {
+
+// NCCL_VERSION_CODE from which ncclCommShrink exists (2.27.0).
+inline constexpr int kNcclShrinkVersion = 22700;
+
+struct GenerationChange {
+  Backend backend = Backend::kGloo;
+  // NCCL_VERSION_CODE of the NCCL Concord was built with; 0 for none.
+  int nccl_version = 0;
+  // The old generation's communicator is still held and was not aborted.
+  bool parent_usable = false;
+  // A collective of the old generation failed or timed out (a member
+  // died or hangs).
+  bool parent_failed = false;
+  // Every member that is gone left cleanly at an agreed boundary (end of
+  // data) rather than dying.
+  bool departed_cleanly = false;
+  // Worker ids by rank, in the old and in the new generation.
+  std::vector<std::string> previous;
+  std::vector<std::string> next;
+};
+
+struct ReformPlan {
+  enum class How { kNewInit, kShrink, kSplit };
+  How how = How::kNewInit;
+  // kShrink: NCCL_SHRINK_ABORT rather than NCCL_SHRINK_DEFAULT.
+  bool abort_in_flight = false;
+  // kShrink: the old ranks that are gone, ascending.
+  std::vector<int> excluded;
+  // Why, for the log.
+  std::string why;
+};
+
+absl::string_view HowName(ReformPlan::How how);
+
+ReformPlan PlanNextCommunicator(const GenerationChange& change);
+
+}  // namespace concord::comm
