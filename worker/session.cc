@@ -17,8 +17,11 @@
 #include "common/status_macros.h"
 #include "concord/config.h"
 #include "worker/comm/gloo/gloo_communicator.h"
+#include "worker/comm/next_communicator.h"
 #include "worker/coordinator_store.h"
 #if CONCORD_HAVE_NCCL && CONCORD_TORCH_CUDA
+#include <nccl.h>
+
 #include "worker/comm/nccl/nccl_communicator.h"
 #endif
 
@@ -138,6 +141,12 @@ absl::StatusOr<WorkerOptions> WorkerOptions::FromEnvironment() {
   return o;
 }
 
+#if CONCORD_HAVE_NCCL && CONCORD_TORCH_CUDA
+constexpr int kNcclVersion = NCCL_VERSION_CODE;
+#else
+constexpr int kNcclVersion = 0;
+#endif
+
 absl::StatusOr<ResolvedDevice> ResolveWorkerDevice(
     const WorkerOptions& options) {
   const int devices = static_cast<int>(torch::cuda::device_count());
@@ -220,11 +229,34 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Start(
   return session;
 }
 
-absl::Status Session::JoinAndConnect(int64_t previous_generation,
-                                     const std::string& reason,
-                                     int64_t committed_step,
-                                     absl::Time deadline) {
+namespace {
+
+// A communicator given up may still be inside a Gloo operation that only
+// returns at its timeout; its destructor waits for that, so it is destroyed
+// on a thread of its own rather than on the training thread.
+void Retire(std::shared_ptr<comm::Communicator> comm) {
+  if (comm == nullptr) return;
+  comm->Abort();
+  std::thread([c = std::move(comm)]() mutable { c.reset(); }).detach();
+}
+
+bool Terminal(v1::JobState state) {
+  return state == v1::JOB_STATE_FAILED || state == v1::JOB_STATE_STOPPED ||
+         state == v1::JOB_STATE_SUCCEEDED;
+}
+
+}  // namespace
+
+absl::Status Session::JoinAndConnect(
+    int64_t previous_generation, const std::string& reason,
+    int64_t committed_step, absl::Time deadline,
+    std::shared_ptr<comm::Communicator> parent) {
   std::string why = reason;
+  // Whatever way this ends, a parent not derived from is given up.
+  struct RetireParent {
+    std::shared_ptr<comm::Communicator>& parent;
+    ~RetireParent() { Retire(std::move(parent)); }
+  } retire_parent{parent};
   for (;;) {
     v1::JoinRequest request;
     *request.mutable_spec() = options_.spec;
@@ -261,11 +293,43 @@ absl::Status Session::JoinAndConnect(int64_t previous_generation,
           absl::Milliseconds(joined.heartbeat_interval_ms());
       heartbeat_ = std::thread([this, interval] { HeartbeatLoop(interval); });
     }
-    auto comm = Connect(joined.rank(), joined.world_size(), joined.generation(),
-                        store_.get(), std::min(options_.join_timeout, left));
+    // Note [Re-forming NCCL]: the members agree how to make the new
+    // communicator (NCCL: derived from the old one where they can).
+    comm::NextCommunicatorRequest next;
+    next.backend = backend_;
+    next.nccl_version = kNcclVersion;
+    next.previous = members_;
+    next.next.resize(static_cast<size_t>(joined.world_size()));
+    for (const v1::Member& m : joined.members()) {
+      if (m.rank() >= 0 && m.rank() < joined.world_size()) {
+        next.next[static_cast<size_t>(m.rank())] = m.worker_id();
+      }
+    }
+    int departed = 0;
+    for (const std::string& id : members_) {
+      departed +=
+          std::find(next.next.begin(), next.next.end(), id) == next.next.end();
+    }
+    next.departed_cleanly =
+        joined.finished_workers() - finished_at_formation_ >= departed;
+    next.rank = joined.rank();
+    next.generation = joined.generation();
+    next.timeout = std::min(options_.join_timeout, left);
+    members_ = next.next;
+    finished_at_formation_ = joined.finished_workers();
+    auto comm =
+        comm::MakeNextCommunicator(next, std::move(parent), store_.get(), [&] {
+          return Connect(joined.rank(), joined.world_size(),
+                         joined.generation(), store_.get(), next.timeout);
+        });
     if (comm.ok()) {
+      if (backend_ == Backend::kNccl) {
+        spdlog::info(
+            "generation {}: NCCL communicator by {} ({})", joined.generation(),
+            std::string(comm::HowName(comm->plan.how)), comm->plan.why);
+      }
       std::lock_guard<std::mutex> lock(comm_mu_);
-      comm_ = *std::move(comm);
+      comm_ = std::move(comm->communicator);
       reform_wanted_.store(false);
       return absl::OkStatus();
     }
@@ -278,24 +342,6 @@ absl::Status Session::JoinAndConnect(int64_t previous_generation,
                        " did not connect: ", comm.status().message());
   }
 }
-
-namespace {
-
-// A communicator given up may still be inside a Gloo operation that only
-// returns at its timeout; its destructor waits for that, so it is destroyed
-// on a thread of its own rather than on the training thread.
-void Retire(std::shared_ptr<comm::Communicator> comm) {
-  if (comm == nullptr) return;
-  comm->Abort();
-  std::thread([c = std::move(comm)]() mutable { c.reset(); }).detach();
-}
-
-bool Terminal(v1::JobState state) {
-  return state == v1::JOB_STATE_FAILED || state == v1::JOB_STATE_STOPPED ||
-         state == v1::JOB_STATE_SUCCEEDED;
-}
-
-}  // namespace
 
 absl::Time Session::JoinDeadline() const {
   // The coordinator fails a job whose rendezvous outlived the timeout on
@@ -321,10 +367,18 @@ absl::Status Session::Reform(int64_t committed_step,
   for (auto& group : groups) {
     if (auto g = group.lock()) g->Abort();
   }
-  Retire(std::move(old));
+  // Note [Re-forming NCCL]: an NCCL communicator is kept until the next
+  // generation's plan says whether to derive from it; Gloo's goes now.
+  std::shared_ptr<comm::Communicator> parent;
+  if (backend_ == Backend::kNccl) {
+    parent = std::move(old);
+  } else {
+    Retire(std::move(old));
+  }
   spdlog::info("leaving generation {} at step {}: {}", previous, committed_step,
                reason);
-  return JoinAndConnect(previous, reason, committed_step, JoinDeadline());
+  return JoinAndConnect(previous, reason, committed_step, JoinDeadline(),
+                        std::move(parent));
 }
 
 absl::StatusOr<std::shared_ptr<comm::Communicator>> Session::CreateGroup(

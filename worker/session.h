@@ -172,9 +172,12 @@ class Session final : public comm::GroupFactory {
  private:
   explicit Session(WorkerOptions options) : options_(std::move(options)) {}
   // Joins (previous_generation: see JoinRequest) and connects a communicator.
-  absl::Status JoinAndConnect(int64_t previous_generation,
-                              const std::string& reason, int64_t committed_step,
-                              absl::Time deadline);
+  // `parent`: the old generation's communicator where the next one may be
+  // derived from it (Note [Re-forming NCCL]); given up when not.
+  absl::Status JoinAndConnect(
+      int64_t previous_generation, const std::string& reason,
+      int64_t committed_step, absl::Time deadline,
+      std::shared_ptr<comm::Communicator> parent = nullptr);
   // A communicator of the session's backend: `rank` of `size` in
   // `generation`, rendezvousing through `store`.
   absl::StatusOr<std::unique_ptr<comm::Communicator>> Connect(
@@ -199,6 +202,11 @@ class Session final : public comm::GroupFactory {
   std::atomic<int64_t> generation_{0};
   std::atomic<bool> reform_wanted_{false};
   std::atomic<int> finished_workers_{0};
+  // The current generation's worker ids by rank, and how many workers of
+  // the job had finished when it formed (Note [Re-forming NCCL]). Training
+  // thread only.
+  std::vector<std::string> members_;
+  int finished_at_formation_ = 0;
   std::unique_ptr<MembershipWatcher> watcher_;
 
   std::atomic<int64_t> step_{0};

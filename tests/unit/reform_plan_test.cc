@@ -53,14 +53,25 @@ TEST(ReformPlanTest, DeathShrinksInAbortMode) {
 }
 
 TEST(ReformPlanTest, OlderNcclSplitsOnlyWhenEveryMemberCanCall) {
-  GenerationChange clean = Change(kNccl222, {"a", "b", "c"}, {"a", "b"});
-  clean.departed_cleanly = true;
-  EXPECT_EQ(PlanNextCommunicator(clean).how, How::kSplit);
+  // The same members, nothing failed: every one of them calls the split.
+  GenerationChange same = Change(kNccl222, {"a", "b", "c"}, {"a", "b", "c"});
+  EXPECT_EQ(PlanNextCommunicator(same).how, How::kSplit);
+  // A member that left is outside the new generation: no split without it.
+  GenerationChange left = Change(kNccl222, {"a", "b", "c"}, {"a", "b"});
+  left.departed_cleanly = true;
+  EXPECT_EQ(PlanNextCommunicator(left).how, How::kNewInit);
   GenerationChange died = Change(kNccl222, {"a", "b", "c"}, {"a", "b"});
   EXPECT_EQ(PlanNextCommunicator(died).how, How::kNewInit);
   GenerationChange failed = Change(kNccl222, {"a", "b"}, {"a", "b"});
   failed.parent_failed = true;
   EXPECT_EQ(PlanNextCommunicator(failed).how, How::kNewInit);
+  // With shrink, the same members after a failure shrink by nobody, aborting.
+  GenerationChange again = Change(kNccl228, {"a", "b"}, {"a", "b"});
+  again.parent_failed = true;
+  const ReformPlan p = PlanNextCommunicator(again);
+  EXPECT_EQ(p.how, How::kShrink);
+  EXPECT_TRUE(p.abort_in_flight);
+  EXPECT_TRUE(p.excluded.empty());
 }
 
 TEST(ReformPlanTest, JoinersNeedANewInit) {

@@ -64,15 +64,14 @@ ReformPlan PlanNextCommunicator(const GenerationChange& c) {
                             clean ? ", cleanly" : ", not cleanly: abort mode");
     return plan;
   }
-  if (clean) {
+  if (gone == 0 && clean) {
     plan.how = ReformPlan::How::kSplit;
-    plan.why = absl::StrCat(gone, " rank", gone == 1 ? "" : "s",
-                            " left cleanly; NCCL ", c.nccl_version,
-                            " has no ncclCommShrink");
+    plan.why = "the same members, nothing failed";
     return plan;
   }
-  return init(absl::StrCat("a member died and NCCL ", c.nccl_version,
-                           " has no ncclCommShrink"));
+  return init(
+      absl::StrCat(gone > 0 ? "members are gone" : "a collective failed",
+                   " and NCCL ", c.nccl_version, " has no ncclCommShrink"));
 }
 
 }  // namespace concord::comm

@@ -12,17 +12,20 @@
 //     generation failed, in default mode when members left cleanly at a
 //     step boundary everyone agreed on;
 //   - older NCCL: ncclCommSplit, which every member of the old
-//     communicator must call, so only when every member that leaves is
-//     alive to call it (it left cleanly, calling the split with no colour)
-//     and nothing failed;
+//     communicator must call, so only when every member is still there to
+//     call it (the same members re-forming, e.g. after workers that waited
+//     to be admitted gave up) and nothing failed: a worker that left is not
+//     a member of the new generation and takes no part in its agreement;
 //   - otherwise a new initialisation through the generation's store: when
 //     workers joined (no derivation can add ranks), when the new ranks are
 //     not the survivors in their old order, when the old communicator was
 //     already aborted (its generation ended under it), or with Gloo.
 //
-// The decision needs no device: this file is torch-free and tested on CPU
-// (tests/unit/reform_plan_test.cc); the NCCL calls live in
-// nccl/nccl_communicator.cc.
+// The members agree on one plan (next_communicator.h): each says whether its
+// old communicator is usable and whether it saw a failure, and the plan is
+// made from what they said together. The decision needs no device: this
+// file is torch-free and tested on CPU (tests/unit/reform_plan_test.cc); the
+// NCCL calls live in nccl/nccl_communicator.cc.
 
 #include <string>
 #include <vector>

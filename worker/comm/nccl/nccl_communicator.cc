@@ -428,7 +428,7 @@ void NcclCommunicator::Abort() { state_->Abort(); }
 bool NcclCommunicator::usable() const { return !state_->aborted.load(); }
 bool NcclCommunicator::failed() const { return state_->failed.load(); }
 
-absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Shrink(
+absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::Shrink(
     const std::vector<int>& excluded, bool abort_in_flight, int64_t generation,
     absl::Duration timeout) {
 #if NCCL_VERSION_CODE >= 22700
@@ -484,7 +484,7 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Shrink(
 #endif
 }
 
-absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Split(
+absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::Split(
     int color, int key, int64_t generation, absl::Duration timeout) {
   auto next = std::make_shared<State>();
   next->options = state_->options;
@@ -515,7 +515,7 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Split(
   }
   if (color < 0 || next->comm == nullptr) {
     state_->Abort();
-    return std::unique_ptr<NcclCommunicator>();
+    return std::unique_ptr<Communicator>();
   }
   int rank = 0, size = 0;
   CONCORD_NCCL_CHECK(ncclCommUserRank(next->comm, &rank), next->comm);

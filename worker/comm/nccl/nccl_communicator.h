@@ -30,6 +30,7 @@
 
 #include "absl/status/statusor.h"
 #include "worker/comm/communicator.h"
+#include "worker/comm/next_communicator.h"
 #include "worker/comm/store.h"
 
 namespace concord::comm {
@@ -42,7 +43,7 @@ struct NcclOptions {
   absl::Duration connect_timeout = absl::Minutes(5);
 };
 
-class NcclCommunicator final : public Communicator {
+class NcclCommunicator final : public DerivableCommunicator {
  public:
   // Errors: INVALID_ARGUMENT (rank/size/device), UNAVAILABLE (NCCL or CUDA
   // failure, with ncclGetLastError's text), DEADLINE_EXCEEDED.
@@ -85,18 +86,16 @@ class NcclCommunicator final : public Communicator {
   //
   // ncclCommShrink without the `excluded` ranks (ascending); abort mode
   // (NCCL_SHRINK_ABORT) ends the operations in flight first.
-  absl::StatusOr<std::unique_ptr<NcclCommunicator>> Shrink(
+  absl::StatusOr<std::unique_ptr<Communicator>> Shrink(
       const std::vector<int>& excluded, bool abort_in_flight,
-      int64_t generation, absl::Duration timeout);
+      int64_t generation, absl::Duration timeout) override;
   // ncclCommSplit: the ranks calling with the same `color` >= 0 form a
   // communicator, ordered by `key`; a rank that leaves calls with color -1
   // (NCCL_SPLIT_NOCOLOR) and gets OK with null.
-  absl::StatusOr<std::unique_ptr<NcclCommunicator>> Split(
-      int color, int key, int64_t generation, absl::Duration timeout);
-  // Not aborted: a derivation can start from it.
-  bool usable() const;
-  // A collective failed or timed out.
-  bool failed() const;
+  absl::StatusOr<std::unique_ptr<Communicator>> Split(
+      int color, int key, int64_t generation, absl::Duration timeout) override;
+  bool usable() const override;
+  bool failed() const override;
 
   struct State;
 
