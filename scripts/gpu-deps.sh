@@ -61,9 +61,10 @@ SKIP=(
   # wanted at run time by the carried libsystemd0 only.
   libcap2 libgcrypt20 libgpg-error0 liblz4-1 liblzma5 libzstd1
   libselinux1 libpcre2-8-0 debconf
-  # civetweb's server program (prometheus-cpp-dev depends on it) and the
-  # user-management stack it pulls in: Concord links libcivetweb only.
-  civetweb adduser passwd libpam0g libpam-modules libpam-modules-bin
+  # adduser and the user-management stack under it, for libibverbs1's
+  # maintainer scripts: dpkg -x runs no scripts. (civetweb, the server
+  # program, is carried: civetweb's CMake package checks that it exists.)
+  adduser passwd libpam0g libpam-modules libpam-modules-bin
   libpam-runtime libaudit1 libaudit-common libcap-ng0 libsemanage2
   libsemanage-common libsepol2 libdb5.3 libbz2-1.0
   # Sources and test frameworks other packages depend on for their own
@@ -151,8 +152,8 @@ rm -f "$OUT"/*.deb "$OUT/manifest.txt"
 bytes=$(du -cb "$OUT"/*.deb | tail -1 | cut -f1)
 mib=$(awk -v b="$bytes" 'BEGIN { printf "%.1f", b / 1048576 }')
 echo "gpu-deps: ${#names[@]} packages, $bytes bytes ($mib MiB) in $OUT"
-# A device run carries the working tree and the named ignored folders, 64 MiB
-# in all; leave room for the tree.
+# The GPU machines receive the working tree and .gpu-deps together, 64 MiB at
+# most: leave room for the tree.
 if [ "$bytes" -gt $((56 * 1048576)) ]; then
-  echo "gpu-deps: warning: over 56 MiB; with the working tree this may exceed the 64 MiB a device run carries" >&2
+  echo "gpu-deps: warning: over 56 MiB; with the working tree this may exceed the 64 MiB a GPU machine receives" >&2
 fi
