@@ -6,13 +6,14 @@
 # reachable, by scripts/gpu-deps.sh; README, "Running the GPU suite").
 #
 #   ./scripts/gpu-suite.sh [--deps DIR] [--build-dir DIR] [--jobs N] [--no-bench]
-#                          [--unpack-only] [--help]
+#                          [--unpack-only | --configure-only] [--help]
 #
 #   --deps DIR       the .debs and manifest.txt from gpu-deps.sh (.gpu-deps/debs)
 #   --build-dir DIR  the build directory (build-gpu)
 #   --jobs N         parallel build jobs (every core)
 #   --no-bench       run the tests only
 #   --unpack-only    unpack the packages into the prefix, check them, stop
+#   --configure-only stop after configuring
 #
 # Environment:
 #   GPU_SUITE_PYTHON     the python whose torch to build against (python3)
@@ -55,7 +56,9 @@
 # 5. Nothing is installed into /: each .deb is unpacked (dpkg-deb -x) into the
 #    prefix; what names /usr absolutely is rewritten to the prefix (imported
 #    locations in CMake packages, such as Debian's Gloo targets; pkg-config
-#    files; absolute symlinks such as libz.so). protoc and pkg-config run
+#    files; absolute symlinks such as libz.so), and the prefix's multiarch
+#    include directory (openssl/configuration.h) is a system include
+#    directory of every compile. protoc and pkg-config run
 #    through wrappers that set LD_LIBRARY_PATH (protoc hands it on to
 #    grpc_cpp_plugin). Test programs and benchmarks run with LD_LIBRARY_PATH
 #    naming the prefix, and gtest's test discovery runs at ctest time
@@ -80,6 +83,7 @@ BUILD_DIR=build-gpu
 JOBS=$(nproc)
 BENCH=1
 UNPACK_ONLY=0
+CONFIGURE_ONLY=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --deps)
@@ -100,6 +104,10 @@ while [ $# -gt 0 ]; do
       ;;
     --unpack-only)
       UNPACK_ONLY=1
+      shift
+      ;;
+    --configure-only)
+      CONFIGURE_ONLY=1
       shift
       ;;
     -h | --help)
@@ -313,20 +321,33 @@ print("abi=%d" % int(torch._C._GLIBCXX_USE_CXX11_ABI))
 print("cmake_prefix=%s" % torch.utils.cmake_prefix_path)
 print("torch_dir=%s" % os.path.dirname(torch.__file__))
 print("devices=%d" % torch.cuda.device_count())
+# pip's NCCL: nvidia/nccl/{include,lib} (the library libtorch_cuda.so loads
+# through its RUNPATH), else the first nccl.h and libnccl.so.2 under nvidia/.
 inc, lib = "", ""
 try:
     import nvidia
-    for base in sorted(nvidia.__path__):
-        for top, _, files in os.walk(base):
-            if "nccl.h" in files and not inc:
-                inc = top
-            for name in ("libnccl.so.2", "libnccl.so"):
-                if name in files and not lib:
-                    lib = os.path.join(top, name)
+    bases = sorted(nvidia.__path__)
 except ImportError:
-    pass
+    bases = []
+for base in bases:
+    d = os.path.join(base, "nccl")
+    if os.path.isfile(os.path.join(d, "include", "nccl.h")) and \
+            os.path.isfile(os.path.join(d, "lib", "libnccl.so.2")):
+        inc, lib = os.path.join(d, "include"), os.path.join(d, "lib", "libnccl.so.2")
+        break
+for base in bases if not lib else []:
+    for top, dirs, files in os.walk(base):
+        dirs.sort()
+        if "nccl.h" in files and not inc:
+            inc = top
+        if "libnccl.so.2" in files and not lib:
+            lib = os.path.join(top, "libnccl.so.2")
 print("nccl_include=%s" % inc)
 print("nccl_library=%s" % lib)
+try:
+    print("nccl_torch=%s" % ".".join(map(str, torch.cuda.nccl.version())))
+except Exception:  # noqa: BLE001 - a LibTorch without NCCL says nothing
+    print("nccl_torch=unknown")
 EOF
 ) || fail "$PY cannot import torch${torch_info:+ (${torch_info#error=})}: set GPU_SUITE_PYTHON to the python that has it"
 declare -A T=()
@@ -352,7 +373,10 @@ fi
 if [ ! -f "$NCCL_INC/nccl.h" ] || [ -z "$NCCL_LIB" ]; then
   fail "no NCCL (nccl.h and libnccl.so.2) in pip's nvidia packages: set NCCL_ROOT to one with include/ and lib/"
 fi
-note "NCCL: $NCCL_INC/nccl.h, $NCCL_LIB"
+nccl_header=$(awk '/^#define NCCL_(MAJOR|MINOR|PATCH) / {v = v (v ? "." : "") $3} END {print v}' "$NCCL_INC/nccl.h")
+note "NCCL: $NCCL_INC/nccl.h ($nccl_header), $NCCL_LIB; torch's NCCL: ${T[nccl_torch]}"
+[ "$nccl_header" = "${T[nccl_torch]}" ] || [ "${T[nccl_torch]}" = unknown ] ||
+  note "note: nccl.h is $nccl_header, torch reports NCCL ${T[nccl_torch]}: Concord links $NCCL_LIB"
 
 torch_cpu=${T[torch_dir]}/lib/libtorch_cpu.so
 [ -f "$torch_cpu" ] || fail "no $torch_cpu"
@@ -409,6 +433,8 @@ if ! "$CMAKE" -S "$ROOT" -B "$BUILD_DIR" -G Ninja \
   -DCMAKE_CUDA_ARCHITECTURES=90 \
   -DCMAKE_LIBRARY_ARCHITECTURE=x86_64-linux-gnu \
   -DCMAKE_PREFIX_PATH="$PREFIX/usr;${T[cmake_prefix]}" \
+  -DCMAKE_C_STANDARD_INCLUDE_DIRECTORIES="$PREFIX/usr/include/x86_64-linux-gnu" \
+  -DCMAKE_CXX_STANDARD_INCLUDE_DIRECTORIES="$PREFIX/usr/include/x86_64-linux-gnu" \
   -DProtobuf_PROTOC_EXECUTABLE="$PREFIX/wrap/protoc" \
   -DPKG_CONFIG_EXECUTABLE="$PREFIX/wrap/pkg-config" \
   -DCMAKE_GTEST_DISCOVER_TESTS_DISCOVERY_MODE=PRE_TEST \
@@ -416,12 +442,16 @@ if ! "$CMAKE" -S "$ROOT" -B "$BUILD_DIR" -G Ninja \
   -DNCCL_INCLUDE_DIR="$NCCL_INC" -DNCCL_LIBRARY="$NCCL_LIB" \
   -DCONCORD_GLOO_FROM_TORCH="$GLOO_FROM_TORCH" \
   -DCONCORD_BUILD_TESTS=ON -DCONCORD_BUILD_BENCH=ON \
-  -DCONCORD_CUDA_PYTHON="$PY" \
+  -DCONCORD_CUDA_PYTHON="$PY" -DCONCORD_TORCH_PYTHON="$PY" \
   >"$OUT_DIR/configure.log" 2>&1; then
   tail -30 "$OUT_DIR/configure.log" >&2
   fail "configure failed (configure.log)"
 fi
 grep 'Concord:' "$OUT_DIR/configure.log" | sed 's/^-- //' | while IFS= read -r line; do note "$line"; done
+if [ "$CONFIGURE_ONLY" = 1 ]; then
+  note "configured (--configure-only)"
+  exit 0
+fi
 
 note "build: $JOBS jobs (log build.log)"
 start=$SECONDS
