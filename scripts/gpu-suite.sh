@@ -15,6 +15,9 @@
 #   --unpack-only    unpack the packages into the prefix, check them, stop
 #   --configure-only stop after configuring
 #
+# Relative paths, in options and in the environment, are taken from the
+# repository root.
+#
 # Environment:
 #   GPU_SUITE_PYTHON     the python whose torch to build against (python3)
 #   GPU_SUITE_OUT        results (./gpu-suite-out): summary.txt, configure.log,
