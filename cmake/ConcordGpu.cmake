@@ -30,8 +30,15 @@ if(NOT CONCORD_WITH_CUDA STREQUAL "OFF")
 endif()
 
 if(NOT CONCORD_WITH_NCCL STREQUAL "OFF" AND CONCORD_HAVE_CUDA)
-  find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include)
-  find_library(NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib64)
+  # NCCL_ROOT (a CMake or environment variable) names an NCCL outside the
+  # toolkit: <root>/include and <root>/lib, e.g. pip's nvidia-nccl-cu13 package
+  # directory, whose lib/ holds libnccl.so.2 without the unversioned link.
+  find_path(NCCL_INCLUDE_DIR nccl.h
+    HINTS ${NCCL_ROOT} $ENV{NCCL_ROOT} ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include
+    PATH_SUFFIXES include)
+  find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2
+    HINTS ${NCCL_ROOT} $ENV{NCCL_ROOT} ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib64
+    PATH_SUFFIXES lib lib64)
   if(NCCL_INCLUDE_DIR AND NCCL_LIBRARY)
     add_library(concord_nccl_lib INTERFACE)
     target_include_directories(concord_nccl_lib SYSTEM INTERFACE ${NCCL_INCLUDE_DIR})
