@@ -7,6 +7,7 @@
 // (the ctest SKIP_REGULAR_EXPRESSION).
 
 #include <gtest/gtest.h>
+#include <nccl.h>
 #include <torch/torch.h>
 
 #include "worker/comm/nccl/nccl_communicator.h"
@@ -75,18 +76,52 @@ TEST_F(NcclGpuTest, AGenerationsLifeInitCollectivesAbortAndTheNext) {
   EXPECT_EQ(t.sum().item<double>(), 2.0 * (1 << 20));
 }
 
-TEST_F(NcclGpuTest, TensorsElsewhereAreRefused) {
+TEST_F(NcclGpuTest, CpuTensorsAreStagedOthersRefused) {
   auto comm = Generation(1);
   ASSERT_TRUE(comm.ok()) << comm.status();
-  const absl::Status cpu =
-      (*comm)->AllreduceSum(torch::ones({3}), opts_)->Wait(absl::Seconds(5));
-  EXPECT_EQ(cpu.code(), absl::StatusCode::kInvalidArgument) << cpu;
+  // Note [NCCL streams]: a CPU control tensor goes through the device and
+  // back, and stays a CPU tensor.
+  torch::Tensor bitmap = torch::arange(6, torch::kLong);
+  ASSERT_TRUE(
+      (*comm)->AllreduceSum(bitmap, opts_)->Wait(absl::Seconds(60)).ok());
+  EXPECT_TRUE(bitmap.device().is_cpu());
+  EXPECT_TRUE(torch::equal(bitmap, torch::arange(6, torch::kLong)));
   const auto cuda = torch::TensorOptions().device(torch::kCUDA, 0);
   const absl::Status strided =
       (*comm)
           ->AllreduceSum(torch::ones({4, 4}, cuda).t(), opts_)
           ->Wait(absl::Seconds(5));
   EXPECT_EQ(strided.code(), absl::StatusCode::kInvalidArgument) << strided;
+  if (torch::cuda::device_count() > 1) {
+    const absl::Status other =
+        (*comm)
+            ->AllreduceSum(torch::ones({3}, cuda.device(torch::kCUDA, 1)),
+                           opts_)
+            ->Wait(absl::Seconds(5));
+    EXPECT_EQ(other.code(), absl::StatusCode::kInvalidArgument) << other;
+  }
+}
+
+TEST_F(NcclGpuTest, TheNextGenerationIsDerivedByShrinkOrSplit) {
+  // Note [Re-forming NCCL]: ncclCommShrink where NCCL has it, else split.
+  auto first = Generation(1);
+  ASSERT_TRUE(first.ok()) << first.status();
+  NcclCommunicator& parent = **first;
+  auto next =
+      NCCL_VERSION_CODE >= kNcclShrinkVersion
+          ? parent.Shrink({}, /*abort_in_flight=*/false, 2, absl::Seconds(60))
+          : parent.Split(0, 0, 2, absl::Seconds(60));
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_FALSE(parent.usable());
+  EXPECT_EQ((*next)->generation(), 2);
+  EXPECT_EQ((*next)->size(), 1);
+  torch::Tensor t =
+      torch::full({9}, 2.0, torch::TensorOptions().device(torch::kCUDA, 0));
+  ASSERT_TRUE((*next)->AllreduceSum(t, opts_)->Wait(absl::Seconds(60)).ok());
+  EXPECT_EQ(t[8].item<double>(), 2.0);
+  // A spent communicator derives nothing more.
+  auto again = parent.Split(0, 0, 3, absl::Seconds(5));
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 TEST_F(NcclGpuTest, ADeviceThatIsNotThereIsInvalidArgument) {
