@@ -56,6 +56,11 @@ concord::train::Progress* progress_output = nullptr;
 concord::DdpOptions DdpOptionsFrom(const Flags& f) {
   concord::DdpOptions o;
   o.bucket_cap_bytes = static_cast<int64_t>(f.bucket_cap_mb * 1024 * 1024);
+  // Note [LibTorch versions]: PyTorch 2.x's first bucket follows a
+  // user-given cap.
+  if (concord::compat::kFirstBucketFollowsUserCap && f.bucket_cap_given) {
+    o.first_bucket_bytes = o.bucket_cap_bytes;
+  }
   o.find_unused_parameters = f.find_unused_parameters;
   o.static_graph = f.static_graph;
   o.gradient_as_bucket_view = f.gradient_as_bucket_view;
@@ -303,6 +308,8 @@ void WriteMetrics(const Flags& flags, const concord::worker::Session& s,
       {"reforms", state.reforms()},
       {"bucket_bytes", stats.bucket_bytes},
       {"bucket_rebuilds", stats.rebuilds},
+      {"initial_bucket_params", stats.initial_bucket_params},
+      {"bucket_params", stats.bucket_params},
       {"forward_compute_us", stats.forward_compute_us},
       {"backward_compute_us", stats.backward_compute_us},
       {"backward_comm_us", stats.backward_comm_us},

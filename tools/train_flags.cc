@@ -113,6 +113,7 @@ absl::StatusOr<TrainFlags> ParseTrainFlags(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return absl::InvalidArgumentError(e.what());
   }
+  f.bucket_cap_given = cap->count() > 0;
   if (!f.device.empty()) {
     if (auto d = concord::ParseDeviceRequest(f.device); !d.ok()) {
       return absl::InvalidArgumentError(

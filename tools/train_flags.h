@@ -36,6 +36,7 @@ struct TrainFlags {
   std::string backend;
   // DDP (PyTorch's and apex's options).
   double bucket_cap_mb = 25;
+  bool bucket_cap_given = false;  // --bucket-cap-mb was on the command line
   bool find_unused_parameters = false;
   bool static_graph = false;
   int64_t grad_accum = 1;

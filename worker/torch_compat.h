@@ -12,6 +12,13 @@
 //   Python's torch hangs the first time it fuses a graph. concord-train runs
 //   TorchScript unfused on CPU with every LibTorch, as the Python reference
 //   tests do (tests/reference/fixtures.py): UnfusedTorchScriptOnCpu().
+// - DDP's first bucket (the same arithmetic as the PyTorch of the LibTorch
+//   Concord is built with): 1.13 caps it at dist._DEFAULT_FIRST_BUCKET_BYTES
+//   (1 MiB) whatever bucket_cap_mb says; 2.x (2.6 checked,
+//   torch/nn/parallel/distributed.py) caps it at bucket_cap_mb when the user
+//   gives one, initially and when rebuilt, and at 1 MiB only by default.
+//   kFirstBucketFollowsUserCap says which; concord-train applies it to
+//   --bucket-cap-mb (DdpOptions::first_bucket_bytes for library users).
 
 #include <torch/optim/optimizer.h>
 #include <torch/version.h>
@@ -23,6 +30,9 @@ TORCH_API void overrideCanFuseOnCPU(bool value);
 }  // namespace torch::jit
 
 namespace concord::compat {
+
+// See above: a user-given bucket cap also caps DDP's first bucket.
+inline constexpr bool kFirstBucketFollowsUserCap = TORCH_VERSION_MAJOR >= 2;
 
 // TorchScript graphs run on CPU without fusion (see above), for the whole
 // process.
