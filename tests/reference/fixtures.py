@@ -377,10 +377,12 @@ def max_rel_diff(a, b):
     return float(((a - b).abs() / denom).max())
 
 
-def compare_states(actual, expected, rtol=1e-5, atol=1e-6):
+def compare_states(actual, expected, rtol=1e-5, atol=1e-6, ulps=None):
     """Compare two dicts name -> tensor. Returns a list of failure strings
     (empty when they match): same key set, same dtype and shape, allclose for
-    floating point, exact equality for everything else."""
+    floating point, exact equality for everything else. `ulps` {dtype: n}:
+    tensors of that dtype may also differ by n units of its precision
+    (n * eps * |expected|) element by element."""
     failures = []
     ak, ek = set(actual), set(expected)
     if ak != ek:
@@ -399,7 +401,11 @@ def compare_states(actual, expected, rtol=1e-5, atol=1e-6):
             failures.append("%s: shape %s, expected %s" % (k, tuple(a.shape), tuple(e.shape)))
             continue
         if a.is_floating_point() or a.is_complex():
-            if not torch.allclose(a, e, rtol=rtol, atol=atol):
+            close = torch.isclose(a, e, rtol=rtol, atol=atol)
+            if ulps and a.dtype in ulps:
+                spacing = ulps[a.dtype] * torch.finfo(a.dtype).eps * e.double().abs()
+                close |= (a.double() - e.double()).abs() <= spacing
+            if not bool(close.all()):
                 failures.append("%s: not allclose (rtol=%g atol=%g): max abs diff %.3e, max rel diff %.3e"
                                 % (k, rtol, atol, float((a.double() - e.double()).abs().max()),
                                    max_rel_diff(a, e)))
@@ -420,11 +426,11 @@ def worst_rel_diff(actual, expected):
     return worst
 
 
-def report_mismatch(checks, name, actual, expected, rtol, atol):
+def report_mismatch(checks, name, actual, expected, rtol, atol, ulps=None):
     """One check (a Checks) that compare_states(actual, expected) finds
     nothing; on failure its detail lists the differing tensors and every
     tensor's max relative difference. Returns whether it passed."""
-    failures = compare_states(actual, expected, rtol=rtol, atol=atol)
+    failures = compare_states(actual, expected, rtol=rtol, atol=atol, ulps=ulps)
     if not failures:
         checks.ok(name, "%d tensors, max rel diff %.3e (rtol %g, atol %g)"
                   % (len(expected), worst_rel_diff(actual, expected), rtol, atol))

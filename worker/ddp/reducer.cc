@@ -227,9 +227,12 @@ void Reducer::Build(const std::vector<size_t>& order) {
   std::vector<Bucket> buckets;
   slots_.assign(params_.size(), Slot{});
   stats_.bucket_bytes.clear();
+  stats_.bucket_params.clear();
   for (const auto& indices : assignment) {
     Bucket bucket;
     bucket.params = indices;
+    std::vector<std::string>& named = stats_.bucket_params.emplace_back();
+    for (size_t i : indices) named.push_back(names_[i]);
     int64_t numel = 0;
     for (size_t i : indices) numel += params_[i].numel();
     const at::Tensor& p0 = params_[indices.front()];
@@ -258,6 +261,9 @@ void Reducer::Build(const std::vector<size_t>& order) {
     buckets.push_back(std::move(bucket));
   }
   buckets_ = std::move(buckets);
+  if (stats_.initial_bucket_params.empty()) {
+    stats_.initial_bucket_params = stats_.bucket_params;
+  }
 }
 
 absl::Status Reducer::Rebuild() {

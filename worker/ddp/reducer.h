@@ -77,6 +77,11 @@ struct ReducerStats {
   int64_t iterations = 0;  // completed synchronised backward passes
   int64_t rebuilds = 0;
   std::vector<int64_t> bucket_bytes;
+  // The buckets' parameters by name, as built first and as now (after the
+  // rebuild): what PyTorch's reference run reports as initial_bucket_params
+  // and bucket_params.
+  std::vector<std::vector<std::string>> initial_bucket_params;
+  std::vector<std::vector<std::string>> bucket_params;
   int64_t forward_compute_us = 0;   // armed -> first gradient ready
   int64_t backward_compute_us = 0;  // first -> last gradient ready
   int64_t backward_comm_us = 0;     // first launch -> all reduced
