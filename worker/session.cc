@@ -47,6 +47,20 @@ absl::Status EnvInt(const char* name, int64_t fallback, int64_t min,
   return absl::OkStatus();
 }
 
+// Parses variable `name`, when set, into `out`; INVALID_ARGUMENT names it.
+template <typename T, typename Parse>
+absl::Status EnvParsed(const char* name, Parse parse, T* out) {
+  const std::string text = Env(name);
+  if (text.empty()) return absl::OkStatus();
+  absl::StatusOr<T> parsed = parse(text);
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": ", parsed.status().message()));
+  }
+  *out = *std::move(parsed);
+  return absl::OkStatus();
+}
+
 std::string DefaultWorkerId() {
   char host[256] = {0};
   gethostname(host, sizeof(host) - 1);
@@ -90,22 +104,10 @@ absl::StatusOr<WorkerOptions> WorkerOptions::FromEnvironment() {
   o.comm_host = Env("CONCORD_COMM_HOST", "127.0.0.1");
   o.trace_file = Env("CONCORD_TRACE_FILE");
   o.node_id = Env("CONCORD_NODE_ID", DefaultNodeId());
-  if (const std::string device = Env("CONCORD_DEVICE"); !device.empty()) {
-    auto parsed = ParseDeviceRequest(device);
-    if (!parsed.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("CONCORD_DEVICE: ", parsed.status().message()));
-    }
-    o.device = *parsed;
-  }
-  if (const std::string backend = Env("CONCORD_BACKEND"); !backend.empty()) {
-    auto parsed = ParseBackendRequest(backend);
-    if (!parsed.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("CONCORD_BACKEND: ", parsed.status().message()));
-    }
-    o.backend = *parsed;
-  }
+  CONCORD_RETURN_IF_ERROR(
+      EnvParsed("CONCORD_DEVICE", ParseDeviceRequest, &o.device));
+  CONCORD_RETURN_IF_ERROR(
+      EnvParsed("CONCORD_BACKEND", ParseBackendRequest, &o.backend));
   int64_t local_rank;
   const char* local_name = std::getenv("CONCORD_LOCAL_RANK") != nullptr
                                ? "CONCORD_LOCAL_RANK"
@@ -322,6 +324,7 @@ absl::Status Session::JoinAndConnect(
           return Connect(joined.rank(), joined.world_size(),
                          joined.generation(), store_.get(), next.timeout);
         });
+    taken_for_reform_->store(-1);
     if (comm.ok()) {
       if (backend_ == Backend::kNccl) {
         spdlog::info(
@@ -370,7 +373,8 @@ absl::Status Session::Reform(int64_t committed_step,
   // Note [Re-forming NCCL]: an NCCL communicator is kept until the next
   // generation's plan says whether to derive from it; Gloo's goes now.
   std::shared_ptr<comm::Communicator> parent;
-  if (backend_ == Backend::kNccl) {
+  if (backend_ == Backend::kNccl && old != nullptr) {
+    taken_for_reform_->store(old->generation());
     parent = std::move(old);
   } else {
     Retire(std::move(old));
@@ -446,10 +450,14 @@ void Session::OnMembership(const v1::MembershipUpdate& update) {
       std::lock_guard<std::mutex> lock(comm_mu_);
       if (comm_ == comm) groups = groups_;
     }
-    std::thread([comm = std::move(comm), groups = std::move(groups),
-                 grace]() mutable {
+    std::thread([comm = std::move(comm), groups = std::move(groups), grace,
+                 taken = taken_for_reform_]() mutable {
       absl::SleepFor(grace);
-      comm->Abort();
+      // Note [Re-forming NCCL]: once Reform has taken the communicator over,
+      // the training thread is in no collective on it, and the members'
+      // plan derives from it or aborts it; an abort here, in the middle of
+      // a shrink, would leave the other members waiting for this one.
+      if (taken->load() != comm->generation()) comm->Abort();
       for (auto& group : groups) {
         if (auto g = group.lock()) g->Abort();
       }

@@ -207,6 +207,12 @@ class Session final : public comm::GroupFactory {
   // thread only.
   std::vector<std::string> members_;
   int finished_at_formation_ = 0;
+  // The generation of the communicator Reform has taken over to derive the
+  // next one from (-1: none); the membership watcher's abort leaves that one
+  // alone (Note [Re-forming NCCL]). Shared: the watcher's abort threads may
+  // outlive the session.
+  std::shared_ptr<std::atomic<int64_t>> taken_for_reform_ =
+      std::make_shared<std::atomic<int64_t>>(-1);
   std::unique_ptr<MembershipWatcher> watcher_;
 
   std::atomic<int64_t> step_{0};

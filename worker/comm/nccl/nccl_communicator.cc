@@ -133,6 +133,29 @@ struct NcclCommunicator::State {
     if (aborted.exchange(true) || comm == nullptr) return;
     ncclCommAbort(comm);
   }
+
+  // Note [Re-forming NCCL]: issues `call(config)`, a non-blocking
+  // derivation of this communicator (shrink, split), under its lock, and
+  // with `wait` waits for the parent to finish its part; on failure the
+  // parent is aborted.
+  template <typename Call>
+  absl::Status Derive(const char* what, Call call,
+                      std::optional<absl::Duration> wait) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (aborted.load()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(what, ": the communicator was aborted"));
+    }
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    absl::Status st = NcclStatus(call(&config), comm, __FILE__, __LINE__);
+    if (st.ok() && wait.has_value()) st = WaitNotInProgress(*wait);
+    if (!st.ok()) {
+      aborted.store(true);
+      ncclCommAbort(comm);
+    }
+    return st;
+  }
 };
 
 namespace {
@@ -450,24 +473,18 @@ absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::Shrink(
                            excluded.begin(), excluded.end(),
                            [&](int r) { return r < state_->options.rank; }));
   next->options.generation = generation;
-  {
-    std::lock_guard<std::mutex> lock(state_->mu);
-    if (state_->aborted.load()) {
-      return absl::FailedPreconditionError(
-          "shrink: the communicator was aborted");
-    }
-    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;
-    std::vector<int> ranks = excluded;
-    const ncclResult_t r = ncclCommShrink(
-        state_->comm, ranks.data(), static_cast<int>(ranks.size()), &next->comm,
-        &config, abort_in_flight ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT);
-    if (absl::Status st = NcclStatus(r, state_->comm, __FILE__, __LINE__);
-        !st.ok()) {
-      state_->aborted.store(true);
-      ncclCommAbort(state_->comm);
-      return st;
-    }
+  std::vector<int> ranks = excluded;
+  if (absl::Status st = state_->Derive(
+          "shrink",
+          [&](ncclConfig_t* config) {
+            return ncclCommShrink(
+                state_->comm, ranks.data(), static_cast<int>(ranks.size()),
+                &next->comm, config,
+                abort_in_flight ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT);
+          },
+          std::nullopt);
+      !st.ok()) {
+    return st;
   }
   auto made = Connected(std::move(next), timeout);
   // The parent is spent either way (Note [Re-forming NCCL]).
@@ -489,42 +506,33 @@ absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::Split(
   auto next = std::make_shared<State>();
   next->options = state_->options;
   next->options.generation = generation;
-  {
-    std::lock_guard<std::mutex> lock(state_->mu);
-    if (state_->aborted.load()) {
-      return absl::FailedPreconditionError(
-          "split: the communicator was aborted");
-    }
-    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;
-    const ncclResult_t r =
-        ncclCommSplit(state_->comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key,
-                      &next->comm, &config);
-    if (absl::Status st = NcclStatus(r, state_->comm, __FILE__, __LINE__);
-        !st.ok()) {
-      state_->aborted.store(true);
-      ncclCommAbort(state_->comm);
-      return st;
-    }
-    // The split completes on the parent (non-blocking): wait for it there.
-    if (absl::Status st = state_->WaitNotInProgress(timeout); !st.ok()) {
-      state_->aborted.store(true);
-      ncclCommAbort(state_->comm);
-      return st;
-    }
+  // The split completes on the parent (non-blocking): wait for it there.
+  if (absl::Status st = state_->Derive(
+          "split",
+          [&](ncclConfig_t* config) {
+            return ncclCommSplit(state_->comm,
+                                 color < 0 ? NCCL_SPLIT_NOCOLOR : color, key,
+                                 &next->comm, config);
+          },
+          timeout);
+      !st.ok()) {
+    return st;
   }
   if (color < 0 || next->comm == nullptr) {
     state_->Abort();
     return std::unique_ptr<Communicator>();
   }
-  int rank = 0, size = 0;
-  CONCORD_NCCL_CHECK(ncclCommUserRank(next->comm, &rank), next->comm);
-  CONCORD_NCCL_CHECK(ncclCommCount(next->comm, &size), next->comm);
-  next->options.rank = rank;
-  next->options.size = size;
   auto made = Connected(std::move(next), timeout);
   state_->Abort();
-  return made;
+  if (!made.ok()) return made.status();
+  // The child's place, once its initialisation has completed.
+  State& child = *(*made)->state_;
+  int rank = 0, size = 0;
+  CONCORD_NCCL_CHECK(ncclCommUserRank(child.comm, &rank), child.comm);
+  CONCORD_NCCL_CHECK(ncclCommCount(child.comm, &size), child.comm);
+  child.options.rank = rank;
+  child.options.size = size;
+  return std::unique_ptr<Communicator>(std::move(*made));
 }
 
 std::shared_ptr<Work> NcclCommunicator::AllreduceSum(
