@@ -346,6 +346,11 @@ class RunDir(object):
             return None
 
 
+# concord-train flags every case adds (--train-flag), e.g. the gpu suite's
+# --device cuda:0 --backend gloo.
+TRAIN_FLAGS = []
+
+
 def train_args(fx, rd, batch, epochs, sharding="elastic", shuffle_seed=None, extra=()):
     args = ["--model", fx.model, "--data", fx.data, "--loss", "mse", "--optimizer", "sgd",
             "--lr", LR, "--momentum", MOMENTUM, "--batch-size", batch, "--epochs", epochs,
@@ -355,7 +360,7 @@ def train_args(fx, rd, batch, epochs, sharding="elastic", shuffle_seed=None, ext
         args += ["--sample-log", rd.samples]
     if shuffle_seed is not None:
         args += ["--shuffle", "--seed", shuffle_seed]
-    return args + list(extra)
+    return args + list(extra) + TRAIN_FLAGS
 
 
 def launch_cmd(bins, nproc, job, train, min_workers=None, max_workers=None, restarts=0,
@@ -1315,6 +1320,10 @@ def parse_args():
                    help="chaos: the random seed of the kill schedule")
     p.add_argument("--list", action="store_true", help="list the cases and exit")
     p.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    p.add_argument("--train-flag", action="append", default=[],
+                   help="a concord-train flag every case adds (repeatable)")
+    p.add_argument("--require-cuda", action="store_true",
+                   help="print 'skipped: no CUDA device' and exit 0 without one (gpu suite)")
     args = p.parse_args()
     if not args.list and not args.bin_dir:
         p.error("--bin-dir is required")
@@ -1327,6 +1336,13 @@ def main():
         for name, (group, _) in CASES.items():
             print("%-18s %s" % (group, name))
         return 0
+    if args.require_cuda:
+        import torch
+        if not torch.cuda.is_available():
+            print("skipped: no CUDA device (torch %s, built with CUDA %s)"
+                  % (torch.__version__, torch.version.cuda))
+            return 0
+    TRAIN_FLAGS.extend(args.train_flag)
     selected = [c for c, (g, _) in CASES.items() if c in args.case or g in args.group]
     if not args.case and not args.group:
         selected = list(CASES)

@@ -134,10 +134,15 @@ def parse_args(argv=None):
     p.add_argument("--log-interval", type=int, default=0, help="print rank 0's loss every N steps")
     p.add_argument("--timeout", type=float, default=300.0,
                    help="process-group timeout in seconds")
+    p.add_argument("--device", default="cpu",
+                   help="cpu, cuda (rank r on cuda:r) or cuda:N (every rank on one device)")
+    p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
     p.add_argument("--start-method", choices=("fork", "spawn"), default="fork",
                    help="how the W worker processes start")
     ddp = p.add_argument_group("DDP options (PyTorch's names in concord-train's spelling)")
-    ddp.add_argument("--bucket-cap-mb", type=float, default=25.0)
+    # None: not given, so PyTorch's default (2.x then keeps its 1 MiB first
+    # bucket; a given cap caps the first bucket too).
+    ddp.add_argument("--bucket-cap-mb", type=float, default=None)
     ddp.add_argument("--find-unused-parameters", action="store_true")
     ddp.add_argument("--static-graph", action="store_true")
     ddp.add_argument("--grad-accum", type=int, default=1,
@@ -163,7 +168,7 @@ def parse_args(argv=None):
         p.error("--world-size must be >= 1")
     if args.grad_accum < 1:
         p.error("--grad-accum must be >= 1")
-    if not args.bucket_cap_mb > 0:
+    if args.bucket_cap_mb is not None and not args.bucket_cap_mb > 0:
         p.error("--bucket-cap-mb must be positive")
     if args.comm_hook == "bf16":
         p.error("--comm-hook bf16: PyTorch 1.13's bf16_compress_hook needs NCCL; Gloo has no "
@@ -214,19 +219,25 @@ def ddp_metrics(ld):
 def worker(rank, args, init_file):
     torch.set_num_threads(args.threads)
     world = args.world_size
-    dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank,
+    device = torch.device("cuda", rank) if args.device == "cuda" else torch.device(args.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(args.backend, init_method="file://" + init_file, rank=rank,
                             world_size=world,
                             timeout=datetime.timedelta(seconds=args.timeout))
     try:
         model = torch.jit.load(args.model, map_location="cpu")
         inputs, targets = load_data(args.data)
         # concord-train's check that the model fits the data: an eval-mode,
-        # no-grad forward on the first 2 samples (see fixtures.validation_forward:
-        # it moves TorchScript's profiling executor on by one call).
+        # no-grad forward on the first 2 samples on the CPU (see
+        # fixtures.validation_forward: it moves TorchScript's profiling
+        # executor on by one call); then the model goes to the device, as
+        # concord-train's does.
         with torch.no_grad():
             model.eval()
             model(inputs[:min(2, inputs.size(0))])
         model.train()
+        model.to(device)
         n = inputs.size(0)
         bs = args.batch_size
         my_batches = fixtures.num_batches(n, rank, world, bs)
@@ -240,8 +251,9 @@ def worker(rank, args, init_file):
             if unknown:
                 raise ValueError("--ignore %s: no such parameter or buffer" % unknown)
             DDP._set_params_and_buffers_to_ignore_for_model(model, list(args.ignore))
-        ddp = DDP(model, broadcast_buffers=not args.no_broadcast_buffers,
-                  bucket_cap_mb=args.bucket_cap_mb,
+        cap = {} if args.bucket_cap_mb is None else {"bucket_cap_mb": args.bucket_cap_mb}
+        ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
+                  broadcast_buffers=not args.no_broadcast_buffers, **cap,
                   find_unused_parameters=args.find_unused_parameters,
                   gradient_as_bucket_view=args.gradient_as_bucket_view,
                   static_graph=args.static_graph)
@@ -290,8 +302,8 @@ def worker(rank, args, init_file):
                 for b in range(my_batches):
                     t0 = time.perf_counter()
                     idx = shard[b * bs:(b + 1) * bs]
-                    x = inputs.index_select(0, idx)
-                    y = targets.index_select(0, idx)
+                    x = inputs.index_select(0, idx).to(device)
+                    y = targets.index_select(0, idx).to(device)
                     step_now = (b + 1) % K == 0 or b + 1 == my_batches
                     if step_now:
                         out = ddp(x)
@@ -327,7 +339,7 @@ def worker(rank, args, init_file):
             # After join() every rank holds the last joiner's model.
             writer = fixtures.last_joiner(batches_per_rank) if uneven else 0
             if "{rank}" in args.output or rank == writer:
-                state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+                state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
                 torch.save(state, args.output.replace("{rank}", str(rank)))
         if rank == 0:
             if args.metrics_out:
