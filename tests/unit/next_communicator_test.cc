@@ -117,6 +117,28 @@ class TestDerivable final : public DerivableCommunicator {
   std::atomic<bool> failed_{false};
 };
 
+// A store that refuses to read more than `limit` keys at once, as the
+// coordinator's KvGet refuses more than 4096.
+class LimitedStore final : public Store {
+ public:
+  LimitedStore(Store* inner, size_t limit) : inner_(inner), limit_(limit) {}
+  absl::Status Set(const std::string& key, const std::string& value) override {
+    return inner_->Set(key, value);
+  }
+  absl::StatusOr<std::vector<std::string>> Get(
+      const std::vector<std::string>& keys, absl::Duration timeout) override {
+    if (keys.size() > limit_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(keys.size(), " keys in one read, at most ", limit_));
+    }
+    return inner_->Get(keys, timeout);
+  }
+
+ private:
+  Store* inner_;
+  size_t limit_;
+};
+
 struct Member {
   std::string id;
   std::shared_ptr<TestDerivable> parent;  // null: a joiner
@@ -129,8 +151,10 @@ struct Member {
 std::vector<ReformPlan> Reform(
     Backend backend, int nccl, const std::vector<std::string>& previous,
     const std::vector<std::string>& next, bool departed_cleanly, Log* log,
-    const std::function<void(int, TestDerivable&)>& prepare = nullptr) {
-  InMemoryStore old_store, new_store;
+    const std::function<void(int, TestDerivable&)>& prepare = nullptr,
+    int keys_per_get = 1024) {
+  InMemoryStore old_store, backing;
+  LimitedStore new_store(&backing, static_cast<size_t>(keys_per_get));
   std::vector<std::shared_ptr<TestDerivable>> parents(previous.size());
   {
     std::vector<std::thread> threads;
@@ -163,6 +187,7 @@ std::vector<ReformPlan> Reform(
       req.rank = static_cast<int>(r);
       req.generation = 2;
       req.timeout = absl::Seconds(30);
+      req.keys_per_get = keys_per_get;
       std::shared_ptr<Communicator> parent;
       auto old = std::find(previous.begin(), previous.end(), next[r]);
       if (old != previous.end()) {
@@ -211,6 +236,16 @@ TEST(NextCommunicatorTest, CleanLeaveShrinksEveryMemberAlike) {
   EXPECT_EQ(log.calls[2], "shrink -1");
   EXPECT_EQ(log.calls[3], "shrink -1");
   EXPECT_EQ(log.calls.count(1), 0u);  // the leaver takes no part
+}
+
+TEST(NextCommunicatorTest, RankZeroReadsTheMembersInChunks) {
+  // As with more members than the coordinator gives in one KvGet.
+  Log log;
+  auto plans = Reform(Backend::kNccl, kNccl228, {"a", "b", "c", "d", "e"},
+                      {"a", "b", "d", "e"}, /*departed_cleanly=*/true, &log,
+                      nullptr, /*keys_per_get=*/3);
+  for (const ReformPlan& p : plans) EXPECT_EQ(p.how, ReformPlan::How::kShrink);
+  EXPECT_EQ(log.calls[4], "shrink -2");
 }
 
 TEST(NextCommunicatorTest, OneMemberSawAFailureSoAllShrinkInAbortMode) {

@@ -1,5 +1,7 @@
 #include "worker/comm/next_communicator.h"
 
+#include <algorithm>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -42,16 +44,23 @@ absl::StatusOr<Said> Agree(const NextCommunicatorRequest& r,
   }
   const std::string agreed_key = "reform/agreed";
   if (r.rank == 0) {
-    std::vector<std::string> keys;
-    for (size_t i = 0; i < r.next.size(); ++i) {
-      keys.push_back(absl::StrCat("reform/", i));
+    const absl::Time deadline = absl::Now() + r.timeout;
+    const size_t chunk = static_cast<size_t>(std::max(1, r.keys_per_get));
+    std::vector<std::string> all;
+    for (size_t first = 0; first < r.next.size(); first += chunk) {
+      std::vector<std::string> keys;
+      for (size_t i = first; i < std::min(r.next.size(), first + chunk); ++i) {
+        keys.push_back(absl::StrCat("reform/", i));
+      }
+      absl::StatusOr<std::vector<std::string>> got = store->Get(
+          keys, std::max(absl::ZeroDuration(), deadline - absl::Now()));
+      if (!got.ok()) return got.status();
+      all.insert(all.end(), got->begin(), got->end());
     }
-    absl::StatusOr<std::vector<std::string>> all = store->Get(keys, r.timeout);
-    if (!all.ok()) return all.status();
     Said agreed;
     agreed.usable = true;
-    for (size_t i = 0; i < all->size(); ++i) {
-      absl::StatusOr<Said> one = Parse((*all)[i]);
+    for (size_t i = 0; i < all.size(); ++i) {
+      absl::StatusOr<Said> one = Parse(all[i]);
       if (!one.ok()) return one.status();
       agreed.usable &= one->usable && one->generation > 0 &&
                        (i == 0 || one->generation == agreed.generation);

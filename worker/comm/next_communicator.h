@@ -58,6 +58,9 @@ struct NextCommunicatorRequest {
   int rank = 0;
   int64_t generation = 0;
   absl::Duration timeout = absl::Minutes(5);
+  // Rank 0 reads the members' entries this many keys at a time (the
+  // coordinator refuses a KvGet of more than 4096).
+  int keys_per_get = 1024;
 };
 
 struct NextCommunicator {
