@@ -87,6 +87,9 @@ struct NcclCommunicator::State {
 #if CONCORD_TORCH_CUDA
   // Note [NCCL streams]: `stream` is this pool stream's.
   std::optional<c10::cuda::CUDAStream> torch_stream;
+  // Recorded on the current stream before each collective (under `mu`):
+  // one event, reused, as c10d's are.
+  cudaEvent_t ready = nullptr;
 #endif
   std::mutex mu;  // serialises enqueueing and abort
   std::atomic<bool> aborted{false};
@@ -105,7 +108,10 @@ struct NcclCommunicator::State {
 #endif
   }
   void DestroyStream() {
-#if !CONCORD_TORCH_CUDA
+#if CONCORD_TORCH_CUDA
+    if (ready != nullptr) cudaEventDestroy(ready);
+    ready = nullptr;
+#else
     if (stream != nullptr) cudaStreamDestroy(stream);
 #endif
     stream = nullptr;
@@ -312,13 +318,14 @@ absl::Status OrderAfterCurrentStream(NcclCommunicator::State& s,
   const auto device = static_cast<c10::DeviceIndex>(s.options.device);
   cudaStream_t current = c10::cuda::getCurrentCUDAStream(device).stream();
   if (current != s.stream) {
-    cudaEvent_t ready = nullptr;
-    CONCORD_CUDA_CHECK(
-        cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
-    cudaError_t e = cudaEventRecord(ready, current);
-    if (e == cudaSuccess) e = cudaStreamWaitEvent(s.stream, ready, 0);
-    cudaEventDestroy(ready);  // released once the wait has been satisfied
-    CONCORD_CUDA_CHECK(e);
+    if (s.ready == nullptr) {
+      CONCORD_CUDA_CHECK(
+          cudaEventCreateWithFlags(&s.ready, cudaEventDisableTiming));
+    }
+    // The wait captures the event as recorded now: re-recording it for the
+    // next collective does not change what this one waits for.
+    CONCORD_CUDA_CHECK(cudaEventRecord(s.ready, current));
+    CONCORD_CUDA_CHECK(cudaStreamWaitEvent(s.stream, s.ready, 0));
   }
   for (const at::Tensor& t : tensors) {
     if (t.is_cuda() && t.storage().data_ptr().get() != nullptr) {
