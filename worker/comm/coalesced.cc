@@ -24,7 +24,7 @@ absl::Status BroadcastCoalesced(Communicator& comm,
     flats.emplace_back(flat, &group);
   }
   for (auto& w : works) {
-    if (absl::Status s = w->Wait(); !s.ok()) return s;
+    if (absl::Status s = w->Synchronize(); !s.ok()) return s;
   }
   if (comm.rank() == root) return absl::OkStatus();
   for (auto& [flat, group] : flats) UnflattenInto(flat, *group);

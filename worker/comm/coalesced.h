@@ -11,7 +11,9 @@
 
 namespace concord::comm {
 
-// Overwrites every tensor with `root`'s values. Blocks until done. Must be
+// Overwrites every tensor with `root`'s values: blocks until done for CPU
+// tensors; for device tensors the current stream waits instead (Note
+// [Stream-ordered waits] in worker/comm/work.h). Must be
 // called on every rank with tensors of the same shapes, dtypes and order.
 // Errors: those of Work::Wait.
 absl::Status BroadcastCoalesced(Communicator& comm,

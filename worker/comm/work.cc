@@ -53,7 +53,8 @@ namespace {
 
 class ThenWork final : public Work {
  public:
-  ThenWork(std::shared_ptr<Work> inner, std::function<absl::Status()> then)
+  ThenWork(std::shared_ptr<Work> inner,
+           std::function<absl::Status(const Waiter&)> then)
       : inner_(std::move(inner)), then_(std::move(then)) {}
 
   // Completed = Wait() will not block.
@@ -66,14 +67,13 @@ class ThenWork final : public Work {
   }
 
   absl::Status Wait(absl::Duration timeout) override {
-    absl::Status s = inner_->Wait(timeout);
-    if (s.code() == absl::StatusCode::kDeadlineExceeded) return s;
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!done_) {
-      done_ = true;
-      status_ = s.ok() ? then_() : s;
-    }
-    return status_;
+    return Finish(inner_->Wait(timeout),
+                  [timeout](const auto& w) { return w->Wait(timeout); });
+  }
+
+  absl::Status Synchronize(absl::Duration timeout) override {
+    return Finish(inner_->Synchronize(timeout),
+                  [timeout](const auto& w) { return w->Synchronize(timeout); });
   }
 
   // The collective's end; `then` runs later, on a waiter.
@@ -91,8 +91,19 @@ class ThenWork final : public Work {
   }
 
  private:
+  // Runs `then` once, after `inner` ended with `s` (its Wait or Synchronize).
+  absl::Status Finish(absl::Status s, const Waiter& wait) {
+    if (s.code() == absl::StatusCode::kDeadlineExceeded) return s;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!done_) {
+      done_ = true;
+      status_ = s.ok() ? then_(wait) : s;
+    }
+    return status_;
+  }
+
   std::shared_ptr<Work> inner_;
-  std::function<absl::Status()> then_;
+  std::function<absl::Status(const Waiter&)> then_;
   mutable std::mutex mu_;
   bool done_ = false;
   absl::Status status_;
@@ -100,9 +111,16 @@ class ThenWork final : public Work {
 
 }  // namespace
 
+std::shared_ptr<Work> Then(
+    std::shared_ptr<Work> inner,
+    std::function<absl::Status(const Waiter& wait)> then) {
+  return std::make_shared<ThenWork>(std::move(inner), std::move(then));
+}
+
 std::shared_ptr<Work> Then(std::shared_ptr<Work> inner,
                            std::function<absl::Status()> then) {
-  return std::make_shared<ThenWork>(std::move(inner), std::move(then));
+  return Then(std::move(inner),
+              [then = std::move(then)](const Waiter&) { return then(); });
 }
 
 }  // namespace concord::comm

@@ -30,6 +30,20 @@ class Work {
   virtual absl::Status Wait(
       absl::Duration timeout = absl::InfiniteDuration()) = 0;
 
+  // Note [Stream-ordered waits]: makes the output usable by what the caller
+  // issues next, without the host waiting where the collective runs on a
+  // device: the current CUDA stream waits (an event, as c10d's
+  // WorkNCCL::synchronize does) and kernels queued on it afterwards see the
+  // result. Returns a failure already known (the statuses of Wait, never
+  // DEADLINE_EXCEEDED); OK does not mean the collective has ended: the
+  // communicator's watchdog enforces its timeout by aborting, and a
+  // failure shows in later collectives. Where the host must see the data
+  // (CPU tensors, staged ones included) it is Wait(timeout), the default.
+  virtual absl::Status Synchronize(
+      absl::Duration timeout = absl::InfiniteDuration()) {
+    return Wait(timeout);
+  }
+
   // Gives up on the collective: Wait() returns ABORTED from now on. What the
   // transport does with the operation in flight is the communicator's
   // business (Gloo lets it run into its timeout; NCCL aborts the
@@ -63,10 +77,19 @@ class PromiseWork : public Work {
   absl::Time completed_at_;
 };
 
+// How a continuation waits for the collectives it issues itself: the way
+// its own work was waited for (Wait or Synchronize, with that timeout).
+using Waiter = std::function<absl::Status(const std::shared_ptr<Work>&)>;
+
 // A work that completes when `inner` has and `then` has run after it (on the
 // first thread that waits for it, once, only when `inner` succeeded): how a
 // communication hook decompresses a result. `then`'s status becomes the
-// work's.
+// work's. Synchronize() runs `then` after inner's Synchronize(), so `then`
+// must only queue device work on the current stream for device tensors (it
+// does with ATen ops) and wait for its own collectives with `wait`.
+std::shared_ptr<Work> Then(
+    std::shared_ptr<Work> inner,
+    std::function<absl::Status(const Waiter& wait)> then);
 std::shared_ptr<Work> Then(std::shared_ptr<Work> inner,
                            std::function<absl::Status()> then);
 

@@ -68,6 +68,7 @@ ddp::ReducerOptions ReducerOptionsFrom(const DdpOptions& options,
   r.gradient_predivide_factor = options.gradient_predivide_factor;
   r.authoritative_rank = authoritative_rank;
   r.collective_timeout = options.collective_timeout;
+  r.blocking_wait = options.blocking_wait;
   // Triggers are resolved by name against the trainable parameters; for
   // validation their presence is what matters.
   r.trigger_params.assign(options.allreduce_trigger_params.size(), 0);

@@ -55,6 +55,9 @@ struct DdpOptions {
   double gradient_predivide_factor = 1.0;
   std::vector<std::string> allreduce_trigger_params;  // by name
   absl::Duration collective_timeout = absl::Minutes(5);
+  // ReducerOptions::blocking_wait: the host waits for the gradients and a
+  // failed allreduce throws from backward. An elastic::State turns it on.
+  bool blocking_wait = false;
 };
 
 class DistributedDataParallel {
@@ -138,6 +141,9 @@ class DistributedDataParallel {
   void SetGradientDivisor(double divisor) {
     reducer_->SetGradientDivisor(divisor);
   }
+  // DdpOptions::blocking_wait, between iterations.
+  void SetBlockingWait(bool blocking) { reducer_->SetBlockingWait(blocking); }
+  bool blocking_wait() const { return reducer_->blocking_wait(); }
 
   // Timeline (Note [Trace files] in worker/trace/recorder.h): forward
   // (with the buffer broadcast), each bucket's allreduce and the final

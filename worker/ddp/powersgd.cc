@@ -172,14 +172,15 @@ std::shared_ptr<comm::Work> PowerSgd::Run(PowerSgdState& state,
       std::move(uncompressed_work),
       [s, &comm, opts, world, index, input, input_copy, uncompressed,
        uncompressed_memory, tensors, ps, qs, p_memory, q_memory,
-       maybe_increase = is_last]() mutable -> absl::Status {
+       maybe_increase =
+           is_last](const comm::Waiter& wait) mutable -> absl::Status {
         uncompressed_memory.div_(world);
         int64_t idx = 0;
         for (auto& t : uncompressed) {
           t.copy_(uncompressed_memory.narrow(0, idx, t.numel()).view_as(t));
           idx += t.numel();
         }
-        if (absl::Status st = comm.AllreduceSum(p_memory, opts)->Wait();
+        if (absl::Status st = wait(comm.AllreduceSum(p_memory, opts));
             !st.ok()) {
           return st;
         }
@@ -188,7 +189,7 @@ std::shared_ptr<comm::Work> PowerSgd::Run(PowerSgdState& state,
         for (size_t k = 0; k < tensors.size(); ++k) {
           at::bmm_out(qs[k], tensors[k].transpose(1, 2), ps[k]);
         }
-        if (absl::Status st = comm.AllreduceSum(q_memory, opts)->Wait();
+        if (absl::Status st = wait(comm.AllreduceSum(q_memory, opts));
             !st.ok()) {
           return st;
         }

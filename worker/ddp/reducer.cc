@@ -525,7 +525,13 @@ void Reducer::FinalizeBackward() {
 
 absl::Status Reducer::WaitAndWriteBack(const std::vector<bool>& globally_used) {
   for (size_t b = 0; b < buckets_.size(); ++b) {
-    absl::Status s = buckets_[b].work->Wait(options_.collective_timeout);
+    // Note [Stream-ordered waits]: the copies below are queued on the
+    // current stream, after the collective (device) or after it ended
+    // (host).
+    comm::Work& work = *buckets_[b].work;
+    absl::Status s = options_.blocking_wait
+                         ? work.Wait(options_.collective_timeout)
+                         : work.Synchronize(options_.collective_timeout);
     if (trace_ && b < hook_launch_us_.size() && hook_launch_us_[b] != 0) {
       // A hook's work: it ended (as far as anyone can tell) when this wait
       // did.

@@ -63,6 +63,12 @@ struct ReducerOptions {
   // Source of the rebuilt bucket layout.
   int authoritative_rank = 0;
   absl::Duration collective_timeout = absl::Minutes(5);
+  // Note [Stream-ordered waits] (worker/comm/work.h): false (c10d's
+  // default), the end of backward makes the current stream wait for the
+  // buckets and returns; true (TORCH_NCCL_BLOCKING_WAIT), the host waits
+  // for every bucket and a failure throws from backward, before the
+  // optimizer can step: what a transactional elastic step needs.
+  bool blocking_wait = false;
 };
 
 // What a bucket holds, for logging and tests.
@@ -132,6 +138,9 @@ class Reducer {
   // the initial world size while ranks that ran out of data shadow with
   // zeros). Must be positive.
   void SetGradientDivisor(double divisor);
+  // ReducerOptions::blocking_wait, between iterations.
+  void SetBlockingWait(bool blocking) { options_.blocking_wait = blocking; }
+  bool blocking_wait() const { return options_.blocking_wait; }
   double gradient_divisor() const { return divisor_; }
 
   // Timeline (Note [Trace files] in worker/trace/recorder.h): each bucket's

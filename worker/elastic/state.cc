@@ -65,6 +65,9 @@ State::State(worker::Session* session, DistributedDataParallel* ddp,
       options_(options),
       buffers_(ddp->AllBuffers()) {
   for (const auto& b : buffers_) committed_.buffers.push_back(b.clone());
+  // Note [Elastic step]: the optimizer may step only once the step's
+  // collectives are known to have succeeded.
+  ddp_->SetBlockingWait(true);
 }
 
 void State::OnReset(std::function<void(const ResetInfo&)> callback) {

@@ -25,14 +25,17 @@
 //
 // Note [Elastic step]: a step is transactional. Parameters and optimizer
 // state change only in `optimizer.step()`, which runs after every collective
-// of the step succeeded; so when a collective fails they are still those of
-// the last committed step. What can change half-way is cheap to snapshot
-// and is: buffers (BatchNorm statistics move in forward, a buffer broadcast
-// may be cut off), the counters and the user's values. Commit() takes that
-// snapshot; after a failure Run restores it, re-forms (the survivors join
-// the next generation with their committed step; the coordinator makes the
-// one with the highest step authoritative) and every rank — survivors and
-// newcomers alike — takes the authoritative rank's model, optimizer state,
+// of the step succeeded (the State puts its DDP in blocking wait: the host
+// waits for the gradients' allreduce, which on NCCL also tells whether any
+// earlier collective of the step failed, since a failure poisons the
+// communicator: Note [Stream-ordered waits]); so when a collective fails
+// they are still those of the last committed step. What can change half-way is
+// cheap to snapshot and is: buffers (BatchNorm statistics move in forward, a
+// buffer broadcast may be cut off), the counters and the user's values.
+// Commit() takes that snapshot; after a failure Run restores it, re-forms (the
+// survivors join the next generation with their committed step; the coordinator
+// makes the one with the highest step authoritative) and every rank — survivors
+// and newcomers alike — takes the authoritative rank's model, optimizer state,
 // counters and values over the communicator, then runs `train` again from
 // the committed position. No step is applied twice or half.
 //

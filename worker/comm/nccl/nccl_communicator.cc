@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <mutex>
 #include <optional>
@@ -94,6 +96,63 @@ struct NcclCommunicator::State {
   std::mutex mu;  // serialises enqueueing and abort
   std::atomic<bool> aborted{false};
   std::atomic<bool> failed{false};
+
+  // Note [Stream-ordered waits]: every collective's work, until the
+  // watchdog has seen it end. Holding them keeps their tensors alive while
+  // NCCL may still use them, whoever dropped the work (as c10d's
+  // workMetaList_ does).
+  std::mutex watch_mu;
+  std::condition_variable watch_cv;
+  std::vector<std::shared_ptr<Work>> watched;
+  bool stop_watching = false;
+
+  void Watch(std::shared_ptr<Work> work) {
+    std::lock_guard<std::mutex> lock(watch_mu);
+    watched.push_back(std::move(work));
+  }
+
+  // The watchdog (a thread per communicator, c10d's ncclCommWatchdog):
+  // polls the works; one past its timeout aborts the communicator (in its
+  // Wait), so that a hung collective whose waiter only ordered a stream
+  // after it still ends, and every later collective fails.
+  void RunWatchdog() {
+    cudaSetDevice(options.device);
+    std::unique_lock<std::mutex> lock(watch_mu);
+    while (!stop_watching) {
+      watch_cv.wait_for(lock, kWatchdogPeriod);
+      std::vector<std::shared_ptr<Work>> polled = watched;
+      lock.unlock();
+      std::vector<const Work*> ended;
+      for (const auto& work : polled) {
+        if (work->Wait(absl::ZeroDuration()).code() !=
+            absl::StatusCode::kDeadlineExceeded) {
+          ended.push_back(work.get());
+        }
+      }
+      polled.clear();
+      lock.lock();
+      watched.erase(std::remove_if(watched.begin(), watched.end(),
+                                   [&](const std::shared_ptr<Work>& w) {
+                                     return std::find(ended.begin(),
+                                                      ended.end(),
+                                                      w.get()) != ended.end();
+                                   }),
+                    watched.end());
+    }
+  }
+
+  void StopWatchdog(std::thread& watchdog) {
+    {
+      std::lock_guard<std::mutex> lock(watch_mu);
+      stop_watching = true;
+    }
+    watch_cv.notify_all();
+    if (watchdog.joinable()) watchdog.join();
+    std::lock_guard<std::mutex> lock(watch_mu);
+    watched.clear();  // the works hold this state: break the cycle
+  }
+
+  static constexpr std::chrono::milliseconds kWatchdogPeriod{100};
 
   // The stream collectives run on (Note [NCCL streams]).
   absl::Status MakeStream() {
@@ -220,6 +279,29 @@ class NcclWork final : public Work {
       }
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
+  }
+
+  // Note [Stream-ordered waits]: the current stream waits for the
+  // collective's event; staged CPU tensors need the host (Wait).
+  absl::Status Synchronize(absl::Duration timeout) override {
+#if CONCORD_TORCH_CUDA
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (done_) return status_;  // the host saw the end: nothing to order
+      if (copy_back_.empty()) {
+        if (state_->aborted.load()) {
+          return Finish(absl::AbortedError("NCCL communicator aborted"));
+        }
+        const auto device =
+            static_cast<c10::DeviceIndex>(state_->options.device);
+        cudaStream_t current = c10::cuda::getCurrentCUDAStream(device).stream();
+        if (current == state_->stream) return absl::OkStatus();
+        return CudaStatus(cudaStreamWaitEvent(current, event_, 0), __FILE__,
+                          __LINE__);
+      }
+    }
+#endif
+    return Wait(timeout);
   }
 
   void Abort() override {
@@ -371,9 +453,11 @@ std::shared_ptr<Work> Enqueue(const std::shared_ptr<NcclCommunicator::State>& s,
     return fail(st);
   }
   cudaEventRecord(event, s->stream);
-  return std::make_shared<NcclWork>(s, event, options.timeout,
-                                    std::move(operands.used()),
-                                    std::move(operands.copy_back()));
+  auto work = std::make_shared<NcclWork>(s, event, options.timeout,
+                                         std::move(operands.used()),
+                                         std::move(operands.copy_back()));
+  s->Watch(work);
+  return work;
 }
 
 }  // namespace
@@ -436,9 +520,11 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Connected(
 }
 
 NcclCommunicator::NcclCommunicator(std::shared_ptr<State> state)
-    : state_(std::move(state)) {}
+    : state_(std::move(state)),
+      watchdog_([s = state_.get()] { s->RunWatchdog(); }) {}
 
 NcclCommunicator::~NcclCommunicator() {
+  state_->StopWatchdog(watchdog_);
   if (!state_->aborted.load() && state_->comm != nullptr) {
     ncclCommFinalize(state_->comm);
     state_->WaitNotInProgress(absl::Seconds(30)).IgnoreError();

@@ -18,7 +18,10 @@
 // caching allocator that the tensor's memory is in use on the NCCL stream
 // (recordStream), so that freeing it early cannot hand it to another
 // tensor while NCCL still writes. Work::Wait returns once the collective's
-// event has completed, so everything issued after it sees the result. The
+// event has completed, so everything issued after it sees the result;
+// Work::Synchronize only makes the current stream wait for that event, and
+// a watchdog thread enforces the timeout (Note [Stream-ordered waits] in
+// worker/comm/work.h). The
 // few CPU tensors the training code hands over (find_unused_parameters'
 // bitmap, the model check, SlowMo's ids) are staged: copied to the device,
 // reduced there and copied back when the work completes, the host
@@ -27,6 +30,7 @@
 // orders producers itself and CPU tensors are refused.
 
 #include <memory>
+#include <thread>
 
 #include "absl/status/statusor.h"
 #include "worker/comm/communicator.h"
@@ -104,6 +108,7 @@ class NcclCommunicator final : public DerivableCommunicator {
   static absl::StatusOr<std::unique_ptr<NcclCommunicator>> Connected(
       std::shared_ptr<State> state, absl::Duration timeout);
   std::shared_ptr<State> state_;
+  std::thread watchdog_;  // Note [Stream-ordered waits]
 };
 
 }  // namespace concord::comm
