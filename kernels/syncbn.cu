@@ -228,14 +228,15 @@ __global__ void BackwardElementwise(const typename Elem<D>::T* dy,
                                     int64_t channels, int64_t inner,
                                     const float* mean, const float* invstd,
                                     const float* weight, const float* reduced,
-                                    float total_count,
+                                    const float* total_count,
                                     typename Elem<D>::T* dx) {
+  const float count = *total_count;
   for (int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
        k < n; k += static_cast<int64_t>(blockDim.x) * gridDim.x) {
     const int64_t c = (k / inner) % channels;
     // The twin's order of operations.
-    const float mean_dy = reduced[c] / total_count;
-    const float mean_dy_xmu = reduced[channels + c] / total_count;
+    const float mean_dy = reduced[c] / count;
+    const float mean_dy_xmu = reduced[channels + c] / count;
     const float is = invstd[c];
     const float kc = is * is * mean_dy_xmu;
     const float scale = is * (weight ? weight[c] : 1.f);
@@ -350,7 +351,7 @@ cudaError_t BackwardElementwiseCuda(const void* dy, const void* x, DType dtype,
                                     const ActivationShape& shape,
                                     const float* mean, const float* invstd,
                                     const float* weight, const float* reduced,
-                                    float total_count, void* dx,
+                                    const float* total_count, void* dx,
                                     cudaStream_t stream) {
   const int64_t n = shape.numel();
   if (n == 0) return cudaSuccess;

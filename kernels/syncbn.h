@@ -82,6 +82,8 @@ void BackwardElementwiseCpu(const void* dy, const void* x, DType dtype,
 namespace concord::kernels {
 // ---- CUDA kernels: the same contracts, device pointers, enqueued on
 // `stream`; accumulation in float. They return the launch error, if any.
+// BackwardElementwiseCuda reads the total count from device memory (what
+// WelfordCombineCuda wrote), so that no host ever waits for it.
 cudaError_t WelfordStatsCuda(const void* x, DType dtype,
                              const ActivationShape& shape, float* stats_row,
                              cudaStream_t stream);
@@ -101,7 +103,7 @@ cudaError_t BackwardElementwiseCuda(const void* dy, const void* x, DType dtype,
                                     const ActivationShape& shape,
                                     const float* mean, const float* invstd,
                                     const float* weight, const float* reduced,
-                                    float total_count, void* dx,
+                                    const float* total_count, void* dx,
                                     cudaStream_t stream);
 #endif
 

@@ -316,7 +316,7 @@ TEST_F(KernelsGpuTest, SyncBnKernelsMatchCpuTwins) {
         DeviceBuffer d_x(x, stream_), d_dy(dy, stream_), d_w(w, stream_),
             d_b(b, stream_), d_gathered(gathered, stream_),
             d_mean(mean, stream_), d_invstd(invstd, stream_),
-            d_reduced(reduced, stream_);
+            d_reduced(reduced, stream_), d_total(total, stream_);
         DeviceBuffer o_row(row.size() * 4, stream_), o_mean(uc * 4, stream_),
             o_invstd(uc * 4, stream_), o_var(uc * 4, stream_),
             o_total(4, stream_), o_y(numel * es, stream_),
@@ -397,7 +397,7 @@ TEST_F(KernelsGpuTest, SyncBnKernelsMatchCpuTwins) {
         ASSERT_TRUE(Ok(BackwardElementwiseCuda(
             d_dy.get(), d_x.get(), dtype, shape, d_mean.as<float>(),
             d_invstd.as<float>(), d_w.as<float>(), d_reduced.as<float>(),
-            total[0], o_dx.get(), stream_)));
+            d_total.as<float>(), o_dx.get(), stream_)));
         EXPECT_TRUE(Near(Widen(o_dx.ToHost<unsigned char>(), dtype),
                          Widen(dx, dtype), out_rtol, out_atol,
                          "backward elementwise"));
@@ -445,7 +445,7 @@ TEST_F(KernelsGpuTest, SyncBnKernelsMatchCpuTwins) {
             return BackwardElementwiseCuda(
                 d_dy.get(), d_x.get(), dtype, shape, d_mean.as<float>(),
                 d_invstd.as<float>(), d_w.as<float>(), d_reduced.as<float>(),
-                total[0], o_dx.get(), stream_);
+                d_total.as<float>(), o_dx.get(), stream_);
           });
         }
       }

@@ -51,8 +51,10 @@ Layout MakeLayout(const at::Tensor& input) {
   return {input.contiguous(), {n, c, spatial}};
 }
 
+// Note [Stream-ordered waits]: on a device the kernels that read the result
+// are queued after the collective; the host does not wait, as in PyTorch.
 void WaitOrThrow(const std::shared_ptr<comm::Work>& work, const char* what) {
-  absl::Status s = work->Wait();
+  absl::Status s = work->Synchronize();
   if (!s.ok()) {
     throw Error(absl::Status(
         s.code(), absl::StrCat("SyncBatchNorm ", what, ": ", s.message())));
@@ -132,12 +134,23 @@ class SyncBnFunction : public torch::autograd::Function<SyncBnFunction> {
               total.data_ptr<float>(), stream);
 #endif
         });
-    const float total_count = total.cpu().item<float>();
-    TORCH_CHECK(total_count > 1.0f,
-                "Expected more than 1 value per channel when training, got "
-                "input size ",
-                input.sizes(), " (", total_count,
-                " values per channel over the group)");
+    // Fewer than two values per channel over the group: the variance does
+    // not exist. On the CPU the group's count is at hand; on a device
+    // reading it would stop the host every step, so there only the local
+    // count of a group of one is checked, as PyTorch does.
+    if (!layout.x.is_cuda()) {
+      const float total_count = total.item<float>();
+      TORCH_CHECK(total_count > 1.0f,
+                  "Expected more than 1 value per channel when training, got "
+                  "input size ",
+                  input.sizes(), " (", total_count,
+                  " values per channel over the group)");
+    } else {
+      TORCH_CHECK(world > 1 || input.numel() / c > 1,
+                  "Expected more than 1 value per channel when training, got "
+                  "input size ",
+                  input.sizes());
+    }
 
     // 4. Running statistics (PyTorch's update, unbiased variance).
     if (running_mean.defined() && running_var.defined()) {
@@ -172,8 +185,9 @@ class SyncBnFunction : public torch::autograd::Function<SyncBnFunction> {
 #endif
         });
 
-    ctx->save_for_backward({layout.x, weight, mean, invstd});
-    ctx->saved_data["total_count"] = static_cast<double>(total_count);
+    // The count stays where the combination wrote it (Note [Stream-ordered
+    // waits]): the CUDA backward reads it on the device.
+    ctx->save_for_backward({layout.x, weight, mean, invstd, total});
     auto capsule = c10::make_intrusive<CommunicatorCapsule>();
     capsule->communicator = comm;
     capsule->options = call.options;
@@ -187,8 +201,7 @@ class SyncBnFunction : public torch::autograd::Function<SyncBnFunction> {
     const at::Tensor& weight = saved[1];
     const at::Tensor& mean = saved[2];
     const at::Tensor& invstd = saved[3];
-    const auto total_count =
-        static_cast<float>(ctx->saved_data["total_count"].toDouble());
+    const at::Tensor& total = saved[4];
     auto capsule = c10::static_intrusive_pointer_cast<CommunicatorCapsule>(
         ctx->saved_data["comm"].toCapsule());
 
@@ -240,14 +253,15 @@ class SyncBnFunction : public torch::autograd::Function<SyncBnFunction> {
           kernels::BackwardElementwiseCpu(
               dy.data_ptr(), x.data_ptr(), dtype, shape, mean.data_ptr<float>(),
               invstd.data_ptr<float>(), FloatPtr(weight),
-              reduced.data_ptr<float>(), total_count, dx.data_ptr());
+              reduced.data_ptr<float>(), total.item<float>(), dx.data_ptr());
         },
         [&](auto stream) {
 #if defined(CONCORD_KERNELS_CUDA)
           return kernels::BackwardElementwiseCuda(
               dy.data_ptr(), x.data_ptr(), dtype, shape, mean.data_ptr<float>(),
               invstd.data_ptr<float>(), FloatPtr(weight),
-              reduced.data_ptr<float>(), total_count, dx.data_ptr(), stream);
+              reduced.data_ptr<float>(), total.data_ptr<float>(), dx.data_ptr(),
+              stream);
 #endif
         });
     return {dx,           grad_weight,  grad_bias,   at::Tensor(),
