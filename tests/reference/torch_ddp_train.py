@@ -316,9 +316,11 @@ def worker(rank, args, init_file):
                             out = ddp(x)
                             loss = compute_loss(args.loss, out, y)
                             loss.backward()
+                    # Reading the loss waits for the step on a GPU, inside the
+                    # timed span as in concord-train.
+                    last_loss = float(loss.detach())
                     t1 = time.perf_counter()
                     steps += 1
-                    last_loss = float(loss.detach())
                     step_times.append(t1 - t0)
                     step_samples.append(global_samples(b))
                     if rank == 0 and args.log_interval > 0 and steps % args.log_interval == 0:
