@@ -1,6 +1,7 @@
 #!/usr/bin/python3
-"""Benchmark: Concord DDP vs PyTorch DDP (gloo, CPU) on the same model, data
-and world size, in one run.
+"""Benchmark: Concord DDP vs PyTorch DDP on the same model, data, devices,
+backend and world size, in one run (CPU with gloo by default; GPUs with
+--device cuda).
 
 Usage (Debian's python3, which has torch; build Concord first):
 
@@ -9,6 +10,14 @@ Usage (Debian's python3, which has torch; build Concord first):
         --samples 8192 --epochs 2 --batch-size 32 --repeat 3
     /usr/bin/python3 bench/ddp_vs_pytorch.py --bin-dir build/bin \
         --sweep-bucket-cap-mb 1,5,25,100 --overlap
+
+On GPUs (scripts/gpu-suite.sh runs these; rank r on cuda:r with NCCL, or
+several ranks sharing cuda:0 with --device cuda:0 --backend gloo):
+
+    python3 bench/ddp_vs_pytorch.py --bin-dir build-gpu/bin --device cuda \
+        --backend nccl --world-size 2 --kind resnet50 --batch-size 64
+    python3 bench/ddp_vs_pytorch.py --bin-dir build-gpu/bin --device cuda \
+        --backend nccl --world-size 2 --kind mlp-350m --batch-size 32
 
 What it does:
   1. Writes a fixture (tests/reference/fixtures.py): model.pt (TorchScript)
@@ -19,6 +28,9 @@ What it does:
        cnn                  the small CNN of the reference tests (tiny
                             gradients: measures per-step overhead).
        mlp                  the small BatchNorm MLP (mse).
+       resnet50, mlp-350m   the GPU benchmarks' models (bench/gpu_models.py):
+                            ResNet-50 (25.6 M parameters) on 3 x S x S images
+                            (--image-size) and a 352 M-parameter MLP.
   2. Trains it with PyTorch's DistributedDataParallel
      (tests/reference/torch_ddp_train.py, W processes) and with
      `concord-run --standalone --nproc W -- concord-train ...`, both with
@@ -67,6 +79,7 @@ REF_DIR = os.path.join(os.path.dirname(HERE), "tests", "reference")
 sys.path.insert(0, REF_DIR)
 
 import fixtures  # noqa: E402
+import gpu_models  # noqa: E402
 
 METRICS = ("step_time_ms_mean", "step_time_ms_median", "samples_per_second", "final_loss")
 
@@ -77,7 +90,12 @@ def parse_args():
                                 epilog=__doc__)
     p.add_argument("--bin-dir", required=True, help="directory with concord-run and concord-train")
     p.add_argument("--world-size", type=int, default=2)
-    p.add_argument("--kind", choices=("mlp-large", "cnn", "mlp"), default="mlp-large")
+    p.add_argument("--kind", choices=("mlp-large", "cnn", "mlp") + gpu_models.KINDS,
+                   default="mlp-large")
+    p.add_argument("--image-size", type=int, default=64, help="resnet50's image side")
+    p.add_argument("--device", default="cpu",
+                   help="cpu, cuda (rank r on cuda:r) or cuda:N (every rank on one device)")
+    p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
     p.add_argument("--samples", type=int, default=None,
                    help="data set size (default: 64 batches per rank per epoch)")
     p.add_argument("--epochs", type=int, default=1)
@@ -129,7 +147,8 @@ def run_pytorch(args, model, data, out_dir, loss, extra=(), tag=""):
            "--momentum", repr(args.momentum), "--weight-decay", repr(args.weight_decay),
            "--batch-size", str(args.batch_size), "--epochs", str(args.epochs),
            "--world-size", str(args.world_size), "--threads", str(args.threads),
-           "--output", final, "--metrics-out", metrics] + list(extra)
+           "--output", final, "--metrics-out", metrics,
+           "--device", args.device, "--backend", args.backend] + list(extra)
     return cmd, metrics, final
 
 
@@ -144,7 +163,9 @@ def run_concord(args, model, data, out_dir, loss, extra=(), tag=""):
            "--lr", repr(args.lr), "--momentum", repr(args.momentum),
            "--weight-decay", repr(args.weight_decay), "--batch-size", str(args.batch_size),
            "--epochs", str(args.epochs), "--log-interval", "1000000",
-           "--output", final, "--metrics-out", metrics] + list(extra)
+           "--output", final, "--metrics-out", metrics,
+           # concord-run gives rank r LOCAL_RANK r: "cuda" is cuda:r.
+           "--device", args.device, "--backend", args.backend] + list(extra)
     return cmd, metrics, final
 
 
@@ -244,18 +265,26 @@ def main():
             return 2
     tmp = tempfile.mkdtemp(prefix="concord_bench_")
     try:
-        loss = fixtures.default_loss(args.kind)
-        model, data = fixtures.make_fixture(os.path.join(tmp, "fixture"), args.kind,
-                                            args.samples, args.seed)
+        fixture_dir = os.path.join(tmp, "fixture")
+        if args.kind in gpu_models.KINDS:
+            loss = gpu_models.LOSS[args.kind]
+            model, data = gpu_models.make_fixture(fixture_dir, args.kind, args.samples,
+                                                  args.seed, args.image_size)
+        else:
+            loss = fixtures.default_loss(args.kind)
+            model, data = fixtures.make_fixture(fixture_dir, args.kind, args.samples,
+                                                args.seed)
         n_params = sum(v.numel() for k, v in fixtures.initial_state(model).items()
                        if k in set(fixtures.parameter_names(model)))
         steps = args.epochs * fixtures.num_batches(args.samples, 0, args.world_size,
                                                    args.batch_size)
         configs = configurations(args)
-        print("kind=%s (%s, %.2f M parameters, %.1f MB of gradients), world size %d, "
+        print("kind=%s (%s, %.2f M parameters, %.1f MB of gradients), device %s, backend %s, "
+              "world size %d, "
               "%d samples, batch %d per rank, %d epochs, %d steps, %d thread(s) per worker, "
               "repeat %d, %d configuration(s)"
-              % (args.kind, loss, n_params / 1e6, n_params * 4 / 2 ** 20, args.world_size,
+              % (args.kind, loss, n_params / 1e6, n_params * 4 / 2 ** 20, args.device,
+                 args.backend, args.world_size,
                  args.samples, args.batch_size, args.epochs, steps, args.threads, args.repeat,
                  len(configs)), flush=True)
 

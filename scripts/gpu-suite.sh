@@ -76,10 +76,18 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 
-# GPU benchmarks: executables under <build>/bin, run after the tests. Empty:
-# bench/ has none labelled gpu yet (it times Gloo, the coordinator and the
-# kernels' CPU twins); kernels_gpu_test reports the CUDA kernels' bandwidth.
-GPU_BENCHES=()
+# GPU benchmarks: command lines (from the repository root; $PY, $BIN and
+# $NCCL_WORLD are set when they run: the python, <build>/bin, and the ranks
+# for NCCL, one per GPU, at least 1), run after the tests, each with 600 s.
+# Both sides of each comparison come from one run (bench/CMakeLists.txt).
+GPU_BENCHES=(
+  '"$BIN/concord-bench-kernels-gpu"'
+  '"$PY" bench/syncbn_vs_pytorch.py --bin-dir "$BIN" --device cuda --backend nccl --world-size "$NCCL_WORLD"'
+  '"$PY" bench/syncbn_vs_pytorch.py --bin-dir "$BIN" --device cuda --backend nccl --world-size "$NCCL_WORLD" --dtype bfloat16 --channels-last'
+  '"$PY" bench/syncbn_vs_pytorch.py --bin-dir "$BIN" --device cuda:0 --backend gloo --world-size 2'
+  '"$PY" bench/ddp_vs_pytorch.py --bin-dir "$BIN" --device cuda --backend nccl --world-size "$NCCL_WORLD" --kind resnet50 --batch-size 64 --samples $((NCCL_WORLD * 64 * 40))'
+  '"$PY" bench/ddp_vs_pytorch.py --bin-dir "$BIN" --device cuda --backend nccl --world-size "$NCCL_WORLD" --kind mlp-350m --batch-size 32 --samples $((NCCL_WORLD * 32 * 40))'
+)
 
 DEPS=.gpu-deps/debs
 BUILD_DIR=build-gpu
@@ -483,19 +491,16 @@ bench_rc=0
 : >"$OUT_DIR/bench.log"
 if [ "$BENCH" = 0 ]; then
   note "benchmarks: not run (--no-bench)"
-elif [ ${#GPU_BENCHES[@]} -eq 0 ]; then
-  note "benchmarks: none (GPU_BENCHES in scripts/gpu-suite.sh is empty: bench/ has no GPU benchmark yet)"
 else
+  BIN=$BUILD_DIR/bin
+  NCCL_WORLD=$("$PY" -c 'import torch; print(max(1, torch.cuda.device_count()))' 2>/dev/null || echo 1)
+  export PY BIN NCCL_WORLD
   for b in "${GPU_BENCHES[@]}"; do
-    exe=$BUILD_DIR/bin/$b
     echo "==== $b" >>"$OUT_DIR/bench.log"
-    if [ ! -x "$exe" ]; then
-      note "benchmark $b: not built"
-      bench_rc=1
-    elif timeout 600 "$exe" >>"$OUT_DIR/bench.log" 2>&1; then
-      note "benchmark $b: ran (bench.log)"
+    if timeout 600 bash -c "$b" >>"$OUT_DIR/bench.log" 2>&1; then
+      note "benchmark ran: $b (bench.log)"
     else
-      note "benchmark $b: failed (bench.log)"
+      note "benchmark failed: $b (bench.log)"
       bench_rc=1
     fi
   done
