@@ -76,6 +76,27 @@ TEST_F(NcclGpuTest, AGenerationsLifeInitCollectivesAbortAndTheNext) {
   EXPECT_EQ(t.sum().item<double>(), 2.0 * (1 << 20));
 }
 
+TEST_F(NcclGpuTest, SynchronizedWorksAreWatchedUntilTheyEnd) {
+  auto comm = Generation(1);
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  const auto cuda = torch::TensorOptions().device(torch::kCUDA, 0);
+  // Note [Stream-ordered waits]: dropped right after Synchronize, the works
+  // still complete (the watchdog holds them and their tensors), and what
+  // the current stream does next sees every result.
+  torch::Tensor t = torch::ones({1 << 20}, cuda);
+  for (int i = 0; i < 20; ++i) {
+    ASSERT_TRUE((*comm)->AllreduceSum(t, opts_)->Synchronize().ok());
+    t.add_(1);
+  }
+  EXPECT_EQ(t.min().item<double>(), 21.0);
+  EXPECT_TRUE((*comm)->usable());
+  EXPECT_FALSE((*comm)->failed());
+  // A staged CPU tensor needs the host: Synchronize waits for it.
+  torch::Tensor host = torch::full({8}, 5.0);
+  ASSERT_TRUE((*comm)->AllreduceSum(host, opts_)->Synchronize().ok());
+  EXPECT_TRUE(torch::equal(host, torch::full({8}, 5.0)));
+}
+
 TEST_F(NcclGpuTest, CpuTensorsAreStagedOthersRefused) {
   auto comm = Generation(1);
   ASSERT_TRUE(comm.ok()) << comm.status();

@@ -4,7 +4,9 @@
 // through the device, ordering after the current stream (Note [NCCL
 // streams]), the next generation made by the members' agreed plan when a
 // rank finishes early, and abort on a hung collective followed by the
-// survivors' next generation (Note [Re-forming NCCL]). With fewer than two
+// survivors' next generation (Note [Re-forming NCCL]), stream-ordered waits
+// and the watchdog that ends a collective nobody waits for (Note
+// [Stream-ordered waits]). With fewer than two
 // devices every test says "skipped: fewer than 2 CUDA devices" (the ctest
 // SKIP_REGULAR_EXPRESSION).
 
@@ -16,6 +18,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "concord/config.h"
 #include "worker/comm/nccl/nccl_communicator.h"
 #include "worker/comm/next_communicator.h"
@@ -127,6 +130,44 @@ TEST_F(NcclMultiGpuTest, ACollectiveWaitsForTheCurrentStream) {
   });
 }
 #endif
+
+#if CONCORD_TORCH_CUDA
+TEST_F(NcclMultiGpuTest, SynchronizeOrdersTheCurrentStreamAfterTheCollective) {
+  Connect();
+  Ranks(world_, [&](int r) {
+    Communicator& c = *comms_[static_cast<size_t>(r)];
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(r));
+    torch::Tensor t = torch::full({1 << 22}, static_cast<double>(r + 1), On(r));
+    // Note [Stream-ordered waits]: the host does not wait; kernels queued
+    // afterwards on the current stream see the sum.
+    ASSERT_TRUE(c.AllreduceSum(t, opts_)->Synchronize(kTimeout).ok());
+    torch::Tensor doubled = t * 2;
+    const double n = world_;
+    EXPECT_EQ(doubled.min().item<double>(), n * (n + 1));
+    EXPECT_EQ(doubled.max().item<double>(), n * (n + 1));
+  });
+}
+#endif
+
+TEST_F(NcclMultiGpuTest, TheWatchdogAbortsAHungCollectiveNobodyWaitsFor) {
+  Connect();
+  // The last rank never comes; the others only order their streams after
+  // the allreduce and drop the work: the watchdog still ends it.
+  const int dead = world_ - 1;
+  Ranks(dead, [&](int r) {
+    NcclCommunicator& c = *comms_[static_cast<size_t>(r)];
+    torch::Tensor t = torch::ones({4096}, On(r));
+    EXPECT_TRUE(c.AllreduceSum(t, {absl::Seconds(2)})->Synchronize().ok());
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (!c.failed() && absl::Now() < deadline)
+      absl::SleepFor(absl::Milliseconds(10));
+    EXPECT_TRUE(c.failed()) << "the watchdog did not abort within 30 s";
+    EXPECT_FALSE(c.usable());
+    // Every later collective fails at once.
+    EXPECT_FALSE(c.AllreduceSum(t, opts_)->Wait(kTimeout).ok());
+  });
+  comms_[static_cast<size_t>(dead)]->Abort();
+}
 
 // The new generation's communicator, every member of `next` (old ranks) in
 // parallel, by MakeNextCommunicator as Session does; each sums over it.
