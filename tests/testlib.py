@@ -1,7 +1,8 @@
 """What every Python test script here shares (no torch: the deploy tests use it).
 
 Checks prints one PASS/FAIL line per check and the closing 'N passed, N
-failed'; free_port, accepts and wait_for are the loopback helpers.
+failed'; free_port, accepts and wait_for are the loopback helpers;
+no_cuda_reason (imports torch when called) is for gpu-labelled scripts.
 """
 import socket
 import time
@@ -62,3 +63,14 @@ def wait_for(predicate, timeout, interval=0.05):
             return value
         time.sleep(interval)
     return None
+
+
+def no_cuda_reason():
+    """None where this python's torch sees a CUDA device, else the line a
+    gpu-labelled test prints before exiting 0 (ctest's SKIP_REGULAR_EXPRESSION
+    matches 'skipped: no CUDA device')."""
+    import torch
+    if torch.cuda.is_available():
+        return None
+    return "skipped: no CUDA device (torch %s, built with CUDA %s)" % (
+        torch.__version__, torch.version.cuda)

@@ -92,6 +92,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "reference"))
 import torch  # noqa: E402
 
 import fixtures  # noqa: E402
+import testlib  # noqa: E402
 
 Checks = fixtures.Checks
 
@@ -1336,12 +1337,9 @@ def main():
         for name, (group, _) in CASES.items():
             print("%-18s %s" % (group, name))
         return 0
-    if args.require_cuda:
-        import torch
-        if not torch.cuda.is_available():
-            print("skipped: no CUDA device (torch %s, built with CUDA %s)"
-                  % (torch.__version__, torch.version.cuda))
-            return 0
+    if args.require_cuda and testlib.no_cuda_reason():
+        print(testlib.no_cuda_reason())
+        return 0
     TRAIN_FLAGS.extend(args.train_flag)
     selected = [c for c, (g, _) in CASES.items() if c in args.case or g in args.group]
     if not args.case and not args.group:

@@ -27,6 +27,9 @@ Cases:
                     comes back as a newcomer, takes the state and the
                     slow-momentum shards are spread over 3 again; 3
                     bit-identical models at the end.
+With --train-flag --device --train-flag cuda:0 (the gpu suite's
+integration_slowmo_elastic_cuda) the workers share cuda:0 over Gloo and the
+slow-momentum state, its masks and exchange buffers live on the device.
 Checked for each: concord-run exits 137 (the killed worker's status; 0
 with a restart) within a bounded time; the authoritative rank's metrics say
 the final world size after one re-form (two with the restart) and the job
@@ -51,6 +54,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "reference"))
 import torch  # noqa: E402
 
 import fixtures  # noqa: E402
+import testlib  # noqa: E402
 
 HEARTBEAT = ["--heartbeat-interval-ms", "200", "--heartbeat-timeout-ms", "2000"]
 TIMEOUT = 150
@@ -71,7 +75,7 @@ def run_case(args, tmp, name, world, kill, algorithm_flags, expect_identical, lo
     cmd += ["--", os.path.join(args.bin_dir, "concord-train"), "--model", model, "--data", data,
             "--loss", "mse", "--lr", "0.05", "--momentum", "0.9", "--batch-size", "8",
             "--epochs", str(epochs), "--output-per-worker", workers, "--metrics-out", metrics,
-            "--log-interval", "1000"] + algorithm_flags
+            "--log-interval", "1000"] + algorithm_flags + args.train_flag
     env = dict(os.environ, CONCORD_TEST_KILL=kill, OMP_NUM_THREADS="1")
     problems = []
     try:
@@ -131,7 +135,16 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--bin-dir", required=True)
     parser.add_argument("--keep", action="store_true")
+    parser.add_argument("--case", action="append", default=[],
+                        help="run only these cases (repeatable; default: all)")
+    parser.add_argument("--train-flag", action="append", default=[],
+                        help="a concord-train flag every case adds (repeatable)")
+    parser.add_argument("--require-cuda", action="store_true",
+                        help="print 'skipped: no CUDA device' and exit 0 without one")
     args = parser.parse_args()
+    if args.require_cuda and testlib.no_cuda_reason():
+        print(testlib.no_cuda_reason())
+        return 0
     tmp = tempfile.mkdtemp(prefix="concord-slowmo-")
     cases = [
         ("localsgd-sharded", 3, "2:8:slowmo",
@@ -151,6 +164,11 @@ def main():
           "--slowmo-frequency", "4", "--slowmo-num-shards", "3"],
          True, [("SlowMo: finishing update 8", True)], 1, 12),
     ]
+    unknown = set(args.case) - {c[0] for c in cases}
+    if unknown:
+        parser.error("unknown case(s): %s" % ", ".join(sorted(unknown)))
+    if args.case:
+        cases = [c for c in cases if c[0] in args.case]
     failed = 0
     for case in cases:
         name = case[0]

@@ -593,7 +593,7 @@ absl::Status SlowMo::MastersStep(const Plan& plan, torch::Tensor& flat,
       // Note [Shard replicas]: the new x of a slice is its new x_old; its
       // new u goes from the owner to the next rank.
       const int r = master_rank_;
-      const auto f32 = torch::TensorOptions().dtype(torch::kFloat);
+      const auto f32 = StateOptions(torch::kFloat);
       torch::Tensor send = torch::zeros({portion_length_}, f32);
       std::vector<int> to, from;
       std::vector<torch::Tensor> recv;

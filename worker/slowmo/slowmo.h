@@ -230,6 +230,11 @@ class SlowMo final : public elastic::Participant {
     return fp32_params_.empty() ? params_ : fp32_params_;
   }
   std::vector<int64_t> UnitOffsets() const;
+  // Slow-momentum state, and every tensor that meets it (masks, exchange
+  // buffers), lives on the parameters' device, in `dtype`.
+  torch::TensorOptions StateOptions(torch::ScalarType dtype) const {
+    return Units().front().options().dtype(dtype);
+  }
   absl::Status Gossip(torch::Tensor& flat, torch::Tensor& weight);
   // The update's work between masters (Note [SlowMo step]) on `flat` (in
   // params_ order), `weight`, and the slow-momentum state.

@@ -35,7 +35,7 @@ absl::Status SlowMo::Reshard(int root, int64_t root_updates,
         absl::StrCat("slow momentum holds ", total_, " elements here and ", n,
                      " on the authoritative rank"));
   }
-  const auto f32 = torch::TensorOptions().dtype(torch::kFloat);
+  const auto f32 = StateOptions(torch::kFloat);
   // Only state of the authoritative rank's update count counts. The
   // exchange runs over the whole generation: with a hierarchy the state
   // may sit on a rank that is no longer a master.
@@ -44,7 +44,8 @@ absl::Status SlowMo::Reshard(int root, int64_t root_updates,
   if (!options_.slowmo_memory_efficient) {
     // Every master holds everything: take it from the lowest rank that has
     // it (the authoritative rank unless it is no master).
-    torch::Tensor has = torch::zeros({comm_->size()}, torch::kInt);
+    torch::Tensor has =
+        torch::zeros({comm_->size()}, StateOptions(torch::kInt));
     if (valid && momentum_.defined() && momentum_.numel() == n) {
       has[comm_->rank()] = 1;
     }
@@ -62,17 +63,17 @@ absl::Status SlowMo::Reshard(int root, int64_t root_updates,
                                    "slow-momentum broadcast"));
       u = both.narrow(0, 0, n);
       x_old = both.narrow(0, n, n);
-      lost = torch::zeros({n}, torch::kBool);
+      lost = torch::zeros({n}, StateOptions(torch::kBool));
     } else {
       u = torch::zeros({n}, f32);
       x_old = torch::zeros({n}, f32);
-      lost = torch::ones({n}, torch::kBool);
+      lost = torch::ones({n}, StateOptions(torch::kBool));
     }
   } else {
     // Each surviving owner puts its slice where it belongs in the full
     // vectors; then each surviving replica of a slice no owner claimed; a
     // sum gives everyone the whole (each element has one source at most).
-    torch::Tensor owned = torch::zeros({n}, torch::kInt);
+    torch::Tensor owned = torch::zeros({n}, StateOptions(torch::kInt));
     const int64_t len = portion_end_ - portion_start_;
     const bool owner =
         valid && len > 0 && momentum_.defined() && momentum_.numel() == len;
