@@ -6,11 +6,19 @@
 # reachable, by scripts/gpu-deps.sh; README, "Running the GPU suite").
 #
 #   ./scripts/gpu-suite.sh [--deps DIR] [--build-dir DIR] [--jobs N] [--no-bench]
+#                          [--ctest-jobs N] [--time-limit S]
 #                          [--unpack-only | --configure-only] [--help]
 #
 #   --deps DIR       the .debs and manifest.txt from gpu-deps.sh (.gpu-deps/debs)
 #   --build-dir DIR  the build directory (build-gpu)
 #   --jobs N         parallel build jobs (every core)
+#   --ctest-jobs N   ctest -j N (1); the tests count 2 processors each, so
+#                    N/2 of them share the GPU at a time
+#   --time-limit S   finish within S seconds of starting (none): ctest stops
+#                    starting tests and cuts their timeouts at the deadline
+#                    (--stop-time), each benchmark gets what is left, and a
+#                    benchmark with under 30 s left is not started. For a
+#                    machine lent by the minute: what ran is reported.
 #   --no-bench       run the tests only
 #   --unpack-only    unpack the packages into the prefix, check them, stop
 #   --configure-only stop after configuring
@@ -21,14 +29,18 @@
 # Environment:
 #   GPU_SUITE_PYTHON     the python whose torch to build against (python3)
 #   GPU_SUITE_OUT        results (./gpu-suite-out): summary.txt, configure.log,
-#                        build.log, ctest.log, bench.log (five files, for
+#                        build.log, ctest.log, ctest-full.log (every test's
+#                        output, passed ones too), bench.log (six files, for
 #                        callers that bring back only a few)
 #   CONCORD_DEPS_PREFIX  where the packages are unpacked (/tmp/concord-deps)
 #   CONCORD_GLOO_FROM_TORCH  ON or OFF instead of the choice in trap 1 (AUTO)
 #   NCCL_ROOT            an NCCL with include/ and lib/ instead of pip's
 #
 # Exits non-zero, with a one-line reason (also at the end of summary.txt),
-# when anything is missing or any step or test fails.
+# when anything is missing or any step or test fails. A target that fails to
+# build does not stop the suite (ninja -k 0): the tests that built still run,
+# so that one compile error does not cost a whole lease; the suite then fails
+# with "build failed".
 #
 # The traps of building against pip's LibTorch, and what is done about each:
 #
@@ -78,20 +90,23 @@ ROOT=$(pwd)
 
 # GPU benchmarks: command lines (from the repository root; $PY, $BIN and
 # $NCCL_WORLD are set when they run: the python, <build>/bin, and the ranks
-# for NCCL, one per GPU, at least 1), run after the tests, each with 600 s.
+# for NCCL, one per GPU, at least 1), run after the tests in this order (the
+# cheapest first, then the DDP comparisons), each with 600 s at most.
 # Both sides of each comparison come from one run (bench/CMakeLists.txt).
 GPU_BENCHES=(
   '"$BIN/concord-bench-kernels-gpu"'
+  '"$PY" bench/ddp_vs_pytorch.py --bin-dir "$BIN" --device cuda --backend nccl --world-size "$NCCL_WORLD" --kind resnet50 --batch-size 64 --samples $((NCCL_WORLD * 64 * 40))'
+  '"$PY" bench/ddp_vs_pytorch.py --bin-dir "$BIN" --device cuda --backend nccl --world-size "$NCCL_WORLD" --kind mlp-350m --batch-size 32 --samples $((NCCL_WORLD * 32 * 40))'
   '"$PY" bench/syncbn_vs_pytorch.py --bin-dir "$BIN" --device cuda --backend nccl --world-size "$NCCL_WORLD"'
   '"$PY" bench/syncbn_vs_pytorch.py --bin-dir "$BIN" --device cuda --backend nccl --world-size "$NCCL_WORLD" --dtype bfloat16 --channels-last'
   '"$PY" bench/syncbn_vs_pytorch.py --bin-dir "$BIN" --device cuda:0 --backend gloo --world-size 2'
-  '"$PY" bench/ddp_vs_pytorch.py --bin-dir "$BIN" --device cuda --backend nccl --world-size "$NCCL_WORLD" --kind resnet50 --batch-size 64 --samples $((NCCL_WORLD * 64 * 40))'
-  '"$PY" bench/ddp_vs_pytorch.py --bin-dir "$BIN" --device cuda --backend nccl --world-size "$NCCL_WORLD" --kind mlp-350m --batch-size 32 --samples $((NCCL_WORLD * 32 * 40))'
 )
 
 DEPS=.gpu-deps/debs
 BUILD_DIR=build-gpu
 JOBS=$(nproc)
+CTEST_JOBS=1
+TIME_LIMIT=""
 BENCH=1
 UNPACK_ONLY=0
 CONFIGURE_ONLY=0
@@ -107,6 +122,14 @@ while [ $# -gt 0 ]; do
       ;;
     --jobs)
       JOBS=${2:?--jobs needs a number}
+      shift 2
+      ;;
+    --ctest-jobs)
+      CTEST_JOBS=${2:?--ctest-jobs needs a number}
+      shift 2
+      ;;
+    --time-limit)
+      TIME_LIMIT=${2:?--time-limit needs a number of seconds}
       shift 2
       ;;
     --no-bench)
@@ -131,9 +154,15 @@ while [ $# -gt 0 ]; do
       ;;
   esac
 done
-case "$JOBS" in
-  '' | *[!0-9]*) echo "gpu-suite: --jobs $JOBS: expected a number" >&2 && exit 2 ;;
-esac
+for n in "--jobs:$JOBS" "--ctest-jobs:$CTEST_JOBS" "--time-limit:${TIME_LIMIT:-0}"; do
+  case "${n#*:}" in
+    '' | *[!0-9]*) echo "gpu-suite: ${n%%:*} ${n#*:}: expected a number" >&2 && exit 2 ;;
+  esac
+done
+# The deadline, in seconds since the epoch (empty: none).
+DEADLINE=""
+[ -z "$TIME_LIMIT" ] || DEADLINE=$(($(date +%s) + TIME_LIMIT))
+seconds_left() { echo $((DEADLINE - $(date +%s))); }
 
 PY=${GPU_SUITE_PYTHON:-python3}
 OUT_DIR=${GPU_SUITE_OUT:-./gpu-suite-out}
@@ -466,21 +495,31 @@ fi
 
 note "build: $JOBS jobs (log build.log)"
 start=$SECONDS
-if ! "$CMAKE" --build "$BUILD_DIR" -j "$JOBS" >"$OUT_DIR/build.log" 2>&1; then
+build_rc=0
+"$CMAKE" --build "$BUILD_DIR" -j "$JOBS" -- -k 0 >"$OUT_DIR/build.log" 2>&1 || build_rc=$?
+if [ "$build_rc" -ne 0 ]; then
   grep -E 'error|Error|FAILED' "$OUT_DIR/build.log" | head -40 >&2 || true
-  fail "build failed (build.log)"
+  note "build FAILED after $((SECONDS - start)) s: $(grep -c '^FAILED: ' "$OUT_DIR/build.log" || true) target(s) (build.log); running the tests that built"
+else
+  note "built in $((SECONDS - start)) s"
 fi
-note "built in $((SECONDS - start)) s"
 
 # ---- tests, benchmarks -----------------------------------------------------
 
 export LD_LIBRARY_PATH=$LIBDIRS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-note "ctest -L 'gpu|multigpu' (log ctest.log)"
+ctest_args=(-L 'gpu|multigpu' --output-on-failure --timeout 600 --no-tests=error -j "$CTEST_JOBS")
+if [ -n "$DEADLINE" ]; then
+  # ctest's --stop-time is a time of day on this machine's clock.
+  ctest_args+=(--stop-time "$(date -d "@$DEADLINE" +%H:%M:%S)")
+  note "ctest -L 'gpu|multigpu' -j $CTEST_JOBS, stopping at $(date -d "@$DEADLINE" +%H:%M:%S) ($(seconds_left) s left; log ctest.log)"
+else
+  note "ctest -L 'gpu|multigpu' -j $CTEST_JOBS (log ctest.log)"
+fi
 set +e
-(cd "$BUILD_DIR" && "$CTEST" -L 'gpu|multigpu' --output-on-failure --timeout 600 --no-tests=error) 2>&1 |
-  tee "$OUT_DIR/ctest.log"
+(cd "$BUILD_DIR" && "$CTEST" "${ctest_args[@]}") 2>&1 | tee "$OUT_DIR/ctest.log"
 ctest_rc=${PIPESTATUS[0]}
 set -e
+cp "$BUILD_DIR/Testing/Temporary/LastTest.log" "$OUT_DIR/ctest-full.log" 2>/dev/null || true
 grep -E 'tests passed|tests failed' "$OUT_DIR/ctest.log" | while IFS= read -r line; do note "$line"; done
 skipped=$(sed -n -E 's/.*Test +#[0-9]+: ([^ ]+) .*\*\*\*Skipped.*/\1/p' "$OUT_DIR/ctest.log" | sort -u)
 gpu_tests=$(cd "$BUILD_DIR" && "$CTEST" -N -L '^gpu$' | sed -n -E 's/^ *Test +#[0-9]+: (.*)$/\1/p' | sort -u)
@@ -496,16 +535,28 @@ else
   NCCL_WORLD=$("$PY" -c 'import torch; print(max(1, torch.cuda.device_count()))' 2>/dev/null || echo 1)
   export PY BIN NCCL_WORLD
   for b in "${GPU_BENCHES[@]}"; do
-    echo "==== $b" >>"$OUT_DIR/bench.log"
-    if timeout 600 bash -c "$b" >>"$OUT_DIR/bench.log" 2>&1; then
-      note "benchmark ran: $b (bench.log)"
+    limit=600
+    if [ -n "$DEADLINE" ]; then
+      left=$(seconds_left)
+      if [ "$left" -lt 30 ]; then
+        note "benchmark not run ($left s left of --time-limit): $b"
+        bench_rc=1
+        continue
+      fi
+      [ "$left" -ge "$limit" ] || limit=$left
+    fi
+    echo "==== $b (limit $limit s)" >>"$OUT_DIR/bench.log"
+    start=$SECONDS
+    if timeout "$limit" bash -c "$b" >>"$OUT_DIR/bench.log" 2>&1; then
+      note "benchmark ran in $((SECONDS - start)) s: $b (bench.log)"
     else
-      note "benchmark failed: $b (bench.log)"
+      note "benchmark failed after $((SECONDS - start)) s: $b (bench.log)"
       bench_rc=1
     fi
   done
 fi
 
+[ "$build_rc" -eq 0 ] || fail "build failed (build.log)"
 [ "$ctest_rc" -eq 0 ] || fail "ctest failed (ctest.log)"
 [ -z "$skipped_gpu" ] || fail "gpu tests skipped on this machine (no usable device?): $skipped_gpu"
 [ "$bench_rc" -eq 0 ] || fail "a benchmark failed (bench.log)"
