@@ -56,8 +56,10 @@ TEST_F(NcclGpuTest, AGenerationsLifeInitCollectivesAbortAndTheNext) {
   torch::Tensor b = torch::full({17}, 3.0, cuda);
   ASSERT_TRUE(comm.Broadcast(b, 0, opts_)->Wait(absl::Seconds(60)).ok());
   EXPECT_TRUE(torch::equal(b, torch::full({17}, 3.0, cuda)));
-  torch::Tensor in = torch::arange(5, cuda), out = torch::empty({5}, cuda);
-  ASSERT_TRUE(comm.Allgather(out, in, opts_)->Wait(absl::Seconds(60)).ok());
+  torch::Tensor in = torch::arange(5, cuda), out = torch::empty_like(in);
+  const absl::Status gathered =
+      comm.Allgather(out, in, opts_)->Wait(absl::Seconds(60));
+  ASSERT_TRUE(gathered.ok()) << gathered;
   EXPECT_TRUE(torch::equal(out, in));
 
   // The generation ends: every later collective fails at once, ABORTED.
