@@ -189,9 +189,13 @@ int Run(int device, int64_t batch, int64_t channels, int64_t spatial, int iters,
           std::to_string(batch) + "x" + std::to_string(channels) + "x" +
           std::to_string(spatial);
       const ActivationShape& s = layout.shape;
+      // The reductions' scratch (Note [Split reductions]), allocated once,
+      // outside the timed calls, as the caching allocator would hand it out.
+      Buffer scratch(
+          static_cast<size_t>(concord::kernels::SyncBnScratchFloats(s)) * 4);
       add("WelfordStatsCuda", shape, e * n, [&] {
-        return concord::kernels::WelfordStatsCuda(in, dtype, s,
-                                                  stats.get<float>(), stream);
+        return concord::kernels::WelfordStatsCuda(
+            in, dtype, s, stats.get<float>(), scratch.get<float>(), stream);
       });
       add("BatchNormForwardCuda", shape, 2 * e * n, [&] {
         return concord::kernels::BatchNormForwardCuda(
@@ -201,7 +205,7 @@ int Run(int device, int64_t batch, int64_t channels, int64_t spatial, int iters,
       add("BackwardReduceCuda", shape, 2 * e * n, [&] {
         return concord::kernels::BackwardReduceCuda(
             grad, in, dtype, s, mean.get<float>(), reduced.get<float>(),
-            stream);
+            scratch.get<float>(), stream);
       });
       add("BackwardElementwiseCuda", shape, 3 * e * n, [&] {
         return concord::kernels::BackwardElementwiseCuda(

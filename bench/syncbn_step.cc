@@ -1,16 +1,22 @@
 // concord-bench-syncbn: the Concord half of bench/syncbn_vs_pytorch.py.
-// Times concord::SyncBatchNorm forward + backward with W ranks as threads
-// (Gloo over loopback; NCCL with one GPU per rank), and prints one JSON
+// Times concord::SyncBatchNorm forward + backward and prints one JSON
 // object: {"ms_per_step_median", "ms_per_step_mean", ...} of rank 0.
 //
 //   concord-bench-syncbn --world 2 --device cuda --backend nccl
 //       --batch 32 --channels 256 --spatial 56 --dtype float32
 //       [--channels-last] [--iters 50] [--warmup 5]
+//   concord-run --standalone --nproc 2 -- concord-bench-syncbn --session ...
 //
-// --device cuda puts rank r on cuda:r, cuda:N every rank on cuda:N (Gloo
-// only: NCCL refuses two ranks on one GPU). Each timed step is forward,
-// backward of (y * g).sum() and a device synchronisation, as the Python
-// side does with nn.SyncBatchNorm. Not a test.
+// Without --session the W ranks are threads of this process (Gloo over
+// loopback; NCCL with one GPU per rank): --device cuda puts rank r on
+// cuda:r. Ranks that share one GPU must be processes (LibTorch runs every
+// backward on a device in one thread: one rank's SyncBatchNorm backward
+// would wait for a peer queued behind it), so with --session this process
+// is one worker of a Concord job: the job's size is the world, the session's
+// communicator is the group, and --device / --backend (cpu, cuda = cuda:<local
+// rank>, cuda:N; gloo, nccl) choose as concord-train's do. Each timed step
+// is forward, backward of (y * g).sum() and a device synchronisation, as the
+// Python side does with nn.SyncBatchNorm. Not a test.
 
 #include <torch/cuda.h>
 #include <torch/torch.h>
@@ -28,6 +34,7 @@
 #include "concord/config.h"
 #include "worker/comm/gloo/gloo_communicator.h"
 #include "worker/comm/store.h"
+#include "worker/session.h"
 #include "worker/syncbn/sync_batch_norm.h"
 #if CONCORD_HAVE_NCCL && CONCORD_TORCH_CUDA
 #include "worker/comm/nccl/nccl_communicator.h"
@@ -43,6 +50,7 @@ struct Config {
   std::string dtype = "float32";
   bool channels_last = false;
   int iters = 50, warmup = 5;
+  bool session = false;
 };
 
 torch::Device RankDevice(const Config& c, int rank) {
@@ -81,19 +89,15 @@ absl::StatusOr<std::unique_ptr<concord::comm::Communicator>> Connect(
   return std::unique_ptr<concord::comm::Communicator>(std::move(*made));
 }
 
-// Milliseconds of each timed step on this rank.
-std::vector<double> RunRank(const Config& c, int rank,
-                            concord::comm::Store* store) {
-  const torch::Device device = RankDevice(c, rank);
-  auto comm = Connect(c, rank, store);
-  TORCH_CHECK(comm.ok(), comm.status().ToString());
+// Milliseconds of each timed step of a rank on `device` in `comm`'s group.
+std::vector<double> RunRank(const Config& c, const torch::Device& device,
+                            std::shared_ptr<concord::comm::Communicator> comm) {
   concord::comm::CollectiveOptions collective;
   collective.timeout = absl::Seconds(60);
+  const int rank = comm->rank();
   concord::SyncBatchNorm bn(
       torch::nn::BatchNormOptions(c.channels),
-      std::make_shared<concord::SyncBnGroup>(
-          std::shared_ptr<concord::comm::Communicator>(std::move(*comm)),
-          collective));
+      std::make_shared<concord::SyncBnGroup>(std::move(comm), collective));
   bn->to(device);
   const auto dtype = c.dtype == "float16"    ? torch::kHalf
                      : c.dtype == "bfloat16" ? torch::kBFloat16
@@ -124,12 +128,59 @@ std::vector<double> RunRank(const Config& c, int rank,
   return ms;
 }
 
+void PrintResult(const Config& c, int world, std::vector<double> ms) {
+  std::sort(ms.begin(), ms.end());
+  const double mean = std::accumulate(ms.begin(), ms.end(), 0.0) /
+                      static_cast<double>(ms.size());
+  std::printf(
+      "{\"ms_per_step_median\": %.4f, \"ms_per_step_mean\": %.4f, "
+      "\"iters\": %zu, \"world\": %d, \"device\": \"%s\", \"backend\": "
+      "\"%s\"}\n",
+      ms[ms.size() / 2], mean, ms.size(), world, c.device.c_str(),
+      c.backend.c_str());
+}
+
+// --session: one worker of a Concord job; rank 0 prints.
+int RunSession(const Config& c) {
+  auto options = concord::worker::WorkerOptions::FromEnvironment();
+  if (!options.ok()) {
+    std::fprintf(stderr, "concord-bench-syncbn: %s\n",
+                 options.status().ToString().c_str());
+    return 2;
+  }
+  options->device = *concord::ParseDeviceRequest(c.device);
+  options->backend = *concord::ParseBackendRequest(c.backend);
+  auto started = concord::worker::Session::Start(*options);
+  if (!started.ok()) {
+    std::fprintf(stderr, "concord-bench-syncbn: cannot join: %s\n",
+                 started.status().ToString().c_str());
+    return 1;
+  }
+  std::unique_ptr<concord::worker::Session> session = std::move(*started);
+  const concord::WorkerDevice& where = session->device();
+  const torch::Device device =
+      where.is_cuda()
+          ? torch::Device(torch::kCUDA,
+                          static_cast<c10::DeviceIndex>(where.index))
+          : torch::Device(torch::kCPU);
+  std::vector<double> ms;
+  try {
+    ms = RunRank(c, device, session->shared_communicator());
+  } catch (const std::exception& e) {
+    session->Finish(false, e.what()).IgnoreError();
+    std::fprintf(stderr, "concord-bench-syncbn: %s\n", e.what());
+    return 1;
+  }
+  if (session->rank() == 0) PrintResult(c, session->world_size(), ms);
+  return session->Finish(true, "").ok() ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"concord::SyncBatchNorm forward + backward step time"};
   Config c;
-  app.add_option("--world", c.world, "ranks (threads)")
+  app.add_option("--world", c.world, "ranks (threads; not with --session)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_option("--device", c.device, "cpu, cuda (rank r on cuda:r), cuda:N")
@@ -156,11 +207,32 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", c.warmup)
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  app.add_flag("--session", c.session,
+               "one worker of a Concord job (under concord-run), a process "
+               "per rank");
   CLI11_PARSE(app, argc, argv);
+  if (!concord::ParseDeviceRequest(c.device).ok()) {
+    std::fprintf(stderr, "concord-bench-syncbn: --device %s: %s\n",
+                 c.device.c_str(),
+                 std::string(concord::ParseDeviceRequest(c.device)
+                                 .status()
+                                 .message())
+                     .c_str());
+    return 2;
+  }
   if (c.device != "cpu" && !torch::cuda::is_available()) {
     std::fprintf(stderr,
                  "concord-bench-syncbn: --device %s: no CUDA device is "
                  "visible\n",
+                 c.device.c_str());
+    return 2;
+  }
+  if (c.session) return RunSession(c);
+  if (c.device != "cpu" && c.device != "cuda" && c.world > 1) {
+    std::fprintf(stderr,
+                 "concord-bench-syncbn: --device %s: ranks that share a GPU "
+                 "must be processes (LibTorch runs a device's backward in "
+                 "one thread): run them under concord-run with --session\n",
                  c.device.c_str());
     return 2;
   }
@@ -181,7 +253,11 @@ int main(int argc, char** argv) {
   for (int rank = 0; rank < c.world; ++rank) {
     threads.emplace_back([&, rank] {
       try {
-        times[static_cast<size_t>(rank)] = RunRank(c, rank, &store);
+        auto comm = Connect(c, rank, &store);
+        TORCH_CHECK(comm.ok(), comm.status().ToString());
+        times[static_cast<size_t>(rank)] = RunRank(
+            c, RankDevice(c, rank),
+            std::shared_ptr<concord::comm::Communicator>(std::move(*comm)));
       } catch (const std::exception& e) {
         std::lock_guard<std::mutex> lock(mu);
         errors.push_back(e.what());
@@ -193,15 +269,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "concord-bench-syncbn: %s\n", errors.front().c_str());
     return 1;
   }
-  std::vector<double> ms = times.front();
-  std::sort(ms.begin(), ms.end());
-  const double mean = std::accumulate(ms.begin(), ms.end(), 0.0) /
-                      static_cast<double>(ms.size());
-  std::printf(
-      "{\"ms_per_step_median\": %.4f, \"ms_per_step_mean\": %.4f, "
-      "\"iters\": %zu, \"world\": %d, \"device\": \"%s\", \"backend\": "
-      "\"%s\"}\n",
-      ms[ms.size() / 2], mean, ms.size(), c.world, c.device.c_str(),
-      c.backend.c_str());
+  PrintResult(c, c.world, times.front());
   return 0;
 }

@@ -10,7 +10,9 @@ number of ranks, in one run.
     /usr/bin/python3 bench/syncbn_vs_pytorch.py --bin-dir build/bin   # CPU, gloo
 
 PyTorch's side runs W processes (torch.distributed, a file:// rendezvous);
-Concord's runs bin/concord-bench-syncbn, W ranks as threads of one process.
+Concord's too: bin/concord-bench-syncbn --session, W workers of a
+`concord-run --standalone` job (ranks that share a GPU cannot be threads of
+one process: LibTorch runs a device's backward in one thread).
 Each timed step is forward, backward of (y * g).sum() and a device
 synchronisation; the table shows rank 0's median and mean step time and the
 ratio concord/pytorch (< 1: Concord is faster). nn.SyncBatchNorm accepts
@@ -121,9 +123,10 @@ def run_pytorch(args):
 
 
 def run_concord(args):
-    cmd = [os.path.join(args.bin_dir, "concord-bench-syncbn"),
-           "--world", str(args.world_size), "--device", args.device,
-           "--backend", args.backend, "--batch", str(args.batch),
+    cmd = [os.path.join(args.bin_dir, "concord-run"), "--standalone",
+           "--nproc", str(args.world_size), "--job-id", "syncbn-bench", "--",
+           os.path.join(args.bin_dir, "concord-bench-syncbn"), "--session",
+           "--device", args.device, "--backend", args.backend, "--batch", str(args.batch),
            "--channels", str(args.channels), "--spatial", str(args.spatial),
            "--dtype", args.dtype, "--iters", str(args.iters), "--warmup", str(args.warmup)]
     if args.channels_last:
@@ -131,7 +134,11 @@ def run_concord(args):
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
     if r.returncode != 0:
         raise RuntimeError("concord-bench-syncbn failed: %s" % r.stderr.strip())
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    # Rank 0's line; concord-run passes the workers' output through.
+    lines = [line for line in r.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        raise RuntimeError("concord-bench-syncbn printed no result: %s" % r.stdout.strip())
+    return json.loads(lines[-1])
 
 
 def main():

@@ -1,3 +1,5 @@
+#include <algorithm>
+#include <cstdint>
 #include <type_traits>
 
 #include "kernels/syncbn.h"
@@ -28,6 +30,10 @@ __device__ __forceinline__ WelfordAcc Merge(WelfordAcc a, WelfordAcc b) {
   return out;
 }
 
+__device__ __forceinline__ int64_t CeilDivDevice(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
 __device__ __forceinline__ void Add(WelfordAcc& acc, float v) {
   acc.count += 1.f;
   const float delta = v - acc.mean;
@@ -35,65 +41,128 @@ __device__ __forceinline__ void Add(WelfordAcc& acc, float v) {
   acc.m2 += delta * (v - acc.mean);
 }
 
-// The block reductions below halve a stride from kThreads / 2: kThreads must
-// be a power of two, and every kernel using them is launched with exactly
-// kThreads threads (the shared arrays are sized by it).
+// Note [Split reductions]
+// The per-channel reductions (Welford statistics, the backward sums) read
+// every element once, so they are bound by memory bandwidth only if enough
+// blocks are in flight to keep every SM busy. One block per channel (or per
+// 32 channels, channels-last) is far too few for the usual shapes (256
+// channels: 256 or 8 blocks on 132 SMs). So each channel's elements are split
+// into S parts, a block per (channel or channel tile, part) writes a partial
+// result to scratch memory the caller provides (SyncBnScratchFloats), and a
+// second kernel merges the S partials of each channel in part order. S
+// depends on the shape alone (ReductionSplits), never on the device, and
+// every merge runs in a fixed order: the same input gives the same bits on
+// any GPU, run after run.
+
+// Threads per block of every kernel here; the block reductions halve a
+// stride from it, so it is a power of two.
 constexpr int kThreads = 256;
 static_assert((kThreads & (kThreads - 1)) == 0, "kThreads: a power of two");
-// Channels-last tiles: 32 channels wide (coalesced), kRows rows deep.
+// Channels-last tiles: 32 channels wide (one warp, coalesced), kRows rows.
 constexpr int kTileC = 32;
-constexpr int kRows = 8;
-static_assert(kTileC * kRows <= 1024, "block too large");
+constexpr int kRows = kThreads / kTileC;
+// Blocks the split reductions aim for (a dozen or more per SM on current
+// GPUs), and the fewest elements a block should have to itself.
+constexpr int64_t kWantedBlocks = 2048;
+constexpr int64_t kMinPerBlock = 4096;
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t Clamp(int64_t v, int64_t lo, int64_t hi) {
+  return v < lo ? lo : (v > hi ? hi : v);
+}
 
 // Blocks for a grid-stride loop over n elements (gridDim.x may be up to
 // 2^31 - 1, but 65535 blocks of 256 threads saturate any current GPU).
 unsigned GridFor(int64_t n) {
-  const int64_t wanted = (n + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(wanted < 65535 ? (wanted < 1 ? 1 : wanted)
-                                              : 65535);
+  return static_cast<unsigned>(Clamp(CeilDiv(n, kThreads), 1, 65535));
 }
 
-// Blocks for the channels-last kernels: one per 32 channels.
-unsigned TilesFor(int64_t channels) {
-  return static_cast<unsigned>((channels + kTileC - 1) / kTileC);
+// Contiguous layout: a 2-D block, x along inner (a power of two from 32 to
+// kThreads, as wide as inner allows), y along outer.
+int ThreadsAlongInner(int64_t inner) {
+  int tx = 32;
+  while (tx < kThreads && tx < inner) tx *= 2;
+  return tx;
 }
 
-// Contiguous layout: one block per channel, threads over (outer, inner).
+// Note [Split reductions]: the number of parts S of each channel's elements.
+// Contiguous: parts of the outer range (a block covers whole (o, ·) rows);
+// channels-last: parts of the rows.
+// Every part but the last has CeilDiv(outer, S) of the outer indices (rows),
+// and none is empty.
+int64_t ReductionSplits(const ActivationShape& shape) {
+  if (shape.outer <= 0 || shape.channels <= 0) return 1;
+  int64_t splits;
+  if (shape.inner == 1) {
+    const int64_t tiles = CeilDiv(shape.channels, kTileC);
+    splits = Clamp(CeilDiv(kWantedBlocks, tiles), 1,
+                   std::max<int64_t>(1, shape.outer / (8 * kRows)));
+  } else {
+    splits = Clamp(CeilDiv(kWantedBlocks, shape.channels), 1,
+                   std::max<int64_t>(
+                       1, std::min(shape.outer,
+                                   shape.per_channel() / kMinPerBlock)));
+  }
+  return CeilDiv(shape.outer, CeilDiv(shape.outer, splits));
+}
+
+// Index arithmetic in 32 bits where every index fits (far cheaper on a GPU
+// than 64-bit division), else in 64.
+template <typename Index>
+__device__ __forceinline__ Index ChannelOf(Index k, Index channels,
+                                           Index inner) {
+  return inner == 1 ? k % channels : (k / inner) % channels;
+}
+
+// ---- Welford statistics -------------------------------------------------------
+
+// Partials: [3][S][C] floats, count, mean and m2 of part s of channel c.
 template <DType D>
-__global__ void WelfordContiguous(const typename Elem<D>::T* x, int64_t outer,
-                                  int64_t channels, int64_t inner, float* row) {
+__global__ void WelfordPartialContiguous(const typename Elem<D>::T* x,
+                                         int64_t outer, int64_t channels,
+                                         int64_t inner, int64_t splits,
+                                         float* partial) {
   const int64_t c = blockIdx.x;
-  const int64_t per_channel = outer * inner;
+  const int64_t part = blockIdx.y;
+  const int64_t chunk = CeilDivDevice(outer, splits);
+  const int64_t o_begin = part * chunk;
+  const int64_t o_end = o_begin + chunk < outer ? o_begin + chunk : outer;
   WelfordAcc acc{0.f, 0.f, 0.f};
-  for (int64_t k = threadIdx.x; k < per_channel; k += blockDim.x) {
-    const int64_t o = k / inner, i = k - o * inner;
-    Add(acc, Elem<D>::Load(x[(o * channels + c) * inner + i]));
+  for (int64_t o = o_begin + threadIdx.y; o < o_end; o += blockDim.y) {
+    const typename Elem<D>::T* plane = x + (o * channels + c) * inner;
+    for (int64_t i = threadIdx.x; i < inner; i += blockDim.x) {
+      Add(acc, Elem<D>::Load(plane[i]));
+    }
   }
   __shared__ WelfordAcc shared[kThreads];
-  shared[threadIdx.x] = acc;
+  const unsigned t = threadIdx.y * blockDim.x + threadIdx.x;
+  shared[t] = acc;
   __syncthreads();
   for (unsigned stride = kThreads / 2; stride > 0; stride /= 2) {
-    if (threadIdx.x < stride) {
-      shared[threadIdx.x] =
-          Merge(shared[threadIdx.x], shared[threadIdx.x + stride]);
-    }
+    if (t < stride) shared[t] = Merge(shared[t], shared[t + stride]);
     __syncthreads();
   }
-  if (threadIdx.x == 0) {
-    row[c] = shared[0].mean;
-    row[channels + c] = shared[0].m2;
-    if (c == 0) row[2 * channels] = static_cast<float>(per_channel);
+  if (t == 0) {
+    const int64_t at = part * channels + c, plane = splits * channels;
+    partial[at] = shared[0].count;
+    partial[plane + at] = shared[0].mean;
+    partial[2 * plane + at] = shared[0].m2;
   }
 }
 
 // Channels-last: x is [rows][channels]; threadIdx.x along channels.
 template <DType D>
-__global__ void WelfordChannelsLast(const typename Elem<D>::T* x, int64_t rows,
-                                    int64_t channels, float* row) {
+__global__ void WelfordPartialChannelsLast(const typename Elem<D>::T* x,
+                                           int64_t rows, int64_t channels,
+                                           int64_t splits, float* partial) {
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kTileC + threadIdx.x;
+  const int64_t part = blockIdx.y;
+  const int64_t chunk = CeilDivDevice(rows, splits);
+  const int64_t r_begin = part * chunk;
+  const int64_t r_end = r_begin + chunk < rows ? r_begin + chunk : rows;
   WelfordAcc acc{0.f, 0.f, 0.f};
   if (c < channels) {
-    for (int64_t r = threadIdx.y; r < rows; r += kRows) {
+    for (int64_t r = r_begin + threadIdx.y; r < r_end; r += kRows) {
       Add(acc, Elem<D>::Load(x[r * channels + c]));
     }
   }
@@ -104,12 +173,29 @@ __global__ void WelfordChannelsLast(const typename Elem<D>::T* x, int64_t rows,
     WelfordAcc total = shared[0][threadIdx.x];
     for (int y = 1; y < kRows; ++y)
       total = Merge(total, shared[y][threadIdx.x]);
-    row[c] = total.mean;
-    row[channels + c] = total.m2;
+    const int64_t at = part * channels + c, plane = splits * channels;
+    partial[at] = total.count;
+    partial[plane + at] = total.mean;
+    partial[2 * plane + at] = total.m2;
   }
-  if (blockIdx.x == 0 && threadIdx.x == 0 && threadIdx.y == 0) {
-    row[2 * channels] = static_cast<float>(rows);
+}
+
+// The stats row from the partials, merged in part order.
+__global__ void WelfordMerge(const float* partial, int64_t splits,
+                             int64_t channels, float per_channel, float* row) {
+  const int64_t plane = splits * channels;
+  for (int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       c < channels; c += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+    WelfordAcc acc{0.f, 0.f, 0.f};
+    for (int64_t s = 0; s < splits; ++s) {
+      const int64_t at = s * channels + c;
+      acc = Merge(acc, WelfordAcc{partial[at], partial[plane + at],
+                                  partial[2 * plane + at]});
+    }
+    row[c] = acc.mean;
+    row[channels + c] = acc.m2;
   }
+  if (blockIdx.x == 0 && threadIdx.x == 0) row[2 * channels] = per_channel;
 }
 
 // The count alone, for an activation without channels (a row of one float).
@@ -143,64 +229,82 @@ __global__ void Combine(const float* gathered, int64_t ranks, int64_t channels,
   }
 }
 
-template <DType D>
-__global__ void Forward(const typename Elem<D>::T* x, int64_t n,
-                        int64_t channels, int64_t inner, const float* mean,
-                        const float* invstd, const float* weight,
-                        const float* bias, typename Elem<D>::T* y) {
-  for (int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       k < n; k += static_cast<int64_t>(blockDim.x) * gridDim.x) {
-    const int64_t c = (k / inner) % channels;
+// ---- element-wise passes ---------------------------------------------------------
+
+template <DType D, typename Index>
+__global__ void Forward(const typename Elem<D>::T* x, Index n, Index channels,
+                        Index inner, const float* mean, const float* invstd,
+                        const float* weight, const float* bias,
+                        typename Elem<D>::T* y) {
+  const Index step = static_cast<Index>(blockDim.x) * gridDim.x;
+  for (Index k = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x;
+       k < n; k += step) {
+    const Index c = ChannelOf(k, channels, inner);
     const float scale = invstd[c] * (weight ? weight[c] : 1.f);
     const float shift = bias ? bias[c] : 0.f;
     y[k] = Elem<D>::Store((Elem<D>::Load(x[k]) - mean[c]) * scale + shift);
   }
 }
 
+// ---- backward sums -------------------------------------------------------------
+
+// Partials: [2][S][C] floats, Σ dy and Σ dy (x - mean) of part s of channel c.
 template <DType D>
-__global__ void ReduceContiguous(const typename Elem<D>::T* dy,
-                                 const typename Elem<D>::T* x, int64_t outer,
-                                 int64_t channels, int64_t inner,
-                                 const float* mean, float* reduced) {
+__global__ void ReducePartialContiguous(const typename Elem<D>::T* dy,
+                                        const typename Elem<D>::T* x,
+                                        int64_t outer, int64_t channels,
+                                        int64_t inner, int64_t splits,
+                                        const float* mean, float* partial) {
   const int64_t c = blockIdx.x;
-  const int64_t per_channel = outer * inner;
+  const int64_t part = blockIdx.y;
+  const int64_t chunk = CeilDivDevice(outer, splits);
+  const int64_t o_begin = part * chunk;
+  const int64_t o_end = o_begin + chunk < outer ? o_begin + chunk : outer;
   const float m = mean[c];
   float s = 0.f, sx = 0.f;
-  for (int64_t k = threadIdx.x; k < per_channel; k += blockDim.x) {
-    const int64_t o = k / inner, i = k - o * inner;
-    const int64_t at = (o * channels + c) * inner + i;
-    const float g = Elem<D>::Load(dy[at]);
-    s += g;
-    sx += g * (Elem<D>::Load(x[at]) - m);
+  for (int64_t o = o_begin + threadIdx.y; o < o_end; o += blockDim.y) {
+    const int64_t base = (o * channels + c) * inner;
+    for (int64_t i = threadIdx.x; i < inner; i += blockDim.x) {
+      const float g = Elem<D>::Load(dy[base + i]);
+      s += g;
+      sx += g * (Elem<D>::Load(x[base + i]) - m);
+    }
   }
   __shared__ float shared_s[kThreads];
   __shared__ float shared_sx[kThreads];
-  shared_s[threadIdx.x] = s;
-  shared_sx[threadIdx.x] = sx;
+  const unsigned t = threadIdx.y * blockDim.x + threadIdx.x;
+  shared_s[t] = s;
+  shared_sx[t] = sx;
   __syncthreads();
   for (unsigned stride = kThreads / 2; stride > 0; stride /= 2) {
-    if (threadIdx.x < stride) {
-      shared_s[threadIdx.x] += shared_s[threadIdx.x + stride];
-      shared_sx[threadIdx.x] += shared_sx[threadIdx.x + stride];
+    if (t < stride) {
+      shared_s[t] += shared_s[t + stride];
+      shared_sx[t] += shared_sx[t + stride];
     }
     __syncthreads();
   }
-  if (threadIdx.x == 0) {
-    reduced[c] = shared_s[0];
-    reduced[channels + c] = shared_sx[0];
+  if (t == 0) {
+    const int64_t at = part * channels + c;
+    partial[at] = shared_s[0];
+    partial[splits * channels + at] = shared_sx[0];
   }
 }
 
 template <DType D>
-__global__ void ReduceChannelsLast(const typename Elem<D>::T* dy,
-                                   const typename Elem<D>::T* x, int64_t rows,
-                                   int64_t channels, const float* mean,
-                                   float* reduced) {
+__global__ void ReducePartialChannelsLast(const typename Elem<D>::T* dy,
+                                          const typename Elem<D>::T* x,
+                                          int64_t rows, int64_t channels,
+                                          int64_t splits, const float* mean,
+                                          float* partial) {
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kTileC + threadIdx.x;
+  const int64_t part = blockIdx.y;
+  const int64_t chunk = CeilDivDevice(rows, splits);
+  const int64_t r_begin = part * chunk;
+  const int64_t r_end = r_begin + chunk < rows ? r_begin + chunk : rows;
   float s = 0.f, sx = 0.f;
   if (c < channels) {
     const float m = mean[c];
-    for (int64_t r = threadIdx.y; r < rows; r += kRows) {
+    for (int64_t r = r_begin + threadIdx.y; r < r_end; r += kRows) {
       const float g = Elem<D>::Load(dy[r * channels + c]);
       s += g;
       sx += g * (Elem<D>::Load(x[r * channels + c]) - m);
@@ -217,23 +321,40 @@ __global__ void ReduceChannelsLast(const typename Elem<D>::T* dy,
       ts += shared_s[y][threadIdx.x];
       tsx += shared_sx[y][threadIdx.x];
     }
-    reduced[c] = ts;
-    reduced[channels + c] = tsx;
+    const int64_t at = part * channels + c;
+    partial[at] = ts;
+    partial[splits * channels + at] = tsx;
   }
 }
 
-template <DType D>
+__global__ void ReduceMerge(const float* partial, int64_t splits,
+                            int64_t channels, float* reduced) {
+  const int64_t plane = splits * channels;
+  for (int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       c < channels; c += static_cast<int64_t>(blockDim.x) * gridDim.x) {
+    float s = 0.f, sx = 0.f;
+    for (int64_t p = 0; p < splits; ++p) {
+      s += partial[p * channels + c];
+      sx += partial[plane + p * channels + c];
+    }
+    reduced[c] = s;
+    reduced[channels + c] = sx;
+  }
+}
+
+template <DType D, typename Index>
 __global__ void BackwardElementwise(const typename Elem<D>::T* dy,
-                                    const typename Elem<D>::T* x, int64_t n,
-                                    int64_t channels, int64_t inner,
+                                    const typename Elem<D>::T* x, Index n,
+                                    Index channels, Index inner,
                                     const float* mean, const float* invstd,
                                     const float* weight, const float* reduced,
                                     const float* total_count,
                                     typename Elem<D>::T* dx) {
   const float count = *total_count;
-  for (int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       k < n; k += static_cast<int64_t>(blockDim.x) * gridDim.x) {
-    const int64_t c = (k / inner) % channels;
+  const Index step = static_cast<Index>(blockDim.x) * gridDim.x;
+  for (Index k = static_cast<Index>(blockIdx.x) * blockDim.x + threadIdx.x;
+       k < n; k += step) {
+    const Index c = ChannelOf(k, channels, inner);
     // The twin's order of operations.
     const float mean_dy = reduced[c] / count;
     const float mean_dy_xmu = reduced[channels + c] / count;
@@ -243,6 +364,17 @@ __global__ void BackwardElementwise(const typename Elem<D>::T* dy,
     const float g = Elem<D>::Load(dy[k]);
     const float v = Elem<D>::Load(x[k]);
     dx[k] = Elem<D>::Store((g - mean_dy - (v - mean[c]) * kc) * scale);
+  }
+}
+
+// Launches an element-wise kernel over n elements with 32-bit indices where
+// they fit.
+template <typename Launch>
+void WithIndex(int64_t n, Launch launch) {
+  if (n <= INT32_MAX) {
+    launch(uint32_t{0});
+  } else {
+    launch(int64_t{0});
   }
 }
 
@@ -267,9 +399,13 @@ cudaError_t Dispatch(DType dtype, F f) {
 
 }  // namespace
 
+int64_t SyncBnScratchFloats(const ActivationShape& shape) {
+  return 3 * ReductionSplits(shape) * shape.channels;
+}
+
 cudaError_t WelfordStatsCuda(const void* x, DType dtype,
                              const ActivationShape& shape, float* stats_row,
-                             cudaStream_t stream) {
+                             float* scratch, cudaStream_t stream) {
   if (shape.channels == 0) {
     // The row is the count alone; the twin writes it.
     WriteCount<<<1, 1, 0, stream>>>(stats_row,
@@ -280,20 +416,30 @@ cudaError_t WelfordStatsCuda(const void* x, DType dtype,
     return cudaMemsetAsync(
         stats_row, 0, StatsRowSize(shape.channels) * sizeof(float), stream);
   }
-  return Dispatch(dtype, [&](auto tag) {
+  const int64_t splits = ReductionSplits(shape);
+  const cudaError_t launched = Dispatch(dtype, [&](auto tag) {
     constexpr DType D = decltype(tag)::value;
     using T = typename Elem<D>::T;
     const T* in = static_cast<const T*>(x);
     if (shape.inner == 1) {
-      WelfordChannelsLast<D>
-          <<<TilesFor(shape.channels), dim3(kTileC, kRows), 0, stream>>>(
-              in, shape.outer, shape.channels, stats_row);
+      const dim3 grid(static_cast<unsigned>(CeilDiv(shape.channels, kTileC)),
+                      static_cast<unsigned>(splits));
+      WelfordPartialChannelsLast<D><<<grid, dim3(kTileC, kRows), 0, stream>>>(
+          in, shape.outer, shape.channels, splits, scratch);
     } else {
-      WelfordContiguous<D>
-          <<<static_cast<unsigned>(shape.channels), kThreads, 0, stream>>>(
-              in, shape.outer, shape.channels, shape.inner, stats_row);
+      const int tx = ThreadsAlongInner(shape.inner);
+      const dim3 grid(static_cast<unsigned>(shape.channels),
+                      static_cast<unsigned>(splits));
+      WelfordPartialContiguous<D>
+          <<<grid, dim3(tx, kThreads / tx), 0, stream>>>(
+              in, shape.outer, shape.channels, shape.inner, splits, scratch);
     }
   });
+  if (launched != cudaSuccess) return launched;
+  WelfordMerge<<<GridFor(shape.channels), kThreads, 0, stream>>>(
+      scratch, splits, shape.channels, static_cast<float>(shape.per_channel()),
+      stats_row);
+  return cudaGetLastError();
 }
 
 cudaError_t WelfordCombineCuda(const float* gathered, int64_t ranks,
@@ -316,35 +462,50 @@ cudaError_t BatchNormForwardCuda(const void* x, DType dtype,
   return Dispatch(dtype, [&](auto tag) {
     constexpr DType D = decltype(tag)::value;
     using T = typename Elem<D>::T;
-    Forward<D><<<GridFor(n), kThreads, 0, stream>>>(
-        static_cast<const T*>(x), n, shape.channels, shape.inner, mean, invstd,
-        weight, bias, static_cast<T*>(y));
+    WithIndex(n, [&](auto index) {
+      using Index = decltype(index);
+      Forward<D, Index><<<GridFor(n), kThreads, 0, stream>>>(
+          static_cast<const T*>(x), static_cast<Index>(n),
+          static_cast<Index>(shape.channels), static_cast<Index>(shape.inner),
+          mean, invstd, weight, bias, static_cast<T*>(y));
+    });
   });
 }
 
 cudaError_t BackwardReduceCuda(const void* dy, const void* x, DType dtype,
                                const ActivationShape& shape, const float* mean,
-                               float* reduced, cudaStream_t stream) {
+                               float* reduced, float* scratch,
+                               cudaStream_t stream) {
   if (shape.channels == 0) return cudaSuccess;
   if (shape.per_channel() == 0) {
     return cudaMemsetAsync(reduced, 0, 2 * shape.channels * sizeof(float),
                            stream);
   }
-  return Dispatch(dtype, [&](auto tag) {
+  const int64_t splits = ReductionSplits(shape);
+  const cudaError_t launched = Dispatch(dtype, [&](auto tag) {
     constexpr DType D = decltype(tag)::value;
     using T = typename Elem<D>::T;
     const T* g = static_cast<const T*>(dy);
     const T* in = static_cast<const T*>(x);
     if (shape.inner == 1) {
-      ReduceChannelsLast<D>
-          <<<TilesFor(shape.channels), dim3(kTileC, kRows), 0, stream>>>(
-              g, in, shape.outer, shape.channels, mean, reduced);
+      const dim3 grid(static_cast<unsigned>(CeilDiv(shape.channels, kTileC)),
+                      static_cast<unsigned>(splits));
+      ReducePartialChannelsLast<D><<<grid, dim3(kTileC, kRows), 0, stream>>>(
+          g, in, shape.outer, shape.channels, splits, mean, scratch);
     } else {
-      ReduceContiguous<D>
-          <<<static_cast<unsigned>(shape.channels), kThreads, 0, stream>>>(
-              g, in, shape.outer, shape.channels, shape.inner, mean, reduced);
+      const int tx = ThreadsAlongInner(shape.inner);
+      const dim3 grid(static_cast<unsigned>(shape.channels),
+                      static_cast<unsigned>(splits));
+      ReducePartialContiguous<D>
+          <<<grid, dim3(tx, kThreads / tx), 0, stream>>>(
+              g, in, shape.outer, shape.channels, shape.inner, splits, mean,
+              scratch);
     }
   });
+  if (launched != cudaSuccess) return launched;
+  ReduceMerge<<<GridFor(shape.channels), kThreads, 0, stream>>>(
+      scratch, splits, shape.channels, reduced);
+  return cudaGetLastError();
 }
 
 cudaError_t BackwardElementwiseCuda(const void* dy, const void* x, DType dtype,
@@ -358,10 +519,14 @@ cudaError_t BackwardElementwiseCuda(const void* dy, const void* x, DType dtype,
   return Dispatch(dtype, [&](auto tag) {
     constexpr DType D = decltype(tag)::value;
     using T = typename Elem<D>::T;
-    BackwardElementwise<D><<<GridFor(n), kThreads, 0, stream>>>(
-        static_cast<const T*>(dy), static_cast<const T*>(x), n, shape.channels,
-        shape.inner, mean, invstd, weight, reduced, total_count,
-        static_cast<T*>(dx));
+    WithIndex(n, [&](auto index) {
+      using Index = decltype(index);
+      BackwardElementwise<D, Index><<<GridFor(n), kThreads, 0, stream>>>(
+          static_cast<const T*>(dy), static_cast<const T*>(x),
+          static_cast<Index>(n), static_cast<Index>(shape.channels),
+          static_cast<Index>(shape.inner), mean, invstd, weight, reduced,
+          total_count, static_cast<T*>(dx));
+    });
   });
 }
 

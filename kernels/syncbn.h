@@ -10,7 +10,7 @@
 // (o, c, i) lives at (o * C + c) * inner + i. A contiguous (N, C, *) tensor is
 // outer = N, inner = prod(*); a channels-last one (N, *, C) is
 // outer = N * prod(*), inner = 1. The CUDA kernels pick a channels-last
-// strategy (threads along C) when inner == 1. Every per-channel statistic is
+// strategy (a warp along 32 channels) when inner == 1. Every per-channel statistic is
 // float32, whatever the activation's dtype; counts are per channel and the
 // same for every channel (outer * inner).
 //
@@ -84,9 +84,17 @@ namespace concord::kernels {
 // `stream`; accumulation in float. They return the launch error, if any.
 // BackwardElementwiseCuda reads the total count from device memory (what
 // WelfordCombineCuda wrote), so that no host ever waits for it.
+//
+// WelfordStatsCuda and BackwardReduceCuda split each channel's elements over
+// many blocks and merge the parts in a fixed order (Note [Split reductions]
+// in syncbn.cu): they need `scratch`, SyncBnScratchFloats(shape) floats of
+// device memory that nothing else uses until the kernels are done (memory
+// from LibTorch's caching allocator on the same stream will do). The result
+// depends on the shape and the input only, not on the device.
+int64_t SyncBnScratchFloats(const ActivationShape& shape);
 cudaError_t WelfordStatsCuda(const void* x, DType dtype,
                              const ActivationShape& shape, float* stats_row,
-                             cudaStream_t stream);
+                             float* scratch, cudaStream_t stream);
 cudaError_t WelfordCombineCuda(const float* gathered, int64_t ranks,
                                int64_t channels, float eps, float* mean,
                                float* invstd, float* var_unbiased,
@@ -98,7 +106,8 @@ cudaError_t BatchNormForwardCuda(const void* x, DType dtype,
                                  void* y, cudaStream_t stream);
 cudaError_t BackwardReduceCuda(const void* dy, const void* x, DType dtype,
                                const ActivationShape& shape, const float* mean,
-                               float* reduced, cudaStream_t stream);
+                               float* reduced, float* scratch,
+                               cudaStream_t stream);
 cudaError_t BackwardElementwiseCuda(const void* dy, const void* x, DType dtype,
                                     const ActivationShape& shape,
                                     const float* mean, const float* invstd,

@@ -6,7 +6,7 @@
 # reachable, by scripts/gpu-deps.sh; README, "Running the GPU suite").
 #
 #   ./scripts/gpu-suite.sh [--deps DIR] [--build-dir DIR] [--jobs N] [--no-bench]
-#                          [--ctest-jobs N] [--time-limit S]
+#                          [--ctest-jobs N] [--time-limit S] [--bench-only RE]
 #                          [--unpack-only | --configure-only] [--help]
 #
 #   --deps DIR       the .debs and manifest.txt from gpu-deps.sh (.gpu-deps/debs)
@@ -20,6 +20,8 @@
 #                    benchmark with under 30 s left is not started. For a
 #                    machine lent by the minute: what ran is reported.
 #   --no-bench       run the tests only
+#   --bench-only RE  run only the benchmarks whose command line matches the
+#                    extended regular expression RE (e.g. 'kernels|syncbn')
 #   --unpack-only    unpack the packages into the prefix, check them, stop
 #   --configure-only stop after configuring
 #
@@ -108,6 +110,7 @@ JOBS=$(nproc)
 CTEST_JOBS=1
 TIME_LIMIT=""
 BENCH=1
+BENCH_ONLY=""
 UNPACK_ONLY=0
 CONFIGURE_ONLY=0
 while [ $# -gt 0 ]; do
@@ -135,6 +138,10 @@ while [ $# -gt 0 ]; do
     --no-bench)
       BENCH=0
       shift
+      ;;
+    --bench-only)
+      BENCH_ONLY=${2:?--bench-only needs a regular expression}
+      shift 2
       ;;
     --unpack-only)
       UNPACK_ONLY=1
@@ -535,6 +542,10 @@ else
   NCCL_WORLD=$("$PY" -c 'import torch; print(max(1, torch.cuda.device_count()))' 2>/dev/null || echo 1)
   export PY BIN NCCL_WORLD
   for b in "${GPU_BENCHES[@]}"; do
+    if [ -n "$BENCH_ONLY" ] && ! grep -Eq -- "$BENCH_ONLY" <<<"$b"; then
+      note "benchmark not selected by --bench-only: $b"
+      continue
+    fi
     limit=600
     if [ -n "$DEADLINE" ]; then
       left=$(seconds_left)

@@ -1,15 +1,27 @@
 // syncbn_reference_helper --in IN.pt --out OUT.pt
+// concord-run ... -- syncbn_reference_helper --in IN.pt --out PREFIX --session
 //
-// The C++ half of test_syncbn_reference.py. IN.pt (torch.save) is a dict:
+// The C++ half of test_syncbn_reference.py and test_syncbn_cuda_reference.py.
+// IN.pt (torch.save) is a dict:
 //   x, g: (S, N, C, *) float32 (S steps of the concatenated batch and the
 //         gradient of the output), sizes: (W,) int64 rank batch sizes,
 //   weight, bias: (C,), momentum: () float64 (< 0: none, cumulative),
 //   eps: () float64, channels_last: () int64.
-// Runs W ranks as threads over real Gloo (loopback), each with one
-// concord::SyncBatchNorm on its slice of every step, and writes OUT.pt:
+// Each rank runs one concord::SyncBatchNorm on its slice of every step.
+//
+// Without --session: W ranks as threads of this process over real Gloo
+// (loopback), on the CPU, and OUT.pt holds
 //   y, dx: like x (rank slices concatenated), dw, db: (S, C) summed over
 //   ranks, running_mean, running_var: (C,), num_batches_tracked: ().
-// Exit status 0, or 1 with one line on stderr.
+// With --session: this process is one worker of a Concord job (concord-run
+// sets the environment; CONCORD_DEVICE and CONCORD_BACKEND choose the device
+// and the communicator, e.g. cuda:0 and gloo for several processes sharing
+// one GPU, which threads cannot do: LibTorch runs every backward on a device
+// in one thread, so one rank's SyncBatchNorm backward would wait for a peer
+// queued behind it). The job must have W workers; rank r writes
+// PREFIX.rank<r>.pt with its own y, dx: (S, n_r, C, *), dw, db: (S, C) and
+// the running statistics, all on the CPU.
+// Exit status 0, or 1 with one line on stderr (2 for a bad command line).
 
 #include <torch/torch.h>
 
@@ -21,6 +33,7 @@
 
 #include "worker/comm/gloo/gloo_communicator.h"
 #include "worker/comm/store.h"
+#include "worker/session.h"
 #include "worker/state_dict_file.h"
 #include "worker/syncbn/sync_batch_norm.h"
 
@@ -42,27 +55,80 @@ torch::Tensor ChannelsLast(const torch::Tensor& x) {
   return x.permute(perm).contiguous().permute(inverse);
 }
 
-int Run(const std::string& in_path, const std::string& out_path) {
+c10::Dict<c10::IValue, c10::IValue> LoadInputs(const std::string& in_path) {
   std::ifstream in(in_path, std::ios::binary);
   TORCH_CHECK(in, "cannot open ", in_path);
   std::vector<char> bytes((std::istreambuf_iterator<char>(in)),
                           std::istreambuf_iterator<char>());
-  const auto dict = torch::pickle_load(bytes).toGenericDict();
+  return torch::pickle_load(bytes).toGenericDict();
+}
+
+// One rank's results, on the CPU.
+struct RankResult {
+  std::vector<torch::Tensor> y, dx;  // a tensor per step
+  torch::Tensor dw, db;              // (S, C)
+  torch::Tensor running_mean, running_var, batches;
+};
+
+// Rank `rank` of sizes.numel() on its slice of every step, on `device`.
+RankResult RunRank(const c10::Dict<c10::IValue, c10::IValue>& dict, int rank,
+                   std::shared_ptr<concord::comm::Communicator> comm,
+                   const torch::Device& device) {
   const torch::Tensor x = Get(dict, "x"), g = Get(dict, "g");
   const torch::Tensor sizes = Get(dict, "sizes");
   const double momentum = Get(dict, "momentum").item<double>();
   const bool channels_last = Get(dict, "channels_last").item<int64_t>() != 0;
-  const int world = static_cast<int>(sizes.numel());
   const int64_t steps = x.size(0), channels = x.size(2);
-
   torch::nn::BatchNormOptions options(channels);
   options.eps(Get(dict, "eps").item<double>());
   options.momentum(momentum < 0 ? c10::optional<double>() : momentum);
 
-  std::vector<std::vector<torch::Tensor>> y(world), dx(world);
-  torch::Tensor dw = torch::zeros({steps, channels});
-  torch::Tensor db = torch::zeros({steps, channels});
-  torch::Tensor running_mean, running_var, batches;
+  concord::comm::CollectiveOptions collective;
+  collective.timeout = absl::Seconds(30);
+  concord::SyncBatchNorm bn(
+      options, std::make_shared<concord::SyncBnGroup>(std::move(comm),
+                                                      collective));
+  bn->to(device);
+  {
+    torch::NoGradGuard no_grad;
+    bn->weight.copy_(Get(dict, "weight"));
+    bn->bias.copy_(Get(dict, "bias"));
+  }
+  const int64_t offset = sizes.narrow(0, 0, rank).sum().item<int64_t>();
+  const int64_t n = sizes[rank].item<int64_t>();
+  RankResult out;
+  out.dw = torch::zeros({steps, channels});
+  out.db = torch::zeros({steps, channels});
+  for (int64_t s = 0; s < steps; ++s) {
+    bn->zero_grad();
+    torch::Tensor xs = x[s].narrow(0, offset, n).to(device);
+    if (channels_last) xs = ChannelsLast(xs);
+    xs.requires_grad_(true);
+    torch::Tensor y = bn->forward(xs);
+    (y * g[s].narrow(0, offset, n).to(device)).sum().backward();
+    out.y.push_back(y.detach().cpu().contiguous());
+    out.dx.push_back(xs.grad().cpu().contiguous());
+    out.dw[s].copy_(bn->weight.grad().cpu());
+    out.db[s].copy_(bn->bias.grad().cpu());
+  }
+  out.running_mean = bn->running_mean.cpu();
+  out.running_var = bn->running_var.cpu();
+  out.batches = bn->num_batches_tracked.cpu();
+  return out;
+}
+
+void Save(const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
+          const std::string& path) {
+  const absl::Status saved = concord::SaveStateDict(tensors, path);
+  TORCH_CHECK(saved.ok(), saved.message());
+}
+
+// Every rank a thread of this process, on the CPU.
+int RunThreads(const std::string& in_path, const std::string& out_path) {
+  const auto dict = LoadInputs(in_path);
+  const int world = static_cast<int>(Get(dict, "sizes").numel());
+  const int64_t steps = Get(dict, "x").size(0);
+  std::vector<RankResult> results(static_cast<size_t>(world));
   std::mutex mu;
   std::vector<std::string> errors;
   concord::comm::InMemoryStore store;
@@ -77,38 +143,11 @@ int Run(const std::string& in_path, const std::string& out_path) {
         gloo.connect_timeout = absl::Seconds(30);
         auto comm = concord::comm::GlooCommunicator::Create(gloo, &store);
         TORCH_CHECK(comm.ok(), comm.status().ToString());
-        concord::comm::CollectiveOptions collective;
-        collective.timeout = absl::Seconds(30);
-        concord::SyncBatchNorm bn(
-            options,
-            std::make_shared<concord::SyncBnGroup>(
-                std::shared_ptr<concord::comm::Communicator>(std::move(*comm)),
-                collective));
-        {
-          torch::NoGradGuard no_grad;
-          bn->weight.copy_(Get(dict, "weight"));
-          bn->bias.copy_(Get(dict, "bias"));
-        }
-        const int64_t offset = sizes.narrow(0, 0, rank).sum().item<int64_t>();
-        const int64_t n = sizes[rank].item<int64_t>();
-        for (int64_t s = 0; s < steps; ++s) {
-          bn->zero_grad();
-          torch::Tensor xs = x[s].narrow(0, offset, n).clone();
-          if (channels_last) xs = ChannelsLast(xs);
-          xs.requires_grad_(true);
-          torch::Tensor out = bn->forward(xs);
-          (out * g[s].narrow(0, offset, n)).sum().backward();
-          std::lock_guard<std::mutex> lock(mu);
-          y[rank].push_back(out.detach().contiguous());
-          dx[rank].push_back(xs.grad().contiguous());
-          dw[s] += bn->weight.grad();
-          db[s] += bn->bias.grad();
-        }
-        if (rank == 0) {
-          running_mean = bn->running_mean.clone();
-          running_var = bn->running_var.clone();
-          batches = bn->num_batches_tracked.clone();
-        }
+        results[static_cast<size_t>(rank)] =
+            RunRank(dict, rank,
+                    std::shared_ptr<concord::comm::Communicator>(
+                        std::move(*comm)),
+                    torch::kCPU);
       } catch (const std::exception& e) {
         std::lock_guard<std::mutex> lock(mu);
         errors.push_back(e.what());
@@ -121,42 +160,76 @@ int Run(const std::string& in_path, const std::string& out_path) {
     return 1;
   }
   std::vector<torch::Tensor> y_steps, dx_steps;
+  torch::Tensor dw = torch::zeros_like(results[0].dw);
+  torch::Tensor db = torch::zeros_like(results[0].db);
   for (int64_t s = 0; s < steps; ++s) {
     std::vector<torch::Tensor> ys, dxs;
-    for (int r = 0; r < world; ++r) {
-      ys.push_back(y[r][s]);
-      dxs.push_back(dx[r][s]);
+    for (const RankResult& r : results) {
+      ys.push_back(r.y[static_cast<size_t>(s)]);
+      dxs.push_back(r.dx[static_cast<size_t>(s)]);
     }
     y_steps.push_back(torch::cat(ys));
     dx_steps.push_back(torch::cat(dxs));
   }
-  const absl::Status saved =
-      concord::SaveStateDict({{"y", torch::stack(y_steps)},
-                              {"dx", torch::stack(dx_steps)},
-                              {"dw", dw},
-                              {"db", db},
-                              {"running_mean", running_mean},
-                              {"running_var", running_var},
-                              {"num_batches_tracked", batches}},
-                             out_path);
-  if (!saved.ok()) {
-    std::cerr << "syncbn_reference_helper: " << saved.message() << std::endl;
-    return 1;
+  for (const RankResult& r : results) {
+    dw += r.dw;
+    db += r.db;
   }
+  Save({{"y", torch::stack(y_steps)},
+        {"dx", torch::stack(dx_steps)},
+        {"dw", dw},
+        {"db", db},
+        {"running_mean", results[0].running_mean},
+        {"running_var", results[0].running_var},
+        {"num_batches_tracked", results[0].batches}},
+       out_path);
+  return 0;
+}
+
+// This process is one worker of a Concord job.
+int RunSession(const std::string& in_path, const std::string& prefix) {
+  const auto dict = LoadInputs(in_path);
+  const int world = static_cast<int>(Get(dict, "sizes").numel());
+  auto options = concord::worker::WorkerOptions::FromEnvironment();
+  TORCH_CHECK(options.ok(), options.status().ToString());
+  auto started = concord::worker::Session::Start(*options);
+  TORCH_CHECK(started.ok(), "cannot join: ", started.status().ToString());
+  std::unique_ptr<concord::worker::Session> session = std::move(*started);
+  TORCH_CHECK(session->world_size() == world, "the job has ",
+              session->world_size(), " workers, the inputs ", world, " ranks");
+  const concord::WorkerDevice& where = session->device();
+  const torch::Device device =
+      where.is_cuda() ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(
+                                                        where.index))
+                      : torch::Device(torch::kCPU);
+  const int rank = session->rank();
+  RankResult r = RunRank(dict, rank, session->shared_communicator(), device);
+  Save({{"y", torch::stack(r.y)},
+        {"dx", torch::stack(r.dx)},
+        {"dw", r.dw},
+        {"db", r.db},
+        {"running_mean", r.running_mean},
+        {"running_var", r.running_var},
+        {"num_batches_tracked", r.batches}},
+       prefix + ".rank" + std::to_string(rank) + ".pt");
+  const absl::Status finished = session->Finish(true, "");
+  TORCH_CHECK(finished.ok(), finished.ToString());
   return 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 5 || std::string(argv[1]) != "--in" ||
+  const bool session = argc == 6 && std::string(argv[5]) == "--session";
+  if ((argc != 5 && !session) || std::string(argv[1]) != "--in" ||
       std::string(argv[3]) != "--out") {
-    std::cerr << "usage: syncbn_reference_helper --in IN.pt --out OUT.pt"
+    std::cerr << "usage: syncbn_reference_helper --in IN.pt --out OUT.pt "
+                 "[--session]"
               << std::endl;
     return 2;
   }
   try {
-    return Run(argv[2], argv[4]);
+    return session ? RunSession(argv[2], argv[4]) : RunThreads(argv[2], argv[4]);
   } catch (const std::exception& e) {
     std::cerr << "syncbn_reference_helper: " << e.what() << std::endl;
     return 1;

@@ -1,19 +1,25 @@
 #!/usr/bin/python3
-"""SyncBatchNorm against PyTorch's own torch.nn.SyncBatchNorm (label gpu).
+"""SyncBatchNorm on CUDA against PyTorch's own torch.nn.SyncBatchNorm (label
+gpu).
 
     python3 tests/reference/test_syncbn_cuda_reference.py --bin-dir B
 
 PyTorch's nn.SyncBatchNorm runs only on CUDA ("SyncBatchNorm expected input
 tensor to be on GPU"), so this is the gpu suite's half of issue 6's
-reference comparison; test_syncbn_reference.py compares with BatchNorm on the
-concatenated batch everywhere. For every case of that test (the same inputs:
-2-4 ranks, uneven and empty batches, 1d/2d/3d, channels-last, cumulative
-momentum), W processes run nn.SyncBatchNorm on their slices of each step on
-CUDA (nccl when there are W devices, else gloo with CUDA tensors on one
-device); Concord's SyncBatchNorm runs the same slices over Gloo in the
-syncbn_reference_helper binary. Compared: outputs, input gradients,
-weight/bias gradients summed over ranks (nn.SyncBatchNorm leaves each rank's
-local part for DDP to reduce), running statistics and num_batches_tracked.
+reference comparison; test_syncbn_reference.py compares Concord's CPU path
+with BatchNorm on the concatenated batch everywhere. For every case of that
+test (the same inputs: 2-4 ranks, uneven and empty batches, 1d/2d/3d,
+channels-last, cumulative momentum) both sides run W processes on CUDA, each
+on its slice of every step: nn.SyncBatchNorm, and Concord's SyncBatchNorm
+(its CUDA kernels, on the current stream) in syncbn_reference_helper
+--session under `concord-run --standalone`. With W devices both use NCCL,
+rank r on cuda:r; with fewer, every rank shares cuda:0 over Gloo (CUDA
+tensors staged through host memory: NCCL refuses two ranks on one GPU).
+Ranks must be processes: LibTorch runs every backward on one device in one
+thread, so ranks as threads of one process would wait for each other there.
+Compared: outputs, input gradients, weight/bias gradients summed over ranks
+(nn.SyncBatchNorm leaves each rank's local part for DDP to reduce), running
+statistics and num_batches_tracked.
 
 Needs a PyTorch with CUDA and a device; prints "skipped: no CUDA device" and
 exits 0 otherwise (ctest reports the test as skipped). Debian's python3-torch
@@ -31,15 +37,20 @@ import torch.multiprocessing as mp
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_syncbn_reference as cpu_ref  # noqa: E402
 
-# nn.SyncBatchNorm on CUDA sums in float32 in another order than Concord's
-# CPU twins (which accumulate in double): a little looser than the CPU test.
+# Both sides sum in float32 on the device, each in its own order: a little
+# looser than the CPU test.
 RTOL, ATOL = 1e-4, 2e-5
+
+
+def backend_for(world):
+    """NCCL with a device per rank, else Gloo with every rank on cuda:0."""
+    return "nccl" if torch.cuda.device_count() >= world else "gloo"
 
 
 def rank_main(rank, world, inputs, momentum, out_dir):
     devices = torch.cuda.device_count()
-    backend = "nccl" if devices >= world else "gloo"
-    device = torch.device("cuda", rank % devices)
+    backend = backend_for(world)
+    device = torch.device("cuda", rank if backend == "nccl" else 0)
     torch.cuda.set_device(device)
     # A file store, as the other reference tests: Debian's PyTorch 2.6 has no
     # libuv, which a TCPStore wants by default.
@@ -93,23 +104,7 @@ def pytorch_sync_bn(inputs, momentum, tmp, name):
              nprocs=world, join=True)
     ranks = [torch.load(os.path.join(out_dir, f"rank{r}.pt"))
              for r in range(world)]
-    steps = inputs["x"].size(0)
-    result = {
-        "y": torch.stack([torch.cat([r["y"][s] for r in ranks])
-                          for s in range(steps)]),
-        "dx": torch.stack([torch.cat([r["dx"][s] for r in ranks])
-                           for s in range(steps)]),
-        "dw": torch.stack([sum(r["dw"][s] for r in ranks)
-                           for s in range(steps)]),
-        "db": torch.stack([sum(r["db"][s] for r in ranks)
-                           for s in range(steps)]),
-    }
-    for key in ("running_mean", "running_var", "num_batches_tracked"):
-        result[key] = ranks[0][key]
-        for r in ranks[1:]:
-            if not torch.equal(r[key], ranks[0][key]):
-                raise AssertionError(f"nn.SyncBatchNorm's ranks disagree on {key}")
-    return result
+    return cpu_ref.assemble(ranks, inputs["x"].size(0))
 
 
 def main():
@@ -120,14 +115,16 @@ def main():
         print(f"skipped: no CUDA device (torch {torch.__version__}, "
               f"built with CUDA {torch.version.cuda})")
         return 0
-    helper = os.path.join(args.bin_dir, "syncbn_reference_helper")
     torch.set_num_threads(1)
     failures = []
     with tempfile.TemporaryDirectory() as tmp:
         for name, sizes, tail, channels_last, momentum in cpu_ref.CASES:
             inputs = cpu_ref.case_inputs(name, sizes, tail, channels_last,
                                          momentum)
-            got, error = cpu_ref.run_helper(helper, tmp, name, inputs)
+            backend = backend_for(inputs["sizes"].numel())
+            got, error = cpu_ref.run_session_helper(
+                args.bin_dir, tmp, name, inputs,
+                "cuda" if backend == "nccl" else "cuda:0", backend)
             if error:
                 failures.append(error)
                 print(f"{name}: FAIL", flush=True)
@@ -142,7 +139,8 @@ def main():
                 rtol=RTOL, atol=ATOL)
             case_failures = cpu_ref.compare(name, got, want, rtol=RTOL,
                                             atol=ATOL)
-            print(f"{name}: {'FAIL' if case_failures else 'ok'}"
+            print(f"{name} ({backend}): "
+                  f"{'FAIL' if case_failures else 'ok'}"
                   f"{' (reference disagrees with BatchNorm)' if sanity else ''}",
                   flush=True)
             failures += case_failures + sanity

@@ -10,6 +10,11 @@ BatchNorm on the whole batch, which is what SyncBatchNorm must equal.)
 Compared: outputs, input gradients, weight/bias gradients summed over ranks,
 running statistics after two steps. Tolerance rtol 1e-4, atol 1e-5 (float32;
 the statistics are combined in a different order than BatchNorm sums).
+
+The cases in SESSION_CASES also run with a process per rank, each a worker of
+a Concord job (`concord-run --standalone -- syncbn_reference_helper
+--session`, the way test_syncbn_cuda_reference.py runs it on a GPU), and must
+equal the threads' results bit for bit.
 """
 import argparse
 import os
@@ -36,6 +41,8 @@ CASES = [
 ]
 STEPS = 2
 EPS = 1e-5
+# An empty rank and channels-last, through concord-run (see the docstring).
+SESSION_CASES = ("2d_w4_empty_rank", "2d_channels_last_w3")
 
 
 def reference(x, g, weight, bias, momentum, eps):
@@ -106,26 +113,76 @@ def compare(name, got, want, rtol=1e-4, atol=1e-5):
     return failures
 
 
-def run_case(helper, tmp, name, sizes, tail, channels_last, momentum):
+def assemble(ranks, steps):
+    """Per-rank results (y, dx, dw, db indexable by step) as the helper's
+    whole-batch output: slices concatenated, weight/bias gradients summed,
+    running statistics that every rank must agree on."""
+    result = {
+        "y": torch.stack([torch.cat([r["y"][s] for r in ranks])
+                          for s in range(steps)]),
+        "dx": torch.stack([torch.cat([r["dx"][s] for r in ranks])
+                           for s in range(steps)]),
+        "dw": torch.stack([sum(r["dw"][s] for r in ranks)
+                           for s in range(steps)]),
+        "db": torch.stack([sum(r["db"][s] for r in ranks)
+                           for s in range(steps)]),
+    }
+    for key in ("running_mean", "running_var", "num_batches_tracked"):
+        result[key] = ranks[0][key]
+        for r in ranks[1:]:
+            if not torch.equal(r[key], ranks[0][key]):
+                raise AssertionError(f"the ranks disagree on {key}")
+    return result
+
+
+def run_session_helper(bin_dir, tmp, name, inputs, device, backend):
+    """Concord's SyncBatchNorm with a process per rank, workers of a
+    `concord-run --standalone` job on `device` (CONCORD_DEVICE) with
+    `backend`: (results, None) or (None, one line saying why not)."""
+    world = inputs["sizes"].numel()
+    bin_dir = os.path.abspath(bin_dir)
+    in_path = os.path.join(tmp, name + ".session.in.pt")
+    prefix = os.path.join(tmp, name + ".session")
+    torch.save(inputs, in_path)
+    cmd = [os.path.join(bin_dir, "concord-run"), "--standalone", "--nproc", str(world),
+           "--job-id", "syncbn-" + name.replace("_", "-"), "--",
+           os.path.join(bin_dir, "syncbn_reference_helper"), "--in", in_path,
+           "--out", prefix, "--session"]
+    r = fixtures.run_command(cmd, timeout=180, cwd=tmp,
+                             env={"CONCORD_DEVICE": device, "CONCORD_BACKEND": backend})
+    if r.returncode != 0:
+        return None, f"{name}: concord-run ... syncbn_reference_helper --session: {r.describe()}"
+    ranks = [fixtures.load_state(f"{prefix}.rank{rank}.pt") for rank in range(world)]
+    return assemble(ranks, inputs["x"].size(0)), None
+
+
+def run_case(bin_dir, tmp, name, sizes, tail, channels_last, momentum):
     inputs = case_inputs(name, sizes, tail, channels_last, momentum)
+    helper = os.path.join(bin_dir, "syncbn_reference_helper")
     got, error = run_helper(helper, tmp, name, inputs)
     if error:
         return [error]
     want = reference(inputs["x"], inputs["g"], inputs["weight"],
                      inputs["bias"], momentum, EPS)
-    return compare(name, got, want)
+    failures = compare(name, got, want)
+    if name in SESSION_CASES:
+        processes, error = run_session_helper(bin_dir, tmp, name, inputs, "cpu", "gloo")
+        if error:
+            return failures + [error]
+        failures += compare(name + " (a process per rank vs threads)", processes, got,
+                            rtol=0, atol=0)
+    return failures
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--bin-dir", required=True)
     args = parser.parse_args()
-    helper = os.path.join(args.bin_dir, "syncbn_reference_helper")
     torch.set_num_threads(1)
     failures = []
     with tempfile.TemporaryDirectory() as tmp:
         for case in CASES:
-            case_failures = run_case(helper, tmp, *case)
+            case_failures = run_case(args.bin_dir, tmp, *case)
             print(f"{case[0]}: {'FAIL' if case_failures else 'ok'}", flush=True)
             failures += case_failures
     for f in failures:

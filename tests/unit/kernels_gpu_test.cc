@@ -320,11 +320,15 @@ TEST_F(KernelsGpuTest, SyncBnKernelsMatchCpuTwins) {
         DeviceBuffer o_row(row.size() * 4, stream_), o_mean(uc * 4, stream_),
             o_invstd(uc * 4, stream_), o_var(uc * 4, stream_),
             o_total(4, stream_), o_y(numel * es, stream_),
-            o_reduced(2 * uc * 4, stream_), o_dx(numel * es, stream_);
+            o_reduced(2 * uc * 4, stream_), o_dx(numel * es, stream_),
+            scratch(static_cast<size_t>(SyncBnScratchFloats(shape)) * 4,
+                    stream_);
 
         o_row.Poison();
+        scratch.Poison();
         ASSERT_TRUE(Ok(WelfordStatsCuda(d_x.get(), dtype, shape,
-                                        o_row.as<float>(), stream_)));
+                                        o_row.as<float>(),
+                                        scratch.as<float>(), stream_)));
         const std::vector<float> got_row = o_row.ToHost<float>();
         // mean: float against double accumulation; m2 likewise; the count
         // exactly.
@@ -383,9 +387,10 @@ TEST_F(KernelsGpuTest, SyncBnKernelsMatchCpuTwins) {
           }
         }
         o_reduced.Poison();
-        ASSERT_TRUE(Ok(BackwardReduceCuda(d_dy.get(), d_x.get(), dtype, shape,
-                                          d_mean.as<float>(),
-                                          o_reduced.as<float>(), stream_)));
+        scratch.Poison();
+        ASSERT_TRUE(Ok(BackwardReduceCuda(
+            d_dy.get(), d_x.get(), dtype, shape, d_mean.as<float>(),
+            o_reduced.as<float>(), scratch.as<float>(), stream_)));
         EXPECT_TRUE(NearEach(
             o_reduced.ToHost<float>(), reduced,
             [&](size_t i) {
@@ -414,9 +419,9 @@ TEST_F(KernelsGpuTest, SyncBnKernelsMatchCpuTwins) {
                             want.data());
           DeviceBuffer d_xi(xi, stream_), d_gi(gi, stream_), d_mi(mi, stream_);
           o_reduced.Poison();
-          ASSERT_TRUE(Ok(BackwardReduceCuda(d_gi.get(), d_xi.get(), dtype,
-                                            shape, d_mi.as<float>(),
-                                            o_reduced.as<float>(), stream_)));
+          ASSERT_TRUE(Ok(BackwardReduceCuda(
+              d_gi.get(), d_xi.get(), dtype, shape, d_mi.as<float>(),
+              o_reduced.as<float>(), scratch.as<float>(), stream_)));
           EXPECT_EQ(o_reduced.ToHost<float>(), want)
               << "backward reduce on integers";
         }
@@ -428,7 +433,7 @@ TEST_F(KernelsGpuTest, SyncBnKernelsMatchCpuTwins) {
                                   std::to_string(numel) + ": ";
           ReportBandwidth(tag + "welford stats", bytes, [&] {
             return WelfordStatsCuda(d_x.get(), dtype, shape, o_row.as<float>(),
-                                    stream_);
+                                    scratch.as<float>(), stream_);
           });
           ReportBandwidth(tag + "forward", 2 * bytes, [&] {
             return BatchNormForwardCuda(d_x.get(), dtype, shape,
@@ -439,7 +444,7 @@ TEST_F(KernelsGpuTest, SyncBnKernelsMatchCpuTwins) {
           ReportBandwidth(tag + "backward reduce", 2 * bytes, [&] {
             return BackwardReduceCuda(d_dy.get(), d_x.get(), dtype, shape,
                                       d_mean.as<float>(), o_reduced.as<float>(),
-                                      stream_);
+                                      scratch.as<float>(), stream_);
           });
           ReportBandwidth(tag + "backward elementwise", 3 * bytes, [&] {
             return BackwardElementwiseCuda(

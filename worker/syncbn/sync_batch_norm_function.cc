@@ -100,8 +100,13 @@ class SyncBnFunction : public torch::autograd::Function<SyncBnFunction> {
         },
         [&](auto stream) {
 #if defined(CONCORD_KERNELS_CUDA)
+          // From the caching allocator, on this stream: free again once the
+          // kernels queued here have run.
+          at::Tensor scratch =
+              at::empty({kernels::SyncBnScratchFloats(shape)}, f32);
           return kernels::WelfordStatsCuda(layout.x.data_ptr(), dtype, shape,
-                                           row.data_ptr<float>(), stream);
+                                           row.data_ptr<float>(),
+                                           scratch.data_ptr<float>(), stream);
 #endif
         });
     const auto& comm = call.communicator;
@@ -229,9 +234,11 @@ class SyncBnFunction : public torch::autograd::Function<SyncBnFunction> {
         },
         [&](auto stream) {
 #if defined(CONCORD_KERNELS_CUDA)
-          return kernels::BackwardReduceCuda(dy.data_ptr(), x.data_ptr(), dtype,
-                                             shape, mean.data_ptr<float>(),
-                                             reduced.data_ptr<float>(), stream);
+          at::Tensor scratch =
+              at::empty({kernels::SyncBnScratchFloats(shape)}, reduced.options());
+          return kernels::BackwardReduceCuda(
+              dy.data_ptr(), x.data_ptr(), dtype, shape, mean.data_ptr<float>(),
+              reduced.data_ptr<float>(), scratch.data_ptr<float>(), stream);
 #endif
         });
     // This rank's contributions to weight/bias gradients (Note [SyncBN
