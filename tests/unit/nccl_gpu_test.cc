@@ -125,15 +125,22 @@ TEST_F(NcclGpuTest, CpuTensorsAreStagedOthersRefused) {
   }
 }
 
-TEST_F(NcclGpuTest, TheNextGenerationIsDerivedByShrinkOrSplit) {
-  // Note [Re-forming NCCL]: ncclCommShrink where NCCL has it, else split.
+TEST_F(NcclGpuTest, TheSameMemberSplitsAShrinkLeavingNobodyOutIsRefused) {
+  // Note [Re-forming NCCL]: the same members derive by split;
+  // ncclCommShrink must leave a rank out (NCCL refuses an empty list), so
+  // Shrink refuses one before NCCL sees it, and the parent stays usable.
   auto first = Generation(1);
   ASSERT_TRUE(first.ok()) << first.status();
   NcclCommunicator& parent = **first;
-  auto next =
-      NCCL_VERSION_CODE >= kNcclShrinkVersion
-          ? parent.Shrink({}, /*abort_in_flight=*/false, 2, absl::Seconds(60))
-          : parent.Split(0, 0, 2, absl::Seconds(60));
+  auto shrunk =
+      parent.Shrink({}, /*abort_in_flight=*/false, 2, absl::Seconds(60));
+  EXPECT_EQ(shrunk.status().code(),
+            NCCL_VERSION_CODE >= kNcclShrinkVersion
+                ? absl::StatusCode::kInvalidArgument
+                : absl::StatusCode::kFailedPrecondition)
+      << shrunk.status();
+  EXPECT_TRUE(parent.usable());
+  auto next = parent.Split(0, 0, 2, absl::Seconds(60));
   ASSERT_TRUE(next.ok()) << next.status();
   EXPECT_FALSE(parent.usable());
   EXPECT_EQ((*next)->generation(), 2);

@@ -79,6 +79,10 @@ class TestDerivable final : public DerivableCommunicator {
   absl::StatusOr<std::unique_ptr<Communicator>> Shrink(
       const std::vector<int>& excluded, bool abort_in_flight,
       int64_t generation, absl::Duration timeout) override {
+    // As ncclCommShrink: at least one rank is left out.
+    if (excluded.empty()) {
+      return absl::InvalidArgumentError("shrink: no rank to leave out");
+    }
     std::string call = abort_in_flight ? "shrink abort" : "shrink";
     for (int r : excluded) absl::StrAppend(&call, " -", r);
     log_->Add(rank(), call);
@@ -293,6 +297,30 @@ TEST(NextCommunicatorTest, OlderNcclSplitsTheSameMembers) {
   Log again;
   Reform(Backend::kNccl, kNccl222, {"a", "b", "c"}, {"a", "c"}, true, &again);
   EXPECT_EQ(again.connects.load(), 2);
+}
+
+TEST(NextCommunicatorTest, TheSameMembersSplitOrInitButNeverShrink) {
+  // ncclCommShrink leaves at least one rank out (the test communicator
+  // refuses an empty list, as NCCL 2.28 does): with shrink at hand, the same
+  // members split when nothing failed ...
+  Log log;
+  auto plans = Reform(Backend::kNccl, kNccl228, {"a", "b"}, {"a", "b"},
+                      /*departed_cleanly=*/true, &log);
+  for (const ReformPlan& p : plans) EXPECT_EQ(p.how, ReformPlan::How::kSplit);
+  EXPECT_EQ(log.calls[0], "split 0 0");
+  EXPECT_EQ(log.calls[1], "split 0 1");
+  // ... and init anew when one of them saw a collective fail.
+  Log failed;
+  auto after = Reform(Backend::kNccl, kNccl228, {"a", "b"}, {"a", "b"},
+                      /*departed_cleanly=*/true, &failed,
+                      [](int rank, TestDerivable& p) {
+                        if (rank == 0) p.set_failed();
+                      });
+  for (const ReformPlan& p : after) {
+    EXPECT_EQ(p.how, ReformPlan::How::kNewInit);
+  }
+  EXPECT_EQ(failed.connects.load(), 2);
+  EXPECT_TRUE(failed.calls.empty());
 }
 
 TEST(NextCommunicatorTest, GlooConnectsAnewWithoutAgreeing) {

@@ -57,7 +57,9 @@ ReformPlan PlanNextCommunicator(const GenerationChange& c) {
   if (c.next.empty()) return init("nobody is left");
   const int gone = static_cast<int>(plan.excluded.size());
   const bool clean = !c.parent_failed && (gone == 0 || c.departed_cleanly);
-  if (c.nccl_version >= kNcclShrinkVersion) {
+  // ncclCommShrink leaves out at least one rank (NCCL refuses an empty list:
+  // seen with 2.28 on a GPU), so the same members always split or init.
+  if (gone > 0 && c.nccl_version >= kNcclShrinkVersion) {
     plan.how = ReformPlan::How::kShrink;
     plan.abort_in_flight = !clean;
     plan.why = absl::StrCat(gone, " rank", gone == 1 ? "" : "s", " gone",
@@ -69,9 +71,13 @@ ReformPlan PlanNextCommunicator(const GenerationChange& c) {
     plan.why = "the same members, nothing failed";
     return plan;
   }
-  return init(
-      absl::StrCat(gone > 0 ? "members are gone" : "a collective failed",
-                   " and NCCL ", c.nccl_version, " has no ncclCommShrink"));
+  if (gone == 0) {
+    return init(
+        "a collective failed and nobody left: no split of a failed "
+        "communicator, and ncclCommShrink needs a rank to leave out");
+  }
+  return init(absl::StrCat("members are gone and NCCL ", c.nccl_version,
+                           " has no ncclCommShrink"));
 }
 
 }  // namespace concord::comm

@@ -549,6 +549,11 @@ absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::Shrink(
     absl::Duration timeout) {
 #if NCCL_VERSION_CODE >= 22700
   const int size = state_->options.size;
+  if (excluded.empty()) {
+    return absl::InvalidArgumentError(
+        "shrink: no rank to leave out (ncclCommShrink needs one; the same "
+        "members split)");
+  }
   for (size_t i = 0; i < excluded.size(); ++i) {
     if (excluded[i] < 0 || excluded[i] >= size ||
         (i > 0 && excluded[i] <= excluded[i - 1]) ||
@@ -566,16 +571,13 @@ absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::Shrink(
                            excluded.begin(), excluded.end(),
                            [&](int r) { return r < state_->options.rank; }));
   next->options.generation = generation;
-  // NCCL refuses a null list even with a count of 0 (2.28: "excludeRanksList
-  // argument is NULL"), and an empty vector's data() may be null.
+  // A copy: NCCL sorts the list in place.
   std::vector<int> ranks = excluded;
-  int none = -1;
-  int* list = ranks.empty() ? &none : ranks.data();
   if (absl::Status st = state_->Derive(
           "shrink",
           [&](ncclConfig_t* config) {
             return ncclCommShrink(
-                state_->comm, list, static_cast<int>(ranks.size()),
+                state_->comm, ranks.data(), static_cast<int>(ranks.size()),
                 &next->comm, config,
                 abort_in_flight ? NCCL_SHRINK_ABORT : NCCL_SHRINK_DEFAULT);
           },
