@@ -212,12 +212,10 @@ int main(int argc, char** argv) {
                "per rank");
   CLI11_PARSE(app, argc, argv);
   if (!concord::ParseDeviceRequest(c.device).ok()) {
-    std::fprintf(stderr, "concord-bench-syncbn: --device %s: %s\n",
-                 c.device.c_str(),
-                 std::string(concord::ParseDeviceRequest(c.device)
-                                 .status()
-                                 .message())
-                     .c_str());
+    std::fprintf(
+        stderr, "concord-bench-syncbn: --device %s: %s\n", c.device.c_str(),
+        std::string(concord::ParseDeviceRequest(c.device).status().message())
+            .c_str());
     return 2;
   }
   if (c.device != "cpu" && !torch::cuda::is_available()) {

@@ -98,10 +98,10 @@ int64_t ReductionSplits(const ActivationShape& shape) {
     splits = Clamp(CeilDiv(kWantedBlocks, tiles), 1,
                    std::max<int64_t>(1, shape.outer / (8 * kRows)));
   } else {
-    splits = Clamp(CeilDiv(kWantedBlocks, shape.channels), 1,
-                   std::max<int64_t>(
-                       1, std::min(shape.outer,
-                                   shape.per_channel() / kMinPerBlock)));
+    splits = Clamp(
+        CeilDiv(kWantedBlocks, shape.channels), 1,
+        std::max<int64_t>(
+            1, std::min(shape.outer, shape.per_channel() / kMinPerBlock)));
   }
   return CeilDiv(shape.outer, CeilDiv(shape.outer, splits));
 }
@@ -114,7 +114,7 @@ __device__ __forceinline__ Index ChannelOf(Index k, Index channels,
   return inner == 1 ? k % channels : (k / inner) % channels;
 }
 
-// ---- Welford statistics -------------------------------------------------------
+// ---- Welford statistics -----------------------------------------------------
 
 // Partials: [3][S][C] floats, count, mean and m2 of part s of channel c.
 template <DType D>
@@ -229,7 +229,7 @@ __global__ void Combine(const float* gathered, int64_t ranks, int64_t channels,
   }
 }
 
-// ---- element-wise passes ---------------------------------------------------------
+// ---- element-wise passes ----------------------------------------------------
 
 template <DType D, typename Index>
 __global__ void Forward(const typename Elem<D>::T* x, Index n, Index channels,
@@ -246,7 +246,7 @@ __global__ void Forward(const typename Elem<D>::T* x, Index n, Index channels,
   }
 }
 
-// ---- backward sums -------------------------------------------------------------
+// ---- backward sums ----------------------------------------------------------
 
 // Partials: [2][S][C] floats, Σ dy and Σ dy (x - mean) of part s of channel c.
 template <DType D>
@@ -430,9 +430,8 @@ cudaError_t WelfordStatsCuda(const void* x, DType dtype,
       const int tx = ThreadsAlongInner(shape.inner);
       const dim3 grid(static_cast<unsigned>(shape.channels),
                       static_cast<unsigned>(splits));
-      WelfordPartialContiguous<D>
-          <<<grid, dim3(tx, kThreads / tx), 0, stream>>>(
-              in, shape.outer, shape.channels, shape.inner, splits, scratch);
+      WelfordPartialContiguous<D><<<grid, dim3(tx, kThreads / tx), 0, stream>>>(
+          in, shape.outer, shape.channels, shape.inner, splits, scratch);
     }
   });
   if (launched != cudaSuccess) return launched;
@@ -496,10 +495,9 @@ cudaError_t BackwardReduceCuda(const void* dy, const void* x, DType dtype,
       const int tx = ThreadsAlongInner(shape.inner);
       const dim3 grid(static_cast<unsigned>(shape.channels),
                       static_cast<unsigned>(splits));
-      ReducePartialContiguous<D>
-          <<<grid, dim3(tx, kThreads / tx), 0, stream>>>(
-              g, in, shape.outer, shape.channels, shape.inner, splits, mean,
-              scratch);
+      ReducePartialContiguous<D><<<grid, dim3(tx, kThreads / tx), 0, stream>>>(
+          g, in, shape.outer, shape.channels, shape.inner, splits, mean,
+          scratch);
     }
   });
   if (launched != cudaSuccess) return launched;

@@ -10,9 +10,9 @@
 // (o, c, i) lives at (o * C + c) * inner + i. A contiguous (N, C, *) tensor is
 // outer = N, inner = prod(*); a channels-last one (N, *, C) is
 // outer = N * prod(*), inner = 1. The CUDA kernels pick a channels-last
-// strategy (a warp along 32 channels) when inner == 1. Every per-channel statistic is
-// float32, whatever the activation's dtype; counts are per channel and the
-// same for every channel (outer * inner).
+// strategy (a warp along 32 channels) when inner == 1. Every per-channel
+// statistic is float32, whatever the activation's dtype; counts are per channel
+// and the same for every channel (outer * inner).
 //
 // Note [Gathered statistics]
 // Each rank contributes one row of StatsRowSize(C) = 2C + 1 floats:

@@ -85,9 +85,8 @@ RankResult RunRank(const c10::Dict<c10::IValue, c10::IValue>& dict, int rank,
 
   concord::comm::CollectiveOptions collective;
   collective.timeout = absl::Seconds(30);
-  concord::SyncBatchNorm bn(
-      options, std::make_shared<concord::SyncBnGroup>(std::move(comm),
-                                                      collective));
+  concord::SyncBatchNorm bn(options, std::make_shared<concord::SyncBnGroup>(
+                                         std::move(comm), collective));
   bn->to(device);
   {
     torch::NoGradGuard no_grad;
@@ -143,11 +142,10 @@ int RunThreads(const std::string& in_path, const std::string& out_path) {
         gloo.connect_timeout = absl::Seconds(30);
         auto comm = concord::comm::GlooCommunicator::Create(gloo, &store);
         TORCH_CHECK(comm.ok(), comm.status().ToString());
-        results[static_cast<size_t>(rank)] =
-            RunRank(dict, rank,
-                    std::shared_ptr<concord::comm::Communicator>(
-                        std::move(*comm)),
-                    torch::kCPU);
+        results[static_cast<size_t>(rank)] = RunRank(
+            dict, rank,
+            std::shared_ptr<concord::comm::Communicator>(std::move(*comm)),
+            torch::kCPU);
       } catch (const std::exception& e) {
         std::lock_guard<std::mutex> lock(mu);
         errors.push_back(e.what());
@@ -199,9 +197,10 @@ int RunSession(const std::string& in_path, const std::string& prefix) {
               session->world_size(), " workers, the inputs ", world, " ranks");
   const concord::WorkerDevice& where = session->device();
   const torch::Device device =
-      where.is_cuda() ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(
-                                                        where.index))
-                      : torch::Device(torch::kCPU);
+      where.is_cuda()
+          ? torch::Device(torch::kCUDA,
+                          static_cast<c10::DeviceIndex>(where.index))
+          : torch::Device(torch::kCPU);
   const int rank = session->rank();
   RankResult r = RunRank(dict, rank, session->shared_communicator(), device);
   Save({{"y", torch::stack(r.y)},
@@ -229,7 +228,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    return session ? RunSession(argv[2], argv[4]) : RunThreads(argv[2], argv[4]);
+    return session ? RunSession(argv[2], argv[4])
+                   : RunThreads(argv[2], argv[4]);
   } catch (const std::exception& e) {
     std::cerr << "syncbn_reference_helper: " << e.what() << std::endl;
     return 1;

@@ -326,9 +326,9 @@ TEST_F(KernelsGpuTest, SyncBnKernelsMatchCpuTwins) {
 
         o_row.Poison();
         scratch.Poison();
-        ASSERT_TRUE(Ok(WelfordStatsCuda(d_x.get(), dtype, shape,
-                                        o_row.as<float>(),
-                                        scratch.as<float>(), stream_)));
+        ASSERT_TRUE(
+            Ok(WelfordStatsCuda(d_x.get(), dtype, shape, o_row.as<float>(),
+                                scratch.as<float>(), stream_)));
         const std::vector<float> got_row = o_row.ToHost<float>();
         // mean: float against double accumulation; m2 likewise; the count
         // exactly.

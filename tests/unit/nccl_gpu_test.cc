@@ -134,10 +134,9 @@ TEST_F(NcclGpuTest, TheSameMemberSplitsAShrinkLeavingNobodyOutIsRefused) {
   NcclCommunicator& parent = **first;
   auto shrunk =
       parent.Shrink({}, /*abort_in_flight=*/false, 2, absl::Seconds(60));
-  EXPECT_EQ(shrunk.status().code(),
-            NCCL_VERSION_CODE >= kNcclShrinkVersion
-                ? absl::StatusCode::kInvalidArgument
-                : absl::StatusCode::kFailedPrecondition)
+  EXPECT_EQ(shrunk.status().code(), NCCL_VERSION_CODE >= kNcclShrinkVersion
+                                        ? absl::StatusCode::kInvalidArgument
+                                        : absl::StatusCode::kFailedPrecondition)
       << shrunk.status();
   EXPECT_TRUE(parent.usable());
   auto next = parent.Split(0, 0, 2, absl::Seconds(60));

@@ -234,8 +234,8 @@ class SyncBnFunction : public torch::autograd::Function<SyncBnFunction> {
         },
         [&](auto stream) {
 #if defined(CONCORD_KERNELS_CUDA)
-          at::Tensor scratch =
-              at::empty({kernels::SyncBnScratchFloats(shape)}, reduced.options());
+          at::Tensor scratch = at::empty({kernels::SyncBnScratchFloats(shape)},
+                                         reduced.options());
           return kernels::BackwardReduceCuda(
               dy.data_ptr(), x.data_ptr(), dtype, shape, mean.data_ptr<float>(),
               reduced.data_ptr<float>(), scratch.data_ptr<float>(), stream);
