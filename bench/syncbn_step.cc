@@ -157,15 +157,9 @@ int RunSession(const Config& c) {
     return 1;
   }
   std::unique_ptr<concord::worker::Session> session = std::move(*started);
-  const concord::WorkerDevice& where = session->device();
-  const torch::Device device =
-      where.is_cuda()
-          ? torch::Device(torch::kCUDA,
-                          static_cast<c10::DeviceIndex>(where.index))
-          : torch::Device(torch::kCPU);
   std::vector<double> ms;
   try {
-    ms = RunRank(c, device, session->shared_communicator());
+    ms = RunRank(c, session->torch_device(), session->shared_communicator());
   } catch (const std::exception& e) {
     session->Finish(false, e.what()).IgnoreError();
     std::fprintf(stderr, "concord-bench-syncbn: %s\n", e.what());

@@ -564,4 +564,9 @@ absl::Status Session::LeaveOnce(v1::LeaveReason reason,
   return client_->Leave(std::move(request), absl::Seconds(10)).status();
 }
 
+c10::Device Session::torch_device() const {
+  if (!device_.is_cuda()) return c10::Device(c10::kCPU);
+  return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(device_.index));
+}
+
 }  // namespace concord::worker

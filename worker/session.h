@@ -120,6 +120,8 @@ class Session final : public comm::GroupFactory {
   // Note [Worker device]: where this worker's tensors live, and which
   // communicator its generations use.
   const WorkerDevice& device() const { return device_; }
+  // The same, as LibTorch names it: where to put the model and the batches.
+  c10::Device torch_device() const;
   Backend backend() const { return backend_; }
   const WorkerOptions& options() const { return options_; }
   // comm::GroupFactory: a communicator of the session's backend over some

@@ -195,14 +195,9 @@ int RunSession(const std::string& in_path, const std::string& prefix) {
   std::unique_ptr<concord::worker::Session> session = std::move(*started);
   TORCH_CHECK(session->world_size() == world, "the job has ",
               session->world_size(), " workers, the inputs ", world, " ranks");
-  const concord::WorkerDevice& where = session->device();
-  const torch::Device device =
-      where.is_cuda()
-          ? torch::Device(torch::kCUDA,
-                          static_cast<c10::DeviceIndex>(where.index))
-          : torch::Device(torch::kCPU);
   const int rank = session->rank();
-  RankResult r = RunRank(dict, rank, session->shared_communicator(), device);
+  RankResult r = RunRank(dict, rank, session->shared_communicator(),
+                         session->torch_device());
   Save({{"y", torch::stack(r.y)},
         {"dx", torch::stack(r.dx)},
         {"dw", r.dw},
