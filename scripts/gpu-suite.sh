@@ -307,7 +307,13 @@ check_prefix() {
   note "protoc: $v; pkg-config: libsystemd $("$PREFIX/wrap/pkg-config" --modversion libsystemd)"
 }
 
-note "Concord GPU suite, $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+# The commit, and whether the tree differs from it (a copy of a working tree
+# may carry a .git that is not the tree's own).
+commit=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
+if [ "$commit" != unknown ] && [ -n "$(git -C "$ROOT" status --porcelain --untracked-files=no 2>/dev/null)" ]; then
+  commit="$commit, the tree differing from it"
+fi
+note "Concord GPU suite, $(date -u '+%Y-%m-%d %H:%M UTC'), commit $commit"
 note "packages: ${#debs[@]} from $DEPS, unpacked into $PREFIX"
 unpack
 check_prefix
