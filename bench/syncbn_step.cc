@@ -205,11 +205,11 @@ int main(int argc, char** argv) {
                "one worker of a Concord job (under concord-run), a process "
                "per rank");
   CLI11_PARSE(app, argc, argv);
-  if (!concord::ParseDeviceRequest(c.device).ok()) {
-    std::fprintf(
-        stderr, "concord-bench-syncbn: --device %s: %s\n", c.device.c_str(),
-        std::string(concord::ParseDeviceRequest(c.device).status().message())
-            .c_str());
+  if (const auto request = concord::ParseDeviceRequest(c.device);
+      !request.ok()) {
+    std::fprintf(stderr, "concord-bench-syncbn: --device %s: %s\n",
+                 c.device.c_str(),
+                 std::string(request.status().message()).c_str());
     return 2;
   }
   if (c.device != "cpu" && !torch::cuda::is_available()) {
