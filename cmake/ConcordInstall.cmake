@@ -1,54 +1,31 @@
-# `cmake --install BUILD --prefix P`: the tools, the worker library with the
-# libraries it needs, its public headers and a CMake package, so that another
-# project writes `find_package(Concord)` and links `Concord::worker`.
+# `cmake --install BUILD --prefix P`: the tools, and the programmer's API —
+# libconcord.so, its public headers and a CMake package — so that another
+# project writes `find_package(Concord)` and links `Concord::concord`.
 #
 # Layout (docs/install.md):
 #   P/bin/                    concord-coordinator, concord-run, concord-train,
 #                             concordctl
-#   P/lib/                    libconcord.a (Concord::worker) and the static
-#                             libraries it needs (common, proto, worker_core,
-#                             kernels)
-#   P/include/concord/        the include root: worker/..., common/...,
-#                             kernels/..., concord/config.h, concord/v1/*.pb.h,
-#                             so `#include "worker/session.h"` works as in the
-#                             build tree
+#   P/lib/                    libconcord.so (and its versioned names)
+#   P/include/concord/        the public headers: concord.h and what it
+#                             includes (LibTorch's headers and nothing else)
 #   P/lib/cmake/Concord/      ConcordConfig.cmake, ConcordConfigVersion.cmake,
 #                             ConcordTargets*.cmake
 #
+# What is inside libconcord.so (the worker library, gRPC, Protobuf, OpenSSL,
+# Abseil, Gloo, NCCL) is linked privately: the package needs only LibTorch.
 # The build tree itself is not exported (no export(EXPORT)/export(PACKAGE)):
 # find_package(Concord) can only find an installed prefix.
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
-set(CONCORD_INSTALL_INCLUDEDIR ${CMAKE_INSTALL_INCLUDEDIR}/concord)
 set(CONCORD_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/Concord)
 
-# Exported names: Concord::<name>. The same names work in the build tree.
-set(_concord_exported
-  concord_proto proto
-  concord_common common
-  concord_trace trace
-  concord_worker_core worker_core
-  concord_kernels_cpu kernels_cpu
-  concord worker)
-if(CONCORD_HAVE_CUDA)
-  list(APPEND _concord_exported concord_kernels_cuda kernels_cuda)
-endif()
-if(CONCORD_HAVE_NCCL)
-  list(APPEND _concord_exported concord_nccl_lib nccl)
-endif()
-set(_concord_targets)
-while(_concord_exported)
-  list(POP_FRONT _concord_exported target name)
-  set_target_properties(${target} PROPERTIES EXPORT_NAME ${name})
-  add_library(Concord::${name} ALIAS ${target})
-  list(APPEND _concord_targets ${target})
-endwhile()
-
-install(TARGETS ${_concord_targets} EXPORT ConcordTargets
-  ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT development
+set_target_properties(concord PROPERTIES EXPORT_NAME concord
+  INSTALL_RPATH_USE_LINK_PATH ON)
+add_library(Concord::concord ALIAS concord)
+install(TARGETS concord EXPORT ConcordTargets
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT development
-  INCLUDES DESTINATION ${CONCORD_INSTALL_INCLUDEDIR})
+  INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 
 # The tools. Libraries found outside the system paths at link time (NCCL
 # under /usr/local/cuda) stay findable from the installed binaries.
@@ -58,24 +35,10 @@ set_target_properties(${_concord_tools} PROPERTIES
 install(TARGETS ${_concord_tools}
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT runtime)
 
-# Headers: every header of the installed libraries (the public ones include
-# each other, the generated ones and common/), under the include root.
-install(DIRECTORY ${CMAKE_SOURCE_DIR}/worker ${CMAKE_SOURCE_DIR}/common
-    ${CMAKE_SOURCE_DIR}/kernels
-  DESTINATION ${CONCORD_INSTALL_INCLUDEDIR} COMPONENT development
-  FILES_MATCHING PATTERN "*.h"
-  PATTERN "nccl" EXCLUDE)
-if(CONCORD_HAVE_NCCL)
-  install(FILES ${CMAKE_SOURCE_DIR}/worker/comm/nccl/nccl_communicator.h
-    DESTINATION ${CONCORD_INSTALL_INCLUDEDIR}/worker/comm/nccl
-    COMPONENT development)
-endif()
-install(FILES ${CMAKE_BINARY_DIR}/generated/concord/config.h
-  DESTINATION ${CONCORD_INSTALL_INCLUDEDIR}/concord COMPONENT development)
-get_target_property(_concord_proto_gen concord_proto CONCORD_GENERATED_DIR)
-install(DIRECTORY ${_concord_proto_gen}/concord
-  DESTINATION ${CONCORD_INSTALL_INCLUDEDIR} COMPONENT development
-  FILES_MATCHING PATTERN "*.pb.h")
+# Headers: the public ones only.
+install(DIRECTORY ${CMAKE_SOURCE_DIR}/include/concord
+  DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} COMPONENT development
+  FILES_MATCHING PATTERN "*.h")
 
 install(EXPORT ConcordTargets NAMESPACE Concord::
   DESTINATION ${CONCORD_INSTALL_CMAKEDIR} COMPONENT development)

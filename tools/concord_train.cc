@@ -30,7 +30,7 @@
 #include "tools/slowmo_flags.h"
 #include "tools/train_data.h"
 #include "tools/train_flags.h"
-#include "worker/ddp/distributed_data_parallel.h"
+#include "worker/ddp/engine.h"
 #include "worker/elastic/state.h"
 #include "worker/session.h"
 #include "worker/slowmo/slowmo.h"
@@ -53,8 +53,8 @@ concord::train::Progress* progress_output = nullptr;
   std::exit(code);
 }
 
-concord::DdpOptions DdpOptionsFrom(const Flags& f) {
-  concord::DdpOptions o;
+concord::ddp::EngineOptions DdpOptionsFrom(const Flags& f) {
+  concord::ddp::EngineOptions o;
   o.bucket_cap_bytes = static_cast<int64_t>(f.bucket_cap_mb * 1024 * 1024);
   // Note [LibTorch versions]: PyTorch 2.x's first bucket follows a
   // user-given cap.
@@ -122,7 +122,7 @@ struct Prepared {
   concord::train::Dataset data;
   std::vector<std::pair<std::string, torch::Tensor>> named_params,
       named_buffers;
-  concord::DdpOptions ddp_options;
+  concord::ddp::EngineOptions ddp_options;
   concord::worker::WorkerOptions options;
   torch::Device device = torch::kCPU;               // where the model trains
   std::shared_ptr<concord::trace::Recorder> trace;  // --trace, if any
@@ -245,8 +245,8 @@ Prepared Prepare(const Flags& flags) {
     }
   }
   in.ddp_options = DdpOptionsFrom(flags);
-  if (auto st = concord::DistributedDataParallel::ValidateOptions(
-          in.ddp_options, !flags.comm_hook.empty());
+  if (auto st = concord::ddp::Engine::ValidateOptions(in.ddp_options,
+                                                      !flags.comm_hook.empty());
       !st.ok()) {
     Fail(2, std::string(st.message()));
   }
@@ -352,7 +352,7 @@ int Train(const Flags& flags, concord::train::Progress& progress) {
   const concord::train::Dataset& data = in.data;
   const auto& named_params = in.named_params;
   const auto& named_buffers = in.named_buffers;
-  concord::DdpOptions& ddp_options = in.ddp_options;
+  concord::ddp::EngineOptions& ddp_options = in.ddp_options;
   const concord::worker::WorkerOptions& options = in.options;
   const std::shared_ptr<concord::trace::Recorder>& trace = in.trace;
 
@@ -388,11 +388,11 @@ int Train(const Flags& flags, concord::train::Progress& progress) {
 
   ddp_options.collective_timeout = options.collective_timeout;
   std::shared_ptr<concord::SyncBnGroup> sync_bn_group;
-  absl::StatusOr<std::unique_ptr<concord::DistributedDataParallel>> ddp;
+  absl::StatusOr<std::unique_ptr<concord::ddp::Engine>> ddp;
   if (script) {
     script->train();
-    ddp = concord::DistributedDataParallel::Create(
-        *script, s.shared_communicator(), s.authoritative_rank(), ddp_options);
+    ddp = concord::ddp::Engine::Create(*script, s.shared_communicator(),
+                                       s.authoritative_rank(), ddp_options);
   } else {
     if (flags.sync_bn) {
       concord::comm::CollectiveOptions bn_options;
@@ -402,9 +402,8 @@ int Train(const Flags& flags, concord::train::Progress& progress) {
       concord::ConvertSyncBatchNorm(net.ptr(), sync_bn_group);
     }
     net->train();
-    ddp = concord::DistributedDataParallel::Create(
-        net.ptr(), s.shared_communicator(), s.authoritative_rank(),
-        ddp_options);
+    ddp = concord::ddp::Engine::Create(net.ptr(), s.shared_communicator(),
+                                       s.authoritative_rank(), ddp_options);
   }
   if (!ddp.ok()) Fail(1, ddp.status().ToString());
   (*ddp)->SetTraceRecorder(trace);
@@ -618,7 +617,7 @@ int Train(const Flags& flags, concord::train::Progress& progress) {
     if (trace) trace->SetStep(st.step + 1);
     concord::trace::Recorder::Span step_span(trace, "step");
     fault.MaybeDie("forward");
-    std::optional<concord::DistributedDataParallel::NoSyncGuard> local;
+    std::optional<concord::ddp::Engine::NoSyncGuard> local;
     if (slowmo) {
       local.emplace(ddp->get());
       concord::ThrowIfError(slowmo->PrepareForward());
@@ -826,7 +825,7 @@ int ConcordTrainMain(int argc, char** argv) {
   try {
     return Train(flags, progress);
   } catch (const concord::Error& e) {
-    Fail(1, e.status().ToString());
+    Fail(1, e.what());
   } catch (const c10::Error& e) {
     std::string what = e.what_without_backtrace();
     Fail(1, what.substr(0, what.find('\n')));

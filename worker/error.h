@@ -1,26 +1,26 @@
 #pragma once
-// The exception that carries a Concord status out of code that cannot return
-// one: autograd hooks and callbacks (they run inside `loss.backward()`) and
-// the convenience wrappers of the training API.
-
-#include <stdexcept>
+// Between absl::Status (inside Concord) and concord::Error (the exception of
+// the public API, include/concord/error.h): code that cannot return a status
+// (autograd hooks and callbacks run inside `loss.backward()`; the public
+// API) throws, and code that catches turns it back into a status.
 
 #include "absl/status/status.h"
+#include "concord/error.h"
 
 namespace concord {
 
-class Error : public std::runtime_error {
- public:
-  explicit Error(absl::Status status)
-      : std::runtime_error(status.ToString()), status_(std::move(status)) {}
-  const absl::Status& status() const { return status_; }
+inline Error ToError(const absl::Status& status) {
+  return Error(static_cast<ErrorCode>(status.code()),
+               std::string(status.message()));
+}
 
- private:
-  absl::Status status_;
-};
+inline absl::Status ToStatus(const Error& error) {
+  return absl::Status(static_cast<absl::StatusCode>(error.code()),
+                      error.message());
+}
 
-inline void ThrowIfError(absl::Status status) {
-  if (!status.ok()) throw Error(std::move(status));
+inline void ThrowIfError(const absl::Status& status) {
+  if (!status.ok()) throw ToError(status);
 }
 
 }  // namespace concord

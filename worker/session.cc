@@ -282,6 +282,8 @@ absl::Status Session::JoinAndConnect(
     CONCORD_RETURN_IF_ERROR(response.status());
     const v1::JoinResponse& joined = *response;
     generation_.store(joined.generation());
+    rank_.store(joined.rank());
+    world_size_.store(joined.world_size());
     finished_workers_.store(joined.finished_workers());
     authoritative_rank_.store(joined.authoritative_rank());
     store_ = std::make_unique<CoordinatorStore>(
@@ -485,6 +487,19 @@ void Session::ReportProgress(int64_t step, double samples_per_second,
                   ? *loss
                   : std::numeric_limits<double>::quiet_NaN(),
               std::memory_order_relaxed);
+}
+
+void Session::ReportCommittedStep(int64_t step) {
+  step_.store(step, std::memory_order_relaxed);
+}
+
+Session::Progress Session::progress() const {
+  Progress p;
+  p.step = step_.load(std::memory_order_relaxed);
+  p.samples_per_second = samples_per_second_.load(std::memory_order_relaxed);
+  const double loss = loss_.load(std::memory_order_relaxed);
+  if (!std::isnan(loss)) p.loss = loss;
+  return p;
 }
 
 void Session::ReportDdpTimings(const v1::DdpTimings& timings) {

@@ -110,12 +110,16 @@ class Session final : public comm::GroupFactory {
   ~Session();
 
   // The communicator of the current generation; Reform replaces it. Callers
-  // keep the shared_ptr they hold for as long as they use it.
+  // keep the shared_ptr they hold for as long as they use it (there is no
+  // reference form: it would dangle across a re-form). Null between
+  // generations: during a Reform and after one that failed.
   std::shared_ptr<comm::Communicator> shared_communicator() const;
-  comm::Communicator& communicator() { return *shared_communicator(); }
-  int rank() const { return shared_communicator()->rank(); }
-  int world_size() const { return shared_communicator()->size(); }
-  int64_t generation() const { return shared_communicator()->generation(); }
+  // This worker's rank, the world size and the number of the last
+  // generation it joined: the current one; after a Reform that failed, the
+  // last one the coordinator formed with it (never a dangling read).
+  int rank() const { return rank_.load(); }
+  int world_size() const { return world_size_.load(); }
+  int64_t generation() const { return generation_.load(); }
   int authoritative_rank() const { return authoritative_rank_; }
   // Note [Worker device]: where this worker's tensors live, and which
   // communicator its generations use.
@@ -159,6 +163,17 @@ class Session final : public comm::GroupFactory {
   // cheap.
   void ReportProgress(int64_t step, double samples_per_second,
                       std::optional<double> loss = std::nullopt);
+  // Moves the progress to a newly committed step, keeping the throughput and
+  // loss last reported (elastic::State::Commit). Thread-safe, cheap.
+  void ReportCommittedStep(int64_t step);
+  // What the next heartbeat carries (loss: none when the last report had no
+  // finite one).
+  struct Progress {
+    int64_t step = 0;
+    double samples_per_second = 0;
+    std::optional<double> loss;
+  };
+  Progress progress() const;
   // DDP timings of the last step, carried by the next heartbeat (operators
   // see them in `concordctl status`). Thread-safe.
   void ReportDdpTimings(const v1::DdpTimings& timings);
@@ -201,6 +216,10 @@ class Session final : public comm::GroupFactory {
   // Groups of comm_'s generation (CreateGroup), guarded by comm_mu_.
   std::vector<std::weak_ptr<comm::Communicator>> groups_;
   std::atomic<int> authoritative_rank_{0};
+  // Of the last generation joined and connected (rank(), world_size(),
+  // generation()).
+  std::atomic<int> rank_{0};
+  std::atomic<int> world_size_{1};
   std::atomic<int64_t> generation_{0};
   std::atomic<bool> reform_wanted_{false};
   std::atomic<int> finished_workers_{0};

@@ -18,7 +18,7 @@
 //   torch/nn/parallel/distributed.py) caps it at bucket_cap_mb when the user
 //   gives one, initially and when rebuilt, and at 1 MiB only by default.
 //   kFirstBucketFollowsUserCap says which; concord-train applies it to
-//   --bucket-cap-mb (DdpOptions::first_bucket_bytes for library users).
+//   --bucket-cap-mb (ddp::EngineOptions::first_bucket_bytes for library users).
 
 #include <torch/optim/optimizer.h>
 #include <torch/version.h>

@@ -1,5 +1,6 @@
 // Trains a small MLP with Concord's DDP, the way README's "Using the
-// library" shows, against an installed Concord (find_package(Concord)).
+// library" shows, against an installed Concord (find_package(Concord)),
+// with nothing but <concord/concord.h>.
 //
 //   concord-run --standalone --nproc 2 -- ./concord-example [--steps N]
 //       [--batch-size B]
@@ -15,6 +16,7 @@
 // (on one line). The ranks' parameters are equal after training, so C and D
 // are the same on every rank, and equal (up to rounding) to those of one
 // process run alone with batch W·B.
+#include <concord/concord.h>
 #include <torch/torch.h>
 
 #include <cstdio>
@@ -22,9 +24,6 @@
 #include <iostream>
 #include <memory>
 #include <string>
-
-#include "worker/ddp/distributed_data_parallel.h"
-#include "worker/session.h"
 
 namespace {
 
@@ -80,69 +79,59 @@ int main(int argc, char** argv) {
   const Args args = ParseArgs(argc, argv);
   const int steps = args.steps;
   torch::set_num_threads(1);
+  try {
+    concord::Job job;  // joins the job concord-run describes, or runs alone
+    const int rank = job.rank();
+    const int world = job.world_size();
 
-  auto options = concord::worker::WorkerOptions::FromEnvironment();
-  if (!options.ok()) Fail(2, options.status().ToString());
-  auto started = concord::worker::Session::Start(*options);  // joins the job
-  if (!started.ok()) Fail(1, "cannot join: " + started.status().ToString());
-  std::unique_ptr<concord::worker::Session> session = std::move(*started);
-  const int rank = session->rank();
-  const int world = session->world_size();
-
-  // The same data on every rank.
-  torch::manual_seed(0);
-  const int64_t samples = 512;
-  auto x = torch::randn({samples, 8});
-  auto y = x.matmul(torch::randn({8, 1})) + 0.01 * torch::randn({samples, 1});
-
-  // Different initial weights on every rank: DDP broadcasts rank
-  // authoritative_rank()'s.
-  torch::manual_seed(1000 + rank);
-  Net net;
-  auto ddp = concord::DistributedDataParallel::Create(
-      net.ptr(), session->shared_communicator(), session->authoritative_rank());
-  if (!ddp.ok()) {
-    session->Finish(false, std::string(ddp.status().message())).IgnoreError();
-    Fail(1, "DDP: " + ddp.status().ToString());
-  }
-  torch::optim::SGD opt((*ddp)->parameters(), 0.05);
-
-  const int64_t global_batch = int64_t{args.batch_size} * world;
-  if (global_batch > samples) {
-    const std::string message = "--batch-size: the world's batch exceeds 512";
-    session->Finish(false, message).IgnoreError();
-    Fail(2, message);
-  }
-  double first_loss = 0, last_loss = 0;
-  for (int step = 0; step < steps; ++step) {
-    int64_t start = (step * global_batch) % (samples - global_batch + 1);
-    auto rows = torch::arange(start + rank, start + global_batch, world);
-    auto xb = x.index_select(0, rows), yb = y.index_select(0, rows);
-    opt.zero_grad();
-    auto out = (*ddp)->Forward([&] { return net->forward(xb); });
-    auto loss = torch::mse_loss(out, yb);
-    loss.backward();  // gradients are averaged over the ranks here
-    opt.step();
-    last_loss = loss.item<double>();
-    if (step == 0) first_loss = last_loss;
-    if (step % 5 == 0 || step == steps - 1) {
-      std::printf("concord-example: rank %d step %d loss %.6f\n", rank, step,
-                  last_loss);
+    // The same data on every rank.
+    torch::manual_seed(0);
+    const int64_t samples = 512;
+    auto x = torch::randn({samples, 8});
+    auto y = x.matmul(torch::randn({8, 1})) + 0.01 * torch::randn({samples, 1});
+    const int64_t global_batch = int64_t{args.batch_size} * world;
+    if (global_batch > samples) {
+      job.finish(false, "--batch-size: the world's batch exceeds 512");
+      Fail(2, "--batch-size: the world's batch exceeds 512");
     }
-  }
 
-  double param_sum = 0, param_sq_sum = 0;
-  for (const auto& p : net->parameters()) {
-    param_sum += p.sum().item<double>();
-    param_sq_sum += p.square().sum().item<double>();
-  }
-  std::printf(
-      "concord-example: rank %d world %d steps %d first_loss %.6f last_loss "
-      "%.6f param_sum %.17g param_sq_sum %.17g\n",
-      rank, world, steps, first_loss, last_loss, param_sum, param_sq_sum);
-  std::fflush(stdout);
-  if (auto st = session->Finish(true, ""); !st.ok()) {
-    Fail(1, "finish: " + st.ToString());
+    // Different initial weights on every rank: DDP gives every rank the
+    // authoritative rank's.
+    torch::manual_seed(1000 + rank);
+    Net net;
+    concord::DistributedDataParallel ddp(net, job);
+    torch::optim::SGD opt(ddp->parameters(), 0.05);
+
+    double first_loss = 0, last_loss = 0;
+    for (int step = 0; step < steps; ++step) {
+      int64_t start = (step * global_batch) % (samples - global_batch + 1);
+      auto rows = torch::arange(start + rank, start + global_batch, world);
+      auto xb = x.index_select(0, rows), yb = y.index_select(0, rows);
+      opt.zero_grad();
+      auto loss = torch::mse_loss(ddp->forward(xb), yb);
+      loss.backward();  // gradients are averaged over the ranks here
+      opt.step();
+      last_loss = loss.item<double>();
+      if (step == 0) first_loss = last_loss;
+      if (step % 5 == 0 || step == steps - 1) {
+        std::printf("concord-example: rank %d step %d loss %.6f\n", rank, step,
+                    last_loss);
+      }
+    }
+
+    double param_sum = 0, param_sq_sum = 0;
+    for (const auto& p : net->parameters()) {
+      param_sum += p.sum().item<double>();
+      param_sq_sum += p.square().sum().item<double>();
+    }
+    std::printf(
+        "concord-example: rank %d world %d steps %d first_loss %.6f "
+        "last_loss %.6f param_sum %.17g param_sq_sum %.17g\n",
+        rank, world, steps, first_loss, last_loss, param_sum, param_sq_sum);
+    std::fflush(stdout);
+    job.finish();
+  } catch (const concord::Error& e) {
+    Fail(1, e.what());
   }
   return 0;
 }

@@ -6,16 +6,22 @@
 
 1. Installs the build tree into a fresh temporary prefix
    (`cmake --install BUILD --prefix P`) and checks the layout: the four
-   tools (and nothing else) in P/bin, the libraries, the public headers of
-   README's "Using the library" with the generated ones under
-   P/include/concord, ConcordConfig.cmake, ConcordConfigVersion.cmake and
-   the exported targets in P/lib/cmake/Concord; no installed CMake file or
-   header names the source or build tree.
-2. Copies examples/find_package out of the source tree, configures it with
-   CMAKE_PREFIX_PATH=P only (package registry off, CMAKE_PREFIX_PATH and
-   Concord_DIR cleared from the environment), and checks that it found
-   Concord in P and that no compile command names the source or build tree;
-   builds it with -Wall -Wextra -Werror.
+   tools (and nothing else) in P/bin, libconcord.so in P/lib, the public
+   headers (and nothing else) in P/include/concord, ConcordConfig.cmake,
+   ConcordConfigVersion.cmake and the exported targets in
+   P/lib/cmake/Concord; no installed header includes a gRPC, Protobuf,
+   OpenSSL, Abseil or Gloo header, and no installed CMake file or header
+   names the source or build tree or those packages.
+2. Copies examples/find_package out of the source tree and, as root, in a
+   mount namespace where gRPC's, OpenSSL's and Abseil's headers and CMake
+   packages are hidden (empty directories mounted over them; Protobuf's
+   too, unless LibTorch's own CMake package needs it, as Debian's LibTorch
+   1.13 does — a probe project that only finds Torch decides), configures
+   it with CMAKE_PREFIX_PATH=P only (package registry off,
+   CMAKE_PREFIX_PATH and Concord_DIR cleared from the environment), checks
+   that it found Concord in P and that no compile command names the source
+   or build tree, and builds it with -Wall -Wextra -Werror. Not root: the
+   build runs with everything visible and says so.
 3. Runs it for real: P/bin/concord-run --standalone --nproc 2 (the
    installed launcher with its embedded coordinator) and two example
    processes, 40 steps. Both ranks must report world 2, a loss that fell
@@ -42,14 +48,25 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "reference"))
 import fixtures  # noqa: E402
 
 TOOLS = ["concord-coordinator", "concord-run", "concord-train", "concordctl"]
-LIBS = ["libconcord.a", "libconcord_worker_core.a", "libconcord_common.a",
-        "libconcord_proto.a", "libconcord_kernels_cpu.a"]
-HEADERS = ["worker/session.h", "worker/ddp/distributed_data_parallel.h",
-           "worker/ddp/comm_hooks.h", "worker/elastic/state.h",
-           "worker/syncbn/sync_batch_norm.h", "worker/slowmo/slowmo.h",
-           "worker/comm/communicator.h", "common/status_macros.h",
-           "common/tls.h", "kernels/dtype.h", "concord/config.h",
-           "concord/v1/worker.pb.h", "concord/v1/worker.grpc.pb.h"]
+LIBS = ["libconcord.so"]
+HEADERS = ["concord/concord.h", "concord/job.h", "concord/ddp.h",
+           "concord/error.h"]
+# What a program built against the package must not need.
+PRIVATE_INCLUDES = re.compile(
+    r'#\s*include\s*[<"](grpc|grpcpp|grpc\+\+|google/protobuf|openssl|absl|'
+    r'gloo|nccl|spdlog|worker/|common/|concord/v1/)')
+PRIVATE_PACKAGES = ["gRPC", "Protobuf", "protobuf", "OpenSSL", "absl",
+                    "Gloo", "spdlog", "NCCL"]
+# Hidden from the example's build (those that exist on this machine).
+HIDDEN = {
+    "gRPC": ["/usr/include/grpc", "/usr/include/grpc++", "/usr/include/grpcpp",
+             "/usr/lib/x86_64-linux-gnu/cmake/grpc"],
+    "OpenSSL": ["/usr/include/openssl",
+                "/usr/include/x86_64-linux-gnu/openssl"],
+    "Abseil": ["/usr/include/absl", "/usr/lib/x86_64-linux-gnu/cmake/absl"],
+    "Protobuf": ["/usr/include/google/protobuf",
+                 "/usr/lib/x86_64-linux-gnu/cmake/protobuf"],
+}
 PACKAGE = ["ConcordConfig.cmake", "ConcordConfigVersion.cmake",
            "ConcordTargets.cmake"]
 FINAL = re.compile(
@@ -103,7 +120,7 @@ def check_install(checks, args, prefix):
                      "missing or not executable")
     missing = [p for p in
                ["lib/" + n for n in LIBS] +
-               ["include/concord/" + h for h in HEADERS] +
+               ["include/" + h for h in HEADERS] +
                ["lib/cmake/Concord/" + n for n in PACKAGE]
                if not os.path.isfile(os.path.join(prefix, p))]
     checks.check(not missing, "installed libraries, headers, package",
@@ -114,7 +131,61 @@ def check_install(checks, args, prefix):
              files_naming(os.path.join(prefix, "include"), needles))
     checks.check(not leaks, "installed package names no source/build path",
                  "; ".join(leaks[:5]))
+    headers = []
+    for dirpath, _, names in os.walk(os.path.join(prefix, "include")):
+        headers += [os.path.relpath(os.path.join(dirpath, n),
+                                    os.path.join(prefix, "include"))
+                    for n in names]
+    checks.check(sorted(headers) == sorted(HEADERS),
+                 "include/ holds the public headers only",
+                 "installed: %s" % sorted(headers))
+    private = []
+    for h in headers:
+        with open(os.path.join(prefix, "include", h)) as f:
+            private += ["%s: %s" % (h, m.group(0))
+                        for m in PRIVATE_INCLUDES.finditer(f.read())]
+    checks.check(not private, "public headers include only LibTorch's "
+                 "and their own", "; ".join(private))
+    package = files_naming(os.path.join(prefix, "lib", "cmake"),
+                           ["find_dependency(%s" % p for p in PRIVATE_PACKAGES])
+    checks.check(not package, "the package depends on LibTorch only",
+                 "; ".join(package))
     return not missing
+
+
+def hiding(dirs):
+    """A command prefix that runs a command in a new mount namespace where
+    `dirs` are empty; None when this process cannot make one."""
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        return None
+    mounts = " && ".join("mount -t tmpfs -o ro,size=4k concord-hidden %s" % d
+                         for d in dirs)
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+            mounts + ' && exec "$@"', "hide"]
+
+
+def hidden_dirs(checks, args, work):
+    """The directories the example's build cannot see, and which packages
+    they are."""
+    names = ["gRPC", "OpenSSL", "Abseil", "Protobuf"]
+    dirs = {n: [d for d in HIDDEN[n] if os.path.isdir(d)] for n in names}
+    probe = os.path.join(work, "probe")
+    os.makedirs(probe)
+    with open(os.path.join(probe, "CMakeLists.txt"), "w") as f:
+        f.write("cmake_minimum_required(VERSION 3.18)\n"
+                "project(probe LANGUAGES CXX)\nfind_package(Torch REQUIRED)\n")
+    prefix = hiding(sum(dirs.values(), []))
+    if prefix is None:
+        return names, []
+    r = fixtures.run_command(prefix + [args.cmake, "-S", probe, "-B",
+                                       os.path.join(probe, "build")],
+                             timeout=120)
+    if r.returncode != 0:
+        checks.ok("LibTorch's own CMake package needs Protobuf here: "
+                  "Protobuf stays visible")
+        names.remove("Protobuf")
+        del dirs["Protobuf"]
+    return names, sum(dirs.values(), [])
 
 
 def build_example(checks, args, prefix, work):
@@ -138,9 +209,26 @@ def build_example(checks, args, prefix, work):
         configure.append("-DCMAKE_CXX_COMPILER=" + compiler)
     if shutil.which("ninja"):
         configure += ["-G", "Ninja"]
-    r = fixtures.run_command(configure, timeout=120)
+    names, dirs = hidden_dirs(checks, args, work)
+    prefix_cmd = hiding(dirs) or []
+    what = ("with %s hidden" % ", ".join(names) if prefix_cmd else
+            "with everything visible (not root: no mount namespace)")
+    if prefix_cmd:
+        # The hiding works: a file that includes a gRPC header does not
+        # compile there.
+        probe = os.path.join(work, "needs_grpc.cc")
+        with open(probe, "w") as f:
+            f.write("#include <grpcpp/grpcpp.h>\nint main() {}\n")
+        r = fixtures.run_command(prefix_cmd + [
+            cmake_cache_value(args.build_dir, "CMAKE_CXX_COMPILER") or "c++",
+            "-fsyntax-only", probe], timeout=60)
+        checks.check(r.returncode != 0 and "grpcpp" in r.stderr,
+                     "hidden: #include <grpcpp/grpcpp.h> fails there",
+                     r.describe())
+    r = fixtures.run_command(prefix_cmd + configure, timeout=120)
     if not checks.check(r.returncode == 0 and not r.timed_out,
-                        "example configures against the prefix", r.describe()):
+                        "example configures against the prefix " + what,
+                        r.describe()):
         return None
     found = cmake_cache_value(build, "Concord_DIR")
     expected = os.path.join(prefix, "lib", "cmake", "Concord")
@@ -158,12 +246,12 @@ def build_example(checks, args, prefix, work):
     leaks = [n for n in needles if n in commands]
     checks.check(not leaks, "example's compile command names no source/build "
                  "tree path", "found %s in: %s" % (leaks, commands))
-    checks.check(os.path.join(prefix, "include", "concord") in commands,
-                 "example includes P/include/concord", commands)
-    r = fixtures.run_command([args.cmake, "--build", build, "--parallel", "1"],
-                             timeout=420)
+    checks.check(os.path.join(prefix, "include") in commands,
+                 "example includes P/include", commands)
+    r = fixtures.run_command(prefix_cmd + [args.cmake, "--build", build,
+                                           "--parallel", "1"], timeout=420)
     if not checks.check(r.returncode == 0 and not r.timed_out,
-                        "example builds (-Wall -Wextra -Werror)",
+                        "example builds (-Wall -Wextra -Werror) " + what,
                         r.describe()):
         return None
     checks.ok("example built in %.1f s" % r.elapsed)

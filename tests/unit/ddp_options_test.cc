@@ -7,7 +7,7 @@
 #include <mutex>
 
 #include "rank_threads.h"
-#include "worker/ddp/distributed_data_parallel.h"
+#include "worker/ddp/engine.h"
 #include "worker/ddp/manual_reducer.h"
 #include "worker/torch_compat.h"
 
@@ -27,17 +27,17 @@ struct Scalar : torch::nn::Module {
   torch::Tensor w, unused;
 };
 
-std::unique_ptr<DistributedDataParallel> Wrap(
-    std::shared_ptr<torch::nn::Module> m,
-    std::shared_ptr<comm::Communicator> comm, DdpOptions options = {}) {
-  auto ddp = DistributedDataParallel::Create(std::move(m), std::move(comm), 0,
-                                             std::move(options));
+std::unique_ptr<ddp::Engine> Wrap(std::shared_ptr<torch::nn::Module> m,
+                                  std::shared_ptr<comm::Communicator> comm,
+                                  ddp::EngineOptions options = {}) {
+  auto ddp =
+      ddp::Engine::Create(std::move(m), std::move(comm), 0, std::move(options));
   EXPECT_TRUE(ddp.ok()) << ddp.status();
   return ddp.ok() ? std::move(*ddp) : nullptr;
 }
 
 // Backward of sum(w * x) on a rank with input x.
-void Step(DistributedDataParallel& ddp, Scalar& m, float x) {
+void Step(ddp::Engine& ddp, Scalar& m, float x) {
   torch::Tensor out =
       ddp.Forward([&] { return m.forward(torch::full({1}, x)); });
   out.sum().backward();
@@ -46,7 +46,7 @@ void Step(DistributedDataParallel& ddp, Scalar& m, float x) {
 TEST(DdpNoSyncTest, AccumulatedGradientsAreReducedAtTheNextSync) {
   RunRanks(2, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
     auto m = std::make_shared<Scalar>();
-    DdpOptions o;
+    ddp::EngineOptions o;
     o.find_unused_parameters = true;
     auto ddp = Wrap(m, comm, o);
     {
@@ -62,7 +62,7 @@ TEST(DdpNoSyncTest, AccumulatedGradientsAreReducedAtTheNextSync) {
 TEST(DdpUnusedTest, LocallyUnusedParametersTakePartGloballyUnusedAreLeftAlone) {
   RunRanks(2, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
     auto m = std::make_shared<Scalar>();
-    DdpOptions o;
+    ddp::EngineOptions o;
     o.find_unused_parameters = true;
     auto ddp = Wrap(m, comm, o);
     // `unused` is used on rank 1 only: its reduced gradient is (0 + 3) / 2.
@@ -99,7 +99,7 @@ TEST(DdpUnusedTest, WithoutFindUnusedEveryRankFailsInsteadOfHanging) {
 TEST(DdpStaticGraphTest, UnusedSetIsLearntOnceAndResultsMatch) {
   RunRanks(3, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
     auto m = std::make_shared<Scalar>();
-    DdpOptions o;
+    ddp::EngineOptions o;
     o.static_graph = true;
     auto ddp = Wrap(m, comm, o);
     for (int i = 0; i < 3; ++i) {
@@ -116,7 +116,7 @@ TEST(DdpBucketViewTest, GradientsAreViewsOfTheBuckets) {
   RunRanks(2, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
     torch::manual_seed(0);
     auto net = torch::nn::Linear(4, 3);
-    DdpOptions o;
+    ddp::EngineOptions o;
     o.gradient_as_bucket_view = true;
     auto ddp = Wrap(net.ptr(), comm, o);
     for (int i = 0; i < 3; ++i) {
@@ -152,7 +152,7 @@ TEST(DdpRebuildTest, BucketsAreRebuiltOnceFromTheReadyOrder) {
     torch::manual_seed(0);
     auto net =
         torch::nn::Sequential(torch::nn::Linear(8, 8), torch::nn::Linear(8, 8));
-    DdpOptions o;
+    ddp::EngineOptions o;
     o.first_bucket_bytes = 1;  // one gradient per bucket at first
     o.bucket_cap_bytes = 1000;
     auto ddp = Wrap(net.ptr(), comm, o);
@@ -176,7 +176,7 @@ TEST(DdpRebuildTest, BucketsAreRebuiltOnceFromTheReadyOrder) {
 TEST(DdpVerifyTest, DifferentModelsFailOnEveryRankWithTheDifference) {
   RunRanks(3, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
     auto net = torch::nn::Linear(4, rank == 2 ? 5 : 3);
-    auto ddp = DistributedDataParallel::Create(net.ptr(), comm, 0);
+    auto ddp = ddp::Engine::Create(net.ptr(), comm, 0);
     ASSERT_FALSE(ddp.ok());
     EXPECT_EQ(ddp.status().code(), absl::StatusCode::kFailedPrecondition);
     EXPECT_NE(ddp.status().message().find("1 of 3"), std::string::npos)
@@ -195,15 +195,15 @@ TEST(DdpIgnoreTest, IgnoredParametersAreNeitherBroadcastNorReduced) {
       torch::NoGradGuard no_grad;
       m->unused.fill_(rank + 5.0f);
     }
-    DdpOptions o;
+    ddp::EngineOptions o;
     o.ignore = {"unused"};
     auto ddp = Wrap(m, comm, o);
     EXPECT_FLOAT_EQ(m->unused.item<float>(), rank + 5.0f);
     Step(*ddp, *m, rank + 1.0f);  // no error although `unused` gets no grad
     EXPECT_FLOAT_EQ(m->w.grad().item<float>(), 1.5f);
-    DdpOptions bad;
+    ddp::EngineOptions bad;
     bad.ignore = {"nope"};
-    EXPECT_EQ(DistributedDataParallel::Create(m, comm, 0, bad).status().code(),
+    EXPECT_EQ(ddp::Engine::Create(m, comm, 0, bad).status().code(),
               absl::StatusCode::kInvalidArgument);
   });
 }
@@ -216,7 +216,7 @@ TEST_P(DdpHookTest, CompressionFollowsItsDocumentedArithmetic) {
   const float xs[3] = {1.0f / 3, 2.0f / 7, 1.0f / 11};
   RunRanks(3, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
     auto m = std::make_shared<Scalar>();
-    DdpOptions o;
+    ddp::EngineOptions o;
     o.ignore = {"unused"};
     auto ddp = Wrap(m, comm, o);
     ASSERT_TRUE(ddp->RegisterCommHook(*ddp::MakeCommHook(name, comm)).ok());
@@ -252,16 +252,16 @@ TEST(DdpHookTest, UnknownHookAndHookWithApexScalingAreRejected) {
   RunRanks(1, [&](int, std::shared_ptr<comm::Communicator> comm) {
     EXPECT_EQ(ddp::MakeCommHook("powersgd:x", comm).status().code(),
               absl::StatusCode::kInvalidArgument);
-    DdpOptions o;
+    ddp::EngineOptions o;
     o.gradient_predivide_factor = 2;
-    EXPECT_EQ(DistributedDataParallel::ValidateOptions(o, true).code(),
+    EXPECT_EQ(ddp::Engine::ValidateOptions(o, true).code(),
               absl::StatusCode::kInvalidArgument);
   });
 }
 
 struct ApexCase {
   const char* name;
-  DdpOptions options;
+  ddp::EngineOptions options;
   double expected;  // reduced gradient of w for inputs x = 1, 2, 3, 4
 };
 
@@ -271,7 +271,7 @@ TEST_P(DdpApexTest, ArithmeticAsDocumented) {
   const ApexCase c = GetParam();
   RunRanks(4, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
     auto m = std::make_shared<Scalar>();
-    DdpOptions o = c.options;
+    ddp::EngineOptions o = c.options;
     o.ignore = {"unused"};
     auto ddp = Wrap(m, comm, o);
     Step(*ddp, *m, rank + 1.0f);
@@ -279,8 +279,8 @@ TEST_P(DdpApexTest, ArithmeticAsDocumented) {
   });
 }
 
-DdpOptions With(void (*set)(DdpOptions&)) {
-  DdpOptions o;
+ddp::EngineOptions With(void (*set)(ddp::EngineOptions&)) {
+  ddp::EngineOptions o;
   set(o);
   return o;
 }
@@ -289,30 +289,36 @@ INSTANTIATE_TEST_SUITE_P(
     Apex, DdpApexTest,
     ::testing::Values(
         // sum = 10 over 4 ranks.
-        ApexCase{"default", DdpOptions{}, 2.5},
+        ApexCase{"default", ddp::EngineOptions{}, 2.5},
         // 1/f before, f/W after: (10 / 8) * (8 / 4).
-        ApexCase{"predivide",
-                 With([](DdpOptions& o) { o.gradient_predivide_factor = 8; }),
+        ApexCase{"predivide", With([](ddp::EngineOptions& o) {
+                   o.gradient_predivide_factor = 8;
+                 }),
                  2.5},
         // f == W: no post-scaling at all.
-        ApexCase{"predivide_world",
-                 With([](DdpOptions& o) { o.gradient_predivide_factor = 4; }),
+        ApexCase{"predivide_world", With([](ddp::EngineOptions& o) {
+                   o.gradient_predivide_factor = 4;
+                 }),
                  2.5},
-        ApexCase{"no_average",
-                 With([](DdpOptions& o) { o.gradient_average = false; }), 10.0},
-        ApexCase{"no_average_predivide", With([](DdpOptions& o) {
+        ApexCase{"no_average", With([](ddp::EngineOptions& o) {
+                   o.gradient_average = false;
+                 }),
+                 10.0},
+        ApexCase{"no_average_predivide", With([](ddp::EngineOptions& o) {
                    o.gradient_average = false;
                    o.gradient_predivide_factor = 2;
                  }),
                  5.0},
-        ApexCase{"always_fp32",
-                 With([](DdpOptions& o) { o.allreduce_always_fp32 = true; }),
+        ApexCase{"always_fp32", With([](ddp::EngineOptions& o) {
+                   o.allreduce_always_fp32 = true;
+                 }),
                  2.5},
         ApexCase{"delay_allreduce",
-                 With([](DdpOptions& o) { o.delay_allreduce = true; }), 2.5},
+                 With([](ddp::EngineOptions& o) { o.delay_allreduce = true; }),
+                 2.5},
         ApexCase{"message_size",
-                 With([](DdpOptions& o) { o.message_size = 1; }), 2.5},
-        ApexCase{"trigger", With([](DdpOptions& o) {
+                 With([](ddp::EngineOptions& o) { o.message_size = 1; }), 2.5},
+        ApexCase{"trigger", With([](ddp::EngineOptions& o) {
                    o.allreduce_trigger_params = {"w"};
                  }),
                  2.5}),
@@ -324,7 +330,7 @@ TEST(DdpApexFp32Test, HalfGradientsAreReducedInFloat) {
   RunRanks(3, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
     auto m = std::make_shared<Scalar>();
     m->to(torch::kHalf);
-    DdpOptions o;
+    ddp::EngineOptions o;
     o.ignore = {"unused"};
     o.allreduce_always_fp32 = true;
     o.gradient_predivide_factor = 3;

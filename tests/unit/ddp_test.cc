@@ -5,7 +5,7 @@
 #include <mutex>
 
 #include "rank_threads.h"
-#include "worker/ddp/distributed_data_parallel.h"
+#include "worker/ddp/engine.h"
 
 namespace concord {
 namespace {
@@ -63,10 +63,10 @@ TEST_P(DdpTest, GradientsAreTheMeanOverRanksForAnyBucketing) {
                       int rank, std::shared_ptr<comm::Communicator> comm) {
     auto net = MakeNet(/*seed=*/rank);  // different init on every rank
     net->train();
-    DdpOptions options;
+    ddp::EngineOptions options;
     options.first_bucket_bytes = cap;
     options.bucket_cap_bytes = 2 * cap;
-    auto ddp = DistributedDataParallel::Create(net.ptr(), comm, 0, options);
+    auto ddp = ddp::Engine::Create(net.ptr(), comm, 0, options);
     ASSERT_TRUE(ddp.ok()) << ddp.status();
     // PyTorch's first iteration: one bucket; the caps apply after the rebuild.
     EXPECT_EQ((*ddp)->reducer().buckets().size(), 1u);
@@ -106,8 +106,8 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(DdpBuffersTest, BuffersFollowTheAuthoritativeRankBeforeEachForward) {
   RunRanks(3, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
     auto net = MakeNet(rank);
-    auto ddp = DistributedDataParallel::Create(net.ptr(), comm,
-                                               /*authoritative_rank=*/2);
+    auto ddp = ddp::Engine::Create(net.ptr(), comm,
+                                   /*authoritative_rank=*/2);
     ASSERT_TRUE(ddp.ok()) << ddp.status();
     auto bn = net[1]->as<torch::nn::BatchNorm1d>();
     // Each rank's running stats drift apart locally...
@@ -125,7 +125,7 @@ TEST(DdpAccumulationTest, ExistingGradientIsPartOfTheReduction) {
   // Without zero_grad, PyTorch's DDP reduces the accumulated .grad.
   RunRanks(2, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
     auto net = torch::nn::Linear(3, 1);
-    auto ddp = DistributedDataParallel::Create(net.ptr(), comm, 0);
+    auto ddp = ddp::Engine::Create(net.ptr(), comm, 0);
     ASSERT_TRUE(ddp.ok());
     for (auto& p : net->parameters()) {
       p.mutable_grad() = torch::full_like(p, 1.0 + rank);  // 1 and 2
@@ -143,7 +143,7 @@ TEST(DdpAccumulationTest, ExistingGradientIsPartOfTheReduction) {
 TEST(DdpErrorsTest, UnusedParameterIsAClearError) {
   RunRanks(1, [&](int, std::shared_ptr<comm::Communicator> comm) {
     auto net = MakeNet(0);
-    auto ddp = DistributedDataParallel::Create(net.ptr(), comm, 0);
+    auto ddp = ddp::Engine::Create(net.ptr(), comm, 0);
     ASSERT_TRUE(ddp.ok());
     torch::Tensor out = (*ddp)->Forward([&] {
       return net[0]->as<torch::nn::Linear>()->forward(Batch(0));  // skips 3
@@ -162,9 +162,8 @@ TEST(DdpErrorsTest, UnusedParameterIsAClearError) {
 TEST(DdpErrorsTest, BadAuthoritativeRankIsRejected) {
   RunRanks(1, [&](int, std::shared_ptr<comm::Communicator> comm) {
     auto net = MakeNet(0);
-    EXPECT_EQ(
-        DistributedDataParallel::Create(net.ptr(), comm, 1).status().code(),
-        absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(ddp::Engine::Create(net.ptr(), comm, 1).status().code(),
+              absl::StatusCode::kInvalidArgument);
   });
 }
 

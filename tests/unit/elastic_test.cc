@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "rank_threads.h"
-#include "worker/ddp/distributed_data_parallel.h"
+#include "worker/ddp/engine.h"
 
 namespace concord {
 namespace {
@@ -87,7 +87,7 @@ torch::Tensor Batch(int rank, int step) {
 
 struct Rank {
   torch::nn::Sequential net{nullptr};
-  std::unique_ptr<DistributedDataParallel> ddp;
+  std::unique_ptr<ddp::Engine> ddp;
 };
 
 void Step(Rank& r, int rank, int step) {
@@ -106,7 +106,7 @@ std::vector<std::vector<size_t>> Layout(const Rank& r) {
 
 TEST(DdpRebindTest, SurvivorsAndANewcomerAgreeOnModelLayoutAndGradients) {
   std::vector<Rank> ranks(3);
-  DdpOptions options;
+  ddp::EngineOptions options;
   options.first_bucket_bytes = 256;  // several buckets after the rebuild
   options.bucket_cap_bytes = 512;
   // Generation 1: ranks 0 and 1 train two iterations (the buckets are
@@ -114,7 +114,7 @@ TEST(DdpRebindTest, SurvivorsAndANewcomerAgreeOnModelLayoutAndGradients) {
   RunRanks(2, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
     Rank& r = ranks[static_cast<size_t>(rank)];
     r.net = MakeNet(rank);
-    auto ddp = DistributedDataParallel::Create(r.net.ptr(), comm, 0, options);
+    auto ddp = ddp::Engine::Create(r.net.ptr(), comm, 0, options);
     ASSERT_TRUE(ddp.ok()) << ddp.status();
     r.ddp = *std::move(ddp);
     for (int step = 0; step < 2; ++step) Step(r, rank, step);
@@ -137,7 +137,7 @@ TEST(DdpRebindTest, SurvivorsAndANewcomerAgreeOnModelLayoutAndGradients) {
       ASSERT_TRUE(r.ddp->Rebind(comm, /*authoritative_rank=*/0).ok());
     } else {
       r.net = MakeNet(7);
-      auto ddp = DistributedDataParallel::Create(r.net.ptr(), comm, 0, options);
+      auto ddp = ddp::Engine::Create(r.net.ptr(), comm, 0, options);
       ASSERT_TRUE(ddp.ok()) << ddp.status();
       r.ddp = *std::move(ddp);
     }
@@ -185,7 +185,7 @@ TEST(DdpRebindTest, TheGradientDivisorFollowsJoinSemantics) {
   // initial world size while finished ranks shadow with zeros.
   RunRanks(1, [&](int, std::shared_ptr<comm::Communicator> comm) {
     auto net = MakeNet(3);
-    auto ddp = DistributedDataParallel::Create(net.ptr(), comm, 0);
+    auto ddp = ddp::Engine::Create(net.ptr(), comm, 0);
     ASSERT_TRUE(ddp.ok()) << ddp.status();
     auto local = MakeNet(3);
     local->forward(Batch(0, 0)).pow(2).mean().backward();

@@ -12,7 +12,7 @@
 
 #include "rank_threads.h"
 #include "worker/comm/coalesced.h"
-#include "worker/ddp/distributed_data_parallel.h"
+#include "worker/ddp/engine.h"
 
 namespace concord {
 namespace {
@@ -113,7 +113,7 @@ struct Snapshot {
   int synchronizes = 0;
 };
 
-std::vector<torch::Tensor> Backward(int world, DdpOptions options,
+std::vector<torch::Tensor> Backward(int world, ddp::EngineOptions options,
                                     Snapshot* data_after,
                                     Snapshot* control_after) {
   WaitCounts counts_data, counts_control;
@@ -127,7 +127,7 @@ std::vector<torch::Tensor> Backward(int world, DdpOptions options,
         gloo, rank == 0 ? data : &ignored_data,
         rank == 0 ? control : &ignored_control);
     auto net = MakeNet();
-    auto ddp = DistributedDataParallel::Create(net.ptr(), counting, 0, options);
+    auto ddp = ddp::Engine::Create(net.ptr(), counting, 0, options);
     ASSERT_TRUE(ddp.ok()) << ddp.status();
     if (rank == 0) {
       data->waits = data->synchronizes = 0;
@@ -148,7 +148,7 @@ std::vector<torch::Tensor> Backward(int world, DdpOptions options,
 
 TEST(StreamWaitTest, BackwardOrdersTheBucketsAndTheHostDoesNotWait) {
   Snapshot data, control;
-  const auto grads = Backward(2, DdpOptions{}, &data, &control);
+  const auto grads = Backward(2, ddp::EngineOptions{}, &data, &control);
   // Every bucket is synchronized, none waited for: on a device the end of
   // backward only orders the current stream after the allreduce.
   EXPECT_GT(data.synchronizes, 0);
@@ -159,11 +159,12 @@ TEST(StreamWaitTest, BackwardOrdersTheBucketsAndTheHostDoesNotWait) {
 
 TEST(StreamWaitTest, BlockingWaitHasTheHostWaitForEveryBucket) {
   Snapshot data, control, stream_data, stream_control;
-  DdpOptions options;
+  ddp::EngineOptions options;
   options.blocking_wait = true;
   const auto blocking = Backward(2, options, &data, &control);
   EXPECT_GT(data.waits, 0);
-  const auto stream = Backward(2, DdpOptions{}, &stream_data, &stream_control);
+  const auto stream =
+      Backward(2, ddp::EngineOptions{}, &stream_data, &stream_control);
   // The same buckets: waited for in one mode, synchronized in the other.
   EXPECT_EQ(data.waits, stream_data.synchronizes);
   EXPECT_EQ(data.synchronizes, 0);  // the model has no buffers
@@ -177,7 +178,7 @@ TEST(StreamWaitTest, BlockingWaitHasTheHostWaitForEveryBucket) {
 TEST(StreamWaitTest, FindUnusedParametersWaitsForItsBitmapOnTheHost) {
   // PyTorch reads the bitmap on the host too.
   Snapshot data, control;
-  DdpOptions options;
+  ddp::EngineOptions options;
   options.find_unused_parameters = true;
   Backward(2, options, &data, &control);
   EXPECT_EQ(control.waits, 1);
@@ -187,7 +188,7 @@ TEST(StreamWaitTest, FindUnusedParametersWaitsForItsBitmapOnTheHost) {
 TEST(StreamWaitTest, BlockingWaitCanBeSwitchedBetweenIterations) {
   RunRanks(1, [&](int, std::shared_ptr<comm::Communicator> comm) {
     auto net = MakeNet();
-    auto ddp = DistributedDataParallel::Create(net.ptr(), comm, 0);
+    auto ddp = ddp::Engine::Create(net.ptr(), comm, 0);
     ASSERT_TRUE(ddp.ok()) << ddp.status();
     EXPECT_FALSE((*ddp)->blocking_wait());  // c10d's default
     (*ddp)->SetBlockingWait(true);

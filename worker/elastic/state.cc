@@ -57,7 +57,7 @@ bool Retryable(const absl::Status& status) {
   }
 }
 
-State::State(worker::Session* session, DistributedDataParallel* ddp,
+State::State(worker::Session* session, ddp::Engine* ddp,
              torch::optim::Optimizer* optimizer, ElasticOptions options)
     : session_(session),
       ddp_(ddp),
@@ -84,7 +84,7 @@ void State::Commit() {
   for (size_t i = 0; i < buffers_.size(); ++i) {
     committed_.buffers[i].copy_(buffers_[i]);
   }
-  session_->ReportProgress(step, 0);
+  session_->ReportCommittedStep(step);
 }
 
 void State::Restore() {
@@ -277,7 +277,7 @@ absl::Status Run(State& state,
     try {
       status = train(state);
     } catch (const Error& e) {
-      status = e.status();
+      status = ToStatus(e);
     }
     if (status.ok() || !Retryable(status) || !state.session().elastic()) {
       return status;

@@ -5,7 +5,7 @@
 //
 // Usage:
 //   auto session = *concord::worker::Session::Start(options);
-//   auto ddp = *concord::DistributedDataParallel::Create(
+//   auto ddp = *concord::ddp::Engine::Create(
 //       net, session->shared_communicator(), session->authoritative_rank());
 //   torch::optim::SGD opt(ddp->parameters(), 0.1);
 //   concord::elastic::State state(session.get(), ddp.get(), &opt);
@@ -58,7 +58,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "worker/ddp/distributed_data_parallel.h"
+#include "worker/ddp/engine.h"
 #include "worker/session.h"
 
 namespace concord::elastic {
@@ -117,7 +117,7 @@ enum class StepDecision {
 class State {
  public:
   // `session`, `ddp` and `optimizer` must outlive the state.
-  State(worker::Session* session, DistributedDataParallel* ddp,
+  State(worker::Session* session, ddp::Engine* ddp,
         torch::optim::Optimizer* optimizer, ElasticOptions options = {});
 
   // Committed with Commit(), restored after a failure, sent to newcomers.
@@ -180,7 +180,7 @@ class State {
   void SetDivisor();
 
   worker::Session* session_;
-  DistributedDataParallel* ddp_;
+  ddp::Engine* ddp_;
   torch::optim::Optimizer* optimizer_;
   ElasticOptions options_;
   std::vector<torch::Tensor> buffers_;

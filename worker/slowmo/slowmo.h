@@ -6,7 +6,7 @@
 //
 // Usage (with DDP for the initial broadcast and re-forming, gradients left
 // local as fairscale leaves them with one process per node):
-//   auto ddp = *DistributedDataParallel::Create(net, comm, auth_rank);
+//   auto ddp = *ddp::Engine::Create(net, comm, auth_rank);
 //   torch::optim::SGD opt(ddp->parameters(), lr);
 //   auto slowmo = *slowmo::SlowMo::Create(ddp->parameters(), ddp->AllBuffers(),
 //                                         comm, auth_rank, options,

@@ -56,7 +56,7 @@ Layout MakeLayout(const at::Tensor& input) {
 void WaitOrThrow(const std::shared_ptr<comm::Work>& work, const char* what) {
   absl::Status s = work->Synchronize();
   if (!s.ok()) {
-    throw Error(absl::Status(
+    throw ToError(absl::Status(
         s.code(), absl::StrCat("SyncBatchNorm ", what, ": ", s.message())));
   }
 }

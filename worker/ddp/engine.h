@@ -1,5 +1,7 @@
 #pragma once
-// concord::DistributedDataParallel: PyTorch's DDP for LibTorch modules.
+// concord::ddp::Engine: PyTorch's DDP for LibTorch modules, the engine
+// behind the public concord::DistributedDataParallel (include/concord/ddp.h),
+// concord-train and the elastic State.
 //
 // Wraps a C++-frontend `torch::nn::Module` or a TorchScript
 // `torch::jit::Module`. On creation it broadcasts parameters and buffers from
@@ -9,7 +11,7 @@
 // backward (see Note [Reducer flow]).
 //
 // Usage (TorchScript):
-//   auto ddp = DistributedDataParallel::Create(module, comm, auth_rank);
+//   auto ddp = Engine::Create(module, comm, auth_rank);
 //   auto out = (*ddp)->Forward({x}).toTensor();
 //   loss.backward();            // gradients are averaged when this returns
 //   optimizer.step();
@@ -34,9 +36,9 @@
 #include "worker/error.h"
 #include "worker/trace/recorder.h"
 
-namespace concord {
+namespace concord::ddp {
 
-struct DdpOptions {
+struct EngineOptions {
   // PyTorch's defaults: dist._DEFAULT_FIRST_BUCKET_BYTES and bucket_cap_mb=25.
   int64_t first_bucket_bytes = 1 << 20;
   int64_t bucket_cap_bytes = 25 << 20;
@@ -47,7 +49,7 @@ struct DdpOptions {
   // Parameters and buffers DDP leaves alone (not broadcast, not reduced), by
   // the names of NamedState(): PyTorch's _set_params_and_buffers_to_ignore.
   std::vector<std::string> ignore;
-  // apex.parallel.DistributedDataParallel's options (see ReducerOptions).
+  // apex.parallel.Engine's options (see ReducerOptions).
   int64_t message_size = 0;
   bool delay_allreduce = false;
   bool allreduce_always_fp32 = false;
@@ -60,7 +62,7 @@ struct DdpOptions {
   bool blocking_wait = false;
 };
 
-class DistributedDataParallel {
+class Engine {
  public:
   // Verifies that every rank wraps the same model (names, shapes, dtypes,
   // order), then broadcasts parameters and buffers from the authoritative
@@ -68,17 +70,17 @@ class DistributedDataParallel {
   // authoritative rank, contradictory or unknown options/names),
   // FAILED_PRECONDITION (the ranks' models differ: on every rank, naming the
   // first difference), those of Work::Wait.
-  static absl::StatusOr<std::unique_ptr<DistributedDataParallel>> Create(
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(
       std::shared_ptr<torch::nn::Module> module,
       std::shared_ptr<comm::Communicator> comm, int authoritative_rank,
-      DdpOptions options = {});
-  static absl::StatusOr<std::unique_ptr<DistributedDataParallel>> Create(
+      EngineOptions options = {});
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(
       torch::jit::Module module, std::shared_ptr<comm::Communicator> comm,
-      int authoritative_rank, DdpOptions options = {});
+      int authoritative_rank, EngineOptions options = {});
 
   // INVALID_ARGUMENT when the options contradict each other (with a hook:
   // `has_comm_hook`). Create checks this too; tools call it before joining.
-  static absl::Status ValidateOptions(const DdpOptions& options,
+  static absl::Status ValidateOptions(const EngineOptions& options,
                                       bool has_comm_hook);
 
   // Replaces the default allreduce (Note [DDP Communication Hook]). Call
@@ -91,7 +93,7 @@ class DistributedDataParallel {
   // synchronised backward after it reduces the accumulated gradients.
   class NoSyncGuard {
    public:
-    explicit NoSyncGuard(DistributedDataParallel* ddp) : ddp_(ddp) {
+    explicit NoSyncGuard(Engine* ddp) : ddp_(ddp) {
       previous_ = ddp_->require_backward_grad_sync_;
       ddp_->require_backward_grad_sync_ = false;
     }
@@ -100,7 +102,7 @@ class DistributedDataParallel {
     NoSyncGuard& operator=(const NoSyncGuard&) = delete;
 
    private:
-    DistributedDataParallel* ddp_;
+    Engine* ddp_;
     bool previous_;
   };
   NoSyncGuard NoSync() { return NoSyncGuard(this); }
@@ -124,6 +126,18 @@ class DistributedDataParallel {
     return out;
   }
 
+  // The halves of the C++-frontend Forward for callers that call the module
+  // themselves (the public API's templates): PrepareForward before it,
+  // ForwardDone after it.
+  void ForwardDone() { reducer_->MarkForwardDone(); }
+  // PyTorch's require_backward_grad_sync (what NoSync clears).
+  void SetRequireBackwardGradSync(bool sync) {
+    require_backward_grad_sync_ = sync;
+  }
+  bool require_backward_grad_sync() const {
+    return require_backward_grad_sync_;
+  }
+
   // Note [Re-forming] (worker/session.h): moves DDP to the next generation's
   // communicator. Drops the interrupted iteration (every `.grad` is
   // undefined afterwards) and the communication hook (register it again),
@@ -141,7 +155,7 @@ class DistributedDataParallel {
   void SetGradientDivisor(double divisor) {
     reducer_->SetGradientDivisor(divisor);
   }
-  // DdpOptions::blocking_wait, between iterations.
+  // EngineOptions::blocking_wait, between iterations.
   void SetBlockingWait(bool blocking) { reducer_->SetBlockingWait(blocking); }
   bool blocking_wait() const { return reducer_->blocking_wait(); }
 
@@ -175,10 +189,10 @@ class DistributedDataParallel {
     std::vector<std::pair<std::string, torch::Tensor>> params;
     std::vector<std::pair<std::string, torch::Tensor>> buffers;
   };
-  static absl::StatusOr<std::unique_ptr<DistributedDataParallel>> Init(
+  static absl::StatusOr<std::unique_ptr<Engine>> Init(
       Named named, std::shared_ptr<comm::Communicator> comm,
-      int authoritative_rank, DdpOptions options);
-  DistributedDataParallel() = default;
+      int authoritative_rank, EngineOptions options);
+  Engine() = default;
   // VerifySameModel, then the broadcast of `synced_`.
   absl::Status VerifyAndBroadcast();
 
@@ -192,11 +206,11 @@ class DistributedDataParallel {
   std::vector<std::string> description_;
   std::shared_ptr<comm::Communicator> comm_;
   int authoritative_rank_ = 0;
-  DdpOptions options_;
+  EngineOptions options_;
   std::unique_ptr<ddp::Reducer> reducer_;
   std::shared_ptr<trace::Recorder> trace_;
   bool require_backward_grad_sync_ = true;
   bool require_forward_param_sync_ = true;
 };
 
-}  // namespace concord
+}  // namespace concord::ddp

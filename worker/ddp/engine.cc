@@ -1,4 +1,4 @@
-#include "worker/ddp/distributed_data_parallel.h"
+#include "worker/ddp/engine.h"
 
 #include <cstring>
 #include <set>
@@ -8,10 +8,10 @@
 #include "common/status_macros.h"
 #include "worker/comm/coalesced.h"
 
-namespace concord {
+namespace concord::ddp {
 namespace {
 
-comm::CollectiveOptions CollectiveOpts(const DdpOptions& o) {
+comm::CollectiveOptions CollectiveOpts(const EngineOptions& o) {
   comm::CollectiveOptions c;
   c.timeout = o.collective_timeout;
   return c;
@@ -19,10 +19,10 @@ comm::CollectiveOptions CollectiveOpts(const DdpOptions& o) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<DistributedDataParallel>>
-DistributedDataParallel::Create(std::shared_ptr<torch::nn::Module> module,
-                                std::shared_ptr<comm::Communicator> comm,
-                                int authoritative_rank, DdpOptions options) {
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
+    std::shared_ptr<torch::nn::Module> module,
+    std::shared_ptr<comm::Communicator> comm, int authoritative_rank,
+    EngineOptions options) {
   if (module == nullptr) return absl::InvalidArgumentError("null module");
   Named named;
   for (const auto& item : module->named_parameters(/*recurse=*/true)) {
@@ -34,10 +34,9 @@ DistributedDataParallel::Create(std::shared_ptr<torch::nn::Module> module,
   return Init(std::move(named), std::move(comm), authoritative_rank, options);
 }
 
-absl::StatusOr<std::unique_ptr<DistributedDataParallel>>
-DistributedDataParallel::Create(torch::jit::Module module,
-                                std::shared_ptr<comm::Communicator> comm,
-                                int authoritative_rank, DdpOptions options) {
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
+    torch::jit::Module module, std::shared_ptr<comm::Communicator> comm,
+    int authoritative_rank, EngineOptions options) {
   Named named;
   for (const auto& item : module.named_parameters(/*recurse=*/true)) {
     named.params.emplace_back(item.name, item.value);
@@ -53,7 +52,7 @@ DistributedDataParallel::Create(torch::jit::Module module,
 
 namespace {
 
-ddp::ReducerOptions ReducerOptionsFrom(const DdpOptions& options,
+ddp::ReducerOptions ReducerOptionsFrom(const EngineOptions& options,
                                        int authoritative_rank) {
   ddp::ReducerOptions r;
   r.first_bucket_bytes = options.first_bucket_bytes;
@@ -125,10 +124,9 @@ absl::Status VerifySameModel(comm::Communicator& comm, int root,
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<DistributedDataParallel>>
-DistributedDataParallel::Init(Named named,
-                              std::shared_ptr<comm::Communicator> comm,
-                              int authoritative_rank, DdpOptions options) {
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Init(
+    Named named, std::shared_ptr<comm::Communicator> comm,
+    int authoritative_rank, EngineOptions options) {
   if (comm == nullptr) return absl::InvalidArgumentError("null communicator");
   if (authoritative_rank < 0 || authoritative_rank >= comm->size()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -144,7 +142,7 @@ DistributedDataParallel::Init(Named named,
           "cannot ignore '", name, "': no such parameter or buffer"));
     }
   }
-  std::unique_ptr<DistributedDataParallel> ddp(new DistributedDataParallel());
+  std::unique_ptr<Engine> ddp(new Engine());
   ddp->comm_ = comm;
   ddp->authoritative_rank_ = authoritative_rank;
   ddp->options_ = options;
@@ -193,7 +191,7 @@ DistributedDataParallel::Init(Named named,
   return ddp;
 }
 
-absl::Status DistributedDataParallel::VerifyAndBroadcast() {
+absl::Status Engine::VerifyAndBroadcast() {
   const comm::CollectiveOptions opts = CollectiveOpts(options_);
   CONCORD_RETURN_IF_ERROR(
       VerifySameModel(*comm_, authoritative_rank_, description_, opts));
@@ -209,8 +207,8 @@ absl::Status DistributedDataParallel::VerifyAndBroadcast() {
   return absl::OkStatus();
 }
 
-absl::Status DistributedDataParallel::Rebind(
-    std::shared_ptr<comm::Communicator> comm, int authoritative_rank) {
+absl::Status Engine::Rebind(std::shared_ptr<comm::Communicator> comm,
+                            int authoritative_rank) {
   if (comm == nullptr) return absl::InvalidArgumentError("null communicator");
   if (authoritative_rank < 0 || authoritative_rank >= comm->size()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -226,8 +224,7 @@ absl::Status DistributedDataParallel::Rebind(
   return VerifyAndBroadcast();
 }
 
-void DistributedDataParallel::SetTraceRecorder(
-    std::shared_ptr<trace::Recorder> recorder) {
+void Engine::SetTraceRecorder(std::shared_ptr<trace::Recorder> recorder) {
   trace_ = std::move(recorder);
   if (trace_) {
     trace_->SetGeneration(comm_->generation(), comm_->rank(), comm_->size());
@@ -235,16 +232,16 @@ void DistributedDataParallel::SetTraceRecorder(
   reducer_->SetTraceRecorder(trace_);
 }
 
-absl::Status DistributedDataParallel::ValidateOptions(const DdpOptions& options,
-                                                      bool has_comm_hook) {
+absl::Status Engine::ValidateOptions(const EngineOptions& options,
+                                     bool has_comm_hook) {
   return ddp::Reducer::Validate(ReducerOptionsFrom(options, 0), has_comm_hook);
 }
 
-absl::Status DistributedDataParallel::RegisterCommHook(ddp::CommHook hook) {
+absl::Status Engine::RegisterCommHook(ddp::CommHook hook) {
   return reducer_->RegisterCommHook(std::move(hook));
 }
 
-absl::Status DistributedDataParallel::PrepareForward() {
+absl::Status Engine::PrepareForward() {
   // PyTorch 1.13's forward: buffers are broadcast when the previous forward
   // was a synchronised one (or this is the first), whatever the grad mode;
   // the reducer is armed when this one is.
@@ -264,7 +261,7 @@ absl::Status DistributedDataParallel::PrepareForward() {
   return absl::OkStatus();
 }
 
-c10::IValue DistributedDataParallel::Forward(std::vector<c10::IValue> inputs) {
+c10::IValue Engine::Forward(std::vector<c10::IValue> inputs) {
   if (!script_.has_value()) {
     ThrowIfError(absl::FailedPreconditionError(
         "Forward(inputs) is for TorchScript modules; use Forward(fn)"));
@@ -276,11 +273,10 @@ c10::IValue DistributedDataParallel::Forward(std::vector<c10::IValue> inputs) {
   return out;
 }
 
-std::vector<std::pair<std::string, torch::Tensor>>
-DistributedDataParallel::NamedState() const {
+std::vector<std::pair<std::string, torch::Tensor>> Engine::NamedState() const {
   auto out = named_.params;
   out.insert(out.end(), named_.buffers.begin(), named_.buffers.end());
   return out;
 }
 
-}  // namespace concord
+}  // namespace concord::ddp

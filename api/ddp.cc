@@ -1,0 +1,131 @@
+#include "concord/ddp.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "api/internal.h"
+#include "worker/ddp/comm_hooks.h"
+#include "worker/ddp/engine.h"
+#include "worker/error.h"
+#include "worker/torch_compat.h"
+
+namespace concord::detail {
+namespace {
+
+int64_t MiB(const char* name, double mb) {
+  if (!(mb > 0) || !std::isfinite(mb) || mb > 1024 * 1024) {
+    throw Error(ErrorCode::kInvalidArgument,
+                absl::StrCat("DdpOptions::", name,
+                             ": not a size in MiB in (0, 1048576]: ", mb));
+  }
+  return static_cast<int64_t>(std::llround(mb * 1024 * 1024));
+}
+
+// The public options as the engine takes them (one field each; the
+// engine checks what contradicts).
+ddp::EngineOptions EngineOptionsFrom(const DdpOptions& o,
+                                     const Timeouts& timeouts) {
+  ddp::EngineOptions e;
+  if (o.bucket_cap_mb()) {
+    e.bucket_cap_bytes = MiB("bucket_cap_mb", *o.bucket_cap_mb());
+    // Note [LibTorch versions] in worker/torch_compat.h.
+    if (compat::kFirstBucketFollowsUserCap) {
+      e.first_bucket_bytes = e.bucket_cap_bytes;
+    }
+  }
+  e.broadcast_buffers = o.broadcast_buffers();
+  e.find_unused_parameters = o.find_unused_parameters();
+  e.static_graph = o.static_graph();
+  e.gradient_as_bucket_view = o.gradient_as_bucket_view();
+  e.ignore = o.params_and_buffers_to_ignore();
+  e.message_size = o.message_size();
+  e.delay_allreduce = o.delay_allreduce();
+  e.allreduce_always_fp32 = o.allreduce_always_fp32();
+  e.gradient_average = o.gradient_average();
+  e.gradient_predivide_factor = o.gradient_predivide_factor();
+  e.allreduce_trigger_params = o.allreduce_trigger_params();
+  e.collective_timeout = absl::Milliseconds(timeouts.collective()->count());
+  return e;
+}
+
+}  // namespace
+
+struct DdpCore::Impl {
+  Job job;
+  DdpOptions options;
+  std::unique_ptr<ddp::Engine> engine;
+
+  Impl(const Job& j, const DdpOptions& o) : job(j), options(o) {}
+
+  void Init(absl::StatusOr<std::unique_ptr<ddp::Engine>> created) {
+    ThrowIfError(created.status());
+    engine = *std::move(created);
+    if (!options.comm_hook().empty()) RegisterHook();
+  }
+
+  void RegisterHook() {
+    comm::CollectiveOptions hook_options;
+    hook_options.timeout =
+        absl::Milliseconds(job.timeouts().collective()->count());
+    auto hook = ddp::MakeCommHook(options.comm_hook(),
+                                  job.state()->session().shared_communicator(),
+                                  hook_options);
+    if (!hook.ok()) {
+      throw Error(
+          ErrorCode::kInvalidArgument,
+          absl::StrCat("DdpOptions::comm_hook: ", hook.status().message()));
+    }
+    ThrowIfError(engine->RegisterCommHook(*std::move(hook)));
+  }
+
+  std::shared_ptr<comm::Communicator> Communicator() const {
+    auto comm = job.state()->session().shared_communicator();
+    if (comm == nullptr) {
+      throw Error(ErrorCode::kFailedPrecondition,
+                  "the job is between generations (a re-form failed)");
+    }
+    return comm;
+  }
+};
+
+DdpCore::DdpCore(std::shared_ptr<torch::nn::Module> module, const Job& job,
+                 const DdpOptions& options)
+    : impl_(std::make_unique<Impl>(job, options)) {
+  ddp::EngineOptions engine_options =
+      EngineOptionsFrom(options, job.timeouts());
+  ThrowIfError(ddp::Engine::ValidateOptions(engine_options,
+                                            !options.comm_hook().empty()));
+  impl_->Init(ddp::Engine::Create(std::move(module), impl_->Communicator(),
+                                  job.authoritative_rank(), engine_options));
+}
+
+DdpCore::DdpCore(const torch::jit::Module& module, const Job& job,
+                 const DdpOptions& options)
+    : impl_(std::make_unique<Impl>(job, options)) {
+  ddp::EngineOptions engine_options =
+      EngineOptionsFrom(options, job.timeouts());
+  ThrowIfError(ddp::Engine::ValidateOptions(engine_options,
+                                            !options.comm_hook().empty()));
+  impl_->Init(ddp::Engine::Create(module, impl_->Communicator(),
+                                  job.authoritative_rank(), engine_options));
+}
+
+DdpCore::~DdpCore() = default;
+
+void DdpCore::before_forward() {
+  ThrowIfError(impl_->engine->PrepareForward());
+}
+
+void DdpCore::after_forward() { impl_->engine->ForwardDone(); }
+
+void DdpCore::set_require_backward_grad_sync(bool sync) {
+  impl_->engine->SetRequireBackwardGradSync(sync);
+}
+
+bool DdpCore::require_backward_grad_sync() const {
+  return impl_->engine->require_backward_grad_sync();
+}
+
+const Job& DdpCore::job() const { return impl_->job; }
+
+}  // namespace concord::detail

@@ -1,0 +1,175 @@
+#include "concord/job.h"
+
+#include <spdlog/spdlog.h>
+
+#include <exception>
+
+#include "absl/strings/str_cat.h"
+#include "api/internal.h"
+#include "common/auth.h"
+#include "worker/error.h"
+
+namespace concord {
+namespace {
+
+int64_t Millis(std::chrono::milliseconds d) { return d.count(); }
+
+void ThrowInvalid(const std::string& message) {
+  throw Error(ErrorCode::kInvalidArgument, message);
+}
+
+void CheckPositive(const char* name,
+                   const std::optional<std::chrono::milliseconds>& d) {
+  if (d.has_value() && d->count() <= 0) {
+    ThrowInvalid(absl::StrCat("Timeouts::", name, ": must be positive, got ",
+                              d->count(), " ms"));
+  }
+}
+
+// The environment's options (WorkerOptions::FromEnvironment) with what
+// `o` sets on top. Throws kInvalidArgument naming the field.
+worker::WorkerOptions Resolve(const JobOptions& o) {
+  auto env = worker::WorkerOptions::FromEnvironment();
+  ThrowIfError(env.status());
+  worker::WorkerOptions w = *std::move(env);
+  if (o.coordinator()) w.coordinator = *o.coordinator();
+  if (o.token()) {
+    if (auto st = ValidateToken(*o.token()); !st.ok()) {
+      ThrowInvalid(absl::StrCat("JobOptions::token: ", st.message()));
+    }
+    w.token = *o.token();
+  }
+  if (!w.coordinator.empty() && w.token.empty()) {
+    ThrowInvalid(
+        "JobOptions::token: a coordinator needs a worker token (or "
+        "CONCORD_TOKEN_FILE)");
+  }
+  if (o.job_id()) {
+    if (o.job_id()->empty()) ThrowInvalid("JobOptions::job_id: empty");
+    w.spec.set_job_id(*o.job_id());
+  }
+  if (o.worker_id()) {
+    if (o.worker_id()->empty()) ThrowInvalid("JobOptions::worker_id: empty");
+    w.worker_id = *o.worker_id();
+  }
+  if (o.min_workers()) {
+    if (*o.min_workers() < 1) ThrowInvalid("JobOptions::min_workers: < 1");
+    w.spec.set_min_workers(*o.min_workers());
+    if (!o.max_workers() && w.spec.max_workers() < *o.min_workers()) {
+      w.spec.set_max_workers(*o.min_workers());
+    }
+  }
+  if (o.max_workers()) {
+    if (*o.max_workers() < w.spec.min_workers()) {
+      ThrowInvalid(absl::StrCat("JobOptions::max_workers: ", *o.max_workers(),
+                                " is below min_workers ",
+                                w.spec.min_workers()));
+    }
+    w.spec.set_max_workers(*o.max_workers());
+  }
+  if (o.device()) {
+    auto device = ParseDeviceRequest(*o.device());
+    if (!device.ok()) {
+      ThrowInvalid(
+          absl::StrCat("JobOptions::device: ", device.status().message()));
+    }
+    w.device = *device;
+  }
+  if (o.backend()) {
+    auto backend = ParseBackendRequest(*o.backend());
+    if (!backend.ok()) {
+      ThrowInvalid(
+          absl::StrCat("JobOptions::backend: ", backend.status().message()));
+    }
+    w.backend = *backend;
+  }
+  const Timeouts& t = o.timeouts();
+  CheckPositive("rendezvous", t.rendezvous());
+  CheckPositive("collective", t.collective());
+  CheckPositive("heartbeat_interval", t.heartbeat_interval());
+  CheckPositive("heartbeat_timeout", t.heartbeat_timeout());
+  if (t.rendezvous()) {
+    w.join_timeout = absl::Milliseconds(Millis(*t.rendezvous()));
+    w.spec.set_rendezvous_timeout_ms(Millis(*t.rendezvous()));
+  }
+  if (t.collective()) {
+    w.collective_timeout = absl::Milliseconds(Millis(*t.collective()));
+  }
+  if (t.heartbeat_interval()) {
+    w.spec.set_heartbeat_interval_ms(Millis(*t.heartbeat_interval()));
+  }
+  if (t.heartbeat_timeout()) {
+    w.spec.set_heartbeat_timeout_ms(Millis(*t.heartbeat_timeout()));
+  }
+  return w;
+}
+
+Timeouts InForce(const worker::WorkerOptions& w) {
+  using std::chrono::milliseconds;
+  return Timeouts()
+      .rendezvous(milliseconds(absl::ToInt64Milliseconds(w.join_timeout)))
+      .collective(milliseconds(absl::ToInt64Milliseconds(w.collective_timeout)))
+      .heartbeat_interval(milliseconds(w.spec.heartbeat_interval_ms()))
+      .heartbeat_timeout(milliseconds(w.spec.heartbeat_timeout_ms()));
+}
+
+}  // namespace
+
+namespace detail {
+
+JobState::~JobState() {
+  // The last handle went: a program that returned from main is done; one
+  // unwinding an exception failed.
+  if (std::uncaught_exceptions() > 0) {
+    Finish(false, "the program ended with an exception");
+  } else {
+    Finish(true, "");
+  }
+}
+
+void JobState::Finish(bool ok, const std::string& message) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (finished_) return;
+  finished_ = true;
+  if (auto st = session_->Finish(ok, message); !st.ok()) {
+    spdlog::warn("finish: {}", st.ToString());
+  }
+}
+
+}  // namespace detail
+
+Job::Job(const JobOptions& options) {
+  worker::WorkerOptions resolved = Resolve(options);
+  auto session = worker::Session::Start(resolved);
+  ThrowIfError(session.status());
+  state_ = std::make_shared<detail::JobState>(*std::move(session),
+                                              InForce(resolved));
+}
+
+int Job::rank() const { return state_->session().rank(); }
+int Job::world_size() const { return state_->session().world_size(); }
+int64_t Job::generation() const { return state_->session().generation(); }
+int Job::authoritative_rank() const {
+  return state_->session().authoritative_rank();
+}
+int Job::local_rank() const {
+  const int local = state_->session().options().local_rank;
+  return local < 0 && !elastic() ? 0 : local;
+}
+c10::Device Job::device() const { return state_->session().torch_device(); }
+std::string Job::backend() const {
+  return std::string(BackendName(state_->session().backend()));
+}
+bool Job::elastic() const { return state_->session().elastic(); }
+const Timeouts& Job::timeouts() const { return state_->timeouts(); }
+
+void Job::report_progress(int64_t step, double samples_per_second,
+                          std::optional<double> loss) {
+  state_->session().ReportProgress(step, samples_per_second, loss);
+}
+
+void Job::finish(bool ok, const std::string& message) {
+  state_->Finish(ok, message);
+}
+
+}  // namespace concord

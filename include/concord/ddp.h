@@ -1,0 +1,215 @@
+#pragma once
+// concord::DistributedDataParallel: PyTorch's DistributedDataParallel as a
+// LibTorch module holder.
+//
+//   concord::Job job;
+//   Net net;                                       // any TORCH_MODULE
+//   net->to(job.device());
+//   concord::DistributedDataParallel ddp(net, job,
+//       concord::DdpOptions().bucket_cap_mb(25));
+//   torch::optim::SGD opt(ddp->parameters(), 0.1);
+//   auto loss = torch::mse_loss(ddp->forward(x), y);   // net's own signature
+//   loss.backward();     // gradients are averaged over the ranks here
+//   opt.step();
+//
+// Construction checks that every rank wraps the same model (names, shapes,
+// dtypes, order: kFailedPrecondition naming the first difference, on every
+// rank) and gives every rank the authoritative rank's parameters and
+// buffers. Backward averages gradients with bucketed allreduce overlapping
+// the rest of backward, with PyTorch's arithmetic (Note [Reducer flow] in
+// docs/architecture.md). TorchScript modules work the same way:
+// `concord::DistributedDataParallel ddp(torch::jit::load(path), job)` and
+// `ddp->forward({x}).toTensor()`.
+//
+// Forward and backward throw concord::Error when a collective fails (a peer
+// died, the generation ended): retryable() is true, and an elastic loop
+// re-forms. One training thread drives a DistributedDataParallel.
+
+#include <torch/arg.h>
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+#include <torch/script.h>
+
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "concord/error.h"
+#include "concord/job.h"
+
+namespace concord {
+
+// PyTorch's DistributedDataParallel arguments, and apex's.
+struct DdpOptions {
+  // Bucket size in MiB (PyTorch's bucket_cap_mb; default 25). The first
+  // bucket holds 1 MiB (dist._DEFAULT_FIRST_BUCKET_BYTES) — or, with
+  // LibTorch 2.x as PyTorch 2.x does, the cap when one is given.
+  TORCH_ARG(std::optional<double>, bucket_cap_mb);
+  // Before every forward, buffers (BatchNorm statistics) from the
+  // authoritative rank.
+  TORCH_ARG(bool, broadcast_buffers) = true;
+  // Parameters that got no gradient in a backward are reduced as zeros
+  // (the model has branches a step may not take).
+  TORCH_ARG(bool, find_unused_parameters) = false;
+  // The graph is the same every step: unused parameters found once.
+  TORCH_ARG(bool, static_graph) = false;
+  // `.grad` are views into the buckets (no copy; PyTorch's option).
+  TORCH_ARG(bool, gradient_as_bucket_view) = false;
+  // Parameters and buffers left alone (not broadcast, not reduced), by
+  // qualified name: PyTorch's _set_params_and_buffers_to_ignore.
+  TORCH_ARG(std::vector<std::string>, params_and_buffers_to_ignore);
+  // A built-in communication hook in place of the default allreduce:
+  // "allreduce", "fp16", "bf16", "powersgd[:RANK[:START_ITER]]" (PyTorch's
+  // allreduce_hook, fp16_compress_hook, bf16_compress_hook, powerSGD_hook);
+  // empty: none. Kept across re-forms.
+  TORCH_ARG(std::string, comm_hook);
+  // apex.parallel.DistributedDataParallel's: message_size (elements per
+  // bucket, 0: PyTorch's bucketing), delay_allreduce (everything after
+  // backward), allreduce_always_fp32, gradient_average,
+  // gradient_predivide_factor, allreduce_trigger_params (by name).
+  TORCH_ARG(int64_t, message_size) = 0;
+  TORCH_ARG(bool, delay_allreduce) = false;
+  TORCH_ARG(bool, allreduce_always_fp32) = false;
+  TORCH_ARG(bool, gradient_average) = true;
+  TORCH_ARG(double, gradient_predivide_factor) = 1.0;
+  TORCH_ARG(std::vector<std::string>, allreduce_trigger_params);
+};
+
+namespace detail {
+
+// What DistributedDataParallel does that does not depend on the wrapped
+// module's C++ type: it lives in libconcord.
+class DdpCore {
+ public:
+  // Throws Error (kInvalidArgument: no trainable parameter, contradictory
+  // or unknown options and names; kFailedPrecondition: the ranks' models
+  // differ; those of the broadcast).
+  DdpCore(std::shared_ptr<torch::nn::Module> module, const Job& job,
+          const DdpOptions& options);
+  DdpCore(const torch::jit::Module& module, const Job& job,
+          const DdpOptions& options);
+  ~DdpCore();
+  DdpCore(const DdpCore&) = delete;
+  DdpCore& operator=(const DdpCore&) = delete;
+
+  void before_forward();
+  void after_forward();
+  void set_require_backward_grad_sync(bool sync);
+  bool require_backward_grad_sync() const;
+  const Job& job() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace detail
+
+// PyTorch's `with ddp.no_sync():` — while it lives, backward only
+// accumulates gradients locally; the first backward after it reduces what
+// accumulated.
+class NoSyncGuard {
+ public:
+  explicit NoSyncGuard(detail::DdpCore& core)
+      : core_(&core), previous_(core.require_backward_grad_sync()) {
+    core_->set_require_backward_grad_sync(false);
+  }
+  ~NoSyncGuard() { core_->set_require_backward_grad_sync(previous_); }
+  NoSyncGuard(const NoSyncGuard&) = delete;
+  NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+
+ private:
+  detail::DdpCore* core_;
+  bool previous_;
+};
+
+// `Wrapped`: a C++-frontend module holder (what TORCH_MODULE declares:
+// `Net`, `torch::nn::Sequential`, ...) or torch::jit::Module.
+template <typename Wrapped>
+class DistributedDataParallelImpl : public torch::nn::Module {
+  static constexpr bool kScript = std::is_same_v<Wrapped, torch::jit::Module>;
+
+ public:
+  DistributedDataParallelImpl(Wrapped module, const Job& job,
+                              const DdpOptions& options = {})
+      : torch::nn::Module("concord::DistributedDataParallel"),
+        module_(std::move(module)) {
+    if constexpr (kScript) {
+      // The optimizer takes ddp->parameters(): the script module's own
+      // tensors, registered here ('.' is not allowed in a name: '_').
+      for (const auto& p : module_.named_parameters(/*recurse=*/true)) {
+        std::string name = "module_" + p.name;
+        for (char& c : name) c = c == '.' ? '_' : c;
+        register_parameter(name, p.value, p.value.requires_grad());
+      }
+      core_ = std::make_unique<detail::DdpCore>(module_, job, options);
+    } else {
+      register_module("module", module_);
+      core_ = std::make_unique<detail::DdpCore>(module_.ptr(), job, options);
+    }
+  }
+
+  // The wrapped module's forward, with DDP's work around it. TorchScript:
+  // forward(std::vector<c10::IValue>) returns c10::IValue.
+  template <typename... Args>
+  auto forward(Args&&... args) {
+    core_->before_forward();
+    if constexpr (kScript) {
+      auto out = module_.forward(
+          std::vector<c10::IValue>{c10::IValue(std::forward<Args>(args))...});
+      core_->after_forward();
+      return out;
+    } else {
+      auto out = module_->forward(std::forward<Args>(args)...);
+      core_->after_forward();
+      return out;
+    }
+  }
+  // TorchScript: forward({x, y}).
+  template <bool S = kScript, typename = std::enable_if_t<S>>
+  c10::IValue forward(std::vector<c10::IValue> inputs) {
+    core_->before_forward();
+    c10::IValue out = module_.forward(std::move(inputs));
+    core_->after_forward();
+    return out;
+  }
+
+  // The wrapped module (PyTorch's ddp.module).
+  Wrapped& module() { return module_; }
+  // Backward without the allreduce while the guard lives.
+  NoSyncGuard no_sync() { return NoSyncGuard(*core_); }
+  const Job& job() const { return core_->job(); }
+
+ private:
+  Wrapped module_;
+  std::unique_ptr<detail::DdpCore> core_;
+};
+
+template <typename Wrapped>
+class DistributedDataParallel
+    : public torch::nn::ModuleHolder<DistributedDataParallelImpl<Wrapped>> {
+  using Holder = torch::nn::ModuleHolder<DistributedDataParallelImpl<Wrapped>>;
+
+ public:
+  // Empty, to be assigned later.
+  DistributedDataParallel(std::nullptr_t) : Holder(nullptr) {}  // NOLINT
+  explicit DistributedDataParallel(
+      std::shared_ptr<DistributedDataParallelImpl<Wrapped>> impl)
+      : Holder(std::move(impl)) {}
+  DistributedDataParallel(Wrapped module, const Job& job,
+                          const DdpOptions& options = {})
+      : Holder(std::make_shared<DistributedDataParallelImpl<Wrapped>>(
+            std::move(module), job, options)) {}
+  // ddp(x) is ddp->forward(x) (ModuleHolder's own cannot see a forward
+  // that is a template).
+  template <typename... Args>
+  auto operator()(Args&&... args) {
+    return this->get()->forward(std::forward<Args>(args)...);
+  }
+};
+
+}  // namespace concord

@@ -1,0 +1,127 @@
+#pragma once
+// concord::Job: this process's place in a training job — what torchrun's
+// environment plus `init_process_group` are to a PyTorch program.
+//
+//   concord::Job job;                      // joins: blocks until a generation
+//   model->to(job.device());               //   forms
+//   ... train ...
+//   job.finish();                          // tells the coordinator: done
+//
+// Under `concord-run` the job comes from the environment it sets (CONCORD_*,
+// docs/cli.md); without it the program runs alone, a world of one. Anything
+// set in JobOptions overrides the environment. A Job is a handle: copies
+// share one membership (DistributedDataParallel keeps one).
+
+#include <c10/core/Device.h>
+#include <torch/arg.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+namespace concord {
+
+namespace detail {
+class JobState;
+}  // namespace detail
+
+// Every timeout of a job, in one place. Defaults are the launcher's
+// (concord-run --rendezvous-timeout, --collective-timeout,
+// --heartbeat-interval, --heartbeat-timeout, which reach the worker as
+// CONCORD_*_MS variables); a value set here wins over both.
+struct Timeouts {
+  // Waiting for a generation to form: the first join and every re-form
+  // (CONCORD_RENDEZVOUS_TIMEOUT_MS; default 5 min).
+  TORCH_ARG(std::optional<std::chrono::milliseconds>, rendezvous);
+  // One collective (allreduce, broadcast) before it fails and the job
+  // re-forms without whoever did not take part
+  // (CONCORD_COLLECTIVE_TIMEOUT_MS; default 5 min).
+  TORCH_ARG(std::optional<std::chrono::milliseconds>, collective);
+  // How often the worker tells the coordinator it is alive, and after how
+  // long without that the coordinator drops it (CONCORD_HEARTBEAT_*_MS;
+  // defaults 1 s and 10 s). The first worker to join sets them for the job.
+  TORCH_ARG(std::optional<std::chrono::milliseconds>, heartbeat_interval);
+  TORCH_ARG(std::optional<std::chrono::milliseconds>, heartbeat_timeout);
+};
+
+// What a Job joins. Unset fields come from the environment, then from the
+// defaults named.
+struct JobOptions {
+  // host:port of the coordinator (CONCORD_COORDINATOR); none: run alone.
+  TORCH_ARG(std::optional<std::string>, coordinator);
+  // The worker token (CONCORD_TOKEN_FILE names a file holding it, or
+  // CONCORD_TOKEN); required with a coordinator.
+  TORCH_ARG(std::optional<std::string>, token);
+  // The job's name (CONCORD_JOB_ID; default "default").
+  TORCH_ARG(std::optional<std::string>, job_id);
+  // This worker's name, unique in the job (CONCORD_WORKER_ID; default
+  // host-pid).
+  TORCH_ARG(std::optional<std::string>, worker_id);
+  // The job runs with min_workers..max_workers workers
+  // (CONCORD_MIN_WORKERS, CONCORD_MAX_WORKERS; default 1 and min_workers).
+  TORCH_ARG(std::optional<int>, min_workers);
+  TORCH_ARG(std::optional<int>, max_workers);
+  // "cpu", "cuda" (cuda:<local rank>) or "cuda:N" (CONCORD_DEVICE; default
+  // cpu). A device that is not there is an error (kFailedPrecondition).
+  TORCH_ARG(std::optional<std::string>, device);
+  // "auto" (NCCL on CUDA where this Concord has it, else Gloo), "gloo" or
+  // "nccl" (CONCORD_BACKEND; default auto).
+  TORCH_ARG(std::optional<std::string>, backend);
+  TORCH_ARG(Timeouts, timeouts);
+};
+
+class Job {
+ public:
+  // Joins the job JobOptions and the environment describe; blocks until a
+  // generation forms (at most the rendezvous timeout). Throws Error:
+  // kInvalidArgument (a bad option or CONCORD_* value, naming it),
+  // kFailedPrecondition (the device is not there, NCCL asked for where
+  // this build has none, the job failed or was stopped),
+  // kDeadlineExceeded (no generation formed in time),
+  // kUnavailable (the coordinator cannot be reached),
+  // kPermissionDenied / kUnauthenticated (the token was refused).
+  explicit Job(const JobOptions& options = {});
+
+  // This worker's rank, the world size and the generation number, of the
+  // generation it is in now (after a re-form that failed: of the last one).
+  int rank() const;
+  int world_size() const;
+  int64_t generation() const;
+  // The rank whose model and state the others take after the generation
+  // formed (the survivor with the most progress).
+  int authoritative_rank() const;
+  // This worker's rank among the workers of its node (concord-run's
+  // CONCORD_LOCAL_RANK or torchrun's LOCAL_RANK; 0 when alone, -1 when
+  // unknown).
+  int local_rank() const;
+  // Where this worker's model and batches go.
+  c10::Device device() const;
+  // "gloo" or "nccl".
+  std::string backend() const;
+  // Whether a coordinator runs the job (false: a world of one).
+  bool elastic() const;
+  // The timeouts in force, every field set.
+  const Timeouts& timeouts() const;
+
+  // Progress for operators (`concordctl status`): the last step, this
+  // worker's throughput and, when finite, its loss; carried by the next
+  // heartbeat. Cheap; any thread.
+  void report_progress(int64_t step, double samples_per_second,
+                       std::optional<double> loss = std::nullopt);
+
+  // Tells the coordinator this worker is done (`ok`) or failed, with a
+  // reason; stops heartbeating. Idempotent. When the last handle goes
+  // without it, the job is finished ok — or failed, when the handle goes
+  // while an exception unwinds the stack.
+  void finish(bool ok = true, const std::string& message = "");
+
+  // Inside Concord (DistributedDataParallel, the elastic loop).
+  const std::shared_ptr<detail::JobState>& state() const { return state_; }
+
+ private:
+  std::shared_ptr<detail::JobState> state_;
+};
+
+}  // namespace concord

@@ -1,0 +1,234 @@
+// The public API through libconcord.so, with nothing but
+// <concord/concord.h> and LibTorch: a world of one (no coordinator), the
+// errors bad options get, DDP as a module holder around C++-frontend and
+// TorchScript modules. (Several ranks: the examples under concord-run,
+// tests/integration/test_find_package.py.)
+#include <concord/concord.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <functional>
+#include <string>
+
+namespace {
+
+using std::chrono::milliseconds;
+
+struct NetImpl : torch::nn::Module {
+  NetImpl()
+      : fc1(register_module("fc1", torch::nn::Linear(4, 8))),
+        fc2(register_module("fc2", torch::nn::Linear(8, 1))) {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    return fc2->forward(torch::relu(fc1->forward(x)));
+  }
+  torch::nn::Linear fc1, fc2;
+};
+TORCH_MODULE(Net);
+
+// A module whose forward takes two arguments: the holder forwards them.
+struct TwoInputsImpl : torch::nn::Module {
+  TwoInputsImpl() : fc(register_module("fc", torch::nn::Linear(2, 1))) {}
+  torch::Tensor forward(const torch::Tensor& a, double scale) {
+    return fc->forward(a) * scale;
+  }
+  torch::nn::Linear fc;
+};
+TORCH_MODULE(TwoInputs);
+
+concord::ErrorCode CodeOf(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const concord::Error& e) {
+    EXPECT_FALSE(e.message().empty());
+    EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos)
+        << "one line: " << e.what();
+    return e.code();
+  }
+  ADD_FAILURE() << "no concord::Error thrown";
+  return concord::ErrorCode::kUnknown;
+}
+
+TEST(ErrorTest, CarriesItsCodeAndPrintsItsName) {
+  const concord::Error e(concord::ErrorCode::kAborted, "peer 3 went away");
+  EXPECT_EQ(e.code(), concord::ErrorCode::kAborted);
+  EXPECT_EQ(e.message(), "peer 3 went away");
+  EXPECT_STREQ(e.what(), "ABORTED: peer 3 went away");
+  EXPECT_TRUE(e.retryable());
+  EXPECT_FALSE(
+      concord::Error(concord::ErrorCode::kInvalidArgument, "x").retryable());
+  const std::runtime_error& base = e;  // catchable as std::runtime_error
+  EXPECT_STREQ(base.what(), e.what());
+}
+
+TEST(JobTest, AloneItIsAWorldOfOneOnTheCpu) {
+  concord::Job job;
+  EXPECT_EQ(job.rank(), 0);
+  EXPECT_EQ(job.world_size(), 1);
+  EXPECT_EQ(job.local_rank(), 0);
+  EXPECT_EQ(job.authoritative_rank(), 0);
+  EXPECT_FALSE(job.elastic());
+  EXPECT_EQ(job.device(), c10::Device(c10::kCPU));
+  EXPECT_EQ(job.backend(), "gloo");
+  // Every timeout is in force with the documented default.
+  EXPECT_EQ(job.timeouts().rendezvous(), milliseconds(300000));
+  EXPECT_EQ(job.timeouts().collective(), milliseconds(300000));
+  EXPECT_EQ(job.timeouts().heartbeat_interval(), milliseconds(1000));
+  EXPECT_EQ(job.timeouts().heartbeat_timeout(), milliseconds(10000));
+  job.report_progress(3, 12.5, 0.25);
+  job.finish();
+  job.finish();  // idempotent
+}
+
+TEST(JobTest, TimeoutsSetOnceAreTheOnesInForce) {
+  concord::Job job(
+      concord::JobOptions().timeouts(concord::Timeouts()
+                                         .collective(milliseconds(1500))
+                                         .rendezvous(milliseconds(2500))));
+  EXPECT_EQ(job.timeouts().collective(), milliseconds(1500));
+  EXPECT_EQ(job.timeouts().rendezvous(), milliseconds(2500));
+  EXPECT_EQ(job.timeouts().heartbeat_interval(), milliseconds(1000));
+}
+
+TEST(JobTest, BadOptionsAreOneLineErrors) {
+  using concord::ErrorCode;
+  using concord::JobOptions;
+  auto join = [](JobOptions o) { return [o] { concord::Job job(o); }; };
+  EXPECT_EQ(CodeOf(join(JobOptions().device("tpu"))),
+            ErrorCode::kInvalidArgument);
+  EXPECT_EQ(CodeOf(join(JobOptions().backend("mpi"))),
+            ErrorCode::kInvalidArgument);
+  EXPECT_EQ(CodeOf(join(JobOptions().min_workers(3).max_workers(2))),
+            ErrorCode::kInvalidArgument);
+  EXPECT_EQ(CodeOf(join(JobOptions().min_workers(0))),
+            ErrorCode::kInvalidArgument);
+  EXPECT_EQ(CodeOf(join(JobOptions().timeouts(
+                concord::Timeouts().collective(milliseconds(0))))),
+            ErrorCode::kInvalidArgument);
+  EXPECT_EQ(CodeOf(join(JobOptions().coordinator("127.0.0.1:1"))),
+            ErrorCode::kInvalidArgument);  // no token
+  EXPECT_EQ(CodeOf(join(JobOptions().job_id(""))), ErrorCode::kInvalidArgument);
+  if (!torch::cuda::is_available()) {
+    EXPECT_EQ(CodeOf(join(JobOptions().device("cuda:0"))),
+              ErrorCode::kFailedPrecondition);
+  }
+}
+
+// One rank: DDP's allreduce averages over one, so DDP trains exactly as the
+// module alone does.
+TEST(DistributedDataParallelTest, AloneItTrainsAsTheModuleAlone) {
+  concord::Job job;
+  torch::manual_seed(7);
+  Net plain;
+  Net wrapped;
+  {
+    torch::NoGradGuard no_grad;
+    auto src = plain->parameters();
+    auto dst = wrapped->parameters();
+    for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
+  }
+  concord::DistributedDataParallel ddp(wrapped, job,
+                                       concord::DdpOptions().bucket_cap_mb(1));
+  EXPECT_EQ(ddp->parameters().size(), plain->parameters().size());
+  EXPECT_EQ(ddp->named_parameters().size(), 4u);
+  EXPECT_TRUE(ddp->named_parameters().contains("module.fc1.weight"));
+  torch::optim::SGD opt_plain(plain->parameters(), 0.1);
+  torch::optim::SGD opt_ddp(ddp->parameters(), 0.1);
+  for (int step = 0; step < 3; ++step) {
+    auto x = torch::randn({5, 4});
+    auto y = torch::randn({5, 1});
+    opt_plain.zero_grad();
+    opt_ddp.zero_grad();
+    torch::mse_loss(plain->forward(x), y).backward();
+    torch::mse_loss(ddp->forward(x), y).backward();
+    opt_plain.step();
+    opt_ddp.step();
+  }
+  auto a = plain->parameters();
+  auto b = ddp->module()->parameters();
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i]));
+  // ModuleHolder's call operator is forward.
+  EXPECT_EQ(ddp(torch::ones({1, 4})).sizes(), torch::IntArrayRef({1, 1}));
+}
+
+TEST(DistributedDataParallelTest, NoSyncAccumulatesAndTheNextBackwardReduces) {
+  concord::Job job;
+  Net net;
+  concord::DistributedDataParallel ddp(net, job);
+  auto x = torch::ones({2, 4});
+  {
+    auto guard = ddp->no_sync();
+    ddp->forward(x).sum().backward();
+  }
+  auto after_one = ddp->parameters()[0].grad().clone();
+  ddp->forward(x).sum().backward();
+  EXPECT_TRUE(torch::allclose(ddp->parameters()[0].grad(), 2 * after_one));
+}
+
+TEST(DistributedDataParallelTest, ForwardTakesTheModulesOwnSignature) {
+  concord::Job job;
+  TwoInputs m;
+  concord::DistributedDataParallel ddp(m, job);
+  auto out = ddp->forward(torch::ones({3, 2}), 2.0);
+  EXPECT_EQ(out.sizes(), torch::IntArrayRef({3, 1}));
+  out.sum().backward();
+  EXPECT_TRUE(m->fc->weight.grad().defined());
+}
+
+TEST(DistributedDataParallelTest, WrapsTorchScriptModules) {
+  concord::Job job;
+  torch::jit::Module m("Scale");
+  m.register_parameter("w", torch::full({3}, 2.0).requires_grad_(),
+                       /*is_buffer=*/false);
+  m.define(R"(
+def forward(self, x):
+    return x * self.w
+)");
+  concord::DistributedDataParallel ddp(m, job);
+  ASSERT_EQ(ddp->parameters().size(), 1u);
+  auto out = ddp->forward(torch::ones({3})).toTensor();
+  EXPECT_TRUE(torch::equal(out, torch::full({3}, 2.0)));
+  out.sum().backward();
+  EXPECT_TRUE(torch::equal(ddp->parameters()[0].grad(), torch::ones({3})));
+  auto listed = ddp->forward({torch::ones({3})}).toTensor();
+  EXPECT_TRUE(torch::equal(listed, out));
+}
+
+TEST(DistributedDataParallelTest, BadOptionsAreErrorsBeforeAnyCollective) {
+  concord::Job job;
+  Net net;
+  using concord::DdpOptions;
+  using concord::ErrorCode;
+  auto wrap = [&](DdpOptions o) {
+    return [&, o] { concord::DistributedDataParallel ddp(net, job, o); };
+  };
+  EXPECT_EQ(CodeOf(wrap(DdpOptions().bucket_cap_mb(-1))),
+            ErrorCode::kInvalidArgument);
+  EXPECT_EQ(CodeOf(wrap(DdpOptions().comm_hook("zip"))),
+            ErrorCode::kInvalidArgument);
+  EXPECT_EQ(CodeOf(wrap(DdpOptions().params_and_buffers_to_ignore(
+                {"no.such.parameter"}))),
+            ErrorCode::kInvalidArgument);
+  EXPECT_EQ(
+      CodeOf(wrap(DdpOptions().comm_hook("fp16").gradient_average(false))),
+      ErrorCode::kInvalidArgument);
+  EXPECT_EQ(CodeOf(wrap(DdpOptions().gradient_predivide_factor(0))),
+            ErrorCode::kInvalidArgument);
+}
+
+TEST(DistributedDataParallelTest, ABuiltInCommHookRuns) {
+  concord::Job job;
+  torch::manual_seed(3);
+  Net net;
+  concord::DistributedDataParallel ddp(net, job,
+                                       concord::DdpOptions().comm_hook("fp16"));
+  ddp->forward(torch::ones({2, 4})).sum().backward();
+  for (const auto& p : ddp->parameters()) {
+    ASSERT_TRUE(p.grad().defined());
+    // fp16 round trip: the gradient is representable in half precision.
+    EXPECT_TRUE(
+        torch::equal(p.grad(), p.grad().to(torch::kHalf).to(torch::kFloat)));
+  }
+}
+
+}  // namespace
