@@ -57,7 +57,16 @@ struct DdpCore::Impl {
 
   Impl(const Job& j, const DdpOptions& o) : job(j), options(o) {}
 
-  void Init(absl::StatusOr<std::unique_ptr<ddp::Engine>> created) {
+  // Checks the options, then `create(communicator, authoritative rank,
+  // engine options)` makes the engine; the hook follows.
+  template <typename Create>
+  void Init(Create create) {
+    ddp::EngineOptions engine_options =
+        EngineOptionsFrom(options, job.timeouts());
+    ThrowIfError(ddp::Engine::ValidateOptions(engine_options,
+                                              !options.comm_hook().empty()));
+    auto created =
+        create(Communicator(), job.authoritative_rank(), engine_options);
     ThrowIfError(created.status());
     engine = *std::move(created);
     if (!options.comm_hook().empty()) RegisterHook();
@@ -91,23 +100,19 @@ struct DdpCore::Impl {
 DdpCore::DdpCore(std::shared_ptr<torch::nn::Module> module, const Job& job,
                  const DdpOptions& options)
     : impl_(std::make_unique<Impl>(job, options)) {
-  ddp::EngineOptions engine_options =
-      EngineOptionsFrom(options, job.timeouts());
-  ThrowIfError(ddp::Engine::ValidateOptions(engine_options,
-                                            !options.comm_hook().empty()));
-  impl_->Init(ddp::Engine::Create(std::move(module), impl_->Communicator(),
-                                  job.authoritative_rank(), engine_options));
+  impl_->Init([&](auto comm, int authoritative, const auto& engine_options) {
+    return ddp::Engine::Create(std::move(module), std::move(comm),
+                               authoritative, engine_options);
+  });
 }
 
 DdpCore::DdpCore(const torch::jit::Module& module, const Job& job,
                  const DdpOptions& options)
     : impl_(std::make_unique<Impl>(job, options)) {
-  ddp::EngineOptions engine_options =
-      EngineOptionsFrom(options, job.timeouts());
-  ThrowIfError(ddp::Engine::ValidateOptions(engine_options,
-                                            !options.comm_hook().empty()));
-  impl_->Init(ddp::Engine::Create(module, impl_->Communicator(),
-                                  job.authoritative_rank(), engine_options));
+  impl_->Init([&](auto comm, int authoritative, const auto& engine_options) {
+    return ddp::Engine::Create(module, std::move(comm), authoritative,
+                               engine_options);
+  });
 }
 
 DdpCore::~DdpCore() = default;

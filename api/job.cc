@@ -18,6 +18,16 @@ void ThrowInvalid(const std::string& message) {
   throw Error(ErrorCode::kInvalidArgument, message);
 }
 
+// A parsed JobOptions field, or kInvalidArgument naming it.
+template <typename T>
+T Parsed(const char* field, absl::StatusOr<T> value) {
+  if (!value.ok()) {
+    ThrowInvalid(
+        absl::StrCat("JobOptions::", field, ": ", value.status().message()));
+  }
+  return *std::move(value);
+}
+
 void CheckPositive(const char* name,
                    const std::optional<std::chrono::milliseconds>& d) {
   if (d.has_value() && d->count() <= 0) {
@@ -67,21 +77,9 @@ worker::WorkerOptions Resolve(const JobOptions& o) {
     }
     w.spec.set_max_workers(*o.max_workers());
   }
-  if (o.device()) {
-    auto device = ParseDeviceRequest(*o.device());
-    if (!device.ok()) {
-      ThrowInvalid(
-          absl::StrCat("JobOptions::device: ", device.status().message()));
-    }
-    w.device = *device;
-  }
+  if (o.device()) w.device = Parsed("device", ParseDeviceRequest(*o.device()));
   if (o.backend()) {
-    auto backend = ParseBackendRequest(*o.backend());
-    if (!backend.ok()) {
-      ThrowInvalid(
-          absl::StrCat("JobOptions::backend: ", backend.status().message()));
-    }
-    w.backend = *backend;
+    w.backend = Parsed("backend", ParseBackendRequest(*o.backend()));
   }
   const Timeouts& t = o.timeouts();
   CheckPositive("rendezvous", t.rendezvous());
