@@ -50,52 +50,44 @@ ddp::EngineOptions EngineOptionsFrom(const DdpOptions& o,
 
 }  // namespace
 
-struct DdpCore::Impl {
-  Job job;
-  DdpOptions options;
-  std::unique_ptr<ddp::Engine> engine;
+DdpCore::Impl::Impl(const Job& j, const DdpOptions& o) : job(j), options(o) {}
 
-  Impl(const Job& j, const DdpOptions& o) : job(j), options(o) {}
+template <typename Create>
+void DdpCore::Impl::Init(Create create) {
+  ddp::EngineOptions engine_options =
+      EngineOptionsFrom(options, job.timeouts());
+  ThrowIfError(ddp::Engine::ValidateOptions(engine_options,
+                                            !options.comm_hook().empty()));
+  auto created =
+      create(Communicator(), job.authoritative_rank(), engine_options);
+  ThrowIfError(created.status());
+  engine = *std::move(created);
+  if (!options.comm_hook().empty()) RegisterHook();
+}
 
-  // Checks the options, then `create(communicator, authoritative rank,
-  // engine options)` makes the engine; the hook follows.
-  template <typename Create>
-  void Init(Create create) {
-    ddp::EngineOptions engine_options =
-        EngineOptionsFrom(options, job.timeouts());
-    ThrowIfError(ddp::Engine::ValidateOptions(engine_options,
-                                              !options.comm_hook().empty()));
-    auto created =
-        create(Communicator(), job.authoritative_rank(), engine_options);
-    ThrowIfError(created.status());
-    engine = *std::move(created);
-    if (!options.comm_hook().empty()) RegisterHook();
+void DdpCore::Impl::RegisterHook() {
+  comm::CollectiveOptions hook_options;
+  hook_options.timeout =
+      absl::Milliseconds(job.timeouts().collective()->count());
+  auto hook = ddp::MakeCommHook(options.comm_hook(),
+                                job.state()->session().shared_communicator(),
+                                hook_options);
+  if (!hook.ok()) {
+    throw Error(
+        ErrorCode::kInvalidArgument,
+        absl::StrCat("DdpOptions::comm_hook: ", hook.status().message()));
   }
+  ThrowIfError(engine->RegisterCommHook(*std::move(hook)));
+}
 
-  void RegisterHook() {
-    comm::CollectiveOptions hook_options;
-    hook_options.timeout =
-        absl::Milliseconds(job.timeouts().collective()->count());
-    auto hook = ddp::MakeCommHook(options.comm_hook(),
-                                  job.state()->session().shared_communicator(),
-                                  hook_options);
-    if (!hook.ok()) {
-      throw Error(
-          ErrorCode::kInvalidArgument,
-          absl::StrCat("DdpOptions::comm_hook: ", hook.status().message()));
-    }
-    ThrowIfError(engine->RegisterCommHook(*std::move(hook)));
+std::shared_ptr<comm::Communicator> DdpCore::Impl::Communicator() const {
+  auto comm = job.state()->session().shared_communicator();
+  if (comm == nullptr) {
+    throw Error(ErrorCode::kFailedPrecondition,
+                "the job is between generations (a re-form failed)");
   }
-
-  std::shared_ptr<comm::Communicator> Communicator() const {
-    auto comm = job.state()->session().shared_communicator();
-    if (comm == nullptr) {
-      throw Error(ErrorCode::kFailedPrecondition,
-                  "the job is between generations (a re-form failed)");
-    }
-    return comm;
-  }
-};
+  return comm;
+}
 
 DdpCore::DdpCore(std::shared_ptr<torch::nn::Module> module, const Job& job,
                  const DdpOptions& options)
@@ -118,6 +110,10 @@ DdpCore::DdpCore(const torch::jit::Module& module, const Job& job,
 DdpCore::~DdpCore() = default;
 
 void DdpCore::before_forward() {
+  if (impl_->begin_step && !impl_->step_open) {
+    impl_->begin_step();
+    impl_->step_open = true;
+  }
   ThrowIfError(impl_->engine->PrepareForward());
 }
 

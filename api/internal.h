@@ -2,10 +2,14 @@
 // What the public API's handles hold (include/concord/*.h declare them
 // opaque): libconcord's own, never installed.
 
+#include <functional>
 #include <memory>
 #include <mutex>
 
+#include "concord/ddp.h"
+#include "concord/elastic.h"
 #include "concord/job.h"
+#include "worker/ddp/engine.h"
 #include "worker/session.h"
 
 namespace concord::detail {
@@ -28,6 +32,42 @@ class JobState {
   Timeouts timeouts_;
   std::mutex mu_;
   bool finished_ = false;  // guarded by mu_
+};
+
+struct DdpCore::Impl {
+  Job job;
+  DdpOptions options;
+  std::unique_ptr<ddp::Engine> engine;
+  // Set by an ElasticState: the step agreement, run before the first
+  // forward of a step (step_open false: the last step was committed).
+  std::function<void()> begin_step;
+  bool step_open = false;
+
+  Impl(const Job& j, const DdpOptions& o);
+  // Checks the options, then `create(communicator, authoritative rank,
+  // engine options)` makes the engine; the hook follows (api/ddp.cc).
+  template <typename Create>
+  void Init(Create create);
+  // DdpOptions::comm_hook on the current generation's communicator.
+  void RegisterHook();
+  // The current generation's; kFailedPrecondition between generations.
+  std::shared_ptr<comm::Communicator> Communicator() const;
+};
+
+// ElasticSampler's shared state.
+struct SamplerState {
+  size_t size = 0;
+  ElasticSamplerOptions options;
+  Job job;
+  int64_t epoch = 0;
+  size_t committed = 0;  // the position the last commit holds
+  size_t cursor = 0;     // the end of the last window handed out
+  // The epoch's order (identity without shuffle), made when first needed.
+  std::vector<int64_t> order;
+  int64_t order_epoch = -1;
+
+  SamplerState(size_t n, ElasticSamplerOptions o, Job j)
+      : size(n), options(o), job(std::move(j)) {}
 };
 
 }  // namespace concord::detail

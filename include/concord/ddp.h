@@ -102,8 +102,10 @@ class DdpCore {
   bool require_backward_grad_sync() const;
   const Job& job() const;
 
+  struct Impl;  // api/internal.h
+  Impl& impl() { return *impl_; }
+
  private:
-  struct Impl;
   std::unique_ptr<Impl> impl_;
 };
 
@@ -183,6 +185,8 @@ class DistributedDataParallelImpl : public torch::nn::Module {
   // Backward without the allreduce while the guard lives.
   NoSyncGuard no_sync() { return NoSyncGuard(*core_); }
   const Job& job() const { return core_->job(); }
+  // Inside Concord (ElasticState).
+  detail::DdpCore& core() { return *core_; }
 
  private:
   Wrapped module_;

@@ -3,13 +3,17 @@
 // errors bad options get, DDP as a module holder around C++-frontend and
 // TorchScript modules. (Several ranks: the examples under concord-run,
 // tests/integration/test_find_package.py.)
+#include <ATen/CPUGeneratorImpl.h>
 #include <concord/concord.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <chrono>
 #include <functional>
+#include <set>
+#include <sstream>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -229,6 +233,131 @@ TEST(DistributedDataParallelTest, ABuiltInCommHookRuns) {
     EXPECT_TRUE(
         torch::equal(p.grad(), p.grad().to(torch::kHalf).to(torch::kFloat)));
   }
+}
+
+std::vector<std::vector<size_t>> Drain(concord::ElasticSampler& sampler,
+                                       size_t batch_size) {
+  std::vector<std::vector<size_t>> batches;
+  while (auto b = sampler.next(batch_size)) batches.push_back(*b);
+  return batches;
+}
+
+TEST(ElasticSamplerTest, AloneItHandsOutTheEpochInWindowsOfTheBatch) {
+  concord::Job job;
+  concord::ElasticSampler sampler(
+      10, job, concord::ElasticSamplerOptions().shuffle(false));
+  const auto batches = Drain(sampler, 3);
+  ASSERT_EQ(batches.size(), 4u);
+  EXPECT_EQ(batches[0], (std::vector<size_t>{0, 1, 2}));
+  EXPECT_EQ(batches[3], (std::vector<size_t>{9}));
+  EXPECT_EQ(sampler.position(), 10u);
+  // Without a commit, a new loop over it starts the epoch again.
+  sampler.reset();
+  EXPECT_EQ(sampler.position(), 0u);
+  EXPECT_EQ(Drain(sampler, 3), batches);
+}
+
+TEST(ElasticSamplerTest, ShufflesAsDistributedSamplerDoes) {
+  concord::Job job;
+  concord::ElasticSampler sampler(50, job,
+                                  concord::ElasticSamplerOptions().seed(7));
+  std::vector<size_t> seen;
+  for (const auto& b : Drain(sampler, 8))
+    seen.insert(seen.end(), b.begin(), b.end());
+  // torch.randperm(50, generator=torch.Generator().manual_seed(7 + epoch 0))
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
+  auto perm = torch::randperm(50, gen, torch::kLong);
+  ASSERT_EQ(seen.size(), 50u);
+  for (size_t i = 0; i < seen.size(); ++i) {
+    EXPECT_EQ(static_cast<int64_t>(seen[i]),
+              perm[static_cast<int64_t>(i)].item<int64_t>());
+  }
+}
+
+TEST(ElasticSamplerTest, SavesAndLoadsItsPosition) {
+  concord::Job job;
+  concord::ElasticSampler a(20, job);
+  a.next(4);
+  a.next(4);
+  torch::serialize::OutputArchive out;
+  a.save(out);
+  std::ostringstream bytes;
+  out.save_to(bytes);
+  concord::ElasticSampler b(20, job);
+  torch::serialize::InputArchive in;
+  std::istringstream read(bytes.str());
+  in.load_from(read);
+  b.load(in);
+  EXPECT_EQ(b.position(), 8u);
+  EXPECT_EQ(Drain(a, 4), Drain(b, 4));
+  concord::ElasticSampler other(21, job);
+  std::istringstream again(bytes.str());
+  torch::serialize::InputArchive in2;
+  in2.load_from(again);
+  EXPECT_EQ(CodeOf([&] { other.load(in2); }),
+            concord::ErrorCode::kInvalidArgument);
+}
+
+// The elastic loop of README, alone: every sample once per epoch, one
+// commit per step, and the state the counters say.
+TEST(ElasticStateTest, AloneTheLoopTrainsEverySampleOncePerEpoch) {
+  concord::Job job;
+  torch::manual_seed(1);
+  auto data = torch::arange(0, 30, torch::kFloat).unsqueeze(1).repeat({1, 4});
+  auto targets = torch::arange(0, 30, torch::kLong);
+  auto dataset = torch::data::datasets::TensorDataset(
+      torch::stack({data.select(1, 0), targets.to(torch::kFloat)}, 1));
+  Net net;
+  concord::DistributedDataParallel ddp(net, job);
+  torch::optim::SGD opt(ddp->parameters(), 0.001);
+  concord::ElasticSampler sampler(30, job);
+  auto loader = torch::data::make_data_loader(
+      dataset, sampler, torch::data::DataLoaderOptions().batch_size(4));
+  concord::ElasticState state(ddp, opt, sampler);
+  std::vector<std::multiset<int64_t>> seen(2);
+  concord::run_elastic(state, [&] {
+    for (; state.epoch() < 2; state.next_epoch()) {
+      for (auto& batch : *loader) {
+        std::vector<torch::Tensor> rows;
+        for (auto& example : batch) {
+          seen[static_cast<size_t>(state.epoch())].insert(
+              static_cast<int64_t>(example.data[1].item<float>()));
+          rows.push_back(example.data[0].repeat({4}));
+        }
+        opt.zero_grad();
+        ddp->forward(torch::stack(rows)).sum().backward();
+        opt.step();
+        state.commit();
+      }
+    }
+  });
+  EXPECT_EQ(state.epoch(), 2);
+  EXPECT_EQ(state.step(), 16);  // 8 batches of 4 (the last 2) per epoch
+  for (const auto& epoch : seen) {
+    ASSERT_EQ(epoch.size(), 30u);
+    EXPECT_EQ(std::set<int64_t>(epoch.begin(), epoch.end()).size(), 30u);
+  }
+  EXPECT_EQ(state.reforms(), 0);
+}
+
+TEST(ElasticStateTest, AloneAFailedCollectiveIsThrownNotRetried) {
+  concord::Job job;
+  Net net;
+  concord::DistributedDataParallel ddp(net, job);
+  torch::optim::SGD opt(ddp->parameters(), 0.1);
+  concord::ElasticState state(ddp, opt);
+  int calls = 0;
+  EXPECT_EQ(CodeOf([&] {
+              concord::run_elastic(state, [&] {
+                ++calls;
+                throw concord::Error(concord::ErrorCode::kUnavailable,
+                                     "peer gone");
+              });
+            }),
+            concord::ErrorCode::kUnavailable);
+  EXPECT_EQ(calls, 1);  // a world of one has nobody to re-form with
+  EXPECT_EQ(CodeOf([&] { concord::ElasticState again(ddp, opt); }),
+            concord::ErrorCode::kAlreadyExists);
 }
 
 }  // namespace

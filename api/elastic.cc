@@ -1,0 +1,230 @@
+#include "concord/elastic.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <spdlog/spdlog.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "api/internal.h"
+#include "worker/elastic/state.h"
+#include "worker/error.h"
+
+namespace concord {
+namespace detail {
+namespace {
+
+// Thrown by the step agreement when it re-formed to admit workers: the
+// loop starts over from the commit in the new generation. Not an
+// std::exception, so that a program's catch of those does not take it.
+struct Restart {};
+
+}  // namespace
+
+class ElasticCore {
+ public:
+  ElasticCore(DdpCore& ddp, torch::optim::Optimizer& optimizer,
+              std::shared_ptr<SamplerState> sampler)
+      : ddp_(ddp.impl()),
+        sampler_(std::move(sampler)),
+        state_(&ddp_.job.state()->session(), ddp_.engine.get(), &optimizer) {
+    if (sampler_ != nullptr && sampler_->job.state() != ddp_.job.state()) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "ElasticState: the sampler belongs to another Job");
+    }
+    if (ddp_.begin_step) {
+      throw Error(ErrorCode::kAlreadyExists,
+                  "ElasticState: this DistributedDataParallel has one already");
+    }
+    // A re-form rebinds DDP, which drops its comm hook; the sampler goes on
+    // from the authoritative rank's position.
+    state_.OnReset([this](const elastic::ResetInfo&) {
+      if (!ddp_.options.comm_hook().empty()) ddp_.RegisterHook();
+      ToSampler();
+    });
+    ddp_.begin_step = [this] { BeginStep(); };
+  }
+  ~ElasticCore() { ddp_.begin_step = nullptr; }
+
+  elastic::State& state() { return state_; }
+
+  void Commit() {
+    ++state_.step;
+    if (sampler_ != nullptr) {
+      sampler_->committed = sampler_->cursor;
+      state_.position = static_cast<int64_t>(sampler_->cursor);
+    }
+    state_.Commit();
+    ddp_.step_open = false;
+  }
+
+  void NextEpoch() {
+    ++state_.epoch;
+    state_.position = 0;
+    ToSampler();
+    state_.Commit();
+    ddp_.step_open = false;
+  }
+
+  // The state's epoch and committed position, as the sampler's.
+  void ToSampler() {
+    if (sampler_ == nullptr) return;
+    if (sampler_->epoch != state_.epoch) sampler_->order_epoch = -1;
+    sampler_->epoch = state_.epoch;
+    sampler_->committed = sampler_->cursor =
+        static_cast<size_t>(std::max<int64_t>(state_.position, 0));
+  }
+
+  void OnReset(std::function<void(const ResetInfo&)> callback) {
+    state_.OnReset(
+        [callback = std::move(callback)](const elastic::ResetInfo& r) {
+          ResetInfo info;
+          info.generation = r.generation;
+          info.rank = r.rank;
+          info.world_size = r.world_size;
+          info.previous_world_size = r.previous_world_size;
+          info.step = r.step;
+          info.reason = r.reason;
+          callback(info);
+        });
+  }
+
+  // run_elastic: the first Sync, then `train` under elastic::Run.
+  void Run(const std::function<void()>& train) {
+    ThrowIfError(state_.Sync());
+    ToSampler();
+    ThrowIfError(elastic::Run(state_, [&](elastic::State&) -> absl::Status {
+      for (;;) {
+        try {
+          train();
+          return absl::OkStatus();
+        } catch (const Restart&) {
+          // Admitted workers: the new generation goes on from the commit.
+          state_.Restore();
+          ToSampler();
+          ddp_.step_open = false;
+        }
+      }
+    }));
+  }
+
+ private:
+  // Note [Step agreement]: before the first forward of a step.
+  void BeginStep() {
+    const int64_t reforms = state_.reforms();
+    auto decision = state_.BeginStep(/*has_data=*/true);
+    ThrowIfError(decision.status());
+    if (*decision != elastic::StepDecision::kRun) {
+      throw Error(ErrorCode::kInternal,
+                  "step agreement: a rank without data in run_elastic");
+    }
+    if (state_.reforms() != reforms) throw Restart{};
+  }
+
+  DdpCore::Impl& ddp_;
+  std::shared_ptr<SamplerState> sampler_;
+  elastic::State state_;
+};
+
+}  // namespace detail
+
+ElasticSampler::ElasticSampler(size_t dataset_size, const Job& job,
+                               const ElasticSamplerOptions& options)
+    : state_(
+          std::make_shared<detail::SamplerState>(dataset_size, options, job)) {}
+
+void ElasticSampler::reset(c10::optional<size_t> new_size) {
+  detail::SamplerState& s = *state_;
+  if (new_size.has_value() && *new_size != s.size) {
+    s.size = *new_size;
+    s.order_epoch = -1;
+    s.committed = 0;
+  }
+  s.cursor = s.committed;
+}
+
+c10::optional<std::vector<size_t>> ElasticSampler::next(size_t batch_size) {
+  detail::SamplerState& s = *state_;
+  if (s.cursor >= s.size || batch_size == 0) return c10::nullopt;
+  if (s.order_epoch != s.epoch) {
+    s.order.resize(s.size);
+    if (s.options.shuffle()) {
+      // PyTorch's DistributedSampler: randperm with seed + epoch.
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(
+          s.options.seed() + static_cast<uint64_t>(s.epoch));
+      torch::Tensor perm =
+          torch::randperm(static_cast<int64_t>(s.size), gen, torch::kLong);
+      std::copy(perm.data_ptr<int64_t>(), perm.data_ptr<int64_t>() + s.size,
+                s.order.begin());
+    } else {
+      std::iota(s.order.begin(), s.order.end(), int64_t{0});
+    }
+    s.order_epoch = s.epoch;
+  }
+  const size_t world = static_cast<size_t>(s.job.world_size());
+  const size_t rank = static_cast<size_t>(s.job.rank());
+  const size_t remaining = s.size - s.cursor;
+  size_t take = std::min(world * batch_size, remaining);
+  if (remaining - take < world) take = remaining;  // the tail joins in
+  std::vector<size_t> indices;
+  for (size_t i = rank; i < take; i += world) {
+    indices.push_back(static_cast<size_t>(s.order[s.cursor + i]));
+  }
+  s.cursor += take;
+  return indices;
+}
+
+void ElasticSampler::save(torch::serialize::OutputArchive& archive) const {
+  archive.write("epoch", c10::IValue(state_->epoch));
+  archive.write("position", c10::IValue(static_cast<int64_t>(state_->cursor)));
+  archive.write("size", c10::IValue(static_cast<int64_t>(state_->size)));
+}
+
+void ElasticSampler::load(torch::serialize::InputArchive& archive) {
+  c10::IValue epoch, position, size;
+  archive.read("epoch", epoch);
+  archive.read("position", position);
+  archive.read("size", size);
+  if (size.toInt() != static_cast<int64_t>(state_->size) ||
+      position.toInt() < 0 || position.toInt() > size.toInt()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                absl::StrCat("ElasticSampler::load: saved for ", size.toInt(),
+                             " samples at position ", position.toInt(),
+                             ", this one has ", state_->size));
+  }
+  state_->epoch = epoch.toInt();
+  state_->order_epoch = -1;
+  state_->committed = state_->cursor = static_cast<size_t>(position.toInt());
+}
+
+int64_t ElasticSampler::epoch() const { return state_->epoch; }
+size_t ElasticSampler::position() const { return state_->cursor; }
+size_t ElasticSampler::size() const { return state_->size; }
+
+ElasticState::ElasticState(detail::DdpCore& ddp,
+                           torch::optim::Optimizer& optimizer,
+                           std::shared_ptr<detail::SamplerState> sampler)
+    : core_(std::make_unique<detail::ElasticCore>(ddp, optimizer,
+                                                  std::move(sampler))) {}
+
+ElasticState::~ElasticState() = default;
+
+int64_t ElasticState::step() const { return core_->state().step; }
+int64_t ElasticState::epoch() const { return core_->state().epoch; }
+std::map<std::string, torch::Tensor>& ElasticState::values() {
+  return core_->state().values;
+}
+void ElasticState::commit() { core_->Commit(); }
+void ElasticState::next_epoch() { core_->NextEpoch(); }
+void ElasticState::on_reset(std::function<void(const ResetInfo&)> callback) {
+  core_->OnReset(std::move(callback));
+}
+int64_t ElasticState::reforms() const { return core_->state().reforms(); }
+
+void run_elastic(ElasticState& state, const std::function<void()>& train) {
+  state.core().Run(train);
+}
+
+}  // namespace concord

@@ -1,0 +1,154 @@
+#pragma once
+// Elastic training: Horovod's elastic API (hvd.elastic.run, a State with
+// commit(), ElasticSampler) for a LibTorch loop, on Concord's generations.
+//
+//   concord::ElasticSampler sampler(dataset.size().value(), job);
+//   auto loader = torch::data::make_data_loader(
+//       dataset, sampler, torch::data::DataLoaderOptions().batch_size(64));
+//   concord::ElasticState state(ddp, optimizer, sampler);
+//   concord::run_elastic(state, [&] {
+//     for (; state.epoch() < epochs; state.next_epoch()) {
+//       for (auto& batch : *loader) {
+//         ... forward through ddp, backward, optimizer.step() ...
+//         state.commit();                    // this step is done
+//       }
+//     }
+//   });
+//
+// A step is transactional (Note [Elastic step] in docs/architecture.md):
+// when a peer dies or the coordinator ends the generation, the collective in
+// flight fails, run_elastic restores the last commit (model, optimizer,
+// counters, sampler position, buffers and the user's values), re-forms with
+// whoever is there — survivors and newcomers — gives every rank the
+// authoritative rank's state, rebinds DDP and its comm hook, runs the reset
+// callbacks and calls the loop again. The loop goes on from the committed
+// position: the sampler splits the rest of the epoch over the new world, so
+// no sample is skipped or trained twice. Workers waiting to join are
+// admitted at a step boundary (the first forward after a commit).
+
+#include <torch/arg.h>
+#include <torch/data/samplers/base.h>
+#include <torch/optim/optimizer.h>
+#include <torch/serialize/archive.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "concord/ddp.h"
+#include "concord/job.h"
+
+namespace concord {
+
+namespace detail {
+struct SamplerState;
+class ElasticCore;
+}  // namespace detail
+
+struct ElasticSamplerOptions {
+  // PyTorch's DistributedSampler: a new permutation every epoch from
+  // seed + epoch (the same on every rank), or the dataset's order.
+  TORCH_ARG(bool, shuffle) = true;
+  TORCH_ARG(uint64_t, seed) = 0;
+};
+
+// A torch::data sampler for make_data_loader: each batch is this rank's
+// share of the job's next window of world_size × batch_size samples of the
+// epoch (rank r takes every world_size-th from the r-th); a tail too small
+// to give every rank a sample joins the last window. The world is the job's
+// current one, so after a re-form the rest of the epoch is split over
+// whoever is there. A handle: the loader's copy and yours are one sampler.
+// The position it goes on from after a failure is the last commit's, so
+// the loader must fetch a batch only when the loop asks for it
+// (DataLoaderOptions::workers 0, the default).
+class ElasticSampler : public torch::data::samplers::Sampler<> {
+ public:
+  ElasticSampler(size_t dataset_size, const Job& job,
+                 const ElasticSamplerOptions& options = {});
+
+  // Rewinds to the committed position of the current epoch (the loader
+  // calls it when a loop starts over it). A new size starts a new order.
+  void reset(c10::optional<size_t> new_size = c10::nullopt) override;
+  // This rank's indices of the next window; none at the end of the epoch.
+  c10::optional<std::vector<size_t>> next(size_t batch_size) override;
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;
+
+  int64_t epoch() const;
+  // Samples of the epoch handed out to the job so far (all ranks).
+  size_t position() const;
+  size_t size() const;
+
+  // Inside Concord (ElasticState).
+  const std::shared_ptr<detail::SamplerState>& state() const { return state_; }
+
+ private:
+  std::shared_ptr<detail::SamplerState> state_;
+};
+
+// What a reset callback learns after a re-form.
+struct ResetInfo {
+  int64_t generation = 0;
+  int rank = 0;
+  int world_size = 0;
+  int previous_world_size = 0;
+  int64_t step = 0;  // the committed step training goes on from
+  std::string reason;
+};
+
+class ElasticState {
+ public:
+  // `ddp`, `optimizer` (and the sampler's data) must outlive the state.
+  template <typename M>
+  ElasticState(DistributedDataParallel<M>& ddp,
+               torch::optim::Optimizer& optimizer)
+      : ElasticState(ddp->core(), optimizer, nullptr) {}
+  template <typename M>
+  ElasticState(DistributedDataParallel<M>& ddp,
+               torch::optim::Optimizer& optimizer,
+               const ElasticSampler& sampler)
+      : ElasticState(ddp->core(), optimizer, sampler.state()) {}
+  ElasticState(detail::DdpCore& ddp, torch::optim::Optimizer& optimizer,
+               std::shared_ptr<detail::SamplerState> sampler);
+  ~ElasticState();
+  ElasticState(const ElasticState&) = delete;
+  ElasticState& operator=(const ElasticState&) = delete;
+
+  // Optimizer steps committed, and the epoch.
+  int64_t step() const;
+  int64_t epoch() const;
+  // The user's own tensors, committed and restored with the rest and sent
+  // to newcomers (Horovod's state attributes).
+  std::map<std::string, torch::Tensor>& values();
+
+  // The step just taken is done: step + 1, the sampler's position, the
+  // buffers and values are what a failure goes back to. Cheap (no
+  // communication).
+  void commit();
+  // The epoch is over: epoch + 1, the sampler starts it from 0; committed.
+  void next_epoch();
+  // After every re-form (Horovod's reset callbacks): rescale the learning
+  // rate, and so on.
+  void on_reset(std::function<void(const ResetInfo&)> callback);
+  // Re-forms so far.
+  int64_t reforms() const;
+
+  detail::ElasticCore& core() { return *core_; }
+
+ private:
+  std::unique_ptr<detail::ElasticCore> core_;
+};
+
+// Runs `train` until it returns; when a collective fails (a retryable
+// concord::Error out of forward or backward) or workers are admitted,
+// restores the last commit, re-forms and calls `train` again. Every rank
+// calls it once after making its state (newcomers too). Throws Error:
+// kFailedPrecondition when the job failed or re-forming timed out; what
+// `train` throws that is not retryable.
+void run_elastic(ElasticState& state, const std::function<void()>& train);
+
+}  // namespace concord
