@@ -39,10 +39,14 @@ class ElasticCore {
                   "ElasticState: this DistributedDataParallel has one already");
     }
     // A re-form rebinds DDP, which drops its comm hook; the sampler goes on
-    // from the authoritative rank's position.
+    // from the authoritative rank's position; and the step the loop starts
+    // again begins with the agreement, as a newcomer's first step does
+    // (without it the survivors would skip the agreement a newcomer runs,
+    // and their collectives would pair up wrongly).
     state_.OnReset([this](const elastic::ResetInfo&) {
       if (!ddp_.options.comm_hook().empty()) ddp_.RegisterHook();
       ToSampler();
+      ddp_.step_open = false;
     });
     ddp_.begin_step = [this] { BeginStep(); };
   }

@@ -29,6 +29,9 @@ PACKAGES=(
   libsystemd-dev systemd
   # The unit sandbox test traces the coordinator's system calls.
   strace
+  # examples/mnist trains on Fashion-MNIST's idx files (nothing can be
+  # downloaded; tests/integration/test_examples.py).
+  dataset-fashion-mnist
 )
 # Node and npm for the browser driver and the Kubernetes manifest validator
 # (tests/browser, tests/deploy/k8s-validate: `npm ci`): Debian's, unless
