@@ -3,7 +3,7 @@
 Concord, under the installed launcher, with a worker killed mid-run.
 
     /usr/bin/python3 tests/integration/test_examples.py --build-dir build \
-        --source-dir . [--cmake cmake] [--keep]
+        --source-dir . [--cmake cmake] [--keep] [--bin-dir IGNORED]
 
 1. `cmake --install BUILD --prefix P` into a fresh temporary prefix.
 2. examples/mnist (pytorch/examples' cpp/mnist, elastic) copied out of the
@@ -197,6 +197,7 @@ def run_mnist(checks, prefix, example, data):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--bin-dir", help="unused: the installed tools run")
     parser.add_argument("--build-dir", required=True)
     parser.add_argument("--source-dir", required=True)
     parser.add_argument("--cmake", default="cmake")
