@@ -2,8 +2,10 @@
 
 #include <ATen/ATen.h>
 
+#include <cstring>
 #include <map>
 
+#include "common/status_macros.h"
 #include "worker/tensor_ops.h"
 
 namespace concord::comm {
@@ -28,6 +30,22 @@ absl::Status BroadcastCoalesced(Communicator& comm,
   }
   if (comm.rank() == root) return absl::OkStatus();
   for (auto& [flat, group] : flats) UnflattenInto(flat, *group);
+  return absl::OkStatus();
+}
+
+absl::Status BroadcastBytes(Communicator& comm, int root, std::string* bytes,
+                            const CollectiveOptions& options) {
+  at::Tensor length = at::tensor({static_cast<int64_t>(bytes->size())},
+                                 at::TensorOptions().dtype(at::kLong));
+  CONCORD_RETURN_IF_ERROR(comm.Broadcast(length, root, options)->Wait());
+  at::Tensor data = at::empty({length.item<int64_t>()},
+                              at::TensorOptions().dtype(at::kByte));
+  if (comm.rank() == root && !bytes->empty()) {
+    std::memcpy(data.data_ptr(), bytes->data(), bytes->size());
+  }
+  CONCORD_RETURN_IF_ERROR(comm.Broadcast(data, root, options)->Wait());
+  bytes->assign(static_cast<const char*>(data.data_ptr()),
+                static_cast<size_t>(data.numel()));
   return absl::OkStatus();
 }
 

@@ -4,6 +4,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -19,5 +20,10 @@ namespace concord::comm {
 absl::Status BroadcastCoalesced(Communicator& comm,
                                 const std::vector<at::Tensor>& tensors,
                                 int root, const CollectiveOptions& options);
+
+// Replaces `*bytes` with `root`'s (its length first, then the bytes, as CPU
+// tensors). Blocks. Every rank calls it. Errors: those of Work::Wait.
+absl::Status BroadcastBytes(Communicator& comm, int root, std::string* bytes,
+                            const CollectiveOptions& options);
 
 }  // namespace concord::comm

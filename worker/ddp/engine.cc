@@ -1,6 +1,5 @@
 #include "worker/ddp/engine.h"
 
-#include <cstring>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -90,16 +89,8 @@ absl::Status VerifySameModel(comm::Communicator& comm, int root,
   if (comm.size() == 1) return absl::OkStatus();
   std::string text;
   for (const auto& line : mine) absl::StrAppend(&text, line, "\n");
-  torch::Tensor length =
-      torch::tensor({static_cast<int64_t>(text.size())}, torch::kLong);
-  CONCORD_RETURN_IF_ERROR(comm.Broadcast(length, root, opts)->Wait());
-  torch::Tensor bytes = torch::empty({length.item<int64_t>()}, torch::kByte);
-  if (comm.rank() == root) {
-    std::memcpy(bytes.data_ptr(), text.data(), text.size());
-  }
-  CONCORD_RETURN_IF_ERROR(comm.Broadcast(bytes, root, opts)->Wait());
-  const std::string theirs(static_cast<const char*>(bytes.data_ptr()),
-                           static_cast<size_t>(bytes.numel()));
+  std::string theirs = text;
+  CONCORD_RETURN_IF_ERROR(comm::BroadcastBytes(comm, root, &theirs, opts));
   std::string difference;
   if (theirs != text) {
     std::vector<std::string> lines =

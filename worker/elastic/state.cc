@@ -2,13 +2,13 @@
 
 #include <spdlog/spdlog.h>
 
-#include <cstring>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
+#include "worker/comm/coalesced.h"
 #include "worker/error.h"
 
 namespace concord::elastic {
@@ -17,23 +17,6 @@ namespace {
 absl::Status Annotate(const absl::Status& s, const std::string& what) {
   if (s.ok()) return s;
   return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
-}
-
-// Broadcasts `bytes` from `root` (length first, then the bytes).
-absl::Status BroadcastBytes(comm::Communicator& comm, int root,
-                            std::string* bytes,
-                            const comm::CollectiveOptions& opts) {
-  torch::Tensor length =
-      torch::tensor({static_cast<int64_t>(bytes->size())}, torch::kLong);
-  CONCORD_RETURN_IF_ERROR(comm.Broadcast(length, root, opts)->Wait());
-  torch::Tensor data = torch::empty({length.item<int64_t>()}, torch::kByte);
-  if (comm.rank() == root && !bytes->empty()) {
-    std::memcpy(data.data_ptr(), bytes->data(), bytes->size());
-  }
-  CONCORD_RETURN_IF_ERROR(comm.Broadcast(data, root, opts)->Wait());
-  bytes->assign(static_cast<const char*>(data.data_ptr()),
-                static_cast<size_t>(data.numel()));
-  return absl::OkStatus();
 }
 
 int64_t ReadInt(torch::serialize::InputArchive& archive, const char* key) {
@@ -127,7 +110,7 @@ absl::Status State::SyncPayload() {
     archive.save_to(out);
     bytes = out.str();
   }
-  CONCORD_RETURN_IF_ERROR(BroadcastBytes(*comm, root, &bytes, opts));
+  CONCORD_RETURN_IF_ERROR(comm::BroadcastBytes(*comm, root, &bytes, opts));
   if (comm->rank() == root) return absl::OkStatus();
   try {
     std::istringstream in(bytes);
