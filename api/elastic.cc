@@ -106,9 +106,11 @@ class ElasticCore {
           return absl::OkStatus();
         } catch (const Restart&) {
           // Admitted workers: the new generation goes on from the commit.
+          // The agreement of this step already ran in it (with the
+          // newcomers' first one): the loop starts over without another.
           state_.Restore();
           ToSampler();
-          ddp_.step_open = false;
+          ddp_.step_open = true;
         }
       }
     }));

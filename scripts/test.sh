@@ -49,6 +49,12 @@ run_debian13() {
   ./scripts/debian13.sh root
   ./scripts/debian13.sh run env BUILD_DIR=build-debian13 ./scripts/build.sh \
     -DCONCORD_WITH_CUDA=ON -DCONCORD_WITH_NCCL=ON
+  # examples/mnist's data (Debian's dataset-fashion-mnist, installed on this
+  # machine, not in the root): a copy in the build tree, which the root sees.
+  if [ -d /usr/share/datasets/fashion-mnist ]; then
+    mkdir -p build-debian13/datasets
+    cp -r /usr/share/datasets/fashion-mnist build-debian13/datasets/
+  fi
   echo "test.sh: debian13: ctest"
   ./scripts/debian13.sh run ctest --test-dir build-debian13 "${CTEST_ARGS[@]}" \
     --label-exclude 'deploy|browser' "$@" || failed+=(debian13)

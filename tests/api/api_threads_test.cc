@@ -3,10 +3,13 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <atomic>
+#include <chrono>
 #include <map>
 #include <mutex>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "job_threads.h"
@@ -133,6 +136,79 @@ TEST_F(ApiThreadsTest, RunElasticGoesOnWithoutAWorkerThatLeaves) {
   ASSERT_EQ(survivor_sums.size(), 2u);
   EXPECT_EQ(survivor_sums[0], survivor_sums[1]);
   EXPECT_EQ(survivor_steps[0], survivor_steps[1]);
+  ASSERT_EQ(committed.size(), 2u);
+  for (const auto& [epoch, samples] : committed) {
+    EXPECT_EQ(samples.size(), kSamples) << "epoch " << epoch;
+    EXPECT_EQ(std::set<size_t>(samples.begin(), samples.end()).size(), kSamples)
+        << "epoch " << epoch;
+  }
+}
+
+// Two workers train; a third joins while they do and is admitted at a step
+// boundary (the step agreement re-forms, the loop starts over in the new
+// generation). Every sample once per epoch over the committed steps; all
+// three end equal.
+TEST_F(ApiThreadsTest, AWorkerThatJoinsLateIsAdmittedAtAStepBoundary) {
+  constexpr size_t kSamples = 400;
+  std::mutex mu;
+  std::map<int64_t, std::multiset<size_t>> committed;
+  std::vector<double> sums;
+  std::vector<int> worlds;
+  std::atomic<bool> started{false};
+  auto body = [&](int i, concord::Job& job) {
+    torch::manual_seed(7);
+    Net net;
+    concord::DistributedDataParallel ddp(net, job);
+    torch::optim::SGD opt(ddp->parameters(), 0.01);
+    concord::ElasticSampler sampler(kSamples, job);
+    concord::ElasticState state(ddp, opt, sampler);
+    concord::run_elastic(state, [&] {
+      for (; state.epoch() < 2; state.next_epoch()) {
+        while (auto batch = sampler.next(2)) {
+          started = true;
+          std::vector<float> xs;
+          for (size_t index : *batch) {
+            for (int k = 0; k < 4; ++k) {
+              xs.push_back(static_cast<float>(index) / kSamples);
+            }
+          }
+          opt.zero_grad();
+          ddp->forward(torch::tensor(xs).view({-1, 4})).pow(2).sum().backward();
+          opt.step();
+          const int64_t epoch = state.epoch();
+          state.commit();
+          {
+            std::lock_guard<std::mutex> lock(mu);
+            committed[epoch].insert(batch->begin(), batch->end());
+          }
+          // Slow enough steps that the late worker arrives mid-epoch.
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
+      }
+    });
+    double sum = 0;
+    for (const auto& p : net->parameters()) sum += p.sum().item<double>();
+    std::lock_guard<std::mutex> lock(mu);
+    sums.push_back(sum);
+    worlds.push_back(job.world_size());
+    job.finish();
+  };
+  std::thread late([&] {
+    while (!started) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    try {
+      concord::Job job(
+          concord::testing::WorkerOptions(address(), "late", 2, 3, /*min=*/2));
+      body(2, job);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "late worker: " << e.what();
+    }
+  });
+  RunJobThreads(address(), "late", 2, body, /*min=*/2, /*max=*/3);
+  late.join();
+  ASSERT_EQ(sums.size(), 3u);
+  EXPECT_EQ(sums[0], sums[1]);
+  EXPECT_EQ(sums[1], sums[2]);
+  EXPECT_EQ(worlds, (std::vector<int>{3, 3, 3}));
   ASSERT_EQ(committed.size(), 2u);
   for (const auto& [epoch, samples] : committed) {
     EXPECT_EQ(samples.size(), kSamples) << "epoch " << epoch;

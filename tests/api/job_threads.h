@@ -92,7 +92,7 @@ class CoordinatorProcess {
 // goes on with `min` workers (default: all n), with fast failure detection.
 inline JobOptions WorkerOptions(const std::string& address,
                                 const std::string& job_id, int i, int n,
-                                int min = 0) {
+                                int min = 0, int max = 0) {
   using std::chrono::milliseconds;
   return JobOptions()
       .coordinator(address)
@@ -100,7 +100,7 @@ inline JobOptions WorkerOptions(const std::string& address,
       .job_id(job_id)
       .worker_id("w" + std::to_string(i))
       .min_workers(min > 0 ? min : n)
-      .max_workers(n)
+      .max_workers(max > 0 ? max : n)
       .timeouts(Timeouts()
                     .rendezvous(milliseconds(20000))
                     .collective(milliseconds(20000))
@@ -109,16 +109,16 @@ inline JobOptions WorkerOptions(const std::string& address,
 }
 
 // Runs `body(i, job)` on n threads, each joining as worker i of a job that
-// goes on with `min` of them; a body that throws fails the test (with its
-// message).
+// goes on with `min` of them and admits `max` (default: n); a body that
+// throws fails the test (with its message).
 inline void RunJobThreads(const std::string& address, const std::string& job_id,
                           int n, const std::function<void(int, Job&)>& body,
-                          int min = 0) {
+                          int min = 0, int max = 0) {
   std::vector<std::thread> threads;
   for (int i = 0; i < n; ++i) {
     threads.emplace_back([&, i] {
       try {
-        Job job(WorkerOptions(address, job_id, i, n, min));
+        Job job(WorkerOptions(address, job_id, i, n, min, max));
         body(i, job);
       } catch (const std::exception& e) {
         ADD_FAILURE() << "worker " << i << ": " << e.what();

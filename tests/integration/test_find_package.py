@@ -39,6 +39,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 
@@ -158,9 +159,23 @@ def hiding(dirs):
     `dirs` are empty; None when this process cannot make one."""
     if os.geteuid() != 0 or not shutil.which("unshare"):
         return None
+    propagation = "private"
+    probe = subprocess.run(["unshare", "--mount", "--propagation", "private",
+                            "true"], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    if probe.returncode != 0:
+        # In a chroot whose root is no mount point (the Debian 13 root of
+        # scripts/debian13.sh) the root's propagation cannot be changed. The
+        # mounts there are already private (that script's own namespace):
+        # then the new namespace's mounts cannot reach the host. Where any
+        # mount is shared, do not risk it.
+        with open("/proc/self/mountinfo") as f:
+            if "shared:" in f.read():
+                return None
+        propagation = "unchanged"
     mounts = " && ".join("mount -t tmpfs -o ro,size=4k concord-hidden %s" % d
                          for d in dirs)
-    return ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+    return ["unshare", "--mount", "--propagation", propagation, "sh", "-c",
             mounts + ' && exec "$@"', "hide"]
 
 
