@@ -26,6 +26,15 @@ struct NetImpl : torch::nn::Module {
 };
 TORCH_MODULE(Net);
 
+// A batch of the samples `indices`: sample i is four times i / n.
+torch::Tensor Features(const std::vector<size_t>& indices, size_t n) {
+  std::vector<float> xs;
+  for (size_t index : indices) {
+    for (int k = 0; k < 4; ++k) xs.push_back(static_cast<float>(index) / n);
+  }
+  return torch::tensor(xs).view({-1, 4});
+}
+
 class ApiThreadsTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -102,13 +111,7 @@ TEST_F(ApiThreadsTest, RunElasticGoesOnWithoutAWorkerThatLeaves) {
             for (; state.epoch() < 2; state.next_epoch()) {
               while (auto batch = sampler.next(2)) {
                 if (i == 2 && state.step() == 4) throw Leave{};
-                std::vector<float> xs;
-                for (size_t index : *batch) {
-                  for (int k = 0; k < 4; ++k) {
-                    xs.push_back(static_cast<float>(index) / kSamples);
-                  }
-                }
-                auto x = torch::tensor(xs).view({-1, 4});
+                auto x = Features(*batch, kSamples);
                 opt.zero_grad();
                 ddp->forward(x).pow(2).sum().backward();
                 opt.step();
@@ -166,14 +169,8 @@ TEST_F(ApiThreadsTest, AWorkerThatJoinsLateIsAdmittedAtAStepBoundary) {
       for (; state.epoch() < 2; state.next_epoch()) {
         while (auto batch = sampler.next(2)) {
           started = true;
-          std::vector<float> xs;
-          for (size_t index : *batch) {
-            for (int k = 0; k < 4; ++k) {
-              xs.push_back(static_cast<float>(index) / kSamples);
-            }
-          }
           opt.zero_grad();
-          ddp->forward(torch::tensor(xs).view({-1, 4})).pow(2).sum().backward();
+          ddp->forward(Features(*batch, kSamples)).pow(2).sum().backward();
           opt.step();
           const int64_t epoch = state.epoch();
           state.commit();

@@ -1113,40 +1113,17 @@ def case_below_min_coordinator(ctx, name):
 
 # --- chaos ----------------------------------------------------------------------
 
-def children(pid):
-    """Child pids of pid (from /proc)."""
-    kids = []
-    try:
-        for task in os.listdir("/proc/%d/task" % pid):
-            with open("/proc/%d/task/%s/children" % (pid, task)) as f:
-                kids += [int(x) for x in f.read().split()]
-        return kids
-    except OSError:
-        pass
-    for entry in os.listdir("/proc"):  # no /proc/*/children: scan ppids
-        if not entry.isdigit():
-            continue
-        try:
-            with open("/proc/%s/stat" % entry) as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            if int(fields[1]) == pid:
-                kids.append(int(entry))
-        except (OSError, IndexError, ValueError):
-            pass
-    return kids
-
-
 def live_trainers(launcher_pid):
     """{pid: worker id} of the running concord-train processes that concord-run
     started (its children, or their descendants when the program is a
     wrapper script: the processes whose executable is concord-train)."""
     out = {}
     descendants = []
-    todo = children(launcher_pid)
+    todo = fixtures.children(launcher_pid)
     while todo:
         pid = todo.pop()
         descendants.append(pid)
-        todo += children(pid)
+        todo += fixtures.children(pid)
     for kid in descendants:
         try:
             if os.path.basename(os.readlink("/proc/%d/exe" % kid)) != "concord-train":

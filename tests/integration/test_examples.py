@@ -51,34 +51,12 @@ FINAL = re.compile(
 PROGRESS = re.compile(r"Train Epoch: (\d+) \[\s*(\d+)/\s*(\d+)\]")
 
 
-def cmake_cache_value(build_dir, key):
-    try:
-        with open(os.path.join(build_dir, "CMakeCache.txt")) as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return line.split("=", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
-
-
 def build(checks, args, prefix, work, name, target):
     src = os.path.join(work, name + "-src")
     out = os.path.join(work, name + "-build")
     shutil.copytree(os.path.join(args.source_dir, "examples", name), src)
-    for var in ["CMAKE_PREFIX_PATH", "Concord_DIR", "Concord_ROOT", "CPATH",
-                "CPLUS_INCLUDE_PATH", "LIBRARY_PATH"]:
-        os.environ.pop(var, None)
-    configure = [args.cmake, "-S", src, "-B", out,
-                 "-DCMAKE_PREFIX_PATH=" + prefix,
-                 "-DCMAKE_FIND_PACKAGE_NO_PACKAGE_REGISTRY=ON",
-                 "-DCMAKE_BUILD_TYPE=Release",
-                 "-DCMAKE_CXX_FLAGS=-Wall -Wextra -Werror"]
-    compiler = cmake_cache_value(args.build_dir, "CMAKE_CXX_COMPILER")
-    if compiler:
-        configure.append("-DCMAKE_CXX_COMPILER=" + compiler)
-    if shutil.which("ninja"):
-        configure += ["-G", "Ninja"]
+    configure = fixtures.example_configure(args.cmake, args.build_dir, src,
+                                           out, prefix)
     r = fixtures.run_command(configure, timeout=120)
     if not checks.check(r.returncode == 0 and not r.timed_out,
                         "%s configures against the prefix" % name,
@@ -94,25 +72,10 @@ def build(checks, args, prefix, work, name, target):
     return os.path.join(out, target)
 
 
-def children(pid):
-    kids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open("/proc/%s/stat" % entry) as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            if int(fields[1]) == pid:
-                kids.append(int(entry))
-        except (OSError, IndexError, ValueError):
-            pass
-    return kids
-
-
 def local_worker(launcher_pid, local_rank):
     """The pid of the launcher's worker with CONCORD_LOCAL_RANK=local_rank."""
     want = b"CONCORD_LOCAL_RANK=%d" % local_rank
-    for kid in children(launcher_pid):
+    for kid in fixtures.children(launcher_pid):
         try:
             with open("/proc/%d/environ" % kid, "rb") as f:
                 if want in f.read().split(b"\0"):

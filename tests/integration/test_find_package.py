@@ -75,17 +75,6 @@ FINAL = re.compile(
     r"last_loss (\S+) param_sum (\S+) param_sq_sum (\S+)")
 
 
-def cmake_cache_value(build_dir, key):
-    try:
-        with open(os.path.join(build_dir, "CMakeCache.txt")) as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return line.split("=", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
-
-
 def files_naming(root, needles):
     """Text files under root that contain one of needles."""
     hits = []
@@ -208,22 +197,9 @@ def build_example(checks, args, prefix, work):
     build = os.path.join(work, "example-build")
     shutil.copytree(os.path.join(args.source_dir, "examples", "find_package"),
                     src)
-    # Nothing but -DCMAKE_PREFIX_PATH may point CMake or the compiler
-    # elsewhere (fixtures.run_command passes this process's environment on).
-    for var in ["CMAKE_PREFIX_PATH", "Concord_DIR", "Concord_ROOT", "CPATH",
-                "CPLUS_INCLUDE_PATH", "LIBRARY_PATH"]:
-        os.environ.pop(var, None)
-    configure = [args.cmake, "-S", src, "-B", build,
-                 "-DCMAKE_PREFIX_PATH=" + prefix,
-                 "-DCMAKE_FIND_PACKAGE_NO_PACKAGE_REGISTRY=ON",
-                 "-DCMAKE_BUILD_TYPE=Release",
-                 "-DCMAKE_EXPORT_COMPILE_COMMANDS=ON",
-                 "-DCMAKE_CXX_FLAGS=-Wall -Wextra -Werror"]
-    compiler = cmake_cache_value(args.build_dir, "CMAKE_CXX_COMPILER")
-    if compiler:
-        configure.append("-DCMAKE_CXX_COMPILER=" + compiler)
-    if shutil.which("ninja"):
-        configure += ["-G", "Ninja"]
+    configure = fixtures.example_configure(args.cmake, args.build_dir, src,
+                                           build, prefix)
+    configure.append("-DCMAKE_EXPORT_COMPILE_COMMANDS=ON")
     names, dirs = hidden_dirs(checks, args, work)
     prefix_cmd = hiding(dirs) or []
     what = ("with %s hidden" % ", ".join(names) if prefix_cmd else
@@ -234,9 +210,11 @@ def build_example(checks, args, prefix, work):
         probe = os.path.join(work, "needs_grpc.cc")
         with open(probe, "w") as f:
             f.write("#include <grpcpp/grpcpp.h>\nint main() {}\n")
-        r = fixtures.run_command(prefix_cmd + [
-            cmake_cache_value(args.build_dir, "CMAKE_CXX_COMPILER") or "c++",
-            "-fsyntax-only", probe], timeout=60)
+        compiler = fixtures.cmake_cache_value(args.build_dir,
+                                              "CMAKE_CXX_COMPILER")
+        r = fixtures.run_command(prefix_cmd + [compiler or "c++",
+                                               "-fsyntax-only", probe],
+                                 timeout=60)
         checks.check(r.returncode != 0 and "grpcpp" in r.stderr,
                      "hidden: #include <grpcpp/grpcpp.h> fails there",
                      r.describe())
@@ -245,7 +223,7 @@ def build_example(checks, args, prefix, work):
                         "example configures against the prefix " + what,
                         r.describe()):
         return None
-    found = cmake_cache_value(build, "Concord_DIR")
+    found = fixtures.cmake_cache_value(build, "Concord_DIR")
     expected = os.path.join(prefix, "lib", "cmake", "Concord")
     checks.check(os.path.realpath(found) == os.path.realpath(expected),
                  "Concord found in the prefix",

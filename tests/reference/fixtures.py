@@ -897,3 +897,61 @@ def run_command(cmd, timeout, env=None, cwd=None):
     result.leftover_processes = leftover
     return result
 
+
+
+def children(pid):
+    """Child pids of pid (from /proc)."""
+    kids = []
+    try:
+        for task in os.listdir("/proc/%d/task" % pid):
+            with open("/proc/%d/task/%s/children" % (pid, task)) as f:
+                kids += [int(x) for x in f.read().split()]
+        return kids
+    except OSError:
+        pass
+    for entry in os.listdir("/proc"):  # no /proc/*/children: scan ppids
+        if not entry.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % entry) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid:
+                kids.append(int(entry))
+        except (OSError, IndexError, ValueError):
+            pass
+    return kids
+
+
+def cmake_cache_value(build_dir, key):
+    """A value of BUILD/CMakeCache.txt ("" when absent)."""
+    try:
+        with open(os.path.join(build_dir, "CMakeCache.txt")) as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return line.split("=", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def example_configure(cmake, build_dir, src, out, prefix):
+    """The command that configures an example project in `src` into `out`
+    against the installed prefix alone, as a user would, with warnings as
+    errors and the compiler Concord was built with. Clears the variables
+    that could point CMake or the compiler elsewhere from this process's
+    environment (run_command passes it on)."""
+    import shutil
+    for var in ["CMAKE_PREFIX_PATH", "Concord_DIR", "Concord_ROOT", "CPATH",
+                "CPLUS_INCLUDE_PATH", "LIBRARY_PATH"]:
+        os.environ.pop(var, None)
+    configure = [cmake, "-S", src, "-B", out,
+                 "-DCMAKE_PREFIX_PATH=" + prefix,
+                 "-DCMAKE_FIND_PACKAGE_NO_PACKAGE_REGISTRY=ON",
+                 "-DCMAKE_BUILD_TYPE=Release",
+                 "-DCMAKE_CXX_FLAGS=-Wall -Wextra -Werror"]
+    compiler = cmake_cache_value(build_dir, "CMAKE_CXX_COMPILER")
+    if compiler:
+        configure.append("-DCMAKE_CXX_COMPILER=" + compiler)
+    if shutil.which("ninja"):
+        configure += ["-G", "Ninja"]
+    return configure
