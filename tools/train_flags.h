@@ -51,13 +51,13 @@ struct TrainFlags {
   int64_t message_size = 0;
   std::vector<std::string> allreduce_trigger_params;
   bool sync_bn = false;
-  // Elastic training (issue 4).
+  // Elastic training.
   std::string sharding = "elastic";
   bool no_divide_by_initial_world_size = false;
   bool throw_on_early_termination = false;
   std::string output_per_worker;
   std::string sample_log;
-  // SlowMo (issue 5): --algorithm and fairscale's arguments.
+  // SlowMo: --algorithm and fairscale's arguments.
   concord::train::SlowMoFlags slowmo;
   std::optional<concord::slowmo::SlowMoOptions> slowmo_options;
 };

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Coordinator failover with the etcd store (issue 3): a real etcd on loopback,
+"""Coordinator failover with the etcd store: a real etcd on loopback,
 two concord-coordinator replicas (--store etcd), and a real 2-worker training
 job (concord-run + concord-train, Gloo) whose workers are given both replicas
 as one address (--coordinator 127.0.0.1:A,127.0.0.1:B).

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Integration test of elastic training (issue 4): real multi-process runs of
+"""Integration test of elastic training: real multi-process runs of
 concord-run + concord-train where workers die (SIGKILL), leave when their data
 runs out, join mid-run or are restarted.
 

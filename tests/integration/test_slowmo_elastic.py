@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""SlowMo across a membership change (issue 5): real concord-run +
+"""SlowMo across a membership change: real concord-run +
 concord-train processes, one worker SIGKILLed after committing a step and
 before SlowMo's averaging of it (CONCORD_TEST_KILL phase 'slowmo'), so the
 survivors' collectives fail in the middle of the average.

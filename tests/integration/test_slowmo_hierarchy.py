@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""SlowMo's node hierarchy (issue 5, Note [Node hierarchy] in
+"""SlowMo's node hierarchy (Note [Node hierarchy] in
 worker/slowmo/hierarchy.h) with real processes: a concord-coordinator and two
 concord-run launchers on loopback, one per simulated node (--node-id node-a,
 node-b), two concord-train workers each, --nprocs-per-node 2. One worker of

@@ -10,7 +10,7 @@ not (it normalises per rank), which shows the test can fail.
     /usr/bin/python3 tests/integration/test_sync_bn_train.py --bin-dir B [--world-size W]
     /usr/bin/python3 tests/integration/test_sync_bn_train.py --bin-dir B --elastic
 
---elastic: the SyncBN group follows the generation (issue 6). Three ranks,
+--elastic: the SyncBN group follows the generation. Three ranks,
 one SIGKILLed (CONCORD_TEST_KILL) before its first forward: the survivors'
 SyncBN allgather over three fails, they re-form as two, and the job must end
 bit-identical to a fault-free two-rank SyncBN job (which the plain case shows

@@ -259,7 +259,7 @@ def run(args, checks, tmp):
                      train(extra=["--allreduce-trigger-params", "nope.weight"]),
                      ["nope.weight"], out)
 
-    # --- SlowMo (issue 5): --algorithm and fairscale's arguments --------------
+    # --- SlowMo: --algorithm and fairscale's arguments --------------
     expect_rejection(checks, "unknown --algorithm", train(extra=["--algorithm", "gossip"]),
                      ["algorithm", "gossip"], out)
     expect_rejection(checks, "--slowmo-frequency with --algorithm ddp",

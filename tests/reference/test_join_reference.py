@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Reference test for uneven inputs (issue 4): concord-train --sharding fixed
+"""Reference test for uneven inputs: concord-train --sharding fixed
 against PyTorch's DDP with the whole training loop inside ddp.join() (gloo),
 on the same TorchScript model and data.
 
@@ -87,7 +87,7 @@ THROW = "--throw-on-early-termination"
 # optionally a --shuffle seed. "throw": the run must fail on every rank.
 CASES = {
     "w3-initial": dict(
-        doc="issue 4's example: 97 samples, 3 ranks, batch 32, 2 epochs; rank 0 [32,1,32,1], "
+        doc="the join example: 97 samples, 3 ranks, batch 32, 2 epochs; rank 0 [32,1,32,1], "
             "ranks 1-2 [32,32]; steps 3-4 on rank 0 alone, gradients / 3",
         kind="mlp-plain", samples=97, world=3, batch=32, flags=[]),
     "w3-active": dict(
@@ -109,7 +109,7 @@ CASES = {
             "ranks, batch 8: rank 0 [8,8,1,8,8,1], ranks 1-2 [8,8,8,8]",
         kind="cnn-bn2d", samples=49, world=3, batch=8, flags=[]),
     "throw-w3": dict(
-        doc="--throw-on-early-termination on issue 4's example: every rank fails when ranks "
+        doc="--throw-on-early-termination on the join example: every rank fails when ranks "
             "1 and 2 run out after step 2",
         kind="mlp-plain", samples=97, world=3, batch=32, flags=[THROW], throw=True),
 }
@@ -399,7 +399,7 @@ def run(args, checks, tmp):
                         "not found or not executable: %s" % missing):
         pass
     elif not checks.check(concord_supports(bin_dir, "--sharding"),
-                          "concord-train has --sharding (uneven inputs, issue 4)",
+                          "concord-train has --sharding (uneven inputs)",
                           "concord-train --help does not mention --sharding"):
         pass
     else:

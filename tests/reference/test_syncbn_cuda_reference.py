@@ -5,7 +5,7 @@ gpu).
     python3 tests/reference/test_syncbn_cuda_reference.py --bin-dir B
 
 PyTorch's nn.SyncBatchNorm runs only on CUDA ("SyncBatchNorm expected input
-tensor to be on GPU"), so this is the gpu suite's half of issue 6's
+tensor to be on GPU"), so this is the gpu suite's half of SyncBatchNorm's
 reference comparison; test_syncbn_reference.py compares Concord's CPU path
 with BatchNorm on the concatenated batch everywhere. For every case of that
 test (the same inputs: 2-4 ranks, uneven and empty batches, 1d/2d/3d,

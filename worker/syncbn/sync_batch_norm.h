@@ -61,7 +61,7 @@ class SyncBnGroup {
       std::shared_ptr<comm::Communicator> communicator = nullptr,
       comm::CollectiveOptions options = {});
 
-  // Installs the communicator of a new generation (issue 4's elastic loop
+  // Installs the communicator of a new generation (the elastic loop
   // calls this after re-forming): later forwards use the new group. Must
   // not be called while a forward or backward of this group is running.
   void SetCommunicator(std::shared_ptr<comm::Communicator> communicator);
