@@ -38,8 +38,8 @@ absl::Status BroadcastBytes(Communicator& comm, int root, std::string* bytes,
   at::Tensor length = at::tensor({static_cast<int64_t>(bytes->size())},
                                  at::TensorOptions().dtype(at::kLong));
   CONCORD_RETURN_IF_ERROR(comm.Broadcast(length, root, options)->Wait());
-  at::Tensor data = at::empty({length.item<int64_t>()},
-                              at::TensorOptions().dtype(at::kByte));
+  at::Tensor data =
+      at::empty({length.item<int64_t>()}, at::TensorOptions().dtype(at::kByte));
   if (comm.rank() == root && !bytes->empty()) {
     std::memcpy(data.data_ptr(), bytes->data(), bytes->size());
   }
