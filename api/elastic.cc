@@ -105,11 +105,11 @@ class ElasticCore {
           train();
           return absl::OkStatus();
         } catch (const Restart&) {
-          // Admitted workers: the new generation goes on from the commit.
-          // The agreement of this step already ran in it (with the
-          // newcomers' first one): the loop starts over without another.
-          state_.Restore();
-          ToSampler();
+          // The agreement re-formed (admitted workers): its Sync and the
+          // reset callback already put the state and the sampler at the
+          // commit. The agreement of this step already ran in the new
+          // generation (with the newcomers' first one): the loop starts
+          // over without another.
           ddp_.step_open = true;
         }
       }
