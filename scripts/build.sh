@@ -1,9 +1,33 @@
 #!/usr/bin/env bash
 # Configures and builds Concord into ${BUILD_DIR:-build} (executables in
 # build/bin). Extra arguments go to CMake's configure step.
+#
+# Compiles go through ccache when it is installed (CONCORD_CCACHE=0: never),
+# with its cache outside the clone (CONCORD_CCACHE_DIR, default
+# /var/cache/concord/ccache; inside the Debian 13 root that path is the
+# root's own, so each platform keeps its cache). Paths are hashed relative to
+# the checkout, so a fresh clone anywhere hits what an earlier one compiled:
+# CI's two builds of LibTorch translation units are most of its time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
 JOBS=${JOBS:-$(nproc)}
-cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCONCORD_WERROR=ON "$@"
+launcher=()
+if [ "${CONCORD_CCACHE:-1}" != 0 ] && command -v ccache >/dev/null; then
+  export CCACHE_DIR=${CONCORD_CCACHE_DIR:-/var/cache/concord/ccache}
+  export CCACHE_BASEDIR=$PWD CCACHE_NOHASHDIR=1 CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-8G}
+  # CMake's precompiled headers (docs: ccache "Precompiled headers").
+  export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
+  mkdir -p "$CCACHE_DIR"
+  launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache
+    -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+  ccache --zero-stats >/dev/null
+else
+  launcher=(-DCMAKE_C_COMPILER_LAUNCHER= -DCMAKE_CXX_COMPILER_LAUNCHER= -DCMAKE_CUDA_COMPILER_LAUNCHER=)
+fi
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCONCORD_WERROR=ON \
+  "${launcher[@]}" "$@"
 cmake --build "$BUILD_DIR" -j "$JOBS"
+if [ -n "${CCACHE_DIR:-}" ]; then
+  ccache --show-stats | grep -E "^(Cacheable calls|  Hits|  Misses|Cache size)" | sed 's/^/build.sh: ccache: /' || true
+fi

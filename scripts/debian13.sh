@@ -32,7 +32,7 @@ ROOT=${CONCORD_DEBIAN13_ROOT:-/var/cache/concord/debian13}
 MIRROR=${CONCORD_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 
 PACKAGES=(
-  build-essential cmake ninja-build pkg-config git
+  build-essential cmake ninja-build pkg-config git ccache
   # CUDA 12.4's nvcc supports GCC up to 13; trixie's default is 14.
   g++-13
   libtorch-cuda-dev python3-torch-cuda libnccl-dev libgloo-cuda-dev
