@@ -63,15 +63,37 @@ void DdpCore::Impl::Init(Create create) {
   ThrowIfError(created.status());
   engine = *std::move(created);
   if (!options.comm_hook().empty()) RegisterHook();
+  BindSyncBatchNorm();
+}
+
+comm::CollectiveOptions DdpCore::Impl::CollectiveOptions() const {
+  comm::CollectiveOptions o;
+  o.timeout = absl::Milliseconds(job.timeouts().collective()->count());
+  return o;
+}
+
+void DdpCore::Impl::BindSyncBatchNorm() {
+  if (module == nullptr) return;
+  std::vector<std::shared_ptr<SyncBatchNormImpl>> layers;
+  for (const auto& m : module->modules(/*include_self=*/true)) {
+    if (auto layer = std::dynamic_pointer_cast<SyncBatchNormImpl>(m)) {
+      layers.push_back(std::move(layer));
+    }
+  }
+  if (layers.empty()) return;
+  sync_bn = std::make_shared<SyncBnGroup>(Communicator(), CollectiveOptions());
+  for (const auto& layer : layers) layer->set_group(sync_bn);
+}
+
+void DdpCore::Impl::Rebound() {
+  if (!options.comm_hook().empty()) RegisterHook();
+  if (sync_bn != nullptr) sync_bn->SetCommunicator(Communicator());
 }
 
 void DdpCore::Impl::RegisterHook() {
-  comm::CollectiveOptions hook_options;
-  hook_options.timeout =
-      absl::Milliseconds(job.timeouts().collective()->count());
   auto hook = ddp::MakeCommHook(options.comm_hook(),
                                 job.state()->session().shared_communicator(),
-                                hook_options);
+                                CollectiveOptions());
   if (!hook.ok()) {
     throw Error(
         ErrorCode::kInvalidArgument,
@@ -92,6 +114,7 @@ std::shared_ptr<comm::Communicator> DdpCore::Impl::Communicator() const {
 DdpCore::DdpCore(std::shared_ptr<torch::nn::Module> module, const Job& job,
                  const DdpOptions& options)
     : impl_(std::make_unique<Impl>(job, options)) {
+  impl_->module = module;
   impl_->Init([&](auto comm, int authoritative, const auto& engine_options) {
     return ddp::Engine::Create(std::move(module), std::move(comm),
                                authoritative, engine_options);
@@ -110,6 +133,10 @@ DdpCore::DdpCore(const torch::jit::Module& module, const Job& job,
 DdpCore::~DdpCore() = default;
 
 void DdpCore::before_forward() {
+  if (impl_->joined) {
+    throw Error(ErrorCode::kFailedPrecondition,
+                "forward after join(): this rank's data was over");
+  }
   if (impl_->begin_step && !impl_->step_open) {
     impl_->begin_step();
     impl_->step_open = true;
@@ -125,6 +152,19 @@ void DdpCore::set_require_backward_grad_sync(bool sync) {
 
 bool DdpCore::require_backward_grad_sync() const {
   return impl_->engine->require_backward_grad_sync();
+}
+
+void DdpCore::join() {
+  if (!impl_->join) {
+    throw Error(ErrorCode::kFailedPrecondition,
+                "join: needs an ElasticState over this DistributedDataParallel "
+                "(the step agreement is run_elastic's)");
+  }
+  if (impl_->step_open) {
+    throw Error(ErrorCode::kFailedPrecondition,
+                "join: the step begun by the last forward was not committed");
+  }
+  impl_->join();
 }
 
 const Job& DdpCore::job() const { return impl_->job; }

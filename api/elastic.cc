@@ -44,13 +44,17 @@ class ElasticCore {
     // (without it the survivors would skip the agreement a newcomer runs,
     // and their collectives would pair up wrongly).
     state_.OnReset([this](const elastic::ResetInfo&) {
-      if (!ddp_.options.comm_hook().empty()) ddp_.RegisterHook();
+      ddp_.Rebound();
       ToSampler();
       ddp_.step_open = false;
     });
     ddp_.begin_step = [this] { BeginStep(); };
+    ddp_.join = [this] { Join(); };
   }
-  ~ElasticCore() { ddp_.begin_step = nullptr; }
+  ~ElasticCore() {
+    ddp_.begin_step = nullptr;
+    ddp_.join = nullptr;
+  }
 
   elastic::State& state() { return state_; }
 
@@ -126,7 +130,21 @@ class ElasticCore {
       throw Error(ErrorCode::kInternal,
                   "step agreement: a rank without data in run_elastic");
     }
-    if (state_.reforms() != reforms) throw Restart{};
+    // The agreement re-formed (workers admitted, or ranks that ran out of
+    // data left). The batch an ElasticSampler handed out for this step was
+    // the old world's share: the loop starts over from the commit. A loop
+    // over the rank's own data goes on with its batch (PyTorch's join: each
+    // rank's inputs are its own).
+    if (state_.reforms() != reforms && sampler_ != nullptr) throw Restart{};
+  }
+
+  // DistributedDataParallelImpl::join: this rank's data is over.
+  void Join() {
+    auto decision = state_.BeginStep(/*has_data=*/false);
+    ThrowIfError(decision.status());
+    // kLeft: this rank left the job, the others go on without it; kDone:
+    // every rank ran out, training is over everywhere.
+    ddp_.joined = true;
   }
 
   DdpCore::Impl& ddp_;

@@ -11,6 +11,7 @@
 #include "concord/job.h"
 #include "worker/ddp/engine.h"
 #include "worker/session.h"
+#include "worker/syncbn/sync_batch_norm.h"
 
 namespace concord::detail {
 
@@ -38,10 +39,17 @@ struct DdpCore::Impl {
   Job job;
   DdpOptions options;
   std::unique_ptr<ddp::Engine> engine;
+  // The wrapped C++-frontend module (null for TorchScript), and the group
+  // of its SyncBatchNorm layers (null: it has none).
+  std::shared_ptr<torch::nn::Module> module;
+  std::shared_ptr<SyncBnGroup> sync_bn;
   // Set by an ElasticState: the step agreement, run before the first
-  // forward of a step (step_open false: the last step was committed).
+  // forward of a step (step_open false: the last step was committed), and
+  // DistributedDataParallelImpl::join's.
   std::function<void()> begin_step;
+  std::function<void()> join;
   bool step_open = false;
+  bool joined = false;  // join() returned: no more steps
 
   Impl(const Job& j, const DdpOptions& o);
   // Checks the options, then `create(communicator, authoritative rank,
@@ -50,6 +58,13 @@ struct DdpCore::Impl {
   void Init(Create create);
   // DdpOptions::comm_hook on the current generation's communicator.
   void RegisterHook();
+  // Every SyncBatchNorm in `module` reduces over the job's ranks.
+  void BindSyncBatchNorm();
+  // After a re-form rebound the engine: the comm hook and the SyncBatchNorm
+  // layers on the new generation's communicator.
+  void Rebound();
+  // The job's collective timeout.
+  comm::CollectiveOptions CollectiveOptions() const;
   // The current generation's; kFailedPrecondition between generations.
   std::shared_ptr<comm::Communicator> Communicator() const;
 };

@@ -14,7 +14,8 @@
 // Build with find_package(Concord) and target_link_libraries(app
 // Concord::concord): it needs LibTorch and nothing else.
 
-#include "concord/ddp.h"      // IWYU pragma: export
-#include "concord/elastic.h"  // IWYU pragma: export
-#include "concord/error.h"    // IWYU pragma: export
-#include "concord/job.h"      // IWYU pragma: export
+#include "concord/ddp.h"              // IWYU pragma: export
+#include "concord/elastic.h"          // IWYU pragma: export
+#include "concord/error.h"            // IWYU pragma: export
+#include "concord/job.h"              // IWYU pragma: export
+#include "concord/sync_batch_norm.h"  // IWYU pragma: export

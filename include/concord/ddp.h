@@ -100,6 +100,7 @@ class DdpCore {
   void after_forward();
   void set_require_backward_grad_sync(bool sync);
   bool require_backward_grad_sync() const;
+  void join();
   const Job& job() const;
 
   struct Impl;  // api/internal.h
@@ -184,6 +185,18 @@ class DistributedDataParallelImpl : public torch::nn::Module {
   Wrapped& module() { return module_; }
   // Backward without the allreduce while the guard lives.
   NoSyncGuard no_sync() { return NoSyncGuard(*core_); }
+  // PyTorch's `with ddp.join():` — for ranks whose inputs run out unevenly
+  // (each rank's own data, not an ElasticSampler's windows). Call it inside
+  // run_elastic when this rank's loop has no more batches, after its last
+  // commit; then return from the loop. It meets the others' next step
+  // agreement and this rank leaves the job: those that still have data
+  // re-form without it and go on, dividing the gradient sum by the initial
+  // world size as PyTorch's join does (nobody shadows their collectives
+  // with zeros). When every rank has run out, it returns on all of them and
+  // training is over. Throws Error: kFailedPrecondition without an
+  // ElasticState or in the middle of a step; those of the agreement. The
+  // module takes no forward after it.
+  void join() { core_->join(); }
   const Job& job() const { return core_->job(); }
   // Inside Concord (ElasticState).
   detail::DdpCore& core() { return *core_; }

@@ -20,11 +20,15 @@
 // flight fails, run_elastic restores the last commit (model, optimizer,
 // counters, sampler position, buffers and the user's values), re-forms with
 // whoever is there — survivors and newcomers — gives every rank the
-// authoritative rank's state, rebinds DDP and its comm hook, runs the reset
-// callbacks and calls the loop again. The loop goes on from the committed
-// position: the sampler splits the rest of the epoch over the new world, so
-// no sample is skipped or trained twice. Workers waiting to join are
-// admitted at a step boundary (the first forward after a commit).
+// authoritative rank's state, rebinds DDP, its comm hook and its
+// SyncBatchNorm layers, runs the reset callbacks and calls the loop again.
+// The loop goes on from the committed position: the sampler splits the rest
+// of the epoch over the new world, so no sample is skipped or trained twice.
+// Workers waiting to join are admitted at a step boundary (the first forward
+// after a commit); when that re-forms, a loop with an ElasticSampler starts
+// over from the commit (its batch was the old world's share), a loop over
+// the rank's own data goes on with its batch. Ranks whose own data runs out
+// unevenly leave with ddp->join() (PyTorch's join).
 
 #include <torch/arg.h>
 #include <torch/data/samplers/base.h>

@@ -360,4 +360,85 @@ TEST(ElasticStateTest, AloneAFailedCollectiveIsThrownNotRetried) {
             concord::ErrorCode::kAlreadyExists);
 }
 
+TEST(JoinTest, AloneJoinEndsTrainingAndMisuseIsAnError) {
+  concord::Job job;
+  Net net;
+  concord::DistributedDataParallel ddp(net, job);
+  torch::optim::SGD opt(ddp->parameters(), 0.1);
+  // No ElasticState: nothing to agree with.
+  EXPECT_EQ(CodeOf([&] { ddp->join(); }),
+            concord::ErrorCode::kFailedPrecondition);
+  concord::ElasticState state(ddp, opt);
+  int steps = 0;
+  concord::run_elastic(state, [&] {
+    for (; steps < 3; ++steps) {
+      opt.zero_grad();
+      ddp->forward(torch::ones({2, 4})).sum().backward();
+      opt.step();
+      if (steps == 2) {
+        // A step begun (forward ran) and not committed.
+        EXPECT_EQ(CodeOf([&] { ddp->join(); }),
+                  concord::ErrorCode::kFailedPrecondition);
+      }
+      state.commit();
+    }
+    ddp->join();  // the only rank is out of data: training is over
+  });
+  EXPECT_EQ(state.step(), 3);
+  EXPECT_EQ(CodeOf([&] {
+              ddp->forward(torch::ones({2, 4}));
+            }),
+            concord::ErrorCode::kFailedPrecondition);
+}
+
+// A model with BatchNorm in a container, in a custom module and at the root.
+struct BnNetImpl : torch::nn::Module {
+  BnNetImpl()
+      : seq(register_module("seq",
+                            torch::nn::Sequential(torch::nn::Linear(4, 3),
+                                                  torch::nn::BatchNorm1d(3)))),
+        bn(register_module("bn", concord::SyncBatchNorm(3))) {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    return bn->forward(seq->forward(x));
+  }
+  torch::nn::Sequential seq;
+  concord::SyncBatchNorm bn;  // a typed member: SyncBatchNorm from the start
+};
+TORCH_MODULE(BnNet);
+
+TEST(PublicSyncBatchNormTest, ConvertKeepsTheTensorsAndAloneNormalisesAsBatchNorm) {
+  torch::manual_seed(3);
+  BnNet net;
+  auto old_bn = net->seq[1]->as<torch::nn::BatchNorm1d>();
+  ASSERT_NE(old_bn, nullptr);
+  torch::Tensor weight = old_bn->weight;
+  net = concord::convert_sync_batchnorm(net);
+  auto converted = net->seq[1]->as<concord::SyncBatchNorm>();
+  ASSERT_NE(converted, nullptr) << "the Sequential's layer was not rebound";
+  EXPECT_TRUE(converted->weight.is_same(weight));
+  std::ostringstream printed;
+  printed << *net;
+  EXPECT_NE(printed.str().find("concord::SyncBatchNorm(3"), std::string::npos)
+      << printed.str();
+
+  // A world of one: SyncBatchNorm is BatchNorm, through DDP too.
+  concord::Job job;
+  concord::DistributedDataParallel ddp(net, job);
+  auto x = torch::randn({6, 4});
+  auto h = net->seq[0]->as<torch::nn::Linear>()->forward(x);
+  auto expected = torch::batch_norm(
+      torch::batch_norm(h, converted->weight, converted->bias, {}, {}, true,
+                        0.1, 1e-5, false),
+      net->bn->weight, net->bn->bias, {}, {}, true, 0.1, 1e-5, false);
+  EXPECT_TRUE(torch::allclose(ddp->forward(x), expected, 1e-5, 1e-6));
+
+  // The root itself a BatchNorm: its holder cannot hold the conversion.
+  torch::nn::BatchNorm2d root(5);
+  EXPECT_EQ(CodeOf([&] { concord::convert_sync_batchnorm(root); }),
+            concord::ErrorCode::kInvalidArgument);
+  auto as_module = concord::convert_sync_batchnorm(root.ptr());
+  EXPECT_NE(std::dynamic_pointer_cast<concord::SyncBatchNormImpl>(as_module),
+            nullptr);
+}
+
 }  // namespace

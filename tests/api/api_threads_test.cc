@@ -214,4 +214,168 @@ TEST_F(ApiThreadsTest, AWorkerThatJoinsLateIsAdmittedAtAStepBoundary) {
   }
 }
 
+// A model of one BatchNorm, converted: DDP binds it to the job's ranks, and
+// run_elastic rebinds it after a worker leaves. Every committed step's
+// outputs, over all ranks of its generation, are batch normalisation of all
+// their inputs together.
+TEST_F(ApiThreadsTest, SyncBatchNormNormalisesOverTheJobBeforeAndAfterAReform) {
+  constexpr size_t kSamples = 48;
+  struct Seen {
+    torch::Tensor x, y, weight, bias;
+  };
+  std::mutex mu;
+  std::map<int64_t, std::map<int, Seen>> steps;  // step -> rank -> seen
+  std::map<int64_t, int> worlds;                 // step -> world size
+  RunJobThreads(
+      address(), "syncbn", 3,
+      [&](int i, concord::Job& job) {
+        torch::nn::Sequential seq(torch::nn::BatchNorm1d(4));
+        seq = concord::convert_sync_batchnorm(seq);
+        auto bn = seq[0]->as<concord::SyncBatchNorm>();
+        ASSERT_NE(bn, nullptr);
+        concord::DistributedDataParallel ddp(seq, job);
+        torch::optim::SGD opt(ddp->parameters(), 0.05);
+        concord::ElasticSampler sampler(kSamples, job);
+        concord::ElasticState state(ddp, opt, sampler);
+        struct Leave {};
+        try {
+          concord::run_elastic(state, [&] {
+            while (auto batch = sampler.next(2)) {
+              if (i == 2 && state.step() == 3) throw Leave{};
+              // Channel k of sample s: (s + k²) / n, varied per channel.
+              auto x = Features(*batch, kSamples) +
+                       torch::arange(4, torch::kFloat).pow(2) /
+                           static_cast<double>(kSamples);
+              Seen seen{x,
+                        {},
+                        bn->weight.detach().clone(),
+                        bn->bias.detach().clone()};
+              opt.zero_grad();
+              auto y = ddp->forward(x);
+              (y * torch::arange(1, 5, torch::kFloat)).pow(2).sum().backward();
+              // Kept without its graph: a graph holds the generation's
+              // communicator, whose end would wait for Gloo's timeout.
+              seen.y = y.detach();
+              opt.step();
+              state.commit();
+              std::lock_guard<std::mutex> lock(mu);
+              steps[state.step()][job.rank()] = seen;
+              worlds[state.step()] = job.world_size();
+            }
+          });
+        } catch (const Leave&) {
+          job.finish(false, "test: worker 2 leaves");
+          return;
+        }
+        EXPECT_EQ(job.world_size(), 2);
+        EXPECT_GE(state.reforms(), 1);
+        job.finish();
+      },
+      /*min=*/2);
+  ASSERT_FALSE(steps.empty());
+  bool before = false, after = false;
+  for (const auto& [step, ranks] : steps) {
+    ASSERT_EQ(static_cast<int>(ranks.size()), worlds[step]) << "step " << step;
+    (worlds[step] == 3 ? before : after) = true;
+    std::vector<torch::Tensor> xs, ys;
+    for (const auto& [rank, seen] : ranks) {
+      xs.push_back(seen.x);
+      ys.push_back(seen.y);
+      EXPECT_TRUE(seen.weight.equal(ranks.begin()->second.weight));
+    }
+    const Seen& any = ranks.begin()->second;
+    auto expected = torch::batch_norm(torch::cat(xs), any.weight, any.bias, {},
+                                      {}, /*training=*/true, 0.1, 1e-5, false);
+    EXPECT_TRUE(torch::allclose(torch::cat(ys), expected, 1e-4, 1e-5))
+        << "step " << step << " of " << worlds[step] << " ranks";
+  }
+  EXPECT_TRUE(before);
+  EXPECT_TRUE(after);
+}
+
+// PyTorch's join: rank r has 3 + r batches of its own (no ElasticSampler).
+// Each calls ddp->join() when its data is over and leaves; the others go on
+// without restarting their loop, and every step's gradient is the sum over
+// the ranks with data divided by the initial world size (3), as PyTorch's
+// divide_by_initial_world_size. Checked against that arithmetic on one
+// process.
+TEST_F(ApiThreadsTest, JoinLetsRanksWithUnevenInputsFinishAndTheOthersGoOn) {
+  constexpr double kLr = 0.1;
+  auto batch = [](int rank, int64_t step) {
+    return torch::full({2, 4},
+                       static_cast<float>((rank + 1) * (step + 1)) / 10);
+  };
+  auto loss = [](const torch::Tensor& out) { return (out - 1).pow(2).mean(); };
+  std::mutex mu;
+  std::map<int, int> forwards;  // rank at the start -> batches trained
+  std::map<int, std::vector<torch::Tensor>> finals;
+  std::vector<torch::Tensor> initial;
+  RunJobThreads(
+      address(), "join", 3,
+      [&](int, concord::Job& job) {
+        const int rank = job.rank();
+        const int64_t batches = 3 + rank;
+        Net net;
+        concord::DistributedDataParallel ddp(net, job);
+        if (rank == 0) {  // every rank starts from these: DDP broadcast them
+          std::lock_guard<std::mutex> lock(mu);
+          for (const auto& p : net->parameters()) {
+            initial.push_back(p.detach().clone());
+          }
+        }
+        torch::optim::SGD opt(ddp->parameters(), kLr);
+        concord::ElasticState state(ddp, opt);
+        int trained = 0;
+        concord::run_elastic(state, [&] {
+          // The job's steps are every rank's batches in order: the committed
+          // step is where this rank's data goes on from.
+          for (int64_t t = state.step(); t < batches; t = state.step()) {
+            opt.zero_grad();
+            loss(ddp->forward(batch(rank, t))).backward();
+            opt.step();
+            state.commit();
+            ++trained;
+          }
+          ddp->join();
+        });
+        std::lock_guard<std::mutex> lock(mu);
+        forwards[rank] = trained;
+        for (const auto& p : net->parameters()) {
+          finals[rank].push_back(p.detach().clone());
+        }
+        job.finish();
+      },
+      /*min=*/1);
+  EXPECT_EQ(forwards, (std::map<int, int>{{0, 3}, {1, 4}, {2, 5}}));
+
+  Net ref;
+  {
+    torch::NoGradGuard no_grad;
+    auto params = ref->parameters();
+    ASSERT_EQ(params.size(), initial.size());
+    for (size_t k = 0; k < params.size(); ++k) params[k].copy_(initial[k]);
+  }
+  for (int64_t t = 0; t < 5; ++t) {
+    std::vector<torch::Tensor> sum;
+    for (int rank = 0; rank < 3; ++rank) {
+      if (t >= 3 + rank) continue;  // out of data: contributes nothing
+      ref->zero_grad();
+      loss(ref->forward(batch(rank, t))).backward();
+      auto params = ref->parameters();
+      for (size_t k = 0; k < params.size(); ++k) {
+        if (sum.size() <= k) sum.push_back(torch::zeros_like(params[k]));
+        sum[k] += params[k].grad();
+      }
+    }
+    torch::NoGradGuard no_grad;
+    auto params = ref->parameters();
+    for (size_t k = 0; k < params.size(); ++k) params[k] -= kLr * sum[k] / 3;
+  }
+  ASSERT_EQ(finals[2].size(), ref->parameters().size());
+  for (size_t k = 0; k < finals[2].size(); ++k) {
+    EXPECT_TRUE(torch::allclose(finals[2][k], ref->parameters()[k], 1e-5, 1e-6))
+        << finals[2][k] << " vs " << ref->parameters()[k];
+  }
+}
+
 }  // namespace

@@ -6,17 +6,18 @@
 
 namespace concord {
 
-SyncBnGroup::SyncBnGroup(std::shared_ptr<comm::Communicator> communicator,
-                         comm::CollectiveOptions options)
+detail::SyncBnGroup::SyncBnGroup(
+    std::shared_ptr<comm::Communicator> communicator,
+    comm::CollectiveOptions options)
     : communicator_(std::move(communicator)), options_(options) {}
 
-void SyncBnGroup::SetCommunicator(
+void detail::SyncBnGroup::SetCommunicator(
     std::shared_ptr<comm::Communicator> communicator) {
   std::lock_guard<std::mutex> lock(mu_);
   communicator_ = std::move(communicator);
 }
 
-std::shared_ptr<comm::Communicator> SyncBnGroup::communicator() const {
+std::shared_ptr<comm::Communicator> detail::SyncBnGroup::communicator() const {
   std::lock_guard<std::mutex> lock(mu_);
   return communicator_;
 }
@@ -230,6 +231,15 @@ std::shared_ptr<torch::nn::Module> ConvertSyncBatchNorm(
   }
   ConvertChildren(*root, "", group, replaced);
   return root;
+}
+
+std::shared_ptr<torch::nn::Module> convert_sync_batchnorm(
+    std::shared_ptr<torch::nn::Module> module) {
+  if (module == nullptr) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "convert_sync_batchnorm: null module");
+  }
+  return ConvertSyncBatchNorm(std::move(module), nullptr);
 }
 
 }  // namespace concord
