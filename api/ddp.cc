@@ -1,5 +1,8 @@
 #include "concord/ddp.h"
 
+#include <torch/csrc/autograd/engine.h>
+
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -45,7 +48,50 @@ ddp::EngineOptions EngineOptionsFrom(const DdpOptions& o,
   e.gradient_predivide_factor = o.gradient_predivide_factor();
   e.allreduce_trigger_params = o.allreduce_trigger_params();
   e.collective_timeout = absl::Milliseconds(timeouts.collective()->count());
+  if (o.slowmo()) {
+    if (!o.comm_hook().empty()) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "DdpOptions: comm_hook and slowmo exclude each other (SlowMo "
+                  "does not average gradients every step)");
+    }
+    // SlowMo broadcasts the buffers before every forward itself.
+    e.broadcast_buffers = false;
+  }
   return e;
+}
+
+slowmo::SlowMoOptions SlowMoOptionsFrom(const DdpOptions& d, const Job& job) {
+  const SlowMoOptions& o = *d.slowmo();
+  slowmo::SlowMoOptions s;
+  s.base_algorithm = o.base_algorithm() == SlowMoBaseAlgorithm::kSgp
+                         ? slowmo::BaseAlgorithm::kSgp
+                         : slowmo::BaseAlgorithm::kLocalSgd;
+  s.localsgd_frequency = o.localsgd_frequency();
+  s.slowmo_momentum = o.slowmo_momentum();
+  s.slowmo_lr = o.slowmo_lr();
+  s.slowmo_frequency = o.slowmo_frequency();
+  s.slowmo_memory_efficient = o.slowmo_memory_efficient();
+  s.slowmo_num_shards = o.slowmo_num_shards();
+  s.nprocs_per_node = o.nprocs_per_node();
+  auto graph = slowmo::ParseGraphType(o.sgp_graph());
+  if (!graph.ok()) {
+    throw Error(
+        ErrorCode::kInvalidArgument,
+        absl::StrCat("SlowMoOptions::sgp_graph: ", graph.status().message()));
+  }
+  s.graph = *graph;
+  s.peers_per_itr = o.peers_per_itr();
+  s.push_sum = o.push_sum();
+  s.slowmo_sgp_average_params = o.slowmo_sgp_average_params();
+  s.broadcast_buffers = d.broadcast_buffers();
+  s.node_id = job.state()->session().options().node_id;
+  s.collective_timeout =
+      absl::Milliseconds(job.timeouts().collective()->count());
+  if (absl::Status valid = slowmo::ValidateOptions(s); !valid.ok()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                absl::StrCat("SlowMoOptions: ", valid.message()));
+  }
+  return s;
 }
 
 }  // namespace
@@ -56,6 +102,7 @@ template <typename Create>
 void DdpCore::Impl::Init(Create create) {
   ddp::EngineOptions engine_options =
       EngineOptionsFrom(options, job.timeouts());
+  if (options.slowmo()) SlowMoOptionsFrom(options, job);  // checked first
   ThrowIfError(ddp::Engine::ValidateOptions(engine_options,
                                             !options.comm_hook().empty()));
   auto created =
@@ -64,6 +111,49 @@ void DdpCore::Impl::Init(Create create) {
   engine = *std::move(created);
   if (!options.comm_hook().empty()) RegisterHook();
   BindSyncBatchNorm();
+  if (options.slowmo()) StartSlowMo();
+}
+
+void DdpCore::Impl::StartSlowMo() {
+  // The buffers DDP keeps equal (not those it was told to ignore).
+  std::vector<torch::Tensor> all = engine->AllBuffers();
+  const auto& ignore = options.params_and_buffers_to_ignore();
+  std::vector<torch::Tensor> buffers;
+  for (const auto& [name, t] : engine->NamedState()) {
+    const bool buffer =
+        std::any_of(all.begin(), all.end(),
+                    [&t = t](const torch::Tensor& b) { return b.is_same(t); });
+    if (buffer &&
+        std::find(ignore.begin(), ignore.end(), name) == ignore.end()) {
+      buffers.push_back(t);
+    }
+  }
+  auto made = slowmo::SlowMo::Create(
+      engine->parameters(), buffers, Communicator(), job.authoritative_rank(),
+      SlowMoOptionsFrom(options, job), &job.state()->session());
+  ThrowIfError(made.status());
+  slowmo = *std::move(made);
+  // Gradients stay local: fairscale's SlowMo module reduces none.
+  engine->SetRequireBackwardGradSync(false);
+  // fairscale queues its after-backward work from gradient hooks: the
+  // first gradient of a backward queues AfterBackward at its end.
+  for (const torch::Tensor& p : engine->parameters()) {
+    torch::Tensor param = p;
+    const unsigned handle = param.register_hook([this](const torch::Tensor&) {
+      if (after_backward_queued) return;
+      after_backward_queued = true;
+      torch::autograd::Engine::get_default_engine().queue_callback([this] {
+        after_backward_queued = false;
+        ThrowIfError(slowmo->AfterBackward());
+      });
+    });
+    slowmo_hooks.emplace_back(param, handle);
+  }
+}
+
+void DdpCore::Impl::RemoveSlowMoHooks() {
+  for (auto& [param, handle] : slowmo_hooks) param.remove_hook(handle);
+  slowmo_hooks.clear();
 }
 
 comm::CollectiveOptions DdpCore::Impl::CollectiveOptions() const {
@@ -130,7 +220,7 @@ DdpCore::DdpCore(const torch::jit::Module& module, const Job& job,
   });
 }
 
-DdpCore::~DdpCore() = default;
+DdpCore::~DdpCore() { impl_->RemoveSlowMoHooks(); }
 
 void DdpCore::before_forward() {
   if (impl_->joined) {
@@ -142,6 +232,10 @@ void DdpCore::before_forward() {
     impl_->step_open = true;
   }
   ThrowIfError(impl_->engine->PrepareForward());
+  if (impl_->slowmo != nullptr) {
+    impl_->after_backward_queued = false;  // a failed backward dropped it
+    ThrowIfError(impl_->slowmo->PrepareForward());
+  }
 }
 
 void DdpCore::after_forward() { impl_->engine->ForwardDone(); }
@@ -165,6 +259,21 @@ void DdpCore::join() {
                 "join: the step begun by the last forward was not committed");
   }
   impl_->join();
+}
+
+void DdpCore::perform_slowmo(torch::optim::Optimizer& optimizer) {
+  if (impl_->slowmo == nullptr) {
+    throw Error(ErrorCode::kFailedPrecondition,
+                "perform_slowmo: this DistributedDataParallel has no "
+                "DdpOptions::slowmo");
+  }
+  if (impl_->begin_step && impl_->step_open) {
+    // Note [SlowMo step]: the optimizer step cannot be undone, so the step
+    // is committed first and a failed average is owed, not lost.
+    throw Error(ErrorCode::kFailedPrecondition,
+                "perform_slowmo: commit() the step first");
+  }
+  ThrowIfError(impl_->slowmo->PerformSlowMo(optimizer));
 }
 
 const Job& DdpCore::job() const { return impl_->job; }

@@ -48,6 +48,9 @@ class ElasticCore {
       ToSampler();
       ddp_.step_open = false;
     });
+    // SlowMo's state follows the authoritative rank too, and a committed
+    // step's owed average is finished in the new generation.
+    if (ddp_.slowmo != nullptr) state_.Attach(ddp_.slowmo.get());
     ddp_.begin_step = [this] { BeginStep(); };
     ddp_.join = [this] { Join(); };
   }

@@ -11,6 +11,7 @@
 #include "concord/job.h"
 #include "worker/ddp/engine.h"
 #include "worker/session.h"
+#include "worker/slowmo/slowmo.h"
 #include "worker/syncbn/sync_batch_norm.h"
 
 namespace concord::detail {
@@ -43,6 +44,12 @@ struct DdpCore::Impl {
   // of its SyncBatchNorm layers (null: it has none).
   std::shared_ptr<torch::nn::Module> module;
   std::shared_ptr<SyncBnGroup> sync_bn;
+  // DdpOptions::slowmo: SlowMo over the engine's parameters (the engine
+  // then never reduces gradients), its AfterBackward queued by gradient
+  // hooks at the end of every backward.
+  std::unique_ptr<slowmo::SlowMo> slowmo;
+  std::vector<std::pair<torch::Tensor, unsigned>> slowmo_hooks;
+  bool after_backward_queued = false;
   // Set by an ElasticState: the step agreement, run before the first
   // forward of a step (step_open false: the last step was committed), and
   // DistributedDataParallelImpl::join's.
@@ -60,6 +67,9 @@ struct DdpCore::Impl {
   void RegisterHook();
   // Every SyncBatchNorm in `module` reduces over the job's ranks.
   void BindSyncBatchNorm();
+  // DdpOptions::slowmo: makes `slowmo` and its hooks.
+  void StartSlowMo();
+  void RemoveSlowMoHooks();
   // After a re-form rebound the engine: the comm hook and the SyncBatchNorm
   // layers on the new generation's communicator.
   void Rebound();

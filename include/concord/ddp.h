@@ -28,6 +28,7 @@
 #include <torch/arg.h>
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
+#include <torch/optim/optimizer.h>
 #include <torch/script.h>
 
 #include <cstddef>
@@ -42,6 +43,40 @@
 #include "concord/job.h"
 
 namespace concord {
+
+// fairscale's SlowMoDistributedDataParallel base algorithms.
+enum class SlowMoBaseAlgorithm {
+  kLocalSgd,  // exact parameter averages every localsgd_frequency steps
+  kSgp,       // stochastic gradient push: a gossip round every step
+};
+
+// fairscale's SlowMoDistributedDataParallel arguments and defaults
+// (fairscale.experimental.nn.data_parallel). Slow momentum is off when
+// slowmo_lr is 1 and slowmo_momentum 0: plain LocalSGD or SGP.
+struct SlowMoOptions {
+  TORCH_ARG(SlowMoBaseAlgorithm,
+            base_algorithm) = SlowMoBaseAlgorithm::kLocalSgd;
+  TORCH_ARG(int64_t, localsgd_frequency) = 3;
+  TORCH_ARG(double, slowmo_momentum) = 0.5;  // beta, in [0, 1)
+  TORCH_ARG(double, slowmo_lr) = 1.0;        // alpha
+  TORCH_ARG(int64_t, slowmo_frequency) = 48;
+  // The slow-momentum state sharded over min(world, num_shards) ranks, each
+  // shard with a replica on the next rank (survives one loss).
+  TORCH_ARG(bool, slowmo_memory_efficient) = true;
+  TORCH_ARG(int, slowmo_num_shards) = 32;
+  // > 1: gradients are averaged inside each node (workers with one
+  // CONCORD_NODE_ID, at most this many) every step, and the algorithm runs
+  // between the node masters.
+  TORCH_ARG(int, nprocs_per_node) = 1;
+  // SGP: the peer graph ("npeer-directed-exponential", "directed-exponential",
+  // "bipartite-exponential", "directed-linear", "bipartite-linear", "ring"),
+  // out-peers per round, push-sum (false: push-pull), and an exact average
+  // at each slow-momentum step.
+  TORCH_ARG(std::string, sgp_graph) = "npeer-directed-exponential";
+  TORCH_ARG(int, peers_per_itr) = 1;
+  TORCH_ARG(bool, push_sum) = true;
+  TORCH_ARG(bool, slowmo_sgp_average_params) = false;
+};
 
 // PyTorch's DistributedDataParallel arguments, and apex's.
 struct DdpOptions {
@@ -67,6 +102,11 @@ struct DdpOptions {
   // allreduce_hook, fp16_compress_hook, bf16_compress_hook, powerSGD_hook);
   // empty: none. Kept across re-forms.
   TORCH_ARG(std::string, comm_hook);
+  // fairscale's SlowMoDistributedDataParallel in place of the per-step
+  // gradient average: gradients stay local (or are averaged over the
+  // node), and ddp->perform_slowmo(optimizer) after every optimizer step
+  // averages the parameters. broadcast_buffers applies; no comm_hook.
+  TORCH_ARG(std::optional<SlowMoOptions>, slowmo);
   // apex.parallel.DistributedDataParallel's: message_size (elements per
   // bucket, 0: PyTorch's bucketing), delay_allreduce (everything after
   // backward), allreduce_always_fp32, gradient_average,
@@ -101,6 +141,7 @@ class DdpCore {
   void set_require_backward_grad_sync(bool sync);
   bool require_backward_grad_sync() const;
   void join();
+  void perform_slowmo(torch::optim::Optimizer& optimizer);
   const Job& job() const;
 
   struct Impl;  // api/internal.h
@@ -197,6 +238,18 @@ class DistributedDataParallelImpl : public torch::nn::Module {
   // ElasticState or in the middle of a step; those of the agreement. The
   // module takes no forward after it.
   void join() { core_->join(); }
+  // fairscale's perform_slowmo(optimizer), with DdpOptions::slowmo: after
+  // every optimizer.step() (and, in run_elastic, after state.commit()),
+  // averages the parameters as the base algorithm says and takes the slow
+  // momentum step when one is due (docs/architecture.md, "SlowMo, LocalSGD
+  // and SGP").
+  // After a re-form the new world's ranks take the authoritative rank's
+  // SlowMo state and finish an average the committed step still owed.
+  // Throws Error: kFailedPrecondition without DdpOptions::slowmo or before
+  // the step was committed; those of the collectives (retryable).
+  void perform_slowmo(torch::optim::Optimizer& optimizer) {
+    core_->perform_slowmo(optimizer);
+  }
   const Job& job() const { return core_->job(); }
   // Inside Concord (ElasticState).
   detail::DdpCore& core() { return *core_; }

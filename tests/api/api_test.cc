@@ -406,7 +406,8 @@ struct BnNetImpl : torch::nn::Module {
 };
 TORCH_MODULE(BnNet);
 
-TEST(PublicSyncBatchNormTest, ConvertKeepsTheTensorsAndAloneNormalisesAsBatchNorm) {
+TEST(PublicSyncBatchNormTest,
+     ConvertKeepsTheTensorsAndAloneNormalisesAsBatchNorm) {
   torch::manual_seed(3);
   BnNet net;
   auto old_bn = net->seq[1]->as<torch::nn::BatchNorm1d>();
@@ -439,6 +440,75 @@ TEST(PublicSyncBatchNormTest, ConvertKeepsTheTensorsAndAloneNormalisesAsBatchNor
   auto as_module = concord::convert_sync_batchnorm(root.ptr());
   EXPECT_NE(std::dynamic_pointer_cast<concord::SyncBatchNormImpl>(as_module),
             nullptr);
+}
+
+TEST(PublicSlowMoTest, AloneItTrainsAndMisuseIsAnError) {
+  concord::Job job;
+  Net net;
+  const auto slowmo = concord::SlowMoOptions().localsgd_frequency(2);
+  EXPECT_EQ(CodeOf([&] {
+              concord::DistributedDataParallel bad(
+                  net, job,
+                  concord::DdpOptions().slowmo(slowmo).comm_hook("fp16"));
+            }),
+            concord::ErrorCode::kInvalidArgument);
+  EXPECT_EQ(CodeOf([&] {
+              concord::DistributedDataParallel bad(
+                  net, job,
+                  concord::DdpOptions().slowmo(
+                      concord::SlowMoOptions().sgp_graph("mesh")));
+            }),
+            concord::ErrorCode::kInvalidArgument);
+  EXPECT_EQ(CodeOf([&] {
+              concord::DistributedDataParallel bad(
+                  net, job,
+                  concord::DdpOptions().slowmo(
+                      concord::SlowMoOptions().slowmo_momentum(1.5)));
+            }),
+            concord::ErrorCode::kInvalidArgument);
+  {
+    concord::DistributedDataParallel plain(net, job);
+    torch::optim::SGD opt(plain->parameters(), 0.1);
+    EXPECT_EQ(CodeOf([&] { plain->perform_slowmo(opt); }),
+              concord::ErrorCode::kFailedPrecondition);
+  }
+
+  // A world of one: SlowMo's averages change nothing.
+  torch::manual_seed(5);
+  Net alone;
+  auto expected = alone->parameters();
+  for (auto& p : expected) p = p.detach().clone();
+  concord::DistributedDataParallel ddp(net, job,
+                                       concord::DdpOptions().slowmo(slowmo));
+  {
+    torch::NoGradGuard no_grad;
+    for (size_t k = 0; k < expected.size(); ++k) {
+      net->parameters()[k].copy_(expected[k]);
+    }
+  }
+  torch::optim::SGD opt(ddp->parameters(), 0.1);
+  torch::optim::SGD ref(alone->parameters(), 0.1);
+  concord::ElasticState state(ddp, opt);
+  concord::run_elastic(state, [&] {
+    for (int step = 0; step < 4; ++step) {
+      auto x = torch::full({2, 4}, static_cast<float>(step + 1) / 4);
+      opt.zero_grad();
+      ddp->forward(x).pow(2).sum().backward();
+      opt.step();
+      if (step == 0) {
+        EXPECT_EQ(CodeOf([&] { ddp->perform_slowmo(opt); }),
+                  concord::ErrorCode::kFailedPrecondition);
+      }
+      state.commit();
+      ddp->perform_slowmo(opt);
+      ref.zero_grad();
+      alone->forward(x).pow(2).sum().backward();
+      ref.step();
+    }
+  });
+  for (size_t k = 0; k < expected.size(); ++k) {
+    EXPECT_TRUE(net->parameters()[k].allclose(alone->parameters()[k]));
+  }
 }
 
 }  // namespace

@@ -378,4 +378,191 @@ TEST_F(ApiThreadsTest, JoinLetsRanksWithUnevenInputsFinishAndTheOthersGoOn) {
   }
 }
 
+// SlowMo through DdpOptions::slowmo, against its arithmetic (fairscale's
+// perform_slowmo, Note [SlowMo step]) computed here on one process: every
+// rank takes local SGD steps on its own batches; every localsgd_frequency
+// steps the parameters are averaged; every slowmo_frequency steps
+//   u <- beta u + (x_old - x) / lr;  x_old <- x_old - alpha lr u;  x <- x_old
+// with x the average. The first step's batch is the same on every rank, so
+// that x_old, taken from the parameters after it, is too.
+struct SlowMoRun {
+  std::vector<torch::Tensor> initial;
+  std::map<int, std::vector<torch::Tensor>> finals;  // rank -> parameters
+};
+
+constexpr double kSlowMoLr = 0.1;
+
+torch::Tensor SlowMoBatch(int rank, int64_t step) {
+  const float v = static_cast<float>(step == 0 ? 1 : (rank + 1) * (step + 1));
+  return torch::full({2, 4}, v / 10);
+}
+
+torch::Tensor SlowMoLoss(const torch::Tensor& out) {
+  return (out - 1).pow(2).mean();
+}
+
+SlowMoRun RunSlowMoJob(const std::string& address, const std::string& job_id,
+                       const concord::SlowMoOptions& options, int64_t steps) {
+  SlowMoRun run;
+  std::mutex mu;
+  RunJobThreads(address, job_id, 3, [&](int, concord::Job& job) {
+    const int rank = job.rank();
+    Net net;
+    concord::DistributedDataParallel ddp(net, job,
+                                         concord::DdpOptions().slowmo(options));
+    if (rank == 0) {
+      std::lock_guard<std::mutex> lock(mu);
+      for (const auto& p : net->parameters()) {
+        run.initial.push_back(p.detach().clone());
+      }
+    }
+    torch::optim::SGD opt(ddp->parameters(), kSlowMoLr);
+    for (int64_t t = 0; t < steps; ++t) {
+      opt.zero_grad();
+      SlowMoLoss(ddp->forward(SlowMoBatch(rank, t))).backward();
+      opt.step();
+      ddp->perform_slowmo(opt);
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    for (const auto& p : net->parameters()) {
+      run.finals[rank].push_back(p.detach().clone());
+    }
+    job.finish();
+  });
+  return run;
+}
+
+// What RunSlowMoJob's ranks must end with, by rank.
+std::vector<std::vector<torch::Tensor>> SimulateSlowMo(
+    const std::vector<torch::Tensor>& initial,
+    const concord::SlowMoOptions& options, int64_t steps) {
+  std::vector<Net> ranks(3);
+  for (Net& net : ranks) {
+    torch::NoGradGuard no_grad;
+    auto params = net->parameters();
+    for (size_t k = 0; k < params.size(); ++k) params[k].copy_(initial[k]);
+  }
+  std::vector<torch::Tensor> old, u;
+  const double beta = options.slowmo_momentum(), alpha = options.slowmo_lr();
+  for (int64_t t = 0; t < steps; ++t) {
+    for (int r = 0; r < 3; ++r) {
+      ranks[r]->zero_grad();
+      SlowMoLoss(ranks[r]->forward(SlowMoBatch(r, t))).backward();
+      torch::NoGradGuard no_grad;
+      for (auto& p : ranks[r]->parameters()) p -= kSlowMoLr * p.grad();
+    }
+    torch::NoGradGuard no_grad;
+    const size_t n = ranks[0]->parameters().size();
+    if (t == 0) {
+      for (const auto& p : ranks[0]->parameters()) {
+        old.push_back(p.clone());
+        u.push_back(torch::zeros_like(p));
+      }
+    }
+    const bool slow = (t + 1) % options.slowmo_frequency() == 0 &&
+                      (alpha != 1.0 || beta != 0.0);
+    if ((t + 1) % options.localsgd_frequency() != 0 && !slow) continue;
+    for (size_t k = 0; k < n; ++k) {
+      torch::Tensor x = (ranks[0]->parameters()[k] + ranks[1]->parameters()[k] +
+                         ranks[2]->parameters()[k]) /
+                        3;
+      if (slow) {
+        u[k] = beta * u[k] + (old[k] - x) / kSlowMoLr;
+        old[k] = old[k] - alpha * kSlowMoLr * u[k];
+        x = old[k].clone();
+      }
+      for (Net& net : ranks) net->parameters()[k].copy_(x);
+    }
+  }
+  std::vector<std::vector<torch::Tensor>> out;
+  for (Net& net : ranks) out.push_back(net->parameters());
+  return out;
+}
+
+void ExpectSlowMoArithmetic(const SlowMoRun& run,
+                            const concord::SlowMoOptions& options,
+                            int64_t steps) {
+  ASSERT_EQ(run.finals.size(), 3u);
+  const auto expected = SimulateSlowMo(run.initial, options, steps);
+  for (const auto& [rank, params] : run.finals) {
+    const auto& mine = expected.at(static_cast<size_t>(rank));
+    ASSERT_EQ(params.size(), mine.size());
+    for (size_t k = 0; k < params.size(); ++k) {
+      EXPECT_TRUE(torch::allclose(params[k], mine[k], 1e-5, 1e-6))
+          << "rank " << rank << ": " << params[k] << " vs " << mine[k];
+    }
+  }
+}
+
+TEST_F(ApiThreadsTest, SlowMoLocalSgdAveragesEveryFewStepsAsFairscale) {
+  const auto options = concord::SlowMoOptions()
+                           .localsgd_frequency(2)
+                           .slowmo_lr(1.0)
+                           .slowmo_momentum(0.0);
+  // 5 steps: the last one local, so the ranks end apart.
+  const SlowMoRun run = RunSlowMoJob(address(), "localsgd", options, 5);
+  ExpectSlowMoArithmetic(run, options, 5);
+  ASSERT_EQ(run.finals.size(), 3u);
+  EXPECT_FALSE(run.finals.at(0)[0].equal(run.finals.at(1)[0]));
+}
+
+TEST_F(ApiThreadsTest, SlowMoTakesSlowMomentumStepsAsFairscale) {
+  const auto options = concord::SlowMoOptions()
+                           .localsgd_frequency(2)
+                           .slowmo_frequency(4)
+                           .slowmo_lr(0.8)
+                           .slowmo_momentum(0.5);
+  const SlowMoRun run = RunSlowMoJob(address(), "slowmo", options, 8);
+  ExpectSlowMoArithmetic(run, options, 8);
+}
+
+// SlowMo in run_elastic: a worker leaves; the survivors take the SlowMo
+// state over (its shards re-made from owners and replicas), go on, and end
+// equal after the last average.
+TEST_F(ApiThreadsTest, SlowMoGoesOnAfterAWorkerLeaves) {
+  std::mutex mu;
+  std::vector<std::vector<torch::Tensor>> survivors;
+  RunJobThreads(
+      address(), "slowmo-elastic", 3,
+      [&](int i, concord::Job& job) {
+        Net net;
+        concord::DistributedDataParallel ddp(
+            net, job,
+            concord::DdpOptions().slowmo(
+                concord::SlowMoOptions().localsgd_frequency(2).slowmo_frequency(
+                    4)));
+        torch::optim::SGD opt(ddp->parameters(), kSlowMoLr);
+        concord::ElasticState state(ddp, opt);
+        struct Leave {};
+        try {
+          concord::run_elastic(state, [&] {
+            for (int64_t t = state.step(); t < 12; t = state.step()) {
+              if (i == 2 && t == 5) throw Leave{};
+              opt.zero_grad();
+              SlowMoLoss(ddp->forward(SlowMoBatch(job.rank(), t))).backward();
+              opt.step();
+              state.commit();
+              ddp->perform_slowmo(opt);
+            }
+          });
+        } catch (const Leave&) {
+          job.finish(false, "test: worker 2 leaves");
+          return;
+        }
+        EXPECT_EQ(job.world_size(), 2);
+        EXPECT_GE(state.reforms(), 1);
+        std::lock_guard<std::mutex> lock(mu);
+        survivors.emplace_back();
+        for (const auto& p : net->parameters()) {
+          survivors.back().push_back(p.detach().clone());
+        }
+        job.finish();
+      },
+      /*min=*/2);
+  ASSERT_EQ(survivors.size(), 2u);
+  for (size_t k = 0; k < survivors[0].size(); ++k) {
+    EXPECT_TRUE(survivors[0][k].equal(survivors[1][k]));
+  }
+}
+
 }  // namespace
