@@ -1,6 +1,6 @@
-// Trains a small MLP (with SyncBatchNorm) with Concord's DDP, the way README's
-// "Using the library" shows, against an installed Concord
-// (find_package(Concord)), with nothing but <concord/concord.h>.
+// Trains a small MLP with Concord's DDP, the way README's "Using the
+// library" shows, against an installed Concord (find_package(Concord)),
+// with nothing but <concord/concord.h>.
 //
 //   concord-run --standalone --nproc 2 -- ./concord-example [--steps N]
 //       [--batch-size B]
@@ -27,20 +27,14 @@
 
 namespace {
 
-// The hidden layer's batch normalisation is a SyncBatchNorm: its statistics
-// are over the world's batch, so W ranks still compute what one process
-// does with batch W·B.
 struct NetImpl : torch::nn::Module {
   NetImpl()
       : fc1(register_module("fc1", torch::nn::Linear(8, 16))),
-        bn(register_module("bn", concord::SyncBatchNorm(16))),
         fc2(register_module("fc2", torch::nn::Linear(16, 1))) {}
   torch::Tensor forward(torch::Tensor x) {
-    return fc2->forward(torch::relu(bn->forward(fc1->forward(x))));
+    return fc2->forward(torch::relu(fc1->forward(x)));
   }
-  torch::nn::Linear fc1;
-  concord::SyncBatchNorm bn;
-  torch::nn::Linear fc2;
+  torch::nn::Linear fc1, fc2;
 };
 TORCH_MODULE(Net);
 
