@@ -29,5 +29,6 @@ cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCONCORD_
   "${launcher[@]}" "$@"
 cmake --build "$BUILD_DIR" -j "$JOBS"
 if [ -n "${CCACHE_DIR:-}" ]; then
-  ccache --show-stats | grep -E "^(Cacheable calls|  Hits|  Misses|Cache size)" | sed 's/^/build.sh: ccache: /' || true
+  ccache --show-stats | grep -E "^(Cacheable calls|  Hits|  Misses)" | awk '!seen[$1]++' |
+    sed "s/^/build.sh: ccache: /" || true
 fi
