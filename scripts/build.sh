@@ -15,12 +15,16 @@ JOBS=${JOBS:-$(nproc)}
 launcher=()
 if [ "${CONCORD_CCACHE:-1}" != 0 ] && command -v ccache >/dev/null; then
   export CCACHE_DIR=${CONCORD_CCACHE_DIR:-/var/cache/concord/ccache}
-  export CCACHE_BASEDIR=$PWD CCACHE_NOHASHDIR=1 CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-8G}
-  # CMake's precompiled headers (docs: ccache "Precompiled headers").
-  export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
   mkdir -p "$CCACHE_DIR"
-  launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache
-    -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+  # The settings travel in the launcher, so that `cmake --build` by hand and
+  # the examples the install tests build (fixtures.example_configure, with
+  # their own base folder) use the same cache. Sloppiness: CMake's
+  # precompiled headers (ccache's manual, "Precompiled headers").
+  cc="env;CCACHE_DIR=$CCACHE_DIR;CCACHE_BASEDIR=$PWD;CCACHE_NOHASHDIR=1"
+  cc+=";CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-8G}"
+  cc+=";CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime;ccache"
+  launcher=(-DCMAKE_C_COMPILER_LAUNCHER="$cc" -DCMAKE_CXX_COMPILER_LAUNCHER="$cc"
+    -DCMAKE_CUDA_COMPILER_LAUNCHER="$cc")
   ccache --zero-stats >/dev/null
 else
   launcher=(-DCMAKE_C_COMPILER_LAUNCHER= -DCMAKE_CXX_COMPILER_LAUNCHER= -DCMAKE_CUDA_COMPILER_LAUNCHER=)

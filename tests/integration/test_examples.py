@@ -3,26 +3,38 @@
 Concord, under the installed launcher, with a worker killed mid-run.
 
     /usr/bin/python3 tests/integration/test_examples.py --build-dir build \
-        --source-dir . [--cmake cmake] [--keep] [--bin-dir IGNORED]
+        --source-dir . --example mnist|torchscript|convnet [--cmake cmake] \
+        [--keep] [--bin-dir IGNORED]
 
 1. `cmake --install BUILD --prefix P` into a fresh temporary prefix.
-2. examples/mnist (pytorch/examples' cpp/mnist, elastic) copied out of the
-   source tree, configured with CMAKE_PREFIX_PATH=P only and built with
-   -Wall -Wextra -Werror; examples/mnist/prepare_data.py writes the idx
-   files from Debian's dataset-fashion-mnist, or from BUILD/datasets/
-   fashion-mnist where scripts/test.sh copied it for the Debian 13 root
-   (SKIP when neither is there).
+2. examples/EXAMPLE copied out of the source tree, configured with
+   CMAKE_PREFIX_PATH=P only and built with -Wall -Wextra -Werror (through
+   the build's own compiler launcher, ccache, when it has one);
+   examples/mnist/prepare_data.py writes the idx files from Debian's
+   dataset-fashion-mnist, or from BUILD/datasets/fashion-mnist where
+   scripts/test.sh copied it for the Debian 13 root (SKIP when neither is
+   there). A bad flag: one line, exit status 2.
 3. P/bin/concord-run --standalone --nproc 3 --min-workers 2
-   --max-restarts 1 runs it for 3 epochs of 9000 samples. Once rank 0 is a
-   third into the first epoch, this script SIGKILLs local worker 2: the
-   survivors re-form and go on, concord-run restarts the worker, and it is
-   admitted (in the survivors' re-form when it is quick enough, else at a
-   step boundary). Checked: exit status 0; three final lines (ranks 0-2,
-   world 3: the restarted worker trained to the end); bit-identical
-   parameters and the same step count on all; the survivors re-formed;
-   test accuracy above 0.3 (chance is 0.1). A bad flag: one line, exit
-   status 2. (Before the fix it found, the survivors skipped the step
-   agreement the newcomer ran and Gloo aborted the newcomer.)
+   --max-restarts 1 runs it on 9000 samples. Once rank 0 is a third into
+   the first epoch, this script SIGKILLs local worker 2: the survivors
+   re-form and go on, concord-run restarts the worker, and it is admitted
+   (in the survivors' re-form when it is quick enough, else at a step
+   boundary). Checked for every example: exit status 0; three final lines
+   (ranks 0-2, world 3: the restarted worker trained to the end); the same
+   step count on all; the survivors re-formed. (Before the fix it found,
+   the survivors skipped the step agreement the newcomer ran and Gloo
+   aborted the newcomer.) And for each:
+   - mnist (pytorch/examples' cpp/mnist): bit-identical parameters on every
+     rank; test accuracy above 0.3 (chance is 0.1);
+   - torchscript: model.py pretrains a classifier on five of the ten
+     classes in Python and saves it as TorchScript; concord-finetune loads
+     it, freezes its features and fine-tunes the head on all ten; Python
+     loads what rank 0 saved: features bit-identical to the exported ones,
+     head changed, test accuracy up by more than 0.15 and above 0.6;
+   - convnet (SyncBatchNorm and SlowMo's LocalSGD with slow momentum, no
+     buffer broadcast): BatchNorm running statistics bit-identical on every
+     rank (plain BatchNorm's would differ); test accuracy above 0.6 on
+     every rank.
 
 Prints one line per check and a final 'N passed, N failed'; exits 1 on any
 failure.
@@ -45,10 +57,18 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "reference"))
 import fixtures  # noqa: E402
 
 DATASET = "/usr/share/datasets/fashion-mnist"
-FINAL = re.compile(
-    r"concord-mnist: rank (\d+) world (\d+) generation (\d+) steps (\d+) "
-    r"reforms (\d+) test_accuracy (\S+) param_sum (\S+)")
-PROGRESS = re.compile(r"Train Epoch: (\d+) \[\s*(\d+)/\s*(\d+)\]")
+# Every example ends with one line per worker: "TARGET: key value ...".
+FINAL = r"^%s: ((?:\S+ \S+ ?)+)$"
+PROGRESS = re.compile(r"Epoch: (\d+) \[\s*(\d+)/\s*(\d+)\]")
+# Each example: its CMake target, and its flags after --data DATA.
+EXAMPLES = {
+    "mnist": ("concord-mnist", ["--epochs", "3", "--train-samples", "9000",
+                                "--test-samples", "2000"]),
+    "torchscript": ("concord-finetune", ["--epochs", "3", "--train-samples",
+                                         "9000"]),
+    "convnet": ("concord-convnet", ["--epochs", "2", "--train-samples",
+                                    "9000", "--test-samples", "2000"]),
+}
 
 
 def build(checks, args, prefix, work, name, target):
@@ -85,11 +105,14 @@ def local_worker(launcher_pid, local_rank):
     return None
 
 
-def run_mnist(checks, prefix, example, data):
+def run_killed(checks, prefix, name, command):
+    """Runs `command` (an example's binary and flags) as 3 ranks under the
+    installed concord-run, SIGKILLs local worker 2 a third into epoch 1,
+    and checks what every example must do. Returns each worker's final line
+    as a dict, or None."""
     cmd = [os.path.join(prefix, "bin", "concord-run"), "--standalone",
-           "--nproc", "3", "--min-workers", "2", "--max-restarts", "1", "--",
-           example, "--data", data, "--epochs", "3", "--train-samples", "9000",
-           "--test-samples", "2000", "--log-interval", "5"]
+           "--nproc", "3", "--min-workers", "2", "--max-restarts", "1",
+           "--"] + command + ["--log-interval", "5"]
     env = dict(os.environ, OMP_NUM_THREADS="1",
                CONCORD_HEARTBEAT_INTERVAL_MS="200",
                CONCORD_HEARTBEAT_TIMEOUT_MS="2000")
@@ -129,34 +152,106 @@ def run_mnist(checks, prefix, example, data):
     text = "".join(output)
     tail = text[-3000:]
     if not checks.check(killed is not None,
-                        "local worker 2 SIGKILLed a third into epoch 1",
-                        "never killed: " + tail):
-        return
-    checks.ok("killed pid %d at %.1f s" % killed)
+                        "%s: local worker 2 SIGKILLed a third into epoch 1" %
+                        name, "never killed: " + tail):
+        return None
+    checks.ok("%s: killed pid %d at %.1f s" % ((name,) + killed))
     if not checks.check(proc.returncode == 0,
-                        "concord-run exits 0 (the worker restarted and "
-                        "finished)", "exit %s: %s" % (proc.returncode, tail)):
-        return
-    checks.ok("3 epochs with a death and an admission in %.1f s" %
-              (time.monotonic() - start))
-    finals = [m.groups() for m in FINAL.finditer(text)]
-    if not checks.check(sorted(int(f[0]) for f in finals) == [0, 1, 2],
-                        "three final lines, ranks 0-2", tail):
-        return
-    checks.check(all(f[1] == "3" for f in finals),
-                 "world 3 at the end (the restarted worker was admitted)",
+                        "%s: concord-run exits 0 (the worker restarted and "
+                        "finished)" % name,
+                        "exit %s: %s" % (proc.returncode, tail)):
+        return None
+    checks.ok("%s: a death and an admission in %.1f s" %
+              (name, time.monotonic() - start))
+    finals = []
+    for m in re.finditer(FINAL % re.escape(EXAMPLES[name][0]), text, re.M):
+        words = m.group(1).split()
+        finals.append(dict(zip(words[0::2], words[1::2])))
+    if not checks.check(sorted(int(f.get("rank", -1)) for f in finals) ==
+                        [0, 1, 2], "%s: three final lines, ranks 0-2" % name,
+                        tail):
+        return None
+    checks.check(all(f["world"] == "3" for f in finals),
+                 "%s: world 3 at the end (the restarted worker was "
+                 "admitted)" % name, str(finals))
+    checks.check(len({f["steps"] for f in finals}) == 1,
+                 "%s: the same committed step count on every rank" % name,
                  str(finals))
-    checks.check(len({f[6] for f in finals}) == 1,
-                 "bit-identical parameters on every rank", str(finals))
-    checks.check(len({f[3] for f in finals}) == 1,
-                 "the same committed step count on every rank", str(finals))
-    survivors = [f for f in finals if int(f[4]) > 0]
+    survivors = [f for f in finals if int(f["reforms"]) > 0]
     checks.check(len(survivors) == 2,
-                 "two survivors re-formed (the restarted worker joined in "
-                 "their re-form or was admitted after it)", str(finals))
-    accuracy = float(finals[0][5])
-    checks.check(accuracy > 0.3, "test accuracy %.4f > 0.3" % accuracy,
+                 "%s: two survivors re-formed (the restarted worker joined "
+                 "in their re-form or was admitted after it)" % name,
                  str(finals))
+    return finals
+
+
+def same_on_every_rank(checks, name, finals, key, what):
+    checks.check(len({f[key] for f in finals}) == 1,
+                 "%s: %s bit-identical on every rank" % (name, what),
+                 str(finals))
+
+
+def check_mnist(checks, args, prefix, binary, data, work):
+    finals = run_killed(checks, prefix, "mnist",
+                        [binary, "--data", data] + EXAMPLES["mnist"][1])
+    if finals:
+        same_on_every_rank(checks, "mnist", finals, "param_sum", "parameters")
+        accuracy = float(finals[0]["test_accuracy"])
+        checks.check(accuracy > 0.3, "mnist: test accuracy %.4f > 0.3 "
+                     "(chance: 0.1)" % accuracy, str(finals))
+
+
+def model_py(args, *argv):
+    return fixtures.run_command(
+        [sys.executable, os.path.join(args.source_dir, "examples",
+                                      "torchscript", "model.py")] +
+        list(argv), timeout=240)
+
+
+def check_torchscript(checks, args, prefix, binary, data, work):
+    """Python pretrains on five classes and saves TorchScript; the workers
+    fine-tune its head on all ten with the features frozen; Python loads
+    the result."""
+    base = os.path.join(work, "model.pt")
+    tuned = os.path.join(work, "tuned.pt")
+    r = model_py(args, "export", data, base)
+    if not checks.check(r.returncode == 0, "torchscript: model.py export",
+                        r.describe()):
+        return
+    before = float(re.search(r"test accuracy (\S+)", r.stdout).group(1))
+    finals = run_killed(checks, prefix, "torchscript",
+                        [binary, "--model", base, "--data", data, "--out",
+                         tuned] + EXAMPLES["torchscript"][1])
+    if not finals:
+        return
+    same_on_every_rank(checks, "torchscript", finals, "param_sum",
+                       "parameters")
+    checks.check(all(f["frozen"] == "4" and f["trainable"] == "4"
+                     for f in finals),
+                 "torchscript: 4 parameters frozen, 4 trained", str(finals))
+    r = model_py(args, "evaluate", data, tuned, "--base", base)
+    if not checks.check(r.returncode == 0, "torchscript: Python loads the "
+                        "fine-tuned model: features bit-identical to the "
+                        "exported ones, head changed", r.describe()):
+        return
+    after = float(re.search(r"test accuracy (\S+)", r.stdout).group(1))
+    checks.check(after > before + 0.15 and after > 0.6,
+                 "torchscript: test accuracy over ten classes %.4f -> %.4f" %
+                 (before, after), r.describe())
+
+
+def check_convnet(checks, args, prefix, binary, data, work):
+    finals = run_killed(checks, prefix, "convnet",
+                        [binary, "--data", data] + EXAMPLES["convnet"][1])
+    if not finals:
+        return
+    # Plain BatchNorm's statistics would differ: each rank sees its own
+    # batches, and buffers are not broadcast.
+    same_on_every_rank(checks, "convnet", finals, "running_stats_sum",
+                       "SyncBatchNorm's running statistics")
+    worst = min(float(f["test_accuracy"]) for f in finals)
+    checks.check(worst > 0.6, "convnet: test accuracy > 0.6 on every rank "
+                 "(worst %.4f)" % worst, str(finals))
 
 
 def main():
@@ -165,6 +260,8 @@ def main():
     parser.add_argument("--build-dir", required=True)
     parser.add_argument("--source-dir", required=True)
     parser.add_argument("--cmake", default="cmake")
+    parser.add_argument("--example", choices=sorted(EXAMPLES),
+                        default="mnist")
     parser.add_argument("--keep", action="store_true")
     args = parser.parse_args()
     # Debian's package, or the copy scripts/test.sh puts into the build
@@ -179,6 +276,7 @@ def main():
     checks = fixtures.Checks()
     work = tempfile.mkdtemp(prefix="concord-examples-")
     prefix = os.path.join(work, "prefix")
+    name = args.example
     try:
         r = fixtures.run_command([args.cmake, "--install", args.build_dir,
                                   "--prefix", prefix], timeout=120)
@@ -190,15 +288,17 @@ def main():
                  data, "--source", dataset], timeout=120)
             ok = checks.check(r.returncode == 0, "prepare_data.py",
                               r.describe())
-            example = build(checks, args, prefix, work, "mnist",
-                            "concord-mnist") if ok else None
-            if example:
-                bad = fixtures.run_command([example, "--epochs", "x"],
+            binary = build(checks, args, prefix, work, name,
+                           EXAMPLES[name][0]) if ok else None
+            if binary:
+                bad = fixtures.run_command([binary, "--epochs", "x"],
                                            timeout=60)
                 lines = [x for x in bad.stderr.splitlines() if x.strip()]
                 checks.check(bad.returncode == 2 and len(lines) == 1,
-                             "bad flag: one line, exit 2", bad.describe())
-                run_mnist(checks, prefix, example, data)
+                             "%s: bad flag: one line, exit 2" % name,
+                             bad.describe())
+                globals()["check_" + name](checks, args, prefix, binary, data,
+                                           work)
     finally:
         if args.keep:
             print("kept %s" % work)

@@ -952,6 +952,16 @@ def example_configure(cmake, build_dir, src, out, prefix):
     compiler = cmake_cache_value(build_dir, "CMAKE_CXX_COMPILER")
     if compiler:
         configure.append("-DCMAKE_CXX_COMPILER=" + compiler)
+    # The build's ccache launcher (scripts/build.sh: `env;CCACHE_...;ccache`)
+    # with the example's folder as the base, so that a fresh temporary
+    # folder hits what an earlier run compiled.
+    launcher = cmake_cache_value(build_dir, "CMAKE_CXX_COMPILER_LAUNCHER")
+    if launcher and launcher.endswith("ccache"):
+        base = os.path.dirname(os.path.abspath(src))
+        launcher = ";".join("CCACHE_BASEDIR=" + base
+                            if w.startswith("CCACHE_BASEDIR=") else w
+                            for w in launcher.split(";"))
+        configure.append("-DCMAKE_CXX_COMPILER_LAUNCHER=" + launcher)
     if shutil.which("ninja"):
         configure += ["-G", "Ninja"]
     return configure
