@@ -18,6 +18,7 @@
 //       frozen Z param_sum P
 // (on one line); rank 0 writes --out.
 #include <concord/concord.h>
+#include <torch/csrc/jit/passes/tensorexpr_fuser.h>
 #include <torch/script.h>
 #include <torch/torch.h>
 
@@ -103,6 +104,11 @@ int main(int argc, char** argv) {
   try {
     concord::Job job;  // concord
     const torch::Device device = job.device();
+    // LibTorch 2.x built with LLVM (Debian's) fuses CPU TorchScript graphs
+    // with its TensorExpr compiler once the profiling runs are over; on this
+    // model (frozen convolutions) that stalls the third step for minutes.
+    // PyTorch's own builds have no LLVM and never fuse on the CPU.
+    torch::jit::setTensorExprFuserEnabled(false);
     torch::jit::Module model;
     try {
       model = torch::jit::load(args.model, device);
