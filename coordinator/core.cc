@@ -311,24 +311,8 @@ absl::StatusOr<v1::LeaveResponse> Core::Leave(const v1::LeaveRequest& request) {
   // generation to name.
   auto waiting = FindMember(job->waiting, worker_id);
   if (waiting != job->waiting.end()) {
-    const int64_t step = waiting->committed_step;
-    Forget(*job, worker_id);
-    job->bindings.erase(worker_id);
-    if (out_of_data) {
-      job->finished.insert(worker_id);
-      AddEvent(*job, "leave", worker_id,
-               absl::StrFormat("ran out of data at step %d while waiting for a "
-                               "generation%s",
-                               step,
-                               request.message().empty()
-                                   ? ""
-                                   : absl::StrCat(": ", request.message())));
-    } else {
-      AddEvent(*job, "leave", worker_id,
-               absl::StrCat("left before a generation formed: ", what));
-    }
-    if (!(out_of_data && MaybeSucceed(*job))) MaybeFormGeneration(*job);
-    Changed(*job);
+    Withdraw(*job, worker_id, waiting->committed_step, request, what,
+             " while waiting for a generation", "before a generation formed");
     response.set_state(job->state);
     return response;
   }
@@ -338,25 +322,10 @@ absl::StatusOr<v1::LeaveResponse> Core::Leave(const v1::LeaveRequest& request) {
   if (survivor != job->expected.end() &&
       request.generation() == job->generation &&
       request.reason() != v1::LEAVE_REASON_COMPLETED) {
-    const int64_t step = survivor->committed_step;
-    Forget(*job, worker_id);
-    job->bindings.erase(worker_id);
-    if (out_of_data) {
-      job->finished.insert(worker_id);
-      AddEvent(*job, "leave", worker_id,
-               absl::StrFormat("ran out of data at step %d, after generation "
-                               "%d ended%s",
-                               step, job->generation,
-                               request.message().empty()
-                                   ? ""
-                                   : absl::StrCat(": ", request.message())));
-    } else {
-      AddEvent(*job, "leave", worker_id,
-               absl::StrFormat("left after generation %d ended: %s",
-                               job->generation, what));
-    }
-    if (!(out_of_data && MaybeSucceed(*job))) MaybeFormGeneration(*job);
-    Changed(*job);
+    const std::string after =
+        absl::StrFormat("after generation %d ended", job->generation);
+    Withdraw(*job, worker_id, survivor->committed_step, request, what,
+             absl::StrCat(", ", after), after);
     response.set_state(job->state);
     return response;
   }
@@ -407,6 +376,29 @@ absl::StatusOr<v1::LeaveResponse> Core::Leave(const v1::LeaveRequest& request) {
   Changed(*job);
   response.set_state(job->state);
   return response;
+}
+
+void Core::Withdraw(Job& job, const std::string& worker_id, int64_t step,
+                    const v1::LeaveRequest& request, const std::string& what,
+                    const std::string& out_of_data_when,
+                    const std::string& left_when) {
+  const bool out_of_data = request.reason() == v1::LEAVE_REASON_END_OF_DATA;
+  Forget(job, worker_id);
+  job.bindings.erase(worker_id);
+  if (out_of_data) {
+    job.finished.insert(worker_id);
+    AddEvent(job, "leave", worker_id,
+             absl::StrFormat("ran out of data at step %d%s%s", step,
+                             out_of_data_when,
+                             request.message().empty()
+                                 ? ""
+                                 : absl::StrCat(": ", request.message())));
+  } else {
+    AddEvent(job, "leave", worker_id,
+             absl::StrCat("left ", left_when, ": ", what));
+  }
+  if (!(out_of_data && MaybeSucceed(job))) MaybeFormGeneration(job);
+  Changed(job);
 }
 
 absl::Status Core::KvSet(const v1::KvSetRequest& request) {

@@ -401,6 +401,14 @@ class Core {
   bool MaybeSucceed(Job& job);
   // Note [Re-forming]: waiting workers the next generation could admit.
   static int32_t WaitingWorkers(const Job& job);
+  // Leave from a worker that is no member of the running generation (still
+  // waiting for one, or an expected survivor of the one that ended): it is
+  // forgotten, and finished when out of data; the event says `*_when`
+  // (`what`: the reason and message).
+  void Withdraw(Job& job, const std::string& worker_id, int64_t step,
+                const v1::LeaveRequest& request, const std::string& what,
+                const std::string& out_of_data_when,
+                const std::string& left_when);
   void MaybeApplyBoundary(Job& job);
   // Note [Job history]: adds the members' aggregates after a heartbeat.
   void RecordProgress(Job& job);
