@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "api/internal.h"
@@ -102,7 +103,9 @@ template <typename Create>
 void DdpCore::Impl::Init(Create create) {
   ddp::EngineOptions engine_options =
       EngineOptionsFrom(options, job.timeouts());
-  if (options.slowmo()) SlowMoOptionsFrom(options, job);  // checked first
+  // Checked before anything is made.
+  std::optional<slowmo::SlowMoOptions> slowmo_options;
+  if (options.slowmo()) slowmo_options = SlowMoOptionsFrom(options, job);
   ThrowIfError(ddp::Engine::ValidateOptions(engine_options,
                                             !options.comm_hook().empty()));
   auto created =
@@ -111,10 +114,10 @@ void DdpCore::Impl::Init(Create create) {
   engine = *std::move(created);
   if (!options.comm_hook().empty()) RegisterHook();
   BindSyncBatchNorm();
-  if (options.slowmo()) StartSlowMo();
+  if (slowmo_options) StartSlowMo(*slowmo_options);
 }
 
-void DdpCore::Impl::StartSlowMo() {
+void DdpCore::Impl::StartSlowMo(const slowmo::SlowMoOptions& slowmo_options) {
   // The buffers DDP keeps equal (not those it was told to ignore).
   std::vector<torch::Tensor> all = engine->AllBuffers();
   const auto& ignore = options.params_and_buffers_to_ignore();
@@ -128,9 +131,9 @@ void DdpCore::Impl::StartSlowMo() {
       buffers.push_back(t);
     }
   }
-  auto made = slowmo::SlowMo::Create(
-      engine->parameters(), buffers, Communicator(), job.authoritative_rank(),
-      SlowMoOptionsFrom(options, job), &job.state()->session());
+  auto made = slowmo::SlowMo::Create(engine->parameters(), buffers,
+                                     Communicator(), job.authoritative_rank(),
+                                     slowmo_options, &job.state()->session());
   ThrowIfError(made.status());
   slowmo = *std::move(made);
   // Gradients stay local: fairscale's SlowMo module reduces none.
