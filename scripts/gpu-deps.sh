@@ -149,6 +149,33 @@ rm -f "$OUT"/*.deb "$OUT/manifest.txt"
   done
 } >"$OUT/manifest.txt"
 
+# The examples' GPU tests (examples_*_cuda) read Fashion-MNIST, which the GPU
+# machine lacks: its first 20,000 training images (the tests train on 9,000)
+# and the 10,000 test images, from Debian's dataset-fashion-mnist. The idx
+# headers keep MNIST's counts (LibTorch's MNIST reader insists on 60,000 and
+# 10,000), the training images after the first 20,000 are zeros (labels 0):
+# 9 MiB instead of 30. gpu-suite.sh copies them where the tests look.
+DATASET=/usr/share/datasets/fashion-mnist
+DATA_OUT=$(dirname "$OUT")/datasets/fashion-mnist
+[ -d "$DATASET" ] || $SUDO apt-get install -y -qq dataset-fashion-mnist >/dev/null
+mkdir -p "$DATA_OUT"
+python3 - "$DATASET" "$DATA_OUT" <<'PY' || fail "could not write the Fashion-MNIST subset"
+import gzip, os, sys
+src, dst = sys.argv[1:3]
+KEEP = 20000
+for name in ["train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+             "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"]:
+    with gzip.open(os.path.join(src, name + ".gz"), "rb") as f:
+        data = f.read()
+    if name.startswith("train"):
+        header = 16 if "images" in name else 8
+        item = (len(data) - header) // 60000
+        data = data[:header + KEEP * item] + bytes((60000 - KEEP) * item)
+    with gzip.open(os.path.join(dst, name + ".gz"), "wb", 6) as f:
+        f.write(data)
+PY
+echo "gpu-deps: Fashion-MNIST subset in $DATA_OUT ($(du -sh "$DATA_OUT" | cut -f1))"
+
 bytes=$(du -cb "$OUT"/*.deb | tail -1 | cut -f1)
 mib=$(awk -v b="$bytes" 'BEGIN { printf "%.1f", b / 1048576 }')
 echo "gpu-deps: ${#names[@]} packages, $bytes bytes ($mib MiB) in $OUT"

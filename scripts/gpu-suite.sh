@@ -7,6 +7,7 @@
 #
 #   ./scripts/gpu-suite.sh [--deps DIR] [--build-dir DIR] [--jobs N] [--no-bench]
 #                          [--ctest-jobs N] [--time-limit S] [--bench-only RE]
+#                          [--tests RE]
 #                          [--unpack-only | --configure-only] [--help]
 #
 #   --deps DIR       the .debs and manifest.txt from gpu-deps.sh (.gpu-deps/debs)
@@ -19,6 +20,8 @@
 #                    (--stop-time), each benchmark gets what is left, and a
 #                    benchmark with under 30 s left is not started. For a
 #                    machine lent by the minute: what ran is reported.
+#   --tests RE       run only the gpu/multigpu tests whose name matches the
+#                    regular expression RE (ctest -R; all of them)
 #   --no-bench       run the tests only
 #   --bench-only RE  run only the benchmarks whose command line matches the
 #                    extended regular expression RE (e.g. 'kernels|syncbn')
@@ -111,6 +114,7 @@ CTEST_JOBS=1
 TIME_LIMIT=""
 BENCH=1
 BENCH_ONLY=""
+TESTS_ONLY=""
 UNPACK_ONLY=0
 CONFIGURE_ONLY=0
 while [ $# -gt 0 ]; do
@@ -141,6 +145,10 @@ while [ $# -gt 0 ]; do
       ;;
     --bench-only)
       BENCH_ONLY=${2:?--bench-only needs a regular expression}
+      shift 2
+      ;;
+    --tests)
+      TESTS_ONLY=${2:?--tests needs a regular expression}
       shift 2
       ;;
     --unpack-only)
@@ -519,8 +527,19 @@ fi
 
 # ---- tests, benchmarks -----------------------------------------------------
 
+# The examples' GPU tests read Fashion-MNIST from the build tree where the
+# system has none (gpu-deps.sh carries a subset beside the packages).
+data=$(dirname "$DEPS")/datasets/fashion-mnist
+if [ ! -d /usr/share/datasets/fashion-mnist ] && [ -d "$data" ]; then
+  mkdir -p "$BUILD_DIR/datasets"
+  rm -rf "$BUILD_DIR/datasets/fashion-mnist"
+  cp -r "$data" "$BUILD_DIR/datasets/"
+  note "Fashion-MNIST: $data copied into $BUILD_DIR/datasets"
+fi
+
 export LD_LIBRARY_PATH=$LIBDIRS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 ctest_args=(-L 'gpu|multigpu' --output-on-failure --timeout 600 --no-tests=error -j "$CTEST_JOBS")
+[ -z "$TESTS_ONLY" ] || ctest_args+=(-R "$TESTS_ONLY")
 if [ -n "$DEADLINE" ]; then
   # ctest's --stop-time is a time of day on this machine's clock.
   ctest_args+=(--stop-time "$(date -d "@$DEADLINE" +%H:%M:%S)")

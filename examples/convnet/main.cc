@@ -187,10 +187,11 @@ int main(int argc, char** argv) {
       }
     }
     std::printf(
-        "concord-convnet: rank %d world %d steps %ld reforms %ld "
+        "concord-convnet: rank %d world %d device %s steps %ld reforms %ld "
         "test_accuracy %.4f param_sum %.17g running_stats_sum %.17g\n",
-        job.rank(), job.world_size(), static_cast<long>(state.step()),
-        static_cast<long>(state.reforms()), accuracy, param_sum, stats_sum);
+        job.rank(), job.world_size(), device.str().c_str(),
+        static_cast<long>(state.step()), static_cast<long>(state.reforms()),
+        accuracy, param_sum, stats_sum);
     std::fflush(stdout);
     job.finish();  // concord
   } catch (const concord::Error& e) {

@@ -186,11 +186,11 @@ int main(int argc, char** argv) {
       param_sum += p.sum().item<double>();
     }
     std::printf(
-        "concord-mnist: rank %d world %d generation %ld steps %ld reforms %ld "
-        "test_accuracy %.4f param_sum %.17g\n",
-        job.rank(), job.world_size(), static_cast<long>(job.generation()),
-        static_cast<long>(state.step()), static_cast<long>(state.reforms()),
-        accuracy, param_sum);
+        "concord-mnist: rank %d world %d device %s generation %ld steps %ld "
+        "reforms %ld test_accuracy %.4f param_sum %.17g\n",
+        job.rank(), job.world_size(), device.str().c_str(),
+        static_cast<long>(job.generation()), static_cast<long>(state.step()),
+        static_cast<long>(state.reforms()), accuracy, param_sum);
     std::fflush(stdout);
     job.finish();  // concord
   } catch (const concord::Error& e) {

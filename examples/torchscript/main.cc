@@ -179,11 +179,11 @@ int main(int argc, char** argv) {
       model.save(args.out);
     }
     std::printf(
-        "concord-finetune: rank %d world %d steps %ld reforms %ld "
+        "concord-finetune: rank %d world %d device %s steps %ld reforms %ld "
         "trainable %zu frozen %ld param_sum %.17g\n",
-        job.rank(), job.world_size(), static_cast<long>(state.step()),
-        static_cast<long>(state.reforms()), trainable.size(),
-        static_cast<long>(frozen), param_sum);
+        job.rank(), job.world_size(), device.str().c_str(),
+        static_cast<long>(state.step()), static_cast<long>(state.reforms()),
+        trainable.size(), static_cast<long>(frozen), param_sum);
     std::fflush(stdout);
     job.finish();  // concord
   } catch (const concord::Error& e) {

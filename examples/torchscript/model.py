@@ -95,14 +95,15 @@ def export(args):
 
 
 def evaluate(args):
-    model = torch.jit.load(args.model)
+    model = torch.jit.load(args.model, map_location="cpu")
     model.eval()
     images, labels = load(args.data, "test")
     acc = accuracy(model, images[:args.samples], labels[:args.samples])
     print("model.py: %s: test accuracy %.4f" % (args.model, acc))
     if not args.base:
         return 0
-    base = dict(torch.jit.load(args.base).named_parameters())
+    base = dict(torch.jit.load(args.base, map_location="cpu")
+                .named_parameters())
     failed = 0
     for name, p in model.named_parameters():
         same = torch.equal(p, base[name])

@@ -4,7 +4,7 @@ Concord, under the installed launcher, with a worker killed mid-run.
 
     /usr/bin/python3 tests/integration/test_examples.py --build-dir build \
         --source-dir . --example mnist|torchscript|convnet [--cmake cmake] \
-        [--keep] [--bin-dir IGNORED]
+        [--device cpu|cuda:N] [--keep] [--bin-dir IGNORED]
 
 1. `cmake --install BUILD --prefix P` into a fresh temporary prefix.
 2. examples/EXAMPLE copied out of the source tree, configured with
@@ -19,8 +19,14 @@ Concord, under the installed launcher, with a worker killed mid-run.
    the first epoch, this script SIGKILLs local worker 2: the survivors
    re-form and go on, concord-run restarts the worker, and it is admitted
    (in the survivors' re-form when it is quick enough, else at a step
-   boundary). Checked for every example: exit status 0; three final lines
-   (ranks 0-2, world 3: the restarted worker trained to the end); the same
+   boundary). With --device cuda:N (CONCORD_DEVICE, and CONCORD_BACKEND=gloo,
+   both passed on by concord-run) the three ranks share that GPU over Gloo
+   (NCCL refuses two ranks on one device); SKIP when this python's torch
+   sees no CUDA device. The run's output is echoed as it comes ("| "), so
+   that a run cut short by ctest still shows how far it got.
+   Checked for every example: exit status 0; three final lines
+   (ranks 0-2, world 3, on the device asked for: the restarted worker
+   trained to the end); the same
    step count on all; the survivors re-formed. (Before the fix it found,
    the survivors skipped the step agreement the newcomer ran and Gloo
    aborted the newcomer.) And for each:
@@ -105,7 +111,7 @@ def local_worker(launcher_pid, local_rank):
     return None
 
 
-def run_killed(checks, prefix, name, command):
+def run_killed(checks, prefix, name, command, device):
     """Runs `command` (an example's binary and flags) as 3 ranks under the
     installed concord-run, SIGKILLs local worker 2 a third into epoch 1,
     and checks what every example must do. Returns each worker's final line
@@ -115,7 +121,8 @@ def run_killed(checks, prefix, name, command):
            "--"] + command + ["--log-interval", "5"]
     env = dict(os.environ, OMP_NUM_THREADS="1",
                CONCORD_HEARTBEAT_INTERVAL_MS="200",
-               CONCORD_HEARTBEAT_TIMEOUT_MS="2000")
+               CONCORD_HEARTBEAT_TIMEOUT_MS="2000", CONCORD_DEVICE=device,
+               CONCORD_BACKEND="gloo")
     start = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, env=env,
@@ -135,6 +142,8 @@ def run_killed(checks, prefix, name, command):
             if not line:
                 break
             output.append(line)
+            sys.stdout.write("| " + line)
+            sys.stdout.flush()
             m = PROGRESS.search(line)
             if (killed is None and m and m.group(1) == "1" and
                     int(m.group(2)) * 3 >= int(m.group(3))):
@@ -174,6 +183,8 @@ def run_killed(checks, prefix, name, command):
     checks.check(all(f["world"] == "3" for f in finals),
                  "%s: world 3 at the end (the restarted worker was "
                  "admitted)" % name, str(finals))
+    checks.check(all(f["device"] == device for f in finals),
+                 "%s: every rank trained on %s" % (name, device), str(finals))
     checks.check(len({f["steps"] for f in finals}) == 1,
                  "%s: the same committed step count on every rank" % name,
                  str(finals))
@@ -193,7 +204,8 @@ def same_on_every_rank(checks, name, finals, key, what):
 
 def check_mnist(checks, args, prefix, binary, data, work):
     finals = run_killed(checks, prefix, "mnist",
-                        [binary, "--data", data] + EXAMPLES["mnist"][1])
+                        [binary, "--data", data] + EXAMPLES["mnist"][1],
+                        args.device)
     if finals:
         same_on_every_rank(checks, "mnist", finals, "param_sum", "parameters")
         accuracy = float(finals[0]["test_accuracy"])
@@ -221,7 +233,7 @@ def check_torchscript(checks, args, prefix, binary, data, work):
     before = float(re.search(r"test accuracy (\S+)", r.stdout).group(1))
     finals = run_killed(checks, prefix, "torchscript",
                         [binary, "--model", base, "--data", data, "--out",
-                         tuned] + EXAMPLES["torchscript"][1])
+                         tuned] + EXAMPLES["torchscript"][1], args.device)
     if not finals:
         return
     same_on_every_rank(checks, "torchscript", finals, "param_sum",
@@ -242,7 +254,8 @@ def check_torchscript(checks, args, prefix, binary, data, work):
 
 def check_convnet(checks, args, prefix, binary, data, work):
     finals = run_killed(checks, prefix, "convnet",
-                        [binary, "--data", data] + EXAMPLES["convnet"][1])
+                        [binary, "--data", data] + EXAMPLES["convnet"][1],
+                        args.device)
     if not finals:
         return
     # Plain BatchNorm's statistics would differ: each rank sees its own
@@ -262,8 +275,17 @@ def main():
     parser.add_argument("--cmake", default="cmake")
     parser.add_argument("--example", choices=sorted(EXAMPLES),
                         default="mnist")
+    parser.add_argument("--device", default="cpu",
+                        help="CONCORD_DEVICE for the workers (cpu, cuda:N)")
     parser.add_argument("--keep", action="store_true")
     args = parser.parse_args()
+    if args.device.startswith("cuda"):
+        import torch
+        index = int(args.device.partition(":")[2] or 0)
+        if torch.cuda.device_count() <= index:
+            print("SKIP: %s: this torch sees %d CUDA device(s)" %
+                  (args.device, torch.cuda.device_count()))
+            return 0
     # Debian's package, or the copy scripts/test.sh puts into the build
     # tree for the Debian 13 root (which does not install it).
     dataset = next((d for d in [DATASET, os.path.join(

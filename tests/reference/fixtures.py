@@ -949,9 +949,14 @@ def example_configure(cmake, build_dir, src, out, prefix):
                  "-DCMAKE_FIND_PACKAGE_NO_PACKAGE_REGISTRY=ON",
                  "-DCMAKE_BUILD_TYPE=Release",
                  "-DCMAKE_CXX_FLAGS=-Wall -Wextra -Werror"]
-    compiler = cmake_cache_value(build_dir, "CMAKE_CXX_COMPILER")
-    if compiler:
-        configure.append("-DCMAKE_CXX_COMPILER=" + compiler)
+    # The compiler Concord was built with, and the LibTorch (and, for a
+    # CUDA LibTorch, the CUDA compiler) it was built against: a user names
+    # their LibTorch the same way (-DTorch_DIR, or CMAKE_PREFIX_PATH).
+    for var in ["CMAKE_CXX_COMPILER", "Torch_DIR", "CMAKE_CUDA_COMPILER",
+                "CMAKE_CUDA_ARCHITECTURES"]:
+        value = cmake_cache_value(build_dir, var)
+        if value:
+            configure.append("-D%s=%s" % (var, value))
     # The build's ccache launcher (scripts/build.sh: `env;CCACHE_...;ccache`)
     # with the example's folder as the base, so that a fresh temporary
     # folder hits what an earlier run compiled.

@@ -29,17 +29,6 @@ int64_t ReadInt(torch::serialize::InputArchive& archive, const char* key) {
 
 }  // namespace
 
-bool Retryable(const absl::Status& status) {
-  switch (status.code()) {
-    case absl::StatusCode::kUnavailable:
-    case absl::StatusCode::kAborted:
-    case absl::StatusCode::kDeadlineExceeded:
-      return true;
-    default:
-      return false;
-  }
-}
-
 State::State(worker::Session* session, ddp::Engine* ddp,
              torch::optim::Optimizer* optimizer, ElasticOptions options)
     : session_(session),

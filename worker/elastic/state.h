@@ -59,6 +59,7 @@
 
 #include "absl/status/statusor.h"
 #include "worker/ddp/engine.h"
+#include "worker/elastic/retryable.h"
 #include "worker/session.h"
 
 namespace concord::elastic {
@@ -193,9 +194,6 @@ class State {
   std::vector<Participant*> participants_;
   std::vector<ReformRecord> records_;
 };
-
-// Whether a failed collective's status means "re-form and go on".
-bool Retryable(const absl::Status& status);
 
 // Runs `train(state)` until it returns OK (training done) or an error that
 // is not Retryable; after a retryable one (a collective failed: a peer died

@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "concord/config.h"
+#include "worker/comm/nccl/nccl_result.h"
 #if CONCORD_TORCH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -28,15 +29,29 @@
 namespace concord::comm {
 namespace {
 
+static_assert(
+    static_cast<int>(NcclResult::kUnhandledCudaError) ==
+            ncclUnhandledCudaError &&
+        static_cast<int>(NcclResult::kSystemError) == ncclSystemError &&
+        static_cast<int>(NcclResult::kInternalError) == ncclInternalError &&
+        static_cast<int>(NcclResult::kInvalidArgument) == ncclInvalidArgument &&
+        static_cast<int>(NcclResult::kInvalidUsage) == ncclInvalidUsage &&
+        static_cast<int>(NcclResult::kRemoteError) == ncclRemoteError &&
+        static_cast<int>(NcclResult::kInProgress) == ncclInProgress,
+    "NcclResult mirrors nccl.h's ncclResult_t");
+
 // Translates an NCCL result into a status: file, line, NCCL version and
-// ncclGetLastError's text. ncclInProgress is not a failure.
+// ncclGetLastError's text, with the code of Note [NCCL failures and
+// re-forming]. ncclInProgress is not a failure.
 absl::Status NcclStatus(ncclResult_t r, ncclComm_t comm, const char* file,
                         int line) {
-  if (r == ncclSuccess || r == ncclInProgress) return absl::OkStatus();
+  const absl::StatusCode code = NcclResultCode(r);
+  if (code == absl::StatusCode::kOk) return absl::OkStatus();
   const char* last = ncclGetLastError(comm);
-  return absl::UnavailableError(absl::StrFormat(
-      "%s:%d: NCCL %d.%d.%d error: %s (%s)", file, line, NCCL_MAJOR, NCCL_MINOR,
-      NCCL_PATCH, ncclGetErrorString(r), last ? last : ""));
+  return absl::Status(
+      code, absl::StrFormat("%s:%d: NCCL %d.%d.%d error: %s (%s)", file, line,
+                            NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH,
+                            ncclGetErrorString(r), last ? last : ""));
 }
 
 #define CONCORD_NCCL_CHECK(expr, comm)                  \
