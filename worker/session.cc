@@ -102,6 +102,13 @@ absl::StatusOr<WorkerOptions> WorkerOptions::FromEnvironment() {
   o.spec.set_rendezvous_timeout_ms(rdzv_timeout);
   o.worker_id = Env("CONCORD_WORKER_ID", DefaultWorkerId());
   o.comm_host = Env("CONCORD_COMM_HOST", "127.0.0.1");
+  int64_t shm;
+  CONCORD_RETURN_IF_ERROR(EnvInt("CONCORD_SHM", 1, 0, &shm));
+  if (shm > 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CONCORD_SHM=", shm, ": expected 0 or 1"));
+  }
+  o.shared_memory = shm == 1;
   o.trace_file = Env("CONCORD_TRACE_FILE");
   o.node_id = Env("CONCORD_NODE_ID", DefaultNodeId());
   CONCORD_RETURN_IF_ERROR(
@@ -191,6 +198,7 @@ absl::StatusOr<std::unique_ptr<comm::Communicator>> Session::Connect(
   gloo.rank = rank;
   gloo.size = size;
   gloo.generation = generation;
+  gloo.shared_memory = options_.shared_memory;
   comm::PrefixStore gloo_store("gloo/", store);
   return comm::GlooCommunicator::Create(gloo, &gloo_store);
 }

@@ -45,6 +45,9 @@ struct WorkerOptions {
   std::string node_id;
   // Address peers use to reach this worker's communicator.
   std::string comm_host = "127.0.0.1";
+  // Note [Shared-memory allreduce]: Gloo generations whose ranks are all on
+  // this host sum through shared memory (CONCORD_SHM=0: Gloo's TCP only).
+  bool shared_memory = true;
   absl::Duration join_timeout = absl::Minutes(5);
   absl::Duration collective_timeout = absl::Minutes(5);
   // Note [Worker device] in worker/device.h: the device asked for (default:

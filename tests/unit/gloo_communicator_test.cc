@@ -1,7 +1,9 @@
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
 #include <tuple>
+#include <vector>
 
 #include "rank_threads.h"
 #include "worker/comm/coalesced.h"
@@ -34,6 +36,118 @@ INSTANTIATE_TEST_SUITE_P(
     WorldsAndSizes, GlooAllreduceTest,
     ::testing::Combine(::testing::Values(1, 2, 3, 4, 5),
                        ::testing::Values<int64_t>(0, 1, 7, 262147)));
+
+// Note [Shared-memory allreduce]: the same bits as Gloo's ring allreduce,
+// for any world size (where the order of the additions matters), across
+// windows and Gloo's segments, with dtypes Gloo sums itself mixed in.
+class ShmAllreduceTest
+    : public ::testing::TestWithParam<std::tuple<int, int64_t>> {};
+
+TEST_P(ShmAllreduceTest, SumsBitForBitAsGloosRing) {
+  const auto [world, numel] = GetParam();
+  // Magnitudes spread over many binades, so that any other order of the
+  // additions rounds differently.
+  const auto input = [numel = numel](int rank, at::ScalarType dtype) {
+    at::Generator gen = at::detail::createCPUGenerator(1000 + rank);
+    at::Tensor x = at::randn({numel}, gen, at::kDouble) *
+                   at::exp(at::randn({numel}, gen, at::kDouble) * 8);
+    if (dtype == at::kLong) return (x * 1e3).to(at::kLong);
+    if (dtype == at::kHalf) return x.clamp(-1e3, 1e3).to(dtype);  // finite
+    return x.to(dtype);
+  };
+  const std::vector<at::ScalarType> dtypes = {at::kFloat, at::kDouble,
+                                              at::kHalf, at::kLong};
+  std::vector<std::vector<at::Tensor>> results(2);
+  for (bool shm : {false, true}) {
+    auto& out = results[shm];
+    out.assign(static_cast<size_t>(world) * dtypes.size(), at::Tensor());
+    RunRanks(
+        world,
+        [&, world = world](int rank, std::shared_ptr<Communicator> comm) {
+          EXPECT_EQ(static_cast<GlooCommunicator&>(*comm).uses_shared_memory(),
+                    shm);
+          for (size_t d = 0; d < dtypes.size(); ++d) {
+            at::Tensor t = input(rank, dtypes[d]);
+            ASSERT_TRUE(comm->AllreduceSum(t, {})->Wait().ok());
+            out[static_cast<size_t>(rank) * dtypes.size() + d] = t;
+          }
+        },
+        absl::Seconds(30), shm);
+  }
+  for (size_t i = 0; i < results[0].size(); ++i) {
+    EXPECT_TRUE(at::equal(results[0][i], results[1][i]))
+        << "rank " << i / dtypes.size() << " dtype "
+        << dtypes[i % dtypes.size()] << ": max difference "
+        << (results[0][i].to(at::kDouble) - results[1][i].to(at::kDouble))
+               .abs()
+               .max()
+               .item<double>();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    WorldsAndSizes, ShmAllreduceTest,
+    ::testing::Combine(::testing::Values(2, 3, 4),
+                       // 1300007 floats: several windows and several
+                       // Gloo segments per rank.
+                       ::testing::Values<int64_t>(1, 7, 100003, 1300007)));
+
+TEST(ShmAllreduceTest, ARankThatLeavesFailsItsPeerAtOnce) {
+  RunRanks(
+      2,
+      [&](int rank, std::shared_ptr<Communicator> comm) {
+        ASSERT_TRUE(static_cast<GlooCommunicator&>(*comm).uses_shared_memory());
+        if (rank == 1) return;  // never takes part; its communicator goes
+        CollectiveOptions options;
+        options.timeout = absl::Seconds(60);
+        at::Tensor t = at::ones({16});
+        const absl::Time start = absl::Now();
+        absl::Status s = comm->AllreduceSum(t, options)->Wait();
+        EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+        EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+      },
+      absl::Seconds(30), /*shared_memory=*/true);
+}
+
+TEST(ShmAllreduceTest, AHungPeerFailsTheCollectiveAtItsTimeout) {
+  RunRanks(
+      2,
+      [&](int rank, std::shared_ptr<Communicator> comm) {
+        if (rank == 1) {  // alive, but late past rank 0's timeout
+          absl::SleepFor(absl::Seconds(2));
+          return;
+        }
+        CollectiveOptions options;
+        options.timeout = absl::Milliseconds(300);
+        at::Tensor t = at::ones({16});
+        const absl::Time start = absl::Now();
+        absl::Status s = comm->AllreduceSum(t, options)->Wait();
+        EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+        EXPECT_LT(absl::Now() - start, absl::Milliseconds(1500));
+      },
+      absl::Seconds(30), /*shared_memory=*/true);
+}
+
+TEST(ShmAllreduceTest, AbortFailsTheCollectiveInFlightHereAndAtThePeer) {
+  RunRanks(
+      2,
+      [&](int rank, std::shared_ptr<Communicator> comm) {
+        CollectiveOptions options;
+        options.timeout = absl::Seconds(60);
+        if (rank == 1) {
+          absl::SleepFor(absl::Milliseconds(200));
+          comm->Abort();
+          EXPECT_EQ(comm->AllreduceSum(at::ones({4}), options)->Wait().code(),
+                    absl::StatusCode::kAborted);
+          return;
+        }
+        const absl::Time start = absl::Now();
+        absl::Status s = comm->AllreduceSum(at::ones({16}), options)->Wait();
+        EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+        EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+      },
+      absl::Seconds(30), /*shared_memory=*/true);
+}
 
 TEST(GlooCommunicatorTest, BroadcastFromEveryRoot) {
   const int world = 3;

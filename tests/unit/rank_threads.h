@@ -23,7 +23,8 @@ namespace concord::testing {
 inline void RunRanks(
     int world,
     const std::function<void(int, std::shared_ptr<comm::Communicator>)>& body,
-    absl::Duration connect_timeout = absl::Seconds(30)) {
+    absl::Duration connect_timeout = absl::Seconds(30),
+    bool shared_memory = false) {
   comm::InMemoryStore store;
   std::mutex mu;
   std::condition_variable cv;
@@ -36,6 +37,7 @@ inline void RunRanks(
       options.size = world;
       options.generation = 1;
       options.connect_timeout = connect_timeout;
+      options.shared_memory = shared_memory;
       auto comm = comm::GlooCommunicator::Create(options, &store);
       {
         std::unique_lock<std::mutex> lock(mu);

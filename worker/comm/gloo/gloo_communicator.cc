@@ -22,6 +22,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "spdlog/spdlog.h"
+#include "worker/comm/shm/shm_allreduce.h"
 
 namespace concord::comm {
 namespace {
@@ -185,6 +187,25 @@ class Staged {
   std::optional<c10::Stream> side_;
 };
 
+// The dtypes the shared-memory allreduce sums as Gloo's sum<T> does;
+// UNIMPLEMENTED for the others (half precision: Gloo's).
+absl::Status ShmSumOf(ShmAllreduce& shm, const at::Tensor& t,
+                      absl::Duration timeout) {
+  const size_t n = static_cast<size_t>(t.numel());
+  switch (t.scalar_type()) {
+    case at::kFloat:
+      return shm.SumFloat(t.data_ptr<float>(), n, timeout);
+    case at::kDouble:
+      return shm.SumDouble(t.data_ptr<double>(), n, timeout);
+    case at::kInt:
+      return shm.SumInt32(t.data_ptr<int32_t>(), n, timeout);
+    case at::kLong:
+      return shm.SumInt64(t.data_ptr<int64_t>(), n, timeout);
+    default:
+      return absl::UnimplementedError("dtype");
+  }
+}
+
 absl::Status CheckTensor(const at::Tensor& t) {
   if (!t.defined()) return absl::InvalidArgumentError("undefined tensor");
   if (!t.device().is_cpu() && !t.device().is_cuda()) {
@@ -240,13 +261,31 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
   } catch (const std::exception& e) {
     return FromGlooException(e);
   }
+  std::unique_ptr<ShmAllreduce> shm;
+  if (options.shared_memory && options.size > 1) {
+    ShmAllreduceOptions so;
+    so.rank = options.rank;
+    so.size = options.size;
+    so.setup_timeout = options.connect_timeout;
+    auto made = ShmAllreduce::Create(so, store);
+    if (made.ok()) {
+      shm = std::move(*made);
+    } else if (made.status().code() == absl::StatusCode::kFailedPrecondition) {
+      // Every rank reached the same verdict: Gloo's TCP for all.
+      spdlog::debug("generation {}: allreduce over Gloo's TCP ({})",
+                    options.generation, std::string(made.status().message()));
+    } else {
+      return made.status();
+    }
+  }
   return std::unique_ptr<GlooCommunicator>(
-      new GlooCommunicator(options, std::move(context)));
+      new GlooCommunicator(options, std::move(context), std::move(shm)));
 }
 
 GlooCommunicator::GlooCommunicator(const GlooOptions& options,
-                                   std::shared_ptr<gloo::Context> context)
-    : options_(options), context_(std::move(context)) {
+                                   std::shared_ptr<gloo::Context> context,
+                                   std::unique_ptr<ShmAllreduce> shm)
+    : options_(options), context_(std::move(context)), shm_(std::move(shm)) {
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -316,6 +355,7 @@ void GlooCommunicator::Abort() {
       "the communicator of generation ", options_.generation, " was aborted"));
   for (Task& task : queued) task.work->MarkDone(aborted);
   if (running) running->MarkDone(aborted);
+  if (shm_ != nullptr) shm_->Abort();
   // Closing the pairs wakes Gloo's operation in flight (it fails with an
   // IoException on the communication thread) and the peers blocked on us.
   try {
@@ -336,6 +376,13 @@ std::shared_ptr<Work> GlooCommunicator::AllreduceSum(
   auto staged = std::make_shared<Staged>(tensor, /*read=*/true);
   return Enqueue([this, staged, options](uint32_t tag) -> absl::Status {
     const at::Tensor host = staged->Host();
+    if (shm_ != nullptr) {
+      absl::Status s = ShmSumOf(*shm_, host, options.timeout);
+      if (s.code() != absl::StatusCode::kUnimplemented) {
+        if (s.ok()) staged->CopyBack();
+        return s;
+      }
+    }
     gloo::AllreduceOptions opts(context_);
     opts.setTag(tag);
     opts.setTimeout(ToMillis(options.timeout));

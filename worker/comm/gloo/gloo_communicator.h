@@ -26,6 +26,8 @@ class Context;
 
 namespace concord::comm {
 
+class ShmAllreduce;
+
 struct GlooOptions {
   int rank = 0;
   int size = 1;
@@ -34,6 +36,10 @@ struct GlooOptions {
   std::string hostname = "127.0.0.1";
   // Bound on the rendezvous (connecting the full mesh).
   absl::Duration connect_timeout = absl::Minutes(5);
+  // Sum allreduces of float32, float64, int32 and int64 through shared
+  // memory when every rank is on this host (Note [Shared-memory allreduce];
+  // Gloo's arithmetic, bit for bit). Workers: on unless CONCORD_SHM=0.
+  bool shared_memory = false;
 };
 
 class GlooCommunicator final : public Communicator {
@@ -49,6 +55,8 @@ class GlooCommunicator final : public Communicator {
   int rank() const override { return options_.rank; }
   int size() const override { return options_.size; }
   int64_t generation() const override { return options_.generation; }
+  // Whether sum allreduces go through shared memory (GlooOptions).
+  bool uses_shared_memory() const { return shm_ != nullptr; }
 
   // Supported dtypes: float32, float64, float16, bfloat16 (summed in float,
   // rounded per step), int32, int64, uint8.
@@ -76,8 +84,10 @@ class GlooCommunicator final : public Communicator {
  private:
   GlooOptions options_;
   std::shared_ptr<gloo::Context> context_;
+  std::unique_ptr<ShmAllreduce> shm_;
   GlooCommunicator(const GlooOptions& options,
-                   std::shared_ptr<gloo::Context> context);
+                   std::shared_ptr<gloo::Context> context,
+                   std::unique_ptr<ShmAllreduce> shm);
   // Runs `op(tag)` on the communication thread; its status completes the work.
   std::shared_ptr<Work> Enqueue(std::function<absl::Status(uint32_t)> op);
   void Loop();
