@@ -608,6 +608,7 @@ int Train(const Flags& flags, concord::train::Progress& progress) {
   };
 
   auto take_step = [&](concord::elastic::State& st, const Batch& batch) {
+    fault.Pace();
     const auto t0 = std::chrono::steady_clock::now();
     const torch::Tensor x =
         data.inputs.index_select(0, batch.index).to(in.device);

@@ -3,11 +3,13 @@
 
 #include <spdlog/spdlog.h>
 
+#include <chrono>
 #include <csignal>
 #include <cstdint>
 #include <cstdlib>
 #include <iostream>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -24,12 +26,28 @@ namespace concord::train {
 // optimizer.step(), before the commit; slowmo: after the commit, before
 // SlowMo's averaging). Only a worker's first run dies this
 // way (CONCORD_RESTART_COUNT unset or 0), so a restarted one does not.
+//
+// Test hook: CONCORD_TEST_MIN_STEP_MS=N makes every step take at least N ms
+// (the worker sleeps out the rest before the next one), so that a test that
+// acts on a running job (starts a joiner, waits for a restarted worker) gets
+// the same wall time on a fast transport or machine as on a slow one.
 struct FaultInjection {
   std::vector<std::pair<int64_t, std::string>> faults;  // (step, phase)
   int64_t step = 0;                                     // the step being taken
+  std::chrono::milliseconds min_step{0};
+  std::chrono::steady_clock::time_point last_step{};
 
   static FaultInjection FromEnvironment() {
     FaultInjection f;
+    if (const char* pace = std::getenv("CONCORD_TEST_MIN_STEP_MS")) {
+      int64_t ms = 0;
+      if (!absl::SimpleAtoi(pace, &ms) || ms < 0) {
+        std::cerr << "concord-train: CONCORD_TEST_MIN_STEP_MS='" << pace
+                  << "': expected a number of milliseconds" << std::endl;
+        std::exit(2);
+      }
+      f.min_step = std::chrono::milliseconds(ms);
+    }
     const char* spec = std::getenv("CONCORD_TEST_KILL");
     const char* restarts = std::getenv("CONCORD_RESTART_COUNT");
     const char* local = std::getenv("CONCORD_LOCAL_RANK");
@@ -56,6 +74,13 @@ struct FaultInjection {
       }
     }
     return f;
+  }
+  // At the start of a step: waits until min_step has passed since the last.
+  void Pace() {
+    if (min_step.count() > 0) {
+      std::this_thread::sleep_until(last_step + min_step);
+      last_step = std::chrono::steady_clock::now();
+    }
   }
   bool Armed(const char* phase) const {
     for (const auto& [at, p] : faults) {

@@ -15,7 +15,9 @@ momentum (optimizer state that joiners must receive). Workers are killed with co
 CONCORD_TEST_KILL="LOCAL:STEP:PHASE[,...]" (local worker LOCAL of
 concord-run SIGKILLs itself when taking optimizer step STEP: before the
 forward, while gradient buckets are in flight, or after optimizer.step()
-before the commit), or, in the chaos group, by this script.
+before the commit), or, in the chaos group, by this script. Every step takes
+at least 3 ms (CONCORD_TEST_MIN_STEP_MS), so that the job still runs when a
+joiner or a restarted worker arrives.
 
 What is checked (per case, see CASES / --list):
   * the job finishes within a bounded time (every subprocess has a timeout; on
@@ -1318,6 +1320,11 @@ def main():
         print(testlib.no_cuda_reason())
         return 0
     TRAIN_FLAGS.extend(args.train_flag)
+    # Steps of at least 3 ms (concord-train's CONCORD_TEST_MIN_STEP_MS, passed
+    # on by concord-run): a joiner or a restarted worker needs a job that is
+    # still running when it arrives, whatever the transport's speed (these
+    # models' steps take ~1 ms through shared memory on one host).
+    os.environ.setdefault("CONCORD_TEST_MIN_STEP_MS", "3")
     selected = [c for c, (g, _) in CASES.items() if c in args.case or g in args.group]
     if not args.case and not args.group:
         selected = list(CASES)
