@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include <string>
+#include <utility>
 
 namespace {
 
@@ -38,11 +39,21 @@ class ApiCudaTest : public ::testing::Test {
   static concord::JobOptions OnTheGpu() {
     return concord::JobOptions().device("cuda").backend("nccl");
   }
-  static void CopyParameters(const Net& from, const Net& to) {
-    torch::NoGradGuard no_grad;
-    auto src = from->parameters();
-    auto dst = to->parameters();
-    for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
+  // Two nets with the same parameters on `device`: one to train alone,
+  // one to wrap.
+  static std::pair<Net, Net> Twins(uint64_t seed, torch::Device device) {
+    torch::manual_seed(seed);
+    Net plain;
+    Net wrapped;
+    {
+      torch::NoGradGuard no_grad;
+      auto src = plain->parameters();
+      auto dst = wrapped->parameters();
+      for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
+    }
+    plain->to(device);
+    wrapped->to(device);
+    return {plain, wrapped};
   }
 };
 
@@ -65,17 +76,12 @@ TEST_F(ApiCudaTest, ADeviceThatIsNotThereIsAOneLineError) {
   }
 }
 
-// One rank: NCCL's allreduce averages over one, so DDP (with SyncBatchNorm,
-// whose statistics are the batch's alone) trains as the module does.
+// One rank: NCCL's allreduce averages over one, so DDP trains as the module
+// does.
 TEST_F(ApiCudaTest, DdpOverNcclTrainsAsTheModuleAlone) {
   concord::Job job(OnTheGpu());
   const torch::Device device = job.device();
-  torch::manual_seed(11);
-  Net plain;
-  Net wrapped;
-  CopyParameters(plain, wrapped);
-  plain->to(device);
-  wrapped->to(device);
+  auto [plain, wrapped] = Twins(11, device);
   concord::DistributedDataParallel ddp(wrapped, job,
                                        concord::DdpOptions().bucket_cap_mb(1));
   torch::optim::SGD opt_plain(plain->parameters(),
@@ -104,14 +110,9 @@ TEST_F(ApiCudaTest, DdpOverNcclTrainsAsTheModuleAlone) {
 TEST_F(ApiCudaTest, SyncBatchNormAloneNormalisesAsBatchNorm) {
   concord::Job job(OnTheGpu());
   const torch::Device device = job.device();
-  torch::manual_seed(12);
-  Net plain;
-  Net synced;
-  CopyParameters(plain, synced);
-  plain->to(device);
+  auto [plain, synced] = Twins(12, device);
   synced = concord::convert_sync_batchnorm(synced);
   ASSERT_NE(synced->seq[1]->as<concord::SyncBatchNorm>(), nullptr);
-  synced->to(device);
   concord::DistributedDataParallel ddp(synced, job);
   auto x = torch::randn({8, 3, 6, 6}, device);
   // Concord's CUDA kernels against cuDNN's batch norm: the same statistics,
@@ -131,12 +132,9 @@ TEST_F(ApiCudaTest, SyncBatchNormAloneNormalisesAsBatchNorm) {
 TEST_F(ApiCudaTest, TheElasticLoopWithSlowMoTrainsAsTheModuleAlone) {
   concord::Job job(OnTheGpu());
   const torch::Device device = job.device();
-  torch::manual_seed(13);
-  Net plain;
-  Net wrapped;
-  CopyParameters(plain, wrapped);
-  plain->to(device);
-  wrapped->to(device);
+  const auto twins = Twins(13, device);  // the loop's lambda captures them
+  Net plain = twins.first;
+  Net wrapped = twins.second;
   concord::DistributedDataParallel ddp(
       wrapped, job,
       concord::DdpOptions().slowmo(

@@ -194,13 +194,13 @@ absl::Status ShmSumOf(ShmAllreduce& shm, const at::Tensor& t,
   const size_t n = static_cast<size_t>(t.numel());
   switch (t.scalar_type()) {
     case at::kFloat:
-      return shm.SumFloat(t.data_ptr<float>(), n, timeout);
+      return shm.Sum(t.data_ptr<float>(), n, timeout);
     case at::kDouble:
-      return shm.SumDouble(t.data_ptr<double>(), n, timeout);
+      return shm.Sum(t.data_ptr<double>(), n, timeout);
     case at::kInt:
-      return shm.SumInt32(t.data_ptr<int32_t>(), n, timeout);
+      return shm.Sum(t.data_ptr<int32_t>(), n, timeout);
     case at::kLong:
-      return shm.SumInt64(t.data_ptr<int64_t>(), n, timeout);
+      return shm.Sum(t.data_ptr<int64_t>(), n, timeout);
     default:
       return absl::UnimplementedError("dtype");
   }

@@ -404,21 +404,9 @@ absl::Status ShmAllreduce::Sum(T* data, size_t n, absl::Duration timeout) {
   return absl::OkStatus();
 }
 
-absl::Status ShmAllreduce::SumFloat(float* data, size_t n,
-                                    absl::Duration timeout) {
-  return Sum(data, n, timeout);
-}
-absl::Status ShmAllreduce::SumDouble(double* data, size_t n,
-                                     absl::Duration timeout) {
-  return Sum(data, n, timeout);
-}
-absl::Status ShmAllreduce::SumInt32(int32_t* data, size_t n,
-                                    absl::Duration timeout) {
-  return Sum(data, n, timeout);
-}
-absl::Status ShmAllreduce::SumInt64(int64_t* data, size_t n,
-                                    absl::Duration timeout) {
-  return Sum(data, n, timeout);
-}
+template absl::Status ShmAllreduce::Sum(float*, size_t, absl::Duration);
+template absl::Status ShmAllreduce::Sum(double*, size_t, absl::Duration);
+template absl::Status ShmAllreduce::Sum(int32_t*, size_t, absl::Duration);
+template absl::Status ShmAllreduce::Sum(int64_t*, size_t, absl::Duration);
 
 }  // namespace concord::comm

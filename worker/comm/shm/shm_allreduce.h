@@ -83,11 +83,10 @@ class ShmAllreduce {
   ShmAllreduce(const ShmAllreduce&) = delete;
   ShmAllreduce& operator=(const ShmAllreduce&) = delete;
 
-  // In place; every rank calls it with the same n, in the same order.
-  absl::Status SumFloat(float* data, size_t n, absl::Duration timeout);
-  absl::Status SumDouble(double* data, size_t n, absl::Duration timeout);
-  absl::Status SumInt32(int32_t* data, size_t n, absl::Duration timeout);
-  absl::Status SumInt64(int64_t* data, size_t n, absl::Duration timeout);
+  // In place; every rank calls it with the same n, in the same order. T is
+  // float, double, int32_t or int64_t (instantiated in the .cc).
+  template <typename T>
+  absl::Status Sum(T* data, size_t n, absl::Duration timeout);
 
   // Fails the collective in flight here and at every peer; later calls
   // fail at once. Safe from any thread.
@@ -102,8 +101,6 @@ class ShmAllreduce {
   static size_t HeaderBytes(int size);
   Peer* peers() const;
   ShmAllreduce(const ShmAllreduceOptions& options, void* base, size_t bytes);
-  template <typename T>
-  absl::Status Sum(T* data, size_t n, absl::Duration timeout);
   // Waits until every rank has arrived at this rank's next barrier.
   absl::Status Barrier(absl::Time deadline);
   absl::Status PeersAlive() const;
