@@ -145,6 +145,10 @@ def main():
     if args.require_cuda and testlib.no_cuda_reason():
         print(testlib.no_cuda_reason())
         return 0
+    # Steps of at least 3 ms (concord-train's CONCORD_TEST_MIN_STEP_MS): the
+    # restarted worker must find the job still running, whatever the
+    # transport's speed (test_elastic.py does the same).
+    os.environ.setdefault("CONCORD_TEST_MIN_STEP_MS", "3")
     tmp = tempfile.mkdtemp(prefix="concord-slowmo-")
     cases = [
         ("localsgd-sharded", 3, "2:8:slowmo",
