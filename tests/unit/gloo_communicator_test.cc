@@ -109,21 +109,29 @@ TEST(ShmAllreduceTest, ARankThatLeavesFailsItsPeerAtOnce) {
       absl::Seconds(30), /*shared_memory=*/true);
 }
 
-TEST(ShmAllreduceTest, AHungPeerFailsTheCollectiveAtItsTimeout) {
+// A timed-out collective ends the group: the late peer and every later call
+// fail at once instead of pairing up the wrong barriers.
+TEST(ShmAllreduceTest, AHungPeerFailsTheCollectiveAtItsTimeoutAndEndsTheGroup) {
   RunRanks(
       2,
       [&](int rank, std::shared_ptr<Communicator> comm) {
-        if (rank == 1) {  // alive, but late past rank 0's timeout
-          absl::SleepFor(absl::Seconds(2));
-          return;
-        }
         CollectiveOptions options;
         options.timeout = absl::Milliseconds(300);
-        at::Tensor t = at::ones({16});
+        if (rank == 1) {  // alive, but late past rank 0's timeout
+          absl::SleepFor(absl::Seconds(1));
+          options.timeout = absl::Seconds(60);
+        }
         const absl::Time start = absl::Now();
-        absl::Status s = comm->AllreduceSum(t, options)->Wait();
+        absl::Status s = comm->AllreduceSum(at::ones({16}), options)->Wait();
         EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
         EXPECT_LT(absl::Now() - start, absl::Milliseconds(1500));
+        if (rank == 0) {
+          absl::SleepFor(absl::Seconds(2));  // rank 1 has failed meanwhile
+          const absl::Time again = absl::Now();
+          s = comm->AllreduceSum(at::ones({16}), options)->Wait();
+          EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+          EXPECT_LT(absl::Now() - again, absl::Milliseconds(100));
+        }
       },
       absl::Seconds(30), /*shared_memory=*/true);
 }

@@ -317,7 +317,8 @@ absl::Status ShmAllreduce::Barrier(absl::Time deadline) {
         by == static_cast<uint32_t>(options_.rank + 1)
             ? std::string("shared memory allreduce: aborted")
             : absl::StrCat("shared memory allreduce: rank ", by - 1,
-                           " left the group"));
+                           " ended the group (it left, was aborted or saw a "
+                           "collective fail)"));
   };
   if (absl::Status s = aborted(); !s.ok()) return s;
   uint32_t v = header_->arrived.fetch_add(1, std::memory_order_acq_rel) + 1;
@@ -365,13 +366,20 @@ absl::Status ShmAllreduce::Sum(T* data, size_t n, absl::Duration timeout) {
   const size_t window = options_.window_bytes / sizeof(T);
   // Gloo's ring chunks for the whole call, in elements.
   const size_t chunk = GlooRingChunkElements(n, sizeof(T), w);
+  // A failed barrier ends the group, here and at every peer (as a broken
+  // Gloo pair does): the barriers' count is no longer shared.
+  const auto barrier = [&]() {
+    absl::Status s = Barrier(deadline);
+    if (!s.ok()) Abort();
+    return s;
+  };
   constexpr size_t kBlock = 2048;
   T scratch[kBlock];
   for (size_t off = 0; off < n; off += window) {
     const size_t len = std::min(window, n - off);
     const int set = static_cast<int>(windows_++ & 1);
     std::memcpy(Slot(set, options_.rank), data + off, len * sizeof(T));
-    if (absl::Status s = Barrier(deadline); !s.ok()) return s;
+    if (absl::Status s = barrier(); !s.ok()) return s;
     const auto share = [len, w](int r, size_t* lo, size_t* hi) {
       *lo = len * static_cast<size_t>(r) / static_cast<size_t>(w);
       *hi = len * static_cast<size_t>(r + 1) / static_cast<size_t>(w);
@@ -393,7 +401,7 @@ absl::Status ShmAllreduce::Sum(T* data, size_t n, absl::Duration timeout) {
       std::memcpy(mine + i, scratch, (end - i) * sizeof(T));
       i = end;
     }
-    if (absl::Status s = Barrier(deadline); !s.ok()) return s;
+    if (absl::Status s = barrier(); !s.ok()) return s;
     for (int r = 0; r < w; ++r) {
       share(r, &lo, &hi);
       std::memcpy(data + off + lo,

@@ -35,11 +35,13 @@
 // mapped it, so nothing is left in /dev/shm when processes die.
 //
 // Failures: a rank that waits at a barrier checks, every 20 ms, the group's
-// abort flag (set by Abort() or the destructor of any rank: a rank that
-// leaves or whose generation ends fails its peers at once, as closing
-// Gloo's pairs does) and whether each peer process still lives (a SIGKILLed
-// peer fails the others within that time, as a closed socket does);
-// past the timeout it fails. All are UNAVAILABLE, as Gloo's IoException.
+// abort flag (set by Abort() or the destructor of any rank, and by a rank
+// whose barrier failed: a rank that leaves, whose generation ends or whose
+// collective failed fails its peers at once, as closing Gloo's pairs does)
+// and whether each peer process still lives (a SIGKILLed peer fails the
+// others within that time, as a closed socket does); past the timeout it
+// fails. All are UNAVAILABLE, as Gloo's IoException, and a failed group
+// fails every later call.
 
 #include <atomic>
 #include <cstddef>
