@@ -2,6 +2,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -107,6 +108,29 @@ TEST(ShmAllreduceTest, ARankThatLeavesFailsItsPeerAtOnce) {
         EXPECT_LT(absl::Now() - start, absl::Seconds(10));
       },
       absl::Seconds(30), /*shared_memory=*/true);
+}
+
+// CONCORD_SHM=0 on one rank only: no rank waits for a group that will not
+// be made; all use Gloo's TCP, and the sums agree.
+TEST(ShmAllreduceTest, RanksThatDisagreeAllUseGloo) {
+  InMemoryStore store;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&store, r] {
+      GlooOptions options;
+      options.rank = r;
+      options.size = 3;
+      options.connect_timeout = absl::Seconds(30);
+      options.shared_memory = r != 1;
+      auto comm = GlooCommunicator::Create(options, &store);
+      ASSERT_TRUE(comm.ok()) << comm.status();
+      EXPECT_FALSE((*comm)->uses_shared_memory());
+      at::Tensor t = at::full({5}, static_cast<float>(r + 1));
+      ASSERT_TRUE((*comm)->AllreduceSum(t, {})->Wait().ok());
+      EXPECT_TRUE(at::equal(t, at::full({5}, 6.0f)));
+    });
+  }
+  for (auto& t : threads) t.join();
 }
 
 // A timed-out collective ends the group: the late peer and every later call

@@ -262,10 +262,12 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
     return FromGlooException(e);
   }
   std::unique_ptr<ShmAllreduce> shm;
-  if (options.shared_memory && options.size > 1) {
+  if (options.size > 1) {
+    // Every rank takes part, wanting it or not: all reach one verdict.
     ShmAllreduceOptions so;
     so.rank = options.rank;
     so.size = options.size;
+    so.enabled = options.shared_memory;
     so.setup_timeout = options.connect_timeout;
     auto made = ShmAllreduce::Create(so, store);
     if (made.ok()) {

@@ -37,8 +37,9 @@ struct GlooOptions {
   // Bound on the rendezvous (connecting the full mesh).
   absl::Duration connect_timeout = absl::Minutes(5);
   // Sum allreduces of float32, float64, int32 and int64 through shared
-  // memory when every rank is on this host (Note [Shared-memory allreduce];
-  // Gloo's arithmetic, bit for bit). Workers: on unless CONCORD_SHM=0.
+  // memory when every rank is on this host and every rank asks for it
+  // (Note [Shared-memory allreduce]; Gloo's arithmetic, bit for bit).
+  // Workers: on unless CONCORD_SHM=0.
   bool shared_memory = false;
 };
 

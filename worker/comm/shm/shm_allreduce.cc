@@ -162,7 +162,12 @@ absl::StatusOr<std::unique_ptr<ShmAllreduce>> ShmAllreduce::Create(
     base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (base == MAP_FAILED) failure = Errno("mmap");
   };
-  if (o.rank == 0) {
+  if (!o.enabled) {
+    failure = "turned off (CONCORD_SHM=0)";
+  }
+  if (o.rank == 0 && !o.enabled) {
+    if (absl::Status s = store->Set("shm/name", ""); !s.ok()) return s;
+  } else if (o.rank == 0) {
     std::random_device random;
     name = absl::StrCat("/concord-", getpid(), "-", random(), random());
     const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
@@ -199,7 +204,9 @@ absl::StatusOr<std::unique_ptr<ShmAllreduce>> ShmAllreduce::Create(
     name = got->front();
     int fd = -1;
     struct stat st;
-    if (name.empty()) {
+    if (!failure.empty()) {
+      // Not mapped: this rank's verdict is already no.
+    } else if (name.empty()) {
       failure = "rank 0 could not make the segment";
     } else if ((fd = shm_open(name.c_str(), O_RDWR, 0)) < 0) {
       failure = Errno("shm_open");  // another host, another IPC namespace

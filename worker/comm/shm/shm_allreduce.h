@@ -59,6 +59,10 @@ namespace concord::comm {
 struct ShmAllreduceOptions {
   int rank = 0;
   int size = 1;
+  // Whether this rank wants the group (CONCORD_SHM). A rank that does not
+  // still takes part in Create, so that every rank reaches the same
+  // verdict: no group unless every rank wants one.
+  bool enabled = true;
   // Bytes of each slot (two sets of `size` slots are mapped). A tensor
   // larger than this goes through in windows.
   size_t window_bytes = 4 << 20;
