@@ -236,28 +236,40 @@ absl::StatusOr<std::unique_ptr<ShmAllreduce>> ShmAllreduce::Create(
     me.start_time = self.start_time;
     me.pid.store(getpid(), std::memory_order_release);
   }
-  // Round 1: every rank has mapped the segment (or failed); rank 0 unlinks
-  // its name.
+  // A round: every rank says whether it is fine so far; rank 0 alone reads
+  // them all and publishes the verdict ("1", or "0 " and the first rank's
+  // reason), which the others read: O(size) store traffic, not O(size^2).
   const auto round = [&](const std::string& what) -> absl::StatusOr<bool> {
-    if (absl::Status s = store->Set(absl::StrCat("shm/", what, "/", o.rank),
+    const std::string key = absl::StrCat("shm/", what);
+    if (absl::Status s = store->Set(absl::StrCat(key, "/", o.rank),
                                     failure.empty() ? "1" : "0 " + failure);
         !s.ok()) {
       return s;
     }
-    std::vector<std::string> keys;
-    for (int r = 0; r < o.size; ++r) {
-      keys.push_back(absl::StrCat("shm/", what, "/", r));
-    }
-    auto all = store->Get(keys, timeout);
-    if (!all.ok()) return all.status();
-    for (int r = 0; r < o.size; ++r) {
-      if ((*all)[static_cast<size_t>(r)] != "1" && failure.empty()) {
-        failure = absl::StrCat("rank ", r, ": ",
-                               (*all)[static_cast<size_t>(r)].substr(2));
+    if (o.rank == 0) {
+      std::vector<std::string> keys;
+      for (int r = 0; r < o.size; ++r)
+        keys.push_back(absl::StrCat(key, "/", r));
+      auto all = store->Get(keys, timeout);
+      if (!all.ok()) return all.status();
+      std::string verdict = "1";
+      for (int r = 0; r < o.size && verdict == "1"; ++r) {
+        const std::string& said = (*all)[static_cast<size_t>(r)];
+        if (said != "1") {
+          verdict = absl::StrCat("0 rank ", r, ": ", said.substr(2));
+        }
       }
+      if (absl::Status s = store->Set(key, verdict); !s.ok()) return s;
+    }
+    auto verdict = store->Get({key}, timeout);
+    if (!verdict.ok()) return verdict.status();
+    if (verdict->front() != "1" && failure.empty()) {
+      failure = verdict->front().substr(2);
     }
     return failure.empty();
   };
+  // Round 1: every rank has mapped the segment (or failed); rank 0 unlinks
+  // its name.
   absl::StatusOr<bool> mapped = round("mapped");
   if (o.rank == 0 && !name.empty()) shm_unlink(name.c_str());
   if (!mapped.ok()) return mapped.status();

@@ -29,10 +29,12 @@
 // creates the segment under a random name, reserves its memory
 // (posix_fallocate: no SIGBUS on a full /dev/shm) and publishes the name;
 // every rank maps it, checks it, and records its pid and start time; every
-// rank publishes whether that worked, and the group exists only if it did
-// everywhere (otherwise the caller keeps Gloo: another host, another IPC or
-// pid namespace, no /dev/shm). Rank 0 unlinks the name once every rank has
-// mapped it, so nothing is left in /dev/shm when processes die.
+// rank publishes whether that worked, rank 0 publishes the verdict (O(size)
+// store traffic), and the group exists only if it worked everywhere
+// (otherwise the caller keeps Gloo: another host, another IPC or pid
+// namespace, no /dev/shm, a rank with CONCORD_SHM=0). Rank 0 unlinks the
+// name once every rank has mapped it, so nothing is left in /dev/shm when
+// processes die.
 //
 // Failures: a rank that waits at a barrier checks, every 20 ms, the group's
 // abort flag (set by Abort() or the destructor of any rank, and by a rank
