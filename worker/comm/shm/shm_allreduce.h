@@ -29,8 +29,9 @@
 // creates the segment under a random name, reserves its memory
 // (posix_fallocate: no SIGBUS on a full /dev/shm) and publishes the name;
 // every rank maps it, checks it, and records its pid and start time; every
-// rank publishes whether that worked, rank 0 publishes the verdict (O(size)
-// store traffic), and the group exists only if it worked everywhere
+// rank publishes whether that worked, rank 0 reads those one by one (any
+// store's read limit; it stops at the first "no") and publishes the verdict
+// (O(size) store traffic), and the group exists only if it worked everywhere
 // (otherwise the caller keeps Gloo: another host, another IPC or pid
 // namespace, no /dev/shm, a rank with CONCORD_SHM=0). Rank 0 unlinks the
 // name once every rank has mapped it, so nothing is left in /dev/shm when
