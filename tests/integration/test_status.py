@@ -100,12 +100,17 @@ def ctl(bins, coord, *args, timeout=30):
          "--token-file", coord.operator_token] + list(args), timeout=timeout)
 
 
-def start_job(bins, coord, tmp, epochs):
+def start_job(bins, coord, tmp, epochs, min_step_ms):
+    """A 2-worker job of `epochs` epochs (64 steps each) whose steps take at
+    least `min_step_ms` (concord-train's CONCORD_TEST_MIN_STEP_MS): the checks
+    need a job that is still running while they look, and these steps take
+    ~1 ms through shared memory."""
     fx = te.Fixture(tmp, 512)
     rd = te.RunDir(tmp, "job")
     train = te.train_args(fx, rd, 4, epochs)
     job = te.Proc("concord-run", te.launch_cmd(bins, 2, JOB, train, coordinator=coord.address,
-                                               token_file=coord.worker_token), rd.logs)
+                                               token_file=coord.worker_token), rd.logs,
+                  env={"CONCORD_TEST_MIN_STEP_MS": str(min_step_ms)})
     return job
 
 
@@ -170,7 +175,7 @@ def part_watch(args, checks, tmp, bins, coord):
     checks.check(r.returncode == 1 and one_line(r) and "NOT_FOUND" in r.stderr,
                  "watch of an unknown job: exit 1, one line naming NOT_FOUND", r.describe())
 
-    job = start_job(bins, coord, tmp, epochs=40)
+    job = start_job(bins, coord, tmp, epochs=40, min_step_ms=5)  # ~13 s
     running = wait_for(lambda: running_with_progress(coord, 2), 60, 0.2)
     if not checks.check(running is not None, "the job runs with 2 members", job.describe()):
         return
@@ -280,7 +285,7 @@ def part_browser(args, checks, tmp, bins, coord):
         checks.fail("playwright-core installed",
                     "run `npm ci --prefix tests/browser` (scripts/test.sh does)")
         return
-    job = start_job(bins, coord, tmp, epochs=60)
+    job = start_job(bins, coord, tmp, epochs=60, min_step_ms=20)  # ~77 s, killed after
     running = wait_for(lambda: running_with_progress(coord, 2), 60, 0.2)
     if not checks.check(running is not None, "the job runs with 2 members", job.describe()):
         return
