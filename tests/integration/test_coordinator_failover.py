@@ -142,13 +142,15 @@ def run(args, checks, tmp):
 
     fx = te.Fixture(tmp, 512)
     # Long enough to fail over twice mid-run: the two fail-overs take about
-    # 5 s, the job at least 15 s (5,760 steps of ~2.5 ms).
+    # 5 s, the job at least 17 s (5,760 steps of at least 3 ms: concord-train's
+    # CONCORD_TEST_MIN_STEP_MS; through shared memory they take ~1 ms).
     batch, epochs = 4, 90
     rd = te.RunDir(tmp, "failover")
     target = "%s,%s" % (a.address, b.address)
     train = te.train_args(fx, rd, batch, epochs)
     job = te.Proc("concord-run", te.launch_cmd(bins, 2, JOB, train, coordinator=target,
-                                               token_file=worker_token), rd.logs)
+                                               token_file=worker_token), rd.logs,
+                  env={"CONCORD_TEST_MIN_STEP_MS": "3"})
 
     # 2. Training on A; SIGKILL A.
     before = wait_for(lambda: (lambda s: s if min_step(s) >= 20 else None)(
