@@ -61,7 +61,9 @@ ddp::EngineOptions EngineOptionsFrom(const DdpOptions& o,
   return e;
 }
 
-slowmo::SlowMoOptions SlowMoOptionsFrom(const DdpOptions& d, const Job& job) {
+slowmo::SlowMoOptions SlowMoOptionsFrom(const DdpOptions& d,
+                                        std::string node_id,
+                                        std::chrono::milliseconds collective) {
   const SlowMoOptions& o = *d.slowmo();
   slowmo::SlowMoOptions s;
   s.base_algorithm = o.base_algorithm() == SlowMoBaseAlgorithm::kSgp
@@ -85,9 +87,8 @@ slowmo::SlowMoOptions SlowMoOptionsFrom(const DdpOptions& d, const Job& job) {
   s.push_sum = o.push_sum();
   s.slowmo_sgp_average_params = o.slowmo_sgp_average_params();
   s.broadcast_buffers = d.broadcast_buffers();
-  s.node_id = job.state()->session().options().node_id;
-  s.collective_timeout =
-      absl::Milliseconds(job.timeouts().collective()->count());
+  s.node_id = std::move(node_id);
+  s.collective_timeout = absl::Milliseconds(collective.count());
   if (absl::Status valid = slowmo::ValidateOptions(s); !valid.ok()) {
     throw Error(ErrorCode::kInvalidArgument,
                 absl::StrCat("SlowMoOptions: ", valid.message()));
@@ -96,6 +97,30 @@ slowmo::SlowMoOptions SlowMoOptionsFrom(const DdpOptions& d, const Job& job) {
 }
 
 }  // namespace
+}  // namespace concord::detail
+
+namespace concord {
+
+void DdpOptions::validate() const {
+  const auto any_timeout = std::chrono::minutes(5);
+  ddp::EngineOptions engine = detail::EngineOptionsFrom(
+      *this, Timeouts().collective(std::chrono::milliseconds(any_timeout)));
+  if (slowmo()) detail::SlowMoOptionsFrom(*this, "", any_timeout);
+  ThrowIfError(ddp::Engine::ValidateOptions(engine, !comm_hook().empty()));
+  if (!comm_hook().empty()) {
+    // The name and its arguments; a world of one is enough to check them.
+    auto hook = ddp::MakeCommHook(comm_hook(), nullptr);
+    if (!hook.ok()) {
+      throw Error(
+          ErrorCode::kInvalidArgument,
+          absl::StrCat("DdpOptions::comm_hook: ", hook.status().message()));
+    }
+  }
+}
+
+}  // namespace concord
+
+namespace concord::detail {
 
 DdpCore::Impl::Impl(const Job& j, const DdpOptions& o) : job(j), options(o) {}
 
@@ -105,13 +130,18 @@ void DdpCore::Impl::Init(Create create) {
       EngineOptionsFrom(options, job.timeouts());
   // Checked before anything is made.
   std::optional<slowmo::SlowMoOptions> slowmo_options;
-  if (options.slowmo()) slowmo_options = SlowMoOptionsFrom(options, job);
+  if (options.slowmo()) {
+    slowmo_options =
+        SlowMoOptionsFrom(options, job.state()->session().options().node_id,
+                          *job.timeouts().collective());
+  }
   ThrowIfError(ddp::Engine::ValidateOptions(engine_options,
                                             !options.comm_hook().empty()));
   auto created =
       create(Communicator(), job.authoritative_rank(), engine_options);
   ThrowIfError(created.status());
   engine = *std::move(created);
+  engine->SetTraceRecorder(job.state()->trace());
   if (!options.comm_hook().empty()) RegisterHook();
   BindSyncBatchNorm();
   if (slowmo_options) StartSlowMo(*slowmo_options);
@@ -234,6 +264,8 @@ void DdpCore::before_forward() {
     impl_->begin_step();
     impl_->step_open = true;
   }
+  // The timeline's "forward": the buffer broadcast and the module's own.
+  if (impl_->job.state()->trace()) impl_->forward_start_us = trace::NowMicros();
   ThrowIfError(impl_->engine->PrepareForward());
   if (impl_->slowmo != nullptr) {
     impl_->after_backward_queued = false;  // a failed backward dropped it
@@ -241,7 +273,13 @@ void DdpCore::before_forward() {
   }
 }
 
-void DdpCore::after_forward() { impl_->engine->ForwardDone(); }
+void DdpCore::after_forward() {
+  impl_->engine->ForwardDone();
+  if (const auto& trace = impl_->job.state()->trace()) {
+    trace->Complete("forward", trace::Recorder::kTrainThread,
+                    impl_->forward_start_us, trace::NowMicros());
+  }
+}
 
 void DdpCore::set_require_backward_grad_sync(bool sync) {
   impl_->engine->SetRequireBackwardGradSync(sync);
@@ -251,7 +289,7 @@ bool DdpCore::require_backward_grad_sync() const {
   return impl_->engine->require_backward_grad_sync();
 }
 
-void DdpCore::join() {
+bool DdpCore::join() {
   if (!impl_->join) {
     throw Error(ErrorCode::kFailedPrecondition,
                 "join: needs an ElasticState over this DistributedDataParallel "
@@ -261,7 +299,7 @@ void DdpCore::join() {
     throw Error(ErrorCode::kFailedPrecondition,
                 "join: the step begun by the last forward was not committed");
   }
-  impl_->join();
+  return impl_->join();
 }
 
 void DdpCore::perform_slowmo(torch::optim::Optimizer& optimizer) {
@@ -276,7 +314,24 @@ void DdpCore::perform_slowmo(torch::optim::Optimizer& optimizer) {
     throw Error(ErrorCode::kFailedPrecondition,
                 "perform_slowmo: commit() the step first");
   }
+  trace::Recorder::Span span(impl_->job.state()->trace(), "slowmo");
   ThrowIfError(impl_->slowmo->PerformSlowMo(optimizer));
+}
+
+DdpStats DdpCore::stats() const {
+  const ddp::ReducerStats& r = impl_->engine->stats();
+  DdpStats s;
+  s.iterations = r.iterations;
+  s.bucket_rebuilds = r.rebuilds;
+  s.bucket_bytes = r.bucket_bytes;
+  s.initial_bucket_params = r.initial_bucket_params;
+  s.bucket_params = r.bucket_params;
+  s.forward_compute_us = r.forward_compute_us;
+  s.backward_compute_us = r.backward_compute_us;
+  s.backward_comm_us = r.backward_comm_us;
+  s.overlap_us = r.overlap_us;
+  s.unused_parameters = r.unused_parameters;
+  return s;
 }
 
 const Job& DdpCore::job() const { return impl_->job; }

@@ -26,10 +26,13 @@ struct Restart {};
 class ElasticCore {
  public:
   ElasticCore(DdpCore& ddp, torch::optim::Optimizer& optimizer,
-              std::shared_ptr<SamplerState> sampler)
+              std::shared_ptr<SamplerState> sampler,
+              const ElasticStateOptions& options)
       : ddp_(ddp.impl()),
         sampler_(std::move(sampler)),
-        state_(&ddp_.job.state()->session(), ddp_.engine.get(), &optimizer) {
+        admit_workers_(options.admit_workers()),
+        state_(&ddp_.job.state()->session(), ddp_.engine.get(), &optimizer,
+               ElasticOptionsFrom(options)) {
     if (sampler_ != nullptr && sampler_->job.state() != ddp_.job.state()) {
       throw Error(ErrorCode::kInvalidArgument,
                   "ElasticState: the sampler belongs to another Job");
@@ -43,16 +46,17 @@ class ElasticCore {
     // again begins with the agreement, as a newcomer's first step does
     // (without it the survivors would skip the agreement a newcomer runs,
     // and their collectives would pair up wrongly).
-    state_.OnReset([this](const elastic::ResetInfo&) {
+    state_.OnReset([this](const elastic::ResetInfo& info) {
       ddp_.Rebound();
       ToSampler();
       ddp_.step_open = false;
+      TraceReform(info.step);
     });
     // SlowMo's state follows the authoritative rank too, and a committed
     // step's owed average is finished in the new generation.
     if (ddp_.slowmo != nullptr) state_.Attach(ddp_.slowmo.get());
     ddp_.begin_step = [this] { BeginStep(); };
-    ddp_.join = [this] { Join(); };
+    ddp_.join = [this] { return Join(); };
   }
   ~ElasticCore() {
     ddp_.begin_step = nullptr;
@@ -60,6 +64,7 @@ class ElasticCore {
   }
 
   elastic::State& state() { return state_; }
+  const elastic::State& state() const { return state_; }
 
   void Commit() {
     ++state_.step;
@@ -68,7 +73,19 @@ class ElasticCore {
       state_.position = static_cast<int64_t>(sampler_->cursor);
     }
     state_.Commit();
+    if (ddp_.step_open) ReportStep();
     ddp_.step_open = false;
+  }
+
+  const std::vector<ReformRecord>& ReformLog() {
+    const auto& records = state_.reform_records();
+    while (reform_log_.size() < records.size()) {
+      const elastic::ReformRecord& r = records[reform_log_.size()];
+      reform_log_.push_back(ReformRecord{r.reason, r.generation, r.world_size,
+                                         r.started_us, r.rendezvous_us,
+                                         r.synced_us});
+    }
+    return reform_log_;
   }
 
   void NextEpoch() {
@@ -121,13 +138,31 @@ class ElasticCore {
         }
       }
     }));
+    // SGP's push-sum keeps parameters as numerators between steps: the
+    // model the program saves is the de-biased one.
+    if (ddp_.slowmo != nullptr) ddp_.slowmo->Debias();
   }
 
  private:
-  // Note [Step agreement]: before the first forward of a step.
+  static elastic::ElasticOptions ElasticOptionsFrom(
+      const ElasticStateOptions& o) {
+    elastic::ElasticOptions e;
+    e.divide_by_initial_world_size = o.divide_by_initial_world_size();
+    e.throw_on_early_termination = o.throw_on_early_termination();
+    return e;
+  }
+
+  // Note [Step agreement]: before the first forward of a step. Workers are
+  // admitted while the epoch has a sample left for each rank there could
+  // be (else a newcomer's share of the last window would be empty).
   void BeginStep() {
     const int64_t reforms = state_.reforms();
-    auto decision = state_.BeginStep(/*has_data=*/true);
+    const bool admit =
+        admit_workers_ &&
+        (sampler_ == nullptr ||
+         sampler_->size - sampler_->committed >=
+             static_cast<size_t>(std::max(1, ddp_.job.max_workers())));
+    auto decision = state_.BeginStep(/*has_data=*/true, admit);
     ThrowIfError(decision.status());
     if (*decision != elastic::StepDecision::kRun) {
       throw Error(ErrorCode::kInternal,
@@ -138,21 +173,71 @@ class ElasticCore {
     // the old world's share: the loop starts over from the commit. A loop
     // over the rank's own data goes on with its batch (PyTorch's join: each
     // rank's inputs are its own).
+    step_start_us_ = trace::NowMicros();
+    if (const auto& trace = ddp_.job.state()->trace()) {
+      trace->SetStep(state_.step + 1);
+    }
     if (state_.reforms() != reforms && sampler_ != nullptr) throw Restart{};
   }
 
+  // After a committed step: its timings for the coordinator's status (the
+  // next heartbeat carries them) and its span on the timeline.
+  void ReportStep() {
+    const int64_t now = trace::NowMicros();
+    const ddp::ReducerStats& stats = ddp_.engine->stats();
+    v1::DdpTimings t;
+    t.set_step_ms(static_cast<double>(now - step_start_us_) / 1e3);
+    t.set_forward_ms(static_cast<double>(stats.forward_compute_us) / 1e3);
+    t.set_backward_ms(static_cast<double>(stats.backward_compute_us) / 1e3);
+    // Communication not hidden behind backward.
+    t.set_allreduce_wait_ms(static_cast<double>(std::max<int64_t>(
+                                0, stats.backward_comm_us - stats.overlap_us)) /
+                            1e3);
+    // After the gradients were written back: the optimizer step and what
+    // the loop did before commit() (none when this step reduced nothing).
+    if (stats.backward_done_unix_us >= step_start_us_) {
+      t.set_optimizer_ms(
+          static_cast<double>(now - stats.backward_done_unix_us) / 1e3);
+    }
+    t.set_buckets(static_cast<int32_t>(stats.bucket_bytes.size()));
+    ddp_.job.state()->session().ReportDdpTimings(t);
+    if (const auto& trace = ddp_.job.state()->trace()) {
+      trace->Complete("step", trace::Recorder::kTrainThread, step_start_us_,
+                      now, {{"step", state_.step}});
+    }
+  }
+
+  // The re-form just done on the new rank's track: from the failure (or
+  // the agreement) to the state received, the rendezvous inside it.
+  void TraceReform(int64_t step) {
+    const auto& trace = ddp_.job.state()->trace();
+    if (!trace || state_.reform_records().empty()) return;
+    const elastic::ReformRecord& r = state_.reform_records().back();
+    const trace::Args args = {{"generation", r.generation},
+                              {"world_size", r.world_size},
+                              {"step", step}};
+    trace->Complete("re-form", trace::Recorder::kTrainThread, r.started_us,
+                    r.synced_us, args);
+    trace->Complete("rendezvous", trace::Recorder::kTrainThread, r.started_us,
+                    r.rendezvous_us, args);
+  }
+
   // DistributedDataParallelImpl::join: this rank's data is over.
-  void Join() {
-    auto decision = state_.BeginStep(/*has_data=*/false);
+  bool Join() {
+    auto decision = state_.BeginStep(/*has_data=*/false, admit_workers_);
     ThrowIfError(decision.status());
     // kLeft: this rank left the job, the others go on without it; kDone:
     // every rank ran out, training is over everywhere.
     ddp_.joined = true;
+    return *decision == elastic::StepDecision::kLeft;
   }
 
   DdpCore::Impl& ddp_;
   std::shared_ptr<SamplerState> sampler_;
+  const bool admit_workers_;
   elastic::State state_;
+  int64_t step_start_us_ = 0;  // the step's agreement done (Unix us)
+  std::vector<ReformRecord> reform_log_;
 };
 
 }  // namespace detail
@@ -230,11 +315,22 @@ int64_t ElasticSampler::epoch() const { return state_->epoch; }
 size_t ElasticSampler::position() const { return state_->cursor; }
 size_t ElasticSampler::size() const { return state_->size; }
 
+std::vector<size_t> ElasticSampler::since_commit() const {
+  const detail::SamplerState& s = *state_;
+  std::vector<size_t> out;
+  if (s.order_epoch != s.epoch) return out;  // nothing handed out yet
+  for (size_t i = s.committed; i < s.cursor; ++i) {
+    out.push_back(static_cast<size_t>(s.order[i]));
+  }
+  return out;
+}
+
 ElasticState::ElasticState(detail::DdpCore& ddp,
                            torch::optim::Optimizer& optimizer,
-                           std::shared_ptr<detail::SamplerState> sampler)
-    : core_(std::make_unique<detail::ElasticCore>(ddp, optimizer,
-                                                  std::move(sampler))) {}
+                           std::shared_ptr<detail::SamplerState> sampler,
+                           const ElasticStateOptions& options)
+    : core_(std::make_unique<detail::ElasticCore>(
+          ddp, optimizer, std::move(sampler), options)) {}
 
 ElasticState::~ElasticState() = default;
 
@@ -249,6 +345,9 @@ void ElasticState::on_reset(std::function<void(const ResetInfo&)> callback) {
   core_->OnReset(std::move(callback));
 }
 int64_t ElasticState::reforms() const { return core_->state().reforms(); }
+const std::vector<ReformRecord>& ElasticState::reform_log() const {
+  return core_->ReformLog();
+}
 
 void run_elastic(ElasticState& state, const std::function<void()>& train) {
   state.core().Run(train);

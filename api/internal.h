@@ -13,13 +13,17 @@
 #include "worker/session.h"
 #include "worker/slowmo/slowmo.h"
 #include "worker/syncbn/sync_batch_norm.h"
+#include "worker/trace/recorder.h"
 
 namespace concord::detail {
 
 class JobState {
  public:
-  JobState(std::unique_ptr<worker::Session> session, Timeouts timeouts)
-      : session_(std::move(session)), timeouts_(std::move(timeouts)) {}
+  JobState(std::unique_ptr<worker::Session> session, Timeouts timeouts,
+           std::shared_ptr<trace::Recorder> trace)
+      : session_(std::move(session)),
+        timeouts_(std::move(timeouts)),
+        trace_(std::move(trace)) {}
   // Finishes the membership when nobody did (Job::finish).
   ~JobState();
   JobState(const JobState&) = delete;
@@ -27,11 +31,14 @@ class JobState {
 
   worker::Session& session() const { return *session_; }
   const Timeouts& timeouts() const { return timeouts_; }
+  // JobOptions::trace_file's timeline; null without one.
+  const std::shared_ptr<trace::Recorder>& trace() const { return trace_; }
   void Finish(bool ok, const std::string& message);
 
  private:
   std::unique_ptr<worker::Session> session_;
   Timeouts timeouts_;
+  std::shared_ptr<trace::Recorder> trace_;
   std::mutex mu_;
   bool finished_ = false;  // guarded by mu_
 };
@@ -54,9 +61,10 @@ struct DdpCore::Impl {
   // forward of a step (step_open false: the last step was committed), and
   // DistributedDataParallelImpl::join's.
   std::function<void()> begin_step;
-  std::function<void()> join;
+  std::function<bool()> join;  // true: this rank left, others go on
   bool step_open = false;
-  bool joined = false;  // join() returned: no more steps
+  int64_t forward_start_us = 0;  // the timeline's "forward" span
+  bool joined = false;           // join() returned: no more steps
 
   Impl(const Job& j, const DdpOptions& o);
   // Checks the options, then `create(communicator, authoritative rank,

@@ -78,6 +78,10 @@ worker::WorkerOptions Resolve(const JobOptions& o) {
     w.spec.set_max_workers(*o.max_workers());
   }
   if (o.device()) w.device = Parsed("device", ParseDeviceRequest(*o.device()));
+  if (o.trace_file()) {
+    if (o.trace_file()->empty()) ThrowInvalid("JobOptions::trace_file: empty");
+    w.trace_file = *o.trace_file();
+  }
   if (o.backend()) {
     w.backend = Parsed("backend", ParseBackendRequest(*o.backend()));
   }
@@ -138,10 +142,22 @@ void JobState::Finish(bool ok, const std::string& message) {
 
 Job::Job(const JobOptions& options) {
   worker::WorkerOptions resolved = Resolve(options);
+  // The timeline's file is made before joining: a bad path joins nothing.
+  std::shared_ptr<trace::Recorder> trace;
+  if (!resolved.trace_file.empty()) {
+    auto made =
+        trace::Recorder::Create(resolved.trace_file, resolved.worker_id);
+    if (!made.ok()) {
+      ThrowInvalid(absl::StrCat(options.trace_file() ? "JobOptions::trace_file"
+                                                     : "CONCORD_TRACE_FILE",
+                                ": ", made.status().message()));
+    }
+    trace = *std::move(made);
+  }
   auto session = worker::Session::Start(resolved);
   ThrowIfError(session.status());
-  state_ = std::make_shared<detail::JobState>(*std::move(session),
-                                              InForce(resolved));
+  state_ = std::make_shared<detail::JobState>(
+      *std::move(session), InForce(resolved), std::move(trace));
 }
 
 int Job::rank() const { return state_->session().rank(); }
@@ -159,6 +175,15 @@ std::string Job::backend() const {
   return std::string(BackendName(state_->session().backend()));
 }
 bool Job::elastic() const { return state_->session().elastic(); }
+const std::string& Job::worker_id() const {
+  return state_->session().options().worker_id;
+}
+int Job::min_workers() const {
+  return state_->session().options().spec.min_workers();
+}
+int Job::max_workers() const {
+  return state_->session().options().spec.max_workers();
+}
 const Timeouts& Job::timeouts() const { return state_->timeouts(); }
 
 void Job::report_progress(int64_t step, double samples_per_second,
@@ -168,6 +193,18 @@ void Job::report_progress(int64_t step, double samples_per_second,
 
 void Job::finish(bool ok, const std::string& message) {
   state_->Finish(ok, message);
+}
+
+TraceScope::TraceScope(const Job& job, const char* name)
+    : recorder_(job.state()->trace().get()),
+      name_(name),
+      start_us_(recorder_ != nullptr ? trace::NowMicros() : 0) {}
+
+TraceScope::~TraceScope() {
+  if (recorder_ != nullptr) {
+    recorder_->Complete(name_, trace::Recorder::kTrainThread, start_us_,
+                        trace::NowMicros());
+  }
 }
 
 }  // namespace concord

@@ -32,6 +32,7 @@
 #include <torch/script.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -117,6 +118,35 @@ struct DdpOptions {
   TORCH_ARG(bool, gradient_average) = true;
   TORCH_ARG(double, gradient_predivide_factor) = 1.0;
   TORCH_ARG(std::vector<std::string>, allreduce_trigger_params);
+
+ public:
+  // Throws Error (kInvalidArgument) for what DistributedDataParallel's
+  // constructor would refuse without looking at the model: contradictory
+  // options, an unknown comm_hook, SlowMo values out of range. A program
+  // checks its flags with it before joining a job.
+  void validate() const;
+};
+
+// What the buckets look like and how the last synchronised backward went
+// (what PyTorch's DDP logging data reports).
+struct DdpStats {
+  int64_t iterations = 0;  // synchronised backward passes so far
+  int64_t bucket_rebuilds = 0;
+  std::vector<int64_t> bucket_bytes;
+  // The buckets' parameters by name, as first built and as now (after the
+  // rebuild in the order gradients came).
+  std::vector<std::vector<std::string>> initial_bucket_params;
+  std::vector<std::vector<std::string>> bucket_params;
+  // The last synchronised iteration, in microseconds: forward (armed to
+  // the first gradient), backward (first to last gradient), communication
+  // (first allreduce launched to all reduced) and the part of it hidden
+  // behind backward.
+  int64_t forward_compute_us = 0;
+  int64_t backward_compute_us = 0;
+  int64_t backward_comm_us = 0;
+  int64_t overlap_us = 0;
+  // Parameters no rank used in the last iteration (find_unused_parameters).
+  std::vector<std::string> unused_parameters;
 };
 
 namespace detail {
@@ -140,8 +170,9 @@ class DdpCore {
   void after_forward();
   void set_require_backward_grad_sync(bool sync);
   bool require_backward_grad_sync() const;
-  void join();
+  bool join();
   void perform_slowmo(torch::optim::Optimizer& optimizer);
+  DdpStats stats() const;
   const Job& job() const;
 
   struct Impl;  // api/internal.h
@@ -234,10 +265,12 @@ class DistributedDataParallelImpl : public torch::nn::Module {
   // re-form without it and go on, dividing the gradient sum by the initial
   // world size as PyTorch's join does (nobody shadows their collectives
   // with zeros). When every rank has run out, it returns on all of them and
-  // training is over. Throws Error: kFailedPrecondition without an
-  // ElasticState or in the middle of a step; those of the agreement. The
-  // module takes no forward after it.
-  void join() { core_->join(); }
+  // training is over. Returns true when this rank left and others go on,
+  // false when training ended everywhere. Throws Error: kFailedPrecondition
+  // without an ElasticState or in the middle of a step; those of the
+  // agreement (with ElasticStateOptions::throw_on_early_termination, every
+  // rank throws once one runs out). The module takes no forward after it.
+  bool join() { return core_->join(); }
   // fairscale's perform_slowmo(optimizer), with DdpOptions::slowmo: after
   // every optimizer.step() (and, in run_elastic, after state.commit()),
   // averages the parameters as the base algorithm says and takes the slow
@@ -250,6 +283,8 @@ class DistributedDataParallelImpl : public torch::nn::Module {
   void perform_slowmo(torch::optim::Optimizer& optimizer) {
     core_->perform_slowmo(optimizer);
   }
+  // Buckets and the last iteration's timings.
+  DdpStats stats() const { return core_->stats(); }
   const Job& job() const { return core_->job(); }
   // Inside Concord (ElasticState).
   detail::DdpCore& core() { return *core_; }

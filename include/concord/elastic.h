@@ -86,12 +86,41 @@ class ElasticSampler : public torch::data::samplers::Sampler<> {
   // Samples of the epoch handed out to the job so far (all ranks).
   size_t position() const;
   size_t size() const;
+  // The job's samples (every rank's) handed out since the last commit, in
+  // the epoch's order: what the step being taken trains on, for an audit
+  // log of which sample each step consumed.
+  std::vector<size_t> since_commit() const;
 
   // Inside Concord (ElasticState).
   const std::shared_ptr<detail::SamplerState>& state() const { return state_; }
 
  private:
   std::shared_ptr<detail::SamplerState> state_;
+};
+
+// How an ElasticState runs the step agreement (Note [Step agreement]).
+struct ElasticStateOptions {
+  // PyTorch's join(divide_by_initial_world_size=True): after ranks left
+  // with join(), gradient sums are still divided by the world size the job
+  // started with (their share counts as zeros); false: by the ranks left.
+  TORCH_ARG(bool, divide_by_initial_world_size) = true;
+  // PyTorch's join(throw_on_early_termination=True): when any rank runs
+  // out, every rank throws (kFailedPrecondition) instead of going on.
+  TORCH_ARG(bool, throw_on_early_termination) = false;
+  // Workers waiting to join are admitted at step boundaries. false: the
+  // world only shrinks (a loop whose ranks own fixed shards of the data,
+  // which a newcomer would not have).
+  TORCH_ARG(bool, admit_workers) = true;
+};
+
+// One re-form: why, what it formed, and when (Unix microseconds).
+struct ReformRecord {
+  std::string reason;
+  int64_t generation = 0;
+  int world_size = 0;
+  int64_t started_us = 0;     // the failure was caught / agreement reached
+  int64_t rendezvous_us = 0;  // the next generation formed and connected
+  int64_t synced_us = 0;      // model and state received: training resumes
 };
 
 // What a reset callback learns after a re-form.
@@ -109,15 +138,18 @@ class ElasticState {
   // `ddp`, `optimizer` (and the sampler's data) must outlive the state.
   template <typename M>
   ElasticState(DistributedDataParallel<M>& ddp,
-               torch::optim::Optimizer& optimizer)
-      : ElasticState(ddp->core(), optimizer, nullptr) {}
+               torch::optim::Optimizer& optimizer,
+               const ElasticStateOptions& options = {})
+      : ElasticState(ddp->core(), optimizer, nullptr, options) {}
   template <typename M>
   ElasticState(DistributedDataParallel<M>& ddp,
                torch::optim::Optimizer& optimizer,
-               const ElasticSampler& sampler)
-      : ElasticState(ddp->core(), optimizer, sampler.state()) {}
+               const ElasticSampler& sampler,
+               const ElasticStateOptions& options = {})
+      : ElasticState(ddp->core(), optimizer, sampler.state(), options) {}
   ElasticState(detail::DdpCore& ddp, torch::optim::Optimizer& optimizer,
-               std::shared_ptr<detail::SamplerState> sampler);
+               std::shared_ptr<detail::SamplerState> sampler,
+               const ElasticStateOptions& options);
   ~ElasticState();
   ElasticState(const ElasticState&) = delete;
   ElasticState& operator=(const ElasticState&) = delete;
@@ -138,8 +170,9 @@ class ElasticState {
   // After every re-form (Horovod's reset callbacks): rescale the learning
   // rate, and so on.
   void on_reset(std::function<void(const ResetInfo&)> callback);
-  // Re-forms so far.
+  // Re-forms so far, and each one's record.
   int64_t reforms() const;
+  const std::vector<ReformRecord>& reform_log() const;
 
   detail::ElasticCore& core() { return *core_; }
 
@@ -150,7 +183,8 @@ class ElasticState {
 // Runs `train` until it returns; when a collective fails (a retryable
 // concord::Error out of forward or backward) or workers are admitted,
 // restores the last commit, re-forms and calls `train` again. Every rank
-// calls it once after making its state (newcomers too). Throws Error:
+// calls it once after making its state (newcomers too). On return, SGP's
+// push-sum parameters are de-biased (the model to save). Throws Error:
 // kFailedPrecondition when the job failed or re-forming timed out; what
 // `train` throws that is not retryable.
 void run_elastic(ElasticState& state, const std::function<void()>& train);

@@ -26,6 +26,9 @@ namespace concord {
 namespace detail {
 class JobState;
 }  // namespace detail
+namespace trace {
+class Recorder;
+}  // namespace trace
 
 // Every timeout of a job, in one place. Defaults are the launcher's
 // (concord-run --rendezvous-timeout, --collective-timeout,
@@ -69,6 +72,12 @@ struct JobOptions {
   // "auto" (NCCL on CUDA where this Concord has it, else Gloo), "gloo" or
   // "nccl" (CONCORD_BACKEND; default auto).
   TORCH_ARG(std::optional<std::string>, backend);
+  // A timeline of this worker in Chrome's trace-event format (Perfetto,
+  // chrome://tracing): steps, forward, backward, each bucket's allreduce,
+  // re-forms, and the program's own TraceScopes (CONCORD_TRACE_FILE, which
+  // `concord-run --trace` sets per worker and merges; default none). A file
+  // that cannot be created is kInvalidArgument, before joining.
+  TORCH_ARG(std::optional<std::string>, trace_file);
   TORCH_ARG(Timeouts, timeouts);
 };
 
@@ -102,6 +111,10 @@ class Job {
   std::string backend() const;
   // Whether a coordinator runs the job (false: a world of one).
   bool elastic() const;
+  // This worker's name, and the job's bounds on its world size.
+  const std::string& worker_id() const;
+  int min_workers() const;
+  int max_workers() const;
   // The timeouts in force, every field set.
   const Timeouts& timeouts() const;
 
@@ -122,6 +135,26 @@ class Job {
 
  private:
   std::shared_ptr<detail::JobState> state_;
+};
+
+// Times a scope of the training thread on the job's timeline
+// (JobOptions::trace_file), tagged with the step being taken:
+//
+//   { concord::TraceScope scope(job, "optimizer"); optimizer.step(); }
+//
+// Nothing (one pointer test) when the job has no timeline. `name` must
+// outlive the scope (a literal).
+class TraceScope {
+ public:
+  TraceScope(const Job& job, const char* name);
+  ~TraceScope();
+  TraceScope(const TraceScope&) = delete;
+  TraceScope& operator=(const TraceScope&) = delete;
+
+ private:
+  trace::Recorder* recorder_;
+  const char* name_;
+  int64_t start_us_;
 };
 
 }  // namespace concord

@@ -7,8 +7,11 @@
 #include <concord/concord.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
+#include <fstream>
 #include <functional>
 #include <set>
 #include <sstream>
@@ -382,13 +385,101 @@ TEST(JoinTest, AloneJoinEndsTrainingAndMisuseIsAnError) {
       }
       state.commit();
     }
-    ddp->join();  // the only rank is out of data: training is over
+    // The only rank is out of data: training is over (nobody goes on).
+    EXPECT_FALSE(ddp->join());
   });
   EXPECT_EQ(state.step(), 3);
   EXPECT_EQ(CodeOf([&] {
               ddp->forward(torch::ones({2, 4}));
             }),
             concord::ErrorCode::kFailedPrecondition);
+}
+
+TEST(DdpOptionsTest, ValidateRefusesWhatTheConstructorWouldBeforeJoining) {
+  concord::DdpOptions().validate();  // the defaults are fine
+  concord::DdpOptions().comm_hook("powersgd:2").bucket_cap_mb(4).validate();
+  EXPECT_EQ(CodeOf([] { concord::DdpOptions().comm_hook("nope").validate(); }),
+            concord::ErrorCode::kInvalidArgument);
+  EXPECT_EQ(CodeOf([] {
+              concord::DdpOptions()
+                  .delay_allreduce(true)
+                  .allreduce_trigger_params({"fc1.weight"})
+                  .validate();
+            }),
+            concord::ErrorCode::kInvalidArgument);
+  EXPECT_EQ(CodeOf([] { concord::DdpOptions().bucket_cap_mb(-1).validate(); }),
+            concord::ErrorCode::kInvalidArgument);
+  EXPECT_EQ(CodeOf([] {
+              concord::DdpOptions()
+                  .slowmo(concord::SlowMoOptions().sgp_graph("star"))
+                  .validate();
+            }),
+            concord::ErrorCode::kInvalidArgument);
+  EXPECT_EQ(CodeOf([] {
+              concord::DdpOptions()
+                  .slowmo(concord::SlowMoOptions())
+                  .comm_hook("fp16")
+                  .validate();
+            }),
+            concord::ErrorCode::kInvalidArgument);
+}
+
+// Statistics, the audit of the samples a step takes, and the timeline of a
+// job given a trace file: what concord-train reports, through the API.
+TEST(ObservabilityTest, StatsSamplesSinceCommitAndTheTimeline) {
+  const std::string path = ::testing::TempDir() + "/concord-api-trace-" +
+                           std::to_string(::getpid()) + ".json";
+  EXPECT_EQ(CodeOf([] {
+              concord::Job(concord::JobOptions().trace_file(
+                  "/nonexistent/dir/trace.json"));
+            }),
+            concord::ErrorCode::kInvalidArgument);
+  {
+    concord::Job job(concord::JobOptions().trace_file(path));
+    Net net;
+    concord::DistributedDataParallel ddp(net, job);
+    torch::optim::SGD opt(ddp->parameters(), 0.01);
+    concord::ElasticSampler sampler(
+        10, job, concord::ElasticSamplerOptions().shuffle(false));
+    concord::ElasticState state(ddp, opt, sampler);
+    EXPECT_TRUE(sampler.since_commit().empty());
+    std::vector<std::vector<size_t>> consumed;
+    concord::run_elastic(state, [&] {
+      while (auto indices = sampler.next(4)) {
+        consumed.push_back(sampler.since_commit());
+        opt.zero_grad();
+        ddp->forward(torch::ones({static_cast<int64_t>(indices->size()), 4}))
+            .sum()
+            .backward();
+        {
+          concord::TraceScope scope(job, "optimizer");
+          opt.step();
+        }
+        state.commit();
+        EXPECT_TRUE(sampler.since_commit().empty());
+      }
+    });
+    // Windows of 4 (a world of one), then the tail.
+    ASSERT_EQ(consumed.size(), 3u);
+    EXPECT_EQ(consumed[0], (std::vector<size_t>{0, 1, 2, 3}));
+    EXPECT_EQ(consumed[1], (std::vector<size_t>{4, 5, 6, 7}));
+    EXPECT_EQ(consumed[2], (std::vector<size_t>{8, 9}));
+    const concord::DdpStats stats = ddp->stats();
+    EXPECT_EQ(stats.iterations, 3);
+    ASSERT_FALSE(stats.bucket_bytes.empty());
+    ASSERT_FALSE(stats.bucket_params.empty());
+    EXPECT_TRUE(state.reform_log().empty());
+  }
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  for (const char* name :
+       {"step", "forward", "optimizer", "wait for buckets"}) {
+    EXPECT_NE(text.str().find(std::string("\"name\":\"") + name + "\""),
+              std::string::npos)
+        << name << " is not in " << text.str().substr(0, 2000);
+  }
+  std::remove(path.c_str());
 }
 
 // A model with BatchNorm in a container, in a custom module and at the root.

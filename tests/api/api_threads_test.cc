@@ -214,6 +214,70 @@ TEST_F(ApiThreadsTest, AWorkerThatJoinsLateIsAdmittedAtAStepBoundary) {
   }
 }
 
+// The same arrival with ElasticStateOptions().admit_workers(false) (ranks
+// that own fixed shards): the two train alone to the end, in one
+// generation, and the late worker never gets a rank.
+TEST_F(ApiThreadsTest, AWorkerThatJoinsLateIsNotAdmittedWhenTheStateSaysSo) {
+  constexpr size_t kSamples = 400;
+  std::mutex mu;
+  std::vector<int> worlds;
+  std::vector<int64_t> reforms;
+  std::atomic<bool> started{false};
+  std::atomic<bool> late_joined{false};
+  std::atomic<int> late_code{0};
+  std::thread late([&] {
+    while (!started) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    try {
+      concord::Job job(
+          concord::testing::WorkerOptions(address(), "closed", 2, 3, 2)
+              .timeouts(concord::Timeouts().rendezvous(
+                  std::chrono::milliseconds(8000))));
+      late_joined = true;
+      job.finish();
+    } catch (const concord::Error& e) {
+      late_code = static_cast<int>(e.code());
+    }
+  });
+  RunJobThreads(
+      address(), "closed", 2,
+      [&](int, concord::Job& job) {
+        torch::manual_seed(7);
+        Net net;
+        concord::DistributedDataParallel ddp(net, job);
+        torch::optim::SGD opt(ddp->parameters(), 0.01);
+        concord::ElasticSampler sampler(kSamples, job);
+        concord::ElasticState state(
+            ddp, opt, sampler,
+            concord::ElasticStateOptions().admit_workers(false));
+        concord::run_elastic(state, [&] {
+          for (; state.epoch() < 2; state.next_epoch()) {
+            while (auto batch = sampler.next(2)) {
+              started = true;
+              opt.zero_grad();
+              ddp->forward(Features(*batch, kSamples)).pow(2).sum().backward();
+              opt.step();
+              state.commit();
+              std::this_thread::sleep_for(std::chrono::milliseconds(5));
+            }
+          }
+        });
+        std::lock_guard<std::mutex> lock(mu);
+        worlds.push_back(job.world_size());
+        reforms.push_back(state.reforms());
+        job.finish();
+      },
+      /*min=*/2, /*max=*/3);
+  late.join();
+  EXPECT_EQ(worlds, (std::vector<int>{2, 2}));
+  EXPECT_EQ(reforms, (std::vector<int64_t>{0, 0}));
+  EXPECT_FALSE(late_joined) << "the late worker was admitted";
+  // The job succeeded while it waited (or its wait ran out).
+  EXPECT_TRUE(
+      late_code == static_cast<int>(concord::ErrorCode::kFailedPrecondition) ||
+      late_code == static_cast<int>(concord::ErrorCode::kDeadlineExceeded))
+      << "code " << late_code;
+}
+
 // A model of one BatchNorm, converted: DDP binds it to the job's ranks, and
 // run_elastic rebinds it after a worker leaves. Every committed step's
 // outputs, over all ranks of its generation, are batch normalisation of all
@@ -326,6 +390,7 @@ TEST_F(ApiThreadsTest, JoinLetsRanksWithUnevenInputsFinishAndTheOthersGoOn) {
         torch::optim::SGD opt(ddp->parameters(), kLr);
         concord::ElasticState state(ddp, opt);
         int trained = 0;
+        bool left = false;
         concord::run_elastic(state, [&] {
           // The job's steps are every rank's batches in order: the committed
           // step is where this rank's data goes on from.
@@ -336,10 +401,13 @@ TEST_F(ApiThreadsTest, JoinLetsRanksWithUnevenInputsFinishAndTheOthersGoOn) {
             state.commit();
             ++trained;
           }
-          ddp->join();
+          left = ddp->join();
         });
         std::lock_guard<std::mutex> lock(mu);
         forwards[rank] = trained;
+        // The first two leave while others go on; when the last runs out,
+        // training is over.
+        EXPECT_EQ(left, rank < 2) << "rank " << rank;
         for (const auto& p : net->parameters()) {
           finals[rank].push_back(p.detach().clone());
         }

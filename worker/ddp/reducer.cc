@@ -511,6 +511,7 @@ void Reducer::FinalizeBackward() {
   stats_.backward_comm_us = Micros(done - t_first_launch_);
   stats_.overlap_us =
       std::max<int64_t>(0, Micros(t_last_ready_ - t_first_launch_));
+  stats_.backward_done_unix_us = trace::NowMicros();
   ++stats_.iterations;
   if (!tracks_usage && !unused.empty()) {
     std::string names;

@@ -88,10 +88,11 @@ struct ReducerStats {
   // and bucket_params.
   std::vector<std::vector<std::string>> initial_bucket_params;
   std::vector<std::vector<std::string>> bucket_params;
-  int64_t forward_compute_us = 0;   // armed -> first gradient ready
-  int64_t backward_compute_us = 0;  // first -> last gradient ready
-  int64_t backward_comm_us = 0;     // first launch -> all reduced
-  int64_t overlap_us = 0;           // communication during backward compute
+  int64_t forward_compute_us = 0;     // armed -> first gradient ready
+  int64_t backward_compute_us = 0;    // first -> last gradient ready
+  int64_t backward_comm_us = 0;       // first launch -> all reduced
+  int64_t overlap_us = 0;             // communication during backward compute
+  int64_t backward_done_unix_us = 0;  // the gradients written back
   std::vector<std::string> unused_parameters;  // globally, last iteration
 };
 
