@@ -77,6 +77,10 @@ class ElasticCore {
     ddp_.step_open = false;
   }
 
+  void OnStepBegin(std::function<void(int64_t)> callback) {
+    on_step_begin_ = std::move(callback);
+  }
+
   const std::vector<ReformRecord>& ReformLog() {
     const auto& records = state_.reform_records();
     while (reform_log_.size() < records.size()) {
@@ -177,6 +181,7 @@ class ElasticCore {
     if (const auto& trace = ddp_.job.state()->trace()) {
       trace->SetStep(state_.step + 1);
     }
+    if (on_step_begin_) on_step_begin_(state_.step + 1);
     if (state_.reforms() != reforms && sampler_ != nullptr) throw Restart{};
   }
 
@@ -237,6 +242,7 @@ class ElasticCore {
   const bool admit_workers_;
   elastic::State state_;
   int64_t step_start_us_ = 0;  // the step's agreement done (Unix us)
+  std::function<void(int64_t)> on_step_begin_;
   std::vector<ReformRecord> reform_log_;
 };
 
@@ -343,6 +349,9 @@ void ElasticState::commit() { core_->Commit(); }
 void ElasticState::next_epoch() { core_->NextEpoch(); }
 void ElasticState::on_reset(std::function<void(const ResetInfo&)> callback) {
   core_->OnReset(std::move(callback));
+}
+void ElasticState::on_step_begin(std::function<void(int64_t)> callback) {
+  core_->OnStepBegin(std::move(callback));
 }
 int64_t ElasticState::reforms() const { return core_->state().reforms(); }
 const std::vector<ReformRecord>& ElasticState::reform_log() const {

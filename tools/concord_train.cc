@@ -439,6 +439,12 @@ int TrainWith(const Flags& flags, Prepared& in, concord::Job& job, Model model,
     elastic.emplace(ddp, optimizer, sampler, elastic_options);
   }
   concord::ElasticState& state = *elastic;
+  // The "forward" fault point: after the step agreement, before DDP's
+  // buffer broadcast and the model's forward (SyncBatchNorm's allgather).
+  state.on_step_begin([&](int64_t step) {
+    fault.step = step;
+    fault.MaybeDie("forward");
+  });
   // Fixed sharding: this worker's shard is its rank in the first generation
   // it trains in.
   const int shard = job.rank();
@@ -515,7 +521,6 @@ int TrainWith(const Flags& flags, Prepared& in, concord::Job& job, Model model,
     const auto t0 = std::chrono::steady_clock::now();
     const auto [x, y] = to_device(index);
     fault.step = state.step() + 1;
-    fault.MaybeDie("forward");
     torch::Tensor l = concord::train::ComputeLoss(in.loss, forward(x), y);
     {
       concord::TraceScope span(job, "backward");

@@ -170,6 +170,10 @@ class ElasticState {
   // After every re-form (Horovod's reset callbacks): rescale the learning
   // rate, and so on.
   void on_reset(std::function<void(const ResetInfo&)> callback);
+  // Before the first forward of every step, once the step agreement ran
+  // (and before DDP's buffer broadcast), with the step being taken
+  // (committed + 1): per-step setup such as a learning-rate schedule.
+  void on_step_begin(std::function<void(int64_t step)> callback);
   // Re-forms so far, and each one's record.
   int64_t reforms() const;
   const std::vector<ReformRecord>& reform_log() const;

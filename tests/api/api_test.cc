@@ -443,6 +443,8 @@ TEST(ObservabilityTest, StatsSamplesSinceCommitAndTheTimeline) {
         10, job, concord::ElasticSamplerOptions().shuffle(false));
     concord::ElasticState state(ddp, opt, sampler);
     EXPECT_TRUE(sampler.since_commit().empty());
+    std::vector<int64_t> begun;
+    state.on_step_begin([&](int64_t step) { begun.push_back(step); });
     std::vector<std::vector<size_t>> consumed;
     concord::run_elastic(state, [&] {
       while (auto indices = sampler.next(4)) {
@@ -464,6 +466,7 @@ TEST(ObservabilityTest, StatsSamplesSinceCommitAndTheTimeline) {
     EXPECT_EQ(consumed[0], (std::vector<size_t>{0, 1, 2, 3}));
     EXPECT_EQ(consumed[1], (std::vector<size_t>{4, 5, 6, 7}));
     EXPECT_EQ(consumed[2], (std::vector<size_t>{8, 9}));
+    EXPECT_EQ(begun, (std::vector<int64_t>{1, 2, 3}));
     const concord::DdpStats stats = ddp->stats();
     EXPECT_EQ(stats.iterations, 3);
     ASSERT_FALSE(stats.bucket_bytes.empty());
