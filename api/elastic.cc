@@ -64,7 +64,6 @@ class ElasticCore {
   }
 
   elastic::State& state() { return state_; }
-  const elastic::State& state() const { return state_; }
 
   void Commit() {
     ++state_.step;
