@@ -311,12 +311,18 @@ absl::Status Session::JoinAndConnect(
     next.backend = backend_;
     next.nccl_version = kNcclVersion;
     next.previous = members_;
-    next.next.resize(static_cast<size_t>(joined.world_size()));
-    for (const v1::Member& m : joined.members()) {
-      if (m.rank() >= 0 && m.rank() < joined.world_size()) {
-        next.next[static_cast<size_t>(m.rank())] = m.worker_id();
-      }
+    std::optional<comm::RankChange> change;
+    if (joined.has_rank_change()) {
+      const v1::RankChange& c = joined.rank_change();
+      change.emplace();
+      change->previous_generation = c.previous_generation();
+      change->previous_world_size = c.previous_world_size();
+      change->departed.assign(c.departed().begin(), c.departed().end());
+      change->order_kept = c.order_kept();
     }
+    next.next =
+        comm::NextRankLabels(members_, members_generation_, joined.generation(),
+                             joined.world_size(), change);
     int departed = 0;
     for (const std::string& id : members_) {
       departed +=
@@ -328,6 +334,7 @@ absl::Status Session::JoinAndConnect(
     next.generation = joined.generation();
     next.timeout = std::min(options_.join_timeout, left);
     members_ = next.next;
+    members_generation_ = joined.generation();
     finished_at_formation_ = joined.finished_workers();
     auto comm =
         comm::MakeNextCommunicator(next, std::move(parent), store_.get(), [&] {

@@ -226,10 +226,11 @@ class Session final : public comm::GroupFactory {
   std::atomic<int64_t> generation_{0};
   std::atomic<bool> reform_wanted_{false};
   std::atomic<int> finished_workers_{0};
-  // The current generation's worker ids by rank, and how many workers of
-  // the job had finished when it formed (Note [Re-forming NCCL]). Training
-  // thread only.
+  // The current generation's workers by rank (comm::NextRankLabels), that
+  // generation, and how many workers of the job had finished when it formed
+  // (Note [Re-forming NCCL]). Training thread only.
   std::vector<std::string> members_;
+  int64_t members_generation_ = 0;
   int finished_at_formation_ = 0;
   // The generation of the communicator Reform has taken over to derive the
   // next one from (-1: none); the membership watcher's abort leaves that one

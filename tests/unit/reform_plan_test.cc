@@ -114,5 +114,53 @@ TEST(ReformPlanTest, MalformedMembershipNeedsANewInit) {
             How::kNewInit);
 }
 
+// The coordinator's RankChange instead of the member table.
+TEST(NextRankLabelsTest, SurvivorsKeepTheirLabelsAndNewcomersGetNewOnes) {
+  const std::vector<std::string> first = NextRankLabels({}, 0, 1, 4, {});
+  EXPECT_EQ(first, (std::vector<std::string>{"g1r0", "g1r1", "g1r2", "g1r3"}));
+  RankChange change;
+  change.previous_generation = 1;
+  change.previous_world_size = 4;
+  change.departed = {1};
+  change.order_kept = true;
+  const std::vector<std::string> second =
+      NextRankLabels(first, 1, 2, 4, change);
+  EXPECT_EQ(second, (std::vector<std::string>{"g1r0", "g1r2", "g1r3", "g2r3"}));
+  // Rank 1 died, one worker joined: no derivation can add a rank.
+  EXPECT_EQ(PlanNextCommunicator(Change(kNccl228, first, second)).how,
+            How::kNewInit);
+  // Rank 1 died, nobody joined: shrink excluding old rank 1.
+  const std::vector<std::string> shrunk =
+      NextRankLabels(first, 1, 2, 3, change);
+  const ReformPlan plan = PlanNextCommunicator(Change(kNccl228, first, shrunk));
+  EXPECT_EQ(plan.how, How::kShrink);
+  EXPECT_EQ(plan.excluded, std::vector<int>{1});
+}
+
+TEST(NextRankLabelsTest, AnythingUnknownMeansEveryLabelIsNew) {
+  const std::vector<std::string> first = NextRankLabels({}, 0, 1, 3, {});
+  RankChange change;
+  change.previous_generation = 1;
+  change.previous_world_size = 3;
+  change.departed = {2};
+  change.order_kept = true;
+  const std::vector<std::string> fresh = {"g3r0", "g3r1"};
+  // No RankChange (a coordinator that restarted).
+  EXPECT_EQ(NextRankLabels(first, 1, 3, 2, {}), fresh);
+  // From another generation than the one this worker knows.
+  EXPECT_EQ(NextRankLabels(first, 2, 3, 2, change), fresh);
+  // Another size than the one this worker knows.
+  EXPECT_EQ(NextRankLabels({"a", "b"}, 1, 3, 2, change), fresh);
+  // The survivors' order changed.
+  change.order_kept = false;
+  EXPECT_EQ(NextRankLabels(first, 1, 3, 2, change), fresh);
+  for (const std::vector<std::string>& next :
+       {NextRankLabels(first, 1, 3, 2, {}),
+        NextRankLabels(first, 1, 3, 2, change)}) {
+    EXPECT_EQ(PlanNextCommunicator(Change(kNccl228, first, next)).how,
+              How::kNewInit);
+  }
+}
+
 }  // namespace
 }  // namespace concord::comm

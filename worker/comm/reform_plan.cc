@@ -18,6 +18,27 @@ absl::string_view HowName(ReformPlan::How how) {
   return "new init";
 }
 
+std::vector<std::string> NextRankLabels(
+    const std::vector<std::string>& previous, int64_t previous_generation,
+    int64_t generation, int world_size,
+    const std::optional<RankChange>& change) {
+  std::vector<std::string> next;
+  if (change.has_value() && change->order_kept &&
+      change->previous_generation == previous_generation &&
+      change->previous_world_size == static_cast<int>(previous.size())) {
+    const std::set<int> departed(change->departed.begin(),
+                                 change->departed.end());
+    for (int r = 0; r < static_cast<int>(previous.size()); ++r) {
+      if (departed.count(r) == 0) next.push_back(previous[r]);
+    }
+    if (static_cast<int>(next.size()) > world_size) next.clear();
+  }
+  for (int r = static_cast<int>(next.size()); r < world_size; ++r) {
+    next.push_back(absl::StrCat("g", generation, "r", r));
+  }
+  return next;
+}
+
 ReformPlan PlanNextCommunicator(const GenerationChange& c) {
   ReformPlan plan;
   auto init = [&](std::string why) {

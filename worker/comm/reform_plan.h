@@ -27,6 +27,8 @@
 // file is torch-free and tested on CPU (tests/unit/reform_plan_test.cc); the
 // NCCL calls live in nccl/nccl_communicator.cc.
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -66,6 +68,29 @@ struct ReformPlan {
 };
 
 absl::string_view HowName(ReformPlan::How how);
+
+// What the coordinator says of how a generation's ranks follow from the
+// generation before it (worker.proto's RankChange).
+struct RankChange {
+  int64_t previous_generation = 0;
+  int previous_world_size = 0;
+  std::vector<int> departed;  // ascending
+  bool order_kept = false;
+};
+
+// The workers of generation `generation` (of `world_size`) by rank, as labels
+// that GenerationChange compares: a worker's label is "g<G>r<R>" from the
+// generation G it first shared with this worker and its rank R there, so a
+// survivor keeps the label it had in `previous` (the labels of generation
+// `previous_generation`). Without a RankChange from `previous_generation`
+// (the first generation, a worker that missed one, a coordinator that
+// restarted) or when the order was not kept, every label is new, which plans
+// a new initialisation. The coordinator never sends the member table to
+// workers: that would be the square of the job's size per rendezvous.
+std::vector<std::string> NextRankLabels(
+    const std::vector<std::string>& previous, int64_t previous_generation,
+    int64_t generation, int world_size,
+    const std::optional<RankChange>& change);
 
 ReformPlan PlanNextCommunicator(const GenerationChange& change);
 
