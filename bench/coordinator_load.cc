@@ -342,11 +342,11 @@ int main(int argc, char** argv) {
                "concord-bench-coordinator"};
   app.add_option("--workers", f.workers, "Simulated workers heartbeating")
       ->check(CLI::Range(1, 100000));
-  app.add_option("--job-size", f.job_size, "Workers per job (<= 4096)")
-      ->check(CLI::Range(1, 4096));
+  app.add_option("--job-size", f.job_size, "Workers per job")
+      ->check(CLI::Range(1, 100000));
   app.add_option("--rendezvous-workers", f.rendezvous_workers,
                  "Workers of the measured rendezvous (the first job)")
-      ->check(CLI::Range(1, 4096));
+      ->check(CLI::Range(1, 100000));
   app.add_option("--duration-s", f.duration_s, "Heartbeat phase length")
       ->check(CLI::Range(2, 600));
   app.add_option("--rate-hz", f.rate_hz, "Heartbeats per worker per second")

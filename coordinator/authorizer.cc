@@ -5,8 +5,8 @@
 
 namespace concord::coordinator {
 
-absl::Status Authorizer::Check(const grpc::ServerContext& context, Role role,
-                               const char* method) const {
+absl::Status Authorizer::Check(const grpc::ServerContextBase& context,
+                               Role role, const char* method) const {
   const auto& metadata = context.client_metadata();
   auto it = metadata.find("authorization");
   if (it == metadata.end()) {

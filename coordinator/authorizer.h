@@ -26,7 +26,7 @@ class Authorizer {
         operator_token_(std::move(operator_token)) {}
 
   // `method` names the call in the error message.
-  absl::Status Check(const grpc::ServerContext& context, Role role,
+  absl::Status Check(const grpc::ServerContextBase& context, Role role,
                      const char* method) const;
 
  private:

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -21,7 +22,6 @@
 
 namespace concord::coordinator {
 
-using internal::FindMember;
 using internal::JobNotFound;
 using internal::Seconds;
 
@@ -95,13 +95,13 @@ absl::StatusOr<size_t> Core::CheckMember(const Job& job,
     return EndedError(job);
   }
   CONCORD_RETURN_IF_ERROR(CheckGeneration(job, generation));
-  auto member = FindMember(job.members, worker_id);
-  if (member == job.members.end()) {
+  const std::optional<size_t> member = MemberIndex(job, worker_id);
+  if (!member.has_value()) {
     return absl::NotFoundError(
         absl::StrFormat("worker %s is not a member of generation %d of job %s",
                         worker_id, job.generation, job.spec.job_id()));
   }
-  return static_cast<size_t>(member - job.members.begin());
+  return *member;
 }
 
 absl::Status Core::Join(const v1::JoinRequest& request) {
@@ -120,6 +120,12 @@ absl::Status Core::Join(const v1::JoinRequest& request) {
         request.previous_generation(), spec.job_id(), current));
   }
   bool reform = false;
+  const auto before =
+      job == nullptr
+          ? std::make_tuple(int64_t{0}, v1::JOB_STATE_RENDEZVOUS, size_t{0},
+                            size_t{0})
+          : std::make_tuple(job->generation, job->state, job->members.size(),
+                            job->expected.size());
   if (job == nullptr) {
     if (jobs_.size() >= internal::kMaxJobs) {
       return absl::ResourceExhaustedError(absl::StrCat(
@@ -141,8 +147,9 @@ absl::Status Core::Join(const v1::JoinRequest& request) {
     }
     CONCORD_RETURN_IF_ERROR(
         CheckBinding(*job, worker_id, request.worker_secret()));
-    auto member = FindMember(job->members, worker_id);
-    if (member != job->members.end()) {
+    if (const std::optional<size_t> index = MemberIndex(*job, worker_id);
+        index.has_value()) {
+      const MemberState* member = &job->members[*index];
       // Note [Re-forming]: only naming the running generation ends it.
       if (request.previous_generation() != job->generation ||
           member->completed) {
@@ -166,13 +173,14 @@ absl::Status Core::Join(const v1::JoinRequest& request) {
     // A new binding: a lost stream of an earlier holder of the id says
     // nothing about this process.
     auto watch = job->watches.find(worker_id);
-    if (watch != job->watches.end()) watch->second.lost_at.reset();
+    if (watch != job->watches.end()) {
+      SetLost(*job, worker_id, watch->second, std::nullopt);
+    }
   }
   job->bindings[worker_id] = request.worker_secret();
   job->finished.erase(worker_id);
 
-  auto waiting = FindMember(job->waiting, worker_id);
-  if (waiting != job->waiting.end()) {
+  if (MemberState* waiting = job->waiting.Find(worker_id); waiting != nullptr) {
     // A retried Join: keep its place.
     waiting->host = request.host();
     waiting->committed_step = request.committed_step();
@@ -182,16 +190,14 @@ absl::Status Core::Join(const v1::JoinRequest& request) {
     m.host = request.host();
     m.committed_step = request.committed_step();
     m.last_heartbeat = now;
-    auto survivor = FindMember(job->expected, worker_id);
-    const bool back = survivor != job->expected.end();
+    MemberState* survivor = job->expected.Find(worker_id);
+    const bool back = survivor != nullptr;
     m.joined = back ? survivor->joined : now;
-    if (back) survivor->back = true;
-    job->waiting.push_back(std::move(m));
+    if (back) job->expected.MarkBack(survivor);
+    job->waiting.Add(std::move(m));
     job->last_arrival = now;
     if (back) {
-      const size_t missing = static_cast<size_t>(
-          std::count_if(job->expected.begin(), job->expected.end(),
-                        [](const MemberState& e) { return !e.back; }));
+      const size_t missing = job->expected.size() - job->expected.back_count();
       AddEvent(*job, "join", worker_id,
                absl::StrFormat("joined again from %s at step %d after "
                                "generation %d ended (%d waiting, %d "
@@ -209,7 +215,13 @@ absl::Status Core::Join(const v1::JoinRequest& request) {
     }
   }
   MaybeFormGeneration(*job);
-  Changed(*job);
+  // Unless a generation formed or ended, a survivor was dropped or the job
+  // ended, the only news is one more waiting worker.
+  const bool arrival_only =
+      std::make_tuple(job->generation, job->state, job->members.size(),
+                      job->expected.size()) == before;
+  Changed(*job, /*persist=*/true,
+          arrival_only ? Concerns::kArrival : Concerns::kAll);
   return absl::OkStatus();
 }
 
@@ -221,26 +233,35 @@ absl::StatusOr<std::optional<Assignment>> Core::GetAssignment(
       job->state == v1::JOB_STATE_STOPPED) {
     return EndedError(*job);
   }
-  auto member = FindMember(job->members, worker_id);
-  if (member != job->members.end()) {
+  const std::optional<size_t> index = MemberIndex(*job, worker_id);
+  if (index.has_value()) {
+    const MemberState* member = &job->members[*index];
     Assignment a;
     a.generation = job->generation;
     a.rank = member->rank;
+    a.rank_change = job->rank_change;
     a.world_size = static_cast<int32_t>(job->members.size());
     a.authoritative_rank = job->authoritative_rank;
     a.finished_workers = static_cast<int32_t>(job->finished.size());
     a.heartbeat_interval =
         absl::Milliseconds(job->spec.heartbeat_interval_ms());
-    for (const MemberState& m : job->members) {
-      v1::Member& out = a.members.emplace_back();
-      out.set_worker_id(m.worker_id);
-      out.set_rank(m.rank);
-      out.set_host(m.host);
-      out.set_committed_step(m.committed_step);
+    if (job->member_table == nullptr || job->member_table_version != version_) {
+      auto table = std::make_shared<std::vector<v1::Member>>();
+      table->reserve(job->members.size());
+      for (const MemberState& m : job->members) {
+        v1::Member& out = table->emplace_back();
+        out.set_worker_id(m.worker_id);
+        out.set_rank(m.rank);
+        out.set_host(m.host);
+        out.set_committed_step(m.committed_step);
+      }
+      job->member_table = std::move(table);
+      job->member_table_version = version_;
     }
+    a.members = job->member_table;
     return std::optional<Assignment>(std::move(a));
   }
-  if (FindMember(job->waiting, worker_id) != job->waiting.end()) {
+  if (job->waiting.Find(worker_id) != nullptr) {
     // Waiting for a generation that will never come.
     if (job->state == v1::JOB_STATE_SUCCEEDED) return EndedError(*job);
     return std::optional<Assignment>();
@@ -260,22 +281,22 @@ absl::StatusOr<v1::HeartbeatResponse> Core::Heartbeat(
   if (!index.ok()) {
     // Note [Re-forming]: an expected survivor still heartbeating its ended
     // generation is alive, just catching up.
-    auto survivor = FindMember(job->expected, request.worker_id());
+    MemberState* survivor = job->expected.Find(request.worker_id());
     if (absl::IsAborted(index.status()) &&
-        request.generation() <= job->generation &&
-        survivor != job->expected.end()) {
+        request.generation() <= job->generation && survivor != nullptr) {
       survivor->last_heartbeat = clock_->Now();
       Changed(*job, /*persist=*/false);
     }
     return index.status();
   }
   MemberState& member = job->members[*index];
+  BeforeProgress(*job, clock_->Now());
   member.last_heartbeat = clock_->Now();
   member.committed_step = std::max(member.committed_step, request.step());
   member.samples_per_second = request.samples_per_second();
   if (request.has_loss()) member.loss = request.loss();
   member.ddp = request.ddp();
-  RecordProgress(*job);
+  job->progress_pending = clock_->Now();
   Changed(*job, /*persist=*/false);
   v1::HeartbeatResponse response;
   if (job->boundary_step.has_value()) {
@@ -309,8 +330,8 @@ absl::StatusOr<v1::LeaveResponse> Core::Leave(const v1::LeaveRequest& request) {
   }
   // A worker still waiting for a generation just withdraws; it has no
   // generation to name.
-  auto waiting = FindMember(job->waiting, worker_id);
-  if (waiting != job->waiting.end()) {
+  if (const MemberState* waiting = job->waiting.Find(worker_id);
+      waiting != nullptr) {
     Withdraw(*job, worker_id, waiting->committed_step, request, what,
              " while waiting for a generation", "before a generation formed");
     response.set_state(job->state);
@@ -318,9 +339,8 @@ absl::StatusOr<v1::LeaveResponse> Core::Leave(const v1::LeaveRequest& request) {
   }
   // Note [Re-forming]: an expected survivor naming its ended generation
   // leaves that way too (the Leave raced with the others' re-joins).
-  auto survivor = FindMember(job->expected, worker_id);
-  if (survivor != job->expected.end() &&
-      request.generation() == job->generation &&
+  const MemberState* survivor = job->expected.Find(worker_id);
+  if (survivor != nullptr && request.generation() == job->generation &&
       request.reason() != v1::LEAVE_REASON_COMPLETED) {
     const std::string after =
         absl::StrFormat("after generation %d ended", job->generation);
@@ -410,7 +430,7 @@ absl::Status Core::KvSet(const v1::KvSetRequest& request) {
                                       request.generation())
                               .status());
   job->kv[request.key()] = request.value();
-  Changed(*job);
+  Changed(*job, /*persist=*/true, Concerns::kKv);
   return absl::OkStatus();
 }
 

@@ -4,8 +4,9 @@
 // machine.
 //
 // It knows nothing of gRPC and never blocks or sleeps: time comes from a
-// Clock, and callers that want to wait (the RPC layer) re-ask whenever
-// `version()` changes. Not thread-safe: the service layer serialises every
+// Clock, and callers that want to wait (the RPC layer) re-ask when the job's
+// epoch of what they wait on moves (Epochs, Note [Asynchronous waits] in
+// host.h). Not thread-safe: the service layer serialises every
 // call with its own mutex. Every request is validated first
 // (core_validation.h): a bad one is INVALID_ARGUMENT and changes nothing.
 //
@@ -139,6 +140,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -149,6 +151,7 @@
 #include "concord/v1/operator.pb.h"
 #include "concord/v1/worker.pb.h"
 #include "coordinator/job_history.h"
+#include "coordinator/worker_list.h"
 
 namespace concord::coordinator {
 
@@ -157,9 +160,13 @@ struct Assignment {
   int32_t rank = -1;
   int32_t world_size = 0;
   int32_t authoritative_rank = 0;
-  std::vector<v1::Member> members;  // ordered by rank
+  // Ordered by rank; shared by every assignment answered from the same
+  // state of the job (a generation's formation answers all its members).
+  std::shared_ptr<const std::vector<v1::Member>> members;
   absl::Duration heartbeat_interval;
   int32_t finished_workers = 0;  // left at the end of their data
+  // How the ranks follow from the generation before (worker.proto).
+  std::optional<v1::RankChange> rank_change;
 };
 
 // A job's figures for the per-job Prometheus metrics (Note [Job history]).
@@ -179,6 +186,21 @@ struct JobMetricsSample {
   uint64_t reform_count = 0;
   double reform_seconds_sum = 0;
   std::optional<double> last_reform_seconds;
+};
+
+// Note [Asynchronous waits] (host.h): which of a job's pending calls a change
+// may concern, so that the host re-asks the core only for those. Each is the
+// core's version() at the job's last change of that kind (never reused, also
+// across RestoreJob); 0 for an unknown job.
+struct JobEpochs {
+  // A worker's GetAssignment answer may differ: a generation formed or
+  // ended, a worker stopped waiting, the job ended. A plain arrival of one
+  // more waiting worker is not one.
+  uint64_t placement = 0;
+  // A KvGet answer may differ: a key was set, or placement changed.
+  uint64_t kv = 0;
+  // A Membership view may differ: any persisted change but a KvSet.
+  uint64_t view = 0;
 };
 
 struct Event {
@@ -293,6 +315,10 @@ class Core {
 
   // Note [Persistence]: ids of jobs changed since the last call.
   std::vector<std::string> TakeDirtyJobs();
+  // Note [Asynchronous waits]: ids of jobs whose epochs moved since the last
+  // call, and a job's epochs.
+  std::vector<std::string> TakeWokenJobs();
+  JobEpochs Epochs(const std::string& job_id) const;
   // The job's state for the Store; nullopt for an unknown job.
   std::optional<v1::JobRecord> ExportJob(const std::string& job_id) const;
   // Replaces (or adds) a job from its record. INVALID_ARGUMENT when the
@@ -346,11 +372,11 @@ class Core {
     int64_t generation = 0;  // current; 0 before the first forms
     int32_t authoritative_rank = 0;
     std::vector<MemberState> members;  // of the current generation, by rank
-    std::vector<MemberState> waiting;  // registered for the next generation
+    WorkerList<MemberState> waiting;   // registered for the next generation
     // Survivors of the ended generation `generation` that the next one waits
     // for (Note [Re-forming]); those already back are in `waiting` too.
     // Empty while a generation runs.
-    std::vector<MemberState> expected;
+    WorkerList<MemberState> expected;
     absl::Time rendezvous_started;
     absl::Time last_arrival;  // of a new waiting worker (Note [Formation])
     std::map<std::string, std::string> kv;  // of the current generation
@@ -365,10 +391,41 @@ class Core {
     // Transient, never exported: by worker id, while the worker has a
     // stream open or is bound.
     std::map<std::string, WatchState> watches;
+    // The workers in `watches` whose lost_at is set (transient).
+    std::set<std::string> lost_watches;
     // Transient, never exported (Note [Job history]).
     JobHistory history;
+    // Transient (Note [Asynchronous waits]).
+    JobEpochs epochs;
+    // The time of the last heartbeat not yet in `history` (Note [Lazy
+    // progress] in core_history.cc); transient.
+    std::optional<absl::Time> progress_pending;
+    // GetAssignment's member table, valid while the core's version() is
+    // `member_table_version` (transient).
+    mutable std::shared_ptr<const std::vector<v1::Member>> member_table;
+    mutable uint64_t member_table_version = 0;
+    // `members` by worker id: index into `members`, valid while the
+    // generation and the number of members are those noted (transient).
+    mutable std::unordered_map<std::string, size_t> member_index;
+    mutable int64_t member_index_generation = -1;
+    mutable size_t member_index_size = 0;
+    // Transient: the ranks of the generation that ended last, by worker,
+    // its number and size; then the RankChange of the current generation
+    // (absent for the first, or after a restore).
+    std::unordered_map<std::string, int32_t> ended_ranks;
+    int64_t ended_generation = 0;
+    int32_t ended_world_size = 0;
+    std::optional<v1::RankChange> rank_change;
+    // What every watcher of the job sees alike (Note [Asynchronous
+    // waits]): the view epoch moves only when this does (transient).
+    std::string view_key;
   };
 
+  // The index in `job.members` of `worker_id`, or nullopt.
+  static std::optional<size_t> MemberIndex(const Job& job,
+                                           const std::string& worker_id);
+  // What the job's watchers all see (generation, state, sizes, boundary).
+  static std::string ViewKey(const Job& job);
   Job* FindJob(const std::string& job_id);
   const Job* FindJob(const std::string& job_id) const;
   absl::Status CheckGeneration(const Job& job, int64_t generation) const;
@@ -383,6 +440,10 @@ class Core {
   // Note [Formation]: forms the next generation when its rule allows, after
   // dropping the expected survivors whose connection broke.
   void MaybeFormGeneration(Job& job);
+  // Sets (or, with nullopt, clears) the watch's lost_at, keeping
+  // lost_watches in step.
+  static void SetLost(Job& job, const std::string& worker_id, WatchState& watch,
+                      std::optional<absl::Time> at);
   // Note [Re-forming]: drops the expected survivors whose watch stream was
   // lost at least the grace ago; returns whether it dropped any.
   bool DropDisconnected(Job& job);
@@ -410,12 +471,25 @@ class Core {
                 const std::string& out_of_data_when,
                 const std::string& left_when);
   void MaybeApplyBoundary(Job& job);
-  // Note [Job history]: adds the members' aggregates after a heartbeat.
-  void RecordProgress(Job& job);
+  // Note [Job history]: a heartbeat at `now` is about to change a member's
+  // progress. The history gets the members' aggregates after each heartbeat,
+  // but lazily (Note [Lazy progress] in core_history.cc): this records the
+  // pending point only when the history's next decision needs it.
+  static void BeforeProgress(Job& job, absl::Time now);
+  // Records the pending point, if any (before the members change).
+  static void FlushProgress(Job& job);
+  // The job's history with the pending point applied.
+  static JobHistory CurrentHistory(const Job& job);
   void AddEvent(Job& job, std::string kind, std::string worker_id,
                 std::string message);
-  // `persist`: whether the change must reach the Store (Note [Persistence]).
-  void Changed(const Job& job, bool persist = true);
+  // What a change concerns besides the Store (Note [Asynchronous waits]):
+  // everything; only one more waiting worker (the others' placements stand);
+  // only a key of the generation's store.
+  enum class Concerns { kAll, kArrival, kKv };
+  // `persist`: whether the change must reach the Store (Note [Persistence]);
+  // a change that is not persisted (a heartbeat) concerns no waiter.
+  void Changed(Job& job, bool persist = true,
+               Concerns concerns = Concerns::kAll);
   static bool Ended(const Job& job);
   static absl::Status EndedError(const Job& job);
   v1::MemberStatus StatusOf(const MemberState& m) const;
@@ -425,6 +499,7 @@ class Core {
   const Clock* clock_;
   std::map<std::string, Job> jobs_;
   std::set<std::string> dirty_;
+  std::set<std::string> woken_;
   uint64_t version_ = 0;
   uint64_t membership_version_ = 0;
 };

@@ -10,12 +10,26 @@
 
 namespace concord::coordinator {
 
-void Core::RecordProgress(Job& job) {
+namespace {
+
+// Note [Lazy progress]: the history's newest point follows every heartbeat
+// with the members' aggregates (Note [Job history]), which cost O(members);
+// computed per heartbeat, a job of N workers at 1 Hz would cost O(N^2) per
+// second. So a heartbeat only notes its time (Job::progress_pending), and
+// the aggregates are computed when they are needed: before a heartbeat whose
+// point (or the pending one) starts a new point rather than moving the
+// newest, before the members change (a generation forms or ends), and for a
+// reader (on a copy). A pending point that would only have been replaced by
+// the next heartbeat's is skipped, which leaves the same points as computing
+// every one: the history's decision to append depends only on the points
+// before the newest, which a replacement does not change.
+template <typename Members>
+void Record(JobHistory& history, absl::Time at, const Members& members) {
   int64_t step = 0;
   double samples_per_second = 0;
   double loss_sum = 0;
   int losses = 0;
-  for (const MemberState& m : job.members) {
+  for (const auto& m : members) {
     step = std::max(step, m.committed_step);
     samples_per_second += m.samples_per_second;
     if (m.loss.has_value()) {
@@ -25,15 +39,39 @@ void Core::RecordProgress(Job& job) {
   }
   std::optional<double> loss;
   if (losses > 0) loss = loss_sum / losses;
-  job.history.RecordProgress(clock_->Now(), step, samples_per_second, loss,
-                             static_cast<int32_t>(job.members.size()));
+  history.RecordProgress(at, step, samples_per_second, loss,
+                         static_cast<int32_t>(members.size()));
+}
+
+}  // namespace
+
+void Core::BeforeProgress(Job& job, absl::Time now) {
+  if (job.progress_pending.has_value() &&
+      (job.history.Appends(*job.progress_pending) ||
+       job.history.Appends(now))) {
+    FlushProgress(job);
+  }
+}
+
+void Core::FlushProgress(Job& job) {
+  if (!job.progress_pending.has_value()) return;
+  Record(job.history, *job.progress_pending, job.members);
+  job.progress_pending.reset();
+}
+
+JobHistory Core::CurrentHistory(const Job& job) {
+  JobHistory history = job.history;
+  if (job.progress_pending.has_value()) {
+    Record(history, *job.progress_pending, job.members);
+  }
+  return history;
 }
 
 absl::StatusOr<JobHistory> Core::History(const std::string& job_id) const {
   CONCORD_RETURN_IF_ERROR(ValidateId("job_id", job_id));
   const Job* job = FindJob(job_id);
   if (job == nullptr) return internal::JobNotFound(job_id);
-  return job->history;
+  return CurrentHistory(*job);
 }
 
 std::vector<JobMetricsSample> Core::MetricsSamples(
@@ -51,7 +89,7 @@ std::vector<JobMetricsSample> Core::MetricsSamples(
     s.generation = job.generation;
     s.members = static_cast<int32_t>(job.members.size());
     s.waiting = static_cast<int32_t>(job.waiting.size());
-    const JobHistory& h = job.history;
+    const JobHistory h = CurrentHistory(job);
     if (!h.points().empty()) {
       const ProgressPoint& last = h.points().back();
       s.step = last.step;

@@ -29,12 +29,6 @@ inline std::string Seconds(absl::Duration d) {
   return absl::StrCat(s, "s");
 }
 
-template <typename Members>
-auto FindMember(Members& members, const std::string& worker_id) {
-  return std::find_if(members.begin(), members.end(),
-                      [&](const auto& m) { return m.worker_id == worker_id; });
-}
-
 inline absl::Status JobNotFound(const std::string& job_id) {
   return absl::NotFoundError(absl::StrCat("unknown job '", job_id, "'"));
 }

@@ -16,7 +16,6 @@
 
 namespace concord::coordinator {
 
-using internal::FindMember;
 using internal::Seconds;
 
 namespace {
@@ -36,7 +35,17 @@ void Core::WatchOpened(const std::string& job_id,
   if (job == nullptr) return;
   WatchState& watch = job->watches[worker_id];
   ++watch.open;
-  watch.lost_at.reset();
+  SetLost(*job, worker_id, watch, std::nullopt);
+}
+
+void Core::SetLost(Job& job, const std::string& worker_id, WatchState& watch,
+                   std::optional<absl::Time> at) {
+  watch.lost_at = at;
+  if (at.has_value()) {
+    job.lost_watches.insert(worker_id);
+  } else {
+    job.lost_watches.erase(worker_id);
+  }
 }
 
 void Core::WatchClosed(const std::string& job_id, const std::string& worker_id,
@@ -47,12 +56,10 @@ void Core::WatchClosed(const std::string& job_id, const std::string& worker_id,
   if (it == job->watches.end() || it->second.open <= 0) return;
   WatchState& watch = it->second;
   --watch.open;
-  if (lost) {
-    watch.lost_at = clock_->Now();
-  } else {
-    watch.lost_at.reset();
-  }
+  SetLost(*job, worker_id, watch,
+          lost ? std::optional<absl::Time>(clock_->Now()) : std::nullopt);
   if (watch.open == 0 && job->bindings.count(worker_id) == 0) {
+    SetLost(*job, worker_id, watch, std::nullopt);
     job->watches.erase(it);
     return;
   }
@@ -64,14 +71,18 @@ void Core::WatchClosed(const std::string& job_id, const std::string& worker_id,
 
 bool Core::DropDisconnected(Job& job) {
   if (job.state != v1::JOB_STATE_RENDEZVOUS || job.expected.empty() ||
-      job.watches.empty()) {
+      job.lost_watches.empty()) {
     return false;
   }
   const absl::Time now = clock_->Now();
   const absl::Duration grace = WatchGrace(job.spec);
   std::vector<std::string> dropped;
-  for (const MemberState& e : job.expected) {
-    if (e.back) continue;
+  // Only a worker whose stream was lost can be dropped: look at those, not
+  // at every survivor.
+  for (const std::string& id : job.lost_watches) {
+    const MemberState* survivor = job.expected.Find(id);
+    if (survivor == nullptr || survivor->back) continue;
+    const MemberState& e = *survivor;
     auto watch = job.watches.find(e.worker_id);
     if (watch == job.watches.end() || watch->second.open > 0 ||
         !watch->second.lost_at.has_value()) {
@@ -190,8 +201,8 @@ void Core::Tick() {
       }
       for (const MemberState& m : job.waiting) job.bindings.erase(m.worker_id);
       for (const std::string& w : missing) job.bindings.erase(w);
-      job.waiting.clear();
-      job.expected.clear();
+      job.waiting.Clear();
+      job.expected.Clear();
       AddEvent(job, "job", "", absl::StrCat("job failed: ", job.failure));
       Changed(job);
     }
@@ -199,10 +210,8 @@ void Core::Tick() {
 }
 
 void Core::Forget(Job& job, const std::string& worker_id) {
-  auto e = FindMember(job.expected, worker_id);
-  if (e != job.expected.end()) job.expected.erase(e);
-  auto w = FindMember(job.waiting, worker_id);
-  if (w != job.waiting.end()) job.waiting.erase(w);
+  job.expected.Remove(worker_id);
+  job.waiting.Remove(worker_id);
 }
 
 bool Core::MaybeSucceed(Job& job) {
@@ -244,9 +253,7 @@ void Core::MaybeFormGeneration(Job& job) {
   const size_t min = MinWorkers(job);
   if (!job.expected.empty()) {
     // Survivors: as soon as all are back and there are enough, no settling.
-    for (const MemberState& e : job.expected) {
-      if (!e.back) return;
-    }
+    if (job.expected.back_count() < job.expected.size()) return;
     if (job.waiting.size() < min) return;
     FormGeneration(job, std::min(job.waiting.size(), max));
     return;
@@ -261,21 +268,19 @@ void Core::MaybeFormGeneration(Job& job) {
 }
 
 void Core::FormGeneration(Job& job, size_t n) {
+  FlushProgress(job);  // before the members change
   const absl::Time now = clock_->Now();
   // Survivors first, then by first-join time: the rank order.
   std::set<std::string> survivors;
   for (const MemberState& e : job.expected) survivors.insert(e.worker_id);
-  std::stable_sort(job.waiting.begin(), job.waiting.end(),
-                   [&](const MemberState& a, const MemberState& b) {
-                     const bool sa = survivors.count(a.worker_id) > 0;
-                     const bool sb = survivors.count(b.worker_id) > 0;
-                     if (sa != sb) return sa;
-                     return a.joined < b.joined;
-                   });
-  job.members.assign(std::make_move_iterator(job.waiting.begin()),
-                     std::make_move_iterator(job.waiting.begin() + n));
-  job.waiting.erase(job.waiting.begin(), job.waiting.begin() + n);
-  job.expected.clear();
+  job.members =
+      job.waiting.TakeFirst(n, [&](const MemberState& a, const MemberState& b) {
+        const bool sa = survivors.count(a.worker_id) > 0;
+        const bool sb = survivors.count(b.worker_id) > 0;
+        if (sa != sb) return sa;
+        return a.joined < b.joined;
+      });
+  job.expected.Clear();
   // Ranks follow first-join order, so a strict comparison in rank order
   // breaks ties in favour of the longest-lived member.
   job.authoritative_rank = 0;
@@ -290,6 +295,33 @@ void Core::FormGeneration(Job& job, size_t n) {
     }
   }
   ++job.generation;
+  job.rank_change.reset();
+  if (job.ended_generation != 0 && job.ended_generation + 1 == job.generation) {
+    v1::RankChange& change = job.rank_change.emplace();
+    change.set_previous_generation(job.ended_generation);
+    change.set_previous_world_size(job.ended_world_size);
+    std::vector<bool> stayed(static_cast<size_t>(job.ended_world_size));
+    bool kept = true;
+    bool newcomer_seen = false;
+    int32_t last = -1;
+    for (const MemberState& m : job.members) {
+      // Only an expected survivor is the process that held the rank (an id
+      // taken again by a new process is a newcomer).
+      auto it = job.ended_ranks.find(m.worker_id);
+      if (survivors.count(m.worker_id) == 0 || it == job.ended_ranks.end()) {
+        newcomer_seen = true;
+        continue;
+      }
+      kept = kept && !newcomer_seen && it->second > last;
+      last = it->second;
+      stayed[static_cast<size_t>(it->second)] = true;
+    }
+    for (size_t r = 0; r < stayed.size(); ++r) {
+      if (!stayed[r]) change.add_departed(static_cast<int32_t>(r));
+    }
+    change.set_order_kept(kept);
+  }
+  job.ended_ranks.clear();
   job.kv.clear();
   job.boundary_step.reset();
   job.state = v1::JOB_STATE_RUNNING;
@@ -307,7 +339,14 @@ void Core::EndGeneration(Job& job, const std::string& why,
   // Note [Re-forming]: the others are expected in the next generation. Each
   // must Join again, which is how a worker learns that its generation is gone
   // (Note [Generations]); they stay bound (Note [Worker binding]).
-  job.expected.clear();
+  FlushProgress(job);  // before the members change
+  job.expected.Clear();
+  job.ended_ranks.clear();
+  job.ended_generation = job.generation;
+  job.ended_world_size = static_cast<int32_t>(job.members.size());
+  for (const MemberState& m : job.members) {
+    job.ended_ranks.emplace(m.worker_id, m.rank);
+  }
   std::vector<std::string> survivors;
   for (MemberState& m : job.members) {
     if (removed.count(m.worker_id) > 0) continue;
@@ -320,7 +359,7 @@ void Core::EndGeneration(Job& job, const std::string& why,
     m.back = false;
     m.end_of_data_step.reset();
     survivors.push_back(m.worker_id);
-    job.expected.push_back(std::move(m));
+    job.expected.Add(std::move(m));
   }
   AddEvent(job, "generation", "",
            absl::StrFormat("generation %d ended: %s%s", job.generation, why,
@@ -349,17 +388,70 @@ void Core::AddEvent(Job& job, std::string kind, std::string worker_id,
                              std::move(message)});
 }
 
-void Core::Changed(const Job& job, bool persist) {
+void Core::Changed(Job& job, bool persist, Concerns concerns) {
   ++version_;
   if (!persist) return;
   ++membership_version_;
   dirty_.insert(job.spec.job_id());
+  woken_.insert(job.spec.job_id());
+  if (concerns != Concerns::kKv) {
+    std::string key = ViewKey(job);
+    if (key != job.view_key) {
+      job.view_key = std::move(key);
+      job.epochs.view = version_;
+    }
+  }
+  if (concerns != Concerns::kArrival) job.epochs.kv = version_;
+  if (concerns == Concerns::kAll) job.epochs.placement = version_;
 }
 
 std::vector<std::string> Core::TakeDirtyJobs() {
   std::vector<std::string> ids(dirty_.begin(), dirty_.end());
   dirty_.clear();
   return ids;
+}
+
+std::vector<std::string> Core::TakeWokenJobs() {
+  std::vector<std::string> ids(woken_.begin(), woken_.end());
+  woken_.clear();
+  return ids;
+}
+
+std::string Core::ViewKey(const Job& job) {
+  std::string key =
+      absl::StrCat(job.generation, "|", static_cast<int>(job.state), "|",
+                   job.failure, "|", job.authoritative_rank, "|",
+                   job.members.size(), "|", WaitingWorkers(job));
+  if (job.boundary_step.has_value()) {
+    absl::StrAppend(&key, "|", *job.boundary_step);
+    for (const MemberState& m : job.members) {
+      if (m.end_of_data_step == job.boundary_step) {
+        absl::StrAppend(&key, "|", m.worker_id);
+      }
+    }
+  }
+  return key;
+}
+
+std::optional<size_t> Core::MemberIndex(const Job& job,
+                                        const std::string& worker_id) {
+  if (job.member_index_generation != job.generation ||
+      job.member_index_size != job.members.size()) {
+    job.member_index.clear();
+    for (size_t i = 0; i < job.members.size(); ++i) {
+      job.member_index.emplace(job.members[i].worker_id, i);
+    }
+    job.member_index_generation = job.generation;
+    job.member_index_size = job.members.size();
+  }
+  auto it = job.member_index.find(worker_id);
+  if (it == job.member_index.end()) return std::nullopt;
+  return it->second;
+}
+
+JobEpochs Core::Epochs(const std::string& job_id) const {
+  const Job* job = FindJob(job_id);
+  return job == nullptr ? JobEpochs{} : job->epochs;
 }
 
 std::vector<Event> Core::Events(const std::string& job_id) const {

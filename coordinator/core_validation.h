@@ -19,7 +19,10 @@
 
 namespace concord::coordinator {
 
-inline constexpr int32_t kMaxWorkersPerJob = 4096;
+// The core and the service cost O(N) per rendezvous of N workers (no thread
+// per waiting worker: Note [Asynchronous waits] in host.h); a store bounds
+// it lower (docs/operators.md, "Capacity").
+inline constexpr int32_t kMaxWorkersPerJob = 131072;
 inline constexpr int64_t kMaxWaitMs = 3600 * 1000;
 
 absl::Status ValidateId(const char* field, const std::string& id);

@@ -14,7 +14,6 @@
 
 namespace concord::coordinator {
 
-using internal::FindMember;
 using internal::JobNotFound;
 
 namespace {
@@ -53,14 +52,17 @@ absl::StatusOr<v1::MembershipUpdate> Core::Membership(
   update.set_world_size(static_cast<int32_t>(job->members.size()));
   update.set_rank(-1);
   update.set_waiting_workers(WaitingWorkers(*job));
-  for (const MemberState& m : job->members) {
-    v1::Member& out = *update.add_members();
-    out.set_worker_id(m.worker_id);
-    out.set_rank(m.rank);
-    out.set_host(m.host);
-    if (m.worker_id == request.worker_id()) {
-      update.set_is_member(true);
-      update.set_rank(m.rank);
+  if (const std::optional<size_t> i = MemberIndex(*job, request.worker_id());
+      i.has_value()) {
+    update.set_is_member(true);
+    update.set_rank(job->members[*i].rank);
+  }
+  if (request.include_members()) {
+    for (const MemberState& m : job->members) {
+      v1::Member& out = *update.add_members();
+      out.set_worker_id(m.worker_id);
+      out.set_rank(m.rank);
+      out.set_host(m.host);
     }
   }
   if (job->boundary_step.has_value()) {
@@ -168,9 +170,8 @@ absl::StatusOr<v1::DrainWorkerResponse> Core::DrainWorker(
           ? std::string("drained by an operator")
           : absl::StrCat("drained by an operator: ", request.reason());
   v1::DrainWorkerResponse response;
-  const bool waiting =
-      FindMember(job->waiting, worker_id) != job->waiting.end();
-  const bool member = FindMember(job->members, worker_id) != job->members.end();
+  const bool waiting = job->waiting.Find(worker_id) != nullptr;
+  const bool member = MemberIndex(*job, worker_id).has_value();
   if (!waiting && !member && job->bindings.count(worker_id) == 0) {
     return absl::NotFoundError(absl::StrFormat("worker %s is not in job %s",
                                                worker_id, request.job_id()));
@@ -202,8 +203,8 @@ absl::StatusOr<v1::StopJobResponse> Core::StopJob(
         request.reason().empty()
             ? std::string("stopped by an operator")
             : absl::StrCat("stopped by an operator: ", request.reason());
-    job->waiting.clear();
-    job->expected.clear();
+    job->waiting.Clear();
+    job->expected.Clear();
     job->kv.clear();
     job->boundary_step.reset();
     AddEvent(*job, "stop", "", job->failure);
@@ -338,14 +339,12 @@ absl::Status Core::RestoreJob(const v1::JobRecord& record) {
   for (const auto& r : record.members()) {
     job.members.push_back(restore_member(r));
   }
-  for (const auto& r : record.waiting()) {
-    job.waiting.push_back(restore_member(r));
-  }
-  std::set<std::string> waiting;
-  for (const MemberState& m : job.waiting) waiting.insert(m.worker_id);
+  // A worker listed twice is refused below (CheckRestoredWorkers).
+  for (const auto& r : record.waiting()) job.waiting.Add(restore_member(r));
   for (const auto& r : record.expected()) {
-    job.expected.push_back(restore_member(r));
-    job.expected.back().back = waiting.count(r.worker_id()) > 0;
+    MemberState m = restore_member(r);
+    m.back = job.waiting.Find(r.worker_id()) != nullptr;
+    job.expected.Add(std::move(m));
   }
   for (size_t i = 0; i < job.members.size(); ++i) {
     if (job.members[i].rank != static_cast<int32_t>(i)) {
@@ -375,10 +374,15 @@ absl::Status Core::RestoreJob(const v1::JobRecord& record) {
         record.spec().job_id(), job.generation, existing->generation));
   }
   // Open watch streams outlive a replaced record (Note [Re-forming]).
-  if (existing != nullptr) job.watches = std::move(existing->watches);
-  jobs_[record.spec().job_id()] = std::move(job);
+  if (existing != nullptr) {
+    job.watches = std::move(existing->watches);
+    job.lost_watches = std::move(existing->lost_watches);
+  }
   ++version_;
   ++membership_version_;
+  job.epochs = JobEpochs{version_, version_, version_};
+  woken_.insert(record.spec().job_id());
+  jobs_[record.spec().job_id()] = std::move(job);
   return absl::OkStatus();
 }
 

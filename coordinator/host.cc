@@ -2,9 +2,26 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 
 namespace concord::coordinator {
+
+CoreHost::CoreHost(const Clock* clock, Store* store, Metrics* metrics)
+    : core_(clock), store_(store), metrics_(metrics) {
+  timer_ = std::thread([this] { TimerLoop(); });
+}
+
+CoreHost::~CoreHost() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    timer_stop_ = true;
+  }
+  timer_cv_.notify_all();
+  timer_.join();
+}
 
 absl::Status CoreHost::Restore() {
   if (store_ == nullptr) return absl::OkStatus();
@@ -20,6 +37,18 @@ absl::Status CoreHost::Restore() {
   }
   core_.TakeDirtyJobs();
   return absl::OkStatus();
+}
+
+CoreHost::Lock::~Lock() {
+  host_->AfterChange();
+  std::vector<std::function<void()>> work = std::move(host_->deferred_);
+  host_->deferred_.clear();
+  lock_.unlock();
+  host_->RunDeferred(std::move(work));
+}
+
+void CoreHost::RunDeferred(std::vector<std::function<void()>> work) {
+  for (std::function<void()>& fn : work) fn();
 }
 
 void CoreHost::SaveDirty() {
@@ -44,26 +73,139 @@ void CoreHost::SaveDirty() {
 
 void CoreHost::AfterChange() {
   SaveDirty();
-  changed_.notify_all();
+  // A poll may change the core again (a watch stream opening or closing):
+  // until nothing more woke.
+  for (std::vector<std::string> woken = core_.TakeWokenJobs(); !woken.empty();
+       SaveDirty(), woken = core_.TakeWokenJobs()) {
+    PollWoken(woken);
+  }
 }
 
-void CoreHost::WaitForChange(std::unique_lock<std::mutex>& lock, uint64_t seen,
-                             absl::Duration max) {
-  changed_.wait_for(lock, absl::ToChronoNanoseconds(max), [&] {
-    return shutting_down_ || core_.membership_version() != seen;
-  });
+void CoreHost::PollWoken(const std::vector<std::string>& woken) {
+  for (const std::string& job_id : woken) {
+    auto it = by_job_.find(job_id);
+    if (it == by_job_.end()) continue;
+    const JobEpochs now = core_.Epochs(job_id);
+    JobEpochs& seen = it->second.seen;
+    const bool moved[3] = {now.placement != seen.placement, now.kv != seen.kv,
+                           now.view != seen.view};
+    seen = now;
+    std::vector<WaiterId> due;
+    for (int kind = 0; kind < 3; ++kind) {
+      if (!moved[kind]) continue;
+      due.insert(due.end(), it->second.ids[kind].begin(),
+                 it->second.ids[kind].end());
+    }
+    // `it` may go when its last waiter does.
+    for (WaiterId id : due) PollOne(id);
+  }
+}
+
+void CoreHost::PollOne(WaiterId id) {
+  auto it = waiters_.find(id);
+  if (it == waiters_.end()) return;
+  if (it->second.waiter->Poll(core_)) Remove(id);
+}
+
+void CoreHost::Remove(WaiterId id) {
+  auto it = waiters_.find(id);
+  if (it == waiters_.end()) return;
+  deadlines_.erase({it->second.deadline, id});
+  auto job = by_job_.find(it->second.job_id);
+  if (job != by_job_.end()) {
+    job->second.ids[static_cast<int>(it->second.kind)].erase(id);
+    bool empty = true;
+    for (const auto& ids : job->second.ids) empty = empty && ids.empty();
+    if (empty) by_job_.erase(job);
+  }
+  waiters_.erase(it);
+}
+
+CoreHost::WaiterId CoreHost::Wait(const std::string& job_id, WaitKind kind,
+                                  absl::Time deadline, Waiter* waiter) {
+  if (shutting_down_) {
+    waiter->Abandon(absl::UnavailableError("the coordinator is shutting down"));
+    return 0;
+  }
+  if (waiter->Poll(core_)) return 0;
+  const WaiterId id = next_id_++;
+  auto [job, inserted] = by_job_.try_emplace(job_id);
+  // A new group has seen nothing yet: what it waits on is now.
+  if (inserted) job->second.seen = core_.Epochs(job_id);
+  job->second.ids[static_cast<int>(kind)].insert(id);
+  const bool nearest =
+      deadlines_.empty() || deadline < deadlines_.begin()->first;
+  deadlines_.insert({deadline, id});
+  waiters_.emplace(id, Entry{job_id, kind, deadline, waiter});
+  if (nearest) timer_cv_.notify_all();
+  return id;
+}
+
+bool CoreHost::Cancel(WaiterId id) {
+  if (waiters_.count(id) == 0) return false;
+  Remove(id);
+  return true;
+}
+
+void CoreHost::Defer(std::function<void()> fn) {
+  deferred_.push_back(std::move(fn));
+}
+
+size_t CoreHost::waiter_count() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return waiters_.size();
+}
+
+void CoreHost::TimerLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!timer_stop_) {
+    if (deadlines_.empty()) {
+      timer_cv_.wait(lock);
+      continue;
+    }
+    const absl::Time next = deadlines_.begin()->first;
+    const absl::Time now = absl::Now();
+    if (next > now) {
+      // Capped: a watch stream waits forever (absl::InfiniteFuture).
+      timer_cv_.wait_for(lock, absl::ToChronoNanoseconds(
+                                   std::min(next - now, absl::Hours(1))));
+      continue;
+    }
+    while (!deadlines_.empty() && deadlines_.begin()->first <= now) {
+      const WaiterId id = deadlines_.begin()->second;
+      Waiter* waiter = waiters_.at(id).waiter;
+      Remove(id);
+      waiter->Abandon(absl::DeadlineExceededError("the wait timed out"));
+    }
+    std::vector<std::function<void()>> work = std::move(deferred_);
+    deferred_.clear();
+    lock.unlock();
+    RunDeferred(std::move(work));
+    lock.lock();
+  }
 }
 
 void CoreHost::Tick() {
-  std::lock_guard<std::mutex> lock(mu_);
+  Lock lock(this);
   core_.Tick();
-  AfterChange();
 }
 
 void CoreHost::Shutdown() {
-  std::lock_guard<std::mutex> lock(mu_);
-  shutting_down_ = true;
-  changed_.notify_all();
+  std::vector<std::function<void()>> work;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    shutting_down_ = true;
+    while (!waiters_.empty()) {
+      const WaiterId id = waiters_.begin()->first;
+      Waiter* waiter = waiters_.begin()->second.waiter;
+      Remove(id);
+      waiter->Abandon(
+          absl::UnavailableError("the coordinator is shutting down"));
+    }
+    work = std::move(deferred_);
+    deferred_.clear();
+  }
+  RunDeferred(std::move(work));
 }
 
 }  // namespace concord::coordinator

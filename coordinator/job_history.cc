@@ -9,8 +9,7 @@ void JobHistory::RecordProgress(absl::Time now, int64_t step,
                                 std::optional<double> loss, int32_t members) {
   // The newest point moves with each heartbeat until it is a spacing past
   // the one before it.
-  if (points_.size() >= 2 &&
-      now - points_[points_.size() - 2].time < spacing_) {
+  if (!Appends(now)) {
     points_.back() =
         ProgressPoint{now, step, samples_per_second, loss, members};
     return;

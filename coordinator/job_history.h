@@ -63,6 +63,12 @@ class JobHistory {
   // aggregates after a heartbeat.
   void RecordProgress(absl::Time now, int64_t step, double samples_per_second,
                       std::optional<double> loss, int32_t members);
+  // Whether RecordProgress at `now` would start a new point rather than
+  // move the newest.
+  bool Appends(absl::Time now) const {
+    return points_.size() < 2 ||
+           now - points_[points_.size() - 2].time >= spacing_;
+  }
   void GenerationFormed(absl::Time now, int64_t generation, int32_t members);
   void GenerationEnded(absl::Time now, int64_t generation,
                        const std::string& why);

@@ -1,20 +1,21 @@
 #include "coordinator/service.h"
 
+#include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/grpc_status.h"
 
 namespace concord::coordinator {
 namespace {
 
 constexpr absl::Duration kDefaultWait = absl::Seconds(300);
-// A watch stream re-checks for cancellation at least this often.
-constexpr absl::Duration kWatchPoll = absl::Milliseconds(200);
 
 absl::Duration WaitTimeout(int64_t ms) {
   return ms == 0 ? kDefaultWait : absl::Milliseconds(ms);
@@ -25,175 +26,362 @@ bool Terminal(v1::JobState state) {
          state == v1::JOB_STATE_STOPPED;
 }
 
-}  // namespace
+// A unary call answered in its handler.
+template <typename Fn>
+grpc::ServerUnaryReactor* AnswerNow(grpc::CallbackServerContext* context,
+                                    const Authorizer* auth, Metrics* metrics,
+                                    const char* method, Fn&& fn) {
+  RpcScope scope(metrics, method);
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::Status status = auth->Check(*context, Role::kWorker, method);
+  if (status.ok()) status = std::forward<Fn>(fn)();
+  reactor->Finish(scope.Done(ToGrpcStatus(status)));
+  return reactor;
+}
 
-#define CONCORD_AUTHORIZE(scope, context, method)                            \
-  do {                                                                       \
-    absl::Status auth_status_ =                                              \
-        auth_->Check(*(context), Role::kWorker, method);                     \
-    if (!auth_status_.ok()) return (scope).Done(ToGrpcStatus(auth_status_)); \
-  } while (false)
+// A unary call that waits on the core (Note [Asynchronous waits] in host.h).
+// Owned by gRPC: deleted in OnDone, which comes after Finish. Its fields are
+// guarded by the host's mutex.
+class PendingUnary : public grpc::ServerUnaryReactor, public CoreHost::Waiter {
+ public:
+  PendingUnary(CoreHost* host, Metrics* metrics, const char* method,
+               absl::Duration timeout)
+      : host_(host),
+        scope_(std::make_unique<RpcScope>(metrics, method)),
+        timeout_(timeout) {}
 
-grpc::Status WorkerServiceImpl::Join(grpc::ServerContext* context,
-                                     const v1::JoinRequest* request,
-                                     v1::JoinResponse* response) {
-  RpcScope scope(metrics_, "Join");
-  CONCORD_AUTHORIZE(scope, context, "Join");
-  const std::string& job_id = request->spec().job_id();
-  const std::string& worker_id = request->worker_id();
-
-  std::unique_lock<std::mutex> lock(host_->mu());
-  if (host_->shutting_down()) {
-    return scope.Done(ToGrpcStatus(
-        absl::UnavailableError("the coordinator is shutting down")));
+  // With the host's mutex held: answers once; the finish runs after the
+  // mutex is released.
+  void Answer(const absl::Status& status) {
+    if (answered_) return;
+    answered_ = true;
+    grpc::Status out = scope_->Done(ToGrpcStatus(status));
+    host_->Defer([this, out = std::move(out)] { Finish(out); });
   }
-  const absl::Status joined = host_->core().Join(*request);
-  host_->AfterChange();
-  if (!joined.ok()) return scope.Done(ToGrpcStatus(joined));
-
-  auto assignment = host_->WaitFor(
-      *context, WaitTimeout(request->wait_timeout_ms()), lock,
-      [&](Core& core) { return core.GetAssignment(job_id, worker_id); });
-  if (absl::IsNotFound(assignment.status())) {
-    // Registered a moment ago, now gone: the generation it was placed in
-    // formed and ended before this call woke up.
-    return scope.Done(ToGrpcStatus(absl::AbortedError(
-        absl::StrCat("the generation that worker ", worker_id,
-                     " was placed in has already ended; join again"))));
+  // With the host's mutex held: registers with the host until `deadline`
+  // unless the first poll answers.
+  void WaitOn(const std::string& job_id, CoreHost::WaitKind kind,
+              absl::Time deadline) {
+    if (answered_) return;  // cancelled before it got here
+    id_ = host_->Wait(job_id, kind, deadline, this);
   }
-  if (!assignment.ok()) return scope.Done(ToGrpcStatus(assignment.status()));
-  const Assignment& a = **assignment;
-  response->set_generation(a.generation);
-  response->set_rank(a.rank);
-  response->set_world_size(a.world_size);
-  response->set_authoritative_rank(a.authoritative_rank);
-  response->set_finished_workers(a.finished_workers);
-  response->set_heartbeat_interval_ms(
-      absl::ToInt64Milliseconds(a.heartbeat_interval));
-  for (const v1::Member& m : a.members) *response->add_members() = m;
-  return scope.Done(grpc::Status::OK);
-}
 
-grpc::Status WorkerServiceImpl::Heartbeat(grpc::ServerContext* context,
-                                          const v1::HeartbeatRequest* request,
-                                          v1::HeartbeatResponse* response) {
-  RpcScope scope(metrics_, "Heartbeat");
-  CONCORD_AUTHORIZE(scope, context, "Heartbeat");
-  absl::StatusOr<v1::HeartbeatResponse> result =
-      host_->Mutate([&](Core& core) { return core.Heartbeat(*request); });
-  if (!result.ok()) return scope.Done(ToGrpcStatus(result.status()));
-  *response = *std::move(result);
-  return scope.Done(grpc::Status::OK);
-}
-
-grpc::Status WorkerServiceImpl::Leave(grpc::ServerContext* context,
-                                      const v1::LeaveRequest* request,
-                                      v1::LeaveResponse* response) {
-  RpcScope scope(metrics_, "Leave");
-  CONCORD_AUTHORIZE(scope, context, "Leave");
-  absl::StatusOr<v1::LeaveResponse> result =
-      host_->Mutate([&](Core& core) { return core.Leave(*request); });
-  if (!result.ok()) return scope.Done(ToGrpcStatus(result.status()));
-  *response = *std::move(result);
-  return scope.Done(grpc::Status::OK);
-}
-
-grpc::Status WorkerServiceImpl::KvSet(grpc::ServerContext* context,
-                                      const v1::KvSetRequest* request,
-                                      v1::KvSetResponse* response) {
-  RpcScope scope(metrics_, "KvSet");
-  CONCORD_AUTHORIZE(scope, context, "KvSet");
-  return scope.Done(ToGrpcStatus(
-      host_->Mutate([&](Core& core) { return core.KvSet(*request); })));
-}
-
-grpc::Status WorkerServiceImpl::KvGet(grpc::ServerContext* context,
-                                      const v1::KvGetRequest* request,
-                                      v1::KvGetResponse* response) {
-  RpcScope scope(metrics_, "KvGet");
-  CONCORD_AUTHORIZE(scope, context, "KvGet");
-  std::unique_lock<std::mutex> lock(host_->mu());
-  auto values =
-      host_->WaitFor(*context, WaitTimeout(request->wait_timeout_ms()), lock,
-                     [&](Core& core) { return core.KvGet(*request); });
-  if (!values.ok()) return scope.Done(ToGrpcStatus(values.status()));
-  for (std::string& v : **values) response->add_values(std::move(v));
-  return scope.Done(grpc::Status::OK);
-}
-
-grpc::Status WorkerServiceImpl::WatchMembership(
-    grpc::ServerContext* context, const v1::WatchMembershipRequest* request,
-    grpc::ServerWriter<v1::MembershipUpdate>* writer) {
-  RpcScope scope(metrics_, "WatchMembership");
-  CONCORD_AUTHORIZE(scope, context, "WatchMembership");
-  std::string last_sent;
-  bool sent_any = false;
-  std::unique_lock<std::mutex> lock(host_->mu());
-  // Note [Re-forming] in core.h: the core learns of the stream once it is
-  // open and of its end on every way out after that (the lock is held on
-  // each); `lost` when the client went away, which a stream cut by the
-  // coordinator's own shutdown is not.
-  bool open = false;
-  auto finish = [&](bool lost, grpc::Status status) {
-    if (open) {
-      host_->core().WatchClosed(request->job_id(), request->worker_id(),
-                                lost && !host_->shutting_down());
-      host_->AfterChange();
+  void Abandon(absl::Status status) override {
+    if (absl::IsDeadlineExceeded(status)) {
+      status = absl::DeadlineExceededError(absl::StrCat(
+          "gave up after waiting ", absl::FormatDuration(timeout_)));
     }
-    return scope.Done(std::move(status));
-  };
-  while (true) {
-    if (host_->shutting_down()) {
-      return finish(/*lost=*/false, ToGrpcStatus(absl::UnavailableError(
-                                        "the coordinator is shutting down")));
+    Answer(status);
+  }
+  void OnCancel() override {
+    CoreHost::Lock lock(host_);
+    if (answered_) return;
+    if (id_ != 0) host_->Cancel(id_);
+    Answer(absl::CancelledError("the call was cancelled"));
+  }
+  void OnDone() override { delete this; }
+
+ protected:
+  bool answered() const { return answered_; }
+
+ private:
+  CoreHost* host_;
+  std::unique_ptr<RpcScope> scope_;
+  absl::Duration timeout_;
+  CoreHost::WaiterId id_ = 0;
+  bool answered_ = false;
+};
+
+class JoinCall final : public PendingUnary {
+ public:
+  JoinCall(CoreHost* host, Metrics* metrics, const v1::JoinRequest* request,
+           v1::JoinResponse* response)
+      : PendingUnary(host, metrics, "Join",
+                     WaitTimeout(request->wait_timeout_ms())),
+        request_(request),
+        response_(response) {}
+
+  bool Poll(Core& core) override {
+    if (answered()) return true;
+    auto assignment =
+        core.GetAssignment(request_->spec().job_id(), request_->worker_id());
+    if (absl::IsNotFound(assignment.status())) {
+      // Registered a moment ago, now gone: the generation it was placed in
+      // formed and ended before this call was answered.
+      Answer(absl::AbortedError(
+          absl::StrCat("the generation that worker ", request_->worker_id(),
+                       " was placed in has already ended; join again")));
+      return true;
     }
-    if (context->IsCancelled()) {
-      return finish(
-          /*lost=*/true,
-          ToGrpcStatus(absl::CancelledError("the call was cancelled")));
+    if (!assignment.ok()) {
+      Answer(assignment.status());
+      return true;
     }
-    const uint64_t seen = host_->core().membership_version();
-    absl::StatusOr<v1::MembershipUpdate> update =
-        host_->core().Membership(*request);
+    if (!assignment->has_value()) return false;
+    const Assignment& a = **assignment;
+    response_->set_generation(a.generation);
+    response_->set_rank(a.rank);
+    response_->set_world_size(a.world_size);
+    response_->set_authoritative_rank(a.authoritative_rank);
+    response_->set_finished_workers(a.finished_workers);
+    response_->set_heartbeat_interval_ms(
+        absl::ToInt64Milliseconds(a.heartbeat_interval));
+    if (a.rank_change.has_value()) {
+      *response_->mutable_rank_change() = *a.rank_change;
+    }
+    if (request_->include_members()) {
+      response_->mutable_members()->Reserve(
+          static_cast<int>(a.members->size()));
+      for (const v1::Member& m : *a.members) *response_->add_members() = m;
+    }
+    Answer(absl::OkStatus());
+    return true;
+  }
+
+ private:
+  const v1::JoinRequest* request_;
+  v1::JoinResponse* response_;
+};
+
+class KvGetCall final : public PendingUnary {
+ public:
+  KvGetCall(CoreHost* host, Metrics* metrics, const v1::KvGetRequest* request,
+            v1::KvGetResponse* response)
+      : PendingUnary(host, metrics, "KvGet",
+                     WaitTimeout(request->wait_timeout_ms())),
+        request_(request),
+        response_(response) {}
+
+  bool Poll(Core& core) override {
+    if (answered()) return true;
+    auto values = core.KvGet(*request_);
+    if (!values.ok()) {
+      Answer(values.status());
+      return true;
+    }
+    if (!values->has_value()) return false;
+    for (std::string& v : **values) response_->add_values(std::move(v));
+    Answer(absl::OkStatus());
+    return true;
+  }
+
+ private:
+  const v1::KvGetRequest* request_;
+  v1::KvGetResponse* response_;
+};
+
+// A WatchMembership stream: a view waiter that writes the worker's view
+// whenever it changes, one write in flight at a time (a newer view waits in
+// `pending_`, replacing an older one). Note [Re-forming] in core.h: the core
+// learns of the stream once its first view was computed and of its end on
+// every way out. Fields are guarded by the host's mutex.
+class WatchCall final : public grpc::ServerWriteReactor<v1::MembershipUpdate>,
+                        public CoreHost::Waiter {
+ public:
+  WatchCall(CoreHost* host, Metrics* metrics,
+            const v1::WatchMembershipRequest* request)
+      : host_(host),
+        scope_(std::make_unique<RpcScope>(metrics, "WatchMembership")),
+        request_(request) {}
+
+  // With the host's mutex held.
+  void Start() {
+    if (ended_) return;
+    id_ = host_->Wait(request_->job_id(), CoreHost::WaitKind::kView,
+                      absl::InfiniteFuture(), this);
+  }
+  // With the host's mutex held: ends the stream with `status` (an error
+  // before any view was computed is only that).
+  void End(Core& core, bool lost, const absl::Status& status) {
+    if (ended_) return;
+    ended_ = true;
+    // A stream cut by the coordinator's own shutdown says nothing of the
+    // worker.
+    if (open_) {
+      core.WatchClosed(request_->job_id(), request_->worker_id(),
+                       lost && !host_->shutting_down());
+    }
+    status_ = scope_->Done(ToGrpcStatus(status));
+    pending_.reset();
+    if (!writing_) {
+      host_->Defer([this, s = status_] { Finish(s); });
+    }
+  }
+
+  bool Poll(Core& core) override {
+    if (ended_ || terminal_) return true;
+    absl::StatusOr<v1::MembershipUpdate> update = core.Membership(*request_);
     if (!update.ok()) {
-      return finish(/*lost=*/false, ToGrpcStatus(update.status()));
+      End(core, /*lost=*/false, update.status());
+      return true;
     }
-    if (!open) {
-      host_->core().WatchOpened(request->job_id(), request->worker_id());
-      open = true;
+    if (!open_) {
+      core.WatchOpened(request_->job_id(), request_->worker_id());
+      open_ = true;
     }
     std::string bytes = update->SerializeAsString();
-    if (!sent_any || bytes != last_sent) {
-      lock.unlock();
-      const bool written = writer->Write(*update);
-      lock.lock();
-      if (!written) {
-        return finish(
-            /*lost=*/true,
-            ToGrpcStatus(absl::CancelledError("the stream was closed")));
-      }
-      sent_any = true;
-      last_sent = std::move(bytes);
-      if (Terminal(update->state())) {
-        return finish(/*lost=*/false, grpc::Status::OK);
-      }
+    if (sent_any_ && bytes == last_) return false;
+    sent_any_ = true;
+    last_ = std::move(bytes);
+    terminal_ = Terminal(update->state());
+    if (writing_) {
+      pending_ = *std::move(update);
+    } else {
+      Write(*std::move(update));
     }
-    host_->WaitForChange(lock, seen, kWatchPoll);
+    return terminal_;
   }
+  void Abandon(absl::Status status) override {
+    End(host_->core(), /*lost=*/false, status);
+  }
+
+  void OnWriteDone(bool ok) override {
+    CoreHost::Lock lock(host_);
+    writing_ = false;
+    if (ended_) {
+      host_->Defer([this, s = status_] { Finish(s); });
+      return;
+    }
+    if (!ok) {
+      host_->Cancel(id_);
+      End(host_->core(), /*lost=*/true,
+          absl::CancelledError("the stream was closed"));
+      return;
+    }
+    if (pending_.has_value()) {
+      v1::MembershipUpdate next = *std::move(pending_);
+      pending_.reset();
+      Write(std::move(next));
+      return;
+    }
+    if (terminal_) End(host_->core(), /*lost=*/false, absl::OkStatus());
+  }
+  void OnCancel() override {
+    CoreHost::Lock lock(host_);
+    if (ended_) return;
+    host_->Cancel(id_);
+    End(host_->core(), /*lost=*/true,
+        absl::CancelledError("the call was cancelled"));
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  // With the host's mutex held and no write in flight.
+  void Write(v1::MembershipUpdate update) {
+    current_ = std::move(update);
+    writing_ = true;
+    host_->Defer([this] { StartWrite(&current_); });
+  }
+
+  CoreHost* host_;
+  std::unique_ptr<RpcScope> scope_;
+  const v1::WatchMembershipRequest* request_;
+  CoreHost::WaiterId id_ = 0;
+  bool open_ = false;      // the core was told of the stream
+  bool sent_any_ = false;  // a view was written (or is being written)
+  bool terminal_ = false;  // the last view written says the job ended
+  bool writing_ = false;   // a write is in flight (of current_)
+  bool ended_ = false;     // Finish is due (once no write is in flight)
+  std::string last_;       // the last view, serialised
+  v1::MembershipUpdate current_;
+  std::optional<v1::MembershipUpdate> pending_;
+  grpc::Status status_;
+};
+
+}  // namespace
+
+grpc::ServerUnaryReactor* WorkerServiceImpl::Join(
+    grpc::CallbackServerContext* context, const v1::JoinRequest* request,
+    v1::JoinResponse* response) {
+  auto* call = new JoinCall(host_, metrics_, request, response);
+  const absl::Time deadline =
+      std::min(absl::Now() + WaitTimeout(request->wait_timeout_ms()),
+               absl::FromChrono(context->deadline()));
+  absl::Status auth = auth_->Check(*context, Role::kWorker, "Join");
+  CoreHost::Lock lock(host_);
+  if (!auth.ok()) {
+    call->Answer(auth);
+  } else if (host_->shutting_down()) {
+    call->Answer(absl::UnavailableError("the coordinator is shutting down"));
+  } else if (absl::Status joined = host_->core().Join(*request); !joined.ok()) {
+    call->Answer(joined);
+  } else {
+    call->WaitOn(request->spec().job_id(), CoreHost::WaitKind::kPlacement,
+                 deadline);
+  }
+  return call;
 }
 
-grpc::Status WorkerServiceImpl::ReportEndOfData(
-    grpc::ServerContext* context, const v1::EndOfDataRequest* request,
+grpc::ServerUnaryReactor* WorkerServiceImpl::KvGet(
+    grpc::CallbackServerContext* context, const v1::KvGetRequest* request,
+    v1::KvGetResponse* response) {
+  auto* call = new KvGetCall(host_, metrics_, request, response);
+  const absl::Time deadline =
+      std::min(absl::Now() + WaitTimeout(request->wait_timeout_ms()),
+               absl::FromChrono(context->deadline()));
+  absl::Status auth = auth_->Check(*context, Role::kWorker, "KvGet");
+  CoreHost::Lock lock(host_);
+  if (!auth.ok()) {
+    call->Answer(auth);
+  } else {
+    call->WaitOn(request->job_id(), CoreHost::WaitKind::kKv, deadline);
+  }
+  return call;
+}
+
+grpc::ServerWriteReactor<v1::MembershipUpdate>*
+WorkerServiceImpl::WatchMembership(grpc::CallbackServerContext* context,
+                                   const v1::WatchMembershipRequest* request) {
+  auto* call = new WatchCall(host_, metrics_, request);
+  absl::Status auth = auth_->Check(*context, Role::kWorker, "WatchMembership");
+  CoreHost::Lock lock(host_);
+  if (!auth.ok()) {
+    call->End(host_->core(), /*lost=*/false, auth);
+  } else {
+    call->Start();
+  }
+  return call;
+}
+
+grpc::ServerUnaryReactor* WorkerServiceImpl::Heartbeat(
+    grpc::CallbackServerContext* context, const v1::HeartbeatRequest* request,
+    v1::HeartbeatResponse* response) {
+  return AnswerNow(context, auth_, metrics_, "Heartbeat", [&] {
+    auto result =
+        host_->Mutate([&](Core& core) { return core.Heartbeat(*request); });
+    if (result.ok()) *response = *std::move(result);
+    return result.status();
+  });
+}
+
+grpc::ServerUnaryReactor* WorkerServiceImpl::Leave(
+    grpc::CallbackServerContext* context, const v1::LeaveRequest* request,
+    v1::LeaveResponse* response) {
+  return AnswerNow(context, auth_, metrics_, "Leave", [&] {
+    auto result =
+        host_->Mutate([&](Core& core) { return core.Leave(*request); });
+    if (result.ok()) *response = *std::move(result);
+    return result.status();
+  });
+}
+
+grpc::ServerUnaryReactor* WorkerServiceImpl::KvSet(
+    grpc::CallbackServerContext* context, const v1::KvSetRequest* request,
+    v1::KvSetResponse* /*response*/) {
+  return AnswerNow(context, auth_, metrics_, "KvSet", [&] {
+    return host_->Mutate([&](Core& core) { return core.KvSet(*request); });
+  });
+}
+
+grpc::ServerUnaryReactor* WorkerServiceImpl::ReportEndOfData(
+    grpc::CallbackServerContext* context, const v1::EndOfDataRequest* request,
     v1::EndOfDataResponse* response) {
-  RpcScope scope(metrics_, "ReportEndOfData");
-  CONCORD_AUTHORIZE(scope, context, "ReportEndOfData");
-  absl::StatusOr<v1::EndOfDataResponse> result =
-      host_->Mutate([&](Core& core) { return core.ReportEndOfData(*request); });
-  if (!result.ok()) return scope.Done(ToGrpcStatus(result.status()));
-  *response = *std::move(result);
-  return scope.Done(grpc::Status::OK);
+  return AnswerNow(context, auth_, metrics_, "ReportEndOfData", [&] {
+    auto result = host_->Mutate(
+        [&](Core& core) { return core.ReportEndOfData(*request); });
+    if (result.ok()) *response = *std::move(result);
+    return result.status();
+  });
 }
-
-#undef CONCORD_AUTHORIZE
 
 }  // namespace concord::coordinator

@@ -2,6 +2,10 @@
 // The gRPC face of the coordinator for workers: checks the caller's token,
 // converts protos and waits; every decision is the Core's.
 //
+// gRPC's callback API: no call holds a thread while it waits. Join, KvGet
+// and WatchMembership are waiters of the CoreHost (Note [Asynchronous
+// waits] in host.h); the other methods answer in the handler.
+//
 // Thread-safety: every method may be called from any thread; the CoreHost
 // serialises access to the Core. Every method first checks the worker token
 // (Authorizer: UNAUTHENTICATED, PERMISSION_DENIED) and then validates the
@@ -9,7 +13,6 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include "absl/time/time.h"
 #include "concord/v1/worker.grpc.pb.h"
 #include "coordinator/authorizer.h"
 #include "coordinator/host.h"
@@ -17,49 +20,50 @@
 
 namespace concord::coordinator {
 
-class WorkerServiceImpl final : public v1::WorkerService::Service {
+class WorkerServiceImpl final : public v1::WorkerService::CallbackService {
  public:
   // All must outlive the service; `metrics` may be null.
   WorkerServiceImpl(CoreHost* host, const Authorizer* auth, Metrics* metrics)
       : host_(host), auth_(auth), metrics_(metrics) {}
 
-  // Registers the worker, then blocks until its generation forms, for at most
+  // Registers the worker, then waits until its generation forms, for at most
   // wait_timeout_ms (default 300 s when 0) and the call's deadline. Errors:
   // those of Core::Join, DEADLINE_EXCEEDED, CANCELLED, ABORTED (the generation
   // it was placed in ended before the call saw it: join again), UNAVAILABLE
-  // (shutting down).
-  grpc::Status Join(grpc::ServerContext* context,
-                    const v1::JoinRequest* request,
-                    v1::JoinResponse* response) override;
-  // Never blocks. Errors as Core::Heartbeat.
-  grpc::Status Heartbeat(grpc::ServerContext* context,
-                         const v1::HeartbeatRequest* request,
-                         v1::HeartbeatResponse* response) override;
-  // Never blocks. Errors as Core::Leave.
-  grpc::Status Leave(grpc::ServerContext* context,
-                     const v1::LeaveRequest* request,
-                     v1::LeaveResponse* response) override;
-  // Never blocks. Errors as Core::KvSet.
-  grpc::Status KvSet(grpc::ServerContext* context,
-                     const v1::KvSetRequest* request,
-                     v1::KvSetResponse* response) override;
-  // Blocks until every key is set, for at most wait_timeout_ms (default
+  // (shutting down). A call cancelled while it waits frees its waiter; the
+  // worker stays registered (a retried Join keeps its place).
+  grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* context,
+                                 const v1::JoinRequest* request,
+                                 v1::JoinResponse* response) override;
+  // Errors as Core::Heartbeat.
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context,
+                                      const v1::HeartbeatRequest* request,
+                                      v1::HeartbeatResponse* response) override;
+  // Errors as Core::Leave.
+  grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* context,
+                                  const v1::LeaveRequest* request,
+                                  v1::LeaveResponse* response) override;
+  // Errors as Core::KvSet.
+  grpc::ServerUnaryReactor* KvSet(grpc::CallbackServerContext* context,
+                                  const v1::KvSetRequest* request,
+                                  v1::KvSetResponse* response) override;
+  // Waits until every key is set, for at most wait_timeout_ms (default
   // 300 s when 0) and the call's deadline. Errors as Core::KvGet, plus
   // DEADLINE_EXCEEDED, CANCELLED, UNAVAILABLE (shutting down).
-  grpc::Status KvGet(grpc::ServerContext* context,
-                     const v1::KvGetRequest* request,
-                     v1::KvGetResponse* response) override;
+  grpc::ServerUnaryReactor* KvGet(grpc::CallbackServerContext* context,
+                                  const v1::KvGetRequest* request,
+                                  v1::KvGetResponse* response) override;
   // Streams Core::Membership: once at once, then after every change that
   // alters it. Ends OK after sending a terminal state (succeeded, failed,
   // stopped); UNAVAILABLE on shutdown; CANCELLED when the client goes away.
   // Errors as Core::Membership.
-  grpc::Status WatchMembership(
-      grpc::ServerContext* context, const v1::WatchMembershipRequest* request,
-      grpc::ServerWriter<v1::MembershipUpdate>* writer) override;
-  // Never blocks. Errors as Core::ReportEndOfData.
-  grpc::Status ReportEndOfData(grpc::ServerContext* context,
-                               const v1::EndOfDataRequest* request,
-                               v1::EndOfDataResponse* response) override;
+  grpc::ServerWriteReactor<v1::MembershipUpdate>* WatchMembership(
+      grpc::CallbackServerContext* context,
+      const v1::WatchMembershipRequest* request) override;
+  // Errors as Core::ReportEndOfData.
+  grpc::ServerUnaryReactor* ReportEndOfData(
+      grpc::CallbackServerContext* context, const v1::EndOfDataRequest* request,
+      v1::EndOfDataResponse* response) override;
 
  private:
   CoreHost* host_;

@@ -258,7 +258,7 @@ TEST_F(AuthTest, BadRequestsAreInvalidArgumentOverTheWire) {
            [](auto& q) { q.set_worker_id("has space"); },
            [](auto& q) { q.mutable_spec()->set_job_id(std::string(200, 'j')); },
            [](auto& q) { q.set_wait_timeout_ms(-1); },
-           [](auto& q) { q.mutable_spec()->set_max_workers(100000); },
+           [](auto& q) { q.mutable_spec()->set_max_workers(200000); },
        }) {
     v1::JoinRequest q = JoinReq("job", 1, 1, "w0", 100);
     mutate(q);

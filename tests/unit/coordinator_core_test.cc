@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
 #include "coordinator/core.h"
+#include "coordinator/core_validation.h"
 #include "coordinator_requests.h"
 
 namespace concord::coordinator {
@@ -131,11 +132,11 @@ TEST_P(CoordinatorRendezvousTest, FormsGenerationOneWithRanksInJoinOrder) {
     EXPECT_EQ(a.world_size, n);
     EXPECT_EQ(a.authoritative_rank, 0);
     EXPECT_EQ(a.heartbeat_interval, absl::Seconds(1));
-    ASSERT_EQ(a.members.size(), static_cast<size_t>(n));
+    ASSERT_EQ(a.members->size(), static_cast<size_t>(n));
     for (int r = 0; r < n; ++r) {
-      EXPECT_EQ(a.members[r].rank(), r);
-      EXPECT_EQ(a.members[r].worker_id(), Worker(r));
-      EXPECT_EQ(a.members[r].host(), Worker(r) + ".local");
+      EXPECT_EQ((*a.members)[r].rank(), r);
+      EXPECT_EQ((*a.members)[r].worker_id(), Worker(r));
+      EXPECT_EQ((*a.members)[r].host(), Worker(r) + ".local");
     }
   }
   const std::vector<Event> events = core_.Events(kJob);
@@ -156,7 +157,7 @@ TEST_F(CoordinatorCoreTest, RejoinWhileWaitingIsIdempotent) {
   EXPECT_EQ(core_.State(kJob), v1::JOB_STATE_RENDEZVOUS);
   ASSERT_TRUE(core_.Join(JoinReq(spec, "b", 3)).ok());
   EXPECT_EQ(AssignmentOf("a").rank, 0);
-  EXPECT_EQ(AssignmentOf("a").members[0].committed_step(), 7);
+  EXPECT_EQ((*AssignmentOf("a").members)[0].committed_step(), 7);
   EXPECT_EQ(AssignmentOf("b").rank, 1);
   // A member of the running generation cannot join it again.
   EXPECT_EQ(core_.Join(JoinReq(spec, "a")).code(),
@@ -210,7 +211,10 @@ TEST_F(CoordinatorCoreTest, InvalidSpecsAreInvalidArgument) {
       {"empty worker", [](auto& r) { r.set_worker_id(""); }},
       {"min 0", [](auto& r) { r.mutable_spec()->set_min_workers(0); }},
       {"min > max", [](auto& r) { r.mutable_spec()->set_min_workers(3); }},
-      {"max too big", [](auto& r) { r.mutable_spec()->set_max_workers(4097); }},
+      {"max too big",
+       [](auto& r) {
+         r.mutable_spec()->set_max_workers(kMaxWorkersPerJob + 1);
+       }},
       {"interval < 0",
        [](auto& r) { r.mutable_spec()->set_heartbeat_interval_ms(-1); }},
       {"timeout <= interval",
@@ -228,7 +232,7 @@ TEST_F(CoordinatorCoreTest, InvalidSpecsAreInvalidArgument) {
   }
   EXPECT_EQ(core_.version(), 0u);
   EXPECT_FALSE(core_.State(kJob).has_value());
-  v1::JoinRequest biggest = JoinReq(Spec(4096), "a");
+  v1::JoinRequest biggest = JoinReq(Spec(kMaxWorkersPerJob), "a");
   EXPECT_TRUE(core_.Join(biggest).ok());
 }
 

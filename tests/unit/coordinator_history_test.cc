@@ -4,6 +4,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -59,6 +60,61 @@ TEST_F(HistoryTest, HeartbeatsAggregateOverMembers) {
   EXPECT_FALSE(h.generations()[0].reform.has_value());
   EXPECT_EQ(core_.History("nosuch").status().code(),
             absl::StatusCode::kNotFound);
+}
+
+// Note [Lazy progress]: the core computes the members' aggregates only when
+// the history needs them, and must leave the same points as a history fed
+// the aggregates after every heartbeat.
+TEST_F(HistoryTest, LazyAggregatesLeaveTheSamePointsAsEagerOnes) {
+  int64_t gen = FormGeneration(3);
+  JobHistory eager;
+  int64_t steps[3] = {0, 0, 0};
+  double rates[3] = {0, 0, 0};
+  double losses[3] = {0, 0, 0};
+  bool reported[3] = {false, false, false};
+  uint32_t seed = 7;
+  auto next = [&] {
+    seed = seed * 1103515245u + 12345u;
+    return (seed >> 16) % 1000;
+  };
+  // Long enough (~8 min) for the history to thin its points once.
+  for (int i = 0; i < 8000; ++i) {
+    clock_.Advance(absl::Milliseconds(1 + next() % 120));
+    const int w = static_cast<int>(next() % 3);
+    steps[w] += next() % 3;
+    rates[w] = 10.0 + 0.37 * next();
+    losses[w] = 0.01 * next();
+    reported[w] = true;
+    v1::HeartbeatRequest r = HeartbeatReq(Worker(w), gen, steps[w]);
+    r.set_samples_per_second(rates[w]);
+    r.set_loss(losses[w]);
+    ASSERT_TRUE(core_.Heartbeat(r).ok());
+    double loss_sum = 0;
+    int n = 0;
+    for (int k = 0; k < 3; ++k) {
+      if (!reported[k]) continue;
+      loss_sum += losses[k];
+      ++n;
+    }
+    eager.RecordProgress(clock_.Now(), std::max({steps[0], steps[1], steps[2]}),
+                         rates[0] + rates[1] + rates[2], loss_sum / n, 3);
+    if (i % 500 == 0) {
+      // A reader in between changes nothing.
+      EXPECT_EQ(core_.History(kJob)->points().size(), eager.points().size());
+    }
+  }
+  const JobHistory lazy = *core_.History(kJob);
+  ASSERT_EQ(lazy.points().size(), eager.points().size());
+  EXPECT_GT(lazy.spacing(), JobHistory::kInitialSpacing);
+  for (size_t i = 0; i < lazy.points().size(); ++i) {
+    const ProgressPoint& a = lazy.points()[i];
+    const ProgressPoint& b = eager.points()[i];
+    EXPECT_EQ(a.time, b.time) << i;
+    EXPECT_EQ(a.step, b.step) << i;
+    EXPECT_EQ(a.samples_per_second, b.samples_per_second) << i;
+    EXPECT_EQ(a.loss, b.loss) << i;
+    EXPECT_EQ(a.members, b.members) << i;
+  }
 }
 
 TEST_F(HistoryTest, PointsStayBoundedAndCoverTheWholeJob) {

@@ -132,6 +132,53 @@ TEST_F(CoordinatorReformTest, RanksKeepTheLongestLivedOrderAndJoinersGoLast) {
   EXPECT_THAT(Ranks(), ElementsAre(Worker(1), Worker(2), "newcomer", "late"));
 }
 
+// What workers get instead of the member table (worker.proto's RankChange):
+// which ranks of the generation before are gone and whether the survivors
+// kept their order, enough to derive a communicator.
+TEST_F(CoordinatorReformTest, RankChangeSaysWhichOldRanksWentAndIfOrderHeld) {
+  const int64_t gen = FormSettled(3, 4);
+  const v1::JobSpec spec = Spec(4);
+  auto change_of = [&](const std::string& w) {
+    auto a = core_.GetAssignment(kJob, w);
+    EXPECT_TRUE(a.ok() && a->has_value()) << w;
+    return a.ok() && a->has_value() ? (*a)->rank_change
+                                    : std::optional<v1::RankChange>();
+  };
+  EXPECT_FALSE(change_of(Worker(0)).has_value());  // the first generation
+
+  // w1 fails; w2 and w0 come back: old rank 1 is gone, the order holds.
+  ASSERT_TRUE(
+      core_.Leave(LeaveReq(Worker(1), gen, v1::LEAVE_REASON_ERROR)).ok());
+  ASSERT_TRUE(core_.Join(RejoinReq(spec, Worker(2), gen)).ok());
+  ASSERT_TRUE(core_.Join(RejoinReq(spec, Worker(0), gen)).ok());
+  clock_.Advance(absl::Seconds(2));
+  core_.Tick();
+  ASSERT_EQ(core_.CurrentGeneration(kJob), gen + 1);
+  ASSERT_THAT(Ranks(), ElementsAre(Worker(0), Worker(2)));
+  for (const std::string& w : {Worker(0), Worker(2)}) {
+    const std::optional<v1::RankChange> change = change_of(w);
+    ASSERT_TRUE(change.has_value());
+    EXPECT_EQ(change->previous_generation(), gen);
+    EXPECT_EQ(change->previous_world_size(), 3);
+    EXPECT_THAT(change->departed(), ElementsAre(1));
+    EXPECT_TRUE(change->order_kept());
+  }
+
+  // A newcomer joins and w0 asks to re-form to admit it: nobody departed,
+  // the newcomer goes last.
+  ASSERT_TRUE(core_.Join(JoinReq(spec, "newcomer")).ok());
+  ASSERT_TRUE(core_.Join(RejoinReq(spec, Worker(0), gen + 1, 0, "admit")).ok());
+  ASSERT_TRUE(core_.Join(RejoinReq(spec, Worker(2), gen + 1)).ok());
+  ASSERT_EQ(core_.CurrentGeneration(kJob), gen + 2);
+  ASSERT_THAT(Ranks(), ElementsAre(Worker(0), Worker(2), "newcomer"));
+  const std::optional<v1::RankChange> grown = change_of("newcomer");
+  ASSERT_TRUE(grown.has_value());
+  EXPECT_EQ(grown->previous_generation(), gen + 1);
+  EXPECT_EQ(grown->previous_world_size(), 2);
+  EXPECT_THAT(grown->departed(), ElementsAre());
+  EXPECT_TRUE(grown->order_kept());
+}
+
 TEST_F(CoordinatorReformTest, AuthoritativeRankIsTheHighestCommittedStep) {
   const int64_t gen = FormSettled(4, 4);
   const v1::JobSpec spec = Spec(4);
@@ -147,7 +194,7 @@ TEST_F(CoordinatorReformTest, AuthoritativeRankIsTheHighestCommittedStep) {
   ASSERT_TRUE(a.ok() && a->has_value());
   EXPECT_EQ((*a)->rank, 3);
   EXPECT_EQ((*a)->authoritative_rank, 2);
-  EXPECT_EQ((*a)->members[3].committed_step(), 11);
+  EXPECT_EQ((*(*a)->members)[3].committed_step(), 11);
   EXPECT_THAT(core_.Events(kJob).back().message,
               HasSubstr("authoritative rank 2"));
 }
@@ -594,7 +641,7 @@ TEST_F(CoordinatorReformTest, ExportAndRestoreKeepSurvivorsAndFinished) {
   auto a = restored.GetAssignment(kJob, Worker(0));
   ASSERT_TRUE(a.ok() && a->has_value());
   EXPECT_EQ((*a)->rank, 0);
-  EXPECT_EQ((*a)->members[1].worker_id(), Worker(1));
+  EXPECT_EQ((*(*a)->members)[1].worker_id(), Worker(1));
 }
 
 TEST_F(CoordinatorReformTest, RestoreRefusesInconsistentSurvivors) {

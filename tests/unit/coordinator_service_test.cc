@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
+#include <fstream>
 #include <memory>
 #include <set>
 #include <string>
@@ -51,6 +53,7 @@ v1::JoinRequest JoinReq(const std::string& job, int max_workers,
   r.set_worker_secret(Secret(worker));
   r.set_host("127.0.0.1");
   r.set_wait_timeout_ms(wait_ms);
+  r.set_include_members(true);
   return r;
 }
 
@@ -374,6 +377,153 @@ TEST_F(CoordinatorServiceTest, ShutdownEndsBlockedJoins) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
   EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE)
       << status.error_message();
+}
+
+// Joins sent at once through one channel with gRPC's asynchronous client:
+// the test itself holds no thread per call either.
+class AsyncJoins {
+ public:
+  AsyncJoins(const std::string& address, const std::string& job, int n,
+             int max_workers)
+      : stub_(v1::WorkerService::NewStub(
+            grpc::CreateChannel(address, grpc::InsecureChannelCredentials()))),
+        calls_(static_cast<size_t>(n)) {
+    for (int i = 0; i < n; ++i) {
+      Call& call = calls_[static_cast<size_t>(i)];
+      call.context.set_deadline(std::chrono::system_clock::now() +
+                                kCallDeadline);
+      AddBearerToken(call.context, kWorkerToken);
+      call.rpc = stub_->AsyncJoin(
+          &call.context,
+          JoinReq(job, max_workers, absl::StrCat("w", i), /*wait_ms=*/30000),
+          &cq_);
+      call.rpc->Finish(&call.response, &call.status, &call);
+    }
+  }
+  ~AsyncJoins() {
+    for (Call& call : calls_) call.context.TryCancel();
+    while (answered_ < calls_.size()) {
+      void* tag = nullptr;
+      bool ok = false;
+      if (!cq_.Next(&tag, &ok)) break;
+      ++answered_;
+    }
+    cq_.Shutdown();
+    void* tag = nullptr;
+    bool ok = false;
+    while (cq_.Next(&tag, &ok)) {
+    }
+  }
+  void CancelAll() {
+    for (Call& call : calls_) call.context.TryCancel();
+  }
+  // Waits for every answer (bounded by the calls' deadlines); returns the
+  // codes seen.
+  std::multiset<grpc::StatusCode> AwaitAll() {
+    std::multiset<grpc::StatusCode> codes;
+    while (answered_ < calls_.size()) {
+      void* tag = nullptr;
+      bool ok = false;
+      if (!cq_.Next(&tag, &ok)) break;
+      ++answered_;
+      codes.insert(static_cast<Call*>(tag)->status.error_code());
+    }
+    return codes;
+  }
+  const v1::JoinResponse& response(size_t i) const {
+    return calls_[i].response;
+  }
+
+ private:
+  struct Call {
+    grpc::ClientContext context;
+    v1::JoinResponse response;
+    grpc::Status status;
+    std::unique_ptr<grpc::ClientAsyncResponseReader<v1::JoinResponse>> rpc;
+  };
+  std::unique_ptr<v1::WorkerService::Stub> stub_;
+  grpc::CompletionQueue cq_;
+  std::vector<Call> calls_;
+  size_t answered_ = 0;
+};
+
+int ThreadsOfThisProcess() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("Threads:", 0) == 0) return std::stoi(line.substr(8));
+  }
+  return -1;
+}
+
+// Polls `done` until it holds or 10 s pass.
+template <typename Fn>
+bool Eventually(Fn done) {
+  const absl::Time end = absl::Now() + absl::Seconds(10);
+  while (!done()) {
+    if (absl::Now() > end) return false;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return true;
+}
+
+// Note [Asynchronous waits]: a pending Join holds no server thread, and one
+// formed generation answers all of them.
+TEST_F(CoordinatorServiceTest,
+       PendingJoinsHoldNoThreadAndOneFormationAnswersAll) {
+  constexpr int kWorkers = 400;
+  const int threads_before = ThreadsOfThisProcess();
+  AsyncJoins first(server_->address(), "big", kWorkers - 1, kWorkers);
+  ASSERT_TRUE(Eventually([&] {
+    return server_->host().waiter_count() == kWorkers - 1;
+  })) << server_->host().waiter_count();
+  // A thread per pending call (gRPC's synchronous server) would be hundreds.
+  EXPECT_LT(ThreadsOfThisProcess() - threads_before, 40);
+  v1::JoinResponse last;
+  ASSERT_TRUE(Join(JoinReq("big", kWorkers, "last"), &last).ok());
+  EXPECT_EQ(last.world_size(), kWorkers);
+  const std::multiset<grpc::StatusCode> codes = first.AwaitAll();
+  EXPECT_EQ(codes.count(grpc::StatusCode::OK), kWorkers - 1u);
+  std::set<int> ranks{last.rank()};
+  for (size_t i = 0; i + 1 < kWorkers; ++i) {
+    EXPECT_EQ(first.response(i).generation(), 1);
+    ranks.insert(first.response(i).rank());
+  }
+  EXPECT_EQ(ranks.size(), static_cast<size_t>(kWorkers));
+  EXPECT_EQ(server_->host().waiter_count(), 0u);
+}
+
+// A client that goes away mid-Join frees what its call held: the waiter is
+// gone at once, and the worker is still registered (a retried Join keeps its
+// place, Note [Formation]).
+TEST_F(CoordinatorServiceTest, ACancelledJoinFreesItsWaiter) {
+  constexpr int kWorkers = 50;
+  {
+    AsyncJoins joins(server_->address(), "gone", kWorkers, kWorkers + 1);
+    ASSERT_TRUE(
+        Eventually([&] { return server_->host().waiter_count() == kWorkers; }));
+    joins.CancelAll();
+    const std::multiset<grpc::StatusCode> codes = joins.AwaitAll();
+    EXPECT_EQ(codes.count(grpc::StatusCode::CANCELLED), size_t{kWorkers});
+  }
+  EXPECT_TRUE(Eventually([&] { return server_->host().waiter_count() == 0; }))
+      << server_->host().waiter_count();
+  // A client whose channel closes (its process died) is the same.
+  {
+    AsyncJoins joins(server_->address(), "gone", 1, kWorkers + 1);
+    ASSERT_TRUE(
+        Eventually([&] { return server_->host().waiter_count() == 1; }));
+  }
+  EXPECT_TRUE(Eventually([&] { return server_->host().waiter_count() == 0; }));
+  const std::vector<Event> events = server_->host().Read(
+      [](const Core& core) { return core.Events("gone"); });
+  EXPECT_EQ(std::count_if(events.begin(), events.end(),
+                          [](const Event& e) { return e.kind == "join"; }),
+            kWorkers);
+  // The last worker completes the generation: the cancelled ones were kept.
+  v1::JoinResponse last;
+  ASSERT_TRUE(Join(JoinReq("gone", kWorkers + 1, "last"), &last).ok());
+  EXPECT_EQ(last.world_size(), kWorkers + 1);
 }
 
 TEST(CoordinatorServerTest, BadAddresses) {

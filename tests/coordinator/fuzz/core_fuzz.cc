@@ -397,17 +397,34 @@ class Harness {
         auto assignment = core_.GetAssignment(job, worker);
         if (!assignment.ok() || !assignment->has_value()) continue;
         const Assignment& a = **assignment;
-        if (a.world_size != static_cast<int32_t>(a.members.size()) ||
+        if (a.world_size != static_cast<int32_t>(a.members->size()) ||
             a.rank < 0 || a.rank >= a.world_size || a.authoritative_rank < 0 ||
             a.authoritative_rank >= a.world_size || a.generation > generation) {
           Fail(absl::StrCat("inconsistent assignment of ", worker, " in ", job,
                             ": rank ", a.rank, " of ", a.world_size, " (",
-                            a.members.size(), " members), generation ",
+                            a.members->size(), " members), generation ",
                             a.generation, " of ", generation));
         }
-        for (size_t r = 0; r < a.members.size(); ++r) {
-          if (a.members[r].rank() != static_cast<int32_t>(r)) {
+        for (size_t r = 0; r < a.members->size(); ++r) {
+          if ((*a.members)[r].rank() != static_cast<int32_t>(r)) {
             Fail("members not ordered by rank in " + job);
+          }
+        }
+        // The rank change names ranks of the generation before, ascending,
+        // and leaves no more survivors than there are members.
+        if (a.rank_change.has_value()) {
+          const v1::RankChange& c = *a.rank_change;
+          bool ok = c.previous_generation() + 1 == a.generation &&
+                    c.departed_size() <= c.previous_world_size() &&
+                    c.previous_world_size() - c.departed_size() <= a.world_size;
+          for (int i = 0; i < c.departed_size(); ++i) {
+            ok = ok && c.departed(i) >= 0 &&
+                 c.departed(i) < c.previous_world_size() &&
+                 (i == 0 || c.departed(i - 1) < c.departed(i));
+          }
+          if (!ok) {
+            Fail(absl::StrCat("inconsistent rank change of ", worker, " in ",
+                              job, ": ", c.ShortDebugString()));
           }
         }
       }
