@@ -6,9 +6,11 @@
 //
 // Starts `concord-coordinator`'s Server in a child process (so that its CPU
 // time is its own, read from /proc), then
-//  1. rendezvous: --rendezvous-workers workers join one job (min = max = N)
-//     at once with async Joins; prints the time from the first Join sent to
-//     the last answer (every worker placed in generation 1);
+//  1. rendezvous: --rendezvous-workers workers join one job (max = N) at
+//     once with async Joins; prints the time from the first Join sent to
+//     the last answer (every worker placed in generation 1); then one of
+//     them dies (leaves with an error) and the others join again at once:
+//     prints the re-form time, from the death to the last new rank;
 //  2. joins the rest of --workers in jobs of --job-size the same way;
 //  3. heartbeats: every worker sends one Heartbeat per 1/--rate-hz seconds,
 //     spread evenly over the period, for --duration-s; prints p50/p99/max
@@ -175,9 +177,11 @@ struct Pending {
   size_t worker = 0;
 };
 
-// Joins workers[first, first + n) to their job at once; returns the seconds
+// Joins workers[first, first + n) to their job (of `job_size` workers) at
+// once, naming `previous_generation` (0: a fresh join); returns the seconds
 // from the first Join sent to the last answer, or -1 when one failed.
 double JoinAll(std::vector<Worker>& workers, size_t first, size_t n,
+               size_t job_size, int64_t previous_generation,
                const std::string& token) {
   grpc::CompletionQueue cq;
   std::vector<std::unique_ptr<Pending<v1::JoinResponse>>> calls;
@@ -186,8 +190,11 @@ double JoinAll(std::vector<Worker>& workers, size_t first, size_t n,
     Worker& w = workers[i];
     v1::JoinRequest request;
     request.mutable_spec()->set_job_id(w.job);
-    request.mutable_spec()->set_min_workers(static_cast<int32_t>(n));
-    request.mutable_spec()->set_max_workers(static_cast<int32_t>(n));
+    // The first generation forms when all have joined; the next as soon as
+    // every survivor is back.
+    request.mutable_spec()->set_min_workers(1);
+    request.mutable_spec()->set_max_workers(static_cast<int32_t>(job_size));
+    request.mutable_spec()->set_settle_ms(300000);
     request.mutable_spec()->set_heartbeat_interval_ms(1000);
     // Long enough that the first job's members outlive the later joins.
     request.mutable_spec()->set_heartbeat_timeout_ms(600000);
@@ -196,6 +203,7 @@ double JoinAll(std::vector<Worker>& workers, size_t first, size_t n,
     request.set_worker_secret(w.secret);
     request.set_host("127.0.0.1");
     request.set_wait_timeout_ms(300000);
+    request.set_previous_generation(previous_generation);
     auto call = std::make_unique<Pending<v1::JoinResponse>>();
     call->context.set_deadline(std::chrono::system_clock::now() +
                                std::chrono::minutes(5));
@@ -228,6 +236,51 @@ double JoinAll(std::vector<Worker>& workers, size_t first, size_t n,
   return failed == 0 ? seconds : -1;
 }
 
+// One worker of the job at workers[first] dies (it leaves with an error: the
+// coordinator ends the generation at once, as when its watch stream breaks)
+// and the other n - 1 join again at once; returns the seconds from the
+// death to the last survivor's new rank, or -1. The dead worker is dropped
+// from `workers`' job (its generation is left at 0).
+double ReformOne(std::vector<Worker>& workers, size_t first, size_t n,
+                 const std::string& token) {
+  Worker& dead = workers[first];
+  const int64_t generation = dead.generation;
+  const SteadyClock::time_point start = SteadyClock::now();
+  v1::LeaveRequest leave;
+  leave.set_job_id(dead.job);
+  leave.set_worker_id(dead.id);
+  leave.set_worker_secret(dead.secret);
+  leave.set_generation(generation);
+  leave.set_reason(v1::LEAVE_REASON_ERROR);
+  leave.set_message("killed by the benchmark");
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(30));
+  concord::AddBearerToken(context, token);
+  v1::LeaveResponse left;
+  const grpc::Status s = dead.stub->Leave(&context, leave, &left);
+  if (!s.ok()) {
+    std::fprintf(stderr, "leave of %s failed: %s\n", dead.id.c_str(),
+                 s.error_message().c_str());
+    return -1;
+  }
+  dead.generation = 0;
+  const double rejoin =
+      JoinAll(workers, first + 1, n - 1, n, generation, token);
+  if (rejoin < 0) return -1;
+  return Seconds(SteadyClock::now() - start);
+}
+
+// Resident memory of a process, in MiB.
+double ResidentMib(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stod(line.substr(6)) / 1024;
+  }
+  return -1;
+}
+
 struct HeartbeatStats {
   std::vector<double> latency_ms;
   int64_t sent = 0;
@@ -250,7 +303,9 @@ void HeartbeatThread(const std::vector<Worker>& workers, size_t t,
   const size_t n = workers.size();
   // Worker i is due at start + i/n * period + k * period.
   std::vector<size_t> mine;
-  for (size_t i = t; i < n; i += threads) mine.push_back(i);
+  for (size_t i = t; i < n; i += threads) {
+    if (workers[i].generation > 0) mine.push_back(i);  // not the dead one
+  }
   size_t cursor = 0;
   int64_t round = 0, in_flight = 0, step = 0;
   auto due = [&](size_t index) {
@@ -430,7 +485,8 @@ int main(int argc, char** argv) {
       }
     });
     const double seconds =
-        JoinAll(workers, jobs[j].first, jobs[j].second, options.worker_token);
+        JoinAll(workers, jobs[j].first, jobs[j].second, jobs[j].second,
+                /*previous_generation=*/0, options.worker_token);
     joining = false;
     sampler.join();
     if (seconds < 0) {
@@ -443,6 +499,19 @@ int main(int argc, char** argv) {
           "(coordinator CPU %.2f s, threads %d, peak %d)\n",
           jobs[j].second, seconds, CpuSeconds(pid) - cpu_before, threads_before,
           peak_threads.load());
+      if (jobs[j].second > 1) {
+        const double cpu = CpuSeconds(pid);
+        const double reform = ReformOne(workers, jobs[j].first, jobs[j].second,
+                                        options.worker_token);
+        if (reform < 0) {
+          status = 1;
+          break;
+        }
+        std::printf(
+            "re-form: one of %zu workers died, the other %zu had their new "
+            "ranks in %.3f s (coordinator CPU %.2f s)\n",
+            jobs[j].second, jobs[j].second - 1, reform, CpuSeconds(pid) - cpu);
+      }
     } else if (j + 1 == jobs.size()) {
       std::printf("joined %zu jobs, %zu workers (last job: %.3f s)\n",
                   jobs.size(), workers.size(), seconds);
@@ -511,8 +580,9 @@ int main(int argc, char** argv) {
         ServerQuantileMs(metrics, "Heartbeat", 0.99));
     std::printf(
         "coordinator CPU: %.2f s over %.1f s = %.2f cores; threads %d; "
-        "load generator CPU %.2f cores\n",
-        cpu, wall, cpu / wall, Threads(pid), client_cpu / wall);
+        "resident %.0f MiB; load generator CPU %.2f cores\n",
+        cpu, wall, cpu / wall, Threads(pid), ResidentMib(pid),
+        client_cpu / wall);
     if (errors > 0) status = 1;
   }
   kill(pid, SIGTERM);

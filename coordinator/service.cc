@@ -39,6 +39,15 @@ grpc::ServerUnaryReactor* AnswerNow(grpc::CallbackServerContext* context,
   return reactor;
 }
 
+// Runs `fn(core)` (an absl::StatusOr<Response>) as a change of the core and
+// moves its value into `*response`.
+template <typename Response, typename Fn>
+absl::Status MutateInto(CoreHost* host, Response* response, Fn&& fn) {
+  auto result = host->Mutate(std::forward<Fn>(fn));
+  if (result.ok()) *response = *std::move(result);
+  return result.status();
+}
+
 // A unary call that waits on the core (Note [Asynchronous waits] in host.h).
 // Owned by gRPC: deleted in OnDone, which comes after Finish. Its fields are
 // guarded by the host's mutex.
@@ -347,10 +356,8 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::Heartbeat(
     grpc::CallbackServerContext* context, const v1::HeartbeatRequest* request,
     v1::HeartbeatResponse* response) {
   return AnswerNow(context, auth_, metrics_, "Heartbeat", [&] {
-    auto result =
-        host_->Mutate([&](Core& core) { return core.Heartbeat(*request); });
-    if (result.ok()) *response = *std::move(result);
-    return result.status();
+    return MutateInto(host_, response,
+                      [&](Core& core) { return core.Heartbeat(*request); });
   });
 }
 
@@ -358,10 +365,8 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::Leave(
     grpc::CallbackServerContext* context, const v1::LeaveRequest* request,
     v1::LeaveResponse* response) {
   return AnswerNow(context, auth_, metrics_, "Leave", [&] {
-    auto result =
-        host_->Mutate([&](Core& core) { return core.Leave(*request); });
-    if (result.ok()) *response = *std::move(result);
-    return result.status();
+    return MutateInto(host_, response,
+                      [&](Core& core) { return core.Leave(*request); });
   });
 }
 
@@ -377,10 +382,9 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::ReportEndOfData(
     grpc::CallbackServerContext* context, const v1::EndOfDataRequest* request,
     v1::EndOfDataResponse* response) {
   return AnswerNow(context, auth_, metrics_, "ReportEndOfData", [&] {
-    auto result = host_->Mutate(
-        [&](Core& core) { return core.ReportEndOfData(*request); });
-    if (result.ok()) *response = *std::move(result);
-    return result.status();
+    return MutateInto(host_, response, [&](Core& core) {
+      return core.ReportEndOfData(*request);
+    });
   });
 }
 
