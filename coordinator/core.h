@@ -126,7 +126,13 @@
 //
 // Note [Persistence]: every change except a plain heartbeat (or a stale one
 // that refreshes an expected survivor) marks its job dirty; the service
-// writes dirty jobs (ExportJob) to its Store before it answers. After a
+// writes dirty jobs (ExportJob) to its Store before it answers. An arrival
+// (a Join that only adds a waiting worker) is saved in a group instead: with
+// its job's next other change or on the next tick, since its Join is not
+// answered before the generation forms, which is saved before the answer; a
+// coordinator that dies in between loses the registration, and the worker,
+// its Join broken (UNAVAILABLE), joins again. Saved one by one, a
+// rendezvous of N would write N records of up to N workers. After a
 // restart, RestoreJob brings each job back with the same generation,
 // members, waiting workers, expected survivors, first-join times, bindings,
 // finished workers and events; heartbeat ages and rendezvous timers restart
@@ -313,8 +319,10 @@ class Core {
   // wait on.
   uint64_t membership_version() const { return membership_version_; }
 
-  // Note [Persistence]: ids of jobs changed since the last call.
-  std::vector<std::string> TakeDirtyJobs();
+  // Note [Persistence]: ids of jobs changed since the last call; without
+  // `arrivals`, not those whose only changes were arrivals (they stay
+  // dirty).
+  std::vector<std::string> TakeDirtyJobs(bool arrivals = true);
   // Note [Asynchronous waits]: ids of jobs whose epochs moved since the last
   // call, and a job's epochs.
   std::vector<std::string> TakeWokenJobs();
@@ -499,6 +507,7 @@ class Core {
   const Clock* clock_;
   std::map<std::string, Job> jobs_;
   std::set<std::string> dirty_;
+  std::set<std::string> dirty_arrivals_;  // Note [Persistence]
   std::set<std::string> woken_;
   uint64_t version_ = 0;
   uint64_t membership_version_ = 0;

@@ -114,6 +114,7 @@ void Core::Tick() {
     // Streams of workers released since they closed.
     for (auto it = job.watches.begin(); it != job.watches.end();) {
       if (it->second.open <= 0 && job.bindings.count(it->first) == 0) {
+        job.lost_watches.erase(it->first);
         it = job.watches.erase(it);
       } else {
         ++it;
@@ -392,7 +393,11 @@ void Core::Changed(Job& job, bool persist, Concerns concerns) {
   ++version_;
   if (!persist) return;
   ++membership_version_;
-  dirty_.insert(job.spec.job_id());
+  if (concerns == Concerns::kArrival) {
+    dirty_arrivals_.insert(job.spec.job_id());
+  } else {
+    dirty_.insert(job.spec.job_id());
+  }
   woken_.insert(job.spec.job_id());
   if (concerns != Concerns::kKv) {
     std::string key = ViewKey(job);
@@ -405,8 +410,11 @@ void Core::Changed(Job& job, bool persist, Concerns concerns) {
   if (concerns == Concerns::kAll) job.epochs.placement = version_;
 }
 
-std::vector<std::string> Core::TakeDirtyJobs() {
+std::vector<std::string> Core::TakeDirtyJobs(bool arrivals) {
+  if (arrivals) dirty_.insert(dirty_arrivals_.begin(), dirty_arrivals_.end());
   std::vector<std::string> ids(dirty_.begin(), dirty_.end());
+  // A saved record holds the arrivals too.
+  for (const std::string& id : ids) dirty_arrivals_.erase(id);
   dirty_.clear();
   return ids;
 }

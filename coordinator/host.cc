@@ -51,8 +51,10 @@ void CoreHost::RunDeferred(std::vector<std::function<void()>> work) {
   for (std::function<void()>& fn : work) fn();
 }
 
-void CoreHost::SaveDirty() {
-  for (std::string& id : core_.TakeDirtyJobs()) unsaved_.insert(std::move(id));
+void CoreHost::SaveDirty(bool arrivals) {
+  for (std::string& id : core_.TakeDirtyJobs(arrivals)) {
+    unsaved_.insert(std::move(id));
+  }
   if (store_ == nullptr) {
     unsaved_.clear();
     return;
@@ -72,11 +74,11 @@ void CoreHost::SaveDirty() {
 }
 
 void CoreHost::AfterChange() {
-  SaveDirty();
+  SaveDirty(/*arrivals=*/false);
   // A poll may change the core again (a watch stream opening or closing):
   // until nothing more woke.
   for (std::vector<std::string> woken = core_.TakeWokenJobs(); !woken.empty();
-       SaveDirty(), woken = core_.TakeWokenJobs()) {
+       SaveDirty(/*arrivals=*/false), woken = core_.TakeWokenJobs()) {
     PollWoken(woken);
   }
 }
@@ -188,6 +190,7 @@ void CoreHost::TimerLoop() {
 void CoreHost::Tick() {
   Lock lock(this);
   core_.Tick();
+  SaveDirty(/*arrivals=*/true);  // Note [Persistence]: the grouped arrivals
 }
 
 void CoreHost::Shutdown() {
@@ -195,6 +198,7 @@ void CoreHost::Shutdown() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     shutting_down_ = true;
+    SaveDirty(/*arrivals=*/true);
     while (!waiters_.empty()) {
       const WaiterId id = waiters_.begin()->first;
       Waiter* waiter = waiters_.begin()->second.waiter;

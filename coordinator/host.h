@@ -139,7 +139,9 @@ class CoreHost {
 
   // With mu() held: saves dirty jobs and re-asks the woken waiters.
   void AfterChange();
-  void SaveDirty();
+  // Saves the dirty jobs; with `arrivals`, also those whose only changes
+  // were arrivals (Note [Persistence] in core.h).
+  void SaveDirty(bool arrivals);
   void PollWoken(const std::vector<std::string>& woken);
   // With mu() held: polls `id`; removes it when answered.
   void PollOne(WaiterId id);

@@ -465,5 +465,24 @@ TEST_F(CoordinatorCoreTest, EveryMutationBumpsTheVersion) {
   EXPECT_GT(core_.version(), v);
 }
 
+// Note [Persistence]: arrivals are saved in a group (with the job's next
+// other change or on a tick); the formation that answers them is saved at
+// once, with them.
+TEST_F(CoordinatorCoreTest, ArrivalsAreSavedInAGroupAndAFormationAtOnce) {
+  const v1::JobSpec spec = Spec(3);
+  ASSERT_TRUE(core_.Join(JoinReq(spec, "a")).ok());
+  ASSERT_TRUE(core_.Join(JoinReq(spec, "b")).ok());
+  EXPECT_TRUE(core_.TakeDirtyJobs(/*arrivals=*/false).empty());
+  EXPECT_THAT(core_.TakeDirtyJobs(/*arrivals=*/true), ElementsAre(kJob));
+  EXPECT_TRUE(core_.TakeDirtyJobs(/*arrivals=*/true).empty());
+  // The third forms generation 1: saved at once.
+  ASSERT_TRUE(core_.Join(JoinReq(spec, "c")).ok());
+  EXPECT_THAT(core_.TakeDirtyJobs(/*arrivals=*/false), ElementsAre(kJob));
+  EXPECT_TRUE(core_.TakeDirtyJobs(/*arrivals=*/true).empty());
+  // Every other change is saved at once (a key of the generation's store).
+  ASSERT_TRUE(KvSet(1, "k", "v", "a").ok());
+  EXPECT_THAT(core_.TakeDirtyJobs(/*arrivals=*/false), ElementsAre(kJob));
+}
+
 }  // namespace
 }  // namespace concord::coordinator
