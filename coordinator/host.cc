@@ -179,6 +179,7 @@ void CoreHost::TimerLoop() {
       Remove(id);
       waiter->Abandon(absl::DeadlineExceededError("the wait timed out"));
     }
+    AfterChange();  // an abandoned watch may have changed the core
     std::vector<std::function<void()>> work = std::move(deferred_);
     deferred_.clear();
     lock.unlock();
