@@ -243,10 +243,16 @@ TEST_F(CoordinatorServiceTest, ASurvivorWhoseWatchWentAwayIsDroppedQuickly) {
     v1::MembershipUpdate update;
     ASSERT_TRUE(reader->Read(&update));
     EXPECT_TRUE(update.is_member());
-    // w1 dies: its stream goes away.
+    // The open stream is one waiter, holding no thread.
+    EXPECT_EQ(server_->host().waiter_count(), 1u);
+    // w1 dies: its stream goes away, and so does its waiter.
     watch_context.TryCancel();
     (void)reader->Finish();
   }
+  for (int i = 0; i < 1000 && server_->host().waiter_count() > 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(server_->host().waiter_count(), 0u);
 
   // w0's communicator failed: it asks to re-form and waits for w1, which
   // never comes back.
