@@ -313,11 +313,8 @@ class Core {
   // periodically (the server does every 100 ms).
   void Tick();
 
-  // Bumped on every state change; lets waiters know when to re-ask.
+  // Bumped on every state change; the jobs' epochs take their values from it.
   uint64_t version() const { return version_; }
-  // Bumped on every change except plain heartbeats: what membership watchers
-  // wait on.
-  uint64_t membership_version() const { return membership_version_; }
 
   // Note [Persistence]: ids of jobs changed since the last call; without
   // `arrivals`, not those whose only changes were arrivals (they stay
@@ -510,7 +507,6 @@ class Core {
   std::set<std::string> dirty_arrivals_;  // Note [Persistence]
   std::set<std::string> woken_;
   uint64_t version_ = 0;
-  uint64_t membership_version_ = 0;
 };
 
 }  // namespace concord::coordinator

@@ -392,7 +392,6 @@ void Core::AddEvent(Job& job, std::string kind, std::string worker_id,
 void Core::Changed(Job& job, bool persist, Concerns concerns) {
   ++version_;
   if (!persist) return;
-  ++membership_version_;
   if (concerns == Concerns::kArrival) {
     dirty_arrivals_.insert(job.spec.job_id());
   } else {

@@ -379,7 +379,6 @@ absl::Status Core::RestoreJob(const v1::JobRecord& record) {
     job.lost_watches = std::move(existing->lost_watches);
   }
   ++version_;
-  ++membership_version_;
   job.epochs = JobEpochs{version_, version_, version_};
   woken_.insert(record.spec().job_id());
   jobs_[record.spec().job_id()] = std::move(job);

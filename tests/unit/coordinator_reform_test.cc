@@ -248,9 +248,11 @@ TEST_F(CoordinatorReformTest, AStaleHeartbeatKeepsASlowSurvivorExpected) {
   forged.set_worker_secret(Secret("impostor"));
   EXPECT_EQ(core_.Heartbeat(forged).status().code(),
             absl::StatusCode::kPermissionDenied);
-  const uint64_t membership = core_.membership_version();
+  const JobEpochs epochs = core_.Epochs(kJob);
   EXPECT_EQ(HeartbeatCode(Worker(2), gen), absl::StatusCode::kAborted);
-  EXPECT_EQ(core_.membership_version(), membership);  // not persisted
+  // Not persisted, and no waiter's concern.
+  EXPECT_EQ(core_.Epochs(kJob).view, epochs.view);
+  EXPECT_EQ(core_.Epochs(kJob).placement, epochs.placement);
   EXPECT_EQ(HeartbeatCode(Worker(2), gen + 1), absl::StatusCode::kAborted);
   clock_.Advance(absl::Seconds(9));  // 17 s after its last member heartbeat
   core_.Tick();
@@ -531,9 +533,11 @@ TEST_F(CoordinatorReformTest, WaitingWorkersIsWhatTheNextGenerationAdmits) {
   EXPECT_EQ(WaitingWorkersSeenBy(Worker(0)), 0);
 
   // A join while running changes what watchers see.
-  const uint64_t membership = core_.membership_version();
+  const JobEpochs epochs = core_.Epochs(kJob);
   ASSERT_TRUE(core_.Join(JoinReq(spec, "x")).ok());
-  EXPECT_GT(core_.membership_version(), membership);
+  EXPECT_GT(core_.Epochs(kJob).view, epochs.view);
+  // ...and nobody's placement (Note [Asynchronous waits]).
+  EXPECT_EQ(core_.Epochs(kJob).placement, epochs.placement);
   EXPECT_EQ(core_.Heartbeat(HeartbeatReq(Worker(0), gen))->waiting_workers(),
             1);
   EXPECT_EQ(WaitingWorkersSeenBy(Worker(1)), 1);

@@ -67,7 +67,7 @@ TEST_F(CoordinatorWatchTest, ADeadSurvivorsLostWatchDropsItAfterTheGrace) {
   core_.Tick();
   EXPECT_EQ(core_.State(kJob), v1::JOB_STATE_RENDEZVOUS);
   EXPECT_TRUE(EventsOf("failure").empty());
-  const uint64_t membership = core_.membership_version();
+  const JobEpochs epochs = core_.Epochs(kJob);
   (void)core_.TakeDirtyJobs();
   clock_.Advance(absl::Milliseconds(1));
   core_.Tick();
@@ -75,7 +75,9 @@ TEST_F(CoordinatorWatchTest, ADeadSurvivorsLostWatchDropsItAfterTheGrace) {
   EXPECT_EQ(core_.State(kJob), v1::JOB_STATE_RUNNING);
   EXPECT_EQ(core_.CurrentGeneration(kJob), gen + 1);
   EXPECT_THAT(Ranks(), ElementsAre(Worker(0), Worker(1)));
-  EXPECT_GT(core_.membership_version(), membership);
+  // Joins and watchers waiting on the job are re-asked.
+  EXPECT_GT(core_.Epochs(kJob).placement, epochs.placement);
+  EXPECT_GT(core_.Epochs(kJob).view, epochs.view);
   EXPECT_THAT(core_.TakeDirtyJobs(), ElementsAre(kJob));
   const std::vector<Event> failures = EventsOf("failure");
   ASSERT_EQ(failures.size(), 1u);
@@ -217,9 +219,10 @@ TEST_F(CoordinatorWatchTest, ALostWatchOfARunningMemberEndsNothing) {
 TEST_F(CoordinatorWatchTest, WatchCallsForUnknownIdsChangeNothing) {
   const int64_t gen = FormSettled(2, 2);
   const uint64_t version = core_.version();
-  const uint64_t membership = core_.membership_version();
+  const JobEpochs epochs = core_.Epochs(kJob);
   const std::string before = Snapshot();
   (void)core_.TakeDirtyJobs();
+  (void)core_.TakeWokenJobs();
   core_.WatchOpened("no-such-job", Worker(0));
   core_.WatchClosed("no-such-job", Worker(0), /*lost=*/true);
   core_.WatchClosed("no-such-job", Worker(0), /*lost=*/false);
@@ -233,7 +236,9 @@ TEST_F(CoordinatorWatchTest, WatchCallsForUnknownIdsChangeNothing) {
   core_.WatchClosed(kJob, Worker(0), /*lost=*/true);
   EXPECT_EQ(core_.job_count(), 1u);
   EXPECT_EQ(core_.version(), version);
-  EXPECT_EQ(core_.membership_version(), membership);
+  EXPECT_EQ(core_.Epochs(kJob).placement, epochs.placement);
+  EXPECT_EQ(core_.Epochs(kJob).view, epochs.view);
+  EXPECT_TRUE(core_.TakeWokenJobs().empty());
   EXPECT_EQ(Snapshot(), before);
   EXPECT_TRUE(core_.TakeDirtyJobs().empty());
   clock_.Advance(absl::Seconds(5));
