@@ -6,6 +6,7 @@
 #include <tuple>
 #include <vector>
 
+#include "counting_store.h"
 #include "rank_threads.h"
 #include "worker/comm/coalesced.h"
 
@@ -108,6 +109,38 @@ TEST(ShmAllreduceTest, ARankThatLeavesFailsItsPeerAtOnce) {
         EXPECT_LT(absl::Now() - start, absl::Seconds(10));
       },
       absl::Seconds(30), /*shared_memory=*/true);
+}
+
+// Note [Rank tables]: a generation's rendezvous costs O(N) store messages
+// (KvSet/KvGet to the coordinator), not one Get per pair: connectFullMesh
+// alone read N - 1 keys per rank twice over, 2N(N - 1) Gets in all.
+TEST(GlooRendezvousTest, StoreMessagesGrowLinearlyWithTheWorld) {
+  for (int world : {4, 8, 16}) {
+    concord::testing::CountingStore store;
+    std::vector<std::thread> threads;
+    for (int r = 0; r < world; ++r) {
+      threads.emplace_back([&store, r, world] {
+        GlooOptions options;
+        options.rank = r;
+        options.size = world;
+        options.connect_timeout = absl::Seconds(60);
+        options.shared_memory = true;
+        auto comm = GlooCommunicator::Create(options, &store);
+        ASSERT_TRUE(comm.ok()) << comm.status();
+        at::Tensor t = at::ones({3});
+        ASSERT_TRUE((*comm)->AllreduceSum(t, {})->Wait().ok());
+        EXPECT_TRUE(at::equal(t, at::full({3}, static_cast<float>(world))));
+      });
+    }
+    for (auto& t : threads) t.join();
+    const int messages = store.sets + store.gets;
+    // Gloo: 2 Sets and 2 Gets a rank; the shared-memory group's setup
+    // (Note [Shared-memory allreduce]) 7 more a rank: 11 a rank whatever the
+    // world (Gloo alone was 2(N - 1) Gets a rank: 30 at 16).
+    EXPECT_LE(messages, 12 * world) << "world " << world << ": " << store.sets
+                                    << " sets, " << store.gets << " gets";
+    EXPECT_GE(store.gets, 2 * world) << "world " << world;
+  }
 }
 
 // CONCORD_SHM=0 on one rank only: no rank waits for a group that will not

@@ -6,7 +6,9 @@
 #include <condition_variable>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -54,6 +56,47 @@ class PrefixStore final : public Store {
  private:
   std::string prefix_;
   Store* base_;
+};
+
+// Note [Rank tables]: a full-mesh rendezvous publishes one value per rank
+// under "<prefix><rank>" and every rank reads every other rank's value. Read
+// a key at a time (Gloo's connectFullMesh: "rank_<i>" for the hosts, then
+// "<i>" for the pair addresses) that is N gets per rank, N^2 messages to the
+// coordinator per generation of N ranks. RankTableStore reads the whole
+// table of a prefix in one Get the first time any key of it is wanted and
+// answers the others from memory: O(N) messages per generation. Values that
+// are large (Gloo's address lists grow with N) are fetched in several Gets of
+// about `batch_bytes` each, judged by the size of this rank's own value under
+// the prefix, so that no answer nears gRPC's 4 MiB message limit. Every rank
+// sets its key of a table before it reads any (as connectFullMesh does), so
+// waiting for the whole table waits for nothing a key-by-key reader would
+// not. Keys of other prefixes pass through. Not thread-safe (one rendezvous).
+class RankTableStore final : public Store {
+ public:
+  RankTableStore(Store* base, int size, std::vector<std::string> prefixes,
+                 size_t batch_bytes = size_t{1} << 20)
+      : base_(base),
+        size_(size),
+        prefixes_(std::move(prefixes)),
+        batch_bytes_(batch_bytes) {}
+
+  absl::Status Set(const std::string& key, const std::string& value) override;
+  absl::StatusOr<std::vector<std::string>> Get(
+      const std::vector<std::string>& keys, absl::Duration timeout) override;
+
+ private:
+  // The table prefix of `key` (an index into prefixes_) and its rank, if it
+  // is a key of a table.
+  std::optional<std::pair<size_t, int>> TableKey(const std::string& key) const;
+  absl::Status FetchTable(size_t table, absl::Duration timeout);
+
+  Store* base_;
+  int size_;
+  std::vector<std::string> prefixes_;
+  size_t batch_bytes_;
+  // Per prefix: the size of this rank's own value, and the table once read.
+  std::map<size_t, size_t> own_size_;
+  std::map<size_t, std::vector<std::string>> tables_;
 };
 
 }  // namespace concord::comm

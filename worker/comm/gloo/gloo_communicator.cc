@@ -254,7 +254,9 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
     gloo::transport::tcp::attr attr;
     attr.hostname = options.hostname;
     auto device = gloo::transport::tcp::CreateDevice(attr);
-    GlooStoreAdapter adapter(store, options.connect_timeout);
+    // Note [Rank tables]: each rank reads the others' keys in O(1) Gets.
+    RankTableStore tables(store, options.size, {"rank_", ""});
+    GlooStoreAdapter adapter(&tables, options.connect_timeout);
     context->connectFullMesh(adapter, device);
   } catch (const GlooStoreAdapter::StoreError& e) {
     return e.status;
