@@ -47,6 +47,7 @@ failure.
 """
 
 import argparse
+import math
 import os
 import re
 import selectors
@@ -197,6 +198,9 @@ def run_killed(checks, prefix, name, command, device):
 
 
 def same_on_every_rank(checks, name, finals, key, what):
+    # NaN prints the same on every rank: equal, but not a trained model.
+    checks.check(all(math.isfinite(float(f[key])) for f in finals),
+                 "%s: %s finite on every rank" % (name, what), str(finals))
     checks.check(len({f[key] for f in finals}) == 1,
                  "%s: %s bit-identical on every rank" % (name, what),
                  str(finals))
