@@ -104,7 +104,7 @@ absl::StatusOr<size_t> Core::CheckMember(const Job& job,
   return *member;
 }
 
-absl::Status Core::Join(const v1::JoinRequest& request) {
+absl::Status Core::Join(const v1::JoinRequest& request, uint64_t* call) {
   const v1::JobSpec spec = WithDefaults(request.spec());
   CONCORD_RETURN_IF_ERROR(ValidateSpec(spec));
   CONCORD_RETURN_IF_ERROR(ValidateRequest(request));
@@ -180,16 +180,20 @@ absl::Status Core::Join(const v1::JoinRequest& request) {
   job->bindings[worker_id] = request.worker_secret();
   job->finished.erase(worker_id);
 
+  const uint64_t this_call = ++job->join_calls;
+  if (call != nullptr) *call = this_call;
   if (MemberState* waiting = job->waiting.Find(worker_id); waiting != nullptr) {
     // A retried Join: keep its place.
     waiting->host = request.host();
     waiting->committed_step = request.committed_step();
+    waiting->join_call = this_call;
   } else {
     MemberState m;
     m.worker_id = worker_id;
     m.host = request.host();
     m.committed_step = request.committed_step();
     m.last_heartbeat = now;
+    m.join_call = this_call;
     MemberState* survivor = job->expected.Find(worker_id);
     const bool back = survivor != nullptr;
     m.joined = back ? survivor->joined : now;
@@ -396,6 +400,32 @@ absl::StatusOr<v1::LeaveResponse> Core::Leave(const v1::LeaveRequest& request) {
   Changed(*job);
   response.set_state(job->state);
   return response;
+}
+
+bool Core::CancelJoin(const std::string& job_id, const std::string& worker_id,
+                      uint64_t call) {
+  Job* job = FindJob(job_id);
+  if (job == nullptr || Ended(*job)) return false;
+  const MemberState* waiting = job->waiting.Find(worker_id);
+  if (waiting == nullptr || waiting->join_call != call || waiting->back) {
+    return false;
+  }
+  const auto before = std::make_tuple(
+      job->generation, job->state, job->members.size(), job->expected.size());
+  Forget(*job, worker_id);
+  job->bindings.erase(worker_id);
+  AddEvent(*job, "leave", worker_id,
+           "stopped waiting for a generation: its Join was cancelled (the "
+           "client went away)");
+  MaybeFormGeneration(*job);
+  // Like an arrival, one fewer waiting worker changes no placement unless a
+  // generation formed.
+  const bool waiting_only =
+      std::make_tuple(job->generation, job->state, job->members.size(),
+                      job->expected.size()) == before;
+  Changed(*job, /*persist=*/true,
+          waiting_only ? Concerns::kArrival : Concerns::kAll);
+  return true;
 }
 
 void Core::Withdraw(Job& job, const std::string& worker_id, int64_t step,

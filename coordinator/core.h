@@ -233,7 +233,17 @@ class Core {
   // PERMISSION_DENIED (worker_id bound to another secret), ALREADY_EXISTS
   // (worker_id is a member of the current running generation and does not
   // name it in previous_generation), RESOURCE_EXHAUSTED (too many jobs).
-  absl::Status Join(const v1::JoinRequest& request);
+  // `call`, when given, gets a number for this Join that CancelJoin names.
+  absl::Status Join(const v1::JoinRequest& request, uint64_t* call = nullptr);
+
+  // The Join numbered `call` was cancelled (its client went away) before its
+  // worker was placed: the worker withdraws, as with a Leave while waiting,
+  // so that no generation forms with a process that will never hear of it.
+  // Nothing changes when the worker joined again since (a later call), was
+  // placed, or is a survivor coming back (its watch speaks for it). Returns
+  // whether it withdrew.
+  bool CancelJoin(const std::string& job_id, const std::string& worker_id,
+                  uint64_t call);
 
   // The worker's place in the current generation, or nullopt while the
   // rendezvous is still open. NOT_FOUND for an unknown job/worker;
@@ -357,6 +367,8 @@ class Core {
     int32_t rank = -1;
     // Of an expected survivor: it has joined again (it is in `waiting` too).
     bool back = false;
+    // Of a waiting worker: the Join that registered it last (CancelJoin).
+    uint64_t join_call = 0;
     bool completed = false;
     std::optional<int64_t> end_of_data_step;
     double samples_per_second = 0;
@@ -378,6 +390,7 @@ class Core {
     int32_t authoritative_rank = 0;
     std::vector<MemberState> members;  // of the current generation, by rank
     WorkerList<MemberState> waiting;   // registered for the next generation
+    uint64_t join_calls = 0;           // Joins numbered so far (CancelJoin)
     // Survivors of the ended generation `generation` that the next one waits
     // for (Note [Re-forming]); those already back are in `waiting` too.
     // Empty while a generation runs.

@@ -86,12 +86,15 @@ class PendingUnary : public grpc::ServerUnaryReactor, public CoreHost::Waiter {
     CoreHost::Lock lock(host_);
     if (answered_) return;
     if (id_ != 0) host_->Cancel(id_);
+    Cancelled(host_->core());
     Answer(absl::CancelledError("the call was cancelled"));
   }
   void OnDone() override { delete this; }
 
  protected:
   bool answered() const { return answered_; }
+  // With the host's mutex held: the client went away before the answer.
+  virtual void Cancelled(Core& core) {}
 
  private:
   CoreHost* host_;
@@ -109,6 +112,9 @@ class JoinCall final : public PendingUnary {
                      WaitTimeout(request->wait_timeout_ms())),
         request_(request),
         response_(response) {}
+
+  // The Core::Join this call made.
+  uint64_t* join_call() { return &join_call_; }
 
   bool Poll(Core& core) override {
     if (answered()) return true;
@@ -147,9 +153,16 @@ class JoinCall final : public PendingUnary {
     return true;
   }
 
+ protected:
+  void Cancelled(Core& core) override {
+    core.CancelJoin(request_->spec().job_id(), request_->worker_id(),
+                    join_call_);
+  }
+
  private:
   const v1::JoinRequest* request_;
   v1::JoinResponse* response_;
+  uint64_t join_call_ = 0;
 };
 
 class KvGetCall final : public PendingUnary {
@@ -312,7 +325,9 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::Join(
     call->Answer(auth);
   } else if (host_->shutting_down()) {
     call->Answer(absl::UnavailableError("the coordinator is shutting down"));
-  } else if (absl::Status joined = host_->core().Join(*request); !joined.ok()) {
+  } else if (absl::Status joined =
+                 host_->core().Join(*request, call->join_call());
+             !joined.ok()) {
     call->Answer(joined);
   } else {
     call->WaitOn(request->spec().job_id(), CoreHost::WaitKind::kPlacement,

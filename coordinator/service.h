@@ -30,8 +30,10 @@ class WorkerServiceImpl final : public v1::WorkerService::CallbackService {
   // wait_timeout_ms (default 300 s when 0) and the call's deadline. Errors:
   // those of Core::Join, DEADLINE_EXCEEDED, CANCELLED, ABORTED (the generation
   // it was placed in ended before the call saw it: join again), UNAVAILABLE
-  // (shutting down). A call cancelled while it waits frees its waiter; the
-  // worker stays registered (a retried Join keeps its place).
+  // (shutting down). A call cancelled while it waits (its client went away)
+  // frees its waiter and withdraws its worker unless the worker joined again
+  // since (Core::CancelJoin): no generation forms with a process that will
+  // never hear of it.
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* context,
                                  const v1::JoinRequest* request,
                                  v1::JoinResponse* response) override;

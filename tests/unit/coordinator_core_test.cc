@@ -164,6 +164,37 @@ TEST_F(CoordinatorCoreTest, RejoinWhileWaitingIsIdempotent) {
             absl::StatusCode::kAlreadyExists);
 }
 
+// A Join whose client went away withdraws its worker, unless the worker
+// joined again since (the later call owns the place) or was placed.
+TEST_F(CoordinatorCoreTest, ACancelledJoinWithdrawsItsWaitingWorker) {
+  const v1::JobSpec spec = Spec(3);
+  uint64_t a1 = 0, a2 = 0, b = 0;
+  ASSERT_TRUE(core_.Join(JoinReq(spec, "a"), &a1).ok());
+  ASSERT_TRUE(core_.Join(JoinReq(spec, "a"), &a2).ok());  // a retry
+  ASSERT_TRUE(core_.Join(JoinReq(spec, "b"), &b).ok());
+  EXPECT_NE(a1, a2);
+  EXPECT_FALSE(core_.CancelJoin(kJob, "a", a1));  // the retry owns it
+  EXPECT_FALSE(core_.CancelJoin(kJob, "nobody", b));
+  EXPECT_FALSE(core_.CancelJoin("no-such-job", "b", b));
+  EXPECT_TRUE(core_.CancelJoin(kJob, "b", b));
+  EXPECT_FALSE(core_.CancelJoin(kJob, "b", b));  // once
+  const std::vector<Event> events = core_.Events(kJob);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back().kind, "leave");
+  EXPECT_THAT(events.back().message, HasSubstr("Join was cancelled"));
+  // The generation forms without b: a and c.
+  ASSERT_TRUE(core_.Join(JoinReq(spec, "c")).ok());
+  clock_.Advance(absl::Seconds(3));  // the default settle of 2 s
+  core_.Tick();
+  ASSERT_EQ(core_.State(kJob), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(AssignmentOf("a").world_size, 2);
+  EXPECT_EQ(core_.GetAssignment(kJob, "b").status().code(),
+            absl::StatusCode::kNotFound);
+  // A placed worker's cancelled call changes nothing.
+  EXPECT_FALSE(core_.CancelJoin(kJob, "a", a2));
+  EXPECT_EQ(AssignmentOf("a").world_size, 2);
+}
+
 TEST_F(CoordinatorCoreTest, AuthoritativeRankIsHighestCommittedStep) {
   FormGeneration(4, {3, 9, 2, 9});
   EXPECT_EQ(AssignmentOf(Worker(0)).authoritative_rank, 1);
