@@ -1,11 +1,16 @@
-// Load generator for the coordinator: many simulated workers over loopback.
+// Load generator for the coordinator: many simulated workers over loopback,
+// and the anchor, torchrun's c10d rendezvous on LibTorch's TCPStore.
 //
-//   build/bin/concord-bench-coordinator [--workers 10000] [--job-size 1000]
-//       [--rendezvous-workers 1000] [--duration-s 30] [--rate-hz 1]
+//   build/bin/concord-bench-coordinator [--workers N] [--job-size N]
+//       [--rendezvous-workers N] [--duration-s 10] [--rate-hz 1]
 //       [--connections 1000] [--client-threads 2] [--state-dir DIR]
+//       [--json] [--no-tcpstore] [--tcpstore-threads 16]
+//       [--tcpstore-timeout-s 60]
 //
-// Starts `concord-coordinator`'s Server in a child process (so that its CPU
-// time is its own, read from /proc), then
+// Without --workers it runs N = 1,000, 10,000 and 100,000 in turn; job size
+// and rendezvous size default to N. For each N it starts
+// `concord-coordinator`'s Server in a child process (so that its CPU time
+// and memory are its own, read from /proc), then
 //  1. rendezvous: --rendezvous-workers workers join one job (max = N) at
 //     once with async Joins; prints the time from the first Join sent to
 //     the last answer (every worker placed in generation 1); then one of
@@ -15,7 +20,13 @@
 //  3. heartbeats: every worker sends one Heartbeat per 1/--rate-hz seconds,
 //     spread evenly over the period, for --duration-s; prints p50/p99/max
 //     latency, errors, achieved rate, the coordinator's CPU (cores used over
-//     the phase) and its thread count.
+//     the phase), threads and resident memory;
+//  4. the anchor (concord-bench-tcpstore, tcpstore_rendezvous.h): the same
+//     number of nodes rendezvous through one c10d::TCPStore, as far as it
+//     gets within --tcpstore-timeout-s.
+// With --json, one JSON object a line per N: workers, agents, rendezvous_s,
+// reform_s, heartbeat_p50_ms, heartbeat_p99_ms, coordinator_cores,
+// coordinator_rss_mb, tcpstore_rendezvous_s (null where it did not run).
 // Simulated workers share --connections gRPC channels (each its own TCP
 // connection) driven by --client-threads completion-queue threads. Bounded
 // in time; loopback only. Not a test: it prints figures.
@@ -38,6 +49,7 @@
 #include <fstream>
 #include <limits>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -59,13 +71,72 @@ struct Flags {
   int workers = 10000;
   int job_size = 1000;
   int rendezvous_workers = 1000;
-  int duration_s = 30;
+  int duration_s = 10;
   double rate_hz = 1.0;
   int connections = 1000;
   int client_threads = 2;
   std::string state_dir;
   std::string log_level = "warn";
+  bool json = false;
+  bool tcpstore = true;
+  int tcpstore_threads = 16;
+  double tcpstore_timeout_s = 60;
 };
+
+// One N's figures; negative where the phase did not run or failed.
+struct Result {
+  int workers = 0;
+  int rendezvous_workers = 0;
+  double rendezvous_s = -1;
+  double reform_s = -1;
+  double heartbeat_p50_ms = -1;
+  double heartbeat_p99_ms = -1;
+  double coordinator_cores = -1;
+  double coordinator_rss_mb = -1;
+  // The anchor (concord-bench-tcpstore): seconds, or why not.
+  double tcpstore_s = -1;
+  long long tcpstore_compare_sets = 0;
+  std::string tcpstore_error;
+};
+
+// Runs concord-bench-tcpstore (next to this program) for `nodes` nodes.
+void RunTcpStore(const Flags& f, int nodes, Result* result) {
+  char self[4096];
+  const ssize_t len = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (len <= 0) {
+    result->tcpstore_error = "cannot find this program's folder";
+    return;
+  }
+  std::string program(self, static_cast<size_t>(len));
+  program =
+      program.substr(0, program.rfind('/') + 1) + "concord-bench-tcpstore";
+  const std::string command = absl::StrCat(
+      "'", program, "' --workers ", nodes, " --threads ", f.tcpstore_threads,
+      " --timeout-s ", f.tcpstore_timeout_s, " 2>&1");
+  FILE* out = popen(command.c_str(), "r");
+  if (out == nullptr) {
+    result->tcpstore_error = "cannot run " + program;
+    return;
+  }
+  std::string text;
+  char buffer[512];
+  while (fgets(buffer, sizeof(buffer), out) != nullptr) text += buffer;
+  pclose(out);
+  double seconds = 0;
+  long long compare_sets = 0;
+  if (std::sscanf(text.c_str(), "ok %lf %lld", &seconds, &compare_sets) == 2) {
+    result->tcpstore_s = seconds;
+    result->tcpstore_compare_sets = compare_sets;
+    return;
+  }
+  const size_t error = text.find("error ");
+  result->tcpstore_error =
+      error == std::string::npos ? text : text.substr(error + 6);
+  while (!result->tcpstore_error.empty() &&
+         result->tcpstore_error.back() == '\n') {
+    result->tcpstore_error.pop_back();
+  }
+}
 
 struct Worker {
   std::string job;
@@ -125,7 +196,11 @@ std::string StartCoordinator(const concord::coordinator::ServerOptions& options,
                     : std::string("\n");
     (void)!write(fds[1], address.data(), address.size());
     close(fds[1]);
-    if (!server.ok()) _exit(2);
+    if (!server.ok()) {
+      std::fprintf(stderr, "concord-bench-coordinator: %s\n",
+                   server.status().ToString().c_str());
+      _exit(2);
+    }
     int signal_number = 0;
     sigwait(&signals, &signal_number);
     (*server)->Shutdown();
@@ -389,40 +464,14 @@ double Percentile(std::vector<double>& v, double p) {
   return v[k];
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  Flags f;
-  CLI::App app{"Load generator for concord-coordinator",
-               "concord-bench-coordinator"};
-  app.add_option("--workers", f.workers, "Simulated workers heartbeating")
-      ->check(CLI::Range(1, 100000));
-  app.add_option("--job-size", f.job_size, "Workers per job")
-      ->check(CLI::Range(1, 100000));
-  app.add_option("--rendezvous-workers", f.rendezvous_workers,
-                 "Workers of the measured rendezvous (the first job)")
-      ->check(CLI::Range(1, 100000));
-  app.add_option("--duration-s", f.duration_s, "Heartbeat phase length")
-      ->check(CLI::Range(2, 600));
-  app.add_option("--rate-hz", f.rate_hz, "Heartbeats per worker per second")
-      ->check(CLI::Range(0.01, 100.0));
-  app.add_option("--connections", f.connections, "gRPC channels (TCP)")
-      ->check(CLI::Range(1, 10000));
-  app.add_option("--client-threads", f.client_threads, "Client threads")
-      ->check(CLI::Range(1, 64));
-  app.add_option("--coordinator-log-level", f.log_level,
-                 "The coordinator's log level (info logs every join)")
-      ->capture_default_str();
-  app.add_option("--state-dir", f.state_dir,
-                 "Run the coordinator with the embedded store here");
-  CLI11_PARSE(app, argc, argv);
-
-  // Every connection is a descriptor on both sides.
-  rlimit limit{};
-  getrlimit(RLIMIT_NOFILE, &limit);
-  limit.rlim_cur = limit.rlim_max;
-  setrlimit(RLIMIT_NOFILE, &limit);
-
+// One run against a fresh coordinator: the rendezvous (and re-form) of
+// f.rendezvous_workers, the rest of f.workers in jobs of f.job_size, then
+// the heartbeat phase. Prints its lines unless f.json. Returns false when a
+// phase failed.
+bool RunConcord(const Flags& f, Result* result) {
+  const auto say = [&f](const char* format, auto... args) {
+    if (!f.json) std::printf(format, args...);
+  };
   concord::coordinator::ServerOptions options;
   options.worker_token = concord::GenerateToken();
   options.operator_token = concord::GenerateToken();
@@ -438,10 +487,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr,
                  "concord-bench-coordinator: coordinator did not start\n");
     if (pid > 0) waitpid(pid, nullptr, 0);
-    return 1;
+    return false;
   }
-  std::printf(
-      "coordinator pid %d on %s; %d workers, %d connections, %d "
+  say("coordinator pid %d on %s; %d workers, %d connections, %d "
       "client threads, %d cores here\n",
       pid, address.c_str(), f.workers, f.connections, f.client_threads,
       static_cast<int>(std::thread::hardware_concurrency()));
@@ -471,7 +519,7 @@ int main(int argc, char** argv) {
     }
   }
 
-  int status = 0;
+  bool ok = true;
   for (size_t j = 0; j < jobs.size(); ++j) {
     const int threads_before = Threads(pid);
     const double cpu_before = CpuSeconds(pid);
@@ -490,12 +538,12 @@ int main(int argc, char** argv) {
     joining = false;
     sampler.join();
     if (seconds < 0) {
-      status = 1;
+      ok = false;
       break;
     }
     if (j == 0) {
-      std::printf(
-          "rendezvous: %zu workers joined one job in %.3f s "
+      result->rendezvous_s = seconds;
+      say("rendezvous: %zu workers joined one job in %.3f s "
           "(coordinator CPU %.2f s, threads %d, peak %d)\n",
           jobs[j].second, seconds, CpuSeconds(pid) - cpu_before, threads_before,
           peak_threads.load());
@@ -504,20 +552,20 @@ int main(int argc, char** argv) {
         const double reform = ReformOne(workers, jobs[j].first, jobs[j].second,
                                         options.worker_token);
         if (reform < 0) {
-          status = 1;
+          ok = false;
           break;
         }
-        std::printf(
-            "re-form: one of %zu workers died, the other %zu had their new "
+        result->reform_s = reform;
+        say("re-form: one of %zu workers died, the other %zu had their new "
             "ranks in %.3f s (coordinator CPU %.2f s)\n",
             jobs[j].second, jobs[j].second - 1, reform, CpuSeconds(pid) - cpu);
       }
     } else if (j + 1 == jobs.size()) {
-      std::printf("joined %zu jobs, %zu workers (last job: %.3f s)\n",
-                  jobs.size(), workers.size(), seconds);
+      say("joined %zu jobs, %zu workers (last job: %.3f s)\n", jobs.size(),
+          workers.size(), seconds);
     }
   }
-  if (status == 0) {
+  if (ok) {
     workers.resize(static_cast<size_t>(f.workers));
     const size_t threads = static_cast<size_t>(f.client_threads);
     std::vector<HeartbeatStats> stats(threads);
@@ -562,30 +610,145 @@ int main(int argc, char** argv) {
     const double p99 = Percentile(latency, 0.99);
     const double max =
         latency.empty() ? 0 : *std::max_element(latency.begin(), latency.end());
-    std::printf(
-        "heartbeats: %d workers at %.2f Hz for %.1f s: %lld answered (%.0f/s), "
-        "%lld errors%s%s\n",
+    result->heartbeat_p50_ms = p50;
+    result->heartbeat_p99_ms = p99;
+    result->coordinator_cores = cpu / wall;
+    result->coordinator_rss_mb = ResidentMib(pid);
+    say("heartbeats: %d workers at %.2f Hz for %.1f s: %lld answered "
+        "(%.0f/s), %lld errors%s%s\n",
         f.workers, f.rate_hz, wall, static_cast<long long>(sent),
         static_cast<double>(sent) / wall, static_cast<long long>(errors),
         errors > 0 ? ", first: " : "", first_error.c_str());
-    std::printf(
-        "heartbeat latency: p50 %.2f ms, p99 %.2f ms, max %.2f ms "
+    say("heartbeat latency: p50 %.2f ms, p99 %.2f ms, max %.2f ms "
         "(client fell behind schedule by at most %.1f ms)\n",
         p50, p99, max, lag);
     const std::string metrics = HttpGet(metrics_port, "/metrics");
-    std::printf(
-        "heartbeat handler time in the coordinator (its histogram): p50 <= "
+    say("heartbeat handler time in the coordinator (its histogram): p50 <= "
         "%g ms, p99 <= %g ms\n",
         ServerQuantileMs(metrics, "Heartbeat", 0.5),
         ServerQuantileMs(metrics, "Heartbeat", 0.99));
-    std::printf(
-        "coordinator CPU: %.2f s over %.1f s = %.2f cores; threads %d; "
-        "resident %.0f MiB; load generator CPU %.2f cores\n",
-        cpu, wall, cpu / wall, Threads(pid), ResidentMib(pid),
+    say("coordinator CPU: %.2f s over %.1f s = %.2f cores; threads %d; "
+        "resident %.0f MiB (%.2f KiB a worker); load generator CPU %.2f "
+        "cores\n",
+        cpu, wall, cpu / wall, Threads(pid), result->coordinator_rss_mb,
+        1024 * result->coordinator_rss_mb / std::max(f.workers, 1),
         client_cpu / wall);
-    if (errors > 0) status = 1;
+    if (errors > 0) {
+      if (f.json) {
+        std::fprintf(stderr, "heartbeats: %lld errors, first: %s\n",
+                     static_cast<long long>(errors), first_error.c_str());
+      }
+      ok = false;
+    }
   }
   kill(pid, SIGTERM);
   waitpid(pid, nullptr, 0);
+  return ok;
+}
+
+// A figure for --json: null where it was not measured.
+nlohmann::json OrNull(double v) {
+  return v < 0 ? nlohmann::json(nullptr) : nlohmann::json(v);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags f;
+  CLI::App app{
+      "Load generator for concord-coordinator; without --workers, runs N = "
+      "1,000, 10,000 and 100,000",
+      "concord-bench-coordinator"};
+  app.add_option("--workers", f.workers,
+                 "Simulated workers heartbeating (one N)")
+      ->check(CLI::Range(1, 100000));
+  app.add_option("--job-size", f.job_size, "Workers per job (default: N)")
+      ->check(CLI::Range(1, 100000));
+  app.add_option("--rendezvous-workers", f.rendezvous_workers,
+                 "Workers of the measured rendezvous, the first job "
+                 "(default: N)")
+      ->check(CLI::Range(1, 100000));
+  app.add_option("--duration-s", f.duration_s, "Heartbeat phase length")
+      ->check(CLI::Range(2, 600))
+      ->capture_default_str();
+  app.add_option("--rate-hz", f.rate_hz, "Heartbeats per worker per second")
+      ->check(CLI::Range(0.01, 100.0));
+  app.add_option("--connections", f.connections, "gRPC channels (TCP)")
+      ->check(CLI::Range(1, 10000));
+  app.add_option("--client-threads", f.client_threads, "Client threads")
+      ->check(CLI::Range(1, 64));
+  app.add_option("--coordinator-log-level", f.log_level,
+                 "The coordinator's log level (info logs every join)")
+      ->capture_default_str();
+  app.add_option("--state-dir", f.state_dir,
+                 "Run the coordinator with the embedded store here");
+  app.add_flag("--json", f.json,
+               "One JSON object a line per N instead of the text");
+  app.add_flag("!--no-tcpstore", f.tcpstore,
+               "Skip the anchor (the c10d rendezvous on LibTorch's TCPStore)");
+  app.add_option("--tcpstore-threads", f.tcpstore_threads,
+                 "Threads driving the TCPStore nodes (each call blocks)")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  app.add_option("--tcpstore-timeout-s", f.tcpstore_timeout_s,
+                 "Give the TCPStore rendezvous up after this long (null)")
+      ->check(CLI::Range(1.0, 3600.0))
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  // Every connection is a descriptor on both sides.
+  rlimit limit{};
+  getrlimit(RLIMIT_NOFILE, &limit);
+  limit.rlim_cur = limit.rlim_max;
+  setrlimit(RLIMIT_NOFILE, &limit);
+
+  const bool one = app.count("--workers") > 0;
+  const std::vector<int> series =
+      one ? std::vector<int>{f.workers} : std::vector<int>{1000, 10000, 100000};
+  int status = 0;
+  for (int n : series) {
+    Flags g = f;
+    g.workers = n;
+    if (app.count("--job-size") == 0) g.job_size = n;
+    if (app.count("--rendezvous-workers") == 0) g.rendezvous_workers = n;
+    Result r;
+    r.workers = n;
+    r.rendezvous_workers = g.rendezvous_workers;
+    if (!RunConcord(g, &r)) status = 1;
+    if (g.tcpstore) {
+      RunTcpStore(g, g.rendezvous_workers, &r);
+      if (!g.json) {
+        if (r.tcpstore_s >= 0) {
+          std::printf(
+              "anchor: c10d rendezvous of %d nodes on LibTorch's TCPStore in "
+              "%.3f s (%lld compare_sets, %d threads)\n",
+              g.rendezvous_workers, r.tcpstore_s, r.tcpstore_compare_sets,
+              g.tcpstore_threads);
+        } else {
+          std::printf("anchor: c10d rendezvous of %d nodes on TCPStore: %s\n",
+                      g.rendezvous_workers, r.tcpstore_error.c_str());
+        }
+      }
+    }
+    if (g.json) {
+      nlohmann::json line = {
+          {"workers", r.workers},
+          {"agents", 0},
+          {"rendezvous_workers", r.rendezvous_workers},
+          {"rendezvous_s", OrNull(r.rendezvous_s)},
+          {"reform_s", OrNull(r.reform_s)},
+          {"heartbeat_p50_ms", OrNull(r.heartbeat_p50_ms)},
+          {"heartbeat_p99_ms", OrNull(r.heartbeat_p99_ms)},
+          {"coordinator_cores", OrNull(r.coordinator_cores)},
+          {"coordinator_rss_mb", OrNull(r.coordinator_rss_mb)},
+          {"tcpstore_rendezvous_s", OrNull(r.tcpstore_s)},
+      };
+      if (g.tcpstore && r.tcpstore_s < 0) {
+        line["tcpstore_error"] = r.tcpstore_error;
+      }
+      std::printf("%s\n", line.dump().c_str());
+    }
+    std::fflush(stdout);
+  }
   return status;
 }
