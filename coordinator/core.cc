@@ -120,12 +120,7 @@ absl::Status Core::Join(const v1::JoinRequest& request, uint64_t* call) {
         request.previous_generation(), spec.job_id(), current));
   }
   bool reform = false;
-  const auto before =
-      job == nullptr
-          ? std::make_tuple(int64_t{0}, v1::JOB_STATE_RENDEZVOUS, size_t{0},
-                            size_t{0})
-          : std::make_tuple(job->generation, job->state, job->members.size(),
-                            job->expected.size());
+  const Placement before = job == nullptr ? Placement{} : PlacementOf(*job);
   if (job == nullptr) {
     if (jobs_.size() >= internal::kMaxJobs) {
       return absl::ResourceExhaustedError(absl::StrCat(
@@ -218,14 +213,7 @@ absl::Status Core::Join(const v1::JoinRequest& request, uint64_t* call) {
                                spec.max_workers()));
     }
   }
-  MaybeFormGeneration(*job);
-  // Unless a generation formed or ended, a survivor was dropped or the job
-  // ended, the only news is one more waiting worker.
-  const bool arrival_only =
-      std::make_tuple(job->generation, job->state, job->members.size(),
-                      job->expected.size()) == before;
-  Changed(*job, /*persist=*/true,
-          arrival_only ? Concerns::kArrival : Concerns::kAll);
+  WaitingChanged(*job, before);
   return absl::OkStatus();
 }
 
@@ -402,6 +390,19 @@ absl::StatusOr<v1::LeaveResponse> Core::Leave(const v1::LeaveRequest& request) {
   return response;
 }
 
+Core::Placement Core::PlacementOf(const Job& job) {
+  return {job.generation, job.state, job.members.size(), job.expected.size()};
+}
+
+void Core::WaitingChanged(Job& job, const Placement& before) {
+  MaybeFormGeneration(job);
+  // Unless a generation formed or ended, a survivor was dropped or the job
+  // ended, the only news is one waiting worker more or less: the other
+  // waiters' placements stand.
+  Changed(job, /*persist=*/true,
+          PlacementOf(job) == before ? Concerns::kArrival : Concerns::kAll);
+}
+
 bool Core::CancelJoin(const std::string& job_id, const std::string& worker_id,
                       uint64_t call) {
   Job* job = FindJob(job_id);
@@ -410,21 +411,13 @@ bool Core::CancelJoin(const std::string& job_id, const std::string& worker_id,
   if (waiting == nullptr || waiting->join_call != call || waiting->back) {
     return false;
   }
-  const auto before = std::make_tuple(
-      job->generation, job->state, job->members.size(), job->expected.size());
+  const Placement before = PlacementOf(*job);
   Forget(*job, worker_id);
   job->bindings.erase(worker_id);
   AddEvent(*job, "leave", worker_id,
            "stopped waiting for a generation: its Join was cancelled (the "
            "client went away)");
-  MaybeFormGeneration(*job);
-  // Like an arrival, one fewer waiting worker changes no placement unless a
-  // generation formed.
-  const bool waiting_only =
-      std::make_tuple(job->generation, job->state, job->members.size(),
-                      job->expected.size()) == before;
-  Changed(*job, /*persist=*/true,
-          waiting_only ? Concerns::kArrival : Concerns::kAll);
+  WaitingChanged(*job, before);
   return true;
 }
 

@@ -508,6 +508,23 @@ class Core {
   // a change that is not persisted (a heartbeat) concerns no waiter.
   void Changed(Job& job, bool persist = true,
                Concerns concerns = Concerns::kAll);
+  // What a change to a job's waiting workers can move besides them: its
+  // generation, state, members and expected survivors.
+  struct Placement {
+    int64_t generation = 0;
+    v1::JobState state = v1::JOB_STATE_RENDEZVOUS;
+    size_t members = 0;
+    size_t expected = 0;
+    bool operator==(const Placement& o) const {
+      return generation == o.generation && state == o.state &&
+             members == o.members && expected == o.expected;
+    }
+  };
+  static Placement PlacementOf(const Job& job);
+  // After a worker was added to or taken from job.waiting: forms a
+  // generation if one can form, and records the change (as an arrival,
+  // Note [Persistence], unless a placement moved).
+  void WaitingChanged(Job& job, const Placement& before);
   static bool Ended(const Job& job);
   static absl::Status EndedError(const Job& job);
   v1::MemberStatus StatusOf(const MemberState& m) const;
