@@ -46,6 +46,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <limits>
 #include <memory>
@@ -61,6 +62,7 @@
 #include "common/logging.h"
 #include "concord/v1/worker.grpc.pb.h"
 #include "coordinator/server.h"
+#include "descriptors.h"
 
 namespace {
 
@@ -122,20 +124,30 @@ void RunTcpStore(const Flags& f, int nodes, Result* result) {
   char buffer[512];
   while (fgets(buffer, sizeof(buffer), out) != nullptr) text += buffer;
   pclose(out);
-  double seconds = 0;
-  long long compare_sets = 0;
-  if (std::sscanf(text.c_str(), "ok %lf %lld", &seconds, &compare_sets) == 2) {
-    result->tcpstore_s = seconds;
-    result->tcpstore_compare_sets = compare_sets;
-    return;
+  // Its one line, among whatever LibTorch logged.
+  std::istringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    double seconds = 0;
+    long long compare_sets = 0;
+    if (std::sscanf(line.c_str(), "ok %lf %lld", &seconds, &compare_sets) ==
+        2) {
+      result->tcpstore_s = seconds;
+      result->tcpstore_compare_sets = compare_sets;
+      return;
+    }
+    if (line.rfind("error ", 0) == 0) {
+      result->tcpstore_error = line.substr(6);
+      return;
+    }
   }
-  const size_t error = text.find("error ");
-  result->tcpstore_error =
-      error == std::string::npos ? text : text.substr(error + 6);
-  while (!result->tcpstore_error.empty() &&
-         result->tcpstore_error.back() == '\n') {
-    result->tcpstore_error.pop_back();
-  }
+  const size_t what = text.find("what():");
+  result->tcpstore_error = absl::StrCat(
+      "concord-bench-tcpstore ended without a result",
+      what == std::string::npos
+          ? ""
+          : absl::StrCat(": ",
+                         text.substr(what, text.find('\n', what) - what)));
 }
 
 struct Worker {
@@ -175,8 +187,47 @@ int Threads(pid_t pid) {
   return -1;
 }
 
-// Forks a process serving the coordinator on 127.0.0.1:0; returns
-// "ADDRESS METRICS_PORT" ("" on failure) and its pid.
+constexpr char kChildFlag[] = "--coordinator-child";
+
+// The child: serves a coordinator on 127.0.0.1:0 with the tokens and store
+// its environment names, writes "ADDRESS METRICS_PORT" (or an empty line) to
+// its standard output and serves until SIGTERM.
+int CoordinatorChild(const std::string& log_level) {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  concord::InitLogging("coordinator", log_level);
+  concord::coordinator::ServerOptions options;
+  const char* worker = std::getenv("CONCORD_BENCH_WORKER_TOKEN");
+  const char* op = std::getenv("CONCORD_BENCH_OPERATOR_TOKEN");
+  const char* state_dir = std::getenv("CONCORD_BENCH_STATE_DIR");
+  options.worker_token = worker != nullptr ? worker : "";
+  options.operator_token = op != nullptr ? op : "";
+  options.state_dir = state_dir != nullptr ? state_dir : "";
+  options.metrics_address = "127.0.0.1:0";
+  auto server = concord::coordinator::Server::Start(options);
+  const std::string address =
+      server.ok() ? absl::StrCat((*server)->address(), " ",
+                                 (*server)->metrics_port(), "\n")
+                  : std::string("\n");
+  (void)!write(STDOUT_FILENO, address.data(), address.size());
+  close(STDOUT_FILENO);
+  if (!server.ok()) {
+    std::fprintf(stderr, "concord-bench-coordinator: %s\n",
+                 server.status().ToString().c_str());
+    return 2;
+  }
+  int signal_number = 0;
+  sigwait(&signals, &signal_number);
+  (*server)->Shutdown();
+  return 0;
+}
+
+// Starts this program again as a coordinator (CoordinatorChild): a fresh
+// process for each N, its CPU time and memory its own. Exec, not just fork:
+// gRPC's threads in this process (the previous N's clients) do not survive
+// a fork. Returns "ADDRESS METRICS_PORT" ("" on failure) and its pid.
 std::string StartCoordinator(const concord::coordinator::ServerOptions& options,
                              const std::string& log_level, pid_t* pid) {
   int fds[2];
@@ -184,27 +235,14 @@ std::string StartCoordinator(const concord::coordinator::ServerOptions& options,
   *pid = fork();
   if (*pid == 0) {
     close(fds[0]);
-    sigset_t signals;
-    sigemptyset(&signals);
-    sigaddset(&signals, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-    concord::InitLogging("coordinator", log_level);
-    auto server = concord::coordinator::Server::Start(options);
-    const std::string address =
-        server.ok() ? absl::StrCat((*server)->address(), " ",
-                                   (*server)->metrics_port(), "\n")
-                    : std::string("\n");
-    (void)!write(fds[1], address.data(), address.size());
+    dup2(fds[1], STDOUT_FILENO);
     close(fds[1]);
-    if (!server.ok()) {
-      std::fprintf(stderr, "concord-bench-coordinator: %s\n",
-                   server.status().ToString().c_str());
-      _exit(2);
-    }
-    int signal_number = 0;
-    sigwait(&signals, &signal_number);
-    (*server)->Shutdown();
-    _exit(0);
+    setenv("CONCORD_BENCH_WORKER_TOKEN", options.worker_token.c_str(), 1);
+    setenv("CONCORD_BENCH_OPERATOR_TOKEN", options.operator_token.c_str(), 1);
+    setenv("CONCORD_BENCH_STATE_DIR", options.state_dir.c_str(), 1);
+    execl("/proc/self/exe", "concord-bench-coordinator", kChildFlag,
+          log_level.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
   }
   close(fds[1]);
   std::string address;
@@ -544,9 +582,10 @@ bool RunConcord(const Flags& f, Result* result) {
     if (j == 0) {
       result->rendezvous_s = seconds;
       say("rendezvous: %zu workers joined one job in %.3f s "
-          "(coordinator CPU %.2f s, threads %d, peak %d)\n",
+          "(coordinator CPU %.2f s, threads %d, peak %d, resident %.0f "
+          "MiB)\n",
           jobs[j].second, seconds, CpuSeconds(pid) - cpu_before, threads_before,
-          peak_threads.load());
+          peak_threads.load(), ResidentMib(pid));
       if (jobs[j].second > 1) {
         const double cpu = CpuSeconds(pid);
         const double reform = ReformOne(workers, jobs[j].first, jobs[j].second,
@@ -654,6 +693,9 @@ nlohmann::json OrNull(double v) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 3 && std::string(argv[1]) == kChildFlag) {
+    return CoordinatorChild(argv[2]);
+  }
   Flags f;
   CLI::App app{
       "Load generator for concord-coordinator; without --workers, runs N = "
@@ -696,11 +738,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
-  // Every connection is a descriptor on both sides.
-  rlimit limit{};
-  getrlimit(RLIMIT_NOFILE, &limit);
-  limit.rlim_cur = limit.rlim_max;
-  setrlimit(RLIMIT_NOFILE, &limit);
+  // Every connection is a descriptor on both sides (the coordinator and
+  // concord-bench-tcpstore inherit the limit).
+  concord::bench::RaiseDescriptorLimit();
 
   const bool one = app.count("--workers") > 0;
   const std::vector<int> series =
