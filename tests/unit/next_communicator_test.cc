@@ -42,6 +42,9 @@ class TestDerivable final : public DerivableCommunicator {
  public:
   TestDerivable(std::unique_ptr<Communicator> inner, Store* store, Log* log)
       : inner_(std::move(inner)), store_(store), log_(log) {}
+  // The derived communicators' rendezvous reads at most this many keys at
+  // once (the store's limit).
+  void set_keys_per_get(int n) { keys_per_get_ = n; }
 
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
@@ -107,6 +110,7 @@ class TestDerivable final : public DerivableCommunicator {
     o.size = size;
     o.generation = generation;
     o.connect_timeout = timeout;
+    o.keys_per_get = keys_per_get_;
     PrefixStore derived(absl::StrCat("derived/", generation, "/"), store_);
     auto made = GlooCommunicator::Create(o, &derived);
     Abort();  // spent, as NCCL's parent is
@@ -117,6 +121,7 @@ class TestDerivable final : public DerivableCommunicator {
   std::unique_ptr<Communicator> inner_;
   Store* store_;
   Log* log_;
+  int keys_per_get_ = 1024;
   std::atomic<bool> aborted_{false};
   std::atomic<bool> failed_{false};
 };
@@ -172,6 +177,7 @@ std::vector<ReformPlan> Reform(
         ASSERT_TRUE(c.ok()) << c.status();
         parents[r] =
             std::make_shared<TestDerivable>(std::move(*c), &new_store, log);
+        parents[r]->set_keys_per_get(keys_per_get);
       });
     }
     for (auto& t : threads) t.join();
@@ -204,6 +210,7 @@ std::vector<ReformPlan> Reform(
         o.rank = static_cast<int>(r);
         o.size = static_cast<int>(next.size());
         o.generation = 2;
+        o.keys_per_get = keys_per_get;
         PrefixStore fresh("fresh/", &new_store);
         return absl::StatusOr<std::unique_ptr<Communicator>>(
             GlooCommunicator::Create(o, &fresh));

@@ -73,7 +73,8 @@ TEST(RankTableStoreTest, ReadsATableInOneGetAndAnswersTheRestFromMemory) {
 // value; keys of no table, and numbers that are not ranks, pass through.
 TEST(RankTableStoreTest, BatchesLargeValuesAndPassesOtherKeysThrough) {
   CountingStore counting;
-  RankTableStore store(&counting, 8, {"t/"}, /*batch_bytes=*/300);
+  RankTableStore store(&counting, 8, {"t/"}, /*keys_per_get=*/1024,
+                       /*batch_bytes=*/300);
   for (int r = 0; r < 8; ++r) {
     ASSERT_TRUE(
         store.Set("t/" + std::to_string(r), std::string(100, 'a' + r)).ok());
@@ -99,6 +100,14 @@ TEST(RankTableStoreTest, BatchesLargeValuesAndPassesOtherKeysThrough) {
   RankTableStore missing(&counting, 9, {"t/"});
   EXPECT_EQ(missing.Get({"t/0"}, absl::Milliseconds(50)).status().code(),
             absl::StatusCode::kDeadlineExceeded);
+  // No Get names more keys than the store takes in one read.
+  CountingStore small;
+  for (int r = 0; r < 5; ++r) {
+    ASSERT_TRUE(small.base.Set("k" + std::to_string(r), "v").ok());
+  }
+  RankTableStore limited(&small, 5, {"k"}, /*keys_per_get=*/2);
+  ASSERT_TRUE(limited.Get({"k4"}, absl::Seconds(5)).ok());
+  EXPECT_EQ(small.gets, 3);  // 2 + 2 + 1 keys
 }
 
 }  // namespace

@@ -78,8 +78,9 @@ absl::Status RankTableStore::FetchTable(size_t table, absl::Duration timeout) {
   const auto own = own_size_.find(table);
   const size_t value_bytes =
       std::max<size_t>(own == own_size_.end() ? 0 : own->second, 1);
-  const size_t per_get = std::clamp<size_t>(batch_bytes_ / value_bytes, 1,
-                                            static_cast<size_t>(size_));
+  const size_t per_get =
+      std::clamp<size_t>(batch_bytes_ / value_bytes, 1,
+                         std::min(keys_per_get_, static_cast<size_t>(size_)));
   std::vector<std::string> values;
   values.reserve(static_cast<size_t>(size_));
   for (size_t begin = 0; begin < static_cast<size_t>(size_); begin += per_get) {

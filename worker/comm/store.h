@@ -3,6 +3,7 @@
 // Implementations: an in-memory one (single process, tests) and one backed by
 // the coordinator (worker/coordinator_store.h).
 
+#include <algorithm>
 #include <condition_variable>
 #include <map>
 #include <mutex>
@@ -73,11 +74,14 @@ class PrefixStore final : public Store {
 // not. Keys of other prefixes pass through. Not thread-safe (one rendezvous).
 class RankTableStore final : public Store {
  public:
+  // `keys_per_get`: the most keys one Get of `base` may name.
   RankTableStore(Store* base, int size, std::vector<std::string> prefixes,
+                 size_t keys_per_get = 1024,
                  size_t batch_bytes = size_t{1} << 20)
       : base_(base),
         size_(size),
         prefixes_(std::move(prefixes)),
+        keys_per_get_(std::max<size_t>(keys_per_get, 1)),
         batch_bytes_(batch_bytes) {}
 
   absl::Status Set(const std::string& key, const std::string& value) override;
@@ -93,6 +97,7 @@ class RankTableStore final : public Store {
   Store* base_;
   int size_;
   std::vector<std::string> prefixes_;
+  size_t keys_per_get_;
   size_t batch_bytes_;
   // Per prefix: the size of this rank's own value, and the table once read.
   std::map<size_t, size_t> own_size_;

@@ -41,6 +41,9 @@ struct GlooOptions {
   // (Note [Shared-memory allreduce]; Gloo's arithmetic, bit for bit).
   // Workers: on unless CONCORD_SHM=0.
   bool shared_memory = false;
+  // Most keys one read of the store may name (the coordinator's KvGet takes
+  // 4096): the rendezvous reads its tables in Gets of at most this many.
+  int keys_per_get = 1024;
 };
 
 class GlooCommunicator final : public Communicator {
