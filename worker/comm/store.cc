@@ -91,6 +91,11 @@ absl::Status RankTableStore::FetchTable(size_t table, absl::Duration timeout) {
     }
     CONCORD_ASSIGN_OR_RETURN(std::vector<std::string> got,
                              base_->Get(keys, deadline - absl::Now()));
+    if (got.size() != keys.size()) {
+      return absl::InternalError(absl::StrCat("the store answered ", got.size(),
+                                              " values for ", keys.size(),
+                                              " keys"));
+    }
     for (std::string& v : got) values.push_back(std::move(v));
   }
   tables_[table] = std::move(values);
