@@ -419,6 +419,7 @@ void HeartbeatThread(const std::vector<Worker>& workers, size_t t,
   for (size_t i = t; i < n; i += threads) {
     if (workers[i].generation > 0) mine.push_back(i);  // not the dead one
   }
+  if (mine.empty()) return;  // fewer workers than client threads
   size_t cursor = 0;
   int64_t round = 0, in_flight = 0, step = 0;
   auto due = [&](size_t index) {
