@@ -21,7 +21,7 @@
 //     spread evenly over the period, for --duration-s; prints p50/p99/max
 //     latency, errors, achieved rate, the coordinator's CPU (cores used over
 //     the phase), threads and resident memory;
-//  4. the anchor (concord-bench-tcpstore, tcpstore_rendezvous.h): the same
+//  4. the anchor (concord-bench-tcpstore, tcpstore_rendezvous.cc): the same
 //     number of nodes rendezvous through one c10d::TCPStore, as far as it
 //     gets within --tcpstore-timeout-s.
 // With --json, one JSON object a line per N: workers, agents, rendezvous_s,

@@ -6,7 +6,14 @@
 //
 // prints one line: "ok SECONDS COMPARE_SETS" or "error MESSAGE"; exit 0 when
 // the rendezvous completed.
-#include "tcpstore_rendezvous.h"
+//
+// The pattern: the rendezvous state is one key; a node joins by reading it,
+// adding itself and writing it back with compare_set, again on a conflict;
+// the node that completes the set of participants marks the rendezvous
+// complete; every node then reads the state once and finds its rank in it.
+// (torchrun polls the state about once a second while it waits; here a
+// node blocks on TCPStore's wait for the completion key instead, which can
+// only make the anchor faster.)
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -16,6 +23,7 @@
 #include <memory>
 #include <mutex>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <vector>
@@ -34,8 +42,15 @@ std::vector<uint8_t> Bytes(const std::string& s) {
   return std::vector<uint8_t>(s.begin(), s.end());
 }
 
-}  // namespace
+struct TcpStoreRendezvous {
+  bool ran = false;    // false: `error` says why
+  double seconds = 0;  // first compare_set sent -> every node has its rank
+  long long compare_sets = 0;  // including the ones that lost a race
+  std::string error;
+};
 
+// `workers` nodes, each with its own TCPStore client (connection), driven by
+// `threads` threads; gives up after `timeout_s` seconds.
 TcpStoreRendezvous RunTcpStoreRendezvous(int workers, int threads,
                                          double timeout_s) {
   TcpStoreRendezvous result;
@@ -130,6 +145,7 @@ TcpStoreRendezvous RunTcpStoreRendezvous(int workers, int threads,
   return result;
 }
 
+}  // namespace
 }  // namespace concord::bench
 
 int main(int argc, char** argv) {
