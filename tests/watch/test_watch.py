@@ -419,36 +419,47 @@ def case_kill(checks, job):
         checks.fail("kill: the merged file parses as JSON", str(e))
         return
     spans = check_trace_basics(checks, "kill", events)
-    by = steps_by_rank(spans)
     done = DONE.search(r.stdout)
     final = int(done.group(1)) if done else -1
     problems = []
-    # Whichever worker was rank 1 (ranks follow join order), rank 1 ends
-    # with the kill: the job goes on as one rank 0.
-    dead = by.get(1, {})
-    for step in range(1, KILL_STEP):
-        for want in ("forward", "backward", "optimizer", "allreduce"):
-            if not dead.get(step, {}).get(want):
-                problems.append("rank 1, step %d: no %s" % (step, want))
-    if any(s > KILL_STEP for s in dead if s is not None):
-        problems.append("rank 1 has steps after the kill: %s" % sorted(s for s in dead if s))
-    survivor = by.get(0, {})  # rank 0 of both generations
-    for step in range(1, final + 1):
-        for want in ("forward", "backward", "optimizer"):
-            if not survivor.get(step, {}).get(want):
-                problems.append("rank 0, step %d: no %s" % (step, want))
     gen2 = [e for e in events if e["ph"] == "i" and e["name"] == "generation 2"]
     if not (gen2 and gen2[0]["pid"] == 0 and gen2[0]["args"]["world_size"] == 1):
         problems.append("no 'generation 2' instant with world size 1 on rank 0: %s" % gen2)
+    # Tracks are ranks, and ranks follow join order: the killed worker (local
+    # worker 1) was rank 0 or 1 of generation 1, and the survivor the other
+    # one, then rank 0 of generation 2. The generation 2 mark splits the two.
+    joined = re.search(r"\[worker 1\] .*generation 1 as rank (\d) of 2", r.stderr)
+    if not joined:
+        checks.fail("kill: worker 1's rank in generation 1 is logged", r.describe())
+        return
+    dead_rank = int(joined.group(1))
+    split = gen2[0]["ts"] if gen2 else float("inf")
+    first = steps_by_rank([e for e in spans if e["ts"] < split])
+    second = steps_by_rank([e for e in spans if e["ts"] >= split])
+    dead = first.get(dead_rank, {})
+    for step in range(1, KILL_STEP):
+        for want in ("forward", "backward", "optimizer", "allreduce"):
+            if not dead.get(step, {}).get(want):
+                problems.append("killed rank %d, step %d: no %s" % (dead_rank, step, want))
+    if any(s > KILL_STEP for s in dead if s is not None):
+        problems.append("killed rank %d has steps after the kill: %s" %
+                        (dead_rank, sorted(s for s in dead if s)))
+    if second.keys() - {0}:
+        problems.append("tracks other than rank 0 after generation 2: %s" % sorted(second))
+    survivor = (first.get(1 - dead_rank, {}), second.get(0, {}))
+    for step in range(1, final + 1):
+        for want in ("forward", "backward", "optimizer"):
+            if not any(part.get(step, {}).get(want) for part in survivor):
+                problems.append("survivor, step %d: no %s" % (step, want))
     reform = [e for e in spans if e["name"] == "re-form"]
     if not (gen2 and len(reform) == 1 and reform[0]["pid"] == 0 and reform[0]["args"]["world_size"] == 1
             and reform[0]["ts"] <= gen2[0]["ts"] <= reform[0]["ts"] + reform[0]["dur"]):
         problems.append("no 're-form' span around the generation 2 mark on rank 0: %s" % reform)
     failed = [e for e in spans if e["name"] == "allreduce" and e["args"].get("failed")]
     checks.check(not problems and final > 0,
-                 "kill: rank 1's steps 1..%d and none after the kill, the re-form and rank 0's "
-                 "%d steps are in the trace (%d failed allreduces marked)" % (KILL_STEP - 1, final,
-                                                                     len(failed)),
+                 "kill: the killed rank's steps 1..%d and none after the kill, the re-form and "
+                 "the survivor's %d steps are in the trace (%d failed allreduces marked)" %
+                 (KILL_STEP - 1, final, len(failed)),
                  "; ".join(problems[:8]) + "\n" + r.describe())
 
 
