@@ -26,6 +26,7 @@ namespace {
 constexpr absl::Duration kShutdownGrace = absl::Seconds(1);
 
 constexpr const char* kServices[] = {"concord.v1.WorkerService",
+                                     "concord.v1.AgentService",
                                      "concord.v1.OperatorService"};
 
 absl::Status CheckAddress(const std::string& what, const std::string& address) {
@@ -84,6 +85,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   if (absl::Status s = server->host_->Restore(); !s.ok()) return s;
   server->worker_service_ = std::make_unique<WorkerServiceImpl>(
       server->host_.get(), server->authorizer_.get(), server->metrics_.get());
+  server->agent_service_ = std::make_unique<AgentServiceImpl>(
+      server->host_.get(), server->authorizer_.get(), server->metrics_.get());
   server->operator_service_ = std::make_unique<OperatorServiceImpl>(
       server->host_.get(), server->authorizer_.get(), server->metrics_.get());
 
@@ -125,6 +128,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   builder.AddListeningPort(address, ServerCredentials(options.tls),
                            &server->port_);
   builder.RegisterService(server->worker_service_.get());
+  builder.RegisterService(server->agent_service_.get());
   builder.RegisterService(server->operator_service_.get());
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {

@@ -17,6 +17,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/tls.h"
+#include "coordinator/agent_service.h"
 #include "coordinator/authorizer.h"
 #include "coordinator/health_http.h"
 #include "coordinator/host.h"
@@ -109,6 +110,7 @@ class Server {
   std::unique_ptr<Authorizer> authorizer_;
   std::unique_ptr<CoreHost> host_;
   std::unique_ptr<WorkerServiceImpl> worker_service_;
+  std::unique_ptr<AgentServiceImpl> agent_service_;
   std::unique_ptr<OperatorServiceImpl> operator_service_;
   std::unique_ptr<grpc::Server> server_;
   std::shared_ptr<prometheus::Collectable> collector_;

@@ -7,7 +7,6 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "common/auth.h"
 #include "common/backoff.h"
 #include "common/grpc_status.h"
@@ -47,48 +46,11 @@ bool Terminal(v1::JobState state) {
          state == v1::JOB_STATE_STOPPED;
 }
 
-// The channel to one coordinator replica. gRPC's default reconnect backoff
-// grows to two minutes; capped at one second here. Note [Fresh channels].
-std::shared_ptr<grpc::Channel> CoordinatorChannel(const std::string& address,
-                                                  const TlsMaterial& tls) {
-  grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  // Its own subchannels: a fresh channel must not inherit the backoff
-  // state of the one it replaces through gRPC's global subchannel pool.
-  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  return grpc::CreateCustomChannel(address, ChannelCredentials(tls), args);
-}
-
-// Note [Fresh channels]: after a coordinator restart or an etcd failover
-// (a standby starts listening a lease TTL after the leader died), a gRPC
-// 1.51 channel that has been failing to connect can take several seconds
-// (measured: ~4 s) to notice that the address now accepts connections,
-// whatever its backoff settings say: longer than a short heartbeat
-// timeout, so the new coordinator would declare every worker failed. A
-// channel that has been failing for a second is therefore replaced by a
-// fresh one, which connects at its first call.
-constexpr absl::Duration kRefreshAfter = absl::Seconds(1);
+// Note [Fresh channels] in common/coordinator_channel.h.
+constexpr absl::Duration kRefreshAfter =
+    absl::Milliseconds(kRefreshChannelAfterMs);
 
 }  // namespace
-
-std::vector<std::string> SplitCoordinatorAddress(const std::string& address) {
-  // A gRPC target with a scheme (ipv4:a,b / dns:/// / unix:) is one target.
-  const size_t colon = address.find(':');
-  const std::string scheme =
-      colon == std::string::npos ? "" : address.substr(0, colon);
-  if (scheme == "ipv4" || scheme == "ipv6" || scheme == "dns" ||
-      scheme == "unix" || scheme == "unix-abstract") {
-    return {address};
-  }
-  std::vector<std::string> out;
-  for (absl::string_view part : absl::StrSplit(address, ',')) {
-    part = absl::StripAsciiWhitespace(part);
-    if (!part.empty()) out.emplace_back(part);
-  }
-  if (out.empty()) out.push_back(address);
-  return out;
-}
 
 CoordinatorClient::Replicas::Replicas(const std::string& address,
                                       const TlsMaterial& tls)

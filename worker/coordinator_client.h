@@ -21,6 +21,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/coordinator_channel.h"
 #include "common/tls.h"
 #include "concord/v1/worker.grpc.pb.h"
 
@@ -37,11 +38,8 @@ struct ClientIdentity {
   TlsMaterial tls;
 };
 
-// The replicas named by a coordinator address: "HOST:PORT" or
-// "HOST:PORT,HOST:PORT,..." (coordinator replicas sharing an etcd store, in
-// any order: only the leader listens). A gRPC target with a scheme
-// ("ipv4:...", "dns:///...", "unix:...") is one target, passed as is.
-std::vector<std::string> SplitCoordinatorAddress(const std::string& address);
+// How an address names its replicas (common/coordinator_channel.h).
+using ::concord::SplitCoordinatorAddress;
 
 class CoordinatorClient {
  public:

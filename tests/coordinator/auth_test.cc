@@ -38,12 +38,14 @@ class AuthTest : public ::testing::Test {
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
     worker_ = v1::WorkerService::NewStub(Channel(server_->address()));
+    agent_ = v1::AgentService::NewStub(Channel(server_->address()));
     operator_ = v1::OperatorService::NewStub(Channel(server_->address()));
   }
 
-  // Every RPC of both services, with well-formed requests.
+  // Every RPC of the three services, with well-formed requests.
   std::vector<Method> Methods() {
     auto* w = worker_.get();
+    auto* a = agent_.get();
     auto* o = operator_.get();
     return {
         {"Join", Needs::kWorker,
@@ -118,6 +120,32 @@ class AuthTest : public ::testing::Test {
            v1::EndOfDataResponse r;
            return w->ReportEndOfData(c, q, &r);
          }},
+        {"Heartbeats", Needs::kWorker,
+         [a](grpc::ClientContext* c) {
+           v1::HeartbeatBatchRequest q;
+           v1::HeartbeatRequest* h = q.add_heartbeats();
+           h->set_job_id("job");
+           h->set_worker_id("w0");
+           h->set_worker_secret(Secret("w0"));
+           h->set_generation(1);
+           v1::HeartbeatBatchResponse r;
+           return a->Heartbeats(c, q, &r);
+         }},
+        {"WatchNode", Needs::kWorker,
+         [a](grpc::ClientContext* c) {
+           auto stream = a->WatchNode(c);
+           v1::NodeWatchRequest q;
+           q.set_job_id("job");
+           v1::WatchedWorker* w0 = q.add_add();
+           w0->set_worker_id("w0");
+           w0->set_worker_secret(Secret("w0"));
+           stream->Write(q);
+           stream->WritesDone();
+           v1::NodeWatchUpdate u;
+           while (stream->Read(&u)) {
+           }
+           return stream->Finish();
+         }},
         {"ListJobs", Needs::kOperator,
          [o](grpc::ClientContext* c) {
            v1::ListJobsResponse r;
@@ -163,6 +191,7 @@ class AuthTest : public ::testing::Test {
 
   std::unique_ptr<Server> server_;
   std::unique_ptr<v1::WorkerService::Stub> worker_;
+  std::unique_ptr<v1::AgentService::Stub> agent_;
   std::unique_ptr<v1::OperatorService::Stub> operator_;
 };
 
@@ -173,6 +202,7 @@ TEST_F(AuthTest, EveryMethodRefusesMissingUnknownAndWrongRoleTokens) {
   ASSERT_EQ(
       static_cast<int>(methods.size()),
       pool->FindServiceByName("concord.v1.WorkerService")->method_count() +
+          pool->FindServiceByName("concord.v1.AgentService")->method_count() +
           pool->FindServiceByName("concord.v1.OperatorService")
               ->method_count());
   for (const Method& m : methods) {

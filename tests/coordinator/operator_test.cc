@@ -191,7 +191,8 @@ TEST_F(OperatorTest, EndOfDataOverTheWire) {
 TEST_F(OperatorTest, HealthAndMetrics) {
   auto health = grpc::health::v1::Health::NewStub(Channel(server_->address()));
   for (const char* service :
-       {"", "concord.v1.WorkerService", "concord.v1.OperatorService"}) {
+       {"", "concord.v1.WorkerService", "concord.v1.AgentService",
+        "concord.v1.OperatorService"}) {
     grpc::health::v1::HealthCheckRequest q;
     q.set_service(service);
     grpc::health::v1::HealthCheckResponse r;

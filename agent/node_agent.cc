@@ -1,0 +1,705 @@
+#include "agent/node_agent.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/auth.h"
+#include "common/coordinator_channel.h"
+#include "concord/v1/agent.grpc.pb.h"
+#include "concord/v1/worker.grpc.pb.h"
+
+namespace concord::agent {
+namespace {
+
+bool Terminal(v1::JobState state) {
+  return state == v1::JOB_STATE_SUCCEEDED || state == v1::JOB_STATE_FAILED ||
+         state == v1::JOB_STATE_STOPPED;
+}
+
+// gRPC operations decided under the agent's mutex run after it is
+// released: gRPC may run a reaction inline on the thread that starts an
+// operation, and reactions take the mutex.
+class Actions {
+ public:
+  Actions() = default;
+  Actions(const Actions&) = delete;
+  Actions& operator=(const Actions&) = delete;
+  ~Actions() {
+    for (auto& fn : fns_) fn();
+  }
+  void Add(std::function<void()> fn) { fns_.push_back(std::move(fn)); }
+
+ private:
+  std::vector<std::function<void()>> fns_;
+};
+
+}  // namespace
+
+class NodeAgent::Impl final : public v1::WorkerService::CallbackService {
+ public:
+  explicit Impl(NodeAgentOptions options)
+      : options_(std::move(options)),
+        batcher_(options_.batch),
+        addresses_(SplitCoordinatorAddress(options_.coordinator)) {
+    for (const std::string& address : addresses_) {
+      replicas_.push_back(MakeReplica(address));
+    }
+  }
+
+  absl::Status Listen() {
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials(),
+                             &port);
+    builder.RegisterService(this);
+    server_ = builder.BuildAndStart();
+    if (server_ == nullptr) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot listen on '", options_.listen, "'"));
+    }
+    address_ = options_.listen;
+    if (port > 0 && address_.rfind("unix:", 0) != 0) {
+      address_ =
+          address_.substr(0, address_.rfind(':') + 1) + std::to_string(port);
+    }
+    flusher_ = std::thread([this] { FlushLoop(); });
+    return absl::OkStatus();
+  }
+
+  const std::string& address() const { return address_; }
+
+  void Shutdown();
+
+  Counters counters() const {
+    Counters c;
+    c.heartbeats = heartbeats_.load();
+    c.heartbeat_batches = batches_.load();
+    c.node_streams = node_streams_.load();
+    c.node_updates = node_updates_.load();
+    c.forwarded = forwarded_.load();
+    return c;
+  }
+
+  // WorkerService, as the workers see it.
+  grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* context,
+                                 const v1::JoinRequest* request,
+                                 v1::JoinResponse* response) override {
+    return Forward(context, [=](v1::WorkerService::Stub* stub,
+                                grpc::ClientContext* c, auto done) {
+      stub->async()->Join(c, request, response, std::move(done));
+    });
+  }
+  grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* context,
+                                  const v1::LeaveRequest* request,
+                                  v1::LeaveResponse* response) override {
+    return Forward(context, [=](v1::WorkerService::Stub* stub,
+                                grpc::ClientContext* c, auto done) {
+      stub->async()->Leave(c, request, response, std::move(done));
+    });
+  }
+  grpc::ServerUnaryReactor* KvSet(grpc::CallbackServerContext* context,
+                                  const v1::KvSetRequest* request,
+                                  v1::KvSetResponse* response) override {
+    return Forward(context, [=](v1::WorkerService::Stub* stub,
+                                grpc::ClientContext* c, auto done) {
+      stub->async()->KvSet(c, request, response, std::move(done));
+    });
+  }
+  grpc::ServerUnaryReactor* KvGet(grpc::CallbackServerContext* context,
+                                  const v1::KvGetRequest* request,
+                                  v1::KvGetResponse* response) override {
+    return Forward(context, [=](v1::WorkerService::Stub* stub,
+                                grpc::ClientContext* c, auto done) {
+      stub->async()->KvGet(c, request, response, std::move(done));
+    });
+  }
+  grpc::ServerUnaryReactor* ReportEndOfData(
+      grpc::CallbackServerContext* context, const v1::EndOfDataRequest* request,
+      v1::EndOfDataResponse* response) override {
+    return Forward(context, [=](v1::WorkerService::Stub* stub,
+                                grpc::ClientContext* c, auto done) {
+      stub->async()->ReportEndOfData(c, request, response, std::move(done));
+    });
+  }
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context,
+                                      const v1::HeartbeatRequest* request,
+                                      v1::HeartbeatResponse* response) override;
+  grpc::ServerWriteReactor<v1::MembershipUpdate>* WatchMembership(
+      grpc::CallbackServerContext* context,
+      const v1::WatchMembershipRequest* request) override;
+
+ private:
+  class ForwardCall;
+  class WatchCall;
+  class NodeStream;
+
+  struct Replica {
+    std::shared_ptr<v1::WorkerService::Stub> worker;
+    std::shared_ptr<v1::AgentService::Stub> agent;
+    absl::Time created;
+  };
+  Replica MakeReplica(const std::string& address) const {
+    auto channel = CoordinatorChannel(address, options_.tls);
+    return Replica{v1::WorkerService::NewStub(channel),
+                   v1::AgentService::NewStub(channel), absl::Now()};
+  }
+  // The replica in use and its index.
+  std::pair<Replica, size_t> Current() {
+    std::lock_guard<std::mutex> lock(replica_mu_);
+    return {replicas_[current_], current_};
+  }
+  // Replica `used` was UNAVAILABLE: a fresh channel for it if its channel
+  // is older than kRefreshChannelAfterMs (Note [Fresh channels] in
+  // common/coordinator_channel.h), and the next replica from now on.
+  void Unavailable(size_t used) {
+    std::lock_guard<std::mutex> lock(replica_mu_);
+    if (absl::Now() - replicas_[used].created >
+        absl::Milliseconds(kRefreshChannelAfterMs)) {
+      replicas_[used] = MakeReplica(addresses_[used]);
+    }
+    if (used == current_) current_ = (current_ + 1) % replicas_.size();
+  }
+  void Note(const grpc::Status& status, size_t used) {
+    if (status.error_code() == grpc::StatusCode::UNAVAILABLE) Unavailable(used);
+  }
+
+  // Whether the caller holds the worker token.
+  grpc::Status Authorize(const grpc::CallbackServerContext& context) const {
+    const auto& metadata = context.client_metadata();
+    auto it = metadata.find("authorization");
+    const std::string token =
+        it == metadata.end()
+            ? std::string()
+            : BearerTokenOf(std::string(it->second.data(), it->second.size()));
+    if (token.empty() || !ConstantTimeEquals(token, options_.token)) {
+      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                          "this node agent needs the job's worker token");
+    }
+    return grpc::Status::OK;
+  }
+  void Prepare(grpc::ClientContext* context,
+               std::chrono::system_clock::time_point deadline) const {
+    context->set_deadline(deadline);
+    AddBearerToken(*context, options_.token);
+  }
+
+  template <typename StartFn>
+  grpc::ServerUnaryReactor* Forward(grpc::CallbackServerContext* context,
+                                    StartFn&& start);
+
+  // With mu_ held: the node stream of `job_id`, opened if there is none.
+  NodeStream* StreamFor(const std::string& job_id, Actions* after);
+
+  void FlushLoop();
+  // Sends `batch` as one Heartbeats call and answers each heartbeat.
+  struct PendingHeartbeat {
+    const v1::HeartbeatRequest* request;
+    v1::HeartbeatResponse* response;
+    grpc::ServerUnaryReactor* reactor;
+    std::chrono::system_clock::time_point deadline;
+  };
+  void Send(std::vector<std::pair<std::string, PendingHeartbeat>> batch);
+
+  const NodeAgentOptions options_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+
+  std::mutex replica_mu_;
+  HeartbeatBatcher<PendingHeartbeat> batcher_;  // guarded by mu_
+  const std::vector<std::string> addresses_;
+  std::vector<Replica> replicas_;  // guarded by replica_mu_
+  size_t current_ = 0;             // guarded by replica_mu_
+
+  std::mutex mu_;
+  std::condition_variable cv_;  // the batcher's due time moved, or stopping
+  bool stopping_ = false;
+  std::map<std::string, NodeStream*> streams_;  // by job; open ones only
+  int live_streams_ = 0;                        // not yet done
+  int batches_in_flight_ = 0;
+  std::condition_variable drained_;  // live_streams_ / batches_in_flight_
+  std::thread flusher_;
+
+  std::atomic<int64_t> heartbeats_{0}, batches_{0}, node_streams_{0},
+      node_updates_{0}, forwarded_{0};
+};
+
+// A unary call passed on as it is. Deleted in OnDone, after Finish, which
+// the forwarded call's completion calls.
+class NodeAgent::Impl::ForwardCall final : public grpc::ServerUnaryReactor {
+ public:
+  void OnCancel() override { client_.TryCancel(); }
+  void OnDone() override { delete this; }
+  grpc::ClientContext client_;
+};
+
+template <typename StartFn>
+grpc::ServerUnaryReactor* NodeAgent::Impl::Forward(
+    grpc::CallbackServerContext* context, StartFn&& start) {
+  auto* call = new ForwardCall();
+  if (grpc::Status auth = Authorize(*context); !auth.ok()) {
+    call->Finish(auth);
+    return call;
+  }
+  ++forwarded_;
+  Prepare(&call->client_, context->deadline());
+  auto [replica, used] = Current();
+  start(replica.worker.get(), &call->client_,
+        [this, call, used = used](grpc::Status status) {
+          Note(status, used);
+          call->Finish(status);
+        });
+  return call;
+}
+
+grpc::ServerUnaryReactor* NodeAgent::Impl::Heartbeat(
+    grpc::CallbackServerContext* context, const v1::HeartbeatRequest* request,
+    v1::HeartbeatResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (grpc::Status auth = Authorize(*context); !auth.ok()) {
+    reactor->Finish(auth);
+    return reactor;
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  if (stopping_) {
+    lock.unlock();
+    reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                 "the node agent is shutting down"));
+    return reactor;
+  }
+  batcher_.Add(
+      request->worker_id(),
+      PendingHeartbeat{request, response, reactor, context->deadline()},
+      absl::Now());
+  cv_.notify_one();
+  return reactor;
+}
+
+void NodeAgent::Impl::FlushLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    const absl::Time now = absl::Now();
+    auto batch = batcher_.TakeIfDue(now);
+    if (!batch.empty()) {
+      ++batches_in_flight_;
+      lock.unlock();
+      Send(std::move(batch));
+      lock.lock();
+      continue;
+    }
+    const absl::Time due = batcher_.Due(now);
+    if (due == absl::InfiniteFuture()) {
+      cv_.wait(lock);
+    } else {
+      cv_.wait_until(lock, absl::ToChronoTime(due));
+    }
+  }
+}
+
+void NodeAgent::Impl::Send(
+    std::vector<std::pair<std::string, PendingHeartbeat>> batch) {
+  struct Call {
+    grpc::ClientContext context;
+    v1::HeartbeatBatchRequest request;
+    v1::HeartbeatBatchResponse response;
+    std::vector<PendingHeartbeat> pending;
+  };
+  auto call = std::make_shared<Call>();
+  auto deadline = std::chrono::system_clock::time_point::min();
+  for (auto& [worker, p] : batch) {
+    *call->request.add_heartbeats() = *p.request;
+    deadline = std::max(deadline, p.deadline);
+    call->pending.push_back(p);
+  }
+  heartbeats_ += static_cast<int64_t>(batch.size());
+  ++batches_;
+  Prepare(&call->context, deadline);
+  auto [replica, used] = Current();
+  replica.agent->async()->Heartbeats(
+      &call->context, &call->request, &call->response,
+      [this, call, used = used](grpc::Status status) {
+        Note(status, used);
+        const bool whole = status.ok() && call->response.results_size() ==
+                                              call->request.heartbeats_size();
+        if (status.ok() && !whole) {
+          status =
+              grpc::Status(grpc::StatusCode::INTERNAL,
+                           "the coordinator answered a batch of " +
+                               std::to_string(call->request.heartbeats_size()) +
+                               " heartbeats with " +
+                               std::to_string(call->response.results_size()));
+        }
+        for (size_t i = 0; i < call->pending.size(); ++i) {
+          const PendingHeartbeat& p = call->pending[i];
+          if (!status.ok()) {
+            p.reactor->Finish(status);
+            continue;
+          }
+          v1::HeartbeatResult* result =
+              call->response.mutable_results(static_cast<int>(i));
+          if (result->code() != 0) {
+            p.reactor->Finish(
+                grpc::Status(static_cast<grpc::StatusCode>(result->code()),
+                             result->message()));
+          } else {
+            *p.response = std::move(*result->mutable_response());
+            p.reactor->Finish(grpc::Status::OK);
+          }
+        }
+        std::lock_guard<std::mutex> lock(mu_);
+        --batches_in_flight_;
+        drained_.notify_all();
+      });
+}
+
+// One worker's WatchMembership at the agent, fed by its job's node stream.
+// Fields are guarded by the agent's mutex.
+class NodeAgent::Impl::WatchCall final
+    : public grpc::ServerWriteReactor<v1::MembershipUpdate> {
+ public:
+  WatchCall(Impl* agent, const v1::WatchMembershipRequest* request)
+      : agent_(agent), request_(request) {}
+
+  const v1::WatchMembershipRequest& request() const { return *request_; }
+
+  // With mu_ held: the node stream delivers this worker's view.
+  void Deliver(const v1::WorkerView& view, Actions* after) {
+    if (ended_) return;
+    if (view.code() != 0) {
+      stream_ = nullptr;  // the coordinator dropped it
+      End(grpc::Status(static_cast<grpc::StatusCode>(view.code()),
+                       view.message()),
+          after);
+      return;
+    }
+    if (Terminal(view.update().state())) {
+      stream_ = nullptr;  // its last view
+      terminal_ = true;
+    }
+    if (writing_) {
+      pending_ = view.update();
+    } else {
+      Write(view.update(), after);
+    }
+  }
+  // With mu_ held: the node stream ended with `status`.
+  void StreamEnded(const grpc::Status& status, Actions* after) {
+    stream_ = nullptr;
+    End(status.ok() ? grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                   "the coordinator closed the node stream")
+                    : status,
+        after);
+  }
+  // With mu_ held, once: registers with the job's node stream.
+  void Attach(NodeStream* stream, Actions* after);
+
+  void OnWriteDone(bool ok) override {
+    Actions after;
+    std::lock_guard<std::mutex> lock(agent_->mu_);
+    writing_ = false;
+    if (ended_) {
+      after.Add([this, s = status_] { Finish(s); });
+      return;
+    }
+    if (!ok) {
+      Detach(&after);
+      End(grpc::Status(grpc::StatusCode::CANCELLED, "the stream was closed"),
+          &after);
+      return;
+    }
+    if (pending_.has_value()) {
+      v1::MembershipUpdate next = *std::move(pending_);
+      pending_.reset();
+      Write(std::move(next), &after);
+      return;
+    }
+    if (terminal_) End(grpc::Status::OK, &after);
+  }
+  void OnCancel() override {
+    Actions after;
+    std::lock_guard<std::mutex> lock(agent_->mu_);
+    if (ended_) return;
+    Detach(&after);
+    agent_->batcher_.Forget(request_->worker_id());
+    End(grpc::Status(grpc::StatusCode::CANCELLED, "the call was cancelled"),
+        &after);
+  }
+  void OnDone() override { delete this; }
+
+  // With mu_ held: ends the call (after the write in flight).
+  void End(const grpc::Status& status, Actions* after) {
+    if (ended_) return;
+    ended_ = true;
+    status_ = status;
+    pending_.reset();
+    if (!writing_) after->Add([this, s = status_] { Finish(s); });
+  }
+
+ private:
+  void Write(v1::MembershipUpdate update, Actions* after) {
+    current_ = std::move(update);
+    writing_ = true;
+    after->Add([this] { StartWrite(&current_); });
+  }
+  // With mu_ held: no longer fed by the node stream.
+  void Detach(Actions* after);
+
+  Impl* agent_;
+  const v1::WatchMembershipRequest* request_;
+  NodeStream* stream_ = nullptr;
+  bool writing_ = false;
+  bool terminal_ = false;  // the last view (written or pending) is terminal
+  bool ended_ = false;
+  v1::MembershipUpdate current_;
+  std::optional<v1::MembershipUpdate> pending_;
+  grpc::Status status_;
+};
+
+// The WatchNode stream of one job: adds and removes go out one write at a
+// time (those made meanwhile merged into the next), views are handed to
+// the workers' calls. Held (AddHold) until its read fails and no write is
+// in flight, so that a write decided under the mutex is always started on
+// a live reactor; deleted in OnDone, which ends the workers' calls still
+// on it with the stream's status. Fields are guarded by the agent's mutex.
+class NodeAgent::Impl::NodeStream final
+    : public grpc::ClientBidiReactor<v1::NodeWatchRequest,
+                                     v1::NodeWatchUpdate> {
+ public:
+  NodeStream(Impl* agent, std::string job_id)
+      : agent_(agent), job_id_(std::move(job_id)) {}
+
+  // With mu_ held: starts the call.
+  void Open(Actions* after) {
+    agent_->Prepare(&context_, std::chrono::system_clock::time_point::max());
+    auto [replica, used] = agent_->Current();
+    used_ = used;
+    replica.agent->async()->WatchNode(&context_, this);
+    queued_.set_job_id(job_id_);
+    ++agent_->live_streams_;
+    ++agent_->node_streams_;
+    after->Add([this] {
+      AddHold();
+      StartRead(&read_);
+      StartCall();
+    });
+  }
+  bool broken() const { return broken_; }
+  void Cancel() { context_.TryCancel(); }
+
+  // With mu_ held.
+  void Add(WatchCall* call, Actions* after) {
+    const std::string& id = call->request().worker_id();
+    auto it = watches_.find(id);
+    if (it != watches_.end() && it->second != call) {
+      // A newer watch of the same worker takes its place.
+      it->second->StreamEnded(
+          grpc::Status(grpc::StatusCode::ABORTED,
+                       "another watch of this worker replaced it"),
+          after);
+    }
+    watches_[id] = call;
+    v1::WatchedWorker* w = queued_.add_add();
+    w->set_worker_id(id);
+    w->set_worker_secret(call->request().worker_secret());
+    w->set_include_members(call->request().include_members());
+    WriteQueued(after);
+  }
+  void Remove(WatchCall* call, Actions* after) {
+    const std::string& id = call->request().worker_id();
+    auto it = watches_.find(id);
+    if (it == watches_.end() || it->second != call) return;
+    watches_.erase(it);
+    queued_.add_remove(id);
+    WriteQueued(after);
+  }
+
+  void OnReadDone(bool ok) override {
+    Actions after;
+    std::lock_guard<std::mutex> lock(agent_->mu_);
+    if (!ok) {
+      Break(&after);
+      return;
+    }
+    ++agent_->node_updates_;
+    for (const v1::WorkerView& view : read_.views()) {
+      auto it = watches_.find(view.worker_id());
+      if (it == watches_.end()) continue;
+      WatchCall* call = it->second;
+      if (view.code() != 0 || Terminal(view.update().state())) {
+        watches_.erase(it);  // the coordinator no longer watches it
+      }
+      call->Deliver(view, &after);
+    }
+    after.Add([this] { StartRead(&read_); });
+  }
+  void OnWriteDone(bool ok) override {
+    Actions after;
+    std::lock_guard<std::mutex> lock(agent_->mu_);
+    writing_ = false;
+    if (!ok || broken_) {
+      Break(&after);  // (the read fails too)
+    } else {
+      WriteQueued(&after);
+    }
+  }
+  void OnDone(const grpc::Status& status) override {
+    {
+      Actions after;
+      std::lock_guard<std::mutex> lock(agent_->mu_);
+      Break(&after);
+      agent_->Note(status, used_);
+      for (auto& [id, call] : watches_) call->StreamEnded(status, &after);
+      watches_.clear();
+      --agent_->live_streams_;
+      agent_->drained_.notify_all();
+    }
+    delete this;
+  }
+
+ private:
+  // With mu_ held: starts writing what is queued, unless a write is in
+  // flight or the stream broke.
+  void WriteQueued(Actions* after) {
+    if (writing_ || broken_) return;
+    if (queued_.add_size() == 0 && queued_.remove_size() == 0 &&
+        queued_.job_id().empty()) {
+      return;
+    }
+    current_ = std::move(queued_);
+    queued_.Clear();
+    writing_ = true;
+    after->Add([this] { StartWrite(&current_); });
+  }
+  // With mu_ held: no new work on this stream; the agent opens another.
+  void Break(Actions* after) {
+    if (!broken_) {
+      broken_ = true;
+      auto it = agent_->streams_.find(job_id_);
+      if (it != agent_->streams_.end() && it->second == this) {
+        agent_->streams_.erase(it);
+      }
+    }
+    if (!writing_ && !released_) {
+      released_ = true;
+      after->Add([this] { RemoveHold(); });
+    }
+  }
+
+  Impl* agent_;
+  const std::string job_id_;
+  grpc::ClientContext context_;
+  size_t used_ = 0;  // the replica
+  std::map<std::string, WatchCall*> watches_;
+  v1::NodeWatchRequest queued_;   // adds and removes not yet written
+  v1::NodeWatchRequest current_;  // the write in flight
+  v1::NodeWatchUpdate read_;
+  bool writing_ = false;
+  bool broken_ = false;    // its read or a write failed
+  bool released_ = false;  // RemoveHold was called
+};
+
+void NodeAgent::Impl::WatchCall::Attach(NodeStream* stream, Actions* after) {
+  stream_ = stream;
+  stream->Add(this, after);
+}
+
+void NodeAgent::Impl::WatchCall::Detach(Actions* after) {
+  if (stream_ != nullptr) stream_->Remove(this, after);
+  stream_ = nullptr;
+}
+
+NodeAgent::Impl::NodeStream* NodeAgent::Impl::StreamFor(
+    const std::string& job_id, Actions* after) {
+  auto it = streams_.find(job_id);
+  if (it != streams_.end()) return it->second;
+  auto* stream = new NodeStream(this, job_id);
+  streams_[job_id] = stream;
+  stream->Open(after);
+  return stream;
+}
+
+grpc::ServerWriteReactor<v1::MembershipUpdate>*
+NodeAgent::Impl::WatchMembership(grpc::CallbackServerContext* context,
+                                 const v1::WatchMembershipRequest* request) {
+  auto* call = new WatchCall(this, request);
+  Actions after;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (grpc::Status auth = Authorize(*context); !auth.ok()) {
+    call->End(auth, &after);
+  } else if (stopping_) {
+    call->End(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                           "the node agent is shutting down"),
+              &after);
+  } else if (request->job_id().empty()) {
+    call->End(
+        grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "job_id is empty"),
+        &after);
+  } else {
+    call->Attach(StreamFor(request->job_id(), &after), &after);
+  }
+  return call;
+}
+
+void NodeAgent::Impl::Shutdown() {
+  std::vector<std::pair<std::string, PendingHeartbeat>> unsent;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
+    stopping_ = true;
+    unsent = batcher_.TakeAll(absl::Now());
+    for (auto& [job, stream] : streams_) stream->Cancel();
+    cv_.notify_all();
+  }
+  if (flusher_.joinable()) flusher_.join();
+  for (auto& [worker, p] : unsent) {
+    p.reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                   "the node agent is shutting down"));
+  }
+  if (server_ != nullptr) {
+    server_->Shutdown(std::chrono::system_clock::now());
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  for (auto& [job, stream] : streams_) stream->Cancel();
+  drained_.wait(lock,
+                [&] { return live_streams_ == 0 && batches_in_flight_ == 0; });
+}
+
+NodeAgent::NodeAgent(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+NodeAgent::~NodeAgent() { Shutdown(); }
+
+absl::StatusOr<std::unique_ptr<NodeAgent>> NodeAgent::Start(
+    NodeAgentOptions options) {
+  if (options.coordinator.empty()) {
+    return absl::InvalidArgumentError("the node agent needs a coordinator");
+  }
+  if (absl::Status token = ValidateToken(options.token); !token.ok()) {
+    return token;
+  }
+  if (options.listen.empty()) {
+    return absl::InvalidArgumentError("the node agent needs an address");
+  }
+  auto impl = std::make_unique<Impl>(std::move(options));
+  if (absl::Status s = impl->Listen(); !s.ok()) return s;
+  return std::unique_ptr<NodeAgent>(new NodeAgent(std::move(impl)));
+}
+
+const std::string& NodeAgent::address() const { return impl_->address(); }
+
+void NodeAgent::Shutdown() { impl_->Shutdown(); }
+
+NodeAgent::Counters NodeAgent::counters() const { return impl_->counters(); }
+
+}  // namespace concord::agent

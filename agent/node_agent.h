@@ -1,0 +1,97 @@
+#pragma once
+// A node agent: serves the node's workers the coordinator's WorkerService on
+// a local socket and carries their calls to the coordinator over one
+// connection (concord-run --agent).
+//
+// Note [Node agents]: a job of thousands of processes would otherwise hold
+// a connection, a membership stream and a heartbeat call an interval per
+// process at the coordinator. With an agent per node, the coordinator's
+// load grows with nodes:
+//  - Heartbeats are batched (Note [Heartbeat batching] in
+//    heartbeat_batcher.h): one Heartbeats call an interval carries the
+//    node's workers' heartbeats; each worker gets its own answer.
+//  - Membership views travel on one WatchNode stream per node and job: the
+//    agent adds a worker when its WatchMembership opens and removes it when
+//    that call ends (the worker went away); each view is passed on to its
+//    worker's stream as WatchMembership would have sent it. When the node
+//    stream ends (the coordinator restarted or moved), the workers' streams
+//    end with its status and the workers' watchers reconnect as they would
+//    to the coordinator; the agent opens a fresh node stream for them.
+//  - Join, Leave, KvSet, KvGet and ReportEndOfData are passed on as they
+//    are, with the worker's deadline; a worker's call that is cancelled
+//    (the process died) cancels the call the agent made for it, so a
+//    cancelled Join withdraws the worker at the coordinator as it would
+//    without the agent.
+// The worker's own identity (worker_id, worker_secret) travels inside each
+// request and is checked by the coordinator as before; the agent checks
+// that its callers hold the worker token and calls with the same token. An
+// agent that dies takes its workers with it (concord-run's children die
+// with it): their peers' collectives fail and the job re-forms without
+// them; their streams on the node stream count as lost, which drops them
+// as expected survivors at once (Note [Re-forming] in coordinator/core.h).
+// Workers started without an agent talk to the coordinator themselves;
+// both kinds mix in one job.
+//
+// Errors reach the worker as the coordinator gave them; a coordinator the
+// agent cannot reach is UNAVAILABLE (the worker's client retries, and the
+// agent moves to the next replica of a replicated coordinator).
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "agent/heartbeat_batcher.h"
+#include "common/tls.h"
+
+namespace concord::agent {
+
+struct NodeAgentOptions {
+  // The coordinator, as CONCORD_COORDINATOR (common/coordinator_channel.h).
+  std::string coordinator;
+  // The worker token: workers must present it, and the agent presents it.
+  std::string token;
+  // TLS towards the coordinator (workers reach the agent locally).
+  TlsMaterial tls;
+  // Where the workers connect: a gRPC address, "unix:/path" for a node.
+  std::string listen;
+  BatchPolicy batch;
+};
+
+class NodeAgent {
+ public:
+  // Listens and serves. Errors: INVALID_ARGUMENT (empty coordinator or
+  // token), UNAVAILABLE (cannot listen).
+  static absl::StatusOr<std::unique_ptr<NodeAgent>> Start(
+      NodeAgentOptions options);
+  // Shuts down.
+  ~NodeAgent();
+  NodeAgent(const NodeAgent&) = delete;
+  NodeAgent& operator=(const NodeAgent&) = delete;
+
+  // What workers dial (the listen address, with a bound port for TCP).
+  const std::string& address() const;
+
+  // Ends every call (pending heartbeats UNAVAILABLE, streams cancelled) and
+  // stops serving. Idempotent.
+  void Shutdown();
+
+  // What the agent carried so far.
+  struct Counters {
+    int64_t heartbeats = 0;         // workers' heartbeats carried
+    int64_t heartbeat_batches = 0;  // Heartbeats calls made
+    int64_t node_streams = 0;       // WatchNode streams opened
+    int64_t node_updates = 0;       // NodeWatchUpdates received
+    int64_t forwarded = 0;          // other calls passed on
+  };
+  Counters counters() const;
+
+  class Impl;
+
+ private:
+  explicit NodeAgent(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace concord::agent

@@ -1,0 +1,49 @@
+#pragma once
+// The gRPC face of the coordinator for node agents (agent.proto, Note [Node
+// agents] in agent/node_agent.h): many workers' heartbeats in one call, and
+// every worker of a node's membership views on one stream. Each worker's
+// request inside is checked and answered by the Core exactly as
+// WorkerServiceImpl would check and answer it alone.
+//
+// Thread-safety: as WorkerServiceImpl. Every call first checks the worker
+// token (UNAUTHENTICATED, PERMISSION_DENIED).
+
+#include <grpcpp/grpcpp.h>
+
+#include "concord/v1/agent.grpc.pb.h"
+#include "coordinator/authorizer.h"
+#include "coordinator/host.h"
+#include "coordinator/metrics.h"
+
+namespace concord::coordinator {
+
+class AgentServiceImpl final : public v1::AgentService::CallbackService {
+ public:
+  // The most heartbeats one Heartbeats call may carry.
+  static constexpr int kMaxBatch = 4096;
+
+  // All must outlive the service; `metrics` may be null.
+  AgentServiceImpl(CoreHost* host, const Authorizer* auth, Metrics* metrics)
+      : host_(host), auth_(auth), metrics_(metrics) {}
+
+  // Runs Core::Heartbeat for each, under one hold of the core's mutex.
+  grpc::ServerUnaryReactor* Heartbeats(
+      grpc::CallbackServerContext* context,
+      const v1::HeartbeatBatchRequest* request,
+      v1::HeartbeatBatchResponse* response) override;
+  // A view waiter for all the stream's workers: after every change of the
+  // job, the views that changed go out in one message (one write in flight;
+  // views that change meanwhile wait, newest kept). Each worker added is
+  // reported to the core as a watch opened once its first view was
+  // computed, and as closed (lost) when the agent removes it or the stream
+  // breaks; not when the coordinator shuts down.
+  grpc::ServerBidiReactor<v1::NodeWatchRequest, v1::NodeWatchUpdate>* WatchNode(
+      grpc::CallbackServerContext* context) override;
+
+ private:
+  CoreHost* host_;
+  const Authorizer* auth_;
+  Metrics* metrics_;
+};
+
+}  // namespace concord::coordinator

@@ -1,0 +1,523 @@
+// The node agent (agent/node_agent.h): its heartbeat batching as a policy,
+// and the agent itself between real workers' calls and a real coordinator
+// on loopback (the workers' side reaches it over a unix socket).
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/time/clock.h"
+#include "agent/heartbeat_batcher.h"
+#include "agent/node_agent.h"
+#include "concord/v1/agent.grpc.pb.h"
+#include "tests/coordinator/test_util.h"
+
+namespace concord::agent {
+namespace {
+
+using coordinator::Core;
+using coordinator::Event;
+using coordinator::Server;
+using coordinator::testing::Channel;
+using coordinator::testing::Ctx;
+using coordinator::testing::JoinReq;
+using coordinator::testing::kWorkerToken;
+using coordinator::testing::Options;
+using coordinator::testing::Secret;
+using ::testing::HasSubstr;
+
+const absl::Time kT0 = absl::FromUnixSeconds(1000000);
+
+BatchPolicy Policy(absl::Duration max_delay, size_t max_batch = 4096) {
+  BatchPolicy p;
+  p.interval = absl::Seconds(1);
+  p.max_delay = max_delay;
+  p.expect_within = absl::Seconds(3);
+  p.max_batch = max_batch;
+  return p;
+}
+
+std::string W(int i) { return "w" + std::to_string(i); }
+
+TEST(HeartbeatBatcherTest, ANodesHeartbeatsGoOutTogether) {
+  HeartbeatBatcher<int> b(Policy(absl::Milliseconds(100)));
+  for (int i = 0; i < 8; ++i) b.Add(W(i), i, kT0);  // heard from all once
+  ASSERT_EQ(b.TakeIfDue(kT0).size(), 8u);
+  // The next round arrives spread over 50 ms: nothing goes out until the
+  // eighth is there, then all at once, oldest first.
+  for (int i = 0; i < 7; ++i) {
+    const absl::Time now = kT0 + absl::Seconds(1) + absl::Milliseconds(7 * i);
+    b.Add(W(i), i, now);
+    EXPECT_EQ(b.Due(now), kT0 + absl::Seconds(1) + absl::Milliseconds(100));
+    EXPECT_TRUE(b.TakeIfDue(now).empty());
+  }
+  const absl::Time last = kT0 + absl::Seconds(1) + absl::Milliseconds(50);
+  b.Add(W(7), 7, last);
+  EXPECT_LE(b.Due(last), last);
+  auto batch = b.TakeIfDue(last);
+  ASSERT_EQ(batch.size(), 8u);
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(batch[i].second, i);
+  EXPECT_EQ(b.pending(), 0u);
+  EXPECT_EQ(b.Due(last), absl::InfiniteFuture());
+}
+
+TEST(HeartbeatBatcherTest, ASilentWorkerHoldsABatchAtMostMaxDelay) {
+  HeartbeatBatcher<int> b(Policy(absl::Milliseconds(100)));
+  for (int i = 0; i < 4; ++i) b.Add(W(i), i, kT0);
+  b.TakeIfDue(kT0);
+  // w3 has hung: the others wait for it no longer than max_delay.
+  const absl::Time t = kT0 + absl::Seconds(1);
+  for (int i = 0; i < 3; ++i) b.Add(W(i), i, t);
+  EXPECT_TRUE(b.TakeIfDue(t + absl::Milliseconds(99)).empty());
+  EXPECT_EQ(b.TakeIfDue(t + absl::Milliseconds(100)).size(), 3u);
+  // More than max_delay late, it is not waited for at all; silent for
+  // expect_within (3 s) after it was due, it is forgotten.
+  const absl::Time later = kT0 + absl::Seconds(5);
+  for (int i = 0; i < 3; ++i) b.Add(W(i), i, later);
+  EXPECT_EQ(b.TakeIfDue(later).size(), 3u);
+  EXPECT_EQ(b.known(), 3u);
+}
+
+TEST(HeartbeatBatcherTest, AWorkerThatWentAwayIsNotWaitedFor) {
+  HeartbeatBatcher<int> b(Policy(absl::Seconds(10)));
+  b.Add("a", 0, kT0);
+  b.Add("b", 1, kT0);
+  b.TakeIfDue(kT0);
+  b.Forget("b");
+  EXPECT_EQ(b.known(), 1u);
+  b.Add("a", 2, kT0 + absl::Seconds(1));
+  EXPECT_EQ(b.TakeIfDue(kT0 + absl::Seconds(1)).size(), 1u);
+  // Forgetting a worker with a heartbeat pending keeps that heartbeat.
+  b.Add("a", 3, kT0 + absl::Seconds(2));
+  b.Forget("a");
+  EXPECT_EQ(b.pending(), 1u);
+  EXPECT_EQ(b.TakeIfDue(kT0 + absl::Seconds(2)).size(), 1u);
+}
+
+TEST(HeartbeatBatcherTest, AFullBatchGoesAtOnce) {
+  HeartbeatBatcher<int> b(Policy(absl::Seconds(10), /*max_batch=*/3));
+  for (int i = 0; i < 5; ++i) b.Add(W(i), i, kT0);
+  b.TakeIfDue(kT0);
+  const absl::Time t = kT0 + absl::Seconds(1);
+  b.Add(W(0), 0, t);
+  b.Add(W(1), 1, t);
+  EXPECT_TRUE(b.TakeIfDue(t).empty());
+  b.Add(W(2), 2, t);
+  EXPECT_EQ(b.TakeIfDue(t).size(), 3u);
+}
+
+// Eight workers heartbeating every second from random phases, each waiting
+// for its answer (1 ms after the batch goes out) before sleeping again:
+// within a few seconds they leave in phase, one batch a second.
+TEST(HeartbeatBatcherTest, WorkersFallIntoPhase) {
+  constexpr int kWorkers = 8;
+  constexpr int kSeconds = 60;
+  for (unsigned seed = 1; seed <= 20; ++seed) {
+    SCOPED_TRACE(seed);
+    HeartbeatBatcher<int> b(Policy(absl::Milliseconds(250)));
+    std::mt19937 rng(seed);
+    std::vector<absl::Time> next(kWorkers);
+    for (auto& t : next) t = kT0 + absl::Milliseconds(rng() % 1000);
+    int batches = 0, heartbeats = 0;
+    absl::Time now = kT0;
+    const absl::Time end = kT0 + absl::Seconds(kSeconds);
+    while (now < end) {
+      // The next event: a worker's heartbeat or the batch's due time.
+      absl::Time arrival = *std::min_element(next.begin(), next.end());
+      const absl::Time due = b.Due(now);
+      if (due <= arrival) {
+        now = std::max(now, due);
+        auto batch = b.TakeIfDue(now);
+        ASSERT_FALSE(batch.empty());
+        ++batches;
+        heartbeats += static_cast<int>(batch.size());
+        for (auto& [worker, i] : batch) {
+          next[i] = now + absl::Milliseconds(1) + absl::Seconds(1);
+        }
+        continue;
+      }
+      now = arrival;
+      for (int i = 0; i < kWorkers; ++i) {
+        if (next[i] == arrival) {
+          b.Add(W(i), i, now);
+          next[i] = absl::InfiniteFuture();  // waits for its answer
+        }
+      }
+    }
+    EXPECT_GE(heartbeats, kWorkers * (kSeconds - 2));
+    // One batch a second, once in phase.
+    EXPECT_LE(batches, kSeconds + 2 * kWorkers) << heartbeats;
+  }
+}
+
+// A coordinator on loopback and an agent on a unix socket in a temporary
+// directory; "workers" are WorkerService clients of the agent.
+class NodeAgentTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto started = Server::Start(Options());
+    ASSERT_TRUE(started.ok()) << started.status();
+    server_ = *std::move(started);
+    char dir[] = "/tmp/concord-agent-test-XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    dir_ = dir;
+    agent_ = StartAgent(absl::Milliseconds(500));
+    ASSERT_NE(agent_, nullptr);
+    stub_ = v1::WorkerService::NewStub(Channel(agent_->address()));
+  }
+  void TearDown() override {
+    stub_.reset();
+    if (agent_) agent_->Shutdown();
+    agent_.reset();
+    server_.reset();
+    unlink((dir_ + "/agent.sock").c_str());
+    rmdir(dir_.c_str());
+  }
+
+  std::unique_ptr<NodeAgent> StartAgent(absl::Duration max_delay) {
+    NodeAgentOptions o;
+    o.coordinator = server_->address();
+    o.token = kWorkerToken;
+    o.listen = "unix:" + dir_ + "/agent.sock";
+    o.batch.max_delay = max_delay;
+    auto agent = NodeAgent::Start(o);
+    EXPECT_TRUE(agent.ok()) << agent.status();
+    return agent.ok() ? *std::move(agent) : nullptr;
+  }
+
+  // Joins `n` workers of `job` through the agent at once.
+  std::vector<v1::JoinResponse> JoinAll(const std::string& job, int n,
+                                        v1::WorkerService::Stub* stub) {
+    std::vector<v1::JoinResponse> out(n);
+    std::vector<grpc::Status> status(n);
+    std::vector<std::thread> threads;
+    for (int i = 0; i < n; ++i) {
+      threads.emplace_back([&, i] {
+        v1::JoinRequest q = JoinReq(job, n, n, W(i));
+        status[i] = stub->Join(Ctx(kWorkerToken).get(), q, &out[i]);
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (int i = 0; i < n; ++i) {
+      EXPECT_TRUE(status[i].ok()) << W(i) << ": " << status[i].error_message();
+    }
+    return out;
+  }
+
+  static v1::HeartbeatRequest Beat(const std::string& job,
+                                   const std::string& worker,
+                                   int64_t generation, int64_t step) {
+    v1::HeartbeatRequest h;
+    h.set_job_id(job);
+    h.set_worker_id(worker);
+    h.set_worker_secret(Secret(worker));
+    h.set_generation(generation);
+    h.set_step(step);
+    return h;
+  }
+
+  // Heartbeats of workers 0..n-1 at once; their statuses.
+  std::vector<grpc::Status> BeatAll(const std::string& job, int n,
+                                    int64_t generation, int64_t step) {
+    std::vector<grpc::Status> status(n);
+    std::vector<std::thread> threads;
+    for (int i = 0; i < n; ++i) {
+      threads.emplace_back([&, i] {
+        v1::HeartbeatResponse r;
+        status[i] = stub_->Heartbeat(Ctx(kWorkerToken).get(),
+                                     Beat(job, W(i), generation, step), &r);
+      });
+    }
+    for (auto& t : threads) t.join();
+    return status;
+  }
+
+  std::vector<Event> Events(const std::string& job) {
+    return server_->host().Read(
+        [&](const Core& core) { return core.Events(job); });
+  }
+
+  std::unique_ptr<Server> server_;
+  std::string dir_;
+  std::unique_ptr<NodeAgent> agent_;
+  std::unique_ptr<v1::WorkerService::Stub> stub_;
+};
+
+template <typename Pred>
+bool Eventually(Pred pred, absl::Duration within = absl::Seconds(10)) {
+  const absl::Time end = absl::Now() + within;
+  while (absl::Now() < end) {
+    if (pred()) return true;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return pred();
+}
+
+TEST_F(NodeAgentTest, WorkersJoinAndHeartbeatThroughTheAgentInBatches) {
+  constexpr int kWorkers = 8;
+  const auto joined = JoinAll("job", kWorkers, stub_.get());
+  std::vector<int> ranks;
+  for (const auto& r : joined) {
+    EXPECT_EQ(r.generation(), 1);
+    EXPECT_EQ(r.world_size(), kWorkers);
+    ranks.push_back(r.rank());
+  }
+  std::sort(ranks.begin(), ranks.end());
+  for (int i = 0; i < kWorkers; ++i) EXPECT_EQ(ranks[i], i);
+  EXPECT_EQ(agent_->counters().forwarded, kWorkers);
+
+  // The first round teaches the agent who is on the node; the next ones go
+  // out as one batch each, every worker answered as the coordinator would.
+  for (const grpc::Status& s : BeatAll("job", kWorkers, 1, 0)) {
+    EXPECT_TRUE(s.ok()) << s.error_message();
+  }
+  const int64_t before = agent_->counters().heartbeat_batches;
+  for (int round = 1; round <= 3; ++round) {
+    for (const grpc::Status& s : BeatAll("job", kWorkers, 1, round)) {
+      EXPECT_TRUE(s.ok()) << s.error_message();
+    }
+  }
+  const NodeAgent::Counters c = agent_->counters();
+  EXPECT_EQ(c.heartbeats, 4 * kWorkers);
+  // 3 rounds; a round split by the 500 ms limit on a slow machine is two.
+  EXPECT_GE(c.heartbeat_batches - before, 3);
+  EXPECT_LE(c.heartbeat_batches - before, 6);
+  // The coordinator saw the progress of each.
+  auto steps = server_->host().Read([](const Core& core) {
+    v1::GetJobRequest q;
+    q.set_job_id("job");
+    return core.GetJob(q);
+  });
+  ASSERT_TRUE(steps.ok()) << steps.status();
+  for (const v1::MemberStatus& m : steps->members()) {
+    EXPECT_EQ(m.committed_step(), 3) << m.worker_id();
+  }
+
+  // Each heartbeat keeps its own answer: a stale generation and a forged
+  // secret are refused for that worker alone.
+  std::vector<grpc::Status> mixed(3);
+  std::thread stale([&] {
+    v1::HeartbeatResponse r;
+    mixed[0] =
+        stub_->Heartbeat(Ctx(kWorkerToken).get(), Beat("job", W(0), 7, 3), &r);
+  });
+  std::thread forged([&] {
+    v1::HeartbeatRequest h = Beat("job", W(1), 1, 3);
+    h.set_worker_secret(Secret("intruder"));
+    v1::HeartbeatResponse r;
+    mixed[1] = stub_->Heartbeat(Ctx(kWorkerToken).get(), h, &r);
+  });
+  std::thread fine([&] {
+    v1::HeartbeatResponse r;
+    mixed[2] =
+        stub_->Heartbeat(Ctx(kWorkerToken).get(), Beat("job", W(2), 1, 3), &r);
+  });
+  stale.join();
+  forged.join();
+  fine.join();
+  EXPECT_EQ(mixed[0].error_code(), grpc::StatusCode::ABORTED)
+      << mixed[0].error_message();
+  EXPECT_EQ(mixed[1].error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(mixed[1].error_message(), HasSubstr("bound to another"));
+  EXPECT_TRUE(mixed[2].ok()) << mixed[2].error_message();
+}
+
+TEST_F(NodeAgentTest, RefusesCallersWithoutTheWorkerToken) {
+  v1::HeartbeatResponse r;
+  const grpc::Status none =
+      stub_->Heartbeat(Ctx("").get(), Beat("job", "w0", 1, 0), &r);
+  EXPECT_EQ(none.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  v1::JoinResponse j;
+  const grpc::Status wrong = stub_->Join(
+      Ctx("not-the-worker-token-at-all").get(), JoinReq("job", 1, 1, "w0"), &j);
+  EXPECT_EQ(wrong.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_TRUE(Events("job").empty());  // nothing reached the coordinator
+}
+
+TEST_F(NodeAgentTest, ANodesWatchesShareOneStream) {
+  constexpr int kWorkers = 4;
+  JoinAll("job", kWorkers, stub_.get());
+  struct Watch {
+    std::unique_ptr<grpc::ClientContext> context;
+    std::unique_ptr<grpc::ClientReader<v1::MembershipUpdate>> reader;
+  };
+  std::vector<Watch> watches;
+  for (int i = 0; i < kWorkers; ++i) {
+    v1::WatchMembershipRequest q;
+    q.set_job_id("job");
+    q.set_worker_id(W(i));
+    q.set_worker_secret(Secret(W(i)));
+    Watch w{Ctx(kWorkerToken), nullptr};
+    w.reader = stub_->WatchMembership(w.context.get(), q);
+    watches.push_back(std::move(w));
+  }
+  std::vector<int> ranks;
+  for (auto& w : watches) {
+    v1::MembershipUpdate u;
+    ASSERT_TRUE(w.reader->Read(&u));
+    EXPECT_TRUE(u.is_member());
+    EXPECT_EQ(u.generation(), 1);
+    EXPECT_EQ(u.world_size(), kWorkers);
+    ranks.push_back(u.rank());
+  }
+  std::sort(ranks.begin(), ranks.end());
+  EXPECT_EQ(ranks, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(agent_->counters().node_streams, 1);
+
+  // w3 fails: every other watcher sees generation 1 end and waits.
+  v1::LeaveRequest leave;
+  leave.set_job_id("job");
+  leave.set_worker_id(W(3));
+  leave.set_worker_secret(Secret(W(3)));
+  leave.set_generation(1);
+  leave.set_reason(v1::LEAVE_REASON_ERROR);
+  v1::LeaveResponse left;
+  ASSERT_TRUE(stub_->Leave(Ctx(kWorkerToken).get(), leave, &left).ok());
+  for (int i = 0; i < 3; ++i) {
+    v1::MembershipUpdate u;
+    ASSERT_TRUE(watches[i].reader->Read(&u));
+    EXPECT_FALSE(u.is_member()) << W(i);
+  }
+  // A watcher that goes away is removed from the node stream; the others
+  // keep theirs.
+  watches[0].context->TryCancel();
+  EXPECT_EQ(watches[0].reader->Finish().error_code(),
+            grpc::StatusCode::CANCELLED);
+  EXPECT_EQ(agent_->counters().node_streams, 1);
+  // A terminal state ends each remaining watch with its last view.
+  v1::StopJobRequest stop;
+  stop.set_job_id("job");
+  stop.set_reason("test over");
+  ASSERT_TRUE(server_->host()
+                  .Mutate([&](Core& core) { return core.StopJob(stop); })
+                  .ok());
+  for (int i = 1; i < kWorkers; ++i) {
+    v1::MembershipUpdate u;
+    while (watches[i].reader->Read(&u)) {
+    }
+    EXPECT_EQ(u.state(), v1::JOB_STATE_STOPPED) << W(i);
+    const grpc::Status end = watches[i].reader->Finish();
+    EXPECT_TRUE(end.ok()) << W(i) << ": " << end.error_message();
+  }
+}
+
+// An agent that dies takes its workers' watches with it: as expected
+// survivors they are dropped at once, not after the heartbeat timeout.
+TEST_F(NodeAgentTest, AnAgentThatDiesDropsItsWorkersAtOnce) {
+  constexpr int kJob = 3;
+  // w0 and w1 through the agent, w2 on its own; heartbeats would take a
+  // minute to notice anything.
+  v1::JobSpec spec;
+  std::vector<v1::JoinResponse> out(kJob);
+  std::vector<std::thread> threads;
+  auto direct = v1::WorkerService::NewStub(Channel(server_->address()));
+  for (int i = 0; i < kJob; ++i) {
+    threads.emplace_back([&, i] {
+      v1::JoinRequest q = JoinReq("job", 1, kJob, W(i));
+      q.mutable_spec()->set_heartbeat_timeout_ms(60000);
+      auto* stub = i < 2 ? stub_.get() : direct.get();
+      ASSERT_TRUE(stub->Join(Ctx(kWorkerToken).get(), q, &out[i]).ok());
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_EQ(out[2].world_size(), kJob);
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::unique_ptr<grpc::ClientReader<v1::MembershipUpdate>>>
+      readers;
+  for (int i = 0; i < 2; ++i) {
+    v1::WatchMembershipRequest q;
+    q.set_job_id("job");
+    q.set_worker_id(W(i));
+    q.set_worker_secret(Secret(W(i)));
+    contexts.push_back(Ctx(kWorkerToken));
+    readers.push_back(stub_->WatchMembership(contexts.back().get(), q));
+    v1::MembershipUpdate u;
+    ASSERT_TRUE(readers.back()->Read(&u));
+  }
+  // w2's communicator failed: it asks for the next generation, in which w0
+  // and w1 are expected back. Their agent dies instead.
+  const absl::Time start = absl::Now();
+  v1::JoinResponse next;
+  grpc::Status rejoined;
+  std::thread w2([&] {
+    v1::JoinRequest q = JoinReq("job", 1, kJob, W(2));
+    q.mutable_spec()->set_heartbeat_timeout_ms(60000);
+    q.set_previous_generation(1);
+    q.set_reform_reason("peer lost");
+    rejoined = direct->Join(Ctx(kWorkerToken).get(), q, &next);
+  });
+  ASSERT_TRUE(Eventually([&] {
+    for (const Event& e : Events("job")) {
+      if (absl::StrContains(e.message, "peer lost")) return true;
+    }
+    return false;
+  }));
+  agent_->Shutdown();
+  w2.join();
+  ASSERT_TRUE(rejoined.ok()) << rejoined.error_message();
+  EXPECT_EQ(next.generation(), 2);
+  EXPECT_EQ(next.world_size(), 1);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+  int broke = 0;
+  for (const Event& e : Events("job")) {
+    if (e.kind == "failure" && absl::StrContains(e.message, "connection"))
+      ++broke;
+  }
+  EXPECT_EQ(broke, 2);
+  for (auto& r : readers) {
+    v1::MembershipUpdate u;
+    while (r->Read(&u)) {
+    }
+    EXPECT_FALSE(r->Finish().ok());
+  }
+}
+
+// A worker whose Join is cancelled at the agent (its process died) is
+// withdrawn at the coordinator, as without the agent.
+TEST_F(NodeAgentTest, ACancelledJoinThroughTheAgentWithdrawsTheWorker) {
+  grpc::ClientContext context;
+  AddBearerToken(context, kWorkerToken);
+  v1::JoinResponse r;
+  grpc::Status status;
+  std::thread waiting(
+      [&] { status = stub_->Join(&context, JoinReq("job", 2, 2, "w0"), &r); });
+  ASSERT_TRUE(Eventually([&] { return server_->host().waiter_count() == 1; }));
+  context.TryCancel();
+  waiting.join();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_TRUE(Eventually([&] { return server_->host().waiter_count() == 0; }));
+  EXPECT_TRUE(Eventually([&] {
+    for (const Event& e : Events("job")) {
+      if (e.kind == "leave" && absl::StrContains(e.message, "cancelled"))
+        return true;
+    }
+    return false;
+  }));
+}
+
+TEST(NodeAgentStartTest, BadOptions) {
+  NodeAgentOptions o;
+  o.token = kWorkerToken;
+  o.listen = "unix:/tmp/unused.sock";
+  EXPECT_EQ(NodeAgent::Start(o).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  o.coordinator = "127.0.0.1:1";
+  o.token = "short";
+  EXPECT_EQ(NodeAgent::Start(o).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  o.token = kWorkerToken;
+  o.listen = "unix:/no/such/directory/agent.sock";
+  EXPECT_EQ(NodeAgent::Start(o).status().code(),
+            absl::StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace concord::agent
