@@ -2,7 +2,8 @@
 // and the anchor, torchrun's c10d rendezvous on LibTorch's TCPStore.
 //
 //   build/bin/concord-bench-coordinator [--workers N] [--job-size N]
-//       [--rendezvous-workers N] [--duration-s 10] [--rate-hz 1]
+//       [--per-agent K] [--rendezvous-workers N] [--duration-s 10] [--rate-hz
+//       1]
 //       [--connections 1000] [--client-threads 2] [--state-dir DIR]
 //       [--json] [--no-tcpstore] [--tcpstore-threads 16]
 //       [--tcpstore-timeout-s 60]
@@ -20,7 +21,12 @@
 //  3. heartbeats: every worker sends one Heartbeat per 1/--rate-hz seconds,
 //     spread evenly over the period, for --duration-s; prints p50/p99/max
 //     latency, errors, achieved rate, the coordinator's CPU (cores used over
-//     the phase), threads and resident memory;
+//     the phase), threads and resident memory. With --per-agent K the
+//     workers are simulated node agents of K (Note [Node agents] in
+//     agent/node_agent.h; the default for N = 100,000 is 8, i.e. 12,500
+//     agents): each agent sends its K workers' heartbeats in one Heartbeats
+//     call per period, as concord-run does once its workers are in phase;
+//     the latency is that call's;
 //  4. the anchor (concord-bench-tcpstore, tcpstore_rendezvous.cc): the same
 //     number of nodes rendezvous through one c10d::TCPStore, as far as it
 //     gets within --tcpstore-timeout-s.
@@ -60,6 +66,7 @@
 #include "common/auth.h"
 #include "common/http_get.h"
 #include "common/logging.h"
+#include "concord/v1/agent.grpc.pb.h"
 #include "concord/v1/worker.grpc.pb.h"
 #include "coordinator/server.h"
 #include "descriptors.h"
@@ -72,6 +79,7 @@ using SteadyClock = std::chrono::steady_clock;
 struct Flags {
   int workers = 10000;
   int job_size = 1000;
+  int per_agent = 0;  // 0: every worker heartbeats on its own
   int rendezvous_workers = 1000;
   int duration_s = 10;
   double rate_hz = 1.0;
@@ -156,6 +164,7 @@ struct Worker {
   std::string secret;
   int64_t generation = 0;
   v1::WorkerService::Stub* stub = nullptr;
+  v1::AgentService::Stub* agent = nullptr;  // its node agent's connection
 };
 
 double Seconds(SteadyClock::duration d) {
@@ -402,24 +411,57 @@ struct HeartbeatStats {
   double max_send_lag_ms = 0;  // how far behind schedule the client sent
 };
 
-// One client thread: heartbeats of workers[t], workers[t + T], ... at
-// `rate_hz` each, phase-shifted evenly over the period, until `end`.
-// Latencies of calls sent before `measure_from` are not kept.
-void HeartbeatThread(const std::vector<Worker>& workers, size_t t,
-                     size_t threads, double rate_hz, const std::string& token,
-                     SteadyClock::time_point start,
+// One heartbeat call in flight: a worker's Heartbeat, or a simulated
+// agent's Heartbeats for its workers.
+struct HeartbeatCall {
+  grpc::ClientContext context;
+  grpc::Status status;
+  SteadyClock::time_point sent;
+  v1::HeartbeatResponse one;
+  std::unique_ptr<grpc::ClientAsyncResponseReader<v1::HeartbeatResponse>>
+      one_reader;
+  v1::HeartbeatBatchResponse batch;
+  std::unique_ptr<grpc::ClientAsyncResponseReader<v1::HeartbeatBatchResponse>>
+      batch_reader;
+  int heartbeats = 1;
+
+  // The call's error, or the first of its heartbeats'; empty when all were
+  // answered.
+  std::string Error() const {
+    if (!status.ok()) {
+      return absl::StrCat(status.error_code(), ": ", status.error_message());
+    }
+    if (batch_reader == nullptr) return "";
+    if (batch.results_size() != heartbeats) {
+      return absl::StrCat(batch.results_size(), " answers to ", heartbeats,
+                          " heartbeats");
+    }
+    for (const v1::HeartbeatResult& r : batch.results()) {
+      if (r.code() != 0) return absl::StrCat(r.code(), ": ", r.message());
+    }
+    return "";
+  }
+};
+
+// One client thread: the heartbeats of units[t], units[t + T], ... at
+// `rate_hz` each, phase-shifted evenly over the period, until `end`. A unit
+// is one worker (a Heartbeat call) or, with `agents`, a simulated node
+// agent (one Heartbeats call for its workers). Latencies of calls sent
+// before `measure_from` are not kept.
+void HeartbeatThread(const std::vector<Worker>& workers,
+                     const std::vector<std::vector<size_t>>& units, bool agents,
+                     size_t t, size_t threads, double rate_hz,
+                     const std::string& token, SteadyClock::time_point start,
                      SteadyClock::time_point measure_from,
                      SteadyClock::time_point end, HeartbeatStats* stats) {
   grpc::CompletionQueue cq;
   const auto period = std::chrono::duration_cast<SteadyClock::duration>(
       std::chrono::duration<double>(1.0 / rate_hz));
-  const size_t n = workers.size();
-  // Worker i is due at start + i/n * period + k * period.
+  const size_t n = units.size();
+  // Unit i is due at start + i/n * period + k * period.
   std::vector<size_t> mine;
-  for (size_t i = t; i < n; i += threads) {
-    if (workers[i].generation > 0) mine.push_back(i);  // not the dead one
-  }
-  if (mine.empty()) return;  // fewer workers than client threads
+  for (size_t i = t; i < n; i += threads) mine.push_back(i);
+  if (mine.empty()) return;  // fewer units than client threads
   size_t cursor = 0;
   int64_t round = 0, in_flight = 0, step = 0;
   auto due = [&](size_t index) {
@@ -427,31 +469,45 @@ void HeartbeatThread(const std::vector<Worker>& workers, size_t t,
            (period * static_cast<int64_t>(mine[index])) /
                static_cast<int64_t>(n);
   };
+  auto request_of = [&](const Worker& w) {
+    v1::HeartbeatRequest request;
+    request.set_job_id(w.job);
+    request.set_worker_id(w.id);
+    request.set_worker_secret(w.secret);
+    request.set_generation(w.generation);
+    request.set_step(step);
+    request.set_samples_per_second(1000.0);
+    return request;
+  };
   while (true) {
     const SteadyClock::time_point now = SteadyClock::now();
     // At most kBatch sends between two looks at the completions, so that a
     // client that falls behind does not also delay the answers it measures.
     constexpr int kBatch = 64;
-    for (int batch = 0;
-         batch < kBatch && !mine.empty() && now < end && due(cursor) <= now;
+    for (int batch = 0; batch < kBatch && now < end && due(cursor) <= now;
          ++batch) {
-      const Worker& w = workers[mine[cursor]];
-      v1::HeartbeatRequest request;
-      request.set_job_id(w.job);
-      request.set_worker_id(w.id);
-      request.set_worker_secret(w.secret);
-      request.set_generation(w.generation);
-      request.set_step(step);
-      request.set_samples_per_second(1000.0);
-      auto* call = new Pending<v1::HeartbeatResponse>();
+      const std::vector<size_t>& unit = units[mine[cursor]];
+      auto* call = new HeartbeatCall();
       call->context.set_deadline(std::chrono::system_clock::now() +
                                  std::chrono::seconds(10));
       concord::AddBearerToken(call->context, token);
       call->sent = SteadyClock::now();
       stats->max_send_lag_ms = std::max(
           stats->max_send_lag_ms, 1e3 * Seconds(call->sent - due(cursor)));
-      call->reader = w.stub->AsyncHeartbeat(&call->context, request, &cq);
-      call->reader->Finish(&call->response, &call->status, call);
+      if (agents) {
+        v1::HeartbeatBatchRequest request;
+        for (size_t i : unit)
+          *request.add_heartbeats() = request_of(workers[i]);
+        call->heartbeats = request.heartbeats_size();
+        call->batch_reader = workers[unit.front()].agent->AsyncHeartbeats(
+            &call->context, request, &cq);
+        call->batch_reader->Finish(&call->batch, &call->status, call);
+      } else {
+        const Worker& w = workers[unit.front()];
+        call->one_reader =
+            w.stub->AsyncHeartbeat(&call->context, request_of(w), &cq);
+        call->one_reader->Finish(&call->one, &call->status, call);
+      }
       ++in_flight;
       if (++cursor == mine.size()) {
         cursor = 0;
@@ -472,15 +528,12 @@ void HeartbeatThread(const std::vector<Worker>& workers, size_t t,
           std::chrono::system_clock::now() +
               std::max(wake - SteadyClock::now(), SteadyClock::duration{0}));
       if (status != grpc::CompletionQueue::GOT_EVENT) break;
-      auto* call = static_cast<Pending<v1::HeartbeatResponse>*>(tag);
+      auto* call = static_cast<HeartbeatCall*>(tag);
       const SteadyClock::time_point done = SteadyClock::now();
       --in_flight;
-      ++stats->sent;
-      if (!call->status.ok()) {
-        if (stats->errors++ == 0) {
-          stats->first_error = absl::StrCat(call->status.error_code(), ": ",
-                                            call->status.error_message());
-        }
+      stats->sent += call->heartbeats;
+      if (std::string error = call->Error(); !error.empty()) {
+        if (stats->errors++ == 0) stats->first_error = std::move(error);
       } else if (call->sent >= measure_from) {
         stats->latency_ms.push_back(1e3 * Seconds(done - call->sent));
       }
@@ -534,11 +587,14 @@ bool RunConcord(const Flags& f, Result* result) {
       static_cast<int>(std::thread::hardware_concurrency()));
 
   std::vector<std::unique_ptr<v1::WorkerService::Stub>> stubs;
+  std::vector<std::unique_ptr<v1::AgentService::Stub>> agent_stubs;
   for (int i = 0; i < f.connections; ++i) {
     grpc::ChannelArguments args;
     args.SetInt("concord.bench.connection", i);  // one TCP connection each
-    stubs.push_back(v1::WorkerService::NewStub(grpc::CreateCustomChannel(
-        address, grpc::InsecureChannelCredentials(), args)));
+    auto channel = grpc::CreateCustomChannel(
+        address, grpc::InsecureChannelCredentials(), args);
+    stubs.push_back(v1::WorkerService::NewStub(channel));
+    agent_stubs.push_back(v1::AgentService::NewStub(channel));
   }
   // The rendezvous job first, then jobs of --job-size.
   std::vector<Worker> workers;
@@ -553,7 +609,12 @@ bool RunConcord(const Flags& f, Result* result) {
       w.job = absl::StrCat("bench-", jobs.size() - 1);
       w.id = absl::StrCat("w", placed);
       w.secret = absl::StrCat("secret-", placed, "-0123456789abcdef");
-      w.stub = stubs[static_cast<size_t>(placed) % stubs.size()].get();
+      // An agent's workers share its connection.
+      const size_t connection =
+          static_cast<size_t>(f.per_agent > 0 ? placed / f.per_agent : placed) %
+          stubs.size();
+      w.stub = stubs[connection].get();
+      w.agent = agent_stubs[connection].get();
       workers.push_back(std::move(w));
     }
   }
@@ -607,6 +668,17 @@ bool RunConcord(const Flags& f, Result* result) {
   }
   if (ok) {
     workers.resize(static_cast<size_t>(f.workers));
+    // The heartbeat units: each worker, or each agent's workers (the
+    // rendezvous job's dead worker heartbeats no more).
+    std::vector<std::vector<size_t>> units;
+    const size_t per_unit = static_cast<size_t>(std::max(f.per_agent, 1));
+    for (size_t i = 0; i < workers.size(); i += per_unit) {
+      std::vector<size_t> unit;
+      for (size_t k = i; k < std::min(i + per_unit, workers.size()); ++k) {
+        if (workers[k].generation > 0) unit.push_back(k);
+      }
+      if (!unit.empty()) units.push_back(std::move(unit));
+    }
     const size_t threads = static_cast<size_t>(f.client_threads);
     std::vector<HeartbeatStats> stats(threads);
     const SteadyClock::time_point start = SteadyClock::now();
@@ -622,9 +694,10 @@ bool RunConcord(const Flags& f, Result* result) {
     }();
     std::vector<std::thread> pool;
     for (size_t t = 0; t < threads; ++t) {
-      pool.emplace_back(HeartbeatThread, std::cref(workers), t, threads,
-                        f.rate_hz, std::cref(options.worker_token), start,
-                        measure_from, end, &stats[t]);
+      pool.emplace_back(HeartbeatThread, std::cref(workers), std::cref(units),
+                        f.per_agent > 0, t, threads, f.rate_hz,
+                        std::cref(options.worker_token), start, measure_from,
+                        end, &stats[t]);
     }
     for (auto& th : pool) th.join();
     const double wall = Seconds(SteadyClock::now() - start);
@@ -654,9 +727,14 @@ bool RunConcord(const Flags& f, Result* result) {
     result->heartbeat_p99_ms = p99;
     result->coordinator_cores = cpu / wall;
     result->coordinator_rss_mb = ResidentMib(pid);
-    say("heartbeats: %d workers at %.2f Hz for %.1f s: %lld answered "
+    say("heartbeats: %d workers%s at %.2f Hz for %.1f s: %lld answered "
         "(%.0f/s), %lld errors%s%s\n",
-        f.workers, f.rate_hz, wall, static_cast<long long>(sent),
+        f.workers,
+        f.per_agent > 0 ? absl::StrCat(" through ", units.size(), " agents of ",
+                                       f.per_agent)
+                              .c_str()
+                        : "",
+        f.rate_hz, wall, static_cast<long long>(sent),
         static_cast<double>(sent) / wall, static_cast<long long>(errors),
         errors > 0 ? ", first: " : "", first_error.c_str());
     say("heartbeat latency: p50 %.2f ms, p99 %.2f ms, max %.2f ms "
@@ -665,8 +743,10 @@ bool RunConcord(const Flags& f, Result* result) {
     const std::string metrics = HttpGet(metrics_port, "/metrics");
     say("heartbeat handler time in the coordinator (its histogram): p50 <= "
         "%g ms, p99 <= %g ms\n",
-        ServerQuantileMs(metrics, "Heartbeat", 0.5),
-        ServerQuantileMs(metrics, "Heartbeat", 0.99));
+        ServerQuantileMs(metrics, f.per_agent > 0 ? "Heartbeats" : "Heartbeat",
+                         0.5),
+        ServerQuantileMs(metrics, f.per_agent > 0 ? "Heartbeats" : "Heartbeat",
+                         0.99));
     say("coordinator CPU: %.2f s over %.1f s = %.2f cores; threads %d; "
         "resident %.0f MiB (%.2f KiB a worker); load generator CPU %.2f "
         "cores\n",
@@ -707,6 +787,10 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 100000));
   app.add_option("--job-size", f.job_size, "Workers per job (default: N)")
       ->check(CLI::Range(1, 100000));
+  app.add_option("--per-agent", f.per_agent,
+                 "Workers per simulated node agent, 0: none (default: 8 for "
+                 "N = 100,000, else 0)")
+      ->check(CLI::Range(0, 4096));
   app.add_option("--rendezvous-workers", f.rendezvous_workers,
                  "Workers of the measured rendezvous, the first job "
                  "(default: N)")
@@ -751,6 +835,7 @@ int main(int argc, char** argv) {
     Flags g = f;
     g.workers = n;
     if (app.count("--job-size") == 0) g.job_size = n;
+    if (app.count("--per-agent") == 0) g.per_agent = n >= 100000 ? 8 : 0;
     if (app.count("--rendezvous-workers") == 0) g.rendezvous_workers = n;
     Result r;
     r.workers = n;
@@ -774,7 +859,8 @@ int main(int argc, char** argv) {
     if (g.json) {
       nlohmann::json line = {
           {"workers", r.workers},
-          {"agents", 0},
+          {"agents",
+           g.per_agent > 0 ? (r.workers + g.per_agent - 1) / g.per_agent : 0},
           {"rendezvous_workers", r.rendezvous_workers},
           {"rendezvous_s", OrNull(r.rendezvous_s)},
           {"reform_s", OrNull(r.reform_s)},

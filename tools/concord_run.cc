@@ -14,6 +14,14 @@
 // --min-workers members the others go on without a failed worker; below
 // that, concord-run stops them all.
 //
+// Node agent (Note [Node agents] in agent/node_agent.h): unless --no-agent,
+// concord-run is its workers' agent towards the coordinator. The workers
+// dial it on a unix socket in a directory only this user can enter
+// (CONCORD_COORDINATOR=unix:...); it carries their calls over one
+// connection, batching heartbeats and membership updates, with TLS towards
+// the coordinator where --tls-* says so. If concord-run dies its workers
+// die with it.
+//
 // Timelines: with --trace FILE each worker writes its own trace file
 // (CONCORD_TRACE_FILE, in a directory next to FILE) and concord-run merges
 // them into FILE when the workers are done, a killed worker's included
@@ -45,6 +53,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "agent/node_agent.h"
 #include "common/auth.h"
 #include "common/logging.h"
 #include "common/tls.h"
@@ -55,6 +64,7 @@ namespace {
 
 struct Options {
   bool standalone = false;
+  bool agent = true;  // serve the workers as their node agent
   std::string coordinator;
   int nproc = 0;
   int min_workers = 0;  // 0: nproc
@@ -108,6 +118,10 @@ Options ParseArgs(int argc, char** argv) {
       "[ARGS...]"};
   app.add_flag("--standalone", o.standalone,
                "Run an embedded coordinator on a free loopback port");
+  app.add_flag("--agent,!--no-agent", o.agent,
+               "Carry the workers' calls to the coordinator as their node "
+               "agent: one connection, batched heartbeats and membership "
+               "updates (default); --no-agent: each worker connects itself");
   app.add_option("--coordinator", o.coordinator,
                  "Coordinator HOST:PORT to join, or HOST:PORT,HOST:PORT,... "
                  "for replicas (without --standalone)");
@@ -229,10 +243,11 @@ std::vector<std::string> WorkerEnv(const Options& o,
   }
   env.push_back("CONCORD_COORDINATOR=" + coordinator);
   env.push_back("CONCORD_TOKEN_FILE=" + o.token_file);
+  // Through the agent, TLS is the agent's business.
   for (auto [name, path] : {std::pair{"CONCORD_TLS_CA=", &o.tls.ca},
                             std::pair{"CONCORD_TLS_CERT=", &o.tls.cert},
                             std::pair{"CONCORD_TLS_KEY=", &o.tls.key}}) {
-    if (!path->empty()) env.push_back(name + *path);
+    if (!path->empty() && !o.agent) env.push_back(name + *path);
   }
   env.push_back("CONCORD_JOB_ID=" + o.job_id);
   env.push_back(absl::StrCat("CONCORD_MIN_WORKERS=", o.min_workers));
@@ -533,10 +548,11 @@ int main(int argc, char** argv) {
   std::unique_ptr<concord::coordinator::Server> server;
   std::string coordinator = options.coordinator;
   std::string token_dir;
+  std::string worker_token;
   if (options.standalone) {
     concord::coordinator::ServerOptions server_options;
     server_options.listen_address = "127.0.0.1:0";
-    server_options.worker_token = concord::GenerateToken();
+    server_options.worker_token = worker_token = concord::GenerateToken();
     server_options.operator_token = concord::GenerateToken();
     // The workers read their token from a file only this user can read.
     std::string dir_template = "/tmp/concord-run-XXXXXX";
@@ -560,6 +576,41 @@ int main(int argc, char** argv) {
     }
     server = std::move(*started);
     coordinator = server->address();
+  } else {
+    worker_token = *concord::ReadTokenFile(options.token_file);  // checked
+  }
+
+  std::unique_ptr<concord::agent::NodeAgent> agent;
+  std::string agent_dir;
+  if (options.agent) {
+    std::string dir_template = "/tmp/concord-agent-XXXXXX";
+    if (mkdtemp(dir_template.data()) == nullptr) {
+      std::cerr << "concord-run: mkdtemp: " << std::strerror(errno) << "\n";
+      return 1;
+    }
+    agent_dir = dir_template;
+    concord::agent::NodeAgentOptions agent_options;
+    agent_options.coordinator = coordinator;
+    agent_options.token = worker_token;
+    agent_options.tls = *concord::LoadClientTls(  // checked
+        options.tls, {"--tls-ca", "--tls-cert", "--tls-key"});
+    agent_options.listen = "unix:" + agent_dir + "/agent.sock";
+    // Note [Heartbeat batching] in agent/heartbeat_batcher.h.
+    const absl::Duration interval =
+        absl::Milliseconds(options.heartbeat_interval_ms);
+    agent_options.batch.interval = interval;
+    agent_options.batch.max_delay = interval / 4;
+    agent_options.batch.expect_within =
+        absl::Milliseconds(options.heartbeat_timeout_ms);
+    auto started = concord::agent::NodeAgent::Start(agent_options);
+    if (!started.ok()) {
+      std::cerr << "concord-run: cannot start the node agent: "
+                << started.status() << "\n";
+      rmdir(agent_dir.c_str());
+      return 1;
+    }
+    agent = std::move(*started);
+    coordinator = agent->address();
   }
 
   int status = 1;
@@ -572,6 +623,12 @@ int main(int argc, char** argv) {
     if (!options.trace_parts.empty() && !MergeTrace(options) && status == 0) {
       status = 1;
     }
+  }
+  if (agent) {
+    agent->Shutdown();
+    agent.reset();
+    unlink((agent_dir + "/agent.sock").c_str());
+    rmdir(agent_dir.c_str());
   }
   if (server) server->Shutdown();
   if (!token_dir.empty()) {

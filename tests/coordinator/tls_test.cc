@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "agent/node_agent.h"
 #include "tests/coordinator/test_util.h"
 #include "worker/coordinator_client.h"
 
@@ -231,6 +232,43 @@ TEST_F(TlsTest, MutualTlsRequiresAClientCertificateFromTheCa) {
             grpc::StatusCode::UNAUTHENTICATED);
 }
 
+// A node agent speaks mTLS to the coordinator for its workers, which reach
+// it in plaintext on its local socket; an agent without the client
+// certificate reaches nothing.
+TEST_F(TlsTest, ANodeAgentCarriesItsWorkersOverMutualTls) {
+  auto server = StartServer(P("ca.pem"));
+  ASSERT_NE(server, nullptr);
+  const std::string socket = P("agent.sock");
+  auto start_agent = [&](const TlsMaterial& tls) {
+    agent::NodeAgentOptions o;
+    o.coordinator = server->address();
+    o.token = kWorkerToken;
+    o.tls = tls;
+    o.listen = "unix:" + socket;
+    auto agent = agent::NodeAgent::Start(o);
+    EXPECT_TRUE(agent.ok()) << agent.status();
+    return agent.ok() ? *std::move(agent) : nullptr;
+  };
+  {
+    auto agent =
+        start_agent(Client({P("ca.pem"), P("client.pem"), P("client.key")}));
+    ASSERT_NE(agent, nullptr);
+    EXPECT_TRUE(WorkerJoin(agent->address(), "w0", TlsMaterial{}).ok());
+  }
+  unlink(socket.c_str());
+  {
+    auto agent = start_agent(Client({P("ca.pem"), "", ""}));
+    ASSERT_NE(agent, nullptr);
+    EXPECT_EQ(WorkerJoin(agent->address(), "w1", TlsMaterial{}).code(),
+              absl::StatusCode::kUnavailable);
+  }
+  unlink(socket.c_str());
+  auto jobs =
+      server->host().Read([](const Core& core) { return core.ListJobs(); });
+  ASSERT_EQ(jobs.jobs_size(), 1);
+  EXPECT_EQ(jobs.jobs(0).world_size(), 1);  // w0 only
+}
+
 TEST_F(TlsTest, BadFilesAreInvalidArgumentNamingFlagAndFile) {
   const std::string missing = P("missing.pem");
   const std::string not_pem = P("server.ext");
@@ -394,9 +432,16 @@ TEST_F(TlsProcessTest, ConcordctlAndConcordRunOverMutualTls) {
           " --tls-key " + P("server.key") + " -- /bin/true");
   EXPECT_EQ(r.exit_status, 2);
   EXPECT_THAT(r.err, HasSubstr("does not match"));
-  // ... and hands them to its workers.
+  // As their node agent it speaks TLS for its workers, which dial its
+  // local socket and get no TLS files ...
   r = Run(run + client_flags.substr(1) +
-          " -- /bin/sh -c 'echo $CONCORD_TLS_CA $CONCORD_TLS_CERT "
+          " -- /bin/sh -c 'echo [$CONCORD_COORDINATOR] [$CONCORD_TLS_CA] >&2'");
+  EXPECT_EQ(r.exit_status, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("[unix:/tmp/concord-agent-"));
+  EXPECT_THAT(r.err, HasSubstr("[]"));
+  // ... and with --no-agent hands them to its workers.
+  r = Run(run + client_flags.substr(1) +
+          " --no-agent -- /bin/sh -c 'echo $CONCORD_TLS_CA $CONCORD_TLS_CERT "
           "$CONCORD_TLS_KEY >&2'");
   EXPECT_EQ(r.exit_status, 0) << r.err;
   EXPECT_THAT(r.err, HasSubstr(P("ca.pem") + " " + P("client.pem") + " " +
