@@ -96,12 +96,7 @@ class NodeAgent::Impl final : public v1::WorkerService::CallbackService {
   // WorkerService, as the workers see it.
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* context,
                                  const v1::JoinRequest* request,
-                                 v1::JoinResponse* response) override {
-    return Forward(context, [=](v1::WorkerService::Stub* stub,
-                                grpc::ClientContext* c, auto done) {
-      stub->async()->Join(c, request, response, std::move(done));
-    });
-  }
+                                 v1::JoinResponse* response) override;
   grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* context,
                                   const v1::LeaveRequest* request,
                                   v1::LeaveResponse* response) override {
@@ -143,6 +138,7 @@ class NodeAgent::Impl final : public v1::WorkerService::CallbackService {
 
  private:
   class ForwardCall;
+  class JoinCall;
   class WatchCall;
   class NodeStream;
 
@@ -227,6 +223,7 @@ class NodeAgent::Impl final : public v1::WorkerService::CallbackService {
   std::condition_variable cv_;  // the batcher's due time moved, or stopping
   bool stopping_ = false;
   std::map<std::string, NodeStream*> streams_;  // by job; open ones only
+  uint64_t next_join_ = 0;                      // JoinCall ids
   int live_streams_ = 0;                        // not yet done
   int batches_in_flight_ = 0;
   std::condition_variable drained_;  // live_streams_ / batches_in_flight_
@@ -364,6 +361,48 @@ void NodeAgent::Impl::Send(
       });
 }
 
+// One worker's Join at the agent, sent and answered on its job's node
+// stream. Fields are guarded by the agent's mutex.
+class NodeAgent::Impl::JoinCall final : public grpc::ServerUnaryReactor {
+ public:
+  JoinCall(Impl* agent, const v1::JoinRequest* request,
+           v1::JoinResponse* response)
+      : agent_(agent), request_(request), response_(response) {}
+
+  const v1::JoinRequest& request() const { return *request_; }
+  uint64_t id() const { return id_; }
+  void set_id(uint64_t id) { id_ = id; }
+  void set_stream(NodeStream* stream) { stream_ = stream; }
+
+  // With mu_ held: answers once.
+  void Answer(const v1::JoinResult& result, Actions* after) {
+    if (answered_) return;
+    answered_ = true;
+    stream_ = nullptr;
+    if (result.code() == 0) *response_ = result.response();
+    after->Add(
+        [this, s = grpc::Status(static_cast<grpc::StatusCode>(result.code()),
+                                result.message())] { Finish(s); });
+  }
+  void Answer(const grpc::Status& status, Actions* after) {
+    v1::JoinResult result;
+    result.set_code(static_cast<int>(status.error_code()));
+    result.set_message(status.error_message());
+    Answer(result, after);
+  }
+
+  void OnCancel() override;
+  void OnDone() override { delete this; }
+
+ private:
+  Impl* agent_;
+  const v1::JoinRequest* request_;
+  v1::JoinResponse* response_;
+  uint64_t id_ = 0;
+  NodeStream* stream_ = nullptr;
+  bool answered_ = false;
+};
+
 // One worker's WatchMembership at the agent, fed by its job's node stream.
 // Fields are guarded by the agent's mutex.
 class NodeAgent::Impl::WatchCall final
@@ -467,15 +506,15 @@ class NodeAgent::Impl::WatchCall final
   grpc::Status status_;
 };
 
-// The WatchNode stream of one job: adds and removes go out one write at a
-// time (those made meanwhile merged into the next), views are handed to
-// the workers' calls. Held (AddHold) until its read fails and no write is
-// in flight, so that a write decided under the mutex is always started on
-// a live reactor; deleted in OnDone, which ends the workers' calls still
-// on it with the stream's status. Fields are guarded by the agent's mutex.
+// The Node stream of one job: joins, cancels, adds and removes go out one
+// write at a time (those made meanwhile merged into the next); answers and
+// views are handed to the workers' calls. Held (AddHold) until its read fails
+// and no write is in flight, so that a write decided under the mutex is always
+// started on a live reactor; deleted in OnDone, which ends the workers' calls
+// still on it with the stream's status. Fields are guarded by the agent's
+// mutex.
 class NodeAgent::Impl::NodeStream final
-    : public grpc::ClientBidiReactor<v1::NodeWatchRequest,
-                                     v1::NodeWatchUpdate> {
+    : public grpc::ClientBidiReactor<v1::NodeRequest, v1::NodeUpdate> {
  public:
   NodeStream(Impl* agent, std::string job_id)
       : agent_(agent), job_id_(std::move(job_id)) {}
@@ -485,7 +524,7 @@ class NodeAgent::Impl::NodeStream final
     agent_->Prepare(&context_, std::chrono::system_clock::time_point::max());
     auto [replica, used] = agent_->Current();
     used_ = used;
-    replica.agent->async()->WatchNode(&context_, this);
+    replica.agent->async()->Node(&context_, this);
     queued_.set_job_id(job_id_);
     ++agent_->live_streams_;
     ++agent_->node_streams_;
@@ -516,6 +555,21 @@ class NodeAgent::Impl::NodeStream final
     w->set_include_members(call->request().include_members());
     WriteQueued(after);
   }
+  void AddJoin(JoinCall* call, Actions* after) {
+    call->set_id(++agent_->next_join_);
+    call->set_stream(this);
+    joins_[call->id()] = call;
+    v1::NodeJoin* join = queued_.add_joins();
+    join->set_id(call->id());
+    *join->mutable_request() = call->request();
+    WriteQueued(after);
+  }
+  // The worker's call ended first: the coordinator withdraws the join.
+  void CancelJoin(JoinCall* call, Actions* after) {
+    if (joins_.erase(call->id()) == 0) return;
+    queued_.add_cancel_joins(call->id());
+    WriteQueued(after);
+  }
   void Remove(WatchCall* call, Actions* after) {
     const std::string& id = call->request().worker_id();
     auto it = watches_.find(id);
@@ -533,6 +587,12 @@ class NodeAgent::Impl::NodeStream final
       return;
     }
     ++agent_->node_updates_;
+    for (const v1::JoinResult& result : read_.joins()) {
+      auto it = joins_.find(result.id());
+      if (it == joins_.end()) continue;  // cancelled meanwhile
+      it->second->Answer(result, &after);
+      joins_.erase(it);
+    }
     for (const v1::WorkerView& view : read_.views()) {
       auto it = watches_.find(view.worker_id());
       if (it == watches_.end()) continue;
@@ -562,6 +622,14 @@ class NodeAgent::Impl::NodeStream final
       agent_->Note(status, used_);
       for (auto& [id, call] : watches_) call->StreamEnded(status, &after);
       watches_.clear();
+      for (auto& [id, call] : joins_) {
+        call->Answer(status.ok() ? grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                                "the coordinator closed the "
+                                                "node stream")
+                                 : status,
+                     &after);
+      }
+      joins_.clear();
       --agent_->live_streams_;
       agent_->drained_.notify_all();
     }
@@ -574,6 +642,7 @@ class NodeAgent::Impl::NodeStream final
   void WriteQueued(Actions* after) {
     if (writing_ || broken_) return;
     if (queued_.add_size() == 0 && queued_.remove_size() == 0 &&
+        queued_.joins_size() == 0 && queued_.cancel_joins_size() == 0 &&
         queued_.job_id().empty()) {
       return;
     }
@@ -602,9 +671,10 @@ class NodeAgent::Impl::NodeStream final
   grpc::ClientContext context_;
   size_t used_ = 0;  // the replica
   std::map<std::string, WatchCall*> watches_;
-  v1::NodeWatchRequest queued_;   // adds and removes not yet written
-  v1::NodeWatchRequest current_;  // the write in flight
-  v1::NodeWatchUpdate read_;
+  std::map<uint64_t, JoinCall*> joins_;  // sent, not yet answered
+  v1::NodeRequest queued_;               // not yet written
+  v1::NodeRequest current_;              // the write in flight
+  v1::NodeUpdate read_;
   bool writing_ = false;
   bool broken_ = false;    // its read or a write failed
   bool released_ = false;  // RemoveHold was called
@@ -618,6 +688,38 @@ void NodeAgent::Impl::WatchCall::Attach(NodeStream* stream, Actions* after) {
 void NodeAgent::Impl::WatchCall::Detach(Actions* after) {
   if (stream_ != nullptr) stream_->Remove(this, after);
   stream_ = nullptr;
+}
+
+void NodeAgent::Impl::JoinCall::OnCancel() {
+  Actions after;
+  std::lock_guard<std::mutex> lock(agent_->mu_);
+  if (answered_) return;
+  if (stream_ != nullptr) stream_->CancelJoin(this, &after);
+  Answer(grpc::Status(grpc::StatusCode::CANCELLED, "the call was cancelled"),
+         &after);
+}
+
+grpc::ServerUnaryReactor* NodeAgent::Impl::Join(
+    grpc::CallbackServerContext* context, const v1::JoinRequest* request,
+    v1::JoinResponse* response) {
+  auto* call = new JoinCall(this, request, response);
+  Actions after;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (grpc::Status auth = Authorize(*context); !auth.ok()) {
+    call->Answer(auth, &after);
+  } else if (stopping_) {
+    call->Answer(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                              "the node agent is shutting down"),
+                 &after);
+  } else if (request->spec().job_id().empty()) {
+    call->Answer(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                              "spec.job_id is empty"),
+                 &after);
+  } else {
+    ++forwarded_;
+    StreamFor(request->spec().job_id(), &after)->AddJoin(call, &after);
+  }
+  return call;
 }
 
 NodeAgent::Impl::NodeStream* NodeAgent::Impl::StreamFor(

@@ -10,18 +10,21 @@
 //  - Heartbeats are batched (Note [Heartbeat batching] in
 //    heartbeat_batcher.h): one Heartbeats call an interval carries the
 //    node's workers' heartbeats; each worker gets its own answer.
-//  - Membership views travel on one WatchNode stream per node and job: the
-//    agent adds a worker when its WatchMembership opens and removes it when
-//    that call ends (the worker went away); each view is passed on to its
-//    worker's stream as WatchMembership would have sent it. When the node
-//    stream ends (the coordinator restarted or moved), the workers' streams
-//    end with its status and the workers' watchers reconnect as they would
-//    to the coordinator; the agent opens a fresh node stream for them.
-//  - Join, Leave, KvSet, KvGet and ReportEndOfData are passed on as they
-//    are, with the worker's deadline; a worker's call that is cancelled
-//    (the process died) cancels the call the agent made for it, so a
-//    cancelled Join withdraws the worker at the coordinator as it would
-//    without the agent.
+//  - Joins and membership views travel on one Node stream per node and
+//    job. A worker's Join goes out on it (with the others' that arrive
+//    while a write is in flight, in one message) and its answer comes back
+//    on it; a Join whose worker's call ends first (the process died, its
+//    deadline passed) is cancelled there, so the coordinator withdraws the
+//    worker as it does a cancelled Join. The agent adds a worker to the
+//    stream when its WatchMembership opens and removes it when that call
+//    ends; each view is passed on as WatchMembership would have sent it.
+//    When the stream ends (the coordinator restarted or moved), the
+//    workers' calls on it end with its status (UNAVAILABLE) and the
+//    workers retry and reconnect as they would to the coordinator; the
+//    agent opens a fresh stream for them.
+//  - Leave, KvSet, KvGet and ReportEndOfData are passed on as they are,
+//    with the worker's deadline; a worker's call that is cancelled cancels
+//    the call the agent made for it.
 // The worker's own identity (worker_id, worker_secret) travels inside each
 // request and is checked by the coordinator as before; the agent checks
 // that its callers hold the worker token and calls with the same token. An
@@ -81,9 +84,9 @@ class NodeAgent {
   struct Counters {
     int64_t heartbeats = 0;         // workers' heartbeats carried
     int64_t heartbeat_batches = 0;  // Heartbeats calls made
-    int64_t node_streams = 0;       // WatchNode streams opened
-    int64_t node_updates = 0;       // NodeWatchUpdates received
-    int64_t forwarded = 0;          // other calls passed on
+    int64_t node_streams = 0;       // Node streams opened
+    int64_t node_updates = 0;       // NodeUpdates received
+    int64_t forwarded = 0;          // calls passed on, Joins included
   };
   Counters counters() const;
 

@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "coordinator/service.h"
 
 namespace concord::coordinator {
 namespace {
@@ -17,14 +18,16 @@ bool Terminal(v1::JobState state) {
          state == v1::JOB_STATE_STOPPED;
 }
 
-// A WatchNode stream (AgentServiceImpl::WatchNode). Fields are guarded by
-// the host's mutex; gRPC is called only through the host's Defer.
-class NodeWatchCall final
-    : public grpc::ServerBidiReactor<v1::NodeWatchRequest, v1::NodeWatchUpdate>,
+// A Node stream (AgentServiceImpl::Node): registered with the host as a
+// view waiter and a placement waiter of its job, re-asking its pending
+// joins and its workers' views. Fields are guarded by the host's mutex;
+// gRPC is called only through the host's Defer.
+class NodeCall final
+    : public grpc::ServerBidiReactor<v1::NodeRequest, v1::NodeUpdate>,
       public CoreHost::Waiter {
  public:
-  NodeWatchCall(CoreHost* host, Metrics* metrics)
-      : host_(host), scope_(std::make_unique<RpcScope>(metrics, "WatchNode")) {}
+  NodeCall(CoreHost* host, Metrics* metrics)
+      : host_(host), scope_(std::make_unique<RpcScope>(metrics, "Node")) {}
 
   // Starts reading, or ends at once when `auth` refused the call.
   void Begin(const absl::Status& auth) {
@@ -51,18 +54,40 @@ class NodeWatchCall final
       End(core, /*lost=*/false, applied);
       return;
     }
-    if (id_ == 0) {
-      id_ = host_->Wait(job_id_, CoreHost::WaitKind::kView,
-                        absl::InfiniteFuture(), this);
+    if (view_id_ == 0) {
+      view_id_ = host_->Wait(job_id_, CoreHost::WaitKind::kView,
+                             absl::InfiniteFuture(), this);
+      if (!ended_) {
+        placement_id_ = host_->Wait(job_id_, CoreHost::WaitKind::kPlacement,
+                                    absl::InfiniteFuture(), this);
+      }
     } else {
-      Poll(core);  // the added workers' first views
+      Poll(core);  // the new joins' and the added workers' first answers
     }
     if (!ended_) host_->Defer([this] { StartRead(&request_); });
   }
 
   bool Poll(Core& core) override {
     if (ended_) return true;
-    v1::NodeWatchUpdate out;
+    v1::NodeUpdate out;
+    for (auto it = joins_.begin(); it != joins_.end();) {
+      v1::JoinResponse response;
+      std::optional<absl::Status> answer =
+          JoinAnswer(core, it->second.request, &response);
+      if (!answer.has_value()) {
+        ++it;
+        continue;
+      }
+      v1::JoinResult* result = out.add_joins();
+      result->set_id(it->first);
+      if (answer->ok()) {
+        *result->mutable_response() = std::move(response);
+      } else {
+        result->set_code(static_cast<int>(answer->code()));
+        result->set_message(std::string(answer->message()));
+      }
+      it = joins_.erase(it);
+    }
     for (auto it = workers_.begin(); it != workers_.end();) {
       Watched& w = it->second;
       absl::StatusOr<v1::MembershipUpdate> update = core.Membership(w.request);
@@ -97,15 +122,12 @@ class NodeWatchCall final
         ++it;
       }
     }
-    for (v1::WorkerView& view : *out.mutable_views()) {
-      std::string id = view.worker_id();
-      pending_[std::move(id)] = std::move(view);
-    }
-    if (!writing_) WritePending();
+    Queue(std::move(out));
     return false;
   }
   void Abandon(absl::Status status) override {
-    id_ = 0;
+    // The host removed one registration; the other goes with the stream.
+    Unregister();
     End(host_->core(), /*lost=*/false, status);
   }
 
@@ -140,19 +162,23 @@ class NodeWatchCall final
     bool sent = false;  // a view was written (or is queued)
     std::string last;   // that view, serialised
   };
+  struct PendingJoin {
+    v1::JoinRequest request;
+    uint64_t call = 0;  // the Core::Join it made (CancelJoin)
+  };
 
   // With the host's mutex held: applies one request of the agent.
   absl::Status Apply(Core& core) {
     if (job_id_.empty()) {
       if (request_.job_id().empty()) {
         return absl::InvalidArgumentError(
-            "the first NodeWatchRequest must name the job");
+            "the first NodeRequest must name the job");
       }
       job_id_ = request_.job_id();
     } else if (!request_.job_id().empty() && request_.job_id() != job_id_) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("this stream watches job '", job_id_, "', not '",
-                       request_.job_id(), "'"));
+      return absl::InvalidArgumentError(absl::StrCat("this stream is job '",
+                                                     job_id_, "'s, not '",
+                                                     request_.job_id(), "'"));
     }
     if (workers_.size() + request_.add_size() >
         static_cast<size_t>(AgentServiceImpl::kMaxBatch)) {
@@ -166,6 +192,39 @@ class NodeWatchCall final
       if (it->second.open) core.WatchClosed(job_id_, id, /*lost=*/true);
       workers_.erase(it);
     }
+    v1::NodeUpdate refused;
+    for (const uint64_t id : request_.cancel_joins()) {
+      auto it = joins_.find(id);
+      if (it == joins_.end()) continue;  // answered meanwhile
+      core.CancelJoin(job_id_, it->second.request.worker_id(), it->second.call);
+      joins_.erase(it);
+    }
+    for (v1::NodeJoin& join : *request_.mutable_joins()) {
+      absl::Status status;
+      PendingJoin pending;
+      if (join.request().spec().job_id() != job_id_) {
+        status = absl::InvalidArgumentError(
+            absl::StrCat("a join for job '", join.request().spec().job_id(),
+                         "' on the node stream of job '", job_id_, "'"));
+      } else if (joins_.count(join.id()) != 0) {
+        status = absl::InvalidArgumentError(
+            absl::StrCat("join ", join.id(), " is already pending"));
+      } else if (host_->shutting_down()) {
+        status = absl::UnavailableError("the coordinator is shutting down");
+      } else {
+        status = core.Join(join.request(), &pending.call);
+      }
+      if (!status.ok()) {
+        v1::JoinResult* result = refused.add_joins();
+        result->set_id(join.id());
+        result->set_code(static_cast<int>(status.code()));
+        result->set_message(std::string(status.message()));
+        continue;
+      }
+      pending.request = std::move(*join.mutable_request());
+      joins_.emplace(join.id(), std::move(pending));
+    }
+    Queue(std::move(refused));
     for (const v1::WatchedWorker& add : request_.add()) {
       Watched& w = workers_[add.worker_id()];
       w.request.set_job_id(job_id_);
@@ -177,46 +236,73 @@ class NodeWatchCall final
     return absl::OkStatus();
   }
 
+  // With the host's mutex held: `out` goes with the next write.
+  void Queue(v1::NodeUpdate out) {
+    for (v1::WorkerView& view : *out.mutable_views()) {
+      std::string id = view.worker_id();
+      pending_views_[std::move(id)] = std::move(view);
+    }
+    for (v1::JoinResult& join : *out.mutable_joins()) {
+      *pending_joins_.add_joins() = std::move(join);
+    }
+    if (!writing_) WritePending();
+  }
+
   // With the host's mutex held and no write in flight.
   void WritePending() {
-    if (pending_.empty()) return;
-    current_.Clear();
-    for (auto& [id, view] : pending_) *current_.add_views() = std::move(view);
-    pending_.clear();
+    if (pending_views_.empty() && pending_joins_.joins_size() == 0) return;
+    current_ = std::move(pending_joins_);
+    pending_joins_.Clear();
+    for (auto& [id, view] : pending_views_) {
+      *current_.add_views() = std::move(view);
+    }
+    pending_views_.clear();
     writing_ = true;
     host_->Defer([this] { StartWrite(&current_); });
   }
 
   // With the host's mutex held: no longer re-asked after changes.
   void Unregister() {
-    if (id_ != 0) host_->Cancel(id_);
-    id_ = 0;
+    for (CoreHost::WaiterId* id : {&view_id_, &placement_id_}) {
+      if (*id != 0) host_->Cancel(*id);
+      *id = 0;
+    }
   }
 
-  // With the host's mutex held: ends the stream with `status`; every
-  // worker still watched lost its watch when `lost` (unless the
-  // coordinator is shutting down).
+  // With the host's mutex held: ends the stream with `status`; its joins
+  // not yet answered are withdrawn as cancelled Joins, and every worker
+  // still watched lost its watch when `lost` (unless the coordinator is
+  // shutting down).
   void End(Core& core, bool lost, const absl::Status& status) {
     if (ended_) return;
     ended_ = true;
+    for (const auto& [id, join] : joins_) {
+      core.CancelJoin(job_id_, join.request.worker_id(), join.call);
+    }
+    joins_.clear();
     for (const auto& [id, w] : workers_) {
-      if (w.open)
+      if (w.open) {
         core.WatchClosed(job_id_, id, lost && !host_->shutting_down());
+      }
     }
     workers_.clear();
-    pending_.clear();
+    pending_views_.clear();
+    pending_joins_.Clear();
     status_ = scope_->Done(ToGrpcStatus(status));
     if (!writing_) host_->Defer([this, s = status_] { Finish(s); });
   }
 
   CoreHost* host_;
   std::unique_ptr<RpcScope> scope_;
-  v1::NodeWatchRequest request_;  // the read in flight
+  v1::NodeRequest request_;  // the read in flight
   std::string job_id_;
   std::map<std::string, Watched> workers_;
-  std::map<std::string, v1::WorkerView> pending_;  // to write next
-  v1::NodeWatchUpdate current_;                    // the write in flight
-  CoreHost::WaiterId id_ = 0;
+  std::map<uint64_t, PendingJoin> joins_;  // by the agent's id
+  // To write next: views (newest a worker) and join answers.
+  std::map<std::string, v1::WorkerView> pending_views_;
+  v1::NodeUpdate pending_joins_;
+  v1::NodeUpdate current_;  // the write in flight
+  CoreHost::WaiterId view_id_ = 0, placement_id_ = 0;
   bool writing_ = false;
   bool ended_ = false;
   grpc::Status status_;
@@ -256,10 +342,10 @@ grpc::ServerUnaryReactor* AgentServiceImpl::Heartbeats(
   return reactor;
 }
 
-grpc::ServerBidiReactor<v1::NodeWatchRequest, v1::NodeWatchUpdate>*
-AgentServiceImpl::WatchNode(grpc::CallbackServerContext* context) {
-  auto* call = new NodeWatchCall(host_, metrics_);
-  call->Begin(auth_->Check(*context, Role::kWorker, "WatchNode"));
+grpc::ServerBidiReactor<v1::NodeRequest, v1::NodeUpdate>*
+AgentServiceImpl::Node(grpc::CallbackServerContext* context) {
+  auto* call = new NodeCall(host_, metrics_);
+  call->Begin(auth_->Check(*context, Role::kWorker, "Node"));
   return call;
 }
 

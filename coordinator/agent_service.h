@@ -1,7 +1,7 @@
 #pragma once
 // The gRPC face of the coordinator for node agents (agent.proto, Note [Node
 // agents] in agent/node_agent.h): many workers' heartbeats in one call, and
-// every worker of a node's membership views on one stream. Each worker's
+// a node's workers' joins and membership views on one stream. Each worker's
 // request inside is checked and answered by the Core exactly as
 // WorkerServiceImpl would check and answer it alone.
 //
@@ -31,13 +31,17 @@ class AgentServiceImpl final : public v1::AgentService::CallbackService {
       grpc::CallbackServerContext* context,
       const v1::HeartbeatBatchRequest* request,
       v1::HeartbeatBatchResponse* response) override;
-  // A view waiter for all the stream's workers: after every change of the
-  // job, the views that changed go out in one message (one write in flight;
-  // views that change meanwhile wait, newest kept). Each worker added is
-  // reported to the core as a watch opened once its first view was
-  // computed, and as closed (lost) when the agent removes it or the stream
-  // breaks; not when the coordinator shuts down.
-  grpc::ServerBidiReactor<v1::NodeWatchRequest, v1::NodeWatchUpdate>* WatchNode(
+  // A view and placement waiter for all the stream's joins and workers:
+  // each join goes through Core::Join as it arrives and its answer goes
+  // out as soon as it has one (JoinAnswer); after every change of the job
+  // the views that changed go out, all in one message (one write in
+  // flight; what is due meanwhile waits, the newest view a worker kept).
+  // Each worker added is reported to the core as a watch opened once its
+  // first view was computed, and as closed (lost) when the agent removes
+  // it or the stream breaks; not when the coordinator shuts down. A join
+  // the agent cancels, or still pending when the stream ends, is withdrawn
+  // (Core::CancelJoin).
+  grpc::ServerBidiReactor<v1::NodeRequest, v1::NodeUpdate>* Node(
       grpc::CallbackServerContext* context) override;
 
  private:

@@ -118,38 +118,9 @@ class JoinCall final : public PendingUnary {
 
   bool Poll(Core& core) override {
     if (answered()) return true;
-    auto assignment =
-        core.GetAssignment(request_->spec().job_id(), request_->worker_id());
-    if (absl::IsNotFound(assignment.status())) {
-      // Registered a moment ago, now gone: the generation it was placed in
-      // formed and ended before this call was answered.
-      Answer(absl::AbortedError(
-          absl::StrCat("the generation that worker ", request_->worker_id(),
-                       " was placed in has already ended; join again")));
-      return true;
-    }
-    if (!assignment.ok()) {
-      Answer(assignment.status());
-      return true;
-    }
-    if (!assignment->has_value()) return false;
-    const Assignment& a = **assignment;
-    response_->set_generation(a.generation);
-    response_->set_rank(a.rank);
-    response_->set_world_size(a.world_size);
-    response_->set_authoritative_rank(a.authoritative_rank);
-    response_->set_finished_workers(a.finished_workers);
-    response_->set_heartbeat_interval_ms(
-        absl::ToInt64Milliseconds(a.heartbeat_interval));
-    if (a.rank_change.has_value()) {
-      *response_->mutable_rank_change() = *a.rank_change;
-    }
-    if (request_->include_members()) {
-      response_->mutable_members()->Reserve(
-          static_cast<int>(a.members->size()));
-      for (const v1::Member& m : *a.members) *response_->add_members() = m;
-    }
-    Answer(absl::OkStatus());
+    std::optional<absl::Status> answer = JoinAnswer(core, *request_, response_);
+    if (!answer.has_value()) return false;
+    Answer(*answer);
     return true;
   }
 
@@ -311,6 +282,38 @@ class WatchCall final : public grpc::ServerWriteReactor<v1::MembershipUpdate>,
 };
 
 }  // namespace
+
+std::optional<absl::Status> JoinAnswer(Core& core,
+                                       const v1::JoinRequest& request,
+                                       v1::JoinResponse* response) {
+  auto assignment =
+      core.GetAssignment(request.spec().job_id(), request.worker_id());
+  if (absl::IsNotFound(assignment.status())) {
+    // Registered a moment ago, now gone: the generation it was placed in
+    // formed and ended before this call was answered.
+    return absl::AbortedError(
+        absl::StrCat("the generation that worker ", request.worker_id(),
+                     " was placed in has already ended; join again"));
+  }
+  if (!assignment.ok()) return assignment.status();
+  if (!assignment->has_value()) return std::nullopt;
+  const Assignment& a = **assignment;
+  response->set_generation(a.generation);
+  response->set_rank(a.rank);
+  response->set_world_size(a.world_size);
+  response->set_authoritative_rank(a.authoritative_rank);
+  response->set_finished_workers(a.finished_workers);
+  response->set_heartbeat_interval_ms(
+      absl::ToInt64Milliseconds(a.heartbeat_interval));
+  if (a.rank_change.has_value()) {
+    *response->mutable_rank_change() = *a.rank_change;
+  }
+  if (request.include_members()) {
+    response->mutable_members()->Reserve(static_cast<int>(a.members->size()));
+    for (const v1::Member& m : *a.members) *response->add_members() = m;
+  }
+  return absl::OkStatus();
+}
 
 grpc::ServerUnaryReactor* WorkerServiceImpl::Join(
     grpc::CallbackServerContext* context, const v1::JoinRequest* request,

@@ -13,12 +13,22 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <optional>
+
 #include "concord/v1/worker.grpc.pb.h"
 #include "coordinator/authorizer.h"
 #include "coordinator/host.h"
 #include "coordinator/metrics.h"
 
 namespace concord::coordinator {
+
+// With the host's mutex held: the answer to a registered Join once there is
+// one (its generation formed: OK with `response` filled; it was placed in
+// a generation that ended since: ABORTED; or the core's error), nullopt
+// while the worker waits.
+std::optional<absl::Status> JoinAnswer(Core& core,
+                                       const v1::JoinRequest& request,
+                                       v1::JoinResponse* response);
 
 class WorkerServiceImpl final : public v1::WorkerService::CallbackService {
  public:

@@ -273,6 +273,7 @@ TEST_F(NodeAgentTest, WorkersJoinAndHeartbeatThroughTheAgentInBatches) {
   std::sort(ranks.begin(), ranks.end());
   for (int i = 0; i < kWorkers; ++i) EXPECT_EQ(ranks[i], i);
   EXPECT_EQ(agent_->counters().forwarded, kWorkers);
+  EXPECT_EQ(agent_->counters().node_streams, 1);  // the joins went on it
 
   // The first round teaches the agent who is on the node; the next ones go
   // out as one batch each, every worker answered as the coordinator would.
@@ -489,11 +490,16 @@ TEST_F(NodeAgentTest, ACancelledJoinThroughTheAgentWithdrawsTheWorker) {
   grpc::Status status;
   std::thread waiting(
       [&] { status = stub_->Join(&context, JoinReq("job", 2, 2, "w0"), &r); });
-  ASSERT_TRUE(Eventually([&] { return server_->host().waiter_count() == 1; }));
+  // Registered at the coordinator, waiting for a second worker.
+  ASSERT_TRUE(Eventually([&] {
+    for (const Event& e : Events("job")) {
+      if (e.kind == "join" && e.worker_id == "w0") return true;
+    }
+    return false;
+  }));
   context.TryCancel();
   waiting.join();
   EXPECT_EQ(status.error_code(), grpc::StatusCode::CANCELLED);
-  EXPECT_TRUE(Eventually([&] { return server_->host().waiter_count() == 0; }));
   EXPECT_TRUE(Eventually([&] {
     for (const Event& e : Events("job")) {
       if (e.kind == "leave" && absl::StrContains(e.message, "cancelled"))

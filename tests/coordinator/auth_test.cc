@@ -131,17 +131,17 @@ class AuthTest : public ::testing::Test {
            v1::HeartbeatBatchResponse r;
            return a->Heartbeats(c, q, &r);
          }},
-        {"WatchNode", Needs::kWorker,
+        {"Node", Needs::kWorker,
          [a](grpc::ClientContext* c) {
-           auto stream = a->WatchNode(c);
-           v1::NodeWatchRequest q;
+           auto stream = a->Node(c);
+           v1::NodeRequest q;
            q.set_job_id("job");
            v1::WatchedWorker* w0 = q.add_add();
            w0->set_worker_id("w0");
            w0->set_worker_secret(Secret("w0"));
            stream->Write(q);
            stream->WritesDone();
-           v1::NodeWatchUpdate u;
+           v1::NodeUpdate u;
            while (stream->Read(&u)) {
            }
            return stream->Finish();
