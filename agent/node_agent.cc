@@ -9,6 +9,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -37,8 +38,11 @@ class Actions {
   Actions() = default;
   Actions(const Actions&) = delete;
   Actions& operator=(const Actions&) = delete;
-  ~Actions() {
-    for (auto& fn : fns_) fn();
+  ~Actions() { Run(); }
+  void Run() {
+    std::vector<std::function<void()>> fns = std::move(fns_);
+    fns_.clear();
+    for (auto& fn : fns) fn();
   }
   void Add(std::function<void()> fn) { fns_.push_back(std::move(fn)); }
 
@@ -200,14 +204,12 @@ class NodeAgent::Impl final : public v1::WorkerService::CallbackService {
   NodeStream* StreamFor(const std::string& job_id, Actions* after);
 
   void FlushLoop();
-  // Sends `batch` as one Heartbeats call and answers each heartbeat.
   struct PendingHeartbeat {
     const v1::HeartbeatRequest* request;
     v1::HeartbeatResponse* response;
     grpc::ServerUnaryReactor* reactor;
     std::chrono::system_clock::time_point deadline;
   };
-  void Send(std::vector<std::pair<std::string, PendingHeartbeat>> batch);
 
   const NodeAgentOptions options_;
   std::unique_ptr<grpc::Server> server_;
@@ -225,8 +227,7 @@ class NodeAgent::Impl final : public v1::WorkerService::CallbackService {
   std::map<std::string, NodeStream*> streams_;  // by job; open ones only
   uint64_t next_join_ = 0;                      // JoinCall ids
   int live_streams_ = 0;                        // not yet done
-  int batches_in_flight_ = 0;
-  std::condition_variable drained_;  // live_streams_ / batches_in_flight_
+  std::condition_variable drained_;             // live_streams_ fell
   std::thread flusher_;
 
   std::atomic<int64_t> heartbeats_{0}, batches_{0}, node_streams_{0},
@@ -282,83 +283,6 @@ grpc::ServerUnaryReactor* NodeAgent::Impl::Heartbeat(
       absl::Now());
   cv_.notify_one();
   return reactor;
-}
-
-void NodeAgent::Impl::FlushLoop() {
-  std::unique_lock<std::mutex> lock(mu_);
-  while (!stopping_) {
-    const absl::Time now = absl::Now();
-    auto batch = batcher_.TakeIfDue(now);
-    if (!batch.empty()) {
-      ++batches_in_flight_;
-      lock.unlock();
-      Send(std::move(batch));
-      lock.lock();
-      continue;
-    }
-    const absl::Time due = batcher_.Due(now);
-    if (due == absl::InfiniteFuture()) {
-      cv_.wait(lock);
-    } else {
-      cv_.wait_until(lock, absl::ToChronoTime(due));
-    }
-  }
-}
-
-void NodeAgent::Impl::Send(
-    std::vector<std::pair<std::string, PendingHeartbeat>> batch) {
-  struct Call {
-    grpc::ClientContext context;
-    v1::HeartbeatBatchRequest request;
-    v1::HeartbeatBatchResponse response;
-    std::vector<PendingHeartbeat> pending;
-  };
-  auto call = std::make_shared<Call>();
-  auto deadline = std::chrono::system_clock::time_point::min();
-  for (auto& [worker, p] : batch) {
-    *call->request.add_heartbeats() = *p.request;
-    deadline = std::max(deadline, p.deadline);
-    call->pending.push_back(p);
-  }
-  heartbeats_ += static_cast<int64_t>(batch.size());
-  ++batches_;
-  Prepare(&call->context, deadline);
-  auto [replica, used] = Current();
-  replica.agent->async()->Heartbeats(
-      &call->context, &call->request, &call->response,
-      [this, call, used = used](grpc::Status status) {
-        Note(status, used);
-        const bool whole = status.ok() && call->response.results_size() ==
-                                              call->request.heartbeats_size();
-        if (status.ok() && !whole) {
-          status =
-              grpc::Status(grpc::StatusCode::INTERNAL,
-                           "the coordinator answered a batch of " +
-                               std::to_string(call->request.heartbeats_size()) +
-                               " heartbeats with " +
-                               std::to_string(call->response.results_size()));
-        }
-        for (size_t i = 0; i < call->pending.size(); ++i) {
-          const PendingHeartbeat& p = call->pending[i];
-          if (!status.ok()) {
-            p.reactor->Finish(status);
-            continue;
-          }
-          v1::HeartbeatResult* result =
-              call->response.mutable_results(static_cast<int>(i));
-          if (result->code() != 0) {
-            p.reactor->Finish(
-                grpc::Status(static_cast<grpc::StatusCode>(result->code()),
-                             result->message()));
-          } else {
-            *p.response = std::move(*result->mutable_response());
-            p.reactor->Finish(grpc::Status::OK);
-          }
-        }
-        std::lock_guard<std::mutex> lock(mu_);
-        --batches_in_flight_;
-        drained_.notify_all();
-      });
 }
 
 // One worker's Join at the agent, sent and answered on its job's node
@@ -555,6 +479,15 @@ class NodeAgent::Impl::NodeStream final
     w->set_include_members(call->request().include_members());
     WriteQueued(after);
   }
+  // Queues a heartbeat; Flush writes what is queued.
+  void AddHeartbeat(const PendingHeartbeat& p) {
+    const uint64_t id = ++next_heartbeat_;
+    heartbeats_[id] = p;
+    v1::NodeHeartbeat* heartbeat = queued_.add_heartbeats();
+    heartbeat->set_id(id);
+    *heartbeat->mutable_request() = *p.request;
+  }
+  void Flush(Actions* after) { WriteQueued(after); }
   void AddJoin(JoinCall* call, Actions* after) {
     call->set_id(++agent_->next_join_);
     call->set_stream(this);
@@ -587,6 +520,17 @@ class NodeAgent::Impl::NodeStream final
       return;
     }
     ++agent_->node_updates_;
+    for (v1::HeartbeatResult& result : *read_.mutable_heartbeats()) {
+      auto it = heartbeats_.find(result.id());
+      if (it == heartbeats_.end()) continue;
+      const PendingHeartbeat p = it->second;
+      heartbeats_.erase(it);
+      if (result.code() == 0)
+        *p.response = std::move(*result.mutable_response());
+      after.Add(
+          [p, s = grpc::Status(static_cast<grpc::StatusCode>(result.code()),
+                               result.message())] { p.reactor->Finish(s); });
+    }
     for (const v1::JoinResult& result : read_.joins()) {
       auto it = joins_.find(result.id());
       if (it == joins_.end()) continue;  // cancelled meanwhile
@@ -630,6 +574,14 @@ class NodeAgent::Impl::NodeStream final
                      &after);
       }
       joins_.clear();
+      for (auto& [id, p] : heartbeats_) {
+        after.Add([reactor = p.reactor,
+                   s = status.ok() ? grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                                  "the coordinator closed the "
+                                                  "node stream")
+                                   : status] { reactor->Finish(s); });
+      }
+      heartbeats_.clear();
       --agent_->live_streams_;
       agent_->drained_.notify_all();
     }
@@ -643,7 +595,7 @@ class NodeAgent::Impl::NodeStream final
     if (writing_ || broken_) return;
     if (queued_.add_size() == 0 && queued_.remove_size() == 0 &&
         queued_.joins_size() == 0 && queued_.cancel_joins_size() == 0 &&
-        queued_.job_id().empty()) {
+        queued_.heartbeats_size() == 0 && queued_.job_id().empty()) {
       return;
     }
     current_ = std::move(queued_);
@@ -671,9 +623,11 @@ class NodeAgent::Impl::NodeStream final
   grpc::ClientContext context_;
   size_t used_ = 0;  // the replica
   std::map<std::string, WatchCall*> watches_;
-  std::map<uint64_t, JoinCall*> joins_;  // sent, not yet answered
-  v1::NodeRequest queued_;               // not yet written
-  v1::NodeRequest current_;              // the write in flight
+  std::map<uint64_t, JoinCall*> joins_;              // sent, not yet answered
+  std::map<uint64_t, PendingHeartbeat> heartbeats_;  // likewise
+  uint64_t next_heartbeat_ = 0;
+  v1::NodeRequest queued_;   // not yet written
+  v1::NodeRequest current_;  // the write in flight
   v1::NodeUpdate read_;
   bool writing_ = false;
   bool broken_ = false;    // its read or a write failed
@@ -688,6 +642,37 @@ void NodeAgent::Impl::WatchCall::Attach(NodeStream* stream, Actions* after) {
 void NodeAgent::Impl::WatchCall::Detach(Actions* after) {
   if (stream_ != nullptr) stream_->Remove(this, after);
   stream_ = nullptr;
+}
+
+void NodeAgent::Impl::FlushLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    const absl::Time now = absl::Now();
+    auto batch = batcher_.TakeIfDue(now);
+    if (!batch.empty()) {
+      // One message a job's stream (a node runs one job's workers).
+      Actions after;
+      std::set<NodeStream*> streams;
+      for (auto& [worker, p] : batch) {
+        NodeStream* stream = StreamFor(p.request->job_id(), &after);
+        stream->AddHeartbeat(p);
+        streams.insert(stream);
+      }
+      for (NodeStream* stream : streams) stream->Flush(&after);
+      heartbeats_ += static_cast<int64_t>(batch.size());
+      batches_ += static_cast<int64_t>(streams.size());
+      lock.unlock();
+      after.Run();
+      lock.lock();
+      continue;
+    }
+    const absl::Time due = batcher_.Due(now);
+    if (due == absl::InfiniteFuture()) {
+      cv_.wait(lock);
+    } else {
+      cv_.wait_until(lock, absl::ToChronoTime(due));
+    }
+  }
 }
 
 void NodeAgent::Impl::JoinCall::OnCancel() {
@@ -774,8 +759,7 @@ void NodeAgent::Impl::Shutdown() {
   }
   std::unique_lock<std::mutex> lock(mu_);
   for (auto& [job, stream] : streams_) stream->Cancel();
-  drained_.wait(lock,
-                [&] { return live_streams_ == 0 && batches_in_flight_ == 0; });
+  drained_.wait(lock, [&] { return live_streams_ == 0; });
 }
 
 NodeAgent::NodeAgent(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

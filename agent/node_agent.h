@@ -7,18 +7,17 @@
 // a connection, a membership stream and a heartbeat call an interval per
 // process at the coordinator. With an agent per node, the coordinator's
 // load grows with nodes:
-//  - Heartbeats are batched (Note [Heartbeat batching] in
-//    heartbeat_batcher.h): one Heartbeats call an interval carries the
-//    node's workers' heartbeats; each worker gets its own answer.
-//  - Joins and membership views travel on one Node stream per node and
-//    job. A worker's Join goes out on it (with the others' that arrive
-//    while a write is in flight, in one message) and its answer comes back
-//    on it; a Join whose worker's call ends first (the process died, its
-//    deadline passed) is cancelled there, so the coordinator withdraws the
-//    worker as it does a cancelled Join. The agent adds a worker to the
-//    stream when its WatchMembership opens and removes it when that call
-//    ends; each view is passed on as WatchMembership would have sent it.
-//    When the stream ends (the coordinator restarted or moved), the
+//  - Joins, heartbeats and membership views travel on one Node stream per
+//    node and job. Heartbeats are batched (Note [Heartbeat batching] in
+//    heartbeat_batcher.h): one message an interval carries the node's
+//    workers' heartbeats; each worker gets its own answer. A worker's Join goes
+//    out on it (with the others' that arrive while a write is in flight, in one
+//    message) and its answer comes back on it; a Join whose worker's call ends
+//    first (the process died, its deadline passed) is cancelled there, so the
+//    coordinator withdraws the worker as it does a cancelled Join. The agent
+//    adds a worker to the stream when its WatchMembership opens and removes it
+//    when that call ends; each view is passed on as WatchMembership would have
+//    sent it. When the stream ends (the coordinator restarted or moved), the
 //    workers' calls on it end with its status (UNAVAILABLE) and the
 //    workers retry and reconnect as they would to the coordinator; the
 //    agent opens a fresh stream for them.
@@ -83,7 +82,7 @@ class NodeAgent {
   // What the agent carried so far.
   struct Counters {
     int64_t heartbeats = 0;         // workers' heartbeats carried
-    int64_t heartbeat_batches = 0;  // Heartbeats calls made
+    int64_t heartbeat_batches = 0;  // messages that carried them
     int64_t node_streams = 0;       // Node streams opened
     int64_t node_updates = 0;       // NodeUpdates received
     int64_t forwarded = 0;          // calls passed on, Joins included

@@ -9,24 +9,28 @@
 //       [--tcpstore-timeout-s 60]
 //
 // Without --workers it runs N = 1,000, 10,000 and 100,000 in turn; job size
-// and rendezvous size default to N. For each N it starts
-// `concord-coordinator`'s Server in a child process (so that its CPU time
-// and memory are its own, read from /proc), then
+// and rendezvous size default to N. The workers are simulated the way
+// concord-run runs them: through node agents of --per-agent K workers
+// (default 8, so 100,000 workers are 12,500 agents; Note [Node agents] in
+// agent/node_agent.h), each agent one connection of --connections and one
+// Node stream carrying its workers' joins and membership watches;
+// --per-agent 0 makes every worker talk to the coordinator itself (async
+// Joins, no watches). For each N it starts `concord-coordinator`'s Server
+// in a child process (so that its CPU time and memory are its own, read
+// from /proc), then
 //  1. rendezvous: --rendezvous-workers workers join one job (max = N) at
-//     once with async Joins; prints the time from the first Join sent to
-//     the last answer (every worker placed in generation 1); then one of
-//     them dies (leaves with an error) and the others join again at once:
-//     prints the re-form time, from the death to the last new rank;
+//     once; prints the time from the first join sent to the last answer
+//     (every worker placed in generation 1); then one of them dies (leaves
+//     with an error) and the others join again at once: prints the re-form
+//     time, from the death to the last new rank;
 //  2. joins the rest of --workers in jobs of --job-size the same way;
-//  3. heartbeats: every worker sends one Heartbeat per 1/--rate-hz seconds,
-//     spread evenly over the period, for --duration-s; prints p50/p99/max
-//     latency, errors, achieved rate, the coordinator's CPU (cores used over
-//     the phase), threads and resident memory. With --per-agent K the
-//     workers are simulated node agents of K (Note [Node agents] in
-//     agent/node_agent.h; the default for N = 100,000 is 8, i.e. 12,500
-//     agents): each agent sends its K workers' heartbeats in one Heartbeats
-//     call per period, as concord-run does once its workers are in phase;
-//     the latency is that call's;
+//  3. heartbeats: every worker heartbeats once per 1/--rate-hz seconds,
+//     spread evenly over the period, for --duration-s: an agent sends its
+//     K workers' heartbeats in one Heartbeats call, as concord-run does
+//     once its workers are in phase (without agents, a Heartbeat call
+//     each); prints p50/p99/max latency of those calls, errors, achieved
+//     rate, the coordinator's CPU (cores used over the phase), threads and
+//     resident memory;
 //  4. the anchor (concord-bench-tcpstore, tcpstore_rendezvous.cc): the same
 //     number of nodes rendezvous through one c10d::TCPStore, as far as it
 //     gets within --tcpstore-timeout-s.
@@ -51,11 +55,15 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <limits>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -79,7 +87,7 @@ using SteadyClock = std::chrono::steady_clock;
 struct Flags {
   int workers = 10000;
   int job_size = 1000;
-  int per_agent = 0;  // 0: every worker heartbeats on its own
+  int per_agent = 8;  // 0: every worker talks to the coordinator itself
   int rendezvous_workers = 1000;
   int duration_s = 10;
   double rate_hz = 1.0;
@@ -163,6 +171,7 @@ struct Worker {
   std::string id;
   std::string secret;
   int64_t generation = 0;
+  bool dead = false;  // left (the re-form's death)
   v1::WorkerService::Stub* stub = nullptr;
   v1::AgentService::Stub* agent = nullptr;  // its node agent's connection
 };
@@ -299,6 +308,287 @@ struct Pending {
   size_t worker = 0;
 };
 
+// A Join of `w` to its job of `job_size` workers.
+v1::JoinRequest JoinRequestOf(const Worker& w, size_t job_size,
+                              int64_t previous_generation) {
+  v1::JoinRequest request;
+  request.mutable_spec()->set_job_id(w.job);
+  // The first generation forms when all have joined; the next as soon as
+  // every survivor is back.
+  request.mutable_spec()->set_min_workers(1);
+  request.mutable_spec()->set_max_workers(static_cast<int32_t>(job_size));
+  request.mutable_spec()->set_settle_ms(300000);
+  request.mutable_spec()->set_heartbeat_interval_ms(1000);
+  // Long enough that the first job's members outlive the later joins.
+  request.mutable_spec()->set_heartbeat_timeout_ms(600000);
+  request.mutable_spec()->set_rendezvous_timeout_ms(600000);
+  request.set_worker_id(w.id);
+  request.set_worker_secret(w.secret);
+  request.set_host("127.0.0.1");
+  request.set_wait_timeout_ms(300000);
+  request.set_previous_generation(previous_generation);
+  return request;
+}
+
+// What the simulated agents' streams have answered so far.
+class AgentTracker {
+ public:
+  void Answered(bool ok, const std::string& error) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++answered_;
+    if (!ok && failed_++ == 0) first_error_ = error;
+    cv_.notify_all();
+  }
+  void Views(int n) { views_ += n; }
+  void StreamDone() {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++done_;
+    cv_.notify_all();
+  }
+  // Waits until `answers` joins were answered in all (false after 10 min).
+  bool AwaitAnswers(int64_t answers) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, std::chrono::minutes(10),
+                        [&] { return answered_ >= answers; });
+  }
+  void AwaitStreamsDone(int64_t streams) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, std::chrono::minutes(1),
+                 [&] { return done_ >= streams; });
+  }
+  int64_t answered() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return answered_;
+  }
+  int64_t failed() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return failed_;
+  }
+  std::string first_error() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return first_error_;
+  }
+  int64_t views() const { return views_.load(); }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int64_t answered_ = 0, failed_ = 0, done_ = 0;
+  std::string first_error_;
+  std::atomic<int64_t> views_{0};
+};
+
+// Heartbeat answers that came back on the simulated agents' streams.
+struct StreamHeartbeatStats {
+  std::mutex mu;
+  std::vector<double> latency_ms;  // per message, sent after measure_from
+  int64_t answered = 0;
+  int64_t errors = 0;
+  std::string first_error;
+};
+
+// A simulated node agent's Node stream (agent.proto): its workers' joins,
+// heartbeats and membership watches, as concord-run sends them. Writes go
+// one at a time; what is sent meanwhile goes in the next.
+class SimAgent final
+    : public grpc::ClientBidiReactor<v1::NodeRequest, v1::NodeUpdate> {
+ public:
+  SimAgent(std::vector<Worker>* workers, std::vector<size_t> mine,
+           AgentTracker* tracker)
+      : workers_(workers), mine_(std::move(mine)), tracker_(tracker) {}
+
+  const std::vector<size_t>& mine() const { return mine_; }
+
+  void Open(const std::string& token) {
+    concord::AddBearerToken(context_, token);
+    (*workers_)[mine_.front()].agent->async()->Node(&context_, this);
+    AddHold();
+    StartRead(&read_);
+    StartCall();
+  }
+  // Joins those of its workers in [first, first + n) that are alive,
+  // naming `previous_generation`; with `watch`, also starts watching all
+  // of them. Returns how many joins it sent.
+  int Join(size_t first, size_t n, size_t job_size, int64_t previous_generation,
+           bool watch) {
+    v1::NodeRequest request;
+    request.set_job_id((*workers_)[mine_.front()].job);
+    for (size_t k = 0; k < mine_.size(); ++k) {
+      const Worker& w = (*workers_)[mine_[k]];
+      if (watch) {
+        v1::WatchedWorker* add = request.add_add();
+        add->set_worker_id(w.id);
+        add->set_worker_secret(w.secret);
+      }
+      if (mine_[k] < first || mine_[k] >= first + n || w.dead) continue;
+      v1::NodeJoin* join = request.add_joins();
+      join->set_id(k);
+      *join->mutable_request() =
+          JoinRequestOf(w, job_size, previous_generation);
+    }
+    const int joins = request.joins_size();
+    Write(std::move(request));
+    return joins;
+  }
+  // One message with the heartbeats of its live workers; the answers go to
+  // `stats` (the message's latency when sent after `measure_from`).
+  // Returns how many heartbeats it sent.
+  int Heartbeat(int64_t step, SteadyClock::time_point measure_from,
+                StreamHeartbeatStats* stats) {
+    v1::NodeRequest request;
+    const uint64_t seq = next_seq_++;
+    for (size_t k = 0; k < mine_.size(); ++k) {
+      const Worker& w = (*workers_)[mine_[k]];
+      if (w.dead) continue;
+      v1::NodeHeartbeat* heartbeat = request.add_heartbeats();
+      heartbeat->set_id(seq * kIdsPerMessage + k);
+      v1::HeartbeatRequest* r = heartbeat->mutable_request();
+      r->set_job_id(w.job);
+      r->set_worker_id(w.id);
+      r->set_worker_secret(w.secret);
+      r->set_generation(w.generation);
+      r->set_step(step);
+      r->set_samples_per_second(1000.0);
+    }
+    const int sent = request.heartbeats_size();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stats_ = stats;
+      const SteadyClock::time_point now = SteadyClock::now();
+      if (now >= measure_from) sent_at_[seq] = now;
+    }
+    Write(std::move(request));
+    return sent;
+  }
+  void Close() {
+    context_.TryCancel();
+    RemoveHold();
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return;
+    tracker_->Views(read_.views_size());
+    for (const v1::JoinResult& r : read_.joins()) {
+      if (r.code() == 0) {
+        (*workers_)[mine_[r.id()]].generation = r.response().generation();
+      }
+      tracker_->Answered(r.code() == 0,
+                         absl::StrCat(r.code(), ": ", r.message()));
+    }
+    if (read_.heartbeats_size() > 0) {
+      const SteadyClock::time_point now = SteadyClock::now();
+      StreamHeartbeatStats* stats;
+      std::vector<double> latencies;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        stats = stats_;
+        for (const v1::HeartbeatResult& r : read_.heartbeats()) {
+          auto it = sent_at_.find(r.id() / kIdsPerMessage);
+          if (it == sent_at_.end()) continue;
+          latencies.push_back(1e3 * Seconds(now - it->second));
+          sent_at_.erase(it);
+        }
+      }
+      std::lock_guard<std::mutex> lock(stats->mu);
+      stats->latency_ms.insert(stats->latency_ms.end(), latencies.begin(),
+                               latencies.end());
+      for (const v1::HeartbeatResult& r : read_.heartbeats()) {
+        ++stats->answered;
+        if (r.code() != 0 && stats->errors++ == 0) {
+          stats->first_error = absl::StrCat(r.code(), ": ", r.message());
+        }
+      }
+    }
+    StartRead(&read_);
+  }
+  void OnWriteDone(bool /*ok*/) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (queued_.ByteSizeLong() == 0) {
+        writing_ = false;
+        return;
+      }
+      write_ = std::move(queued_);
+      queued_.Clear();
+    }
+    StartWrite(&write_);
+  }
+  void OnDone(const grpc::Status& /*status*/) override {
+    tracker_->StreamDone();
+  }
+
+ private:
+  static constexpr uint64_t kIdsPerMessage = 1 << 16;
+
+  // Writes `request`, or queues it behind the write in flight.
+  void Write(v1::NodeRequest request) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (writing_) {
+        queued_.MergeFrom(request);
+        return;
+      }
+      writing_ = true;
+      write_ = std::move(request);
+    }
+    // Outside the lock: gRPC may run a reaction on this thread.
+    StartWrite(&write_);
+  }
+
+  std::vector<Worker>* workers_;
+  const std::vector<size_t> mine_;
+  AgentTracker* tracker_;
+  grpc::ClientContext context_;
+  v1::NodeUpdate read_;
+  std::atomic<uint64_t> next_seq_{0};
+  std::mutex mu_;
+  v1::NodeRequest write_;                                // in flight
+  v1::NodeRequest queued_;                               // guarded by mu_
+  bool writing_ = false;                                 // guarded by mu_
+  std::map<uint64_t, SteadyClock::time_point> sent_at_;  // by message
+  StreamHeartbeatStats* stats_ = nullptr;                // guarded by mu_
+};
+
+// Joins workers[first, first + n) (their job's) through their simulated
+// agents, opening the agents' streams (and watches) when `open`; returns
+// the seconds from the first join sent to the last answer, or -1.
+double JoinAllThroughAgents(std::vector<Worker>& workers,
+                            std::vector<std::unique_ptr<SimAgent>>& agents,
+                            AgentTracker* tracker, size_t first, size_t n,
+                            size_t job_size, int64_t previous_generation,
+                            size_t per_agent, const std::string& token) {
+  const SteadyClock::time_point start = SteadyClock::now();
+  const int64_t before = tracker->answered();
+  const int64_t failed_before = tracker->failed();
+  int64_t sent = 0;
+  if (previous_generation == 0) {
+    for (size_t a = first; a < first + n; a += per_agent) {
+      std::vector<size_t> mine;
+      for (size_t i = a; i < std::min(a + per_agent, first + n); ++i) {
+        mine.push_back(i);
+      }
+      agents.push_back(
+          std::make_unique<SimAgent>(&workers, std::move(mine), tracker));
+      agents.back()->Open(token);
+      sent += agents.back()->Join(first, n, job_size, 0, /*watch=*/true);
+    }
+  } else {
+    for (auto& agent : agents) {
+      const std::vector<size_t>& mine = agent->mine();
+      if (mine.back() < first || mine.front() >= first + n) continue;
+      sent += agent->Join(first, n, job_size, previous_generation, false);
+    }
+  }
+  if (!tracker->AwaitAnswers(before + sent)) return -1;
+  const double seconds = Seconds(SteadyClock::now() - start);
+  if (tracker->failed() > failed_before) {
+    std::fprintf(stderr, "joins through agents failed: %s\n",
+                 tracker->first_error().c_str());
+    return -1;
+  }
+  return seconds;
+}
+
 // Joins workers[first, first + n) to their job (of `job_size` workers) at
 // once, naming `previous_generation` (0: a fresh join); returns the seconds
 // from the first Join sent to the last answer, or -1 when one failed.
@@ -310,22 +600,8 @@ double JoinAll(std::vector<Worker>& workers, size_t first, size_t n,
   const SteadyClock::time_point start = SteadyClock::now();
   for (size_t i = first; i < first + n; ++i) {
     Worker& w = workers[i];
-    v1::JoinRequest request;
-    request.mutable_spec()->set_job_id(w.job);
-    // The first generation forms when all have joined; the next as soon as
-    // every survivor is back.
-    request.mutable_spec()->set_min_workers(1);
-    request.mutable_spec()->set_max_workers(static_cast<int32_t>(job_size));
-    request.mutable_spec()->set_settle_ms(300000);
-    request.mutable_spec()->set_heartbeat_interval_ms(1000);
-    // Long enough that the first job's members outlive the later joins.
-    request.mutable_spec()->set_heartbeat_timeout_ms(600000);
-    request.mutable_spec()->set_rendezvous_timeout_ms(600000);
-    request.set_worker_id(w.id);
-    request.set_worker_secret(w.secret);
-    request.set_host("127.0.0.1");
-    request.set_wait_timeout_ms(300000);
-    request.set_previous_generation(previous_generation);
+    const v1::JoinRequest request =
+        JoinRequestOf(w, job_size, previous_generation);
     auto call = std::make_unique<Pending<v1::JoinResponse>>();
     call->context.set_deadline(std::chrono::system_clock::now() +
                                std::chrono::minutes(5));
@@ -363,8 +639,11 @@ double JoinAll(std::vector<Worker>& workers, size_t first, size_t n,
 // and the other n - 1 join again at once; returns the seconds from the
 // death to the last survivor's new rank, or -1. The dead worker is dropped
 // from `workers`' job (its generation is left at 0).
-double ReformOne(std::vector<Worker>& workers, size_t first, size_t n,
-                 const std::string& token) {
+double ReformOne(
+    std::vector<Worker>& workers, size_t first, size_t n,
+    const std::string& token,
+    const std::function<double(size_t first, size_t n, size_t job_size,
+                               int64_t previous_generation)>& join_all) {
   Worker& dead = workers[first];
   const int64_t generation = dead.generation;
   const SteadyClock::time_point start = SteadyClock::now();
@@ -387,8 +666,8 @@ double ReformOne(std::vector<Worker>& workers, size_t first, size_t n,
     return -1;
   }
   dead.generation = 0;
-  const double rejoin =
-      JoinAll(workers, first + 1, n - 1, n, generation, token);
+  dead.dead = true;
+  const double rejoin = join_all(first + 1, n - 1, n, generation);
   if (rejoin < 0) return -1;
   return Seconds(SteadyClock::now() - start);
 }
@@ -411,47 +690,28 @@ struct HeartbeatStats {
   double max_send_lag_ms = 0;  // how far behind schedule the client sent
 };
 
-// One heartbeat call in flight: a worker's Heartbeat, or a simulated
-// agent's Heartbeats for its workers.
+// One worker's Heartbeat call in flight.
 struct HeartbeatCall {
   grpc::ClientContext context;
   grpc::Status status;
   SteadyClock::time_point sent;
-  v1::HeartbeatResponse one;
+  v1::HeartbeatResponse response;
   std::unique_ptr<grpc::ClientAsyncResponseReader<v1::HeartbeatResponse>>
-      one_reader;
-  v1::HeartbeatBatchResponse batch;
-  std::unique_ptr<grpc::ClientAsyncResponseReader<v1::HeartbeatBatchResponse>>
-      batch_reader;
-  int heartbeats = 1;
-
-  // The call's error, or the first of its heartbeats'; empty when all were
-  // answered.
-  std::string Error() const {
-    if (!status.ok()) {
-      return absl::StrCat(status.error_code(), ": ", status.error_message());
-    }
-    if (batch_reader == nullptr) return "";
-    if (batch.results_size() != heartbeats) {
-      return absl::StrCat(batch.results_size(), " answers to ", heartbeats,
-                          " heartbeats");
-    }
-    for (const v1::HeartbeatResult& r : batch.results()) {
-      if (r.code() != 0) return absl::StrCat(r.code(), ": ", r.message());
-    }
-    return "";
-  }
+      reader;
 };
 
 // One client thread: the heartbeats of units[t], units[t + T], ... at
 // `rate_hz` each, phase-shifted evenly over the period, until `end`. A unit
-// is one worker (a Heartbeat call) or, with `agents`, a simulated node
-// agent (one Heartbeats call for its workers). Latencies of calls sent
-// before `measure_from` are not kept.
+// is one worker (a Heartbeat call), or with `agents` a simulated node agent
+// (one message on its Node stream for its workers, answered into
+// `stream_stats`). Latencies of what was sent before `measure_from` are
+// not kept.
 void HeartbeatThread(const std::vector<Worker>& workers,
-                     const std::vector<std::vector<size_t>>& units, bool agents,
-                     size_t t, size_t threads, double rate_hz,
-                     const std::string& token, SteadyClock::time_point start,
+                     const std::vector<size_t>& units,
+                     const std::vector<SimAgent*>* agents,
+                     StreamHeartbeatStats* stream_stats, size_t t,
+                     size_t threads, double rate_hz, const std::string& token,
+                     SteadyClock::time_point start,
                      SteadyClock::time_point measure_from,
                      SteadyClock::time_point end, HeartbeatStats* stats) {
   grpc::CompletionQueue cq;
@@ -469,16 +729,6 @@ void HeartbeatThread(const std::vector<Worker>& workers,
            (period * static_cast<int64_t>(mine[index])) /
                static_cast<int64_t>(n);
   };
-  auto request_of = [&](const Worker& w) {
-    v1::HeartbeatRequest request;
-    request.set_job_id(w.job);
-    request.set_worker_id(w.id);
-    request.set_worker_secret(w.secret);
-    request.set_generation(w.generation);
-    request.set_step(step);
-    request.set_samples_per_second(1000.0);
-    return request;
-  };
   while (true) {
     const SteadyClock::time_point now = SteadyClock::now();
     // At most kBatch sends between two looks at the completions, so that a
@@ -486,28 +736,35 @@ void HeartbeatThread(const std::vector<Worker>& workers,
     constexpr int kBatch = 64;
     for (int batch = 0; batch < kBatch && now < end && due(cursor) <= now;
          ++batch) {
-      const std::vector<size_t>& unit = units[mine[cursor]];
+      const size_t unit = units[mine[cursor]];
+      const SteadyClock::time_point sent = SteadyClock::now();
+      stats->max_send_lag_ms =
+          std::max(stats->max_send_lag_ms, 1e3 * Seconds(sent - due(cursor)));
+      if (agents != nullptr) {
+        stats->sent +=
+            (*agents)[unit]->Heartbeat(step, measure_from, stream_stats);
+        if (++cursor == mine.size()) {
+          cursor = 0;
+          ++round;
+          ++step;
+        }
+        continue;
+      }
+      const Worker& w = workers[unit];
+      v1::HeartbeatRequest request;
+      request.set_job_id(w.job);
+      request.set_worker_id(w.id);
+      request.set_worker_secret(w.secret);
+      request.set_generation(w.generation);
+      request.set_step(step);
+      request.set_samples_per_second(1000.0);
       auto* call = new HeartbeatCall();
       call->context.set_deadline(std::chrono::system_clock::now() +
                                  std::chrono::seconds(10));
       concord::AddBearerToken(call->context, token);
-      call->sent = SteadyClock::now();
-      stats->max_send_lag_ms = std::max(
-          stats->max_send_lag_ms, 1e3 * Seconds(call->sent - due(cursor)));
-      if (agents) {
-        v1::HeartbeatBatchRequest request;
-        for (size_t i : unit)
-          *request.add_heartbeats() = request_of(workers[i]);
-        call->heartbeats = request.heartbeats_size();
-        call->batch_reader = workers[unit.front()].agent->AsyncHeartbeats(
-            &call->context, request, &cq);
-        call->batch_reader->Finish(&call->batch, &call->status, call);
-      } else {
-        const Worker& w = workers[unit.front()];
-        call->one_reader =
-            w.stub->AsyncHeartbeat(&call->context, request_of(w), &cq);
-        call->one_reader->Finish(&call->one, &call->status, call);
-      }
+      call->sent = sent;
+      call->reader = w.stub->AsyncHeartbeat(&call->context, request, &cq);
+      call->reader->Finish(&call->response, &call->status, call);
       ++in_flight;
       if (++cursor == mine.size()) {
         cursor = 0;
@@ -531,9 +788,12 @@ void HeartbeatThread(const std::vector<Worker>& workers,
       auto* call = static_cast<HeartbeatCall*>(tag);
       const SteadyClock::time_point done = SteadyClock::now();
       --in_flight;
-      stats->sent += call->heartbeats;
-      if (std::string error = call->Error(); !error.empty()) {
-        if (stats->errors++ == 0) stats->first_error = std::move(error);
+      ++stats->sent;
+      if (!call->status.ok()) {
+        if (stats->errors++ == 0) {
+          stats->first_error = absl::StrCat(call->status.error_code(), ": ",
+                                            call->status.error_message());
+        }
       } else if (call->sent >= measure_from) {
         stats->latency_ms.push_back(1e3 * Seconds(done - call->sent));
       }
@@ -619,6 +879,20 @@ bool RunConcord(const Flags& f, Result* result) {
     }
   }
 
+  // Through simulated node agents (--per-agent): their Node streams.
+  AgentTracker tracker;
+  std::vector<std::unique_ptr<SimAgent>> agents;
+  const auto join_all = [&](size_t first, size_t n, size_t job_size,
+                            int64_t previous_generation) {
+    return f.per_agent > 0
+               ? JoinAllThroughAgents(workers, agents, &tracker, first, n,
+                                      job_size, previous_generation,
+                                      static_cast<size_t>(f.per_agent),
+                                      options.worker_token)
+               : JoinAll(workers, first, n, job_size, previous_generation,
+                         options.worker_token);
+  };
+
   bool ok = true;
   for (size_t j = 0; j < jobs.size(); ++j) {
     const int threads_before = Threads(pid);
@@ -632,9 +906,8 @@ bool RunConcord(const Flags& f, Result* result) {
         std::this_thread::sleep_for(std::chrono::milliseconds(5));
       }
     });
-    const double seconds =
-        JoinAll(workers, jobs[j].first, jobs[j].second, jobs[j].second,
-                /*previous_generation=*/0, options.worker_token);
+    const double seconds = join_all(jobs[j].first, jobs[j].second,
+                                    jobs[j].second, /*previous_generation=*/0);
     joining = false;
     sampler.join();
     if (seconds < 0) {
@@ -651,7 +924,7 @@ bool RunConcord(const Flags& f, Result* result) {
       if (jobs[j].second > 1) {
         const double cpu = CpuSeconds(pid);
         const double reform = ReformOne(workers, jobs[j].first, jobs[j].second,
-                                        options.worker_token);
+                                        options.worker_token, join_all);
         if (reform < 0) {
           ok = false;
           break;
@@ -668,17 +941,21 @@ bool RunConcord(const Flags& f, Result* result) {
   }
   if (ok) {
     workers.resize(static_cast<size_t>(f.workers));
-    // The heartbeat units: each worker, or each agent's workers (the
-    // rendezvous job's dead worker heartbeats no more).
-    std::vector<std::vector<size_t>> units;
-    const size_t per_unit = static_cast<size_t>(std::max(f.per_agent, 1));
-    for (size_t i = 0; i < workers.size(); i += per_unit) {
-      std::vector<size_t> unit;
-      for (size_t k = i; k < std::min(i + per_unit, workers.size()); ++k) {
-        if (workers[k].generation > 0) unit.push_back(k);
+    // The heartbeat units: each worker (the rendezvous job's dead worker
+    // heartbeats no more), or each simulated agent.
+    std::vector<size_t> units;
+    std::vector<SimAgent*> agent_units;
+    if (f.per_agent > 0) {
+      for (auto& agent : agents) {
+        units.push_back(agent_units.size());
+        agent_units.push_back(agent.get());
       }
-      if (!unit.empty()) units.push_back(std::move(unit));
+    } else {
+      for (size_t i = 0; i < workers.size(); ++i) {
+        if (workers[i].generation > 0) units.push_back(i);
+      }
     }
+    StreamHeartbeatStats stream_stats;
     const size_t threads = static_cast<size_t>(f.client_threads);
     std::vector<HeartbeatStats> stats(threads);
     const SteadyClock::time_point start = SteadyClock::now();
@@ -695,11 +972,38 @@ bool RunConcord(const Flags& f, Result* result) {
     std::vector<std::thread> pool;
     for (size_t t = 0; t < threads; ++t) {
       pool.emplace_back(HeartbeatThread, std::cref(workers), std::cref(units),
-                        f.per_agent > 0, t, threads, f.rate_hz,
-                        std::cref(options.worker_token), start, measure_from,
-                        end, &stats[t]);
+                        f.per_agent > 0 ? &agent_units : nullptr, &stream_stats,
+                        t, threads, f.rate_hz, std::cref(options.worker_token),
+                        start, measure_from, end, &stats[t]);
     }
     for (auto& th : pool) th.join();
+    if (f.per_agent > 0) {
+      // The agents' answers come back on their streams.
+      int64_t sent_total = 0;
+      for (auto& st : stats) sent_total += st.sent;
+      const SteadyClock::time_point give_up =
+          SteadyClock::now() + std::chrono::seconds(10);
+      while (SteadyClock::now() < give_up) {
+        {
+          std::lock_guard<std::mutex> lock(stream_stats.mu);
+          if (stream_stats.answered >= sent_total) break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      std::lock_guard<std::mutex> lock(stream_stats.mu);
+      HeartbeatStats& into = stats.front();
+      into.latency_ms.insert(into.latency_ms.end(),
+                             stream_stats.latency_ms.begin(),
+                             stream_stats.latency_ms.end());
+      into.errors += stream_stats.errors + (sent_total - stream_stats.answered);
+      if (into.first_error.empty()) {
+        into.first_error =
+            stream_stats.answered < sent_total
+                ? absl::StrCat(sent_total - stream_stats.answered,
+                               " heartbeats not answered")
+                : stream_stats.first_error;
+      }
+    }
     const double wall = Seconds(SteadyClock::now() - start);
     const double cpu = CpuSeconds(pid) - cpu_before;
     rusage self_after{};
@@ -727,7 +1031,7 @@ bool RunConcord(const Flags& f, Result* result) {
     result->heartbeat_p99_ms = p99;
     result->coordinator_cores = cpu / wall;
     result->coordinator_rss_mb = ResidentMib(pid);
-    say("heartbeats: %d workers%s at %.2f Hz for %.1f s: %lld answered "
+    say("heartbeats: %d workers%s at %.2f Hz for %.1f s: %lld sent "
         "(%.0f/s), %lld errors%s%s\n",
         f.workers,
         f.per_agent > 0 ? absl::StrCat(" through ", units.size(), " agents of ",
@@ -741,12 +1045,12 @@ bool RunConcord(const Flags& f, Result* result) {
         "(client fell behind schedule by at most %.1f ms)\n",
         p50, p99, max, lag);
     const std::string metrics = HttpGet(metrics_port, "/metrics");
-    say("heartbeat handler time in the coordinator (its histogram): p50 <= "
-        "%g ms, p99 <= %g ms\n",
-        ServerQuantileMs(metrics, f.per_agent > 0 ? "Heartbeats" : "Heartbeat",
-                         0.5),
-        ServerQuantileMs(metrics, f.per_agent > 0 ? "Heartbeats" : "Heartbeat",
-                         0.99));
+    if (f.per_agent == 0) {
+      say("heartbeat handler time in the coordinator (its histogram): p50 <= "
+          "%g ms, p99 <= %g ms\n",
+          ServerQuantileMs(metrics, "Heartbeat", 0.5),
+          ServerQuantileMs(metrics, "Heartbeat", 0.99));
+    }
     say("coordinator CPU: %.2f s over %.1f s = %.2f cores; threads %d; "
         "resident %.0f MiB (%.2f KiB a worker); load generator CPU %.2f "
         "cores\n",
@@ -760,6 +1064,12 @@ bool RunConcord(const Flags& f, Result* result) {
       }
       ok = false;
     }
+  }
+  if (!agents.empty()) {
+    say("agents: %zu Node streams carried the joins and %lld views\n",
+        agents.size(), static_cast<long long>(tracker.views()));
+    for (auto& agent : agents) agent->Close();
+    tracker.AwaitStreamsDone(static_cast<int64_t>(agents.size()));
   }
   kill(pid, SIGTERM);
   waitpid(pid, nullptr, 0);
@@ -788,8 +1098,9 @@ int main(int argc, char** argv) {
   app.add_option("--job-size", f.job_size, "Workers per job (default: N)")
       ->check(CLI::Range(1, 100000));
   app.add_option("--per-agent", f.per_agent,
-                 "Workers per simulated node agent, 0: none (default: 8 for "
-                 "N = 100,000, else 0)")
+                 "Workers per simulated node agent (concord-run's default); "
+                 "0: every worker talks to the coordinator itself")
+      ->capture_default_str()
       ->check(CLI::Range(0, 4096));
   app.add_option("--rendezvous-workers", f.rendezvous_workers,
                  "Workers of the measured rendezvous, the first job "
@@ -835,7 +1146,6 @@ int main(int argc, char** argv) {
     Flags g = f;
     g.workers = n;
     if (app.count("--job-size") == 0) g.job_size = n;
-    if (app.count("--per-agent") == 0) g.per_agent = n >= 100000 ? 8 : 0;
     if (app.count("--rendezvous-workers") == 0) g.rendezvous_workers = n;
     Result r;
     r.workers = n;

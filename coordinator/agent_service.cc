@@ -27,7 +27,9 @@ class NodeCall final
       public CoreHost::Waiter {
  public:
   NodeCall(CoreHost* host, Metrics* metrics)
-      : host_(host), scope_(std::make_unique<RpcScope>(metrics, "Node")) {}
+      : host_(host),
+        metrics_(metrics),
+        scope_(std::make_unique<RpcScope>(metrics, "Node")) {}
 
   // Starts reading, or ends at once when `auth` refused the call.
   void Begin(const absl::Status& auth) {
@@ -169,6 +171,15 @@ class NodeCall final
 
   // With the host's mutex held: applies one request of the agent.
   absl::Status Apply(Core& core) {
+    if (metrics_ != nullptr) {
+      for (const auto& [kind, items] :
+           {std::pair<const char*, int>{
+                "joins", request_.joins_size() + request_.cancel_joins_size()},
+            {"heartbeats", request_.heartbeats_size()},
+            {"watch", request_.add_size() + request_.remove_size()}}) {
+        if (items > 0) metrics_->RecordNodeMessage(kind, items);
+      }
+    }
     if (job_id_.empty()) {
       if (request_.job_id().empty()) {
         return absl::InvalidArgumentError(
@@ -181,10 +192,12 @@ class NodeCall final
                                                      request_.job_id(), "'"));
     }
     if (workers_.size() + request_.add_size() >
-        static_cast<size_t>(AgentServiceImpl::kMaxBatch)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("a node stream watches at most ",
-                       AgentServiceImpl::kMaxBatch, " workers"));
+            static_cast<size_t>(AgentServiceImpl::kMaxWorkers) ||
+        request_.joins_size() > AgentServiceImpl::kMaxWorkers ||
+        request_.heartbeats_size() > AgentServiceImpl::kMaxWorkers) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a node stream carries at most ", AgentServiceImpl::kMaxWorkers,
+          " workers (watches, joins or heartbeats at once)"));
     }
     for (const std::string& id : request_.remove()) {
       auto it = workers_.find(id);
@@ -224,6 +237,22 @@ class NodeCall final
       pending.request = std::move(*join.mutable_request());
       joins_.emplace(join.id(), std::move(pending));
     }
+    for (const v1::NodeHeartbeat& heartbeat : request_.heartbeats()) {
+      v1::HeartbeatResult* result = refused.add_heartbeats();
+      result->set_id(heartbeat.id());
+      absl::StatusOr<v1::HeartbeatResponse> answer =
+          heartbeat.request().job_id() == job_id_
+              ? core.Heartbeat(heartbeat.request())
+              : absl::InvalidArgumentError(absl::StrCat(
+                    "a heartbeat for job '", heartbeat.request().job_id(),
+                    "' on the node stream of job '", job_id_, "'"));
+      if (answer.ok()) {
+        *result->mutable_response() = *std::move(answer);
+      } else {
+        result->set_code(static_cast<int>(answer.status().code()));
+        result->set_message(std::string(answer.status().message()));
+      }
+    }
     Queue(std::move(refused));
     for (const v1::WatchedWorker& add : request_.add()) {
       Watched& w = workers_[add.worker_id()];
@@ -245,12 +274,18 @@ class NodeCall final
     for (v1::JoinResult& join : *out.mutable_joins()) {
       *pending_joins_.add_joins() = std::move(join);
     }
+    for (v1::HeartbeatResult& heartbeat : *out.mutable_heartbeats()) {
+      *pending_joins_.add_heartbeats() = std::move(heartbeat);
+    }
     if (!writing_) WritePending();
   }
 
   // With the host's mutex held and no write in flight.
   void WritePending() {
-    if (pending_views_.empty() && pending_joins_.joins_size() == 0) return;
+    if (pending_views_.empty() && pending_joins_.joins_size() == 0 &&
+        pending_joins_.heartbeats_size() == 0) {
+      return;
+    }
     current_ = std::move(pending_joins_);
     pending_joins_.Clear();
     for (auto& [id, view] : pending_views_) {
@@ -293,15 +328,16 @@ class NodeCall final
   }
 
   CoreHost* host_;
+  Metrics* metrics_;  // may be null
   std::unique_ptr<RpcScope> scope_;
   v1::NodeRequest request_;  // the read in flight
   std::string job_id_;
   std::map<std::string, Watched> workers_;
   std::map<uint64_t, PendingJoin> joins_;  // by the agent's id
-  // To write next: views (newest a worker) and join answers.
+  // To write next: views (newest a worker), join and heartbeat answers.
   std::map<std::string, v1::WorkerView> pending_views_;
-  v1::NodeUpdate pending_joins_;
-  v1::NodeUpdate current_;  // the write in flight
+  v1::NodeUpdate pending_joins_;  // the answers
+  v1::NodeUpdate current_;        // the write in flight
   CoreHost::WaiterId view_id_ = 0, placement_id_ = 0;
   bool writing_ = false;
   bool ended_ = false;
@@ -309,38 +345,6 @@ class NodeCall final
 };
 
 }  // namespace
-
-grpc::ServerUnaryReactor* AgentServiceImpl::Heartbeats(
-    grpc::CallbackServerContext* context,
-    const v1::HeartbeatBatchRequest* request,
-    v1::HeartbeatBatchResponse* response) {
-  RpcScope scope(metrics_, "Heartbeats");
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  absl::Status status = auth_->Check(*context, Role::kWorker, "Heartbeats");
-  if (status.ok() && request->heartbeats_size() > kMaxBatch) {
-    status = absl::InvalidArgumentError(
-        absl::StrCat("a batch of ", request->heartbeats_size(),
-                     " heartbeats; at most ", kMaxBatch));
-  }
-  if (status.ok()) {
-    host_->Mutate([&](Core& core) {
-      response->mutable_results()->Reserve(request->heartbeats_size());
-      for (const v1::HeartbeatRequest& heartbeat : request->heartbeats()) {
-        absl::StatusOr<v1::HeartbeatResponse> answer =
-            core.Heartbeat(heartbeat);
-        v1::HeartbeatResult* result = response->add_results();
-        if (answer.ok()) {
-          *result->mutable_response() = *std::move(answer);
-        } else {
-          result->set_code(static_cast<int>(answer.status().code()));
-          result->set_message(std::string(answer.status().message()));
-        }
-      }
-    });
-  }
-  reactor->Finish(scope.Done(ToGrpcStatus(status)));
-  return reactor;
-}
 
 grpc::ServerBidiReactor<v1::NodeRequest, v1::NodeUpdate>*
 AgentServiceImpl::Node(grpc::CallbackServerContext* context) {

@@ -1,7 +1,7 @@
 #pragma once
 // The gRPC face of the coordinator for node agents (agent.proto, Note [Node
-// agents] in agent/node_agent.h): many workers' heartbeats in one call, and
-// a node's workers' joins and membership views on one stream. Each worker's
+// agents] in agent/node_agent.h): a node's workers' joins, heartbeats and
+// membership views on one stream. Each worker's
 // request inside is checked and answered by the Core exactly as
 // WorkerServiceImpl would check and answer it alone.
 //
@@ -19,28 +19,25 @@ namespace concord::coordinator {
 
 class AgentServiceImpl final : public v1::AgentService::CallbackService {
  public:
-  // The most heartbeats one Heartbeats call may carry.
-  static constexpr int kMaxBatch = 4096;
+  // The most workers one Node stream may watch, and the most joins or
+  // heartbeats one of its messages may carry.
+  static constexpr int kMaxWorkers = 4096;
 
   // All must outlive the service; `metrics` may be null.
   AgentServiceImpl(CoreHost* host, const Authorizer* auth, Metrics* metrics)
       : host_(host), auth_(auth), metrics_(metrics) {}
 
-  // Runs Core::Heartbeat for each, under one hold of the core's mutex.
-  grpc::ServerUnaryReactor* Heartbeats(
-      grpc::CallbackServerContext* context,
-      const v1::HeartbeatBatchRequest* request,
-      v1::HeartbeatBatchResponse* response) override;
   // A view and placement waiter for all the stream's joins and workers:
   // each join goes through Core::Join as it arrives and its answer goes
-  // out as soon as it has one (JoinAnswer); after every change of the job
-  // the views that changed go out, all in one message (one write in
-  // flight; what is due meanwhile waits, the newest view a worker kept).
-  // Each worker added is reported to the core as a watch opened once its
-  // first view was computed, and as closed (lost) when the agent removes
-  // it or the stream breaks; not when the coordinator shuts down. A join
-  // the agent cancels, or still pending when the stream ends, is withdrawn
-  // (Core::CancelJoin).
+  // out as soon as it has one (JoinAnswer); each heartbeat goes through
+  // Core::Heartbeat as it arrives (a message's under one hold of the
+  // core's mutex) and its answer goes out at once; after every change of the
+  // job the views that changed go out, all in one message (one write in flight;
+  // what is due meanwhile waits, the newest view a worker kept). Each worker
+  // added is reported to the core as a watch opened once its first view was
+  // computed, and as closed (lost) when the agent removes it or the stream
+  // breaks; not when the coordinator shuts down. A join the agent cancels, or
+  // still pending when the stream ends, is withdrawn (Core::CancelJoin).
   grpc::ServerBidiReactor<v1::NodeRequest, v1::NodeUpdate>* Node(
       grpc::CallbackServerContext* context) override;
 

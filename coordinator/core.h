@@ -411,6 +411,9 @@ class Core {
     std::map<std::string, WatchState> watches;
     // The workers in `watches` whose lost_at is set (transient).
     std::set<std::string> lost_watches;
+    // The workers in `watches` with no stream open (transient): Tick
+    // forgets them once their binding is released.
+    std::set<std::string> idle_watches;
     // Transient, never exported (Note [Job history]).
     JobHistory history;
     // Transient (Note [Asynchronous waits]).

@@ -35,6 +35,7 @@ void Core::WatchOpened(const std::string& job_id,
   if (job == nullptr) return;
   WatchState& watch = job->watches[worker_id];
   ++watch.open;
+  job->idle_watches.erase(worker_id);
   SetLost(*job, worker_id, watch, std::nullopt);
 }
 
@@ -63,6 +64,7 @@ void Core::WatchClosed(const std::string& job_id, const std::string& worker_id,
     job->watches.erase(it);
     return;
   }
+  if (watch.open == 0) job->idle_watches.insert(worker_id);
   if (lost && DropDisconnected(*job)) {
     MaybeFormGeneration(*job);
     Changed(*job);
@@ -111,11 +113,16 @@ void Core::Tick() {
   for (auto& [job_id, job] : jobs_) {
     const absl::Duration heartbeat_timeout =
         absl::Milliseconds(job.spec.heartbeat_timeout_ms());
-    // Streams of workers released since they closed.
-    for (auto it = job.watches.begin(); it != job.watches.end();) {
-      if (it->second.open <= 0 && job.bindings.count(it->first) == 0) {
-        job.lost_watches.erase(it->first);
-        it = job.watches.erase(it);
+    // Streams of workers released since they closed (only those with no
+    // stream open are looked at: a tick costs nothing per open stream).
+    for (auto it = job.idle_watches.begin(); it != job.idle_watches.end();) {
+      auto watch = job.watches.find(*it);
+      if (watch == job.watches.end() || watch->second.open > 0) {
+        it = job.idle_watches.erase(it);
+      } else if (job.bindings.count(*it) == 0) {
+        job.lost_watches.erase(*it);
+        job.watches.erase(watch);
+        it = job.idle_watches.erase(it);
       } else {
         ++it;
       }

@@ -377,6 +377,7 @@ absl::Status Core::RestoreJob(const v1::JobRecord& record) {
   if (existing != nullptr) {
     job.watches = std::move(existing->watches);
     job.lost_watches = std::move(existing->lost_watches);
+    job.idle_watches = std::move(existing->idle_watches);
   }
   ++version_;
   job.epochs = JobEpochs{version_, version_, version_};

@@ -20,7 +20,17 @@ Metrics::Metrics()
                         .Name("concord_store_errors_total")
                         .Help("Failed writes of job records to the store")
                         .Register(*registry_)
-                        .Add({})) {}
+                        .Add({})),
+      node_messages_(prometheus::BuildCounter()
+                         .Name("concord_node_messages_total")
+                         .Help("Node agents' messages on Node streams, by "
+                               "what they carried")
+                         .Register(*registry_)),
+      node_items_(prometheus::BuildCounter()
+                      .Name("concord_node_items_total")
+                      .Help("Joins, heartbeats and watch changes that node "
+                            "agents' messages carried")
+                      .Register(*registry_)) {}
 
 void Metrics::RecordRpc(const char* method, absl::StatusCode code,
                         absl::Duration latency) {

@@ -5,6 +5,12 @@
 //   concord_rpc_total{method,code}          counter
 //   concord_rpc_duration_seconds{method}    histogram (server-side latency)
 //   concord_store_errors_total              counter
+//   concord_node_messages_total{kind}       counter: node agents' messages
+//                                           on Node streams (kind "joins",
+//                                           "heartbeats", "watch": what
+//                                           they carried)
+//   concord_node_items_total{kind}          counter: the joins, heartbeats
+//                                           and watch changes they carried
 //
 // The per-job series (concord_jobs, concord_job_*) are read from the core at
 // scrape time: jobs_collector.h.
@@ -29,6 +35,12 @@ class Metrics {
   void RecordRpc(const char* method, absl::StatusCode code,
                  absl::Duration latency);
   void RecordStoreError() { store_errors_.Increment(); }
+  // One Node stream message of a node agent carrying `items` of `kind`
+  // ("joins", "heartbeats", "watch").
+  void RecordNodeMessage(const char* kind, int items) {
+    node_messages_.Add({{"kind", kind}}).Increment();
+    node_items_.Add({{"kind", kind}}).Increment(items);
+  }
   std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
 
  private:
@@ -36,6 +48,8 @@ class Metrics {
   prometheus::Family<prometheus::Counter>& rpcs_;
   prometheus::Family<prometheus::Histogram>& latency_;
   prometheus::Counter& store_errors_;
+  prometheus::Family<prometheus::Counter>& node_messages_;
+  prometheus::Family<prometheus::Counter>& node_items_;
 };
 
 // Records one RPC when it goes out of scope with the status it was given.

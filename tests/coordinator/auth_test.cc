@@ -120,17 +120,6 @@ class AuthTest : public ::testing::Test {
            v1::EndOfDataResponse r;
            return w->ReportEndOfData(c, q, &r);
          }},
-        {"Heartbeats", Needs::kWorker,
-         [a](grpc::ClientContext* c) {
-           v1::HeartbeatBatchRequest q;
-           v1::HeartbeatRequest* h = q.add_heartbeats();
-           h->set_job_id("job");
-           h->set_worker_id("w0");
-           h->set_worker_secret(Secret("w0"));
-           h->set_generation(1);
-           v1::HeartbeatBatchResponse r;
-           return a->Heartbeats(c, q, &r);
-         }},
         {"Node", Needs::kWorker,
          [a](grpc::ClientContext* c) {
            auto stream = a->Node(c);
