@@ -1,7 +1,7 @@
 #pragma once
 // A node agent: serves the node's workers the coordinator's WorkerService on
 // a local socket and carries their calls to the coordinator over one
-// connection (concord-run --agent).
+// connection (concord-run, unless --no-agent).
 //
 // Note [Node agents]: a job of thousands of processes would otherwise hold
 // a connection, a membership stream and a heartbeat call an interval per
