@@ -19,6 +19,7 @@
 #include "absl/time/clock.h"
 #include "common/auth.h"
 #include "common/coordinator_channel.h"
+#include "common/grpc_auth.h"
 #include "concord/v1/agent.grpc.pb.h"
 #include "concord/v1/worker.grpc.pb.h"
 

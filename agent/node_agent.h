@@ -30,7 +30,7 @@
 // agent that dies takes its workers with it (concord-run's children die
 // with it): their peers' collectives fail and the job re-forms without
 // them; their streams on the node stream count as lost, which drops them
-// as expected survivors at once (Note [Re-forming] in coordinator/core.h).
+// as expected survivors at once (Note [Re-forming] in coordinator/core/core.h).
 // Workers started without an agent talk to the coordinator themselves;
 // both kinds mix in one job.
 //

@@ -72,6 +72,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/auth.h"
+#include "common/grpc_auth.h"
 #include "common/http_get.h"
 #include "common/logging.h"
 #include "concord/v1/agent.grpc.pb.h"

@@ -103,10 +103,6 @@ absl::Status WriteTokenFile(const std::string& path, const std::string& token) {
   return absl::OkStatus();
 }
 
-void AddBearerToken(grpc::ClientContext& context, const std::string& token) {
-  if (!token.empty()) context.AddMetadata("authorization", "Bearer " + token);
-}
-
 std::string BearerTokenOf(const std::string& header) {
   constexpr absl::string_view kPrefix = "Bearer ";
   if (!absl::StartsWith(header, kPrefix)) return "";

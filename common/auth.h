@@ -1,11 +1,10 @@
 #pragma once
 // Bearer tokens: reading them from files, comparing them in constant time,
-// making new ones, and attaching them to client calls.
+// making new ones (no gRPC here: common/grpc_auth.h attaches them to
+// calls).
 //
 // A token file holds one token: its first line, surrounding whitespace
 // trimmed. Tokens are 16 to 4096 printable ASCII characters without spaces.
-
-#include <grpcpp/client_context.h>
 
 #include <string>
 
@@ -30,9 +29,6 @@ std::string GenerateToken();
 // Writes `token` to a new file `path` readable only by its owner (0600).
 // Errors: ALREADY_EXISTS, or the errno's code with the path named.
 absl::Status WriteTokenFile(const std::string& path, const std::string& token);
-
-// Adds `authorization: Bearer <token>` to a call (nothing when empty).
-void AddBearerToken(grpc::ClientContext& context, const std::string& token);
 
 // "Bearer <token>" -> token; empty when the header is not a bearer token.
 std::string BearerTokenOf(const std::string& authorization_header);

@@ -39,9 +39,9 @@
 #include "absl/time/clock.h"
 #include "common/auth.h"
 #include "common/logging.h"
-#include "coordinator/etcd_store.h"
-#include "coordinator/health_http.h"
+#include "coordinator/http/health_http.h"
 #include "coordinator/server.h"
+#include "coordinator/store/etcd_store.h"
 #include "coordinator/systemd_notify.h"
 
 namespace {

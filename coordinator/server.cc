@@ -15,8 +15,8 @@
 #include "absl/time/clock.h"
 #include "common/auth.h"
 #include "common/tls.h"
-#include "coordinator/file_store.h"
-#include "coordinator/jobs_collector.h"
+#include "coordinator/http/jobs_collector.h"
+#include "coordinator/store/file_store.h"
 
 namespace concord::coordinator {
 namespace {

@@ -36,6 +36,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/auth.h"
+#include "common/grpc_auth.h"
 #include "common/grpc_status.h"
 #include "common/operator_json.h"
 #include "common/tls.h"

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/auth.h"
 #include "common/backoff.h"
+#include "common/grpc_auth.h"
 #include "common/grpc_status.h"
 
 namespace concord::worker {

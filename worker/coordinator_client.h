@@ -5,8 +5,8 @@
 // while the coordinator is UNAVAILABLE, up to the call's own deadline.
 // Every call carries the worker token (`authorization: Bearer`) and this
 // process's worker id and secret (Note [Worker binding] in
-// coordinator/core.h): the client fills in worker_id/worker_secret of every
-// request it sends. Thread-safe: the heartbeat thread, the membership
+// coordinator/core/core.h): the client fills in worker_id/worker_secret of
+// every request it sends. Thread-safe: the heartbeat thread, the membership
 // watcher and the training thread share one client.
 
 #include <atomic>
@@ -92,7 +92,7 @@ class CoordinatorClient {
       const std::string& job_id, int64_t generation,
       const std::vector<std::string>& keys, absl::Duration timeout);
   // "No more data after step last_step" (Note [End of data] in
-  // coordinator/core.h).
+  // coordinator/core/core.h).
   absl::StatusOr<v1::EndOfDataResponse> ReportEndOfData(
       const std::string& job_id, int64_t generation, int64_t last_step,
       absl::Duration timeout);

@@ -222,7 +222,7 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Start(
     return session;
   }
   // A fresh secret per process binds the worker id (Note [Worker binding]
-  // in coordinator/core.h).
+  // in coordinator/core/core.h).
   session->client_ = std::make_unique<CoordinatorClient>(
       options.coordinator, ClientIdentity{options.token, options.worker_id,
                                           GenerateToken(), options.tls});

@@ -2,7 +2,7 @@
 // records round-trip, one leader at a time, a deposed leader cannot write
 // (fencing), resigning hands over at once, a leader that cannot reach etcd
 // steps down before its lease could expire, and bad records or endpoints are
-// clear errors. Note [etcd leadership] in coordinator/etcd_store.h.
+// clear errors. Note [etcd leadership] in coordinator/store/etcd_store.h.
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -22,7 +22,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "coordinator/etcd_store.h"
+#include "coordinator/store/etcd_store.h"
 
 namespace concord::coordinator {
 namespace {

@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/auth.h"
+#include "common/grpc_auth.h"
 #include "common/http_get.h"
 #include "concord/v1/operator.grpc.pb.h"
 #include "concord/v1/worker.grpc.pb.h"

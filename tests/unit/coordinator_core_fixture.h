@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "common/clock.h"
-#include "coordinator/core.h"
+#include "coordinator/core/core.h"
 #include "coordinator_requests.h"
 
 namespace concord::coordinator::testing {

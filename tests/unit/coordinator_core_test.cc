@@ -11,8 +11,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
-#include "coordinator/core.h"
-#include "coordinator/core_validation.h"
+#include "coordinator/core/core.h"
+#include "coordinator/core/core_validation.h"
 #include "coordinator_requests.h"
 
 namespace concord::coordinator {

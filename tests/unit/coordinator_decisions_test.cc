@@ -14,7 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
-#include "coordinator/core.h"
+#include "coordinator/core/core.h"
 #include "coordinator_core_fixture.h"
 #include "coordinator_requests.h"
 

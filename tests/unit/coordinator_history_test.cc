@@ -8,7 +8,7 @@
 #include <cmath>
 #include <limits>
 
-#include "coordinator/job_history.h"
+#include "coordinator/core/job_history.h"
 #include "coordinator_core_fixture.h"
 #include "coordinator_requests.h"
 

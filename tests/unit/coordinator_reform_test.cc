@@ -1,5 +1,5 @@
 // The coordinator core's re-forming decisions (Note [Re-forming] in
-// coordinator/core.h), driven by a fake clock: expected survivors, rank
+// coordinator/core/core.h), driven by a fake clock: expected survivors, rank
 // order, the authoritative rank, end of data during a re-form, export/restore
 // of all of it. Lost watch streams: coordinator_watch_test.cc.
 
@@ -15,7 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
-#include "coordinator/core.h"
+#include "coordinator/core/core.h"
 #include "coordinator_core_fixture.h"
 #include "coordinator_requests.h"
 

@@ -20,6 +20,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/auth.h"
+#include "common/grpc_auth.h"
 #include "concord/v1/worker.grpc.pb.h"
 #include "coordinator/server.h"
 

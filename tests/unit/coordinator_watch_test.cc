@@ -1,6 +1,6 @@
 // Re-forming with lost watch streams (Note [Re-forming] in
-// coordinator/core.h): an expected survivor whose WatchMembership stream was
-// lost is dropped after a grace, one that comes back is kept.
+// coordinator/core/core.h): an expected survivor whose WatchMembership stream
+// was lost is dropped after a grace, one that comes back is kept.
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -14,7 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
-#include "coordinator/core.h"
+#include "coordinator/core/core.h"
 #include "coordinator_core_fixture.h"
 #include "coordinator_requests.h"
 

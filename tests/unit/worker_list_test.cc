@@ -1,6 +1,6 @@
-// The coordinator's indexed worker lists (coordinator/worker_list.h).
+// The coordinator's indexed worker lists (coordinator/core/worker_list.h).
 
-#include "coordinator/worker_list.h"
+#include "coordinator/core/worker_list.h"
 
 #include <gtest/gtest.h>
 

@@ -40,7 +40,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
-#include "coordinator/core.h"
+#include "coordinator/core/core.h"
 
 namespace concord::coordinator::fuzz {
 namespace {

@@ -1,4 +1,4 @@
-#include "coordinator/authorizer.h"
+#include "coordinator/rpc/authorizer.h"
 
 #include "absl/strings/str_cat.h"
 #include "common/auth.h"

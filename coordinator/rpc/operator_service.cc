@@ -1,4 +1,4 @@
-#include "coordinator/operator_service.h"
+#include "coordinator/rpc/operator_service.h"
 
 #include "absl/status/statusor.h"
 #include "common/grpc_status.h"

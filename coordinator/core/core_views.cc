@@ -8,9 +8,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
-#include "coordinator/core.h"
-#include "coordinator/core_internal.h"
-#include "coordinator/core_validation.h"
+#include "coordinator/core/core.h"
+#include "coordinator/core/core_internal.h"
+#include "coordinator/core/core_validation.h"
 
 namespace concord::coordinator {
 

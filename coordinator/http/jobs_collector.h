@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
-#include "coordinator/host.h"
+#include "coordinator/rpc/host.h"
 
 namespace concord::coordinator {
 

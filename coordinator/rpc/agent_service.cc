@@ -1,4 +1,4 @@
-#include "coordinator/agent_service.h"
+#include "coordinator/rpc/agent_service.h"
 
 #include <map>
 #include <memory>
@@ -8,7 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
-#include "coordinator/service.h"
+#include "coordinator/rpc/service.h"
 
 namespace concord::coordinator {
 namespace {

@@ -11,8 +11,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "coordinator/core.h"
-#include "coordinator/core_internal.h"
+#include "coordinator/core/core.h"
+#include "coordinator/core/core_internal.h"
 
 namespace concord::coordinator {
 

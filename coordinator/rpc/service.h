@@ -16,9 +16,9 @@
 #include <optional>
 
 #include "concord/v1/worker.grpc.pb.h"
-#include "coordinator/authorizer.h"
-#include "coordinator/host.h"
-#include "coordinator/metrics.h"
+#include "coordinator/http/metrics.h"
+#include "coordinator/rpc/authorizer.h"
+#include "coordinator/rpc/host.h"
 
 namespace concord::coordinator {
 

@@ -1,4 +1,4 @@
-#include "coordinator/service.h"
+#include "coordinator/rpc/service.h"
 
 #include <memory>
 #include <optional>

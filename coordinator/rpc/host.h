@@ -37,9 +37,9 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
-#include "coordinator/core.h"
-#include "coordinator/metrics.h"
-#include "coordinator/store.h"
+#include "coordinator/core/core.h"
+#include "coordinator/http/metrics.h"
+#include "coordinator/store/store.h"
 
 namespace concord::coordinator {
 

@@ -1,4 +1,4 @@
-#include "coordinator/etcd_store.h"
+#include "coordinator/store/etcd_store.h"
 
 #include <spdlog/spdlog.h>
 

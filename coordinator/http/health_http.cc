@@ -1,4 +1,4 @@
-#include "coordinator/health_http.h"
+#include "coordinator/http/health_http.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

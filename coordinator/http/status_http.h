@@ -27,7 +27,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "coordinator/host.h"
+#include "coordinator/rpc/host.h"
 
 struct mg_context;
 

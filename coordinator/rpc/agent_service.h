@@ -11,9 +11,9 @@
 #include <grpcpp/grpcpp.h>
 
 #include "concord/v1/agent.grpc.pb.h"
-#include "coordinator/authorizer.h"
-#include "coordinator/host.h"
-#include "coordinator/metrics.h"
+#include "coordinator/http/metrics.h"
+#include "coordinator/rpc/authorizer.h"
+#include "coordinator/rpc/host.h"
 
 namespace concord::coordinator {
 

@@ -1,4 +1,4 @@
-#include "coordinator/job_history.h"
+#include "coordinator/core/job_history.h"
 
 #include <utility>
 

@@ -1,4 +1,4 @@
-#include "coordinator/host.h"
+#include "coordinator/rpc/host.h"
 
 #include <spdlog/spdlog.h>
 

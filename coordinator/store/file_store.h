@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "coordinator/store.h"
+#include "coordinator/store/store.h"
 
 namespace concord::coordinator {
 

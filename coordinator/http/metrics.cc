@@ -1,4 +1,4 @@
-#include "coordinator/metrics.h"
+#include "coordinator/http/metrics.h"
 
 #include <string>
 

@@ -1,4 +1,4 @@
-#include "coordinator/core_validation.h"
+#include "coordinator/core/core_validation.h"
 
 #include <cmath>
 

@@ -3,7 +3,7 @@
 // forming and ending of generations are in core_lifecycle.cc; operator
 // views, admin actions and persistence in core_views.cc.
 
-#include "coordinator/core.h"
+#include "coordinator/core/core.h"
 
 #include <spdlog/spdlog.h>
 
@@ -17,8 +17,8 @@
 #include "absl/strings/str_join.h"
 #include "common/auth.h"
 #include "common/status_macros.h"
-#include "coordinator/core_internal.h"
-#include "coordinator/core_validation.h"
+#include "coordinator/core/core_internal.h"
+#include "coordinator/core/core_validation.h"
 
 namespace concord::coordinator {
 

@@ -1,5 +1,5 @@
 #pragma once
-// The status page's files (coordinator/status/), embedded at build time by
+// The status page's files (coordinator/http/status/), embedded at build time by
 // cmake/ConcordEmbed.cmake into status_assets.cc.
 
 namespace concord::coordinator {

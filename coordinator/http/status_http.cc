@@ -1,4 +1,4 @@
-#include "coordinator/status_http.h"
+#include "coordinator/http/status_http.h"
 
 #include <civetweb.h>
 #include <spdlog/spdlog.h>
@@ -12,7 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/auth.h"
 #include "common/operator_json.h"
-#include "coordinator/status_assets.h"
+#include "coordinator/http/status_assets.h"
 
 namespace concord::coordinator {
 namespace {

@@ -156,8 +156,8 @@
 #include "concord/v1/coordinator_state.pb.h"
 #include "concord/v1/operator.pb.h"
 #include "concord/v1/worker.pb.h"
-#include "coordinator/job_history.h"
-#include "coordinator/worker_list.h"
+#include "coordinator/core/job_history.h"
+#include "coordinator/core/worker_list.h"
 
 namespace concord::coordinator {
 

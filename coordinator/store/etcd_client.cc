@@ -1,4 +1,4 @@
-#include "coordinator/etcd_client.h"
+#include "coordinator/store/etcd_client.h"
 
 #include <grpcpp/grpcpp.h>
 

@@ -1,4 +1,4 @@
-#include "coordinator/file_store.h"
+#include "coordinator/store/file_store.h"
 
 #include <dirent.h>
 #include <fcntl.h>

@@ -35,8 +35,8 @@
 #include <vector>
 
 #include "absl/time/time.h"
-#include "coordinator/etcd_client.h"
-#include "coordinator/store.h"
+#include "coordinator/store/etcd_client.h"
+#include "coordinator/store/store.h"
 
 namespace concord::coordinator {
 
