@@ -271,6 +271,11 @@ grpc::ServerUnaryReactor* NodeAgent::Impl::Heartbeat(
     reactor->Finish(auth);
     return reactor;
   }
+  if (request->job_id().empty()) {
+    reactor->Finish(
+        grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "job_id is empty"));
+    return reactor;
+  }
   std::unique_lock<std::mutex> lock(mu_);
   if (stopping_) {
     lock.unlock();

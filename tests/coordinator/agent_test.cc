@@ -332,7 +332,7 @@ TEST_F(NodeAgentTest, WorkersJoinAndHeartbeatThroughTheAgentInBatches) {
   EXPECT_TRUE(mixed[2].ok()) << mixed[2].error_message();
 }
 
-TEST_F(NodeAgentTest, RefusesCallersWithoutTheWorkerToken) {
+TEST_F(NodeAgentTest, RefusesCallersWithoutTheWorkerTokenOrAJob) {
   v1::HeartbeatResponse r;
   const grpc::Status none =
       stub_->Heartbeat(Ctx("").get(), Beat("job", "w0", 1, 0), &r);
@@ -341,6 +341,11 @@ TEST_F(NodeAgentTest, RefusesCallersWithoutTheWorkerToken) {
   const grpc::Status wrong = stub_->Join(
       Ctx("not-the-worker-token-at-all").get(), JoinReq("job", 1, 1, "w0"), &j);
   EXPECT_EQ(wrong.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  // A call that names no job has no node stream to go on.
+  const grpc::Status nameless =
+      stub_->Heartbeat(Ctx(kWorkerToken).get(), Beat("", "w0", 1, 0), &r);
+  EXPECT_EQ(nameless.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(agent_->counters().node_streams, 0);
   EXPECT_TRUE(Events("job").empty());  // nothing reached the coordinator
 }
 
