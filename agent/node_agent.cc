@@ -201,6 +201,8 @@ class NodeAgent::Impl final : public v1::WorkerService::CallbackService {
   grpc::ServerUnaryReactor* Forward(grpc::CallbackServerContext* context,
                                     StartFn&& start);
 
+  // Cancels every open node stream (Shutdown).
+  void CancelStreams();
   // With mu_ held: the node stream of `job_id`, opened if there is none.
   NodeStream* StreamFor(const std::string& job_id, Actions* after);
 
@@ -565,6 +567,7 @@ class NodeAgent::Impl::NodeStream final
     }
   }
   void OnDone(const grpc::Status& status) override {
+    bool last = false;
     {
       Actions after;
       std::lock_guard<std::mutex> lock(agent_->mu_);
@@ -590,9 +593,16 @@ class NodeAgent::Impl::NodeStream final
       heartbeats_.clear();
       --agent_->live_streams_;
       agent_->drained_.notify_all();
+      last = Unref();
     }
-    delete this;
+    if (last) delete this;
   }
+
+  // With mu_ held: keeps the stream from being deleted by OnDone until the
+  // matching Unref (Shutdown cancels streams outside the mutex).
+  void Ref() { ++refs_; }
+  // With mu_ held: true when the caller is to delete the stream.
+  bool Unref() { return --refs_ == 0; }
 
  private:
   // With mu_ held: starts writing what is queued, unless a write is in
@@ -638,6 +648,7 @@ class NodeAgent::Impl::NodeStream final
   bool writing_ = false;
   bool broken_ = false;    // its read or a write failed
   bool released_ = false;  // RemoveHold was called
+  int refs_ = 1;           // gRPC's until OnDone, and Shutdown's
 };
 
 void NodeAgent::Impl::WatchCall::Attach(NodeStream* stream, Actions* after) {
@@ -752,9 +763,9 @@ void NodeAgent::Impl::Shutdown() {
     if (stopping_) return;
     stopping_ = true;
     unsent = batcher_.TakeAll(absl::Now());
-    for (auto& [job, stream] : streams_) stream->Cancel();
     cv_.notify_all();
   }
+  CancelStreams();
   if (flusher_.joinable()) flusher_.join();
   for (auto& [worker, p] : unsent) {
     p.reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
@@ -763,9 +774,31 @@ void NodeAgent::Impl::Shutdown() {
   if (server_ != nullptr) {
     server_->Shutdown(std::chrono::system_clock::now());
   }
+  CancelStreams();
   std::unique_lock<std::mutex> lock(mu_);
-  for (auto& [job, stream] : streams_) stream->Cancel();
   drained_.wait(lock, [&] { return live_streams_ == 0; });
+}
+
+void NodeAgent::Impl::CancelStreams() {
+  // Cancelled outside the mutex (gRPC may run a reaction on this thread),
+  // each held meanwhile so that its OnDone does not delete it.
+  std::vector<NodeStream*> open;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [job, stream] : streams_) {
+      stream->Ref();
+      open.push_back(stream);
+    }
+  }
+  for (NodeStream* stream : open) stream->Cancel();
+  std::vector<NodeStream*> done;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (NodeStream* stream : open) {
+      if (stream->Unref()) done.push_back(stream);
+    }
+  }
+  for (NodeStream* stream : done) delete stream;
 }
 
 NodeAgent::NodeAgent(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
