@@ -211,7 +211,6 @@ class NodeAgent::Impl final : public v1::WorkerService::CallbackService {
     const v1::HeartbeatRequest* request;
     v1::HeartbeatResponse* response;
     grpc::ServerUnaryReactor* reactor;
-    std::chrono::system_clock::time_point deadline;
   };
 
   const NodeAgentOptions options_;
@@ -285,10 +284,8 @@ grpc::ServerUnaryReactor* NodeAgent::Impl::Heartbeat(
                                  "the node agent is shutting down"));
     return reactor;
   }
-  batcher_.Add(
-      request->worker_id(),
-      PendingHeartbeat{request, response, reactor, context->deadline()},
-      absl::Now());
+  batcher_.Add(request->worker_id(),
+               PendingHeartbeat{request, response, reactor}, absl::Now());
   cv_.notify_one();
   return reactor;
 }
