@@ -1,0 +1,217 @@
+#pragma once
+// The node agent's insides (Note [Node agents] in node_agent.h), shared by
+// node_agent.cc (the server, the calls passed on, heartbeat intake,
+// shutdown) and node_stream.cc (the Node stream of a job and the workers'
+// Join and WatchMembership calls on it). Not installed; not for use
+// elsewhere.
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "agent/node_agent.h"
+#include "common/auth.h"
+#include "common/coordinator_channel.h"
+#include "common/grpc_auth.h"
+#include "concord/v1/agent.grpc.pb.h"
+#include "concord/v1/worker.grpc.pb.h"
+
+namespace concord::agent {
+
+// gRPC operations decided under the agent's mutex run after it is
+// released: gRPC may run a reaction inline on the thread that starts an
+// operation, and reactions take the mutex.
+class Actions {
+ public:
+  Actions() = default;
+  Actions(const Actions&) = delete;
+  Actions& operator=(const Actions&) = delete;
+  ~Actions() { Run(); }
+  void Run() {
+    std::vector<std::function<void()>> fns = std::move(fns_);
+    fns_.clear();
+    for (auto& fn : fns) fn();
+  }
+  void Add(std::function<void()> fn) { fns_.push_back(std::move(fn)); }
+
+ private:
+  std::vector<std::function<void()>> fns_;
+};
+
+class NodeAgent::Impl final : public v1::WorkerService::CallbackService {
+ public:
+  explicit Impl(NodeAgentOptions options)
+      : options_(std::move(options)),
+        batcher_(options_.batch),
+        addresses_(SplitCoordinatorAddress(options_.coordinator)) {
+    for (const std::string& address : addresses_) {
+      replicas_.push_back(MakeReplica(address));
+    }
+  }
+
+  absl::Status Listen() {
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials(),
+                             &port);
+    builder.RegisterService(this);
+    server_ = builder.BuildAndStart();
+    if (server_ == nullptr) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot listen on '", options_.listen, "'"));
+    }
+    address_ = options_.listen;
+    if (port > 0 && address_.rfind("unix:", 0) != 0) {
+      address_ =
+          address_.substr(0, address_.rfind(':') + 1) + std::to_string(port);
+    }
+    flusher_ = std::thread([this] { FlushLoop(); });
+    return absl::OkStatus();
+  }
+
+  const std::string& address() const { return address_; }
+
+  void Shutdown();
+
+  Counters counters() const {
+    Counters c;
+    c.heartbeats = heartbeats_.load();
+    c.heartbeat_batches = batches_.load();
+    c.node_streams = node_streams_.load();
+    c.node_updates = node_updates_.load();
+    c.forwarded = forwarded_.load();
+    return c;
+  }
+
+  // WorkerService, as the workers see it.
+  grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* context,
+                                 const v1::JoinRequest* request,
+                                 v1::JoinResponse* response) override;
+  grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* context,
+                                  const v1::LeaveRequest* request,
+                                  v1::LeaveResponse* response) override;
+  grpc::ServerUnaryReactor* KvSet(grpc::CallbackServerContext* context,
+                                  const v1::KvSetRequest* request,
+                                  v1::KvSetResponse* response) override;
+  grpc::ServerUnaryReactor* KvGet(grpc::CallbackServerContext* context,
+                                  const v1::KvGetRequest* request,
+                                  v1::KvGetResponse* response) override;
+  grpc::ServerUnaryReactor* ReportEndOfData(
+      grpc::CallbackServerContext* context, const v1::EndOfDataRequest* request,
+      v1::EndOfDataResponse* response) override;
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context,
+                                      const v1::HeartbeatRequest* request,
+                                      v1::HeartbeatResponse* response) override;
+  grpc::ServerWriteReactor<v1::MembershipUpdate>* WatchMembership(
+      grpc::CallbackServerContext* context,
+      const v1::WatchMembershipRequest* request) override;
+
+ private:
+  class ForwardCall;
+  class JoinCall;
+  class WatchCall;
+  class NodeStream;
+
+  struct Replica {
+    std::shared_ptr<v1::WorkerService::Stub> worker;
+    std::shared_ptr<v1::AgentService::Stub> agent;
+    absl::Time created;
+  };
+  Replica MakeReplica(const std::string& address) const {
+    auto channel = CoordinatorChannel(address, options_.tls);
+    return Replica{v1::WorkerService::NewStub(channel),
+                   v1::AgentService::NewStub(channel), absl::Now()};
+  }
+  // The replica in use and its index.
+  std::pair<Replica, size_t> Current() {
+    std::lock_guard<std::mutex> lock(replica_mu_);
+    return {replicas_[current_], current_};
+  }
+  // Replica `used` was UNAVAILABLE: a fresh channel for it if its channel
+  // is older than kRefreshChannelAfterMs (Note [Fresh channels] in
+  // common/coordinator_channel.h), and the next replica from now on.
+  void Unavailable(size_t used) {
+    std::lock_guard<std::mutex> lock(replica_mu_);
+    if (absl::Now() - replicas_[used].created >
+        absl::Milliseconds(kRefreshChannelAfterMs)) {
+      replicas_[used] = MakeReplica(addresses_[used]);
+    }
+    if (used == current_) current_ = (current_ + 1) % replicas_.size();
+  }
+  void Note(const grpc::Status& status, size_t used) {
+    if (status.error_code() == grpc::StatusCode::UNAVAILABLE) Unavailable(used);
+  }
+
+  // Whether the caller holds the worker token.
+  grpc::Status Authorize(const grpc::CallbackServerContext& context) const {
+    const auto& metadata = context.client_metadata();
+    auto it = metadata.find("authorization");
+    const std::string token =
+        it == metadata.end()
+            ? std::string()
+            : BearerTokenOf(std::string(it->second.data(), it->second.size()));
+    if (token.empty() || !ConstantTimeEquals(token, options_.token)) {
+      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                          "this node agent needs the job's worker token");
+    }
+    return grpc::Status::OK;
+  }
+  void Prepare(grpc::ClientContext* context,
+               std::chrono::system_clock::time_point deadline) const {
+    context->set_deadline(deadline);
+    AddBearerToken(*context, options_.token);
+  }
+
+  template <typename StartFn>
+  grpc::ServerUnaryReactor* Forward(grpc::CallbackServerContext* context,
+                                    StartFn&& start);
+
+  // Cancels every open node stream (Shutdown).
+  void CancelStreams();
+  // With mu_ held: the node stream of `job_id`, opened if there is none.
+  NodeStream* StreamFor(const std::string& job_id, Actions* after);
+
+  void FlushLoop();
+  struct PendingHeartbeat {
+    const v1::HeartbeatRequest* request;
+    v1::HeartbeatResponse* response;
+    grpc::ServerUnaryReactor* reactor;
+  };
+
+  const NodeAgentOptions options_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+
+  std::mutex replica_mu_;
+  HeartbeatBatcher<PendingHeartbeat> batcher_;  // guarded by mu_
+  const std::vector<std::string> addresses_;
+  std::vector<Replica> replicas_;  // guarded by replica_mu_
+  size_t current_ = 0;             // guarded by replica_mu_
+
+  std::mutex mu_;
+  std::condition_variable cv_;  // the batcher's due time moved, or stopping
+  bool stopping_ = false;
+  std::map<std::string, NodeStream*> streams_;  // by job; open ones only
+  uint64_t next_join_ = 0;                      // JoinCall ids
+  int live_streams_ = 0;                        // not yet done
+  std::condition_variable drained_;             // live_streams_ fell
+  std::thread flusher_;
+
+  std::atomic<int64_t> heartbeats_{0}, batches_{0}, node_streams_{0},
+      node_updates_{0}, forwarded_{0};
+};
+
+}  // namespace concord::agent

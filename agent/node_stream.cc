@@ -1,0 +1,508 @@
+// The Node stream of a job at the node agent, and the workers' Join and
+// WatchMembership calls it carries (Note [Node agents] in node_agent.h).
+
+#include <map>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "agent/node_agent_impl.h"
+
+namespace concord::agent {
+namespace {
+
+bool Terminal(v1::JobState state) {
+  return state == v1::JOB_STATE_SUCCEEDED || state == v1::JOB_STATE_FAILED ||
+         state == v1::JOB_STATE_STOPPED;
+}
+
+}  // namespace
+
+// One worker's Join at the agent, sent and answered on its job's node
+// stream. Fields are guarded by the agent's mutex.
+class NodeAgent::Impl::JoinCall final : public grpc::ServerUnaryReactor {
+ public:
+  JoinCall(Impl* agent, const v1::JoinRequest* request,
+           v1::JoinResponse* response)
+      : agent_(agent), request_(request), response_(response) {}
+
+  const v1::JoinRequest& request() const { return *request_; }
+  uint64_t id() const { return id_; }
+  void set_id(uint64_t id) { id_ = id; }
+  void set_stream(NodeStream* stream) { stream_ = stream; }
+
+  // With mu_ held: answers once.
+  void Answer(const v1::JoinResult& result, Actions* after) {
+    if (answered_) return;
+    answered_ = true;
+    stream_ = nullptr;
+    if (result.code() == 0) *response_ = result.response();
+    after->Add(
+        [this, s = grpc::Status(static_cast<grpc::StatusCode>(result.code()),
+                                result.message())] { Finish(s); });
+  }
+  void Answer(const grpc::Status& status, Actions* after) {
+    v1::JoinResult result;
+    result.set_code(static_cast<int>(status.error_code()));
+    result.set_message(status.error_message());
+    Answer(result, after);
+  }
+
+  void OnCancel() override;
+  void OnDone() override { delete this; }
+
+ private:
+  Impl* agent_;
+  const v1::JoinRequest* request_;
+  v1::JoinResponse* response_;
+  uint64_t id_ = 0;
+  NodeStream* stream_ = nullptr;
+  bool answered_ = false;
+};
+
+// One worker's WatchMembership at the agent, fed by its job's node stream.
+// Fields are guarded by the agent's mutex.
+class NodeAgent::Impl::WatchCall final
+    : public grpc::ServerWriteReactor<v1::MembershipUpdate> {
+ public:
+  WatchCall(Impl* agent, const v1::WatchMembershipRequest* request)
+      : agent_(agent), request_(request) {}
+
+  const v1::WatchMembershipRequest& request() const { return *request_; }
+
+  // With mu_ held: the node stream delivers this worker's view.
+  void Deliver(const v1::WorkerView& view, Actions* after) {
+    if (ended_) return;
+    if (view.code() != 0) {
+      stream_ = nullptr;  // the coordinator dropped it
+      End(grpc::Status(static_cast<grpc::StatusCode>(view.code()),
+                       view.message()),
+          after);
+      return;
+    }
+    if (Terminal(view.update().state())) {
+      stream_ = nullptr;  // its last view
+      terminal_ = true;
+    }
+    if (writing_) {
+      pending_ = view.update();
+    } else {
+      Write(view.update(), after);
+    }
+  }
+  // With mu_ held: the node stream ended with `status`.
+  void StreamEnded(const grpc::Status& status, Actions* after) {
+    stream_ = nullptr;
+    End(status.ok() ? grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                   "the coordinator closed the node stream")
+                    : status,
+        after);
+  }
+  // With mu_ held, once: registers with the job's node stream.
+  void Attach(NodeStream* stream, Actions* after);
+
+  void OnWriteDone(bool ok) override {
+    Actions after;
+    std::lock_guard<std::mutex> lock(agent_->mu_);
+    writing_ = false;
+    if (ended_) {
+      after.Add([this, s = status_] { Finish(s); });
+      return;
+    }
+    if (!ok) {
+      Detach(&after);
+      End(grpc::Status(grpc::StatusCode::CANCELLED, "the stream was closed"),
+          &after);
+      return;
+    }
+    if (pending_.has_value()) {
+      v1::MembershipUpdate next = *std::move(pending_);
+      pending_.reset();
+      Write(std::move(next), &after);
+      return;
+    }
+    if (terminal_) End(grpc::Status::OK, &after);
+  }
+  void OnCancel() override {
+    Actions after;
+    std::lock_guard<std::mutex> lock(agent_->mu_);
+    if (ended_) return;
+    Detach(&after);
+    agent_->batcher_.Forget(request_->worker_id());
+    End(grpc::Status(grpc::StatusCode::CANCELLED, "the call was cancelled"),
+        &after);
+  }
+  void OnDone() override { delete this; }
+
+  // With mu_ held: ends the call (after the write in flight).
+  void End(const grpc::Status& status, Actions* after) {
+    if (ended_) return;
+    ended_ = true;
+    status_ = status;
+    pending_.reset();
+    if (!writing_) after->Add([this, s = status_] { Finish(s); });
+  }
+
+ private:
+  void Write(v1::MembershipUpdate update, Actions* after) {
+    current_ = std::move(update);
+    writing_ = true;
+    after->Add([this] { StartWrite(&current_); });
+  }
+  // With mu_ held: no longer fed by the node stream.
+  void Detach(Actions* after);
+
+  Impl* agent_;
+  const v1::WatchMembershipRequest* request_;
+  NodeStream* stream_ = nullptr;
+  bool writing_ = false;
+  bool terminal_ = false;  // the last view (written or pending) is terminal
+  bool ended_ = false;
+  v1::MembershipUpdate current_;
+  std::optional<v1::MembershipUpdate> pending_;
+  grpc::Status status_;
+};
+
+// The Node stream of one job: joins, cancels, adds and removes go out one
+// write at a time (those made meanwhile merged into the next); answers and
+// views are handed to the workers' calls. Held (AddHold) until its read fails
+// and no write is in flight, so that a write decided under the mutex is always
+// started on a live reactor; deleted in OnDone, which ends the workers' calls
+// still on it with the stream's status. Fields are guarded by the agent's
+// mutex.
+class NodeAgent::Impl::NodeStream final
+    : public grpc::ClientBidiReactor<v1::NodeRequest, v1::NodeUpdate> {
+ public:
+  NodeStream(Impl* agent, std::string job_id)
+      : agent_(agent), job_id_(std::move(job_id)) {}
+
+  // With mu_ held: starts the call.
+  void Open(Actions* after) {
+    agent_->Prepare(&context_, std::chrono::system_clock::time_point::max());
+    auto [replica, used] = agent_->Current();
+    used_ = used;
+    replica.agent->async()->Node(&context_, this);
+    queued_.set_job_id(job_id_);
+    ++agent_->live_streams_;
+    ++agent_->node_streams_;
+    after->Add([this] {
+      AddHold();
+      StartRead(&read_);
+      StartCall();
+    });
+  }
+  bool broken() const { return broken_; }
+  void Cancel() { context_.TryCancel(); }
+
+  // With mu_ held.
+  void Add(WatchCall* call, Actions* after) {
+    const std::string& id = call->request().worker_id();
+    auto it = watches_.find(id);
+    if (it != watches_.end() && it->second != call) {
+      // A newer watch of the same worker takes its place.
+      it->second->StreamEnded(
+          grpc::Status(grpc::StatusCode::ABORTED,
+                       "another watch of this worker replaced it"),
+          after);
+    }
+    watches_[id] = call;
+    v1::WatchedWorker* w = queued_.add_add();
+    w->set_worker_id(id);
+    w->set_worker_secret(call->request().worker_secret());
+    w->set_include_members(call->request().include_members());
+    WriteQueued(after);
+  }
+  // Queues a heartbeat; Flush writes what is queued.
+  void AddHeartbeat(const PendingHeartbeat& p) {
+    const uint64_t id = ++next_heartbeat_;
+    heartbeats_[id] = p;
+    v1::NodeHeartbeat* heartbeat = queued_.add_heartbeats();
+    heartbeat->set_id(id);
+    *heartbeat->mutable_request() = *p.request;
+  }
+  void Flush(Actions* after) { WriteQueued(after); }
+  void AddJoin(JoinCall* call, Actions* after) {
+    call->set_id(++agent_->next_join_);
+    call->set_stream(this);
+    joins_[call->id()] = call;
+    v1::NodeJoin* join = queued_.add_joins();
+    join->set_id(call->id());
+    *join->mutable_request() = call->request();
+    WriteQueued(after);
+  }
+  // The worker's call ended first: the coordinator withdraws the join.
+  void CancelJoin(JoinCall* call, Actions* after) {
+    if (joins_.erase(call->id()) == 0) return;
+    queued_.add_cancel_joins(call->id());
+    WriteQueued(after);
+  }
+  void Remove(WatchCall* call, Actions* after) {
+    const std::string& id = call->request().worker_id();
+    auto it = watches_.find(id);
+    if (it == watches_.end() || it->second != call) return;
+    watches_.erase(it);
+    queued_.add_remove(id);
+    WriteQueued(after);
+  }
+
+  void OnReadDone(bool ok) override {
+    Actions after;
+    std::lock_guard<std::mutex> lock(agent_->mu_);
+    if (!ok) {
+      Break(&after);
+      return;
+    }
+    ++agent_->node_updates_;
+    for (v1::HeartbeatResult& result : *read_.mutable_heartbeats()) {
+      auto it = heartbeats_.find(result.id());
+      if (it == heartbeats_.end()) continue;
+      const PendingHeartbeat p = it->second;
+      heartbeats_.erase(it);
+      if (result.code() == 0)
+        *p.response = std::move(*result.mutable_response());
+      after.Add(
+          [p, s = grpc::Status(static_cast<grpc::StatusCode>(result.code()),
+                               result.message())] { p.reactor->Finish(s); });
+    }
+    for (const v1::JoinResult& result : read_.joins()) {
+      auto it = joins_.find(result.id());
+      if (it == joins_.end()) continue;  // cancelled meanwhile
+      it->second->Answer(result, &after);
+      joins_.erase(it);
+    }
+    for (const v1::WorkerView& view : read_.views()) {
+      auto it = watches_.find(view.worker_id());
+      if (it == watches_.end()) continue;
+      WatchCall* call = it->second;
+      if (view.code() != 0 || Terminal(view.update().state())) {
+        watches_.erase(it);  // the coordinator no longer watches it
+      }
+      call->Deliver(view, &after);
+    }
+    after.Add([this] { StartRead(&read_); });
+  }
+  void OnWriteDone(bool ok) override {
+    Actions after;
+    std::lock_guard<std::mutex> lock(agent_->mu_);
+    writing_ = false;
+    if (!ok || broken_) {
+      Break(&after);  // (the read fails too)
+    } else {
+      WriteQueued(&after);
+    }
+  }
+  void OnDone(const grpc::Status& status) override {
+    bool last = false;
+    {
+      Actions after;
+      std::lock_guard<std::mutex> lock(agent_->mu_);
+      Break(&after);
+      agent_->Note(status, used_);
+      for (auto& [id, call] : watches_) call->StreamEnded(status, &after);
+      watches_.clear();
+      for (auto& [id, call] : joins_) {
+        call->Answer(status.ok() ? grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                                "the coordinator closed the "
+                                                "node stream")
+                                 : status,
+                     &after);
+      }
+      joins_.clear();
+      for (auto& [id, p] : heartbeats_) {
+        after.Add([reactor = p.reactor,
+                   s = status.ok() ? grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                                  "the coordinator closed the "
+                                                  "node stream")
+                                   : status] { reactor->Finish(s); });
+      }
+      heartbeats_.clear();
+      --agent_->live_streams_;
+      agent_->drained_.notify_all();
+      last = Unref();
+    }
+    if (last) delete this;
+  }
+
+  // With mu_ held: keeps the stream from being deleted by OnDone until the
+  // matching Unref (Shutdown cancels streams outside the mutex).
+  void Ref() { ++refs_; }
+  // With mu_ held: true when the caller is to delete the stream.
+  bool Unref() { return --refs_ == 0; }
+
+ private:
+  // With mu_ held: starts writing what is queued, unless a write is in
+  // flight or the stream broke.
+  void WriteQueued(Actions* after) {
+    if (writing_ || broken_) return;
+    if (queued_.add_size() == 0 && queued_.remove_size() == 0 &&
+        queued_.joins_size() == 0 && queued_.cancel_joins_size() == 0 &&
+        queued_.heartbeats_size() == 0 && queued_.job_id().empty()) {
+      return;
+    }
+    current_ = std::move(queued_);
+    queued_.Clear();
+    writing_ = true;
+    after->Add([this] { StartWrite(&current_); });
+  }
+  // With mu_ held: no new work on this stream; the agent opens another.
+  void Break(Actions* after) {
+    if (!broken_) {
+      broken_ = true;
+      auto it = agent_->streams_.find(job_id_);
+      if (it != agent_->streams_.end() && it->second == this) {
+        agent_->streams_.erase(it);
+      }
+    }
+    if (!writing_ && !released_) {
+      released_ = true;
+      after->Add([this] { RemoveHold(); });
+    }
+  }
+
+  Impl* agent_;
+  const std::string job_id_;
+  grpc::ClientContext context_;
+  size_t used_ = 0;  // the replica
+  std::map<std::string, WatchCall*> watches_;
+  std::map<uint64_t, JoinCall*> joins_;              // sent, not yet answered
+  std::map<uint64_t, PendingHeartbeat> heartbeats_;  // likewise
+  uint64_t next_heartbeat_ = 0;
+  v1::NodeRequest queued_;   // not yet written
+  v1::NodeRequest current_;  // the write in flight
+  v1::NodeUpdate read_;
+  bool writing_ = false;
+  bool broken_ = false;    // its read or a write failed
+  bool released_ = false;  // RemoveHold was called
+  int refs_ = 1;           // gRPC's until OnDone, and Shutdown's
+};
+
+void NodeAgent::Impl::WatchCall::Attach(NodeStream* stream, Actions* after) {
+  stream_ = stream;
+  stream->Add(this, after);
+}
+
+void NodeAgent::Impl::WatchCall::Detach(Actions* after) {
+  if (stream_ != nullptr) stream_->Remove(this, after);
+  stream_ = nullptr;
+}
+
+void NodeAgent::Impl::FlushLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    const absl::Time now = absl::Now();
+    auto batch = batcher_.TakeIfDue(now);
+    if (!batch.empty()) {
+      // One message a job's stream (a node runs one job's workers).
+      Actions after;
+      std::set<NodeStream*> streams;
+      for (auto& [worker, p] : batch) {
+        NodeStream* stream = StreamFor(p.request->job_id(), &after);
+        stream->AddHeartbeat(p);
+        streams.insert(stream);
+      }
+      for (NodeStream* stream : streams) stream->Flush(&after);
+      heartbeats_ += static_cast<int64_t>(batch.size());
+      batches_ += static_cast<int64_t>(streams.size());
+      lock.unlock();
+      after.Run();
+      lock.lock();
+      continue;
+    }
+    const absl::Time due = batcher_.Due(now);
+    if (due == absl::InfiniteFuture()) {
+      cv_.wait(lock);
+    } else {
+      cv_.wait_until(lock, absl::ToChronoTime(due));
+    }
+  }
+}
+
+void NodeAgent::Impl::JoinCall::OnCancel() {
+  Actions after;
+  std::lock_guard<std::mutex> lock(agent_->mu_);
+  if (answered_) return;
+  if (stream_ != nullptr) stream_->CancelJoin(this, &after);
+  Answer(grpc::Status(grpc::StatusCode::CANCELLED, "the call was cancelled"),
+         &after);
+}
+
+grpc::ServerUnaryReactor* NodeAgent::Impl::Join(
+    grpc::CallbackServerContext* context, const v1::JoinRequest* request,
+    v1::JoinResponse* response) {
+  auto* call = new JoinCall(this, request, response);
+  Actions after;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (grpc::Status auth = Authorize(*context); !auth.ok()) {
+    call->Answer(auth, &after);
+  } else if (stopping_) {
+    call->Answer(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                              "the node agent is shutting down"),
+                 &after);
+  } else if (request->spec().job_id().empty()) {
+    call->Answer(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                              "spec.job_id is empty"),
+                 &after);
+  } else {
+    ++forwarded_;
+    StreamFor(request->spec().job_id(), &after)->AddJoin(call, &after);
+  }
+  return call;
+}
+
+NodeAgent::Impl::NodeStream* NodeAgent::Impl::StreamFor(
+    const std::string& job_id, Actions* after) {
+  auto it = streams_.find(job_id);
+  if (it != streams_.end()) return it->second;
+  auto* stream = new NodeStream(this, job_id);
+  streams_[job_id] = stream;
+  stream->Open(after);
+  return stream;
+}
+
+grpc::ServerWriteReactor<v1::MembershipUpdate>*
+NodeAgent::Impl::WatchMembership(grpc::CallbackServerContext* context,
+                                 const v1::WatchMembershipRequest* request) {
+  auto* call = new WatchCall(this, request);
+  Actions after;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (grpc::Status auth = Authorize(*context); !auth.ok()) {
+    call->End(auth, &after);
+  } else if (stopping_) {
+    call->End(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                           "the node agent is shutting down"),
+              &after);
+  } else if (request->job_id().empty()) {
+    call->End(
+        grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "job_id is empty"),
+        &after);
+  } else {
+    call->Attach(StreamFor(request->job_id(), &after), &after);
+  }
+  return call;
+}
+
+void NodeAgent::Impl::CancelStreams() {
+  // Cancelled outside the mutex (gRPC may run a reaction on this thread),
+  // each held meanwhile so that its OnDone does not delete it.
+  std::vector<NodeStream*> open;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [job, stream] : streams_) {
+      stream->Ref();
+      open.push_back(stream);
+    }
+  }
+  for (NodeStream* stream : open) stream->Cancel();
+  std::vector<NodeStream*> done;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (NodeStream* stream : open) {
+      if (stream->Unref()) done.push_back(stream);
+    }
+  }
+  for (NodeStream* stream : done) delete stream;
+}
+
+}  // namespace concord::agent
