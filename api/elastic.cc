@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "api/internal.h"
@@ -51,6 +52,7 @@ class ElasticCore {
       ToSampler();
       ddp_.step_open = false;
       TraceReform(info.step);
+      HistoryRestore();
     });
     // SlowMo's state follows the authoritative rank too, and a committed
     // step's owed average is finished in the new generation.
@@ -66,12 +68,16 @@ class ElasticCore {
   elastic::State& state() { return state_; }
 
   void Commit() {
+    const auto& history = ddp_.job.state()->session().history();
+    std::optional<trace::CommitRecord> record;
+    if (history) record = HistoryCommit();
     ++state_.step;
     if (sampler_ != nullptr) {
       sampler_->committed = sampler_->cursor;
       state_.position = static_cast<int64_t>(sampler_->cursor);
     }
     state_.Commit();
+    if (record) history->Commit(*record);
     if (ddp_.step_open) ReportStep();
     ddp_.step_open = false;
   }
@@ -126,6 +132,7 @@ class ElasticCore {
   void Run(const std::function<void()>& train) {
     ThrowIfError(state_.Sync());
     ToSampler();
+    HistoryRestore();
     ThrowIfError(elastic::Run(state_, [&](elastic::State&) -> absl::Status {
       for (;;) {
         try {
@@ -224,6 +231,51 @@ class ElasticCore {
                     r.synced_us, args);
     trace->Complete("rendezvous", trace::Recorder::kTrainThread, r.started_us,
                     r.rendezvous_us, args);
+  }
+
+  // Note [History files]: the record of the step about to be committed
+  // (state_.step + 1): its window, and the parameters after it.
+  trace::CommitRecord HistoryCommit() const {
+    const worker::Session& session = ddp_.job.state()->session();
+    trace::CommitRecord r;
+    r.generation = session.generation();
+    r.rank = session.rank();
+    r.world_size = session.world_size();
+    r.step = state_.step + 1;
+    r.epoch = state_.epoch;
+    // SlowMo's workers hold different parameters between averages.
+    r.replicated = ddp_.slowmo == nullptr;
+    r.digest = ParameterDigest();
+    if (sampler_ != nullptr) {
+      std::vector<int64_t>& window = r.samples.emplace();
+      if (sampler_->order_epoch == sampler_->epoch) {
+        window.assign(sampler_->order.begin() +
+                          static_cast<std::ptrdiff_t>(sampler_->committed),
+                      sampler_->order.begin() +
+                          static_cast<std::ptrdiff_t>(sampler_->cursor));
+      }
+    }
+    return r;
+  }
+
+  // The state this worker goes on from (after the first Sync and every
+  // re-form).
+  void HistoryRestore() {
+    const worker::Session& session = ddp_.job.state()->session();
+    if (const auto& history = session.history()) {
+      history->Restore(session.generation(), state_.step, state_.epoch,
+                       ParameterDigest(), ddp_.slowmo == nullptr);
+    }
+  }
+
+  // The bytes of every parameter, hashed (Note [History files]).
+  uint64_t ParameterDigest() const {
+    uint64_t digest = trace::kDigestSeed;
+    for (const torch::Tensor& p : ddp_.engine->parameters()) {
+      const torch::Tensor host = p.detach().to(torch::kCPU).contiguous();
+      digest = trace::DigestBytes(digest, host.data_ptr(), host.nbytes());
+    }
+    return digest;
   }
 
   // DistributedDataParallelImpl::join: this rank's data is over.

@@ -82,6 +82,12 @@ worker::WorkerOptions Resolve(const JobOptions& o) {
     if (o.trace_file()->empty()) ThrowInvalid("JobOptions::trace_file: empty");
     w.trace_file = *o.trace_file();
   }
+  if (o.history_file()) {
+    if (o.history_file()->empty()) {
+      ThrowInvalid("JobOptions::history_file: empty");
+    }
+    w.history_file = *o.history_file();
+  }
   if (o.backend()) {
     w.backend = Parsed("backend", ParseBackendRequest(*o.backend()));
   }

@@ -240,6 +240,11 @@ int main(int argc, char** argv) {
   app.add_option("--state-dir", options.state_dir,
                  "Directory that keeps every job across restarts (default: "
                  "none, state in memory only)");
+  app.add_option("--history-file", options.history_file,
+                 "Append what this coordinator decided and saved (joins, "
+                 "generations with their members, leaves, failures; JSON "
+                 "lines) to this file")
+      ->type_name("FILE");
   app.add_option("--worker-token-file", worker_token_file,
                  "File holding the workers' bearer token")
       ->required();
@@ -319,6 +324,16 @@ int main(int argc, char** argv) {
     return kUsageError;
   }
   options.tls = *std::move(tls);
+  if (!options.history_file.empty()) {
+    // Checked before serving or campaigning (each term opens it again).
+    auto history =
+        concord::coordinator::HistoryFile::Open(options.history_file);
+    if (!history.ok()) {
+      std::fprintf(stderr, "concord-coordinator: --history-file: %s\n",
+                   std::string(history.status().message()).c_str());
+      return kUsageError;
+    }
+  }
   const bool etcd = store_kind == "etcd";
   if (etcd && etcd_endpoints.empty()) {
     std::fprintf(stderr,

@@ -82,6 +82,12 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
                                                      options.operator_token);
   server->host_ = std::make_unique<CoreHost>(&server->clock_, server->store_,
                                              server->metrics_.get());
+  if (!options.history_file.empty()) {
+    auto history = HistoryFile::Open(options.history_file);
+    if (!history.ok()) return history.status();
+    server->history_ = *std::move(history);
+    server->host_->SetHistory(server->history_.get());
+  }
   if (absl::Status s = server->host_->Restore(); !s.ok()) return s;
   server->worker_service_ = std::make_unique<WorkerServiceImpl>(
       server->host_.get(), server->authorizer_.get(), server->metrics_.get());

@@ -57,6 +57,9 @@ struct ServerOptions {
   // The status page (status_http.h; plain HTTP, operator token); empty =
   // none.
   std::string status_address;
+  // The coordinator's history (Note [Coordinator history] in
+  // store/history_file.h), appended to; empty = none.
+  std::string history_file;
   // How often timeouts are checked.
   absl::Duration tick_interval = absl::Milliseconds(100);
   // Called on the tick thread after every tick of the core returned (proof
@@ -72,7 +75,7 @@ class Server {
   // bad or equal tokens, non-positive tick interval), UNAVAILABLE (an address
   // cannot be bound, e.g. in use), FAILED_PRECONDITION (the state directory
   // cannot be created, written or locked), DATA_LOSS (a record in it cannot
-  // be read).
+  // be read), INVALID_ARGUMENT for a history file that cannot be opened.
   static absl::StatusOr<std::unique_ptr<Server>> Start(
       const ServerOptions& options);
 
@@ -107,6 +110,7 @@ class Server {
   std::unique_ptr<Metrics> metrics_;
   std::unique_ptr<Store> owned_store_;  // the embedded store, if any
   Store* store_ = nullptr;
+  std::unique_ptr<HistoryFile> history_;  // outlives host_
   std::unique_ptr<Authorizer> authorizer_;
   std::unique_ptr<CoreHost> host_;
   std::unique_ptr<WorkerServiceImpl> worker_service_;

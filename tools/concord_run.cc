@@ -25,7 +25,10 @@
 // Timelines: with --trace FILE each worker writes its own trace file
 // (CONCORD_TRACE_FILE, in a directory next to FILE) and concord-run merges
 // them into FILE when the workers are done, a killed worker's included
-// (Note [Trace files] in worker/trace/recorder.h).
+// (Note [Trace files] in worker/trace/recorder.h). With --history DIR each
+// worker appends its history to DIR/<worker id>.history (Note [History
+// files] in worker/trace/history.h) and a --standalone coordinator its own
+// to DIR/coordinator.history, for tests/history.py.
 //
 // Exit status: 0 when the last run of every local worker exits 0; otherwise
 // the first failing worker's status (128+signal for a signal), after its
@@ -82,6 +85,7 @@ struct Options {
   concord::TlsFiles tls;    // towards --coordinator; passed on to the workers
   std::string trace;        // --trace FILE
   std::string trace_parts;  // the workers' trace files go here
+  std::string history;      // --history DIR
   std::vector<std::string> program;
 };
 
@@ -169,6 +173,14 @@ Options ParseArgs(int argc, char** argv) {
   app.add_option("--trace", o.trace,
                  "merge the workers' timelines (Chrome trace-event JSON, one "
                  "track per rank; open in Perfetto) into this file");
+  app.add_option("--history", o.history,
+                 "each worker appends its history (generations, restores, "
+                 "commits with a parameter digest; JSON lines) to "
+                 "DIR/<worker id>.history (CONCORD_HISTORY_FILE); with "
+                 "--standalone the coordinator's goes to "
+                 "DIR/coordinator.history")
+      ->type_name("DIR")
+      ->check(CLI::ExistingDirectory);
   try {
     app.parse(split, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -265,9 +277,10 @@ std::vector<std::string> WorkerEnv(const Options& o,
   // Unique in the job across machines and launchers: the host, this
   // launcher's pid, the local index; a restarted worker is a new member (a
   // new process, a new secret), with an id of its own.
-  env.push_back(absl::StrCat("CONCORD_WORKER_ID=", o.job_id, "-", Hostname(),
-                             "-", getpid(), "-w", index,
-                             restarts > 0 ? absl::StrCat("-r", restarts) : ""));
+  const std::string worker_id =
+      absl::StrCat(o.job_id, "-", Hostname(), "-", getpid(), "-w", index,
+                   restarts > 0 ? absl::StrCat("-r", restarts) : "");
+  env.push_back("CONCORD_WORKER_ID=" + worker_id);
   env.push_back("CONCORD_COMM_HOST=" + o.comm_host);
   if (!o.node_id.empty()) env.push_back("CONCORD_NODE_ID=" + o.node_id);
   env.push_back(
@@ -281,6 +294,10 @@ std::vector<std::string> WorkerEnv(const Options& o,
   if (!o.trace_parts.empty()) {
     env.push_back(absl::StrCat("CONCORD_TRACE_FILE=", o.trace_parts, "/worker-",
                                index, "-run-", restarts, ".json"));
+  }
+  if (!o.history.empty()) {
+    env.push_back(absl::StrCat("CONCORD_HISTORY_FILE=", o.history, "/",
+                               worker_id, ".history"));
   }
   return env;
 }
@@ -554,6 +571,9 @@ int main(int argc, char** argv) {
     server_options.listen_address = "127.0.0.1:0";
     server_options.worker_token = worker_token = concord::GenerateToken();
     server_options.operator_token = concord::GenerateToken();
+    if (!options.history.empty()) {
+      server_options.history_file = options.history + "/coordinator.history";
+    }
     // The workers read their token from a file only this user can read.
     std::string dir_template = "/tmp/concord-run-XXXXXX";
     if (mkdtemp(dir_template.data()) == nullptr) {

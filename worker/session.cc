@@ -110,6 +110,7 @@ absl::StatusOr<WorkerOptions> WorkerOptions::FromEnvironment() {
   }
   o.shared_memory = shm == 1;
   o.trace_file = Env("CONCORD_TRACE_FILE");
+  o.history_file = Env("CONCORD_HISTORY_FILE");
   o.node_id = Env("CONCORD_NODE_ID", DefaultNodeId());
   CONCORD_RETURN_IF_ERROR(
       EnvParsed("CONCORD_DEVICE", ParseDeviceRequest, &o.device));
@@ -213,12 +214,20 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Start(
                            ResolveBackend(options, session->device_));
   spdlog::debug("worker device {}, backend {}", session->device_.ToString(),
                 std::string(BackendName(session->backend_)));
+  // Made before joining: a bad path joins nothing.
+  if (!options.history_file.empty()) {
+    CONCORD_ASSIGN_OR_RETURN(
+        session->history_,
+        trace::HistoryLog::Create(options.history_file, options.worker_id,
+                                  options.spec.job_id()));
+  }
   if (options.coordinator.empty()) {
     // Alone: world size 1, nothing to rendezvous with.
     session->store_ = std::make_unique<comm::InMemoryStore>();
     CONCORD_ASSIGN_OR_RETURN(
         session->comm_,
         session->Connect(0, 1, 0, session->store_.get(), options.join_timeout));
+    if (session->history_) session->history_->Generation(0, 0, 1);
     return session;
   }
   // A fresh secret per process binds the worker id (Note [Worker binding]
@@ -299,6 +308,10 @@ absl::Status Session::JoinAndConnect(
     spdlog::info("joined job '{}' generation {} as rank {} of {}",
                  options_.spec.job_id(), joined.generation(), joined.rank(),
                  joined.world_size());
+    if (history_) {
+      history_->Generation(joined.generation(), joined.rank(),
+                           joined.world_size());
+    }
     if (!heartbeat_.joinable()) {
       // Heartbeat while the communicator connects: that can take a while.
       const absl::Duration interval =
@@ -570,6 +583,7 @@ void Session::StopHeartbeat() {
 }
 
 absl::Status Session::Finish(bool ok, const std::string& message) {
+  if (history_ && !finished_) history_->Finish(ok, message);
   return LeaveOnce(ok ? v1::LEAVE_REASON_COMPLETED : v1::LEAVE_REASON_ERROR,
                    message);
 }

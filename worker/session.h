@@ -27,6 +27,7 @@
 #include "worker/comm/store.h"
 #include "worker/coordinator_client.h"
 #include "worker/device.h"
+#include "worker/trace/history.h"
 
 namespace concord::worker {
 
@@ -59,12 +60,16 @@ struct WorkerOptions {
   // Where this worker writes its timeline (Note [Trace files] in
   // worker/trace/recorder.h), set by `concord-run --trace`; empty: none.
   std::string trace_file;
+  // Where this worker appends its history (Note [History files] in
+  // worker/trace/history.h), set by `concord-run --history`; empty: none.
+  std::string history_file;
 
   // Reads CONCORD_COORDINATOR, CONCORD_JOB_ID, CONCORD_MIN_WORKERS,
   // CONCORD_MAX_WORKERS, CONCORD_WORKER_ID, CONCORD_COMM_HOST,
   // CONCORD_HEARTBEAT_INTERVAL_MS, CONCORD_HEARTBEAT_TIMEOUT_MS,
   // CONCORD_RENDEZVOUS_TIMEOUT_MS, CONCORD_COLLECTIVE_TIMEOUT_MS,
-  // CONCORD_SETTLE_MS, CONCORD_TRACE_FILE, CONCORD_NODE_ID,
+  // CONCORD_SETTLE_MS, CONCORD_TRACE_FILE, CONCORD_HISTORY_FILE,
+  // CONCORD_NODE_ID,
   // CONCORD_DEVICE, CONCORD_BACKEND, CONCORD_LOCAL_RANK (or torchrun's
   // LOCAL_RANK), and the
   // worker token from the file CONCORD_TOKEN_FILE names (or CONCORD_TOKEN),
@@ -131,6 +136,10 @@ class Session final : public comm::GroupFactory {
   c10::Device torch_device() const;
   Backend backend() const { return backend_; }
   const WorkerOptions& options() const { return options_; }
+  // WorkerOptions::history_file's log (the session writes the generations
+  // it joins and its finish; the API its restores and commits); null
+  // without one.
+  const std::shared_ptr<trace::HistoryLog>& history() const { return history_; }
   // comm::GroupFactory: a communicator of the session's backend over some
   // ranks of the current generation, rendezvousing through the generation's
   // store; aborted with the generation's communicator (Reform, or the
@@ -213,6 +222,7 @@ class Session final : public comm::GroupFactory {
   WorkerDevice device_;
   Backend backend_ = Backend::kGloo;
   std::unique_ptr<CoordinatorClient> client_;
+  std::shared_ptr<trace::HistoryLog> history_;
   std::unique_ptr<comm::Store> store_;
   mutable std::mutex comm_mu_;
   std::shared_ptr<comm::Communicator> comm_;  // guarded by comm_mu_

@@ -549,6 +549,7 @@ void Core::MaybeApplyBoundary(Job& job) {
   } else {
     AddEvent(job, "generation", "",
              absl::StrFormat("generation %d ended: %s", job.generation, why));
+    job.events.back().generation = job.generation;
     job.state = v1::JOB_STATE_SUCCEEDED;
     job.boundary_step.reset();
     AddEvent(job, "job", "",

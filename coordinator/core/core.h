@@ -217,6 +217,10 @@ struct Event {
   std::string kind;
   std::string worker_id;
   std::string message;
+  // A "generation" event's generation, and, when it formed, its members'
+  // worker ids by rank (Note [Coordinator history]; not persisted).
+  int64_t generation = 0;
+  std::vector<std::string> members;
 };
 
 class Core {
@@ -330,6 +334,11 @@ class Core {
   // `arrivals`, not those whose only changes were arrivals (they stay
   // dirty).
   std::vector<std::string> TakeDirtyJobs(bool arrivals = true);
+  // Whether the job has changes not yet taken by TakeDirtyJobs, arrivals
+  // aside (an answer computed now could tell what is not saved yet).
+  bool Dirty(const std::string& job_id) const {
+    return dirty_.count(job_id) > 0;
+  }
   // Note [Asynchronous waits]: ids of jobs whose epochs moved since the last
   // call, and a job's epochs.
   std::vector<std::string> TakeWokenJobs();
@@ -352,6 +361,13 @@ class Core {
 
   // For status and tests.
   std::vector<Event> Events(const std::string& job_id) const;
+  // The job's events numbered above `after`, oldest first (Note
+  // [Coordinator history]); `lost`: how many of those the per-job cap
+  // dropped already.
+  std::vector<Event> EventsAfter(const std::string& job_id, int64_t after,
+                                 int64_t* lost) const;
+  // The number of the job's last event (0: none, or no such job).
+  int64_t LastEventSeq(const std::string& job_id) const;
   std::optional<v1::JobState> State(const std::string& job_id) const;
   int64_t CurrentGeneration(const std::string& job_id) const;
   size_t job_count() const { return jobs_.size(); }

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <iterator>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -340,6 +341,12 @@ void Core::FormGeneration(Job& job, size_t n) {
                            "authoritative rank %d",
                            job.generation, job.members.size(),
                            job.authoritative_rank));
+  Event& formed = job.events.back();
+  formed.generation = job.generation;
+  formed.members.resize(job.members.size());
+  for (const MemberState& m : job.members) {
+    formed.members[static_cast<size_t>(m.rank)] = m.worker_id;
+  }
 }
 
 void Core::EndGeneration(Job& job, const std::string& why,
@@ -376,6 +383,7 @@ void Core::EndGeneration(Job& job, const std::string& why,
                                : absl::StrCat("; expecting ",
                                               absl::StrJoin(survivors, ", "),
                                               " to join again")));
+  job.events.back().generation = job.generation;
   job.history.GenerationEnded(clock_->Now(), job.generation, why);
   job.members.clear();
   job.kv.clear();
@@ -391,9 +399,12 @@ void Core::AddEvent(Job& job, std::string kind, std::string worker_id,
                worker_id.empty() ? "" : " ", worker_id, message);
   if (kind == "failure") job.history.RecordFailure();
   if (job.events.size() >= internal::kMaxEvents) job.events.pop_front();
-  job.events.push_back(Event{job.next_event_seq++, clock_->Now(),
-                             std::move(kind), std::move(worker_id),
-                             std::move(message)});
+  Event& e = job.events.emplace_back();
+  e.seq = job.next_event_seq++;
+  e.time = clock_->Now();
+  e.kind = std::move(kind);
+  e.worker_id = std::move(worker_id);
+  e.message = std::move(message);
 }
 
 void Core::Changed(Job& job, bool persist, Concerns concerns) {
@@ -472,6 +483,26 @@ std::vector<Event> Core::Events(const std::string& job_id) const {
   const Job* job = FindJob(job_id);
   if (job == nullptr) return {};
   return std::vector<Event>(job->events.begin(), job->events.end());
+}
+
+std::vector<Event> Core::EventsAfter(const std::string& job_id, int64_t after,
+                                     int64_t* lost) const {
+  *lost = 0;
+  const Job* job = FindJob(job_id);
+  if (job == nullptr) return {};
+  auto first = job->events.end();
+  while (first != job->events.begin() && std::prev(first)->seq > after) {
+    --first;
+  }
+  if (first == job->events.begin() && first != job->events.end()) {
+    *lost = std::max<int64_t>(0, first->seq - after - 1);
+  }
+  return std::vector<Event>(first, job->events.end());
+}
+
+int64_t Core::LastEventSeq(const std::string& job_id) const {
+  const Job* job = FindJob(job_id);
+  return job == nullptr ? 0 : job->next_event_seq - 1;
 }
 
 std::optional<v1::JobState> Core::State(const std::string& job_id) const {

@@ -31,8 +31,13 @@ v1::Event ToProto(const Event& e) {
 }
 
 Event FromProto(const v1::Event& e) {
-  return Event{e.seq(), absl::FromUnixMillis(e.time_unix_ms()), e.kind(),
-               e.worker_id(), e.message()};
+  Event out;
+  out.seq = e.seq();
+  out.time = absl::FromUnixMillis(e.time_unix_ms());
+  out.kind = e.kind();
+  out.worker_id = e.worker_id();
+  out.message = e.message();
+  return out;
 }
 
 }  // namespace

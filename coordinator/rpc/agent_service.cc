@@ -63,7 +63,7 @@ class NodeCall final
         placement_id_ = host_->Wait(job_id_, CoreHost::WaitKind::kPlacement,
                                     absl::InfiniteFuture(), this);
       }
-    } else {
+    } else if (host_->Answerable(job_id_)) {
       Poll(core);  // the new joins' and the added workers' first answers
     }
     if (!ended_) host_->Defer([this] { StartRead(&request_); });

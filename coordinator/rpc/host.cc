@@ -34,6 +34,9 @@ absl::Status CoreHost::Restore() {
     spdlog::info("restored job {}: generation {}, state {}",
                  record.spec().job_id(), record.generation(),
                  v1::JobState_Name(record.state()));
+    // Its events were written by the replica that made them.
+    history_written_[record.spec().job_id()] =
+        core_.LastEventSeq(record.spec().job_id());
   }
   core_.TakeDirtyJobs();
   return absl::OkStatus();
@@ -55,15 +58,13 @@ void CoreHost::SaveDirty(bool arrivals) {
   for (std::string& id : core_.TakeDirtyJobs(arrivals)) {
     unsaved_.insert(std::move(id));
   }
-  if (store_ == nullptr) {
-    unsaved_.clear();
-    return;
-  }
   for (auto it = unsaved_.begin(); it != unsaved_.end();) {
-    std::optional<v1::JobRecord> record = core_.ExportJob(*it);
+    std::optional<v1::JobRecord> record;
+    if (store_ != nullptr) record = core_.ExportJob(*it);
     absl::Status s =
         record.has_value() ? store_->Save(*record) : absl::OkStatus();
     if (s.ok()) {
+      Saved(*it);
       it = unsaved_.erase(it);
       continue;
     }
@@ -73,24 +74,51 @@ void CoreHost::SaveDirty(bool arrivals) {
   }
 }
 
+void CoreHost::Saved(const std::string& job_id) {
+  if (history_ != nullptr) {
+    int64_t& written = history_written_[job_id];
+    int64_t lost = 0;
+    std::vector<Event> events = core_.EventsAfter(job_id, written, &lost);
+    if (!events.empty() || lost > 0) {
+      history_->Write(job_id, events, lost);
+      written = core_.LastEventSeq(job_id);
+    }
+  }
+  if (held_.erase(job_id) > 0) released_.push_back(job_id);
+}
+
+bool CoreHost::Answerable(const std::string& job_id) {
+  if (!core_.Dirty(job_id) && unsaved_.count(job_id) == 0) return true;
+  held_.insert(job_id);
+  return false;
+}
+
 void CoreHost::AfterChange() {
   SaveDirty(/*arrivals=*/false);
   // A poll may change the core again (a watch stream opening or closing):
   // until nothing more woke.
-  for (std::vector<std::string> woken = core_.TakeWokenJobs(); !woken.empty();
-       SaveDirty(/*arrivals=*/false), woken = core_.TakeWokenJobs()) {
-    PollWoken(woken);
+  while (true) {
+    std::vector<std::string> released = std::move(released_);
+    released_.clear();
+    std::vector<std::string> woken = core_.TakeWokenJobs();
+    if (released.empty() && woken.empty()) break;
+    PollJobs(released, /*all=*/true);
+    PollJobs(woken, /*all=*/false);
+    SaveDirty(/*arrivals=*/false);
   }
 }
 
-void CoreHost::PollWoken(const std::vector<std::string>& woken) {
-  for (const std::string& job_id : woken) {
+void CoreHost::PollJobs(const std::vector<std::string>& jobs, bool all) {
+  for (const std::string& job_id : jobs) {
+    // Not saved: its waiters wait for the save (Saved releases them).
+    if (!Answerable(job_id)) continue;
     auto it = by_job_.find(job_id);
     if (it == by_job_.end()) continue;
     const JobEpochs now = core_.Epochs(job_id);
     JobEpochs& seen = it->second.seen;
-    const bool moved[3] = {now.placement != seen.placement, now.kv != seen.kv,
-                           now.view != seen.view};
+    const bool moved[3] = {all || now.placement != seen.placement,
+                           all || now.kv != seen.kv,
+                           all || now.view != seen.view};
     seen = now;
     std::vector<WaiterId> due;
     for (int kind = 0; kind < 3; ++kind) {
@@ -129,7 +157,7 @@ CoreHost::WaiterId CoreHost::Wait(const std::string& job_id, WaitKind kind,
     waiter->Abandon(absl::UnavailableError("the coordinator is shutting down"));
     return 0;
   }
-  if (waiter->Poll(core_)) return 0;
+  if (Answerable(job_id) && waiter->Poll(core_)) return 0;
   const WaiterId id = next_id_++;
   auto [job, inserted] = by_job_.try_emplace(job_id);
   // A new group has seen nothing yet: what it waits on is now.

@@ -19,6 +19,12 @@
 // call's OnCancel), expired at its deadline (one timer thread for all), or
 // abandoned at shutdown (UNAVAILABLE).
 //
+// A job whose save failed (the store unreachable, or this replica no longer
+// leads) keeps its waiters unanswered: nothing the store does not hold is
+// told to a worker (a successor would not know it). They are answered once
+// a retried save succeeds (Tick), or abandoned (UNAVAILABLE) at shutdown,
+// and the worker asks the next replica.
+//
 // Thread-safety: every method may be called from any thread, except where
 // it says "with mu() held".
 
@@ -39,6 +45,7 @@
 #include "common/clock.h"
 #include "coordinator/core/core.h"
 #include "coordinator/http/metrics.h"
+#include "coordinator/store/history_file.h"
 #include "coordinator/store/store.h"
 
 namespace concord::coordinator {
@@ -68,8 +75,13 @@ class CoreHost {
   CoreHost& operator=(const CoreHost&) = delete;
 
   // Loads every record from the store into the core. Call once, before
-  // serving. Errors: those of Store::LoadAll and Core::RestoreJob.
+  // serving (after SetHistory). Errors: those of Store::LoadAll and
+  // Core::RestoreJob.
   absl::Status Restore();
+  // Where saved events go (Note [Coordinator history] in
+  // store/history_file.h); null: nowhere. Must outlive this; call before
+  // Restore.
+  void SetHistory(HistoryFile* history) { history_ = history; }
 
   // Holds mu(); on destruction saves what changed, re-asks the woken
   // waiters, releases the mutex and then runs what they deferred.
@@ -98,13 +110,17 @@ class CoreHost {
     return std::forward<Fn>(fn)(static_cast<const Core&>(core_));
   }
 
-  // With mu() held (inside Mutate or a Lock): polls `waiter` once and, unless
-  // that answered it, registers it under `job_id` until `deadline`. Returns
-  // its id, or 0 when it was answered at once. While shutting down the
-  // waiter is abandoned at once (UNAVAILABLE) and 0 returned. The waiter
-  // must outlive its registration.
+  // With mu() held (inside Mutate or a Lock): polls `waiter` once (when
+  // Answerable) and, unless that answered it, registers it under `job_id`
+  // until `deadline`. Returns its id, or 0 when it was answered at once. While
+  // shutting down the waiter is abandoned at once (UNAVAILABLE) and 0 returned.
+  // The waiter must outlive its registration.
   WaiterId Wait(const std::string& job_id, WaitKind kind, absl::Time deadline,
                 Waiter* waiter);
+  // With mu() held: whether `job_id`'s waiters may be answered now: none of
+  // its changes waits to be saved. When not, its waiters are polled (all of
+  // them) once it is saved.
+  bool Answerable(const std::string& job_id);
   // With mu() held: removes a registered waiter without answering it (its
   // call was cancelled). False when it is no longer registered (answered,
   // expired or abandoned already).
@@ -141,7 +157,12 @@ class CoreHost {
   // Saves the dirty jobs; with `arrivals`, also those whose only changes
   // were arrivals (Note [Persistence] in core.h).
   void SaveDirty(bool arrivals);
-  void PollWoken(const std::vector<std::string>& woken);
+  // `job_id` was saved: its new events go to the history, held waiters are
+  // released.
+  void Saved(const std::string& job_id);
+  // Polls the waiters of `jobs`: all of them, or (`all` false) those whose
+  // kind's epoch moved.
+  void PollJobs(const std::vector<std::string>& jobs, bool all);
   // With mu() held: polls `id`; removes it when answered.
   void PollOne(WaiterId id);
   void Remove(WaiterId id);
@@ -154,6 +175,11 @@ class CoreHost {
   Store* store_;
   Metrics* metrics_;
   std::set<std::string> unsaved_;  // failed saves, retried on Tick
+  // Woken while unsaved: their waiters are polled once saved.
+  std::set<std::string> held_;
+  std::vector<std::string> released_;  // saved since: to poll
+  HistoryFile* history_ = nullptr;
+  std::map<std::string, int64_t> history_written_;  // last event seq
   bool shutting_down_ = false;
 
   WaiterId next_id_ = 1;

@@ -78,6 +78,14 @@ struct JobOptions {
   // `concord-run --trace` sets per worker and merges; default none). A file
   // that cannot be created is kInvalidArgument, before joining.
   TORCH_ARG(std::optional<std::string>, trace_file);
+  // This worker's history, appended as JSON lines: the generations it
+  // joined, the state it went on from after each re-form, every committed
+  // step with a digest of the parameters and the samples it took
+  // (CONCORD_HISTORY_FILE, which `concord-run --history DIR` sets per
+  // worker; default none). For audits and tests: a commit hashes every
+  // parameter. A file that cannot be opened is kInvalidArgument, before
+  // joining.
+  TORCH_ARG(std::optional<std::string>, history_file);
   TORCH_ARG(Timeouts, timeouts);
 };
 

@@ -94,6 +94,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "reference"))
 import torch  # noqa: E402
 
 import fixtures  # noqa: E402
+import history  # noqa: E402
 import testlib  # noqa: E402
 
 Checks = fixtures.Checks
@@ -237,12 +238,13 @@ class Coordinator(object):
 
     def __init__(self, bins, directory):
         os.makedirs(directory, exist_ok=True)
+        self.history = os.path.join(directory, "coordinator.jsonl")
         self.worker_token = write_token_file(os.path.join(directory, "worker-token"))
         self.operator_token = write_token_file(os.path.join(directory, "operator-token"))
         state = os.path.join(directory, "state")
         os.makedirs(state, exist_ok=True)
         self.proc = Proc("coordinator", [bins.coordinator, "--listen", "127.0.0.1:0",
-                                         "--state-dir", state,
+                                         "--state-dir", state, "--history-file", self.history,
                                          "--worker-token-file", self.worker_token,
                                          "--operator-token-file", self.operator_token],
                          directory)
@@ -263,6 +265,7 @@ class Coordinator(object):
 def start_coordinator(ctx, name, rd):
     """A standalone coordinator for case `name`, or None (a failed check)."""
     coord = Coordinator(ctx.bins, os.path.join(rd.path, "coordinator"))
+    rd.coordinator_history.append(coord.history)
     if not ctx.checks.check(coord.address is not None, name + ": concord-coordinator started",
                             coord.proc.describe()):
         coord.stop()
@@ -330,7 +333,11 @@ class RunDir(object):
         self.workers = os.path.join(self.path, "workers")
         self.samples = os.path.join(self.path, "samples")
         self.logs = os.path.join(self.path, "logs")
-        for d in (self.workers, self.samples, self.logs):
+        # concord-run --history: the workers' (and a --standalone
+        # coordinator's) histories, for tests/history.py.
+        self.history = os.path.join(self.path, "history")
+        self.coordinator_history = []  # separate coordinators' files
+        for d in (self.workers, self.samples, self.logs, self.history):
             os.makedirs(d, exist_ok=True)
         self.output = os.path.join(self.path, "final.pt")
         self.metrics = os.path.join(self.path, "metrics.json")
@@ -354,6 +361,15 @@ class RunDir(object):
 TRAIN_FLAGS = []
 
 
+class TrainArgs(list):
+    """concord-train's arguments, and the run's history directory, which
+    launch_cmd gives concord-run (--history)."""
+
+    def __init__(self, args, history_dir):
+        list.__init__(self, args)
+        self.history_dir = history_dir
+
+
 def train_args(fx, rd, batch, epochs, sharding="elastic", shuffle_seed=None, extra=()):
     args = ["--model", fx.model, "--data", fx.data, "--loss", "mse", "--optimizer", "sgd",
             "--lr", LR, "--momentum", MOMENTUM, "--batch-size", batch, "--epochs", epochs,
@@ -363,7 +379,7 @@ def train_args(fx, rd, batch, epochs, sharding="elastic", shuffle_seed=None, ext
         args += ["--sample-log", rd.samples]
     if shuffle_seed is not None:
         args += ["--shuffle", "--seed", shuffle_seed]
-    return args + list(extra) + TRAIN_FLAGS
+    return TrainArgs(args + list(extra) + TRAIN_FLAGS, rd.history)
 
 
 def launch_cmd(bins, nproc, job, train, min_workers=None, max_workers=None, restarts=0,
@@ -383,6 +399,8 @@ def launch_cmd(bins, nproc, job, train, min_workers=None, max_workers=None, rest
         cmd += ["--max-workers", max_workers]
     if settle_ms is not None:
         cmd += ["--settle-ms", settle_ms]
+    if getattr(train, "history_dir", None):
+        cmd += ["--history", train.history_dir]
     return cmd + ["--", bins.train] + [str(a) for a in train]
 
 
@@ -546,7 +564,14 @@ def check_sample_logs(checks, name, rd, n, epochs, final_step, allow_lost_commit
         problems.append("lines for epochs beyond %d" % epochs)
     checks.check(not problems, name + ": sample logs exactly-once (%d logs, %d steps, %d epochs x %d)"
                  % (len(logs), len(steps), epochs, n), "; ".join(problems))
+    check_history(checks, name, rd, n, epochs, final_step)
     return len(lost), canonical
+
+
+def check_history(checks, name, rd, n=None, epochs=None, final_step=None):
+    """tests/history.py over the run's histories (Note [History checker])."""
+    problems, summary = history.check(rd.history, rd.coordinator_history, n, epochs, final_step)
+    checks.check(not problems, name + ": history invariants (%s)" % summary, "; ".join(problems[:20]))
 
 
 def fault_free_history(rd):

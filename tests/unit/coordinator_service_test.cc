@@ -7,8 +7,11 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <set>
 #include <string>
@@ -541,6 +544,76 @@ TEST_F(CoordinatorServiceTest, ACancelledJoinFreesItsWaiter) {
   ASSERT_TRUE(Join(JoinReq("gone", kWorkers + 1, "last"), &last).ok());
   EXPECT_EQ(last.world_size(), 1);
   EXPECT_EQ(last.generation(), 1);
+}
+
+// A store that refuses every save while `failing`.
+class FlakyStore final : public Store {
+ public:
+  absl::Status Save(const v1::JobRecord& record) override {
+    if (failing.load()) return absl::UnavailableError("the store is down");
+    return memory_.Save(record);
+  }
+  absl::StatusOr<std::vector<v1::JobRecord>> LoadAll() override {
+    return memory_.LoadAll();
+  }
+  std::atomic<bool> failing{false};
+
+ private:
+  MemoryStore memory_;
+};
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// Note [Persistence] when the store fails: a formed generation that could
+// not be saved is told to nobody (a successor loading the store would not
+// know it) and is not in the history (Note [Coordinator history]); once a
+// retried save succeeds, the waiting Joins are answered and the history
+// has it, with its members by rank.
+TEST(CoordinatorStoreFailureTest, NothingUnsavedIsAnswered) {
+  spdlog::set_level(spdlog::level::off);
+  FlakyStore store;
+  ServerOptions options = Options();
+  options.store = &store;
+  options.history_file = ::testing::TempDir() + "/held.history";
+  std::remove(options.history_file.c_str());
+  auto server = Server::Start(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  store.failing = true;
+  {
+    AsyncJoins joins((*server)->address(), "held", 2, 2);
+    ASSERT_TRUE(Eventually([&] {
+      return (*server)->host().Read([](const Core& core) {
+        return core.State("held") == v1::JOB_STATE_RUNNING;
+      });
+    }));
+    absl::SleepFor(absl::Milliseconds(500));  // five retried saves
+    EXPECT_EQ((*server)->host().waiter_count(), 2u);
+    EXPECT_THAT(ReadAll(options.history_file),
+                ::testing::Not(HasSubstr("\"generation\"")));
+    store.failing = false;
+    const std::multiset<grpc::StatusCode> codes = joins.AwaitAll();
+    EXPECT_EQ(codes.count(grpc::StatusCode::OK), 2u);
+    EXPECT_EQ(joins.response(0).generation(), 1);
+    const std::string history = ReadAll(options.history_file);
+    const std::string members =
+        joins.response(0).rank() == 0 ? R"(["w0","w1"])" : R"(["w1","w0"])";
+    EXPECT_THAT(history,
+                HasSubstr(absl::StrCat(
+                    R"("generation":1,"job":"held","members":)", members)));
+    EXPECT_THAT(history, HasSubstr(R"("event":"join")"));
+  }
+  spdlog::set_level(spdlog::level::warn);
+}
+
+TEST(CoordinatorServerTest, BadHistoryFile) {
+  ServerOptions options = Options();
+  options.history_file = "/nonexistent-dir/history";
+  const auto server = Server::Start(options);
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(server.status().message(), HasSubstr("/nonexistent-dir/history"));
 }
 
 TEST(CoordinatorServerTest, BadAddresses) {

@@ -1,0 +1,144 @@
+#!/usr/bin/python3
+"""The history checker (tests/history.py) on made-up histories: a correct
+one passes, and each invariant's violation is named.
+
+    /usr/bin/python3 tests/history_test.py
+"""
+
+import copy
+import json
+import os
+import shutil
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import history  # noqa: E402
+import testlib  # noqa: E402
+
+JOB = "j"
+
+
+def rec(event, worker, pid, t, **fields):
+    r = {"event": event, "worker": worker, "pid": pid, "job": JOB, "time_us": t}
+    r.update(fields)
+    return r
+
+
+def good_run():
+    """Three workers over 8 samples x 2 epochs, batch 1 per rank; c is
+    killed after step 2 of generation 1 and the other two go on in
+    generation 2 from step 2 (so c's lost commit of step 3 is redone)."""
+    workers = {"a": [], "b": [], "c": []}
+    coord = [
+        {"event": "generation", "job": JOB, "seq": 1, "time_us": 10, "pid": 1, "generation": 1,
+         "members": ["a", "b", "c"]},
+        {"event": "generation", "job": JOB, "seq": 2, "time_us": 500, "pid": 1, "generation": 2,
+         "members": ["a", "b"]},
+    ]
+    for rank, w in enumerate("abc"):
+        workers[w].append(rec("generation", w, 100 + rank, 20, generation=1, rank=rank, world=3))
+        workers[w].append(rec("restore", w, 100 + rank, 30, generation=1, step=0, epoch=0,
+                              digest="d0", replicated=True))
+    windows = [[0, 1, 2], [3, 4, 5], [6, 7], [0, 1], [2, 3], [4, 5], [6, 7]]
+    epochs = [0, 0, 0, 1, 1, 1, 1]
+    for i, (win, ep) in enumerate(zip(windows, epochs)):
+        step = i + 1
+        gen = 1 if step <= 2 else 2
+        members = "abc" if gen == 1 else "ab"
+        for rank, w in enumerate(members):
+            if gen == 2 and step == 3 and not any(r["event"] == "generation" and r["generation"] == 2
+                                                  for r in workers[w]):
+                workers[w].append(rec("generation", w, 100 + rank, 600, generation=2, rank=rank, world=2))
+                workers[w].append(rec("restore", w, 100 + rank, 610, generation=2, step=2, epoch=0,
+                                      digest="d2", replicated=True))
+            workers[w].append(rec("commit", w, 100 + rank, 100 * step + 700 * (gen - 1), generation=gen,
+                                  rank=rank, world=len(members), step=step, epoch=ep,
+                                  digest="d%d" % step, replicated=True, samples=win))
+    # c's lost commit: step 3 in generation 1 with a window the job took again
+    workers["c"].append(rec("commit", "c", 102, 350, generation=1, rank=2, world=3, step=3,
+                            epoch=0, digest="dx", replicated=True, samples=[6, 7]))
+    return workers, coord
+
+
+def run_check(tmp, name, workers, coord, **kw):
+    d = os.path.join(tmp, name)
+    os.makedirs(d)
+    for w, records in workers.items():
+        with open(os.path.join(d, w + ".history"), "w") as f:
+            for r in records:
+                f.write(json.dumps(r) + "\n")
+    cfile = os.path.join(d, "coordinator.jsonl")
+    with open(cfile, "w") as f:
+        for r in coord:
+            f.write(json.dumps(r) + "\n")
+    return history.check(d, [cfile], samples=8, epochs=2, **kw)
+
+
+def find(workers, w, event, **match):
+    for r in workers[w]:
+        if r["event"] == event and all(r.get(k) == v for k, v in match.items()):
+            return r
+    raise KeyError((w, event, match))
+
+
+def main():
+    checks = testlib.Checks()
+    tmp = tempfile.mkdtemp(prefix="concord_history_test_")
+    base_w, base_c = good_run()
+    problems, summary = run_check(tmp, "good", base_w, base_c, final_step=7)
+    checks.check(not problems, "a correct history passes (%s)" % summary, "; ".join(problems))
+    checks.check("1 lost commit" in summary, "the dead worker's commit of step 3 is a lost commit", summary)
+
+    def violation(name, mutate, expect, **kw):
+        w, c = copy.deepcopy(base_w), copy.deepcopy(base_c)
+        mutate(w, c)
+        problems, _ = run_check(tmp, name, w, c, **kw)
+        checks.check(any(expect in p for p in problems), "%s: named (%r)" % (name, expect),
+                     "; ".join(problems) or "no problem found")
+
+    violation("digest", lambda w, c: find(w, "b", "commit", step=4).update(digest="zz"),
+              "different parameters after it")
+    violation("window", lambda w, c: find(w, "b", "commit", step=4).update(samples=[9]),
+              "disagree on samples")
+    violation("outside", lambda w, c: find(w, "c", "commit", step=3).update(generation=2),
+              "having joined 1")
+    violation("not-member", lambda w, c: c[1].update(members=["a", "x"]),
+              "which the coordinator did not form with it")
+    violation("formed-twice", lambda w, c: c.append(dict(c[1], seq=3, time_us=900, pid=2)),
+              "formed twice")
+    violation("order", lambda w, c: c[1].update(time_us=5), "out of order")
+    violation("gap", lambda w, c: [w[x].remove(find(w, x, "commit", step=5)) or
+                                   find(w, x, "commit", step=6).update(step=6)
+                                   for x in "ab"], "committed step 6 after its state was at step 4")
+    violation("restore", lambda w, c: find(w, "a", "restore", generation=2).update(digest="bad"),
+              "the step's committers had")
+    violation("twice", lambda w, c: [find(w, x, "commit", step=7).update(samples=[0, 7]) for x in "ab"],
+              "taken more than once")
+    violation("final", lambda w, c: None, "the job's steps are not 1..9", final_step=9)
+
+    def redo_by_survivor(w, c):
+        # b also committed step 3 in generation 1, then went on: its step
+        # should not have been taken again.
+        r = copy.deepcopy(find(w, "c", "commit", step=3))
+        r.update(worker="b", pid=101, rank=1)
+        i = w["b"].index(find(w, "b", "generation", generation=2))
+        w["b"].insert(i, r)
+        find(w, "b", "restore", generation=2).update(step=3)
+    violation("redo", redo_by_survivor, "although that worker went on")
+
+    def torn(w, c):
+        path = os.path.join(tmp, "torn.history")
+        with open(path, "w") as f:
+            f.write(json.dumps(base_w["a"][0]) + "\n" + '{"event": "com')
+        records, problems = history.read_lines(path)
+        checks.check(len(records) == 1 and not problems,
+                     "a last line cut off by a kill is ignored", str(problems))
+    torn(None, None)
+    shutil.rmtree(tmp, ignore_errors=True)
+    return checks.finish()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
