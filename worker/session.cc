@@ -12,6 +12,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/auth.h"
 #include "common/status_macros.h"
@@ -27,6 +28,10 @@
 
 namespace concord::worker {
 namespace {
+
+// How long a peer's reachability port has to answer (Note [Unreachable
+// peers]): a host that answers at all does so in a round trip.
+constexpr absl::Duration kProbeTimeout = absl::Seconds(2);
 
 std::string Env(const char* name, const std::string& fallback = "") {
   const char* v = std::getenv(name);
@@ -238,6 +243,13 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Start(
   // Gloo writes to sockets whose peer may have just died: that must be an
   // error on the work, not a SIGPIPE that kills this process.
   std::signal(SIGPIPE, SIG_IGN);
+  auto probe = ProbeListener::Start(options.comm_host);
+  if (probe.ok()) {
+    session->probe_ = *std::move(probe);
+  } else {
+    spdlog::warn("{} (peers cannot check that they reach this worker)",
+                 std::string(probe.status().message()));
+  }
   CONCORD_RETURN_IF_ERROR(session->JoinAndConnect(
       /*previous_generation=*/0, "", /*committed_step=*/0,
       session->JoinDeadline()));
@@ -276,6 +288,10 @@ absl::Status Session::JoinAndConnect(
     std::shared_ptr<comm::Communicator>& parent;
     ~RetireParent() { Retire(std::move(parent)); }
   } retire_parent{parent};
+  // Note [Unreachable peers]: after a timeout, check the next members
+  // before connecting to them.
+  bool probe = SuggestsUnreachablePeer(why);
+  std::vector<std::string> unreachable;
   for (;;) {
     v1::JoinRequest request;
     *request.mutable_spec() = options_.spec;
@@ -284,6 +300,9 @@ absl::Status Session::JoinAndConnect(
     request.set_committed_step(committed_step);
     request.set_previous_generation(previous_generation);
     request.set_reform_reason(why.substr(0, 1000));
+    request.set_probe_port(probe_ ? probe_->port() : 0);
+    request.set_include_members(probe);
+    for (const std::string& w : unreachable) request.add_unreachable(w);
     const absl::Duration left = deadline - absl::Now();
     if (left <= absl::ZeroDuration()) {
       return absl::DeadlineExceededError(absl::StrCat(
@@ -311,6 +330,16 @@ absl::Status Session::JoinAndConnect(
     if (history_) {
       history_->Generation(joined.generation(), joined.rank(),
                            joined.world_size());
+    }
+    if (probe) {
+      unreachable = UnreachableMembers(joined);
+      if (!unreachable.empty()) {
+        why = absl::StrCat("cannot reach ", absl::StrJoin(unreachable, ", "));
+        spdlog::warn("generation {}: {}; giving it up", joined.generation(),
+                     why);
+        previous_generation = joined.generation();
+        continue;
+      }
     }
     if (!heartbeat_.joinable()) {
       // Heartbeat while the communicator connects: that can take a while.
@@ -373,7 +402,25 @@ absl::Status Session::JoinAndConnect(
     previous_generation = joined.generation();
     why = absl::StrCat("communicator of generation ", joined.generation(),
                        " did not connect: ", comm.status().message());
+    probe = true;
   }
+}
+
+std::vector<std::string> Session::UnreachableMembers(
+    const v1::JoinResponse& joined) const {
+  std::vector<std::pair<std::string, int>> endpoints;
+  std::vector<std::string> ids;
+  for (const v1::Member& m : joined.members()) {
+    if (m.worker_id() == options_.worker_id || m.probe_port() == 0) continue;
+    endpoints.emplace_back(m.host(), m.probe_port());
+    ids.push_back(m.worker_id());
+  }
+  const std::vector<bool> reachable = ProbeReachable(endpoints, kProbeTimeout);
+  std::vector<std::string> out;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (!reachable[i]) out.push_back(ids[i]);
+  }
+  return out;
 }
 
 absl::Time Session::JoinDeadline() const {

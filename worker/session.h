@@ -27,6 +27,7 @@
 #include "worker/comm/store.h"
 #include "worker/coordinator_client.h"
 #include "worker/device.h"
+#include "worker/reachability.h"
 #include "worker/trace/history.h"
 
 namespace concord::worker {
@@ -203,6 +204,10 @@ class Session final : public comm::GroupFactory {
   // Joins (previous_generation: see JoinRequest) and connects a communicator.
   // `parent`: the old generation's communicator where the next one may be
   // derived from it (Note [Re-forming NCCL]); given up when not.
+  // Members of the generation `joined` placed this worker in whose
+  // reachability port did not answer (Note [Unreachable peers]).
+  std::vector<std::string> UnreachableMembers(
+      const v1::JoinResponse& joined) const;
   absl::Status JoinAndConnect(
       int64_t previous_generation, const std::string& reason,
       int64_t committed_step, absl::Time deadline,
@@ -223,6 +228,9 @@ class Session final : public comm::GroupFactory {
   Backend backend_ = Backend::kGloo;
   std::unique_ptr<CoordinatorClient> client_;
   std::shared_ptr<trace::HistoryLog> history_;
+  // Note [Unreachable peers]: this worker's reachability port (null when
+  // it could not be bound).
+  std::unique_ptr<ProbeListener> probe_;
   std::unique_ptr<comm::Store> store_;
   mutable std::mutex comm_mu_;
   std::shared_ptr<comm::Communicator> comm_;  // guarded by comm_mu_

@@ -137,7 +137,9 @@ absl::Status Core::Join(const v1::JoinRequest& request, uint64_t* call) {
     CONCORD_RETURN_IF_ERROR(EndedError(*job));
     if (job->drained.count(worker_id) > 0) {
       return absl::FailedPreconditionError(
-          absl::StrFormat("worker %s was drained from job %s by an operator",
+          absl::StrFormat("worker %s was taken out of job %s (drained by an "
+                          "operator, or unreachable from its peers: see the "
+                          "job's events)",
                           worker_id, spec.job_id()));
     }
     CONCORD_RETURN_IF_ERROR(
@@ -182,6 +184,9 @@ absl::Status Core::Join(const v1::JoinRequest& request, uint64_t* call) {
     waiting->host = request.host();
     waiting->committed_step = request.committed_step();
     waiting->join_call = this_call;
+    waiting->probe_port = request.probe_port();
+    waiting->unreachable = {request.unreachable().begin(),
+                            request.unreachable().end()};
   } else {
     MemberState m;
     m.worker_id = worker_id;
@@ -189,6 +194,9 @@ absl::Status Core::Join(const v1::JoinRequest& request, uint64_t* call) {
     m.committed_step = request.committed_step();
     m.last_heartbeat = now;
     m.join_call = this_call;
+    m.probe_port = request.probe_port();
+    m.unreachable = {request.unreachable().begin(),
+                     request.unreachable().end()};
     MemberState* survivor = job->expected.Find(worker_id);
     const bool back = survivor != nullptr;
     m.joined = back ? survivor->joined : now;
@@ -246,6 +254,7 @@ absl::StatusOr<std::optional<Assignment>> Core::GetAssignment(
         out.set_rank(m.rank);
         out.set_host(m.host);
         out.set_committed_step(m.committed_step);
+        out.set_probe_port(m.probe_port);
       }
       job->member_table = std::move(table);
       job->member_table_version = version_;

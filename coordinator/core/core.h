@@ -38,6 +38,22 @@
 // generation forms with those waiting; with fewer the job fails, and the reason
 // says how many were there.
 //
+// Note [Unreachable peers]: a network partition between workers that all
+// still reach the coordinator (each heartbeats) would have them re-form
+// together forever: every generation's collectives time out. So a worker
+// whose collective timed out (or whose communicator did not connect) asks
+// for the next generation's member table, probes each member's
+// reachability port (JoinRequest.probe_port: a TCP listener on its host)
+// before connecting, and when some do not answer within a second it gives
+// that generation up at once, naming them in JoinRequest.unreachable. The
+// coordinator keeps those reports of the waiting workers and, before
+// forming a generation, drains workers until no waiting worker reports
+// another: each round the one in the most such pairs, ties to the one that
+// joined the job last (the longest-lived, which holds the model, stays). A
+// drained worker's Join fails (FAILED_PRECONDITION, "taken out"), so a
+// partition costs the job the smaller side and the job goes on without
+// flapping; the drain is an event and is persisted like an operator's.
+//
 // Note [Worker binding]: the worker token says "some worker", not which one.
 // So the first Join of (job, worker_id) binds that pair to the random
 // worker_secret the worker process chose; every later call naming the worker
@@ -387,6 +403,10 @@ class Core {
     uint64_t join_call = 0;
     bool completed = false;
     std::optional<int64_t> end_of_data_step;
+    // Its reachability probe's port, and (of a waiting worker) the members
+    // of its last generation it could not reach (Note [Unreachable peers]).
+    int32_t probe_port = 0;
+    std::set<std::string> unreachable;
     double samples_per_second = 0;
     std::optional<double> loss;  // of its last heartbeat that had one
     v1::DdpTimings ddp;
@@ -475,8 +495,12 @@ class Core {
                                      const std::string& secret,
                                      int64_t generation) const;
   // Note [Formation]: forms the next generation when its rule allows, after
-  // dropping the expected survivors whose connection broke.
+  // dropping the expected survivors whose connection broke and taking out
+  // the workers unreachable from others (Note [Unreachable peers]).
   void MaybeFormGeneration(Job& job);
+  // Note [Unreachable peers]: drains waiting workers until no two of them
+  // are unreachable from one another.
+  void ExcludeUnreachable(Job& job);
   // Sets (or, with nullopt, clears) the watch's lost_at, keeping
   // lost_watches in step.
   static void SetLost(Job& job, const std::string& worker_id, WatchState& watch,

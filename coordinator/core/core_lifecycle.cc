@@ -7,6 +7,9 @@
 #include <algorithm>
 #include <cstdlib>
 #include <iterator>
+#include <limits>
+#include <map>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -254,6 +257,48 @@ size_t Core::MinWorkers(const Job& job) {
       1, min > job.finished.size() ? min - job.finished.size() : 1);
 }
 
+void Core::ExcludeUnreachable(Job& job) {
+  for (;;) {
+    // Pairs among the waiting workers that one of them reported.
+    std::map<std::string, std::set<std::string>> pairs;
+    for (const MemberState& w : job.waiting) {
+      for (const std::string& u : w.unreachable) {
+        if (job.waiting.Find(u) == nullptr) continue;
+        pairs[w.worker_id].insert(u);
+        pairs[u].insert(w.worker_id);
+      }
+    }
+    if (pairs.empty()) return;
+    // Younger: joined the job later; at the same time, the higher rank of
+    // the generation that ended (a newcomer is younger than a survivor).
+    auto age = [&job](const MemberState& w) {
+      auto rank = job.ended_ranks.find(w.worker_id);
+      return std::make_pair(w.joined, rank == job.ended_ranks.end()
+                                          ? std::numeric_limits<int32_t>::max()
+                                          : rank->second);
+    };
+    const MemberState* out = nullptr;
+    size_t most = 0;
+    for (const MemberState& w : job.waiting) {
+      auto it = pairs.find(w.worker_id);
+      if (it == pairs.end()) continue;
+      const size_t n = it->second.size();
+      if (out == nullptr || n > most || (n == most && age(w) > age(*out))) {
+        out = &w;
+        most = n;
+      }
+    }
+    const std::string worker_id = out->worker_id;
+    const std::string why = absl::StrCat(
+        "unreachable from ", absl::StrJoin(pairs[worker_id], ", "),
+        " (a network partition between workers): taken out of the job");
+    job.drained.insert(worker_id);
+    job.bindings.erase(worker_id);
+    AddEvent(job, "drain", worker_id, why);
+    Forget(job, worker_id);
+  }
+}
+
 void Core::MaybeFormGeneration(Job& job) {
   if (job.state != v1::JOB_STATE_RENDEZVOUS) return;
   // Callers record the change (Changed) whatever happens here.
@@ -263,10 +308,13 @@ void Core::MaybeFormGeneration(Job& job) {
   if (!job.expected.empty()) {
     // Survivors: as soon as all are back and there are enough, no settling.
     if (job.expected.back_count() < job.expected.size()) return;
+    // Every survivor's report is in (Note [Unreachable peers]).
+    ExcludeUnreachable(job);
     if (job.waiting.size() < min) return;
     FormGeneration(job, std::min(job.waiting.size(), max));
     return;
   }
+  ExcludeUnreachable(job);
   if (job.waiting.size() >= max) {
     FormGeneration(job, max);
   } else if (job.waiting.size() >= min &&
@@ -299,6 +347,7 @@ void Core::FormGeneration(Job& job, size_t n) {
     m.last_heartbeat = now;
     m.completed = false;
     m.end_of_data_step.reset();
+    m.unreachable.clear();
     if (m.committed_step > job.members[job.authoritative_rank].committed_step) {
       job.authoritative_rank = m.rank;
     }

@@ -244,6 +244,21 @@ absl::Status ValidateRequest(const v1::JoinRequest& r) {
       NonNegative("previous_generation", r.previous_generation()));
   CONCORD_RETURN_IF_ERROR(
       ValidText("reform_reason", r.reform_reason(), kMaxMessageLength));
+  if (r.probe_port() < 0 || r.probe_port() > 65535) {
+    return Invalid("probe_port", absl::StrCat("must be a port (0..65535); got ",
+                                              r.probe_port()));
+  }
+  if (r.unreachable_size() > r.spec().max_workers()) {
+    return Invalid("unreachable",
+                   absl::StrCat(r.unreachable_size(),
+                                " workers named, more than max_workers"));
+  }
+  for (const std::string& w : r.unreachable()) {
+    CONCORD_RETURN_IF_ERROR(ValidateId("unreachable", w));
+    if (w == r.worker_id()) {
+      return Invalid("unreachable", "names the worker itself");
+    }
+  }
   return ValidateWait(r.wait_timeout_ms());
 }
 

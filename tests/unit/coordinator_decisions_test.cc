@@ -25,6 +25,7 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 using testing::CoordinatorDecisionsTest;
+using testing::CoordinatorReformTest;
 using testing::EndOfDataReq;
 using testing::HeartbeatReq;
 using testing::JoinReq;
@@ -365,6 +366,82 @@ TEST_F(CoordinatorDecisionsTest, ExportAndRestoreKeepEverything) {
   EXPECT_EQ(restored.CurrentGeneration(kJob), gen + 1);
   EXPECT_EQ(restored.RestoreJob(*record).code(),
             absl::StatusCode::kFailedPrecondition);
+}
+
+// Note [Unreachable peers]: survivors of a generation that report each other
+// unreachable: the one that joined the job last is taken out (drained, an
+// event, its Join refused), the others form the next generation at once.
+TEST_F(CoordinatorReformTest, WorkersThatCannotReachEachOtherLoseOneSide) {
+  const int64_t gen = FormSettled(3, 3);  // w0, w1, w2 in join order
+  const v1::JobSpec spec = Spec(3);
+  auto rejoin = [&](int i, std::vector<int> unreachable) {
+    v1::JoinRequest r = RejoinReq(spec, Worker(i), gen, 4, "timed out");
+    r.set_probe_port(4000 + i);
+    for (int u : unreachable) r.add_unreachable(Worker(u));
+    return core_.Join(r);
+  };
+  ASSERT_TRUE(rejoin(0, {1}).ok());
+  ASSERT_TRUE(rejoin(2, {}).ok());
+  EXPECT_EQ(core_.State(kJob), v1::JOB_STATE_RENDEZVOUS);  // w1 not back yet
+  ASSERT_TRUE(rejoin(1, {0}).ok());
+  EXPECT_EQ(core_.State(kJob), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(core_.CurrentGeneration(kJob), gen + 1);
+  EXPECT_THAT(Ranks(), ElementsAre(Worker(0), Worker(2)));
+  const std::vector<Event> drained = EventsOf("drain");
+  ASSERT_EQ(drained.size(), 1u);
+  EXPECT_EQ(drained[0].worker_id, Worker(1));
+  EXPECT_THAT(drained[0].message, HasSubstr("unreachable from w0"));
+  // Its probe port is in the member table the others asked for.
+  auto a = core_.GetAssignment(kJob, Worker(2));
+  ASSERT_TRUE(a.ok() && a->has_value());
+  ASSERT_EQ((*a)->members->size(), 2u);
+  EXPECT_EQ((*a)->members->at(1).probe_port(), 4002);
+  // The one taken out hears so, and cannot come back under its id.
+  EXPECT_EQ(core_.GetAssignment(kJob, Worker(1)).status().code(),
+            absl::StatusCode::kNotFound);
+  const absl::Status again = core_.Join(JoinReq(spec, Worker(1), 4));
+  EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(again.message(), HasSubstr("taken out of job"));
+  // The drain is persisted like an operator's.
+  auto record = core_.ExportJob(kJob);
+  ASSERT_TRUE(record.has_value());
+  EXPECT_THAT(record->drained(), ElementsAre(Worker(1)));
+}
+
+// One side's report is enough (a one-way cut shows on one side only when
+// the other's probe got through); of a worker unreachable from two others,
+// that worker goes, whatever its age.
+TEST_F(CoordinatorReformTest, TheWorkerInMostUnreachablePairsGoes) {
+  const int64_t gen = FormGeneration(4);
+  const v1::JobSpec spec = Spec(4);
+  auto rejoin = [&](int i, std::vector<int> unreachable) {
+    v1::JoinRequest r = RejoinReq(spec, Worker(i), gen, 4, "timed out");
+    for (int u : unreachable) r.add_unreachable(Worker(u));
+    return core_.Join(r);
+  };
+  ASSERT_TRUE(rejoin(0, {}).ok());
+  ASSERT_TRUE(rejoin(1, {0}).ok());
+  ASSERT_TRUE(rejoin(2, {0}).ok());
+  ASSERT_TRUE(rejoin(3, {}).ok());
+  EXPECT_THAT(Ranks(), ElementsAre(Worker(1), Worker(2), Worker(3)));
+  EXPECT_EQ(EventsOf("drain").size(), 1u);
+}
+
+TEST_F(CoordinatorReformTest, BadUnreachableReportsAreRefused) {
+  const v1::JobSpec spec = Spec(2);
+  v1::JoinRequest self = JoinReq(spec, Worker(0));
+  self.add_unreachable(Worker(0));
+  EXPECT_EQ(core_.Join(self).code(), absl::StatusCode::kInvalidArgument);
+  v1::JoinRequest empty = JoinReq(spec, Worker(0));
+  empty.add_unreachable("");
+  EXPECT_EQ(core_.Join(empty).code(), absl::StatusCode::kInvalidArgument);
+  v1::JoinRequest many = JoinReq(spec, Worker(0));
+  for (int i = 1; i <= 3; ++i) many.add_unreachable(Worker(i));
+  EXPECT_EQ(core_.Join(many).code(), absl::StatusCode::kInvalidArgument);
+  v1::JoinRequest port = JoinReq(spec, Worker(0));
+  port.set_probe_port(70000);
+  EXPECT_EQ(core_.Join(port).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(core_.job_count(), 0u);  // no state changed
 }
 
 }  // namespace
