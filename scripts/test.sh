@@ -9,7 +9,9 @@
 #   debootstrapped root (scripts/debian13.sh), CUDA and NCCL required, in
 #   build-debian13/; its CPU suite without the deploy and browser labels
 #   (those check Debian 12 artefacts: bookworm images, systemd units, the
-#   status page in Debian 12's chromium).
+#   status page in Debian 12's chromium) and without netfault (network
+#   namespaces, made on this machine's kernel; what they test does not
+#   depend on LibTorch).
 # Extra arguments go to ctest on each platform, e.g. ./scripts/test.sh -L unit
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -57,7 +59,7 @@ run_debian13() {
   fi
   echo "test.sh: debian13: ctest"
   ./scripts/debian13.sh run ctest --test-dir build-debian13 "${CTEST_ARGS[@]}" \
-    --label-exclude 'deploy|browser' "$@" || failed+=(debian13)
+    --label-exclude 'deploy|browser|netfault' "$@" || failed+=(debian13)
   echo "test.sh: debian13 took $((SECONDS - start)) s"
 }
 

@@ -124,7 +124,8 @@ class Proc(object):
     live = []
     started = []  # of the current case, for the logs of a failing one
 
-    def __init__(self, name, cmd, log_dir, env=None):
+    def __init__(self, name, cmd, log_dir, env=None, popen=subprocess.Popen):
+        """`popen`: how to start it (tests/netfault: in a lab's host)."""
         self.name = name
         self.cmd = [str(c) for c in cmd]
         self.out_path = os.path.join(log_dir, name + ".stdout")
@@ -136,8 +137,8 @@ class Proc(object):
             full_env.update(env)
         self.env = env or {}
         with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
-            self.proc = subprocess.Popen(self.cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                                         env=full_env, start_new_session=True)
+            self.proc = popen(self.cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                              env=full_env, start_new_session=True)
         self.pid = self.proc.pid
         self.start = time.monotonic()
         self.end = None
