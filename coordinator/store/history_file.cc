@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/write_all.h"
 
 namespace concord::coordinator {
 
@@ -27,13 +28,7 @@ HistoryFile::~HistoryFile() { ::close(fd_); }
 
 void HistoryFile::WriteLine(const std::string& line) {
   std::lock_guard<std::mutex> lock(mu_);
-  size_t done = 0;
-  while (done < line.size()) {
-    const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;  // best effort: a full disk loses lines
-    done += static_cast<size_t>(n);
-  }
+  WriteAll(fd_, line);  // best effort: a full disk loses lines
 }
 
 void HistoryFile::Write(const std::string& job_id,

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/write_all.h"
 #include "worker/trace/recorder.h"
 
 namespace concord::trace {
@@ -38,13 +39,7 @@ void HistoryLog::Write(const std::string& event, const std::string& fields) {
   absl::StrAppend(&line, fields.empty() ? "" : ",", fields, "}\n");
   std::lock_guard<std::mutex> lock(mu_);
   // O_APPEND: one write(2) is one whole line, even with several writers.
-  size_t done = 0;
-  while (done < line.size()) {
-    const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;  // best effort: a full disk loses records
-    done += static_cast<size_t>(n);
-  }
+  WriteAll(fd_, line);  // best effort: a full disk loses records
 }
 
 namespace {

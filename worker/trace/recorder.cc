@@ -9,21 +9,10 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "common/write_all.h"
 
 namespace concord::trace {
 namespace {
-
-// Writes all of `data`, retrying short writes; best effort (a full disk
-// loses events, never the training).
-void WriteAll(int fd, const std::string& data) {
-  size_t done = 0;
-  while (done < data.size()) {
-    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;
-    done += static_cast<size_t>(n);
-  }
-}
 
 nlohmann::json ToJson(const Args& args) {
   nlohmann::json out = nlohmann::json::object();

@@ -1,0 +1,26 @@
+#pragma once
+// Writing a whole buffer to a file descriptor: the trace and history files'
+// writers (one write(2) a record where the kernel allows, so that a killed
+// process leaves whole lines).
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <string_view>
+
+namespace concord {
+
+// Writes all of `data`, retrying short writes and EINTR; false when a
+// write failed (a full disk: the callers lose the record, never the work).
+inline bool WriteAll(int fd, std::string_view data) {
+  size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    done += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+}  // namespace concord
