@@ -179,7 +179,6 @@ Options ParseArgs(int argc, char** argv) {
                  "DIR/<worker id>.history (CONCORD_HISTORY_FILE); with "
                  "--standalone the coordinator's goes to "
                  "DIR/coordinator.history")
-      ->type_name("DIR")
       ->check(CLI::ExistingDirectory);
   try {
     app.parse(split, argv);

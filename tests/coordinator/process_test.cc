@@ -162,6 +162,9 @@ TEST_F(ProcessTest, StartupErrorsAreOneLineAndExitTwo) {
        operator_file_, "--listen", "127.0.0.1:0", "--state-dir",
        worker_file_ + "/sub"},  // not a directory
       {coord, "--bogus-flag"},
+      {coord, "--worker-token-file", worker_file_, "--operator-token-file",
+       operator_file_, "--listen", "127.0.0.1:0", "--history-file",
+       dir_ + "/missing/history.jsonl"},  // no such directory
       // The etcd store: flags that do not fit together, malformed
       // endpoints, and an etcd that is not there (closed port; given up
       // after 10 s).

@@ -304,6 +304,15 @@ def run(args, checks, tmp):
                      launch + train(data=bad["data_len_mismatch"]),
                      [bad["data_len_mismatch"]], out, one_line=False)
 
+    nowhere_dir = os.path.join(tmp, "no-such-dir")
+    expect_rejection(checks, "concord-run --history: a directory that is not there",
+                     [run_bin, "--standalone", "--nproc", "1", "--history", nowhere_dir, "--",
+                      train_bin], [nowhere_dir], out)
+    # A worker whose history file cannot be opened stops before joining.
+    expect_rejection(checks, "CONCORD_HISTORY_FILE that cannot be written",
+                     ["env", "CONCORD_HISTORY_FILE=" + os.path.join(nowhere_dir, "h")] +
+                     train(), ["history file"], out, one_line=False)
+
     # --- success, world size 1 through concord-run ------------------------
     n_samples, bs, epochs = 40, 8, 2
     steps_expected = epochs * ((n_samples + bs - 1) // bs)
