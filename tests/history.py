@@ -245,17 +245,16 @@ def check_steps(job_steps, final_step, problems):
         problems.append("the job's steps are not 1..%d: missing %s, beyond %s" % (top, missing[:20], extra[:20]))
 
 
-def check_samples(job_steps, n, epochs, problems):
-    steps = sorted(job_steps)
-    if any("samples" not in job_steps[s] for s in steps):
-        problems.append("steps without samples (no ElasticSampler?)")
-        return
-    seen_epochs = [job_steps[s]["epoch"] for s in steps]
+def sample_problems(windows, n, epochs):
+    """Problems of the job's windows [(epoch, samples)], in step order: the
+    epochs must not go back, and each of `epochs` epochs must take every
+    sample of 0..n-1 exactly once (also test_elastic's sample logs)."""
+    problems = []
+    seen_epochs = [e for e, _ in windows]
     if any(b < a for a, b in zip(seen_epochs, seen_epochs[1:])):
         problems.append("epochs go back over the steps")
     for e in range(epochs):
-        count = collections.Counter(i for s in steps if job_steps[s]["epoch"] == e
-                                    for i in job_steps[s]["samples"])
+        count = collections.Counter(i for we, idx in windows if we == e for i in idx)
         absent = sorted(set(range(n)) - set(count))
         twice = sorted(i for i, c in count.items() if c > 1)
         foreign = sorted(i for i in count if not 0 <= i < n)
@@ -266,6 +265,16 @@ def check_samples(job_steps, n, epochs, problems):
     beyond = sorted(set(seen_epochs) - set(range(epochs)))
     if beyond:
         problems.append("steps of epochs %s beyond the %d epochs" % (beyond, epochs))
+    return problems
+
+
+def check_samples(job_steps, n, epochs, problems):
+    steps = sorted(job_steps)
+    if any("samples" not in job_steps[s] for s in steps):
+        problems.append("steps without samples (no ElasticSampler?)")
+        return
+    problems += sample_problems([(job_steps[s]["epoch"], job_steps[s]["samples"]) for s in steps],
+                                n, epochs)
 
 
 def check(workers, coordinator=(), samples=None, epochs=None, final_step=None, job=None):

@@ -549,20 +549,7 @@ def check_sample_logs(checks, name, rd, n, epochs, final_step, allow_lost_commit
         extra = sorted(set(steps) - set(range(1, final_step + 1)))
         problems.append("committed steps are not 1..%d: missing %s%s, beyond %s" % (
             final_step, absent[:20], "..." if len(absent) > 20 else "", extra[:20]))
-    epochs_seen = [canonical[s][0] for s in steps]
-    if any(b < a for a, b in zip(epochs_seen, epochs_seen[1:])):
-        problems.append("epochs go backwards over the steps")
-    for e in range(epochs):
-        count = collections.Counter(i for s in steps if canonical[s][0] == e for i in canonical[s][1])
-        absent = sorted(set(range(n)) - set(count))
-        twice = sorted(i for i, c in count.items() if c > 1)
-        foreign = sorted(i for i in count if not 0 <= i < n)
-        if absent or twice or foreign:
-            problems.append("epoch %d: %d samples never taken %s, %d taken more than once %s%s" % (
-                e, len(absent), absent[:10], len(twice), twice[:10],
-                ", out of range %s" % foreign[:10] if foreign else ""))
-    if set(e for e, _ in canonical.values()) - set(range(epochs)):
-        problems.append("lines for epochs beyond %d" % epochs)
+    problems += history.sample_problems([canonical[s] for s in steps], n, epochs)
     checks.check(not problems, name + ": sample logs exactly-once (%d logs, %d steps, %d epochs x %d)"
                  % (len(logs), len(steps), epochs, n), "; ".join(problems))
     check_history(checks, name, rd, n, epochs, final_step)
@@ -1317,6 +1304,40 @@ class Context(object):
         self.seed = seed
 
 
+def run_cases(ctx, cases, keep):
+    """Runs each (name, fn(ctx)) in turn: a case that raises fails, every
+    process it started is killed after it, a failing case's logs are
+    printed; ctx.tmp is removed at the end unless `keep`."""
+    checks = ctx.checks
+    start = time.monotonic()
+    try:
+        for name, fn in cases:
+            t0 = time.monotonic()
+            failed_before = checks.failed
+            Proc.started = []
+            print("=== %s" % name, flush=True)
+            try:
+                fn(ctx)
+            except Exception as e:  # noqa: BLE001 - an unexpected error is a failure
+                import traceback
+                traceback.print_exc()
+                checks.fail(name + ": ran to completion", "%s: %s" % (type(e).__name__, e))
+            finally:
+                Proc.kill_all()
+            if checks.failed > failed_before:
+                for p in Proc.started:
+                    print("--- logs of %s (case %s failed) ---\n%s" % (p.name, name, p.describe(6000)),
+                          flush=True)
+            print("=== %s: %.1fs" % (name, time.monotonic() - t0), flush=True)
+    finally:
+        Proc.kill_all()
+        print("total %.1fs" % (time.monotonic() - start), flush=True)
+        if keep:
+            print("kept %s" % ctx.tmp)
+        else:
+            shutil.rmtree(ctx.tmp, ignore_errors=True)
+
+
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--bin-dir")
@@ -1361,33 +1382,7 @@ def main():
         return checks.finish()
     tmp = tempfile.mkdtemp(prefix="concord_elastic_")
     ctx = Context(bins, checks, tmp, args.seed)
-    start = time.monotonic()
-    try:
-        for name in selected:
-            t0 = time.monotonic()
-            failed_before = checks.failed
-            Proc.started = []
-            print("=== %s" % name, flush=True)
-            try:
-                CASES[name][1](ctx)
-            except Exception as e:  # noqa: BLE001 - an unexpected error is a failure
-                import traceback
-                traceback.print_exc()
-                checks.fail(name + ": ran to completion", "%s: %s" % (type(e).__name__, e))
-            finally:
-                Proc.kill_all()
-            if checks.failed > failed_before:
-                for p in Proc.started:
-                    print("--- logs of %s (case %s failed) ---\n%s" % (p.name, name, p.describe(6000)),
-                          flush=True)
-            print("=== %s: %.1fs" % (name, time.monotonic() - t0), flush=True)
-    finally:
-        Proc.kill_all()
-        print("total %.1fs" % (time.monotonic() - start), flush=True)
-        if args.keep:
-            print("kept %s" % tmp)
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+    run_cases(ctx, [(name, CASES[name][1]) for name in selected], args.keep)
     return checks.finish()
 
 

@@ -199,6 +199,13 @@ def start_job(ctx, name, worker_hosts=("w1", "w2", "w3"), n=240, batch=4, epochs
     return cl, bool(started)
 
 
+def cut(lab, a, b, direction):
+    """Cuts a <-> b ("both"), only a -> b ("up") or only b -> a ("down")."""
+    if direction == "down":
+        a, b = b, a
+    lab.cut(a, b, oneway=direction != "both")
+
+
 def members_of(gen):
     return set(gen["members"])
 
@@ -233,12 +240,7 @@ def cut_worker_from_coordinator(ctx, name, direction):
         if not ok:
             return
         w3 = cl.worker_id("w3")
-        if direction == "both":
-            cl.lab.cut("w3", "coord")
-        elif direction == "up":
-            cl.lab.cut("w3", "coord", oneway=True)
-        else:
-            cl.lab.cut("coord", "w3", oneway=True)
+        cut(cl.lab, "w3", "coord", direction)
         cut_at = time.time()
         dropped = testlib.wait_for(lambda: [r for r in cl.events() if r["event"] == "failure"
                                             and r.get("worker") == w3], HB_TIMEOUT_MS / 1000.0 + 5)
@@ -385,12 +387,7 @@ def leader_etcd_cut(ctx, name, direction, kill=False):
         if not ctx.checks.check(cl.wait_step(20), name + ": the job trains on coord1 (step 20)",
                                 "\n".join(p.describe() for p in cl.launchers.values())):
             return
-        if direction == "both":
-            cl.lab.cut("coord1", "etcd")
-        elif direction == "up":
-            cl.lab.cut("coord1", "etcd", oneway=True)
-        else:
-            cl.lab.cut("etcd", "coord1", oneway=True)
+        cut(cl.lab, "coord1", "etcd", direction)
         cut_at = time.time()
         if kill:
             cl.launchers["w3"].kill_group()
@@ -446,8 +443,9 @@ def main():
     if args.list:
         print("\n".join(SCENARIOS))
         return 0
-    if os.geteuid() != 0:
-        print("skipped: not root (the scenarios' hosts are network namespaces)")
+    reason = netlab.skip_reason()  # not root, no `ip`, no /dev/net/tun
+    if reason:
+        print("skipped: %s" % reason)
         return 0
     checks = testlib.Checks()
     bins = te.Bins(args.bin_dir)
@@ -457,36 +455,7 @@ def main():
     tmp = tempfile.mkdtemp(prefix="concord_netfault_")
     ctx = te.Context(bins, checks, tmp, 0)
     selected = args.scenario or list(SCENARIOS)
-    start = time.monotonic()
-    try:
-        for name in selected:
-            t0 = time.monotonic()
-            failed_before = checks.failed
-            te.Proc.started = []
-            print("=== %s" % name, flush=True)
-            try:
-                SCENARIOS[name](ctx, name)
-            except netlab.Skip as e:
-                print("skipped: %s" % e)
-                return 0
-            except Exception as e:  # noqa: BLE001 - an unexpected error is a failure
-                import traceback
-                traceback.print_exc()
-                checks.fail(name + ": ran to completion", "%s: %s" % (type(e).__name__, e))
-            finally:
-                te.Proc.kill_all()
-            if checks.failed > failed_before:
-                for proc in te.Proc.started:
-                    print("--- logs of %s (%s failed) ---\n%s" % (proc.name, name, proc.describe(6000)),
-                          flush=True)
-            print("=== %s: %.1fs" % (name, time.monotonic() - t0), flush=True)
-    finally:
-        te.Proc.kill_all()
-        print("total %.1fs" % (time.monotonic() - start), flush=True)
-        if args.keep:
-            print("kept %s" % tmp)
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
+    te.run_cases(ctx, [(name, lambda c, n=name: SCENARIOS[n](c, n)) for name in selected], args.keep)
     return checks.finish()
 
 
