@@ -45,6 +45,7 @@ from testlib import accepts, free_port, wait_for  # noqa: E402
 
 LEASE_TTL = 2
 JOB = "failover"
+HISTORIES = []  # every replica's --history-file, for tests/history.py
 
 
 class Etcd(object):
@@ -71,7 +72,10 @@ class Replica(object):
     def __init__(self, bins, directory, name, port, etcd, worker_token, operator_token):
         self.name = name
         self.address = "127.0.0.1:%d" % port
+        self.history = os.path.join(directory, name + ".history.jsonl")
+        HISTORIES.append(self.history)
         self.proc = te.Proc(name, [bins.coordinator, "--listen", self.address,
+                                   "--history-file", self.history,
                                    "--worker-token-file", worker_token,
                                    "--operator-token-file", operator_token,
                                    "--store", "etcd", "--etcd-endpoints", etcd.client,
@@ -208,6 +212,9 @@ def run(args, checks, tmp):
     metrics = rd.load_metrics() or {}
     checks.check(metrics.get("reforms") == 0 and metrics.get("world_size") == 2,
                  "metrics: 0 re-forms, world size 2", json.dumps(metrics)[:2000])
+    # Across the fail-overs: generations never reused, every step once.
+    rd.coordinator_history = list(HISTORIES)
+    te.check_history(checks, "failover", rd, 512, epochs, te.last_step_of(rd))
     # concordctl given both replicas (B, gone, first) finds the leader.
     both = "%s,%s" % (b.address, a.address)
     done = wait_for(lambda: (lambda s: s if s and s["state"] == "SUCCEEDED" else None)(

@@ -876,6 +876,7 @@ def case_fixed(ctx, name, world, n, batch, epochs, kills=(), min_workers=None):
                      "%d 'left the job' lines\n%s" % (left_msgs, p.describe()))
     check_outputs_identical(ctx.checks, name, rd, expected_count=len(finishers))
     check_metrics(ctx.checks, name, rd, world_size=len(finishers), optimizer_steps=longest)
+    check_history(ctx.checks, name, rd)  # fixed shards: no sampler, no samples
     summary(name, p, rd, "ranks by local %s, streams %s, killed %s, finishers ranks %s" % (
         [rank_of[i] for i in range(world)], streams, spec or "none", finishers))
 
@@ -930,6 +931,7 @@ def case_fixed_staggered(ctx, name, world, n, batch, epochs, kills, min_workers)
                          "died: %s" % got_dead)
         check_outputs_identical(ctx.checks, name, rd, expected_count=len(finishers))
         check_metrics(ctx.checks, name, rd, world_size=len(finishers), optimizer_steps=longest)
+        check_history(ctx.checks, name, rd)
         print("SUMMARY %s: %.1fs, streams %s, kills %s, leavers %s, finishers %s, exits %s" % (
             name, max(p.elapsed for p in launchers), streams, kills, leavers, finishers,
             [p.returncode for p in launchers]), flush=True)

@@ -175,7 +175,12 @@ class Cluster(object):
                            max(1, deadline - time.monotonic()))
         te.check_outputs_identical(checks, self.name, self.rd, expected_count=finishers)
         final = te.last_step_of(self.rd)
-        te.check_sample_logs(checks, self.name, self.rd, self.fx_n, self.epochs, final)
+        # A worker cut off mid-step may commit a step its peers then give up
+        # (its allreduce completed, theirs was aborted): a lost commit, which
+        # the history checker allows only if that worker's state did not go
+        # on into the job (Note [History checker]).
+        te.check_sample_logs(checks, self.name, self.rd, self.fx_n, self.epochs, final,
+                             allow_lost_commits=True)
         return final
 
 
