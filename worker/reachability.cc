@@ -160,6 +160,8 @@ bool SuggestsUnreachablePeer(std::string_view why) {
   const std::string lower = absl::AsciiStrToLower(std::string(why));
   return absl::StrContains(lower, "timed out") ||
          absl::StrContains(lower, "deadline_exceeded") ||
+         // comm::Work's own collective timeout (worker/comm/work.cc).
+         absl::StrContains(lower, "did not finish within") ||
          absl::StrContains(lower, "did not connect");
 }
 

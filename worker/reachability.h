@@ -49,8 +49,10 @@ std::vector<bool> ProbeReachable(
     absl::Duration timeout);
 
 // Whether a re-form's reason says a peer may be unreachable rather than
-// dead: a collective or a connection that timed out, or a communicator
-// that did not connect (Gloo and Concord word these so).
+// dead: a collective or a connection that timed out (Gloo's "Timed out",
+// comm::Work's "collective did not finish within"), or a communicator that
+// did not connect. Re-form reasons are status messages without their code,
+// so this reads their words; the unit test holds every wording it knows.
 bool SuggestsUnreachablePeer(std::string_view why);
 
 }  // namespace concord::worker

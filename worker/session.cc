@@ -302,6 +302,8 @@ absl::Status Session::JoinAndConnect(
     request.set_reform_reason(why.substr(0, 1000));
     request.set_probe_port(probe_ ? probe_->port() : 0);
     request.set_include_members(probe);
+    // A newcomer checks the members of a running job it joins.
+    request.set_members_if_running(!probe && previous_generation == 0);
     for (const std::string& w : unreachable) request.add_unreachable(w);
     const absl::Duration left = deadline - absl::Now();
     if (left <= absl::ZeroDuration()) {
@@ -331,13 +333,14 @@ absl::Status Session::JoinAndConnect(
       history_->Generation(joined.generation(), joined.rank(),
                            joined.world_size());
     }
-    if (probe) {
+    if (probe || joined.members_size() > 0) {
       unreachable = UnreachableMembers(joined);
       if (!unreachable.empty()) {
         why = absl::StrCat("cannot reach ", absl::StrJoin(unreachable, ", "));
         spdlog::warn("generation {}: {}; giving it up", joined.generation(),
                      why);
         previous_generation = joined.generation();
+        probe = true;
         continue;
       }
     }

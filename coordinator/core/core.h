@@ -45,7 +45,11 @@
 // for the next generation's member table, probes each member's
 // reachability port (JoinRequest.probe_port: a TCP listener on its host)
 // before connecting, and when some do not answer within a second it gives
-// that generation up at once, naming them in JoinRequest.unreachable. The
+// that generation up at once, naming them in JoinRequest.unreachable. A
+// newcomer does the same with the members of a running job it is admitted
+// to (JoinRequest.members_if_running), so that a worker restarted on the
+// wrong side of a partition costs the job two quick re-forms, not a
+// collective timeout. The
 // coordinator keeps those reports of the waiting workers and, before
 // forming a generation, drains workers until no waiting worker reports
 // another: each round the one in the most such pairs, ties to the one that

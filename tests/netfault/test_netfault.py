@@ -36,6 +36,11 @@ Scenarios (see SCENARIOS / --list):
                   on with the other and w3, without flapping.
   worker-worker-oneway
                   the same with only w1 -> w2 cut.
+  worker-worker-restart
+                  the same with --max-restarts 1: the worker taken out is
+                  restarted, probes the members it is admitted to before
+                  connecting, and is taken out again at once (two quick
+                  re-forms, no second collective timeout).
   delay-loss      100 ms +- 20 ms and 2 % loss on every link, default
                   timeouts: the job completes, slower, with no re-form.
   leader-etcd     two coordinator replicas on etcd; the leader <-> etcd
@@ -122,14 +127,14 @@ class Cluster(object):
                                 ("listening on " + address) in proc.stderr() + proc.stdout(),
                                 timeout)
 
-    def start_workers(self, hosts, coordinator, fx, batch, epochs, env=None):
+    def start_workers(self, hosts, coordinator, fx, batch, epochs, env=None, restarts=0):
         for host in hosts:
             train = te.train_args(fx, self.rd, batch, epochs, shuffle_seed=7)
             cmd = [self.ctx.bins.run, "--coordinator", coordinator,
                    "--token-file", self.worker_token, "--nproc", 1, "--job-id", self.name,
                    "--comm-host", self.lab.addr(host), "--node-id", host,
                    "--min-workers", 2, "--max-workers", len(hosts),
-                   "--history", self.rd.history]
+                   "--history", self.rd.history, "--max-restarts", restarts]
             if self.fast:
                 cmd += ["--heartbeat-interval-ms", HB_INTERVAL_MS,
                         "--heartbeat-timeout-ms", HB_TIMEOUT_MS,
@@ -189,7 +194,7 @@ def fixture(ctx, n):
 
 
 def start_job(ctx, name, worker_hosts=("w1", "w2", "w3"), n=240, batch=4, epochs=10,
-              fast=True, extra_hosts=("coord",)):
+              fast=True, extra_hosts=("coord",), restarts=0):
     """A cluster running one coordinator on `coord` and the job's workers."""
     cl = Cluster(ctx, name, list(extra_hosts) + list(worker_hosts), fast=fast)
     cl.fx_n, cl.epochs = n, epochs
@@ -197,7 +202,7 @@ def start_job(ctx, name, worker_hosts=("w1", "w2", "w3"), n=240, batch=4, epochs
     if not ctx.checks.check(cl.wait_listening(coord, address), name + ": coordinator listens",
                             coord.describe()):
         return cl, False
-    cl.start_workers(worker_hosts, address, fixture(ctx, n), batch, epochs)
+    cl.start_workers(worker_hosts, address, fixture(ctx, n), batch, epochs, restarts=restarts)
     started = cl.wait_step(5)
     ctx.checks.check(started, name + ": the job trains across the hosts (step 5)",
                      "\n".join(p.describe() for p in cl.launchers.values()))
@@ -298,12 +303,15 @@ def scenario_delay_loss(ctx, name):
         cl.close()
 
 
-def scenario_worker_worker(ctx, name, oneway=False):
+def scenario_worker_worker(ctx, name, oneway=False, restarts=0):
     """w1 and w2 cannot reach each other (or w1 cannot reach w2), both
     reach the coordinator: the collective times out, the workers find which
     peers they cannot reach (Note [Unreachable peers]), the coordinator
-    takes one of the two out, the job goes on without flapping."""
-    cl, ok = start_job(ctx, name, epochs=60)
+    takes one of the two out, the job goes on without flapping. With
+    `restarts`, the one taken out is restarted (a newcomer), probes the
+    members it is admitted to before connecting, and is taken out again at
+    once rather than after another collective timeout."""
+    cl, ok = start_job(ctx, name, epochs=60, restarts=restarts)
     try:
         if not ok:
             return
@@ -315,6 +323,7 @@ def scenario_worker_worker(ctx, name, oneway=False):
         def drained():
             return [r for r in cl.events() if r["event"] == "drain"]
         out = testlib.wait_for(drained, limit)
+        out = out and out[:1]
         ctx.checks.check(out and len(out) == 1 and out[0].get("worker") in (ids["w1"], ids["w2"]) and
                          "unreachable" in out[0].get("message", ""),
                          name + ": the coordinator takes one of w1, w2 out (%s)" % (
@@ -330,15 +339,30 @@ def scenario_worker_worker(ctx, name, oneway=False):
                                         if set(g["members"]) == {ids[kept], ids["w3"]}], 20)
         ctx.checks.check(two, name + ": %s and w3 go on in a generation of two" % kept,
                          json.dumps(cl.generations())[:3000])
+        if restarts:
+            again = ids[gone] + "-r1"
+            second = testlib.wait_for(lambda: [r for r in drained() if r.get("worker") == again], 40)
+            joined = [r for r in cl.events() if r["event"] == "join" and r.get("worker") == again]
+            took = (second[0]["time_us"] - joined[0]["time_us"]) / 1e6 if second and joined else None
+            ctx.checks.check(second and took < COLLECTIVE_TIMEOUT_MS / 1000.0,
+                             name + ": restarted, %s is taken out again %s after it joined "
+                             "(collective timeout %.0f s)" % (
+                                 gone, "%.1f s" % took if took is not None else "never",
+                                 COLLECTIVE_TIMEOUT_MS / 1000.0),
+                             json.dumps(cl.events()[-12:])[:4000])
         at = cl.step()
         ctx.checks.check(cl.wait_step(at + 100, 40), name + ": the job goes on (100 steps)")
         # No flapping: the generation of two is the last one until the end.
         cl.finish({gone: 1}, 2)
         gens = cl.generations()
         ctx.checks.check(gens and set(gens[-1]["members"]) == {ids[kept], ids["w3"]} and
-                         len(gens) <= 4,
+                         len(gens) <= 4 + 2 * restarts,
                          name + ": no flapping (generations %s)" % [len(g["members"]) for g in gens],
                          json.dumps(gens)[:3000])
+        if restarts:
+            committed = [p for p in glob.glob(os.path.join(cl.rd.history, ids[gone] + "-r1.history"))
+                         if '"event":"commit"' in te.read_text(p)]
+            ctx.checks.check(not committed, name + ": the restarted %s never trained" % gone)
         err = cl.launchers[gone].stderr()
         ctx.checks.check("taken out of job" in err,
                          name + ": %s says it was taken out" % gone, err[-2000:])
@@ -430,6 +454,7 @@ SCENARIOS = {
     "leader-etcd-death": lambda ctx, name: leader_etcd_cut(ctx, name, "both", kill=True),
     "worker-worker": scenario_worker_worker,
     "worker-worker-oneway": lambda ctx, name: scenario_worker_worker(ctx, name, oneway=True),
+    "worker-worker-restart": lambda ctx, name: scenario_worker_worker(ctx, name, restarts=1),
     "heal-fast": scenario_heal_fast,
     "worker-coord": lambda ctx, name: cut_worker_from_coordinator(ctx, name, "both"),
     "worker-coord-oneway-up": lambda ctx, name: cut_worker_from_coordinator(ctx, name, "up"),

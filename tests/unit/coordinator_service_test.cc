@@ -23,8 +23,10 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/auth.h"
+#include "common/clock.h"
 #include "common/grpc_auth.h"
 #include "concord/v1/worker.grpc.pb.h"
+#include "coordinator/rpc/service.h"
 #include "coordinator/server.h"
 
 namespace concord::coordinator {
@@ -606,6 +608,36 @@ TEST(CoordinatorStoreFailureTest, NothingUnsavedIsAnswered) {
     EXPECT_THAT(history, HasSubstr(R"("event":"join")"));
   }
   spdlog::set_level(spdlog::level::warn);
+}
+
+// Note [Unreachable peers]: a newcomer's members_if_running gets the member
+// table only where the job was running before (a rank_change), never at the
+// job's first rendezvous.
+TEST(JoinAnswerTest, MembersIfRunningOnlyForARunningJob) {
+  RealClock clock;
+  Core core(&clock);
+  auto join = [&](const std::string& w, int64_t previous) {
+    v1::JoinRequest r = JoinReq("j", 2, w);
+    r.set_include_members(false);
+    r.set_members_if_running(true);
+    r.set_previous_generation(previous);
+    r.set_probe_port(5000);
+    return r;
+  };
+  ASSERT_TRUE(core.Join(join("w0", 0)).ok());
+  ASSERT_TRUE(core.Join(join("w1", 0)).ok());
+  v1::JoinResponse first;
+  ASSERT_EQ(JoinAnswer(core, join("w0", 0), &first), absl::OkStatus());
+  EXPECT_EQ(first.generation(), 1);
+  EXPECT_EQ(first.members_size(), 0);
+  // w1 asks to re-form; both join generation 2, which continues the job.
+  ASSERT_TRUE(core.Join(join("w1", 1)).ok());
+  ASSERT_TRUE(core.Join(join("w0", 1)).ok());
+  v1::JoinResponse second;
+  ASSERT_EQ(JoinAnswer(core, join("w0", 1), &second), absl::OkStatus());
+  EXPECT_EQ(second.generation(), 2);
+  ASSERT_EQ(second.members_size(), 2);
+  EXPECT_EQ(second.members(0).probe_port(), 5000);
 }
 
 TEST(CoordinatorServerTest, BadHistoryFile) {

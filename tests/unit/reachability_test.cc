@@ -8,7 +8,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "worker/comm/work.h"
 
 namespace concord::worker {
 namespace {
@@ -64,6 +66,12 @@ TEST(ReachabilityTest, WhichReformReasonsSuggestAnUnreachablePeer) {
       "step agreement failed: gloo: [./gloo/transport/tcp/unbound_buffer.cc"
       ":133] Timed out waiting 8000ms for send operation to complete"));
   EXPECT_TRUE(SuggestsUnreachablePeer("DEADLINE_EXCEEDED: allreduce"));
+  // The collective timeout's own words, from the work that timed out.
+  comm::PromiseWork never_done;
+  const absl::Status timed_out = never_done.Wait(absl::Milliseconds(1));
+  ASSERT_EQ(timed_out.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(SuggestsUnreachablePeer(
+      absl::StrCat("gradient allreduce failed: ", timed_out.message())));
   EXPECT_TRUE(SuggestsUnreachablePeer(
       "communicator of generation 3 did not connect: UNAVAILABLE: ..."));
   EXPECT_FALSE(SuggestsUnreachablePeer(
