@@ -124,6 +124,44 @@ namespace concord::detail {
 
 DdpCore::Impl::Impl(const Job& j, const DdpOptions& o) : job(j), options(o) {}
 
+void DdpCore::Impl::Register(std::string module_type) {
+  JobState& js = *job.state();
+  type = std::move(module_type);
+  name = absl::StrCat("ddp", ++js.ddps_made);
+  js.ddps.push_back(this);
+}
+
+DdpCore::Impl::~Impl() {
+  auto& ddps = job.state()->ddps;
+  ddps.erase(std::remove(ddps.begin(), ddps.end(), this), ddps.end());
+}
+
+std::string DdpCore::Impl::Describe() const {
+  return absl::StrCat("DistributedDataParallel '", name, "' (", type, ")");
+}
+
+void DdpCore::Impl::CheckBound() const {
+  const int64_t bound = engine->communicator().generation();
+  const int64_t now = job.state()->session().generation();
+  if (bound == now) return;
+  throw Error(
+      ErrorCode::kFailedPrecondition,
+      absl::StrCat(Describe(), " is bound to generation ", bound,
+                   ", which ended (the job is in generation ", now,
+                   "): it was made while run_elastic ran, and a re-form "
+                   "rebinds only the modules made before run_elastic "
+                   "started; make it before"));
+}
+
+void DdpCore::Impl::OnCollective(worker::TestFault::Point point) {
+  JobState& js = *job.state();
+  if (js.elastic == nullptr) return;
+  if (!js.faults().empty()) {
+    js.faults().Reached(ElasticStep(*js.elastic), point, name);
+  }
+  ObserveCollective(*js.elastic);
+}
+
 template <typename Create>
 void DdpCore::Impl::Init(Create create) {
   ddp::EngineOptions engine_options =
@@ -142,6 +180,8 @@ void DdpCore::Impl::Init(Create create) {
   ThrowIfError(created.status());
   engine = *std::move(created);
   engine->SetTraceRecorder(job.state()->trace());
+  engine->SetBackwardObserver(
+      [this] { OnCollective(worker::TestFault::Point::kBackward); });
   if (!options.comm_hook().empty()) RegisterHook();
   BindSyncBatchNorm();
   if (slowmo_options) StartSlowMo(*slowmo_options);
@@ -209,11 +249,15 @@ void DdpCore::Impl::BindSyncBatchNorm() {
 }
 
 void DdpCore::Impl::Rebound() {
-  if (!options.comm_hook().empty()) RegisterHook();
+  if (!options.comm_hook().empty() || user_hook) RegisterHook();
   if (sync_bn != nullptr) sync_bn->SetCommunicator(Communicator());
 }
 
 void DdpCore::Impl::RegisterHook() {
+  if (user_hook) {
+    ThrowIfError(engine->RegisterCommHook(user_hook(Communicator())));
+    return;
+  }
   auto hook = ddp::MakeCommHook(options.comm_hook(),
                                 job.state()->session().shared_communicator(),
                                 CollectiveOptions());
@@ -238,6 +282,7 @@ DdpCore::DdpCore(std::shared_ptr<torch::nn::Module> module, const Job& job,
                  const DdpOptions& options)
     : impl_(std::make_unique<Impl>(job, options)) {
   impl_->module = module;
+  impl_->Register(module->name());
   impl_->Init([&](auto comm, int authoritative, const auto& engine_options) {
     return ddp::Engine::Create(std::move(module), std::move(comm),
                                authoritative, engine_options);
@@ -247,6 +292,8 @@ DdpCore::DdpCore(std::shared_ptr<torch::nn::Module> module, const Job& job,
 DdpCore::DdpCore(const torch::jit::Module& module, const Job& job,
                  const DdpOptions& options)
     : impl_(std::make_unique<Impl>(job, options)) {
+  impl_->Register(module.type()->name() ? module.type()->name()->qualifiedName()
+                                        : "torch::jit::Module");
   impl_->Init([&](auto comm, int authoritative, const auto& engine_options) {
     return ddp::Engine::Create(module, std::move(comm), authoritative,
                                engine_options);
@@ -256,16 +303,19 @@ DdpCore::DdpCore(const torch::jit::Module& module, const Job& job,
 DdpCore::~DdpCore() { impl_->RemoveSlowMoHooks(); }
 
 void DdpCore::before_forward() {
-  if (impl_->joined) {
+  JobState& js = *impl_->job.state();
+  if (js.joined) {
     throw Error(ErrorCode::kFailedPrecondition,
                 "forward after join(): this rank's data was over");
   }
-  if (impl_->begin_step && !impl_->step_open) {
-    impl_->begin_step();
-    impl_->step_open = true;
+  if (js.elastic != nullptr && !js.step_open) {
+    BeginElasticStep(*js.elastic);
+    js.step_open = true;
   }
+  impl_->CheckBound();
+  impl_->OnCollective(worker::TestFault::Point::kForward);
   // The timeline's "forward": the buffer broadcast and the module's own.
-  if (impl_->job.state()->trace()) impl_->forward_start_us = trace::NowMicros();
+  if (js.trace()) impl_->forward_start_us = trace::NowMicros();
   ThrowIfError(impl_->engine->PrepareForward());
   if (impl_->slowmo != nullptr) {
     impl_->after_backward_queued = false;  // a failed backward dropped it
@@ -290,16 +340,17 @@ bool DdpCore::require_backward_grad_sync() const {
 }
 
 bool DdpCore::join() {
-  if (!impl_->join) {
+  JobState& js = *impl_->job.state();
+  if (js.elastic == nullptr) {
     throw Error(ErrorCode::kFailedPrecondition,
-                "join: needs an ElasticState over this DistributedDataParallel "
-                "(the step agreement is run_elastic's)");
+                "join: needs an ElasticState over this job (the step "
+                "agreement is run_elastic's)");
   }
-  if (impl_->step_open) {
+  if (js.step_open) {
     throw Error(ErrorCode::kFailedPrecondition,
                 "join: the step begun by the last forward was not committed");
   }
-  return impl_->join();
+  return JoinElastic(*js.elastic);
 }
 
 void DdpCore::perform_slowmo(torch::optim::Optimizer& optimizer) {
@@ -308,7 +359,7 @@ void DdpCore::perform_slowmo(torch::optim::Optimizer& optimizer) {
                 "perform_slowmo: this DistributedDataParallel has no "
                 "DdpOptions::slowmo");
   }
-  if (impl_->begin_step && impl_->step_open) {
+  if (impl_->job.state()->elastic != nullptr && impl_->job.state()->step_open) {
     // Note [SlowMo step]: the optimizer step cannot be undone, so the step
     // is committed first and a failed average is owed, not lost.
     throw Error(ErrorCode::kFailedPrecondition,

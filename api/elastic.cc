@@ -1,7 +1,6 @@
 #include "concord/elastic.h"
 
 #include <ATen/CPUGeneratorImpl.h>
-#include <spdlog/spdlog.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -10,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "api/internal.h"
+#include "common/logging.h"
 #include "worker/elastic/state.h"
 #include "worker/error.h"
 
@@ -26,60 +26,102 @@ struct Restart {};
 
 class ElasticCore {
  public:
-  ElasticCore(DdpCore& ddp, torch::optim::Optimizer& optimizer,
-              std::shared_ptr<SamplerState> sampler,
-              const ElasticStateOptions& options)
-      : ddp_(ddp.impl()),
-        sampler_(std::move(sampler)),
+  ElasticCore(const Job& job, const ElasticStateOptions& options)
+      : job_(job),
         admit_workers_(options.admit_workers()),
-        state_(&ddp_.job.state()->session(), ddp_.engine.get(), &optimizer,
-               ElasticOptionsFrom(options)) {
-    if (sampler_ != nullptr && sampler_->job.state() != ddp_.job.state()) {
-      throw Error(ErrorCode::kInvalidArgument,
-                  "ElasticState: the sampler belongs to another Job");
-    }
-    if (ddp_.begin_step) {
+        state_(&job.state()->session(), ElasticOptionsFrom(options)) {
+    JobState& js = *job_.state();
+    if (js.elastic != nullptr) {
       throw Error(ErrorCode::kAlreadyExists,
-                  "ElasticState: this DistributedDataParallel has one already");
+                  "ElasticState: this job has one already");
     }
-    // A re-form rebinds DDP, which drops its comm hook; the sampler goes on
-    // from the authoritative rank's position; and the step the loop starts
-    // again begins with the agreement, as a newcomer's first step does
-    // (without it the survivors would skip the agreement a newcomer runs,
-    // and their collectives would pair up wrongly).
+    // A re-form rebinds every module, which drops its comm hook; the
+    // sampler goes on from the authoritative rank's position; and the step
+    // the loop starts again begins with the agreement, as a newcomer's
+    // first step does (without it the survivors would skip the agreement a
+    // newcomer runs, and their collectives would pair up wrongly).
     state_.OnReset([this](const elastic::ResetInfo& info) {
-      ddp_.Rebound();
+      for (DdpCore::Impl* m : models_) m->Rebound();
       ToSampler();
-      ddp_.step_open = false;
+      job_.state()->step_open = false;
       TraceReform(info.step);
       HistoryRestore();
     });
-    // SlowMo's state follows the authoritative rank too, and a committed
-    // step's owed average is finished in the new generation.
-    if (ddp_.slowmo != nullptr) state_.Attach(ddp_.slowmo.get());
-    ddp_.begin_step = [this] { BeginStep(); };
-    ddp_.join = [this] { return Join(); };
+    js.elastic = this;
+    js.step_open = false;
   }
   ~ElasticCore() {
-    ddp_.begin_step = nullptr;
-    ddp_.join = nullptr;
+    JobState& js = *job_.state();
+    js.elastic = nullptr;
+    js.step_open = false;
   }
 
   elastic::State& state() { return state_; }
+  const elastic::State& state() const { return state_; }
+
+  void AddModel(const std::string& name, DdpCore::Impl& ddp) {
+    CheckAdd(name, "a DistributedDataParallel");
+    if (ddp.job.state() != job_.state()) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  absl::StrCat("ElasticState::add('", name,
+                               "'): the module belongs to another Job"));
+    }
+    for (const DdpCore::Impl* other : job_.state()->ddps) {
+      if (other != &ddp && other->name == name) {
+        throw Error(ErrorCode::kAlreadyExists,
+                    absl::StrCat("ElasticState::add('", name,
+                                 "'): another module has that name"));
+      }
+    }
+    ddp.name = name;
+  }
+
+  void AddOptimizer(const std::string& name,
+                    torch::optim::Optimizer& optimizer) {
+    CheckAdd(name, "an optimizer");
+    for (const auto& [other, o] : optimizers_) {
+      if (other == name) {
+        throw Error(ErrorCode::kAlreadyExists,
+                    absl::StrCat("ElasticState::add('", name,
+                                 "'): another optimizer has that name"));
+      }
+      if (o == &optimizer) {
+        throw Error(
+            ErrorCode::kAlreadyExists,
+            absl::StrCat("ElasticState::add('", name,
+                         "'): the optimizer was added as '", other, "'"));
+      }
+    }
+    optimizers_.emplace_back(name, &optimizer);
+  }
+
+  void SetSampler(std::shared_ptr<SamplerState> sampler) {
+    CheckAdd("sampler", "a sampler");
+    if (sampler_ != nullptr) {
+      throw Error(ErrorCode::kAlreadyExists,
+                  "ElasticState::add: the state has a sampler already");
+    }
+    if (sampler->job.state() != job_.state()) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "ElasticState: the sampler belongs to another Job");
+    }
+    sampler_ = std::move(sampler);
+  }
 
   void Commit() {
-    const auto& history = ddp_.job.state()->session().history();
+    const auto& history = job_.state()->session().history();
     std::optional<trace::CommitRecord> record;
     if (history) record = HistoryCommit();
     ++state_.step;
     if (sampler_ != nullptr) {
-      sampler_->committed = sampler_->cursor;
-      state_.position = static_cast<int64_t>(sampler_->cursor);
+      sampler_->committed = sampler_->Consumed();
+      state_.position = static_cast<int64_t>(sampler_->committed);
     }
     state_.Commit();
     if (record) history->Commit(*record);
-    if (ddp_.step_open) ReportStep();
-    ddp_.step_open = false;
+    JobState& js = *job_.state();
+    if (js.step_open) ReportStep();
+    js.step_open = false;
   }
 
   void OnStepBegin(std::function<void(int64_t)> callback) {
@@ -102,7 +144,7 @@ class ElasticCore {
     state_.position = 0;
     ToSampler();
     state_.Commit();
-    ddp_.step_open = false;
+    job_.state()->step_open = false;
   }
 
   // The state's epoch and committed position, as the sampler's.
@@ -110,8 +152,8 @@ class ElasticCore {
     if (sampler_ == nullptr) return;
     if (sampler_->epoch != state_.epoch) sampler_->order_epoch = -1;
     sampler_->epoch = state_.epoch;
-    sampler_->committed = sampler_->cursor =
-        static_cast<size_t>(std::max<int64_t>(state_.position, 0));
+    sampler_->Rewind(
+        static_cast<size_t>(std::max<int64_t>(state_.position, 0)));
   }
 
   void OnReset(std::function<void(const ResetInfo&)> callback) {
@@ -128,50 +170,59 @@ class ElasticCore {
         });
   }
 
-  // run_elastic: the first Sync, then `train` under elastic::Run.
+  // run_elastic: the job's modules and the state's optimizers into the
+  // elastic state, the first Sync, then `train` under elastic::Run.
   void Run(const std::function<void()>& train) {
+    if (running_) {
+      throw Error(ErrorCode::kFailedPrecondition,
+                  "run_elastic: the state runs already (call it once)");
+    }
+    Start();
     ThrowIfError(state_.Sync());
     ToSampler();
     HistoryRestore();
-    ThrowIfError(elastic::Run(state_, [&](elastic::State&) -> absl::Status {
-      for (;;) {
-        try {
-          train();
-          return absl::OkStatus();
-        } catch (const Restart&) {
-          // The agreement re-formed (admitted workers): its Sync and the
-          // reset callback already put the state and the sampler at the
-          // commit. The agreement of this step already ran in the new
-          // generation (with the newcomers' first one): the loop starts
-          // over without another.
-          ddp_.step_open = true;
-        }
-      }
-    }));
+    absl::Status done =
+        elastic::Run(state_, [&](elastic::State&) -> absl::Status {
+          for (;;) {
+            try {
+              train();
+              return absl::OkStatus();
+            } catch (const Restart&) {
+              // The agreement re-formed (admitted workers): its Sync and the
+              // reset callback already put the state and the sampler at the
+              // commit. The agreement of this step already ran in the new
+              // generation (with the newcomers' first one): the loop starts
+              // over without another.
+              job_.state()->step_open = true;
+            }
+          }
+        });
+    if (!done.ok()) {
+      // The job's status says why (a re-form loop, a failed rendezvous).
+      job_.state()->Finish(false, std::string(done.message()));
+      ThrowIfError(done);
+    }
     // SGP's push-sum keeps parameters as numerators between steps: the
     // model the program saves is the de-biased one.
-    if (ddp_.slowmo != nullptr) ddp_.slowmo->Debias();
-  }
-
- private:
-  static elastic::ElasticOptions ElasticOptionsFrom(
-      const ElasticStateOptions& o) {
-    elastic::ElasticOptions e;
-    e.divide_by_initial_world_size = o.divide_by_initial_world_size();
-    e.throw_on_early_termination = o.throw_on_early_termination();
-    return e;
+    for (DdpCore::Impl* m : models_) {
+      if (m->slowmo != nullptr) m->slowmo->Debias();
+    }
   }
 
   // Note [Step agreement]: before the first forward of a step. Workers are
   // admitted while the epoch has a sample left for each rank there could
   // be (else a newcomer's share of the last window would be empty).
   void BeginStep() {
+    if (!running_) {
+      throw Error(ErrorCode::kFailedPrecondition,
+                  "forward of a module of an ElasticState outside run_elastic");
+    }
     const int64_t reforms = state_.reforms();
     const bool admit =
         admit_workers_ &&
         (sampler_ == nullptr ||
          sampler_->size - sampler_->committed >=
-             static_cast<size_t>(std::max(1, ddp_.job.max_workers())));
+             static_cast<size_t>(std::max(1, job_.max_workers())));
     auto decision = state_.BeginStep(/*has_data=*/true, admit);
     ThrowIfError(decision.status());
     if (*decision != elastic::StepDecision::kRun) {
@@ -184,35 +235,128 @@ class ElasticCore {
     // over the rank's own data goes on with its batch (PyTorch's join: each
     // rank's inputs are its own).
     step_start_us_ = trace::NowMicros();
-    if (const auto& trace = ddp_.job.state()->trace()) {
+    if (const auto& trace = job_.state()->trace()) {
       trace->SetStep(state_.step + 1);
     }
     if (on_step_begin_) on_step_begin_(state_.step + 1);
     if (state_.reforms() != reforms && sampler_ != nullptr) throw Restart{};
   }
 
+  // DistributedDataParallelImpl::join: this rank's data is over.
+  bool Join() {
+    auto decision = state_.BeginStep(/*has_data=*/false, admit_workers_);
+    ThrowIfError(decision.status());
+    // kLeft: this rank left the job, the others go on without it; kDone:
+    // every rank ran out, training is over everywhere.
+    job_.state()->joined = true;
+    return *decision == elastic::StepDecision::kLeft;
+  }
+
+ private:
+  static elastic::ElasticOptions ElasticOptionsFrom(
+      const ElasticStateOptions& o) {
+    elastic::ElasticOptions e;
+    e.divide_by_initial_world_size = o.divide_by_initial_world_size();
+    e.throw_on_early_termination = o.throw_on_early_termination();
+    if (o.max_repeated_failures() < 1) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  absl::StrCat("ElasticStateOptions::max_repeated_failures: "
+                               "must be at least 1, got ",
+                               o.max_repeated_failures()));
+    }
+    e.max_repeated_failures = o.max_repeated_failures();
+    return e;
+  }
+
+  void CheckAdd(const std::string& name, const char* what) const {
+    if (running_) {
+      throw Error(ErrorCode::kFailedPrecondition,
+                  absl::StrCat("ElasticState::add: ", what,
+                               " after run_elastic started"));
+    }
+    if (name.empty()) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  absl::StrCat("ElasticState::add: ", what, " needs a name"));
+    }
+  }
+
+  // Note [Several models]: the job's modules as of now, in the order they
+  // were made (a newcomer makes them in that order: its Creates meet the
+  // survivors' Rebinds), and the optimizers in the order added.
+  void Start() {
+    models_ = job_.state()->ddps;
+    for (DdpCore::Impl* m : models_) state_.AddModel(m->name, m->engine.get());
+    for (const auto& [name, optimizer] : optimizers_) {
+      state_.AddOptimizer(name, optimizer);
+    }
+    for (DdpCore::Impl* m : models_) {
+      torch::optim::Optimizer* owner = OptimizerOf(*m);
+      if (m->slowmo != nullptr) {
+        if (owner == nullptr) {
+          throw Error(ErrorCode::kFailedPrecondition,
+                      absl::StrCat("run_elastic: ", m->Describe(),
+                                   " runs SlowMo, and no optimizer of the "
+                                   "ElasticState steps its parameters (add "
+                                   "it)"));
+        }
+        // SlowMo's state follows the authoritative rank too, and a
+        // committed step's owed average is finished in the new generation.
+        state_.Attach(m->slowmo.get(), owner);
+      } else if (owner == nullptr) {
+        Log()->warn(
+            "run_elastic: no optimizer of the ElasticState steps the "
+            "parameters of {}: a newcomer starts that optimizer from "
+            "nothing (ElasticState::add it)",
+            m->Describe());
+      }
+    }
+    running_ = true;
+  }
+
+  // The state's optimizer that holds the module's first parameter.
+  torch::optim::Optimizer* OptimizerOf(const DdpCore::Impl& m) const {
+    const auto& params = m.engine->parameters();
+    if (params.empty()) return nullptr;
+    for (const auto& [name, optimizer] : optimizers_) {
+      for (const auto& group : optimizer->param_groups()) {
+        for (const torch::Tensor& p : group.params()) {
+          if (p.is_same(params.front())) return optimizer;
+        }
+      }
+    }
+    return nullptr;
+  }
+
   // After a committed step: its timings for the coordinator's status (the
-  // next heartbeat carries them) and its span on the timeline.
+  // next heartbeat carries them) and its span on the timeline. The first
+  // module's reducer speaks for the step.
   void ReportStep() {
     const int64_t now = trace::NowMicros();
-    const ddp::ReducerStats& stats = ddp_.engine->stats();
     v1::DdpTimings t;
     t.set_step_ms(static_cast<double>(now - step_start_us_) / 1e3);
-    t.set_forward_ms(static_cast<double>(stats.forward_compute_us) / 1e3);
-    t.set_backward_ms(static_cast<double>(stats.backward_compute_us) / 1e3);
-    // Communication not hidden behind backward.
-    t.set_allreduce_wait_ms(static_cast<double>(std::max<int64_t>(
-                                0, stats.backward_comm_us - stats.overlap_us)) /
-                            1e3);
-    // After the gradients were written back: the optimizer step and what
-    // the loop did before commit() (none when this step reduced nothing).
-    if (stats.backward_done_unix_us >= step_start_us_) {
-      t.set_optimizer_ms(
-          static_cast<double>(now - stats.backward_done_unix_us) / 1e3);
+    if (!models_.empty()) {
+      const ddp::ReducerStats& stats = models_.front()->engine->stats();
+      t.set_forward_ms(static_cast<double>(stats.forward_compute_us) / 1e3);
+      t.set_backward_ms(static_cast<double>(stats.backward_compute_us) / 1e3);
+      // Communication not hidden behind backward.
+      t.set_allreduce_wait_ms(
+          static_cast<double>(
+              std::max<int64_t>(0, stats.backward_comm_us - stats.overlap_us)) /
+          1e3);
+      // After the gradients were written back: the optimizer step and what
+      // the loop did before commit() (none when this step reduced nothing).
+      if (stats.backward_done_unix_us >= step_start_us_) {
+        t.set_optimizer_ms(
+            static_cast<double>(now - stats.backward_done_unix_us) / 1e3);
+      }
+      int32_t buckets = 0;
+      for (const DdpCore::Impl* m : models_) {
+        buckets += static_cast<int32_t>(m->engine->stats().bucket_bytes.size());
+      }
+      t.set_buckets(buckets);
     }
-    t.set_buckets(static_cast<int32_t>(stats.bucket_bytes.size()));
-    ddp_.job.state()->session().ReportDdpTimings(t);
-    if (const auto& trace = ddp_.job.state()->trace()) {
+    job_.state()->session().ReportDdpTimings(t);
+    if (const auto& trace = job_.state()->trace()) {
       trace->Complete("step", trace::Recorder::kTrainThread, step_start_us_,
                       now, {{"step", state_.step}});
     }
@@ -221,7 +365,7 @@ class ElasticCore {
   // The re-form just done on the new rank's track: from the failure (or
   // the agreement) to the state received, the rendezvous inside it.
   void TraceReform(int64_t step) {
-    const auto& trace = ddp_.job.state()->trace();
+    const auto& trace = job_.state()->trace();
     if (!trace || state_.reform_records().empty()) return;
     const elastic::ReformRecord& r = state_.reform_records().back();
     const trace::Args args = {{"generation", r.generation},
@@ -236,7 +380,7 @@ class ElasticCore {
   // Note [History files]: the record of the step about to be committed
   // (state_.step + 1): its window, and the parameters after it.
   trace::CommitRecord HistoryCommit() const {
-    const worker::Session& session = ddp_.job.state()->session();
+    const worker::Session& session = job_.state()->session();
     trace::CommitRecord r;
     r.generation = session.generation();
     r.rank = session.rank();
@@ -244,7 +388,9 @@ class ElasticCore {
     r.step = state_.step + 1;
     r.epoch = state_.epoch;
     // SlowMo's workers hold different parameters between averages.
-    r.replicated = ddp_.slowmo == nullptr;
+    r.replicated = std::none_of(
+        models_.begin(), models_.end(),
+        [](const DdpCore::Impl* m) { return m->slowmo != nullptr; });
     r.digest = ParameterDigest();
     if (sampler_ != nullptr) {
       std::vector<int64_t>& window = r.samples.emplace();
@@ -252,7 +398,7 @@ class ElasticCore {
         window.assign(sampler_->order.begin() +
                           static_cast<std::ptrdiff_t>(sampler_->committed),
                       sampler_->order.begin() +
-                          static_cast<std::ptrdiff_t>(sampler_->cursor));
+                          static_cast<std::ptrdiff_t>(sampler_->Consumed()));
       }
     }
     return r;
@@ -261,41 +407,50 @@ class ElasticCore {
   // The state this worker goes on from (after the first Sync and every
   // re-form).
   void HistoryRestore() {
-    const worker::Session& session = ddp_.job.state()->session();
+    const worker::Session& session = job_.state()->session();
     if (const auto& history = session.history()) {
+      const bool replicated = std::none_of(
+          models_.begin(), models_.end(),
+          [](const DdpCore::Impl* m) { return m->slowmo != nullptr; });
       history->Restore(session.generation(), state_.step, state_.epoch,
-                       ParameterDigest(), ddp_.slowmo == nullptr);
+                       ParameterDigest(), replicated);
     }
   }
 
-  // The bytes of every parameter, hashed (Note [History files]).
+  // The bytes of every parameter of every module, hashed (Note [History
+  // files]).
   uint64_t ParameterDigest() const {
     uint64_t digest = trace::kDigestSeed;
-    for (const torch::Tensor& p : ddp_.engine->parameters()) {
-      const torch::Tensor host = p.detach().to(torch::kCPU).contiguous();
-      digest = trace::DigestBytes(digest, host.data_ptr(), host.nbytes());
+    for (const DdpCore::Impl* m : models_) {
+      for (const torch::Tensor& p : m->engine->parameters()) {
+        const torch::Tensor host = p.detach().to(torch::kCPU).contiguous();
+        digest = trace::DigestBytes(digest, host.data_ptr(), host.nbytes());
+      }
     }
     return digest;
   }
 
-  // DistributedDataParallelImpl::join: this rank's data is over.
-  bool Join() {
-    auto decision = state_.BeginStep(/*has_data=*/false, admit_workers_);
-    ThrowIfError(decision.status());
-    // kLeft: this rank left the job, the others go on without it; kDone:
-    // every rank ran out, training is over everywhere.
-    ddp_.joined = true;
-    return *decision == elastic::StepDecision::kLeft;
-  }
-
-  DdpCore::Impl& ddp_;
-  std::shared_ptr<SamplerState> sampler_;
+  Job job_;
   const bool admit_workers_;
   elastic::State state_;
+  std::vector<std::pair<std::string, torch::optim::Optimizer*>> optimizers_;
+  std::shared_ptr<SamplerState> sampler_;
+  // Note [Several models]: the job's modules when run_elastic started.
+  std::vector<DdpCore::Impl*> models_;
+  bool running_ = false;
   int64_t step_start_us_ = 0;  // the step's agreement done (Unix us)
   std::function<void(int64_t)> on_step_begin_;
   std::vector<ReformRecord> reform_log_;
 };
+
+int64_t ElasticStep(const ElasticCore& elastic) {
+  return elastic.state().step + 1;
+}
+void ObserveCollective(ElasticCore& elastic) {
+  elastic.state().ObserveCollective();
+}
+void BeginElasticStep(ElasticCore& elastic) { elastic.BeginStep(); }
+bool JoinElastic(ElasticCore& elastic) { return elastic.Join(); }
 
 }  // namespace detail
 
@@ -311,7 +466,7 @@ void ElasticSampler::reset(c10::optional<size_t> new_size) {
     s.order_epoch = -1;
     s.committed = 0;
   }
-  s.cursor = s.committed;
+  s.Rewind(s.committed);
 }
 
 c10::optional<std::vector<size_t>> ElasticSampler::next(size_t batch_size) {
@@ -342,12 +497,14 @@ c10::optional<std::vector<size_t>> ElasticSampler::next(size_t batch_size) {
     indices.push_back(static_cast<size_t>(s.order[s.cursor + i]));
   }
   s.cursor += take;
+  if (s.tracked) s.ahead.push_back(s.cursor);
   return indices;
 }
 
 void ElasticSampler::save(torch::serialize::OutputArchive& archive) const {
   archive.write("epoch", c10::IValue(state_->epoch));
-  archive.write("position", c10::IValue(static_cast<int64_t>(state_->cursor)));
+  archive.write("position",
+                c10::IValue(static_cast<int64_t>(state_->Consumed())));
   archive.write("size", c10::IValue(static_cast<int64_t>(state_->size)));
 }
 
@@ -365,29 +522,54 @@ void ElasticSampler::load(torch::serialize::InputArchive& archive) {
   }
   state_->epoch = epoch.toInt();
   state_->order_epoch = -1;
-  state_->committed = state_->cursor = static_cast<size_t>(position.toInt());
+  state_->Rewind(static_cast<size_t>(position.toInt()));
+}
+
+void ElasticSampler::track_loader() {
+  state_->tracked = true;
+  state_->Rewind(state_->committed);
+}
+
+void ElasticSampler::window_taken() {
+  detail::SamplerState& s = *state_;
+  if (s.ahead.empty()) return;
+  s.taken = s.ahead.front();
+  s.ahead.pop_front();
 }
 
 int64_t ElasticSampler::epoch() const { return state_->epoch; }
-size_t ElasticSampler::position() const { return state_->cursor; }
+size_t ElasticSampler::position() const { return state_->Consumed(); }
 size_t ElasticSampler::size() const { return state_->size; }
 
 std::vector<size_t> ElasticSampler::since_commit() const {
   const detail::SamplerState& s = *state_;
   std::vector<size_t> out;
   if (s.order_epoch != s.epoch) return out;  // nothing handed out yet
-  for (size_t i = s.committed; i < s.cursor; ++i) {
+  for (size_t i = s.committed; i < s.Consumed(); ++i) {
     out.push_back(static_cast<size_t>(s.order[i]));
   }
   return out;
 }
 
-ElasticState::ElasticState(detail::DdpCore& ddp,
-                           torch::optim::Optimizer& optimizer,
-                           std::shared_ptr<detail::SamplerState> sampler,
-                           const ElasticStateOptions& options)
-    : core_(std::make_unique<detail::ElasticCore>(
-          ddp, optimizer, std::move(sampler), options)) {}
+ElasticState::ElasticState(const Job& job, const ElasticStateOptions& options)
+    : core_(std::make_unique<detail::ElasticCore>(job, options)) {}
+
+ElasticState& ElasticState::add_module(const std::string& name,
+                                       detail::DdpCore& ddp) {
+  core_->AddModel(name, ddp.impl());
+  return *this;
+}
+
+ElasticState& ElasticState::add(const std::string& name,
+                                torch::optim::Optimizer& optimizer) {
+  core_->AddOptimizer(name, optimizer);
+  return *this;
+}
+
+ElasticState& ElasticState::add(const ElasticSampler& sampler) {
+  core_->SetSampler(sampler.state());
+  return *this;
+}
 
 ElasticState::~ElasticState() = default;
 

@@ -2,9 +2,12 @@
 // What the public API's handles hold (include/concord/*.h declare them
 // opaque): libconcord's own, never installed.
 
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <vector>
 
 #include "concord/ddp.h"
 #include "concord/elastic.h"
@@ -17,13 +20,16 @@
 
 namespace concord::detail {
 
+class ElasticCore;
+
 class JobState {
  public:
   JobState(std::unique_ptr<worker::Session> session, Timeouts timeouts,
            std::shared_ptr<trace::Recorder> trace)
       : session_(std::move(session)),
         timeouts_(std::move(timeouts)),
-        trace_(std::move(trace)) {}
+        trace_(std::move(trace)),
+        faults_(session_->options().test_faults) {}
   // Finishes the membership when nobody did (Job::finish).
   ~JobState();
   JobState(const JobState&) = delete;
@@ -35,10 +41,27 @@ class JobState {
   const std::shared_ptr<trace::Recorder>& trace() const { return trace_; }
   void Finish(bool ok, const std::string& message);
 
+  // Note [Several models]: the job's DistributedDataParallel modules, in
+  // the order they were made (each adds itself when made, removes itself
+  // when destroyed). Training thread.
+  std::vector<DdpCore::Impl*> ddps;
+  int ddps_made = 0;
+  // The ElasticState over the job (at most one), while it lives: its step
+  // agreement runs before the first forward of a step of any module
+  // (step_open false: the last step was committed), its join() is every
+  // module's, and it watches their collectives (Note [Early optimizer
+  // steps] in worker/elastic/state.h).
+  ElasticCore* elastic = nullptr;
+  bool step_open = false;
+  bool joined = false;  // join() returned: no more steps
+  // CONCORD_TEST_FAULT (worker/test_fault.h).
+  worker::TestFaults& faults() { return faults_; }
+
  private:
   std::unique_ptr<worker::Session> session_;
   Timeouts timeouts_;
   std::shared_ptr<trace::Recorder> trace_;
+  worker::TestFaults faults_;
   std::mutex mu_;
   bool finished_ = false;  // guarded by mu_
 };
@@ -46,32 +69,37 @@ class JobState {
 struct DdpCore::Impl {
   Job job;
   DdpOptions options;
+  // Note [Several models]: the name messages, the history and the
+  // elastic state use (ElasticState::add's, else "ddp<N>" for the N-th
+  // made), and the wrapped module's type, for messages.
+  std::string name;
+  std::string type;
   std::unique_ptr<ddp::Engine> engine;
   // The wrapped C++-frontend module (null for TorchScript), and the group
   // of its SyncBatchNorm layers (null: it has none).
   std::shared_ptr<torch::nn::Module> module;
   std::shared_ptr<SyncBnGroup> sync_bn;
+  // A user's communication hook (register_comm_hook), kept across
+  // re-forms; null: none, or DdpOptions::comm_hook's.
+  std::function<ddp::CommHook(std::shared_ptr<comm::Communicator>)> user_hook;
   // DdpOptions::slowmo: SlowMo over the engine's parameters (the engine
   // then never reduces gradients), its AfterBackward queued by gradient
   // hooks at the end of every backward.
   std::unique_ptr<slowmo::SlowMo> slowmo;
   std::vector<std::pair<torch::Tensor, unsigned>> slowmo_hooks;
   bool after_backward_queued = false;
-  // Set by an ElasticState: the step agreement, run before the first
-  // forward of a step (step_open false: the last step was committed), and
-  // DistributedDataParallelImpl::join's.
-  std::function<void()> begin_step;
-  std::function<bool()> join;  // true: this rank left, others go on
-  bool step_open = false;
   int64_t forward_start_us = 0;  // the timeline's "forward" span
-  bool joined = false;           // join() returned: no more steps
 
   Impl(const Job& j, const DdpOptions& o);
+  // Adds itself to the job's modules.
+  void Register(std::string module_type);
+  ~Impl();
   // Checks the options, then `create(communicator, authoritative rank,
   // engine options)` makes the engine; the hook follows (api/ddp.cc).
   template <typename Create>
   void Init(Create create);
-  // DdpOptions::comm_hook on the current generation's communicator.
+  // DdpOptions::comm_hook, or the user's, on the current generation's
+  // communicator.
   void RegisterHook();
   // Every SyncBatchNorm in `module` reduces over the job's ranks.
   void BindSyncBatchNorm();
@@ -82,11 +110,28 @@ struct DdpCore::Impl {
   // After a re-form rebound the engine: the comm hook and the SyncBatchNorm
   // layers on the new generation's communicator.
   void Rebound();
+  // A collective of this module is about to start (CONCORD_TEST_FAULT, the
+  // elastic state's watch).
+  void OnCollective(worker::TestFault::Point point);
+  // kFailedPrecondition naming the module when its engine is bound to a
+  // generation that ended (it was made while run_elastic ran: nothing
+  // rebinds it).
+  void CheckBound() const;
+  // "'name' (Type)", for messages.
+  std::string Describe() const;
   // The job's collective timeout.
   comm::CollectiveOptions CollectiveOptions() const;
   // The current generation's; kFailedPrecondition between generations.
   std::shared_ptr<comm::Communicator> Communicator() const;
 };
+
+// The ElasticState's side of a module's calls (api/elastic.cc): the step
+// being taken (the committed one plus one), a collective about to start,
+// the step agreement before a step's first forward, join().
+int64_t ElasticStep(const ElasticCore& elastic);
+void ObserveCollective(ElasticCore& elastic);
+void BeginElasticStep(ElasticCore& elastic);
+bool JoinElastic(ElasticCore& elastic);
 
 // ElasticSampler's shared state.
 struct SamplerState {
@@ -96,6 +141,21 @@ struct SamplerState {
   int64_t epoch = 0;
   size_t committed = 0;  // the position the last commit holds
   size_t cursor = 0;     // the end of the last window handed out
+  // Note [Prefetching loaders] (include/concord/data.h): a DataLoader with
+  // workers asks for windows ahead of the loop. While one tracks this
+  // sampler, `ahead` holds the ends of the windows handed out that the loop
+  // has not taken yet and `taken` the end of the last one it took; without
+  // one, a window is taken as it is handed out.
+  bool tracked = false;
+  std::deque<size_t> ahead;
+  size_t taken = 0;
+  // Where the loop is: what a commit holds.
+  size_t Consumed() const { return tracked ? taken : cursor; }
+  // Back to `position`: nothing handed out beyond it.
+  void Rewind(size_t position) {
+    committed = cursor = taken = position;
+    ahead.clear();
+  }
   // The epoch's order (identity without shuffle), made when first needed.
   std::vector<int64_t> order;
   int64_t order_epoch = -1;

@@ -1,12 +1,11 @@
 #include "concord/job.h"
 
-#include <spdlog/spdlog.h>
-
 #include <exception>
 
 #include "absl/strings/str_cat.h"
 #include "api/internal.h"
 #include "common/auth.h"
+#include "common/logging.h"
 #include "worker/error.h"
 
 namespace concord {
@@ -88,6 +87,10 @@ worker::WorkerOptions Resolve(const JobOptions& o) {
     }
     w.history_file = *o.history_file();
   }
+  if (o.log_level()) {
+    Parsed("log_level", ParseLogLevel(*o.log_level()));
+    w.log_level = *o.log_level();
+  }
   if (o.backend()) {
     w.backend = Parsed("backend", ParseBackendRequest(*o.backend()));
   }
@@ -140,7 +143,7 @@ void JobState::Finish(bool ok, const std::string& message) {
   if (finished_) return;
   finished_ = true;
   if (auto st = session_->Finish(ok, message); !st.ok()) {
-    spdlog::warn("finish: {}", st.ToString());
+    Log()->warn("finish: {}", st.ToString());
   }
 }
 
@@ -148,6 +151,9 @@ void JobState::Finish(bool ok, const std::string& message) {
 
 Job::Job(const JobOptions& options) {
   worker::WorkerOptions resolved = Resolve(options);
+  if (!resolved.log_level.empty()) {
+    Log()->set_level(*ParseLogLevel(resolved.log_level));  // checked
+  }
   // The timeline's file is made before joining: a bad path joins nothing.
   std::shared_ptr<trace::Recorder> trace;
   if (!resolved.trace_file.empty()) {

@@ -240,13 +240,15 @@ std::vector<std::string> WorkerEnv(const Options& o,
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     // The job's settings are concord-run's to give; test hooks, the
-    // device and the backend (Note [Worker device]) and the shared-memory
-    // switch (Note [Shared-memory allreduce]) pass.
+    // device and the backend (Note [Worker device]), the shared-memory
+    // switch (Note [Shared-memory allreduce]) and the library's log level
+    // (Note [Library logging]) pass.
     if ((std::strncmp(*e, "CONCORD_", 8) != 0 ||
          std::strncmp(*e, "CONCORD_TEST_", 13) == 0 ||
          std::strncmp(*e, "CONCORD_DEVICE=", 15) == 0 ||
          std::strncmp(*e, "CONCORD_BACKEND=", 16) == 0 ||
-         std::strncmp(*e, "CONCORD_SHM=", 12) == 0) &&
+         std::strncmp(*e, "CONCORD_SHM=", 12) == 0 ||
+         std::strncmp(*e, "CONCORD_LOG_LEVEL=", 18) == 0) &&
         std::strncmp(*e, "LOCAL_RANK=", 11) != 0 &&
         std::strncmp(*e, "LOCAL_WORLD_SIZE=", 17) != 0) {
       env.emplace_back(*e);

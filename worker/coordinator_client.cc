@@ -1,7 +1,6 @@
 #include "worker/coordinator_client.h"
 
 #include <grpcpp/grpcpp.h>
-#include <spdlog/spdlog.h>
 
 #include <thread>
 
@@ -11,6 +10,7 @@
 #include "common/backoff.h"
 #include "common/grpc_auth.h"
 #include "common/grpc_status.h"
+#include "common/logging.h"
 
 namespace concord::worker {
 namespace {
@@ -84,8 +84,8 @@ bool CoordinatorClient::Replicas::Next(size_t used, const absl::Status& why) {
   size_t expected = used;
   const size_t next = (used + 1) % stubs_.size();
   if (current_.compare_exchange_strong(expected, next)) {
-    spdlog::info("coordinator {}: {}; trying {}", addresses_[used],
-                 std::string(why.message()), addresses_[next]);
+    Log()->info("coordinator {}: {}; trying {}", addresses_[used],
+                         std::string(why.message()), addresses_[next]);
   }
   // One pass over the others right away; the backoff paces the rounds.
   return (used + 1) % stubs_.size() != 0;
@@ -270,7 +270,7 @@ void MembershipWatcher::Run() {
     if (status.code() == absl::StatusCode::kPermissionDenied ||
         status.code() == absl::StatusCode::kUnauthenticated ||
         status.code() == absl::StatusCode::kInvalidArgument) {
-      spdlog::warn("membership watch: {}", status.ToString());
+      Log()->warn("membership watch: {}", status.ToString());
       return;
     }
     cv_.wait_for(lock, absl::ToChronoNanoseconds(backoff.Next()),

@@ -1,6 +1,5 @@
 #include "worker/session.h"
 
-#include <spdlog/spdlog.h>
 #include <torch/cuda.h>
 #include <torch/version.h>
 #include <unistd.h>
@@ -15,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/auth.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 #include "concord/config.h"
 #include "worker/comm/gloo/gloo_communicator.h"
@@ -114,6 +114,13 @@ absl::StatusOr<WorkerOptions> WorkerOptions::FromEnvironment() {
         absl::StrCat("CONCORD_SHM=", shm, ": expected 0 or 1"));
   }
   o.shared_memory = shm == 1;
+  o.log_level = Env("CONCORD_LOG_LEVEL");
+  if (!o.log_level.empty()) {
+    if (auto level = ParseLogLevel(o.log_level); !level.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("CONCORD_LOG_LEVEL: ", level.status().message()));
+    }
+  }
   o.trace_file = Env("CONCORD_TRACE_FILE");
   o.history_file = Env("CONCORD_HISTORY_FILE");
   o.node_id = Env("CONCORD_NODE_ID", DefaultNodeId());
@@ -127,6 +134,12 @@ absl::StatusOr<WorkerOptions> WorkerOptions::FromEnvironment() {
                                : "LOCAL_RANK";
   CONCORD_RETURN_IF_ERROR(EnvInt(local_name, -1, 0, &local_rank));
   o.local_rank = static_cast<int>(local_rank);
+  // A restarted worker does not die again (worker/test_fault.h).
+  if (Env("CONCORD_RESTART_COUNT", "0") == "0") {
+    CONCORD_ASSIGN_OR_RETURN(
+        o.test_faults,
+        ParseTestFaults(Env("CONCORD_TEST_FAULT"), o.local_rank));
+  }
   o.join_timeout = absl::Milliseconds(rdzv_timeout);
   o.collective_timeout = absl::Milliseconds(collective_timeout);
   if (!o.coordinator.empty()) {
@@ -213,12 +226,12 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Start(
     const WorkerOptions& options) {
   std::unique_ptr<Session> session(new Session(options));
   CONCORD_ASSIGN_OR_RETURN(ResolvedDevice device, ResolveWorkerDevice(options));
-  if (!device.note.empty()) spdlog::warn("{}", device.note);
+  if (!device.note.empty()) Log()->warn("{}", device.note);
   session->device_ = device.device;
   CONCORD_ASSIGN_OR_RETURN(session->backend_,
                            ResolveBackend(options, session->device_));
-  spdlog::debug("worker device {}, backend {}", session->device_.ToString(),
-                std::string(BackendName(session->backend_)));
+  Log()->debug("worker device {}, backend {}", session->device_.ToString(),
+               std::string(BackendName(session->backend_)));
   // Made before joining: a bad path joins nothing.
   if (!options.history_file.empty()) {
     CONCORD_ASSIGN_OR_RETURN(
@@ -247,8 +260,8 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Start(
   if (probe.ok()) {
     session->probe_ = *std::move(probe);
   } else {
-    spdlog::warn("{} (peers cannot check that they reach this worker)",
-                 std::string(probe.status().message()));
+    Log()->warn("{} (peers cannot check that they reach this worker)",
+                std::string(probe.status().message()));
   }
   CONCORD_RETURN_IF_ERROR(session->JoinAndConnect(
       /*previous_generation=*/0, "", /*committed_step=*/0,
@@ -314,7 +327,7 @@ absl::Status Session::JoinAndConnect(
     absl::StatusOr<v1::JoinResponse> response = client_->Join(request, left);
     if (absl::IsAborted(response.status())) {
       // Placed in a generation that ended before we heard of it: again.
-      spdlog::info("join: {}", std::string(response.status().message()));
+      Log()->info("join: {}", std::string(response.status().message()));
       continue;
     }
     CONCORD_RETURN_IF_ERROR(response.status());
@@ -326,9 +339,9 @@ absl::Status Session::JoinAndConnect(
     authoritative_rank_.store(joined.authoritative_rank());
     store_ = std::make_unique<CoordinatorStore>(
         client_.get(), options_.spec.job_id(), joined.generation());
-    spdlog::info("joined job '{}' generation {} as rank {} of {}",
-                 options_.spec.job_id(), joined.generation(), joined.rank(),
-                 joined.world_size());
+    Log()->info("joined job '{}' generation {} as rank {} of {}",
+                options_.spec.job_id(), joined.generation(), joined.rank(),
+                joined.world_size());
     if (history_) {
       history_->Generation(joined.generation(), joined.rank(),
                            joined.world_size());
@@ -337,8 +350,8 @@ absl::Status Session::JoinAndConnect(
       unreachable = UnreachableMembers(joined);
       if (!unreachable.empty()) {
         why = absl::StrCat("cannot reach ", absl::StrJoin(unreachable, ", "));
-        spdlog::warn("generation {}: {}; giving it up", joined.generation(),
-                     why);
+        Log()->warn("generation {}: {}; giving it up", joined.generation(),
+                    why);
         previous_generation = joined.generation();
         probe = true;
         continue;
@@ -375,6 +388,9 @@ absl::Status Session::JoinAndConnect(
     }
     next.departed_cleanly =
         joined.finished_workers() - finished_at_formation_ >= departed;
+    members_changed_ = !change || departed > 0 ||
+                       change->previous_world_size != joined.world_size() ||
+                       change->previous_generation != members_generation_;
     next.rank = joined.rank();
     next.generation = joined.generation();
     next.timeout = std::min(options_.join_timeout, left);
@@ -389,9 +405,9 @@ absl::Status Session::JoinAndConnect(
     taken_for_reform_->store(-1);
     if (comm.ok()) {
       if (backend_ == Backend::kNccl) {
-        spdlog::info(
-            "generation {}: NCCL communicator by {} ({})", joined.generation(),
-            std::string(comm::HowName(comm->plan.how)), comm->plan.why);
+        Log()->info("generation {}: NCCL communicator by {} ({})",
+                    joined.generation(),
+                    std::string(comm::HowName(comm->plan.how)), comm->plan.why);
       }
       std::lock_guard<std::mutex> lock(comm_mu_);
       comm_ = std::move(comm->communicator);
@@ -400,8 +416,8 @@ absl::Status Session::JoinAndConnect(
     }
     // A member of the new generation did not connect (it died, or the
     // generation ended meanwhile): ask for the next one.
-    spdlog::warn("communicator of generation {} did not connect: {}",
-                 joined.generation(), comm.status().ToString());
+    Log()->warn("communicator of generation {} did not connect: {}",
+                joined.generation(), comm.status().ToString());
     previous_generation = joined.generation();
     why = absl::StrCat("communicator of generation ", joined.generation(),
                        " did not connect: ", comm.status().message());
@@ -459,8 +475,8 @@ absl::Status Session::Reform(int64_t committed_step,
   } else {
     Retire(std::move(old));
   }
-  spdlog::info("leaving generation {} at step {}: {}", previous, committed_step,
-               reason);
+  Log()->info("leaving generation {} at step {}: {}", previous, committed_step,
+              reason);
   return JoinAndConnect(previous, reason, committed_step, JoinDeadline(),
                         std::move(parent));
 }
@@ -519,7 +535,7 @@ void Session::OnMembership(const v1::MembershipUpdate& update) {
     const absl::Duration grace = std::clamp(
         2 * absl::Milliseconds(options_.spec.heartbeat_interval_ms()),
         absl::Milliseconds(200), absl::Seconds(2));
-    spdlog::info(
+    Log()->info(
         "generation {} is over (coordinator at generation {}{}); "
         "aborting its collectives in {} ms",
         mine, update.generation(),
@@ -612,9 +628,9 @@ void Session::HeartbeatLoop(absl::Duration interval) {
     if (!response.ok()) {
       // ABORTED: between generations (Note [Re-forming]); not news.
       if (response.status().code() == absl::StatusCode::kAborted) {
-        spdlog::debug("heartbeat: {}", response.status().ToString());
+        Log()->debug("heartbeat: {}", response.status().ToString());
       } else {
-        spdlog::warn("heartbeat: {}", response.status().ToString());
+        Log()->warn("heartbeat: {}", response.status().ToString());
       }
     }
     lock.lock();

@@ -28,6 +28,7 @@
 #include "worker/coordinator_client.h"
 #include "worker/device.h"
 #include "worker/reachability.h"
+#include "worker/test_fault.h"
 #include "worker/trace/history.h"
 
 namespace concord::worker {
@@ -58,27 +59,31 @@ struct WorkerOptions {
   DeviceRequest device;
   BackendRequest backend = BackendRequest::kAuto;
   int local_rank = -1;
+  // The level of the library's log (Note [Library logging] in
+  // common/logging.h): a name ParseLogLevel takes; empty: leave it.
+  std::string log_level;
   // Where this worker writes its timeline (Note [Trace files] in
   // worker/trace/recorder.h), set by `concord-run --trace`; empty: none.
   std::string trace_file;
   // Where this worker appends its history (Note [History files] in
   // worker/trace/history.h), set by `concord-run --history`; empty: none.
   std::string history_file;
+  // Test hook: where this worker kills itself (worker/test_fault.h).
+  std::vector<TestFault> test_faults;
 
   // Reads CONCORD_COORDINATOR, CONCORD_JOB_ID, CONCORD_MIN_WORKERS,
   // CONCORD_MAX_WORKERS, CONCORD_WORKER_ID, CONCORD_COMM_HOST,
   // CONCORD_HEARTBEAT_INTERVAL_MS, CONCORD_HEARTBEAT_TIMEOUT_MS,
   // CONCORD_RENDEZVOUS_TIMEOUT_MS, CONCORD_COLLECTIVE_TIMEOUT_MS,
-  // CONCORD_SETTLE_MS, CONCORD_TRACE_FILE, CONCORD_HISTORY_FILE,
-  // CONCORD_NODE_ID,
-  // CONCORD_DEVICE, CONCORD_BACKEND, CONCORD_LOCAL_RANK (or torchrun's
-  // LOCAL_RANK), and the
-  // worker token from the file CONCORD_TOKEN_FILE names (or CONCORD_TOKEN),
-  // and the PEM files CONCORD_TLS_CA (the CA that signed the coordinator's
+  // CONCORD_SETTLE_MS, CONCORD_LOG_LEVEL, CONCORD_TRACE_FILE,
+  // CONCORD_HISTORY_FILE, CONCORD_NODE_ID, CONCORD_DEVICE, CONCORD_BACKEND,
+  // CONCORD_LOCAL_RANK (or torchrun's LOCAL_RANK), CONCORD_TEST_FAULT, and the
+  // worker token from the file CONCORD_TOKEN_FILE names (or CONCORD_TOKEN), and
+  // the PEM files CONCORD_TLS_CA (the CA that signed the coordinator's
   // certificate: turns TLS on), CONCORD_TLS_CERT and CONCORD_TLS_KEY (this
-  // worker's certificate for mTLS) name. INVALID_ARGUMENT names the
-  // variable that is malformed (or its file), or the token variable when a
-  // coordinator is set but no token is.
+  // worker's certificate for mTLS) name. INVALID_ARGUMENT names the variable
+  // that is malformed (or its file), or the token variable when a coordinator
+  // is set but no token is.
   static absl::StatusOr<WorkerOptions> FromEnvironment();
 };
 
@@ -165,6 +170,9 @@ class Session final : public comm::GroupFactory {
   // Workers of the job that left when their data ran out, as of the
   // current generation's formation.
   int finished_workers() const { return finished_workers_.load(); }
+  // Whether the generation joined last has other members than the one
+  // before it (true for the first, and when the coordinator could not say).
+  bool members_changed() const { return members_changed_; }
   // Workers are waiting to be admitted to the job (Note [Re-forming]).
   bool reform_wanted() const {
     return reform_wanted_.load(std::memory_order_relaxed);
@@ -250,6 +258,7 @@ class Session final : public comm::GroupFactory {
   std::vector<std::string> members_;
   int64_t members_generation_ = 0;
   int finished_at_formation_ = 0;
+  bool members_changed_ = true;
   // The generation of the communicator Reform has taken over to derive the
   // next one from (-1: none); the membership watcher's abort leaves that one
   // alone (Note [Re-forming NCCL]). Shared: the watcher's abort threads may

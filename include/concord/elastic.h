@@ -66,9 +66,10 @@ struct ElasticSamplerOptions {
 // to give every rank a sample joins the last window. The world is the job's
 // current one, so after a re-form the rest of the epoch is split over
 // whoever is there. A handle: the loader's copy and yours are one sampler.
-// The position it goes on from after a failure is the last commit's, so
-// the loader must fetch a batch only when the loop asks for it
-// (DataLoaderOptions::workers 0, the default).
+// The position it goes on from after a failure is the last commit's. A
+// loader with workers (DataLoaderOptions::workers) prefetches ahead of the
+// loop: concord/data.h makes LibTorch's loader tell the sampler which
+// windows the loop took (Note [Prefetching loaders]).
 class ElasticSampler : public torch::data::samplers::Sampler<> {
  public:
   ElasticSampler(size_t dataset_size, const Job& job,
@@ -83,7 +84,8 @@ class ElasticSampler : public torch::data::samplers::Sampler<> {
   void load(torch::serialize::InputArchive& archive) override;
 
   int64_t epoch() const;
-  // Samples of the epoch handed out to the job so far (all ranks).
+  // Samples of the epoch handed out to the job so far (all ranks), up to
+  // the last window the loop took.
   size_t position() const;
   size_t size() const;
   // The job's samples (every rank's) handed out since the last commit, in
@@ -91,7 +93,11 @@ class ElasticSampler : public torch::data::samplers::Sampler<> {
   // log of which sample each step consumed.
   std::vector<size_t> since_commit() const;
 
-  // Inside Concord (ElasticState).
+  // Inside Concord (ElasticState, the DataLoader of concord/data.h): a
+  // loader now says which windows the loop took; the loop took the oldest
+  // window handed out that it had not taken.
+  void track_loader();
+  void window_taken();
   const std::shared_ptr<detail::SamplerState>& state() const { return state_; }
 
  private:
@@ -111,6 +117,13 @@ struct ElasticStateOptions {
   // world only shrinks (a loop whose ranks own fixed shards of the data,
   // which a newcomer would not have).
   TORCH_ARG(bool, admit_workers) = true;
+  // A step that fails again after a re-form that changed nothing (the same
+  // members, no step committed since) is re-formed again at most this many
+  // times, waiting 0.2 s, 0.4 s, ... (at most 5 s) before each; then
+  // run_elastic throws kFailedPrecondition naming the step and the error
+  // (Note [Re-form loops]). A re-form that lost or admitted a worker starts
+  // the count again. At least 1.
+  TORCH_ARG(int, max_repeated_failures) = 3;
 };
 
 // One re-form: why, what it formed, and when (Unix microseconds).
@@ -133,26 +146,69 @@ struct ResetInfo {
   std::string reason;
 };
 
+// The training state run_elastic keeps transactional (Note [Elastic step],
+// Note [Several models]): the job's DistributedDataParallel modules, the
+// optimizers and the sampler added to it, the counters and the user's
+// values. Horovod's TorchState, with any number of models and optimizers:
+//
+//   concord::ElasticState state(job);
+//   state.add("generator", generator).add("discriminator", discriminator)
+//       .add("generator_optimizer", g_opt)
+//       .add("discriminator_optimizer", d_opt)
+//       .add(sampler);
+//
+// Every DistributedDataParallel of the job made before run_elastic starts
+// is the state's, added or not: each re-form rebinds them all (with their
+// comm hooks and SyncBatchNorm layers), in the order they were made; add
+// names one (for messages, the history). An optimizer is the state's only
+// once added: its state is committed and restored with the step and sent
+// to newcomers. A step may run any number of forwards, backwards and
+// optimizer steps; when any collective of it fails, every module and
+// optimizer goes back to the last commit, also an optimizer that stepped
+// before the failure (Note [Early optimizer steps]), and the step is taken
+// again in the next generation: no update is applied twice or lost.
 class ElasticState {
  public:
-  // `ddp`, `optimizer` (and the sampler's data) must outlive the state.
+  // An empty state over `job`: add modules, optimizers and a sampler.
+  // Throws Error: kAlreadyExists when the job has an ElasticState already;
+  // kInvalidArgument for a bad option.
+  explicit ElasticState(const Job& job,
+                        const ElasticStateOptions& options = {});
+  // One module and its optimizer (and sampler): add("model", ddp),
+  // add("optimizer", optimizer), add(sampler). They must outlive the state.
   template <typename M>
   ElasticState(DistributedDataParallel<M>& ddp,
                torch::optim::Optimizer& optimizer,
                const ElasticStateOptions& options = {})
-      : ElasticState(ddp->core(), optimizer, nullptr, options) {}
+      : ElasticState(ddp->job(), options) {
+    add("model", ddp).add("optimizer", optimizer);
+  }
   template <typename M>
   ElasticState(DistributedDataParallel<M>& ddp,
                torch::optim::Optimizer& optimizer,
                const ElasticSampler& sampler,
                const ElasticStateOptions& options = {})
-      : ElasticState(ddp->core(), optimizer, sampler.state(), options) {}
-  ElasticState(detail::DdpCore& ddp, torch::optim::Optimizer& optimizer,
-               std::shared_ptr<detail::SamplerState> sampler,
-               const ElasticStateOptions& options);
+      : ElasticState(ddp->job(), options) {
+    add("model", ddp).add("optimizer", optimizer).add(sampler);
+  }
   ~ElasticState();
   ElasticState(const ElasticState&) = delete;
   ElasticState& operator=(const ElasticState&) = delete;
+
+  // Adds (names) a module, an optimizer, the sampler; each must outlive
+  // the state. Every rank adds the same, in the same order, before
+  // run_elastic. Throws Error: kInvalidArgument (an empty name, a module
+  // or sampler of another Job), kAlreadyExists (a name taken, an optimizer
+  // added twice, a second sampler), kFailedPrecondition (after run_elastic
+  // started).
+  template <typename M>
+  ElasticState& add(const std::string& name, DistributedDataParallel<M>& ddp) {
+    return add_module(name, ddp->core());
+  }
+  ElasticState& add(const std::string& name,
+                    torch::optim::Optimizer& optimizer);
+  ElasticState& add(const ElasticSampler& sampler);
+  ElasticState& add_module(const std::string& name, detail::DdpCore& ddp);
 
   // Optimizer steps committed, and the epoch.
   int64_t step() const;

@@ -86,6 +86,11 @@ struct JobOptions {
   // parameter. A file that cannot be opened is kInvalidArgument, before
   // joining.
   TORCH_ARG(std::optional<std::string>, history_file);
+  // How much Concord logs, on standard error (never standard output, which
+  // is the program's): "trace", "debug", "info", "warn", "error",
+  // "critical" or "off" (CONCORD_LOG_LEVEL; default info). A bad name is
+  // kInvalidArgument, before joining.
+  TORCH_ARG(std::optional<std::string>, log_level);
   TORCH_ARG(Timeouts, timeouts);
 };
 

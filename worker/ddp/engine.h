@@ -23,6 +23,7 @@
 #include <torch/script.h>
 #include <torch/torch.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -167,6 +168,12 @@ class Engine {
   // turns it off (the default; then nothing is timed). Call between
   // iterations.
   void SetTraceRecorder(std::shared_ptr<trace::Recorder> recorder);
+
+  // Called before the first collective of each synchronised backward, on
+  // the thread running the backward (Reducer::SetLaunchObserver).
+  void SetBackwardObserver(std::function<void()> observer) {
+    reducer_->SetLaunchObserver(std::move(observer));
+  }
 
   // Trainable parameters, in the module's order (what the optimizer takes).
   const std::vector<torch::Tensor>& parameters() const { return params_; }

@@ -23,6 +23,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -150,6 +151,13 @@ class Reducer {
   // Null: off (the default). Call between iterations.
   void SetTraceRecorder(std::shared_ptr<trace::Recorder> recorder);
 
+  // Called on the autograd thread before the first collective of each
+  // synchronised backward (its first bucket's launch); kept across Rebind.
+  // Null: none. Call between iterations.
+  void SetLaunchObserver(std::function<void()> observer) {
+    launch_observer_ = std::move(observer);
+  }
+
   std::vector<BucketInfo> buckets() const;
   int64_t iterations() const { return stats_.iterations; }
   const ReducerStats& stats() const { return stats_; }
@@ -187,6 +195,7 @@ class Reducer {
   std::shared_ptr<comm::Communicator> comm_;
   ReducerOptions options_;
   CommHook hook_;
+  std::function<void()> launch_observer_;
   double divisor_ = 1.0;     // SetGradientDivisor
   double pre_scale_ = 1.0;   // applied while copying into the bucket
   double post_scale_ = 1.0;  // applied after the allreduce

@@ -1,12 +1,14 @@
 #include "worker/elastic/state.h"
 
-#include <spdlog/spdlog.h>
-
+#include <algorithm>
+#include <chrono>
 #include <sstream>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 #include "worker/comm/coalesced.h"
 #include "worker/error.h"
@@ -27,26 +29,101 @@ int64_t ReadInt(torch::serialize::InputArchive& archive, const char* key) {
   return v.toInt();
 }
 
+std::vector<torch::Tensor> ParamsOf(const torch::optim::Optimizer& optimizer) {
+  std::vector<torch::Tensor> out;
+  for (const auto& group : optimizer.param_groups()) {
+    out.insert(out.end(), group.params().begin(), group.params().end());
+  }
+  return out;
+}
+
 }  // namespace
+
+State::State(worker::Session* session, ElasticOptions options)
+    : session_(session), options_(options) {
+  options_.max_repeated_failures = std::max(1, options_.max_repeated_failures);
+}
 
 State::State(worker::Session* session, ddp::Engine* ddp,
              torch::optim::Optimizer* optimizer, ElasticOptions options)
-    : session_(session),
-      ddp_(ddp),
-      optimizer_(optimizer),
-      options_(options),
-      buffers_(ddp->AllBuffers()) {
-  for (const auto& b : buffers_) committed_.buffers.push_back(b.clone());
-  // Note [Elastic step]: the optimizer may step only once the step's
+    : State(session, options) {
+  AddModel("model", ddp);
+  AddOptimizer("optimizer", optimizer);
+}
+
+void State::AddModel(const std::string& name, ddp::Engine* ddp) {
+  models_.push_back(Model{name, ddp});
+  for (const auto& b : ddp->AllBuffers()) {
+    buffers_.push_back(b);
+    committed_.buffers.push_back(b.clone());
+  }
+  // Note [Elastic step]: an optimizer may step only once the step's
   // collectives are known to have succeeded.
-  ddp_->SetBlockingWait(true);
+  ddp->SetBlockingWait(true);
+}
+
+void State::AddOptimizer(const std::string& name,
+                         torch::optim::Optimizer* optimizer) {
+  Optimizer o;
+  o.name = name;
+  o.optimizer = optimizer;
+  optimizers_.push_back(std::move(o));
+}
+
+void State::Attach(Participant* participant,
+                   torch::optim::Optimizer* optimizer) {
+  participants_.emplace_back(participant, optimizer);
 }
 
 void State::OnReset(std::function<void(const ResetInfo&)> callback) {
   callbacks_.push_back(std::move(callback));
 }
 
+bool State::Changed(const Optimizer& o) {
+  for (size_t i = 0; i < o.params.size(); ++i) {
+    if (o.params[i]._version() != o.versions[i]) return true;
+  }
+  return false;
+}
+
+void State::StartStep() {
+  for (Optimizer& o : optimizers_) {
+    o.params = ParamsOf(*o.optimizer);
+    o.versions.resize(o.params.size());
+    for (size_t i = 0; i < o.params.size(); ++i) {
+      o.versions[i] = o.params[i]._version();
+    }
+    o.early_this_step = false;
+    o.copied = o.timing != Timing::kLate;
+    if (o.copied) o.copy.Take(*o.optimizer);
+  }
+  in_step_ = true;
+}
+
+void State::ObserveCollective() {
+  if (!in_step_) return;
+  for (Optimizer& o : optimizers_) {
+    if (o.early_this_step || !Changed(o)) continue;
+    o.early_this_step = true;
+    if (o.timing != Timing::kEarly) {
+      Log()->debug(
+          "optimizer '{}' steps before a later collective of step {}: it is "
+          "copied at the start of every step from now on",
+          o.name, step + 1);
+      o.timing = Timing::kEarly;
+    }
+  }
+}
+
 void State::Commit() {
+  if (in_step_) {
+    for (Optimizer& o : optimizers_) {
+      if (o.timing == Timing::kUnseen && !o.early_this_step && Changed(o)) {
+        o.timing = Timing::kLate;
+      }
+    }
+    in_step_ = false;
+  }
   committed_.step = step;
   committed_.epoch = epoch;
   committed_.position = position;
@@ -69,13 +146,29 @@ void State::Restore() {
   for (size_t i = 0; i < buffers_.size(); ++i) {
     buffers_[i].copy_(committed_.buffers[i]);
   }
+  if (!in_step_) return;
+  in_step_ = false;
+  for (Optimizer& o : optimizers_) {
+    if (!Changed(o)) continue;
+    if (o.copied) {
+      o.copy.Restore(*o.optimizer);
+    } else {
+      Log()->warn(
+          "optimizer '{}' stepped before a collective of step {} that failed, "
+          "in the first step it did so: its update is taken again when the "
+          "step is (Note [Early optimizer steps])",
+          o.name, step + 1);
+    }
+    o.timing = Timing::kEarly;
+  }
 }
 
 void State::SetDivisor() {
   const int world = session_->world_size();
-  ddp_->SetGradientDivisor(options_.divide_by_initial_world_size
-                               ? world + session_->finished_workers()
-                               : world);
+  const double divisor = options_.divide_by_initial_world_size
+                             ? world + session_->finished_workers()
+                             : world;
+  for (const Model& m : models_) m.engine->SetGradientDivisor(divisor);
 }
 
 absl::Status State::SyncPayload() {
@@ -89,9 +182,13 @@ absl::Status State::SyncPayload() {
     archive.write("step", c10::IValue(step));
     archive.write("epoch", c10::IValue(epoch));
     archive.write("position", c10::IValue(position));
-    torch::serialize::OutputArchive optimizer;
-    optimizer_->save(optimizer);
-    archive.write("optimizer", optimizer);
+    torch::serialize::OutputArchive optimizers;
+    for (const Optimizer& o : optimizers_) {
+      torch::serialize::OutputArchive one;
+      o.optimizer->save(one);
+      optimizers.write(o.name, one);
+    }
+    archive.write("optimizers", optimizers);
     torch::serialize::OutputArchive user;
     for (const auto& [name, v] : values) user.write(name, v);
     archive.write("values", user);
@@ -108,8 +205,8 @@ absl::Status State::SyncPayload() {
     const int64_t s = ReadInt(archive, "step");
     const int64_t e = ReadInt(archive, "epoch");
     const int64_t p = ReadInt(archive, "position");
-    torch::serialize::InputArchive optimizer;
-    archive.read("optimizer", optimizer);
+    torch::serialize::InputArchive optimizers;
+    archive.read("optimizers", optimizers);
     torch::serialize::InputArchive user;
     archive.read("values", user);
     std::map<std::string, torch::Tensor> received;
@@ -118,7 +215,14 @@ absl::Status State::SyncPayload() {
       user.read(name, t);
       received[name] = t;
     }
-    optimizer_->load(optimizer);
+    for (Optimizer& o : optimizers_) {
+      torch::serialize::InputArchive one;
+      if (!optimizers.try_read(o.name, one)) {
+        throw std::runtime_error(
+            absl::StrCat("it has no optimizer named '", o.name, "'"));
+      }
+      o.optimizer->load(one);
+    }
     step = s;
     epoch = e;
     position = p;
@@ -133,15 +237,18 @@ absl::Status State::SyncPayload() {
 }
 
 absl::Status State::Sync() {
-  CONCORD_RETURN_IF_ERROR(
-      Annotate(ddp_->SyncReducerLayout(), "syncing the bucket layout"));
+  for (const Model& m : models_) {
+    CONCORD_RETURN_IF_ERROR(
+        Annotate(m.engine->SyncReducerLayout(),
+                 absl::StrCat("syncing the bucket layout of '", m.name, "'")));
+  }
   CONCORD_RETURN_IF_ERROR(
       Annotate(SyncPayload(), "syncing the training state"));
-  for (Participant* participant : participants_) {
+  for (const auto& [participant, optimizer] : participants_) {
     CONCORD_RETURN_IF_ERROR(
         Annotate(participant->SyncState(session_->shared_communicator(),
                                         session_->authoritative_rank(), step,
-                                        *optimizer_),
+                                        *optimizer),
                  "syncing attached state"));
   }
   SetDivisor();
@@ -184,7 +291,10 @@ absl::StatusOr<StepDecision> State::BeginStep(bool has_data, bool admit) {
                  /*restore=*/false));
       continue;
     }
-    if (!admitting) return StepDecision::kRun;
+    if (!admitting) {
+      StartStep();
+      return StepDecision::kRun;
+    }
     CONCORD_RETURN_IF_ERROR(
         Reform(absl::StrFormat("admitting waiting workers after step %d", step),
                /*restore=*/false));
@@ -198,6 +308,7 @@ absl::Status State::Reform(const std::string& reason, bool restore) {
   record.reason = reason;
   record.started_us = absl::ToUnixMicros(absl::Now());
   std::string why = reason;
+  bool changed = false;
   for (;;) {
     if (restore) Restore();
     // A worker whose model may be half-received says so by claiming no
@@ -209,17 +320,25 @@ absl::Status State::Reform(const std::string& reason, bool restore) {
       return absl::FailedPreconditionError(
           absl::StrCat("re-forming failed: ", joined.ToString()));
     }
+    changed = changed || session_->members_changed();
     record.rendezvous_us = absl::ToUnixMicros(absl::Now());
     const int root = session_->authoritative_rank();
     tainted_ = session_->rank() != root;
-    absl::Status s = ddp_->Rebind(session_->shared_communicator(), root);
+    // Note [Several models]: every module, in the order they were added.
+    absl::Status s;
+    for (const Model& m : models_) {
+      s = Annotate(m.engine->Rebind(session_->shared_communicator(), root),
+                   absl::StrCat("rebinding '", m.name, "'"));
+      if (!s.ok()) break;
+    }
     if (s.ok()) s = Sync();
     if (s.ok()) break;
     if (!Retryable(s)) return s;
-    spdlog::warn("re-forming again: {}", s.ToString());
+    Log()->warn("re-forming again: {}", s.ToString());
     why = std::string(s.message());
     restore = true;
   }
+  members_changed_ = changed;
   ++reforms_;
   record.synced_us = absl::ToUnixMicros(absl::Now());
   record.generation = session_->generation();
@@ -233,7 +352,7 @@ absl::Status State::Reform(const std::string& reason, bool restore) {
   info.authoritative_rank = session_->authoritative_rank();
   info.step = step;
   info.reason = reason;
-  spdlog::info(
+  Log()->info(
       "generation {}: rank {} of {} (was {} ranks), authoritative rank {}, "
       "going on from step {}",
       info.generation, info.rank, info.world_size, info.previous_world_size,
@@ -244,6 +363,9 @@ absl::Status State::Reform(const std::string& reason, bool restore) {
 
 absl::Status Run(State& state,
                  const std::function<absl::Status(State&)>& train) {
+  // Note [Re-form loops].
+  int64_t failed_step = -1;  // the committed step of the last failure
+  int repeats = 0;
   for (;;) {
     absl::Status status;
     try {
@@ -254,8 +376,28 @@ absl::Status Run(State& state,
     if (status.ok() || !Retryable(status) || !state.session().elastic()) {
       return status;
     }
-    spdlog::warn("step {} failed ({}); re-forming", state.step + 1,
-                 status.ToString());
+    const bool again = state.step == failed_step && !state.members_changed();
+    repeats = again ? repeats + 1 : 0;
+    failed_step = state.step;
+    if (repeats >= state.options().max_repeated_failures) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "step %d failed %d times in a row, after re-forms that changed "
+          "no member and with no step committed in between; giving up: %s",
+          state.step + 1, repeats + 1, status.ToString()));
+    }
+    if (repeats > 0) {
+      const int64_t wait =
+          repeats > 5 ? 5000
+                      : std::min<int64_t>(int64_t{200} << (repeats - 1), 5000);
+      Log()->warn(
+          "step {} failed again with the same members ({}); waiting "
+          "{} ms before re-forming",
+          state.step + 1, status.ToString(), wait);
+      std::this_thread::sleep_for(std::chrono::milliseconds(wait));
+    } else {
+      Log()->warn("step {} failed ({}); re-forming", state.step + 1,
+                  status.ToString());
+    }
     CONCORD_RETURN_IF_ERROR(
         state.Reform(std::string(status.message()), /*restore=*/true));
   }

@@ -8,7 +8,9 @@
 //   auto ddp = *concord::ddp::Engine::Create(
 //       net, session->shared_communicator(), session->authoritative_rank());
 //   torch::optim::SGD opt(ddp->parameters(), 0.1);
-//   concord::elastic::State state(session.get(), ddp.get(), &opt);
+//   concord::elastic::State state(session.get());
+//   state.AddModel("model", ddp.get());          // any number of each,
+//   state.AddOptimizer("optimizer", &opt);       //   Note [Several models]
 //   state.OnReset([&](const concord::elastic::ResetInfo& r) { ...lr... });
 //   CONCORD_RETURN_IF_ERROR(state.Sync());   // every rank, once
 //   absl::Status done = concord::elastic::Run(state, [&](auto& st) {
@@ -24,14 +26,17 @@
 //   });
 //
 // Note [Elastic step]: a step is transactional. Parameters and optimizer
-// state change only in `optimizer.step()`, which runs after every collective
-// of the step succeeded (the State puts its DDP in blocking wait: the host
-// waits for the gradients' allreduce, which on NCCL also tells whether any
-// earlier collective of the step failed, since a failure poisons the
-// communicator: Note [Stream-ordered waits]); so when a collective fails
-// they are still those of the last committed step. What can change half-way is
-// cheap to snapshot and is: buffers (BatchNorm statistics move in forward, a
-// buffer broadcast may be cut off), the counters and the user's values.
+// state change only in an optimizer's step(). Where that runs after every
+// collective of the step succeeded (the State puts its DDP modules in
+// blocking wait: the host waits for the gradients' allreduce, which on NCCL
+// also tells whether any earlier collective of the step failed, since a
+// failure poisons the communicator: Note [Stream-ordered waits]), a failed
+// collective finds them as the last commit left them. An optimizer that
+// steps before a later collective of its step (a GAN's discriminator) is
+// copied at the step's start and put back after a failure (Note [Early
+// optimizer steps]). What can change half-way besides is cheap to snapshot
+// and is: buffers (BatchNorm statistics move in forward, a buffer broadcast
+// may be cut off), the counters and the user's values.
 // Commit() takes that snapshot; after a failure Run restores it, re-forms (the
 // survivors join the next generation with their committed step; the coordinator
 // makes the one with the highest step authoritative) and every rank — survivors
@@ -48,6 +53,51 @@
 // gradient sum is then divided by the initial world size (the ranks left
 // plus those that finished; divide_by_initial_world_size) or by the ranks
 // left; throw_on_early_termination fails every rank instead.
+//
+// Note [Several models]
+// ~~~~~~~~~~~~~~~~~~~~~
+// A State holds any number of DDP modules and optimizers (a GAN's generator
+// and discriminator, a student and its teacher), each by name. Every rank
+// adds the same ones in the same order: a re-form rebinds the modules in
+// that order (each a model check and a broadcast from the authoritative
+// rank, the collectives a newcomer's Engine::Create runs in its order), Sync
+// takes each module's bucket layout, every optimizer's state by name, the
+// counters and the values. Commit and Restore cover every module's
+// buffers; a step's agreement runs once, before its first forward of any
+// module.
+//
+// Note [Early optimizer steps]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A GAN's step runs the discriminator's optimizer before the generator's
+// forward and backward, whose collectives may still fail: its parameters
+// and Adam moments would then be a step ahead of the commit, and the step
+// taken again would apply that update twice. The State watches each
+// optimizer's parameters (their version counters, which every in-place
+// update moves) at the start of every collective of a step
+// (ObserveCollective, which the modules call before their forward's and
+// their backward's first collective): an optimizer whose parameters
+// changed before a later collective of the step steps early. At the start
+// of a step (BeginStep, after the agreement) the State copies every
+// optimizer that steps early or that it has not yet seen step (an
+// OptimizerSnapshot: parameters, per-parameter state, group options), and
+// Restore puts those copies back. An optimizer seen stepping only after
+// the step's last collective (the usual single-model loop) is copied no
+// more: after the first step, a plain loop pays nothing. One that first
+// steps early in a later step (its program changed pattern) is copied
+// from the next step on; if that very step fails, its update is taken
+// again, and the State says so in one warning line naming it.
+//
+// Note [Re-form loops]
+// ~~~~~~~~~~~~~~~~~~~~
+// A failure that re-forming cannot cure (a program bug that throws a
+// retryable error, a peer that fails the same collective every time) would
+// re-form forever. Run counts the failures of one step that follow a
+// re-form which changed nobody (same members, no step committed since):
+// ElasticOptions::max_repeated_failures of them end the loop with
+// FAILED_PRECONDITION naming the step and the error. Between them it waits
+// 0.2 s, doubling, at most 5 s. A re-form that lost or admitted a worker,
+// or a commit, starts the count again: workers dying one after the other
+// still re-form as often as they die.
 
 #include <torch/torch.h>
 
@@ -59,6 +109,7 @@
 
 #include "absl/status/statusor.h"
 #include "worker/ddp/engine.h"
+#include "worker/elastic/optimizer_snapshot.h"
 #include "worker/elastic/retryable.h"
 #include "worker/session.h"
 
@@ -68,6 +119,9 @@ struct ElasticOptions {
   // Note [Step agreement].
   bool divide_by_initial_world_size = true;
   bool throw_on_early_termination = false;
+  // Note [Re-form loops]: failures of one step after re-forms that changed
+  // nothing before Run gives up. At least 1.
+  int max_repeated_failures = 3;
 };
 
 // State kept outside the model and the optimizer that must follow the
@@ -117,9 +171,23 @@ enum class StepDecision {
 
 class State {
  public:
-  // `session`, `ddp` and `optimizer` must outlive the state.
+  // `session` must outlive the state. Add the modules and optimizers, then
+  // Sync.
+  explicit State(worker::Session* session, ElasticOptions options = {});
+  // One module and its optimizer ("model", "optimizer").
   State(worker::Session* session, ddp::Engine* ddp,
         torch::optim::Optimizer* optimizer, ElasticOptions options = {});
+
+  // Note [Several models]: before the first Sync, in the same order on every
+  // rank; each must outlive the state. AddModel puts the module in blocking
+  // wait and has it call ObserveCollective.
+  void AddModel(const std::string& name, ddp::Engine* ddp);
+  void AddOptimizer(const std::string& name,
+                    torch::optim::Optimizer* optimizer);
+  // `participant` (it must outlive the state) takes part in every Sync,
+  // after the training state, with `optimizer` (the one stepping the
+  // parameters it averages). Before the first Sync.
+  void Attach(Participant* participant, torch::optim::Optimizer* optimizer);
 
   // Committed with Commit(), restored after a failure, sent to newcomers.
   int64_t step = 0;      // optimizer steps the job has taken
@@ -127,29 +195,31 @@ class State {
   int64_t position = 0;  // where the sampler is in the epoch (loop's unit)
   std::map<std::string, torch::Tensor> values;  // the user's own
 
-  // Takes the authoritative rank's state: bucket layout, optimizer state,
-  // counters, values, attached participants; then sets the gradient divisor and
-  // commits. Every rank of a generation calls it once after creating DDP
-  // (survivors of a re-form get it from Run). Errors: those of the broadcasts
-  // (retryable, Note [Elastic step]), INTERNAL for a payload that does not
-  // load.
+  // Takes the authoritative rank's state: every module's bucket layout,
+  // every optimizer's state, the counters, values, attached participants;
+  // then sets the gradient divisor and commits. Every rank of a generation
+  // calls it once after creating its modules (survivors of a re-form get it
+  // from Run). Errors: those of the broadcasts (retryable, Note [Elastic
+  // step]), INTERNAL for a payload that does not load.
   absl::Status Sync();
-
-  // Adds `participant` (it must outlive the state) to every Sync, after the
-  // training state. Call before the first Sync.
-  void Attach(Participant* participant) {
-    participants_.push_back(participant);
-  }
 
   // Note [Elastic step].
   void Commit();
+  // Back to the last commit: buffers, counters, values, and the optimizers
+  // copied at this step's start (Note [Early optimizer steps]).
   void Restore();
 
   // Note [Step agreement]. `admit`: whether workers waiting to join may be
   // admitted before this step (false postpones them; must be the same on
-  // every rank). Errors: FAILED_PRECONDITION with
-  // throw_on_early_termination; those of the allreduce and of a re-form.
+  // every rank). On kRun the step has begun (Note [Early optimizer steps]).
+  // Errors: FAILED_PRECONDITION with throw_on_early_termination; those of
+  // the allreduce and of a re-form.
   absl::StatusOr<StepDecision> BeginStep(bool has_data, bool admit = true);
+
+  // Note [Early optimizer steps]: a collective of the current step is about
+  // to start. Cheap (a version counter per parameter); any thread that
+  // runs the step's collectives, one at a time.
+  void ObserveCollective();
 
   // Runs after every re-form (Horovod's reset callbacks): rescale the
   // learning rate, rebind SyncBatchNorm to the new communicator, register a
@@ -157,21 +227,38 @@ class State {
   void OnReset(std::function<void(const ResetInfo&)> callback);
 
   // Note [Re-forming]: leaves the current generation and joins the next
-  // (restoring the last commit first when `restore`), then Sync and the
-  // reset callbacks. Collective failures during the hand-over are retried
-  // with another re-form. Errors: FAILED_PRECONDITION carrying Session::
-  // Reform's error (the job failed, the rendezvous timed out: never retried),
-  // and non-retryable ones of Sync.
+  // (restoring the last commit first when `restore`), rebinds every module,
+  // then Sync and the reset callbacks. Collective failures during the
+  // hand-over are retried with another re-form. Errors: FAILED_PRECONDITION
+  // carrying Session::Reform's error (the job failed, the rendezvous timed
+  // out: never retried), and non-retryable ones of Sync.
   absl::Status Reform(const std::string& reason, bool restore);
 
-  // Workers that ran out of data and left (Note [Step agreement]), as the
-  // coordinator counts them.
-  int finished_ranks() const { return session_->finished_workers(); }
   int64_t reforms() const { return reforms_; }
   const std::vector<ReformRecord>& reform_records() const { return records_; }
   worker::Session& session() { return *session_; }
+  const ElasticOptions& options() const { return options_; }
+  // Whether the last re-form changed the members (lost or admitted a
+  // worker); true until there was one (Note [Re-form loops]).
+  bool members_changed() const { return members_changed_; }
 
  private:
+  struct Model {
+    std::string name;
+    ddp::Engine* engine;
+  };
+  // Note [Early optimizer steps].
+  enum class Timing { kUnseen, kLate, kEarly };
+  struct Optimizer {
+    std::string name;
+    torch::optim::Optimizer* optimizer;
+    std::vector<torch::Tensor> params;  // every group's, as of the step start
+    std::vector<int64_t> versions;      // their version counters then
+    Timing timing = Timing::kUnseen;
+    bool early_this_step = false;
+    bool copied = false;  // `copy` holds this step's start
+    OptimizerSnapshot copy;
+  };
   struct Snapshot {
     int64_t step = 0, epoch = 0, position = 0;
     std::map<std::string, torch::Tensor> values;
@@ -179,19 +266,24 @@ class State {
   };
   absl::Status SyncPayload();
   void SetDivisor();
+  // Note [Early optimizer steps]: the step begins (versions, copies).
+  void StartStep();
+  static bool Changed(const Optimizer& o);
 
   worker::Session* session_;
-  ddp::Engine* ddp_;
-  torch::optim::Optimizer* optimizer_;
   ElasticOptions options_;
-  std::vector<torch::Tensor> buffers_;
+  std::vector<Model> models_;
+  std::vector<Optimizer> optimizers_;
+  std::vector<std::pair<Participant*, torch::optim::Optimizer*>> participants_;
+  std::vector<torch::Tensor> buffers_;  // every module's
   Snapshot committed_;
+  bool in_step_ = false;  // between StartStep and Commit/Restore
   int64_t reforms_ = 0;
+  bool members_changed_ = true;
   // The model may be half-received (a re-form's broadcast failed): this
   // worker must not become authoritative (it joins saying step 0).
   bool tainted_ = false;
   std::vector<std::function<void(const ResetInfo&)>> callbacks_;
-  std::vector<Participant*> participants_;
   std::vector<ReformRecord> records_;
 };
 
@@ -199,7 +291,8 @@ class State {
 // is not Retryable; after a retryable one (a collective failed: a peer died
 // or the generation ended), restores the last commit, re-forms and runs
 // `train` again from the committed position. concord::Error thrown by
-// `train` (DDP's forward and backward throw) counts as returned.
+// `train` (DDP's forward and backward throw) counts as returned. A step
+// that keeps failing with nothing changed ends it (Note [Re-form loops]).
 absl::Status Run(State& state,
                  const std::function<absl::Status(State&)>& train);
 

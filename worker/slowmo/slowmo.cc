@@ -1,13 +1,12 @@
 #include "worker/slowmo/slowmo.h"
 
-#include <spdlog/spdlog.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 #include "worker/comm/coalesced.h"
 #include "worker/slowmo/hierarchy.h"
@@ -150,7 +149,7 @@ absl::Status SlowMo::EnsureGroups() {
           masters_,
           groups_->CreateGroup(*comm_, "slowmo-masters", layout.masters));
     }
-    spdlog::info(
+    Log()->info(
         "SlowMo: generation {}: {} node(s) over {} ranks; rank {} is {} of "
         "a node of {}",
         comm_->generation(), num_nodes_, comm_->size(), me,
@@ -407,7 +406,7 @@ absl::Status SlowMo::PerformSlowMo(torch::optim::Optimizer& optimizer) {
   if (fp32_params_.empty() && params_[0].scalar_type() == torch::kHalf &&
       !warned_fp16_) {
     // fairscale warns likewise.
-    spdlog::warn(
+    Log()->warn(
         "SlowMo: the parameters are fp16 and no fp32 masters were given "
         "(SetFp32Params): averaging them in fp16 loses precision");
     warned_fp16_ = true;

@@ -3,12 +3,11 @@
 // counters, push-sum weight and fp32 masters, and Reshard re-assembles the
 // slow-momentum slices (from owners or their replicas) over the new world.
 
-#include <spdlog/spdlog.h>
-
 #include <algorithm>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 #include "worker/slowmo/slowmo.h"
 #include "worker/tensor_ops.h"
@@ -108,7 +107,7 @@ absl::Status SlowMo::Reshard(int root, int64_t root_updates,
     }
     const int64_t from_replicas = claims.gt(0.5f).sum().item<int64_t>();
     if (from_replicas > 0) {
-      spdlog::info(
+      Log()->info(
           "slow momentum: {} of {} elements taken from replicas (their "
           "owner is gone)",
           from_replicas, n);
@@ -135,7 +134,7 @@ absl::Status SlowMo::Reshard(int root, int64_t root_updates,
     }
     x_old = torch::where(lost, x, x_old);
     u = torch::where(lost, torch::zeros_like(u), u);
-    spdlog::warn(
+    Log()->warn(
         "slow momentum: {} of {} elements lost with their owner{}; they "
         "restart from the current parameters",
         lost_count, n,
@@ -210,8 +209,8 @@ absl::Status SlowMo::SyncState(std::shared_ptr<comm::Communicator> comm,
   num_updates_ = root_updates;
   CONCORD_RETURN_IF_ERROR(RebuildGraph());
   if (num_updates_ == step - 1) {
-    spdlog::info("SlowMo: finishing update {} in generation {}", step,
-                 comm_->generation());
+    Log()->info("SlowMo: finishing update {} in generation {}", step,
+                         comm_->generation());
     return PerformSlowMo(optimizer);
   }
   if (num_updates_ != step) {

@@ -21,6 +21,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 #include "spdlog/spdlog.h"
 #include "worker/comm/shm/shm_allreduce.h"
@@ -277,8 +278,9 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
       shm = std::move(*made);
     } else if (made.status().code() == absl::StatusCode::kFailedPrecondition) {
       // Every rank reached the same verdict: Gloo's TCP for all.
-      spdlog::debug("generation {}: allreduce over Gloo's TCP ({})",
-                    options.generation, std::string(made.status().message()));
+      Log()->debug("generation {}: allreduce over Gloo's TCP ({})",
+                            options.generation,
+                            std::string(made.status().message()));
     } else {
       return made.status();
     }

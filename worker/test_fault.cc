@@ -1,0 +1,55 @@
+#include "worker/test_fault.h"
+
+#include <csignal>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/logging.h"
+
+namespace concord::worker {
+
+absl::StatusOr<std::vector<TestFault>> ParseTestFaults(const std::string& spec,
+                                                       int local_rank) {
+  std::vector<TestFault> out;
+  if (spec.empty()) return out;
+  for (absl::string_view one : absl::StrSplit(spec, ',')) {
+    std::vector<std::string> parts = absl::StrSplit(one, ':');
+    int local = -1;
+    TestFault f;
+    if (parts.size() != 5 || !absl::SimpleAtoi(parts[0], &local) ||
+        !absl::SimpleAtoi(parts[1], &f.step) || f.step < 1 ||
+        (parts[2] != "forward" && parts[2] != "backward") || parts[3].empty() ||
+        !absl::SimpleAtoi(parts[4], &f.occurrence) || f.occurrence < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "CONCORD_TEST_FAULT: '", one,
+          "': expected LOCAL:STEP:forward|backward:MODULE:N (STEP, N >= 1)"));
+    }
+    f.point = parts[2] == "forward" ? TestFault::Point::kForward
+                                    : TestFault::Point::kBackward;
+    f.module = parts[3];
+    if (local == local_rank) out.push_back(std::move(f));
+  }
+  return out;
+}
+
+void TestFaults::Reached(int64_t step, TestFault::Point point,
+                         const std::string& module) {
+  if (step != counted_step_) {
+    counted_step_ = step;
+    counts_.assign(faults_.size(), 0);
+  }
+  for (size_t i = 0; i < faults_.size(); ++i) {
+    const TestFault& f = faults_[i];
+    if (f.step != step || f.point != point || f.module != module) continue;
+    if (++counts_[i] != f.occurrence) continue;
+    Log()->warn("CONCORD_TEST_FAULT: killing myself at step {}, {} {} of '{}'",
+                step,
+                point == TestFault::Point::kForward ? "forward" : "backward",
+                f.occurrence, module);
+    Log()->flush();
+    std::raise(SIGKILL);
+  }
+}
+
+}  // namespace concord::worker
