@@ -369,6 +369,30 @@ void DdpCore::perform_slowmo(torch::optim::Optimizer& optimizer) {
   ThrowIfError(impl_->slowmo->PerformSlowMo(optimizer));
 }
 
+void DdpCore::register_comm_hook(CommHook hook) {
+  Impl& d = *impl_;
+  if (hook == nullptr) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "register_comm_hook: an empty hook");
+  }
+  if (d.user_hook || !d.options.comm_hook().empty()) {
+    throw Error(ErrorCode::kAlreadyExists,
+                absl::StrCat("register_comm_hook: ", d.Describe(),
+                             " has a communication hook already"));
+  }
+  if (d.slowmo != nullptr) {
+    throw Error(ErrorCode::kFailedPrecondition,
+                "register_comm_hook: SlowMo does not average gradients every "
+                "step (DdpOptions::slowmo)");
+  }
+  auto make = [hook = std::move(hook), options = d.CollectiveOptions()](
+                  std::shared_ptr<comm::Communicator> comm) {
+    return ToEngineHook(hook, std::move(comm), options);
+  };
+  ThrowIfError(d.engine->RegisterCommHook(make(d.Communicator())));
+  d.user_hook = std::move(make);
+}
+
 DdpStats DdpCore::stats() const {
   const ddp::ReducerStats& r = impl_->engine->stats();
   DdpStats s;

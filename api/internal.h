@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "concord/comm_hook.h"
 #include "concord/ddp.h"
 #include "concord/elastic.h"
 #include "concord/job.h"
@@ -124,6 +125,22 @@ struct DdpCore::Impl {
   // The current generation's; kFailedPrecondition between generations.
   std::shared_ptr<comm::Communicator> Communicator() const;
 };
+
+// A Future's insides: the collective it waits for (null: done) and how its
+// value follows once that is done.
+struct FutureState {
+  std::shared_ptr<comm::Work> work;
+  std::function<at::Tensor()> value;
+};
+// A ProcessGroup's: one generation's communicator.
+struct ProcessGroupState {
+  std::shared_ptr<comm::Communicator> comm;
+  comm::CollectiveOptions options;
+};
+// A program's hook as the reducer takes it, over `comm` (api/comm_hook.cc).
+ddp::CommHook ToEngineHook(const CommHook& hook,
+                           std::shared_ptr<comm::Communicator> comm,
+                           comm::CollectiveOptions options);
 
 // The ElasticState's side of a module's calls (api/elastic.cc): the step
 // being taken (the committed one plus one), a collective about to start,

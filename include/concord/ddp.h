@@ -3,7 +3,8 @@
 // LibTorch module holder.
 //
 //   concord::Job job;
-//   Net net;                                       // any TORCH_MODULE
+//   Net net;                  // a TORCH_MODULE holder, a std::shared_ptr of
+//                             // any torch::nn::Module, a torch::jit::Module
 //   net->to(job.device());
 //   concord::DistributedDataParallel ddp(net, job,
 //       concord::DdpOptions().bucket_cap_mb(25));
@@ -40,6 +41,7 @@
 #include <utility>
 #include <vector>
 
+#include "concord/comm_hook.h"
 #include "concord/error.h"
 #include "concord/job.h"
 
@@ -172,6 +174,7 @@ class DdpCore {
   bool require_backward_grad_sync() const;
   bool join();
   void perform_slowmo(torch::optim::Optimizer& optimizer);
+  void register_comm_hook(CommHook hook);
   DdpStats stats() const;
   const Job& job() const;
 
@@ -202,8 +205,34 @@ class NoSyncGuard {
   bool previous_;
 };
 
-// `Wrapped`: a C++-frontend module holder (what TORCH_MODULE declares:
-// `Net`, `torch::nn::Sequential`, ...) or torch::jit::Module.
+namespace detail {
+
+template <typename T>
+struct IsSharedPtr : std::false_type {};
+template <typename T>
+struct IsSharedPtr<std::shared_ptr<T>> : std::true_type {};
+
+// The torch::nn::Module inside a holder or a shared_ptr.
+template <typename Wrapped>
+std::shared_ptr<torch::nn::Module> ModuleOf(const Wrapped& module) {
+  if constexpr (IsSharedPtr<Wrapped>::value) {
+    static_assert(
+        std::is_base_of_v<torch::nn::Module, typename Wrapped::element_type>,
+        "DistributedDataParallel wraps a std::shared_ptr of a "
+        "torch::nn::Module");
+    return module;
+  } else {
+    return module.ptr();
+  }
+}
+
+}  // namespace detail
+
+// `Wrapped`: what PyTorch's DDP takes, any module: a C++-frontend module
+// holder (what TORCH_MODULE declares: `Net`, `torch::nn::Sequential`, ...),
+// a std::shared_ptr of any torch::nn::Module with a forward
+// (std::make_shared<Net>() of a plain `struct Net : torch::nn::Module`), or
+// a torch::jit::Module.
 template <typename Wrapped>
 class DistributedDataParallelImpl : public torch::nn::Module {
   static constexpr bool kScript = std::is_same_v<Wrapped, torch::jit::Module>;
@@ -223,8 +252,13 @@ class DistributedDataParallelImpl : public torch::nn::Module {
       }
       core_ = std::make_unique<detail::DdpCore>(module_, job, options);
     } else {
-      register_module("module", module_);
-      core_ = std::make_unique<detail::DdpCore>(module_.ptr(), job, options);
+      std::shared_ptr<torch::nn::Module> inner = detail::ModuleOf(module_);
+      if (inner == nullptr) {
+        throw Error(ErrorCode::kInvalidArgument,
+                    "DistributedDataParallel: an empty module");
+      }
+      register_module("module", inner);
+      core_ = std::make_unique<detail::DdpCore>(std::move(inner), job, options);
     }
   }
 
@@ -282,6 +316,23 @@ class DistributedDataParallelImpl : public torch::nn::Module {
   // the step was committed; those of the collectives (retryable).
   void perform_slowmo(torch::optim::Optimizer& optimizer) {
     core_->perform_slowmo(optimizer);
+  }
+  // PyTorch's register_comm_hook(state, hook): `hook(*state, bucket)`
+  // reduces each bucket in place of the default allreduce
+  // (concord/comm_hook.h); `state` is shared with the caller. Kept across
+  // re-forms. Before the first forward. Throws Error: kAlreadyExists when
+  // a hook (or DdpOptions::comm_hook) is set; kFailedPrecondition with
+  // DdpOptions::slowmo or apex's scaling options.
+  template <typename State, typename Hook>
+  void register_comm_hook(std::shared_ptr<State> state, Hook hook) {
+    core_->register_comm_hook(
+        [state = std::move(state), hook = std::move(hook)](GradBucket& b) {
+          return hook(*state, b);
+        });
+  }
+  // A hook whose state, if any, it captures itself.
+  void register_comm_hook(CommHook hook) {
+    core_->register_comm_hook(std::move(hook));
   }
   // Buckets and the last iteration's timings.
   DdpStats stats() const { return core_->stats(); }
