@@ -49,7 +49,7 @@ ddp::CommHook ToEngineHook(const CommHook& hook,
     return comm::Then(std::move(inner), [future, buffer]() mutable {
       at::Tensor result;
       try {
-        result = future->value();
+        result = future->Value();
       } catch (...) {
         return HookFailure("its future's value");
       }
@@ -69,19 +69,19 @@ ddp::CommHook ToEngineHook(const CommHook& hook,
 
 Future Future::completed(at::Tensor value) {
   return Future(std::make_shared<detail::FutureState>(
-      detail::FutureState{nullptr, [value] { return value; }}));
+      nullptr, [value] { return value; }));
 }
 
 at::Tensor Future::wait() const {
   if (state_->work) ThrowIfError(state_->work->Wait());
-  return state_->value();
+  return state_->Value();
 }
 
 Future Future::then(std::function<at::Tensor(at::Tensor)> fn) const {
   auto previous = state_;
-  return Future(std::make_shared<detail::FutureState>(detail::FutureState{
+  return Future(std::make_shared<detail::FutureState>(
       previous->work,
-      [previous, fn = std::move(fn)] { return fn(previous->value()); }}));
+      [previous, fn = std::move(fn)] { return fn(previous->Value()); }));
 }
 
 int ProcessGroup::rank() const { return state_->comm->rank(); }
@@ -91,7 +91,7 @@ Future ProcessGroup::allreduce(at::Tensor tensor) {
   std::shared_ptr<comm::Work> work =
       state_->comm->AllreduceSum(tensor, state_->options);
   return Future(std::make_shared<detail::FutureState>(
-      detail::FutureState{std::move(work), [tensor] { return tensor; }}));
+      std::move(work), [tensor] { return tensor; }));
 }
 
 }  // namespace concord

@@ -129,8 +129,23 @@ struct DdpCore::Impl {
 // A Future's insides: the collective it waits for (null: done) and how its
 // value follows once that is done.
 struct FutureState {
+  FutureState(std::shared_ptr<comm::Work> w, std::function<at::Tensor()> c)
+      : work(std::move(w)), compute(std::move(c)) {}
+  // The value, computed once (a `then` callback runs once however often
+  // the value is asked for, as in PyTorch), after `work` is done.
+  at::Tensor Value() {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!computed) {
+      value = compute();
+      computed = true;
+    }
+    return value;
+  }
   std::shared_ptr<comm::Work> work;
-  std::function<at::Tensor()> value;
+  std::function<at::Tensor()> compute;
+  std::mutex mu;
+  bool computed = false;  // guarded by mu
+  at::Tensor value;       // guarded by mu
 };
 // A ProcessGroup's: one generation's communicator.
 struct ProcessGroupState {

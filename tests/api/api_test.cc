@@ -238,6 +238,157 @@ TEST(DistributedDataParallelTest, ABuiltInCommHookRuns) {
   }
 }
 
+// A plain module, no TORCH_MODULE: PyTorch's DDP takes any module, and so
+// does Concord's, through a std::shared_ptr.
+struct PlainNet : torch::nn::Module {
+  PlainNet() : fc(register_module("fc", torch::nn::Linear(4, 2))) {}
+  torch::Tensor forward(const torch::Tensor& x) { return fc->forward(x); }
+  torch::nn::Linear fc;
+};
+
+TEST(DistributedDataParallelTest, WrapsAStdSharedPtrOfAPlainModule) {
+  concord::Job job;
+  auto net = std::make_shared<PlainNet>();
+  concord::DistributedDataParallel ddp(net, job);
+  EXPECT_EQ(ddp->parameters().size(), 2u);
+  EXPECT_TRUE(ddp->named_parameters().contains("module.fc.weight"));
+  ddp->forward(torch::ones({3, 4})).sum().backward();
+  EXPECT_TRUE(net->fc->weight.grad().defined());
+  EXPECT_EQ(ddp->module().get(), net.get());
+  EXPECT_EQ(CodeOf([&] {
+              concord::DistributedDataParallel empty(
+                  std::shared_ptr<PlainNet>(), job);
+            }),
+            concord::ErrorCode::kInvalidArgument);
+}
+
+// register_comm_hook(state, hook): the hook's future's value becomes the
+// gradients; its state is the caller's; a `then` callback runs once even
+// when the hook waits for the future before returning it.
+TEST(DistributedDataParallelTest, AProgramsCommHookWithStateReduces) {
+  concord::Job job;
+  torch::manual_seed(5);
+  Net plain;
+  Net wrapped;
+  {
+    torch::NoGradGuard no_grad;
+    auto src = plain->parameters();
+    auto dst = wrapped->parameters();
+    for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
+  }
+  concord::DistributedDataParallel ddp(wrapped, job);
+  struct Calls {
+    int buckets = 0;
+    int thens = 0;
+  };
+  auto calls = std::make_shared<Calls>();
+  ddp->register_comm_hook(calls, [](Calls& c, concord::GradBucket& bucket) {
+    ++c.buckets;
+    EXPECT_EQ(bucket.process_group().size(), 1);
+    EXPECT_EQ(bucket.gradients().size(), bucket.parameters().size());
+    auto future = bucket.process_group()
+                      .allreduce(bucket.buffer())
+                      .then([&c](torch::Tensor sum) {
+                        ++c.thens;
+                        return sum * 3;
+                      });
+    future.wait();
+    return future;
+  });
+  auto x = torch::ones({2, 4});
+  plain->forward(x).sum().backward();
+  ddp->forward(x).sum().backward();
+  EXPECT_EQ(calls->buckets, 1);
+  EXPECT_EQ(calls->thens, 1);
+  auto a = plain->parameters();
+  auto b = ddp->parameters();
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_TRUE(torch::equal(b[i].grad(), a[i].grad() * 3));
+  }
+  // One hook: a second, or one besides DdpOptions::comm_hook, is refused.
+  EXPECT_EQ(CodeOf([&] {
+              ddp->register_comm_hook([](concord::GradBucket& bucket) {
+                return concord::Future::completed(bucket.buffer());
+              });
+            }),
+            concord::ErrorCode::kAlreadyExists);
+  Net other;
+  concord::DistributedDataParallel with_builtin(
+      other, job, concord::DdpOptions().comm_hook("fp16"));
+  EXPECT_EQ(CodeOf([&] {
+              with_builtin->register_comm_hook([](concord::GradBucket& b) {
+                return concord::Future::completed(b.buffer());
+              });
+            }),
+            concord::ErrorCode::kAlreadyExists);
+}
+
+// A hook that throws, or returns a value of another size, fails backward
+// with one line (the program's bug is not retried as a lost peer would be).
+TEST(DistributedDataParallelTest, ABrokenCommHookFailsBackwardWithOneLine) {
+  concord::Job job;
+  Net net;
+  concord::DistributedDataParallel ddp(net, job);
+  ddp->register_comm_hook([](concord::GradBucket&) -> concord::Future {
+    throw std::runtime_error("boom");
+  });
+  try {
+    ddp->forward(torch::ones({2, 4})).sum().backward();
+    ADD_FAILURE() << "no error";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("communication hook"),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("boom"), std::string::npos);
+  }
+}
+
+// ElasticState::add: names once each, one state a job, nothing after
+// run_elastic started; each misuse is one line.
+TEST(ElasticStateTest, AddRefusesWhatCannotBeRestored) {
+  concord::Job job;
+  Net a_net, b_net;
+  concord::DistributedDataParallel a(a_net, job), b(b_net, job);
+  torch::optim::SGD a_opt(a->parameters(), 0.1), b_opt(b->parameters(), 0.1);
+  concord::ElasticSampler sampler(8, job);
+  concord::ElasticState state(job);
+  state.add("a", a).add("a_opt", a_opt).add(sampler);
+  using concord::ErrorCode;
+  EXPECT_EQ(CodeOf([&] { state.add("a", b); }), ErrorCode::kAlreadyExists);
+  EXPECT_EQ(CodeOf([&] { state.add("a_opt", b_opt); }),
+            ErrorCode::kAlreadyExists);
+  EXPECT_EQ(CodeOf([&] { state.add("again", a_opt); }),
+            ErrorCode::kAlreadyExists);
+  EXPECT_EQ(CodeOf([&] { state.add(sampler); }), ErrorCode::kAlreadyExists);
+  EXPECT_EQ(CodeOf([&] { state.add("", b_opt); }), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(CodeOf([&] { concord::ElasticState second(job); }),
+            ErrorCode::kAlreadyExists);
+  EXPECT_EQ(CodeOf([&] {
+              concord::ElasticState bad(
+                  job, concord::ElasticStateOptions().max_repeated_failures(0));
+            }),
+            ErrorCode::kInvalidArgument);
+  concord::Job other;
+  concord::ElasticSampler foreign(8, other);
+  EXPECT_EQ(CodeOf([&] { state.add(foreign); }), ErrorCode::kAlreadyExists);
+  state.add("b", b).add("b_opt", b_opt);
+  int steps = 0;
+  concord::run_elastic(state, [&] {
+    while (auto batch = sampler.next(2)) {
+      a->forward(torch::ones({2, 4})).sum().backward();
+      b->forward(torch::ones({2, 4})).sum().backward();
+      a_opt.step();
+      b_opt.step();
+      state.commit();
+      ++steps;
+      EXPECT_EQ(CodeOf([&] { state.add("late", b_opt); }),
+                ErrorCode::kFailedPrecondition);
+    }
+  });
+  EXPECT_EQ(steps, 4);
+  EXPECT_EQ(state.step(), 4);
+}
+
 std::vector<std::vector<size_t>> Drain(concord::ElasticSampler& sampler,
                                        size_t batch_size) {
   std::vector<std::vector<size_t>> batches;

@@ -35,26 +35,7 @@ torch::Tensor Features(const std::vector<size_t>& indices, size_t n) {
   return torch::tensor(xs).view({-1, 4});
 }
 
-class ApiThreadsTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/concord-api-threads-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-    coordinator_ =
-        std::make_unique<CoordinatorProcess>(CONCORD_COORDINATOR_BIN, dir_);
-    ASSERT_FALSE(coordinator_->address().empty())
-        << "the coordinator did not start";
-  }
-  void TearDown() override {
-    coordinator_.reset();
-    std::system(("rm -rf " + dir_).c_str());
-  }
-  const std::string& address() const { return coordinator_->address(); }
-
-  std::string dir_;
-  std::unique_ptr<CoordinatorProcess> coordinator_;
-};
+using ApiThreadsTest = concord::testing::JobThreadsTest;
 
 TEST_F(ApiThreadsTest, ThreeWorkersFormOneGenerationAndDdpMakesThemEqual) {
   std::mutex mu;

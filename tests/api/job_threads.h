@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <regex>
 #include <string>
 #include <thread>
@@ -127,5 +128,28 @@ inline void RunJobThreads(const std::string& address, const std::string& job_id,
   }
   for (auto& t : threads) t.join();
 }
+
+// A real coordinator process for each test (CONCORD_COORDINATOR_BIN) and a
+// scratch folder.
+class JobThreadsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/concord-api-threads-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    coordinator_ =
+        std::make_unique<CoordinatorProcess>(CONCORD_COORDINATOR_BIN, dir_);
+    ASSERT_FALSE(coordinator_->address().empty())
+        << "the coordinator did not start";
+  }
+  void TearDown() override {
+    coordinator_.reset();
+    std::system(("rm -rf " + dir_).c_str());
+  }
+  const std::string& address() const { return coordinator_->address(); }
+
+  std::string dir_;
+  std::unique_ptr<CoordinatorProcess> coordinator_;
+};
 
 }  // namespace concord::testing

@@ -13,9 +13,8 @@ using torch::optim::OptimizerParamState;
 void CopyTensor(const torch::Tensor& src, torch::Tensor& dst) {
   if (!src.defined()) {
     dst = torch::Tensor();
-  } else if (dst.defined() && !dst.is_same(src) &&
-             dst.sizes() == src.sizes() && dst.dtype() == src.dtype() &&
-             dst.device() == src.device()) {
+  } else if (dst.defined() && !dst.is_same(src) && dst.sizes() == src.sizes() &&
+             dst.dtype() == src.dtype() && dst.device() == src.device()) {
     dst.copy_(src);
   } else {
     dst = src.clone();
@@ -82,6 +81,42 @@ bool Known(const OptimizerParamState& s) {
          dynamic_cast<const optim::AdagradParamState*>(&s) != nullptr;
 }
 
+// Appends `v`'s bytes to `out`.
+template <typename T>
+void Append(std::string& out, const T& v) {
+  out.append(reinterpret_cast<const char*>(&v), sizeof(v));
+}
+
+// What moves when an optimizer updates this state: its tensors' version
+// counters and its step counter.
+void AppendState(std::string& out, const OptimizerParamState& state) {
+  namespace optim = torch::optim;
+  auto version = [&out](const torch::Tensor& t) {
+    Append(out, t.defined() ? t._version() : int64_t{-1});
+  };
+  if (const auto* s = dynamic_cast<const optim::AdamParamState*>(&state)) {
+    Append(out, s->step());
+    version(s->exp_avg());
+    version(s->exp_avg_sq());
+  } else if (const auto* s =
+                 dynamic_cast<const optim::AdamWParamState*>(&state)) {
+    Append(out, s->step());
+    version(s->exp_avg());
+    version(s->exp_avg_sq());
+  } else if (const auto* s =
+                 dynamic_cast<const optim::SGDParamState*>(&state)) {
+    version(s->momentum_buffer());
+  } else if (const auto* s =
+                 dynamic_cast<const optim::RMSpropParamState*>(&state)) {
+    Append(out, s->step());
+    version(s->square_avg());
+  } else if (const auto* s =
+                 dynamic_cast<const optim::AdagradParamState*>(&state)) {
+    Append(out, s->step());
+    version(s->sum());
+  }
+}
+
 bool AllKnown(const torch::optim::Optimizer& optimizer) {
   for (const auto& [key, state] : optimizer.state()) {
     if (!Known(*state)) return false;
@@ -90,6 +125,27 @@ bool AllKnown(const torch::optim::Optimizer& optimizer) {
 }
 
 }  // namespace
+
+std::string OptimizerSnapshot::Signature(
+    const torch::optim::Optimizer& optimizer) {
+  std::string out;
+  for (const auto& group : optimizer.param_groups()) {
+    for (const torch::Tensor& p : group.params()) {
+      Append(out, p._version());
+      // LibTorch's optimizers update p.data(), whose version counter is not
+      // the parameter's: on the CPU the first element's bytes tell.
+      if (p.device().is_cpu() && p.numel() > 0 && p.is_contiguous()) {
+        out.append(static_cast<const char*>(p.data_ptr()), p.element_size());
+      }
+    }
+  }
+  Append(out, optimizer.state().size());
+  for (const auto& [key, state] : optimizer.state()) {
+    out.append(key);
+    AppendState(out, *state);
+  }
+  return out;
+}
 
 void OptimizerSnapshot::Take(torch::optim::Optimizer& optimizer) {
   torch::NoGradGuard no_grad;

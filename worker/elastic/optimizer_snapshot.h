@@ -27,13 +27,23 @@ class OptimizerSnapshot {
   // after a Take, on the optimizer taken from.
   void Restore(torch::optim::Optimizer& optimizer) const;
 
+  // Bytes that change when `optimizer` steps (Note [Early optimizer
+  // steps]): its parameters' version counters and, on the CPU, their
+  // first elements (LibTorch's own optimizers update p.data(), which does
+  // not move the parameter's counter), and its per-parameter state (the
+  // entries, their tensors' version counters and step counters). Cheap:
+  // a few bytes a parameter, no device synchronisation. An optimizer with
+  // no per-parameter state stepping CUDA parameters through .data() (SGD
+  // without momentum) leaves it unchanged.
+  static std::string Signature(const torch::optim::Optimizer& optimizer);
+
   // Whether the last Take went through Optimizer::save.
   bool serialized() const { return serialized_; }
 
  private:
   // Optimizer::state()'s key (the parameter's TensorImpl, as a string).
-  using Key = std::decay_t<decltype(std::declval<torch::optim::Optimizer&>()
-                                        .state())>::key_type;
+  using Key = std::decay_t<
+      decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type;
 
   std::vector<torch::Tensor> params_;
   std::unordered_map<Key, std::unique_ptr<torch::optim::OptimizerParamState>>

@@ -29,14 +29,6 @@ int64_t ReadInt(torch::serialize::InputArchive& archive, const char* key) {
   return v.toInt();
 }
 
-std::vector<torch::Tensor> ParamsOf(const torch::optim::Optimizer& optimizer) {
-  std::vector<torch::Tensor> out;
-  for (const auto& group : optimizer.param_groups()) {
-    out.insert(out.end(), group.params().begin(), group.params().end());
-  }
-  return out;
-}
-
 }  // namespace
 
 State::State(worker::Session* session, ElasticOptions options)
@@ -80,19 +72,12 @@ void State::OnReset(std::function<void(const ResetInfo&)> callback) {
 }
 
 bool State::Changed(const Optimizer& o) {
-  for (size_t i = 0; i < o.params.size(); ++i) {
-    if (o.params[i]._version() != o.versions[i]) return true;
-  }
-  return false;
+  return OptimizerSnapshot::Signature(*o.optimizer) != o.signature;
 }
 
 void State::StartStep() {
   for (Optimizer& o : optimizers_) {
-    o.params = ParamsOf(*o.optimizer);
-    o.versions.resize(o.params.size());
-    for (size_t i = 0; i < o.params.size(); ++i) {
-      o.versions[i] = o.params[i]._version();
-    }
+    o.signature = OptimizerSnapshot::Signature(*o.optimizer);
     o.early_this_step = false;
     o.copied = o.timing != Timing::kLate;
     if (o.copied) o.copy.Take(*o.optimizer);
@@ -149,17 +134,18 @@ void State::Restore() {
   if (!in_step_) return;
   in_step_ = false;
   for (Optimizer& o : optimizers_) {
-    if (!Changed(o)) continue;
+    // Stepped before the failed collective: it steps early.
+    const bool stepped = Changed(o);
+    if (stepped) o.timing = Timing::kEarly;
     if (o.copied) {
       o.copy.Restore(*o.optimizer);
-    } else {
+    } else if (stepped) {
       Log()->warn(
           "optimizer '{}' stepped before a collective of step {} that failed, "
           "in the first step it did so: its update is taken again when the "
           "step is (Note [Early optimizer steps])",
           o.name, step + 1);
     }
-    o.timing = Timing::kEarly;
   }
 }
 

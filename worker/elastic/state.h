@@ -252,8 +252,7 @@ class State {
   struct Optimizer {
     std::string name;
     torch::optim::Optimizer* optimizer;
-    std::vector<torch::Tensor> params;  // every group's, as of the step start
-    std::vector<int64_t> versions;      // their version counters then
+    std::string signature;  // OptimizerSnapshot::Signature at the step start
     Timing timing = Timing::kUnseen;
     bool early_this_step = false;
     bool copied = false;  // `copy` holds this step's start
