@@ -61,7 +61,8 @@
 // Each worker's death is reported when concord-run reaps it (SIGCHLD), not
 // at the end: one message with the run's pid and worker id, how it ended,
 // after how long, whether it is restarted, and the last lines of its
-// stderr (read to the end of what the dead process wrote first). Through
+// stderr (read to the end of what the dead process wrote first); one that
+// concord-run was stopping gets one line without its stderr. Through
 // the agent the coordinator is told at once (Note [Exited workers] in
 // coordinator/core/core.h), so that the survivors re-form without waiting
 // for the dead worker's heartbeat timeout.

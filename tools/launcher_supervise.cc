@@ -247,7 +247,14 @@ int Supervisor::Run() {
       // First, so that the others re-form at once (Note [Exited workers]).
       if (agent != nullptr) agent->WorkerExited(w.id, How(status));
       Drain(w);  // what it wrote before it died
-      if (StatusOf(status) == 0 || terminating) continue;
+      if (StatusOf(status) == 0) continue;
+      if (terminating) {  // concord-run was stopping it: one line
+        Say(absl::StrFormat(
+            "worker %d (pid %d, worker id %s) ended after %s: %s "
+            "(being stopped)",
+            w.index, w.pid, w.id, Seconds(w.ended - w.started), How(status)));
+        continue;
+      }
       lost.push_back(&w);
       const bool restart = w.restarts < o.max_restarts;
       ReportDeath(o, w, restart);
@@ -353,14 +360,16 @@ int Supervisor::Run() {
     return 0;
   }
   const Worker& failed = *workers[*first_failure];
-  Say(absl::StrCat("job ", job, " did not complete here",
-                   below_min ? " (below --min-workers)" : "",
-                   Terminal(state) || state == v1::JOB_STATE_UNSPECIFIED
-                       ? ""
-                       : absl::StrCat(" (the coordinator says ",
-                                      v1::JobState_Name(state), ")"),
-                   ": worker run(s) lost: ", lost_text, "; exit status ",
-                   failed_status, " (worker ", failed.index, "'s)"));
+  std::vector<std::string> why;
+  if (below_min) why.push_back("below --min-workers");
+  if (!Terminal(state) && state != v1::JOB_STATE_UNSPECIFIED) {
+    why.push_back(
+        absl::StrCat("the coordinator says ", v1::JobState_Name(state)));
+  }
+  why.push_back(absl::StrCat("worker run(s) lost: ", lost_text));
+  Say(absl::StrCat(
+      "job ", job, " did not complete here: ", absl::StrJoin(why, "; "),
+      "; exit status ", failed_status, " (worker ", failed.index, "'s)"));
   return failed_status;
 }
 

@@ -302,7 +302,9 @@ def case_reform(ctx):
     name = "reform"
     history = os.path.join(ctx.tmp, "history")
     os.makedirs(history)
+    # All 3 form generation 1 (--settle-ms), however slowly one starts.
     cmd = train_cmd(ctx, 3, ["--min-workers", "2", "--job-id", "launcher-reform",
+                             "--settle-ms", "20000",
                              "--heartbeat-interval-ms", "3000", "--heartbeat-timeout-ms", "30000",
                              "--history", history], epochs=20)
     env = dict(os.environ, OMP_NUM_THREADS="1", CONCORD_TEST_MIN_STEP_MS="4")
@@ -363,7 +365,7 @@ def case_reform(ctx):
               and "members" in e]
     ok = len(exited) == 1 and len(formed) == 1
     ctx.checks.check(ok, name + ": the coordinator took the worker out on concord-run's report",
-                     "failure events %s; generation 2 %s" % (
+                     "" if ok else "failure events %s; generation 2 %s" % (
                          [e for e in events if e.get("event") == "failure"], formed))
     if ok:
         reform = formed[0]["time_us"] / 1e6 - t0
@@ -373,7 +375,7 @@ def case_reform(ctx):
         ctx.checks.check(reform < 3.0 and len(formed[0]["members"]) == 2,
                          name + ": generation 2 formed with 2 members %.0f ms after the kill "
                          "(reported after %.0f ms; heartbeat timeout 30 s)"
-                         % (reform * 1e3, report * 1e3), str(formed[0]))
+                         % (reform * 1e3, report * 1e3), "" if reform < 3.0 else str(formed[0]))
 
 
 def case_below_min(ctx):
@@ -386,7 +388,7 @@ def case_below_min(ctx):
     ctx.checks.check(rc == 128 + signal.SIGKILL and not timed_out,
                      name + ": exit 137 (the worker that failed for good)", detail)
     ctx.checks.check("fewer than --min-workers 2" in err and
-                     "job launcher-below-min did not complete here (below --min-workers)" in err,
+                     "job launcher-below-min did not complete here: below --min-workers; " in err,
                      name + ": says why", detail)
 
 
@@ -437,8 +439,9 @@ def main():
             f.write(DIER)
         if "exit" in groups:
             import fixtures  # torch: only for the training jobs
-            ctx.model, ctx.data = fixtures.make_fixture(os.path.join(ctx.tmp, "mlp"), "mlp",
-                                                        160, 3)
+            # No BatchNorm: an epoch's last window may give a rank one sample.
+            ctx.model, ctx.data = fixtures.make_fixture(os.path.join(ctx.tmp, "mlp"),
+                                                        "mlp-plain", 160, 3)
         for group in groups:
             for case, fn in GROUPS[group]:
                 if args.case and case not in args.case:
