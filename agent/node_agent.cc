@@ -45,7 +45,17 @@ grpc::ServerUnaryReactor* NodeAgent::Impl::Leave(
     v1::LeaveResponse* response) {
   return Forward(context, [=](v1::WorkerService::Stub* stub,
                               grpc::ClientContext* c, auto done) {
-    stub->async()->Leave(c, request, response, std::move(done));
+    stub->async()->Leave(
+        c, request, response, [=, done = std::move(done)](grpc::Status s) {
+          if (s.ok()) {  // the job's news (JobNews)
+            std::lock_guard<std::mutex> lock(mu_);
+            Heard(request->job_id(), response->state());
+            if (request->reason() == v1::LEAVE_REASON_COMPLETED) {
+              news_[request->job_id()].completed = true;
+            }
+          }
+          done(std::move(s));
+        });
   });
 }
 
@@ -113,6 +123,10 @@ void NodeAgent::Impl::Shutdown() {
   }
   CancelStreams();
   if (flusher_.joinable()) flusher_.join();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    exits_cv_.notify_all();
+  }
   for (auto& [worker, p] : unsent) {
     p.reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
                                    "the node agent is shutting down"));
@@ -150,5 +164,18 @@ const std::string& NodeAgent::address() const { return impl_->address(); }
 void NodeAgent::Shutdown() { impl_->Shutdown(); }
 
 NodeAgent::Counters NodeAgent::counters() const { return impl_->counters(); }
+
+bool NodeAgent::WorkerExited(const std::string& worker_id,
+                             const std::string& how) {
+  return impl_->WorkerExited(worker_id, how);
+}
+
+bool NodeAgent::AwaitExitReports(absl::Duration timeout) {
+  return impl_->AwaitExitReports(timeout);
+}
+
+NodeAgent::JobNews NodeAgent::job_news(const std::string& job_id) const {
+  return impl_->job_news(job_id);
+}
 
 }  // namespace concord::agent

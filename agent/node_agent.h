@@ -34,6 +34,16 @@
 // Workers started without an agent talk to the coordinator themselves;
 // both kinds mix in one job.
 //
+// The agent that launched its workers (concord-run) also tells the
+// coordinator the moment one of them exits (WorkerExited: it reaped the
+// process), on the job's Node stream with the secret of the worker's own
+// accepted Join, so that the job re-forms without it at once rather than
+// after its heartbeat timeout (Note [Exited workers] in
+// coordinator/core/core.h). And it remembers what the coordinator said of
+// each job in its answers (JobNews), which is how concord-run knows whether
+// the job completed when its workers are done (Note [Exit status] in
+// tools/launcher.h).
+//
 // Errors reach the worker as the coordinator gave them; a coordinator the
 // agent cannot reach is UNAVAILABLE (the worker's client retries, and the
 // agent moves to the next replica of a replicated coordinator).
@@ -46,6 +56,7 @@
 #include "absl/time/time.h"
 #include "agent/heartbeat_batcher.h"
 #include "common/tls.h"
+#include "concord/v1/worker.pb.h"
 
 namespace concord::agent {
 
@@ -79,6 +90,31 @@ class NodeAgent {
   // stops serving. Idempotent.
   void Shutdown();
 
+  // Note [Exited workers]: the process of worker `worker_id` (a worker of
+  // this node's, by the id its launcher gave it in CONCORD_WORKER_ID) has
+  // exited, `how` ("killed by signal 9 (SIGKILL)"). If the coordinator
+  // accepted a Join of that worker through this agent, the exit goes out at
+  // once on its job's Node stream and true is returned; otherwise (it never
+  // joined, or the agent is shutting down) nothing goes out. Its answer
+  // updates the job's news; a refusal is logged. Thread-safe.
+  bool WorkerExited(const std::string& worker_id, const std::string& how);
+  // Waits until every exit report sent so far is answered (or its stream
+  // ended), at most `timeout`; whether all were.
+  bool AwaitExitReports(absl::Duration timeout);
+
+  // What the coordinator said of a job in its answers to this agent's
+  // workers: the newest state of a heartbeat answer, a membership view, a
+  // Leave answer or an exit report's answer (a terminal state, once heard,
+  // is kept), with the failure reason of a view or an exit answer; and
+  // whether a worker's Leave(COMPLETED) was accepted (its training finished
+  // with the rest of the job's, worker.proto).
+  struct JobNews {
+    v1::JobState state = v1::JOB_STATE_UNSPECIFIED;  // nothing heard
+    std::string failure;
+    bool completed = false;
+  };
+  JobNews job_news(const std::string& job_id) const;
+
   // What the agent carried so far.
   struct Counters {
     int64_t heartbeats = 0;         // workers' heartbeats carried
@@ -86,6 +122,7 @@ class NodeAgent {
     int64_t node_streams = 0;       // Node streams opened
     int64_t node_updates = 0;       // NodeUpdates received
     int64_t forwarded = 0;          // calls passed on, Joins included
+    int64_t exits = 0;              // exit reports sent
   };
   Counters counters() const;
 

@@ -15,6 +15,7 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -86,6 +87,14 @@ class NodeAgent::Impl final : public v1::WorkerService::CallbackService {
 
   void Shutdown();
 
+  bool WorkerExited(const std::string& worker_id, const std::string& how);
+  bool AwaitExitReports(absl::Duration timeout);
+  JobNews job_news(const std::string& job_id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = news_.find(job_id);
+    return it == news_.end() ? JobNews{} : it->second;
+  }
+
   Counters counters() const {
     Counters c;
     c.heartbeats = heartbeats_.load();
@@ -93,6 +102,7 @@ class NodeAgent::Impl final : public v1::WorkerService::CallbackService {
     c.node_streams = node_streams_.load();
     c.node_updates = node_updates_.load();
     c.forwarded = forwarded_.load();
+    c.exits = exits_.load();
     return c;
   }
 
@@ -184,6 +194,16 @@ class NodeAgent::Impl final : public v1::WorkerService::CallbackService {
   // With mu_ held: the node stream of `job_id`, opened if there is none.
   NodeStream* StreamFor(const std::string& job_id, Actions* after);
 
+  // With mu_ held: the coordinator said `state` (and `failure`) of
+  // `job_id`; a terminal state already heard is kept.
+  void Heard(const std::string& job_id, v1::JobState state,
+             const std::string& failure = "");
+  // With mu_ held: an exit report was answered, or lost with its stream.
+  void ExitAnswered() {
+    --exits_pending_;
+    exits_cv_.notify_all();
+  }
+
   void FlushLoop();
   struct PendingHeartbeat {
     const v1::HeartbeatRequest* request;
@@ -209,9 +229,20 @@ class NodeAgent::Impl final : public v1::WorkerService::CallbackService {
   int live_streams_ = 0;                        // not yet done
   std::condition_variable drained_;             // live_streams_ fell
   std::thread flusher_;
+  // Note [Exited workers]: the job and secret of each worker whose Join the
+  // coordinator accepted through this agent, until its exit is reported.
+  struct Known {
+    std::string job_id;
+    std::string secret;
+  };
+  std::map<std::string, Known> known_;
+  std::map<std::string, JobNews> news_;  // by job
+  uint64_t next_exit_ = 0;               // ExitedWorker ids
+  int exits_pending_ = 0;                // sent, not yet answered
+  std::condition_variable exits_cv_;     // exits_pending_ fell
 
   std::atomic<int64_t> heartbeats_{0}, batches_{0}, node_streams_{0},
-      node_updates_{0}, forwarded_{0};
+      node_updates_{0}, forwarded_{0}, exits_{0};
 };
 
 }  // namespace concord::agent

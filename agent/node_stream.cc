@@ -1,6 +1,8 @@
 // The Node stream of a job at the node agent, and the workers' Join and
 // WatchMembership calls it carries (Note [Node agents] in node_agent.h).
 
+#include <spdlog/spdlog.h>
+
 #include <map>
 #include <set>
 #include <string>
@@ -38,7 +40,13 @@ class NodeAgent::Impl::JoinCall final : public grpc::ServerUnaryReactor {
     if (answered_) return;
     answered_ = true;
     stream_ = nullptr;
-    if (result.code() == 0) *response_ = result.response();
+    if (result.code() == 0) {
+      *response_ = result.response();
+      // Note [Exited workers]: the coordinator bound the worker to this
+      // secret; its exit report will carry it.
+      agent_->known_[request_->worker_id()] =
+          Known{request_->spec().job_id(), request_->worker_secret()};
+    }
     after->Add(
         [this, s = grpc::Status(static_cast<grpc::StatusCode>(result.code()),
                                 result.message())] { Finish(s); });
@@ -238,6 +246,19 @@ class NodeAgent::Impl::NodeStream final
     queued_.add_cancel_joins(call->id());
     WriteQueued(after);
   }
+  // Note [Exited workers]: reports a worker's exit.
+  void AddExit(const std::string& worker_id, const Known& known,
+               const std::string& how, Actions* after) {
+    const uint64_t id = ++agent_->next_exit_;
+    exits_[id] = worker_id;
+    ++agent_->exits_pending_;
+    v1::ExitedWorker* exited = queued_.add_exited();
+    exited->set_id(id);
+    exited->set_worker_id(worker_id);
+    exited->set_worker_secret(known.secret);
+    exited->set_how(how);
+    WriteQueued(after);
+  }
   void Remove(WatchCall* call, Actions* after) {
     const std::string& id = call->request().worker_id();
     auto it = watches_.find(id);
@@ -260,8 +281,10 @@ class NodeAgent::Impl::NodeStream final
       if (it == heartbeats_.end()) continue;
       const PendingHeartbeat p = it->second;
       heartbeats_.erase(it);
-      if (result.code() == 0)
+      if (result.code() == 0) {
+        agent_->Heard(job_id_, result.response().state());
         *p.response = std::move(*result.mutable_response());
+      }
       after.Add(
           [p, s = grpc::Status(static_cast<grpc::StatusCode>(result.code()),
                                result.message())] { p.reactor->Finish(s); });
@@ -272,7 +295,23 @@ class NodeAgent::Impl::NodeStream final
       it->second->Answer(result, &after);
       joins_.erase(it);
     }
+    for (const v1::ExitResult& result : read_.exited()) {
+      auto it = exits_.find(result.id());
+      if (it == exits_.end()) continue;
+      if (result.code() != 0) {
+        spdlog::warn(
+            "node agent: the coordinator refused the exit report of worker "
+            "{}: {}",
+            it->second, result.message());
+      }
+      agent_->Heard(job_id_, result.state(), result.failure());
+      exits_.erase(it);
+      agent_->ExitAnswered();
+    }
     for (const v1::WorkerView& view : read_.views()) {
+      if (view.code() == 0) {
+        agent_->Heard(job_id_, view.update().state(), view.update().failure());
+      }
       auto it = watches_.find(view.worker_id());
       if (it == watches_.end()) continue;
       WatchCall* call = it->second;
@@ -318,6 +357,11 @@ class NodeAgent::Impl::NodeStream final
                                    : status] { reactor->Finish(s); });
       }
       heartbeats_.clear();
+      // Reports not answered are lost with the stream: the coordinator's
+      // other rules (a lost watch, heartbeat_timeout) take those workers
+      // out.
+      for (size_t i = 0; i < exits_.size(); ++i) agent_->ExitAnswered();
+      exits_.clear();
       --agent_->live_streams_;
       agent_->drained_.notify_all();
       last = Unref();
@@ -338,7 +382,8 @@ class NodeAgent::Impl::NodeStream final
     if (writing_ || broken_) return;
     if (queued_.add_size() == 0 && queued_.remove_size() == 0 &&
         queued_.joins_size() == 0 && queued_.cancel_joins_size() == 0 &&
-        queued_.heartbeats_size() == 0 && queued_.job_id().empty()) {
+        queued_.heartbeats_size() == 0 && queued_.exited_size() == 0 &&
+        queued_.job_id().empty()) {
       return;
     }
     current_ = std::move(queued_);
@@ -368,6 +413,7 @@ class NodeAgent::Impl::NodeStream final
   std::map<std::string, WatchCall*> watches_;
   std::map<uint64_t, JoinCall*> joins_;              // sent, not yet answered
   std::map<uint64_t, PendingHeartbeat> heartbeats_;  // likewise
+  std::map<uint64_t, std::string> exits_;            // likewise: worker ids
   uint64_t next_heartbeat_ = 0;
   v1::NodeRequest queued_;   // not yet written
   v1::NodeRequest current_;  // the write in flight
@@ -481,6 +527,35 @@ NodeAgent::Impl::WatchMembership(grpc::CallbackServerContext* context,
     call->Attach(StreamFor(request->job_id(), &after), &after);
   }
   return call;
+}
+
+void NodeAgent::Impl::Heard(const std::string& job_id, v1::JobState state,
+                            const std::string& failure) {
+  if (state == v1::JOB_STATE_UNSPECIFIED) return;
+  JobNews& news = news_[job_id];
+  if (Terminal(news.state)) return;
+  news.state = state;
+  news.failure = failure;
+}
+
+bool NodeAgent::Impl::WorkerExited(const std::string& worker_id,
+                                   const std::string& how) {
+  Actions after;
+  std::lock_guard<std::mutex> lock(mu_);
+  batcher_.Forget(worker_id);
+  auto it = known_.find(worker_id);
+  if (it == known_.end() || stopping_) return false;
+  const Known known = std::move(it->second);
+  known_.erase(it);
+  ++exits_;
+  StreamFor(known.job_id, &after)->AddExit(worker_id, known, how, &after);
+  return true;
+}
+
+bool NodeAgent::Impl::AwaitExitReports(absl::Duration timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return exits_cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout),
+                            [this] { return exits_pending_ == 0; });
 }
 
 void NodeAgent::Impl::CancelStreams() {

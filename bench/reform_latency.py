@@ -7,6 +7,8 @@ Usage (Debian's python3, which has torch; build Concord first):
     /usr/bin/python3 bench/reform_latency.py --bin-dir build/bin
     /usr/bin/python3 bench/reform_latency.py --bin-dir build/bin --world-size 4 \\
         --kind mlp-large --repeat 3 --heartbeat-timeout-ms 2000,10000
+    /usr/bin/python3 bench/reform_latency.py --bin-dir build/bin --scenarios kill \\
+        --repeat 5 --heartbeat-timeout-ms 30000 [--no-agent]
 
 Scenarios (concord-run --standalone, concord-train on a fixture of
 tests/reference/fixtures.py):
@@ -19,8 +21,13 @@ tests/reference/fixtures.py):
           T0 while the job trains; the survivors' collectives fail at once
           (the kernel closes the dead process's sockets), they join the
           next generation, which forms once the coordinator has dropped the
-          dead member (its heartbeat timeout, counted from its last
-          heartbeat), and take the model from the authoritative rank.
+          dead member, and take the model from the authoritative rank.
+          Under concord-run's node agent (the default) concord-run reaps
+          the dead worker at once and tells the coordinator (Note [Exited
+          workers] in coordinator/core/core.h), which drops it then; with
+          --no-agent the coordinator drops it once its watch stream has
+          been lost for the grace (the heartbeat interval, clamped to
+          [100 ms, 1 s]; Note [Re-forming]), or at its heartbeat timeout.
           Reported: detect (T0 -> a survivor caught the failure), re-form
           (-> the next generation formed and connected), sync (-> model and
           state received), resume (T0 -> the first step after it done), for
@@ -72,12 +79,17 @@ def parse_args():
                    help="train this long before the SIGKILL")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=180)
+    p.add_argument("--scenarios", default="leave,kill,torchrun",
+                   help="comma-separated, of leave, kill, torchrun")
+    p.add_argument("--no-agent", action="store_true",
+                   help="concord-run --no-agent: every worker talks to the coordinator itself")
     return p.parse_args()
 
 
 def concord_cmd(args, model, data, extra_run, extra_train, metrics):
     return ([os.path.join(args.bin_dir, "concord-run"), "--standalone",
-             "--nproc", str(args.world_size)] + extra_run + ["--",
+             "--nproc", str(args.world_size)] + (["--no-agent"] if args.no_agent else []) +
+            extra_run + ["--",
             os.path.join(args.bin_dir, "concord-train"), "--model", model, "--data", data,
             "--batch-size", str(args.batch_size), "--log-interval", "1000000",
             "--loss", fixtures.default_loss(args.kind), "--metrics-out", metrics] + extra_train)
@@ -246,16 +258,23 @@ def main():
     try:
         model, data = fixtures.make_fixture(os.path.join(tmp, "fixture"), args.kind,
                                             args.samples, args.seed)
-        print("kind=%s, world size %d, batch %d per rank, %d run(s) each\n" % (
-            args.kind, args.world_size, args.batch_size, args.repeat), flush=True)
-        median_table("Concord, a rank leaves (uneven inputs): agreement -> survivors' next "
-                     "step done", [leave_once(args, model, data, tmp)
-                                   for _ in range(args.repeat)])
+        scenarios = args.scenarios.split(",")
+        print("kind=%s, world size %d, batch %d per rank, %d run(s) each, %s\n" % (
+            args.kind, args.world_size, args.batch_size, args.repeat,
+            "--no-agent" if args.no_agent else "through concord-run's node agent"), flush=True)
+        if "leave" in scenarios:
+            median_table("Concord, a rank leaves (uneven inputs): agreement -> survivors' next "
+                         "step done", [leave_once(args, model, data, tmp)
+                                       for _ in range(args.repeat)])
         for timeout_ms in [int(x) for x in args.heartbeat_timeout_ms.split(",")]:
+            if "kill" not in scenarios:
+                break
             median_table("Concord, SIGKILL of a worker (heartbeat timeout %d ms, interval %d "
                          "ms): T0 -> training resumed" % (timeout_ms, max(50, timeout_ms // 10)),
                          [kill_once(args, model, data, timeout_ms)
                           for _ in range(args.repeat)])
+        if "torchrun" not in scenarios:
+            return 0
         rows = [restart_all_once(args, model, tmp, i) for i in range(args.repeat)]
         median_table("PyTorch: restarting all %d workers (what torchrun does after detecting a "
                      "failure; its default detection is 5 s keep-alive x 3 = 15 s)"

@@ -30,16 +30,34 @@
 // files] in worker/trace/history.h) and a --standalone coordinator its own
 // to DIR/coordinator.history, for tests/history.py.
 //
-// Exit status: 0 when the last run of every local worker exits 0; otherwise
-// the first failing worker's status (128+signal for a signal), after its
-// stderr is shown. Usage errors: exit 2.
+// Output (Note [Worker output] in tools/launcher.h): every line of a
+// worker's stdout and stderr goes to concord-run's stdout and stderr
+// prefixed "[worker I] " (I its local index), whole lines only; with
+// --log-dir DIR each run's streams also go, as written, to
+// DIR/worker-I/run-R/stdout.log and stderr.log (R: 0 for the first run, 1
+// for the first restart, ...), and --console all|stdout|stderr|none says
+// what the terminal still gets. A worker's death is reported when it
+// happens, with the last lines of its stderr and whether it is restarted;
+// through the node agent the coordinator hears of it at once (Note [Exited
+// workers] in coordinator/core/core.h), so that the others re-form without
+// waiting for its heartbeat timeout.
+//
+// Exit status (Note [Exit status] in tools/launcher.h): 0 when the job
+// completed, judged from the job's state (the embedded coordinator's with
+// --standalone; through the agent, what the coordinator answered its
+// workers), with a summary line naming the worker runs lost on the way;
+// otherwise non-zero: the job failed or was stopped, this node's workers
+// failed for good while the job goes on elsewhere, or it fell below
+// --min-workers (the first worker that failed for good's status, 128+N for
+// signal N, else 1); 128+S when concord-run was stopped by signal S.
+// Without any word of the job's state (--no-agent with --coordinator, a
+// program that never joined) the local exit codes decide: 0 when the last
+// run of every local worker exited 0. Usage errors: exit 2, before any
+// worker starts.
 
 #include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/signalfd.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -47,11 +65,8 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
 #include <filesystem>
-#include <iostream>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -61,50 +76,39 @@
 #include "common/logging.h"
 #include "common/tls.h"
 #include "coordinator/server.h"
+#include "tools/launcher.h"
 #include "worker/trace/merge.h"
 
 namespace {
 
-struct Options {
-  bool standalone = false;
-  bool agent = true;  // serve the workers as their node agent
-  std::string coordinator;
-  int nproc = 0;
-  int min_workers = 0;  // 0: nproc
-  int max_workers = 0;  // 0: nproc
-  int max_restarts = 0;
-  int64_t settle_ms = 0;  // 0: the coordinator's default
-  std::string job_id;
-  int64_t heartbeat_interval_ms = 1000;
-  int64_t heartbeat_timeout_ms = 10000;
-  int64_t rendezvous_timeout_ms = 300000;
-  int64_t collective_timeout_ms = 300000;
-  std::string comm_host = "127.0.0.1";
-  std::string node_id;  // empty: the workers use the hostname
-  std::string token_file;
-  concord::TlsFiles tls;    // towards --coordinator; passed on to the workers
-  std::string trace;        // --trace FILE
-  std::string trace_parts;  // the workers' trace files go here
-  std::string history;      // --history DIR
-  std::vector<std::string> program;
-};
+using concord::launcher::Options;
+using concord::launcher::Say;
+using concord::launcher::UsageError;
 
-struct Worker {
-  int index = 0;
-  int restarts = 0;  // how many runs of this local worker came before
-  pid_t pid = -1;
-  int stderr_fd = -1;
-  std::string partial;             // stderr bytes after the last newline
-  std::deque<std::string> tail;    // last lines of stderr
-  std::optional<int> exit_status;  // once reaped
-};
+// The footer of --help (docs/cli.md is made of it): where the workers'
+// output goes and what the exit status says.
+constexpr char kFooter[] =
+    R"(Output: each line of a worker's stdout and stderr goes to concord-run's
+stdout and stderr as "[worker I] LINE" (I: the local index), whole lines
+only. With --log-dir DIR each run's output also goes, as written, to
+DIR/worker-I/run-R/stdout.log and stderr.log (R: 0 for the first run of local
+worker I, 1 for its first restart, ...); DIR is made if missing and must not
+hold a worker-I folder yet. A worker's death is reported when it happens,
+with the last lines of its stderr and whether it is restarted; the node agent
+tells the coordinator at once, so that the others re-form without waiting
+for its heartbeat timeout.
 
-constexpr size_t kTailLines = 40;
-
-[[noreturn]] void UsageError(const std::string& message) {
-  std::cerr << "concord-run: " << message << "\n";
-  std::exit(2);
-}
+Exit status: 0 when the job completed (its state at the coordinator: the
+embedded one with --standalone, else what the coordinator answered this
+node's workers through the agent; or a local worker's training finished with
+the job's), with a line naming the worker runs lost on the way. Otherwise
+non-zero: the job failed or was stopped, or this node's workers failed for
+good while it goes on elsewhere, or it fell below --min-workers: the status
+of the first local worker that failed for good (128+N for signal N), else 1.
+128+S when concord-run got signal S. With no word of the job's state
+(--no-agent with --coordinator, a program that never joined) the local exit
+codes decide: 0 when the last run of every local worker exited 0. 2: a usage
+error, before any worker starts.)";
 
 Options ParseArgs(int argc, char** argv) {
   // Everything after the first "--" is the program and its arguments.
@@ -116,6 +120,7 @@ Options ParseArgs(int argc, char** argv) {
     }
   }
   Options o;
+  std::string console = "all";
   CLI::App app{
       "Starts N workers of a training program and, with --standalone, a "
       "coordinator for them.\nUsage: concord-run [OPTIONS] -- PROGRAM "
@@ -180,6 +185,17 @@ Options ParseArgs(int argc, char** argv) {
                  "--standalone the coordinator's goes to "
                  "DIR/coordinator.history")
       ->check(CLI::ExistingDirectory);
+  app.add_option("--log-dir", o.log_dir,
+                 "also write each worker run's stdout and stderr, as written, "
+                 "to DIR/worker-I/run-R/stdout.log and stderr.log (made if "
+                 "missing; must not hold worker-I folders yet)");
+  app.add_option("--console", console,
+                 "which of the workers' streams concord-run's own stdout and "
+                 "stderr show, prefixed \"[worker I] \"; hiding one needs "
+                 "--log-dir")
+      ->check(CLI::IsMember({"all", "stdout", "stderr", "none"}))
+      ->capture_default_str();
+  app.footer(kFooter);
   try {
     app.parse(split, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -225,277 +241,16 @@ Options ParseArgs(int argc, char** argv) {
   if (o.heartbeat_timeout_ms <= o.heartbeat_interval_ms) {
     UsageError("--heartbeat-timeout-ms must exceed --heartbeat-interval-ms");
   }
+  o.console = console == "all"      ? concord::launcher::kConsoleAll
+              : console == "stdout" ? concord::launcher::kConsoleStdout
+              : console == "stderr" ? concord::launcher::kConsoleStderr
+                                    : concord::launcher::kConsoleNone;
+  if (o.console != concord::launcher::kConsoleAll && o.log_dir.empty()) {
+    UsageError("--console " + console +
+               " hides the workers' output: give --log-dir too");
+  }
   return o;
 }
-
-std::string Hostname() {
-  char host[256] = {0};
-  gethostname(host, sizeof(host) - 1);
-  return host;
-}
-
-std::vector<std::string> WorkerEnv(const Options& o,
-                                   const std::string& coordinator, int index,
-                                   int restarts) {
-  std::vector<std::string> env;
-  for (char** e = environ; *e != nullptr; ++e) {
-    // The job's settings are concord-run's to give; test hooks, the
-    // device and the backend (Note [Worker device]), the shared-memory
-    // switch (Note [Shared-memory allreduce]) and the library's log level
-    // (Note [Library logging]) pass.
-    if ((std::strncmp(*e, "CONCORD_", 8) != 0 ||
-         std::strncmp(*e, "CONCORD_TEST_", 13) == 0 ||
-         std::strncmp(*e, "CONCORD_DEVICE=", 15) == 0 ||
-         std::strncmp(*e, "CONCORD_BACKEND=", 16) == 0 ||
-         std::strncmp(*e, "CONCORD_SHM=", 12) == 0 ||
-         std::strncmp(*e, "CONCORD_LOG_LEVEL=", 18) == 0) &&
-        std::strncmp(*e, "LOCAL_RANK=", 11) != 0 &&
-        std::strncmp(*e, "LOCAL_WORLD_SIZE=", 17) != 0) {
-      env.emplace_back(*e);
-    }
-  }
-  env.push_back("CONCORD_COORDINATOR=" + coordinator);
-  env.push_back("CONCORD_TOKEN_FILE=" + o.token_file);
-  // Through the agent, TLS is the agent's business.
-  for (auto [name, path] : {std::pair{"CONCORD_TLS_CA=", &o.tls.ca},
-                            std::pair{"CONCORD_TLS_CERT=", &o.tls.cert},
-                            std::pair{"CONCORD_TLS_KEY=", &o.tls.key}}) {
-    if (!path->empty() && !o.agent) env.push_back(name + *path);
-  }
-  env.push_back("CONCORD_JOB_ID=" + o.job_id);
-  env.push_back(absl::StrCat("CONCORD_MIN_WORKERS=", o.min_workers));
-  env.push_back(absl::StrCat("CONCORD_MAX_WORKERS=", o.max_workers));
-  if (o.settle_ms > 0) {
-    env.push_back(absl::StrCat("CONCORD_SETTLE_MS=", o.settle_ms));
-  }
-  // The worker's index on this node: a CUDA worker's device is
-  // cuda:<local rank> (Note [Worker device] in worker/device.h). torchrun's
-  // names too, for programs written against them.
-  env.push_back(absl::StrCat("CONCORD_LOCAL_RANK=", index));
-  env.push_back(absl::StrCat("LOCAL_RANK=", index));
-  env.push_back(absl::StrCat("LOCAL_WORLD_SIZE=", o.nproc));
-  env.push_back(absl::StrCat("CONCORD_RESTART_COUNT=", restarts));
-  // Unique in the job across machines and launchers: the host, this
-  // launcher's pid, the local index; a restarted worker is a new member (a
-  // new process, a new secret), with an id of its own.
-  const std::string worker_id =
-      absl::StrCat(o.job_id, "-", Hostname(), "-", getpid(), "-w", index,
-                   restarts > 0 ? absl::StrCat("-r", restarts) : "");
-  env.push_back("CONCORD_WORKER_ID=" + worker_id);
-  env.push_back("CONCORD_COMM_HOST=" + o.comm_host);
-  if (!o.node_id.empty()) env.push_back("CONCORD_NODE_ID=" + o.node_id);
-  env.push_back(
-      absl::StrCat("CONCORD_HEARTBEAT_INTERVAL_MS=", o.heartbeat_interval_ms));
-  env.push_back(
-      absl::StrCat("CONCORD_HEARTBEAT_TIMEOUT_MS=", o.heartbeat_timeout_ms));
-  env.push_back(
-      absl::StrCat("CONCORD_RENDEZVOUS_TIMEOUT_MS=", o.rendezvous_timeout_ms));
-  env.push_back(
-      absl::StrCat("CONCORD_COLLECTIVE_TIMEOUT_MS=", o.collective_timeout_ms));
-  if (!o.trace_parts.empty()) {
-    env.push_back(absl::StrCat("CONCORD_TRACE_FILE=", o.trace_parts, "/worker-",
-                               index, "-run-", restarts, ".json"));
-  }
-  if (!o.history.empty()) {
-    env.push_back(absl::StrCat("CONCORD_HISTORY_FILE=", o.history, "/",
-                               worker_id, ".history"));
-  }
-  return env;
-}
-
-// Forks and execs one worker with its stderr on a pipe. Signals blocked in
-// the parent are unblocked in the child; the child dies with the parent.
-Worker Spawn(const Options& o, const std::string& coordinator, int index,
-             int restarts, const sigset_t& parent_mask) {
-  int fds[2];
-  if (pipe2(fds, O_CLOEXEC) != 0) {
-    std::cerr << "concord-run: pipe: " << std::strerror(errno) << "\n";
-    std::exit(1);
-  }
-  std::vector<std::string> env = WorkerEnv(o, coordinator, index, restarts);
-  std::vector<char*> envp;
-  for (auto& e : env) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  std::vector<std::string> args = o.program;
-  std::vector<char*> argvp;
-  for (auto& a : args) argvp.push_back(a.data());
-  argvp.push_back(nullptr);
-
-  const pid_t parent = getpid();
-  const pid_t pid = fork();
-  if (pid < 0) {
-    std::cerr << "concord-run: fork: " << std::strerror(errno) << "\n";
-    std::exit(1);
-  }
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(1);
-    sigprocmask(SIG_SETMASK, &parent_mask, nullptr);
-    dup2(fds[1], STDERR_FILENO);
-    execvpe(argvp[0], argvp.data(), envp.data());
-    // Only async-signal-safe calls between fork and exec.
-    const char* parts[] = {"concord-run: cannot run '", argvp[0],
-                           "': ", strerror(errno), "\n"};
-    for (const char* part : parts) {
-      (void)!write(STDERR_FILENO, part, strlen(part));
-    }
-    _exit(127);
-  }
-  close(fds[1]);
-  Worker w;
-  w.index = index;
-  w.restarts = restarts;
-  w.pid = pid;
-  w.stderr_fd = fds[0];
-  return w;
-}
-
-// What a forwarded line starts with: on a terminal, back to the line's
-// start and erase it, so that a worker's progress bar (drawn in place on
-// the shared terminal, see concord-train) does not run into the line; the
-// worker draws its bar again on its next update.
-const char* LineStart() {
-  static const char* start = isatty(STDERR_FILENO) == 1 ? "\r\x1b[K" : "";
-  return start;
-}
-
-// Forwards complete stderr lines, prefixed with the worker's index, and keeps
-// the last ones. Returns false at end of file.
-bool PumpStderr(Worker& w) {
-  char buf[4096];
-  const ssize_t n = read(w.stderr_fd, buf, sizeof(buf));
-  if (n <= 0) {
-    if (n < 0 && errno == EINTR) return true;
-    if (!w.partial.empty()) {
-      std::cerr << LineStart() << "[worker " << w.index << "] " << w.partial
-                << "\n";
-      w.tail.push_back(w.partial);
-      w.partial.clear();
-    }
-    close(w.stderr_fd);
-    w.stderr_fd = -1;
-    return false;
-  }
-  w.partial.append(buf, static_cast<size_t>(n));
-  size_t start = 0;
-  for (size_t nl; (nl = w.partial.find('\n', start)) != std::string::npos;
-       start = nl + 1) {
-    std::string line = w.partial.substr(start, nl - start);
-    std::cerr << LineStart() << "[worker " << w.index << "] " << line << "\n";
-    w.tail.push_back(std::move(line));
-    if (w.tail.size() > kTailLines) w.tail.pop_front();
-  }
-  w.partial.erase(0, start);
-  return true;
-}
-
-int StatusOf(int wait_status) {
-  if (WIFEXITED(wait_status)) return WEXITSTATUS(wait_status);
-  if (WIFSIGNALED(wait_status)) return 128 + WTERMSIG(wait_status);
-  return 1;
-}
-
-int Supervise(const Options& o, const std::string& coordinator,
-              const sigset_t& parent_mask, std::vector<Worker>& workers,
-              int signal_fd) {
-  std::optional<size_t> first_failure;  // index into `workers`
-  bool terminating = false;
-  absl::Time kill_at = absl::InfiniteFuture();
-  auto terminate_all = [&](int sig) {
-    for (auto& w : workers) {
-      if (!w.exit_status) kill(w.pid, sig);
-    }
-  };
-  for (;;) {
-    // Reap; restart what failed while restarts are left.
-    const size_t count = workers.size();
-    for (size_t i = 0; i < count; ++i) {
-      Worker& w = workers[i];
-      if (w.exit_status) continue;
-      int status = 0;
-      if (waitpid(w.pid, &status, WNOHANG) != w.pid) continue;
-      w.exit_status = StatusOf(status);
-      if (*w.exit_status == 0 || terminating) continue;
-      if (w.restarts < o.max_restarts) {
-        std::cerr << "concord-run: worker " << w.index << " (pid " << w.pid
-                  << ") failed with exit status " << *w.exit_status
-                  << "; restarting it (" << w.restarts + 1 << " of "
-                  << o.max_restarts << ")\n";
-        const int index = w.index, restarts = w.restarts + 1;
-        workers.push_back(Spawn(o, coordinator, index, restarts, parent_mask));
-      } else if (!first_failure) {
-        first_failure = i;
-      }
-    }
-    bool all_done = true;
-    bool finished = false;  // a worker is done training: so is the job
-    int alive = 0;          // local workers still running
-    for (auto& w : workers) {
-      all_done = all_done && w.exit_status && w.stderr_fd < 0;
-      if (!w.exit_status) ++alive;
-      if (w.exit_status && *w.exit_status == 0) finished = true;
-    }
-    if (all_done) break;
-    // A worker that failed for good: the others go on while the job can
-    // still have min_workers members (with more workers elsewhere, the
-    // coordinator decides; its rendezvous timeout ends the job).
-    if (first_failure && !terminating && !finished && alive > 0 &&
-        alive < o.min_workers && o.standalone) {
-      std::cerr << "concord-run: " << alive << " worker(s) left, fewer than "
-                << "--min-workers " << o.min_workers << "; stopping them\n";
-      terminating = true;
-      terminate_all(SIGTERM);
-      kill_at = absl::Now() + absl::Seconds(5);
-    }
-    if (terminating && absl::Now() > kill_at) {
-      terminate_all(SIGKILL);
-      kill_at = absl::InfiniteFuture();
-    }
-    std::vector<pollfd> fds;
-    std::vector<Worker*> owners;
-    for (auto& w : workers) {
-      if (w.stderr_fd >= 0) {
-        fds.push_back({w.stderr_fd, POLLIN, 0});
-        owners.push_back(&w);
-      }
-    }
-    fds.push_back({signal_fd, POLLIN, 0});
-    poll(fds.data(), fds.size(), 100);
-    for (size_t i = 0; i < owners.size(); ++i) {
-      if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) PumpStderr(*owners[i]);
-    }
-    if (fds.back().revents & POLLIN) {
-      signalfd_siginfo info;
-      if (read(signal_fd, &info, sizeof(info)) == sizeof(info) &&
-          info.ssi_signo != SIGCHLD) {
-        std::cerr << "concord-run: got signal " << info.ssi_signo
-                  << "; stopping workers\n";
-        terminate_all(static_cast<int>(info.ssi_signo));
-        if (!terminating) {
-          terminating = true;
-          kill_at = absl::Now() + absl::Seconds(10);
-        }
-      }
-    }
-  }
-  if (!first_failure) {
-    // The last run of every local worker decides.
-    std::vector<const Worker*> last(static_cast<size_t>(o.nproc), nullptr);
-    for (const auto& w : workers) last[static_cast<size_t>(w.index)] = &w;
-    for (const Worker* w : last) {
-      if (w != nullptr && *w->exit_status != 0) return *w->exit_status;
-    }
-    return 0;
-  }
-  const Worker& failed = workers[*first_failure];
-  std::cerr << "concord-run: worker " << failed.index << " (pid " << failed.pid
-            << ") failed with exit status " << *failed.exit_status
-            << "; the last lines of its stderr:\n";
-  for (const auto& line : failed.tail) std::cerr << "  " << line << "\n";
-  return *failed.exit_status;
-}
-
-}  // namespace
 
 // --trace FILE: checks that FILE can be written. Exits 2 otherwise.
 void CheckTrace(const Options& o) {
@@ -515,8 +270,8 @@ void CheckTrace(const Options& o) {
 bool MakeTraceParts(Options& o) {
   std::string dir = o.trace + ".parts-XXXXXX";
   if (mkdtemp(dir.data()) == nullptr) {
-    std::cerr << "concord-run: --trace " << o.trace << ": cannot make " << dir
-              << ": " << std::strerror(errno) << "\n";
+    Say(absl::StrCat("--trace ", o.trace, ": cannot make ", dir, ": ",
+                     std::strerror(errno)));
     return false;
   }
   o.trace_parts = dir;
@@ -535,25 +290,31 @@ bool MergeTrace(const Options& o) {
   std::sort(parts.begin(), parts.end());
   auto merged = concord::trace::MergeTraceFiles(parts, o.trace);
   if (merged.ok()) {
-    std::cerr << "concord-run: wrote the timeline of " << merged->files
-              << " worker run(s), " << merged->events << " events, to "
-              << o.trace;
-    if (merged->skipped_lines > 0) {
-      std::cerr << " (" << merged->skipped_lines
-                << " cut-off line(s) of killed workers left out)";
-    }
-    std::cerr << "\n";
+    Say(absl::StrCat("wrote the timeline of ", merged->files,
+                     " worker run(s), ", merged->events, " events, to ",
+                     o.trace,
+                     merged->skipped_lines > 0
+                         ? absl::StrCat(" (", merged->skipped_lines,
+                                        " cut-off line(s) of killed workers "
+                                        "left out)")
+                         : ""));
   } else {
-    std::cerr << "concord-run: " << merged.status().message() << "\n";
+    Say(merged.status().message());
   }
   fs::remove_all(o.trace_parts, ec);
   return merged.ok();
 }
 
+}  // namespace
+
 int main(int argc, char** argv) {
   Options options = ParseArgs(argc, argv);
   concord::InitLogging("concord-run", "warn");
   if (!options.trace.empty()) CheckTrace(options);
+  if (!options.log_dir.empty()) concord::launcher::PrepareLogDir(options);
+  // A console that went away (a closed pipe) is not written to again; the
+  // job goes on (Note [Worker output]).
+  signal(SIGPIPE, SIG_IGN);
 
   sigset_t mask, old_mask;
   sigemptyset(&mask);
@@ -578,7 +339,7 @@ int main(int argc, char** argv) {
     // The workers read their token from a file only this user can read.
     std::string dir_template = "/tmp/concord-run-XXXXXX";
     if (mkdtemp(dir_template.data()) == nullptr) {
-      std::cerr << "concord-run: mkdtemp: " << std::strerror(errno) << "\n";
+      Say(absl::StrCat("mkdtemp: ", std::strerror(errno)));
       return 1;
     }
     token_dir = dir_template;
@@ -586,13 +347,13 @@ int main(int argc, char** argv) {
     const absl::Status written = concord::WriteTokenFile(
         options.token_file, server_options.worker_token);
     if (!written.ok()) {
-      std::cerr << "concord-run: " << written.message() << "\n";
+      Say(written.message());
       return 1;
     }
     auto started = concord::coordinator::Server::Start(server_options);
     if (!started.ok()) {
-      std::cerr << "concord-run: cannot start the coordinator: "
-                << started.status() << "\n";
+      Say(absl::StrCat("cannot start the coordinator: ",
+                       started.status().ToString()));
       return 1;
     }
     server = std::move(*started);
@@ -606,7 +367,7 @@ int main(int argc, char** argv) {
   if (options.agent) {
     std::string dir_template = "/tmp/concord-agent-XXXXXX";
     if (mkdtemp(dir_template.data()) == nullptr) {
-      std::cerr << "concord-run: mkdtemp: " << std::strerror(errno) << "\n";
+      Say(absl::StrCat("mkdtemp: ", std::strerror(errno)));
       return 1;
     }
     agent_dir = dir_template;
@@ -625,8 +386,8 @@ int main(int argc, char** argv) {
         absl::Milliseconds(options.heartbeat_timeout_ms);
     auto started = concord::agent::NodeAgent::Start(agent_options);
     if (!started.ok()) {
-      std::cerr << "concord-run: cannot start the node agent: "
-                << started.status() << "\n";
+      Say(absl::StrCat("cannot start the node agent: ",
+                       started.status().ToString()));
       rmdir(agent_dir.c_str());
       return 1;
     }
@@ -636,11 +397,34 @@ int main(int argc, char** argv) {
 
   int status = 1;
   if (options.trace.empty() || MakeTraceParts(options)) {
-    std::vector<Worker> workers;
-    for (int i = 0; i < options.nproc; ++i) {
-      workers.push_back(Spawn(options, coordinator, i, 0, old_mask));
-    }
-    status = Supervise(options, coordinator, old_mask, workers, signal_fd);
+    // Note [Exit status] in tools/launcher.h: the job's state as the
+    // embedded coordinator or the agent knows it.
+    concord::coordinator::Server* embedded = server.get();
+    concord::agent::NodeAgent* node_agent = agent.get();
+    const std::string job_id = options.job_id;
+    auto job_word = [embedded, node_agent, job_id] {
+      concord::launcher::JobWord word;
+      if (node_agent != nullptr) {
+        const auto news = node_agent->job_news(job_id);
+        if (news.state != concord::v1::JOB_STATE_UNSPECIFIED) {
+          word.state = news.state;
+          word.failure = news.failure;
+        }
+        word.completed = news.completed;
+      }
+      if (embedded != nullptr) {
+        embedded->host().Read([&](const concord::coordinator::Core& core) {
+          if (auto state = core.State(job_id)) {
+            word.state = *state;
+            word.failure = core.Failure(job_id);
+          }
+        });
+      }
+      return word;
+    };
+    concord::launcher::Supervisor supervisor{options,   coordinator, old_mask,
+                                             signal_fd, node_agent,  job_word};
+    status = supervisor.Run();
     if (!options.trace_parts.empty() && !MergeTrace(options) && status == 0) {
       status = 1;
     }

@@ -430,6 +430,48 @@ bool Core::CancelJoin(const std::string& job_id, const std::string& worker_id,
   return true;
 }
 
+absl::StatusOr<bool> Core::WorkerExited(const std::string& job_id,
+                                        const std::string& worker_id,
+                                        const std::string& secret,
+                                        const std::string& how) {
+  CONCORD_RETURN_IF_ERROR(ValidateExit(job_id, worker_id, secret, how));
+  Job* job = FindJob(job_id);
+  if (job == nullptr) return JobNotFound(job_id);
+  CONCORD_RETURN_IF_ERROR(CheckBinding(*job, worker_id, secret));
+  // Note [Exited workers]: late reports change nothing.
+  if (Ended(*job) || job->finished.count(worker_id) > 0) return false;
+  const std::string what = absl::StrCat("its process exited (", how,
+                                        "; reported by its node agent)");
+  if (job->waiting.Find(worker_id) != nullptr) {
+    const Placement before = PlacementOf(*job);
+    Forget(*job, worker_id);
+    job->bindings.erase(worker_id);
+    AddEvent(*job, "failure", worker_id,
+             absl::StrCat(what, " while waiting for a generation"));
+    WaitingChanged(*job, before);
+    return true;
+  }
+  if (job->expected.Find(worker_id) != nullptr) {
+    Forget(*job, worker_id);
+    job->bindings.erase(worker_id);
+    AddEvent(*job, "failure", worker_id,
+             absl::StrFormat("did not join again after generation %d ended: %s",
+                             job->generation, what));
+    MaybeFormGeneration(*job);
+    Changed(*job);
+    return true;
+  }
+  const std::optional<size_t> member = MemberIndex(*job, worker_id);
+  if (!member.has_value() || job->members[*member].completed) return false;
+  AddEvent(*job, "failure", worker_id, what);
+  job->bindings.erase(worker_id);
+  EndGeneration(*job, absl::StrCat("worker ", worker_id, " exited (", how, ")"),
+                {worker_id});
+  MaybeFormGeneration(*job);
+  Changed(*job);
+  return true;
+}
+
 void Core::Withdraw(Job& job, const std::string& worker_id, int64_t step,
                     const v1::LeaveRequest& request, const std::string& what,
                     const std::string& out_of_data_when,

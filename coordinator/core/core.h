@@ -144,6 +144,31 @@
 //    boundary to let them in. Every Join changes the membership version, so
 //    watchers see it change.
 //
+// Note [Exited workers]: a launcher that is its workers' node agent
+// (concord-run) sees a worker process exit the instant it reaps it, and says
+// so on its Node stream (agent.proto's ExitedWorker), naming the worker with
+// the secret its calls carried (Note [Worker binding]: the agent learned it
+// from the worker's accepted Join, and the coordinator checks it as for any
+// call of the worker). Unlike a lost watch stream (Note [Re-forming]) this
+// is no guess: the process is gone. So the worker is taken out at once, as
+// its failed Leave or its heartbeat timeout would take it out:
+//  - a member of the running generation that had not completed: a
+//    "failure" event, its binding released, the generation ends without it
+//    (the others are expected survivors) and the next one forms as soon as
+//    they are back (Note [Formation]), not after heartbeat_timeout;
+//  - an expected survivor not back yet: dropped (a "failure" event, binding
+//    released), which may let the next generation form at once;
+//  - a waiting worker (a survivor already back too): withdrawn (a "failure"
+//    event, binding released), which may let a generation form;
+//  - anything else (a worker that completed, ran out of data, was dropped or
+//    drained already, an id the job does not hold, a job that has ended):
+//    nothing changes, and that is no error (the report came late).
+// A malformed report is INVALID_ARGUMENT, a secret that is not the worker's
+// PERMISSION_DENIED, an unknown job NOT_FOUND; none changes anything. Each
+// change is persisted and written to the history like any other (Note
+// [Coordinator history]). The service accepts a report only for a worker
+// whose calls that Node stream carried (agent_service.h).
+//
 // Note [Persistence]: every change except a plain heartbeat (or a stale one
 // that refreshes an expected survivor) marks its job dirty; the service
 // writes dirty jobs (ExportJob) to its Store before it answers. An arrival
@@ -269,6 +294,16 @@ class Core {
   bool CancelJoin(const std::string& job_id, const std::string& worker_id,
                   uint64_t call);
 
+  // Note [Exited workers]: the process of `worker_id` (bound to `secret`)
+  // exited, `how` (for the event). Returns whether anything changed.
+  // Errors: INVALID_ARGUMENT (malformed ids, secret or `how`), NOT_FOUND
+  // (unknown job), PERMISSION_DENIED (the worker is bound to another
+  // secret); none changes anything.
+  absl::StatusOr<bool> WorkerExited(const std::string& job_id,
+                                    const std::string& worker_id,
+                                    const std::string& secret,
+                                    const std::string& how);
+
   // The worker's place in the current generation, or nullopt while the
   // rendezvous is still open. NOT_FOUND for an unknown job/worker;
   // FAILED_PRECONDITION when the job has failed or was stopped.
@@ -389,6 +424,8 @@ class Core {
   // The number of the job's last event (0: none, or no such job).
   int64_t LastEventSeq(const std::string& job_id) const;
   std::optional<v1::JobState> State(const std::string& job_id) const;
+  // Why the job failed or was stopped ("" otherwise, or no such job).
+  std::string Failure(const std::string& job_id) const;
   int64_t CurrentGeneration(const std::string& job_id) const;
   size_t job_count() const { return jobs_.size(); }
 

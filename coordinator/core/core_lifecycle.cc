@@ -560,6 +560,11 @@ std::optional<v1::JobState> Core::State(const std::string& job_id) const {
   return job->state;
 }
 
+std::string Core::Failure(const std::string& job_id) const {
+  const Job* job = FindJob(job_id);
+  return job == nullptr ? std::string() : job->failure;
+}
+
 int64_t Core::CurrentGeneration(const std::string& job_id) const {
   const Job* job = FindJob(job_id);
   return job == nullptr ? 0 : job->generation;

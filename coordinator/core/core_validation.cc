@@ -332,6 +332,13 @@ absl::Status ValidateRequest(const v1::EndOfDataRequest& r) {
   return NonNegative("last_step", r.last_step());
 }
 
+absl::Status ValidateExit(const std::string& job_id,
+                          const std::string& worker_id,
+                          const std::string& secret, const std::string& how) {
+  CONCORD_RETURN_IF_ERROR(ValidateCaller(job_id, worker_id, secret));
+  return ValidText("how", how, kMaxMessageLength);
+}
+
 absl::Status ValidateRequest(const v1::GetJobRequest& r) {
   return ValidateId("job_id", r.job_id());
 }

@@ -7,10 +7,11 @@
 //   concord_store_errors_total              counter
 //   concord_node_messages_total{kind}       counter: node agents' messages
 //                                           on Node streams (kind "joins",
-//                                           "heartbeats", "watch": what
-//                                           they carried)
-//   concord_node_items_total{kind}          counter: the joins, heartbeats
-//                                           and watch changes they carried
+//                                           "heartbeats", "watch", "exits":
+//                                           what they carried)
+//   concord_node_items_total{kind}          counter: the joins, heartbeats,
+//                                           watch changes and exit reports
+//                                           they carried
 //
 // The per-job series (concord_jobs, concord_job_*) are read from the core at
 // scrape time: jobs_collector.h.

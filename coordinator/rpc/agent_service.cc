@@ -2,12 +2,15 @@
 
 #include <map>
 #include <memory>
+#include <optional>
+#include <set>
 #include <string>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "coordinator/core/core_validation.h"
 #include "coordinator/rpc/service.h"
 
 namespace concord::coordinator {
@@ -176,7 +179,8 @@ class NodeCall final
            {std::pair<const char*, int>{
                 "joins", request_.joins_size() + request_.cancel_joins_size()},
             {"heartbeats", request_.heartbeats_size()},
-            {"watch", request_.add_size() + request_.remove_size()}}) {
+            {"watch", request_.add_size() + request_.remove_size()},
+            {"exits", request_.exited_size()}}) {
         if (items > 0) metrics_->RecordNodeMessage(kind, items);
       }
     }
@@ -194,10 +198,11 @@ class NodeCall final
     if (workers_.size() + request_.add_size() >
             static_cast<size_t>(AgentServiceImpl::kMaxWorkers) ||
         request_.joins_size() > AgentServiceImpl::kMaxWorkers ||
-        request_.heartbeats_size() > AgentServiceImpl::kMaxWorkers) {
+        request_.heartbeats_size() > AgentServiceImpl::kMaxWorkers ||
+        request_.exited_size() > AgentServiceImpl::kMaxWorkers) {
       return absl::InvalidArgumentError(absl::StrCat(
           "a node stream carries at most ", AgentServiceImpl::kMaxWorkers,
-          " workers (watches, joins or heartbeats at once)"));
+          " workers (watches, joins, heartbeats or exits at once)"));
     }
     for (const std::string& id : request_.remove()) {
       auto it = workers_.find(id);
@@ -226,6 +231,7 @@ class NodeCall final
         status = absl::UnavailableError("the coordinator is shutting down");
       } else {
         status = core.Join(join.request(), &pending.call);
+        if (status.ok()) Carry(join.request().worker_id());
       }
       if (!status.ok()) {
         v1::JoinResult* result = refused.add_joins();
@@ -247,6 +253,7 @@ class NodeCall final
                     "a heartbeat for job '", heartbeat.request().job_id(),
                     "' on the node stream of job '", job_id_, "'"));
       if (answer.ok()) {
+        Carry(heartbeat.request().worker_id());
         *result->mutable_response() = *std::move(answer);
       } else {
         result->set_code(static_cast<int>(answer.status().code()));
@@ -261,8 +268,47 @@ class NodeCall final
       w.request.set_worker_secret(add.worker_secret());
       w.request.set_include_members(add.include_members());
       w.sent = false;  // (again) from its first view
+      Carry(add.worker_id());
+    }
+    for (const v1::ExitedWorker& exited : request_.exited()) {
+      Exited(core, exited);
     }
     return absl::OkStatus();
+  }
+
+  // With the host's mutex held: `worker_id` has calls on this stream, so
+  // its agent may report its exit.
+  void Carry(const std::string& worker_id) {
+    if (carried_.size() < kMaxCarried) carried_.insert(worker_id);
+  }
+
+  // With the host's mutex held: Note [Exited workers] in core.h. Answered at
+  // once, with the job's state after it; refused alone when malformed or
+  // for a worker this stream never carried.
+  void Exited(Core& core, const v1::ExitedWorker& exited) {
+    absl::Status status = ValidateId("worker_id", exited.worker_id());
+    if (status.ok() && carried_.count(exited.worker_id()) == 0) {
+      status = absl::PermissionDeniedError(absl::StrCat(
+          "worker ", exited.worker_id(),
+          " has no calls on this node stream: an agent reports the exits of "
+          "its own workers only"));
+    }
+    if (status.ok()) {
+      status = core.WorkerExited(job_id_, exited.worker_id(),
+                                 exited.worker_secret(), exited.how())
+                   .status();
+    }
+    if (status.ok()) carried_.erase(exited.worker_id());
+    v1::NodeUpdate out;
+    v1::ExitResult* result = out.add_exited();
+    result->set_id(exited.id());
+    result->set_code(static_cast<int>(status.code()));
+    result->set_message(std::string(status.message()));
+    if (std::optional<v1::JobState> state = core.State(job_id_)) {
+      result->set_state(*state);
+      result->set_failure(core.Failure(job_id_));
+    }
+    Queue(std::move(out));
   }
 
   // With the host's mutex held: `out` goes with the next write.
@@ -277,13 +323,17 @@ class NodeCall final
     for (v1::HeartbeatResult& heartbeat : *out.mutable_heartbeats()) {
       *pending_joins_.add_heartbeats() = std::move(heartbeat);
     }
+    for (v1::ExitResult& exited : *out.mutable_exited()) {
+      *pending_joins_.add_exited() = std::move(exited);
+    }
     if (!writing_) WritePending();
   }
 
   // With the host's mutex held and no write in flight.
   void WritePending() {
     if (pending_views_.empty() && pending_joins_.joins_size() == 0 &&
-        pending_joins_.heartbeats_size() == 0) {
+        pending_joins_.heartbeats_size() == 0 &&
+        pending_joins_.exited_size() == 0) {
       return;
     }
     current_ = std::move(pending_joins_);
@@ -334,9 +384,13 @@ class NodeCall final
   std::string job_id_;
   std::map<std::string, Watched> workers_;
   std::map<uint64_t, PendingJoin> joins_;  // by the agent's id
+  // Workers whose calls this stream carried (Carry), the only ones whose
+  // exits its agent may report; bounded by kMaxCarried.
+  static constexpr size_t kMaxCarried = 4 * AgentServiceImpl::kMaxWorkers;
+  std::set<std::string> carried_;
   // To write next: views (newest a worker), join and heartbeat answers.
   std::map<std::string, v1::WorkerView> pending_views_;
-  v1::NodeUpdate pending_joins_;  // the answers
+  v1::NodeUpdate pending_joins_;  // the answers (joins, heartbeats, exits)
   v1::NodeUpdate current_;        // the write in flight
   CoreHost::WaiterId view_id_ = 0, placement_id_ = 0;
   bool writing_ = false;

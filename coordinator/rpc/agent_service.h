@@ -19,8 +19,8 @@ namespace concord::coordinator {
 
 class AgentServiceImpl final : public v1::AgentService::CallbackService {
  public:
-  // The most workers one Node stream may watch, and the most joins or
-  // heartbeats one of its messages may carry.
+  // The most workers one Node stream may watch, and the most joins,
+  // heartbeats or exit reports one of its messages may carry.
   static constexpr int kMaxWorkers = 4096;
 
   // All must outlive the service; `metrics` may be null.
@@ -38,6 +38,11 @@ class AgentServiceImpl final : public v1::AgentService::CallbackService {
   // computed, and as closed (lost) when the agent removes it or the stream
   // breaks; not when the coordinator shuts down. A join the agent cancels, or
   // still pending when the stream ends, is withdrawn (Core::CancelJoin).
+  // An exit report (Note [Exited workers] in core.h) goes through
+  // Core::WorkerExited and is answered at once with the job's state; it may
+  // name only a worker whose calls this stream carried (an accepted join or
+  // heartbeat, or a watch added): any other is PERMISSION_DENIED, a
+  // malformed id INVALID_ARGUMENT, each refused alone, changing nothing.
   grpc::ServerBidiReactor<v1::NodeRequest, v1::NodeUpdate>* Node(
       grpc::CallbackServerContext* context) override;
 

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <map>
 #include <random>
 #include <string>
 #include <thread>
@@ -513,6 +514,196 @@ TEST_F(NodeAgentTest, ACancelledJoinThroughTheAgentWithdrawsTheWorker) {
     }
     return false;
   }));
+}
+
+v1::LeaveRequest LeaveReq(const std::string& job, const std::string& worker,
+                          int64_t generation, v1::LeaveReason reason) {
+  v1::LeaveRequest leave;
+  leave.set_job_id(job);
+  leave.set_worker_id(worker);
+  leave.set_worker_secret(Secret(worker));
+  leave.set_generation(generation);
+  leave.set_reason(reason);
+  return leave;
+}
+
+// Note [Exited workers]: the launcher reports a worker's exit through its
+// agent and the job re-forms without it at once, not after the heartbeat
+// timeout (a minute here).
+TEST_F(NodeAgentTest, AWorkerThatExitedIsTakenOutAtOnce) {
+  constexpr int kWorkers = 3;
+  std::vector<v1::JoinResponse> out(kWorkers);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kWorkers; ++i) {
+    threads.emplace_back([&, i] {
+      v1::JoinRequest q = JoinReq("job", 1, kWorkers, W(i));
+      q.mutable_spec()->set_heartbeat_timeout_ms(60000);
+      ASSERT_TRUE(stub_->Join(Ctx(kWorkerToken).get(), q, &out[i]).ok());
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_EQ(out[0].world_size(), kWorkers);
+  // A worker that never joined through the agent has nothing to report.
+  EXPECT_FALSE(agent_->WorkerExited("w9", "exit status 1"));
+  const absl::Time start = absl::Now();
+  EXPECT_TRUE(agent_->WorkerExited(W(2), "killed by signal 9 (SIGKILL)"));
+  EXPECT_TRUE(agent_->AwaitExitReports(absl::Seconds(10)));
+  EXPECT_EQ(agent_->counters().exits, 1);
+  // Its answer told the agent where the job stands.
+  EXPECT_EQ(agent_->job_news("job").state, v1::JOB_STATE_RENDEZVOUS);
+  bool failed = false;
+  for (const Event& e : Events("job")) {
+    failed = failed || (e.kind == "failure" && e.worker_id == W(2) &&
+                        e.message ==
+                            "its process exited (killed by signal 9 (SIGKILL); "
+                            "reported by its node agent)");
+  }
+  EXPECT_TRUE(failed);
+  // The survivors join again and the next generation forms with them.
+  threads.clear();
+  std::vector<v1::JoinResponse> next(2);
+  for (int i = 0; i < 2; ++i) {
+    threads.emplace_back([&, i] {
+      v1::JoinRequest q = JoinReq("job", 1, kWorkers, W(i));
+      q.mutable_spec()->set_heartbeat_timeout_ms(60000);
+      q.set_previous_generation(1);
+      ASSERT_TRUE(stub_->Join(Ctx(kWorkerToken).get(), q, &next[i]).ok());
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(next[0].generation(), 2);
+  EXPECT_EQ(next[0].world_size(), 2);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+  // Reported once: the agent forgot the worker.
+  EXPECT_FALSE(agent_->WorkerExited(W(2), "killed by signal 9 (SIGKILL)"));
+}
+
+// The coordinator's side of the report: only a worker the stream carried,
+// with its own secret; anything else is refused alone and changes nothing.
+TEST_F(NodeAgentTest, ExitReportsOfForeignOrMalformedWorkersAreRefused) {
+  auto stub = v1::AgentService::NewStub(Channel(server_->address()));
+  auto context = Ctx(kWorkerToken);
+  auto stream = stub->Node(context.get());
+  // w0 and w1 join on this stream, w2 on its own.
+  v1::NodeRequest first;
+  first.set_job_id("job");
+  for (int i = 0; i < 2; ++i) {
+    v1::NodeJoin* join = first.add_joins();
+    join->set_id(static_cast<uint64_t>(i + 1));
+    *join->mutable_request() = JoinReq("job", 3, 3, W(i));
+  }
+  ASSERT_TRUE(stream->Write(first));
+  auto direct = v1::WorkerService::NewStub(Channel(server_->address()));
+  v1::JoinResponse w2;
+  ASSERT_TRUE(
+      direct->Join(Ctx(kWorkerToken).get(), JoinReq("job", 3, 3, W(2)), &w2)
+          .ok());
+  int joined = 0;
+  v1::NodeUpdate update;
+  while (joined < 2 && stream->Read(&update)) {
+    for (const v1::JoinResult& r : update.joins()) {
+      EXPECT_EQ(r.code(), 0) << r.message();
+      ++joined;
+    }
+  }
+  ASSERT_EQ(joined, 2);
+  const size_t events = Events("job").size();
+
+  struct Case {
+    std::string worker, secret;
+    grpc::StatusCode code;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {W(2), Secret(W(2)), grpc::StatusCode::PERMISSION_DENIED,
+       "has no calls on this node stream"},
+      {"w7", Secret("w7"), grpc::StatusCode::PERMISSION_DENIED,
+       "has no calls on this node stream"},
+      {"", Secret("w7"), grpc::StatusCode::INVALID_ARGUMENT, "worker_id"},
+      {"bad id!", Secret("w7"), grpc::StatusCode::INVALID_ARGUMENT,
+       "worker_id"},
+      {W(1), Secret(W(0)), grpc::StatusCode::PERMISSION_DENIED,
+       "bound to another"},
+      {W(0), "short", grpc::StatusCode::INVALID_ARGUMENT, "worker_secret"},
+  };
+  v1::NodeRequest bad;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    v1::ExitedWorker* e = bad.add_exited();
+    e->set_id(100 + i);
+    e->set_worker_id(cases[i].worker);
+    e->set_worker_secret(cases[i].secret);
+    e->set_how("exit status 1");
+  }
+  ASSERT_TRUE(stream->Write(bad));
+  std::map<uint64_t, v1::ExitResult> results;
+  while (results.size() < cases.size() && stream->Read(&update)) {
+    for (const v1::ExitResult& r : update.exited()) results[r.id()] = r;
+  }
+  ASSERT_EQ(results.size(), cases.size());
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const v1::ExitResult& r = results[100 + i];
+    EXPECT_EQ(r.code(), static_cast<int>(cases[i].code)) << i << r.message();
+    EXPECT_THAT(r.message(), HasSubstr(cases[i].says)) << i;
+    EXPECT_EQ(r.state(), v1::JOB_STATE_RUNNING) << i;
+  }
+  // Nothing changed, and the stream goes on: w1's own report is taken.
+  EXPECT_EQ(Events("job").size(), events);
+  EXPECT_EQ(server_->host().Read(
+                [](const Core& core) { return core.CurrentGeneration("job"); }),
+            1);
+  v1::NodeRequest good;
+  v1::ExitedWorker* e = good.add_exited();
+  e->set_id(200);
+  e->set_worker_id(W(1));
+  e->set_worker_secret(Secret(W(1)));
+  e->set_how("exit status 1");
+  ASSERT_TRUE(stream->Write(good));
+  bool answered = false;
+  while (!answered && stream->Read(&update)) {
+    for (const v1::ExitResult& r : update.exited()) {
+      ASSERT_EQ(r.id(), 200u);
+      EXPECT_EQ(r.code(), 0) << r.message();
+      EXPECT_EQ(r.state(), v1::JOB_STATE_RENDEZVOUS);
+      answered = true;
+    }
+  }
+  EXPECT_TRUE(answered);
+  context->TryCancel();
+  (void)stream->Finish();
+}
+
+// What concord-run decides its exit status from (Note [Exit status] in
+// tools/launcher.h): the coordinator's answers to the workers' calls.
+TEST_F(NodeAgentTest, TheAgentHearsWhetherTheJobCompleted) {
+  JoinAll("job", 2, stub_.get());
+  EXPECT_EQ(agent_->job_news("job").state, v1::JOB_STATE_UNSPECIFIED);
+  for (const grpc::Status& s : BeatAll("job", 2, 1, 5)) {
+    EXPECT_TRUE(s.ok()) << s.error_message();
+  }
+  EXPECT_EQ(agent_->job_news("job").state, v1::JOB_STATE_RUNNING);
+  EXPECT_FALSE(agent_->job_news("job").completed);
+  v1::LeaveResponse left;
+  ASSERT_TRUE(stub_
+                  ->Leave(Ctx(kWorkerToken).get(),
+                          LeaveReq("job", W(0), 1, v1::LEAVE_REASON_COMPLETED),
+                          &left)
+                  .ok());
+  // w0's training finished with the rest of the job's: completed, although
+  // the job has not succeeded yet (w1 has not left).
+  EXPECT_TRUE(agent_->job_news("job").completed);
+  EXPECT_EQ(agent_->job_news("job").state, v1::JOB_STATE_RUNNING);
+  ASSERT_TRUE(agent_->WorkerExited(W(0), "exit status 0"));
+  ASSERT_TRUE(stub_
+                  ->Leave(Ctx(kWorkerToken).get(),
+                          LeaveReq("job", W(1), 1, v1::LEAVE_REASON_COMPLETED),
+                          &left)
+                  .ok());
+  EXPECT_EQ(agent_->job_news("job").state, v1::JOB_STATE_SUCCEEDED);
+  EXPECT_TRUE(agent_->AwaitExitReports(absl::Seconds(10)));
+  // A late answer cannot take a terminal state back.
+  EXPECT_EQ(agent_->job_news("job").state, v1::JOB_STATE_SUCCEEDED);
+  // Another job's news are its own.
+  EXPECT_EQ(agent_->job_news("other").state, v1::JOB_STATE_UNSPECIFIED);
 }
 
 TEST(NodeAgentStartTest, BadOptions) {

@@ -65,7 +65,8 @@ import fixtures  # noqa: E402
 
 DATASET = "/usr/share/datasets/fashion-mnist"
 # Every example ends with one line per worker: "TARGET: key value ...".
-FINAL = r"^%s: ((?:\S+ \S+ ?)+)$"
+# concord-run prefixes each worker's lines (Note [Worker output]).
+FINAL = r"^(?:\[worker \d+\] )?%s: ((?:\S+ \S+ ?)+)$"
 PROGRESS = re.compile(r"Epoch: (\d+) \[\s*(\d+)/\s*(\d+)\]")
 # Each example: its CMake target, and its flags after --data DATA.
 EXAMPLES = {

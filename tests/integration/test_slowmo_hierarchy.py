@@ -9,8 +9,9 @@ whichever rank the dead one had) and node-b unchanged.
 
     /usr/bin/python3 tests/integration/test_slowmo_hierarchy.py --bin-dir build/bin
 
-Checked: launcher a exits 137 (its killed worker), launcher b 0, both within
-a bound; in generation 1 the 4 workers log 2 nodes over 4 ranks, two of them
+Checked: both launchers exit 0 within a bound (the job completed; launcher a
+names its lost worker in a summary line: Note [Exit status] in
+tools/launcher.h); in generation 1 the 4 workers log 2 nodes over 4 ranks, two of them
 as masters; after the re-form the 3 survivors log 2 nodes over 3 ranks and
 exactly one is the master of a node of 1; slow momentum is re-sharded over
 the two masters without losing a slice (its replica survives); the final
@@ -122,7 +123,7 @@ def main():
         for node, (proc, err, _) in launchers.items():
             err.seek(0)
             stderr[node] = err.read()
-        expected = {"node-a": 137, "node-b": 0}
+        expected = {"node-a": 0, "node-b": 0}
         for node, (proc, _, _) in launchers.items():
             if proc.returncode != expected[node]:
                 problems.append("%s's concord-run exited %s, expected %d" % (

@@ -285,9 +285,11 @@ class Harness {
         }
         absl::Status status = core_.Membership(r).status();
         // The stream opens, or one closes (lost or not), as the service
-        // would report it after a good Membership; unmatched closes too.
+        // would report it after a good Membership; unmatched closes too. Or
+        // the worker's node agent reports that its process exited (Note
+        // [Exited workers]).
         if (!raw && status.ok()) {
-          switch (in.U8() % 4) {
+          switch (in.U8() % 5) {
             case 1:
               core_.WatchOpened(r.job_id(), r.worker_id());
               break;
@@ -296,6 +298,12 @@ class Harness {
               break;
             case 3:
               core_.WatchClosed(r.job_id(), r.worker_id(), /*lost=*/false);
+              break;
+            case 4:
+              status = core_
+                           .WorkerExited(r.job_id(), r.worker_id(),
+                                         r.worker_secret(), "fuzz")
+                           .status();
               break;
             default:
               break;

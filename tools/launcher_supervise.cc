@@ -1,0 +1,376 @@
+// concord-run's workers: their environment, starting, reaping, restarting
+// and reporting them, and concord-run's exit status (Note [Exit status] in
+// launcher.h).
+
+#include <poll.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "agent/node_agent.h"
+#include "tools/launcher.h"
+
+namespace concord::launcher {
+namespace {
+
+// The last lines of a dead run's stderr in its death report.
+constexpr size_t kReportLines = 20;
+// How long concord-run waits for the answers to its exit reports at the end
+// (they carry the job's state).
+constexpr absl::Duration kExitAnswers = absl::Seconds(2);
+
+std::string Hostname() {
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  return host;
+}
+
+// Unique in the job across machines and launchers: the host, this
+// launcher's pid, the local index; a restarted worker is a new member (a
+// new process, a new secret), with an id of its own.
+std::string WorkerId(const Options& o, int index, int restarts) {
+  return absl::StrCat(o.job_id, "-", Hostname(), "-", getpid(), "-w", index,
+                      restarts > 0 ? absl::StrCat("-r", restarts) : "");
+}
+
+std::vector<std::string> WorkerEnv(const Options& o,
+                                   const std::string& coordinator,
+                                   const Worker& w) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    // The job's settings are concord-run's to give; test hooks, the
+    // device and the backend (Note [Worker device]), the shared-memory
+    // switch (Note [Shared-memory allreduce]) and the library's log level
+    // (Note [Library logging]) pass.
+    if ((std::strncmp(*e, "CONCORD_", 8) != 0 ||
+         std::strncmp(*e, "CONCORD_TEST_", 13) == 0 ||
+         std::strncmp(*e, "CONCORD_DEVICE=", 15) == 0 ||
+         std::strncmp(*e, "CONCORD_BACKEND=", 16) == 0 ||
+         std::strncmp(*e, "CONCORD_SHM=", 12) == 0 ||
+         std::strncmp(*e, "CONCORD_LOG_LEVEL=", 18) == 0) &&
+        std::strncmp(*e, "LOCAL_RANK=", 11) != 0 &&
+        std::strncmp(*e, "LOCAL_WORLD_SIZE=", 17) != 0) {
+      env.emplace_back(*e);
+    }
+  }
+  env.push_back("CONCORD_COORDINATOR=" + coordinator);
+  env.push_back("CONCORD_TOKEN_FILE=" + o.token_file);
+  // Through the agent, TLS is the agent's business.
+  for (auto [name, path] : {std::pair{"CONCORD_TLS_CA=", &o.tls.ca},
+                            std::pair{"CONCORD_TLS_CERT=", &o.tls.cert},
+                            std::pair{"CONCORD_TLS_KEY=", &o.tls.key}}) {
+    if (!path->empty() && !o.agent) env.push_back(name + *path);
+  }
+  env.push_back("CONCORD_JOB_ID=" + o.job_id);
+  env.push_back(absl::StrCat("CONCORD_MIN_WORKERS=", o.min_workers));
+  env.push_back(absl::StrCat("CONCORD_MAX_WORKERS=", o.max_workers));
+  if (o.settle_ms > 0) {
+    env.push_back(absl::StrCat("CONCORD_SETTLE_MS=", o.settle_ms));
+  }
+  // The worker's index on this node: a CUDA worker's device is
+  // cuda:<local rank> (Note [Worker device] in worker/device.h). torchrun's
+  // names too, for programs written against them.
+  env.push_back(absl::StrCat("CONCORD_LOCAL_RANK=", w.index));
+  env.push_back(absl::StrCat("LOCAL_RANK=", w.index));
+  env.push_back(absl::StrCat("LOCAL_WORLD_SIZE=", o.nproc));
+  env.push_back(absl::StrCat("CONCORD_RESTART_COUNT=", w.restarts));
+  // The agent reports the worker's exit under this id (Note [Exited
+  // workers] in coordinator/core/core.h).
+  env.push_back("CONCORD_WORKER_ID=" + w.id);
+  env.push_back("CONCORD_COMM_HOST=" + o.comm_host);
+  if (!o.node_id.empty()) env.push_back("CONCORD_NODE_ID=" + o.node_id);
+  env.push_back(
+      absl::StrCat("CONCORD_HEARTBEAT_INTERVAL_MS=", o.heartbeat_interval_ms));
+  env.push_back(
+      absl::StrCat("CONCORD_HEARTBEAT_TIMEOUT_MS=", o.heartbeat_timeout_ms));
+  env.push_back(
+      absl::StrCat("CONCORD_RENDEZVOUS_TIMEOUT_MS=", o.rendezvous_timeout_ms));
+  env.push_back(
+      absl::StrCat("CONCORD_COLLECTIVE_TIMEOUT_MS=", o.collective_timeout_ms));
+  if (!o.trace_parts.empty()) {
+    env.push_back(absl::StrCat("CONCORD_TRACE_FILE=", o.trace_parts, "/worker-",
+                               w.index, "-run-", w.restarts, ".json"));
+  }
+  if (!o.history.empty()) {
+    env.push_back(absl::StrCat("CONCORD_HISTORY_FILE=", o.history, "/", w.id,
+                               ".history"));
+  }
+  return env;
+}
+
+// Forks and execs one run of local worker `index`, its stdout and stderr
+// read by concord-run. Signals blocked in the parent are unblocked in the
+// child; the child dies with the parent.
+std::unique_ptr<Worker> Spawn(const Options& o, const std::string& coordinator,
+                              int index, int restarts,
+                              const sigset_t& child_mask) {
+  auto w = std::make_unique<Worker>();
+  w->index = index;
+  w->restarts = restarts;
+  w->id = WorkerId(o, index, restarts);
+  const ChildEnds ends = OpenStreams(o, *w);
+  std::vector<std::string> env = WorkerEnv(o, coordinator, *w);
+  std::vector<char*> envp;
+  for (auto& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  std::vector<std::string> args = o.program;
+  std::vector<char*> argvp;
+  for (auto& a : args) argvp.push_back(a.data());
+  argvp.push_back(nullptr);
+
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid < 0) {
+    Say(absl::StrCat("fork: ", std::strerror(errno)));
+    std::exit(1);
+  }
+  if (pid == 0) {
+    // Only async-signal-safe calls between fork and exec.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(1);
+    sigprocmask(SIG_SETMASK, &child_mask, nullptr);
+    signal(SIGPIPE, SIG_DFL);  // concord-run ignores it; its workers do not
+    dup2(ends.out, STDOUT_FILENO);
+    dup2(ends.err, STDERR_FILENO);
+    execvpe(argvp[0], argvp.data(), envp.data());
+    const char* parts[] = {"concord-run: cannot run '", argvp[0],
+                           "': ", strerror(errno), "\n"};
+    for (const char* part : parts) {
+      (void)!write(STDERR_FILENO, part, strlen(part));
+    }
+    _exit(127);
+  }
+  close(ends.out);
+  close(ends.err);
+  w->pid = pid;
+  w->started = absl::Now();
+  return w;
+}
+
+int StatusOf(int wait_status) {
+  if (WIFEXITED(wait_status)) return WEXITSTATUS(wait_status);
+  if (WIFSIGNALED(wait_status)) return 128 + WTERMSIG(wait_status);
+  return 1;
+}
+
+// "exit status 3", "killed by signal 9 (SIGKILL)".
+std::string How(int wait_status) {
+  if (WIFEXITED(wait_status)) {
+    return absl::StrCat("exit status ", WEXITSTATUS(wait_status));
+  }
+  if (WIFSIGNALED(wait_status)) {
+    const int sig = WTERMSIG(wait_status);
+    const char* abbrev = sigabbrev_np(sig);
+    return absl::StrCat(
+        "killed by signal ", sig,
+        abbrev == nullptr ? "" : absl::StrCat(" (SIG", abbrev, ")"),
+        WCOREDUMP(wait_status) ? ", core dumped" : "");
+  }
+  return absl::StrCat("wait status ", wait_status);
+}
+
+std::string Seconds(absl::Duration d) {
+  return absl::StrFormat("%.1f s", absl::ToDoubleSeconds(d));
+}
+
+// The death report of a failed run, when it is reaped.
+void ReportDeath(const Options& o, const Worker& w, bool restart) {
+  std::string text = absl::StrFormat(
+      "worker %d (pid %d, worker id %s) failed after %s: %s; ", w.index, w.pid,
+      w.id, Seconds(w.ended - w.started), How(*w.wait_status));
+  if (restart) {
+    absl::StrAppend(&text, "restarting it (restart ", w.restarts + 1, " of ",
+                    o.max_restarts, ")");
+  } else {
+    absl::StrAppend(&text, "not restarting it (--max-restarts ", o.max_restarts,
+                    ")");
+  }
+  const std::vector<std::string> tail = StderrTail(w, kReportLines);
+  if (tail.empty()) {
+    absl::StrAppend(&text, "; it wrote nothing on stderr");
+  } else {
+    absl::StrAppend(&text, "; the last ", tail.size(),
+                    " line(s) of its stderr:");
+    for (const std::string& line : tail) absl::StrAppend(&text, "\n  ", line);
+  }
+  Say(text);
+}
+
+bool Terminal(v1::JobState state) {
+  return state == v1::JOB_STATE_SUCCEEDED || state == v1::JOB_STATE_FAILED ||
+         state == v1::JOB_STATE_STOPPED;
+}
+
+}  // namespace
+
+int Supervisor::Run() {
+  const Options& o = options;
+  std::vector<std::unique_ptr<Worker>> workers;  // every run, in start order
+  for (int i = 0; i < o.nproc; ++i) {
+    workers.push_back(Spawn(o, coordinator, i, 0, child_mask));
+  }
+  std::vector<const Worker*> lost;      // failed runs, in death order
+  std::optional<size_t> first_failure;  // failed for good (index)
+  int interrupted = 0;                  // the signal that stopped us
+  bool terminating = false, below_min = false;
+  absl::Time kill_at = absl::InfiniteFuture();
+  auto terminate_all = [&](int sig) {
+    for (auto& w : workers) {
+      if (!w->wait_status) kill(w->pid, sig);
+    }
+  };
+  for (;;) {
+    // Reap; report deaths; restart what failed while restarts are left.
+    const size_t count = workers.size();
+    for (size_t i = 0; i < count; ++i) {
+      Worker& w = *workers[i];
+      if (w.wait_status) continue;
+      int status = 0;
+      if (waitpid(w.pid, &status, WNOHANG) != w.pid) continue;
+      w.wait_status = status;
+      w.ended = absl::Now();
+      // First, so that the others re-form at once (Note [Exited workers]).
+      if (agent != nullptr) agent->WorkerExited(w.id, How(status));
+      Drain(w);  // what it wrote before it died
+      if (StatusOf(status) == 0) continue;
+      if (terminating) {  // concord-run was stopping it: one line
+        Say(absl::StrFormat(
+            "worker %d (pid %d, worker id %s) ended after %s: %s "
+            "(being stopped)",
+            w.index, w.pid, w.id, Seconds(w.ended - w.started), How(status)));
+        continue;
+      }
+      lost.push_back(&w);
+      const bool restart = w.restarts < o.max_restarts;
+      ReportDeath(o, w, restart);
+      if (restart) {
+        workers.push_back(
+            Spawn(o, coordinator, w.index, w.restarts + 1, child_mask));
+      } else if (!first_failure) {
+        first_failure = i;
+      }
+    }
+    bool all_done = true;
+    bool finished = false;  // a worker is done training: so is the job
+    int alive = 0;          // local workers still running
+    for (auto& w : workers) {
+      all_done = all_done && w->wait_status && w->out.fd < 0 && w->err.fd < 0;
+      if (!w->wait_status) ++alive;
+      if (w->wait_status && StatusOf(*w->wait_status) == 0) finished = true;
+    }
+    if (all_done) break;
+    // A worker that failed for good: the others go on while the job can
+    // still have min_workers members (with more workers elsewhere, the
+    // coordinator decides; its rendezvous timeout ends the job).
+    if (first_failure && !terminating && !finished && alive > 0 &&
+        alive < o.min_workers && o.standalone) {
+      Say(absl::StrCat(alive, " worker(s) left, fewer than --min-workers ",
+                       o.min_workers, ": the job cannot go on; stopping them"));
+      terminating = below_min = true;
+      terminate_all(SIGTERM);
+      kill_at = absl::Now() + absl::Seconds(5);
+    }
+    if (terminating && absl::Now() > kill_at) {
+      terminate_all(SIGKILL);
+      kill_at = absl::InfiniteFuture();
+    }
+    std::vector<pollfd> fds;
+    std::vector<std::pair<Worker*, Stream*>> owners;
+    for (auto& w : workers) {
+      for (Stream* s : {&w->out, &w->err}) {
+        if (s->fd < 0) continue;
+        fds.push_back({s->fd, POLLIN, 0});
+        owners.emplace_back(w.get(), s);
+      }
+    }
+    fds.push_back({signal_fd, POLLIN, 0});
+    poll(fds.data(), fds.size(), 100);
+    for (size_t i = 0; i < owners.size(); ++i) {
+      if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) {
+        Pump(*owners[i].first, *owners[i].second);
+      }
+    }
+    if (fds.back().revents & POLLIN) {
+      signalfd_siginfo info;
+      if (read(signal_fd, &info, sizeof(info)) == sizeof(info) &&
+          info.ssi_signo != SIGCHLD) {
+        Say(absl::StrCat("got signal ", info.ssi_signo, "; stopping workers"));
+        interrupted = static_cast<int>(info.ssi_signo);
+        terminate_all(interrupted);
+        if (!terminating) {
+          terminating = true;
+          kill_at = absl::Now() + absl::Seconds(10);
+        }
+      }
+    }
+  }
+
+  // Note [Exit status].
+  if (agent != nullptr) agent->AwaitExitReports(kExitAnswers);
+  const JobWord word = job_word ? job_word() : JobWord{};
+  const v1::JobState state = word.state.value_or(v1::JOB_STATE_UNSPECIFIED);
+  std::vector<std::string> names;
+  for (const Worker* w : lost) {
+    names.push_back(absl::StrFormat(
+        "worker %d (%s: %s%s)", w->index, w->id, How(*w->wait_status),
+        w->restarts < o.max_restarts ? "; restarted" : ""));
+  }
+  const std::string lost_text = absl::StrJoin(names, ", ");
+  const int failed_status =
+      first_failure ? StatusOf(*workers[*first_failure]->wait_status) : 0;
+  const std::string& job = o.job_id;
+  if (state == v1::JOB_STATE_SUCCEEDED || word.completed) {
+    if (!lost.empty()) {
+      Say(absl::StrCat(
+          "job ", job,
+          " completed; worker run(s) lost on the way: ", lost_text));
+    }
+    return 0;
+  }
+  if (interrupted != 0) return 128 + interrupted;
+  if (state == v1::JOB_STATE_FAILED || state == v1::JOB_STATE_STOPPED) {
+    Say(absl::StrCat("job ", job,
+                     state == v1::JOB_STATE_FAILED ? " failed" : " was stopped",
+                     word.failure.empty() ? "" : ": ", word.failure,
+                     lost.empty() ? "" : "; worker run(s) lost: ", lost_text));
+    return failed_status != 0 ? failed_status : 1;
+  }
+  if (!first_failure) {
+    if (!lost.empty()) {
+      Say(
+          absl::StrCat("every local worker's last run exited 0; worker run(s) "
+                       "lost on the way: ",
+                       lost_text));
+    }
+    return 0;
+  }
+  const Worker& failed = *workers[*first_failure];
+  std::vector<std::string> why;
+  if (below_min) why.push_back("below --min-workers");
+  if (!Terminal(state) && state != v1::JOB_STATE_UNSPECIFIED) {
+    why.push_back(
+        absl::StrCat("the coordinator says ", v1::JobState_Name(state)));
+  }
+  why.push_back(absl::StrCat("worker run(s) lost: ", lost_text));
+  Say(absl::StrCat(
+      "job ", job, " did not complete here: ", absl::StrJoin(why, "; "),
+      "; exit status ", failed_status, " (worker ", failed.index, "'s)"));
+  return failed_status;
+}
+
+}  // namespace concord::launcher
