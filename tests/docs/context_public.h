@@ -22,6 +22,7 @@ struct Args {
 };
 extern Args args;
 extern std::vector<std::pair<torch::Tensor, torch::Tensor>> batches;
+extern concord::DistributedDataParallel<Net> ddp;
 
 }  // namespace snippet_context
 
