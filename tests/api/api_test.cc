@@ -121,19 +121,23 @@ TEST(JobTest, BadOptionsAreOneLineErrors) {
   }
 }
 
+// A second Net with `net`'s parameters.
+Net CopyOf(const Net& net) {
+  Net copy;
+  torch::NoGradGuard no_grad;
+  auto src = net->parameters();
+  auto dst = copy->parameters();
+  for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
+  return copy;
+}
+
 // One rank: DDP's allreduce averages over one, so DDP trains exactly as the
 // module alone does.
 TEST(DistributedDataParallelTest, AloneItTrainsAsTheModuleAlone) {
   concord::Job job;
   torch::manual_seed(7);
   Net plain;
-  Net wrapped;
-  {
-    torch::NoGradGuard no_grad;
-    auto src = plain->parameters();
-    auto dst = wrapped->parameters();
-    for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
-  }
+  Net wrapped = CopyOf(plain);
   concord::DistributedDataParallel ddp(wrapped, job,
                                        concord::DdpOptions().bucket_cap_mb(1));
   EXPECT_EQ(ddp->parameters().size(), plain->parameters().size());
@@ -269,13 +273,7 @@ TEST(DistributedDataParallelTest, AProgramsCommHookWithStateReduces) {
   concord::Job job;
   torch::manual_seed(5);
   Net plain;
-  Net wrapped;
-  {
-    torch::NoGradGuard no_grad;
-    auto src = plain->parameters();
-    auto dst = wrapped->parameters();
-    for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
-  }
+  Net wrapped = CopyOf(plain);
   concord::DistributedDataParallel ddp(wrapped, job);
   struct Calls {
     int buckets = 0;
