@@ -1,6 +1,7 @@
 #include "worker/elastic/optimizer_snapshot.h"
 
 #include <sstream>
+#include <type_traits>
 #include <typeinfo>
 
 namespace concord::elastic {
@@ -87,6 +88,17 @@ void Append(std::string& out, const T& v) {
   out.append(reinterpret_cast<const char*>(&v), sizeof(v));
 }
 
+// Optimizer::state()'s key: LibTorch 1.13's is the parameter's TensorImpl
+// address as a string, 2.x's the address itself.
+template <typename Key>
+void AppendKey(std::string& out, const Key& key) {
+  if constexpr (std::is_same_v<Key, std::string>) {
+    out.append(key);
+  } else {
+    Append(out, key);
+  }
+}
+
 // What moves when an optimizer updates this state: its tensors' version
 // counters and its step counter.
 void AppendState(std::string& out, const OptimizerParamState& state) {
@@ -141,7 +153,7 @@ std::string OptimizerSnapshot::Signature(
   }
   Append(out, optimizer.state().size());
   for (const auto& [key, state] : optimizer.state()) {
-    out.append(key);
+    AppendKey(out, key);
     AppendState(out, *state);
   }
   return out;
