@@ -98,12 +98,16 @@ struct GanResult {
   std::map<int, torch::Tensor> params;
   std::map<int64_t, std::multiset<size_t>> committed;  // epoch -> samples
   std::vector<int64_t> reforms;
+  // Per survivor: the critic's comm hook's calls after the re-form, and
+  // the steps taken after it.
+  std::vector<std::pair<int64_t, int64_t>> hook_calls_after_reform;
 };
 
 // DCGAN's step on a 2-D toy (the discriminator's real and fake backwards,
 // its optimizer, then the generator's step through it), plus a critic that
 // is a third DistributedDataParallel the state is never told about by
-// name. Three workers, two epochs; worker 2 leaves as `leave` says.
+// name, with a comm hook of the program's (PyTorch's allreduce_hook).
+// Three workers, two epochs; worker 2 leaves as `leave` says.
 GanResult TrainGan(const std::string& address, const std::string& job_id,
                    LeaveAt leave) {
   GanResult result;
@@ -127,6 +131,17 @@ GanResult TrainGan(const std::string& address, const std::string& job_id,
         torch::optim::SGD d_opt(discriminator->parameters(),
                                 torch::optim::SGDOptions(0.05).momentum(0.9));
         torch::optim::SGD c_opt(critic->parameters(), 0.01);
+        struct HookCalls {
+          bool reformed = false;
+          int64_t after_reform = 0;
+        };
+        auto calls = std::make_shared<HookCalls>();
+        critic->register_comm_hook(
+            calls, [](HookCalls& h, concord::GradBucket& bucket) {
+              if (h.reformed) ++h.after_reform;
+              concord::ProcessGroup& group = bucket.process_group();
+              return group.allreduce(bucket.buffer().div_(group.size()));
+            });
         concord::ElasticSampler sampler(
             kSamples, job, concord::ElasticSamplerOptions().shuffle(false));
         concord::ElasticState state(job);
@@ -136,6 +151,11 @@ GanResult TrainGan(const std::string& address, const std::string& job_id,
             .add("discriminator_optimizer", d_opt)
             .add("critic_optimizer", c_opt)
             .add(sampler);
+        int64_t reformed_at = -1;
+        state.on_reset([&](const concord::ResetInfo& info) {
+          calls->reformed = true;
+          reformed_at = info.step;
+        });
         struct Leave {};
         auto leaves = [&](LeaveAt where) {
           return i == 2 && leave == where && state.step() + 1 == kLeaveStep;
@@ -180,6 +200,8 @@ GanResult TrainGan(const std::string& address, const std::string& job_id,
         result.params[job.rank()] =
             torch::cat({ParamsOf(*g), ParamsOf(*d), ParamsOf(*c)});
         result.reforms.push_back(state.reforms());
+        result.hook_calls_after_reform.emplace_back(calls->after_reform,
+                                                    state.step() - reformed_at);
         job.finish();
       },
       /*min=*/2);
@@ -196,15 +218,20 @@ void ExpectEveryEpochOnce(const GanResult& r) {
 }
 
 // Worker 2 leaves at the start of a step: the survivors' step agreement
-// fails, every module (the unnamed critic too) is rebound and all three
-// optimizers follow the authoritative rank; they end equal, having trained
-// every sample once per epoch.
+// fails, every module (the unnamed critic too, with its comm hook) is
+// rebound and all three optimizers follow the authoritative rank; they end
+// equal, having trained every sample once per epoch.
 TEST_F(ModelsThreadsTest, TwoModelsAndTheirOptimizersGoOnAfterAWorkerLeaves) {
   GanResult r = TrainGan(address(), "gan-leave", LeaveAt::kStepStart);
   ASSERT_EQ(r.params.size(), 2u);
   EXPECT_TRUE(r.params[0].equal(r.params[1]));
   EXPECT_EQ(r.reforms, (std::vector<int64_t>{1, 1}));
   ExpectEveryEpochOnce(r);
+  // The program's hook was kept: called once a step on the new group.
+  for (const auto& [calls, steps] : r.hook_calls_after_reform) {
+    EXPECT_GT(steps, 10);
+    EXPECT_EQ(calls, steps);
+  }
 }
 
 // Note [Early optimizer steps]: worker 2 leaves after the discriminator's
