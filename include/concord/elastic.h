@@ -20,8 +20,11 @@
 // flight fails, run_elastic restores the last commit (model, optimizer,
 // counters, sampler position, buffers and the user's values), re-forms with
 // whoever is there — survivors and newcomers — gives every rank the
-// authoritative rank's state, rebinds DDP, its comm hook and its
-// SyncBatchNorm layers, runs the reset callbacks and calls the loop again.
+// authoritative rank's state, rebinds every DDP of the job (its comm hook
+// and its SyncBatchNorm layers), runs the reset callbacks and calls the loop
+// again. A step may hold several models and optimizers (a GAN's): see
+// ElasticState. A step that keeps failing with nothing changed ends the loop
+// (ElasticStateOptions::max_repeated_failures).
 // The loop goes on from the committed position: the sampler splits the rest
 // of the epoch over the new world, so no sample is skipped or trained twice.
 // Workers waiting to join are admitted at a step boundary (the first forward
@@ -158,12 +161,12 @@ struct ResetInfo {
 //       .add(sampler);
 //
 // Every DistributedDataParallel of the job made before run_elastic starts
-// is the state's, added or not: each re-form rebinds them all (with their
-// comm hooks and SyncBatchNorm layers), in the order they were made; add
-// names one (for messages, the history). An optimizer is the state's only
-// once added: its state is committed and restored with the step and sent
-// to newcomers. A step may run any number of forwards, backwards and
-// optimizer steps; when any collective of it fails, every module and
+// is the state's, added or not (each must outlive run_elastic): each re-form
+// rebinds them all (with their comm hooks and SyncBatchNorm layers), in the
+// order they were made; add names one (for messages, the history). An optimizer
+// is the state's only once added: its state is committed and restored with the
+// step and sent to newcomers. A step may run any number of forwards, backwards
+// and optimizer steps; when any collective of it fails, every module and
 // optimizer goes back to the last commit, also an optimizer that stepped
 // before the failure (Note [Early optimizer steps]), and the step is taken
 // again in the next generation: no update is applied twice or lost.
