@@ -60,8 +60,7 @@ absl::StatusOr<spdlog::level::level_enum> ParseLogLevel(
     const auto sv = spdlog::level::to_string_view(level);
     if (name == absl::string_view(sv.data(), sv.size())) return level;
   }
-  if (name == "warn" || name == "warning") return spdlog::level::warn;
-  if (name == "error") return spdlog::level::err;
+  if (name == "warn") return spdlog::level::warn;  // spdlog's is "warning"
   return absl::InvalidArgumentError(
       absl::StrCat("'", name,
                    "': not a log level (trace, debug, info, warn, error, "

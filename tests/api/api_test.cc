@@ -115,6 +115,13 @@ TEST(JobTest, BadOptionsAreOneLineErrors) {
   EXPECT_EQ(CodeOf(join(JobOptions().coordinator("127.0.0.1:1"))),
             ErrorCode::kInvalidArgument);  // no token
   EXPECT_EQ(CodeOf(join(JobOptions().job_id(""))), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(CodeOf(join(JobOptions().log_level("loud"))),
+            ErrorCode::kInvalidArgument);
+  setenv("CONCORD_LOG_LEVEL", "loud", 1);
+  EXPECT_EQ(CodeOf(join(JobOptions())), ErrorCode::kInvalidArgument);
+  setenv("CONCORD_LOG_LEVEL", "warn", 1);
+  EXPECT_NO_THROW(join(JobOptions())());
+  unsetenv("CONCORD_LOG_LEVEL");
   if (!torch::cuda::is_available()) {
     EXPECT_EQ(CodeOf(join(JobOptions().device("cuda:0"))),
               ErrorCode::kFailedPrecondition);

@@ -172,55 +172,32 @@ def run_killed(checks, prefix, name, command, device):
                CONCORD_HEARTBEAT_INTERVAL_MS="200",
                CONCORD_HEARTBEAT_TIMEOUT_MS="2000", CONCORD_DEVICE=device,
                CONCORD_BACKEND="gloo")
+    killed = []  # (pid, seconds since the start)
     start = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, env=env,
-                            start_new_session=True, universal_newlines=True,
-                            errors="replace")
-    output, killed = [], None
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ)
-    deadline = start + 300
-    try:
-        while time.monotonic() < deadline:
-            if not sel.select(timeout=1.0):
-                if proc.poll() is not None:
-                    break
-                continue
-            line = proc.stdout.readline()
-            if not line:
-                break
-            output.append(line)
-            sys.stdout.write("| " + line)
-            sys.stdout.flush()
-            m = PROGRESS.search(line)
-            if (killed is None and m and m.group(1) == "1" and
-                    int(m.group(2)) * 3 >= int(m.group(3))):
-                pid = local_worker(proc.pid, 2)
-                if pid is not None:
-                    os.kill(pid, signal.SIGKILL)
-                    killed = (pid, time.monotonic() - start)
-        proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        pass
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    text = "".join(output)
+
+    def kill_a_third_into_epoch_1(line, launcher_pid):
+        m = PROGRESS.search(line)
+        if (not killed and m and m.group(1) == "1" and
+                int(m.group(2)) * 3 >= int(m.group(3))):
+            pid = local_worker(launcher_pid, 2)
+            if pid is not None:
+                os.kill(pid, signal.SIGKILL)
+                killed.append((pid, time.monotonic() - start))
+
+    rc, text, elapsed = run_streamed(cmd, env, 300,
+                                     kill_a_third_into_epoch_1)
+    killed = killed[0] if killed else None
     tail = text[-3000:]
     if not checks.check(killed is not None,
                         "%s: local worker 2 SIGKILLed a third into epoch 1" %
                         name, "never killed: " + tail):
         return None
     checks.ok("%s: killed pid %d at %.1f s" % ((name,) + killed))
-    if not checks.check(proc.returncode == 0,
+    if not checks.check(rc == 0,
                         "%s: concord-run exits 0 (the worker restarted and "
-                        "finished)" % name,
-                        "exit %s: %s" % (proc.returncode, tail)):
+                        "finished)" % name, "exit %s: %s" % (rc, tail)):
         return None
-    checks.ok("%s: a death and an admission in %.1f s" %
-              (name, time.monotonic() - start))
+    checks.ok("%s: a death and an admission in %.1f s" % (name, elapsed))
     finals = []
     for m in re.finditer(FINAL % re.escape(EXAMPLES[name][0]), text, re.M):
         words = m.group(1).split()
@@ -319,10 +296,11 @@ def check_convnet(checks, args, prefix, binary, data, work):
                  "(worst %.4f)" % worst, str(finals))
 
 
-def run_streamed(cmd, env, timeout):
+def run_streamed(cmd, env, timeout, on_line=None):
     """Runs cmd (stdout and stderr together, echoed as it comes with "| ")
-    in its own session; kills the session at `timeout`. Returns (exit
-    status or None when it timed out, output, seconds)."""
+    in its own session, calling on_line(line, pid) for each line; kills the
+    session at `timeout`. Returns (exit status or None when it timed out,
+    output, seconds)."""
     start = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, env=env,
@@ -344,6 +322,8 @@ def run_streamed(cmd, env, timeout):
             output.append(line)
             sys.stdout.write("| " + line)
             sys.stdout.flush()
+            if on_line is not None:
+                on_line(line, proc.pid)
         proc.wait(timeout=max(1.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
         pass

@@ -1,7 +1,6 @@
 #include "worker/elastic/optimizer_snapshot.h"
 
 #include <sstream>
-#include <type_traits>
 #include <typeinfo>
 
 namespace concord::elastic {
@@ -88,17 +87,6 @@ void Append(std::string& out, const T& v) {
   out.append(reinterpret_cast<const char*>(&v), sizeof(v));
 }
 
-// Optimizer::state()'s key: LibTorch 1.13's is the parameter's TensorImpl
-// address as a string, 2.x's the address itself.
-template <typename Key>
-void AppendKey(std::string& out, const Key& key) {
-  if constexpr (std::is_same_v<Key, std::string>) {
-    out.append(key);
-  } else {
-    Append(out, key);
-  }
-}
-
 // What moves when an optimizer updates this state: its tensors' version
 // counters and its step counter.
 void AppendState(std::string& out, const OptimizerParamState& state) {
@@ -151,11 +139,9 @@ std::string OptimizerSnapshot::Signature(
       }
     }
   }
+  // A first step adds entries; later ones move their counters.
   Append(out, optimizer.state().size());
-  for (const auto& [key, state] : optimizer.state()) {
-    AppendKey(out, key);
-    AppendState(out, *state);
-  }
+  for (const auto& [key, state] : optimizer.state()) AppendState(out, *state);
   return out;
 }
 

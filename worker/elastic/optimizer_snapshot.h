@@ -30,8 +30,8 @@ class OptimizerSnapshot {
   // Bytes that change when `optimizer` steps (Note [Early optimizer
   // steps]): its parameters' version counters and, on the CPU, their
   // first elements (LibTorch's own optimizers update p.data(), which does
-  // not move the parameter's counter), and its per-parameter state (the
-  // entries, their tensors' version counters and step counters). Cheap:
+  // not move the parameter's counter), and its per-parameter state (how
+  // many entries, their tensors' version counters and step counters). Cheap:
   // a few bytes a parameter, no device synchronisation. An optimizer with
   // no per-parameter state stepping CUDA parameters through .data() (SGD
   // without momentum) leaves it unchanged.
