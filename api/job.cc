@@ -94,6 +94,15 @@ worker::WorkerOptions Resolve(const JobOptions& o) {
   if (o.backend()) {
     w.backend = Parsed("backend", ParseBackendRequest(*o.backend()));
   }
+  const CheckpointOptions& c = o.checkpoints();
+  if (c.dir()) w.checkpoint.dir = *c.dir();
+  if (c.every()) w.checkpoint.every = *c.every();
+  if (c.keep()) w.checkpoint.keep = *c.keep();
+  if (c.resume()) w.checkpoint.resume = *c.resume();
+  if (auto st = checkpoint::Validate(w.checkpoint, "JobOptions::checkpoints.");
+      !st.ok()) {
+    ThrowInvalid(std::string(st.message()));
+  }
   const Timeouts& t = o.timeouts();
   CheckPositive("rendezvous", t.rendezvous());
   CheckPositive("collective", t.collective());

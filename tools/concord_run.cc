@@ -62,6 +62,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -70,6 +71,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "agent/node_agent.h"
 #include "common/auth.h"
@@ -77,6 +79,8 @@
 #include "common/tls.h"
 #include "coordinator/server.h"
 #include "tools/launcher.h"
+#include "worker/checkpoint/persister.h"
+#include "worker/checkpoint/region.h"
 #include "worker/trace/merge.h"
 
 namespace {
@@ -195,6 +199,29 @@ Options ParseArgs(int argc, char** argv) {
                  "--log-dir")
       ->check(CLI::IsMember({"all", "stdout", "stderr", "none"}))
       ->capture_default_str();
+  auto* checkpoints = app.add_option_group(
+      "Checkpoints",
+      "durable state (Note [Checkpoints]): the workers copy it into this "
+      "node's memory, concord-run writes it to disk");
+  checkpoints->add_option(
+      "--checkpoint-dir", o.checkpoint.dir,
+      "write checkpoints of the job's committed state to "
+      "DIR/<job id>/step-<N>/ (CONCORD_CHECKPOINT_DIR); a job whose workers "
+      "hold no committed step (all died, or it was started again with the "
+      "same --job-id) resumes from the newest one; needs --job-id");
+  checkpoints
+      ->add_option("--checkpoint-every", o.checkpoint.every,
+                   "a checkpoint at the commit of every step that is a "
+                   "multiple of STEPS")
+      ->check(CLI::PositiveNumber);
+  checkpoints
+      ->add_option("--checkpoint-keep", o.checkpoint.keep,
+                   "complete checkpoints kept on disk")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  bool no_resume = false;
+  checkpoints->add_flag("--no-resume", no_resume,
+                        "start afresh even where a checkpoint is");
   app.footer(kFooter);
   try {
     app.parse(split, argv);
@@ -207,6 +234,16 @@ Options ParseArgs(int argc, char** argv) {
   if (o.program.empty()) UsageError("no program given after '--'");
   if (o.standalone == !o.coordinator.empty()) {
     UsageError("give exactly one of --standalone and --coordinator HOST:PORT");
+  }
+  o.checkpoint.resume = !no_resume;
+  if (auto st = concord::checkpoint::Validate(o.checkpoint, "--checkpoint-");
+      !st.ok()) {
+    UsageError(std::string(st.message()));
+  }
+  if (o.checkpoint.enabled() && o.job_id.empty()) {
+    UsageError(
+        "--checkpoint-dir needs --job-id: checkpoints are kept per job, and "
+        "a job started again resumes from its own");
   }
   if (o.job_id.empty()) o.job_id = absl::StrCat("job-", getpid());
   if (!o.standalone) {
@@ -305,6 +342,62 @@ bool MergeTrace(const Options& o) {
   return merged.ok();
 }
 
+// Note [Checkpoints] in worker/checkpoint/checkpointer.h: the node's
+// snapshot region, which outlives the workers, and the thread that writes
+// it to disk.
+struct CheckpointTier {
+  std::string path;
+  std::unique_ptr<concord::checkpoint::Region> region;
+  std::unique_ptr<concord::checkpoint::Persister> persister;
+
+  ~CheckpointTier() {
+    persister.reset();  // writes what is ready
+    region.reset();
+    if (!path.empty()) unlink(path.c_str());
+  }
+};
+
+// /dev/shm/concord-<job>-<pid>; regions of this job that a concord-run
+// killed before it could remove them (its pid gone) are removed: a node
+// whose agent died lost its memory tier, as a rebooted node would.
+std::string RegionPath(const std::string& job) {
+  namespace fs = std::filesystem;
+  std::string safe = job;
+  for (char& c : safe) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_') {
+      c = '_';
+    }
+  }
+  const std::string prefix = absl::StrCat("concord-", safe, "-");
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator("/dev/shm", ec)) {
+    const std::string name = entry.path().filename().string();
+    int pid = 0;
+    if (name.rfind(prefix, 0) == 0 &&
+        absl::SimpleAtoi(name.substr(prefix.size()), &pid) && pid > 0 &&
+        kill(pid, 0) != 0 && errno == ESRCH) {
+      fs::remove(entry.path(), ec);
+    }
+  }
+  return absl::StrCat("/dev/shm/", prefix, getpid());
+}
+
+bool StartCheckpointTier(Options& o, CheckpointTier& tier) {
+  if (!o.checkpoint.enabled()) return true;
+  tier.path = RegionPath(o.job_id);
+  auto region = concord::checkpoint::Region::Open(tier.path);
+  if (!region.ok()) {
+    Say(absl::StrCat("checkpoints: ", region.status().message()));
+    tier.path.clear();
+    return false;
+  }
+  tier.region = *std::move(region);
+  tier.persister = std::make_unique<concord::checkpoint::Persister>(
+      tier.region.get(), o.checkpoint.dir, o.checkpoint.keep);
+  o.checkpoint.memory = tier.path;
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -396,7 +489,9 @@ int main(int argc, char** argv) {
   }
 
   int status = 1;
-  if (options.trace.empty() || MakeTraceParts(options)) {
+  CheckpointTier checkpoints;
+  if (StartCheckpointTier(options, checkpoints) &&
+      (options.trace.empty() || MakeTraceParts(options))) {
     // Note [Exit status] in tools/launcher.h: the job's state as the
     // embedded coordinator or the agent knows it.
     concord::coordinator::Server* embedded = server.get();

@@ -270,6 +270,12 @@ Prepared Prepare(const Flags& flags) {
                 flags.trace, in.max_workers));
   }
   if (!flags.trace.empty()) in.job.trace_file(flags.trace);
+  concord::CheckpointOptions checkpoints;
+  if (flags.checkpoint_dir) checkpoints.dir(*flags.checkpoint_dir);
+  if (flags.checkpoint_every) checkpoints.every(*flags.checkpoint_every);
+  if (flags.checkpoint_keep) checkpoints.keep(*flags.checkpoint_keep);
+  if (flags.no_resume) checkpoints.resume(false);
+  in.job.checkpoints(checkpoints);
   return in;
 }
 

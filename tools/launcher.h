@@ -81,6 +81,7 @@
 #include "absl/time/time.h"
 #include "common/tls.h"
 #include "concord/v1/worker.pb.h"
+#include "worker/checkpoint/config.h"
 
 namespace concord::agent {
 class NodeAgent;
@@ -119,6 +120,9 @@ struct Options {
   std::string history;      // --history DIR
   std::string log_dir;      // --log-dir DIR (Note [Worker output])
   int console = kConsoleAll;
+  // --checkpoint-* (Note [Checkpoints] in worker/checkpoint/checkpointer.h);
+  // `memory` is the node's snapshot region concord-run made.
+  checkpoint::Config checkpoint;
   std::vector<std::string> program;
 };
 

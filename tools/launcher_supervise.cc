@@ -77,6 +77,9 @@ std::vector<std::string> WorkerEnv(const Options& o,
     if (!path->empty() && !o.agent) env.push_back(name + *path);
   }
   env.push_back("CONCORD_JOB_ID=" + o.job_id);
+  for (const auto& [name, value] : checkpoint::ToEnvironment(o.checkpoint)) {
+    env.push_back(absl::StrCat(name, "=", value));
+  }
   env.push_back(absl::StrCat("CONCORD_MIN_WORKERS=", o.min_workers));
   env.push_back(absl::StrCat("CONCORD_MAX_WORKERS=", o.max_workers));
   if (o.settle_ms > 0) {

@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "worker/checkpoint/config.h"
 #include "worker/device.h"
 
 namespace concord::train {
@@ -95,6 +96,22 @@ absl::StatusOr<TrainFlags> ParseTrainFlags(int argc, char** argv) {
                       "every worker appends a line 'STEP EPOCH SAMPLE...' "
                       "with the job's samples of each step it commits to "
                       "DIR/<worker id>.samples (elastic sharding)");
+  auto* checkpoints = app.add_option_group(
+      "Checkpoints", "durable state (default: concord-run's --checkpoint-*)");
+  checkpoints->add_option("--checkpoint-dir", f.checkpoint_dir,
+                          "write checkpoints to DIR/<job id>/step-<N>/ and "
+                          "resume from the newest one when no worker holds "
+                          "the job's state");
+  checkpoints
+      ->add_option("--checkpoint-every", f.checkpoint_every,
+                   "a checkpoint every this many steps")
+      ->check(CLI::PositiveNumber);
+  checkpoints
+      ->add_option("--checkpoint-keep", f.checkpoint_keep,
+                   "complete checkpoints kept (default 3)")
+      ->check(CLI::PositiveNumber);
+  checkpoints->add_flag("--no-resume", f.no_resume,
+                        "start afresh even where a checkpoint is");
   concord::train::AddSlowMoFlags(app, &f.slowmo);
   app.add_option("--device", f.device,
                  "cpu, cuda (cuda:<local rank>), cuda:N or auto (a GPU when "
@@ -114,6 +131,15 @@ absl::StatusOr<TrainFlags> ParseTrainFlags(int argc, char** argv) {
     return absl::InvalidArgumentError(e.what());
   }
   f.bucket_cap_given = cap->count() > 0;
+  if (f.checkpoint_dir) {
+    checkpoint::Config c;
+    c.dir = *f.checkpoint_dir;
+    c.every = f.checkpoint_every.value_or(0);
+    c.keep = f.checkpoint_keep.value_or(checkpoint::kDefaultKeep);
+    if (auto st = checkpoint::Validate(c, "--checkpoint-"); !st.ok()) {
+      return st;
+    }
+  }
   if (!f.device.empty()) {
     if (auto d = concord::ParseDeviceRequest(f.device); !d.ok()) {
       return absl::InvalidArgumentError(

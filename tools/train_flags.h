@@ -57,6 +57,12 @@ struct TrainFlags {
   bool throw_on_early_termination = false;
   std::string output_per_worker;
   std::string sample_log;
+  // Checkpoints (Note [Checkpoints] in worker/checkpoint/checkpointer.h);
+  // unset: the environment's (concord-run's).
+  std::optional<std::string> checkpoint_dir;
+  std::optional<int64_t> checkpoint_every;
+  std::optional<int> checkpoint_keep;
+  bool no_resume = false;
   // SlowMo: --algorithm and fairscale's arguments.
   concord::train::SlowMoFlags slowmo;
   std::optional<concord::slowmo::SlowMoOptions> slowmo_options;

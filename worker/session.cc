@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/auth.h"
+#include "common/env.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "concord/config.h"
@@ -32,25 +33,6 @@ namespace {
 // How long a peer's reachability port has to answer (Note [Unreachable
 // peers]): a host that answers at all does so in a round trip.
 constexpr absl::Duration kProbeTimeout = absl::Seconds(2);
-
-std::string Env(const char* name, const std::string& fallback = "") {
-  const char* v = std::getenv(name);
-  return v == nullptr ? fallback : std::string(v);
-}
-
-absl::Status EnvInt(const char* name, int64_t fallback, int64_t min,
-                    int64_t* out) {
-  const std::string text = Env(name);
-  if (text.empty()) {
-    *out = fallback;
-    return absl::OkStatus();
-  }
-  if (!absl::SimpleAtoi(text, out) || *out < min) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(name, "='", text, "': expected an integer >= ", min));
-  }
-  return absl::OkStatus();
-}
 
 // Parses variable `name`, when set, into `out`; INVALID_ARGUMENT names it.
 template <typename T, typename Parse>
@@ -140,6 +122,7 @@ absl::StatusOr<WorkerOptions> WorkerOptions::FromEnvironment() {
         o.test_faults,
         ParseTestFaults(Env("CONCORD_TEST_FAULT"), o.local_rank));
   }
+  CONCORD_ASSIGN_OR_RETURN(o.checkpoint, checkpoint::FromEnvironment());
   o.join_timeout = absl::Milliseconds(rdzv_timeout);
   o.collective_timeout = absl::Milliseconds(collective_timeout);
   if (!o.coordinator.empty()) {

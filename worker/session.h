@@ -22,6 +22,7 @@
 #include "absl/time/time.h"
 #include "common/tls.h"
 #include "concord/v1/worker.pb.h"
+#include "worker/checkpoint/config.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/group.h"
 #include "worker/comm/store.h"
@@ -68,6 +69,9 @@ struct WorkerOptions {
   // Where this worker appends its history (Note [History files] in
   // worker/trace/history.h), set by `concord-run --history`; empty: none.
   std::string history_file;
+  // Note [Checkpoints] in worker/checkpoint/checkpointer.h: none without a
+  // dir.
+  checkpoint::Config checkpoint;
   // Test hook: where this worker kills itself (worker/test_fault.h).
   std::vector<TestFault> test_faults;
 
@@ -77,7 +81,8 @@ struct WorkerOptions {
   // CONCORD_RENDEZVOUS_TIMEOUT_MS, CONCORD_COLLECTIVE_TIMEOUT_MS,
   // CONCORD_SETTLE_MS, CONCORD_LOG_LEVEL, CONCORD_TRACE_FILE,
   // CONCORD_HISTORY_FILE, CONCORD_NODE_ID, CONCORD_DEVICE, CONCORD_BACKEND,
-  // CONCORD_LOCAL_RANK (or torchrun's LOCAL_RANK), CONCORD_TEST_FAULT, and the
+  // CONCORD_LOCAL_RANK (or torchrun's LOCAL_RANK), CONCORD_TEST_FAULT,
+  // CONCORD_CHECKPOINT_* (checkpoint::FromEnvironment), and the
   // worker token from the file CONCORD_TOKEN_FILE names (or CONCORD_TOKEN), and
   // the PEM files CONCORD_TLS_CA (the CA that signed the coordinator's
   // certificate: turns TLS on), CONCORD_TLS_CERT and CONCORD_TLS_KEY (this

@@ -16,7 +16,10 @@
 // device they live on, so the file loads on a machine without a GPU.
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
 
+#include <cstddef>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -27,6 +30,19 @@
 namespace concord {
 
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+// Writes `value` (dicts, lists, tuples, strings, numbers, None and
+// tensors) as the archive `torch.save(value, f)` writes, through `sink`
+// (which returns the bytes it took: fewer is a failure). Tensors go as CPU
+// tensors. UNAVAILABLE when `sink` failed; INTERNAL when LibTorch's writer
+// threw.
+absl::Status WriteArchive(
+    const c10::IValue& value,
+    const std::function<size_t(const void* data, size_t size)>& sink);
+
+// What an archive of WriteArchive or torch.save holds. INVALID_ARGUMENT
+// when `bytes` are not one.
+absl::StatusOr<c10::IValue> ReadArchive(const std::vector<char>& bytes);
 
 // The bytes of the archive holding `state` as a dict name -> tensor, in
 // `state`'s order. INVALID_ARGUMENT for an undefined tensor or a name given

@@ -19,6 +19,9 @@
 //   gives one, initially and when rebuilt, and at 1 MiB only by default.
 //   kFirstBucketFollowsUserCap says which; concord-train applies it to
 //   --bucket-cap-mb (ddp::EngineOptions::first_bucket_bytes for library users).
+// - An optimizer's per-parameter state is keyed by the parameter's
+//   TensorImpl printed as a string in 1.13, by the pointer itself in 2.x:
+//   OptimizerStateKey(parameter).
 
 #include <torch/optim/optimizer.h>
 #include <torch/version.h>
@@ -54,6 +57,15 @@ inline void ZeroGrad(torch::optim::Optimizer& optimizer, bool set_to_none) {
   for (auto& group : optimizer.param_groups()) {
     for (auto& p : group.params()) p.mutable_grad() = at::Tensor();
   }
+#endif
+}
+
+// The key of `parameter`'s entry in Optimizer::state() (see above).
+inline auto OptimizerStateKey(const at::Tensor& parameter) {
+#if TORCH_VERSION_MAJOR >= 2
+  return static_cast<void*>(parameter.unsafeGetTensorImpl());
+#else
+  return c10::guts::to_string(parameter.unsafeGetTensorImpl());
 #endif
 }
 

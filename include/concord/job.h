@@ -49,6 +49,26 @@ struct Timeouts {
   TORCH_ARG(std::optional<std::chrono::milliseconds>, heartbeat_timeout);
 };
 
+// Durable checkpoints of run_elastic's state (docs/api.md "Checkpoints"):
+// what concord-run's --checkpoint-dir, --checkpoint-every,
+// --checkpoint-keep and --no-resume say, which reach the worker as
+// CONCORD_CHECKPOINT_* variables; a value set here wins over them.
+struct CheckpointOptions {
+  // Where they go: DIR/<job id>/step-<N>/ (CONCORD_CHECKPOINT_DIR; default
+  // none: no checkpoints).
+  TORCH_ARG(std::optional<std::string>, dir);
+  // A checkpoint at the commit of every step that is a multiple of this
+  // (CONCORD_CHECKPOINT_EVERY; required with a dir, at least 1).
+  TORCH_ARG(std::optional<int64_t>, every);
+  // Complete checkpoints kept on disk (CONCORD_CHECKPOINT_KEEP; default 3).
+  TORCH_ARG(std::optional<int>, keep);
+  // Whether a job whose workers hold no committed step (all are new: every
+  // worker died, or the job was started again with the same job id) goes
+  // on from the newest checkpoint (CONCORD_CHECKPOINT_RESUME; default
+  // true).
+  TORCH_ARG(std::optional<bool>, resume);
+};
+
 // What a Job joins. Unset fields come from the environment, then from the
 // defaults named.
 struct JobOptions {
@@ -92,6 +112,7 @@ struct JobOptions {
   // kInvalidArgument, before joining.
   TORCH_ARG(std::optional<std::string>, log_level);
   TORCH_ARG(Timeouts, timeouts);
+  TORCH_ARG(CheckpointOptions, checkpoints);
 };
 
 class Job {

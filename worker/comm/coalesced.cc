@@ -49,4 +49,27 @@ absl::Status BroadcastBytes(Communicator& comm, int root, std::string* bytes,
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::vector<std::string>> AllgatherStrings(
+    Communicator& comm, const std::string& value,
+    const CollectiveOptions& options) {
+  const int world = comm.size();
+  const auto longs = at::TensorOptions().dtype(at::kLong);
+  const auto bytes = at::TensorOptions().dtype(at::kByte);
+  at::Tensor length = at::tensor({static_cast<int64_t>(value.size())}, longs);
+  at::Tensor lengths = at::empty({world}, longs);
+  CONCORD_RETURN_IF_ERROR(comm.Allgather(lengths, length, options)->Wait());
+  const int64_t longest = lengths.max().item<int64_t>();
+  at::Tensor mine = at::zeros({longest}, bytes);
+  if (!value.empty()) std::memcpy(mine.data_ptr(), value.data(), value.size());
+  at::Tensor all = at::empty({world * longest}, bytes);
+  CONCORD_RETURN_IF_ERROR(comm.Allgather(all, mine, options)->Wait());
+  std::vector<std::string> out;
+  const char* data = static_cast<const char*>(all.data_ptr());
+  const int64_t* sizes = lengths.data_ptr<int64_t>();
+  for (int r = 0; r < world; ++r) {
+    out.emplace_back(data + r * longest, static_cast<size_t>(sizes[r]));
+  }
+  return out;
+}
+
 }  // namespace concord::comm

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "worker/comm/communicator.h"
 
 namespace concord::comm {
@@ -25,5 +26,11 @@ absl::Status BroadcastCoalesced(Communicator& comm,
 // tensors). Blocks. Every rank calls it. Errors: those of Work::Wait.
 absl::Status BroadcastBytes(Communicator& comm, int root, std::string* bytes,
                             const CollectiveOptions& options);
+
+// Every rank's `value`, in rank order (two allgathers: the lengths, then
+// the bytes). Blocks. Every rank calls it. Errors: those of Work::Wait.
+absl::StatusOr<std::vector<std::string>> AllgatherStrings(
+    Communicator& comm, const std::string& value,
+    const CollectiveOptions& options);
 
 }  // namespace concord::comm

@@ -151,6 +151,11 @@ class Engine {
                       int authoritative_rank);
   // The authoritative rank's bucket layout, on every rank (a broadcast).
   absl::Status SyncReducerLayout() { return reducer_->SyncLayout(); }
+  // Reducer::LayoutState / SetLayoutState.
+  at::Tensor ReducerLayout() const { return reducer_->LayoutState(); }
+  absl::Status SetReducerLayout(const at::Tensor& layout) {
+    return reducer_->SetLayoutState(layout);
+  }
   // What gradient sums are divided by (default: the world size); PyTorch's
   // join semantics divide by the initial world size.
   void SetGradientDivisor(double divisor) {

@@ -134,10 +134,8 @@ void Reducer::Rebind(std::shared_ptr<comm::Communicator> comm,
   SetScales();
 }
 
-absl::Status Reducer::SyncLayout() {
-  const int authoritative_rank = options_.authoritative_rank;
-  // The authoritative rank's layout: [rebuilt, iterations, has static
-  // usage, order..., static usage...].
+at::Tensor Reducer::LayoutState() const {
+  // [rebuilt, iterations, has static usage, order..., static usage...].
   const size_t n = params_.size();
   at::Tensor t = at::zeros({static_cast<int64_t>(3 + 2 * n)}, at::kLong);
   int64_t* v = t.data_ptr<int64_t>();
@@ -150,19 +148,34 @@ absl::Status Reducer::SyncLayout() {
   for (size_t k = 0; k < static_used_.size() && k < n; ++k) {
     v[3 + n + k] = static_used_[k] ? 1 : 0;
   }
-  comm::CollectiveOptions opts;
-  opts.timeout = options_.collective_timeout;
-  absl::Status s = comm_->Broadcast(t, authoritative_rank, opts)->Wait();
-  if (!s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("bucket layout broadcast "
-                                               "failed: ",
-                                               s.message()));
+  return t;
+}
+
+absl::Status Reducer::SetLayoutState(const at::Tensor& state) {
+  const size_t n = params_.size();
+  if (state.dim() != 1 || state.scalar_type() != at::kLong ||
+      state.numel() != static_cast<int64_t>(3 + 2 * n)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a bucket layout of ", state.numel(), " entries, expected ",
+        3 + 2 * n, " for ", n, " parameters"));
   }
-  v = t.data_ptr<int64_t>();
+  const at::Tensor t = state.contiguous();
+  const int64_t* v = t.data_ptr<int64_t>();
+  std::vector<size_t> agreed;
+  if (v[0] == 1) {
+    std::vector<bool> seen(n, false);
+    for (size_t k = 0; k < n; ++k) {
+      if (v[3 + k] < 0 || static_cast<size_t>(v[3 + k]) >= n ||
+          seen[static_cast<size_t>(v[3 + k])]) {
+        return absl::InvalidArgumentError(
+            "a bucket layout that is not an order of the parameters");
+      }
+      seen[static_cast<size_t>(v[3 + k])] = true;
+      agreed.push_back(static_cast<size_t>(v[3 + k]));
+    }
+  }
   ready_order_.clear();
   if (v[0] == 1) {
-    std::vector<size_t> agreed(n);
-    for (size_t k = 0; k < n; ++k) agreed[k] = static_cast<size_t>(v[3 + k]);
     Build(agreed);
     rebuilt_order_ = std::move(agreed);
     rebuilt_ = true;
@@ -181,6 +194,20 @@ absl::Status Reducer::SyncLayout() {
     for (size_t k = 0; k < n; ++k) static_used_[k] = v[3 + n + k] != 0;
   }
   return absl::OkStatus();
+}
+
+absl::Status Reducer::SyncLayout() {
+  at::Tensor t = LayoutState();
+  comm::CollectiveOptions opts;
+  opts.timeout = options_.collective_timeout;
+  absl::Status s =
+      comm_->Broadcast(t, options_.authoritative_rank, opts)->Wait();
+  if (!s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("bucket layout broadcast "
+                                               "failed: ",
+                                               s.message()));
+  }
+  return SetLayoutState(t);
 }
 
 absl::Status Reducer::RegisterCommHook(CommHook hook) {

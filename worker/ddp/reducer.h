@@ -135,6 +135,13 @@ class Reducer {
   // calls at the same point (survivors after Rebind, a newcomer after
   // creating its reducer). Errors: those of the broadcast.
   absl::Status SyncLayout();
+  // The bucket layout, rebuild state and static-graph usage SyncLayout
+  // sends, as a CPU int64 tensor (a checkpoint keeps it: a job resumed
+  // from one reduces in the same buckets, so the same sums), and taking
+  // one. INVALID_ARGUMENT for one of another number of parameters or not
+  // an order of them.
+  at::Tensor LayoutState() const;
+  absl::Status SetLayoutState(const at::Tensor& state);
   // What the gradient sum is divided by on the default path (and apex's
   // average): the world size unless set (PyTorch's join semantics divide by
   // the initial world size while ranks that ran out of data shadow with

@@ -2,10 +2,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
+#include <optional>
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
@@ -100,7 +104,9 @@ void State::ObserveCollective() {
   }
 }
 
-void State::Commit() {
+void State::Commit() { CommitState(/*may_checkpoint=*/true); }
+
+void State::CommitState(bool may_checkpoint) {
   if (in_step_) {
     for (Optimizer& o : optimizers_) {
       if (o.timing == Timing::kUnseen && !o.early_this_step && Changed(o)) {
@@ -119,6 +125,185 @@ void State::Commit() {
     committed_.buffers[i].copy_(buffers_[i]);
   }
   session_->ReportCommittedStep(step);
+  // Note [Checkpoints]: once per step (next_epoch commits the same step
+  // again), never for the state a Sync just took.
+  if (checkpointer_ != nullptr) {
+    if (may_checkpoint && step != checkpointed_step_ &&
+        checkpointer_->Due(step)) {
+      checkpointer_->Save(Capture());
+    }
+    checkpointed_step_ = step;
+  }
+}
+
+checkpoint::Content State::Capture() const {
+  checkpoint::Content c;
+  c.counters.step = committed_.step;
+  c.counters.epoch = committed_.epoch;
+  c.counters.position = committed_.position;
+  c.counters.world_size = session_->world_size();
+  c.counters.generation = session_->generation();
+  for (const Model& m : models_) {
+    c.modules.emplace_back(m.name, m.engine->NamedState());
+  }
+  for (const Optimizer& o : optimizers_) {
+    c.optimizers.push_back(checkpoint::CaptureOptimizer(o.name, *o.optimizer));
+  }
+  for (const auto& [name, v] : committed_.values) {
+    c.extra.emplace_back(absl::StrCat("values/", name), v);
+  }
+  c.extra.emplace_back("rng/cpu", checkpoint::CpuRngState());
+  // The same buckets after a resume: the same sums, bit for bit.
+  for (const Model& m : models_) {
+    c.extra.emplace_back(absl::StrCat("layout/", m.name),
+                         m.engine->ReducerLayout());
+  }
+  return c;
+}
+
+absl::Status State::Apply(const checkpoint::Content& content) {
+  auto names = [](const auto& list) {
+    std::vector<std::string> out;
+    for (const auto& e : list) out.push_back(e.first);
+    return absl::StrJoin(out, ", ");
+  };
+  std::map<std::string, const NamedTensors*> modules;
+  for (const auto& [name, tensors] : content.modules) modules[name] = &tensors;
+  std::map<std::string, const checkpoint::OptimizerContent*> optimizers;
+  for (const auto& o : content.optimizers) optimizers[o.name] = &o;
+  for (const Model& m : models_) {
+    if (!modules.count(m.name)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the checkpoint has no module '", m.name,
+                       "' (it has: ", names(content.modules), ")"));
+    }
+  }
+  for (const Optimizer& o : optimizers_) {
+    if (!optimizers.count(o.name)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the checkpoint has no optimizer '", o.name, "'"));
+    }
+  }
+  for (const Model& m : models_) {
+    CONCORD_RETURN_IF_ERROR(checkpoint::ApplyModule(
+        m.name, *modules[m.name], m.engine->NamedState()));
+  }
+  for (const Optimizer& o : optimizers_) {
+    CONCORD_RETURN_IF_ERROR(
+        checkpoint::ApplyOptimizer(*optimizers[o.name], *o.optimizer));
+  }
+  step = content.counters.step;
+  epoch = content.counters.epoch;
+  position = content.counters.position;
+  values.clear();
+  for (const auto& [key, t] : content.extra) {
+    if (absl::StartsWith(key, "values/")) {
+      values[key.substr(std::strlen("values/"))] = t.clone();
+    } else if (key == "rng/cpu") {
+      CONCORD_RETURN_IF_ERROR(checkpoint::SetCpuRngState(t));
+    }
+  }
+  for (const auto& [key, t] : content.extra) {
+    for (const Model& m : models_) {
+      if (key == absl::StrCat("layout/", m.name)) {
+        CONCORD_RETURN_IF_ERROR(Annotate(m.engine->SetReducerLayout(t),
+                                         absl::StrCat("module '", m.name, "'")));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status State::SyncCheckpoints(int* root) {
+  const checkpoint::Config& config = session_->options().checkpoint;
+  if (!config.enabled()) return absl::OkStatus();
+  if (checkpointer_ == nullptr) {
+    auto made = checkpoint::Checkpointer::Create(
+        config, session_->options().spec.job_id());
+    if (!made.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("checkpoints: ", made.status().message()));
+    }
+    checkpointer_ = *std::move(made);
+  }
+  std::shared_ptr<comm::Communicator> comm = session_->shared_communicator();
+  comm::CollectiveOptions opts;
+  opts.timeout = session_->options().collective_timeout;
+  const int me = comm->rank();
+  const int world = comm->size();
+  // Who writes this node's snapshot: its lowest rank.
+  CONCORD_ASSIGN_OR_RETURN(
+      const std::vector<std::string> nodes,
+      comm::AllgatherStrings(*comm, session_->options().node_id, opts));
+  const int first = static_cast<int>(
+      std::find(nodes.begin(), nodes.end(), nodes[me]) - nodes.begin());
+  checkpointer_->SetRole(/*writes_memory=*/first == me, /*persists=*/me == 0);
+  if (!config.resume) return absl::OkStatus();
+  // Does a member hold a committed step? Then it goes on from that.
+  auto gather = [&](std::vector<int64_t> mine) -> absl::StatusOr<torch::Tensor> {
+    torch::Tensor in = torch::tensor(mine, torch::kLong);
+    torch::Tensor out = torch::empty({world, in.numel()}, torch::kLong);
+    CONCORD_RETURN_IF_ERROR(comm->Allgather(out, in, opts)->Wait());
+    return out;
+  };
+  CONCORD_ASSIGN_OR_RETURN(torch::Tensor held,
+                           gather({tainted_ ? int64_t{0} : step}));
+  if (held.max().item<int64_t>() > 0) return absl::OkStatus();
+  // Nobody does: the newest checkpoint any rank can offer (rank 0 looks on
+  // disk), memory first at the same step, then the lowest rank.
+  std::optional<checkpoint::Candidate> mine =
+      checkpointer_->FindCandidate(/*disk=*/me == 0);
+  const bool in_memory = mine && absl::StartsWith(mine->source, "memory");
+  CONCORD_ASSIGN_OR_RETURN(
+      torch::Tensor offers,
+      gather({mine ? mine->step : int64_t{-1}, in_memory ? 1 : 0}));
+  int winner = -1;
+  int64_t best = 0, best_memory = 0;
+  for (int r = 0; r < world; ++r) {
+    const int64_t s = offers[r][0].item<int64_t>();
+    const int64_t m = offers[r][1].item<int64_t>();
+    if (s > best || (s == best && s > 0 && m > best_memory)) {
+      winner = r;
+      best = s;
+      best_memory = m;
+    }
+  }
+  if (winner < 0) return absl::OkStatus();
+  // The winner loads it and says whether it fits, so that every rank fails
+  // with the same line when it does not.
+  std::string error;
+  if (me == winner) {
+    if (absl::Status applied = Apply(mine->content); !applied.ok()) {
+      error = absl::StrCat("resuming from ", mine->source, ": ",
+                           applied.message());
+    }
+  }
+  CONCORD_RETURN_IF_ERROR(comm::BroadcastBytes(*comm, winner, &error, opts));
+  if (!error.empty()) return absl::FailedPreconditionError(error);
+  for (const Model& m : models_) {
+    std::vector<torch::Tensor> tensors;
+    for (const auto& [name, t] : m.engine->NamedState()) tensors.push_back(t);
+    CONCORD_RETURN_IF_ERROR(
+        comm::BroadcastCoalesced(*comm, tensors, winner, opts));
+    torch::Tensor layout = m.engine->ReducerLayout();
+    CONCORD_RETURN_IF_ERROR(comm->Broadcast(layout, winner, opts)->Wait());
+    CONCORD_RETURN_IF_ERROR(m.engine->SetReducerLayout(layout));
+  }
+  if (me == winner) {
+    Log()->info(
+        "generation {}: no member holds a committed step; resuming from "
+        "step {} of the checkpoint in {}",
+        session_->generation(), best, mine->source);
+  } else {
+    Log()->info(
+        "generation {}: no member holds a committed step; resuming from "
+        "step {} of a checkpoint rank {} loaded ({})",
+        session_->generation(), best, winner,
+        best_memory ? "its node's memory" : "disk");
+  }
+  tainted_ = false;
+  *root = winner;
+  return absl::OkStatus();
 }
 
 void State::Restore() {
@@ -157,9 +342,8 @@ void State::SetDivisor() {
   for (const Model& m : models_) m.engine->SetGradientDivisor(divisor);
 }
 
-absl::Status State::SyncPayload() {
+absl::Status State::SyncPayload(int root) {
   std::shared_ptr<comm::Communicator> comm = session_->shared_communicator();
-  const int root = session_->authoritative_rank();
   comm::CollectiveOptions opts;
   opts.timeout = session_->options().collective_timeout;
   std::string bytes;
@@ -223,23 +407,24 @@ absl::Status State::SyncPayload() {
 }
 
 absl::Status State::Sync() {
+  int root = session_->authoritative_rank();
+  CONCORD_RETURN_IF_ERROR(SyncCheckpoints(&root));
   for (const Model& m : models_) {
     CONCORD_RETURN_IF_ERROR(
         Annotate(m.engine->SyncReducerLayout(),
                  absl::StrCat("syncing the bucket layout of '", m.name, "'")));
   }
   CONCORD_RETURN_IF_ERROR(
-      Annotate(SyncPayload(), "syncing the training state"));
+      Annotate(SyncPayload(root), "syncing the training state"));
   for (const auto& [participant, optimizer] : participants_) {
-    CONCORD_RETURN_IF_ERROR(
-        Annotate(participant->SyncState(session_->shared_communicator(),
-                                        session_->authoritative_rank(), step,
-                                        *optimizer),
-                 "syncing attached state"));
+    CONCORD_RETURN_IF_ERROR(Annotate(
+        participant->SyncState(session_->shared_communicator(), root, step,
+                               *optimizer),
+        "syncing attached state"));
   }
   SetDivisor();
   tainted_ = false;
-  Commit();
+  CommitState(/*may_checkpoint=*/false);
   return absl::OkStatus();
 }
 

@@ -108,6 +108,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "worker/checkpoint/checkpointer.h"
 #include "worker/ddp/engine.h"
 #include "worker/elastic/optimizer_snapshot.h"
 #include "worker/elastic/retryable.h"
@@ -234,6 +235,13 @@ class State {
   // out: never retried), and non-retryable ones of Sync.
   absl::Status Reform(const std::string& reason, bool restore);
 
+  // Note [Checkpoints]: the checkpoints of the session's
+  // WorkerOptions::checkpoint, when it has a dir (null otherwise; made by the
+  // first Sync).
+  const checkpoint::Checkpointer* checkpointer() const {
+    return checkpointer_.get();
+  }
+
   int64_t reforms() const { return reforms_; }
   const std::vector<ReformRecord>& reform_records() const { return records_; }
   worker::Session& session() { return *session_; }
@@ -263,7 +271,17 @@ class State {
     std::map<std::string, torch::Tensor> values;
     std::vector<torch::Tensor> buffers;
   };
-  absl::Status SyncPayload();
+  absl::Status SyncPayload(int root);
+  // Commit; a checkpoint when `may_checkpoint` and the step is due.
+  void CommitState(bool may_checkpoint);
+  // Note [Checkpoints]: the committed state as a checkpoint's content, and
+  // putting one in place (FAILED_PRECONDITION naming what does not fit).
+  checkpoint::Content Capture() const;
+  absl::Status Apply(const checkpoint::Content& content);
+  // Note [Checkpoints]: at a Sync, who writes the node's snapshot, and
+  // whether the generation resumes from a checkpoint: the rank whose state
+  // the others take (`*root`, unchanged when none).
+  absl::Status SyncCheckpoints(int* root);
   void SetDivisor();
   // Note [Early optimizer steps]: the step begins (versions, copies).
   void StartStep();
@@ -284,6 +302,8 @@ class State {
   bool tainted_ = false;
   std::vector<std::function<void(const ResetInfo&)>> callbacks_;
   std::vector<ReformRecord> records_;
+  std::unique_ptr<checkpoint::Checkpointer> checkpointer_;
+  int64_t checkpointed_step_ = -1;  // the last commit's step
 };
 
 // Runs `train(state)` until it returns OK (training done) or an error that

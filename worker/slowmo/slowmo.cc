@@ -13,32 +13,6 @@
 #include "worker/tensor_ops.h"
 
 namespace concord::slowmo {
-namespace {
-
-// Every rank's `id` (two allgathers: lengths, then the padded bytes).
-absl::StatusOr<std::vector<std::string>> AllgatherIds(
-    comm::Communicator& comm, const std::string& id,
-    const comm::CollectiveOptions& opts) {
-  const int world = comm.size();
-  torch::Tensor length =
-      torch::tensor({static_cast<int64_t>(id.size())}, torch::kLong);
-  torch::Tensor lengths = torch::empty({world}, torch::kLong);
-  CONCORD_RETURN_IF_ERROR(comm.Allgather(lengths, length, opts)->Wait());
-  const int64_t longest = lengths.max().item<int64_t>();
-  torch::Tensor mine = torch::zeros({longest}, torch::kByte);
-  if (!id.empty()) std::memcpy(mine.data_ptr(), id.data(), id.size());
-  torch::Tensor all = torch::empty({world * longest}, torch::kByte);
-  CONCORD_RETURN_IF_ERROR(comm.Allgather(all, mine, opts)->Wait());
-  std::vector<std::string> ids;
-  const char* bytes = static_cast<const char*>(all.data_ptr());
-  for (int r = 0; r < world; ++r) {
-    ids.emplace_back(bytes + r * longest,
-                     static_cast<size_t>(lengths[r].item<int64_t>()));
-  }
-  return ids;
-}
-
-}  // namespace
 
 // What update n does (fairscale's _should_* predicates).
 struct SlowMo::Plan {
@@ -120,7 +94,7 @@ absl::Status SlowMo::EnsureGroups() {
     std::vector<std::string> ids(1, options_.node_id);
     if (comm_->size() > 1) {
       absl::StatusOr<std::vector<std::string>> all =
-          AllgatherIds(*comm_, options_.node_id, opts);
+          comm::AllgatherStrings(*comm_, options_.node_id, opts);
       if (!all.ok()) {
         return absl::Status(
             all.status().code(),

@@ -1,0 +1,90 @@
+#include "worker/checkpoint/checkpointer.h"
+
+#include <chrono>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "worker/checkpoint/disk.h"
+
+namespace concord::checkpoint {
+
+absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Create(
+    const Config& config, const std::string& job) {
+  std::unique_ptr<Checkpointer> c(new Checkpointer(config, job));
+  CONCORD_ASSIGN_OR_RETURN(c->region_, Region::Open(config.memory));
+  if (config.memory.empty()) {
+    c->persister_ =
+        std::make_unique<Persister>(c->region_.get(), config.dir, config.keep);
+  }
+  return c;
+}
+
+Checkpointer::~Checkpointer() {
+  if (persister_ != nullptr) persister_->Flush();
+}
+
+void Checkpointer::Save(const Content& content) {
+  if (!writes_memory_) return;
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<WriteResult> r =
+      WriteSnapshot(*region_, content, job_, persists_);
+  last_stall_ = std::chrono::duration<double>(
+                    std::chrono::steady_clock::now() - start)
+                    .count();
+  if (!r.ok()) {
+    const std::string error(r.status().message());
+    if (error != last_error_) {
+      Log()->warn("checkpoint of step {} not taken: {}",
+                  content.counters.step, error);
+    }
+    last_error_ = error;
+    return;
+  }
+  if (*r == WriteResult::kSkippedBusy) {
+    ++skipped_;
+    Log()->debug(
+        "checkpoint of step {} skipped: the last one is still being written",
+        content.counters.step);
+    return;
+  }
+  ++saved_;
+  if (persister_ != nullptr) persister_->Notify();
+}
+
+std::optional<Candidate> Checkpointer::FindCandidate(bool disk) {
+  std::optional<Candidate> best;
+  absl::StatusOr<Content> memory = ReadSnapshot(*region_);
+  if (memory.ok()) {
+    const RegionHeader& h = region_->header();
+    if (std::string(h.job, strnlen(h.job, sizeof(h.job))) == job_) {
+      best = Candidate{memory->counters.step,
+                       absl::StrCat("memory (", config_.memory.empty()
+                                                    ? "this process"
+                                                    : config_.memory,
+                                    ")"),
+                       *std::move(memory)};
+    }
+  } else if (!absl::IsNotFound(memory.status())) {
+    Log()->warn("the memory snapshot passed over: {}",
+                std::string(memory.status().message()));
+  }
+  // Memory wins a tie: no file to read.
+  if (disk) {
+    const std::vector<CheckpointInfo> listed =
+        ListCheckpoints(config_.dir, job_);
+    if (listed.empty() || (best && best->step >= listed.front().step)) {
+      return best;
+    }
+    absl::StatusOr<Loaded> loaded = LoadNewest(config_.dir, job_);
+    if (loaded.ok() && (!best || loaded->info.step > best->step)) {
+      best = Candidate{loaded->info.step,
+                       absl::StrCat("disk (", loaded->info.path, ")"),
+                       std::move(loaded->content)};
+    }
+  }
+  return best;
+}
+
+}  // namespace concord::checkpoint

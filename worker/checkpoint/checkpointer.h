@@ -1,0 +1,108 @@
+#pragma once
+// A worker's side of durable checkpoints.
+//
+// Note [Checkpoints]
+// ~~~~~~~~~~~~~~~~~~
+// Re-forming keeps a job's state in its surviving workers; a job that loses
+// every worker (a node-wide failure, a preemption, a bug every rank hits)
+// needs it outside them. As DLRover's flash checkpoint and PyTorch's DCP
+// async_save do, a checkpoint has two tiers:
+//  - memory: at the commit of every step that is a multiple of
+//    Config::every, one worker per node copies the committed state (Note
+//    [Checkpoint format]) into the node's snapshot region (Note [Snapshot
+//    region]), which the node agent (concord-run) owns: it outlives the
+//    workers. The training step waits for that copy and for nothing else.
+//    The worker with the lowest rank of each node writes; the state of a
+//    data-parallel job is the same on every rank, so one copy per node is
+//    enough for any restarted worker of that node.
+//  - disk: the agent's persister thread writes rank 0's snapshot to
+//    Config::dir (Note [Checkpoint directories]) in the background; a
+//    checkpoint that falls due while the previous one is still being written
+//    is skipped (counted, logged at debug), never queued. A worker started
+//    without an agent keeps its region in its own memory and runs the
+//    persister itself.
+// Resuming: when a generation forms whose members hold no committed step
+// (every worker is new: all died, or the job was started again with the
+// same job id), its Sync agrees on where the state comes from (three small
+// allreduces): every rank offers its node's memory snapshot, rank 0 also
+// the newest checkpoint on disk that passes its checks; the newest step
+// wins (memory over disk at the same step, then the lowest rank), its
+// rank loads it and broadcasts it as the authoritative rank does after a
+// re-form, and one line in every worker's log names the step and the
+// source. A generation with a member that holds a commit goes on from that
+// member as always. Config::resume = false (--no-resume) starts afresh.
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/checkpoint/config.h"
+#include "worker/checkpoint/content.h"
+#include "worker/checkpoint/memory.h"
+#include "worker/checkpoint/persister.h"
+
+namespace concord::checkpoint {
+
+// A state this worker could resume from.
+struct Candidate {
+  int64_t step = 0;
+  std::string source;  // for the log: "memory (...)" or "disk (path)"
+  Content content;
+};
+
+class Checkpointer {
+ public:
+  // Opens the node's region (Config::memory) or makes one of its own and
+  // starts its persister. UNAVAILABLE when the region cannot be opened.
+  static absl::StatusOr<std::unique_ptr<Checkpointer>> Create(
+      const Config& config, const std::string& job);
+  // Writes what is ready to disk (its own persister), then stops.
+  ~Checkpointer();
+
+  const Config& config() const { return config_; }
+
+  // A generation began: whether this worker writes its node's snapshot
+  // (the node's lowest rank) and whether the disk tier writes it (rank 0).
+  void SetRole(bool writes_memory, bool persists) {
+    writes_memory_ = writes_memory;
+    persists_ = persists;
+  }
+  bool writes_memory() const { return writes_memory_; }
+
+  // Whether the commit of `step` takes a checkpoint.
+  bool Due(int64_t step) const {
+    return config_.every > 0 && step > 0 && step % config_.every == 0;
+  }
+  // Copies `content` into the region (the step's stall). Errors are logged
+  // once, never returned: training goes on without that checkpoint.
+  void Save(const Content& content);
+
+  // The newest state this worker can offer (Note [Checkpoints]): its node's
+  // memory snapshot, and with `disk` the newest checkpoint that loads.
+  std::optional<Candidate> FindCandidate(bool disk);
+
+  int64_t saved() const { return saved_; }
+  int64_t skipped() const { return skipped_; }
+  // The last Save's stall (seconds).
+  double last_stall() const { return last_stall_; }
+
+ private:
+  Checkpointer(Config config, std::string job)
+      : config_(std::move(config)), job_(std::move(job)) {}
+
+  const Config config_;
+  const std::string job_;
+  std::unique_ptr<Region> region_;
+  std::unique_ptr<Persister> persister_;  // without an agent
+  bool writes_memory_ = false;
+  bool persists_ = false;
+  int64_t saved_ = 0;
+  int64_t skipped_ = 0;
+  double last_stall_ = 0;
+  std::string last_error_;
+};
+
+}  // namespace concord::checkpoint

@@ -1,0 +1,53 @@
+#pragma once
+// What a job's checkpoints are (Note [Checkpoints] in
+// worker/checkpoint/checkpointer.h): the one place their options, defaults
+// and environment variables live. Torch-free: concord-run parses its flags
+// into it and passes it on to the workers with ToEnvironment.
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace concord::checkpoint {
+
+// --checkpoint-keep's default: complete checkpoints kept on disk.
+inline constexpr int kDefaultKeep = 3;
+
+struct Config {
+  // Where checkpoints go: DIR/<job>/step-<N>/. Empty: no checkpoints.
+  std::string dir;
+  // A checkpoint at every commit of a step that is a multiple of `every`
+  // (at least 1 with a dir).
+  int64_t every = 0;
+  // Complete checkpoints kept on disk (at least 1).
+  int keep = kDefaultKeep;
+  // Whether a generation whose members hold no committed step goes on from
+  // the newest checkpoint (--no-resume: false).
+  bool resume = true;
+  // The node agent's shared-memory file for this node's snapshot
+  // (concord-run sets it; the agent writes it to disk). Empty: the worker
+  // keeps its snapshot in its own memory and writes it itself.
+  std::string memory;
+
+  bool enabled() const { return !dir.empty(); }
+};
+
+// INVALID_ARGUMENT naming the field (`prefix` + its name) when a dir has no
+// positive `every`, `every` comes without a dir, or `keep` < 1.
+absl::Status Validate(const Config& config, const std::string& prefix);
+
+// CONCORD_CHECKPOINT_DIR, CONCORD_CHECKPOINT_EVERY, CONCORD_CHECKPOINT_KEEP,
+// CONCORD_CHECKPOINT_RESUME (0 or 1) and CONCORD_CHECKPOINT_MEMORY.
+// INVALID_ARGUMENT names the variable that is malformed.
+absl::StatusOr<Config> FromEnvironment();
+
+// The variables FromEnvironment reads, for concord-run's workers (none
+// without a dir).
+std::vector<std::pair<std::string, std::string>> ToEnvironment(
+    const Config& config);
+
+}  // namespace concord::checkpoint

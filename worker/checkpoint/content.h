@@ -1,0 +1,118 @@
+#pragma once
+// What a checkpoint holds, independent of where it is kept (Note
+// [Checkpoints] in worker/checkpoint/checkpointer.h), and how its parts
+// become PyTorch's files and back.
+//
+// Note [Checkpoint format]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// A checkpoint is the committed training state of a job, the same on every
+// rank of a data-parallel job (so it is written once, and resumes at any
+// world size):
+//  - each module's parameters and buffers by name, in `<module>.pt`, as
+//    `torch.save(model.state_dict())` writes them ("model.pt" for the
+//    one-module state: ElasticState names it "model");
+//  - each optimizer of a type PyTorch has (SGD, Adam, AdamW, RMSprop,
+//    Adagrad) in `<optimizer>.pt`, as `torch.save(optimizer.state_dict())`
+//    writes it: {"state": {index: {...}}, "param_groups": [{options...,
+//    "params": [index, ...]}]}, parameters numbered across the groups in
+//    order; "step" is a 0-dimensional float tensor as in PyTorch 1.13 and
+//    2.x;
+//  - in `state.pt` (a dict of tensors as well): the user's values
+//    ("values/<name>"), the CPU random generator's state ("rng/cpu") and
+//    an optimizer PyTorch has no equivalent of as LibTorch's own archive,
+//    as bytes ("optimizer/<name>");
+//  - the counters (step, epoch, samples of the epoch consumed, the world
+//    size and generation it was taken at) in manifest.json
+//    (worker/checkpoint/disk.h).
+// Every file loads with torch.load(..., weights_only=True) (Note [State
+// dict files] in worker/state_dict_file.h).
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
+#include <torch/optim/optimizer.h>
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "worker/state_dict_file.h"
+
+namespace concord::checkpoint {
+
+struct OptimizerContent {
+  std::string name;
+  // "SGD", "Adam", "AdamW", "RMSprop" or "Adagrad"; empty for an optimizer
+  // PyTorch has no file for (`native` holds it).
+  std::string type;
+  // PyTorch's param_groups (each group's options and "params": indices).
+  nlohmann::json param_groups = nlohmann::json::array();
+  // Per-parameter state by the parameter's index.
+  std::vector<std::pair<int64_t, NamedTensors>> state;
+  // `type` empty: LibTorch's Optimizer::save archive, as uint8.
+  at::Tensor native;
+};
+
+struct Counters {
+  int64_t step = 0;
+  int64_t epoch = 0;
+  int64_t position = 0;  // samples of the epoch consumed (the loop's unit)
+  int64_t world_size = 0;
+  int64_t generation = 0;
+};
+
+struct Content {
+  Counters counters;
+  // Each module's parameters and buffers by name.
+  std::vector<std::pair<std::string, NamedTensors>> modules;
+  std::vector<OptimizerContent> optimizers;
+  // state.pt's entries besides the native optimizers: "values/<name>",
+  // "rng/cpu".
+  NamedTensors extra;
+};
+
+// The optimizer's state as PyTorch's state_dict has it. The tensors are
+// the optimizer's own (no copy), except "step" counters.
+OptimizerContent CaptureOptimizer(const std::string& name,
+                                  const torch::optim::Optimizer& optimizer);
+// Puts `saved` into `optimizer`: options of every group, per-parameter
+// state (copied onto each parameter's device). FAILED_PRECONDITION naming
+// what differs: another type, another number of groups or parameters, a
+// state tensor whose shape is not its parameter's.
+absl::Status ApplyOptimizer(const OptimizerContent& saved,
+                            torch::optim::Optimizer& optimizer);
+// Copies `saved` into the module's `live` tensors by name.
+// FAILED_PRECONDITION naming the first name missing on either side or whose
+// shape or dtype differs.
+absl::Status ApplyModule(const std::string& module, const NamedTensors& saved,
+                         const NamedTensors& live);
+
+// The CPU random generator's state, and putting it back (INVALID_ARGUMENT
+// for a tensor that is not one).
+at::Tensor CpuRngState();
+absl::Status SetCpuRngState(const at::Tensor& state);
+
+// PyTorch's optimizer state_dict as an IValue (what `<optimizer>.pt`
+// pickles), and back. INVALID_ARGUMENT naming what is malformed.
+c10::IValue OptimizerToIValue(const OptimizerContent& optimizer);
+absl::StatusOr<OptimizerContent> OptimizerFromIValue(const std::string& name,
+                                                     const std::string& type,
+                                                     const c10::IValue& value);
+
+// Every tensor of `content` in one order, and its structure with each
+// tensor replaced by its number in that order: what the memory tier stores
+// (worker/checkpoint/memory.h). Unflatten(Flatten(c)) is c.
+struct Flat {
+  nlohmann::json skeleton;
+  std::vector<at::Tensor> tensors;
+};
+Flat Flatten(const Content& content);
+// INVALID_ARGUMENT when `skeleton` does not describe a content or refers to
+// a tensor `tensors` lacks.
+absl::StatusOr<Content> Unflatten(const nlohmann::json& skeleton,
+                                  const std::vector<at::Tensor>& tensors);
+
+}  // namespace concord::checkpoint

@@ -1,0 +1,533 @@
+#include "worker/checkpoint/disk.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "common/write_all.h"
+
+namespace concord::checkpoint {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+constexpr char kFormat[] = "concord-checkpoint";
+constexpr int kFormatVersion = 1;
+constexpr char kStateFile[] = "state.pt";
+constexpr char kManifest[] = "manifest.json";
+
+absl::Status Errno(const std::string& what, const std::string& path) {
+  return absl::UnavailableError(
+      absl::StrCat(what, " ", path, ": ", std::strerror(errno)));
+}
+
+uint32_t Crc(uint32_t crc, const void* data, size_t n) {
+  return static_cast<uint32_t>(
+      crc32_z(crc, static_cast<const Bytef*>(data), n));
+}
+
+absl::Status SyncDir(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return Errno("cannot open directory", path);
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) return Errno("cannot sync directory", path);
+  return absl::OkStatus();
+}
+
+// A file written through `fill(sink)` and fsynced; its size and CRC-32.
+struct Written {
+  uint64_t size = 0;
+  uint32_t crc = 0;
+};
+template <typename Fill>
+absl::StatusOr<Written> WriteFile(const std::string& path, Fill fill) {
+  const int fd =
+      ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) return Errno("cannot create", path);
+  Written w;
+  int error = 0;
+  auto sink = [&](const void* data, size_t n) -> size_t {
+    if (error != 0) return 0;
+    if (!WriteAll(fd, std::string_view(static_cast<const char*>(data), n))) {
+      error = errno == 0 ? EIO : errno;
+      return 0;
+    }
+    w.size += n;
+    w.crc = Crc(w.crc, data, n);
+    return n;
+  };
+  absl::Status filled = fill(sink);
+  if (filled.ok() && error == 0 && ::fsync(fd) != 0) error = errno;
+  ::close(fd);
+  if (error != 0) {
+    errno = error;
+    return Errno("cannot write", path);
+  }
+  if (!filled.ok()) {
+    return absl::Status(filled.code(),
+                        absl::StrCat(path, ": ", filled.message()));
+  }
+  return w;
+}
+
+using Sink = std::function<size_t(const void*, size_t)>;
+
+absl::StatusOr<Written> WriteArchiveFile(const std::string& path,
+                                         const c10::IValue& value) {
+  return WriteFile(path, [&](const Sink& sink) {
+    return WriteArchive(value, sink);
+  });
+}
+
+absl::StatusOr<Written> WriteTextFile(const std::string& path,
+                                      const std::string& text) {
+  return WriteFile(path, [&](const Sink& sink) {
+    return sink(text.data(), text.size()) == text.size()
+               ? absl::OkStatus()
+               : absl::UnavailableError("short write");
+  });
+}
+
+c10::IValue TensorDict(const NamedTensors& tensors) {
+  c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
+  for (const auto& [k, t] : tensors) d.insert(k, t);
+  return d;
+}
+
+// A module's or optimizer's file: its name, when it makes a plain file name
+// (letters, digits, '_', '-', '.'; not state or manifest).
+absl::StatusOr<std::string> FileOf(const std::string& name,
+                                   std::set<std::string>& taken) {
+  const bool plain =
+      !name.empty() && name[0] != '.' &&
+      std::all_of(name.begin(), name.end(), [](char c) {
+        return std::isalnum(static_cast<unsigned char>(c)) || c == '_' ||
+               c == '-' || c == '.';
+      });
+  const std::string file = absl::StrCat(name, ".pt");
+  if (!plain || file == kStateFile || !taken.insert(file).second) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'", name,
+        "' cannot name a checkpoint file (letters, digits, '_', '-', '.'; "
+        "each module and optimizer a name of its own, not 'state')"));
+  }
+  return file;
+}
+
+std::string JobDir(const std::string& dir, const std::string& job) {
+  return (fs::path(dir) / job).string();
+}
+
+// Removes `path` and what it holds; false (with errno's message in `why`)
+// when it could not.
+bool RemoveAll(const std::string& path, std::string* why) {
+  std::error_code ec;
+  fs::remove_all(path, ec);
+  if (ec && why != nullptr) *why = ec.message();
+  return !ec;
+}
+
+// The step of a name "<prefix><N>[-...]", or -1.
+int64_t StepOf(const std::string& name, const std::string& prefix) {
+  if (!absl::StartsWith(name, prefix)) return -1;
+  std::string rest = name.substr(prefix.size());
+  if (auto dash = rest.find('-'); dash != std::string::npos) rest.resize(dash);
+  int64_t step = -1;
+  if (!absl::SimpleAtoi(rest, &step) || step < 0) return -1;
+  return step;
+}
+
+// A step-N directory: its manifest parsed, or why not.
+struct Scanned {
+  CheckpointInfo info;
+  absl::Status status;
+  json manifest;
+};
+
+Scanned Scan(const std::string& path, const std::string& job) {
+  Scanned s;
+  s.info.path = path;
+  std::ifstream in(fs::path(path) / kManifest);
+  if (!in) {
+    s.status = absl::InvalidArgumentError("no manifest.json");
+    return s;
+  }
+  s.manifest = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (s.manifest.is_discarded() || !s.manifest.is_object()) {
+    s.status = absl::InvalidArgumentError("manifest.json is not JSON");
+    return s;
+  }
+  try {
+    const json& m = s.manifest;
+    if (m.at("format") != kFormat || m.at("version") != kFormatVersion) {
+      s.status = absl::InvalidArgumentError(absl::StrCat(
+          "manifest.json: not a ", kFormat, " of version ", kFormatVersion));
+      return s;
+    }
+    if (m.at("job") != job) {
+      s.status = absl::InvalidArgumentError(absl::StrCat(
+          "manifest.json: of job ", m.at("job").dump(), ", not ", job));
+      return s;
+    }
+    s.info.step = m.at("step").get<int64_t>();
+    s.info.epoch = m.at("epoch").get<int64_t>();
+    s.info.position = m.at("samples").get<int64_t>();
+    s.info.world_size = m.at("world_size").get<int64_t>();
+    s.info.generation = m.at("generation").get<int64_t>();
+    for (const auto& [file, f] : m.at("files").items()) {
+      s.info.bytes += f.at("size").get<uint64_t>();
+    }
+  } catch (const json::exception& e) {
+    s.status =
+        absl::InvalidArgumentError(absl::StrCat("manifest.json: ", e.what()));
+  }
+  return s;
+}
+
+// Every step-N directory, newest first, scanned.
+std::vector<Scanned> ScanAll(const std::string& dir, const std::string& job) {
+  std::vector<std::pair<int64_t, std::string>> found;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(JobDir(dir, job), ec)) {
+    const std::string name = entry.path().filename().string();
+    const int64_t step = StepOf(name, "step-");
+    if (step >= 0 && name == absl::StrCat("step-", step)) {
+      found.emplace_back(step, entry.path().string());
+    }
+  }
+  std::sort(found.rbegin(), found.rend());
+  std::vector<Scanned> out;
+  for (const auto& [step, path] : found) {
+    Scanned s = Scan(path, job);
+    if (s.status.ok() && s.info.step != step) {
+      s.status = absl::InvalidArgumentError(absl::StrCat(
+          "manifest.json says step ", s.info.step, " in step-", step));
+    }
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<char>> ReadChecked(const std::string& path,
+                                              const json& entry) {
+  const uint64_t size = entry.at("size").get<uint64_t>();
+  const uint32_t crc = entry.at("crc32").get<uint32_t>();
+  std::error_code ec;
+  const uintmax_t actual = fs::file_size(path, ec);
+  if (ec) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(fs::path(path).filename().string(), ": ", ec.message()));
+  }
+  if (actual != size) {
+    return absl::DataLossError(absl::StrCat(
+        fs::path(path).filename().string(), ": ", actual,
+        " bytes, the manifest says ", size));
+  }
+  std::vector<char> bytes(size);
+  std::ifstream in(path, std::ios::binary);
+  if (!in.read(bytes.data(), static_cast<std::streamsize>(size))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(fs::path(path).filename().string(), ": cannot read"));
+  }
+  if (Crc(0, bytes.data(), bytes.size()) != crc) {
+    return absl::DataLossError(
+        absl::StrCat(fs::path(path).filename().string(),
+                     ": its CRC-32 is not the manifest's"));
+  }
+  return bytes;
+}
+
+absl::StatusOr<NamedTensors> TensorsOf(const c10::IValue& v,
+                                       const std::string& file) {
+  if (!v.isGenericDict()) {
+    return absl::InvalidArgumentError(absl::StrCat(file, ": not a dict"));
+  }
+  NamedTensors out;
+  for (const auto& e : v.toGenericDict()) {
+    if (!e.key().isString() || !e.value().isTensor()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(file, ": not a dict of tensors"));
+    }
+    out.emplace_back(e.key().toStringRef(), e.value().toTensor());
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<WriteStats> WriteCheckpoint(const Content& content,
+                                           const std::string& dir,
+                                           const std::string& job,
+                                           const WriteOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t step = content.counters.step;
+  const std::string job_dir = JobDir(dir, job);
+  {
+    std::error_code ec;
+    fs::create_directories(job_dir, ec);
+    if (ec) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot make ", job_dir, ": ", ec.message()));
+    }
+  }
+  const std::string staging = (fs::path(job_dir) / absl::StrCat(
+                                   ".staging-step-", step, "-", ::getpid()))
+                                  .string();
+  RemoveAll(staging, nullptr);
+  if (::mkdir(staging.c_str(), 0755) != 0) {
+    return Errno("cannot make", staging);
+  }
+  json manifest = {{"format", kFormat},
+                   {"version", kFormatVersion},
+                   {"job", job},
+                   {"step", step},
+                   {"epoch", content.counters.epoch},
+                   {"samples", content.counters.position},
+                   {"world_size", content.counters.world_size},
+                   {"generation", content.counters.generation},
+                   {"created_unix_ms",
+                    std::chrono::duration_cast<std::chrono::milliseconds>(
+                        std::chrono::system_clock::now().time_since_epoch())
+                        .count()},
+                   {"modules", json::array()},
+                   {"optimizers", json::array()},
+                   {"files", json::object()}};
+  uint64_t bytes = 0;
+  auto failed = [&](absl::Status s) {
+    if (s.code() != absl::StatusCode::kAborted) RemoveAll(staging, nullptr);
+    return s;
+  };
+  auto add = [&](const std::string& file, const c10::IValue& value,
+                 json description) -> absl::Status {
+    CONCORD_ASSIGN_OR_RETURN(
+        const Written w,
+        WriteArchiveFile((fs::path(staging) / file).string(), value));
+    description["size"] = w.size;
+    description["crc32"] = w.crc;
+    manifest["files"][file] = std::move(description);
+    bytes += w.size;
+    return absl::OkStatus();
+  };
+  std::set<std::string> taken;
+  NamedTensors state = content.extra;
+  for (const auto& [name, tensors] : content.modules) {
+    auto file = FileOf(name, taken);
+    if (!file.ok()) return failed(file.status());
+    if (absl::Status s = add(*file, TensorDict(tensors),
+                             {{"kind", "module"}, {"name", name}});
+        !s.ok()) {
+      return failed(s);
+    }
+    manifest["modules"].push_back(name);
+  }
+  for (const OptimizerContent& o : content.optimizers) {
+    manifest["optimizers"].push_back({{"name", o.name}, {"type", o.type}});
+    if (o.type.empty()) {
+      state.emplace_back(absl::StrCat("optimizer/", o.name), o.native);
+      continue;
+    }
+    auto file = FileOf(o.name, taken);
+    if (!file.ok()) return failed(file.status());
+    if (absl::Status s =
+            add(*file, OptimizerToIValue(o),
+                {{"kind", "optimizer"}, {"name", o.name}, {"type", o.type}});
+        !s.ok()) {
+      return failed(s);
+    }
+  }
+  if (absl::Status s = add(kStateFile, TensorDict(state), {{"kind", "state"}});
+      !s.ok()) {
+    return failed(s);
+  }
+  if (options.fault == WriteFault::kBeforeManifest) {
+    return absl::AbortedError("test fault before the manifest");
+  }
+  if (auto w = WriteTextFile((fs::path(staging) / kManifest).string(),
+                             manifest.dump(2) + "\n");
+      !w.ok()) {
+    return failed(w.status());
+  }
+  if (absl::Status s = SyncDir(staging); !s.ok()) return failed(s);
+  if (options.fault == WriteFault::kBeforeRename) {
+    return absl::AbortedError("test fault before the rename");
+  }
+  const std::string final_dir =
+      (fs::path(job_dir) / absl::StrCat("step-", step)).string();
+  std::string trash;
+  if (fs::exists(final_dir)) {
+    // An older run's (passed over at load, or this very step again):
+    // moved aside in one rename, removed once the new one is in place.
+    trash = (fs::path(job_dir) /
+             absl::StrCat(".trash-step-", step, "-", ::getpid()))
+                .string();
+    RemoveAll(trash, nullptr);
+    if (::rename(final_dir.c_str(), trash.c_str()) != 0) {
+      return failed(Errno("cannot move aside", final_dir));
+    }
+  }
+  if (::rename(staging.c_str(), final_dir.c_str()) != 0) {
+    return failed(Errno("cannot rename into place", final_dir));
+  }
+  CONCORD_RETURN_IF_ERROR(SyncDir(job_dir));
+  if (!trash.empty()) RemoveAll(trash, nullptr);
+  // `latest`, replaced by rename.
+  const std::string latest = (fs::path(job_dir) / "latest").string();
+  const std::string latest_tmp =
+      (fs::path(job_dir) / absl::StrCat(".latest-", ::getpid())).string();
+  std::remove(latest_tmp.c_str());
+  const std::string text = absl::StrCat("step-", step, "\n");
+  if (options.fault == WriteFault::kDuringLatest) {
+    (void)WriteTextFile(latest_tmp, text.substr(0, text.size() / 2));
+    return absl::AbortedError("test fault while replacing latest");
+  }
+  if (auto w = WriteTextFile(latest_tmp, text); !w.ok()) return w.status();
+  if (::rename(latest_tmp.c_str(), latest.c_str()) != 0) {
+    const absl::Status s = Errno("cannot rename into place", latest);
+    std::remove(latest_tmp.c_str());
+    return s;
+  }
+  CONCORD_RETURN_IF_ERROR(SyncDir(job_dir));
+  // Only now: the old beyond `keep`, and what crashed writers left.
+  std::vector<Scanned> all = ScanAll(dir, job);
+  int kept = 0;
+  for (const Scanned& s : all) {
+    if (!s.status.ok()) continue;
+    if (s.info.step > step) continue;  // another writer's newer one
+    if (++kept > options.keep) RemoveAll(s.info.path, nullptr);
+  }
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(job_dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    const int64_t staged = std::max(StepOf(name, ".staging-step-"),
+                                    StepOf(name, ".trash-step-"));
+    if (staged >= 0 && staged < step) RemoveAll(entry.path().string(), nullptr);
+    if (absl::StartsWith(name, ".latest-") && name != ".latest-") {
+      if (entry.path().string() != latest_tmp) {
+        std::remove(entry.path().c_str());
+      }
+    }
+  }
+  WriteStats stats;
+  stats.path = final_dir;
+  stats.bytes = bytes;
+  stats.seconds = std::chrono::duration<double>(
+                      std::chrono::steady_clock::now() - start)
+                      .count();
+  return stats;
+}
+
+std::vector<CheckpointInfo> ListCheckpoints(const std::string& dir,
+                                            const std::string& job) {
+  std::vector<CheckpointInfo> out;
+  for (const Scanned& s : ScanAll(dir, job)) {
+    if (s.status.ok()) out.push_back(s.info);
+  }
+  return out;
+}
+
+absl::StatusOr<Content> LoadCheckpoint(const std::string& path) {
+  const std::string job = fs::path(path).parent_path().filename().string();
+  Scanned s = Scan(path, job);
+  CONCORD_RETURN_IF_ERROR(s.status);
+  Content c;
+  c.counters.step = s.info.step;
+  c.counters.epoch = s.info.epoch;
+  c.counters.position = s.info.position;
+  c.counters.world_size = s.info.world_size;
+  c.counters.generation = s.info.generation;
+  try {
+    const json& files = s.manifest.at("files");
+    auto read = [&](const std::string& file) -> absl::StatusOr<c10::IValue> {
+      if (!files.contains(file)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("manifest.json lists no ", file));
+      }
+      CONCORD_ASSIGN_OR_RETURN(
+          std::vector<char> bytes,
+          ReadChecked((fs::path(path) / file).string(), files.at(file)));
+      auto value = ReadArchive(bytes);
+      if (!value.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(file, ": ", value.status().message()));
+      }
+      return value;
+    };
+    for (const json& name : s.manifest.at("modules")) {
+      const std::string file = absl::StrCat(name.get<std::string>(), ".pt");
+      CONCORD_ASSIGN_OR_RETURN(c10::IValue v, read(file));
+      CONCORD_ASSIGN_OR_RETURN(NamedTensors t, TensorsOf(v, file));
+      c.modules.emplace_back(name.get<std::string>(), std::move(t));
+    }
+    CONCORD_ASSIGN_OR_RETURN(c10::IValue state_value, read(kStateFile));
+    CONCORD_ASSIGN_OR_RETURN(NamedTensors state,
+                             TensorsOf(state_value, kStateFile));
+    std::map<std::string, at::Tensor> natives;
+    for (auto& [key, t] : state) {
+      if (absl::StartsWith(key, "optimizer/")) {
+        natives[key.substr(std::strlen("optimizer/"))] = t;
+      } else {
+        c.extra.emplace_back(key, t);
+      }
+    }
+    for (const json& o : s.manifest.at("optimizers")) {
+      const std::string name = o.at("name").get<std::string>();
+      const std::string type = o.at("type").get<std::string>();
+      if (type.empty()) {
+        OptimizerContent oc;
+        oc.name = name;
+        if (!natives.count(name)) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "state.pt has no LibTorch archive of optimizer '", name, "'"));
+        }
+        oc.native = natives[name];
+        c.optimizers.push_back(std::move(oc));
+        continue;
+      }
+      const std::string file = absl::StrCat(name, ".pt");
+      CONCORD_ASSIGN_OR_RETURN(c10::IValue v, read(file));
+      auto oc = OptimizerFromIValue(name, type, v);
+      if (!oc.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(file, ": ", oc.status().message()));
+      }
+      c.optimizers.push_back(*std::move(oc));
+    }
+  } catch (const json::exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("manifest.json: ", e.what()));
+  }
+  return c;
+}
+
+absl::StatusOr<Loaded> LoadNewest(const std::string& dir,
+                                  const std::string& job) {
+  for (Scanned& s : ScanAll(dir, job)) {
+    absl::StatusOr<Content> content =
+        s.status.ok() ? LoadCheckpoint(s.info.path) : s.status;
+    if (content.ok()) return Loaded{s.info, *std::move(content)};
+    Log()->warn("checkpoint {} passed over: {}", s.info.path,
+                std::string(content.status().message()));
+  }
+  return absl::NotFoundError(
+      absl::StrCat("no complete checkpoint of job ", job, " in ", dir));
+}
+
+}  // namespace concord::checkpoint

@@ -1,0 +1,101 @@
+#pragma once
+// The disk tier of checkpoints (Note [Checkpoints] in
+// worker/checkpoint/checkpointer.h): the files of Note [Checkpoint format]
+// in a directory per checkpoint, written so that a crash at any point
+// leaves every complete checkpoint loadable and nothing half-written
+// loaded.
+//
+// Note [Checkpoint directories]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+//   DIR/<job>/step-<N>/   model.pt, optimizer.pt, ..., state.pt,
+//                         manifest.json
+//   DIR/<job>/latest      "step-<N>\n": the newest complete one
+// A checkpoint is written into DIR/<job>/.staging-step-<N>-<pid>/, each
+// file fsynced; manifest.json last (the step, epoch, samples, world size,
+// generation, and each file's size and CRC-32), fsynced with the
+// directory; then the directory is renamed to step-<N> and DIR/<job>
+// fsynced; then `latest` is replaced by rename (written and fsynced
+// first). Only then are checkpoints beyond the newest `keep` deleted, and
+// staging directories of older steps (a writer that crashed). So:
+//  - a directory named step-<N> always has its manifest; a crash before
+//    the rename leaves only a staging directory, never loaded;
+//  - loading checks the manifest (its JSON, the job), every file's size and
+//    CRC-32, and the archives themselves; a checkpoint that fails any check
+//    is passed over with one warning line naming what is wrong, and the
+//    next older one is tried;
+//  - `latest` is for people and Python; the loader takes the newest step-N
+//    that passes its checks, so a crash between the rename and `latest`
+//    loses nothing.
+// A write that fails (a full disk, a directory made read-only or removed)
+// removes its staging directory and returns the error; the checkpoints
+// already there stay.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "worker/checkpoint/content.h"
+
+namespace concord::checkpoint {
+
+// A test hook: the write stops (as a crash would leave it) at a stage.
+enum class WriteFault {
+  kNone,
+  kBeforeManifest,  // the data files written, no manifest
+  kBeforeRename,    // the manifest written, the directory not renamed
+  kDuringLatest,    // renamed; `latest` half-written, not renamed
+};
+
+struct WriteOptions {
+  int keep = 3;
+  WriteFault fault = WriteFault::kNone;
+};
+
+struct WriteStats {
+  std::string path;  // of the checkpoint written
+  uint64_t bytes = 0;
+  double seconds = 0;
+};
+
+// Writes `content` as DIR/<job>/step-<N> (Note [Checkpoint directories]).
+// Errors: UNAVAILABLE naming the file or directory that could not be
+// written (the staging directory is removed); ABORTED at a WriteFault.
+absl::StatusOr<WriteStats> WriteCheckpoint(const Content& content,
+                                           const std::string& dir,
+                                           const std::string& job,
+                                           const WriteOptions& options);
+
+// A complete checkpoint as its manifest describes it.
+struct CheckpointInfo {
+  std::string path;
+  int64_t step = 0;
+  int64_t epoch = 0;
+  int64_t position = 0;
+  int64_t world_size = 0;
+  int64_t generation = 0;
+  uint64_t bytes = 0;
+};
+
+// Every DIR/<job>/step-<N> whose manifest parses, newest first (the files
+// are not read). A missing DIR/<job> is none.
+std::vector<CheckpointInfo> ListCheckpoints(const std::string& dir,
+                                            const std::string& job);
+
+// The checkpoint at `path`, every file checked against the manifest.
+// INVALID_ARGUMENT (DATA_LOSS for a size or checksum that differs) naming
+// the file and what is wrong.
+absl::StatusOr<Content> LoadCheckpoint(const std::string& path);
+
+// The newest checkpoint of `job` in `dir` that loads (Note [Checkpoint
+// directories]): one warning line for each newer one passed over.
+// NOT_FOUND when there is none.
+struct Loaded {
+  CheckpointInfo info;
+  Content content;
+};
+absl::StatusOr<Loaded> LoadNewest(const std::string& dir,
+                                  const std::string& job);
+
+}  // namespace concord::checkpoint

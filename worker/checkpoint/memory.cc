@@ -1,0 +1,130 @@
+#include "worker/checkpoint/memory.h"
+
+#include <unistd.h>
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace concord::checkpoint {
+namespace {
+
+constexpr char kMagic[8] = {'C', 'O', 'N', 'C', 'K', 'P', 'T', '1'};
+constexpr uint32_t kVersion = 1;
+constexpr size_t kAlign = 64;
+
+size_t Aligned(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+}  // namespace
+
+absl::StatusOr<WriteResult> WriteSnapshot(Region& region, const Content& content,
+                                          const std::string& job, bool persist) {
+  Flat flat = Flatten(content);
+  nlohmann::json table = nlohmann::json::array();
+  size_t offset = 0;
+  for (const at::Tensor& t : flat.tensors) {
+    table.push_back({{"dtype", static_cast<int>(t.scalar_type())},
+                     {"shape", t.sizes().vec()},
+                     {"offset", offset}});
+    offset = Aligned(offset + t.numel() * t.element_size());
+  }
+  const std::string layout =
+      nlohmann::json{{"skeleton", flat.skeleton}, {"tensors", table}}.dump();
+  const size_t data_offset = Aligned(kHeaderBytes + layout.size());
+  const size_t bytes = data_offset + offset;
+  RegionHeader* h = &region.header();
+  // Claim the region first: a persister reading it must not see it remapped.
+  uint32_t s = h->state.load(std::memory_order_acquire);
+  do {
+    if (s == RegionHeader::kPersisting) return WriteResult::kSkippedBusy;
+  } while (!h->state.compare_exchange_weak(s, RegionHeader::kWriting,
+                                           std::memory_order_acq_rel));
+  if (absl::Status grown = region.Reserve(bytes); !grown.ok()) {
+    region.header().state.store(RegionHeader::kEmpty,
+                                std::memory_order_release);
+    return grown;
+  }
+  h = &region.header();
+  std::memcpy(h->magic, kMagic, sizeof(kMagic));
+  h->version = kVersion;
+  h->writer_pid = static_cast<int32_t>(::getpid());
+  std::memcpy(region.base() + kHeaderBytes, layout.data(), layout.size());
+  {
+    torch::NoGradGuard no_grad;
+    char* data = region.base() + data_offset;
+    for (size_t i = 0; i < flat.tensors.size(); ++i) {
+      const at::Tensor& t = flat.tensors[i];
+      at::Tensor dst = torch::from_blob(
+          data + table[i]["offset"].get<size_t>(), t.sizes(),
+          torch::TensorOptions().dtype(t.scalar_type()).device(torch::kCPU));
+      dst.copy_(t);
+    }
+  }
+  h->step = content.counters.step;
+  h->layout_offset = kHeaderBytes;
+  h->layout_size = layout.size();
+  h->bytes = bytes;
+  h->persist = persist ? 1 : 0;
+  std::memset(h->job, 0, sizeof(h->job));
+  std::memcpy(h->job, job.data(), std::min(job.size(), sizeof(h->job) - 1));
+  h->sequence.fetch_add(1, std::memory_order_acq_rel);
+  h->state.store(RegionHeader::kReady, std::memory_order_release);
+  return WriteResult::kWritten;
+}
+
+absl::StatusOr<Content> ReadSnapshot(Region& region) {
+  const RegionHeader& h = region.header();
+  const uint32_t s = h.state.load(std::memory_order_acquire);
+  if (std::memcmp(h.magic, kMagic, sizeof(kMagic)) != 0 ||
+      (s != RegionHeader::kReady && s != RegionHeader::kPersisting)) {
+    return absl::NotFoundError("no complete snapshot in memory");
+  }
+  if (h.version != kVersion) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a snapshot of format ", h.version, ", expected ",
+                     kVersion));
+  }
+  CONCORD_RETURN_IF_ERROR(region.MapAll());
+  const RegionHeader& mapped = region.header();
+  if (mapped.layout_offset + mapped.layout_size > region.mapped()) {
+    return absl::InvalidArgumentError("a snapshot's layout past its region");
+  }
+  nlohmann::json layout = nlohmann::json::parse(
+      region.base() + mapped.layout_offset,
+      region.base() + mapped.layout_offset + mapped.layout_size, nullptr,
+      /*allow_exceptions=*/false);
+  if (layout.is_discarded() || !layout.contains("tensors") ||
+      !layout.contains("skeleton")) {
+    return absl::InvalidArgumentError("a snapshot's layout is not JSON");
+  }
+  const size_t data_offset =
+      Aligned(mapped.layout_offset + mapped.layout_size);
+  std::vector<at::Tensor> tensors;
+  try {
+    for (const nlohmann::json& t : layout.at("tensors")) {
+      const auto dtype = static_cast<c10::ScalarType>(t.at("dtype").get<int>());
+      const std::vector<int64_t> shape =
+          t.at("shape").get<std::vector<int64_t>>();
+      const size_t offset = data_offset + t.at("offset").get<size_t>();
+      int64_t numel = 1;
+      for (int64_t d : shape) numel *= d;
+      if (offset + static_cast<size_t>(numel) * c10::elementSize(dtype) >
+          mapped.bytes) {
+        return absl::InvalidArgumentError("a snapshot's tensor past its end");
+      }
+      tensors.push_back(torch::from_blob(
+          region.base() + offset, shape,
+          torch::TensorOptions().dtype(dtype).device(torch::kCPU)));
+    }
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a snapshot's tensor table: ", e.what()));
+  }
+  return Unflatten(layout.at("skeleton"), tensors);
+}
+
+}  // namespace concord::checkpoint

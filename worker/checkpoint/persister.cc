@@ -1,0 +1,121 @@
+#include "worker/checkpoint/persister.h"
+
+#include <cstring>
+
+#include "common/logging.h"
+#include "worker/checkpoint/disk.h"
+#include "worker/checkpoint/memory.h"
+
+namespace concord::checkpoint {
+
+Persister::Persister(Region* region, std::string dir, int keep,
+                     std::chrono::milliseconds poll)
+    : region_(region), dir_(std::move(dir)), keep_(keep), poll_(poll) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+Persister::~Persister() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+  PersistOnce();  // what became ready while stopping
+}
+
+void Persister::Notify() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    notified_ = true;
+  }
+  cv_.notify_all();
+}
+
+void Persister::Flush() {
+  while (PersistOnce()) {
+  }
+}
+
+PersisterStats Persister::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void Persister::Loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_) {
+    cv_.wait_for(lock, poll_, [this] { return stop_ || notified_; });
+    if (stop_) break;
+    notified_ = false;
+    lock.unlock();
+    PersistOnce();
+    lock.lock();
+  }
+}
+
+bool Persister::PersistOnce() {
+  std::lock_guard<std::mutex> write_lock(write_mu_);
+  RegionHeader& h = region_->header();
+  uint32_t expected = RegionHeader::kReady;
+  const uint64_t sequence = h.sequence.load(std::memory_order_acquire);
+  const uint64_t persisted = h.persisted.load(std::memory_order_acquire);
+  if (sequence == persisted ||
+      !h.state.compare_exchange_strong(expected, RegionHeader::kPersisting,
+                                       std::memory_order_acq_rel)) {
+    return false;
+  }
+  // The region is ours until it is kReady again.
+  const uint64_t now = h.sequence.load(std::memory_order_acquire);
+  const bool persist = h.persist == 1;
+  const std::string job(h.job, strnlen(h.job, sizeof(h.job)));
+  absl::StatusOr<WriteStats> written =
+      absl::FailedPreconditionError("not for the disk tier");
+  int64_t step = h.step;
+  if (persist) {
+    absl::StatusOr<Content> content = ReadSnapshot(*region_);
+    if (content.ok()) {
+      WriteOptions options;
+      options.keep = keep_;
+      written = WriteCheckpoint(*content, dir_, job, options);
+    } else {
+      written = content.status();
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (persist && persisted != 0 && now > persisted + 1) {
+      stats_.superseded += static_cast<int64_t>(now - persisted - 1);
+    }
+    if (!persist) {
+      // Another node's writer persists: nothing to count.
+    } else if (written.ok()) {
+      ++stats_.written;
+      stats_.last_step = step;
+      stats_.last_bytes = written->bytes;
+      stats_.last_seconds = written->seconds;
+      Log()->info("checkpoint of step {} written to {} ({:.1f} MB in {:.2f} s)",
+                  step, written->path, written->bytes / 1e6, written->seconds);
+    } else {
+      ++stats_.failed;
+      const std::string error(written.status().message());
+      // Once in the log for each kind of failure; training goes on.
+      if (error != stats_.last_error) {
+        Log()->warn(
+            "checkpoint of step {} not written ({}); training goes on, "
+            "the last complete checkpoint stays",
+            step, error);
+      } else {
+        Log()->debug("checkpoint of step {} not written: {}", step, error);
+      }
+      stats_.last_error = error;
+    }
+  }
+  // ReadSnapshot may have mapped the region again: `h` may dangle.
+  RegionHeader& after = region_->header();
+  after.persisted.store(now, std::memory_order_release);
+  after.state.store(RegionHeader::kReady, std::memory_order_release);
+  return true;
+}
+
+}  // namespace concord::checkpoint

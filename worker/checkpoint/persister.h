@@ -1,0 +1,72 @@
+#pragma once
+// The disk tier's writer (Note [Checkpoints] in
+// worker/checkpoint/checkpointer.h): a thread that writes the snapshots of
+// memory regions to disk, off the training thread. concord-run runs one over
+// its node's region (the node agent's: the workers only copy into memory);
+// a worker without an agent runs one over its own.
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "worker/checkpoint/region.h"
+
+namespace concord::checkpoint {
+
+struct PersisterStats {
+  int64_t written = 0;
+  // Snapshots replaced by a newer one before the writer got to them (a
+  // checkpoint falls due while the last one is still being written: the
+  // newest wins, none waits).
+  int64_t superseded = 0;
+  int64_t failed = 0;
+  int64_t last_step = -1;  // of the last checkpoint written
+  uint64_t last_bytes = 0;
+  double last_seconds = 0;
+  std::string last_error;
+};
+
+class Persister {
+ public:
+  // Writes the snapshots `region` marks for the disk tier into `dir`,
+  // keeping `keep` (Note [Checkpoint directories]). `region` must outlive
+  // the persister. Polls every `poll` and on Notify.
+  Persister(Region* region, std::string dir, int keep,
+            std::chrono::milliseconds poll = std::chrono::milliseconds(50));
+  // Writes what is ready, then stops.
+  ~Persister();
+  Persister(const Persister&) = delete;
+  Persister& operator=(const Persister&) = delete;
+
+  // A snapshot may be ready.
+  void Notify();
+  // Returns once every snapshot ready before the call has been written (or
+  // failed).
+  void Flush();
+  PersisterStats stats() const;
+
+  // Writes the region's snapshot if one is ready for the disk tier and not
+  // written yet; false when there was none. The thread's step; Flush's.
+  bool PersistOnce();
+
+ private:
+  void Loop();
+
+  Region* region_;
+  const std::string dir_;
+  const int keep_;
+  const std::chrono::milliseconds poll_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  bool notified_ = false;
+  std::mutex write_mu_;  // one PersistOnce at a time
+  PersisterStats stats_;  // guarded by mu_
+  std::thread thread_;
+};
+
+}  // namespace concord::checkpoint

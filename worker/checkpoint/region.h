@@ -1,0 +1,69 @@
+#pragma once
+// The memory tier's region (Note [Snapshot region] in
+// worker/checkpoint/memory.h): torch-free, so that concord-run, which owns
+// a node's region, and the workers that write it share this header.
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace concord::checkpoint {
+
+struct RegionHeader {
+  enum State : uint32_t { kEmpty = 0, kWriting = 1, kReady = 2, kPersisting = 3 };
+  char magic[8];
+  uint32_t version;
+  std::atomic<uint32_t> state;
+  std::atomic<uint64_t> sequence;  // of the last complete snapshot
+  int64_t step;
+  uint64_t layout_offset, layout_size;
+  uint64_t bytes;  // header, layout and data: what a reader maps
+  // 1: the disk tier writes this snapshot (the writer is rank 0).
+  uint32_t persist;
+  int32_t writer_pid;
+  char job[128];  // the job's id, for the persister's path
+  // The persister's: the sequence it last wrote.
+  std::atomic<uint64_t> persisted;
+};
+static_assert(std::atomic<uint32_t>::is_always_lock_free &&
+                  std::atomic<uint64_t>::is_always_lock_free,
+              "the snapshot header's atomics are shared across processes");
+
+inline constexpr size_t kHeaderBytes = 4096;
+
+class Region {
+ public:
+  // The shared-memory file `path` (made, empty, when missing), or anonymous
+  // memory when `path` is empty. UNAVAILABLE naming the path when it cannot
+  // be opened or mapped.
+  static absl::StatusOr<std::unique_ptr<Region>> Open(const std::string& path);
+  ~Region();
+  Region(const Region&) = delete;
+  Region& operator=(const Region&) = delete;
+
+  // Maps at least `bytes` (a file grows to it). UNAVAILABLE when it cannot
+  // (no memory left in /dev/shm).
+  absl::Status Reserve(size_t bytes);
+  // Maps what the header says a snapshot takes (a reader of a region
+  // another process grew).
+  absl::Status MapAll();
+  RegionHeader& header() { return *reinterpret_cast<RegionHeader*>(base_); }
+  char* base() { return static_cast<char*>(base_); }
+  size_t mapped() const { return mapped_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  Region() = default;
+  absl::Status Map(size_t bytes);
+
+  std::string path_;
+  int fd_ = -1;
+  void* base_ = nullptr;
+  size_t mapped_ = 0;
+};
+
+}  // namespace concord::checkpoint
