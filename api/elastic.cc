@@ -202,6 +202,8 @@ class ElasticCore {
       job_.state()->Finish(false, std::string(done.message()));
       ThrowIfError(done);
     }
+    // Note [Checkpoints]: the job's final state is its newest checkpoint.
+    state_.SaveFinal();
     // SGP's push-sum keeps parameters as numerators between steps: the
     // model the program saves is the de-biased one.
     for (DdpCore::Impl* m : models_) {

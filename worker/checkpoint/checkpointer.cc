@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
@@ -25,11 +26,18 @@ Checkpointer::~Checkpointer() {
   if (persister_ != nullptr) persister_->Flush();
 }
 
-void Checkpointer::Save(const Content& content) {
+void Checkpointer::Save(const Content& content, bool wait) {
   if (!writes_memory_) return;
   const auto start = std::chrono::steady_clock::now();
-  absl::StatusOr<WriteResult> r =
-      WriteSnapshot(*region_, content, job_, persists_);
+  absl::StatusOr<WriteResult> r;
+  for (;;) {
+    r = WriteSnapshot(*region_, content, job_, persists_);
+    if (!wait || !r.ok() || *r != WriteResult::kSkippedBusy ||
+        std::chrono::steady_clock::now() - start > std::chrono::minutes(5)) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   last_stall_ = std::chrono::duration<double>(
                     std::chrono::steady_clock::now() - start)
                     .count();
@@ -50,6 +58,7 @@ void Checkpointer::Save(const Content& content) {
     return;
   }
   ++saved_;
+  last_saved_step_ = content.counters.step;
   if (persister_ != nullptr) persister_->Notify();
 }
 

@@ -77,8 +77,14 @@ class Checkpointer {
     return config_.every > 0 && step > 0 && step % config_.every == 0;
   }
   // Copies `content` into the region (the step's stall). Errors are logged
-  // once, never returned: training goes on without that checkpoint.
-  void Save(const Content& content);
+  // once, never returned: training goes on without that checkpoint. A
+  // checkpoint that falls due while the last one is still being written is
+  // skipped, unless `wait` (training is over: the job's last commit waits
+  // for the write before it, at most 5 minutes).
+  void Save(const Content& content, bool wait = false);
+  // The step of the last snapshot this worker copied into the region (-1:
+  // none).
+  int64_t last_saved_step() const { return last_saved_step_; }
 
   // The newest state this worker can offer (Note [Checkpoints]): its node's
   // memory snapshot, and with `disk` the newest checkpoint that loads.
@@ -100,6 +106,7 @@ class Checkpointer {
   bool writes_memory_ = false;
   bool persists_ = false;
   int64_t saved_ = 0;
+  int64_t last_saved_step_ = -1;
   int64_t skipped_ = 0;
   double last_stall_ = 0;
   std::string last_error_;

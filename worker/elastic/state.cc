@@ -136,6 +136,14 @@ void State::CommitState(bool may_checkpoint) {
   }
 }
 
+void State::SaveFinal() {
+  if (checkpointer_ == nullptr || step == 0 ||
+      checkpointer_->last_saved_step() == step) {
+    return;
+  }
+  checkpointer_->Save(Capture(), /*wait=*/true);
+}
+
 checkpoint::Content State::Capture() const {
   checkpoint::Content c;
   c.counters.step = committed_.step;

@@ -235,6 +235,10 @@ class State {
   // out: never retried), and non-retryable ones of Sync.
   absl::Status Reform(const std::string& reason, bool restore);
 
+  // Note [Checkpoints]: training is over: the last commit becomes the
+  // newest checkpoint, if it is not one yet (waiting for the write of the
+  // one before).
+  void SaveFinal();
   // Note [Checkpoints]: the checkpoints of the session's
   // WorkerOptions::checkpoint, when it has a dir (null otherwise; made by the
   // first Sync).

@@ -1,0 +1,346 @@
+#!/usr/bin/python3
+"""Integration test of durable checkpoints (Note [Checkpoints] in
+worker/checkpoint/checkpointer.h): real concord-run + concord-train jobs of
+3 workers with --checkpoint-dir, killed whole or in part, started again.
+
+    /usr/bin/python3 tests/integration/test_checkpoint.py --bin-dir build/bin \\
+        [--case NAME ...] [--keep]
+
+Cases (--list):
+  kill-all   every worker and the launcher SIGKILLed mid-epoch once a
+             checkpoint of step >= 60 is complete; the same command again
+             resumes from the newest complete checkpoint (its log line names
+             the step and "disk"), exits 0, and its final parameters and its
+             final checkpoint's optimizer state are bit-identical to an
+             uninterrupted run's with the same flags.
+  memory     only the workers SIGKILLed (concord-run, the node agent, lives
+             and restarts them): they resume from the node's memory snapshot
+             (the log names "memory"), bit-identical to the uninterrupted run.
+  world2     a job killed whole resumes with 2 workers instead of 3: it
+             completes (exit 0) from the checkpoint's step, every sample of
+             the remaining epochs once.
+  python     the uninterrupted run's checkpoints in Python: model.pt and
+             state.pt load with weights_only=True; optimizer.pt too on
+             PyTorch 2.x (1.13's weights-only unpickler has no floats at all:
+             PyTorch's own optimizer files fail the same way there, checked);
+             SGD with momentum from checkpoint S continued in Python over the
+             same windows (the sample log) ends within 1e-6 of Concord's
+             checkpoint S' > S.
+
+Every subprocess has a timeout; a hang is a failure. Prints one line per
+check and 'N passed, N failed'; exits 1 on any failure.
+"""
+
+import argparse
+import json
+import os
+import re
+import signal
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import torch  # noqa: E402
+
+import test_elastic as te  # noqa: E402
+from test_elastic import Proc  # noqa: E402
+
+fixtures = te.fixtures
+N_SAMPLES = 200
+BATCH = 4
+EPOCHS = 20  # 17 steps an epoch at 3 workers: 340 steps
+EVERY = 10
+RUN_TIMEOUT = 120.0
+
+
+# Steps of at least 25 ms in the runs that are killed: the kill comes
+# while the job runs.
+SLOW = {"CONCORD_TEST_MIN_STEP_MS": "25"}
+
+
+def launch(ctx, name, job, ck, nproc=3, extra=(), env=None):
+    """concord-run of the job's command in its own process group."""
+    rd = te.RunDir(ctx.tmp, name)
+    train = ["--model", ctx.fx.model, "--data", ctx.fx.data, "--loss", "mse",
+             "--optimizer", "sgd", "--lr", te.LR, "--momentum", te.MOMENTUM,
+             "--batch-size", BATCH, "--epochs", EPOCHS, "--output", rd.output,
+             "--metrics-out", rd.metrics, "--sample-log", rd.samples,
+             "--log-interval", "50"]
+    cmd = [ctx.bins.run, "--standalone", "--nproc", nproc, "--job-id", job,
+           "--rendezvous-timeout-ms", te.RENDEZVOUS_TIMEOUT_MS,
+           "--collective-timeout-ms", te.COLLECTIVE_TIMEOUT_MS] + te.HEARTBEAT + [
+           "--checkpoint-dir", ck, "--checkpoint-every", EVERY,
+           "--checkpoint-keep", "100"] + list(extra) + ["--", ctx.bins.train] + train
+    return rd, Proc(name, cmd, rd.logs, env=env)
+
+
+def latest_step(ck, job):
+    try:
+        with open(os.path.join(ck, job, "latest")) as f:
+            m = re.match(r"step-(\d+)\n$", f.read())
+        return int(m.group(1)) if m else -1
+    except OSError:
+        return -1
+
+
+def wait_for_checkpoint(checks, name, proc, ck, job, step):
+    ok = te.testlib.wait_for(lambda: latest_step(ck, job) >= step or proc.poll() is not None,
+                           timeout=60)
+    return checks.check(ok and proc.poll() is None,
+                        "%s: a checkpoint of step >= %d while the job runs" % (name, step),
+                        proc.describe())
+
+
+def steps(ck, job):
+    out = []
+    for d in os.listdir(os.path.join(ck, job)):
+        m = re.match(r"step-(\d+)$", d)
+        if m:
+            out.append(int(m.group(1)))
+    return sorted(out)
+
+
+def load_ckpt(ck, job, step):
+    d = os.path.join(ck, job, "step-%d" % step)
+    model = torch.load(os.path.join(d, "model.pt"), weights_only=True)
+    opt = torch.load(os.path.join(d, "optimizer.pt"),
+                     weights_only=not torch.__version__.startswith("1."))
+    with open(os.path.join(d, "manifest.json")) as f:
+        manifest = json.load(f)
+    return model, opt, manifest
+
+
+def reference(ctx):
+    """The uninterrupted run (made once)."""
+    if ctx.ref is None:
+        # Steps slow enough for every checkpoint to be written (none skipped).
+        rd, p = launch(ctx, "reference", "ref", os.path.join(ctx.tmp, "ck-ref"),
+                       env={"CONCORD_TEST_MIN_STEP_MS": "10"})
+        rc = p.wait(RUN_TIMEOUT)
+        ctx.checks.check(rc == 0, "reference: the uninterrupted run exits 0", p.describe())
+        ctx.ref = (rd, os.path.join(ctx.tmp, "ck-ref"))
+    return ctx.ref
+
+
+def compare_final(checks, name, rd, ck, job, ref):
+    ref_rd, ref_ck = ref
+    problems = []
+    a, e = fixtures.load_state(rd.output), fixtures.load_state(ref_rd.output)
+    problems += fixtures.compare_states(a, e, rtol=0.0, atol=0.0)
+    last, ref_last = steps(ck, job)[-1], steps(ref_ck, "ref")[-1]
+    if last != ref_last:
+        problems.append("final checkpoints of steps %d and %d" % (last, ref_last))
+    else:
+        _, oa, ma = load_ckpt(ck, job, last)
+        _, oe, me = load_ckpt(ref_ck, "ref", ref_last)
+        for i, s in oe["state"].items():
+            if not torch.equal(oa["state"][i]["momentum_buffer"], s["momentum_buffer"]):
+                problems.append("momentum of parameter %d differs" % i)
+        if oa["param_groups"] != oe["param_groups"]:
+            problems.append("param_groups differ")
+        if (ma["epoch"], ma["samples"]) != (me["epoch"], me["samples"]):
+            problems.append("epoch/samples differ")
+    checks.check(not problems, name + ": final parameters and optimizer state bit-identical "
+                 "to the uninterrupted run's", "; ".join(problems))
+
+
+def resumed_step(text, source):
+    m = re.search(r"resuming from step (\d+) of the checkpoint in %s \(" % source, text)
+    return int(m.group(1)) if m else None
+
+
+def case_kill_all(ctx, name, nproc_after=3):
+    checks = ctx.checks
+    ref = reference(ctx) if nproc_after == 3 else None
+    job, ck = name, os.path.join(ctx.tmp, "ck-" + name)
+    rd, p = launch(ctx, name + "-1", job, ck, env=SLOW)
+    if not wait_for_checkpoint(checks, name, p, ck, job, 60):
+        return
+    seen = latest_step(ck, job)
+    p.kill_group()  # the launcher and every worker, SIGKILL
+    p.wait(10)
+    total = 17 * EPOCHS
+    checks.check(seen < total, name + ": killed before the end (checkpoint %d of %d)" % (seen, total))
+    rd2, p2 = launch(ctx, name + "-2", job, ck, nproc=nproc_after)
+    rc = p2.wait(RUN_TIMEOUT)
+    checks.check(rc == 0, name + ": the same command again exits 0", p2.describe())
+    step = resumed_step(p2.stderr(), "disk")
+    checks.check(step is not None and step >= seen,
+                 name + ": resumed from the newest complete checkpoint (%s >= %d, from disk)" % (
+                     step, seen), p2.stderr()[-3000:])
+    if nproc_after == 3:
+        compare_final(checks, name, rd2, ck, job, ref)
+    else:
+        checks.check(re.search(r"concord-train: done: \d+ steps", p2.stdout()) is not None,
+                     name + ": training completed at world size %d" % nproc_after, p2.describe())
+        check_samples_after(checks, name, rd2, step)
+
+
+def check_samples_after(checks, name, rd, resumed):
+    """Every sample of each epoch after the resume once; the resumed epoch's
+    rest once."""
+    lines = []
+    for path in sorted(os.listdir(rd.samples)):
+        got, _ = te.parse_sample_log(os.path.join(rd.samples, path))
+        lines += got
+    by_step = {s: (e, tuple(idx)) for s, e, idx in lines}
+    epochs = {}
+    for s in sorted(by_step):
+        e, idx = by_step[s]
+        epochs.setdefault(e, []).extend(idx)
+    problems = []
+    if sorted(by_step) and min(by_step) != resumed + 1:
+        problems.append("first step %d, resumed at %d" % (min(by_step), resumed))
+    for e, idx in sorted(epochs.items()):
+        if len(idx) != len(set(idx)):
+            problems.append("epoch %d: a sample twice" % e)
+        if e != min(epochs) and sorted(idx) != list(range(N_SAMPLES)):
+            problems.append("epoch %d: %d samples, not each once" % (e, len(idx)))
+    if max(epochs, default=-1) != EPOCHS - 1:
+        problems.append("last epoch %s" % max(epochs, default=None))
+    checks.check(not problems, name + ": after the resume every sample of every epoch once",
+                 "; ".join(problems))
+
+
+def case_memory(ctx, name):
+    checks = ctx.checks
+    ref = reference(ctx)
+    job, ck = name, os.path.join(ctx.tmp, "ck-" + name)
+    rd, p = launch(ctx, name, job, ck, extra=["--max-restarts", "1", "--min-workers", "1"],
+                   env=SLOW)
+    if not wait_for_checkpoint(checks, name, p, ck, job, 60):
+        return
+    trainers = fixtures.children(p.pid)
+    for pid in trainers:
+        os.kill(pid, signal.SIGKILL)
+    checks.check(len(trainers) == 3, name + ": all 3 workers SIGKILLed, the agent lives",
+                 "children: %s" % trainers)
+    rc = p.wait(RUN_TIMEOUT)
+    checks.check(rc == 0, name + ": concord-run restarts them and exits 0", p.describe())
+    step = resumed_step(p.stderr(), "memory")
+    checks.check(step is not None and step >= 60,
+                 name + ": the restarted workers resumed from the node's memory (step %s)" % step,
+                 p.stderr()[-3000:])
+    compare_final(checks, name, rd, ck, job, ref)
+
+
+def case_python(ctx, name):
+    checks = ctx.checks
+    ref_rd, ck = reference(ctx)
+    have = steps(ck, "ref")
+    pairs = [(a, b) for a, b in zip(have, have[1:]) if 0 < a and b - a <= 2 * EVERY]
+    if not checks.check(bool(pairs), name + ": two checkpoints near each other", str(have)):
+        return
+    s0, s1 = pairs[len(pairs) // 2]
+    d0 = os.path.join(ck, "ref", "step-%d" % s0)
+    problems = []
+    for f in ("model.pt", "state.pt"):
+        try:
+            torch.load(os.path.join(d0, f), weights_only=True)
+        except Exception as e:  # noqa: BLE001
+            problems.append("%s: %s" % (f, e))
+    v1 = torch.__version__.startswith("1.")
+    try:
+        torch.load(os.path.join(d0, "optimizer.pt"), weights_only=True)
+        if v1:
+            problems.append("1.13 loaded optimizer.pt with weights_only=True: the README's "
+                            "limit is wrong")
+    except Exception as e:  # noqa: BLE001
+        if not v1:
+            problems.append("optimizer.pt: %s" % e)
+        else:
+            # PyTorch's own optimizer file fails the same way in 1.13.
+            m = torch.nn.Linear(2, 2)
+            o = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+            path = os.path.join(ctx.tmp, "pytorch-optimizer.pt")
+            torch.save(o.state_dict(), path)
+            try:
+                torch.load(path, weights_only=True)
+                problems.append("1.13 loads PyTorch's own optimizer file with weights_only")
+            except Exception as e2:  # noqa: BLE001
+                if str(e2)[-30:] != str(e)[-30:]:
+                    problems.append("1.13 fails otherwise on PyTorch's file: %s / %s" % (e, e2))
+    checks.check(not problems, name + ": the files load with weights_only=True (%s)" % (
+        "model and state; optimizer as PyTorch's own: not in 1.13" if v1 else "all"),
+        "; ".join(problems))
+    # Continue from s0 to s1 in Python on the same windows.
+    model0, opt0, _ = load_ckpt(ck, "ref", s0)
+    model1, opt1, _ = load_ckpt(ck, "ref", s1)
+    import torch.nn.functional as F
+    data = torch.load(ctx.fx.data, map_location="cpu")
+    inputs, targets = data["inputs"], data["targets"]
+    model = torch.jit.load(ctx.fx.model, map_location="cpu")
+    model.load_state_dict(model0)
+    params = list(model.parameters())
+    opt = torch.optim.SGD(params, lr=1.0)  # param_groups come from the file
+    opt.load_state_dict(opt0)
+    lines = {}
+    for path in os.listdir(ref_rd.samples):
+        got, _ = te.parse_sample_log(os.path.join(ref_rd.samples, path))
+        lines.update({s: idx for s, _, idx in got})
+    world = 3
+    for step in range(s0 + 1, s1 + 1):
+        window = torch.tensor(lines[step], dtype=torch.int64)
+        total = [torch.zeros_like(p) for p in params]
+        for r in range(world):
+            mine = window[r::world]
+            loss = F.mse_loss(model(inputs.index_select(0, mine)), targets.index_select(0, mine))
+            for t, g in zip(total, torch.autograd.grad(loss, params)):
+                t.add_(g)
+        for p, t in zip(params, total):
+            p.grad = t.div_(world)
+        opt.step()
+    worst = 0.0
+    got = model.state_dict()
+    for k, v in model1.items():
+        worst = max(worst, float((got[k] - v).abs().max()))
+    state = opt.state_dict()["state"]
+    for i, s in opt1["state"].items():
+        worst = max(worst, float((state[i]["momentum_buffer"] - s["momentum_buffer"]).abs().max()))
+    checks.check(worst <= 1e-6, name + ": Python's SGD from step %d to %d on the same windows "
+                 "ends within 1e-6 of Concord's (max abs diff %.1e)" % (s0, s1, worst))
+
+
+CASES = {
+    "kill-all": lambda ctx: case_kill_all(ctx, "kill-all"),
+    "memory": lambda ctx: case_memory(ctx, "memory"),
+    "world2": lambda ctx: case_kill_all(ctx, "world2", nproc_after=2),
+    "python": lambda ctx: case_python(ctx, "python"),
+}
+
+
+class Context(object):
+    def __init__(self, bins, checks, tmp):
+        self.bins, self.checks, self.tmp = bins, checks, tmp
+        self.fx = te.Fixture(tmp, N_SAMPLES)
+        self.ref = None
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--bin-dir")
+    p.add_argument("--case", action="append", default=[], choices=list(CASES))
+    p.add_argument("--list", action="store_true")
+    p.add_argument("--keep", action="store_true")
+    args = p.parse_args()
+    if args.list:
+        print("\n".join(CASES))
+        return 0
+    if not args.bin_dir:
+        p.error("--bin-dir is required")
+    checks = te.Checks()
+    bins = te.Bins(args.bin_dir)
+    if bins.missing():
+        checks.fail("concord binaries present", str(bins.missing()))
+        return checks.finish()
+    tmp = tempfile.mkdtemp(prefix="concord_checkpoint_")
+    ctx = Context(bins, checks, tmp)
+    cases = [(n, f) for n, f in CASES.items() if not args.case or n in args.case]
+    te.run_cases(ctx, cases, args.keep)
+    return checks.finish()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
