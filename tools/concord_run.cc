@@ -392,8 +392,13 @@ bool StartCheckpointTier(Options& o, CheckpointTier& tier) {
     return false;
   }
   tier.region = *std::move(region);
+  auto crash = concord::checkpoint::TestCrashFromEnvironment();
+  if (!crash.ok()) {
+    Say(std::string(crash.status().message()));
+    return false;
+  }
   tier.persister = std::make_unique<concord::checkpoint::Persister>(
-      tier.region.get(), o.checkpoint.dir, o.checkpoint.keep);
+      tier.region.get(), o.checkpoint.dir, o.checkpoint.keep, *crash);
   o.checkpoint.memory = tier.path;
   return true;
 }

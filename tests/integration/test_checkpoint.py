@@ -35,6 +35,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import sys
 import tempfile
@@ -60,8 +61,10 @@ RUN_TIMEOUT = 120.0
 SLOW = {"CONCORD_TEST_MIN_STEP_MS": "25"}
 
 
-def launch(ctx, name, job, ck, nproc=3, extra=(), env=None):
-    """concord-run of the job's command in its own process group."""
+def launch(ctx, name, job, ck, nproc=3, extra=(), env=None, setup=None, after=""):
+    """concord-run of the job's command in its own process group; `setup`:
+    a shell script run first in a mount namespace of its own (unshare -m),
+    `after` one run there after concord-run (its status is the exit's)."""
     rd = te.RunDir(ctx.tmp, name)
     train = ["--model", ctx.fx.model, "--data", ctx.fx.data, "--loss", "mse",
              "--optimizer", "sgd", "--lr", te.LR, "--momentum", te.MOMENTUM,
@@ -73,6 +76,9 @@ def launch(ctx, name, job, ck, nproc=3, extra=(), env=None):
            "--collective-timeout-ms", te.COLLECTIVE_TIMEOUT_MS] + te.HEARTBEAT + [
            "--checkpoint-dir", ck, "--checkpoint-every", EVERY,
            "--checkpoint-keep", "100"] + list(extra) + ["--", ctx.bins.train] + train
+    if setup:
+        script = '%s && { "$@"; rc=$?; %s exit $rc; }' % (setup, after)
+        cmd = ["unshare", "-m", "sh", "-c", script, "sh"] + cmd
     return rd, Proc(name, cmd, rd.logs, env=env)
 
 
@@ -303,11 +309,105 @@ def case_python(ctx, name):
                  "ends within 1e-6 of Concord's (max abs diff %.1e)" % (s0, s1, worst))
 
 
+def case_crash(ctx, name, stage):
+    """concord-run dies (SIGKILL, its workers with it) at `stage` of the
+    write of its third checkpoint; the same command again goes on from the
+    newest complete one: the checkpoint before it, or (during-latest: the
+    directory was renamed into place, only `latest` is old) that one."""
+    checks = ctx.checks
+    ref = reference(ctx)
+    job, ck = name, os.path.join(ctx.tmp, "ck-" + name)
+    env = dict(SLOW, CONCORD_TEST_CHECKPOINT_FAULT=stage + ":3")
+    rd, p = launch(ctx, name + "-1", job, ck, env=env)
+    rc = p.wait(RUN_TIMEOUT)
+    m = re.search(r"CONCORD_TEST_CHECKPOINT_FAULT: dying while writing (\d+)", p.stderr())
+    if not checks.check(rc == te.SIGKILL_STATUS or rc == -signal.SIGKILL and m,
+                        name + ": concord-run died writing a checkpoint", p.describe()):
+        return
+    died = int(m.group(1))
+    want = died if stage == "during-latest" else max(s for s in steps(ck, job) if s < died)
+    rd2, p2 = launch(ctx, name + "-2", job, ck)
+    rc = p2.wait(RUN_TIMEOUT)
+    checks.check(rc == 0, name + ": the same command again exits 0", p2.describe())
+    step = resumed_step(p2.stderr(), "disk")
+    checks.check(step == want, name + ": resumed from step %s, the newest complete checkpoint "
+                 "(%d; the write of %d died %s)" % (step, want, died, stage), p2.stderr()[-3000:])
+    leftovers = [d for d in os.listdir(os.path.join(ck, job)) if d.startswith(".")]
+    checks.check(not leftovers, name + ": no staging directory left once a newer one is written",
+                 str(leftovers))
+    compare_final(checks, name, rd2, ck, job, ref)
+
+
+def case_full_disk(ctx, name):
+    """The checkpoint dir is a 96 KiB tmpfs: a few checkpoints fit, then the
+    disk is full. Training goes on and completes; the failure is said once;
+    the checkpoints there are complete: the job started again from a copy of
+    them resumes from the newest and ends bit-identical."""
+    checks = ctx.checks
+    ref = reference(ctx)
+    job, ck = name, os.path.join(ctx.tmp, "ck-" + name)
+    os.makedirs(ck)
+    copy = os.path.join(ctx.tmp, "ck-%s-copy" % name)
+    # The tmpfs lives with the namespace: its content is copied out after.
+    setup = "mount -t tmpfs -o size=96k tmpfs %s" % ck
+    rd, p = launch(ctx, name + "-1", job, ck, setup=setup, env=SLOW,
+                   after="cp -a %s %s;" % (ck, copy))
+    rc = p.wait(RUN_TIMEOUT)
+    if "mount:" in p.stderr() or "unshare:" in p.stderr():
+        checks.ok(name + ": not run (a tmpfs needs root and mount namespaces)")
+        return
+    checks.check(rc == 0, name + ": training completes on a full disk", p.describe())
+    said = re.findall(r"not written \(([^)]*)\)", p.stderr())
+    checks.check(len(said) == 1 and "No space left" in said[0],
+                 name + ": the failure said once (%d line(s))" % len(said), p.stderr()[-3000:])
+    kept = steps(copy, job)
+    checks.check(0 < len(kept) < 34, name + ": some checkpoints fit (%s)" % kept)
+    rd2, p2 = launch(ctx, name + "-2", job, copy)
+    rc = p2.wait(RUN_TIMEOUT)
+    step = resumed_step(p2.stderr(), "disk")
+    checks.check(rc == 0 and step == kept[-1], name + ": resumed from the newest complete one "
+                 "(%s of %s)" % (step, kept), p2.describe())
+    compare_final(checks, name, rd2, copy, job, ref)
+
+
+def case_read_only(ctx, name):
+    """The checkpoint dir holds a complete checkpoint and is mounted
+    read-only: the job resumes from it, cannot write more, says so once and
+    completes."""
+    checks = ctx.checks
+    ref_rd, ref_ck = reference(ctx)
+    job, ck = "ref", os.path.join(ctx.tmp, "ck-" + name)
+    os.makedirs(os.path.join(ck, job))
+    shutil.copytree(os.path.join(ref_ck, job, "step-100"), os.path.join(ck, job, "step-100"))
+    setup = "mount --bind {0} {0} && mount -o remount,ro,bind {0}".format(ck)
+    rd, p = launch(ctx, name, job, ck, setup=setup)
+    rc = p.wait(RUN_TIMEOUT)
+    if "mount:" in p.stderr() or "unshare:" in p.stderr():
+        checks.ok(name + ": not run (a read-only bind mount needs root)")
+        return
+    checks.check(rc == 0 and resumed_step(p.stderr(), "disk") == 100,
+                 name + ": resumes from the read-only dir's checkpoint and completes",
+                 p.describe())
+    said = re.findall(r"not written \(([^)]*)\)", p.stderr())
+    checks.check(len(said) == 1 and "Read-only" in said[0],
+                 name + ": the failure to write said once (%d line(s))" % len(said),
+                 p.stderr()[-3000:])
+    checks.check(steps(ck, job) == [100], name + ": nothing written there")
+    a, e = fixtures.load_state(rd.output), fixtures.load_state(ref_rd.output)
+    checks.check(not fixtures.compare_states(a, e, rtol=0.0, atol=0.0),
+                 name + ": final parameters bit-identical to the uninterrupted run's")
+
+
 CASES = {
     "kill-all": lambda ctx: case_kill_all(ctx, "kill-all"),
     "memory": lambda ctx: case_memory(ctx, "memory"),
     "world2": lambda ctx: case_kill_all(ctx, "world2", nproc_after=2),
     "python": lambda ctx: case_python(ctx, "python"),
+    "crash-before-manifest": lambda ctx: case_crash(ctx, "crash-bm", "before-manifest"),
+    "crash-before-rename": lambda ctx: case_crash(ctx, "crash-br", "before-rename"),
+    "crash-during-latest": lambda ctx: case_crash(ctx, "crash-dl", "during-latest"),
+    "full-disk": lambda ctx: case_full_disk(ctx, "full-disk"),
+    "read-only": lambda ctx: case_read_only(ctx, "read-only"),
 }
 
 

@@ -16,8 +16,8 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Create(
   std::unique_ptr<Checkpointer> c(new Checkpointer(config, job));
   CONCORD_ASSIGN_OR_RETURN(c->region_, Region::Open(config.memory));
   if (config.memory.empty()) {
-    c->persister_ =
-        std::make_unique<Persister>(c->region_.get(), config.dir, config.keep);
+    c->persister_ = std::make_unique<Persister>(c->region_.get(), config.dir,
+                                                config.keep, config.test_crash);
   }
   return c;
 }

@@ -1,6 +1,8 @@
 #include "worker/checkpoint/config.h"
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/env.h"
 #include "common/status_macros.h"
 
@@ -42,8 +44,32 @@ absl::StatusOr<Config> FromEnvironment() {
   }
   c.resume = resume == 1;
   c.memory = Env("CONCORD_CHECKPOINT_MEMORY");
+  CONCORD_ASSIGN_OR_RETURN(c.test_crash, TestCrashFromEnvironment());
   CONCORD_RETURN_IF_ERROR(Validate(c, "CONCORD_CHECKPOINT_"));
   return c;
+}
+
+absl::StatusOr<TestCrash> TestCrashFromEnvironment() {
+  const std::string spec = Env("CONCORD_TEST_CHECKPOINT_FAULT");
+  TestCrash crash;
+  if (spec.empty()) return crash;
+  const std::vector<std::string> parts = absl::StrSplit(spec, ':');
+  const std::string stage = parts[0];
+  if (stage == "before-manifest") {
+    crash.stage = WriteFault::kBeforeManifest;
+  } else if (stage == "before-rename") {
+    crash.stage = WriteFault::kBeforeRename;
+  } else if (stage == "during-latest") {
+    crash.stage = WriteFault::kDuringLatest;
+  }
+  if (parts.size() != 2 || crash.stage == WriteFault::kNone ||
+      !absl::SimpleAtoi(parts[1], &crash.nth) || crash.nth < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CONCORD_TEST_CHECKPOINT_FAULT='", spec,
+        "': expected before-manifest, before-rename or during-latest, ':', "
+        "and N >= 1"));
+  }
+  return crash;
 }
 
 std::vector<std::pair<std::string, std::string>> ToEnvironment(

@@ -17,6 +17,27 @@ namespace concord::checkpoint {
 // --checkpoint-keep's default: complete checkpoints kept on disk.
 inline constexpr int kDefaultKeep = 3;
 
+
+// A test hook: the write stops (as a crash would leave it) at a stage.
+enum class WriteFault {
+  kNone,
+  kBeforeManifest,  // the data files written, no manifest
+  kBeforeRename,    // the manifest written, the directory not renamed
+  kDuringLatest,    // renamed; `latest` half-written, not renamed
+};
+
+// A test hook of the disk tier's writer: CONCORD_TEST_CHECKPOINT_FAULT=
+// "STAGE:N" (STAGE: before-manifest, before-rename or during-latest) makes
+// the process that writes its N-th checkpoint (concord-run, or a worker
+// without it) stop that write at STAGE and SIGKILL itself: a crash at that
+// point of the write.
+struct TestCrash {
+  WriteFault stage = WriteFault::kNone;
+  int64_t nth = 0;
+};
+// INVALID_ARGUMENT naming the variable when malformed; kNone when unset.
+absl::StatusOr<TestCrash> TestCrashFromEnvironment();
+
 struct Config {
   // Where checkpoints go: DIR/<job>/step-<N>/. Empty: no checkpoints.
   std::string dir;
@@ -32,6 +53,8 @@ struct Config {
   // (concord-run sets it; the agent writes it to disk). Empty: the worker
   // keeps its snapshot in its own memory and writes it itself.
   std::string memory;
+  // The disk tier's test hook (CONCORD_TEST_CHECKPOINT_FAULT).
+  TestCrash test_crash;
 
   bool enabled() const { return !dir.empty(); }
 };

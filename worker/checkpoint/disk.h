@@ -36,17 +36,10 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "worker/checkpoint/config.h"
 #include "worker/checkpoint/content.h"
 
 namespace concord::checkpoint {
-
-// A test hook: the write stops (as a crash would leave it) at a stage.
-enum class WriteFault {
-  kNone,
-  kBeforeManifest,  // the data files written, no manifest
-  kBeforeRename,    // the manifest written, the directory not renamed
-  kDuringLatest,    // renamed; `latest` half-written, not renamed
-};
 
 struct WriteOptions {
   int keep = 3;

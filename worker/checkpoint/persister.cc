@@ -1,5 +1,8 @@
 #include "worker/checkpoint/persister.h"
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <cstring>
 
 #include "common/logging.h"
@@ -9,8 +12,12 @@
 namespace concord::checkpoint {
 
 Persister::Persister(Region* region, std::string dir, int keep,
-                     std::chrono::milliseconds poll)
-    : region_(region), dir_(std::move(dir)), keep_(keep), poll_(poll) {
+                     TestCrash crash, std::chrono::milliseconds poll)
+    : region_(region),
+      dir_(std::move(dir)),
+      keep_(keep),
+      crash_(crash),
+      poll_(poll) {
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -77,7 +84,13 @@ bool Persister::PersistOnce() {
     if (content.ok()) {
       WriteOptions options;
       options.keep = keep_;
+      if (++attempts_ == crash_.nth) options.fault = crash_.stage;
       written = WriteCheckpoint(*content, dir_, job, options);
+      if (options.fault != WriteFault::kNone) {
+        Log()->warn("CONCORD_TEST_CHECKPOINT_FAULT: dying while writing {}",
+                    step);
+        ::kill(::getpid(), SIGKILL);
+      }
     } else {
       written = content.status();
     }
@@ -94,21 +107,27 @@ bool Persister::PersistOnce() {
       stats_.last_step = step;
       stats_.last_bytes = written->bytes;
       stats_.last_seconds = written->seconds;
+      if (failing_ > 0) {
+        Log()->warn("checkpoints written again, after {} that failed",
+                    failing_);
+      }
+      failing_ = 0;
       Log()->info("checkpoint of step {} written to {} ({:.1f} MB in {:.2f} s)",
                   step, written->path, written->bytes / 1e6, written->seconds);
     } else {
       ++stats_.failed;
-      const std::string error(written.status().message());
-      // Once in the log for each kind of failure; training goes on.
-      if (error != stats_.last_error) {
+      stats_.last_error = std::string(written.status().message());
+      // Once in the log until one is written again; training goes on.
+      if (failing_++ == 0) {
         Log()->warn(
-            "checkpoint of step {} not written ({}); training goes on, "
-            "the last complete checkpoint stays",
-            step, error);
+            "checkpoint of step {} not written ({}); training goes on, the "
+            "last complete checkpoint stays, and failures until one is "
+            "written again are not logged",
+            step, stats_.last_error);
       } else {
-        Log()->debug("checkpoint of step {} not written: {}", step, error);
+        Log()->debug("checkpoint of step {} not written: {}", step,
+                     stats_.last_error);
       }
-      stats_.last_error = error;
     }
   }
   // ReadSnapshot may have mapped the region again: `h` may dangle.

@@ -13,6 +13,7 @@
 #include <string>
 #include <thread>
 
+#include "worker/checkpoint/config.h"
 #include "worker/checkpoint/region.h"
 
 namespace concord::checkpoint {
@@ -35,7 +36,8 @@ class Persister {
   // Writes the snapshots `region` marks for the disk tier into `dir`,
   // keeping `keep` (Note [Checkpoint directories]). `region` must outlive
   // the persister. Polls every `poll` and on Notify.
-  Persister(Region* region, std::string dir, int keep,
+  // `crash`: the test hook TestCrashFromEnvironment reads.
+  Persister(Region* region, std::string dir, int keep, TestCrash crash = {},
             std::chrono::milliseconds poll = std::chrono::milliseconds(50));
   // Writes what is ready, then stops.
   ~Persister();
@@ -59,6 +61,8 @@ class Persister {
   Region* region_;
   const std::string dir_;
   const int keep_;
+  const TestCrash crash_;
+  int64_t attempts_ = 0;  // writes begun (the test crash counts them)
   const std::chrono::milliseconds poll_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -66,6 +70,7 @@ class Persister {
   bool notified_ = false;
   std::mutex write_mu_;  // one PersistOnce at a time
   PersisterStats stats_;  // guarded by mu_
+  int64_t failing_ = 0;   // failures since the last write; guarded by mu_
   std::thread thread_;
 };
 
