@@ -122,6 +122,19 @@ TEST(JobTest, BadOptionsAreOneLineErrors) {
   setenv("CONCORD_LOG_LEVEL", "warn", 1);
   EXPECT_NO_THROW(join(JobOptions())());
   unsetenv("CONCORD_LOG_LEVEL");
+  using concord::CheckpointOptions;
+  EXPECT_EQ(CodeOf(join(JobOptions().checkpoints(
+                CheckpointOptions().dir("/tmp/concord-ckpt-test")))),
+            ErrorCode::kInvalidArgument);  // no `every`
+  EXPECT_EQ(CodeOf(join(JobOptions().checkpoints(CheckpointOptions().every(5)))),
+            ErrorCode::kInvalidArgument);  // no dir
+  EXPECT_EQ(CodeOf(join(JobOptions().checkpoints(
+                CheckpointOptions().dir("/tmp/concord-ckpt-test").every(5).keep(
+                    0)))),
+            ErrorCode::kInvalidArgument);
+  setenv("CONCORD_CHECKPOINT_EVERY", "often", 1);
+  EXPECT_EQ(CodeOf(join(JobOptions())), ErrorCode::kInvalidArgument);
+  unsetenv("CONCORD_CHECKPOINT_EVERY");
   if (!torch::cuda::is_available()) {
     EXPECT_EQ(CodeOf(join(JobOptions().device("cuda:0"))),
               ErrorCode::kFailedPrecondition);
