@@ -50,8 +50,7 @@ absl::Status WriteArchive(
     writer.writeEndOfFile();
   } catch (const std::exception& e) {
     if (failed) return absl::UnavailableError("the archive's write failed");
-    return absl::InternalError(
-        absl::StrCat("writing the archive: ", e.what()));
+    return absl::InternalError(absl::StrCat("writing the archive: ", e.what()));
   }
   if (failed) return absl::UnavailableError("the archive's write failed");
   return absl::OkStatus();

@@ -22,6 +22,9 @@
 // - An optimizer's per-parameter state is keyed by the parameter's
 //   TensorImpl printed as a string in 1.13, by the pointer itself in 2.x:
 //   OptimizerStateKey(parameter).
+// - Optimizer::load puts the saved groups' options back in 2.x and leaves
+//   them as they are in 1.13: a checkpoint's LibTorch archive sets them
+//   itself for both (SavedNativeOptions in worker/checkpoint/content.cc).
 
 #include <torch/optim/optimizer.h>
 #include <torch/version.h>

@@ -14,6 +14,7 @@
 // Build with find_package(Concord) and target_link_libraries(app
 // Concord::concord): it needs LibTorch and nothing else.
 
+#include "concord/checkpoint.h"       // IWYU pragma: export
 #include "concord/data.h"             // IWYU pragma: export
 #include "concord/ddp.h"              // IWYU pragma: export
 #include "concord/elastic.h"          // IWYU pragma: export

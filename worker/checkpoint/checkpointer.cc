@@ -38,14 +38,14 @@ void Checkpointer::Save(const Content& content, bool wait) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  last_stall_ = std::chrono::duration<double>(
-                    std::chrono::steady_clock::now() - start)
-                    .count();
+  last_stall_ =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
   if (!r.ok()) {
     const std::string error(r.status().message());
     if (error != last_error_) {
-      Log()->warn("checkpoint of step {} not taken: {}",
-                  content.counters.step, error);
+      Log()->warn("checkpoint of step {} not taken: {}", content.counters.step,
+                  error);
     }
     last_error_ = error;
     return;
@@ -68,12 +68,12 @@ std::optional<Candidate> Checkpointer::FindCandidate(bool disk) {
   if (memory.ok()) {
     const RegionHeader& h = region_->header();
     if (std::string(h.job, strnlen(h.job, sizeof(h.job))) == job_) {
-      best = Candidate{memory->counters.step,
-                       absl::StrCat("memory (", config_.memory.empty()
-                                                    ? "this process"
-                                                    : config_.memory,
-                                    ")"),
-                       *std::move(memory)};
+      best = Candidate{
+          memory->counters.step,
+          absl::StrCat("memory (",
+                       config_.memory.empty() ? "this process" : config_.memory,
+                       ")"),
+          *std::move(memory)};
     }
   } else if (!absl::IsNotFound(memory.status())) {
     Log()->warn("the memory snapshot passed over: {}",

@@ -18,8 +18,9 @@ absl::Status Validate(const Config& config, const std::string& prefix) {
   }
   if (config.every < 1) {
     return absl::InvalidArgumentError(
-        absl::StrCat(prefix, "every: a checkpoint dir needs a number of "
-                             "steps >= 1 between checkpoints, got ",
+        absl::StrCat(prefix,
+                     "every: a checkpoint dir needs a number of "
+                     "steps >= 1 between checkpoints, got ",
                      config.every));
   }
   if (config.keep < 1) {

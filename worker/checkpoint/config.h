@@ -17,7 +17,6 @@ namespace concord::checkpoint {
 // --checkpoint-keep's default: complete checkpoints kept on disk.
 inline constexpr int kDefaultKeep = 3;
 
-
 // A test hook: the write stops (as a crash would leave it) at a stage.
 enum class WriteFault {
   kNone,

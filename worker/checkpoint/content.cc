@@ -134,6 +134,11 @@ absl::StatusOr<bool> Bool(const json& g, const char* key) {
 // Sets a group's options from PyTorch's names.
 absl::Status SetGroupOptions(const std::string& type, const json& g,
                              optim::OptimizerOptions& options) {
+  if (auto m = g.find("maximize");
+      m != g.end() && m->is_boolean() && m->get<bool>()) {
+    return absl::InvalidArgumentError(
+        "param_groups: maximize=True, which LibTorch's optimizers do not have");
+  }
   if (type == "SGD") {
     CONCORD_ASSIGN_OR_RETURN(const auto lr, Number(g, "lr"));
     CONCORD_ASSIGN_OR_RETURN(const auto momentum, Number(g, "momentum"));
@@ -159,8 +164,8 @@ absl::Status SetGroupOptions(const std::string& type, const json& g,
       return absl::InvalidArgumentError(
           "param_groups: 'betas' is not a pair of numbers");
     }
-    const auto pair = std::make_tuple((*betas)[0].get<double>(),
-                                      (*betas)[1].get<double>());
+    const auto pair =
+        std::make_tuple((*betas)[0].get<double>(), (*betas)[1].get<double>());
     auto set = [&](auto& o) {
       o.lr(lr).betas(pair).eps(eps).weight_decay(decay).amsgrad(amsgrad);
     };
@@ -191,7 +196,8 @@ absl::Status SetGroupOptions(const std::string& type, const json& g,
     CONCORD_ASSIGN_OR_RETURN(const auto lr, Number(g, "lr"));
     CONCORD_ASSIGN_OR_RETURN(const auto lr_decay, Number(g, "lr_decay"));
     CONCORD_ASSIGN_OR_RETURN(const auto decay, Number(g, "weight_decay"));
-    CONCORD_ASSIGN_OR_RETURN(const auto initial, Number(g, "initial_accumulator_value"));
+    CONCORD_ASSIGN_OR_RETURN(const auto initial,
+                             Number(g, "initial_accumulator_value"));
     CONCORD_ASSIGN_OR_RETURN(const auto eps, Number(g, "eps"));
     static_cast<optim::AdagradOptions&>(options)
         .lr(lr)
@@ -293,8 +299,8 @@ absl::StatusOr<json> ToJson(const c10::IValue& v) {
   if (v.isString()) return json(v.toStringRef());
   if (v.isTuple() || v.isList()) {
     json out = json::array();
-    const auto elements = v.isTuple() ? v.toTupleRef().elements().vec()
-                                      : v.toListRef().vec();
+    const auto elements =
+        v.isTuple() ? v.toTupleRef().elements().vec() : v.toListRef().vec();
     for (const c10::IValue& e : elements) {
       auto j = ToJson(e);
       if (!j.ok()) return j.status();
@@ -340,6 +346,40 @@ c10::impl::GenericDict TensorDict(const NamedTensors& tensors) {
   c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
   for (const auto& [k, t] : tensors) d.insert(k, t);
   return d;
+}
+
+// Each group's options as LibTorch's Optimizer::save archived them (as
+// torch/optim/serialize.h lays them out), read through the options' own
+// serialize; empty when the archive has none of that layout or an options
+// type cannot read its own (a user's that never implemented it).
+std::vector<std::unique_ptr<optim::OptimizerOptions>> SavedNativeOptions(
+    torch::serialize::InputArchive& archive,
+    const optim::Optimizer& optimizer) {
+  std::vector<std::unique_ptr<optim::OptimizerOptions>> out;
+  try {
+    torch::serialize::InputArchive groups;
+    if (!archive.try_read("param_groups", groups)) return {};
+    for (size_t i = 0; i < optimizer.param_groups().size(); ++i) {
+      const auto& group = optimizer.param_groups()[i];
+      torch::serialize::InputArchive saved_group;
+      torch::serialize::InputArchive saved_options;
+      if (!groups.try_read("param_groups/" + std::to_string(i), saved_group) ||
+          !saved_group.try_read("options", saved_options)) {
+        return {};
+      }
+      if (!group.has_options()) {
+        out.push_back(nullptr);
+        continue;
+      }
+      std::unique_ptr<optim::OptimizerOptions> options =
+          group.options().clone();
+      options->serialize(saved_options);
+      out.push_back(std::move(options));
+    }
+  } catch (const std::exception&) {
+    return {};
+  }
+  return out;
 }
 
 }  // namespace
@@ -402,7 +442,14 @@ absl::Status ApplyOptimizer(const OptimizerContent& saved,
       const at::Tensor bytes = saved.native.contiguous().to(torch::kCPU);
       archive.load_from(static_cast<const char*>(bytes.data_ptr()),
                         static_cast<size_t>(bytes.numel()));
+      auto options = SavedNativeOptions(archive, optimizer);
       optimizer.load(archive);
+      // LibTorch 1.13's Optimizer::load leaves every group's options as they
+      // were (2.x puts the saved ones back): put them back for both.
+      auto& groups = optimizer.param_groups();
+      for (size_t i = 0; i < options.size() && i < groups.size(); ++i) {
+        if (options[i] != nullptr) groups[i].set_options(std::move(options[i]));
+      }
     } catch (const std::exception& e) {
       return absl::FailedPreconditionError(
           absl::StrCat(what, " does not load: ", e.what()));
@@ -435,26 +482,27 @@ absl::Status ApplyOptimizer(const OptimizerContent& saved,
   std::vector<std::unique_ptr<optim::OptimizerParamState>> made;
   for (const auto& [index, entries] : saved.state) {
     if (index < 0 || index >= static_cast<int64_t>(params.size())) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(what, ": state of parameter ", index, " of ",
-                       params.size()));
+      return absl::FailedPreconditionError(absl::StrCat(
+          what, ": state of parameter ", index, " of ", params.size()));
     }
     auto s = MakeState(type, entries, params[index],
                        absl::StrCat(what, ", parameter ", index));
     if (!s.ok()) return s.status();
     made.push_back(*std::move(s));
   }
+  std::vector<std::unique_ptr<optim::OptimizerOptions>> options(groups.size());
   for (size_t i = 0; i < groups.size(); ++i) {
     if (!groups[i].has_options()) continue;
-    std::unique_ptr<optim::OptimizerOptions> options =
-        groups[i].options().clone();
+    options[i] = groups[i].options().clone();
     if (absl::Status s =
-            SetGroupOptions(type, saved.param_groups[i], *options);
+            SetGroupOptions(type, saved.param_groups[i], *options[i]);
         !s.ok()) {
       return absl::FailedPreconditionError(
           absl::StrCat(what, ", group ", i, ": ", s.message()));
     }
-    groups[i].set_options(std::move(options));
+  }
+  for (size_t i = 0; i < groups.size(); ++i) {
+    if (options[i] != nullptr) groups[i].set_options(std::move(options[i]));
   }
   optimizer.state().clear();
   for (size_t i = 0; i < made.size(); ++i) {
@@ -464,7 +512,7 @@ absl::Status ApplyOptimizer(const OptimizerContent& saved,
   return absl::OkStatus();
 }
 
-absl::Status ApplyModule(const std::string& module, const NamedTensors& saved,
+absl::Status CheckModule(const std::string& module, const NamedTensors& saved,
                          const NamedTensors& live) {
   std::map<std::string, const at::Tensor*> by_name;
   for (const auto& [name, t] : saved) by_name[name] = &t;
@@ -486,12 +534,20 @@ absl::Status ApplyModule(const std::string& module, const NamedTensors& saved,
     for (const auto& [name, t] : live) names.insert(name);
     for (const auto& [name, t] : saved) {
       if (!names.count(name)) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "module '", module, "': the checkpoint's '", name,
-            "' is not in this module"));
+        return absl::FailedPreconditionError(
+            absl::StrCat("module '", module, "': the checkpoint's '", name,
+                         "' is not in this module"));
       }
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status ApplyModule(const std::string& module, const NamedTensors& saved,
+                         const NamedTensors& live) {
+  CONCORD_RETURN_IF_ERROR(CheckModule(module, saved, live));
+  std::map<std::string, const at::Tensor*> by_name;
+  for (const auto& [name, t] : saved) by_name[name] = &t;
   torch::NoGradGuard no_grad;
   for (const auto& [name, t] : live) {
     at::Tensor target = t;
@@ -560,9 +616,13 @@ absl::StatusOr<OptimizerContent> OptimizerFromIValue(const std::string& name,
     }
     NamedTensors tensors;
     for (const auto& t : entry.value().toGenericDict()) {
+      // PyTorch 2.x writes {"momentum_buffer": None} for SGD without
+      // momentum: no tensor, nothing to keep.
+      if (t.key().isString() && t.value().isNone()) continue;
       if (!t.key().isString() || !t.value().isTensor()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            what, ": parameter ", entry.key().toInt(), "'s state is not tensors"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, ": parameter ", entry.key().toInt(),
+                         "'s state is not tensors"));
       }
       tensors.emplace_back(t.key().toStringRef(), t.value().toTensor());
     }

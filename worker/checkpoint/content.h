@@ -86,7 +86,10 @@ absl::Status ApplyOptimizer(const OptimizerContent& saved,
                             torch::optim::Optimizer& optimizer);
 // Copies `saved` into the module's `live` tensors by name.
 // FAILED_PRECONDITION naming the first name missing on either side or whose
-// shape or dtype differs.
+// shape or dtype differs (CheckModule: the same check alone); nothing is
+// copied then.
+absl::Status CheckModule(const std::string& module, const NamedTensors& saved,
+                         const NamedTensors& live);
 absl::Status ApplyModule(const std::string& module, const NamedTensors& saved,
                          const NamedTensors& live);
 

@@ -92,9 +92,8 @@ using Sink = std::function<size_t(const void*, size_t)>;
 
 absl::StatusOr<Written> WriteArchiveFile(const std::string& path,
                                          const c10::IValue& value) {
-  return WriteFile(path, [&](const Sink& sink) {
-    return WriteArchive(value, sink);
-  });
+  return WriteFile(path,
+                   [&](const Sink& sink) { return WriteArchive(value, sink); });
 }
 
 absl::StatusOr<Written> WriteTextFile(const std::string& path,
@@ -116,12 +115,11 @@ c10::IValue TensorDict(const NamedTensors& tensors) {
 // (letters, digits, '_', '-', '.'; not state or manifest).
 absl::StatusOr<std::string> FileOf(const std::string& name,
                                    std::set<std::string>& taken) {
-  const bool plain =
-      !name.empty() && name[0] != '.' &&
-      std::all_of(name.begin(), name.end(), [](char c) {
-        return std::isalnum(static_cast<unsigned char>(c)) || c == '_' ||
-               c == '-' || c == '.';
-      });
+  const bool plain = !name.empty() && name[0] != '.' &&
+                     std::all_of(name.begin(), name.end(), [](char c) {
+                       return std::isalnum(static_cast<unsigned char>(c)) ||
+                              c == '_' || c == '-' || c == '.';
+                     });
   const std::string file = absl::StrCat(name, ".pt");
   if (!plain || file == kStateFile || !taken.insert(file).second) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -237,9 +235,9 @@ absl::StatusOr<std::vector<char>> ReadChecked(const std::string& path,
         absl::StrCat(fs::path(path).filename().string(), ": ", ec.message()));
   }
   if (actual != size) {
-    return absl::DataLossError(absl::StrCat(
-        fs::path(path).filename().string(), ": ", actual,
-        " bytes, the manifest says ", size));
+    return absl::DataLossError(
+        absl::StrCat(fs::path(path).filename().string(), ": ", actual,
+                     " bytes, the manifest says ", size));
   }
   std::vector<char> bytes(size);
   std::ifstream in(path, std::ios::binary);
@@ -288,9 +286,10 @@ absl::StatusOr<WriteStats> WriteCheckpoint(const Content& content,
           absl::StrCat("cannot make ", job_dir, ": ", ec.message()));
     }
   }
-  const std::string staging = (fs::path(job_dir) / absl::StrCat(
-                                   ".staging-step-", step, "-", ::getpid()))
-                                  .string();
+  const std::string staging =
+      (fs::path(job_dir) /
+       absl::StrCat(".staging-step-", step, "-", ::getpid()))
+          .string();
   RemoveAll(staging, nullptr);
   if (::mkdir(staging.c_str(), 0755) != 0) {
     return Errno("cannot make", staging);
@@ -416,8 +415,8 @@ absl::StatusOr<WriteStats> WriteCheckpoint(const Content& content,
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(job_dir, ec)) {
     const std::string name = entry.path().filename().string();
-    const int64_t staged = std::max(StepOf(name, ".staging-step-"),
-                                    StepOf(name, ".trash-step-"));
+    const int64_t staged =
+        std::max(StepOf(name, ".staging-step-"), StepOf(name, ".trash-step-"));
     if (staged >= 0 && staged < step) RemoveAll(entry.path().string(), nullptr);
     if (absl::StartsWith(name, ".latest-") && name != ".latest-") {
       if (entry.path().string() != latest_tmp) {
@@ -428,9 +427,9 @@ absl::StatusOr<WriteStats> WriteCheckpoint(const Content& content,
   WriteStats stats;
   stats.path = final_dir;
   stats.bytes = bytes;
-  stats.seconds = std::chrono::duration<double>(
-                      std::chrono::steady_clock::now() - start)
-                      .count();
+  stats.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
   return stats;
 }
 

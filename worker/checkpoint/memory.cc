@@ -1,8 +1,7 @@
 #include "worker/checkpoint/memory.h"
 
-#include <unistd.h>
-
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -21,8 +20,10 @@ size_t Aligned(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 }  // namespace
 
-absl::StatusOr<WriteResult> WriteSnapshot(Region& region, const Content& content,
-                                          const std::string& job, bool persist) {
+absl::StatusOr<WriteResult> WriteSnapshot(Region& region,
+                                          const Content& content,
+                                          const std::string& job,
+                                          bool persist) {
   Flat flat = Flatten(content);
   nlohmann::json table = nlohmann::json::array();
   size_t offset = 0;
@@ -44,8 +45,9 @@ absl::StatusOr<WriteResult> WriteSnapshot(Region& region, const Content& content
   } while (!h->state.compare_exchange_weak(s, RegionHeader::kWriting,
                                            std::memory_order_acq_rel));
   if (absl::Status grown = region.Reserve(bytes); !grown.ok()) {
-    region.header().state.store(RegionHeader::kEmpty,
-                                std::memory_order_release);
+    // Nothing was written (a failed Reserve leaves the mapping as it was):
+    // the last snapshot, complete or not, is what the region holds.
+    region.header().state.store(s, std::memory_order_release);
     return grown;
   }
   h = &region.header();
@@ -84,9 +86,8 @@ absl::StatusOr<Content> ReadSnapshot(Region& region) {
     return absl::NotFoundError("no complete snapshot in memory");
   }
   if (h.version != kVersion) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("a snapshot of format ", h.version, ", expected ",
-                     kVersion));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a snapshot of format ", h.version, ", expected ", kVersion));
   }
   CONCORD_RETURN_IF_ERROR(region.MapAll());
   const RegionHeader& mapped = region.header();
@@ -101,8 +102,7 @@ absl::StatusOr<Content> ReadSnapshot(Region& region) {
       !layout.contains("skeleton")) {
     return absl::InvalidArgumentError("a snapshot's layout is not JSON");
   }
-  const size_t data_offset =
-      Aligned(mapped.layout_offset + mapped.layout_size);
+  const size_t data_offset = Aligned(mapped.layout_offset + mapped.layout_size);
   std::vector<at::Tensor> tensors;
   try {
     for (const nlohmann::json& t : layout.at("tensors")) {

@@ -45,7 +45,8 @@ enum class WriteResult { kWritten, kSkippedBusy };
 // (Note [Snapshot region]): the step's stall. `persist`: the disk tier
 // writes it. kSkippedBusy when the agent is still writing the last one to
 // disk. UNAVAILABLE when the region cannot grow to the content.
-absl::StatusOr<WriteResult> WriteSnapshot(Region& region, const Content& content,
+absl::StatusOr<WriteResult> WriteSnapshot(Region& region,
+                                          const Content& content,
                                           const std::string& job, bool persist);
 
 // The complete snapshot in `region` (its tensors are views of the region:

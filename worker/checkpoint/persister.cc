@@ -11,8 +11,8 @@
 
 namespace concord::checkpoint {
 
-Persister::Persister(Region* region, std::string dir, int keep,
-                     TestCrash crash, std::chrono::milliseconds poll)
+Persister::Persister(Region* region, std::string dir, int keep, TestCrash crash,
+                     std::chrono::milliseconds poll)
     : region_(region),
       dir_(std::move(dir)),
       keep_(keep),

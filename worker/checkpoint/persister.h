@@ -68,7 +68,7 @@ class Persister {
   std::condition_variable cv_;
   bool stop_ = false;
   bool notified_ = false;
-  std::mutex write_mu_;  // one PersistOnce at a time
+  std::mutex write_mu_;   // one PersistOnce at a time
   PersisterStats stats_;  // guarded by mu_
   int64_t failing_ = 0;   // failures since the last write; guarded by mu_
   std::thread thread_;

@@ -15,9 +15,9 @@ namespace concord::checkpoint {
 namespace {
 
 absl::Status Errno(const std::string& what, const std::string& path) {
-  return absl::UnavailableError(absl::StrCat(
-      what, " ", path.empty() ? "anonymous memory" : path, ": ",
-      std::strerror(errno)));
+  return absl::UnavailableError(
+      absl::StrCat(what, " ", path.empty() ? "anonymous memory" : path, ": ",
+                   std::strerror(errno)));
 }
 
 }  // namespace
@@ -57,7 +57,8 @@ absl::Status Region::Map(size_t bytes) {
         return Errno("cannot grow", path_);
       }
     }
-    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+    void* p =
+        ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
     if (p == MAP_FAILED) return Errno("cannot map", path_);
     if (base_ != nullptr) ::munmap(base_, mapped_);
     base_ = p;

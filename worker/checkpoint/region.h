@@ -14,7 +14,12 @@
 namespace concord::checkpoint {
 
 struct RegionHeader {
-  enum State : uint32_t { kEmpty = 0, kWriting = 1, kReady = 2, kPersisting = 3 };
+  enum State : uint32_t {
+    kEmpty = 0,
+    kWriting = 1,
+    kReady = 2,
+    kPersisting = 3
+  };
   char magic[8];
   uint32_t version;
   std::atomic<uint32_t> state;

@@ -156,8 +156,8 @@ absl::Status Reducer::SetLayoutState(const at::Tensor& state) {
   if (state.dim() != 1 || state.scalar_type() != at::kLong ||
       state.numel() != static_cast<int64_t>(3 + 2 * n)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "a bucket layout of ", state.numel(), " entries, expected ",
-        3 + 2 * n, " for ", n, " parameters"));
+        "a bucket layout of ", state.numel(), " entries, expected ", 3 + 2 * n,
+        " for ", n, " parameters"));
   }
   const at::Tensor t = state.contiguous();
   const int64_t* v = t.data_ptr<int64_t>();

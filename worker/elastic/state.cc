@@ -9,8 +9,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -193,12 +193,26 @@ absl::Status State::Apply(const checkpoint::Content& content) {
     }
   }
   for (const Model& m : models_) {
-    CONCORD_RETURN_IF_ERROR(checkpoint::ApplyModule(
-        m.name, *modules[m.name], m.engine->NamedState()));
+    CONCORD_RETURN_IF_ERROR(checkpoint::CheckModule(m.name, *modules[m.name],
+                                                    m.engine->NamedState()));
   }
-  for (const Optimizer& o : optimizers_) {
-    CONCORD_RETURN_IF_ERROR(
-        checkpoint::ApplyOptimizer(*optimizers[o.name], *o.optimizer));
+  // An optimizer that does not fit puts the ones before it back: nothing
+  // changes when the checkpoint is not this program's.
+  std::vector<OptimizerSnapshot> before(optimizers_.size());
+  for (size_t i = 0; i < optimizers_.size(); ++i) {
+    before[i].Take(*optimizers_[i].optimizer);
+    absl::Status applied = checkpoint::ApplyOptimizer(
+        *optimizers[optimizers_[i].name], *optimizers_[i].optimizer);
+    if (!applied.ok()) {
+      for (size_t j = 0; j <= i; ++j) {
+        before[j].Restore(*optimizers_[j].optimizer);
+      }
+      return applied;
+    }
+  }
+  for (const Model& m : models_) {
+    CONCORD_RETURN_IF_ERROR(checkpoint::ApplyModule(m.name, *modules[m.name],
+                                                    m.engine->NamedState()));
   }
   step = content.counters.step;
   epoch = content.counters.epoch;
@@ -214,8 +228,9 @@ absl::Status State::Apply(const checkpoint::Content& content) {
   for (const auto& [key, t] : content.extra) {
     for (const Model& m : models_) {
       if (key == absl::StrCat("layout/", m.name)) {
-        CONCORD_RETURN_IF_ERROR(Annotate(m.engine->SetReducerLayout(t),
-                                         absl::StrCat("module '", m.name, "'")));
+        CONCORD_RETURN_IF_ERROR(
+            Annotate(m.engine->SetReducerLayout(t),
+                     absl::StrCat("module '", m.name, "'")));
       }
     }
   }
@@ -248,7 +263,8 @@ absl::Status State::SyncCheckpoints(int* root) {
   checkpointer_->SetRole(/*writes_memory=*/first == me, /*persists=*/me == 0);
   if (!config.resume) return absl::OkStatus();
   // Does a member hold a committed step? Then it goes on from that.
-  auto gather = [&](std::vector<int64_t> mine) -> absl::StatusOr<torch::Tensor> {
+  auto gather =
+      [&](std::vector<int64_t> mine) -> absl::StatusOr<torch::Tensor> {
     torch::Tensor in = torch::tensor(mine, torch::kLong);
     torch::Tensor out = torch::empty({world, in.numel()}, torch::kLong);
     CONCORD_RETURN_IF_ERROR(comm->Allgather(out, in, opts)->Wait());
@@ -282,8 +298,8 @@ absl::Status State::SyncCheckpoints(int* root) {
   std::string error;
   if (me == winner) {
     if (absl::Status applied = Apply(mine->content); !applied.ok()) {
-      error = absl::StrCat("resuming from ", mine->source, ": ",
-                           applied.message());
+      error =
+          absl::StrCat("resuming from ", mine->source, ": ", applied.message());
     }
   }
   CONCORD_RETURN_IF_ERROR(comm::BroadcastBytes(*comm, winner, &error, opts));
@@ -425,10 +441,10 @@ absl::Status State::Sync() {
   CONCORD_RETURN_IF_ERROR(
       Annotate(SyncPayload(root), "syncing the training state"));
   for (const auto& [participant, optimizer] : participants_) {
-    CONCORD_RETURN_IF_ERROR(Annotate(
-        participant->SyncState(session_->shared_communicator(), root, step,
-                               *optimizer),
-        "syncing attached state"));
+    CONCORD_RETURN_IF_ERROR(
+        Annotate(participant->SyncState(session_->shared_communicator(), root,
+                                        step, *optimizer),
+                 "syncing attached state"));
   }
   SetDivisor();
   tainted_ = false;

@@ -1,0 +1,146 @@
+#include "concord/checkpoint.h"
+
+#include <torch/torch.h>
+
+#include <set>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "api/internal.h"
+#include "worker/checkpoint/content.h"
+#include "worker/checkpoint/disk.h"
+#include "worker/elastic/optimizer_snapshot.h"
+#include "worker/error.h"
+
+namespace concord {
+namespace {
+
+NamedTensors NamedStateOf(torch::nn::Module& module) {
+  NamedTensors out;
+  for (const auto& p : module.named_parameters(/*recurse=*/true)) {
+    out.emplace_back(p.key(), p.value());
+  }
+  for (const auto& b : module.named_buffers(/*recurse=*/true)) {
+    out.emplace_back(b.key(), b.value());
+  }
+  return out;
+}
+
+void CheckName(const std::string& name, std::set<std::string>& taken) {
+  if (name.empty() || !taken.insert(name).second) {
+    throw Error(ErrorCode::kInvalidArgument,
+                absl::StrCat("CheckpointState::add('", name,
+                             "'): a name of its own is needed"));
+  }
+}
+
+}  // namespace
+
+CheckpointState& CheckpointState::add_module(
+    const std::string& name, std::shared_ptr<torch::nn::Module> module) {
+  std::set<std::string> taken;
+  for (const auto& [n, m] : modules_) taken.insert(n);
+  CheckName(name, taken);
+  if (module == nullptr) {
+    throw Error(
+        ErrorCode::kInvalidArgument,
+        absl::StrCat("CheckpointState::add('", name, "'): an empty module"));
+  }
+  modules_.emplace_back(name, std::move(module));
+  return *this;
+}
+
+CheckpointState& CheckpointState::add(const std::string& name,
+                                      torch::optim::Optimizer& optimizer) {
+  std::set<std::string> taken;
+  for (const auto& [n, o] : optimizers_) taken.insert(n);
+  CheckName(name, taken);
+  optimizers_.emplace_back(name, &optimizer);
+  return *this;
+}
+
+void save_checkpoint(const Job& job, const std::string& dir, int64_t step,
+                     const CheckpointState& state, int keep) {
+  if (step < 1 || keep < 1) {
+    throw Error(ErrorCode::kInvalidArgument,
+                absl::StrCat("save_checkpoint: step ", step, " and keep ", keep,
+                             " must be at least 1"));
+  }
+  if (job.rank() != 0) return;
+  checkpoint::Content c;
+  c.counters.step = step;
+  c.counters.world_size = job.world_size();
+  c.counters.generation = job.generation();
+  for (const auto& [name, module] : state.modules()) {
+    c.modules.emplace_back(name, NamedStateOf(*module));
+  }
+  for (const auto& [name, optimizer] : state.optimizers()) {
+    c.optimizers.push_back(checkpoint::CaptureOptimizer(name, *optimizer));
+  }
+  for (const auto& [name, v] : state.values()) {
+    c.extra.emplace_back(absl::StrCat("values/", name), v);
+  }
+  checkpoint::WriteOptions options;
+  options.keep = keep;
+  auto written = checkpoint::WriteCheckpoint(
+      c, dir, job.state()->session().options().spec.job_id(), options);
+  ThrowIfError(written.status());
+}
+
+std::optional<int64_t> load_checkpoint(const Job& job, const std::string& dir,
+                                       CheckpointState& state) {
+  auto loaded = checkpoint::LoadNewest(
+      dir, job.state()->session().options().spec.job_id());
+  if (absl::IsNotFound(loaded.status())) return std::nullopt;
+  ThrowIfError(loaded.status());
+  const checkpoint::Content& c = loaded->content;
+  auto fail = [](const std::string& message) {
+    throw Error(ErrorCode::kFailedPrecondition,
+                absl::StrCat("load_checkpoint: ", message));
+  };
+  // Everything checked before anything changes.
+  std::map<std::string, const NamedTensors*> modules;
+  for (const auto& [name, tensors] : c.modules) modules[name] = &tensors;
+  std::map<std::string, const checkpoint::OptimizerContent*> optimizers;
+  for (const auto& o : c.optimizers) optimizers[o.name] = &o;
+  for (const auto& [name, module] : state.modules()) {
+    if (!modules.count(name))
+      fail("the checkpoint has no module '" + name + "'");
+  }
+  for (const auto& [name, optimizer] : state.optimizers()) {
+    if (!optimizers.count(name)) {
+      fail("the checkpoint has no optimizer '" + name + "'");
+    }
+  }
+  for (const auto& [name, module] : state.modules()) {
+    ThrowIfError(
+        checkpoint::CheckModule(name, *modules[name], NamedStateOf(*module)));
+  }
+  // An optimizer that does not fit puts the ones before it back.
+  std::vector<elastic::OptimizerSnapshot> before(state.optimizers().size());
+  for (size_t i = 0; i < state.optimizers().size(); ++i) {
+    const auto& [name, optimizer] = state.optimizers()[i];
+    before[i].Take(*optimizer);
+    absl::Status applied =
+        checkpoint::ApplyOptimizer(*optimizers[name], *optimizer);
+    if (!applied.ok()) {
+      for (size_t j = 0; j <= i; ++j) {
+        before[j].Restore(*state.optimizers()[j].second);
+      }
+      fail(std::string(applied.message()));
+    }
+  }
+  for (const auto& [name, module] : state.modules()) {
+    ThrowIfError(
+        checkpoint::ApplyModule(name, *modules[name], NamedStateOf(*module)));
+  }
+  state.values().clear();
+  for (const auto& [key, t] : c.extra) {
+    if (absl::StartsWith(key, "values/")) {
+      state.values()[key.substr(std::strlen("values/"))] = t.clone();
+    }
+  }
+  return c.counters.step;
+}
+
+}  // namespace concord
