@@ -4,12 +4,10 @@
 
 #include <set>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "api/internal.h"
 #include "worker/checkpoint/content.h"
 #include "worker/checkpoint/disk.h"
-#include "worker/elastic/optimizer_snapshot.h"
 #include "worker/error.h"
 
 namespace concord {
@@ -94,52 +92,17 @@ std::optional<int64_t> load_checkpoint(const Job& job, const std::string& dir,
   if (absl::IsNotFound(loaded.status())) return std::nullopt;
   ThrowIfError(loaded.status());
   const checkpoint::Content& c = loaded->content;
-  auto fail = [](const std::string& message) {
+  checkpoint::Live live;
+  for (const auto& [name, module] : state.modules()) {
+    live.modules.emplace_back(name, NamedStateOf(*module));
+  }
+  live.optimizers = state.optimizers();
+  auto values = checkpoint::ApplyTo(c, live);
+  if (!values.ok()) {
     throw Error(ErrorCode::kFailedPrecondition,
-                absl::StrCat("load_checkpoint: ", message));
-  };
-  // Everything checked before anything changes.
-  std::map<std::string, const NamedTensors*> modules;
-  for (const auto& [name, tensors] : c.modules) modules[name] = &tensors;
-  std::map<std::string, const checkpoint::OptimizerContent*> optimizers;
-  for (const auto& o : c.optimizers) optimizers[o.name] = &o;
-  for (const auto& [name, module] : state.modules()) {
-    if (!modules.count(name))
-      fail("the checkpoint has no module '" + name + "'");
+                absl::StrCat("load_checkpoint: ", values.status().message()));
   }
-  for (const auto& [name, optimizer] : state.optimizers()) {
-    if (!optimizers.count(name)) {
-      fail("the checkpoint has no optimizer '" + name + "'");
-    }
-  }
-  for (const auto& [name, module] : state.modules()) {
-    ThrowIfError(
-        checkpoint::CheckModule(name, *modules[name], NamedStateOf(*module)));
-  }
-  // An optimizer that does not fit puts the ones before it back.
-  std::vector<elastic::OptimizerSnapshot> before(state.optimizers().size());
-  for (size_t i = 0; i < state.optimizers().size(); ++i) {
-    const auto& [name, optimizer] = state.optimizers()[i];
-    before[i].Take(*optimizer);
-    absl::Status applied =
-        checkpoint::ApplyOptimizer(*optimizers[name], *optimizer);
-    if (!applied.ok()) {
-      for (size_t j = 0; j <= i; ++j) {
-        before[j].Restore(*state.optimizers()[j].second);
-      }
-      fail(std::string(applied.message()));
-    }
-  }
-  for (const auto& [name, module] : state.modules()) {
-    ThrowIfError(
-        checkpoint::ApplyModule(name, *modules[name], NamedStateOf(*module)));
-  }
-  state.values().clear();
-  for (const auto& [key, t] : c.extra) {
-    if (absl::StartsWith(key, "values/")) {
-      state.values()[key.substr(std::strlen("values/"))] = t.clone();
-    }
-  }
+  state.values() = *std::move(values);
   return c.counters.step;
 }
 

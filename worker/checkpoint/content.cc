@@ -9,8 +9,11 @@
 #include <set>
 #include <tuple>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "worker/elastic/optimizer_snapshot.h"
 #include "worker/torch_compat.h"
 
 namespace concord::checkpoint {
@@ -556,6 +559,54 @@ absl::Status ApplyModule(const std::string& module, const NamedTensors& saved,
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::map<std::string, at::Tensor>> ApplyTo(
+    const Content& content, const Live& live) {
+  std::map<std::string, const NamedTensors*> modules;
+  std::vector<std::string> names;
+  for (const auto& [name, tensors] : content.modules) {
+    modules[name] = &tensors;
+    names.push_back(name);
+  }
+  std::map<std::string, const OptimizerContent*> optimizers;
+  for (const auto& o : content.optimizers) optimizers[o.name] = &o;
+  for (const auto& [name, tensors] : live.modules) {
+    if (!modules.count(name)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the checkpoint has no module '", name,
+                       "' (it has: ", absl::StrJoin(names, ", "), ")"));
+    }
+    CONCORD_RETURN_IF_ERROR(CheckModule(name, *modules[name], tensors));
+  }
+  for (const auto& [name, optimizer] : live.optimizers) {
+    if (!optimizers.count(name)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the checkpoint has no optimizer '", name, "'"));
+    }
+  }
+  std::vector<elastic::OptimizerSnapshot> before(live.optimizers.size());
+  for (size_t i = 0; i < live.optimizers.size(); ++i) {
+    const auto& [name, optimizer] = live.optimizers[i];
+    before[i].Take(*optimizer);
+    if (absl::Status s = ApplyOptimizer(*optimizers[name], *optimizer);
+        !s.ok()) {
+      for (size_t j = 0; j <= i; ++j) {
+        before[j].Restore(*live.optimizers[j].second);
+      }
+      return s;
+    }
+  }
+  for (const auto& [name, tensors] : live.modules) {
+    CONCORD_RETURN_IF_ERROR(ApplyModule(name, *modules[name], tensors));
+  }
+  std::map<std::string, at::Tensor> values;
+  for (const auto& [key, t] : content.extra) {
+    if (absl::StartsWith(key, "values/")) {
+      values[key.substr(std::strlen("values/"))] = t.clone();
+    }
+  }
+  return values;
+}
+
 at::Tensor CpuRngState() {
   auto gen = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(gen.mutex());
@@ -630,7 +681,8 @@ absl::StatusOr<OptimizerContent> OptimizerFromIValue(const std::string& name,
   }
   std::sort(out.state.begin(), out.state.end(),
             [](const auto& a, const auto& b) { return a.first < b.first; });
-  for (const c10::IValue& g : dict.at("param_groups").toListRef()) {
+  const c10::IValue groups = dict.at("param_groups");
+  for (const c10::IValue& g : groups.toListRef()) {
     if (!g.isGenericDict()) {
       return absl::InvalidArgumentError(
           absl::StrCat(what, ": a param group is not a dict"));

@@ -32,6 +32,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <cstdint>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
@@ -92,6 +93,20 @@ absl::Status CheckModule(const std::string& module, const NamedTensors& saved,
                          const NamedTensors& live);
 absl::Status ApplyModule(const std::string& module, const NamedTensors& saved,
                          const NamedTensors& live);
+
+// A program's modules (their tensors by name) and optimizers, by the names
+// a checkpoint knows them by.
+struct Live {
+  std::vector<std::pair<std::string, NamedTensors>> modules;
+  std::vector<std::pair<std::string, torch::optim::Optimizer*>> optimizers;
+};
+// Puts `content`'s modules and optimizers into `live`'s, all or nothing:
+// every module is checked first, an optimizer that does not fit puts the
+// ones before it back. FAILED_PRECONDITION naming a module or optimizer the
+// checkpoint lacks or that does not fit. Returns the user's values
+// ("values/<name>", copied).
+absl::StatusOr<std::map<std::string, at::Tensor>> ApplyTo(
+    const Content& content, const Live& live);
 
 // The CPU random generator's state, and putting it back (INVALID_ARGUMENT
 // for a tensor that is not one).

@@ -130,6 +130,16 @@ absl::StatusOr<std::string> FileOf(const std::string& name,
   return file;
 }
 
+// A job id that names one directory under DIR (the coordinator's ids are;
+// a program alone takes CONCORD_JOB_ID as it is).
+absl::Status CheckJob(const std::string& job) {
+  if (job.empty() || job[0] == '.' || job.find('/') != std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job id '", job, "' cannot name a checkpoint directory"));
+  }
+  return absl::OkStatus();
+}
+
 std::string JobDir(const std::string& dir, const std::string& job) {
   return (fs::path(dir) / job).string();
 }
@@ -202,6 +212,7 @@ Scanned Scan(const std::string& path, const std::string& job) {
 
 // Every step-N directory, newest first, scanned.
 std::vector<Scanned> ScanAll(const std::string& dir, const std::string& job) {
+  if (!CheckJob(job).ok()) return {};
   std::vector<std::pair<int64_t, std::string>> found;
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(JobDir(dir, job), ec)) {
@@ -276,6 +287,7 @@ absl::StatusOr<WriteStats> WriteCheckpoint(const Content& content,
                                            const std::string& job,
                                            const WriteOptions& options) {
   const auto start = std::chrono::steady_clock::now();
+  CONCORD_RETURN_IF_ERROR(CheckJob(job));
   const int64_t step = content.counters.step;
   const std::string job_dir = JobDir(dir, job);
   {

@@ -10,7 +10,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -170,62 +169,23 @@ checkpoint::Content State::Capture() const {
 }
 
 absl::Status State::Apply(const checkpoint::Content& content) {
-  auto names = [](const auto& list) {
-    std::vector<std::string> out;
-    for (const auto& e : list) out.push_back(e.first);
-    return absl::StrJoin(out, ", ");
-  };
-  std::map<std::string, const NamedTensors*> modules;
-  for (const auto& [name, tensors] : content.modules) modules[name] = &tensors;
-  std::map<std::string, const checkpoint::OptimizerContent*> optimizers;
-  for (const auto& o : content.optimizers) optimizers[o.name] = &o;
+  checkpoint::Live live;
   for (const Model& m : models_) {
-    if (!modules.count(m.name)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("the checkpoint has no module '", m.name,
-                       "' (it has: ", names(content.modules), ")"));
-    }
+    live.modules.emplace_back(m.name, m.engine->NamedState());
   }
   for (const Optimizer& o : optimizers_) {
-    if (!optimizers.count(o.name)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("the checkpoint has no optimizer '", o.name, "'"));
-    }
+    live.optimizers.emplace_back(o.name, o.optimizer);
   }
-  for (const Model& m : models_) {
-    CONCORD_RETURN_IF_ERROR(checkpoint::CheckModule(m.name, *modules[m.name],
-                                                    m.engine->NamedState()));
-  }
-  // An optimizer that does not fit puts the ones before it back: nothing
-  // changes when the checkpoint is not this program's.
-  std::vector<OptimizerSnapshot> before(optimizers_.size());
-  for (size_t i = 0; i < optimizers_.size(); ++i) {
-    before[i].Take(*optimizers_[i].optimizer);
-    absl::Status applied = checkpoint::ApplyOptimizer(
-        *optimizers[optimizers_[i].name], *optimizers_[i].optimizer);
-    if (!applied.ok()) {
-      for (size_t j = 0; j <= i; ++j) {
-        before[j].Restore(*optimizers_[j].optimizer);
-      }
-      return applied;
-    }
-  }
-  for (const Model& m : models_) {
-    CONCORD_RETURN_IF_ERROR(checkpoint::ApplyModule(m.name, *modules[m.name],
-                                                    m.engine->NamedState()));
-  }
+  using Values = std::map<std::string, torch::Tensor>;
+  CONCORD_ASSIGN_OR_RETURN(Values restored, checkpoint::ApplyTo(content, live));
   step = content.counters.step;
   epoch = content.counters.epoch;
   position = content.counters.position;
-  values.clear();
+  values = std::move(restored);
   for (const auto& [key, t] : content.extra) {
-    if (absl::StartsWith(key, "values/")) {
-      values[key.substr(std::strlen("values/"))] = t.clone();
-    } else if (key == "rng/cpu") {
+    if (key == "rng/cpu") {
       CONCORD_RETURN_IF_ERROR(checkpoint::SetCpuRngState(t));
     }
-  }
-  for (const auto& [key, t] : content.extra) {
     for (const Model& m : models_) {
       if (key == absl::StrCat("layout/", m.name)) {
         CONCORD_RETURN_IF_ERROR(
