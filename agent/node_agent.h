@@ -98,6 +98,15 @@ class NodeAgent {
   // joined, or the agent is shutting down) nothing goes out. Its answer
   // updates the job's news; a refusal is logged. Thread-safe.
   bool WorkerExited(const std::string& worker_id, const std::string& how);
+  // Note [Checkpoints] in worker/checkpoint/checkpointer.h: concord-run
+  // wrote a complete checkpoint of `job_id`; it goes out on the job's Node
+  // stream (no answer; the coordinator keeps the newest of each job).
+  // Nothing goes out while the agent shuts down. Thread-safe.
+  void CheckpointWritten(const std::string& job_id,
+                         const v1::CheckpointReport& report);
+  // Waits until every message queued on a Node stream so far is written
+  // (handed to the connection), at most `timeout`; whether all were.
+  bool AwaitWrites(absl::Duration timeout);
   // Waits until every exit report sent so far is answered (or its stream
   // ended), at most `timeout`; whether all were.
   bool AwaitExitReports(absl::Duration timeout);

@@ -259,6 +259,11 @@ class NodeAgent::Impl::NodeStream final
     exited->set_how(how);
     WriteQueued(after);
   }
+  // Note [Checkpoints]: a checkpoint this node's concord-run wrote.
+  void AddCheckpoint(const v1::CheckpointReport& report, Actions* after) {
+    *queued_.add_checkpoints() = report;
+    WriteQueued(after);
+  }
   void Remove(WatchCall* call, Actions* after) {
     const std::string& id = call->request().worker_id();
     auto it = watches_.find(id);
@@ -374,6 +379,10 @@ class NodeAgent::Impl::NodeStream final
   void Ref() { ++refs_; }
   // With mu_ held: true when the caller is to delete the stream.
   bool Unref() { return --refs_ == 0; }
+  // With mu_ held: nothing queued or being written (or it broke).
+  bool Idle() const {
+    return broken_ || (!writing_ && queued_.ByteSizeLong() == 0);
+  }
 
  private:
   // With mu_ held: starts writing what is queued, unless a write is in
@@ -383,7 +392,7 @@ class NodeAgent::Impl::NodeStream final
     if (queued_.add_size() == 0 && queued_.remove_size() == 0 &&
         queued_.joins_size() == 0 && queued_.cancel_joins_size() == 0 &&
         queued_.heartbeats_size() == 0 && queued_.exited_size() == 0 &&
-        queued_.job_id().empty()) {
+        queued_.checkpoints_size() == 0 && queued_.job_id().empty()) {
       return;
     }
     current_ = std::move(queued_);
@@ -550,6 +559,28 @@ bool NodeAgent::Impl::WorkerExited(const std::string& worker_id,
   ++exits_;
   StreamFor(known.job_id, &after)->AddExit(worker_id, known, how, &after);
   return true;
+}
+
+void NodeAgent::Impl::CheckpointWritten(const std::string& job_id,
+                                        const v1::CheckpointReport& report) {
+  Actions after;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopping_) return;
+  StreamFor(job_id, &after)->AddCheckpoint(report, &after);
+}
+
+bool NodeAgent::Impl::AwaitWrites(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      bool idle = true;
+      for (const auto& [job, stream] : streams_) idle = idle && stream->Idle();
+      if (idle) return true;
+    }
+    if (absl::Now() >= deadline) return false;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
 }
 
 bool NodeAgent::Impl::AwaitExitReports(absl::Duration timeout) {

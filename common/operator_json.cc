@@ -55,6 +55,19 @@ OrderedJson SummaryJson(const v1::JobSummary& s) {
       {"max_workers", s.max_workers()}, {"failure", s.failure()}};
 }
 
+OrderedJson CheckpointJson(const v1::CheckpointReport& c) {
+  return OrderedJson{{"step", c.step()},
+                     {"epoch", c.epoch()},
+                     {"samples", c.samples()},
+                     {"world_size", c.world_size()},
+                     {"generation", c.generation()},
+                     {"path", c.path()},
+                     {"node", c.node()},
+                     {"bytes", c.bytes()},
+                     {"write_seconds", c.write_seconds()},
+                     {"written_unix_ms", c.written_unix_ms()}};
+}
+
 OrderedJson StatusJson(const v1::JobStatus& s) {
   OrderedJson j{{"job_id", s.spec().job_id()},
                 {"state", JobStateName(s.state())},
@@ -67,13 +80,17 @@ OrderedJson StatusJson(const v1::JobStatus& s) {
                 {"members", OrderedJson::array()},
                 {"waiting", OrderedJson::array()},
                 {"expected", OrderedJson::array()},
-                {"recent_events", OrderedJson::array()}};
+                {"recent_events", OrderedJson::array()},
+                {"checkpoints", OrderedJson::array()}};
   if (s.has_boundary_step()) j["boundary_step"] = s.boundary_step();
   for (const auto& m : s.members()) j["members"].push_back(MemberJson(m));
   for (const auto& m : s.waiting()) j["waiting"].push_back(MemberJson(m));
   for (const auto& m : s.expected()) j["expected"].push_back(MemberJson(m));
   for (const auto& e : s.recent_events()) {
     j["recent_events"].push_back(EventJson(e));
+  }
+  for (const auto& c : s.checkpoints()) {
+    j["checkpoints"].push_back(CheckpointJson(c));
   }
   return j;
 }

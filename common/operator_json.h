@@ -22,6 +22,7 @@ std::string FormatUnixMs(int64_t unix_ms);
 OrderedJson EventJson(const v1::Event& e);
 OrderedJson MemberJson(const v1::MemberStatus& m);
 OrderedJson SummaryJson(const v1::JobSummary& s);
+OrderedJson CheckpointJson(const v1::CheckpointReport& c);
 OrderedJson StatusJson(const v1::JobStatus& s);
 
 }  // namespace concord

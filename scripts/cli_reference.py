@@ -22,6 +22,7 @@ COMMANDS = [
     (["concordctl", "jobs"], None),
     (["concordctl", "status"], None),
     (["concordctl", "events"], None),
+    (["concordctl", "checkpoints"], None),
     (["concordctl", "watch"], None),
     (["concordctl", "drain"], None),
     (["concordctl", "stop"], None),

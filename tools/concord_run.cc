@@ -67,12 +67,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "agent/node_agent.h"
 #include "common/auth.h"
 #include "common/logging.h"
@@ -382,7 +384,11 @@ std::string RegionPath(const std::string& job) {
   return absl::StrCat("/dev/shm/", prefix, getpid());
 }
 
-bool StartCheckpointTier(Options& o, CheckpointTier& tier) {
+// `report`: where each checkpoint written goes (the node agent, towards the
+// coordinator; empty: nowhere).
+bool StartCheckpointTier(
+    Options& o, CheckpointTier& tier,
+    std::function<void(const concord::checkpoint::WrittenCheckpoint&)> report) {
   if (!o.checkpoint.enabled()) return true;
   tier.path = RegionPath(o.job_id);
   auto region = concord::checkpoint::Region::Open(tier.path);
@@ -398,7 +404,8 @@ bool StartCheckpointTier(Options& o, CheckpointTier& tier) {
     return false;
   }
   tier.persister = std::make_unique<concord::checkpoint::Persister>(
-      tier.region.get(), o.checkpoint.dir, o.checkpoint.keep, *crash);
+      tier.region.get(), o.checkpoint.dir, o.checkpoint.keep, *crash,
+      std::move(report));
   o.checkpoint.memory = tier.path;
   return true;
 }
@@ -495,7 +502,33 @@ int main(int argc, char** argv) {
 
   int status = 1;
   CheckpointTier checkpoints;
-  if (StartCheckpointTier(options, checkpoints) &&
+  // Note [Checkpoints]: the coordinator hears of each one written through
+  // the agent (which outlives the persister: it is stopped below first).
+  std::function<void(const concord::checkpoint::WrittenCheckpoint&)> report;
+  if (agent) {
+    concord::agent::NodeAgent* reporter = agent.get();
+    std::string node = options.node_id;
+    if (node.empty()) {
+      char host[256] = {0};
+      gethostname(host, sizeof(host) - 1);
+      node = host;
+    }
+    report = [reporter, node](const concord::checkpoint::WrittenCheckpoint& w) {
+      concord::v1::CheckpointReport r;
+      r.set_step(w.step);
+      r.set_epoch(w.epoch);
+      r.set_samples(w.samples);
+      r.set_world_size(static_cast<int32_t>(w.world_size));
+      r.set_generation(w.generation);
+      r.set_path(w.path);
+      r.set_bytes(w.bytes);
+      r.set_write_seconds(w.seconds);
+      r.set_written_unix_ms(absl::ToUnixMillis(absl::Now()));
+      r.set_node(node);
+      reporter->CheckpointWritten(w.job, r);
+    };
+  }
+  if (StartCheckpointTier(options, checkpoints, std::move(report)) &&
       (options.trace.empty() || MakeTraceParts(options))) {
     // Note [Exit status] in tools/launcher.h: the job's state as the
     // embedded coordinator or the agent knows it.
@@ -529,7 +562,10 @@ int main(int argc, char** argv) {
       status = 1;
     }
   }
+  // The last checkpoint is written (and reported) before the agent stops.
+  checkpoints.persister.reset();
   if (agent) {
+    agent->AwaitWrites(absl::Seconds(2));
     agent->Shutdown();
     agent.reset();
     unlink((agent_dir + "/agent.sock").c_str());

@@ -5,6 +5,7 @@
 //     jobs                      every job, one line each
 //     status [JOB]              one job in detail (without JOB: as `jobs`)
 //     events JOB [--after N] [--limit N]
+//     checkpoints JOB           its newest complete checkpoints
 //     drain JOB WORKER [--reason TEXT]
 //     stop JOB [--reason TEXT]
 //     watch JOB [--interval SECONDS]   follow a job until it ends
@@ -76,6 +77,8 @@ constexpr CommandHelp kCommands[] = {
     {"Basic commands", "status",
      "Show one job in detail (without JOB: as jobs)"},
     {"Basic commands", "events", "Print a job's events"},
+    {"Basic commands", "checkpoints",
+     "List a job's newest complete checkpoints"},
     {"Basic commands", "watch", "Follow a job live until it ends"},
     {"Admin commands", "drain", "Remove a worker from its job"},
     {"Admin commands", "stop", "Stop a job"},
@@ -91,7 +94,7 @@ void PrintTopHelp() {
       group = c.group;
       out += absl::StrCat("\n", group, ":\n");
     }
-    out += absl::StrFormat("  %-8s %s\n", c.name, c.description);
+    out += absl::StrFormat("  %-12s %s\n", c.name, c.description);
   }
   out +=
       "\nExamples:\n"
@@ -128,6 +131,7 @@ std::string FormatTime(int64_t unix_ms) {
   return concord::FormatUnixMs(unix_ms);
 }
 
+using concord::CheckpointJson;
 using concord::EventJson;
 using concord::StatusJson;
 using concord::SummaryJson;
@@ -214,8 +218,31 @@ void PrintStatusTable(const v1::JobStatus& s) {
   }
   std::cout << "\n";
   PrintTable(rows);
+  if (s.checkpoints_size() > 0) {
+    const v1::CheckpointReport& c = *s.checkpoints().rbegin();
+    std::cout << "\nlast checkpoint: step " << c.step() << " at "
+              << FormatTime(c.written_unix_ms()) << ", " << c.path() << " on "
+              << c.node() << " (" << s.checkpoints_size()
+              << " reported; concordctl checkpoints " << s.spec().job_id()
+              << ")\n";
+  }
   std::cout << "\nrecent events:\n";
   PrintEventsTable(s.recent_events());
+}
+
+void PrintCheckpointsTable(const v1::JobStatus& s) {
+  std::vector<std::vector<std::string>> rows = {{"STEP", "EPOCH", "SAMPLES",
+                                                 "WORLD", "MB", "WRITE_S",
+                                                 "WRITTEN", "NODE", "PATH"}};
+  for (auto it = s.checkpoints().rbegin(); it != s.checkpoints().rend(); ++it) {
+    const v1::CheckpointReport& c = *it;
+    rows.push_back({absl::StrCat(c.step()), absl::StrCat(c.epoch()),
+                    absl::StrCat(c.samples()), absl::StrCat(c.world_size()),
+                    absl::StrFormat("%.1f", c.bytes() / 1e6),
+                    absl::StrFormat("%.2f", c.write_seconds()),
+                    FormatTime(c.written_unix_ms()), c.node(), c.path()});
+  }
+  PrintTable(rows);
 }
 
 [[noreturn]] void Fail(const grpc::Status& status) {
@@ -272,6 +299,11 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   events->add_option("--limit", f.limit, "At most this many (1-1000)")
       ->check(CLI::Range(1, 1000));
+  CLI::App* checkpoints = app.add_subcommand(
+      "checkpoints",
+      "A job's newest complete checkpoints (as its node agents reported "
+      "them), newest first");
+  checkpoints->add_option("job", f.job, "Job id")->required();
   CLI::App* drain = app.add_subcommand("drain", "Remove a worker from a job");
   drain->add_option("job", f.job, "Job id")->required();
   drain->add_option("worker", f.worker, "Worker id")->required();
@@ -401,6 +433,22 @@ int main(int argc, char** argv) {
       std::cout << j.dump(2) << "\n";
     } else {
       PrintEventsTable(r.events());
+    }
+  } else if (checkpoints->parsed()) {
+    v1::GetJobRequest req;
+    req.set_job_id(f.job);
+    v1::JobStatus r;
+    grpc::Status s = stub->GetJob(context().get(), req, &r);
+    if (!s.ok()) Fail(s);
+    if (as_json) {
+      json j{{"job_id", f.job}, {"checkpoints", json::array()}};
+      for (auto it = r.checkpoints().rbegin(); it != r.checkpoints().rend();
+           ++it) {
+        j["checkpoints"].push_back(CheckpointJson(*it));
+      }
+      std::cout << j.dump(2) << "\n";
+    } else {
+      PrintCheckpointsTable(r);
     }
   } else if (drain->parsed()) {
     v1::DrainWorkerRequest req;

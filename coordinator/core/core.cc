@@ -472,6 +472,33 @@ absl::StatusOr<bool> Core::WorkerExited(const std::string& job_id,
   return true;
 }
 
+absl::Status Core::CheckpointWritten(const std::string& job_id,
+                                     const v1::CheckpointReport& report) {
+  CONCORD_RETURN_IF_ERROR(ValidateCheckpoint(job_id, report));
+  Job* job = FindJob(job_id);
+  if (job == nullptr) return JobNotFound(job_id);
+  auto& kept = job->checkpoints;
+  auto at = std::lower_bound(kept.begin(), kept.end(), report.step(),
+                             [](const v1::CheckpointReport& r, int64_t step) {
+                               return r.step() < step;
+                             });
+  if (at != kept.end() && at->step() == report.step()) {
+    *at = report;
+  } else {
+    kept.insert(at, report);
+  }
+  if (kept.size() > kKeptCheckpoints) {
+    kept.erase(kept.begin(), kept.end() - kKeptCheckpoints);
+  }
+  AddEvent(
+      *job, "checkpoint", "",
+      absl::StrFormat("checkpoint of step %d written to %s (%s)", report.step(),
+                      report.path(),
+                      report.node().empty() ? "a node agent" : report.node()));
+  Changed(*job);
+  return absl::OkStatus();
+}
+
 void Core::Withdraw(Job& job, const std::string& worker_id, int64_t step,
                     const v1::LeaveRequest& request, const std::string& what,
                     const std::string& out_of_data_when,

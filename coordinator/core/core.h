@@ -304,6 +304,15 @@ class Core {
                                     const std::string& secret,
                                     const std::string& how);
 
+  // Note [Checkpoints] in worker/checkpoint/checkpointer.h: a node agent
+  // wrote a complete checkpoint of the job. The job keeps the newest
+  // kKeptCheckpoints by step (one of a step reported again replaces it),
+  // persisted with it and shown in its status and events. INVALID_ARGUMENT
+  // for a bad field, NOT_FOUND for an unknown job; nothing changes then.
+  absl::Status CheckpointWritten(const std::string& job_id,
+                                 const v1::CheckpointReport& report);
+  static constexpr size_t kKeptCheckpoints = 10;
+
   // The worker's place in the current generation, or nullopt while the
   // rendezvous is still open. NOT_FOUND for an unknown job/worker;
   // FAILED_PRECONDITION when the job has failed or was stopped.
@@ -483,6 +492,8 @@ class Core {
     // ended. A later Leave of theirs is a no-op.
     std::set<std::string> finished;
     std::optional<int64_t> boundary_step;
+    // CheckpointWritten's, by step ascending.
+    std::vector<v1::CheckpointReport> checkpoints;
     // Transient, never exported: by worker id, while the worker has a
     // stream open or is bound.
     std::map<std::string, WatchState> watches;

@@ -339,6 +339,25 @@ absl::Status ValidateExit(const std::string& job_id,
   return ValidText("how", how, kMaxMessageLength);
 }
 
+absl::Status ValidateCheckpoint(const std::string& job_id,
+                                const v1::CheckpointReport& r) {
+  CONCORD_RETURN_IF_ERROR(ValidateId("job_id", job_id));
+  if (r.step() < 1) {
+    return Invalid("step", absl::StrCat("must be at least 1; got ", r.step()));
+  }
+  CONCORD_RETURN_IF_ERROR(NonNegative("epoch", r.epoch()));
+  CONCORD_RETURN_IF_ERROR(NonNegative("samples", r.samples()));
+  CONCORD_RETURN_IF_ERROR(NonNegative("world_size", r.world_size()));
+  CONCORD_RETURN_IF_ERROR(NonNegative("generation", r.generation()));
+  CONCORD_RETURN_IF_ERROR(NonNegative("written_unix_ms", r.written_unix_ms()));
+  if (!(r.write_seconds() >= 0) || r.write_seconds() > 1e9) {
+    return Invalid("write_seconds", "must be a duration in seconds");
+  }
+  if (r.path().empty()) return Invalid("path", "is empty");
+  CONCORD_RETURN_IF_ERROR(ValidText("path", r.path(), kMaxMessageLength));
+  return ValidText("node", r.node(), kMaxMessageLength);
+}
+
 absl::Status ValidateRequest(const v1::GetJobRequest& r) {
   return ValidateId("job_id", r.job_id());
 }

@@ -138,6 +138,9 @@ absl::StatusOr<v1::JobStatus> Core::GetJob(
   if (job->boundary_step.has_value()) {
     status.set_boundary_step(*job->boundary_step);
   }
+  for (const v1::CheckpointReport& c : job->checkpoints) {
+    *status.add_checkpoints() = c;
+  }
   const size_t first = job->events.size() > internal::kRecentEvents
                            ? job->events.size() - internal::kRecentEvents
                            : 0;
@@ -253,6 +256,9 @@ std::optional<v1::JobRecord> Core::ExportJob(const std::string& job_id) const {
     *record.add_expected() = member_record(m);
   }
   for (const std::string& w : job->finished) record.add_finished(w);
+  for (const v1::CheckpointReport& c : job->checkpoints) {
+    *record.add_checkpoints() = c;
+  }
   for (const auto& [k, v] : job->kv) (*record.mutable_kv())[k] = v;
   for (const Event& e : job->events) *record.add_events() = ToProto(e);
   record.set_next_event_seq(job->next_event_seq);
@@ -311,6 +317,14 @@ absl::Status Core::CheckRestoredWorkers(const Job& job) {
       return bad(std::string(s.message()));
     }
   }
+  if (job.checkpoints.size() > kKeptCheckpoints) {
+    return bad("more checkpoints than are kept");
+  }
+  for (const v1::CheckpointReport& c : job.checkpoints) {
+    if (absl::Status s = ValidateCheckpoint(id, c); !s.ok()) {
+      return bad(absl::StrCat("checkpoint: ", s.message()));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -360,6 +374,12 @@ absl::Status Core::RestoreJob(const v1::JobRecord& record) {
   job.bindings.insert(record.bindings().begin(), record.bindings().end());
   job.drained.insert(record.drained().begin(), record.drained().end());
   job.finished.insert(record.finished().begin(), record.finished().end());
+  job.checkpoints.assign(record.checkpoints().begin(),
+                         record.checkpoints().end());
+  std::sort(job.checkpoints.begin(), job.checkpoints.end(),
+            [](const v1::CheckpointReport& a, const v1::CheckpointReport& b) {
+              return a.step() < b.step();
+            });
   CONCORD_RETURN_IF_ERROR(CheckRestoredWorkers(job));
   job.rendezvous_started = now;
   job.last_arrival = now;

@@ -1,5 +1,7 @@
 #include "coordinator/rpc/agent_service.h"
 
+#include <spdlog/spdlog.h>
+
 #include <map>
 #include <memory>
 #include <optional>
@@ -199,7 +201,8 @@ class NodeCall final
             static_cast<size_t>(AgentServiceImpl::kMaxWorkers) ||
         request_.joins_size() > AgentServiceImpl::kMaxWorkers ||
         request_.heartbeats_size() > AgentServiceImpl::kMaxWorkers ||
-        request_.exited_size() > AgentServiceImpl::kMaxWorkers) {
+        request_.exited_size() > AgentServiceImpl::kMaxWorkers ||
+        request_.checkpoints_size() > AgentServiceImpl::kMaxWorkers) {
       return absl::InvalidArgumentError(absl::StrCat(
           "a node stream carries at most ", AgentServiceImpl::kMaxWorkers,
           " workers (watches, joins, heartbeats or exits at once)"));
@@ -272,6 +275,13 @@ class NodeCall final
     }
     for (const v1::ExitedWorker& exited : request_.exited()) {
       Exited(core, exited);
+    }
+    // Note [Checkpoints]: no answer (a refusal is logged here).
+    for (const v1::CheckpointReport& c : request_.checkpoints()) {
+      if (absl::Status s = core.CheckpointWritten(job_id_, c); !s.ok()) {
+        spdlog::warn("job {}: checkpoint report refused: {}", job_id_,
+                     s.ToString());
+      }
     }
     return absl::OkStatus();
   }

@@ -36,6 +36,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import signal
 import sys
 import tempfile
@@ -61,7 +62,8 @@ RUN_TIMEOUT = 120.0
 SLOW = {"CONCORD_TEST_MIN_STEP_MS": "25"}
 
 
-def launch(ctx, name, job, ck, nproc=3, extra=(), env=None, setup=None, after=""):
+def launch(ctx, name, job, ck, nproc=3, extra=(), env=None, setup=None, after="",
+           coordinator=None):
     """concord-run of the job's command in its own process group; `setup`:
     a shell script run first in a mount namespace of its own (unshare -m),
     `after` one run there after concord-run (its status is the exit's)."""
@@ -71,7 +73,9 @@ def launch(ctx, name, job, ck, nproc=3, extra=(), env=None, setup=None, after=""
              "--batch-size", BATCH, "--epochs", EPOCHS, "--output", rd.output,
              "--metrics-out", rd.metrics, "--sample-log", rd.samples,
              "--log-interval", "50"]
-    cmd = [ctx.bins.run, "--standalone", "--nproc", nproc, "--job-id", job,
+    where = (["--coordinator", coordinator.address, "--token-file", coordinator.worker_token]
+             if coordinator else ["--standalone"])
+    cmd = [ctx.bins.run] + where + ["--nproc", nproc, "--job-id", job,
            "--rendezvous-timeout-ms", te.RENDEZVOUS_TIMEOUT_MS,
            "--collective-timeout-ms", te.COLLECTIVE_TIMEOUT_MS] + te.HEARTBEAT + [
            "--checkpoint-dir", ck, "--checkpoint-every", EVERY,
@@ -398,6 +402,40 @@ def case_read_only(ctx, name):
                  name + ": final parameters bit-identical to the uninterrupted run's")
 
 
+def case_coordinator(ctx, name):
+    """Against a separate coordinator: each checkpoint concord-run writes is
+    reported through its node agent and kept in the job's record:
+    `concordctl checkpoints` lists them, newest first, the job's final one
+    included, as they are on disk."""
+    checks = ctx.checks
+    coord = te.start_coordinator(ctx, name, te.RunDir(ctx.tmp, name + "-coordinator"))
+    if coord is None:
+        return
+    job, ck = name, os.path.join(ctx.tmp, "ck-" + name)
+    rd, p = launch(ctx, name, job, ck, coordinator=coord, env={"CONCORD_TEST_MIN_STEP_MS": "10"})
+    rc = p.wait(RUN_TIMEOUT)
+    checks.check(rc == 0, name + ": the job completes", p.describe())
+    ctl = os.path.join(os.path.dirname(ctx.bins.run), "concordctl")
+    out = subprocess.run([ctl, "--endpoint", coord.address, "--token-file", coord.operator_token,
+                          "-o", "json", "checkpoints", job], capture_output=True, text=True,
+                         timeout=30)
+    listed = []
+    try:
+        listed = json.loads(out.stdout)["checkpoints"]
+    except (ValueError, KeyError):
+        pass
+    on_disk = steps(ck, job)
+    got = [c["step"] for c in listed]
+    checks.check(out.returncode == 0 and got and got == sorted(got, reverse=True) and
+                 got[0] == on_disk[-1] and set(got) <= set(on_disk) and len(got) == min(10, len(on_disk)),
+                 name + ": concordctl checkpoints lists the newest ones, the final included "
+                 "(%s; on disk %s)" % (got, on_disk), out.stdout + out.stderr)
+    ok = all(c["path"] == os.path.join(ck, job, "step-%d" % c["step"]) and c["bytes"] > 0 and
+             c["world_size"] == 3 for c in listed)
+    checks.check(ok, name + ": each with its path, size and world size", json.dumps(listed[:2]))
+    coord.stop()
+
+
 CASES = {
     "kill-all": lambda ctx: case_kill_all(ctx, "kill-all"),
     "memory": lambda ctx: case_memory(ctx, "memory"),
@@ -408,6 +446,7 @@ CASES = {
     "crash-during-latest": lambda ctx: case_crash(ctx, "crash-dl", "during-latest"),
     "full-disk": lambda ctx: case_full_disk(ctx, "full-disk"),
     "read-only": lambda ctx: case_read_only(ctx, "read-only"),
+    "coordinator": lambda ctx: case_coordinator(ctx, "coordinator"),
 }
 
 

@@ -248,5 +248,81 @@ TEST_F(CoordinatorExitTest, TheChangeIsPersisted) {
   EXPECT_TRUE(restored.Join(restarted).ok());
 }
 
+// Note [Checkpoints] in worker/checkpoint/checkpointer.h: the job keeps the
+// newest reported checkpoints by step, in its record and its status; a bad
+// report changes nothing.
+v1::CheckpointReport Checkpoint(int64_t step) {
+  v1::CheckpointReport r;
+  r.set_step(step);
+  r.set_epoch(step / 17);
+  r.set_samples(step % 17 * 12);
+  r.set_world_size(3);
+  r.set_generation(1);
+  r.set_path(absl::StrCat("/ckpt/job/step-", step));
+  r.set_bytes(1000 + static_cast<uint64_t>(step));
+  r.set_write_seconds(0.25);
+  r.set_written_unix_ms(1700000000000 + step);
+  r.set_node("node-a");
+  return r;
+}
+
+TEST_F(CoordinatorExitTest, TheNewestCheckpointsAreKeptAndPersisted) {
+  FormLong(3);
+  (void)core_.TakeDirtyJobs();
+  for (int64_t step = 10; step <= 150; step += 10) {
+    ASSERT_TRUE(core_.CheckpointWritten(kJob, Checkpoint(step)).ok());
+  }
+  // The same step again replaces it; an older one goes in its place.
+  v1::CheckpointReport again = Checkpoint(150);
+  again.set_node("node-b");
+  ASSERT_TRUE(core_.CheckpointWritten(kJob, again).ok());
+  EXPECT_THAT(core_.TakeDirtyJobs(), ElementsAre(kJob));
+  const v1::JobStatus status = Status();
+  ASSERT_EQ(status.checkpoints_size(),
+            static_cast<int>(Core::kKeptCheckpoints));
+  EXPECT_EQ(status.checkpoints(0).step(), 60);
+  EXPECT_EQ(status.checkpoints(9).step(), 150);
+  EXPECT_EQ(status.checkpoints(9).node(), "node-b");
+  bool said = false;
+  for (const auto& e : status.recent_events()) {
+    said = said || (e.kind() == "checkpoint" &&
+                    absl::StrContains(e.message(), "step 150"));
+  }
+  EXPECT_TRUE(said);
+  auto record = core_.ExportJob(kJob);
+  ASSERT_TRUE(record.has_value());
+  FakeClock later(clock_.Now() + absl::Hours(1));
+  Core restored(&later);
+  ASSERT_TRUE(restored.RestoreJob(*record).ok());
+  v1::GetJobRequest get;
+  get.set_job_id(kJob);
+  auto after = restored.GetJob(get);
+  ASSERT_TRUE(after.ok());
+  ASSERT_EQ(after->checkpoints_size(), status.checkpoints_size());
+  EXPECT_EQ(after->checkpoints(9).path(), "/ckpt/job/step-150");
+}
+
+TEST_F(CoordinatorExitTest, ABadCheckpointReportChangesNothing) {
+  FormLong(2);
+  ASSERT_TRUE(core_.CheckpointWritten(kJob, Checkpoint(10)).ok());
+  (void)core_.TakeDirtyJobs();
+  v1::CheckpointReport no_step = Checkpoint(20);
+  no_step.set_step(0);
+  v1::CheckpointReport no_path = Checkpoint(20);
+  no_path.clear_path();
+  v1::CheckpointReport bad_time = Checkpoint(20);
+  bad_time.set_write_seconds(-1);
+  for (const auto& bad : {no_step, no_path, bad_time}) {
+    EXPECT_EQ(core_.CheckpointWritten(kJob, bad).code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+  EXPECT_EQ(core_.CheckpointWritten("no-such-job", Checkpoint(20)).code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_TRUE(core_.TakeDirtyJobs().empty());
+  const v1::JobStatus status = Status();
+  ASSERT_EQ(status.checkpoints_size(), 1);
+  EXPECT_EQ(status.checkpoints(0).step(), 10);
+}
+
 }  // namespace
 }  // namespace concord::coordinator

@@ -12,11 +12,13 @@
 namespace concord::checkpoint {
 
 Persister::Persister(Region* region, std::string dir, int keep, TestCrash crash,
+                     std::function<void(const WrittenCheckpoint&)> on_written,
                      std::chrono::milliseconds poll)
     : region_(region),
       dir_(std::move(dir)),
       keep_(keep),
       crash_(crash),
+      on_written_(std::move(on_written)),
       poll_(poll) {
   thread_ = std::thread([this] { Loop(); });
 }
@@ -79,9 +81,16 @@ bool Persister::PersistOnce() {
   absl::StatusOr<WriteStats> written =
       absl::FailedPreconditionError("not for the disk tier");
   int64_t step = h.step;
+  WrittenCheckpoint report;
   if (persist) {
     absl::StatusOr<Content> content = ReadSnapshot(*region_);
     if (content.ok()) {
+      report.job = job;
+      report.step = content->counters.step;
+      report.epoch = content->counters.epoch;
+      report.samples = content->counters.position;
+      report.world_size = content->counters.world_size;
+      report.generation = content->counters.generation;
       WriteOptions options;
       options.keep = keep_;
       if (++attempts_ == crash_.nth) options.fault = crash_.stage;
@@ -129,6 +138,12 @@ bool Persister::PersistOnce() {
                      stats_.last_error);
       }
     }
+  }
+  if (persist && written.ok() && on_written_) {
+    report.path = written->path;
+    report.bytes = written->bytes;
+    report.seconds = written->seconds;
+    on_written_(report);
   }
   // ReadSnapshot may have mapped the region again: `h` may dangle.
   RegionHeader& after = region_->header();

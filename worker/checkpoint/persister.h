@@ -8,6 +8,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -31,13 +32,26 @@ struct PersisterStats {
   std::string last_error;
 };
 
+// A checkpoint the persister wrote, for whoever reports it (concord-run
+// tells the coordinator through its node agent).
+struct WrittenCheckpoint {
+  std::string job;
+  std::string path;
+  int64_t step = 0, epoch = 0, samples = 0, world_size = 0, generation = 0;
+  uint64_t bytes = 0;
+  double seconds = 0;
+};
+
 class Persister {
  public:
   // Writes the snapshots `region` marks for the disk tier into `dir`,
   // keeping `keep` (Note [Checkpoint directories]). `region` must outlive
   // the persister. Polls every `poll` and on Notify.
   // `crash`: the test hook TestCrashFromEnvironment reads.
+  // `on_written` (may be empty) runs on the persister's thread after each
+  // checkpoint written.
   Persister(Region* region, std::string dir, int keep, TestCrash crash = {},
+            std::function<void(const WrittenCheckpoint&)> on_written = {},
             std::chrono::milliseconds poll = std::chrono::milliseconds(50));
   // Writes what is ready, then stops.
   ~Persister();
@@ -62,6 +76,7 @@ class Persister {
   const std::string dir_;
   const int keep_;
   const TestCrash crash_;
+  const std::function<void(const WrittenCheckpoint&)> on_written_;
   int64_t attempts_ = 0;  // writes begun (the test crash counts them)
   const std::chrono::milliseconds poll_;
   mutable std::mutex mu_;
