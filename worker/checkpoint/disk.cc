@@ -416,7 +416,14 @@ absl::StatusOr<WriteStats> WriteCheckpoint(const Content& content,
     return s;
   }
   CONCORD_RETURN_IF_ERROR(SyncDir(job_dir));
-  // Only now: the old beyond `keep`, and what crashed writers left.
+  WriteStats stats;
+  stats.path = final_dir;
+  stats.bytes = bytes;
+  stats.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+  // Only now: the old beyond `keep`, and what crashed writers left (not in
+  // the write's time).
   std::vector<Scanned> all = ScanAll(dir, job);
   int kept = 0;
   for (const Scanned& s : all) {
@@ -436,12 +443,6 @@ absl::StatusOr<WriteStats> WriteCheckpoint(const Content& content,
       }
     }
   }
-  WriteStats stats;
-  stats.path = final_dir;
-  stats.bytes = bytes;
-  stats.seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-          .count();
   return stats;
 }
 

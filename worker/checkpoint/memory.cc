@@ -60,8 +60,16 @@ absl::StatusOr<WriteResult> WriteSnapshot(Region& region,
     char* data = region.base() + data_offset;
     for (size_t i = 0; i < flat.tensors.size(); ++i) {
       const at::Tensor& t = flat.tensors[i];
+      char* to = data + table[i]["offset"].get<size_t>();
+      if (t.numel() == 0) continue;
+      if (t.device().is_cpu() && t.is_contiguous()) {
+        // A plain copy: LibTorch's copy_ splits a large one over its
+        // threads, which stalls when the cores are busy with training.
+        std::memcpy(to, t.data_ptr(), t.numel() * t.element_size());
+        continue;
+      }
       at::Tensor dst = torch::from_blob(
-          data + table[i]["offset"].get<size_t>(), t.sizes(),
+          to, t.sizes(),
           torch::TensorOptions().dtype(t.scalar_type()).device(torch::kCPU));
       dst.copy_(t);
     }

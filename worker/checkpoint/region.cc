@@ -43,6 +43,8 @@ Region::~Region() {
   if (fd_ >= 0) ::close(fd_);
 }
 
+// MAP_POPULATE: the pages are made when the region grows, not at the first
+// snapshot's copy (a step's stall).
 absl::Status Region::Map(size_t bytes) {
   if (bytes <= mapped_) return absl::OkStatus();
   if (fd_ >= 0) {
@@ -57,8 +59,8 @@ absl::Status Region::Map(size_t bytes) {
         return Errno("cannot grow", path_);
       }
     }
-    void* p =
-        ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                     MAP_SHARED | MAP_POPULATE, fd_, 0);
     if (p == MAP_FAILED) return Errno("cannot map", path_);
     if (base_ != nullptr) ::munmap(base_, mapped_);
     base_ = p;
@@ -66,7 +68,7 @@ absl::Status Region::Map(size_t bytes) {
     return absl::OkStatus();
   }
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
   if (p == MAP_FAILED) return Errno("cannot map", path_);
   if (base_ != nullptr) {
     std::memcpy(p, base_, kHeaderBytes);  // the header's counters

@@ -1,0 +1,291 @@
+// concord-bench-checkpoint: the Concord half of
+// bench/checkpoint_vs_pytorch.py. For an MLP of about --params-m million
+// parameters with SGD and momentum stepped once, times what a checkpoint
+// costs (Note [Checkpoints] in worker/checkpoint/checkpointer.h):
+//
+//   concord-bench-checkpoint --params-m 21 --dir /var/tmp/ck [--repeat 5]
+//       [--keep-files]
+//
+//  memcpy     one std::memcpy of every tensor of the checkpoint into a
+//             preallocated, pre-faulted buffer (the physical limit of a
+//             memory tier); memcpy_threads_s: the same split over
+//             LibTorch's intra-op threads;
+//  snapshot   WriteSnapshot into an anonymous Region reused across repeats
+//             (the training step's stall); the first write, which grows
+//             and faults the region in, apart as snapshot_first_s;
+//             capture_s: building the Content (as State::Capture does);
+//  write      WriteCheckpoint of the region's snapshot to --dir (keep 2):
+//             what the persister thread does (files, fsync, manifest,
+//             rename); write_mb_s is its bytes over its seconds;
+//  archive_s  the same archives serialized into a sink that drops them
+//             (LibTorch's PyTorchStreamWriter without the disk), crc32_s
+//             zlib's CRC-32 over the tensors' bytes (what WriteCheckpoint
+//             adds per file): where the write's time goes besides the disk.
+// The model is 1024 -> W x 6 -> 1024 (Linear + ReLU, 5 hidden W x W
+// layers, bench/gpu_models.py's mlp-350m shape) with W the multiple of 64
+// that comes nearest to --params-m (21: W = 1856, 21.0 M; 350: W = 8192,
+// 352 M). Prints one JSON line: the widths, parameter count, bytes and
+// every figure (medians of --repeat; seconds, MB = 10^6 bytes). Not a test.
+
+#include <ATen/Parallel.h>
+#include <torch/torch.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "worker/checkpoint/content.h"
+#include "worker/checkpoint/disk.h"
+#include "worker/checkpoint/memory.h"
+#include "worker/checkpoint/region.h"
+#include "worker/state_dict_file.h"
+
+namespace {
+
+namespace ck = concord::checkpoint;
+using Clock = std::chrono::steady_clock;
+
+constexpr int64_t kIn = 1024, kOut = 1024, kHidden = 5;
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+template <typename F>
+double Seconds(F&& f) {
+  const auto t0 = Clock::now();
+  f();
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+[[noreturn]] void Fail(const std::string& what) {
+  std::fprintf(stderr, "concord-bench-checkpoint: %s\n", what.c_str());
+  std::exit(1);
+}
+
+int64_t Params(int64_t w) {
+  return kIn * w + w + kHidden * (w * w + w) + w * kOut + kOut;
+}
+
+// The multiple of 64 whose MLP comes nearest to `millions` parameters.
+int64_t WidthFor(double millions) {
+  const double target = millions * 1e6;
+  int64_t best = 64;
+  for (int64_t w = 64; Params(w) < 4 * target + Params(64); w += 64) {
+    if (std::abs(Params(w) - target) < std::abs(Params(best) - target)) {
+      best = w;
+    }
+  }
+  return best;
+}
+
+torch::nn::Sequential Mlp(int64_t w) {
+  torch::nn::Sequential seq;
+  seq->push_back(torch::nn::Linear(kIn, w));
+  seq->push_back(torch::nn::ReLU());
+  for (int64_t i = 0; i < kHidden; ++i) {
+    seq->push_back(torch::nn::Linear(w, w));
+    seq->push_back(torch::nn::ReLU());
+  }
+  seq->push_back(torch::nn::Linear(w, kOut));
+  return seq;
+}
+
+// As State::Capture: the module's parameters and buffers by name, the
+// optimizer as PyTorch's state_dict has it, the CPU generator's state.
+ck::Content Capture(const torch::nn::Module& model,
+                    const torch::optim::Optimizer& optimizer, int64_t step) {
+  ck::Content c;
+  c.counters.step = step;
+  c.counters.world_size = 1;
+  c.counters.generation = 1;
+  concord::NamedTensors state;
+  for (const auto& p : model.named_parameters()) {
+    state.emplace_back(p.key(), p.value());
+  }
+  for (const auto& b : model.named_buffers()) {
+    state.emplace_back(b.key(), b.value());
+  }
+  c.modules.emplace_back("model", std::move(state));
+  c.optimizers.push_back(ck::CaptureOptimizer("optimizer", optimizer));
+  c.extra.emplace_back("rng/cpu", ck::CpuRngState());
+  return c;
+}
+
+c10::IValue TensorDict(const concord::NamedTensors& tensors) {
+  c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
+  for (const auto& [k, t] : tensors) d.insert(k, t);
+  return d;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  double params_m = 21;
+  int repeat = 5;
+  std::string dir;
+  bool keep_files = false;
+  CLI::App app{
+      "Times a checkpoint's memory snapshot and disk write against memcpy "
+      "(the Concord half of bench/checkpoint_vs_pytorch.py)"};
+  app.add_option("--params-m", params_m, "parameters of the MLP, in millions")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--repeat", repeat, "repeats of each measurement (median)")
+      ->check(CLI::Range(1, 1000));
+  app.add_option("--dir", dir, "where the checkpoints are written")->required();
+  app.add_flag("--keep-files", keep_files,
+               "leave the checkpoints in DIR (default: removed at the end)");
+  CLI11_PARSE(app, argc, argv);
+
+  torch::manual_seed(0);
+  const int64_t width = WidthFor(params_m);
+  torch::nn::Sequential model = Mlp(width);
+  torch::optim::SGD sgd(model->parameters(),
+                        torch::optim::SGDOptions(0.01).momentum(0.9));
+  {
+    // One step, so that the momentum buffers exist; the gradients are
+    // dropped after it (they are not part of a checkpoint).
+    torch::Tensor x = torch::randn({4, kIn});
+    torch::nn::functional::mse_loss(model->forward(x), torch::zeros({4, kOut}))
+        .backward();
+    sgd.step();
+    for (torch::Tensor& p : model->parameters()) p.mutable_grad().reset();
+  }
+  int64_t params = 0;
+  for (const torch::Tensor& p : model->parameters()) params += p.numel();
+
+  std::vector<double> capture;
+  ck::Content content;
+  for (int i = 0; i < repeat; ++i) {
+    capture.push_back(Seconds([&] { content = Capture(*model, sgd, 1); }));
+  }
+  const std::vector<at::Tensor> tensors = ck::Flatten(content).tensors;
+  size_t bytes = 0;
+  for (const at::Tensor& t : tensors) bytes += t.nbytes();
+
+  // (a) memcpy into a pre-faulted buffer, tensor by tensor.
+  std::vector<double> memcpy_s, memcpy_threads_s;
+  {
+    std::unique_ptr<char[]> buffer(new char[bytes]);
+    std::memset(buffer.get(), 1, bytes);
+    for (int i = 0; i < repeat; ++i) {
+      memcpy_s.push_back(Seconds([&] {
+        char* out = buffer.get();
+        for (const at::Tensor& t : tensors) {
+          std::memcpy(out, t.data_ptr(), t.nbytes());
+          out += t.nbytes();
+        }
+      }));
+    }
+    for (int i = 0; i < repeat; ++i) {
+      memcpy_threads_s.push_back(Seconds([&] {
+        char* out = buffer.get();
+        for (const at::Tensor& t : tensors) {
+          const char* in = static_cast<const char*>(t.data_ptr());
+          const int64_t n = static_cast<int64_t>(t.nbytes());
+          at::parallel_for(0, n, 1 << 20, [&](int64_t begin, int64_t end) {
+            std::memcpy(out + begin, in + begin, end - begin);
+          });
+          out += n;
+        }
+      }));
+    }
+  }
+
+  // (b) the snapshot: the first write grows and faults the region in.
+  auto region = ck::Region::Open("");
+  if (!region.ok()) Fail(std::string(region.status().message()));
+  auto snapshot = [&] {
+    absl::StatusOr<ck::WriteResult> r =
+        ck::WriteSnapshot(**region, content, "bench", /*persist=*/true);
+    if (!r.ok()) Fail(std::string(r.status().message()));
+    if (*r != ck::WriteResult::kWritten) Fail("the snapshot was skipped");
+  };
+  const double snapshot_first_s = Seconds(snapshot);
+  std::vector<double> snapshot_s;
+  for (int i = 0; i < repeat; ++i) snapshot_s.push_back(Seconds(snapshot));
+
+  // (c) the disk tier, from the region as the persister writes it.
+  absl::StatusOr<ck::Content> saved = ck::ReadSnapshot(**region);
+  if (!saved.ok()) Fail(std::string(saved.status().message()));
+  const std::string job = "bench-" + std::to_string(::getpid());
+  std::vector<double> write_s;
+  uint64_t file_bytes = 0;
+  for (int i = 0; i < repeat; ++i) {
+    saved->counters.step = i + 1;
+    ck::WriteOptions options;
+    options.keep = 2;
+    absl::StatusOr<ck::WriteStats> w =
+        ck::WriteCheckpoint(*saved, dir, job, options);
+    if (!w.ok()) Fail(std::string(w.status().message()));
+    write_s.push_back(w->seconds);
+    file_bytes = w->bytes;
+  }
+  if (!keep_files) {
+    std::error_code ec;
+    std::filesystem::remove_all(std::filesystem::path(dir) / job, ec);
+  }
+
+  // Where the write's time goes besides the disk: the archives into a sink
+  // that drops them, and zlib's CRC-32 over the bytes.
+  const double archive_s = Seconds([&] {
+    auto drop = [](const void*, size_t n) { return n; };
+    absl::Status s;
+    for (const auto& [name, t] : saved->modules) {
+      s.Update(concord::WriteArchive(TensorDict(t), drop));
+    }
+    for (const ck::OptimizerContent& o : saved->optimizers) {
+      s.Update(concord::WriteArchive(ck::OptimizerToIValue(o), drop));
+    }
+    s.Update(concord::WriteArchive(TensorDict(saved->extra), drop));
+    if (!s.ok()) Fail(std::string(s.message()));
+  });
+  uint32_t crc = 0;
+  const double crc32_s = Seconds([&] {
+    for (const at::Tensor& t : tensors) {
+      crc = static_cast<uint32_t>(
+          crc32_z(crc, static_cast<const Bytef*>(t.data_ptr()), t.nbytes()));
+    }
+  });
+
+  std::vector<int64_t> widths = {kIn};
+  for (int64_t i = 0; i <= kHidden; ++i) widths.push_back(width);
+  widths.push_back(kOut);
+  const double write = Median(write_s);
+  nlohmann::json out = {
+      {"params_m", params_m},
+      {"params", params},
+      {"widths", widths},
+      {"tensors", tensors.size()},
+      {"bytes", bytes},
+      {"file_bytes", file_bytes},
+      {"repeat", repeat},
+      {"threads", at::get_num_threads()},
+      {"capture_s", Median(capture)},
+      {"memcpy_s", Median(memcpy_s)},
+      {"memcpy_threads_s", Median(memcpy_threads_s)},
+      {"snapshot_s", Median(snapshot_s)},
+      {"snapshot_first_s", snapshot_first_s},
+      {"snapshot_all_s", snapshot_s},
+      {"write_s", write},
+      {"write_all_s", write_s},
+      {"write_mb_s",
+       write > 0 ? static_cast<double>(file_bytes) / write / 1e6 : 0.0},
+      {"archive_s", archive_s},
+      {"crc32_s", crc32_s},
+  };
+  std::printf("%s\n", out.dump().c_str());
+  return 0;
+}

@@ -1,0 +1,513 @@
+#!/usr/bin/python3
+"""Benchmark: what a Concord checkpoint costs, next to memcpy, the disk's own
+bandwidth, torch.save (PyTorch 1.13) and DCP's async_save (PyTorch 2.6), in
+one run.
+
+Usage (Debian's python3, which has torch 1.13; build Concord first:
+cmake --build build --target concord-bench-checkpoint concord-train):
+
+    /usr/bin/python3 bench/checkpoint_vs_pytorch.py --bin-dir build/bin
+    /usr/bin/python3 bench/checkpoint_vs_pytorch.py --bin-dir build/bin \\
+        --sizes 21,350 --repeat 3 --dir /var/tmp [--no-dcp] [--no-train]
+    /usr/bin/python3 bench/checkpoint_vs_pytorch.py --bin-dir build/bin \\
+        --sizes 21 --train-steps 200 --train-repeat 3
+
+For each --sizes N (millions of parameters; an MLP 1024 -> W x 6 -> 1024
+with 5 hidden W x W layers, W chosen by concord-bench-checkpoint: 21 ->
+21.0 M, 350 -> 352 M, bench/gpu_models.py's mlp-350m) with SGD and
+momentum stepped once (parameters and momentum buffers: 8 bytes a
+parameter):
+  1. concord-bench-checkpoint --params-m N --dir DIR: the median of
+     --repeat of one memcpy of the checkpoint's bytes into a pre-faulted
+     buffer, Concord's snapshot into its memory region (the training step's
+     stall; the first one, which faults the region in, apart), and the disk
+     tier's write of the snapshot (files, fsync, manifest, rename) with its
+     MB/s;
+  2. the disk's own sequential write bandwidth in the same DIR:
+     `dd if=/dev/zero of=F bs=16M count=K oflag=direct conv=fsync` of about
+     the checkpoint's bytes (the goal's reference), and the same without
+     oflag=direct (through the page cache, as the checkpoint's files go);
+  3. torch.save's stall in this Python (PyTorch 1.13) for the same model
+     (an equivalent nn.Sequential, same widths) and optimizer: the whole
+     torch.save(model.state_dict()) + torch.save(optimizer.state_dict())
+     calls into DIR, with and without an os.fsync of each file;
+  4. unless --no-dcp, when --dcp-root/.concord-stamp exists (the Debian 13
+     root of scripts/debian13.sh, PyTorch 2.6): the same model and optimizer
+     in that root (`chroot ROOT python3 -c ...`, /proc mounted in a mount
+     namespace of its own) saved with torch.distributed.checkpoint.async_save
+     in a world of 1 (gloo, FileStore): the blocking part (get_state_dict
+     and async_save until it returns) and the total until its future is done
+     (FileSystemWriter fsyncs its files). Twice: DCP's default staging, which
+     for CPU tensors copies nothing (tensor.to("cpu") is the tensor itself:
+     the background write reads the live parameters, not a snapshot), and
+     cache_staged_state_dict=True (a real copy into a buffer kept across
+     saves, as Concord's region; its first save, which allocates it, is not
+     in the median; without a GPU the buffer is not pinned, pinning needs
+     one). With as many compute threads as concord-bench-checkpoint had. Its
+     directory is inside the root (ROOT/tmp): the same disk as DIR when both
+     are on one file system (printed).
+Then the step time: concord-train (no launcher, a world of one) on a
+TorchScript MLP of the first size (--train-params-m, default 21) with random
+data, --train-steps steps of --train-batch samples, SGD with momentum, once
+without checkpoints and once with --checkpoint-dir D --checkpoint-every 10,
+alternating --train-repeat times (medians). The goal's step time is wall
+time per step (concord-train's samples/s over its whole loop: the commit,
+where the snapshot is taken, and the persister thread's competition
+included); concord-train's own step_time_ms (forward, backward and optimizer
+step only: the commit is outside it) is shown beside it.
+
+Goals (issue 30): Concord's stall <= 1.2 x memcpy and <= 1/20 of
+torch.save's (with fsync; without in parentheses); the disk tier's MB/s >=
+0.7 x dd's (oflag=direct conv=fsync); step time with checkpoints every 10
+steps <= 1.02 x without. Timings on a shared 2-core VM are noisy: the load
+average is printed before and after. Not a test; not registered with ctest.
+"""
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+import torch.nn as nn
+
+DCP_SCRIPT = r'''
+import json, os, shutil, sys, time
+import torch
+import torch.nn as nn
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+widths, repeat, d = json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+torch.set_num_threads(int(sys.argv[4]))
+torch.manual_seed(0)
+layers = []
+for i in range(len(widths) - 1):
+    layers.append(nn.Linear(widths[i], widths[i + 1]))
+    if i < len(widths) - 2:
+        layers.append(nn.ReLU())
+model = nn.Sequential(*layers)
+opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+model(torch.randn(4, widths[0])).pow(2).mean().backward()
+opt.step()
+opt.zero_grad(set_to_none=True)
+out = {"torch": torch.__version__, "threads": torch.get_num_threads()}
+try:
+    dist.init_process_group("gloo", store=dist.FileStore(os.path.join(d, "store"), 1),
+                            rank=0, world_size=1)
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+except Exception as e:
+    out["error"] = "%s: %s" % (type(e).__name__, e)
+    print("DCP_JSON " + json.dumps(out), flush=True)
+    sys.exit(0)
+
+
+def state():
+    m, o = get_state_dict(model, opt)
+    return {"model": m, "optim": o}
+
+
+class UnpinnedWriter(dcp.FileSystemWriter):
+    """cache_staged_state_dict's staging without pinned memory, which needs
+    a GPU: the same copy into a buffer kept across saves."""
+
+    def stage(self, sd):
+        from torch.distributed._state_dict_utils import (_copy_state_dict,
+                                                         _create_cpu_state_dict)
+        self.per_thread_copy_ahead = 0
+        if self.state_dict_cache is None:
+            self.state_dict_cache = _create_cpu_state_dict(sd, pin_memory=False)
+        return _copy_state_dict(sd, self.state_dict_cache)
+
+
+for variant, cache in (("default", False), ("staged_copy", True)):
+    try:
+        kind = dcp.FileSystemWriter
+        if cache and not torch.cuda.is_available():
+            kind = UnpinnedWriter
+            out["staged_copy_unpinned"] = True
+        writer = kind(os.path.join(d, variant + "-0"), cache_staged_state_dict=cache)
+        blocking, total, first, nbytes = [], [], None, 0
+        for i in range(repeat + 1):
+            cid = os.path.join(d, "%s-%d" % (variant, i))
+            t0 = time.perf_counter()
+            f = dcp.async_save(state(), checkpoint_id=cid, storage_writer=writer)
+            t1 = time.perf_counter()
+            f.result()
+            t2 = time.perf_counter()
+            nbytes = sum(os.path.getsize(os.path.join(cid, n)) for n in os.listdir(cid))
+            shutil.rmtree(cid)
+            if i == 0:
+                first = [t1 - t0, t2 - t0]
+            else:
+                blocking.append(t1 - t0)
+                total.append(t2 - t0)
+        blocking.sort()
+        total.sort()
+        out[variant] = {"blocking_s": blocking[len(blocking) // 2],
+                        "total_s": total[len(total) // 2],
+                        "first_blocking_s": first[0], "first_total_s": first[1],
+                        "bytes": nbytes}
+    except Exception as e:
+        out[variant] = {"error": "%s: %s" % (type(e).__name__, str(e).splitlines()[0][:300])}
+dist.destroy_process_group()
+print("DCP_JSON " + json.dumps(out), flush=True)
+'''
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--bin-dir", default="build/bin")
+    p.add_argument("--sizes", default="21,350",
+                   help="comma-separated parameter counts, in millions")
+    p.add_argument("--repeat", type=int, default=3, help="repeats of each measurement (median)")
+    p.add_argument("--dir", default="/var/tmp",
+                   help="a directory on the disk under test (a temporary directory is made in it)")
+    p.add_argument("--dcp-root", default="/var/cache/concord/debian13",
+                   help="the Debian 13 root with PyTorch 2.6 (scripts/debian13.sh)")
+    p.add_argument("--no-dcp", action="store_true", help="leave out DCP's async_save")
+    p.add_argument("--no-train", action="store_true", help="leave out the step time")
+    p.add_argument("--train-params-m", type=float, default=None,
+                   help="the step time's model (default: the first of --sizes)")
+    p.add_argument("--train-steps", type=int, default=150)
+    p.add_argument("--train-batch", type=int, default=32)
+    p.add_argument("--train-every", type=int, default=10, help="--checkpoint-every")
+    p.add_argument("--train-repeat", type=int, default=2,
+                   help="runs of each (alternating; medians)")
+    p.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    return p.parse_args()
+
+
+def log(msg):
+    print(msg, flush=True)
+
+
+def median(xs):
+    return statistics.median(xs) if xs else None
+
+
+def fs_of(path):
+    """(device, file system type) of `path`."""
+    out = subprocess.run(["df", "--output=source,fstype", path], stdout=subprocess.PIPE,
+                         universal_newlines=True).stdout.split("\n")
+    return tuple(out[1].split()) if len(out) > 1 and out[1].strip() else ("?", "?")
+
+
+def concord_bench(args, size, d):
+    cmd = [os.path.join(args.bin_dir, "concord-bench-checkpoint"), "--params-m", str(size),
+           "--repeat", str(args.repeat), "--dir", d]
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       universal_newlines=True)
+    if r.returncode != 0:
+        raise RuntimeError("%s failed (exit %d): %s" % (" ".join(cmd), r.returncode,
+                                                        r.stderr.strip()[-2000:]))
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def dd_once(d, nbytes, direct):
+    f = os.path.join(d, "dd.bin")
+    count = max(1, (nbytes + (16 << 20) - 1) >> 24)
+    cmd = ["dd", "if=/dev/zero", "of=" + f, "bs=16M", "count=%d" % count, "conv=fsync"]
+    if direct:
+        cmd.append("oflag=direct")
+    try:
+        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           universal_newlines=True)
+    finally:
+        if os.path.exists(f):
+            os.remove(f)
+    m = re.search(r"^(\d+) bytes .* copied, ([\d.e+-]+) s", r.stderr, re.M)
+    if r.returncode != 0 or not m:
+        raise RuntimeError("%s: %s" % (" ".join(cmd), r.stderr.strip()))
+    return int(m.group(1)) / float(m.group(2)) / 1e6
+
+
+def disk_bandwidth(args, d, nbytes):
+    direct, buffered = [], []
+    for _ in range(args.repeat):
+        direct.append(dd_once(d, nbytes, True))
+        buffered.append(dd_once(d, nbytes, False))
+    return {"direct_mb_s": median(direct), "buffered_mb_s": median(buffered),
+            "direct_all": direct, "buffered_all": buffered}
+
+
+def mlp(widths):
+    layers = []
+    for i in range(len(widths) - 1):
+        layers.append(nn.Linear(widths[i], widths[i + 1]))
+        if i < len(widths) - 2:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+def torch_save(args, widths, d):
+    """torch.save's stall (model + optimizer state dicts) with and without
+    an fsync of each file, medians of --repeat (alternating)."""
+    torch.manual_seed(0)
+    model = mlp(widths)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    model(torch.randn(4, widths[0])).pow(2).mean().backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+    def save(fsync):
+        paths = [os.path.join(d, "model.pt"), os.path.join(d, "optimizer.pt")]
+        for p in paths:
+            if os.path.exists(p):
+                os.remove(p)
+        t0 = time.perf_counter()
+        for p, sd in zip(paths, (model.state_dict(), opt.state_dict())):
+            with open(p, "wb") as f:
+                torch.save(sd, f)
+                if fsync:
+                    f.flush()
+                    os.fsync(f.fileno())
+        dt = time.perf_counter() - t0
+        nbytes = sum(os.path.getsize(p) for p in paths)
+        for p in paths:
+            os.remove(p)
+        return dt, nbytes
+
+    plain, synced, nbytes = [], [], 0
+    for _ in range(args.repeat):
+        dt, nbytes = save(False)
+        plain.append(dt)
+        dt, nbytes = save(True)
+        synced.append(dt)
+    return {"save_s": median(plain), "save_fsync_s": median(synced), "bytes": nbytes,
+            "save_all": plain, "save_fsync_all": synced}
+
+
+def dcp_async(args, widths, threads):
+    root = args.dcp_root
+    d = tempfile.mkdtemp(prefix="concord-bench-dcp-", dir=os.path.join(root, "tmp"))
+    inside = "/tmp/" + os.path.basename(d)
+    script = ('root=$1; shift; mount -t proc proc "$root/proc" && '
+              'exec chroot "$root" /usr/bin/python3 "$@"')
+    cmd = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script, "sh",
+           root, "-c", DCP_SCRIPT, json.dumps(widths), str(args.repeat), inside,
+           str(threads)]
+    try:
+        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           universal_newlines=True)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    for line in r.stdout.splitlines():
+        if line.startswith("DCP_JSON "):
+            out = json.loads(line[len("DCP_JSON "):])
+            out["fs"] = fs_of(os.path.join(root, "tmp"))
+            return out
+    return {"error": "exit %d: %s" % (r.returncode, (r.stderr.strip() or r.stdout.strip())[-1500:])}
+
+
+def step_time(args, widths, d):
+    """concord-train without and with checkpoints, alternating."""
+    torch.manual_seed(1)
+    model = mlp(widths)
+    model_path = os.path.join(d, "train-model.pt")
+    data_path = os.path.join(d, "train-data.pt")
+    torch.jit.save(torch.jit.script(model), model_path)
+    n = args.train_steps * args.train_batch
+    torch.save({"inputs": torch.randn(n, widths[0]), "targets": torch.randn(n, widths[-1])},
+               data_path)
+    del model
+    runs = {"off": [], "on": []}
+    for i in range(args.train_repeat):
+        for mode in ("off", "on"):
+            metrics = os.path.join(d, "train-metrics-%s-%d.json" % (mode, i))
+            ck = os.path.join(d, "train-ck-%d" % i)
+            cmd = [os.path.join(args.bin_dir, "concord-train"), "--model", model_path,
+                   "--data", data_path, "--loss", "mse", "--optimizer", "sgd", "--lr", "0.01",
+                   "--momentum", "0.9", "--batch-size", str(args.train_batch), "--epochs", "1",
+                   "--metrics-out", metrics, "--log-interval", "1000000"]
+            if mode == "on":
+                cmd += ["--checkpoint-dir", ck, "--checkpoint-every", str(args.train_every),
+                        "--no-resume"]
+            r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               universal_newlines=True)
+            shutil.rmtree(ck, ignore_errors=True)
+            if r.returncode != 0:
+                raise RuntimeError("%s failed (exit %d): %s" % (" ".join(cmd), r.returncode,
+                                                                r.stdout.strip()[-2000:]))
+            with open(metrics) as f:
+                m = json.load(f)
+            written = re.findall(r"checkpoint of step \d+ written .*\(([\d.]+) MB in ([\d.]+) s\)",
+                                 r.stdout)
+            run = {"median_ms": m["step_time_ms_median"], "mean_ms": m["step_time_ms_mean"],
+                   "wall_ms": 1000.0 * args.train_batch / m["samples_per_second"],
+                   "steps": m["optimizer_steps"], "written": len(written),
+                   "persist_s": median([float(s) for _, s in written])}
+            runs[mode].append(run)
+            log("  step time, run %d, checkpoints %-3s: wall %7.2f ms/step, median %7.2f ms, "
+                "mean %7.2f ms, %d steps%s" % (
+                    i + 1, mode, run["wall_ms"], run["median_ms"], run["mean_ms"], run["steps"],
+                    ", %d checkpoints written (median %.2f s each)" % (
+                        run["written"], run["persist_s"]) if run["written"] else ""))
+    out = {}
+    for mode, rs in runs.items():
+        out[mode] = {k: median([r[k] for r in rs if r[k] is not None])
+                     for k in ("median_ms", "mean_ms", "wall_ms", "steps", "written")}
+    return out
+
+
+def fmt(x, spec="%.1f"):
+    return "-" if x is None else spec % x
+
+
+def verdict(ok):
+    return "-" if ok is None else ("PASS" if ok else "MISS")
+
+
+def main():
+    args = parse_args()
+    for tool in ("concord-bench-checkpoint", "concord-train"):
+        if not os.access(os.path.join(args.bin_dir, tool), os.X_OK):
+            print("checkpoint_vs_pytorch.py: %s/%s missing (build first)" % (args.bin_dir, tool),
+                  file=sys.stderr)
+            return 2
+    sizes = [float(s) for s in args.sizes.split(",") if s.strip()]
+    tmp = tempfile.mkdtemp(prefix="concord-bench-ck-", dir=args.dir)
+    dcp_ok = not args.no_dcp and os.path.exists(os.path.join(args.dcp_root, ".concord-stamp"))
+    log("checkpoint_vs_pytorch.py: %s" % " ".join(sys.argv))
+    log("dir %s on %s (%s); torch %s here, %d thread(s); load average %.2f %.2f %.2f" % (
+        (tmp,) + fs_of(tmp) + (torch.__version__, torch.get_num_threads()) + os.getloadavg()))
+    if not dcp_ok:
+        log("DCP: left out (%s)" % ("--no-dcp" if args.no_dcp else
+                                    "no %s/.concord-stamp" % args.dcp_root))
+    results = []
+    try:
+        for size in sizes:
+            log("\n== %g M parameters" % size)
+            c = concord_bench(args, size, tmp)
+            log("  concord-bench-checkpoint: %s" % json.dumps(c))
+            disk = disk_bandwidth(args, tmp, c["bytes"])
+            log("  dd: %s" % json.dumps(disk))
+            ts = torch_save(args, c["widths"], tmp)
+            log("  torch.save: %s" % json.dumps(ts))
+            dc = None
+            if dcp_ok:
+                dc = dcp_async(args, c["widths"], c["threads"])
+                log("  DCP async_save: %s" % json.dumps(dc))
+                if "error" in dc:
+                    log("  DCP async_save did not run: %s" % dc["error"])
+            results.append({"size": size, "concord": c, "disk": disk, "torch_save": ts,
+                            "dcp": dc})
+        train = None
+        if not args.no_train and results:
+            want = args.train_params_m if args.train_params_m is not None else sizes[0]
+            match = [r for r in results if r["size"] == want]
+            widths = (match[0]["concord"] if match else concord_bench(
+                argparse.Namespace(bin_dir=args.bin_dir, repeat=1), want, tmp))["widths"]
+            log("\n== step time: concord-train, %g M parameters, %d steps of %d samples, "
+                "checkpoints every %d steps or none" % (want, args.train_steps, args.train_batch,
+                                                        args.train_every))
+            train = step_time(args, widths, tmp)
+            train["size"] = want
+    finally:
+        if args.keep:
+            log("kept %s" % tmp)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    goals = []
+    log("\n" + "=" * 100)
+    log("load average %.2f %.2f %.2f; medians of %d; ms = milliseconds, MB = 10^6 bytes" % (
+        os.getloadavg() + (args.repeat,)))
+    log("\nStall per checkpoint (the training step's wait)")
+    head = ("%-6s %8s %9s | %8s %9s %7s %5s %8s | %10s %10s %13s %5s | %16s %9s" % (
+        "size", "params", "MB", "memcpy", "Concord", "/memcpy", "<=1.2", "first",
+        "torch.save", "+fsync", "Concord/save", "<=.05", "DCP blk dflt/cp", "DCP total"))
+    log(head)
+    log("-" * len(head))
+    for r in results:
+        c, ts, dc = r["concord"], r["torch_save"], r["dcp"] or {}
+        ratio = c["snapshot_s"] / c["memcpy_s"]
+        vs_save = c["snapshot_s"] / ts["save_fsync_s"]
+        vs_plain = c["snapshot_s"] / ts["save_s"]
+        goals.append(("%g M: stall <= 1.2 x memcpy" % r["size"], ratio <= 1.2))
+        goals.append(("%g M: stall <= 1/20 of torch.save (+fsync)" % r["size"], vs_save <= 0.05))
+        dflt, cp = dc.get("default", {}), dc.get("staged_copy", {})
+        blk = "%s/%s" % (fmt(dflt.get("blocking_s") and dflt["blocking_s"] * 1e3, "%.0f"),
+                         fmt(cp.get("blocking_s") and cp["blocking_s"] * 1e3, "%.0f"))
+        total = fmt(dflt.get("total_s") and dflt["total_s"] * 1e3, "%.0f")
+        if not dc:
+            blk, total = "-", "-"
+        log("%-6s %7.1fM %9.1f | %8.1f %9.1f %7.2f %5s %8.1f | %10.1f %10.1f %6.4f(%.4f) %5s"
+            " | %16s %9s" % (
+                "%gM" % r["size"], c["params"] / 1e6, c["bytes"] / 1e6, c["memcpy_s"] * 1e3,
+                c["snapshot_s"] * 1e3, ratio, verdict(ratio <= 1.2), c["snapshot_first_s"] * 1e3,
+                ts["save_s"] * 1e3, ts["save_fsync_s"] * 1e3, vs_save, vs_plain,
+                verdict(vs_save <= 0.05), blk, total))
+    log("(memcpy: one std::memcpy per tensor into a pre-faulted buffer; Concord: WriteSnapshot "
+        "into its reused region;\n first: its first write, which faults the region in; "
+        "Concord/save: stall over torch.save +fsync (over torch.save without);\n DCP blk: "
+        "async_save until it returns, default staging (no copy of CPU tensors) / "
+        "cache_staged_state_dict=True)")
+    for r in results:
+        dc = r["dcp"]
+        if dc and "error" not in dc:
+            for v in ("default", "staged_copy"):
+                if "error" in dc.get(v, {}):
+                    log("DCP %g M %s: did not run: %s" % (r["size"], v, dc[v]["error"]))
+            log("DCP %g M: torch %s, %s thread(s), in %s on %s (%s)%s" % (
+                r["size"], dc.get("torch"), dc.get("threads"), args.dcp_root + "/tmp",
+                dc["fs"][0], dc["fs"][1],
+                "; cache_staged_state_dict's copy without pinned memory (pinning needs a GPU)"
+                if dc.get("staged_copy_unpinned") else ""))
+
+    log("\nDisk tier: write throughput")
+    head = ("%-6s %9s | %12s %12s | %12s %7s %6s | %12s %11s" % (
+        "size", "MB", "dd direct", "dd buffered", "Concord", "/dd", ">=0.7", "torch.save",
+        "DCP total"))
+    log(head)
+    log("-" * len(head))
+    for r in results:
+        c, d, ts, dc = r["concord"], r["disk"], r["torch_save"], r["dcp"] or {}
+        ratio = c["write_mb_s"] / d["direct_mb_s"]
+        goals.append(("%g M: disk tier >= 0.7 x dd" % r["size"], ratio >= 0.7))
+        dflt = dc.get("default", {})
+        dcp_mb = dflt["bytes"] / dflt["total_s"] / 1e6 if "total_s" in dflt else None
+        log("%-6s %9.1f | %7.0f MB/s %7.0f MB/s | %7.0f MB/s %7.2f %6s | %7.0f MB/s %6s MB/s" % (
+            "%gM" % r["size"], c["file_bytes"] / 1e6, d["direct_mb_s"], d["buffered_mb_s"],
+            c["write_mb_s"], ratio, verdict(ratio >= 0.7),
+            ts["bytes"] / ts["save_fsync_s"] / 1e6, fmt(dcp_mb, "%.0f")))
+    log("(dd: bs=16M of about the checkpoint's bytes, conv=fsync, with and without "
+        "oflag=direct;\n Concord: WriteCheckpoint of the snapshot (files with CRC-32, "
+        "fsync, manifest, rename), the persister's work;\n where its time goes besides the "
+        "disk, per size: %s)" % "; ".join(
+            "%gM archive serialization %.0f ms, zlib CRC-32 %.0f ms of %.0f ms" % (
+                r["size"], r["concord"]["archive_s"] * 1e3, r["concord"]["crc32_s"] * 1e3,
+                r["concord"]["write_s"] * 1e3) for r in results))
+
+    if train:
+        log("\nStep time, concord-train, %g M parameters (%d runs each, medians)" % (
+            train["size"], args.train_repeat))
+        head = "%-22s %12s %12s %12s %8s %12s" % (
+            "", "wall/step", "median", "mean", "steps", "checkpoints")
+        log(head)
+        log("-" * len(head))
+        for mode, label in (("off", "no checkpoints"),
+                            ("on", "--checkpoint-every %d" % args.train_every)):
+            t = train[mode]
+            log("%-22s %9.2f ms %9.2f ms %9.2f ms %8d %12d" % (
+                label, t["wall_ms"], t["median_ms"], t["mean_ms"], t["steps"], t["written"]))
+        ratio = train["on"]["wall_ms"] / train["off"]["wall_ms"]
+        log("%-22s %12.3f %12.3f %12.3f   goal <= 1.02 on wall/step: %s" % (
+            "with / without", ratio, train["on"]["median_ms"] / train["off"]["median_ms"],
+            train["on"]["mean_ms"] / train["off"]["mean_ms"], verdict(ratio <= 1.02)))
+        goals.append(("step time with checkpoints <= 1.02 x without", ratio <= 1.02))
+
+    log("\nGoals")
+    for name, ok in goals:
+        log("  %-50s %s" % (name, verdict(ok)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
