@@ -52,6 +52,7 @@ TOOLS = ["concord-coordinator", "concord-run", "concord-train", "concordctl"]
 LIBS = ["libconcord.so"]
 HEADERS = ["concord/concord.h", "concord/job.h", "concord/ddp.h",
            "concord/comm_hook.h", "concord/elastic.h", "concord/data.h",
+           "concord/checkpoint.h",
            "concord/error.h", "concord/sync_batch_norm.h"]
 # What a program built against the package must not need.
 PRIVATE_INCLUDES = re.compile(
