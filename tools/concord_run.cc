@@ -565,7 +565,7 @@ int main(int argc, char** argv) {
   // The last checkpoint is written (and reported) before the agent stops.
   checkpoints.persister.reset();
   if (agent) {
-    agent->AwaitWrites(absl::Seconds(2));
+    if (options.checkpoint.enabled()) agent->AwaitWrites(absl::Seconds(2));
     agent->Shutdown();
     agent.reset();
     unlink((agent_dir + "/agent.sock").c_str());

@@ -58,7 +58,7 @@ void Checkpointer::Save(const Content& content, bool wait) {
     return;
   }
   ++saved_;
-  last_saved_step_ = content.counters.step;
+  last_saved_ = content.counters;
   if (persister_ != nullptr) persister_->Notify();
 }
 

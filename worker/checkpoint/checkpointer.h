@@ -82,9 +82,9 @@ class Checkpointer {
   // skipped, unless `wait` (training is over: the job's last commit waits
   // for the write before it, at most 5 minutes).
   void Save(const Content& content, bool wait = false);
-  // The step of the last snapshot this worker copied into the region (-1:
-  // none).
-  int64_t last_saved_step() const { return last_saved_step_; }
+  // The counters of the last snapshot this worker copied into the region
+  // (step -1: none).
+  const Counters& last_saved() const { return last_saved_; }
 
   // The newest state this worker can offer (Note [Checkpoints]): its node's
   // memory snapshot, and with `disk` the newest checkpoint that loads.
@@ -106,7 +106,7 @@ class Checkpointer {
   bool writes_memory_ = false;
   bool persists_ = false;
   int64_t saved_ = 0;
-  int64_t last_saved_step_ = -1;
+  Counters last_saved_{-1, 0, 0, 0, 0};
   int64_t skipped_ = 0;
   double last_stall_ = 0;
   std::string last_error_;

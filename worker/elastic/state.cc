@@ -136,8 +136,13 @@ void State::CommitState(bool may_checkpoint) {
 }
 
 void State::SaveFinal() {
-  if (checkpointer_ == nullptr || step == 0 ||
-      checkpointer_->last_saved_step() == step) {
+  // The final state, whatever the last checkpoint holds (the due one of
+  // this step may have been skipped, or taken before next_epoch moved the
+  // epoch on): the same on every run that trained the same steps.
+  if (checkpointer_ == nullptr || step == 0) return;
+  const checkpoint::Counters& saved = checkpointer_->last_saved();
+  if (saved.step == step && saved.epoch == epoch &&
+      saved.position == position) {
     return;
   }
   checkpointer_->Save(Capture(), /*wait=*/true);
