@@ -43,8 +43,10 @@ Region::~Region() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-// MAP_POPULATE: the pages are made when the region grows, not at the first
-// snapshot's copy (a step's stall).
+// MAP_POPULATE: the pages are made in one pass when the region grows
+// rather than faulted in one by one during a copy. The first snapshot,
+// which grows the region, still pays for them (74 ms against 9.5 ms for
+// 168 MB here, bench/checkpoint_vs_pytorch.py); later ones reuse them.
 absl::Status Region::Map(size_t bytes) {
   if (bytes <= mapped_) return absl::OkStatus();
   if (fd_ >= 0) {
