@@ -19,43 +19,15 @@
 #include <string>
 #include <vector>
 
+#include "api_test_util.h"
+
 namespace {
 
+using concord_test::CodeOf;
+using concord_test::Net;
+using concord_test::TwoInputs;
+
 using std::chrono::milliseconds;
-
-struct NetImpl : torch::nn::Module {
-  NetImpl()
-      : fc1(register_module("fc1", torch::nn::Linear(4, 8))),
-        fc2(register_module("fc2", torch::nn::Linear(8, 1))) {}
-  torch::Tensor forward(const torch::Tensor& x) {
-    return fc2->forward(torch::relu(fc1->forward(x)));
-  }
-  torch::nn::Linear fc1, fc2;
-};
-TORCH_MODULE(Net);
-
-// A module whose forward takes two arguments: the holder forwards them.
-struct TwoInputsImpl : torch::nn::Module {
-  TwoInputsImpl() : fc(register_module("fc", torch::nn::Linear(2, 1))) {}
-  torch::Tensor forward(const torch::Tensor& a, double scale) {
-    return fc->forward(a) * scale;
-  }
-  torch::nn::Linear fc;
-};
-TORCH_MODULE(TwoInputs);
-
-concord::ErrorCode CodeOf(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const concord::Error& e) {
-    EXPECT_FALSE(e.message().empty());
-    EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos)
-        << "one line: " << e.what();
-    return e.code();
-  }
-  ADD_FAILURE() << "no concord::Error thrown";
-  return concord::ErrorCode::kUnknown;
-}
 
 TEST(ErrorTest, CarriesItsCodeAndPrintsItsName) {
   const concord::Error e(concord::ErrorCode::kAborted, "peer 3 went away");
@@ -774,62 +746,6 @@ TEST(PublicSlowMoTest, AloneItTrainsAndMisuseIsAnError) {
   for (size_t k = 0; k < expected.size(); ++k) {
     EXPECT_TRUE(net->parameters()[k].allclose(alone->parameters()[k]));
   }
-}
-
-// A plain loop's checkpoints (concord/checkpoint.h): saved at a step,
-// loaded into a fresh model and optimizer, the next steps are the same bit
-// for bit; a model of another shape is refused and changes nothing.
-TEST(CheckpointTest, APlainLoopSavesAndResumes) {
-  char tmpl[] = "/tmp/concord-api-ckpt-XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
-  const std::string dir = tmpl;
-  concord::Job job;
-  auto step = [](Net& net, torch::optim::Optimizer& opt, int k) {
-    opt.zero_grad();
-    net->forward(torch::full({3, 4}, 0.25f * static_cast<float>(k)))
-        .pow(2)
-        .sum()
-        .backward();
-    opt.step();
-  };
-  Net net;
-  torch::optim::Adam opt(net->parameters(), torch::optim::AdamOptions(0.01));
-  concord::CheckpointState state;
-  state.add("model", net).add("optimizer", opt);
-  state.values()["seen"] = torch::tensor({7});
-  {
-    concord::CheckpointState empty;
-    EXPECT_EQ(concord::load_checkpoint(job, dir, empty), std::nullopt);
-  }
-  for (int k = 1; k <= 3; ++k) step(net, opt, k);
-  concord::save_checkpoint(job, dir, 3, state);
-  for (int k = 4; k <= 5; ++k) step(net, opt, k);
-
-  Net fresh;
-  torch::optim::Adam fresh_opt(fresh->parameters(),
-                               torch::optim::AdamOptions(0.5));
-  concord::CheckpointState restored;
-  restored.add("model", fresh).add("optimizer", fresh_opt);
-  EXPECT_EQ(concord::load_checkpoint(job, dir, restored), 3);
-  EXPECT_TRUE(restored.values().at("seen").equal(torch::tensor({7})));
-  for (int k = 4; k <= 5; ++k) step(fresh, fresh_opt, k);
-  for (size_t i = 0; i < net->parameters().size(); ++i) {
-    EXPECT_TRUE(net->parameters()[i].equal(fresh->parameters()[i]));
-  }
-
-  TwoInputs other;
-  torch::optim::Adam other_opt(other->parameters());
-  const auto before = other->parameters()[0].clone();
-  concord::CheckpointState wrong;
-  wrong.add("model", other).add("optimizer", other_opt);
-  EXPECT_EQ(CodeOf([&] { concord::load_checkpoint(job, dir, wrong); }),
-            concord::ErrorCode::kFailedPrecondition);
-  EXPECT_TRUE(other->parameters()[0].equal(before));
-  EXPECT_EQ(CodeOf([&] { concord::save_checkpoint(job, dir, 0, state); }),
-            concord::ErrorCode::kInvalidArgument);
-  EXPECT_EQ(CodeOf([&] { state.add("model", fresh); }),
-            concord::ErrorCode::kInvalidArgument);
-  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -278,35 +278,17 @@ def case_python(ctx, name):
     # Continue from s0 to s1 in Python on the same windows.
     model0, opt0, _ = load_ckpt(ck, "ref", s0)
     model1, opt1, _ = load_ckpt(ck, "ref", s1)
-    import torch.nn.functional as F
-    data = torch.load(ctx.fx.data, map_location="cpu")
-    inputs, targets = data["inputs"], data["targets"]
-    model = torch.jit.load(ctx.fx.model, map_location="cpu")
-    model.load_state_dict(model0)
-    params = list(model.parameters())
-    opt = torch.optim.SGD(params, lr=1.0)  # param_groups come from the file
-    opt.load_state_dict(opt0)
-    lines = {}
+    history = {}
     for path in os.listdir(ref_rd.samples):
         got, _ = te.parse_sample_log(os.path.join(ref_rd.samples, path))
-        lines.update({s: idx for s, _, idx in got})
-    world = 3
-    for step in range(s0 + 1, s1 + 1):
-        window = torch.tensor(lines[step], dtype=torch.int64)
-        total = [torch.zeros_like(p) for p in params]
-        for r in range(world):
-            mine = window[r::world]
-            loss = F.mse_loss(model(inputs.index_select(0, mine)), targets.index_select(0, mine))
-            for t, g in zip(total, torch.autograd.grad(loss, params)):
-                t.add_(g)
-        for p, t in zip(params, total):
-            p.grad = t.div_(world)
-        opt.step()
+        history.update({s: (e, idx) for s, e, idx in got if s0 < s <= s1})
+    # lr and momentum come from the file (load_state_dict).
+    got, state = te.replay_history(ctx.fx, history, lambda step: 3, lr=1.0, momentum=0.0,
+                                   start=(model0, opt0))
+    state = state["state"]
     worst = 0.0
-    got = model.state_dict()
     for k, v in model1.items():
         worst = max(worst, float((got[k] - v).abs().max()))
-    state = opt.state_dict()["state"]
     for i, s in opt1["state"].items():
         worst = max(worst, float((state[i]["momentum_buffer"] - s["momentum_buffer"]).abs().max()))
     checks.check(worst <= 1e-6, name + ": Python's SGD from step %d to %d on the same windows "

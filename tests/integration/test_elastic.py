@@ -639,13 +639,15 @@ def generation_worlds(texts):
     return out, problems
 
 
-def replay_history(fx, history, world_at, lr=LR, momentum=MOMENTUM):
+def replay_history(fx, history, world_at, lr=LR, momentum=MOMENTUM, start=None):
     """What the job's committed history says the final model must be: from
     the initial model, for each step in order, the window split over that
     step's W ranks as concord-train does (rank r takes the window's samples
     r, r+W, ...), each rank's mse over its samples, gradients summed over
     the ranks and divided by W (DDP's average), one SGD step (torch.optim,
-    same lr and momentum). Returns the final state_dict."""
+    same lr and momentum). `start`: (model state_dict, optimizer
+    state_dict) to go on from instead (a checkpoint's). Returns the final
+    state_dict, or with `start` (state_dict, optimizer state_dict)."""
     import torch.nn.functional as F
     data = torch.load(fx.data, map_location="cpu")
     inputs, targets = data["inputs"], data["targets"]
@@ -653,6 +655,9 @@ def replay_history(fx, history, world_at, lr=LR, momentum=MOMENTUM):
     model.train()
     params = list(model.parameters())
     opt = torch.optim.SGD(params, lr=lr, momentum=momentum)
+    if start is not None:
+        model.load_state_dict(start[0])
+        opt.load_state_dict(start[1])
     for step in sorted(history):
         window = torch.tensor(history[step][1], dtype=torch.int64)
         world = world_at(step)
@@ -667,7 +672,8 @@ def replay_history(fx, history, world_at, lr=LR, momentum=MOMENTUM):
         for p, t in zip(params, total):
             p.grad = t.div_(world)
         opt.step()
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+    final = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return final if start is None else (final, opt.state_dict())
 
 
 # The replay adds in another order than Gloo (rank order, float32): over a

@@ -1,0 +1,77 @@
+// The public API's checkpoints of a loop without run_elastic
+// (concord/checkpoint.h), in one process: a world of one.
+
+#include <concord/concord.h>
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <optional>
+#include <string>
+
+#include "api_test_util.h"
+
+namespace {
+
+using concord_test::CodeOf;
+using concord_test::Net;
+using concord_test::TwoInputs;
+
+// A plain loop's checkpoints (concord/checkpoint.h): saved at a step,
+// loaded into a fresh model and optimizer, the next steps are the same bit
+// for bit; a model of another shape is refused and changes nothing.
+TEST(CheckpointTest, APlainLoopSavesAndResumes) {
+  char tmpl[] = "/tmp/concord-api-ckpt-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  concord::Job job;
+  auto step = [](Net& net, torch::optim::Optimizer& opt, int k) {
+    opt.zero_grad();
+    net->forward(torch::full({3, 4}, 0.25f * static_cast<float>(k)))
+        .pow(2)
+        .sum()
+        .backward();
+    opt.step();
+  };
+  Net net;
+  torch::optim::Adam opt(net->parameters(), torch::optim::AdamOptions(0.01));
+  concord::CheckpointState state;
+  state.add("model", net).add("optimizer", opt);
+  state.values()["seen"] = torch::tensor({7});
+  {
+    concord::CheckpointState empty;
+    EXPECT_EQ(concord::load_checkpoint(job, dir, empty), std::nullopt);
+  }
+  for (int k = 1; k <= 3; ++k) step(net, opt, k);
+  concord::save_checkpoint(job, dir, 3, state);
+  for (int k = 4; k <= 5; ++k) step(net, opt, k);
+
+  Net fresh;
+  torch::optim::Adam fresh_opt(fresh->parameters(),
+                               torch::optim::AdamOptions(0.5));
+  concord::CheckpointState restored;
+  restored.add("model", fresh).add("optimizer", fresh_opt);
+  EXPECT_EQ(concord::load_checkpoint(job, dir, restored), 3);
+  EXPECT_TRUE(restored.values().at("seen").equal(torch::tensor({7})));
+  for (int k = 4; k <= 5; ++k) step(fresh, fresh_opt, k);
+  for (size_t i = 0; i < net->parameters().size(); ++i) {
+    EXPECT_TRUE(net->parameters()[i].equal(fresh->parameters()[i]));
+  }
+
+  TwoInputs other;
+  torch::optim::Adam other_opt(other->parameters());
+  const auto before = other->parameters()[0].clone();
+  concord::CheckpointState wrong;
+  wrong.add("model", other).add("optimizer", other_opt);
+  EXPECT_EQ(CodeOf([&] { concord::load_checkpoint(job, dir, wrong); }),
+            concord::ErrorCode::kFailedPrecondition);
+  EXPECT_TRUE(other->parameters()[0].equal(before));
+  EXPECT_EQ(CodeOf([&] { concord::save_checkpoint(job, dir, 0, state); }),
+            concord::ErrorCode::kInvalidArgument);
+  EXPECT_EQ(CodeOf([&] { state.add("model", fresh); }),
+            concord::ErrorCode::kInvalidArgument);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
