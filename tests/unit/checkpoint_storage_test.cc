@@ -1,0 +1,481 @@
+// Durable checkpoints (worker/checkpoint/): crashes at each stage of a
+// write, damaged files, keep, writes that fail, the memory tier's region and
+// the persister, on real files in a directory of its own per test.
+#include "checkpoint_fixture.h"
+
+namespace concord::checkpoint {
+namespace {
+
+using namespace concord::checkpoint::ckpt_test;  // NOLINT
+namespace fs = std::filesystem;
+namespace optim = torch::optim;
+using json = nlohmann::json;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using OptimizerPtr = std::unique_ptr<optim::Optimizer>;
+
+// ---- crashes
+// -----------------------------------------------------------------
+
+// Step 10 complete, step 20 stopped at `fault` as a crash would stop it.
+void WriteTenThenCrashAtTwenty(const TempDir& dir, WriteFault fault) {
+  ASSERT_TRUE(Write(SampleContent(10), dir).ok());
+  WriteOptions options;
+  options.fault = fault;
+  absl::StatusOr<WriteStats> crashed = Write(SampleContent(20), dir, options);
+  ASSERT_TRUE(absl::IsAborted(crashed.status())) << crashed.status();
+}
+
+// A later write of step 30 cleans up what crashed writers left for older
+// steps (its own and another process's), not a newer step's staging.
+void ExpectStepThirtyCleansUp(const TempDir& dir,
+                              const std::vector<std::string>& step_dirs) {
+  const std::string other_old = JobDir(dir) + "/.staging-step-25-1";
+  const std::string other_new = JobDir(dir) + "/.staging-step-35-1";
+  fs::create_directory(other_old);
+  fs::create_directory(other_new);
+  WriteText(JobDir(dir) + "/.latest-1", "ste");
+  ASSERT_TRUE(Write(SampleContent(30), dir).ok());
+  std::vector<std::string> expected = {".staging-step-35-1", "latest"};
+  expected.insert(expected.end(), step_dirs.begin(), step_dirs.end());
+  EXPECT_EQ(Entries(JobDir(dir)), expected);
+  EXPECT_EQ(ReadText(JobDir(dir) + "/latest"), "step-30\n");
+  absl::StatusOr<Loaded> loaded = LoadNewest(dir.path(), kJob);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->info.step, 30);
+}
+
+TEST(CheckpointCrashTest, BeforeTheManifestLeavesTheOlderOne) {
+  TempDir dir;
+  WriteTenThenCrashAtTwenty(dir, WriteFault::kBeforeManifest);
+  EXPECT_TRUE(fs::is_directory(StagingDir(dir, 20)));
+  EXPECT_FALSE(fs::exists(fs::path(StagingDir(dir, 20)) / "manifest.json"));
+  EXPECT_FALSE(fs::exists(StepDir(dir, 20)));
+  EXPECT_EQ(ReadText(JobDir(dir) + "/latest"), "step-10\n");
+  absl::StatusOr<Loaded> loaded = LoadNewest(dir.path(), kJob);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->info.step, 10);
+  ExpectSameContent(loaded->content, SampleContent(10));
+  ExpectStepThirtyCleansUp(dir, {"step-10", "step-30"});
+}
+
+TEST(CheckpointCrashTest, BeforeTheRenameLeavesTheOlderOne) {
+  TempDir dir;
+  WriteTenThenCrashAtTwenty(dir, WriteFault::kBeforeRename);
+  // Complete but staged: never loaded.
+  EXPECT_TRUE(fs::exists(fs::path(StagingDir(dir, 20)) / "manifest.json"));
+  EXPECT_FALSE(fs::exists(StepDir(dir, 20)));
+  EXPECT_EQ(ReadText(JobDir(dir) + "/latest"), "step-10\n");
+  absl::StatusOr<Loaded> loaded = LoadNewest(dir.path(), kJob);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->info.step, 10);
+  EXPECT_EQ(ListCheckpoints(dir.path(), kJob).size(), 1u);
+  ExpectStepThirtyCleansUp(dir, {"step-10", "step-30"});
+}
+
+// Renamed into place, `latest` not replaced yet: the loader goes by the
+// step-N directories (Note [Checkpoint directories]), so step 20 is what
+// loads, while `latest` still names step 10.
+TEST(CheckpointCrashTest, DuringLatestLosesNothing) {
+  TempDir dir;
+  WriteTenThenCrashAtTwenty(dir, WriteFault::kDuringLatest);
+  EXPECT_FALSE(fs::exists(StagingDir(dir, 20)));
+  ASSERT_TRUE(fs::is_directory(StepDir(dir, 20)));
+  EXPECT_EQ(ReadText(JobDir(dir) + "/latest"), "step-10\n");
+  absl::StatusOr<Content> twenty = LoadCheckpoint(StepDir(dir, 20));
+  ASSERT_TRUE(twenty.ok()) << twenty.status();
+  ExpectSameContent(*twenty, SampleContent(20));
+  absl::StatusOr<Loaded> loaded = LoadNewest(dir.path(), kJob);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->info.step, 20);
+  EXPECT_TRUE(LoadCheckpoint(StepDir(dir, 10)).ok());
+  ExpectStepThirtyCleansUp(dir, {"step-10", "step-20", "step-30"});
+}
+
+// ---- damaged checkpoints
+// -------------------------------------------------------
+
+// Steps 10 and 20, then `damage` to step 20: LoadCheckpoint names `file`,
+// LoadNewest falls back to step 10.
+void ExpectDamageFallsBack(
+    const std::function<void(const std::string& step_dir)>& damage,
+    const std::string& file, absl::StatusCode code) {
+  TempDir dir;
+  ASSERT_TRUE(Write(SampleContent(10), dir).ok());
+  ASSERT_TRUE(Write(SampleContent(20), dir).ok());
+  ASSERT_TRUE(LoadCheckpoint(StepDir(dir, 20)).ok());
+  damage(StepDir(dir, 20));
+  absl::StatusOr<Content> bad = LoadCheckpoint(StepDir(dir, 20));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), code) << bad.status();
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr(file));
+  absl::StatusOr<Loaded> loaded = LoadNewest(dir.path(), kJob);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->info.step, 10);
+  EXPECT_EQ(loaded->info.path, StepDir(dir, 10));
+  ExpectSameContent(loaded->content, SampleContent(10));
+}
+
+TEST(CheckpointDamageTest, AFlippedByteInTheModelFallsBack) {
+  ExpectDamageFallsBack(
+      [](const std::string& step_dir) {
+        const std::string path = step_dir + "/model.pt";
+        std::string bytes = ReadText(path);
+        ASSERT_GT(bytes.size(), 100u);
+        bytes[bytes.size() / 2] ^= 0x01;
+        WriteText(path, bytes);
+      },
+      "model.pt", absl::StatusCode::kDataLoss);
+}
+
+TEST(CheckpointDamageTest, ATruncatedManifestFallsBack) {
+  ExpectDamageFallsBack(
+      [](const std::string& step_dir) {
+        const std::string path = step_dir + "/manifest.json";
+        const std::string text = ReadText(path);
+        WriteText(path, text.substr(0, text.size() / 2));
+      },
+      "manifest.json", absl::StatusCode::kInvalidArgument);
+}
+
+TEST(CheckpointDamageTest, AMissingOptimizerFileFallsBack) {
+  ExpectDamageFallsBack(
+      [](const std::string& step_dir) {
+        ASSERT_TRUE(fs::remove(step_dir + "/optimizer.pt"));
+      },
+      "optimizer.pt", absl::StatusCode::kInvalidArgument);
+}
+
+TEST(CheckpointDamageTest, AManifestOfAnotherJobFallsBack) {
+  ExpectDamageFallsBack(
+      [](const std::string& step_dir) {
+        const std::string path = step_dir + "/manifest.json";
+        std::ifstream in(path);
+        json m = json::parse(in);
+        in.close();
+        m["job"] = "job-b";
+        WriteText(path, m.dump(2));
+      },
+      "manifest.json", absl::StatusCode::kInvalidArgument);
+}
+
+TEST(CheckpointDamageTest, NothingLoadableIsNotFound) {
+  TempDir dir;
+  EXPECT_TRUE(absl::IsNotFound(LoadNewest(dir.path(), kJob).status()));
+  ASSERT_TRUE(Write(SampleContent(10), dir).ok());
+  ASSERT_TRUE(fs::remove(StepDir(dir, 10) + "/state.pt"));
+  EXPECT_TRUE(absl::IsNotFound(LoadNewest(dir.path(), kJob).status()));
+}
+
+// ---- keep
+// ----------------------------------------------------------------------
+
+TEST(CheckpointDiskTest, KeepsTheNewestThree) {
+  TempDir dir;
+  WriteOptions options;
+  options.keep = 3;
+  for (int64_t step = 10; step <= 60; step += 10) {
+    absl::StatusOr<WriteStats> w = Write(SampleContent(step), dir, options);
+    ASSERT_TRUE(w.ok()) << w.status();
+  }
+  EXPECT_THAT(Entries(JobDir(dir)),
+              ElementsAre("latest", "step-40", "step-50", "step-60"));
+  const std::vector<CheckpointInfo> list = ListCheckpoints(dir.path(), kJob);
+  ASSERT_EQ(list.size(), 3u);
+  EXPECT_EQ(list[0].step, 60);
+  EXPECT_EQ(list[1].step, 50);
+  EXPECT_EQ(list[2].step, 40);
+}
+
+// ---- writes that fail
+// ------------------------------------------------------------
+
+bool CanCreate(const std::string& path) {
+  std::ofstream probe(path);
+  const bool ok = probe.good();
+  probe.close();
+  if (ok) fs::remove(path);
+  return ok;
+}
+
+// After a failed write of step 20: no staging directory, step 10 loads.
+void ExpectOnlyStepTen(const TempDir& dir) {
+  EXPECT_THAT(Entries(JobDir(dir)), ElementsAre("latest", "step-10"));
+  EXPECT_EQ(ReadText(JobDir(dir) + "/latest"), "step-10\n");
+  absl::StatusOr<Loaded> loaded = LoadNewest(dir.path(), kJob);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->info.step, 10);
+}
+
+TEST(CheckpointWriteFailureTest, AReadOnlyDirectoryIsUnavailable) {
+  TempDir dir;
+  ASSERT_TRUE(Write(SampleContent(10), dir).ok());
+  ASSERT_EQ(::chmod(JobDir(dir).c_str(), 0555), 0);
+  if (CanCreate(JobDir(dir) + "/probe")) {
+    ::chmod(JobDir(dir).c_str(), 0755);
+    GTEST_SKIP() << "chmod does not stop this process (root)";
+  }
+  absl::StatusOr<WriteStats> w = Write(SampleContent(20), dir);
+  EXPECT_TRUE(absl::IsUnavailable(w.status())) << w.status();
+  EXPECT_THAT(std::string(w.status().message()), HasSubstr(JobDir(dir)));
+  ExpectOnlyStepTen(dir);
+  ASSERT_EQ(::chmod(JobDir(dir).c_str(), 0755), 0);
+}
+
+// The same as another user where this runs as root (chmod does not stop
+// root): the write in a child process that gave up root.
+TEST(CheckpointWriteFailureTest, AReadOnlyDirectoryIsUnavailableToAnotherUser) {
+  if (::geteuid() != 0) GTEST_SKIP() << "not root: the test above covers it";
+  TempDir dir;
+  ASSERT_TRUE(Write(SampleContent(10), dir).ok());
+  ASSERT_EQ(::chmod(dir.path().c_str(), 0755), 0);
+  ASSERT_EQ(::chmod(JobDir(dir).c_str(), 0555), 0);
+  const Content twenty = SampleContent(20);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0) << std::strerror(errno);
+  if (pid == 0) {
+    constexpr uid_t kNobody = 65534;
+    if (::setgroups(0, nullptr) != 0 || ::setgid(kNobody) != 0 ||
+        ::setuid(kNobody) != 0) {
+      ::_exit(10);
+    }
+    absl::StatusOr<WriteStats> w =
+        WriteCheckpoint(twenty, dir.path(), kJob, {});
+    ::_exit(w.ok() ? 1 : absl::IsUnavailable(w.status()) ? 0 : 2);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << status;
+  if (WEXITSTATUS(status) == 10) {
+    GTEST_SKIP() << "cannot become another user";
+  }
+  EXPECT_EQ(WEXITSTATUS(status), 0)
+      << "1: the write succeeded, 2: another error than UNAVAILABLE";
+  ExpectOnlyStepTen(dir);
+}
+
+TEST(CheckpointWriteFailureTest, ADirectoryThatIsAFileIsUnavailable) {
+  TempDir dir;
+  const std::string file = dir / "a-file";
+  WriteText(file, "not a directory");
+  absl::StatusOr<WriteStats> w =
+      WriteCheckpoint(SampleContent(10), file, kJob, {});
+  EXPECT_TRUE(absl::IsUnavailable(w.status())) << w.status();
+  EXPECT_THAT(std::string(w.status().message()), HasSubstr(file));
+  EXPECT_EQ(ReadText(file), "not a directory");
+  EXPECT_THAT(Entries(dir.path()), ElementsAre("a-file"));
+
+  // The job's directory a file, next to another job's checkpoints.
+  ASSERT_TRUE(WriteCheckpoint(SampleContent(10), dir.path(), "job-b", {}).ok());
+  WriteText(JobDir(dir), "not a directory");
+  w = Write(SampleContent(20), dir);
+  EXPECT_TRUE(absl::IsUnavailable(w.status())) << w.status();
+  EXPECT_EQ(ReadText(JobDir(dir)), "not a directory");
+  EXPECT_TRUE(LoadNewest(dir.path(), "job-b").ok());
+}
+
+TEST(CheckpointWriteFailureTest, ANameThatCannotBeAFileRemovesTheStaging) {
+  TempDir dir;
+  ASSERT_TRUE(Write(SampleContent(10), dir).ok());
+  for (const std::string name : {"state", "../model", ""}) {
+    Content content = SampleContent(20);
+    content.modules.emplace_back(name, NamedTensors{{"x", torch::ones({2})}});
+    absl::StatusOr<WriteStats> w = Write(content, dir);
+    EXPECT_TRUE(absl::IsInvalidArgument(w.status())) << name << w.status();
+    ExpectOnlyStepTen(dir);
+  }
+  Content twice = SampleContent(20);
+  twice.optimizers[0].name = "model";  // a module's name already
+  EXPECT_TRUE(absl::IsInvalidArgument(Write(twice, dir).status()));
+  ExpectOnlyStepTen(dir);
+}
+
+// ---- the memory tier --------------------------------------------------------
+
+void ExpectSnapshotRoundTrip(Region& region) {
+  EXPECT_TRUE(absl::IsNotFound(ReadSnapshot(region).status()));
+  const Content small = SampleContent(5);
+  absl::StatusOr<WriteResult> w = WriteSnapshot(region, small, kJob, false);
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(*w, WriteResult::kWritten);
+  EXPECT_EQ(region.header().state.load(), RegionHeader::kReady);
+  EXPECT_EQ(region.header().step, 5);
+  EXPECT_EQ(region.header().sequence.load(), 1u);
+  EXPECT_STREQ(region.header().job, kJob);
+  {
+    absl::StatusOr<Content> read = ReadSnapshot(region);
+    ASSERT_TRUE(read.ok()) << read.status();
+    ExpectSameContent(*read, small);
+  }
+  const size_t mapped = region.mapped();
+
+  // Larger: the region grows.
+  const Content large = SampleContent(6, 1 << 18);
+  w = WriteSnapshot(region, large, kJob, true);
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(*w, WriteResult::kWritten);
+  EXPECT_GT(region.mapped(), mapped);
+  EXPECT_EQ(region.header().sequence.load(), 2u);
+  EXPECT_EQ(region.header().persist, 1u);
+  {
+    absl::StatusOr<Content> read = ReadSnapshot(region);
+    ASSERT_TRUE(read.ok()) << read.status();
+    ExpectSameContent(*read, large);
+  }
+
+  // Smaller again: the region stays, the snapshot is the new one.
+  w = WriteSnapshot(region, small, kJob, false);
+  ASSERT_TRUE(w.ok()) << w.status();
+  {
+    absl::StatusOr<Content> read = ReadSnapshot(region);
+    ASSERT_TRUE(read.ok()) << read.status();
+    ExpectSameContent(*read, small);
+  }
+
+  // Being persisted: the next one is skipped, the last one stays.
+  region.header().state.store(RegionHeader::kPersisting);
+  w = WriteSnapshot(region, SampleContent(7), kJob, false);
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(*w, WriteResult::kSkippedBusy);
+  EXPECT_EQ(region.header().state.load(), RegionHeader::kPersisting);
+  EXPECT_EQ(region.header().sequence.load(), 3u);
+  {
+    absl::StatusOr<Content> read = ReadSnapshot(region);
+    ASSERT_TRUE(read.ok()) << read.status();
+    ExpectSameContent(*read, small);
+  }
+
+  // Torn by a writer that died: never read.
+  region.header().state.store(RegionHeader::kWriting);
+  EXPECT_TRUE(absl::IsNotFound(ReadSnapshot(region).status()));
+  // The next writer takes it over.
+  w = WriteSnapshot(region, SampleContent(8), kJob, false);
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(*w, WriteResult::kWritten);
+  absl::StatusOr<Content> read = ReadSnapshot(region);
+  ASSERT_TRUE(read.ok()) << read.status();
+  ExpectSameContent(*read, SampleContent(8));
+}
+
+TEST(CheckpointMemoryTest, AnonymousRegionRoundTrips) {
+  absl::StatusOr<std::unique_ptr<Region>> region = Region::Open("");
+  ASSERT_TRUE(region.ok()) << region.status();
+  ExpectSnapshotRoundTrip(**region);
+}
+
+TEST(CheckpointMemoryTest, FileRegionRoundTrips) {
+  TempDir dir;
+  absl::StatusOr<std::unique_ptr<Region>> region = Region::Open(dir / "shm");
+  ASSERT_TRUE(region.ok()) << region.status();
+  ExpectSnapshotRoundTrip(**region);
+  EXPECT_GE(fs::file_size(dir / "shm"), (*region)->header().bytes);
+}
+
+// concord-run's agent opens the file the workers write.
+TEST(CheckpointMemoryTest, AnotherOpeningOfTheFileSeesTheSnapshot) {
+  TempDir dir;
+  const std::string path = dir / "shm";
+  absl::StatusOr<std::unique_ptr<Region>> writer = Region::Open(path);
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  absl::StatusOr<std::unique_ptr<Region>> early = Region::Open(path);
+  ASSERT_TRUE(early.ok()) << early.status();
+  EXPECT_TRUE(absl::IsNotFound(ReadSnapshot(**early).status()));
+
+  const Content large = SampleContent(12, 1 << 16);
+  ASSERT_TRUE(WriteSnapshot(**writer, large, kJob, true).ok());
+  // Opened before the region grew: it maps the rest when reading.
+  EXPECT_LT((*early)->mapped(), (*writer)->mapped());
+  {
+    absl::StatusOr<Content> read = ReadSnapshot(**early);
+    ASSERT_TRUE(read.ok()) << read.status();
+    ExpectSameContent(*read, large);
+  }
+  absl::StatusOr<std::unique_ptr<Region>> late = Region::Open(path);
+  ASSERT_TRUE(late.ok()) << late.status();
+  EXPECT_EQ((*late)->header().sequence.load(), 1u);
+  EXPECT_EQ((*late)->header().step, 12);
+  EXPECT_EQ((*late)->header().persist, 1u);
+  EXPECT_STREQ((*late)->header().job, kJob);
+  absl::StatusOr<Content> read = ReadSnapshot(**late);
+  ASSERT_TRUE(read.ok()) << read.status();
+  ExpectSameContent(*read, large);
+
+  // A state another opening sets is this one's too.
+  (*late)->header().state.store(RegionHeader::kPersisting);
+  absl::StatusOr<WriteResult> w =
+      WriteSnapshot(**writer, SampleContent(13), kJob, true);
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(*w, WriteResult::kSkippedBusy);
+}
+
+// A region that cannot grow to the next snapshot fails that write; the
+// last complete snapshot, untouched, stays readable.
+TEST(CheckpointMemoryTest, ASnapshotThatCannotFitKeepsTheLastOne) {
+  absl::StatusOr<std::unique_ptr<Region>> region = Region::Open("");
+  ASSERT_TRUE(region.ok()) << region.status();
+  const Content small = SampleContent(5);
+  ASSERT_TRUE(WriteSnapshot(**region, small, kJob, false).ok());
+  Content huge = SampleContent(6);
+  // 4 PiB that take no memory: no region maps that much.
+  huge.extra.emplace_back("values/huge",
+                          torch::zeros({1}).expand({int64_t{1} << 50}));
+  absl::StatusOr<WriteResult> w = WriteSnapshot(**region, huge, kJob, false);
+  EXPECT_TRUE(absl::IsUnavailable(w.status())) << w.status();
+  absl::StatusOr<Content> read = ReadSnapshot(**region);
+  ASSERT_TRUE(read.ok()) << read.status();
+  ExpectSameContent(*read, small);
+}
+
+// ---- the persister
+// ------------------------------------------------------------
+
+TEST(CheckpointPersisterTest, FlushWritesAPersistedSnapshotOnce) {
+  TempDir dir;
+  absl::StatusOr<std::unique_ptr<Region>> region = Region::Open("");
+  ASSERT_TRUE(region.ok()) << region.status();
+  const Content content = SampleContent(40, 1000);
+  ASSERT_TRUE(WriteSnapshot(**region, content, kJob, true).ok());
+  {
+    Persister persister(region->get(), dir.path(), 3);
+    persister.Flush();
+    PersisterStats stats = persister.stats();
+    EXPECT_EQ(stats.written, 1);
+    EXPECT_EQ(stats.failed, 0);
+    EXPECT_EQ(stats.last_step, 40);
+    EXPECT_GT(stats.last_bytes, 0u);
+    EXPECT_EQ((*region)->header().state.load(), RegionHeader::kReady);
+    EXPECT_EQ((*region)->header().persisted.load(),
+              (*region)->header().sequence.load());
+    persister.Flush();
+    EXPECT_FALSE(persister.PersistOnce());
+    EXPECT_EQ(persister.stats().written, 1);
+  }
+  EXPECT_THAT(Entries(JobDir(dir)), ElementsAre("latest", "step-40"));
+  absl::StatusOr<Loaded> loaded = LoadNewest(dir.path(), kJob);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->info.step, 40);
+  ExpectSameContent(loaded->content, content);
+}
+
+TEST(CheckpointPersisterTest, ASnapshotNotForTheDiskTierIsNotWritten) {
+  TempDir dir;
+  absl::StatusOr<std::unique_ptr<Region>> region = Region::Open("");
+  ASSERT_TRUE(region.ok()) << region.status();
+  ASSERT_TRUE(WriteSnapshot(**region, SampleContent(40), kJob, false).ok());
+  {
+    Persister persister(region->get(), dir.path(), 3);
+    persister.Flush();
+    const PersisterStats stats = persister.stats();
+    EXPECT_EQ(stats.written, 0);
+    EXPECT_EQ(stats.failed, 0);
+    EXPECT_EQ(stats.last_step, -1);
+    EXPECT_EQ((*region)->header().state.load(), RegionHeader::kReady);
+  }
+  EXPECT_FALSE(fs::exists(JobDir(dir)));
+  EXPECT_TRUE(ListCheckpoints(dir.path(), kJob).empty());
+  // The snapshot stays for the memory tier.
+  EXPECT_TRUE(ReadSnapshot(**region).ok());
+}
+
+}  // namespace
+}  // namespace concord::checkpoint
