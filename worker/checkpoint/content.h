@@ -75,7 +75,11 @@ struct Content {
   NamedTensors extra;
 };
 
-// The optimizer's state as PyTorch's state_dict has it. The tensors are
+// "[2, 3] Float": a tensor's shape and dtype, for messages.
+std::string DescribeTensor(const at::Tensor& t);
+
+// Optimizers (optimizer_state.cc): the optimizer's state as PyTorch's
+// state_dict has it. The tensors are
 // the optimizer's own (no copy), except "step" counters.
 OptimizerContent CaptureOptimizer(const std::string& name,
                                   const torch::optim::Optimizer& optimizer);
