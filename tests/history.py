@@ -282,6 +282,12 @@ def check(workers, coordinator=(), samples=None, epochs=None, final_step=None, j
     coordinator.history is a --standalone coordinator's) or a list of files;
     `coordinator`: the coordinators' history files. Returns (problems,
     summary)."""
+    problems, summary, _ = check_with_lost(workers, coordinator, samples, epochs, final_step, job)
+    return problems, summary
+
+
+def check_with_lost(workers, coordinator=(), samples=None, epochs=None, final_step=None, job=None):
+    """check(), and the lost commits it allowed: [(step, generation, worker)]."""
     coordinator = list(coordinator)
     if isinstance(workers, str):
         files = sorted(glob.glob(os.path.join(workers, "*.history")))
@@ -308,7 +314,7 @@ def check(workers, coordinator=(), samples=None, epochs=None, final_step=None, j
     summary = "%d worker processes, %d steps, %d generations formed, %d lost commit(s)%s" % (
         len(h.incarnations), len(job_steps), formed, len(lost),
         "" if not lost else " (" + ", ".join("step %d of generation %d by %s" % l for l in lost[:5]) + ")")
-    return problems, summary
+    return problems, summary, lost
 
 
 def main():
