@@ -16,8 +16,9 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Create(
   std::unique_ptr<Checkpointer> c(new Checkpointer(config, job));
   CONCORD_ASSIGN_OR_RETURN(c->region_, Region::Open(config.memory));
   if (config.memory.empty()) {
-    c->persister_ = std::make_unique<Persister>(c->region_.get(), config.dir,
-                                                config.keep, config.test_crash);
+    CONCORD_ASSIGN_OR_RETURN(c->persister_region_, c->region_->Share());
+    c->persister_ = std::make_unique<Persister>(
+        c->persister_region_.get(), config.dir, config.keep, config.test_crash);
   }
   return c;
 }
@@ -59,7 +60,6 @@ void Checkpointer::Save(const Content& content, bool wait) {
   }
   ++saved_;
   last_saved_ = content.counters;
-  if (persister_ != nullptr) persister_->Notify();
 }
 
 std::optional<Candidate> Checkpointer::FindCandidate(bool disk) {

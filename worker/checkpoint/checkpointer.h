@@ -102,7 +102,9 @@ class Checkpointer {
   const Config config_;
   const std::string job_;
   std::unique_ptr<Region> region_;
-  std::unique_ptr<Persister> persister_;  // without an agent
+  // Without an agent: the persister and its own view of region_'s memory.
+  std::unique_ptr<Region> persister_region_;
+  std::unique_ptr<Persister> persister_;
   bool writes_memory_ = false;
   bool persists_ = false;
   int64_t saved_ = 0;

@@ -4,6 +4,7 @@
 // a node's region, and the workers that write it share this header.
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -33,6 +34,14 @@ struct RegionHeader {
   char job[128];  // the job's id, for the persister's path
   // The persister's: the sequence it last wrote.
   std::atomic<uint64_t> persisted;
+  // The writer's: this snapshot's stall of the training step (its copy into
+  // the region), and the snapshots it skipped because the persister held
+  // the region (the persister reports both).
+  uint64_t stall_ns;
+  std::atomic<uint64_t> skipped;
+  // Rung (Region::Ring) by a writer that published a snapshot and by the
+  // persister's owner; the persister sleeps on it.
+  std::atomic<uint32_t> doorbell;
 };
 static_assert(std::atomic<uint32_t>::is_always_lock_free &&
                   std::atomic<uint64_t>::is_always_lock_free,
@@ -42,10 +51,14 @@ inline constexpr size_t kHeaderBytes = 4096;
 
 class Region {
  public:
-  // The shared-memory file `path` (made, empty, when missing), or anonymous
-  // memory when `path` is empty. UNAVAILABLE naming the path when it cannot
-  // be opened or mapped.
+  // The shared-memory file `path` (made, empty, when missing), or memory of
+  // this process's own (a memfd) when `path` is empty. UNAVAILABLE naming
+  // the path when it cannot be opened or mapped.
   static absl::StatusOr<std::unique_ptr<Region>> Open(const std::string& path);
+  // The same memory mapped again: a persister in the writer's own process
+  // maps (and remaps, when a snapshot grew) its own view, never the one the
+  // writer may be remapping.
+  absl::StatusOr<std::unique_ptr<Region>> Share() const;
   ~Region();
   Region(const Region&) = delete;
   Region& operator=(const Region&) = delete;
@@ -61,9 +74,16 @@ class Region {
   size_t mapped() const { return mapped_; }
   const std::string& path() const { return path_; }
 
+  // Wakes the persister waiting on this memory, in any process.
+  void Ring();
+  // Sleeps until the doorbell differs from `seen` (a value of
+  // header().doorbell read before looking for work) or `timeout` passes.
+  void WaitForRing(uint32_t seen, std::chrono::milliseconds timeout);
+
  private:
   Region() = default;
   absl::Status Map(size_t bytes);
+  absl::Status MapFile();  // what the file holds, at least the header
 
   std::string path_;
   int fd_ = -1;
