@@ -170,9 +170,9 @@ bool NodeAgent::WorkerExited(const std::string& worker_id,
   return impl_->WorkerExited(worker_id, how);
 }
 
-void NodeAgent::CheckpointWritten(const std::string& job_id,
-                                  const v1::CheckpointReport& report) {
-  impl_->CheckpointWritten(job_id, report);
+void NodeAgent::CheckpointReported(const std::string& job_id,
+                                   const v1::CheckpointReport& report) {
+  impl_->CheckpointReported(job_id, report);
 }
 
 bool NodeAgent::AwaitWrites(absl::Duration timeout) {

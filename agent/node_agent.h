@@ -102,8 +102,8 @@ class NodeAgent {
   // wrote a complete checkpoint of `job_id`; it goes out on the job's Node
   // stream (no answer; the coordinator keeps the newest of each job).
   // Nothing goes out while the agent shuts down. Thread-safe.
-  void CheckpointWritten(const std::string& job_id,
-                         const v1::CheckpointReport& report);
+  void CheckpointReported(const std::string& job_id,
+                          const v1::CheckpointReport& report);
   // Waits until every message queued on a Node stream so far is written
   // (handed to the connection), at most `timeout`; whether all were.
   bool AwaitWrites(absl::Duration timeout);

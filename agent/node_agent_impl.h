@@ -88,8 +88,8 @@ class NodeAgent::Impl final : public v1::WorkerService::CallbackService {
   void Shutdown();
 
   bool WorkerExited(const std::string& worker_id, const std::string& how);
-  void CheckpointWritten(const std::string& job_id,
-                         const v1::CheckpointReport& report);
+  void CheckpointReported(const std::string& job_id,
+                          const v1::CheckpointReport& report);
   bool AwaitWrites(absl::Duration timeout);
   bool AwaitExitReports(absl::Duration timeout);
   JobNews job_news(const std::string& job_id) {

@@ -561,8 +561,8 @@ bool NodeAgent::Impl::WorkerExited(const std::string& worker_id,
   return true;
 }
 
-void NodeAgent::Impl::CheckpointWritten(const std::string& job_id,
-                                        const v1::CheckpointReport& report) {
+void NodeAgent::Impl::CheckpointReported(const std::string& job_id,
+                                         const v1::CheckpointReport& report) {
   Actions after;
   std::lock_guard<std::mutex> lock(mu_);
   if (stopping_) return;

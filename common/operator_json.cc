@@ -65,23 +65,36 @@ OrderedJson CheckpointJson(const v1::CheckpointReport& c) {
                      {"node", c.node()},
                      {"bytes", c.bytes()},
                      {"write_seconds", c.write_seconds()},
+                     {"stall_seconds", c.stall_seconds()},
+                     {"skipped", c.skipped()},
+                     {"error", c.error()},
                      {"written_unix_ms", c.written_unix_ms()}};
 }
 
+OrderedJson CheckpointTotalsJson(const v1::CheckpointTotals& t) {
+  return OrderedJson{
+      {"written", t.written()},
+      {"skipped", t.skipped()},
+      {"failed", t.failed()},
+      {"failing", t.has_failing() ? CheckpointJson(t.failing()) : nullptr}};
+}
+
 OrderedJson StatusJson(const v1::JobStatus& s) {
-  OrderedJson j{{"job_id", s.spec().job_id()},
-                {"state", JobStateName(s.state())},
-                {"failure", s.failure()},
-                {"generation", s.generation()},
-                {"authoritative_rank", s.authoritative_rank()},
-                {"min_workers", s.spec().min_workers()},
-                {"max_workers", s.spec().max_workers()},
-                {"boundary_step", nullptr},
-                {"members", OrderedJson::array()},
-                {"waiting", OrderedJson::array()},
-                {"expected", OrderedJson::array()},
-                {"recent_events", OrderedJson::array()},
-                {"checkpoints", OrderedJson::array()}};
+  OrderedJson j{
+      {"job_id", s.spec().job_id()},
+      {"state", JobStateName(s.state())},
+      {"failure", s.failure()},
+      {"generation", s.generation()},
+      {"authoritative_rank", s.authoritative_rank()},
+      {"min_workers", s.spec().min_workers()},
+      {"max_workers", s.spec().max_workers()},
+      {"boundary_step", nullptr},
+      {"members", OrderedJson::array()},
+      {"waiting", OrderedJson::array()},
+      {"expected", OrderedJson::array()},
+      {"recent_events", OrderedJson::array()},
+      {"checkpoints", OrderedJson::array()},
+      {"checkpoint_totals", CheckpointTotalsJson(s.checkpoint_totals())}};
   if (s.has_boundary_step()) j["boundary_step"] = s.boundary_step();
   for (const auto& m : s.members()) j["members"].push_back(MemberJson(m));
   for (const auto& m : s.waiting()) j["waiting"].push_back(MemberJson(m));

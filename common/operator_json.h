@@ -23,6 +23,7 @@ OrderedJson EventJson(const v1::Event& e);
 OrderedJson MemberJson(const v1::MemberStatus& m);
 OrderedJson SummaryJson(const v1::JobSummary& s);
 OrderedJson CheckpointJson(const v1::CheckpointReport& c);
+OrderedJson CheckpointTotalsJson(const v1::CheckpointTotals& t);
 OrderedJson StatusJson(const v1::JobStatus& s);
 
 }  // namespace concord

@@ -392,7 +392,7 @@ std::string RegionPath(const std::string& job) {
 // coordinator; empty: nowhere).
 bool StartCheckpointTier(
     Options& o, CheckpointTier& tier,
-    std::function<void(const concord::checkpoint::WrittenCheckpoint&)> report) {
+    std::function<void(const concord::checkpoint::PersistReport&)> report) {
   if (!o.checkpoint.enabled()) return true;
   tier.path = RegionPath(o.job_id);
   auto region = concord::checkpoint::Region::Open(tier.path);
@@ -506,18 +506,21 @@ int main(int argc, char** argv) {
 
   int status = 1;
   CheckpointTier checkpoints;
-  // Note [Checkpoints]: the coordinator hears of each one written through
-  // the agent (which outlives the persister: it is stopped below first).
-  std::function<void(const concord::checkpoint::WrittenCheckpoint&)> report;
-  if (agent) {
-    concord::agent::NodeAgent* reporter = agent.get();
+  // Note [Checkpoints]: the coordinator hears of each write, done or failed,
+  // through the agent (which outlives the persister: it is stopped below
+  // first), or directly when it is embedded (--standalone).
+  std::function<void(const concord::checkpoint::PersistReport&)> report;
+  concord::agent::NodeAgent* reporter = agent.get();
+  concord::coordinator::Server* embedded_reporter = server.get();
+  if (reporter != nullptr || embedded_reporter != nullptr) {
     std::string node = options.node_id;
     if (node.empty()) {
       char host[256] = {0};
       gethostname(host, sizeof(host) - 1);
       node = host;
     }
-    report = [reporter, node](const concord::checkpoint::WrittenCheckpoint& w) {
+    report = [reporter, embedded_reporter,
+              node](const concord::checkpoint::PersistReport& w) {
       concord::v1::CheckpointReport r;
       r.set_step(w.step);
       r.set_epoch(w.epoch);
@@ -527,9 +530,20 @@ int main(int argc, char** argv) {
       r.set_path(w.path);
       r.set_bytes(w.bytes);
       r.set_write_seconds(w.seconds);
+      r.set_stall_seconds(w.stall_seconds);
+      r.set_skipped(w.skipped);
+      r.set_error(w.error);
       r.set_written_unix_ms(absl::ToUnixMillis(absl::Now()));
       r.set_node(node);
-      reporter->CheckpointWritten(w.job, r);
+      if (reporter != nullptr) {
+        reporter->CheckpointReported(w.job, r);
+        return;
+      }
+      embedded_reporter->host().Mutate([&](concord::coordinator::Core& core) {
+        if (absl::Status s = core.CheckpointReported(w.job, r); !s.ok()) {
+          concord::Log()->warn("checkpoint report refused: {}", s.ToString());
+        }
+      });
     };
   }
   if (StartCheckpointTier(options, checkpoints, std::move(report)) &&

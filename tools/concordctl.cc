@@ -132,6 +132,7 @@ std::string FormatTime(int64_t unix_ms) {
 }
 
 using concord::CheckpointJson;
+using concord::CheckpointTotalsJson;
 using concord::EventJson;
 using concord::StatusJson;
 using concord::SummaryJson;
@@ -181,6 +182,15 @@ void PrintEventsTable(const google::protobuf::RepeatedPtrField<v1::Event>& es) {
   PrintTable(rows);
 }
 
+// A write that failed and none written since: one line.
+void PrintCheckpointFailing(const v1::CheckpointTotals& t) {
+  if (!t.has_failing()) return;
+  const v1::CheckpointReport& c = t.failing();
+  std::cout << "checkpoints failing: step " << c.step() << " not written to "
+            << c.path() << " on " << c.node() << " at "
+            << FormatTime(c.written_unix_ms()) << ": " << c.error() << "\n";
+}
+
 void PrintStatusTable(const v1::JobStatus& s) {
   std::cout << "job " << s.spec().job_id() << ": " << StateName(s.state())
             << ", generation " << s.generation() << ", " << s.members_size()
@@ -222,27 +232,35 @@ void PrintStatusTable(const v1::JobStatus& s) {
     const v1::CheckpointReport& c = *s.checkpoints().rbegin();
     std::cout << "\nlast checkpoint: step " << c.step() << " at "
               << FormatTime(c.written_unix_ms()) << ", " << c.path() << " on "
-              << c.node() << " (" << s.checkpoints_size()
-              << " reported; concordctl checkpoints " << s.spec().job_id()
+              << c.node() << " (" << s.checkpoint_totals().written()
+              << " written; concordctl checkpoints " << s.spec().job_id()
               << ")\n";
   }
+  PrintCheckpointFailing(s.checkpoint_totals());
   std::cout << "\nrecent events:\n";
   PrintEventsTable(s.recent_events());
 }
 
 void PrintCheckpointsTable(const v1::JobStatus& s) {
-  std::vector<std::vector<std::string>> rows = {{"STEP", "EPOCH", "SAMPLES",
-                                                 "WORLD", "MB", "WRITE_S",
-                                                 "WRITTEN", "NODE", "PATH"}};
+  std::vector<std::vector<std::string>> rows = {
+      {"STEP", "EPOCH", "SAMPLES", "WORLD", "MB", "STALL_MS", "WRITE_S",
+       "WRITTEN", "NODE", "PATH"}};
   for (auto it = s.checkpoints().rbegin(); it != s.checkpoints().rend(); ++it) {
     const v1::CheckpointReport& c = *it;
     rows.push_back({absl::StrCat(c.step()), absl::StrCat(c.epoch()),
                     absl::StrCat(c.samples()), absl::StrCat(c.world_size()),
                     absl::StrFormat("%.1f", c.bytes() / 1e6),
+                    absl::StrFormat("%.1f", c.stall_seconds() * 1e3),
                     absl::StrFormat("%.2f", c.write_seconds()),
                     FormatTime(c.written_unix_ms()), c.node(), c.path()});
   }
   PrintTable(rows);
+  const v1::CheckpointTotals& t = s.checkpoint_totals();
+  std::cout << "\n"
+            << t.written() << " written, " << t.skipped()
+            << " skipped (due while the previous one was being written), "
+            << t.failed() << " failed\n";
+  PrintCheckpointFailing(t);
 }
 
 [[noreturn]] void Fail(const grpc::Status& status) {
@@ -441,7 +459,9 @@ int main(int argc, char** argv) {
     grpc::Status s = stub->GetJob(context().get(), req, &r);
     if (!s.ok()) Fail(s);
     if (as_json) {
-      json j{{"job_id", f.job}, {"checkpoints", json::array()}};
+      json j{{"job_id", f.job},
+             {"checkpoints", json::array()},
+             {"totals", CheckpointTotalsJson(r.checkpoint_totals())}};
       for (auto it = r.checkpoints().rbegin(); it != r.checkpoints().rend();
            ++it) {
         j["checkpoints"].push_back(CheckpointJson(*it));

@@ -472,11 +472,31 @@ absl::StatusOr<bool> Core::WorkerExited(const std::string& job_id,
   return true;
 }
 
-absl::Status Core::CheckpointWritten(const std::string& job_id,
-                                     const v1::CheckpointReport& report) {
+absl::Status Core::CheckpointReported(const std::string& job_id,
+                                      const v1::CheckpointReport& report) {
   CONCORD_RETURN_IF_ERROR(ValidateCheckpoint(job_id, report));
   Job* job = FindJob(job_id);
   if (job == nullptr) return JobNotFound(job_id);
+  v1::CheckpointTotals& totals = job->checkpoint_totals;
+  totals.set_skipped(totals.skipped() + report.skipped());
+  const std::string node =
+      report.node().empty() ? "a node agent" : report.node();
+  if (!report.error().empty()) {
+    totals.set_failed(totals.failed() + 1);
+    if (!totals.has_failing()) {
+      AddEvent(
+          *job, "checkpoint", "",
+          absl::StrFormat("checkpoint of step %d not written to %s (%s): "
+                          "%s; training goes on",
+                          report.step(), report.path(), node, report.error()));
+    }
+    *totals.mutable_failing() = report;
+    Changed(*job);
+    return absl::OkStatus();
+  }
+  const bool recovered = totals.has_failing();
+  totals.set_written(totals.written() + 1);
+  totals.clear_failing();
   auto& kept = job->checkpoints;
   auto at = std::lower_bound(kept.begin(), kept.end(), report.step(),
                              [](const v1::CheckpointReport& r, int64_t step) {
@@ -490,11 +510,10 @@ absl::Status Core::CheckpointWritten(const std::string& job_id,
   if (kept.size() > kKeptCheckpoints) {
     kept.erase(kept.begin(), kept.end() - kKeptCheckpoints);
   }
-  AddEvent(
-      *job, "checkpoint", "",
-      absl::StrFormat("checkpoint of step %d written to %s (%s)", report.step(),
-                      report.path(),
-                      report.node().empty() ? "a node agent" : report.node()));
+  AddEvent(*job, "checkpoint", "",
+           absl::StrFormat("checkpoint of step %d written to %s (%s)%s",
+                           report.step(), report.path(), node,
+                           recovered ? ", after failed writes" : ""));
   Changed(*job);
   return absl::OkStatus();
 }

@@ -237,6 +237,10 @@ struct JobMetricsSample {
   uint64_t reform_count = 0;
   double reform_seconds_sum = 0;
   std::optional<double> last_reform_seconds;
+  // Note [Checkpoints]: the totals the node agents reported, and the newest
+  // complete checkpoint (step 0: none).
+  v1::CheckpointTotals checkpoint_totals;
+  v1::CheckpointReport last_checkpoint;
 };
 
 // Note [Asynchronous waits] (host.h): which of a job's pending calls a change
@@ -305,12 +309,15 @@ class Core {
                                     const std::string& how);
 
   // Note [Checkpoints] in worker/checkpoint/checkpointer.h: a node agent
-  // wrote a complete checkpoint of the job. The job keeps the newest
-  // kKeptCheckpoints by step (one of a step reported again replaces it),
-  // persisted with it and shown in its status and events. INVALID_ARGUMENT
-  // for a bad field, NOT_FOUND for an unknown job; nothing changes then.
-  absl::Status CheckpointWritten(const std::string& job_id,
-                                 const v1::CheckpointReport& report);
+  // wrote a complete checkpoint of the job, or failed to (`error` set). The
+  // job keeps the newest kKeptCheckpoints complete ones by step (one of a
+  // step reported again replaces it) and the totals (written, skipped,
+  // failed, the failing write until one is written again), persisted with
+  // it and shown in its status, events and metrics; a failure is an event
+  // once until a write succeeds. INVALID_ARGUMENT for a bad field,
+  // NOT_FOUND for an unknown job; nothing changes then.
+  absl::Status CheckpointReported(const std::string& job_id,
+                                  const v1::CheckpointReport& report);
   static constexpr size_t kKeptCheckpoints = 10;
 
   // The worker's place in the current generation, or nullopt while the
@@ -492,8 +499,9 @@ class Core {
     // ended. A later Leave of theirs is a no-op.
     std::set<std::string> finished;
     std::optional<int64_t> boundary_step;
-    // CheckpointWritten's, by step ascending.
+    // CheckpointReported's, by step ascending.
     std::vector<v1::CheckpointReport> checkpoints;
+    v1::CheckpointTotals checkpoint_totals;
     // Transient, never exported: by worker id, while the worker has a
     // stream open or is bound.
     std::map<std::string, WatchState> watches;

@@ -107,6 +107,8 @@ std::vector<JobMetricsSample> Core::MetricsSamples(
     if (h.last_reform().has_value()) {
       s.last_reform_seconds = absl::ToDoubleSeconds(*h.last_reform());
     }
+    s.checkpoint_totals = job.checkpoint_totals;
+    if (!job.checkpoints.empty()) s.last_checkpoint = job.checkpoints.back();
   }
   return samples;
 }

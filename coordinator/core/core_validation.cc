@@ -350,11 +350,14 @@ absl::Status ValidateCheckpoint(const std::string& job_id,
   CONCORD_RETURN_IF_ERROR(NonNegative("world_size", r.world_size()));
   CONCORD_RETURN_IF_ERROR(NonNegative("generation", r.generation()));
   CONCORD_RETURN_IF_ERROR(NonNegative("written_unix_ms", r.written_unix_ms()));
-  if (!(r.write_seconds() >= 0) || r.write_seconds() > 1e9) {
-    return Invalid("write_seconds", "must be a duration in seconds");
-  }
+  CONCORD_RETURN_IF_ERROR(NonNegative("skipped", r.skipped()));
+  CONCORD_RETURN_IF_ERROR(
+      FiniteNonNegative("write_seconds", r.write_seconds()));
+  CONCORD_RETURN_IF_ERROR(
+      FiniteNonNegative("stall_seconds", r.stall_seconds()));
   if (r.path().empty()) return Invalid("path", "is empty");
   CONCORD_RETURN_IF_ERROR(ValidText("path", r.path(), kMaxMessageLength));
+  CONCORD_RETURN_IF_ERROR(ValidText("error", r.error(), kMaxMessageLength));
   return ValidText("node", r.node(), kMaxMessageLength);
 }
 

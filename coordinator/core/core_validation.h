@@ -47,7 +47,7 @@ absl::Status ValidateRequest(const v1::EndOfDataRequest& r);
 absl::Status ValidateExit(const std::string& job_id,
                           const std::string& worker_id,
                           const std::string& secret, const std::string& how);
-// A node agent's checkpoint report (Core::CheckpointWritten).
+// A node agent's checkpoint report (Core::CheckpointReported).
 absl::Status ValidateCheckpoint(const std::string& job_id,
                                 const v1::CheckpointReport& r);
 absl::Status ValidateRequest(const v1::GetJobRequest& r);

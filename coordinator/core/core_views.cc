@@ -141,6 +141,7 @@ absl::StatusOr<v1::JobStatus> Core::GetJob(
   for (const v1::CheckpointReport& c : job->checkpoints) {
     *status.add_checkpoints() = c;
   }
+  *status.mutable_checkpoint_totals() = job->checkpoint_totals;
   const size_t first = job->events.size() > internal::kRecentEvents
                            ? job->events.size() - internal::kRecentEvents
                            : 0;
@@ -259,6 +260,7 @@ std::optional<v1::JobRecord> Core::ExportJob(const std::string& job_id) const {
   for (const v1::CheckpointReport& c : job->checkpoints) {
     *record.add_checkpoints() = c;
   }
+  *record.mutable_checkpoint_totals() = job->checkpoint_totals;
   for (const auto& [k, v] : job->kv) (*record.mutable_kv())[k] = v;
   for (const Event& e : job->events) *record.add_events() = ToProto(e);
   record.set_next_event_seq(job->next_event_seq);
@@ -325,6 +327,15 @@ absl::Status Core::CheckRestoredWorkers(const Job& job) {
       return bad(absl::StrCat("checkpoint: ", s.message()));
     }
   }
+  const v1::CheckpointTotals& totals = job.checkpoint_totals;
+  if (totals.written() < 0 || totals.skipped() < 0 || totals.failed() < 0) {
+    return bad("negative checkpoint totals");
+  }
+  if (totals.has_failing()) {
+    if (absl::Status s = ValidateCheckpoint(id, totals.failing()); !s.ok()) {
+      return bad(absl::StrCat("failing checkpoint: ", s.message()));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -380,6 +391,7 @@ absl::Status Core::RestoreJob(const v1::JobRecord& record) {
             [](const v1::CheckpointReport& a, const v1::CheckpointReport& b) {
               return a.step() < b.step();
             });
+  job.checkpoint_totals = record.checkpoint_totals();
   CONCORD_RETURN_IF_ERROR(CheckRestoredWorkers(job));
   job.rendezvous_started = now;
   job.last_arrival = now;

@@ -76,6 +76,38 @@ std::vector<MetricFamily> JobsCollector::Collect() const {
       Family("concord_job_last_reform_seconds",
              "Duration of the job's latest re-form", MetricType::Gauge);
 
+  // Note [Checkpoints] in worker/checkpoint/checkpointer.h.
+  MetricFamily ckpt_written =
+      Family("concord_job_checkpoints_written_total",
+             "Checkpoints the node agents wrote to disk", MetricType::Counter);
+  MetricFamily ckpt_skipped = Family(
+      "concord_job_checkpoints_skipped_total",
+      "Checkpoints that fell due while the previous one was being written",
+      MetricType::Counter);
+  MetricFamily ckpt_failed =
+      Family("concord_job_checkpoint_failures_total",
+             "Checkpoint writes that failed (the last complete one stays)",
+             MetricType::Counter);
+  MetricFamily ckpt_failing =
+      Family("concord_job_checkpoint_failing",
+             "1 while the job's last checkpoint write failed, else 0",
+             MetricType::Gauge);
+  MetricFamily ckpt_step =
+      Family("concord_job_checkpoint_step",
+             "Step of the newest complete checkpoint", MetricType::Gauge);
+  MetricFamily ckpt_bytes =
+      Family("concord_job_checkpoint_bytes",
+             "Size of the newest complete checkpoint", MetricType::Gauge);
+  MetricFamily ckpt_write = Family(
+      "concord_job_checkpoint_write_seconds",
+      "Background write of the newest complete checkpoint, snapshot to rename",
+      MetricType::Gauge);
+  MetricFamily ckpt_stall =
+      Family("concord_job_checkpoint_stall_seconds",
+             "Training step's stall for the newest complete checkpoint (its "
+             "copy into the node's memory)",
+             MetricType::Gauge);
+
   std::map<std::string, int> by_state;
   for (int s = v1::JobState_MIN; s <= v1::JobState_MAX; ++s) {
     if (s != v1::JOB_STATE_UNSPECIFIED) {
@@ -109,13 +141,30 @@ std::vector<MetricFamily> JobsCollector::Collect() const {
     if (job.last_reform_seconds.has_value()) {
       Gauge(last_reform, id, *job.last_reform_seconds);
     }
+    const v1::CheckpointTotals& totals = job.checkpoint_totals;
+    Add(ckpt_written, "job", id).counter.value =
+        static_cast<double>(totals.written());
+    Add(ckpt_skipped, "job", id).counter.value =
+        static_cast<double>(totals.skipped());
+    Add(ckpt_failed, "job", id).counter.value =
+        static_cast<double>(totals.failed());
+    Gauge(ckpt_failing, id, totals.has_failing() ? 1 : 0);
+    if (job.last_checkpoint.step() > 0) {
+      const v1::CheckpointReport& c = job.last_checkpoint;
+      Gauge(ckpt_step, id, static_cast<double>(c.step()));
+      Gauge(ckpt_bytes, id, static_cast<double>(c.bytes()));
+      Gauge(ckpt_write, id, c.write_seconds());
+      Gauge(ckpt_stall, id, c.stall_seconds());
+    }
   }
   for (const auto& [state, n] : by_state) {
     Add(states, "state", state).gauge.value = n;
   }
-  return {states,  generation, members,          waiting,
-          running, step,       steps_per_second, samples_per_second,
-          loss,    failures,   reform,           last_reform};
+  return {states,       generation,   members,          waiting,
+          running,      step,         steps_per_second, samples_per_second,
+          loss,         failures,     reform,           last_reform,
+          ckpt_written, ckpt_skipped, ckpt_failed,      ckpt_failing,
+          ckpt_step,    ckpt_bytes,   ckpt_write,       ckpt_stall};
 }
 
 }  // namespace concord::coordinator

@@ -278,7 +278,7 @@ class NodeCall final
     }
     // Note [Checkpoints]: no answer (a refusal is logged here).
     for (const v1::CheckpointReport& c : request_.checkpoints()) {
-      if (absl::Status s = core.CheckpointWritten(job_id_, c); !s.ok()) {
+      if (absl::Status s = core.CheckpointReported(job_id_, c); !s.ok()) {
         spdlog::warn("job {}: checkpoint report refused: {}", job_id_,
                      s.ToString());
       }

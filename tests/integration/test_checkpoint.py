@@ -26,6 +26,15 @@ Cases (--list):
              SGD with momentum from checkpoint S continued in Python over the
              same windows (the sample log) ends within 1e-6 of Concord's
              checkpoint S' > S.
+  crash-*, full-disk, read-only
+             a write killed at each stage, a full disk, a read-only
+             directory: the job resumes from the previous complete
+             checkpoint; a failing write is said once in the log, and (read-
+             only) in the coordinator's totals, one event and /metrics.
+  coordinator
+             against a separate coordinator: `concordctl checkpoints` lists
+             the newest ones with their stall; the totals and /metrics count
+             every checkpoint written.
 
 Every subprocess has a timeout; a hang is a failure. Prints one line per
 check and 'N passed, N failed'; exits 1 on any failure.
@@ -47,6 +56,7 @@ sys.path.insert(0, HERE)
 import torch  # noqa: E402
 
 import test_elastic as te  # noqa: E402
+import test_status as ts  # noqa: E402
 from test_elastic import Proc  # noqa: E402
 
 fixtures = te.fixtures
@@ -356,17 +366,51 @@ def case_full_disk(ctx, name):
     compare_final(checks, name, rd2, copy, job, ref)
 
 
+def start_coordinator(ctx, name):
+    """A concord-coordinator with its /metrics, or None (a failed check)."""
+    coord = ts.Coordinator(ctx.bins, os.path.join(ctx.tmp, name + "-coordinator"))
+    if not ctx.checks.check(coord.ok(), name + ": concord-coordinator started",
+                            coord.proc.describe()):
+        coord.stop()
+        return None
+    return coord
+
+
+def checkpoints_json(ctx, coord, job):
+    """`concordctl -o json checkpoints JOB`: (its JSON or {}, its output)."""
+    ctl = os.path.join(os.path.dirname(ctx.bins.run), "concordctl")
+    out = subprocess.run([ctl, "--endpoint", coord.address, "--token-file", coord.operator_token,
+                          "-o", "json", "checkpoints", job], capture_output=True, text=True,
+                         timeout=30)
+    try:
+        return json.loads(out.stdout), out.stdout + out.stderr
+    except ValueError:
+        return {}, out.stdout + out.stderr
+
+
 def case_read_only(ctx, name):
     """The checkpoint dir holds a complete checkpoint and is mounted
     read-only: the job resumes from it, cannot write more, says so once and
-    completes."""
+    completes; the coordinator shows the failing write (concordctl, one
+    event, /metrics)."""
     checks = ctx.checks
     ref_rd, ref_ck = reference(ctx)
     job, ck = "ref", os.path.join(ctx.tmp, "ck-" + name)
     os.makedirs(os.path.join(ck, job))
     shutil.copytree(os.path.join(ref_ck, job, "step-100"), os.path.join(ck, job, "step-100"))
     setup = "mount --bind {0} {0} && mount -o remount,ro,bind {0}".format(ck)
-    rd, p = launch(ctx, name, job, ck, setup=setup)
+    coord = start_coordinator(ctx, name)
+    if coord is None:
+        return
+    try:
+        read_only_run(ctx, name, job, ck, setup, coord, ref_rd)
+    finally:
+        coord.stop()
+
+
+def read_only_run(ctx, name, job, ck, setup, coord, ref_rd):
+    checks = ctx.checks
+    rd, p = launch(ctx, name, job, ck, setup=setup, coordinator=coord)
     rc = p.wait(RUN_TIMEOUT)
     if "mount:" in p.stderr() or "unshare:" in p.stderr():
         checks.ok(name + ": not run (a read-only bind mount needs root)")
@@ -382,6 +426,28 @@ def case_read_only(ctx, name):
     a, e = fixtures.load_state(rd.output), fixtures.load_state(ref_rd.output)
     checks.check(not fixtures.compare_states(a, e, rtol=0.0, atol=0.0),
                  name + ": final parameters bit-identical to the uninterrupted run's")
+    listed, out = checkpoints_json(ctx, coord, job)
+    totals = listed.get("totals") or {}
+    failing = totals.get("failing") or {}
+    checks.check(totals.get("written") == 0 and totals.get("failed", 0) >= 1 and
+                 "Read-only" in failing.get("error", "") and failing.get("step", 0) > 100,
+                 name + ": the coordinator shows the failing write (%s failed, %s written)" % (
+                     totals.get("failed"), totals.get("written")), out)
+    status = ts.ctl(ctx.bins, coord, "-o", "json", "status", job)
+    events = []
+    try:
+        events = [e["message"] for e in json.loads(status.stdout)["recent_events"]
+                  if e["kind"] == "checkpoint"]
+    except (ValueError, KeyError):
+        pass
+    checks.check(len([e for e in events if "not written" in e]) == 1,
+                 name + ": one event for the failing writes", "%s\n%s" % (events, status.stdout[-2000:]))
+    _, samples = coord.metrics()
+    label = '{job="%s"}' % job
+    checks.check(samples.get("concord_job_checkpoint_failing" + label) == 1 and
+                 samples.get("concord_job_checkpoint_failures_total" + label) == totals.get("failed"),
+                 name + ": /metrics says the checkpoints fail (%s failures)" % totals.get("failed"),
+                 json.dumps({k: v for k, v in samples.items() if "checkpoint" in k}))
 
 
 def case_coordinator(ctx, name):
@@ -390,32 +456,55 @@ def case_coordinator(ctx, name):
     `concordctl checkpoints` lists them, newest first, the job's final one
     included, as they are on disk."""
     checks = ctx.checks
-    coord = te.start_coordinator(ctx, name, te.RunDir(ctx.tmp, name + "-coordinator"))
+    coord = start_coordinator(ctx, name)
     if coord is None:
         return
+    try:
+        coordinator_run(ctx, name, coord)
+    finally:
+        coord.stop()
+
+
+def coordinator_run(ctx, name, coord):
+    checks = ctx.checks
     job, ck = name, os.path.join(ctx.tmp, "ck-" + name)
     rd, p = launch(ctx, name, job, ck, coordinator=coord, env={"CONCORD_TEST_MIN_STEP_MS": "10"})
     rc = p.wait(RUN_TIMEOUT)
     checks.check(rc == 0, name + ": the job completes", p.describe())
-    ctl = os.path.join(os.path.dirname(ctx.bins.run), "concordctl")
-    out = subprocess.run([ctl, "--endpoint", coord.address, "--token-file", coord.operator_token,
-                          "-o", "json", "checkpoints", job], capture_output=True, text=True,
-                         timeout=30)
-    listed = []
-    try:
-        listed = json.loads(out.stdout)["checkpoints"]
-    except (ValueError, KeyError):
-        pass
+    j, out = checkpoints_json(ctx, coord, job)
+    listed = j.get("checkpoints", [])
     on_disk = steps(ck, job)
     got = [c["step"] for c in listed]
-    checks.check(out.returncode == 0 and got and got == sorted(got, reverse=True) and
+    checks.check(got and got == sorted(got, reverse=True) and
                  got[0] == on_disk[-1] and set(got) <= set(on_disk) and len(got) == min(10, len(on_disk)),
                  name + ": concordctl checkpoints lists the newest ones, the final included "
-                 "(%s; on disk %s)" % (got, on_disk), out.stdout + out.stderr)
+                 "(%s; on disk %s)" % (got, on_disk), out)
     ok = all(c["path"] == os.path.join(ck, job, "step-%d" % c["step"]) and c["bytes"] > 0 and
-             c["world_size"] == 3 for c in listed)
-    checks.check(ok, name + ": each with its path, size and world size", json.dumps(listed[:2]))
-    coord.stop()
+             c["world_size"] == 3 and 0 < c["stall_seconds"] < 5 and not c["error"] for c in listed)
+    checks.check(ok, name + ": each with its path, size, world size and stall", json.dumps(listed[:2]))
+    totals = j.get("totals") or {}
+    # Every write is reported; a due one that found the last still being
+    # written is skipped and counted (how many depends on the disk). The
+    # job's final state may write its last step's directory again (the due
+    # checkpoint of that step was taken before the epoch moved on).
+    written = totals.get("written", -1)
+    checks.check(len(on_disk) <= written <= len(on_disk) + 1 and totals.get("failed") == 0 and
+                 totals.get("failing") is None and totals.get("skipped", -1) >= 0,
+                 name + ": the totals count every checkpoint written (%s)" % totals, out)
+    _, samples = coord.metrics()
+    label = '{job="%s"}' % job
+    newest = listed[0] if listed else {}
+    want = {"concord_job_checkpoints_written_total": totals.get("written"),
+            "concord_job_checkpoints_skipped_total": totals.get("skipped"),
+            "concord_job_checkpoint_failures_total": 0,
+            "concord_job_checkpoint_failing": 0,
+            "concord_job_checkpoint_step": newest.get("step"),
+            "concord_job_checkpoint_bytes": newest.get("bytes")}
+    wrong = {k: (samples.get(k + label), v) for k, v in want.items() if samples.get(k + label) != v}
+    stall = samples.get("concord_job_checkpoint_stall_seconds" + label)
+    checks.check(not wrong and stall is not None and abs(stall - newest.get("stall_seconds", -1)) < 1e-9,
+                 name + ": /metrics has the checkpoints' totals, step, size and stall",
+                 "(got, want): %s; stall %s" % (wrong, stall))
 
 
 CASES = {

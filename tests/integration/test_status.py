@@ -83,6 +83,15 @@ class Coordinator(object):
     def ok(self):
         return None not in (self.address, self.metrics_port, self.status_port)
 
+    def stop(self):
+        self.proc.kill_group()
+        self.proc.wait(10)
+
+    def metrics(self):
+        """parse_metrics of /metrics now ({}, {} when it does not answer)."""
+        s, _, body = http("http://127.0.0.1:%d/metrics" % self.metrics_port)
+        return parse_metrics(body) if s == 200 else ({}, {})
+
 
 def http(url, method="GET", headers=None, timeout=10):
     """(status, headers, body) of one request."""

@@ -1,6 +1,11 @@
 // Durable checkpoints (worker/checkpoint/): crashes at each stage of a
 // write, damaged files, keep, writes that fail, the memory tier's region and
 // the persister, on real files in a directory of its own per test.
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
 #include "checkpoint_fixture.h"
 
 namespace concord::checkpoint {
@@ -475,6 +480,94 @@ TEST(CheckpointPersisterTest, ASnapshotNotForTheDiskTierIsNotWritten) {
   EXPECT_TRUE(ListCheckpoints(dir.path(), kJob).empty());
   // The snapshot stays for the memory tier.
   EXPECT_TRUE(ReadSnapshot(**region).ok());
+}
+
+// A writer rings the region's doorbell: the persister (its own view of the
+// memory, as in a worker without an agent) writes each snapshot at once,
+// though it would look on its own only every minute; each report says the
+// snapshot's stall, and the one after a skipped snapshot counts it.
+TEST(CheckpointPersisterTest, TheWriterWakesThePersister) {
+  TempDir dir;
+  absl::StatusOr<std::unique_ptr<Region>> region = Region::Open("");
+  ASSERT_TRUE(region.ok()) << region.status();
+  absl::StatusOr<std::unique_ptr<Region>> view = (*region)->Share();
+  ASSERT_TRUE(view.ok()) << view.status();
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<PersistReport> reports;
+  Persister persister(
+      view->get(), dir.path(), 10, {},
+      [&](const PersistReport& r) {
+        std::lock_guard<std::mutex> lock(mu);
+        reports.push_back(r);
+        cv.notify_all();
+      },
+      std::chrono::minutes(1));
+  auto wait_for = [&](size_t n) {
+    std::unique_lock<std::mutex> lock(mu);
+    return cv.wait_for(lock, std::chrono::seconds(20),
+                       [&] { return reports.size() >= n; });
+  };
+  for (int64_t step : {10, 20, 30}) {
+    // Each larger than the last: the writer grows (remaps) its view while
+    // the persister maps its own.
+    absl::StatusOr<WriteResult> w =
+        WriteSnapshot(**region, SampleContent(step, 100 * step), kJob, true);
+    ASSERT_TRUE(w.ok()) << w.status();
+    ASSERT_EQ(*w, WriteResult::kWritten);
+    ASSERT_TRUE(wait_for(static_cast<size_t>(step / 10)))
+        << "no write of step " << step << " within 20 s";
+  }
+  // The persister holds the region: a due snapshot is skipped.
+  RegionHeader& h = (*region)->header();
+  uint32_t ready = RegionHeader::kReady;
+  ASSERT_TRUE(
+      h.state.compare_exchange_strong(ready, RegionHeader::kPersisting));
+  absl::StatusOr<WriteResult> busy =
+      WriteSnapshot(**region, SampleContent(40), kJob, true);
+  ASSERT_TRUE(busy.ok()) << busy.status();
+  EXPECT_EQ(*busy, WriteResult::kSkippedBusy);
+  h.state.store(RegionHeader::kReady);
+  ASSERT_TRUE(WriteSnapshot(**region, SampleContent(50), kJob, true).ok());
+  ASSERT_TRUE(wait_for(4)) << "no write of step 50 within 20 s";
+  std::lock_guard<std::mutex> lock(mu);
+  ASSERT_EQ(reports.size(), 4u);
+  std::vector<int64_t> steps, skipped;
+  for (const PersistReport& r : reports) {
+    steps.push_back(r.step);
+    skipped.push_back(r.skipped);
+    EXPECT_TRUE(r.error.empty()) << r.error;
+    EXPECT_GT(r.stall_seconds, 0);
+    EXPECT_EQ(r.path,
+              (fs::path(JobDir(dir)) / absl::StrCat("step-", r.step)).string());
+  }
+  EXPECT_THAT(steps, ElementsAre(10, 20, 30, 50));
+  EXPECT_THAT(skipped, ElementsAre(0, 0, 0, 1));
+}
+
+// A write that fails is reported with its error and where it was going.
+TEST(CheckpointPersisterTest, AFailedWriteIsReported) {
+  TempDir dir;
+  const std::string file = (fs::path(dir.path()) / "a-file").string();
+  { std::ofstream(file) << "not a directory"; }
+  absl::StatusOr<std::unique_ptr<Region>> region = Region::Open("");
+  ASSERT_TRUE(region.ok()) << region.status();
+  ASSERT_TRUE(WriteSnapshot(**region, SampleContent(40), kJob, true).ok());
+  std::vector<PersistReport> reports;
+  {
+    Persister persister(
+        region->get(), file, 3, {},
+        [&](const PersistReport& r) { reports.push_back(r); },
+        std::chrono::minutes(1));
+    persister.Flush();
+    EXPECT_EQ(persister.stats().failed, 1);
+  }
+  ASSERT_EQ(reports.size(), 1u);
+  EXPECT_EQ(reports[0].step, 40);
+  EXPECT_EQ(reports[0].job, kJob);
+  EXPECT_FALSE(reports[0].error.empty());
+  EXPECT_EQ(reports[0].path, absl::StrCat(file, "/", kJob, "/step-40"));
+  EXPECT_EQ(reports[0].bytes, 0u);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -270,12 +271,12 @@ TEST_F(CoordinatorExitTest, TheNewestCheckpointsAreKeptAndPersisted) {
   FormLong(3);
   (void)core_.TakeDirtyJobs();
   for (int64_t step = 10; step <= 150; step += 10) {
-    ASSERT_TRUE(core_.CheckpointWritten(kJob, Checkpoint(step)).ok());
+    ASSERT_TRUE(core_.CheckpointReported(kJob, Checkpoint(step)).ok());
   }
   // The same step again replaces it; an older one goes in its place.
   v1::CheckpointReport again = Checkpoint(150);
   again.set_node("node-b");
-  ASSERT_TRUE(core_.CheckpointWritten(kJob, again).ok());
+  ASSERT_TRUE(core_.CheckpointReported(kJob, again).ok());
   EXPECT_THAT(core_.TakeDirtyJobs(), ElementsAre(kJob));
   const v1::JobStatus status = Status();
   ASSERT_EQ(status.checkpoints_size(),
@@ -304,7 +305,7 @@ TEST_F(CoordinatorExitTest, TheNewestCheckpointsAreKeptAndPersisted) {
 
 TEST_F(CoordinatorExitTest, ABadCheckpointReportChangesNothing) {
   FormLong(2);
-  ASSERT_TRUE(core_.CheckpointWritten(kJob, Checkpoint(10)).ok());
+  ASSERT_TRUE(core_.CheckpointReported(kJob, Checkpoint(10)).ok());
   (void)core_.TakeDirtyJobs();
   v1::CheckpointReport no_step = Checkpoint(20);
   no_step.set_step(0);
@@ -312,16 +313,92 @@ TEST_F(CoordinatorExitTest, ABadCheckpointReportChangesNothing) {
   no_path.clear_path();
   v1::CheckpointReport bad_time = Checkpoint(20);
   bad_time.set_write_seconds(-1);
-  for (const auto& bad : {no_step, no_path, bad_time}) {
-    EXPECT_EQ(core_.CheckpointWritten(kJob, bad).code(),
+  v1::CheckpointReport bad_stall = Checkpoint(20);
+  bad_stall.set_stall_seconds(std::numeric_limits<double>::quiet_NaN());
+  v1::CheckpointReport bad_skipped = Checkpoint(20);
+  bad_skipped.set_skipped(-2);
+  for (const auto& bad : {no_step, no_path, bad_time, bad_stall, bad_skipped}) {
+    EXPECT_EQ(core_.CheckpointReported(kJob, bad).code(),
               absl::StatusCode::kInvalidArgument);
   }
-  EXPECT_EQ(core_.CheckpointWritten("no-such-job", Checkpoint(20)).code(),
+  EXPECT_EQ(core_.CheckpointReported("no-such-job", Checkpoint(20)).code(),
             absl::StatusCode::kNotFound);
   EXPECT_TRUE(core_.TakeDirtyJobs().empty());
   const v1::JobStatus status = Status();
   ASSERT_EQ(status.checkpoints_size(), 1);
   EXPECT_EQ(status.checkpoints(0).step(), 10);
+  EXPECT_EQ(status.checkpoint_totals().written(), 1);
+  EXPECT_EQ(status.checkpoint_totals().skipped(), 0);
+}
+
+// A failed write is counted and shown (status, one event until a write
+// succeeds again, metrics), never listed as a checkpoint; the next write
+// clears it; the totals are persisted with the job.
+TEST_F(CoordinatorExitTest, FailedCheckpointWritesAreCountedAndShownOnce) {
+  FormLong(2);
+  ASSERT_TRUE(core_.CheckpointReported(kJob, Checkpoint(10)).ok());
+  for (int64_t step : {20, 30, 40}) {
+    v1::CheckpointReport failed = Checkpoint(step);
+    failed.set_bytes(0);
+    failed.set_skipped(1);
+    failed.set_error("no space left on device");
+    ASSERT_TRUE(core_.CheckpointReported(kJob, failed).ok());
+  }
+  auto count_failure_events = [](const v1::JobStatus& s) {
+    int n = 0;
+    for (const auto& e : s.recent_events()) {
+      n += e.kind() == "checkpoint" &&
+           absl::StrContains(e.message(), "not written") &&
+           absl::StrContains(e.message(), "no space left on device");
+    }
+    return n;
+  };
+  v1::JobStatus status = Status();
+  ASSERT_EQ(status.checkpoints_size(), 1);  // failures are not checkpoints
+  EXPECT_EQ(status.checkpoint_totals().written(), 1);
+  EXPECT_EQ(status.checkpoint_totals().failed(), 3);
+  EXPECT_EQ(status.checkpoint_totals().skipped(), 3);
+  ASSERT_TRUE(status.checkpoint_totals().has_failing());
+  EXPECT_EQ(status.checkpoint_totals().failing().step(), 40);
+  EXPECT_EQ(count_failure_events(status), 1);
+  auto samples = core_.MetricsSamples(absl::Hours(1));
+  ASSERT_EQ(samples.size(), 1u);
+  EXPECT_EQ(samples[0].checkpoint_totals.failed(), 3);
+  EXPECT_TRUE(samples[0].checkpoint_totals.has_failing());
+  EXPECT_EQ(samples[0].last_checkpoint.step(), 10);
+
+  // Persisted: a coordinator that restores the record shows the same.
+  auto record = core_.ExportJob(kJob);
+  ASSERT_TRUE(record.has_value());
+  Core restored(&clock_);
+  ASSERT_TRUE(restored.RestoreJob(*record).ok());
+  v1::GetJobRequest get;
+  get.set_job_id(kJob);
+  auto after = restored.GetJob(get);
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(after->checkpoint_totals().failed(), 3);
+  EXPECT_EQ(after->checkpoint_totals().failing().error(),
+            "no space left on device");
+
+  v1::CheckpointReport ok = Checkpoint(50);
+  ok.set_stall_seconds(0.012);
+  ASSERT_TRUE(core_.CheckpointReported(kJob, ok).ok());
+  status = Status();
+  EXPECT_FALSE(status.checkpoint_totals().has_failing());
+  EXPECT_EQ(status.checkpoint_totals().written(), 2);
+  EXPECT_EQ(status.checkpoint_totals().failed(), 3);
+  EXPECT_EQ(status.checkpoints(1).stall_seconds(), 0.012);
+  EXPECT_EQ(count_failure_events(status), 1);
+  // A new failure after a success is an event again.
+  v1::CheckpointReport again = Checkpoint(60);
+  again.set_error("read-only file system");
+  ASSERT_TRUE(core_.CheckpointReported(kJob, again).ok());
+  status = Status();
+  bool said = false;
+  for (const auto& e : status.recent_events()) {
+    said = said || absl::StrContains(e.message(), "read-only file system");
+  }
+  EXPECT_TRUE(said);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -13,7 +14,7 @@ namespace concord::checkpoint {
 namespace {
 
 constexpr char kMagic[8] = {'C', 'O', 'N', 'C', 'K', 'P', 'T', '1'};
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;
 constexpr size_t kAlign = 64;
 
 size_t Aligned(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
@@ -24,6 +25,7 @@ absl::StatusOr<WriteResult> WriteSnapshot(Region& region,
                                           const Content& content,
                                           const std::string& job,
                                           bool persist) {
+  const auto start = std::chrono::steady_clock::now();
   Flat flat = Flatten(content);
   nlohmann::json table = nlohmann::json::array();
   size_t offset = 0;
@@ -41,7 +43,10 @@ absl::StatusOr<WriteResult> WriteSnapshot(Region& region,
   // Claim the region first: a persister reading it must not see it remapped.
   uint32_t s = h->state.load(std::memory_order_acquire);
   do {
-    if (s == RegionHeader::kPersisting) return WriteResult::kSkippedBusy;
+    if (s == RegionHeader::kPersisting) {
+      h->skipped.fetch_add(1, std::memory_order_relaxed);
+      return WriteResult::kSkippedBusy;
+    }
   } while (!h->state.compare_exchange_weak(s, RegionHeader::kWriting,
                                            std::memory_order_acq_rel));
   if (absl::Status grown = region.Reserve(bytes); !grown.ok()) {
@@ -81,8 +86,13 @@ absl::StatusOr<WriteResult> WriteSnapshot(Region& region,
   h->persist = persist ? 1 : 0;
   std::memset(h->job, 0, sizeof(h->job));
   std::memcpy(h->job, job.data(), std::min(job.size(), sizeof(h->job) - 1));
+  h->stall_ns = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(
+          std::chrono::steady_clock::now() - start)
+          .count());
   h->sequence.fetch_add(1, std::memory_order_acq_rel);
   h->state.store(RegionHeader::kReady, std::memory_order_release);
+  region.Ring();  // the persister, in this process or the node agent's
   return WriteResult::kWritten;
 }
 

@@ -5,6 +5,7 @@
 
 #include <cstring>
 
+#include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "worker/checkpoint/disk.h"
 #include "worker/checkpoint/memory.h"
@@ -12,13 +13,13 @@
 namespace concord::checkpoint {
 
 Persister::Persister(Region* region, std::string dir, int keep, TestCrash crash,
-                     std::function<void(const WrittenCheckpoint&)> on_written,
+                     std::function<void(const PersistReport&)> on_report,
                      std::chrono::milliseconds poll)
     : region_(region),
       dir_(std::move(dir)),
       keep_(keep),
       crash_(crash),
-      on_written_(std::move(on_written)),
+      on_report_(std::move(on_report)),
       poll_(poll) {
   thread_ = std::thread([this] { Loop(); });
 }
@@ -28,17 +29,12 @@ Persister::~Persister() {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
   }
-  cv_.notify_all();
+  {
+    std::lock_guard<std::mutex> write_lock(write_mu_);
+    region_->Ring();
+  }
   thread_.join();
   PersistOnce();  // what became ready while stopping
-}
-
-void Persister::Notify() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    notified_ = true;
-  }
-  cv_.notify_all();
 }
 
 void Persister::Flush() {
@@ -52,14 +48,20 @@ PersisterStats Persister::stats() const {
 }
 
 void Persister::Loop() {
-  std::unique_lock<std::mutex> lock(mu_);
-  while (!stop_) {
-    cv_.wait_for(lock, poll_, [this] { return stop_ || notified_; });
-    if (stop_) break;
-    notified_ = false;
-    lock.unlock();
+  for (;;) {
+    // Read before looking: a ring after this read ends the wait below.
+    // Under write_mu_: a Flush on another thread may be remapping.
+    uint32_t seen = 0;
+    {
+      std::lock_guard<std::mutex> write_lock(write_mu_);
+      seen = region_->header().doorbell.load(std::memory_order_acquire);
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stop_) return;
+    }
     PersistOnce();
-    lock.lock();
+    region_->WaitForRing(seen, poll_);
   }
 }
 
@@ -81,12 +83,13 @@ bool Persister::PersistOnce() {
   absl::StatusOr<WriteStats> written =
       absl::FailedPreconditionError("not for the disk tier");
   int64_t step = h.step;
-  WrittenCheckpoint report;
+  PersistReport report;
+  report.job = job;
+  report.step = step;
+  report.stall_seconds = static_cast<double>(h.stall_ns) / 1e9;
   if (persist) {
     absl::StatusOr<Content> content = ReadSnapshot(*region_);
     if (content.ok()) {
-      report.job = job;
-      report.step = content->counters.step;
       report.epoch = content->counters.epoch;
       report.samples = content->counters.position;
       report.world_size = content->counters.world_size;
@@ -139,16 +142,27 @@ bool Persister::PersistOnce() {
       }
     }
   }
-  if (persist && written.ok() && on_written_) {
-    report.path = written->path;
-    report.bytes = written->bytes;
-    report.seconds = written->seconds;
-    on_written_(report);
-  }
   // ReadSnapshot may have mapped the region again: `h` may dangle.
   RegionHeader& after = region_->header();
   after.persisted.store(now, std::memory_order_release);
   after.state.store(RegionHeader::kReady, std::memory_order_release);
+  // Reported once the region is free again: the next snapshot may come.
+  if (persist && on_report_) {
+    const int64_t skips =
+        stats().superseded +
+        static_cast<int64_t>(after.skipped.load(std::memory_order_relaxed));
+    report.skipped = skips - reported_skips_;
+    reported_skips_ = skips;
+    if (written.ok()) {
+      report.path = written->path;
+      report.bytes = written->bytes;
+      report.seconds = written->seconds;
+    } else {
+      report.path = absl::StrCat(dir_, "/", job, "/step-", step);
+      report.error = std::string(written.status().message());
+    }
+    on_report_(report);
+  }
   return true;
 }
 

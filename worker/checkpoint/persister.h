@@ -6,7 +6,6 @@
 // a worker without an agent runs one over its own.
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -32,34 +31,42 @@ struct PersisterStats {
   std::string last_error;
 };
 
-// A checkpoint the persister wrote, for whoever reports it (concord-run
-// tells the coordinator through its node agent).
-struct WrittenCheckpoint {
+// A write the persister finished, for whoever reports it (concord-run
+// tells the coordinator through its node agent): a checkpoint written, or
+// one that failed (`error` set; `path` is where it was going).
+struct PersistReport {
   std::string job;
   std::string path;
+  std::string error;
   int64_t step = 0, epoch = 0, samples = 0, world_size = 0, generation = 0;
   uint64_t bytes = 0;
   double seconds = 0;
+  // The training step's stall for this snapshot (RegionHeader::stall_ns).
+  double stall_seconds = 0;
+  // Due checkpoints not written since the previous report: skipped by the
+  // writer (the region was being persisted) or superseded before the
+  // persister got to them.
+  int64_t skipped = 0;
 };
 
 class Persister {
  public:
   // Writes the snapshots `region` marks for the disk tier into `dir`,
   // keeping `keep` (Note [Checkpoint directories]). `region` must outlive
-  // the persister. Polls every `poll` and on Notify.
+  // the persister and be its own (Region::Share in the writer's process):
+  // the persister's thread remaps it. Wakes when a writer rings the
+  // region's doorbell, and every `poll`.
   // `crash`: the test hook TestCrashFromEnvironment reads.
-  // `on_written` (may be empty) runs on the persister's thread after each
-  // checkpoint written.
+  // `on_report` (may be empty) runs on the persister's thread after each
+  // write for the disk tier, written or failed.
   Persister(Region* region, std::string dir, int keep, TestCrash crash = {},
-            std::function<void(const WrittenCheckpoint&)> on_written = {},
-            std::chrono::milliseconds poll = std::chrono::milliseconds(50));
+            std::function<void(const PersistReport&)> on_report = {},
+            std::chrono::milliseconds poll = std::chrono::seconds(1));
   // Writes what is ready, then stops.
   ~Persister();
   Persister(const Persister&) = delete;
   Persister& operator=(const Persister&) = delete;
 
-  // A snapshot may be ready.
-  void Notify();
   // Returns once every snapshot ready before the call has been written (or
   // failed).
   void Flush();
@@ -76,16 +83,18 @@ class Persister {
   const std::string dir_;
   const int keep_;
   const TestCrash crash_;
-  const std::function<void(const WrittenCheckpoint&)> on_written_;
+  const std::function<void(const PersistReport&)> on_report_;
   int64_t attempts_ = 0;  // writes begun (the test crash counts them)
   const std::chrono::milliseconds poll_;
   mutable std::mutex mu_;
-  std::condition_variable cv_;
   bool stop_ = false;
-  bool notified_ = false;
-  std::mutex write_mu_;   // one PersistOnce at a time
+  // One PersistOnce at a time; held while region_ is remapped (Ring from
+  // another thread takes it).
+  std::mutex write_mu_;
   PersisterStats stats_;  // guarded by mu_
   int64_t failing_ = 0;   // failures since the last write; guarded by mu_
+  // Skipped and superseded snapshots already reported; guarded by write_mu_.
+  int64_t reported_skips_ = 0;
   std::thread thread_;
 };
 
