@@ -410,12 +410,18 @@ class ElasticCore {
   // re-form).
   void HistoryRestore() {
     const worker::Session& session = job_.state()->session();
+    const std::optional<elastic::State::Resumed> resumed = state_.TakeResumed();
     if (const auto& history = session.history()) {
       const bool replicated = std::none_of(
           models_.begin(), models_.end(),
           [](const DdpCore::Impl* m) { return m->slowmo != nullptr; });
-      history->Restore(session.generation(), state_.step, state_.epoch,
-                       ParameterDigest(), replicated);
+      const uint64_t digest = ParameterDigest();
+      if (resumed) {
+        history->Resume(session.generation(), resumed->step, resumed->source,
+                        digest, replicated);
+      }
+      history->Restore(session.generation(), state_.step, state_.epoch, digest,
+                       replicated);
     }
   }
 

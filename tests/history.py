@@ -4,11 +4,15 @@ run wrote (Note [History files] in worker/trace/history.h, Note
 [Coordinator history] in coordinator/store/history_file.h) and proves the
 invariants an elastic job must keep, whatever failed during the run.
 
-    /usr/bin/python3 tests/history.py --workers DIR [--coordinator FILE ...]
-        [--samples N --epochs E] [--final-step S]
+    /usr/bin/python3 tests/history.py --workers DIR [--workers DIR ...]
+        [--coordinator FILE ...] [--samples N --epochs E] [--final-step S]
 
 or, from a test, check(workers_dir, coordinator_files, ...) -> list of
-problems (empty: every invariant holds) and a summary.
+problems (empty: every invariant holds) and a summary. Several --workers
+directories (check_runs) are runs of one job one after another, each with
+a coordinator of its own (`concord-run --standalone --history DIR`, the
+job started again after it was lost whole): run k's generation g is read
+as k * RUN_GENERATIONS + g, so later runs' generations come after.
 
 Note [History checker]: the invariants, each a class of problem:
   generations   the coordinators' formed generations, ordered by time, have
@@ -37,6 +41,14 @@ Note [History checker]: the invariants, each a class of problem:
   samples       with --samples N --epochs E: over the job's steps, every
                 sample of every epoch is taken exactly once and the epochs
                 never go back.
+  resumes       a resume from step S (a generation none of whose members
+                held a committed step took a checkpoint's state) is of a
+                step some worker recorded checkpointing, with the digest the
+                job's step S had (replicated training), and only after a
+                total loss: no worker process that had committed a step
+                after S is heard from after the resume. The steps after S
+                are then committed again (lost commits above), their
+                samples trained again, never skipped.
 A last line without its newline (a process killed while writing) is
 ignored; any other line that is not a JSON object is a problem.
 """
@@ -51,6 +63,8 @@ import sys
 
 # `concord-run --standalone --history DIR`'s coordinator history.
 STANDALONE = "coordinator.history"
+# check_runs: the generations of run k are k * RUN_GENERATIONS + g.
+RUN_GENERATIONS = 1000000
 
 
 def read_lines(path):
@@ -77,21 +91,28 @@ def read_lines(path):
 class History(object):
     """Everything one run wrote, indexed for the checks."""
 
-    def __init__(self, worker_files, coordinator_files, job=None):
+    def __init__(self, worker_files, coordinator_files, job=None, offsets=None):
+        """`offsets`: {path: added to the generation numbers of its records}."""
         self.problems = []
-        self.incarnations = collections.OrderedDict()  # (worker, pid) -> [records]
-        for path in sorted(worker_files):
+        offsets = offsets or {}
+
+        def read(path):
             records, problems = read_lines(path)
             self.problems += problems
             for r in records:
+                if "generation" in r and offsets.get(path):
+                    r["generation"] += offsets[path]
+            return records
+
+        self.incarnations = collections.OrderedDict()  # (worker, pid) -> [records]
+        for path in sorted(worker_files):
+            for r in read(path):
                 if job is not None and r.get("job") != job:
                     continue
                 self.incarnations.setdefault((r["worker"], r["pid"]), []).append(r)
         self.coordinator = []  # (file, record)
         for path in coordinator_files:
-            records, problems = read_lines(path)
-            self.problems += problems
-            for r in records:
+            for r in read(path):
                 if job is None or r.get("job") == job:
                     self.coordinator.append((path, r))
 
@@ -277,6 +298,32 @@ def check_samples(job_steps, n, epochs, problems):
                                 n, epochs)
 
 
+def check_resumes(h, job_steps, problems):
+    checkpointed = {r["step"] for records in h.incarnations.values()
+                    for r in records if r["event"] == "checkpoint"}
+    for (worker, pid), records in h.incarnations.items():
+        for r in records:
+            if r["event"] != "resume":
+                continue
+            s, t = r["step"], r["time_us"]
+            what = "%s (pid %s) resumed from step %d (%s) in generation %d" % (
+                worker, pid, s, r.get("source"), r["generation"])
+            if s not in checkpointed:
+                problems.append(what + ", which no worker recorded checkpointing")
+            c = job_steps.get(s)
+            if c is None:
+                problems.append(what + ", a step nobody committed")
+            elif r.get("replicated") and c.get("replicated") and c["digest"] != r["digest"]:
+                problems.append(what + " with parameters %s; the step's committers had %s" % (
+                    r["digest"], c["digest"]))
+            for (w2, p2), rs in h.incarnations.items():
+                ahead = [x["step"] for x in rs
+                         if x["event"] == "commit" and x["step"] > s and x["time_us"] < t]
+                if ahead and any(x["time_us"] > t for x in rs):
+                    problems.append(what + " although %s (pid %s), which had committed step %d, "
+                                    "went on" % (w2, p2, max(ahead)))
+
+
 def check(workers, coordinator=(), samples=None, epochs=None, final_step=None, job=None):
     """Runs every check. `workers`: a directory of *.history files (its
     coordinator.history is a --standalone coordinator's) or a list of files;
@@ -286,19 +333,44 @@ def check(workers, coordinator=(), samples=None, epochs=None, final_step=None, j
     return problems, summary
 
 
+def run_files(directory):
+    """(worker files, coordinator files) of a --history DIR."""
+    files = sorted(glob.glob(os.path.join(directory, "*.history")))
+    # A --standalone concord-run's coordinator writes there too.
+    standalone = os.path.join(directory, STANDALONE)
+    if standalone in files:
+        files.remove(standalone)
+        return files, [standalone]
+    return files, []
+
+
+def check_runs(directories, samples=None, epochs=None, final_step=None, job=None):
+    """check() over runs of one job one after another (the module's
+    docstring): (problems, summary)."""
+    files, coordinator, offsets = [], [], {}
+    for k, d in enumerate(directories):
+        w, c = run_files(d)
+        files += w
+        coordinator += c
+        offsets.update({path: k * RUN_GENERATIONS for path in w + c})
+    problems, summary, _ = checked(History(files, coordinator, job, offsets), samples, epochs,
+                                   final_step)
+    return problems, summary
+
+
 def check_with_lost(workers, coordinator=(), samples=None, epochs=None, final_step=None, job=None):
     """check(), and the lost commits it allowed: [(step, generation, worker)]."""
     coordinator = list(coordinator)
     if isinstance(workers, str):
-        files = sorted(glob.glob(os.path.join(workers, "*.history")))
-        # A --standalone concord-run's coordinator writes there too.
-        standalone = os.path.join(workers, STANDALONE)
-        if standalone in files:
-            files.remove(standalone)
-            coordinator.append(standalone)
+        files, standalone = run_files(workers)
+        coordinator += standalone
     else:
         files = list(workers)
-    h = History(files, coordinator, job)
+    return checked(History(files, coordinator, job), samples, epochs, final_step)
+
+
+def checked(h, samples, epochs, final_step):
+    """Every check over `h`: (problems, summary, lost commits)."""
     problems = list(h.problems)
     if not h.incarnations:
         problems.append("no worker history records")
@@ -307,26 +379,35 @@ def check_with_lost(workers, coordinator=(), samples=None, epochs=None, final_st
     check_agreement(commits, problems)
     job_steps, lost = canonical_steps(h, commits, problems)
     check_restores(h, job_steps, problems)
+    check_resumes(h, job_steps, problems)
     check_steps(job_steps, final_step, problems)
     if samples is not None and epochs is not None:
         check_samples(job_steps, samples, epochs, problems)
     formed = len(h.formed())
-    summary = "%d worker processes, %d steps, %d generations formed, %d lost commit(s)%s" % (
-        len(h.incarnations), len(job_steps), formed, len(lost),
+    resumes = sum(1 for rs in h.incarnations.values() for r in rs if r["event"] == "resume")
+    summary = "%d worker processes, %d steps, %d generations formed, %d resume(s), %d lost commit(s)%s" % (
+        len(h.incarnations), len(job_steps), formed, resumes, len(lost),
         "" if not lost else " (" + ", ".join("step %d of generation %d by %s" % l for l in lost[:5]) + ")")
     return problems, summary, lost
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--workers", required=True, help="directory of the workers' *.history files")
+    ap.add_argument("--workers", required=True, action="append",
+                    help="directory of the workers' *.history files (again: a later run of the job)")
     ap.add_argument("--coordinator", action="append", default=[], help="a coordinator's --history-file")
     ap.add_argument("--samples", type=int)
     ap.add_argument("--epochs", type=int)
     ap.add_argument("--final-step", type=int)
     ap.add_argument("--job")
     a = ap.parse_args()
-    problems, summary = check(a.workers, a.coordinator, a.samples, a.epochs, a.final_step, a.job)
+    if len(a.workers) > 1:
+        if a.coordinator:
+            ap.error("--coordinator with several --workers runs: each run's is its coordinator.history")
+        problems, summary = check_runs(a.workers, a.samples, a.epochs, a.final_step, a.job)
+    else:
+        problems, summary = check(a.workers[0], a.coordinator, a.samples, a.epochs, a.final_step,
+                                  a.job)
     for p in problems:
         print("VIOLATION " + p)
     print(summary)

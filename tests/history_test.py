@@ -83,6 +83,84 @@ def find(workers, w, event, **match):
     raise KeyError((w, event, match))
 
 
+def total_loss_runs():
+    """A job lost whole and started again (check_runs): run 1's a and b
+    commit steps 1..5 of 8 samples x 2 epochs at world size 2, a records
+    the checkpoints of steps 2 and 4, then every process dies; run 2's c
+    and d (a coordinator of its own, generations from 1 again) resume from
+    step 4 and commit 5..8 (step 5 again: a and b's are lost commits)."""
+    windows = [[0, 1], [2, 3], [4, 5], [6, 7], [1, 0], [3, 2], [5, 4], [7, 6]]
+
+    def commit(w, pid, t, step, rank):
+        return rec("commit", w, pid, t, generation=1, rank=rank, world=2, step=step,
+                   epoch=(step - 1) // 4, digest="d%d" % step, replicated=True,
+                   samples=windows[step - 1])
+
+    runs = []
+    for members, pids, t0, first, last in ((("a", "b"), (100, 101), 10, 0, 5),
+                                           (("c", "d"), (200, 201), 10000, 4, 8)):
+        workers = {}
+        for rank, (w, pid) in enumerate(zip(members, pids)):
+            rs = [rec("generation", w, pid, t0 + 10, generation=1, rank=rank, world=2)]
+            if first:
+                rs.append(rec("resume", w, pid, t0 + 20, generation=1, step=first, source="disk",
+                              digest="d%d" % first, replicated=True))
+            rs.append(rec("restore", w, pid, t0 + 30, generation=1, step=first, epoch=first // 4,
+                          digest="d%d" % first, replicated=True))
+            for step in range(first + 1, last + 1):
+                rs.append(commit(w, pid, t0 + 100 * step, step, rank))
+                if w == "a" and step in (2, 4):
+                    rs.append(rec("checkpoint", w, pid, t0 + 100 * step + 1, generation=1,
+                                  step=step, epoch=(step - 1) // 4, disk=True))
+            workers[w] = rs
+        coord = [{"event": "generation", "job": JOB, "seq": 1, "time_us": t0, "pid": 1,
+                  "generation": 1, "members": list(members)}]
+        runs.append((workers, coord))
+    return runs
+
+
+def check_total_loss(checks, tmp):
+    def run_runs(name, runs):
+        dirs = []
+        for k, (workers, coord) in enumerate(runs):
+            d = os.path.join(tmp, "%s-run%d" % (name, k))
+            os.makedirs(d)
+            for w, records in workers.items():
+                with open(os.path.join(d, w + ".history"), "w") as f:
+                    f.write("".join(json.dumps(r) + "\n" for r in records))
+            with open(os.path.join(d, history.STANDALONE), "w") as f:
+                f.write("".join(json.dumps(r) + "\n" for r in coord))
+            dirs.append(d)
+        return history.check_runs(dirs, samples=8, epochs=2, final_step=8)
+
+    base = total_loss_runs()
+    problems, summary = run_runs("loss", base)
+    checks.check(not problems and "2 resume(s)" in summary and "2 lost commit(s)" in summary,
+                 "a job lost whole and resumed from a checkpoint passes (%s)" % summary,
+                 "; ".join(problems))
+
+    def violation(name, mutate, expect):
+        runs = copy.deepcopy(base)
+        mutate(runs)
+        problems, _ = run_runs(name, runs)
+        checks.check(any(expect in p for p in problems), "%s: named (%r)" % (name, expect),
+                     "; ".join(problems) or "no problem found")
+
+    violation("resume-digest", lambda r: find(r[1][0], "c", "resume").update(digest="zz"),
+              "the step's committers had d4")
+    violation("resume-unchecked",
+              lambda r: r[0][0]["a"].remove(find(r[0][0], "a", "checkpoint", step=4)),
+              "which no worker recorded checkpointing")
+    violation("resume-alive",
+              lambda r: r[0][0]["b"].append(rec("finish", "b", 101, 20000, ok=True, message="")),
+              "which had committed step 5, went on")
+    # Run 2 goes on from step 4 with the sampler past step 5's window (the
+    # first of epoch 1): samples 0 and 1 of epoch 1 would never be trained.
+    violation("resume-skips",
+              lambda r: [find(r[1][0], w, "commit", step=5).update(samples=[6, 7]) for w in "cd"],
+              "epoch 1: 2 samples never taken [0, 1]")
+
+
 def main():
     checks = testlib.Checks()
     tmp = tempfile.mkdtemp(prefix="concord_history_test_")
@@ -136,6 +214,7 @@ def main():
         checks.check(len(records) == 1 and not problems,
                      "a last line cut off by a kill is ignored", str(problems))
     torn(None, None)
+    check_total_loss(checks, tmp)
     shutil.rmtree(tmp, ignore_errors=True)
     return checks.finish()
 

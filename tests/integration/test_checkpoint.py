@@ -87,7 +87,8 @@ def launch(ctx, name, job, ck, nproc=3, extra=(), env=None, setup=None, after=""
              if coordinator else ["--standalone"])
     cmd = [ctx.bins.run] + where + ["--nproc", nproc, "--job-id", job,
            "--rendezvous-timeout-ms", te.RENDEZVOUS_TIMEOUT_MS,
-           "--collective-timeout-ms", te.COLLECTIVE_TIMEOUT_MS] + te.HEARTBEAT + [
+           "--collective-timeout-ms", te.COLLECTIVE_TIMEOUT_MS, "--history", rd.history] + \
+        te.HEARTBEAT + [
            "--checkpoint-dir", ck, "--checkpoint-every", EVERY,
            "--checkpoint-keep", "100"] + list(extra) + ["--", ctx.bins.train] + train
     if setup:
@@ -171,6 +172,17 @@ def resumed_step(text, source):
     return int(m.group(1)) if m else None
 
 
+def check_history(checks, name, runs, resumes):
+    """tests/history.py over the runs of the job (one after another, each
+    with the coordinator concord-run embeds): every invariant, the resume
+    from a checkpointed step with its digest, every sample once."""
+    problems, summary = te.history.check_runs([rd.history for rd in runs], N_SAMPLES, EPOCHS)
+    said = re.search(r"(\d+) resume\(s\)", summary)
+    checks.check(not problems and said and int(said.group(1)) == resumes,
+                 name + ": history invariants across the loss (%s; %d resumes expected)" % (
+                     summary, resumes), "; ".join(problems[:20]))
+
+
 def case_kill_all(ctx, name, nproc_after=3):
     checks = ctx.checks
     ref = reference(ctx) if nproc_after == 3 else None
@@ -190,6 +202,7 @@ def case_kill_all(ctx, name, nproc_after=3):
     checks.check(step is not None and step >= seen,
                  name + ": resumed from the newest complete checkpoint (%s >= %d, from disk)" % (
                      step, seen), p2.stderr()[-3000:])
+    check_history(checks, name, [rd, rd2], nproc_after)
     if nproc_after == 3:
         compare_final(checks, name, rd2, ck, job, ref)
     else:
@@ -243,6 +256,7 @@ def case_memory(ctx, name):
     checks.check(step is not None and step >= 60,
                  name + ": the restarted workers resumed from the node's memory (step %s)" % step,
                  p.stderr()[-3000:])
+    check_history(checks, name, [rd], 3)
     compare_final(checks, name, rd, ck, job, ref)
 
 

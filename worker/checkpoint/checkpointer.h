@@ -91,6 +91,7 @@ class Checkpointer {
   std::optional<Candidate> FindCandidate(bool disk);
 
   int64_t saved() const { return saved_; }
+  bool persists() const { return persists_; }
   int64_t skipped() const { return skipped_; }
   // The last Save's stall (seconds).
   double last_stall() const { return last_stall_; }

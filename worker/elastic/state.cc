@@ -129,7 +129,7 @@ void State::CommitState(bool may_checkpoint) {
   if (checkpointer_ != nullptr) {
     if (may_checkpoint && step != checkpointed_step_ &&
         checkpointer_->Due(step)) {
-      checkpointer_->Save(Capture());
+      SaveAndRecord(/*wait=*/false);
     }
     checkpointed_step_ = step;
   }
@@ -145,7 +145,17 @@ void State::SaveFinal() {
       saved.position == position) {
     return;
   }
-  checkpointer_->Save(Capture(), /*wait=*/true);
+  SaveAndRecord(/*wait=*/true);
+}
+
+void State::SaveAndRecord(bool wait) {
+  const int64_t saved = checkpointer_->saved();
+  checkpointer_->Save(Capture(), wait);
+  const auto& history = session_->history();
+  if (history && checkpointer_->saved() > saved) {
+    history->Checkpoint(session_->generation(), committed_.step,
+                        committed_.epoch, checkpointer_->persists());
+  }
 }
 
 checkpoint::Content State::Capture() const {
@@ -292,6 +302,7 @@ absl::Status State::SyncCheckpoints(int* root) {
   }
   tainted_ = false;
   *root = winner;
+  resumed_ = Resumed{best_memory ? "memory" : "disk", best};
   return absl::OkStatus();
 }
 

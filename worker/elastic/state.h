@@ -104,6 +104,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -246,6 +247,18 @@ class State {
     return checkpointer_.get();
   }
 
+  // Note [Checkpoints]: the checkpoint the last Sync resumed from ("memory"
+  // or "disk", its step), taken once; nullopt when it resumed from none.
+  struct Resumed {
+    std::string source;
+    int64_t step = 0;
+  };
+  std::optional<Resumed> TakeResumed() {
+    std::optional<Resumed> r = std::move(resumed_);
+    resumed_.reset();
+    return r;
+  }
+
   int64_t reforms() const { return reforms_; }
   const std::vector<ReformRecord>& reform_records() const { return records_; }
   worker::Session& session() { return *session_; }
@@ -278,6 +291,8 @@ class State {
   absl::Status SyncPayload(int root);
   // Commit; a checkpoint when `may_checkpoint` and the step is due.
   void CommitState(bool may_checkpoint);
+  // Saves the committed state; a history record when it was taken.
+  void SaveAndRecord(bool wait);
   // Note [Checkpoints]: the committed state as a checkpoint's content, and
   // putting one in place (FAILED_PRECONDITION naming what does not fit).
   checkpoint::Content Capture() const;
@@ -308,6 +323,7 @@ class State {
   std::vector<ReformRecord> records_;
   std::unique_ptr<checkpoint::Checkpointer> checkpointer_;
   int64_t checkpointed_step_ = -1;  // the last commit's step
+  std::optional<Resumed> resumed_;
 };
 
 // Runs `train(state)` until it returns OK (training done) or an error that

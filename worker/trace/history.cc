@@ -67,6 +67,24 @@ void HistoryLog::Restore(int64_t generation, int64_t step, int64_t epoch,
                            {"replicated", replicated}}));
 }
 
+void HistoryLog::Checkpoint(int64_t generation, int64_t step, int64_t epoch,
+                            bool disk) {
+  Write("checkpoint", Fields({{"generation", generation},
+                              {"step", step},
+                              {"epoch", epoch},
+                              {"disk", disk}}));
+}
+
+void HistoryLog::Resume(int64_t generation, int64_t step,
+                        const std::string& source, uint64_t digest,
+                        bool replicated) {
+  Write("resume", Fields({{"generation", generation},
+                          {"step", step},
+                          {"source", source},
+                          {"digest", absl::StrFormat("%016x", digest)},
+                          {"replicated", replicated}}));
+}
+
 void HistoryLog::Commit(const CommitRecord& r) {
   nlohmann::json o = {{"generation", r.generation},
                       {"rank", r.rank},

@@ -22,6 +22,13 @@
 //               every member when `replicated`, i.e. plain DDP), `samples`:
 //               the job's window of the step (ElasticSampler's indices of
 //               all ranks, in order) when the state has a sampler
+//   checkpoint  this worker copied the commit of `step` (of `epoch`) in
+//               `generation` into its node's checkpoint memory (Note
+//               [Checkpoints]); `disk`: marked for the disk tier (rank 0's)
+//   resume      no member of `generation` held a committed step: the state
+//               came from step `step` of a checkpoint (`source`: "memory"
+//               or "disk"); `digest` of the parameters resumed, as for a
+//               restore (a restore record of the same state follows)
 //   finish      the program finished (`ok`, `message`)
 // Every record has `worker`, `pid`, `job` and `time_us` (CLOCK_REALTIME
 // microseconds, shared by the processes of one host).
@@ -68,6 +75,9 @@ class HistoryLog {
   void Restore(int64_t generation, int64_t step, int64_t epoch, uint64_t digest,
                bool replicated);
   void Commit(const CommitRecord& record);
+  void Checkpoint(int64_t generation, int64_t step, int64_t epoch, bool disk);
+  void Resume(int64_t generation, int64_t step, const std::string& source,
+              uint64_t digest, bool replicated);
   void Finish(bool ok, const std::string& message);
 
  private:
