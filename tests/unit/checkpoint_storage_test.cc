@@ -4,9 +4,11 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint_fixture.h"
+#include "worker/checkpoint/file_writer.h"
 
 namespace concord::checkpoint {
 namespace {
@@ -429,6 +431,60 @@ TEST(CheckpointMemoryTest, ASnapshotThatCannotFitKeepsTheLastOne) {
   absl::StatusOr<Content> read = ReadSnapshot(**region);
   ASSERT_TRUE(read.ok()) << read.status();
   ExpectSameContent(*read, small);
+}
+
+// ---- direct writes (Note [Direct writes])
+// ------------------------------------------------------------
+
+// Every size around the block and the buffer, appended in odd pieces, reads
+// back byte for byte with its exact size: on the test's directory (O_DIRECT
+// where its filesystem has it) and in /dev/shm (tmpfs, which may refuse it).
+TEST(CheckpointFileWriterTest, WritesEveryByteAtItsSize) {
+  TempDir dir;
+  std::vector<std::string> places = {dir.path()};
+  std::string shm = "/dev/shm/concord-file-writer-XXXXXX";
+  if (::mkdtemp(shm.data()) != nullptr) places.push_back(shm);
+  constexpr size_t kBuffer = 3 * FileWriter::kAlign;
+  std::mt19937 rng(7);
+  for (const std::string& place : places) {
+    for (size_t size :
+         {size_t{0}, size_t{1}, FileWriter::kAlign - 1, FileWriter::kAlign,
+          FileWriter::kAlign + 1, kBuffer, 5 * kBuffer + 123}) {
+      std::string bytes(size, '\0');
+      for (char& c : bytes) c = static_cast<char>(rng());
+      const std::string path =
+          (fs::path(place) / absl::StrCat("f", size)).string();
+      absl::StatusOr<std::unique_ptr<FileWriter>> w =
+          FileWriter::Create(path, kBuffer);
+      ASSERT_TRUE(w.ok()) << w.status();
+      for (size_t at = 0; at < size; at += 1000) {
+        ASSERT_TRUE(
+            (*w)->Append(bytes.data() + at, std::min<size_t>(1000, size - at)));
+      }
+      const bool direct = (*w)->direct();
+      ASSERT_TRUE((*w)->Finish().ok()) << path;
+      std::ifstream in(path, std::ios::binary);
+      const std::string back((std::istreambuf_iterator<char>(in)),
+                             std::istreambuf_iterator<char>());
+      EXPECT_EQ(back.size(), size) << path << (direct ? " (direct)" : "");
+      EXPECT_TRUE(back == bytes) << path << (direct ? " (direct)" : "");
+    }
+  }
+  if (places.size() > 1) fs::remove_all(shm);
+}
+
+TEST(CheckpointFileWriterTest, AnExistingFileIsNotOverwritten) {
+  TempDir dir;
+  const std::string path = (fs::path(dir.path()) / "there").string();
+  { std::ofstream(path) << "kept"; }
+  absl::StatusOr<std::unique_ptr<FileWriter>> w = FileWriter::Create(path);
+  ASSERT_FALSE(w.ok());
+  EXPECT_TRUE(absl::IsUnavailable(w.status())) << w.status();
+  EXPECT_THAT(std::string(w.status().message()), HasSubstr("cannot create"));
+  std::ifstream in(path);
+  std::string text;
+  in >> text;
+  EXPECT_EQ(text, "kept");
 }
 
 // ---- the persister

@@ -20,7 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
-#include "common/write_all.h"
+#include "worker/checkpoint/file_writer.h"
 
 namespace concord::checkpoint {
 namespace {
@@ -57,34 +57,26 @@ struct Written {
   uint64_t size = 0;
   uint32_t crc = 0;
 };
+// Note [Direct writes] in worker/checkpoint/file_writer.h.
 template <typename Fill>
-absl::StatusOr<Written> WriteFile(const std::string& path, Fill fill) {
-  const int fd =
-      ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) return Errno("cannot create", path);
+absl::StatusOr<Written> WriteFile(const std::string& path, Fill fill,
+                                  size_t buffer = FileWriter::kDefaultBuffer) {
+  CONCORD_ASSIGN_OR_RETURN(std::unique_ptr<FileWriter> file,
+                           FileWriter::Create(path, buffer));
   Written w;
-  int error = 0;
   auto sink = [&](const void* data, size_t n) -> size_t {
-    if (error != 0) return 0;
-    if (!WriteAll(fd, std::string_view(static_cast<const char*>(data), n))) {
-      error = errno == 0 ? EIO : errno;
-      return 0;
-    }
-    w.size += n;
+    if (!file->Append(data, n)) return 0;
     w.crc = Crc(w.crc, data, n);
     return n;
   };
-  absl::Status filled = fill(sink);
-  if (filled.ok() && error == 0 && ::fsync(fd) != 0) error = errno;
-  ::close(fd);
-  if (error != 0) {
-    errno = error;
-    return Errno("cannot write", path);
-  }
+  const absl::Status filled = fill(sink);
+  // A failed write says why first; a fill that failed on its own after.
+  CONCORD_RETURN_IF_ERROR(file->Finish());
   if (!filled.ok()) {
     return absl::Status(filled.code(),
                         absl::StrCat(path, ": ", filled.message()));
   }
+  w.size = file->size();
   return w;
 }
 
@@ -98,11 +90,14 @@ absl::StatusOr<Written> WriteArchiveFile(const std::string& path,
 
 absl::StatusOr<Written> WriteTextFile(const std::string& path,
                                       const std::string& text) {
-  return WriteFile(path, [&](const Sink& sink) {
-    return sink(text.data(), text.size()) == text.size()
-               ? absl::OkStatus()
-               : absl::UnavailableError("short write");
-  });
+  return WriteFile(
+      path,
+      [&](const Sink& sink) {
+        return sink(text.data(), text.size()) == text.size()
+                   ? absl::OkStatus()
+                   : absl::UnavailableError("short write");
+      },
+      text.size());
 }
 
 c10::IValue TensorDict(const NamedTensors& tensors) {

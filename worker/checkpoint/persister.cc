@@ -1,6 +1,7 @@
 #include "worker/checkpoint/persister.h"
 
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -48,6 +49,8 @@ PersisterStats Persister::stats() const {
 }
 
 void Persister::Loop() {
+  // Note [Persister priority]: below the training threads.
+  ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), kNice);
   for (;;) {
     // Read before looking: a ring after this read ends the wait below.
     // Under write_mu_: a Flush on another thread may be remapping.

@@ -49,8 +49,15 @@ struct PersistReport {
   int64_t skipped = 0;
 };
 
+// Note [Persister priority]: the persister's thread (and the threads its
+// file writes start) runs at nice kNice: on a node whose cores train, the
+// background write takes what training leaves rather than stretching the
+// steps (a due checkpoint that finds the last still being written is
+// skipped and counted, never waited for).
 class Persister {
  public:
+  static constexpr int kNice = 10;
+
   // Writes the snapshots `region` marks for the disk tier into `dir`,
   // keeping `keep` (Note [Checkpoint directories]). `region` must outlive
   // the persister and be its own (Region::Share in the writer's process):
