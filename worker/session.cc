@@ -320,6 +320,8 @@ absl::Status Session::JoinAndConnect(
     world_size_.store(joined.world_size());
     finished_workers_.store(joined.finished_workers());
     authoritative_rank_.store(joined.authoritative_rank());
+    resume_from_.reset();
+    if (joined.has_resume_from()) resume_from_ = joined.resume_from();
     store_ = std::make_unique<CoordinatorStore>(
         client_.get(), options_.spec.job_id(), joined.generation());
     Log()->info("joined job '{}' generation {} as rank {} of {}",

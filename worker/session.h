@@ -140,6 +140,11 @@ class Session final : public comm::GroupFactory {
   int world_size() const { return world_size_.load(); }
   int64_t generation() const { return generation_.load(); }
   int authoritative_rank() const { return authoritative_rank_; }
+  // Note [Resume source] in coordinator/core/core.h: the checkpoint the
+  // coordinator named for the current generation (training thread only).
+  const std::optional<v1::CheckpointReport>& resume_from() const {
+    return resume_from_;
+  }
   // Note [Worker device]: where this worker's tensors live, and which
   // communicator its generations use.
   const WorkerDevice& device() const { return device_; }
@@ -250,6 +255,7 @@ class Session final : public comm::GroupFactory {
   // Groups of comm_'s generation (CreateGroup), guarded by comm_mu_.
   std::vector<std::weak_ptr<comm::Communicator>> groups_;
   std::atomic<int> authoritative_rank_{0};
+  std::optional<v1::CheckpointReport> resume_from_;
   // Of the last generation joined and connected (rank(), world_size(),
   // generation()).
   std::atomic<int> rank_{0};

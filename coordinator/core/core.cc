@@ -62,6 +62,39 @@ absl::Status Core::EndedError(const Job& job) {
   }
 }
 
+bool Core::StartsAgain(const Job& job, const v1::JoinRequest& request) {
+  if (job.state != v1::JOB_STATE_FAILED && job.state != v1::JOB_STATE_STOPPED) {
+    return false;
+  }
+  if (request.previous_generation() != 0) return false;
+  auto it = job.bindings.find(request.worker_id());
+  return it == job.bindings.end() ||
+         !ConstantTimeEquals(it->second, request.worker_secret());
+}
+
+void Core::StartAgain(Job& job, const std::string& worker_id) {
+  const std::string ended(EndedError(job).message());
+  const absl::Time now = clock_->Now();
+  job.state = v1::JOB_STATE_RENDEZVOUS;
+  job.failure.clear();
+  job.retired = std::move(job.bindings);
+  job.bindings.clear();
+  job.members.clear();
+  job.member_table.reset();
+  job.waiting.Clear();
+  job.expected.Clear();
+  job.kv.clear();
+  job.drained.clear();
+  job.finished.clear();
+  job.boundary_step.reset();
+  job.resume_from.reset();
+  job.rendezvous_started = now;
+  job.last_arrival = now;
+  AddEvent(job, "job", worker_id,
+           absl::StrCat("job started again (", ended, "); generation ",
+                        job.generation + 1, " is next"));
+}
+
 // ABORTED unless `generation` is the job's current, still running one.
 absl::Status Core::CheckGeneration(const Job& job, int64_t generation) const {
   if (generation != job.generation) {
@@ -134,6 +167,15 @@ absl::Status Core::Join(const v1::JoinRequest& request, uint64_t* call) {
                              spec.min_workers(), spec.max_workers()));
   } else {
     CONCORD_RETURN_IF_ERROR(CompareSpecs(job->spec, spec));
+    if (auto it = job->retired.find(worker_id);
+        it != job->retired.end() &&
+        ConstantTimeEquals(it->second, request.worker_secret())) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "worker %s belongs to a run of job %s that ended; the job was "
+          "started again",
+          worker_id, spec.job_id()));
+    }
+    if (StartsAgain(*job, request)) StartAgain(*job, worker_id);
     CONCORD_RETURN_IF_ERROR(EndedError(*job));
     if (job->drained.count(worker_id) > 0) {
       return absl::FailedPreconditionError(
@@ -240,6 +282,7 @@ absl::StatusOr<std::optional<Assignment>> Core::GetAssignment(
     a.generation = job->generation;
     a.rank = member->rank;
     a.rank_change = job->rank_change;
+    a.resume_from = job->resume_from;
     a.world_size = static_cast<int32_t>(job->members.size());
     a.authoritative_rank = job->authoritative_rank;
     a.finished_workers = static_cast<int32_t>(job->finished.size());

@@ -144,6 +144,30 @@
 //    boundary to let them in. Every Join changes the membership version, so
 //    watchers see it change.
 //
+// Note [Starting again]: a job that FAILED or was STOPPED is not the end of
+// its training: the same command run again (new worker processes, the same
+// job id) starts it again, as torchrun's users re-run a job after a total
+// loss. A Join of such a job from a process that is not of the run that
+// ended (no previous generation, and an id that is not bound, or bound to
+// another secret) puts the job back into its rendezvous: a "job" event says
+// so and what ended it, the members, waiting workers, kv and end-of-data
+// state of the ended run are dropped, the generation numbers go on, and the
+// checkpoints reported stay. The ended run's bindings are retired: a process
+// of that run (its id with its secret) that comes back is refused
+// (FAILED_PRECONDITION), so a straggler never joins the new run with the
+// old state. A SUCCEEDED job stays succeeded.
+//
+// Note [Resume source]: the coordinator names where a generation's state
+// comes from when none of its members holds a committed step (all joined
+// at step 0: the job's first generation, every worker died, or the job was
+// started again) and the job has a complete checkpoint reported (Note
+// [Checkpoints] in worker/checkpoint/checkpointer.h): the newest one, in
+// every member's Assignment (JoinResponse.resume_from) and the generation's
+// event. The workers load it on the node that wrote it (a node-local disk),
+// unless a node's memory snapshot holds a newer step; without it (no
+// record: a --standalone coordinator that died with its launcher) they take
+// the newest complete checkpoint in their directory.
+//
 // Note [Exited workers]: a launcher that is its workers' node agent
 // (concord-run) sees a worker process exit the instant it reaps it, and says
 // so on its Node stream (agent.proto's ExitedWorker), naming the worker with
@@ -218,6 +242,8 @@ struct Assignment {
   int32_t finished_workers = 0;  // left at the end of their data
   // How the ranks follow from the generation before (worker.proto).
   std::optional<v1::RankChange> rank_change;
+  // Note [Resume source].
+  std::optional<v1::CheckpointReport> resume_from;
 };
 
 // A job's figures for the per-job Prometheus metrics (Note [Job history]).
@@ -494,6 +520,10 @@ class Core {
     std::deque<Event> events;
     int64_t next_event_seq = 1;
     std::map<std::string, std::string> bindings;  // Note [Worker binding]
+    // Note [Starting again]: the bindings of the run that ended last.
+    std::map<std::string, std::string> retired;
+    // Note [Resume source]: of the current generation.
+    std::optional<v1::CheckpointReport> resume_from;
     std::set<std::string> drained;
     // Left for good: ran out of data, or had completed when their generation
     // ended. A later Leave of theirs is a no-op.
@@ -629,6 +659,10 @@ class Core {
   // Note [Persistence], unless a placement moved).
   void WaitingChanged(Job& job, const Placement& before);
   static bool Ended(const Job& job);
+  // Note [Starting again]: whether `request` starts the ended `job` again,
+  // and doing it.
+  static bool StartsAgain(const Job& job, const v1::JoinRequest& request);
+  void StartAgain(Job& job, const std::string& worker_id);
   static absl::Status EndedError(const Job& job);
   v1::MemberStatus StatusOf(const MemberState& m) const;
   // RestoreJob's consistency checks of a job's workers.

@@ -211,8 +211,8 @@ void Core::Tick() {
             "; survivor(s) %s of generation %d did not join again",
             absl::StrJoin(missing, ", "), job.generation);
       }
-      for (const MemberState& m : job.waiting) job.bindings.erase(m.worker_id);
-      for (const std::string& w : missing) job.bindings.erase(w);
+      // The bindings stay: a process of this run that comes back does not
+      // start the job again (Note [Starting again]).
       job.waiting.Clear();
       job.expected.Clear();
       AddEvent(job, "job", "", absl::StrCat("job failed: ", job.failure));
@@ -382,14 +382,28 @@ void Core::FormGeneration(Job& job, size_t n) {
   job.ended_ranks.clear();
   job.kv.clear();
   job.boundary_step.reset();
+  // Note [Resume source].
+  job.resume_from.reset();
+  const bool held =
+      std::any_of(job.members.begin(), job.members.end(),
+                  [](const MemberState& m) { return m.committed_step > 0; });
+  std::string source;
+  if (!held && !job.checkpoints.empty()) {
+    job.resume_from = job.checkpoints.back();
+    source = absl::StrFormat(
+        "; no member holds a committed step: its state comes from step %d of "
+        "the checkpoint %s (%s) unless a node's memory holds a newer one",
+        job.resume_from->step(), job.resume_from->path(),
+        job.resume_from->node());
+  }
   job.state = v1::JOB_STATE_RUNNING;
   job.history.GenerationFormed(now, job.generation,
                                static_cast<int32_t>(job.members.size()));
   AddEvent(job, "generation", "",
            absl::StrFormat("generation %d formed with %d members, "
-                           "authoritative rank %d",
+                           "authoritative rank %d%s",
                            job.generation, job.members.size(),
-                           job.authoritative_rank));
+                           job.authoritative_rank, source));
   Event& formed = job.events.back();
   formed.generation = job.generation;
   formed.members.resize(job.members.size());

@@ -261,6 +261,12 @@ std::optional<v1::JobRecord> Core::ExportJob(const std::string& job_id) const {
     *record.add_checkpoints() = c;
   }
   *record.mutable_checkpoint_totals() = job->checkpoint_totals;
+  for (const auto& [w, s] : job->retired) {
+    (*record.mutable_retired_bindings())[w] = s;
+  }
+  if (job->resume_from.has_value()) {
+    *record.mutable_resume_from() = *job->resume_from;
+  }
   for (const auto& [k, v] : job->kv) (*record.mutable_kv())[k] = v;
   for (const Event& e : job->events) *record.add_events() = ToProto(e);
   record.set_next_event_seq(job->next_event_seq);
@@ -336,6 +342,16 @@ absl::Status Core::CheckRestoredWorkers(const Job& job) {
       return bad(absl::StrCat("failing checkpoint: ", s.message()));
     }
   }
+  for (const auto& [w, secret] : job.retired) {
+    if (absl::Status s = ValidateId("retired binding", w); !s.ok()) {
+      return bad(std::string(s.message()));
+    }
+  }
+  if (job.resume_from.has_value()) {
+    if (absl::Status s = ValidateCheckpoint(id, *job.resume_from); !s.ok()) {
+      return bad(absl::StrCat("resume_from: ", s.message()));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -392,6 +408,9 @@ absl::Status Core::RestoreJob(const v1::JobRecord& record) {
               return a.step() < b.step();
             });
   job.checkpoint_totals = record.checkpoint_totals();
+  job.retired.insert(record.retired_bindings().begin(),
+                     record.retired_bindings().end());
+  if (record.has_resume_from()) job.resume_from = record.resume_from();
   CONCORD_RETURN_IF_ERROR(CheckRestoredWorkers(job));
   job.rendezvous_started = now;
   job.last_arrival = now;

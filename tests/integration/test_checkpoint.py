@@ -35,6 +35,10 @@ Cases (--list):
              against a separate coordinator: `concordctl checkpoints` lists
              the newest ones with their stall; the totals and /metrics count
              every checkpoint written.
+  started-again
+             against a separate coordinator, the job killed whole and
+             stopped: the same command starts it again from the checkpoint
+             the coordinator names, bit-identical to the uninterrupted run.
 
 Every subprocess has a timeout; a hang is a failure. Prints one line per
 check and 'N passed, N failed'; exits 1 on any failure.
@@ -209,6 +213,59 @@ def case_kill_all(ctx, name, nproc_after=3):
         checks.check(re.search(r"concord-train: done: \d+ steps", p2.stdout()) is not None,
                      name + ": training completed at world size %d" % nproc_after, p2.describe())
         check_samples_after(checks, name, rd2, step)
+
+
+def case_started_again(ctx, name):
+    """Against a separate coordinator: every worker and the launcher
+    SIGKILLed, the job stopped by an operator; the same command again starts
+    the job again (Note [Starting again]) from the checkpoint the
+    coordinator names (Note [Resume source]: the newest it recorded; the log
+    says so), bit-identical to the uninterrupted run, and the history
+    checker follows the job across both runs."""
+    checks = ctx.checks
+    ref = reference(ctx)
+    rd0 = te.RunDir(ctx.tmp, name + "-coordinator")
+    coord = te.start_coordinator(ctx, name, rd0)
+    if coord is None:
+        return
+    try:
+        job, ck = name, os.path.join(ctx.tmp, "ck-" + name)
+        rd, p = launch(ctx, name + "-1", job, ck, env=SLOW, coordinator=coord)
+        if not wait_for_checkpoint(checks, name, p, ck, job, 60):
+            return
+        p.kill_group()
+        p.wait(10)
+        listed, out = checkpoints_json(ctx, coord, job)
+        newest = (listed.get("checkpoints") or [{}])[0]
+        stop = ts.ctl(ctx.bins, coord, "stop", job, "--reason", "lost whole")
+        checks.check(stop.returncode == 0 and newest.get("step", 0) >= 60,
+                     name + ": the job stopped, its newest checkpoint recorded (step %s)" %
+                     newest.get("step"), out + stop.stdout + stop.stderr)
+        rd2, p2 = launch(ctx, name + "-2", job, ck, coordinator=coord)
+        rc = p2.wait(RUN_TIMEOUT)
+        m = re.search(r"resuming from step (\d+) of the checkpoint in disk \(([^)]*)\), as the "
+                      r"coordinator named", p2.stderr())
+        checks.check(rc == 0 and m is not None and int(m.group(1)) == newest.get("step") and
+                     m.group(2) == newest.get("path"),
+                     name + ": the same command starts the job again from the checkpoint the "
+                     "coordinator named (%s)" % (m.group(1) if m else None), p2.describe())
+        listing = ts.ctl(ctx.bins, coord, "-o", "json", "events", job)
+        try:
+            events = [e["message"] for e in json.loads(listing.stdout)["events"]]
+        except (ValueError, KeyError):
+            events = []
+        checks.check(any("job started again" in e and "lost whole" in e for e in events),
+                     name + ": an event says the job started again and why it had ended",
+                     "\n".join(events))
+        problems, summary = te.history.check(
+            [f for r in (rd, rd2) for f in te.history.run_files(r.history)[0]],
+            rd0.coordinator_history, N_SAMPLES, EPOCHS)
+        checks.check(not problems and "3 resume(s)" in summary,
+                     name + ": history invariants across both runs (%s)" % summary,
+                     "; ".join(problems[:20]))
+        compare_final(checks, name, rd2, ck, job, ref)
+    finally:
+        coord.stop()
 
 
 def check_samples_after(checks, name, rd, resumed):
@@ -532,6 +589,7 @@ CASES = {
     "full-disk": lambda ctx: case_full_disk(ctx, "full-disk"),
     "read-only": lambda ctx: case_read_only(ctx, "read-only"),
     "coordinator": lambda ctx: case_coordinator(ctx, "coordinator"),
+    "started-again": lambda ctx: case_started_again(ctx, "started-again"),
 }
 
 

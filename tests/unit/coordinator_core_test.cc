@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
 #include "coordinator/core/core.h"
@@ -479,9 +480,22 @@ TEST_F(CoordinatorCoreTest, RendezvousTimeoutFailsTheJob) {
   EXPECT_THAT(a.status().message(),
               HasSubstr("rendezvous timed out after 300s with 2 worker(s) "
                         "waiting; min_workers is 3"));
-  EXPECT_EQ(core_.Join(JoinReq(spec, "c")).code(),
-            absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(core_.Events(kJob).back().kind, "job");
+  // A process of the run that failed does not start it again; a new one
+  // does (Note [Starting again]).
+  EXPECT_EQ(core_.Join(JoinReq(spec, "a")).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(core_.State(kJob), v1::JOB_STATE_FAILED);
+  ASSERT_TRUE(core_.Join(JoinReq(spec, "c")).ok());
+  EXPECT_EQ(core_.State(kJob), v1::JOB_STATE_RENDEZVOUS);
+  bool again = false;
+  for (const auto& e : core_.Events(kJob)) {
+    again = again ||
+            (e.kind == "job" && absl::StrContains(e.message,
+                                                  "job started again (job "
+                                                  "job failed: rendezvous"));
+  }
+  EXPECT_TRUE(again);
 }
 
 TEST_F(CoordinatorCoreTest, EveryMutationBumpsTheVersion) {

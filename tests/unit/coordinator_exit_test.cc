@@ -401,5 +401,87 @@ TEST_F(CoordinatorExitTest, FailedCheckpointWritesAreCountedAndShownOnce) {
   EXPECT_TRUE(said);
 }
 
+// Note [Starting again] and Note [Resume source]: a stopped job that new
+// worker processes join runs again, from the newest checkpoint it had; its
+// old processes are refused; it all survives a coordinator restart.
+TEST_F(CoordinatorExitTest, AStoppedJobStartsAgainFromItsNewestCheckpoint) {
+  const int64_t gen = FormLong(2);
+  ASSERT_TRUE(core_.CheckpointReported(kJob, Checkpoint(10)).ok());
+  ASSERT_TRUE(core_.CheckpointReported(kJob, Checkpoint(20)).ok());
+  {
+    auto a = core_.GetAssignment(kJob, Worker(0));
+    ASSERT_TRUE(a.ok() && a->has_value());
+    EXPECT_FALSE((*a)->resume_from.has_value());  // formed before any
+  }
+  v1::StopJobRequest stop;
+  stop.set_job_id(kJob);
+  ASSERT_TRUE(core_.StopJob(stop).ok());
+  ASSERT_EQ(core_.State(kJob), v1::JOB_STATE_STOPPED);
+  // Processes of the run that was stopped, re-joining or joining afresh with
+  // their binding, do not start it again.
+  for (const v1::JoinRequest& old :
+       {RejoinReq(spec_, Worker(0), gen, 25), JoinReq(spec_, Worker(1))}) {
+    const absl::Status s = core_.Join(old);
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_EQ(core_.State(kJob), v1::JOB_STATE_STOPPED);
+  }
+  // The same command run again: new processes, new ids.
+  ASSERT_TRUE(core_.Join(JoinReq(spec_, "n0")).ok());
+  EXPECT_EQ(core_.State(kJob), v1::JOB_STATE_RENDEZVOUS);
+  ASSERT_TRUE(core_.Join(JoinReq(spec_, "n1")).ok());
+  ASSERT_EQ(core_.State(kJob), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(core_.CurrentGeneration(kJob), gen + 1);
+  for (const std::string w : {"n0", "n1"}) {
+    auto a = core_.GetAssignment(kJob, w);
+    ASSERT_TRUE(a.ok() && a->has_value()) << w;
+    ASSERT_TRUE((*a)->resume_from.has_value()) << w;
+    EXPECT_EQ((*a)->resume_from->step(), 20);
+    EXPECT_EQ((*a)->resume_from->path(), "/ckpt/job/step-20");
+  }
+  v1::JobStatus status = Status();
+  EXPECT_EQ(status.checkpoints_size(), 2);
+  bool again = false, named = false;
+  for (const auto& e : status.recent_events()) {
+    again = again || (e.kind() == "job" &&
+                      absl::StrContains(e.message(), "job started again") &&
+                      absl::StrContains(e.message(), "stopped by an operator"));
+    named =
+        named || (e.kind() == "generation" &&
+                  absl::StrContains(e.message(), "step 20 of the checkpoint"));
+  }
+  EXPECT_TRUE(again);
+  EXPECT_TRUE(named);
+  // The stopped run's process, still bound to its old secret, is refused.
+  const absl::Status old = core_.Join(RejoinReq(spec_, Worker(0), gen, 25));
+  EXPECT_EQ(old.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(old.message()), HasSubstr("started again"));
+  // A coordinator restarted from the record names the same source and still
+  // refuses the old process.
+  auto record = core_.ExportJob(kJob);
+  ASSERT_TRUE(record.has_value());
+  Core restored(&clock_);
+  ASSERT_TRUE(restored.RestoreJob(*record).ok());
+  auto a = restored.GetAssignment(kJob, "n0");
+  ASSERT_TRUE(a.ok() && a->has_value());
+  ASSERT_TRUE((*a)->resume_from.has_value());
+  EXPECT_EQ((*a)->resume_from->step(), 20);
+  EXPECT_EQ(restored.Join(JoinReq(spec_, Worker(1))).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+// A generation with a member that holds a committed step goes on from it:
+// the coordinator names no checkpoint.
+TEST_F(CoordinatorExitTest, ASurvivorsStateIsNotReplacedByACheckpoint) {
+  const int64_t gen = FormLong(2);
+  ASSERT_TRUE(core_.CheckpointReported(kJob, Checkpoint(10)).ok());
+  ASSERT_TRUE(Exited(Worker(1)).ok());
+  // The survivor is back with step 14: the next generation forms with it.
+  ASSERT_TRUE(core_.Join(RejoinReq(spec_, Worker(0), gen, 14)).ok());
+  ASSERT_EQ(core_.State(kJob), v1::JOB_STATE_RUNNING);
+  auto a = core_.GetAssignment(kJob, Worker(0));
+  ASSERT_TRUE(a.ok() && a->has_value());
+  EXPECT_FALSE((*a)->resume_from.has_value());
+}
+
 }  // namespace
 }  // namespace concord::coordinator

@@ -62,7 +62,8 @@ void Checkpointer::Save(const Content& content, bool wait) {
   last_saved_ = content.counters;
 }
 
-std::optional<Candidate> Checkpointer::FindCandidate(bool disk) {
+std::optional<Candidate> Checkpointer::FindCandidate(
+    bool disk, const std::optional<Named>& named) {
   std::optional<Candidate> best;
   absl::StatusOr<Content> memory = ReadSnapshot(*region_);
   if (memory.ok()) {
@@ -80,6 +81,23 @@ std::optional<Candidate> Checkpointer::FindCandidate(bool disk) {
                 std::string(memory.status().message()));
   }
   // Memory wins a tie: no file to read.
+  if (disk && named.has_value() && (!best || best->step < named->step)) {
+    absl::StatusOr<Content> content = LoadCheckpoint(named->path);
+    if (content.ok() && content->counters.step == named->step) {
+      best = Candidate{
+          named->step,
+          absl::StrCat("disk (", named->path, "), as the coordinator named"),
+          *std::move(content)};
+      return best;
+    }
+    Log()->warn(
+        "the checkpoint the coordinator named, step {} at {}, does not load "
+        "here ({}); looking in {}",
+        named->step, named->path,
+        content.ok() ? absl::StrCat("it holds step ", content->counters.step)
+                     : std::string(content.status().message()),
+        config_.dir);
+  }
   if (disk) {
     const std::vector<CheckpointInfo> listed =
         ListCheckpoints(config_.dir, job_);

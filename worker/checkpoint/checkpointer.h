@@ -87,8 +87,15 @@ class Checkpointer {
   const Counters& last_saved() const { return last_saved_; }
 
   // The newest state this worker can offer (Note [Checkpoints]): its node's
-  // memory snapshot, and with `disk` the newest checkpoint that loads.
-  std::optional<Candidate> FindCandidate(bool disk);
+  // memory snapshot, and with `disk` the checkpoint the coordinator `named`
+  // (Note [Resume source] in coordinator/core/core.h) when it loads, else
+  // the newest one in the directory that does.
+  struct Named {
+    int64_t step = 0;
+    std::string path;
+  };
+  std::optional<Candidate> FindCandidate(
+      bool disk, const std::optional<Named>& named = std::nullopt);
 
   int64_t saved() const { return saved_; }
   bool persists() const { return persists_; }

@@ -248,10 +248,21 @@ absl::Status State::SyncCheckpoints(int* root) {
   CONCORD_ASSIGN_OR_RETURN(torch::Tensor held,
                            gather({tainted_ ? int64_t{0} : step}));
   if (held.max().item<int64_t>() > 0) return absl::OkStatus();
-  // Nobody does: the newest checkpoint any rank can offer (rank 0 looks on
-  // disk), memory first at the same step, then the lowest rank.
+  // Nobody does: the newest checkpoint any rank can offer, memory first at
+  // the same step, then the lowest rank. The disk's is offered by the lowest
+  // rank on the node that wrote the one the coordinator named (Note [Resume
+  // source]), else by rank 0 from its directory.
+  std::optional<checkpoint::Checkpointer::Named> named;
+  int disk_rank = 0;
+  if (const auto& from = session_->resume_from(); from.has_value()) {
+    named = checkpoint::Checkpointer::Named{from->step(), from->path()};
+    const auto on_node = std::find(nodes.begin(), nodes.end(), from->node());
+    if (on_node != nodes.end()) {
+      disk_rank = static_cast<int>(on_node - nodes.begin());
+    }
+  }
   std::optional<checkpoint::Candidate> mine =
-      checkpointer_->FindCandidate(/*disk=*/me == 0);
+      checkpointer_->FindCandidate(/*disk=*/me == disk_rank, named);
   const bool in_memory = mine && absl::StartsWith(mine->source, "memory");
   CONCORD_ASSIGN_OR_RETURN(
       torch::Tensor offers,
