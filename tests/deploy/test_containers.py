@@ -149,9 +149,13 @@ def needed(binary):
     out = subprocess.run(["readelf", "-dW", binary], stdout=subprocess.PIPE, timeout=60,
                          universal_newlines=True, check=True).stdout
     sonames = re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", out)
-    resolved = dict(re.findall(r"^\s*(\S+) => (/\S+)", subprocess.run(
-        ["ldd", binary], stdout=subprocess.PIPE, timeout=60, universal_newlines=True).stdout,
-                                re.M))
+    listed = subprocess.run(["ldd", binary], stdout=subprocess.PIPE, timeout=60,
+                            universal_newlines=True).stdout
+    resolved = dict(re.findall(r"^\s*(\S+) => (/\S+)", listed, re.M))
+    # The dynamic loader is listed by its path alone (a binary names it when
+    # it uses a symbol of it directly, e.g. __tls_get_addr).
+    for path in re.findall(r"^\s*(/\S+) \(0x", listed, re.M):
+        resolved.setdefault(os.path.basename(path), path)
     owners = dpkg_owners([resolved[so] for so in sonames if so in resolved])
     return {so: owners.get(resolved.get(so)) for so in sonames}
 
