@@ -72,6 +72,12 @@ def start_coordinator(bin_dir, directory):
     return proc, None, worker_token
 
 
+class Abandon(Exception):
+    """The run cannot be checked further; the problems say why. Only this is
+    caught: an error while reading the outputs (a corrupt file) fails the
+    test with its traceback."""
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--bin-dir", required=True)
@@ -84,7 +90,7 @@ def main():
     try:
         if address is None:
             problems.append("the coordinator did not start")
-            raise RuntimeError()
+            raise Abandon()
         model, data = fixtures.make_fixture(os.path.join(tmp, "fixture"), "mlp-plain", 600, 3)
         for node, kill in (("node-a", "0:6:forward"), ("node-b", "")):
             out = os.path.join(tmp, node)
@@ -118,7 +124,7 @@ def main():
             except subprocess.TimeoutExpired:
                 problems.append("%s's concord-run did not finish within %d s" % (node, TIMEOUT))
         if problems:
-            raise RuntimeError()
+            raise Abandon()
         stderr = {}
         for node, (proc, err, _) in launchers.items():
             err.seek(0)
@@ -177,8 +183,8 @@ def main():
                     m.get("world_size"), m.get("reforms")))
         if problems:
             problems.append("stderr tail:\n" + "\n".join(text.splitlines()[-30:]))
-    except RuntimeError:
-        pass
+    except Abandon:
+        pass  # the problems say why
     finally:
         for proc, err, _ in launchers.values():
             if proc.poll() is None:
