@@ -14,7 +14,9 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
@@ -43,10 +45,17 @@ int FreePort() {
 // One etcd for the suite; each test uses its own key prefix.
 class EtcdTest : public ::testing::Test {
  protected:
+  // A failure here would show as every test SKIPPED (gtest 1.12, and the
+  // ctest skip pattern): it is kept and fails each test in SetUp instead.
   static void SetUpTestSuite() {
     spdlog::set_level(spdlog::level::warn);
+    setup_error_ = new std::string();
     char tmpl[] = "/tmp/concord-etcd-test-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    if (mkdtemp(tmpl) == nullptr) {
+      *setup_error_ = absl::StrCat("mkdtemp: ", std::strerror(errno));
+      dir_ = new std::string();
+      return;
+    }
     dir_ = new std::string(tmpl);
     const int client = FreePort(), peer = FreePort();
     endpoint_ = new std::string(absl::StrCat("http://127.0.0.1:", client));
@@ -88,16 +97,22 @@ class EtcdTest : public ::testing::Test {
       int status = 0;
       if (waitpid(pid_, &status, WNOHANG) == pid_) {
         pid_ = 0;
-        FAIL() << "etcd exited at startup (is Debian's etcd-server "
-                  "installed? scripts/install-deps.sh installs it); log in "
-               << *dir_;
+        *setup_error_ = absl::StrCat(
+            "etcd exited at startup (is Debian's etcd-server installed? "
+            "scripts/install-deps.sh installs it); log in ",
+            *dir_);
+        return;
       }
       etcdserverpb::RangeRequest request;
       request.set_key("probe");
       if (NewClient()->Range(request).ok()) return;
       absl::SleepFor(absl::Milliseconds(100));
     }
-    FAIL() << "etcd did not answer within 20 s";
+    *setup_error_ = "etcd did not answer within 20 s";
+  }
+
+  void SetUp() override {
+    if (!setup_error_->empty()) FAIL() << *setup_error_;
   }
 
   static void TearDownTestSuite() {
@@ -106,7 +121,9 @@ class EtcdTest : public ::testing::Test {
       kill(pid_, SIGKILL);
       waitpid(pid_, nullptr, 0);
     }
-    (void)!std::system(("rm -rf '" + *dir_ + "'").c_str());
+    if (!dir_->empty()) {
+      (void)!std::system(("rm -rf '" + *dir_ + "'").c_str());
+    }
   }
 
   static std::unique_ptr<EtcdClient> NewClient(
@@ -173,11 +190,13 @@ class EtcdTest : public ::testing::Test {
   }
 
   static std::string* dir_;
+  static std::string* setup_error_;
   static std::string* endpoint_;
   static pid_t pid_;
 };
 
 std::string* EtcdTest::dir_ = nullptr;
+std::string* EtcdTest::setup_error_ = nullptr;
 std::string* EtcdTest::endpoint_ = nullptr;
 pid_t EtcdTest::pid_ = 0;
 
