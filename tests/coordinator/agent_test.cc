@@ -3,18 +3,25 @@
 // on loopback (the workers' side reaches it over a unix socket).
 
 #include <gmock/gmock.h>
+#include <google/protobuf/message.h>
+#include <grpcpp/generic/generic_stub.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <map>
+#include <mutex>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "agent/heartbeat_batcher.h"
 #include "agent/node_agent.h"
@@ -704,6 +711,123 @@ TEST_F(NodeAgentTest, TheAgentHearsWhetherTheJobCompleted) {
   EXPECT_EQ(agent_->job_news("job").state, v1::JOB_STATE_SUCCEEDED);
   // Another job's news are its own.
   EXPECT_EQ(agent_->job_news("other").state, v1::JOB_STATE_UNSPECIFIED);
+}
+
+// The agent declares WorkerService again and forwards each method by hand:
+// one it forgot would answer UNIMPLEMENTED only under the launcher. Every
+// method of the service's descriptor, called through the agent and on the
+// coordinator with a request for a job that does not exist, must be served
+// by both (not UNIMPLEMENTED) with the same answer; a method the service
+// does not have is UNIMPLEMENTED through the agent, so the check can fail.
+grpc::Status CallByName(grpc::GenericStub& stub,
+                        const google::protobuf::MethodDescriptor& method,
+                        const google::protobuf::Message& request) {
+  const std::string path =
+      absl::StrCat("/", method.service()->full_name(), "/", method.name());
+  std::unique_ptr<grpc::ClientContext> ctx = Ctx(kWorkerToken);
+  ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  grpc::Slice slice(request.SerializeAsString());
+  grpc::ByteBuffer in(&slice, 1), out;
+  if (method.server_streaming()) {
+    // A server stream: its first message or its end is the answer.
+    grpc::CompletionQueue cq;
+    auto call = stub.PrepareCall(ctx.get(), path, &cq);
+    void* tag = nullptr;
+    bool ok = false;
+    call->StartCall(reinterpret_cast<void*>(1));
+    cq.Next(&tag, &ok);
+    call->Write(in, reinterpret_cast<void*>(2));
+    cq.Next(&tag, &ok);
+    call->WritesDone(reinterpret_cast<void*>(3));
+    cq.Next(&tag, &ok);
+    call->Read(&out, reinterpret_cast<void*>(4));
+    cq.Next(&tag, &ok);
+    if (ok) ctx->TryCancel();  // it answered with a message: served
+    grpc::Status status;
+    call->Finish(&status, reinterpret_cast<void*>(5));
+    cq.Next(&tag, &ok);
+    cq.Shutdown();
+    while (cq.Next(&tag, &ok)) {
+    }
+    return ok && status.error_code() == grpc::StatusCode::CANCELLED
+               ? grpc::Status::OK
+               : status;
+  }
+  std::mutex mu;
+  std::condition_variable cv;
+  std::optional<grpc::Status> done;
+  stub.UnaryCall(ctx.get(), path, grpc::StubOptions(), &in, &out,
+                 [&](grpc::Status s) {
+                   std::lock_guard<std::mutex> lock(mu);
+                   done = s;
+                   cv.notify_all();
+                 });
+  std::unique_lock<std::mutex> lock(mu);
+  cv.wait(lock, [&] { return done.has_value(); });
+  return *done;
+}
+
+TEST_F(NodeAgentTest, TheAgentServesEveryWorkerServiceMethod) {
+  const google::protobuf::ServiceDescriptor* service =
+      google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(
+          "concord.v1.WorkerService");
+  ASSERT_NE(service, nullptr);
+  grpc::GenericStub through_agent(Channel(agent_->address()));
+  grpc::GenericStub direct(Channel(server_->address()));
+  ASSERT_GT(service->method_count(), 0);
+  for (int i = 0; i < service->method_count(); ++i) {
+    const google::protobuf::MethodDescriptor& m = *service->method(i);
+    std::unique_ptr<google::protobuf::Message> request(
+        google::protobuf::MessageFactory::generated_factory()
+            ->GetPrototype(m.input_type())
+            ->New());
+    const google::protobuf::Reflection* r = request->GetReflection();
+    for (const auto& [field, value] :
+         {std::pair<const char*, std::string>{"job_id", "not-a-job"},
+          {"worker_id", "w0"},
+          {"worker_secret", Secret("w0")}}) {
+      if (const auto* f = m.input_type()->FindFieldByName(field)) {
+        r->SetString(request.get(), f, value);
+      }
+    }
+    if (const auto* f = m.input_type()->FindFieldByName("spec")) {
+      // A Join: a job spec that is refused (max below min), creating nothing.
+      auto* spec =
+          static_cast<v1::JobSpec*>(r->MutableMessage(request.get(), f));
+      spec->set_job_id("not-a-job");
+      spec->set_min_workers(2);
+      spec->set_max_workers(1);
+    }
+    const grpc::Status agent = CallByName(through_agent, m, *request);
+    const grpc::Status coordinator = CallByName(direct, m, *request);
+    EXPECT_NE(coordinator.error_code(), grpc::StatusCode::UNIMPLEMENTED)
+        << m.full_name() << ": " << coordinator.error_message();
+    EXPECT_NE(agent.error_code(), grpc::StatusCode::UNIMPLEMENTED)
+        << m.full_name()
+        << " is not forwarded by the agent: " << agent.error_message();
+    // Forwarded: the coordinator's own answer (here its refusal: a bad
+    // field or the unknown job), code and words.
+    EXPECT_EQ(agent.error_code(), coordinator.error_code()) << m.full_name();
+    EXPECT_EQ(agent.error_message(), coordinator.error_message())
+        << m.full_name();
+  }
+  // The control: a method WorkerService does not have.
+  grpc::Slice slice(std::string{});
+  grpc::ByteBuffer in(&slice, 1), out;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::optional<grpc::Status> done;
+  std::unique_ptr<grpc::ClientContext> ctx = Ctx(kWorkerToken);
+  through_agent.UnaryCall(ctx.get(), "/concord.v1.WorkerService/NoSuchMethod",
+                          grpc::StubOptions(), &in, &out, [&](grpc::Status s) {
+                            std::lock_guard<std::mutex> lock(mu);
+                            done = s;
+                            cv.notify_all();
+                          });
+  std::unique_lock<std::mutex> lock(mu);
+  cv.wait(lock, [&] { return done.has_value(); });
+  EXPECT_EQ(done->error_code(), grpc::StatusCode::UNIMPLEMENTED);
+  EXPECT_TRUE(Events("not-a-job").empty());  // no job was made
 }
 
 TEST(NodeAgentStartTest, BadOptions) {
