@@ -38,6 +38,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/auth.h"
+#include "common/host.h"
 #include "common/logging.h"
 #include "coordinator/http/health_http.h"
 #include "coordinator/server.h"
@@ -137,10 +138,9 @@ int RunReplica(concord::coordinator::EtcdStore& store,
     spdlog::info("health on port {}", health->port());
     options.health_address.clear();
   }
-  char host[256] = "unknown";
-  gethostname(host, sizeof(host) - 1);
-  const std::string identity = absl::StrCat(
-      host, " pid ", getpid(), " serving ", options.listen_address);
+  const std::string identity =
+      absl::StrCat(concord::HostName(), " pid ", getpid(), " serving ",
+                   options.listen_address);
   while (true) {
     // The campaign polls etcd and checks `stop` every poll: a live standby.
     absl::Status campaign = store.Campaign(

@@ -78,6 +78,7 @@
 #include "absl/time/clock.h"
 #include "agent/node_agent.h"
 #include "common/auth.h"
+#include "common/host.h"
 #include "common/logging.h"
 #include "common/tls.h"
 #include "coordinator/server.h"
@@ -513,12 +514,8 @@ int main(int argc, char** argv) {
   concord::agent::NodeAgent* reporter = agent.get();
   concord::coordinator::Server* embedded_reporter = server.get();
   if (reporter != nullptr || embedded_reporter != nullptr) {
-    std::string node = options.node_id;
-    if (node.empty()) {
-      char host[256] = {0};
-      gethostname(host, sizeof(host) - 1);
-      node = host;
-    }
+    const std::string node =
+        options.node_id.empty() ? concord::HostName() : options.node_id;
     report = [reporter, embedded_reporter,
               node](const concord::checkpoint::PersistReport& w) {
       concord::v1::CheckpointReport r;

@@ -23,6 +23,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "agent/node_agent.h"
+#include "common/host.h"
 #include "tools/launcher.h"
 
 namespace concord::launcher {
@@ -34,17 +35,11 @@ constexpr size_t kReportLines = 20;
 // (they carry the job's state).
 constexpr absl::Duration kExitAnswers = absl::Seconds(2);
 
-std::string Hostname() {
-  char host[256] = {0};
-  gethostname(host, sizeof(host) - 1);
-  return host;
-}
-
 // Unique in the job across machines and launchers: the host, this
 // launcher's pid, the local index; a restarted worker is a new member (a
 // new process, a new secret), with an id of its own.
 std::string WorkerId(const Options& o, int index, int restarts) {
-  return absl::StrCat(o.job_id, "-", Hostname(), "-", getpid(), "-w", index,
+  return absl::StrCat(o.job_id, "-", HostName(), "-", getpid(), "-w", index,
                       restarts > 0 ? absl::StrCat("-r", restarts) : "");
 }
 

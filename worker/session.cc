@@ -15,6 +15,7 @@
 #include "absl/time/clock.h"
 #include "common/auth.h"
 #include "common/env.h"
+#include "common/host.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "concord/config.h"
@@ -49,15 +50,7 @@ absl::Status EnvParsed(const char* name, Parse parse, T* out) {
 }
 
 std::string DefaultWorkerId() {
-  char host[256] = {0};
-  gethostname(host, sizeof(host) - 1);
-  return absl::StrCat(host, "-", getpid());
-}
-
-std::string DefaultNodeId() {
-  char host[256] = {0};
-  gethostname(host, sizeof(host) - 1);
-  return host;
+  return absl::StrCat(HostName(), "-", getpid());
 }
 
 }  // namespace
@@ -105,7 +98,7 @@ absl::StatusOr<WorkerOptions> WorkerOptions::FromEnvironment() {
   }
   o.trace_file = Env("CONCORD_TRACE_FILE");
   o.history_file = Env("CONCORD_HISTORY_FILE");
-  o.node_id = Env("CONCORD_NODE_ID", DefaultNodeId());
+  o.node_id = Env("CONCORD_NODE_ID", HostName());
   CONCORD_RETURN_IF_ERROR(
       EnvParsed("CONCORD_DEVICE", ParseDeviceRequest, &o.device));
   CONCORD_RETURN_IF_ERROR(
