@@ -217,11 +217,14 @@ def case_kill_all(ctx, name, nproc_after=3):
 
 def case_started_again(ctx, name):
     """Against a separate coordinator: every worker and the launcher
-    SIGKILLed, the job stopped by an operator; the same command again starts
+    SIGKILLed, the job stopped by an operator; the command run again starts
     the job again (Note [Starting again]) from the checkpoint the
     coordinator names (Note [Resume source]: the newest it recorded; the log
     says so), bit-identical to the uninterrupted run, and the history
-    checker follows the job across both runs."""
+    checker follows the job across both runs. The second run has a
+    --checkpoint-dir of its own, empty, as a node-local disk on another
+    node would be: only the coordinator's record leads it to the first
+    run's checkpoint (without it, the job would start from step 0)."""
     checks = ctx.checks
     ref = reference(ctx)
     rd0 = te.RunDir(ctx.tmp, name + "-coordinator")
@@ -241,7 +244,8 @@ def case_started_again(ctx, name):
         checks.check(stop.returncode == 0 and newest.get("step", 0) >= 60,
                      name + ": the job stopped, its newest checkpoint recorded (step %s)" %
                      newest.get("step"), out + stop.stdout + stop.stderr)
-        rd2, p2 = launch(ctx, name + "-2", job, ck, coordinator=coord)
+        ck2 = ck + "-2"
+        rd2, p2 = launch(ctx, name + "-2", job, ck2, coordinator=coord)
         rc = p2.wait(RUN_TIMEOUT)
         m = re.search(r"resuming from step (\d+) of the checkpoint in disk \(([^)]*)\), as the "
                       r"coordinator named", p2.stderr())
@@ -263,7 +267,7 @@ def case_started_again(ctx, name):
         checks.check(not problems and "3 resume(s)" in summary,
                      name + ": history invariants across both runs (%s)" % summary,
                      "; ".join(problems[:20]))
-        compare_final(checks, name, rd2, ck, job, ref)
+        compare_final(checks, name, rd2, ck2, job, ref)
     finally:
         coord.stop()
 

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint_fixture.h"
+#include "worker/checkpoint/checkpointer.h"
 #include "worker/checkpoint/file_writer.h"
 
 namespace concord::checkpoint {
@@ -19,6 +20,7 @@ namespace optim = torch::optim;
 using json = nlohmann::json;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using OptimizerPtr = std::unique_ptr<optim::Optimizer>;
 
 // ---- crashes
@@ -431,6 +433,55 @@ TEST(CheckpointMemoryTest, ASnapshotThatCannotFitKeepsTheLastOne) {
   absl::StatusOr<Content> read = ReadSnapshot(**region);
   ASSERT_TRUE(read.ok()) << read.status();
   ExpectSameContent(*read, small);
+}
+
+// ---- the resume source (Note [Resume source] in coordinator/core/core.h)
+// ------------------------------------------------------------
+
+// The checkpoint the coordinator names is offered; a newer complete one in
+// the directory (its report lost with its writer) is offered instead; one
+// that does not load falls back to the directory's newest.
+TEST(CheckpointCandidateTest, TheNamedCheckpointOrANewerOne) {
+  TempDir dir, other;
+  WriteOptions options;
+  options.keep = 10;
+  ASSERT_TRUE(
+      WriteCheckpoint(SampleContent(10), dir.path(), kJob, options).ok());
+  ASSERT_TRUE(
+      WriteCheckpoint(SampleContent(30), other.path(), kJob, options).ok());
+  Config config;
+  config.dir = dir.path();
+  config.every = 10;
+  absl::StatusOr<std::unique_ptr<Checkpointer>> c =
+      Checkpointer::Create(config, kJob);
+  ASSERT_TRUE(c.ok()) << c.status();
+  const std::string named_path =
+      (fs::path(other.path()) / kJob / "step-30").string();
+  // Named (another node's directory, here another path): taken.
+  std::optional<Candidate> got =
+      (*c)->FindCandidate(true, Checkpointer::Named{30, named_path});
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->step, 30);
+  EXPECT_THAT(got->source, HasSubstr("as the coordinator named"));
+  // Not the rank that offers the disk's: nothing (no memory snapshot).
+  EXPECT_FALSE((*c)->FindCandidate(false, Checkpointer::Named{30, named_path})
+                   .has_value());
+  // A newer one in the directory wins over the named one.
+  ASSERT_TRUE(
+      WriteCheckpoint(SampleContent(40), dir.path(), kJob, options).ok());
+  got = (*c)->FindCandidate(true, Checkpointer::Named{30, named_path});
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->step, 40);
+  EXPECT_THAT(got->source, Not(HasSubstr("named")));
+  // A named one that does not load (another step there, or gone): the
+  // directory's newest.
+  got = (*c)->FindCandidate(true, Checkpointer::Named{35, named_path});
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->step, 40);
+  fs::remove_all(fs::path(other.path()) / kJob);
+  got = (*c)->FindCandidate(true, Checkpointer::Named{30, named_path});
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->step, 40);
 }
 
 // ---- direct writes (Note [Direct writes])

@@ -88,16 +88,18 @@ std::optional<Candidate> Checkpointer::FindCandidate(
           named->step,
           absl::StrCat("disk (", named->path, "), as the coordinator named"),
           *std::move(content)};
-      return best;
+    } else {
+      Log()->warn(
+          "the checkpoint the coordinator named, step {} at {}, does not "
+          "load here ({}); looking in {}",
+          named->step, named->path,
+          content.ok() ? absl::StrCat("it holds step ", content->counters.step)
+                       : std::string(content.status().message()),
+          config_.dir);
     }
-    Log()->warn(
-        "the checkpoint the coordinator named, step {} at {}, does not load "
-        "here ({}); looking in {}",
-        named->step, named->path,
-        content.ok() ? absl::StrCat("it holds step ", content->counters.step)
-                     : std::string(content.status().message()),
-        config_.dir);
   }
+  // A newer complete one in the directory (written, but its report lost
+  // with its writer) is taken over the named one.
   if (disk) {
     const std::vector<CheckpointInfo> listed =
         ListCheckpoints(config_.dir, job_);

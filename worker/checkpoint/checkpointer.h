@@ -88,8 +88,9 @@ class Checkpointer {
 
   // The newest state this worker can offer (Note [Checkpoints]): its node's
   // memory snapshot, and with `disk` the checkpoint the coordinator `named`
-  // (Note [Resume source] in coordinator/core/core.h) when it loads, else
-  // the newest one in the directory that does.
+  // (Note [Resume source] in coordinator/core/core.h) when it loads, or a
+  // newer one in the directory that does (its report was lost with its
+  // writer).
   struct Named {
     int64_t step = 0;
     std::string path;
