@@ -278,11 +278,6 @@ void MembershipWatcher::Run() {
   }
 }
 
-std::optional<v1::MembershipUpdate> MembershipWatcher::Latest() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return latest_;
-}
-
 int64_t MembershipWatcher::updates() const {
   std::lock_guard<std::mutex> lock(mu_);
   return updates_;

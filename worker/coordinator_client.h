@@ -126,8 +126,6 @@ class MembershipWatcher {
   // Stops the thread (cancels the stream); returns within about a second.
   ~MembershipWatcher();
 
-  // The latest update, if any arrived yet.
-  std::optional<v1::MembershipUpdate> Latest() const;
   // Blocks until an update satisfies `pred`, or `timeout` passes (then
   // DEADLINE_EXCEEDED). Thread-safe.
   absl::StatusOr<v1::MembershipUpdate> WaitFor(

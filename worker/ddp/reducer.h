@@ -150,7 +150,6 @@ class Reducer {
   // ReducerOptions::blocking_wait, between iterations.
   void SetBlockingWait(bool blocking) { options_.blocking_wait = blocking; }
   bool blocking_wait() const { return options_.blocking_wait; }
-  double gradient_divisor() const { return divisor_; }
 
   // Timeline (Note [Trace files] in worker/trace/recorder.h): each bucket's
   // allreduce, from its launch to its completion, on the bucket's track,
