@@ -1,7 +1,7 @@
 """What every Python test script here shares (no torch: the deploy tests use it).
 
-Checks prints one PASS/FAIL line per check and the closing 'N passed, N
-failed'; free_port, accepts and wait_for are the loopback helpers;
+Checks prints one PASS/FAIL (or NOT RUN) line per check and the closing 'N
+passed, N failed[, N not run]'; free_port, accepts and wait_for are the loopback helpers;
 no_cuda_reason (imports torch when called) is for gpu-labelled scripts.
 """
 import socket
@@ -14,10 +14,17 @@ class Checks(object):
     def __init__(self):
         self.passed = 0
         self.failed = 0
+        self.not_run = 0
 
     def ok(self, name, detail=""):
         self.passed += 1
         print("PASS %s%s" % (name, (": " + detail) if detail else ""), flush=True)
+
+    def not_applicable(self, name, why):
+        """A check that does not apply here (counted apart, never as a pass).
+        Not a ctest skip marker: the script's other checks still count."""
+        self.not_run += 1
+        print("NOT RUN %s: %s" % (name, why), flush=True)
 
     def fail(self, name, detail=""):
         self.failed += 1
@@ -32,7 +39,9 @@ class Checks(object):
         return cond
 
     def finish(self):
-        print("%d passed, %d failed" % (self.passed, self.failed), flush=True)
+        print("%d passed, %d failed%s" % (
+            self.passed, self.failed,
+            ", %d not run" % self.not_run if self.not_run else ""), flush=True)
         return 1 if self.failed else 0
 
 
