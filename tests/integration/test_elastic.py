@@ -1060,8 +1060,11 @@ def case_restart_late(ctx, name):
     expect_exit(ctx.checks, name, p, 0, RUN_TIMEOUT)
     late = re.findall(r"concord-train: .*(?:nothing left to do|cannot join the job).*",
                       p.stdout() + p.stderr())
-    if late:
-        print("  %s: the restarted worker said: %s" % (name, late[-1][:200]), flush=True)
+    # The path this case is for: the restarted worker came after the end.
+    ctx.checks.check(bool(late) and "nothing left to do" in late[-1],
+                     name + ": the restarted worker came after the job succeeded and exits 0 "
+                     "saying so", late[-1][:200] if late else "it joined in time: the late "
+                     "path did not run")
     check_outputs_identical(ctx.checks, name, rd)
     final = last_step_of(rd)
     _, history = check_sample_logs(ctx.checks, name, rd, 150, 2, final)
