@@ -87,7 +87,7 @@
 # 6. NCCL comes from pip's nvidia-nccl package (found under the python's
 #    nvidia/ package), the library LibTorch loads; its lib/ has libnccl.so.2
 #    only, so both paths are passed to CMake.
-# 7. A test labelled gpu that skips ("skipped: no CUDA device") fails the
+# 7. A test labelled gpu that skips ("CONCORD_TEST_SKIPPED: no CUDA device") fails the
 #    suite: on a GPU machine a skip means the device could not be used.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -77,9 +77,9 @@ def wait_for(predicate, timeout, interval=0.05):
 def no_cuda_reason():
     """None where this python's torch sees a CUDA device, else the line a
     gpu-labelled test prints before exiting 0 (ctest's SKIP_REGULAR_EXPRESSION
-    matches 'skipped: no CUDA device')."""
+    matches 'CONCORD_TEST_SKIPPED: no CUDA device')."""
     import torch
     if torch.cuda.is_available():
         return None
-    return "skipped: no CUDA device (torch %s, built with CUDA %s)" % (
+    return "CONCORD_TEST_SKIPPED: no CUDA device (torch %s, built with CUDA %s)" % (
         torch.__version__, torch.version.cuda)

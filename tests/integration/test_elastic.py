@@ -1368,7 +1368,7 @@ def parse_args():
     p.add_argument("--train-flag", action="append", default=[],
                    help="a concord-train flag every case adds (repeatable)")
     p.add_argument("--require-cuda", action="store_true",
-                   help="print 'skipped: no CUDA device' and exit 0 without one (gpu suite)")
+                   help="print 'CONCORD_TEST_SKIPPED: no CUDA device' and exit 0 without one (gpu suite)")
     args = p.parse_args()
     if not args.list and not args.bin_dir:
         p.error("--bin-dir is required")

@@ -502,7 +502,7 @@ def main():
         import torch
         index = int(args.device.partition(":")[2] or 0)
         if torch.cuda.device_count() <= index:
-            print("SKIP: %s: this torch sees %d CUDA device(s)" %
+            print("CONCORD_TEST_SKIPPED: %s: this torch sees %d CUDA device(s)" %
                   (args.device, torch.cuda.device_count()))
             return 0
     # Debian's package, or the copy scripts/test.sh puts into the build
@@ -511,7 +511,7 @@ def main():
         args.build_dir, "datasets", "fashion-mnist")] if os.path.isdir(d)),
         None)
     if dataset is None:
-        print("SKIP: %s is missing (apt install dataset-fashion-mnist; "
+        print("CONCORD_TEST_SKIPPED: %s is missing (apt install dataset-fashion-mnist; "
               "scripts/install-deps.sh does)" % DATASET)
         return 0
     checks = fixtures.Checks()

@@ -140,7 +140,7 @@ def main():
     parser.add_argument("--train-flag", action="append", default=[],
                         help="a concord-train flag every case adds (repeatable)")
     parser.add_argument("--require-cuda", action="store_true",
-                        help="print 'skipped: no CUDA device' and exit 0 without one")
+                        help="print 'CONCORD_TEST_SKIPPED: no CUDA device' and exit 0 without one")
     args = parser.parse_args()
     if args.require_cuda and testlib.no_cuda_reason():
         print(testlib.no_cuda_reason())

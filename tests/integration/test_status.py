@@ -319,7 +319,7 @@ def main():
     p.add_argument("--keep", action="store_true", help="keep the temporary directory")
     args = p.parse_args()
     if args.part == "browser" and not os.access(CHROMIUM, os.X_OK):
-        print("SKIP: %s is not installed (scripts/install-deps.sh installs chromium)" % CHROMIUM)
+        print("CONCORD_TEST_SKIPPED: %s is not installed (scripts/install-deps.sh installs chromium)" % CHROMIUM)
         return SKIP
     checks = fixtures.Checks()
     bins = te.Bins(args.bin_dir)

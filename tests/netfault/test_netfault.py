@@ -8,7 +8,7 @@ schedule; what they did is then checked by tests/history.py.
         [--scenario NAME ...] [--keep]
     /usr/bin/python3 tests/netfault/test_netfault.py --list
 
-Needs root (namespaces); prints 'skipped: ...' and exits 0 without.
+Needs root (namespaces); prints 'CONCORD_TEST_SKIPPED: ...' and exits 0 without.
 
 Every scenario runs one job of three workers (one concord-run with one
 concord-train per host, w1..w3, each its own node agent, --comm-host its
@@ -475,7 +475,7 @@ def main():
         return 0
     reason = netlab.skip_reason()  # not root, no `ip`, no /dev/net/tun
     if reason:
-        print("skipped: %s" % reason)
+        print("CONCORD_TEST_SKIPPED: %s" % reason)
         return 0
     checks = testlib.Checks()
     bins = te.Bins(args.bin_dir)

@@ -18,7 +18,7 @@ its stdin). Checked:
      is left; a SIGTERMed test's Lab cleans up after itself; a SIGKILLed
      test's leftovers are swept by the next Lab;
   8. a second Lab alongside the first works on its own.
-Exits 0 printing 'skipped: ...' where namespaces cannot be made.
+Exits 0 printing 'CONCORD_TEST_SKIPPED: ...' where namespaces cannot be made.
 """
 
 import argparse
@@ -402,7 +402,7 @@ def main():
     try:
         lab = netlab.Lab(["a", "b", "c"], seed=1)
     except netlab.Skip as e:
-        print("skipped: %s" % e)
+        print("CONCORD_TEST_SKIPPED: %s" % e)
         return 0
     with lab:
         agents = {host: Agent(lab, host) for host in lab.hosts}

@@ -20,7 +20,7 @@ LibTorch's in both), so what can differ is the reduction's rounding, as on
 CPU. Every file is read with torch.load(weights_only=True).
 
 Without a CUDA device (or with fewer than 2 for nccl) it prints
-"skipped: ..." and exits 0, which ctest reports as skipped. It needs a
+"CONCORD_TEST_SKIPPED: ..." and exits 0, which ctest reports as skipped. It needs a
 Python whose torch has CUDA: -DCONCORD_CUDA_PYTHON=... (see
 tests/reference/CMakeLists.txt).
 """
@@ -55,10 +55,10 @@ def parse_args():
 
 def skip_reason(backend):
     if not torch.cuda.is_available():
-        return "skipped: no CUDA device (torch %s, built with CUDA %s)" % (
+        return "CONCORD_TEST_SKIPPED: no CUDA device (torch %s, built with CUDA %s)" % (
             torch.__version__, torch.version.cuda)
     if backend == "nccl" and torch.cuda.device_count() < 2:
-        return "skipped: fewer than 2 CUDA devices (%d)" % torch.cuda.device_count()
+        return "CONCORD_TEST_SKIPPED: fewer than 2 CUDA devices (%d)" % torch.cuda.device_count()
     return None
 
 

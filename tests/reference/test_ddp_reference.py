@@ -267,7 +267,7 @@ def parse_args():
     p.add_argument("--atol", type=float, default=EXACT[1])
     p.add_argument("--timeout", type=float, default=180.0, help="per training run, seconds")
     p.add_argument("--require-cuda", action="store_true",
-                   help="print 'skipped: no CUDA device' and exit 0 where this torch sees none "
+                   help="print 'CONCORD_TEST_SKIPPED: no CUDA device' and exit 0 where this torch sees none "
                         "(the gpu suite's runs, with --torch-flag/--concord-flag naming the "
                         "device)")
     p.add_argument("--keep", action="store_true", help="keep the temporary directory")
@@ -650,7 +650,7 @@ def main():
                 "n/a" if o["torch"] is None else (" ".join(o["torch"]) or "defaults")))
         return 0
     if args.require_cuda and not torch.cuda.is_available():
-        print("skipped: no CUDA device (torch %s, built with CUDA %s)"
+        print("CONCORD_TEST_SKIPPED: no CUDA device (torch %s, built with CUDA %s)"
               % (torch.__version__, torch.version.cuda))
         return 0
     checks = Checks()

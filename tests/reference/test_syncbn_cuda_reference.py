@@ -21,7 +21,7 @@ Compared: outputs, input gradients, weight/bias gradients summed over ranks
 (nn.SyncBatchNorm leaves each rank's local part for DDP to reduce), running
 statistics and num_batches_tracked.
 
-Needs a PyTorch with CUDA and a device; prints "skipped: no CUDA device" and
+Needs a PyTorch with CUDA and a device; prints "CONCORD_TEST_SKIPPED: no CUDA device" and
 exits 0 otherwise (ctest reports the test as skipped). Debian's python3-torch
 is CPU-only, so on CI machines this always skips.
 """
@@ -112,7 +112,7 @@ def main():
     parser.add_argument("--bin-dir", required=True)
     args = parser.parse_args()
     if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
-        print(f"skipped: no CUDA device (torch {torch.__version__}, "
+        print(f"CONCORD_TEST_SKIPPED: no CUDA device (torch {torch.__version__}, "
               f"built with CUDA {torch.version.cuda})")
         return 0
     torch.set_num_threads(1)

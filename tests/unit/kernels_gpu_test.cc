@@ -1,5 +1,5 @@
 // Each CUDA kernel against its CPU twin, with the achieved memory bandwidth
-// printed (label gpu). Without a device every test reports "skipped: no CUDA
+// printed (label gpu). Without a device every test reports "CONCORD_TEST_SKIPPED: no CUDA
 // device" (the ctest SKIP_REGULAR_EXPRESSION). No LibTorch: plain buffers, so
 // it builds fast.
 //
@@ -99,7 +99,7 @@ class DeviceBuffer {
 class KernelsGpuTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!HaveDevice()) GTEST_SKIP() << "skipped: no CUDA device";
+    if (!HaveDevice()) GTEST_SKIP() << "CONCORD_TEST_SKIPPED: no CUDA device";
     ASSERT_TRUE(Ok(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)));
   }
   void TearDown() override {

@@ -280,7 +280,7 @@ TEST(KernelsCpuTest, CastCpuEqualsTheScalarConversions) {
 TEST(KernelsCudaTest, ScaleMatchesCpuTwin) {
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    GTEST_SKIP() << "skipped: no CUDA device";
+    GTEST_SKIP() << "CONCORD_TEST_SKIPPED: no CUDA device";
   }
   const int64_t n = 100003;
   std::vector<float> host(n);
