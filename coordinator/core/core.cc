@@ -88,6 +88,10 @@ void Core::StartAgain(Job& job, const std::string& worker_id) {
   job.finished.clear();
   job.boundary_step.reset();
   job.resume_from.reset();
+  // A new run, not the next generation of the ended one: no rank change.
+  job.ended_ranks.clear();
+  job.ended_generation = 0;
+  job.ended_world_size = 0;
   job.rendezvous_started = now;
   job.last_arrival = now;
   AddEvent(job, "job", worker_id,

@@ -435,6 +435,7 @@ TEST_F(CoordinatorExitTest, AStoppedJobStartsAgainFromItsNewestCheckpoint) {
     auto a = core_.GetAssignment(kJob, w);
     ASSERT_TRUE(a.ok() && a->has_value()) << w;
     ASSERT_TRUE((*a)->resume_from.has_value()) << w;
+    EXPECT_FALSE((*a)->rank_change.has_value()) << w;  // a new run
     EXPECT_EQ((*a)->resume_from->step(), 20);
     EXPECT_EQ((*a)->resume_from->path(), "/ckpt/job/step-20");
   }
