@@ -85,7 +85,7 @@ bool CoordinatorClient::Replicas::Next(size_t used, const absl::Status& why) {
   const size_t next = (used + 1) % stubs_.size();
   if (current_.compare_exchange_strong(expected, next)) {
     Log()->info("coordinator {}: {}; trying {}", addresses_[used],
-                         std::string(why.message()), addresses_[next]);
+                std::string(why.message()), addresses_[next]);
   }
   // One pass over the others right away; the backoff paces the rounds.
   return (used + 1) % stubs_.size() != 0;

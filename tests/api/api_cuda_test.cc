@@ -1,8 +1,8 @@
 // The public API on a GPU, through libconcord.so and <concord/concord.h>
 // alone: a world of one over NCCL on cuda:0 (NCCL refuses two ranks on one
 // device; several ranks sharing a GPU over Gloo are the examples' gpu tests,
-// examples_*_cuda). Without a device every test says "CONCORD_TEST_SKIPPED: no CUDA
-// device" (the ctest SKIP_REGULAR_EXPRESSION).
+// examples_*_cuda). Without a device every test says "CONCORD_TEST_SKIPPED: no
+// CUDA device" (the ctest SKIP_REGULAR_EXPRESSION).
 #include <concord/concord.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -30,7 +30,8 @@ TORCH_MODULE(Net);
 class ApiCudaTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!torch::cuda::is_available()) GTEST_SKIP() << "CONCORD_TEST_SKIPPED: no CUDA device";
+    if (!torch::cuda::is_available())
+      GTEST_SKIP() << "CONCORD_TEST_SKIPPED: no CUDA device";
     // Both sides run the same convolutions: cuDNN must pick the same
     // algorithms and no atomics for the results to be equal bit for bit.
     at::globalContext().setDeterministicCuDNN(true);

@@ -1,7 +1,7 @@
 // Each CUDA kernel against its CPU twin, with the achieved memory bandwidth
-// printed (label gpu). Without a device every test reports "CONCORD_TEST_SKIPPED: no CUDA
-// device" (the ctest SKIP_REGULAR_EXPRESSION). No LibTorch: plain buffers, so
-// it builds fast.
+// printed (label gpu). Without a device every test reports
+// "CONCORD_TEST_SKIPPED: no CUDA device" (the ctest SKIP_REGULAR_EXPRESSION).
+// No LibTorch: plain buffers, so it builds fast.
 //
 // Everything runs on a non-blocking stream of the test's own, so a kernel
 // that used the default stream instead would race with the copies. Outputs

@@ -3,8 +3,8 @@
 // life — non-blocking initialisation through the generation's store, the
 // collectives on CUDA tensors, abort when the generation ends, and the next
 // generation's communicator. Several ranks are the multigpu tests' part
-// (tests/gpu/). Without a device every test says "CONCORD_TEST_SKIPPED: no CUDA device"
-// (the ctest SKIP_REGULAR_EXPRESSION).
+// (tests/gpu/). Without a device every test says "CONCORD_TEST_SKIPPED: no CUDA
+// device" (the ctest SKIP_REGULAR_EXPRESSION).
 
 #include <gtest/gtest.h>
 #include <nccl.h>
@@ -19,7 +19,8 @@ namespace {
 class NcclGpuTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!torch::cuda::is_available()) GTEST_SKIP() << "CONCORD_TEST_SKIPPED: no CUDA device";
+    if (!torch::cuda::is_available())
+      GTEST_SKIP() << "CONCORD_TEST_SKIPPED: no CUDA device";
   }
 
   absl::StatusOr<std::unique_ptr<NcclCommunicator>> Generation(int64_t g) {
