@@ -159,6 +159,7 @@ struct Worker {
   absl::Time started;
   absl::Time ended;
   std::optional<int> wait_status;  // once reaped
+  bool restarted = false;          // a next run of it was started
 };
 
 // The streams of a run about to be forked: the child's ends, dup'ed onto

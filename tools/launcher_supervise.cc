@@ -186,14 +186,18 @@ std::string Seconds(absl::Duration d) {
   return absl::StrFormat("%.1f s", absl::ToDoubleSeconds(d));
 }
 
-// The death report of a failed run, when it is reaped.
-void ReportDeath(const Options& o, const Worker& w, bool restart) {
+// The death report of a failed run, when it is reaped. `ended`: why the
+// job will not have it back (the job failed or was stopped), else empty.
+void ReportDeath(const Options& o, const Worker& w, bool restart,
+                 const std::string& ended) {
   std::string text = absl::StrFormat(
       "worker %d (pid %d, worker id %s) failed after %s: %s; ", w.index, w.pid,
       w.id, Seconds(w.ended - w.started), How(*w.wait_status));
   if (restart) {
     absl::StrAppend(&text, "restarting it (restart ", w.restarts + 1, " of ",
                     o.max_restarts, ")");
+  } else if (!ended.empty()) {
+    absl::StrAppend(&text, "not restarting it (", ended, ")");
   } else {
     absl::StrAppend(&text, "not restarting it (--max-restarts ", o.max_restarts,
                     ")");
@@ -254,9 +258,22 @@ int Supervisor::Run() {
         continue;
       }
       lost.push_back(&w);
-      const bool restart = w.restarts < o.max_restarts;
-      ReportDeath(o, w, restart);
+      // A job that failed or was stopped is not restarted by a restarted
+      // worker (a new process would start it again: Note [Starting again]
+      // in coordinator/core/core.h); running the command again does that.
+      std::string ended;
+      if (job_word) {
+        const JobWord word = job_word();
+        if (word.state == v1::JOB_STATE_FAILED ||
+            word.state == v1::JOB_STATE_STOPPED) {
+          ended = word.state == v1::JOB_STATE_FAILED ? "the job failed"
+                                                     : "the job was stopped";
+        }
+      }
+      const bool restart = w.restarts < o.max_restarts && ended.empty();
+      ReportDeath(o, w, restart, ended);
       if (restart) {
+        w.restarted = true;
         workers.push_back(
             Spawn(o, coordinator, w.index, w.restarts + 1, child_mask));
       } else if (!first_failure) {
@@ -324,9 +341,9 @@ int Supervisor::Run() {
   const v1::JobState state = word.state.value_or(v1::JOB_STATE_UNSPECIFIED);
   std::vector<std::string> names;
   for (const Worker* w : lost) {
-    names.push_back(absl::StrFormat(
-        "worker %d (%s: %s%s)", w->index, w->id, How(*w->wait_status),
-        w->restarts < o.max_restarts ? "; restarted" : ""));
+    names.push_back(absl::StrFormat("worker %d (%s: %s%s)", w->index, w->id,
+                                    How(*w->wait_status),
+                                    w->restarted ? "; restarted" : ""));
   }
   const std::string lost_text = absl::StrJoin(names, ", ");
   const int failed_status =

@@ -402,6 +402,19 @@ def case_job_failed(ctx):
     ctx.checks.check(rc not in (0, None) and not timed_out, name + ": exit non-zero", detail)
     ctx.checks.check("concord-run: job launcher-failed failed: rendezvous timed out" in err,
                      name + ": says the job failed, with the coordinator's reason", detail)
+    # With restarts left: a worker that fails because the job failed is not
+    # restarted (a new process would start the job again, Note [Starting
+    # again]); concord-run ends at once, saying why.
+    rc, out, err, timed_out, elapsed = run(
+        train_cmd(ctx, 1, ["--job-id", "launcher-failed-restarts", "--min-workers", "2",
+                           "--max-workers", "2", "--settle-ms", "500",
+                           "--rendezvous-timeout-ms", "2000", "--max-restarts", "3"]))
+    detail = describe(rc, out, err, timed_out)
+    ctx.checks.check(rc not in (0, None) and not timed_out and elapsed < 30 and
+                     "not restarting it (the job failed)" in err and
+                     "restarting it (restart" not in err,
+                     name + ": with --max-restarts, no restart after the job failed (%.1f s)" %
+                     elapsed, detail)
 
 
 GROUPS = {
