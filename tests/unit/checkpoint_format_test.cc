@@ -6,13 +6,8 @@
 namespace concord::checkpoint {
 namespace {
 
-using namespace concord::checkpoint::ckpt_test;  // NOLINT
-namespace fs = std::filesystem;
-namespace optim = torch::optim;
-using json = nlohmann::json;
-using ::testing::ElementsAre;
-using ::testing::HasSubstr;
-using OptimizerPtr = std::unique_ptr<optim::Optimizer>;
+using namespace concord::checkpoint::ckpt_test;  // NOLINT  (fs, optim, json,
+                                                 // matchers)
 
 // ---- optimizers through the disk format ----------------------------------
 

@@ -14,14 +14,9 @@
 namespace concord::checkpoint {
 namespace {
 
-using namespace concord::checkpoint::ckpt_test;  // NOLINT
-namespace fs = std::filesystem;
-namespace optim = torch::optim;
-using json = nlohmann::json;
-using ::testing::ElementsAre;
-using ::testing::HasSubstr;
+using namespace concord::checkpoint::ckpt_test;  // NOLINT  (fs, optim, json,
+                                                 // matchers)
 using ::testing::Not;
-using OptimizerPtr = std::unique_ptr<optim::Optimizer>;
 
 // ---- crashes
 // -----------------------------------------------------------------
