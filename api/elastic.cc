@@ -303,7 +303,7 @@ class ElasticCore {
         }
         // SlowMo's state follows the authoritative rank too, and a
         // committed step's owed average is finished in the new generation.
-        state_.Attach(m->slowmo.get(), owner);
+        state_.Attach(m->slowmo.get(), owner, absl::StrCat("slowmo/", m->name));
       } else if (owner == nullptr) {
         Log()->warn(
             "run_elastic: no optimizer of the ElasticState steps the "

@@ -39,6 +39,9 @@ Cases (--list):
              against a separate coordinator, the job killed whole and
              stopped: the same command starts it again from the checkpoint
              the coordinator names, bit-identical to the uninterrupted run.
+  slowmo     slowmo-localsgd over 3 shards: state.pt holds the whole slow
+             momentum; killed whole, the job resumes with it (no slice
+             restarts), bit-identical to its uninterrupted run.
 
 Every subprocess has a timeout; a hang is a failure. Prints one line per
 check and 'N passed, N failed'; exits 1 on any failure.
@@ -77,16 +80,16 @@ SLOW = {"CONCORD_TEST_MIN_STEP_MS": "25"}
 
 
 def launch(ctx, name, job, ck, nproc=3, extra=(), env=None, setup=None, after="",
-           coordinator=None):
+           coordinator=None, train_extra=(), momentum=te.MOMENTUM):
     """concord-run of the job's command in its own process group; `setup`:
     a shell script run first in a mount namespace of its own (unshare -m),
     `after` one run there after concord-run (its status is the exit's)."""
     rd = te.RunDir(ctx.tmp, name)
     train = ["--model", ctx.fx.model, "--data", ctx.fx.data, "--loss", "mse",
-             "--optimizer", "sgd", "--lr", te.LR, "--momentum", te.MOMENTUM,
+             "--optimizer", "sgd", "--lr", te.LR, "--momentum", momentum,
              "--batch-size", BATCH, "--epochs", EPOCHS, "--output", rd.output,
              "--metrics-out", rd.metrics, "--sample-log", rd.samples,
-             "--log-interval", "50"]
+             "--log-interval", "50"] + list(train_extra)
     where = (["--coordinator", coordinator.address, "--token-file", coordinator.worker_token]
              if coordinator else ["--standalone"])
     cmd = [ctx.bins.run] + where + ["--nproc", nproc, "--job-id", job,
@@ -149,17 +152,17 @@ def reference(ctx):
     return ctx.ref
 
 
-def compare_final(checks, name, rd, ck, job, ref):
+def compare_final(checks, name, rd, ck, job, ref, ref_job="ref"):
     ref_rd, ref_ck = ref
     problems = []
     a, e = fixtures.load_state(rd.output), fixtures.load_state(ref_rd.output)
     problems += fixtures.compare_states(a, e, rtol=0.0, atol=0.0)
-    last, ref_last = steps(ck, job)[-1], steps(ref_ck, "ref")[-1]
+    last, ref_last = steps(ck, job)[-1], steps(ref_ck, ref_job)[-1]
     if last != ref_last:
         problems.append("final checkpoints of steps %d and %d" % (last, ref_last))
     else:
         _, oa, ma = load_ckpt(ck, job, last)
-        _, oe, me = load_ckpt(ref_ck, "ref", ref_last)
+        _, oe, me = load_ckpt(ref_ck, ref_job, ref_last)
         for i, s in oe["state"].items():
             if not torch.equal(oa["state"][i]["momentum_buffer"], s["momentum_buffer"]):
                 problems.append("momentum of parameter %d differs" % i)
@@ -582,6 +585,54 @@ def coordinator_run(ctx, name, coord):
                  "(got, want): %s; stall %s" % (wrong, stall))
 
 
+# LocalSGD averaging every 5 steps with slow momentum every 10, sharded over
+# the 3 workers; SGD without momentum (an optimizer state of its own per rank
+# would follow the writer's at a resume, as after a re-form).
+SLOWMO = ["--algorithm", "slowmo-localsgd", "--localsgd-frequency", "5",
+          "--slowmo-frequency", "10", "--slowmo-num-shards", "3"]
+
+
+def case_slowmo(ctx, name):
+    """Note [Participants in checkpoints]: a SlowMo job killed whole
+    resumes with its slow momentum (gathered from its 3 owners into the
+    checkpoint, re-sharded at the resume), bit-identical to an uninterrupted
+    run: every checkpoint is taken after an average."""
+    checks = ctx.checks
+    ref_ck = os.path.join(ctx.tmp, "ck-slowmo-ref")
+    ref_rd, p = launch(ctx, name + "-ref", "slowmo-ref", ref_ck, train_extra=SLOWMO,
+                       momentum="0", env={"CONCORD_TEST_MIN_STEP_MS": "10"})
+    if not checks.check(p.wait(RUN_TIMEOUT) == 0, name + ": the uninterrupted run exits 0",
+                        p.describe()):
+        return
+    state = torch.load(os.path.join(ref_ck, "slowmo-ref", "step-%d" % EVERY, "state.pt"),
+                       weights_only=True)
+    keys = sorted(k for k in state if k.startswith("slowmo/"))
+    u = state.get("slowmo/model/slow_momentum")
+    checks.check(u is not None and u.numel() == sum(
+        t.numel() for t in fixtures.load_state(ref_rd.output).values()) and
+        int(state["slowmo/model/updates"]) == EVERY and u.abs().sum() > 0,
+        name + ": state.pt holds the whole slow momentum, after the update of its step",
+        str(keys))
+    job, ck = name, os.path.join(ctx.tmp, "ck-" + name)
+    rd, p = launch(ctx, name + "-1", job, ck, train_extra=SLOWMO, momentum="0", env=SLOW)
+    if not wait_for_checkpoint(checks, name, p, ck, job, 60):
+        return
+    seen = latest_step(ck, job)
+    p.kill_group()
+    p.wait(10)
+    rd2, p2 = launch(ctx, name + "-2", job, ck, train_extra=SLOWMO, momentum="0")
+    rc = p2.wait(RUN_TIMEOUT)
+    checks.check(rc == 0, name + ": the same command again exits 0", p2.describe())
+    step = resumed_step(p2.stderr(), "disk")
+    checks.check(step is not None and step >= seen,
+                 name + ": resumed from the newest complete checkpoint (%s >= %d)" % (step, seen),
+                 p2.stderr()[-3000:])
+    checks.check("restart from the current parameters" not in p2.stderr(),
+                 name + ": no slow-momentum slice restarted at the resume",
+                 p2.stderr()[-3000:])
+    compare_final(checks, name, rd2, ck, job, (ref_rd, ref_ck), ref_job="slowmo-ref")
+
+
 CASES = {
     "kill-all": lambda ctx: case_kill_all(ctx, "kill-all"),
     "memory": lambda ctx: case_memory(ctx, "memory"),
@@ -594,6 +645,7 @@ CASES = {
     "read-only": lambda ctx: case_read_only(ctx, "read-only"),
     "coordinator": lambda ctx: case_coordinator(ctx, "coordinator"),
     "started-again": lambda ctx: case_started_again(ctx, "started-again"),
+    "slowmo": lambda ctx: case_slowmo(ctx, "slowmo"),
 }
 
 

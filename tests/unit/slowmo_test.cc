@@ -8,10 +8,13 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <map>
 #include <mutex>
+#include <string>
 
 #include "rank_threads.h"
 #include "slowmo_fixture.h"
+#include "worker/tensor_ops.h"
 
 namespace concord::slowmo {
 namespace {
@@ -398,6 +401,96 @@ TEST(SlowMoTest, SyncStateFinishesAnOwedUpdate) {
     // A count that is off by more than one is refused.
     const absl::Status bad = s->SyncState(comm, 0, /*step=*/9, *m.opt);
     EXPECT_TRUE(absl::IsFailedPrecondition(bad)) << bad;
+  });
+}
+
+// Note [Participants in checkpoints]: 3 ranks with 3 shards take a
+// checkpoint after 6 updates: every rank gets the whole u and x_old,
+// gathered from the owners. Two new processes resume from it (rank 1 loads
+// it, rank 0 holds nothing): SyncState re-shards it over 2 owners, and the
+// next updates (a slow step among them) match the reference.
+TEST(SlowMoTest, CheckpointHoldsTheWholeStateAndResumesAtAnotherWorld) {
+  const SlowMoOptions o = ShardedSlowMo();
+  std::mutex mu;
+  NamedTensors saved;
+  comm::InMemoryStore next_store;
+  RunRanks(3, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
+    Model m = MakeModel(rank);
+    auto s = *SlowMo::Create(m.params, {}, comm, 0, o);
+    Reference ref = Start(3);
+    for (int64_t n = 0; n < 6; ++n) {
+      LocalStep(m, rank, n);
+      ASSERT_TRUE(s->PerformSlowMo(*m.opt).ok());
+      ReferenceUpdate(ref, n, o);
+    }
+    auto state = s->CheckpointState();
+    ASSERT_TRUE(state.ok()) << state.status();
+    std::map<std::string, torch::Tensor> by_name(state->begin(), state->end());
+    EXPECT_EQ(by_name.at("updates").item<int64_t>(), 6);
+    EXPECT_EQ(by_name.at("push_sum_numerator").item<int64_t>(), 0);
+    ExpectClose(by_name.at("slow_momentum"), ref.u, "gathered u");
+    ExpectClose(by_name.at("old_params"), ref.x_old, "gathered x_old");
+    // Gathering changed nothing.
+    EXPECT_EQ(s->portion_end() - s->portion_start(), 4);
+    if (rank == 0) {
+      std::lock_guard<std::mutex> lock(mu);
+      for (const auto& [key, t] : *state) saved.emplace_back(key, t.clone());
+    }
+    torch::Tensor barrier = torch::ones({1});
+    ASSERT_TRUE(comm->AllreduceSum(barrier, {})->Wait().ok());
+    if (rank >= 2) return;
+
+    // New processes: the model as the loading rank broadcasts it.
+    Model fresh = MakeModel(rank);
+    {
+      torch::NoGradGuard no_grad;
+      UnflattenInto(ref.x[0].clone(), fresh.params);
+    }
+    comm::GlooOptions next;
+    next.rank = rank;
+    next.size = 2;
+    next.generation = 2;
+    auto made = comm::GlooCommunicator::Create(next, &next_store);
+    ASSERT_TRUE(made.ok()) << made.status();
+    std::shared_ptr<comm::Communicator> comm2(std::move(*made));
+    auto resumed = *SlowMo::Create(fresh.params, {}, comm2, 1, o);
+    if (rank == 1) {
+      // One that does not fit changes nothing.
+      NamedTensors bad = saved;
+      for (auto& [key, t] : bad) {
+        if (key == "slow_momentum") t = torch::zeros({kTotal + 1});
+      }
+      const absl::Status refused = resumed->ResumeState(&bad, *fresh.opt);
+      EXPECT_TRUE(absl::IsFailedPrecondition(refused)) << refused;
+      EXPECT_EQ(resumed->num_updates(), 0);
+      const NamedTensors none;
+      EXPECT_TRUE(
+          absl::IsFailedPrecondition(resumed->ResumeState(&none, *fresh.opt)));
+      ASSERT_TRUE(resumed->ResumeState(&saved, *fresh.opt).ok());
+    } else {
+      ASSERT_TRUE(resumed->ResumeState(nullptr, *fresh.opt).ok());
+    }
+    ASSERT_TRUE(resumed->SyncState(comm2, 1, /*step=*/6, *fresh.opt).ok());
+    EXPECT_EQ(resumed->num_updates(), 6);
+    EXPECT_EQ(resumed->portion_start(), 6 * rank);
+    // Bit for bit the gathered state's slices.
+    EXPECT_TRUE(
+        torch::equal(resumed->momentum_buffer(),
+                     by_name.at("slow_momentum").narrow(0, 6 * rank, 6)));
+    EXPECT_TRUE(torch::equal(resumed->old_params(),
+                             by_name.at("old_params").narrow(0, 6 * rank, 6)));
+    Reference next_ref;
+    next_ref.x = {ref.x[0].clone(), ref.x[0].clone()};
+    next_ref.u = ref.u.clone();
+    next_ref.x_old = ref.x_old.clone();
+    next_ref.initialized = true;
+    for (int64_t n = 6; n < 8; ++n) {  // update 8 is a slow step
+      LocalStep(fresh, rank, n);
+      ASSERT_TRUE(resumed->PerformSlowMo(*fresh.opt).ok());
+      ReferenceUpdate(next_ref, n, o);
+      ExpectClose(Flat(fresh), next_ref.x[rank],
+                  "parameters after update " + std::to_string(n));
+    }
   });
 }
 

@@ -18,9 +18,12 @@
 //    order; "step" is a 0-dimensional float tensor as in PyTorch 1.13 and
 //    2.x;
 //  - in `state.pt` (a dict of tensors as well): the user's values
-//    ("values/<name>"), the CPU random generator's state ("rng/cpu") and
-//    an optimizer PyTorch has no equivalent of as LibTorch's own archive,
-//    as bytes ("optimizer/<name>");
+//    ("values/<name>"), the CPU random generator's state ("rng/cpu"), each
+//    module's bucket layout ("layout/<module>"), the state of what is
+//    attached to the elastic state ("slowmo/<module>/...", Note
+//    [Participants in checkpoints] in worker/elastic/state.h) and an
+//    optimizer PyTorch has no equivalent of as LibTorch's own archive, as
+//    bytes ("optimizer/<name>");
 //  - the counters (step, epoch, samples of the epoch consumed, the world
 //    size and generation it was taken at) in manifest.json
 //    (worker/checkpoint/disk.h).
@@ -71,7 +74,7 @@ struct Content {
   std::vector<std::pair<std::string, NamedTensors>> modules;
   std::vector<OptimizerContent> optimizers;
   // state.pt's entries besides the native optimizers: "values/<name>",
-  // "rng/cpu".
+  // "rng/cpu", "layout/<module>", "<participant>/<key>".
   NamedTensors extra;
 };
 

@@ -65,9 +65,9 @@ void State::AddOptimizer(const std::string& name,
   optimizers_.push_back(std::move(o));
 }
 
-void State::Attach(Participant* participant,
-                   torch::optim::Optimizer* optimizer) {
-  participants_.emplace_back(participant, optimizer);
+void State::Attach(Participant* participant, torch::optim::Optimizer* optimizer,
+                   const std::string& name) {
+  participants_.push_back(Attached{participant, optimizer, name});
 }
 
 void State::OnReset(std::function<void(const ResetInfo&)> callback) {
@@ -129,7 +129,12 @@ void State::CommitState(bool may_checkpoint) {
   if (checkpointer_ != nullptr) {
     if (may_checkpoint && step != checkpointed_step_ &&
         checkpointer_->Due(step)) {
-      SaveAndRecord(/*wait=*/false);
+      // Note [Participants in checkpoints]: after their update.
+      if (participants_.empty()) {
+        TakeCheckpoint(/*wait=*/false);
+      } else {
+        deferred_ = session_->generation();
+      }
     }
     checkpointed_step_ = step;
   }
@@ -139,18 +144,39 @@ void State::SaveFinal() {
   // The final state, whatever the last checkpoint holds (the due one of
   // this step may have been skipped, or taken before next_epoch moved the
   // epoch on): the same on every run that trained the same steps.
+  deferred_.reset();
   if (checkpointer_ == nullptr || step == 0) return;
   const checkpoint::Counters& saved = checkpointer_->last_saved();
-  if (saved.step == step && saved.epoch == epoch &&
+  // Only the writers know what they saved: with participants (a gather)
+  // every rank takes part.
+  if (participants_.empty() && saved.step == step && saved.epoch == epoch &&
       saved.position == position) {
     return;
   }
-  SaveAndRecord(/*wait=*/true);
+  TakeCheckpoint(/*wait=*/true);
 }
 
-void State::SaveAndRecord(bool wait) {
+void State::TakeCheckpoint(bool wait) {
+  NamedTensors gathered;
+  for (const Attached& a : participants_) {
+    absl::StatusOr<NamedTensors> part = a.participant->CheckpointState();
+    if (!part.ok()) {
+      Log()->warn("checkpoint of step {} not taken: gathering {}: {}",
+                  committed_.step, a.name,
+                  std::string(part.status().message()));
+      return;
+    }
+    for (auto& [key, t] : *part) {
+      gathered.emplace_back(absl::StrCat(a.name, "/", key), std::move(t));
+    }
+  }
+  const checkpoint::Counters& last = checkpointer_->last_saved();
+  if (last.step == committed_.step && last.epoch == committed_.epoch &&
+      last.position == committed_.position) {
+    return;  // SaveFinal: this is the newest already
+  }
   const int64_t saved = checkpointer_->saved();
-  checkpointer_->Save(Capture(), wait);
+  checkpointer_->Save(Capture(std::move(gathered)), wait);
   const auto& history = session_->history();
   if (history && checkpointer_->saved() > saved) {
     history->Checkpoint(session_->generation(), committed_.step,
@@ -158,7 +184,7 @@ void State::SaveAndRecord(bool wait) {
   }
 }
 
-checkpoint::Content State::Capture() const {
+checkpoint::Content State::Capture(NamedTensors participants) const {
   checkpoint::Content c;
   c.counters.step = committed_.step;
   c.counters.epoch = committed_.epoch;
@@ -180,6 +206,7 @@ checkpoint::Content State::Capture() const {
     c.extra.emplace_back(absl::StrCat("layout/", m.name),
                          m.engine->ReducerLayout());
   }
+  for (auto& entry : participants) c.extra.push_back(std::move(entry));
   return c;
 }
 
@@ -197,6 +224,7 @@ absl::Status State::Apply(const checkpoint::Content& content) {
   epoch = content.counters.epoch;
   position = content.counters.position;
   values = std::move(restored);
+  std::vector<NamedTensors> parts(participants_.size());
   for (const auto& [key, t] : content.extra) {
     if (key == "rng/cpu") {
       CONCORD_RETURN_IF_ERROR(checkpoint::SetCpuRngState(t));
@@ -208,6 +236,18 @@ absl::Status State::Apply(const checkpoint::Content& content) {
                      absl::StrCat("module '", m.name, "'")));
       }
     }
+    for (size_t i = 0; i < participants_.size(); ++i) {
+      const std::string prefix = absl::StrCat(participants_[i].name, "/");
+      if (absl::StartsWith(key, prefix)) {
+        parts[i].emplace_back(key.substr(prefix.size()), t);
+      }
+    }
+  }
+  // Note [Participants in checkpoints].
+  for (size_t i = 0; i < participants_.size(); ++i) {
+    const Attached& a = participants_[i];
+    CONCORD_RETURN_IF_ERROR(
+        Annotate(a.participant->ResumeState(&parts[i], *a.optimizer), a.name));
   }
   return absl::OkStatus();
 }
@@ -290,6 +330,12 @@ absl::Status State::SyncCheckpoints(int* root) {
   }
   CONCORD_RETURN_IF_ERROR(comm::BroadcastBytes(*comm, winner, &error, opts));
   if (!error.empty()) return absl::FailedPreconditionError(error);
+  if (me != winner) {
+    for (const Attached& a : participants_) {
+      CONCORD_RETURN_IF_ERROR(
+          a.participant->ResumeState(nullptr, *a.optimizer));
+    }
+  }
   for (const Model& m : models_) {
     std::vector<torch::Tensor> tensors;
     for (const auto& [name, t] : m.engine->NamedState()) tensors.push_back(t);
@@ -427,10 +473,10 @@ absl::Status State::Sync() {
   }
   CONCORD_RETURN_IF_ERROR(
       Annotate(SyncPayload(root), "syncing the training state"));
-  for (const auto& [participant, optimizer] : participants_) {
+  for (const Attached& a : participants_) {
     CONCORD_RETURN_IF_ERROR(
-        Annotate(participant->SyncState(session_->shared_communicator(), root,
-                                        step, *optimizer),
+        Annotate(a.participant->SyncState(session_->shared_communicator(), root,
+                                          step, *a.optimizer),
                  "syncing attached state"));
   }
   SetDivisor();
@@ -440,6 +486,13 @@ absl::Status State::Sync() {
 }
 
 absl::StatusOr<StepDecision> State::BeginStep(bool has_data, bool admit) {
+  // Note [Participants in checkpoints]: the last commit's due checkpoint,
+  // in the generation that committed it.
+  if (deferred_.has_value()) {
+    const bool same = *deferred_ == session_->generation();
+    deferred_.reset();
+    if (same) TakeCheckpoint(/*wait=*/false);
+  }
   // After a re-form the new generation agrees again: a newcomer's first
   // BeginStep meets the survivors' second one.
   for (;;) {

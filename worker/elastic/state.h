@@ -126,6 +126,28 @@ struct ElasticOptions {
   int max_repeated_failures = 3;
 };
 
+// Note [Participants in checkpoints]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// An attached participant's state is part of every checkpoint (Note
+// [Checkpoints] in worker/checkpoint/checkpointer.h), in state.pt under
+// "<name>/<key>" (SlowMo: "slowmo/<module>/updates", "push_sum_weight",
+// "push_sum_numerator", "fp32_masters", "slow_momentum", "old_params").
+// Sharded parts are gathered whole (one allreduce over the generation), so a
+// checkpoint does not depend on the world size it was taken at: at a resume
+// the rank that loads it holds the whole state as if it owned every shard,
+// the others hold nothing, and SyncState re-shards it over the new world as
+// after a re-form.
+// A participant changes the state after the commit (SlowMo performs the
+// committed step's update then), and with LocalSGD or SGP the ranks'
+// parameters differ between averages. A due checkpoint of a job with
+// participants is therefore taken after that update: at the start of the
+// next step (or by SaveFinal), and only in the same generation (every rank
+// must run the gather; a re-form in between skips it). Its parameters are
+// the writer's, as a re-form takes the authoritative rank's: a checkpoint
+// taken where every rank's are equal (LocalSGD with a checkpoint interval
+// that is a multiple of the averaging period) resumes exactly; SGP's gossip
+// never makes them equal, and its resume is a re-form's.
+
 // State kept outside the model and the optimizer that must follow the
 // authoritative rank after every re-form (SlowMo's slow momentum, old
 // parameters and push-sum weight). Its owner keeps it transactional: it
@@ -142,6 +164,19 @@ class Participant {
   virtual absl::Status SyncState(std::shared_ptr<comm::Communicator> comm,
                                  int authoritative_rank, int64_t step,
                                  torch::optim::Optimizer& optimizer) = 0;
+  // Note [Participants in checkpoints]: the state a checkpoint of the
+  // committed step keeps, whole (sharded parts gathered), by name. Every
+  // rank of the generation calls it at the same point (it may run
+  // collectives); the checkpoint's writer keeps the result. Errors: those
+  // of the collectives (the checkpoint is not taken).
+  virtual absl::StatusOr<NamedTensors> CheckpointState() = 0;
+  // A generation resumes from a checkpoint: the rank that loaded it gets
+  // the participant's part of it in `saved` (empty when the checkpoint has
+  // none), every other rank nullptr (what it holds does not count: SyncState
+  // then takes the loading rank's). FAILED_PRECONDITION naming what does not
+  // fit `optimizer`'s parameters; nothing changed then.
+  virtual absl::Status ResumeState(const NamedTensors* saved,
+                                   torch::optim::Optimizer& optimizer) = 0;
 };
 
 // What a reset callback learns after a re-form.
@@ -188,8 +223,10 @@ class State {
                     torch::optim::Optimizer* optimizer);
   // `participant` (it must outlive the state) takes part in every Sync,
   // after the training state, with `optimizer` (the one stepping the
-  // parameters it averages). Before the first Sync.
-  void Attach(Participant* participant, torch::optim::Optimizer* optimizer);
+  // parameters it averages), and in every checkpoint under `name` (Note
+  // [Participants in checkpoints]). Before the first Sync.
+  void Attach(Participant* participant, torch::optim::Optimizer* optimizer,
+              const std::string& name = "participant");
 
   // Committed with Commit(), restored after a failure, sent to newcomers.
   int64_t step = 0;      // optimizer steps the job has taken
@@ -291,11 +328,13 @@ class State {
   absl::Status SyncPayload(int root);
   // Commit; a checkpoint when `may_checkpoint` and the step is due.
   void CommitState(bool may_checkpoint);
-  // Saves the committed state; a history record when it was taken.
-  void SaveAndRecord(bool wait);
+  // Saves the committed state, with the participants' states (Note
+  // [Participants in checkpoints]: a collective); a history record when it
+  // was taken.
+  void TakeCheckpoint(bool wait);
   // Note [Checkpoints]: the committed state as a checkpoint's content, and
   // putting one in place (FAILED_PRECONDITION naming what does not fit).
-  checkpoint::Content Capture() const;
+  checkpoint::Content Capture(NamedTensors participants) const;
   absl::Status Apply(const checkpoint::Content& content);
   // Note [Checkpoints]: at a Sync, who writes the node's snapshot, and
   // whether the generation resumes from a checkpoint: the rank whose state
@@ -310,7 +349,12 @@ class State {
   ElasticOptions options_;
   std::vector<Model> models_;
   std::vector<Optimizer> optimizers_;
-  std::vector<std::pair<Participant*, torch::optim::Optimizer*>> participants_;
+  struct Attached {
+    Participant* participant;
+    torch::optim::Optimizer* optimizer;
+    std::string name;
+  };
+  std::vector<Attached> participants_;
   std::vector<torch::Tensor> buffers_;  // every module's
   Snapshot committed_;
   bool in_step_ = false;  // between StartStep and Commit/Restore
@@ -323,6 +367,9 @@ class State {
   std::vector<ReformRecord> records_;
   std::unique_ptr<checkpoint::Checkpointer> checkpointer_;
   int64_t checkpointed_step_ = -1;  // the last commit's step
+  // Note [Participants in checkpoints]: the generation whose next BeginStep
+  // takes the last commit's due checkpoint.
+  std::optional<int64_t> deferred_;
   std::optional<Resumed> resumed_;
 };
 

@@ -181,6 +181,17 @@ class SlowMo final : public elastic::Participant {
                          int authoritative_rank, int64_t step,
                          torch::optim::Optimizer& optimizer) override;
 
+  // elastic::Participant, Note [Participants in checkpoints]: "updates",
+  // "push_sum_weight", "push_sum_numerator", "fp32_masters" (with masters)
+  // and, once slow momentum started, the whole "slow_momentum" and
+  // "old_params" (optimizer order, fp32) gathered from their owners (one
+  // allreduce of both over the generation, on every rank).
+  absl::StatusOr<NamedTensors> CheckpointState() override;
+  // The rank that loaded a checkpoint holds the whole slow momentum as if it
+  // owned every slice (SyncState re-shards it); the others drop theirs.
+  absl::Status ResumeState(const NamedTensors* saved,
+                           torch::optim::Optimizer& optimizer) override;
+
   // Inspection (tests, logs).
   bool slowmo_enabled() const { return slowmo_; }
   int64_t num_updates() const { return num_updates_; }

@@ -1,9 +1,12 @@
 // SlowMo's part of the elastic state (Note [SlowMo step], "Beyond
 // fairscale"): SyncState after a re-form takes the authoritative rank's
 // counters, push-sum weight and fp32 masters, and Reshard re-assembles the
-// slow-momentum slices (from owners or their replicas) over the new world.
+// slow-momentum slices (from owners or their replicas) over the new world;
+// CheckpointState and ResumeState put the same state in checkpoints (Note
+// [Participants in checkpoints] in worker/elastic/state.h).
 
 #include <algorithm>
+#include <map>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -210,7 +213,7 @@ absl::Status SlowMo::SyncState(std::shared_ptr<comm::Communicator> comm,
   CONCORD_RETURN_IF_ERROR(RebuildGraph());
   if (num_updates_ == step - 1) {
     Log()->info("SlowMo: finishing update {} in generation {}", step,
-                         comm_->generation());
+                comm_->generation());
     return PerformSlowMo(optimizer);
   }
   if (num_updates_ != step) {
@@ -220,6 +223,114 @@ absl::Status SlowMo::SyncState(std::shared_ptr<comm::Communicator> comm,
         ": call PerformSlowMo once after every optimizer step, after "
         "State::Commit"));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<NamedTensors> SlowMo::CheckpointState() {
+  torch::NoGradGuard no_grad;
+  NamedTensors out;
+  out.emplace_back("updates", torch::tensor(num_updates_, torch::kLong));
+  out.emplace_back("push_sum_weight", ps_weight_.clone());
+  out.emplace_back("push_sum_numerator",
+                   torch::tensor(int64_t{is_numerator_ ? 1 : 0}, torch::kLong));
+  if (!fp32_params_.empty()) {
+    out.emplace_back("fp32_masters", FlattenTensors(fp32_params_));
+  }
+  // initialized_ and total_ are the same on every rank (Layout runs
+  // everywhere).
+  if (!slowmo_ || !initialized_) return out;
+  const int64_t n = total_;
+  // Each slice once: its owner's (memory-efficient), else the first
+  // master's (every master holds all of it).
+  torch::Tensor both = torch::zeros({2 * n}, StateOptions(torch::kFloat));
+  const int64_t len = portion_end_ - portion_start_;
+  const bool contributes = options_.slowmo_memory_efficient
+                               ? len > 0 && momentum_.defined()
+                               : master_rank_ == 0 && momentum_.defined();
+  if (contributes) {
+    both.narrow(0, portion_start_, len).copy_(momentum_);
+    both.narrow(0, n + portion_start_, len).copy_(old_params_);
+  }
+  comm::CollectiveOptions opts;
+  opts.timeout = options_.collective_timeout;
+  CONCORD_RETURN_IF_ERROR(
+      Wait(comm_->AllreduceSum(both, opts), "slow-momentum gather"));
+  out.emplace_back("slow_momentum", both.narrow(0, 0, n));
+  out.emplace_back("old_params", both.narrow(0, n, n));
+  return out;
+}
+
+absl::Status SlowMo::ResumeState(const NamedTensors* saved,
+                                 torch::optim::Optimizer& optimizer) {
+  torch::NoGradGuard no_grad;
+  if (saved == nullptr) {
+    initialized_ = false;
+    momentum_ = old_params_ = torch::Tensor();
+    replica_momentum_ = replica_old_params_ = torch::Tensor();
+    return absl::OkStatus();
+  }
+  std::map<std::string, torch::Tensor> by_name(saved->begin(), saved->end());
+  auto get = [&](const char* key) -> torch::Tensor {
+    auto it = by_name.find(key);
+    return it == by_name.end() ? torch::Tensor() : it->second;
+  };
+  const torch::Tensor updates = get("updates");
+  const torch::Tensor weight = get("push_sum_weight");
+  const torch::Tensor numerator = get("push_sum_numerator");
+  if (!updates.defined() || updates.numel() != 1 || !weight.defined() ||
+      weight.numel() != 1 || !numerator.defined() || numerator.numel() != 1) {
+    return absl::FailedPreconditionError(
+        "the checkpoint has no SlowMo state for it (was it saved without "
+        "SlowMo?)");
+  }
+  const torch::Tensor masters = get("fp32_masters");
+  const int64_t master_numel = fp32_params_.empty() ? 0 : UnitOffsets().back();
+  if (masters.defined() != !fp32_params_.empty() ||
+      (masters.defined() && masters.numel() != master_numel)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("fp32 masters: ", masters.defined() ? masters.numel() : 0,
+                     " elements in the checkpoint, ", master_numel, " here"));
+  }
+  const torch::Tensor u = get("slow_momentum");
+  const torch::Tensor x_old = get("old_params");
+  if (u.defined() != x_old.defined() ||
+      (u.defined() && u.numel() != x_old.numel())) {
+    return absl::FailedPreconditionError(
+        "slow momentum and old parameters do not match in the checkpoint");
+  }
+  const bool momentum = slowmo_ && u.defined();
+  if (momentum) {
+    std::vector<size_t> order;
+    std::vector<double> lr;
+    CONCORD_RETURN_IF_ERROR(MapOptimizer(optimizer, &order, &lr));
+    int64_t n = 0;
+    for (size_t i : order) n += Units()[i].numel();
+    if (u.numel() != n) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("slow momentum of ", u.numel(),
+                       " elements in the checkpoint; the optimizer steps ", n));
+    }
+  }
+  // Everything fits: take it.
+  num_updates_ = updates.item<int64_t>();
+  ps_weight_ = weight.reshape({1}).to(ps_weight_.options()).clone();
+  is_numerator_ = numerator.item<int64_t>() != 0;
+  if (masters.defined()) {
+    UnflattenInto(masters.to(fp32_params_.front().options()), fp32_params_);
+  }
+  replica_start_ = replica_end_ = 0;
+  replica_momentum_ = replica_old_params_ = torch::Tensor();
+  initialized_ = momentum;
+  if (!momentum) {
+    momentum_ = old_params_ = torch::Tensor();
+    return absl::OkStatus();
+  }
+  // The whole vector, as its one owner until Reshard.
+  total_ = u.numel();
+  portion_start_ = 0;
+  portion_end_ = total_;
+  momentum_ = u.to(StateOptions(torch::kFloat)).clone();
+  old_params_ = x_old.to(StateOptions(torch::kFloat)).clone();
   return absl::OkStatus();
 }
 
