@@ -6,6 +6,7 @@
 #include <cmath>
 #include <optional>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "api/internal.h"
 #include "worker/ddp/comm_hooks.h"
@@ -256,6 +257,23 @@ void DdpCore::Impl::Rebound() {
 void DdpCore::Impl::RegisterHook() {
   if (user_hook) {
     ThrowIfError(engine->RegisterCommHook(user_hook(Communicator())));
+    return;
+  }
+  if (absl::StartsWith(options.comm_hook(), "powersgd")) {
+    if (powersgd == nullptr || !powersgd_attached) {
+      auto parsed = ddp::ParsePowerSgd(options.comm_hook());
+      if (!parsed.ok()) {
+        throw Error(
+            ErrorCode::kInvalidArgument,
+            absl::StrCat("DdpOptions::comm_hook: ", parsed.status().message()));
+      }
+      powersgd = std::make_shared<ddp::PowerSgdState>(*parsed);
+      powersgd_participant = std::make_unique<elastic::PowerSgdParticipant>(
+          powersgd, engine->parameters().front().options(),
+          CollectiveOptions());
+    }
+    ThrowIfError(engine->RegisterCommHook(
+        ddp::PowerSgdHook(powersgd, Communicator(), CollectiveOptions())));
     return;
   }
   auto hook = ddp::MakeCommHook(options.comm_hook(),

@@ -304,6 +304,11 @@ class ElasticCore {
         // SlowMo's state follows the authoritative rank too, and a
         // committed step's owed average is finished in the new generation.
         state_.Attach(m->slowmo.get(), owner, absl::StrCat("slowmo/", m->name));
+      } else if (m->powersgd_participant != nullptr && owner != nullptr) {
+        // Note [PowerSGD across re-forms].
+        state_.Attach(m->powersgd_participant.get(), owner,
+                      absl::StrCat("powersgd/", m->name));
+        m->powersgd_attached = true;
       } else if (owner == nullptr) {
         Log()->warn(
             "run_elastic: no optimizer of the ElasticState steps the "

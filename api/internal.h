@@ -14,6 +14,8 @@
 #include "concord/elastic.h"
 #include "concord/job.h"
 #include "worker/ddp/engine.h"
+#include "worker/ddp/powersgd.h"
+#include "worker/elastic/powersgd_participant.h"
 #include "worker/session.h"
 #include "worker/slowmo/slowmo.h"
 #include "worker/syncbn/sync_batch_norm.h"
@@ -83,6 +85,13 @@ struct DdpCore::Impl {
   // A user's communication hook (register_comm_hook), kept across
   // re-forms; null: none, or DdpOptions::comm_hook's.
   std::function<ddp::CommHook(std::shared_ptr<comm::Communicator>)> user_hook;
+  // DdpOptions::comm_hook "powersgd...": its state and its part of the
+  // elastic state (Note [PowerSGD across re-forms]). Kept across re-forms
+  // once run_elastic attached it (`powersgd_attached`); made again with
+  // each hook otherwise (every rank alike).
+  std::shared_ptr<ddp::PowerSgdState> powersgd;
+  std::unique_ptr<elastic::PowerSgdParticipant> powersgd_participant;
+  bool powersgd_attached = false;
   // DdpOptions::slowmo: SlowMo over the engine's parameters (the engine
   // then never reduces gradients), its AfterBackward queued by gradient
   // hooks at the end of every backward.

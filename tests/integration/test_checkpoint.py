@@ -42,6 +42,10 @@ Cases (--list):
   slowmo     slowmo-localsgd over 3 shards: state.pt holds the whole slow
              momentum; killed whole, the job resumes with it (no slice
              restarts), bit-identical to its uninterrupted run.
+  powersgd   --comm-hook powersgd: a worker killed and restarted (the
+             newcomer takes PowerSGD's count and Q), then the job killed
+             whole and resumed: the final checkpoint's PowerSGD count is the
+             job's step count, with the summed error feedback.
 
 Every subprocess has a timeout; a hang is a failure. Prints one line per
 check and 'N passed, N failed'; exits 1 on any failure.
@@ -633,6 +637,47 @@ def case_slowmo(ctx, name):
     compare_final(checks, name, rd2, ck, job, (ref_rd, ref_ck), ref_job="slowmo-ref")
 
 
+def case_powersgd(ctx, name):
+    """Note [PowerSGD across re-forms]: PowerSGD (rank 1, compressing from
+    iteration 5) keeps its state when a worker is killed and restarted (the
+    newcomer takes the count and Q: a newcomer that went back to vanilla
+    allreduce would not match the survivors' collectives), and in
+    checkpoints: killed whole, the job resumes with its count, so the final
+    checkpoint's count is the job's step count, with the summed error
+    feedback beside it."""
+    checks = ctx.checks
+    hook = ["--comm-hook", "powersgd:1:5"]
+    job, ck = name, os.path.join(ctx.tmp, "ck-" + name)
+    rd, p = launch(ctx, name + "-1", job, ck, extra=["--max-restarts", "1"], train_extra=hook,
+                   env=SLOW)
+    if not wait_for_checkpoint(checks, name, p, ck, job, 30):
+        return
+    trainers = fixtures.children(p.pid)
+    os.kill(trainers[-1], signal.SIGKILL)
+    if not wait_for_checkpoint(checks, name + " (a worker killed and restarted)", p, ck, job,
+                               latest_step(ck, job) + 2 * EVERY):
+        return
+    seen = latest_step(ck, job)
+    p.kill_group()
+    p.wait(10)
+    rd2, p2 = launch(ctx, name + "-2", job, ck, train_extra=hook)
+    rc = p2.wait(RUN_TIMEOUT)
+    checks.check(rc == 0, name + ": the same command again exits 0", p2.describe())
+    step = resumed_step(p2.stderr(), "disk")
+    checks.check(step is not None and step >= seen,
+                 name + ": resumed from the newest complete checkpoint (%s >= %d)" % (step, seen),
+                 p2.stderr()[-3000:])
+    last = steps(ck, job)[-1]
+    state = torch.load(os.path.join(ck, job, "step-%d" % last, "state.pt"), weights_only=True)
+    it = state.get("powersgd/model/iteration")
+    errors = [k for k in state if k.startswith("powersgd/model/error/")]
+    checks.check(it is not None and int(it) == last and errors,
+                 name + ": the final checkpoint's PowerSGD count is the job's %d steps, "
+                 "with its error feedback" % last,
+                 "iteration %s, error entries %s" % (it, errors))
+    check_history(checks, name, [rd, rd2], 3)
+
+
 CASES = {
     "kill-all": lambda ctx: case_kill_all(ctx, "kill-all"),
     "memory": lambda ctx: case_memory(ctx, "memory"),
@@ -646,6 +691,7 @@ CASES = {
     "coordinator": lambda ctx: case_coordinator(ctx, "coordinator"),
     "started-again": lambda ctx: case_started_again(ctx, "started-again"),
     "slowmo": lambda ctx: case_slowmo(ctx, "slowmo"),
+    "powersgd": lambda ctx: case_powersgd(ctx, "powersgd"),
 }
 
 

@@ -1,9 +1,12 @@
 #include "worker/ddp/powersgd.h"
 
 #include <ATen/ATen.h>
+#include <torch/serialize.h>
 
+#include <sstream>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -20,6 +23,89 @@ int64_t PowerSgdState::NextSeed() {
     v = static_cast<uint32_t>(rng_()) & kMask;
   } while (v > kMax);
   return v;
+}
+
+void PowerSgdState::BeginStep() {
+  Saved saved{rng_, iter_, error_, p_memory_, {}};
+  for (const auto& [index, q] : q_memory_) saved.q_memory[index] = q.clone();
+  saved_ = std::move(saved);
+}
+
+void PowerSgdState::Restore() {
+  if (!saved_) return;
+  rng_ = saved_->rng;
+  iter_ = saved_->iter;
+  error_ = std::move(saved_->error);
+  p_memory_ = std::move(saved_->p_memory);
+  q_memory_ = std::move(saved_->q_memory);
+  saved_.reset();
+}
+
+std::string PowerSgdState::SaveReplicated() const {
+  torch::serialize::OutputArchive archive;
+  archive.write("iter", c10::IValue(iter_));
+  std::ostringstream rng;
+  rng << rng_;
+  archive.write("rng", c10::IValue(rng.str()));
+  for (const auto& [index, q] : q_memory_) {
+    archive.write(absl::StrCat("q/", index), q.cpu());
+    const auto p = p_memory_.find(index);
+    archive.write(
+        absl::StrCat("p/", index),
+        c10::IValue(p == p_memory_.end() ? int64_t{0} : p->second.numel()));
+  }
+  std::ostringstream out;
+  archive.save_to(out);
+  return out.str();
+}
+
+absl::Status PowerSgdState::LoadReplicated(const std::string& bytes,
+                                           const at::TensorOptions& options) {
+  int64_t iter = 0;
+  std::mt19937 rng;
+  std::map<size_t, at::Tensor> p_memory, q_memory;
+  try {
+    std::istringstream in(bytes);
+    torch::serialize::InputArchive archive;
+    archive.load_from(in);
+    c10::IValue v;
+    if (!archive.try_read("iter", v) || !v.isInt()) {
+      return absl::InvalidArgumentError("PowerSGD state: no iteration count");
+    }
+    iter = v.toInt();
+    if (!archive.try_read("rng", v) || !v.isString()) {
+      return absl::InvalidArgumentError("PowerSGD state: no generator");
+    }
+    std::istringstream rng_in(v.toStringRef());
+    rng_in >> rng;
+    if (rng_in.fail()) {
+      return absl::InvalidArgumentError("PowerSGD state: a bad generator");
+    }
+    for (const std::string& key : archive.keys()) {
+      size_t index = 0;
+      if (!absl::StartsWith(key, "q/") ||
+          !absl::SimpleAtoi(key.substr(2), &index)) {
+        continue;
+      }
+      at::Tensor q;
+      archive.read(key, q);
+      c10::IValue p;
+      if (!archive.try_read(absl::StrCat("p/", index), p) || !p.isInt()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("PowerSGD state: bucket ", index, " has no P size"));
+      }
+      q_memory[index] = q.to(options).contiguous();
+      p_memory[index] = at::empty({p.toInt()}, options);
+    }
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PowerSGD state does not load: ", e.what()));
+  }
+  iter_ = iter;
+  rng_ = rng;
+  p_memory_ = std::move(p_memory);
+  q_memory_ = std::move(q_memory);
+  return absl::OkStatus();
 }
 
 namespace {

@@ -85,6 +85,7 @@ void State::StartStep() {
     o.copied = o.timing != Timing::kLate;
     if (o.copied) o.copy.Take(*o.optimizer);
   }
+  for (const Attached& a : participants_) a.participant->BeginStep();
   in_step_ = true;
 }
 
@@ -375,6 +376,7 @@ void State::Restore() {
   }
   if (!in_step_) return;
   in_step_ = false;
+  for (const Attached& a : participants_) a.participant->RestoreStep();
   for (Optimizer& o : optimizers_) {
     // Stepped before the failed collective: it steps early.
     const bool stepped = Changed(o);
