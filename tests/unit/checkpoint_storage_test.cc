@@ -191,6 +191,26 @@ TEST(CheckpointDiskTest, KeepsTheNewestThree) {
   EXPECT_EQ(list[2].step, 40);
 }
 
+// A damaged checkpoint stays while it is among the newest three (for a
+// person to look at), and goes once three complete newer ones exist.
+TEST(CheckpointDiskTest, ADamagedOneGoesOnceKeepNewerOnesAreComplete) {
+  TempDir dir;
+  WriteOptions options;
+  options.keep = 3;
+  for (int64_t step = 10; step <= 20; step += 10) {
+    ASSERT_TRUE(Write(SampleContent(step), dir, options).ok());
+  }
+  ASSERT_TRUE(fs::remove(StepDir(dir, 20) + "/manifest.json"));
+  for (int64_t step = 30; step <= 40; step += 10) {
+    ASSERT_TRUE(Write(SampleContent(step), dir, options).ok());
+  }
+  EXPECT_THAT(Entries(JobDir(dir)), ElementsAre("latest", "step-10", "step-20",
+                                                "step-30", "step-40"));
+  ASSERT_TRUE(Write(SampleContent(50), dir, options).ok());
+  EXPECT_THAT(Entries(JobDir(dir)),
+              ElementsAre("latest", "step-30", "step-40", "step-50"));
+}
+
 // ---- writes that fail
 // ------------------------------------------------------------
 

@@ -421,10 +421,26 @@ absl::StatusOr<WriteStats> WriteCheckpoint(const Content& content,
   // the write's time).
   std::vector<Scanned> all = ScanAll(dir, job);
   int kept = 0;
+  int64_t oldest_kept = step;
   for (const Scanned& s : all) {
     if (!s.status.ok()) continue;
     if (s.info.step > step) continue;  // another writer's newer one
-    if (++kept > options.keep) RemoveAll(s.info.path, nullptr);
+    if (++kept > options.keep) {
+      RemoveAll(s.info.path, nullptr);
+    } else {
+      oldest_kept = s.info.step;
+    }
+  }
+  // A damaged one is never loaded; it goes once `keep` complete ones newer
+  // than it exist (until then it is left for a person to look at).
+  if (kept >= options.keep) {
+    for (const Scanned& s : all) {
+      const int64_t at =
+          StepOf(fs::path(s.info.path).filename().string(), "step-");
+      if (!s.status.ok() && at >= 0 && at < oldest_kept) {
+        RemoveAll(s.info.path, nullptr);
+      }
+    }
   }
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(job_dir, ec)) {
