@@ -508,7 +508,8 @@ int main(int argc, char** argv) {
   int status = 1;
   CheckpointTier checkpoints;
   // Note [Checkpoints]: the coordinator hears of each write, done or failed,
-  // through the agent (which outlives the persister: it is stopped below
+  // and of each snapshot only in memory (Note [Resume source]), through the
+  // agent (which outlives the persister: it is stopped below
   // first), or directly when it is embedded (--standalone).
   std::function<void(const concord::checkpoint::PersistReport&)> report;
   concord::agent::NodeAgent* reporter = agent.get();
@@ -530,6 +531,7 @@ int main(int argc, char** argv) {
       r.set_stall_seconds(w.stall_seconds);
       r.set_skipped(w.skipped);
       r.set_error(w.error);
+      r.set_memory(w.memory);
       r.set_written_unix_ms(absl::ToUnixMillis(absl::Now()));
       r.set_node(node);
       if (reporter != nullptr) {

@@ -315,6 +315,8 @@ absl::Status Session::JoinAndConnect(
     authoritative_rank_.store(joined.authoritative_rank());
     resume_from_.reset();
     if (joined.has_resume_from()) resume_from_ = joined.resume_from();
+    resume_memory_.reset();
+    if (joined.has_resume_memory()) resume_memory_ = joined.resume_memory();
     store_ = std::make_unique<CoordinatorStore>(
         client_.get(), options_.spec.job_id(), joined.generation());
     Log()->info("joined job '{}' generation {} as rank {} of {}",

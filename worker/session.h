@@ -145,6 +145,10 @@ class Session final : public comm::GroupFactory {
   const std::optional<v1::CheckpointReport>& resume_from() const {
     return resume_from_;
   }
+  // The same, of the memory snapshot it named (JoinResponse.resume_memory).
+  const std::optional<v1::CheckpointReport>& resume_memory() const {
+    return resume_memory_;
+  }
   // Note [Worker device]: where this worker's tensors live, and which
   // communicator its generations use.
   const WorkerDevice& device() const { return device_; }
@@ -256,6 +260,7 @@ class Session final : public comm::GroupFactory {
   std::vector<std::weak_ptr<comm::Communicator>> groups_;
   std::atomic<int> authoritative_rank_{0};
   std::optional<v1::CheckpointReport> resume_from_;
+  std::optional<v1::CheckpointReport> resume_memory_;
   // Of the last generation joined and connected (rank(), world_size(),
   // generation()).
   std::atomic<int> rank_{0};

@@ -88,6 +88,9 @@ void Core::StartAgain(Job& job, const std::string& worker_id) {
   job.finished.clear();
   job.boundary_step.reset();
   job.resume_from.reset();
+  job.resume_memory.reset();
+  // The ended run's agents (and their memory) are gone with it.
+  job.memory_snapshots.clear();
   // A new run, not the next generation of the ended one: no rank change.
   job.ended_ranks.clear();
   job.ended_generation = 0;
@@ -287,6 +290,7 @@ absl::StatusOr<std::optional<Assignment>> Core::GetAssignment(
     a.rank = member->rank;
     a.rank_change = job->rank_change;
     a.resume_from = job->resume_from;
+    a.resume_memory = job->resume_memory;
     a.world_size = static_cast<int32_t>(job->members.size());
     a.authoritative_rank = job->authoritative_rank;
     a.finished_workers = static_cast<int32_t>(job->finished.size());
@@ -524,6 +528,21 @@ absl::Status Core::CheckpointReported(const std::string& job_id,
   CONCORD_RETURN_IF_ERROR(ValidateCheckpoint(job_id, report));
   Job* job = FindJob(job_id);
   if (job == nullptr) return JobNotFound(job_id);
+  // Note [Resume source]: what the node's memory holds now (a write, done
+  // or failed, was of the snapshot there).
+  if (!report.node().empty()) {
+    v1::CheckpointReport& held = job->memory_snapshots[report.node()];
+    held = report;
+    held.set_memory(true);
+    held.clear_path();
+    held.clear_error();
+    held.clear_write_seconds();
+    held.clear_skipped();
+  }
+  if (report.memory()) {
+    Changed(*job);
+    return absl::OkStatus();
+  }
   v1::CheckpointTotals& totals = job->checkpoint_totals;
   totals.set_skipped(totals.skipped() + report.skipped());
   const std::string node =

@@ -163,10 +163,19 @@
 // started again) and the job has a complete checkpoint reported (Note
 // [Checkpoints] in worker/checkpoint/checkpointer.h): the newest one, in
 // every member's Assignment (JoinResponse.resume_from) and the generation's
-// event. The workers load it on the node that wrote it (a node-local disk),
-// unless a node's memory snapshot holds a newer step; without it (no
-// record: a --standalone coordinator that died with its launcher) they take
-// the newest complete checkpoint in their directory.
+// event. The workers load it on the node that wrote it (a node-local disk).
+// The node agents also report the snapshots their memory holds (each
+// written checkpoint is in its writer's node's memory; the other nodes'
+// agents report theirs as memory-only, CheckpointReport.memory): the newest
+// per node is kept, and one at least as new as the disk's is named too
+// (JoinResponse.resume_memory; memory wins a tie: no disk read). The
+// workers check what they are told: every rank offers its node's memory
+// snapshot and rank 0 (or the named disk's node) the disk's, and the newest
+// offered wins (a node whose agent died with its memory offers nothing,
+// and the disk's is taken), with a log line saying whether it is the one
+// the coordinator named. Without a record (a --standalone coordinator that
+// died with its launcher) they take the newest complete checkpoint in their
+// directory.
 //
 // Note [Exited workers]: a launcher that is its workers' node agent
 // (concord-run) sees a worker process exit the instant it reaps it, and says
@@ -244,6 +253,7 @@ struct Assignment {
   std::optional<v1::RankChange> rank_change;
   // Note [Resume source].
   std::optional<v1::CheckpointReport> resume_from;
+  std::optional<v1::CheckpointReport> resume_memory;
 };
 
 // A job's figures for the per-job Prometheus metrics (Note [Job history]).
@@ -524,6 +534,9 @@ class Core {
     std::map<std::string, std::string> retired;
     // Note [Resume source]: of the current generation.
     std::optional<v1::CheckpointReport> resume_from;
+    std::optional<v1::CheckpointReport> resume_memory;
+    // Note [Resume source]: by node, the newest snapshot in its memory.
+    std::map<std::string, v1::CheckpointReport> memory_snapshots;
     std::set<std::string> drained;
     // Left for good: ran out of data, or had completed when their generation
     // ended. A later Leave of theirs is a no-op.

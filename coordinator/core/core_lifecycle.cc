@@ -384,17 +384,36 @@ void Core::FormGeneration(Job& job, size_t n) {
   job.boundary_step.reset();
   // Note [Resume source].
   job.resume_from.reset();
+  job.resume_memory.reset();
   const bool held =
       std::any_of(job.members.begin(), job.members.end(),
                   [](const MemberState& m) { return m.committed_step > 0; });
   std::string source;
-  if (!held && !job.checkpoints.empty()) {
-    job.resume_from = job.checkpoints.back();
-    source = absl::StrFormat(
-        "; no member holds a committed step: its state comes from step %d of "
-        "the checkpoint %s (%s) unless a node's memory holds a newer one",
-        job.resume_from->step(), job.resume_from->path(),
-        job.resume_from->node());
+  if (!held) {
+    if (!job.checkpoints.empty()) job.resume_from = job.checkpoints.back();
+    const int64_t disk = job.resume_from ? job.resume_from->step() : 0;
+    for (const auto& [node, snapshot] : job.memory_snapshots) {
+      if (snapshot.step() >= disk &&
+          (!job.resume_memory || snapshot.step() > job.resume_memory->step())) {
+        job.resume_memory = snapshot;
+      }
+    }
+    if (job.resume_memory) {
+      source = absl::StrFormat(
+          "; no member holds a committed step: its state comes from step %d "
+          "in the memory of %s",
+          job.resume_memory->step(), job.resume_memory->node());
+      if (job.resume_from) {
+        absl::StrAppendFormat(&source, " (or, without it, step %d of %s)",
+                              job.resume_from->step(), job.resume_from->path());
+      }
+    } else if (job.resume_from) {
+      source = absl::StrFormat(
+          "; no member holds a committed step: its state comes from step %d "
+          "of the checkpoint %s (%s)",
+          job.resume_from->step(), job.resume_from->path(),
+          job.resume_from->node());
+    }
   }
   job.state = v1::JOB_STATE_RUNNING;
   job.history.GenerationFormed(now, job.generation,

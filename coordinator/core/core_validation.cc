@@ -355,7 +355,15 @@ absl::Status ValidateCheckpoint(const std::string& job_id,
       FiniteNonNegative("write_seconds", r.write_seconds()));
   CONCORD_RETURN_IF_ERROR(
       FiniteNonNegative("stall_seconds", r.stall_seconds()));
-  if (r.path().empty()) return Invalid("path", "is empty");
+  if (r.memory()) {
+    if (r.node().empty())
+      return Invalid("node", "is empty for a memory snapshot");
+    if (!r.error().empty() || !r.path().empty()) {
+      return Invalid("memory", "a memory snapshot has no path and no error");
+    }
+  } else if (r.path().empty()) {
+    return Invalid("path", "is empty");
+  }
   CONCORD_RETURN_IF_ERROR(ValidText("path", r.path(), kMaxMessageLength));
   CONCORD_RETURN_IF_ERROR(ValidText("error", r.error(), kMaxMessageLength));
   return ValidText("node", r.node(), kMaxMessageLength);

@@ -267,6 +267,12 @@ std::optional<v1::JobRecord> Core::ExportJob(const std::string& job_id) const {
   if (job->resume_from.has_value()) {
     *record.mutable_resume_from() = *job->resume_from;
   }
+  if (job->resume_memory.has_value()) {
+    *record.mutable_resume_memory() = *job->resume_memory;
+  }
+  for (const auto& [node, snapshot] : job->memory_snapshots) {
+    *record.add_memory_snapshots() = snapshot;
+  }
   for (const auto& [k, v] : job->kv) (*record.mutable_kv())[k] = v;
   for (const Event& e : job->events) *record.add_events() = ToProto(e);
   record.set_next_event_seq(job->next_event_seq);
@@ -352,6 +358,20 @@ absl::Status Core::CheckRestoredWorkers(const Job& job) {
       return bad(absl::StrCat("resume_from: ", s.message()));
     }
   }
+  if (job.resume_memory.has_value()) {
+    if (absl::Status s = ValidateCheckpoint(id, *job.resume_memory);
+        !s.ok() || !job.resume_memory->memory()) {
+      return bad(absl::StrCat("resume_memory: ",
+                              s.ok() ? "not a memory snapshot" : s.message()));
+    }
+  }
+  for (const auto& [node, snapshot] : job.memory_snapshots) {
+    if (absl::Status s = ValidateCheckpoint(id, snapshot);
+        !s.ok() || !snapshot.memory() || snapshot.node() != node) {
+      return bad(absl::StrCat("memory snapshot of ", node, ": ",
+                              s.ok() ? "not a memory snapshot" : s.message()));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -411,6 +431,10 @@ absl::Status Core::RestoreJob(const v1::JobRecord& record) {
   job.retired.insert(record.retired_bindings().begin(),
                      record.retired_bindings().end());
   if (record.has_resume_from()) job.resume_from = record.resume_from();
+  if (record.has_resume_memory()) job.resume_memory = record.resume_memory();
+  for (const v1::CheckpointReport& snapshot : record.memory_snapshots()) {
+    job.memory_snapshots[snapshot.node()] = snapshot;
+  }
   CONCORD_RETURN_IF_ERROR(CheckRestoredWorkers(job));
   job.rendezvous_started = now;
   job.last_arrival = now;

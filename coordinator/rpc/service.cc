@@ -305,6 +305,9 @@ std::optional<absl::Status> JoinAnswer(Core& core,
   response->set_finished_workers(a.finished_workers);
   response->set_heartbeat_interval_ms(
       absl::ToInt64Milliseconds(a.heartbeat_interval));
+  if (a.resume_memory.has_value()) {
+    *response->mutable_resume_memory() = *a.resume_memory;
+  }
   if (a.resume_from.has_value()) {
     *response->mutable_resume_from() = *a.resume_from;
   }

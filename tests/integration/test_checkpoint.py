@@ -15,7 +15,8 @@ Cases (--list):
              uninterrupted run's with the same flags.
   memory     only the workers SIGKILLed (concord-run, the node agent, lives
              and restarts them): they resume from the node's memory snapshot
-             (the log names "memory"), bit-identical to the uninterrupted run.
+             (the log names "memory", as the coordinator named it: the agent
+             reports its snapshots), bit-identical to the uninterrupted run.
   world2     a job killed whole resumes with 2 workers instead of 3: it
              completes (exit 0) from the checkpoint's step, every sample of
              the remaining epochs once.
@@ -324,6 +325,11 @@ def case_memory(ctx, name):
     checks.check(step is not None and step >= 60,
                  name + ": the restarted workers resumed from the node's memory (step %s)" % step,
                  p.stderr()[-3000:])
+    # Note [Resume source]: the agent reported its memory snapshots; the
+    # coordinator named the one they took.
+    checks.check(re.search(r"resuming from step %s of the checkpoint in memory \([^\n]*\), as "
+                           r"the coordinator named" % step, p.stderr()) is not None,
+                 name + ": it is the memory snapshot the coordinator named", p.stderr()[-3000:])
     check_history(checks, name, [rd], 3)
     compare_final(checks, name, rd, ck, job, ref)
 

@@ -692,5 +692,32 @@ TEST(CheckpointPersisterTest, AFailedWriteIsReported) {
   EXPECT_EQ(reports[0].bytes, 0u);
 }
 
+// Note [Resume source]: a snapshot another node's writer persists is
+// reported as memory only (step, the region's bytes, no path): nothing is
+// written.
+TEST(CheckpointPersisterTest, ASnapshotInMemoryOnlyIsReported) {
+  TempDir dir;
+  absl::StatusOr<std::unique_ptr<Region>> region = Region::Open("");
+  ASSERT_TRUE(region.ok()) << region.status();
+  ASSERT_TRUE(WriteSnapshot(**region, SampleContent(30), kJob, false).ok());
+  std::vector<PersistReport> reports;
+  {
+    Persister persister(
+        region->get(), dir.path(), 3, {},
+        [&](const PersistReport& r) { reports.push_back(r); },
+        std::chrono::minutes(1));
+    persister.Flush();
+    EXPECT_EQ(persister.stats().written, 0);
+  }
+  ASSERT_EQ(reports.size(), 1u);
+  EXPECT_TRUE(reports[0].memory);
+  EXPECT_EQ(reports[0].step, 30);
+  EXPECT_EQ(reports[0].job, kJob);
+  EXPECT_TRUE(reports[0].path.empty());
+  EXPECT_TRUE(reports[0].error.empty());
+  EXPECT_EQ(reports[0].bytes, (*region)->header().bytes);
+  EXPECT_FALSE(fs::exists(JobDir(dir)));
+}
+
 }  // namespace
 }  // namespace concord::checkpoint

@@ -470,6 +470,71 @@ TEST_F(CoordinatorExitTest, AStoppedJobStartsAgainFromItsNewestCheckpoint) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+v1::CheckpointReport Memory(int64_t step, const std::string& node) {
+  v1::CheckpointReport r;
+  r.set_step(step);
+  r.set_bytes(4096);
+  r.set_memory(true);
+  r.set_node(node);
+  return r;
+}
+
+// Note [Resume source]: the node agents' memory snapshots. Every worker
+// dies; new ones join: the coordinator names the newest disk checkpoint and
+// the newest memory snapshot at least as new (node-b's; node-c's older one
+// is not), in the assignment, the event and the persisted record. Memory
+// reports that do not say what they are change nothing.
+TEST_F(CoordinatorExitTest, TheNewestMemorySnapshotIsNamedWithTheDisks) {
+  FormLong(2);
+  ASSERT_TRUE(core_.CheckpointReported(kJob, Checkpoint(20)).ok());  // node-a
+  ASSERT_TRUE(core_.CheckpointReported(kJob, Memory(30, "node-b")).ok());
+  ASSERT_TRUE(core_.CheckpointReported(kJob, Memory(10, "node-c")).ok());
+  (void)core_.TakeDirtyJobs();
+  v1::CheckpointReport with_path = Memory(40, "node-b");
+  with_path.set_path("/ckpt/job/step-40");
+  v1::CheckpointReport no_node = Memory(40, "");
+  v1::CheckpointReport with_error = Memory(40, "node-b");
+  with_error.set_error("disk full");
+  for (const auto& bad : {with_path, no_node, with_error}) {
+    EXPECT_EQ(core_.CheckpointReported(kJob, bad).code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+  EXPECT_TRUE(core_.TakeDirtyJobs().empty());
+  const v1::JobStatus before = Status();
+  EXPECT_EQ(before.checkpoints_size(), 1);  // memory is no checkpoint written
+  EXPECT_EQ(before.checkpoint_totals().written(), 1);
+  ASSERT_TRUE(Exited(Worker(0)).ok());
+  ASSERT_TRUE(Exited(Worker(1)).ok());
+  ASSERT_TRUE(core_.Join(JoinReq(spec_, "n0")).ok());
+  ASSERT_TRUE(core_.Join(JoinReq(spec_, "n1")).ok());
+  ASSERT_EQ(core_.State(kJob), v1::JOB_STATE_RUNNING);
+  auto expect_named = [](Core& core) {
+    auto a = core.GetAssignment(kJob, "n1");
+    ASSERT_TRUE(a.ok() && a->has_value());
+    ASSERT_TRUE((*a)->resume_from.has_value());
+    EXPECT_EQ((*a)->resume_from->step(), 20);
+    ASSERT_TRUE((*a)->resume_memory.has_value());
+    EXPECT_EQ((*a)->resume_memory->step(), 30);
+    EXPECT_EQ((*a)->resume_memory->node(), "node-b");
+    EXPECT_TRUE((*a)->resume_memory->memory());
+  };
+  expect_named(core_);
+  bool named = false;
+  const v1::JobStatus after = Status();
+  for (const auto& e : after.recent_events()) {
+    named = named ||
+            (e.kind() == "generation" &&
+             absl::StrContains(e.message(), "step 30 in the memory of node-b"));
+  }
+  EXPECT_TRUE(named);
+  auto record = core_.ExportJob(kJob);
+  ASSERT_TRUE(record.has_value());
+  EXPECT_EQ(record->memory_snapshots_size(), 3);  // node-a's from its write
+  Core restored(&clock_);
+  ASSERT_TRUE(restored.RestoreJob(*record).ok());
+  expect_named(restored);
+}
+
 // A generation with a member that holds a committed step goes on from it:
 // the coordinator names no checkpoint.
 TEST_F(CoordinatorExitTest, ASurvivorsStateIsNotReplacedByACheckpoint) {

@@ -86,6 +86,7 @@ bool Persister::PersistOnce() {
   absl::StatusOr<WriteStats> written =
       absl::FailedPreconditionError("not for the disk tier");
   int64_t step = h.step;
+  const uint64_t snapshot_bytes = h.bytes;
   PersistReport report;
   report.job = job;
   report.step = step;
@@ -150,6 +151,11 @@ bool Persister::PersistOnce() {
   after.persisted.store(now, std::memory_order_release);
   after.state.store(RegionHeader::kReady, std::memory_order_release);
   // Reported once the region is free again: the next snapshot may come.
+  if (!persist && on_report_) {
+    report.memory = true;
+    report.bytes = snapshot_bytes;
+    on_report_(report);
+  }
   if (persist && on_report_) {
     const int64_t skips =
         stats().superseded +

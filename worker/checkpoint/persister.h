@@ -47,6 +47,10 @@ struct PersistReport {
   // writer (the region was being persisted) or superseded before the
   // persister got to them.
   int64_t skipped = 0;
+  // A snapshot in the region only (another node's writer persists): no
+  // write; `step`, `bytes` (the region's) and `stall_seconds` set (Note
+  // [Resume source] in coordinator/core/core.h).
+  bool memory = false;
 };
 
 // Note [Persister priority]: the persister's thread (and the threads its
@@ -65,7 +69,8 @@ class Persister {
   // region's doorbell, and every `poll`.
   // `crash`: the test hook TestCrashFromEnvironment reads.
   // `on_report` (may be empty) runs on the persister's thread after each
-  // write for the disk tier, written or failed.
+  // write for the disk tier, written or failed, and for each snapshot not
+  // for the disk tier (PersistReport::memory).
   Persister(Region* region, std::string dir, int keep, TestCrash crash = {},
             std::function<void(const PersistReport&)> on_report = {},
             std::chrono::milliseconds poll = std::chrono::seconds(1));

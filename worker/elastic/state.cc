@@ -346,11 +346,25 @@ absl::Status State::SyncCheckpoints(int* root) {
     CONCORD_RETURN_IF_ERROR(comm->Broadcast(layout, winner, opts)->Wait());
     CONCORD_RETURN_IF_ERROR(m.engine->SetReducerLayout(layout));
   }
+  // Note [Resume source]: the memory snapshot the coordinator named, if
+  // that is what won.
+  std::string named_memory;
+  if (const auto& memory = session_->resume_memory(); memory.has_value()) {
+    if (best_memory && memory->step() == best &&
+        nodes[winner] == memory->node()) {
+      named_memory = ", as the coordinator named";
+    } else if (me == 0) {
+      Log()->warn(
+          "generation {}: the coordinator named step {} in the memory of {}; "
+          "no rank there offered it (its node agent's memory is gone?)",
+          session_->generation(), memory->step(), memory->node());
+    }
+  }
   if (me == winner) {
     Log()->info(
         "generation {}: no member holds a committed step; resuming from "
-        "step {} of the checkpoint in {}",
-        session_->generation(), best, mine->source);
+        "step {} of the checkpoint in {}{}",
+        session_->generation(), best, mine->source, named_memory);
   } else {
     Log()->info(
         "generation {}: no member holds a committed step; resuming from "
