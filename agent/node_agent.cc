@@ -77,15 +77,6 @@ grpc::ServerUnaryReactor* NodeAgent::Impl::KvGet(
   });
 }
 
-grpc::ServerUnaryReactor* NodeAgent::Impl::ReportEndOfData(
-    grpc::CallbackServerContext* context, const v1::EndOfDataRequest* request,
-    v1::EndOfDataResponse* response) {
-  return Forward(context, [=](v1::WorkerService::Stub* stub,
-                              grpc::ClientContext* c, auto done) {
-    stub->async()->ReportEndOfData(c, request, response, std::move(done));
-  });
-}
-
 grpc::ServerUnaryReactor* NodeAgent::Impl::Heartbeat(
     grpc::CallbackServerContext* context, const v1::HeartbeatRequest* request,
     v1::HeartbeatResponse* response) {

@@ -21,8 +21,8 @@
 //    workers' calls on it end with its status (UNAVAILABLE) and the
 //    workers retry and reconnect as they would to the coordinator; the
 //    agent opens a fresh stream for them.
-//  - Leave, KvSet, KvGet and ReportEndOfData are passed on as they are,
-//    with the worker's deadline; a worker's call that is cancelled cancels
+//  - Leave, KvSet and KvGet are passed on as they are, with the worker's
+//    deadline; a worker's call that is cancelled cancels
 //    the call the agent made for it.
 // The worker's own identity (worker_id, worker_secret) travels inside each
 // request and is checked by the coordinator as before; the agent checks

@@ -122,9 +122,6 @@ class NodeAgent::Impl final : public v1::WorkerService::CallbackService {
   grpc::ServerUnaryReactor* KvGet(grpc::CallbackServerContext* context,
                                   const v1::KvGetRequest* request,
                                   v1::KvGetResponse* response) override;
-  grpc::ServerUnaryReactor* ReportEndOfData(
-      grpc::CallbackServerContext* context, const v1::EndOfDataRequest* request,
-      v1::EndOfDataResponse* response) override;
   grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context,
                                       const v1::HeartbeatRequest* request,
                                       v1::HeartbeatResponse* response) override;

@@ -33,7 +33,6 @@ OrderedJson MemberJson(const v1::MemberStatus& m) {
                 {"last_heartbeat_age_ms", m.last_heartbeat_age_ms()},
                 {"samples_per_second", m.samples_per_second()},
                 {"completed", m.completed()},
-                {"end_of_data_step", nullptr},
                 {"ddp",
                  {{"step_ms", m.ddp().step_ms()},
                   {"forward_ms", m.ddp().forward_ms()},
@@ -42,7 +41,6 @@ OrderedJson MemberJson(const v1::MemberStatus& m) {
                   {"optimizer_ms", m.ddp().optimizer_ms()},
                   {"buckets", m.ddp().buckets()}}},
                 {"loss", nullptr}};
-  if (m.has_end_of_data_step()) j["end_of_data_step"] = m.end_of_data_step();
   if (m.has_loss()) j["loss"] = m.loss();
   return j;
 }
@@ -88,14 +86,12 @@ OrderedJson StatusJson(const v1::JobStatus& s) {
       {"authoritative_rank", s.authoritative_rank()},
       {"min_workers", s.spec().min_workers()},
       {"max_workers", s.spec().max_workers()},
-      {"boundary_step", nullptr},
       {"members", OrderedJson::array()},
       {"waiting", OrderedJson::array()},
       {"expected", OrderedJson::array()},
       {"recent_events", OrderedJson::array()},
       {"checkpoints", OrderedJson::array()},
       {"checkpoint_totals", CheckpointTotalsJson(s.checkpoint_totals())}};
-  if (s.has_boundary_step()) j["boundary_step"] = s.boundary_step();
   for (const auto& m : s.members()) j["members"].push_back(MemberJson(m));
   for (const auto& m : s.waiting()) j["waiting"].push_back(MemberJson(m));
   for (const auto& m : s.expected()) j["expected"].push_back(MemberJson(m));

@@ -197,9 +197,6 @@ void PrintStatusTable(const v1::JobStatus& s) {
             << " member(s) (min " << s.spec().min_workers() << ", max "
             << s.spec().max_workers() << "), " << s.waiting_size()
             << " waiting, authoritative rank " << s.authoritative_rank();
-  if (s.has_boundary_step()) {
-    std::cout << ", end-of-data boundary at step " << s.boundary_step();
-  }
   std::cout << "\n";
   if (!s.failure().empty()) std::cout << "reason: " << s.failure() << "\n";
   std::vector<std::vector<std::string>> rows = {
@@ -209,10 +206,6 @@ void PrintStatusTable(const v1::JobStatus& s) {
     std::string note = waiting ? "waiting" : "";
     if (m.rank() == s.authoritative_rank() && !waiting) note = "authoritative";
     if (m.completed()) note = "completed";
-    if (m.has_end_of_data_step()) {
-      note = absl::StrCat(note, note.empty() ? "" : ", ", "data ends at ",
-                          m.end_of_data_step());
-    }
     rows.push_back(
         {waiting ? "-" : absl::StrCat(m.rank()), m.worker_id(), m.host(),
          absl::StrCat(m.committed_step()), Age(m.last_heartbeat_age_ms()),

@@ -181,25 +181,6 @@ absl::StatusOr<std::vector<std::string>> CoordinatorClient::KvGet(
                                   response.values().end());
 }
 
-absl::StatusOr<v1::EndOfDataResponse> CoordinatorClient::ReportEndOfData(
-    const std::string& job_id, int64_t generation, int64_t last_step,
-    absl::Duration timeout) {
-  v1::EndOfDataRequest request;
-  request.set_job_id(job_id);
-  request.set_worker_id(identity_.worker_id);
-  request.set_worker_secret(identity_.worker_secret);
-  request.set_generation(generation);
-  request.set_last_step(last_step);
-  v1::EndOfDataResponse response;
-  absl::Status status = CallWithRetry(
-      replicas_, identity_.token, timeout,
-      [&](v1::WorkerService::Stub* stub, grpc::ClientContext* ctx) {
-        return stub->ReportEndOfData(ctx, request, &response);
-      });
-  if (!status.ok()) return status;
-  return response;
-}
-
 absl::Status CoordinatorClient::WatchOnce(
     const std::string& job_id,
     const std::function<void(const v1::MembershipUpdate&)>& on_update,

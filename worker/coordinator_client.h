@@ -91,11 +91,6 @@ class CoordinatorClient {
   absl::StatusOr<std::vector<std::string>> KvGet(
       const std::string& job_id, int64_t generation,
       const std::vector<std::string>& keys, absl::Duration timeout);
-  // "No more data after step last_step" (Note [End of data] in
-  // coordinator/core/core.h).
-  absl::StatusOr<v1::EndOfDataResponse> ReportEndOfData(
-      const std::string& job_id, int64_t generation, int64_t last_step,
-      absl::Duration timeout);
 
   // Opens one WatchMembership stream and calls `on_update` for each update
   // until the stream ends or fails; returns its final status. Cancel it from

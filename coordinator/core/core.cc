@@ -86,7 +86,6 @@ void Core::StartAgain(Job& job, const std::string& worker_id) {
   job.kv.clear();
   job.drained.clear();
   job.finished.clear();
-  job.boundary_step.reset();
   job.resume_from.reset();
   job.resume_memory.reset();
   // The ended run's agents (and their memory) are gone with it.
@@ -351,10 +350,6 @@ absl::StatusOr<v1::HeartbeatResponse> Core::Heartbeat(
   job->progress_pending = clock_->Now();
   Changed(*job, /*persist=*/false);
   v1::HeartbeatResponse response;
-  if (job->boundary_step.has_value()) {
-    response.set_boundary_step(*job->boundary_step);
-  }
-  MaybeApplyBoundary(*job);
   response.set_current_generation(job->generation);
   response.set_state(job->state);
   response.set_waiting_workers(WaitingWorkers(*job));
@@ -637,90 +632,6 @@ absl::StatusOr<std::optional<std::vector<std::string>>> Core::KvGet(
     values.push_back(it->second);
   }
   return std::optional<std::vector<std::string>>(std::move(values));
-}
-
-absl::StatusOr<v1::EndOfDataResponse> Core::ReportEndOfData(
-    const v1::EndOfDataRequest& request) {
-  CONCORD_RETURN_IF_ERROR(ValidateRequest(request));
-  Job* job = FindJob(request.job_id());
-  if (job == nullptr) return JobNotFound(request.job_id());
-  CONCORD_RETURN_IF_ERROR(EndedError(*job));
-  CONCORD_ASSIGN_OR_RETURN(
-      const size_t index,
-      CheckMember(*job, request.worker_id(), request.worker_secret(),
-                  request.generation()));
-  MemberState& member = job->members[index];
-  const int64_t s = request.last_step();
-  for (const MemberState& m : job->members) {
-    if (m.committed_step > s) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "last_step %d is behind step %d, already committed by %s", s,
-          m.committed_step, m.worker_id));
-    }
-  }
-  if (!member.end_of_data_step.has_value() || s < *member.end_of_data_step) {
-    member.end_of_data_step = s;
-    const bool moved =
-        !job->boundary_step.has_value() || s < *job->boundary_step;
-    if (moved) job->boundary_step = s;
-    AddEvent(*job, "end_of_data", member.worker_id,
-             absl::StrFormat("no more data after step %d; boundary of "
-                             "generation %d is step %d",
-                             s, job->generation, *job->boundary_step));
-    Changed(*job);
-  }
-  v1::EndOfDataResponse response;
-  response.set_boundary_step(*job->boundary_step);
-  for (const MemberState& m : job->members) {
-    if (m.end_of_data_step == job->boundary_step) {
-      response.add_leaving(m.worker_id);
-    }
-  }
-  MaybeApplyBoundary(*job);
-  return response;
-}
-
-// Note [End of data]: once every member committed the boundary step, the
-// members whose data ends there leave and the rest re-form.
-void Core::MaybeApplyBoundary(Job& job) {
-  if (!job.boundary_step.has_value() || job.state != v1::JOB_STATE_RUNNING) {
-    return;
-  }
-  const int64_t boundary = *job.boundary_step;
-  for (const MemberState& m : job.members) {
-    if (!m.completed && m.committed_step < boundary) return;
-  }
-  std::vector<std::string> leaving;
-  for (const MemberState& m : job.members) {
-    if (m.end_of_data_step != boundary) continue;
-    leaving.push_back(m.worker_id);
-    job.bindings.erase(m.worker_id);
-    job.finished.insert(m.worker_id);
-    AddEvent(job, "leave", m.worker_id,
-             absl::StrFormat("no more data after step %d", boundary));
-  }
-  // Waiting workers carry on too (Note [Re-forming]).
-  const bool anyone_left =
-      leaving.size() < job.members.size() || !job.waiting.empty();
-  const std::string why =
-      absl::StrFormat("end-of-data boundary at step %d: %s left", boundary,
-                      absl::StrJoin(leaving, ", "));
-  if (anyone_left) {
-    EndGeneration(job, why,
-                  std::set<std::string>(leaving.begin(), leaving.end()));
-    if (!MaybeSucceed(job)) MaybeFormGeneration(job);
-  } else {
-    AddEvent(job, "generation", "",
-             absl::StrFormat("generation %d ended: %s", job.generation, why));
-    job.events.back().generation = job.generation;
-    job.state = v1::JOB_STATE_SUCCEEDED;
-    job.boundary_step.reset();
-    AddEvent(job, "job", "",
-             absl::StrFormat("job succeeded in generation %d: every worker "
-                             "reached the end of its data",
-                             job.generation));
-  }
-  Changed(job);
 }
 
 }  // namespace concord::coordinator

@@ -65,30 +65,22 @@
 // the worker waits, is a member, or is a survivor expected to join again
 // (Note [Re-forming]); it is released when the worker withdraws, leaves with
 // an error, is declared failed (or dropped as an expected survivor), is
-// drained, runs out of data (an end-of-data boundary or Leave(END_OF_DATA)),
-// or had completed when its generation ended, so a restarted process (new
-// secret) can take the id again. The worker's first-join time (Note
-// [Formation]) lives as long as its binding. KvSet/KvGet/ReportEndOfData must
-// come from a bound member of the named generation, so a worker can act
-// neither for another worker nor in another job.
+// drained, runs out of data (Leave(END_OF_DATA)), or had completed when its
+// generation ended, so a restarted process (new secret) can take the id
+// again. The worker's first-join time (Note [Formation]) lives as long as
+// its binding. KvSet/KvGet must come from a bound member of the named
+// generation, so a worker can act neither for another worker nor in another
+// job.
 //
-// Note [End of data]: a member reports "no more data after step s"
-// (ReportEndOfData). s must not be behind any member's committed step (in
-// lock-step DDP no one can pass a step the reporter cannot take part in).
-// The boundary is the smallest reported s of the generation; it may move
-// down while nobody has passed it and is announced in heartbeat responses
-// and membership updates. Once every member has committed the boundary step,
-// the members whose data ends there leave (released, refused nothing: a later
-// Leave of theirs is a harmless no-op) and the rest re-form at g+1 as
-// expected survivors, with the waiting workers (the job succeeds when no
-// member that had not completed and no waiting worker is left). Reports are
-// per generation. A member that ran out of data at a step boundary the
-// members agreed on among themselves says so with Leave(END_OF_DATA) instead
-// (Note [Re-forming]).
+// Uneven inputs: the members agree among themselves, at every step, whether
+// each still has data (Note [Step agreement] in worker/elastic/state.h); a
+// member that ran out says so with Leave(END_OF_DATA) at that step boundary
+// (Note [Re-forming]), and the job succeeds when no member that had not
+// completed and no waiting worker is left.
 //
 // Note [Re-forming]: when a generation ends (a re-form request, a Leave with
-// another reason than COMPLETED, a heartbeat failure, an end-of-data boundary
-// or Leave, a drain), its members that did not cause the end become expected
+// another reason than COMPLETED, a heartbeat failure, an end-of-data Leave,
+// a drain), its members that did not cause the end become expected
 // survivors of the next one (Note [Formation]): not the failed, drained,
 // erroring or finished ones, nor those that had completed (they are finished
 // too). Each keeps its binding, its first-join time and its last heartbeat
@@ -297,7 +289,7 @@ struct JobEpochs {
 struct Event {
   int64_t seq = 0;
   absl::Time time;
-  // "job", "join", "generation", "leave", "failure", "drain", "end_of_data",
+  // "job", "join", "generation", "leave", "failure", "drain", "checkpoint",
   // "stop".
   std::string kind;
   std::string worker_id;
@@ -389,11 +381,6 @@ class Core {
   // Values of every key, or nullopt when one is not set yet.
   absl::StatusOr<std::optional<std::vector<std::string>>> KvGet(
       const v1::KvGetRequest& request) const;
-
-  // Note [End of data]. Errors as for Heartbeat, plus INVALID_ARGUMENT when
-  // last_step is behind a member's committed step.
-  absl::StatusOr<v1::EndOfDataResponse> ReportEndOfData(
-      const v1::EndOfDataRequest& request);
 
   // The worker's view for WatchMembership. NOT_FOUND (unknown job),
   // PERMISSION_DENIED (the worker is bound to another secret).
@@ -495,7 +482,6 @@ class Core {
     // Of a waiting worker: the Join that registered it last (CancelJoin).
     uint64_t join_call = 0;
     bool completed = false;
-    std::optional<int64_t> end_of_data_step;
     // Its reachability probe's port, and (of a waiting worker) the members
     // of its last generation it could not reach (Note [Unreachable peers]).
     int32_t probe_port = 0;
@@ -541,7 +527,6 @@ class Core {
     // Left for good: ran out of data, or had completed when their generation
     // ended. A later Leave of theirs is a no-op.
     std::set<std::string> finished;
-    std::optional<int64_t> boundary_step;
     // CheckpointReported's, by step ascending.
     std::vector<v1::CheckpointReport> checkpoints;
     v1::CheckpointTotals checkpoint_totals;
@@ -584,7 +569,7 @@ class Core {
   // The index in `job.members` of `worker_id`, or nullopt.
   static std::optional<size_t> MemberIndex(const Job& job,
                                            const std::string& worker_id);
-  // What the job's watchers all see (generation, state, sizes, boundary).
+  // What the job's watchers all see (generation, state, sizes).
   static std::string ViewKey(const Job& job);
   Job* FindJob(const std::string& job_id);
   const Job* FindJob(const std::string& job_id) const;
@@ -634,7 +619,6 @@ class Core {
                 const v1::LeaveRequest& request, const std::string& what,
                 const std::string& out_of_data_when,
                 const std::string& left_when);
-  void MaybeApplyBoundary(Job& job);
   // Note [Job history]: a heartbeat at `now` is about to change a member's
   // progress. The history gets the members' aggregates after each heartbeat,
   // but lazily (Note [Lazy progress] in core_history.cc): this records the

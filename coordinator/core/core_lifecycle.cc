@@ -346,7 +346,6 @@ void Core::FormGeneration(Job& job, size_t n) {
     m.rank = static_cast<int32_t>(i);
     m.last_heartbeat = now;
     m.completed = false;
-    m.end_of_data_step.reset();
     m.unreachable.clear();
     if (m.committed_step > job.members[job.authoritative_rank].committed_step) {
       job.authoritative_rank = m.rank;
@@ -381,7 +380,6 @@ void Core::FormGeneration(Job& job, size_t n) {
   }
   job.ended_ranks.clear();
   job.kv.clear();
-  job.boundary_step.reset();
   // Note [Resume source].
   job.resume_from.reset();
   job.resume_memory.reset();
@@ -454,7 +452,6 @@ void Core::EndGeneration(Job& job, const std::string& why,
     }
     m.rank = -1;
     m.back = false;
-    m.end_of_data_step.reset();
     survivors.push_back(m.worker_id);
     job.expected.Add(std::move(m));
   }
@@ -469,7 +466,6 @@ void Core::EndGeneration(Job& job, const std::string& why,
   job.history.GenerationEnded(clock_->Now(), job.generation, why);
   job.members.clear();
   job.kv.clear();
-  job.boundary_step.reset();
   job.authoritative_rank = 0;
   job.state = v1::JOB_STATE_RENDEZVOUS;
   job.rendezvous_started = clock_->Now();
@@ -529,14 +525,6 @@ std::string Core::ViewKey(const Job& job) {
       absl::StrCat(job.generation, "|", static_cast<int>(job.state), "|",
                    job.failure, "|", job.authoritative_rank, "|",
                    job.members.size(), "|", WaitingWorkers(job));
-  if (job.boundary_step.has_value()) {
-    absl::StrAppend(&key, "|", *job.boundary_step);
-    for (const MemberState& m : job.members) {
-      if (m.end_of_data_step == job.boundary_step) {
-        absl::StrAppend(&key, "|", m.worker_id);
-      }
-    }
-  }
   return key;
 }
 

@@ -325,13 +325,6 @@ absl::Status ValidateRequest(const v1::WatchMembershipRequest& r) {
   return ValidateCaller(r.job_id(), r.worker_id(), r.worker_secret());
 }
 
-absl::Status ValidateRequest(const v1::EndOfDataRequest& r) {
-  CONCORD_RETURN_IF_ERROR(
-      ValidateCaller(r.job_id(), r.worker_id(), r.worker_secret()));
-  CONCORD_RETURN_IF_ERROR(ValidateGeneration(r.generation()));
-  return NonNegative("last_step", r.last_step());
-}
-
 absl::Status ValidateExit(const std::string& job_id,
                           const std::string& worker_id,
                           const std::string& secret, const std::string& how) {

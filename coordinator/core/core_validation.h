@@ -42,7 +42,6 @@ absl::Status ValidateRequest(const v1::LeaveRequest& r);
 absl::Status ValidateRequest(const v1::KvSetRequest& r);
 absl::Status ValidateRequest(const v1::KvGetRequest& r);
 absl::Status ValidateRequest(const v1::WatchMembershipRequest& r);
-absl::Status ValidateRequest(const v1::EndOfDataRequest& r);
 // Note [Exited workers] (core.h): a node agent's exit report.
 absl::Status ValidateExit(const std::string& job_id,
                           const std::string& worker_id,

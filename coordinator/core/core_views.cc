@@ -70,14 +70,6 @@ absl::StatusOr<v1::MembershipUpdate> Core::Membership(
       out.set_host(m.host);
     }
   }
-  if (job->boundary_step.has_value()) {
-    update.set_boundary_step(*job->boundary_step);
-    for (const MemberState& m : job->members) {
-      if (m.end_of_data_step == job->boundary_step) {
-        update.add_leaving_at_boundary(m.worker_id);
-      }
-    }
-  }
   return update;
 }
 
@@ -92,9 +84,6 @@ v1::MemberStatus Core::StatusOf(const MemberState& m) const {
   out.set_samples_per_second(m.samples_per_second);
   *out.mutable_ddp() = m.ddp;
   out.set_completed(m.completed);
-  if (m.end_of_data_step.has_value()) {
-    out.set_end_of_data_step(*m.end_of_data_step);
-  }
   if (m.loss.has_value()) out.set_loss(*m.loss);
   return out;
 }
@@ -134,9 +123,6 @@ absl::StatusOr<v1::JobStatus> Core::GetJob(
   }
   for (const MemberState& m : job->expected) {
     if (!m.back) *status.add_expected() = StatusOf(m);
-  }
-  if (job->boundary_step.has_value()) {
-    status.set_boundary_step(*job->boundary_step);
   }
   for (const v1::CheckpointReport& c : job->checkpoints) {
     *status.add_checkpoints() = c;
@@ -215,7 +201,6 @@ absl::StatusOr<v1::StopJobResponse> Core::StopJob(
     job->waiting.Clear();
     job->expected.Clear();
     job->kv.clear();
-    job->boundary_step.reset();
     AddEvent(*job, "stop", "", job->failure);
     Changed(*job);
   }
@@ -235,9 +220,6 @@ std::optional<v1::JobRecord> Core::ExportJob(const std::string& job_id) const {
     r.set_joined_unix_ms(UnixMs(m.joined));
     r.set_rank(m.rank);
     r.set_completed(m.completed);
-    if (m.end_of_data_step.has_value()) {
-      r.set_end_of_data_step(*m.end_of_data_step);
-    }
     r.set_samples_per_second(m.samples_per_second);
     return r;
   };
@@ -278,9 +260,6 @@ std::optional<v1::JobRecord> Core::ExportJob(const std::string& job_id) const {
   record.set_next_event_seq(job->next_event_seq);
   for (const auto& [w, s] : job->bindings) (*record.mutable_bindings())[w] = s;
   for (const std::string& w : job->drained) record.add_drained(w);
-  if (job->boundary_step.has_value()) {
-    record.set_boundary_step(*job->boundary_step);
-  }
   return record;
 }
 
@@ -398,7 +377,6 @@ absl::Status Core::RestoreJob(const v1::JobRecord& record) {
     m.last_heartbeat = now;  // a full timeout to reconnect
     m.rank = r.rank();
     m.completed = r.completed();
-    if (r.has_end_of_data_step()) m.end_of_data_step = r.end_of_data_step();
     m.samples_per_second = r.samples_per_second();
     return m;
   };
@@ -445,7 +423,6 @@ absl::Status Core::RestoreJob(const v1::JobRecord& record) {
   job.next_event_seq =
       std::max<int64_t>(record.next_event_seq(),
                         job.events.empty() ? 1 : job.events.back().seq + 1);
-  if (record.has_boundary_step()) job.boundary_step = record.boundary_step();
 
   Job* existing = FindJob(record.spec().job_id());
   if (existing != nullptr && existing->generation > job.generation) {

@@ -403,14 +403,4 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::KvSet(
   });
 }
 
-grpc::ServerUnaryReactor* WorkerServiceImpl::ReportEndOfData(
-    grpc::CallbackServerContext* context, const v1::EndOfDataRequest* request,
-    v1::EndOfDataResponse* response) {
-  return AnswerNow(context, auth_, metrics_, "ReportEndOfData", [&] {
-    return MutateInto(host_, response, [&](Core& core) {
-      return core.ReportEndOfData(*request);
-    });
-  });
-}
-
 }  // namespace concord::coordinator

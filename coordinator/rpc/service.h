@@ -72,10 +72,6 @@ class WorkerServiceImpl final : public v1::WorkerService::CallbackService {
   grpc::ServerWriteReactor<v1::MembershipUpdate>* WatchMembership(
       grpc::CallbackServerContext* context,
       const v1::WatchMembershipRequest* request) override;
-  // Errors as Core::ReportEndOfData.
-  grpc::ServerUnaryReactor* ReportEndOfData(
-      grpc::CallbackServerContext* context, const v1::EndOfDataRequest* request,
-      v1::EndOfDataResponse* response) override;
 
  private:
   CoreHost* host_;

@@ -110,16 +110,6 @@ class AuthTest : public ::testing::Test {
            }
            return reader->Finish();
          }},
-        {"ReportEndOfData", Needs::kWorker,
-         [w](grpc::ClientContext* c) {
-           v1::EndOfDataRequest q;
-           q.set_job_id("job");
-           q.set_worker_id("w0");
-           q.set_worker_secret(Secret("w0"));
-           q.set_generation(1);
-           v1::EndOfDataResponse r;
-           return w->ReportEndOfData(c, q, &r);
-         }},
         {"Node", Needs::kWorker,
          [a](grpc::ClientContext* c) {
            auto stream = a->Node(c);

@@ -169,25 +169,6 @@ TEST_F(OperatorTest, StatusDrainStopAndPushedMembership) {
   EXPECT_EQ(GetJob("train").state(), v1::JOB_STATE_STOPPED);
 }
 
-TEST_F(OperatorTest, EndOfDataOverTheWire) {
-  auto a = Client("a");
-  auto b = Client("b");
-  const int64_t gen = JoinAll("eod", {a.get(), b.get()})[0].generation();
-  auto decided = b->ReportEndOfData("eod", gen, 5, absl::Seconds(5));
-  ASSERT_TRUE(decided.ok()) << decided.status();
-  EXPECT_EQ(decided->boundary_step(), 5);
-  EXPECT_THAT(decided->leaving(), ::testing::ElementsAre("b"));
-  v1::HeartbeatRequest hb;
-  hb.set_job_id("eod");
-  hb.set_generation(gen);
-  hb.set_step(5);
-  auto r = a->Heartbeat(hb, absl::Seconds(5));
-  ASSERT_TRUE(r.ok());
-  EXPECT_EQ(r->boundary_step(), 5);
-  ASSERT_TRUE(b->Heartbeat(hb, absl::Seconds(5)).ok());
-  EXPECT_EQ(GetJob("eod").state(), v1::JOB_STATE_RENDEZVOUS);
-}
-
 TEST_F(OperatorTest, HealthAndMetrics) {
   auto health = grpc::health::v1::Health::NewStub(Channel(server_->address()));
   for (const char* service :

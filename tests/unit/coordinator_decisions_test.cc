@@ -26,7 +26,6 @@ using ::testing::HasSubstr;
 
 using testing::CoordinatorDecisionsTest;
 using testing::CoordinatorReformTest;
-using testing::EndOfDataReq;
 using testing::HeartbeatReq;
 using testing::JoinReq;
 using testing::kJob;
@@ -99,9 +98,6 @@ TEST_F(CoordinatorDecisionsTest,
   get.set_worker_secret(Secret(Worker(0)));
   get.set_generation(gen);
   results.emplace_back("no keys", core_.KvGet(get).status());
-  results.emplace_back(
-      "eod negative",
-      core_.ReportEndOfData(EndOfDataReq(Worker(0), gen, -1)).status());
   v1::ListEventsRequest events;
   events.set_job_id(kJob);
   events.set_limit(5000);
@@ -197,57 +193,6 @@ TEST_F(CoordinatorDecisionsTest, TooFewWorkersFailTheJobWithAClearReason) {
             "min_workers is 3");
 }
 
-TEST_F(CoordinatorDecisionsTest, EndOfDataBoundaryMovesTheRestOn) {
-  const int64_t gen = FormGeneration(3);
-  for (int i = 0; i < 3; ++i)
-    ASSERT_TRUE(core_.Heartbeat(HeartbeatReq(Worker(i), gen, 5)).ok());
-  // Behind a committed step: refused, nothing changes.
-  EXPECT_EQ(
-      core_.ReportEndOfData(EndOfDataReq(Worker(2), gen, 4)).status().code(),
-      absl::StatusCode::kInvalidArgument);
-  auto first = core_.ReportEndOfData(EndOfDataReq(Worker(1), gen, 9));
-  ASSERT_TRUE(first.ok()) << first.status();
-  EXPECT_EQ(first->boundary_step(), 9);
-  EXPECT_THAT(first->leaving(), ElementsAre(Worker(1)));
-  // An earlier end moves the boundary down while nobody has passed it.
-  auto second = core_.ReportEndOfData(EndOfDataReq(Worker(2), gen, 7));
-  ASSERT_TRUE(second.ok());
-  EXPECT_EQ(second->boundary_step(), 7);
-  EXPECT_THAT(second->leaving(), ElementsAre(Worker(2)));
-
-  auto hb = core_.Heartbeat(HeartbeatReq(Worker(0), gen, 7));
-  ASSERT_TRUE(hb.ok());
-  EXPECT_EQ(hb->boundary_step(), 7);
-  ASSERT_TRUE(core_.Heartbeat(HeartbeatReq(Worker(1), gen, 7)).ok());
-  EXPECT_EQ(core_.State(kJob), v1::JOB_STATE_RUNNING);
-  ASSERT_TRUE(core_.Heartbeat(HeartbeatReq(Worker(2), gen, 7)).ok());
-  // Everyone committed step 7: w2 leaves, w0 and w1 re-form.
-  EXPECT_EQ(core_.State(kJob), v1::JOB_STATE_RENDEZVOUS);
-  v1::LeaveRequest leave;
-  leave.set_job_id(kJob);
-  leave.set_worker_id(Worker(2));
-  leave.set_worker_secret(Secret(Worker(2)));
-  leave.set_generation(gen);
-  leave.set_reason(v1::LEAVE_REASON_COMPLETED);
-  EXPECT_TRUE(core_.Leave(leave).ok());  // harmless after the boundary
-  ASSERT_TRUE(core_.Join(JoinReq(Spec(3), Worker(1), 7)).ok());
-  ASSERT_TRUE(core_.Join(JoinReq(Spec(3), Worker(0), 7)).ok());
-  clock_.Advance(absl::Seconds(2));
-  core_.Tick();
-  EXPECT_EQ(core_.CurrentGeneration(kJob), gen + 1);
-  auto a = core_.GetAssignment(kJob, Worker(0));
-  ASSERT_TRUE(a.ok() && a->has_value());
-  EXPECT_EQ((*a)->world_size, 2);
-
-  // Both run out at the same step: the job succeeds.
-  const int64_t next = gen + 1;
-  ASSERT_TRUE(core_.ReportEndOfData(EndOfDataReq(Worker(0), next, 12)).ok());
-  ASSERT_TRUE(core_.ReportEndOfData(EndOfDataReq(Worker(1), next, 12)).ok());
-  ASSERT_TRUE(core_.Heartbeat(HeartbeatReq(Worker(0), next, 12)).ok());
-  ASSERT_TRUE(core_.Heartbeat(HeartbeatReq(Worker(1), next, 12)).ok());
-  EXPECT_EQ(core_.State(kJob), v1::JOB_STATE_SUCCEEDED);
-}
-
 TEST_F(CoordinatorDecisionsTest, DrainEndsTheGenerationAndStopEndsTheJob) {
   const int64_t gen = FormGeneration(3);
   v1::DrainWorkerRequest drain;
@@ -321,7 +266,13 @@ TEST_F(CoordinatorDecisionsTest, GetJobShowsMembersAndHealth) {
 TEST_F(CoordinatorDecisionsTest, ExportAndRestoreKeepEverything) {
   const int64_t gen = FormGeneration(2);
   ASSERT_TRUE(core_.Heartbeat(HeartbeatReq(Worker(0), gen, 8)).ok());
-  ASSERT_TRUE(core_.ReportEndOfData(EndOfDataReq(Worker(1), gen, 20)).ok());
+  // A node agent's memory snapshot (Note [Resume source]) is kept too.
+  v1::CheckpointReport memory;
+  memory.set_step(8);
+  memory.set_bytes(4096);
+  memory.set_memory(true);
+  memory.set_node("node-a");
+  ASSERT_TRUE(core_.CheckpointReported(kJob, memory).ok());
   EXPECT_THAT(core_.TakeDirtyJobs(), ElementsAre(kJob));
   EXPECT_TRUE(core_.TakeDirtyJobs().empty());
   auto record = core_.ExportJob(kJob);
@@ -342,7 +293,7 @@ TEST_F(CoordinatorDecisionsTest, ExportAndRestoreKeepEverything) {
             absl::StatusCode::kPermissionDenied);
   auto hb = restored.Heartbeat(HeartbeatReq(Worker(0), gen, 9));
   ASSERT_TRUE(hb.ok());
-  EXPECT_EQ(hb->boundary_step(), 20);
+  EXPECT_EQ(restored.ExportJob(kJob)->memory_snapshots_size(), 1);
   // New events continue the sequence.
   ASSERT_TRUE(restored
                   .Leave([&] {

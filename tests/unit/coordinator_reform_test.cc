@@ -26,7 +26,6 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 using testing::CoordinatorReformTest;
-using testing::EndOfDataReq;
 using testing::HeartbeatReq;
 using testing::JoinReq;
 using testing::kJob;
@@ -446,16 +445,15 @@ TEST_F(CoordinatorReformTest, TheLastMemberRunningOutOfDataEndsTheJob) {
   EXPECT_EQ(core_.State(kJob), v1::JOB_STATE_SUCCEEDED);
 }
 
-TEST_F(CoordinatorReformTest, AWaitingWorkerOutlivesAnEndOfDataBoundary) {
+TEST_F(CoordinatorReformTest, AWaitingWorkerOutlivesMembersOutOfData) {
   const int64_t gen = FormSettled(2, 3);
   ASSERT_TRUE(core_.Join(JoinReq(Spec(3), "spare")).ok());
   for (int i = 0; i < 2; ++i) {
-    ASSERT_TRUE(core_.ReportEndOfData(EndOfDataReq(Worker(i), gen, 5)).ok());
+    ASSERT_TRUE(
+        core_.Leave(LeaveReq(Worker(i), gen, v1::LEAVE_REASON_END_OF_DATA))
+            .ok());
   }
-  for (int i = 0; i < 2; ++i) {
-    ASSERT_TRUE(core_.Heartbeat(HeartbeatReq(Worker(i), gen, 5)).ok());
-  }
-  // Both members left at the boundary, but the job goes on with the spare.
+  // Both members ran out of data, but the job goes on with the spare.
   EXPECT_EQ(core_.State(kJob), v1::JOB_STATE_RENDEZVOUS);
   EXPECT_TRUE(Expected().empty());
   clock_.Advance(absl::Seconds(2));

@@ -73,16 +73,4 @@ inline v1::LeaveRequest LeaveReq(const std::string& worker, int64_t generation,
   return r;
 }
 
-inline v1::EndOfDataRequest EndOfDataReq(const std::string& worker,
-                                         int64_t generation,
-                                         int64_t last_step) {
-  v1::EndOfDataRequest r;
-  r.set_job_id(kJob);
-  r.set_worker_id(worker);
-  r.set_worker_secret(Secret(worker));
-  r.set_generation(generation);
-  r.set_last_step(last_step);
-  return r;
-}
-
 }  // namespace concord::coordinator::testing

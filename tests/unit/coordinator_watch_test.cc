@@ -25,7 +25,6 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 using testing::CoordinatorReformTest;
-using testing::EndOfDataReq;
 using testing::HeartbeatReq;
 using testing::JoinReq;
 using testing::kJob;

@@ -266,15 +266,23 @@ class Harness {
         return core_.KvGet(r).status();
       }
       case 5: {
-        v1::EndOfDataRequest r;
+        // A node agent's report: a checkpoint written or failed, or a
+        // snapshot in its memory (Note [Resume source]).
+        v1::CheckpointReport r;
+        const std::string job = Job(in);
         if (raw) {
           if (!ParseRaw(in, &r)) break;
         } else {
-          Identify(in, &r);
-          r.set_generation(Generation(in, r.job_id()));
-          r.set_last_step(Small(in));
+          r.set_step(Small(in));
+          r.set_node(in.Take(in.U8() % 4));
+          r.set_memory(in.U8() % 2 == 0);
+          if (!r.memory()) {
+            r.set_path(absl::StrCat("/ckpt/", job, "/step-", r.step()));
+            if (in.U8() % 4 == 0) r.set_error(in.Take(in.U8() % 8));
+          }
+          r.set_stall_seconds(in.U8() / 100.0);
         }
-        return core_.ReportEndOfData(r).status();
+        return core_.CheckpointReported(job, r);
       }
       case 6: {
         v1::WatchMembershipRequest r;
