@@ -7,7 +7,7 @@
 #   ./scripts/gpu-deps.sh [--out DIR]      (default .gpu-deps/debs)
 #
 # Then carry .gpu-deps to the GPU machine with the working tree and run
-# scripts/gpu-suite.sh there (README, "Running the GPU suite").
+# scripts/gpu-suite.sh there (docs/gpu.md, "Running the GPU suite").
 #
 # The packages are resolved as apt would install them on an empty system
 # (their dependencies included, recommends not), then the ones the GPU

@@ -3,7 +3,7 @@
 # machine's pip PyTorch (LibTorch, CUDA, NCCL), and runs its GPU suite:
 # ctest -L 'gpu|multigpu', then the GPU benchmarks. Run it as root, from a
 # working tree that carries .gpu-deps (made here, where Debian's registry is
-# reachable, by scripts/gpu-deps.sh; README, "Running the GPU suite").
+# reachable, by scripts/gpu-deps.sh; docs/gpu.md, "Running the GPU suite").
 #
 #   ./scripts/gpu-suite.sh [--deps DIR] [--build-dir DIR] [--jobs N] [--no-bench]
 #                          [--ctest-jobs N] [--time-limit S] [--bench-only RE]

@@ -444,7 +444,7 @@ TEST(ElasticSamplerTest, SavesAndLoadsItsPosition) {
             concord::ErrorCode::kInvalidArgument);
 }
 
-// The elastic loop of README, alone: every sample once per epoch, one
+// The elastic loop of docs/api.md ("An elastic program"), alone: every sample once per epoch, one
 // commit per step, and the state the counters say.
 TEST(ElasticStateTest, AloneTheLoopTrainsEverySampleOncePerEpoch) {
   concord::Job job;
