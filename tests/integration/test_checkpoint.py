@@ -195,6 +195,25 @@ def check_history(checks, name, runs, resumes):
                      summary, resumes), "; ".join(problems[:20]))
 
 
+def run_again(ctx, name, job, ck, p, **kw):
+    """Kills the running job `p` whole (launcher and workers, SIGKILL), runs
+    the same command again (`kw`: launch's) and checks that it exits 0 after
+    resuming from the newest complete checkpoint on disk. Returns the second
+    run's (RunDir, Proc, resumed step, newest checkpoint when killed)."""
+    checks = ctx.checks
+    seen = latest_step(ck, job)
+    p.kill_group()  # the launcher and every worker, SIGKILL
+    p.wait(10)
+    rd2, p2 = launch(ctx, name + "-2", job, ck, **kw)
+    rc = p2.wait(RUN_TIMEOUT)
+    checks.check(rc == 0, name + ": the same command again exits 0", p2.describe())
+    step = resumed_step(p2.stderr(), "disk")
+    checks.check(step is not None and step >= seen,
+                 name + ": resumed from the newest complete checkpoint (%s >= %d, from disk)" % (
+                     step, seen), p2.stderr()[-3000:])
+    return rd2, p2, step, seen
+
+
 def case_kill_all(ctx, name, nproc_after=3):
     checks = ctx.checks
     ref = reference(ctx) if nproc_after == 3 else None
@@ -202,18 +221,9 @@ def case_kill_all(ctx, name, nproc_after=3):
     rd, p = launch(ctx, name + "-1", job, ck, env=SLOW)
     if not wait_for_checkpoint(checks, name, p, ck, job, 60):
         return
-    seen = latest_step(ck, job)
-    p.kill_group()  # the launcher and every worker, SIGKILL
-    p.wait(10)
+    rd2, p2, step, seen = run_again(ctx, name, job, ck, p, nproc=nproc_after)
     total = 17 * EPOCHS
     checks.check(seen < total, name + ": killed before the end (checkpoint %d of %d)" % (seen, total))
-    rd2, p2 = launch(ctx, name + "-2", job, ck, nproc=nproc_after)
-    rc = p2.wait(RUN_TIMEOUT)
-    checks.check(rc == 0, name + ": the same command again exits 0", p2.describe())
-    step = resumed_step(p2.stderr(), "disk")
-    checks.check(step is not None and step >= seen,
-                 name + ": resumed from the newest complete checkpoint (%s >= %d, from disk)" % (
-                     step, seen), p2.stderr()[-3000:])
     check_history(checks, name, [rd, rd2], nproc_after)
     if nproc_after == 3:
         compare_final(checks, name, rd2, ck, job, ref)
@@ -627,16 +637,7 @@ def case_slowmo(ctx, name):
     rd, p = launch(ctx, name + "-1", job, ck, train_extra=SLOWMO, momentum="0", env=SLOW)
     if not wait_for_checkpoint(checks, name, p, ck, job, 60):
         return
-    seen = latest_step(ck, job)
-    p.kill_group()
-    p.wait(10)
-    rd2, p2 = launch(ctx, name + "-2", job, ck, train_extra=SLOWMO, momentum="0")
-    rc = p2.wait(RUN_TIMEOUT)
-    checks.check(rc == 0, name + ": the same command again exits 0", p2.describe())
-    step = resumed_step(p2.stderr(), "disk")
-    checks.check(step is not None and step >= seen,
-                 name + ": resumed from the newest complete checkpoint (%s >= %d)" % (step, seen),
-                 p2.stderr()[-3000:])
+    rd2, p2, _, _ = run_again(ctx, name, job, ck, p, train_extra=SLOWMO, momentum="0")
     checks.check("restart from the current parameters" not in p2.stderr(),
                  name + ": no slow-momentum slice restarted at the resume",
                  p2.stderr()[-3000:])
@@ -663,16 +664,7 @@ def case_powersgd(ctx, name):
     if not wait_for_checkpoint(checks, name + " (a worker killed and restarted)", p, ck, job,
                                latest_step(ck, job) + 2 * EVERY):
         return
-    seen = latest_step(ck, job)
-    p.kill_group()
-    p.wait(10)
-    rd2, p2 = launch(ctx, name + "-2", job, ck, train_extra=hook)
-    rc = p2.wait(RUN_TIMEOUT)
-    checks.check(rc == 0, name + ": the same command again exits 0", p2.describe())
-    step = resumed_step(p2.stderr(), "disk")
-    checks.check(step is not None and step >= seen,
-                 name + ": resumed from the newest complete checkpoint (%s >= %d)" % (step, seen),
-                 p2.stderr()[-3000:])
+    rd2, p2, _, _ = run_again(ctx, name, job, ck, p, train_extra=hook)
     last = steps(ck, job)[-1]
     state = torch.load(os.path.join(ck, job, "step-%d" % last, "state.pt"), weights_only=True)
     it = state.get("powersgd/model/iteration")

@@ -52,4 +52,19 @@ inline void RunRanks(
   for (auto& t : threads) t.join();
 }
 
+// Rank `rank` of the next generation `generation` of `size` ranks (a
+// re-form's survivors, or new processes), over its own store; null (a test
+// failure recorded) when it cannot connect.
+inline std::shared_ptr<comm::Communicator> NextGeneration(
+    comm::InMemoryStore& store, int rank, int size, int64_t generation) {
+  comm::GlooOptions options;
+  options.rank = rank;
+  options.size = size;
+  options.generation = generation;
+  auto made = comm::GlooCommunicator::Create(options, &store);
+  EXPECT_TRUE(made.ok()) << made.status();
+  if (!made.ok()) return nullptr;
+  return std::shared_ptr<comm::Communicator>(std::move(*made));
+}
+
 }  // namespace concord::testing

@@ -241,13 +241,9 @@ TEST(SlowMoHierarchyTest, MasterDeathElectsTheNextRankAndKeepsTheState) {
     ASSERT_TRUE(comm->AllreduceSum(barrier, {})->Wait().ok());
     if (rank == 0) return;  // gone
     const int next = rank - 1;
-    comm::GlooOptions g;
-    g.rank = next;
-    g.size = 3;
-    g.generation = 2;
-    auto made = comm::GlooCommunicator::Create(g, &next_store);
-    ASSERT_TRUE(made.ok()) << made.status();
-    std::shared_ptr<comm::Communicator> comm2(std::move(*made));
+    std::shared_ptr<comm::Communicator> comm2 =
+        concord::testing::NextGeneration(next_store, next, 3, 2);
+    ASSERT_NE(comm2, nullptr);
     ASSERT_TRUE(s->SyncState(comm2, 0, /*step=*/6, *m.opt).ok());
     EXPECT_EQ(s->num_nodes(), 2);
     EXPECT_EQ(s->is_master(), next < 2);

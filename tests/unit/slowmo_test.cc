@@ -19,6 +19,7 @@
 namespace concord::slowmo {
 namespace {
 
+using concord::testing::NextGeneration;
 using concord::testing::RunRanks;
 using namespace concord::slowmo::fixture;  // NOLINT
 
@@ -256,13 +257,9 @@ void ReshardAfterLoss(int world, int shards,
     ASSERT_TRUE(comm->AllreduceSum(barrier, {})->Wait().ok());
     if (rank >= 2) return;  // gone
 
-    comm::GlooOptions next;
-    next.rank = rank;
-    next.size = 2;
-    next.generation = 2;
-    auto next_comm = comm::GlooCommunicator::Create(next, &next_store);
-    ASSERT_TRUE(next_comm.ok()) << next_comm.status();
-    std::shared_ptr<comm::Communicator> comm2(std::move(*next_comm));
+    std::shared_ptr<comm::Communicator> comm2 =
+        NextGeneration(next_store, rank, 2, 2);
+    ASSERT_NE(comm2, nullptr);
     ASSERT_TRUE(
         s->SyncState(comm2, /*authoritative_rank=*/0, /*step=*/6, *m.opt).ok());
     // By hand: the lost slices restart, everything else is kept.
@@ -340,13 +337,9 @@ TEST(SlowMoTest, MembershipChangeRebuildsTheGossipGraph) {
     torch::Tensor barrier = torch::ones({1});
     ASSERT_TRUE(comm->AllreduceSum(barrier, {})->Wait().ok());
     if (rank == 2) return;
-    comm::GlooOptions next;
-    next.rank = rank;
-    next.size = 2;
-    next.generation = 2;
-    auto made = comm::GlooCommunicator::Create(next, &next_store);
-    ASSERT_TRUE(made.ok()) << made.status();
-    std::shared_ptr<comm::Communicator> comm2(std::move(*made));
+    std::shared_ptr<comm::Communicator> comm2 =
+        NextGeneration(next_store, rank, 2, 2);
+    ASSERT_NE(comm2, nullptr);
     ASSERT_TRUE(s->SyncState(comm2, 1, /*step=*/3, *m.opt).ok());
     EXPECT_EQ(s->graph()->world_size(), 2);
     EXPECT_EQ(s->gossip_round(), 0);
@@ -446,13 +439,9 @@ TEST(SlowMoTest, CheckpointHoldsTheWholeStateAndResumesAtAnotherWorld) {
       torch::NoGradGuard no_grad;
       UnflattenInto(ref.x[0].clone(), fresh.params);
     }
-    comm::GlooOptions next;
-    next.rank = rank;
-    next.size = 2;
-    next.generation = 2;
-    auto made = comm::GlooCommunicator::Create(next, &next_store);
-    ASSERT_TRUE(made.ok()) << made.status();
-    std::shared_ptr<comm::Communicator> comm2(std::move(*made));
+    std::shared_ptr<comm::Communicator> comm2 =
+        NextGeneration(next_store, rank, 2, 2);
+    ASSERT_NE(comm2, nullptr);
     auto resumed = *SlowMo::Create(fresh.params, {}, comm2, 1, o);
     if (rank == 1) {
       // One that does not fit changes nothing.
