@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <iterator>
 #include <tuple>
 #include <utility>
 
@@ -534,7 +535,17 @@ absl::Status Core::CheckpointReported(const std::string& job_id,
     held.clear_write_seconds();
     held.clear_skipped();
   }
+  // One older than the newest complete checkpoint can never be named.
+  auto prune_memory = [job] {
+    if (job->checkpoints.empty()) return;
+    const int64_t disk = job->checkpoints.back().step();
+    auto& held = job->memory_snapshots;
+    for (auto it = held.begin(); it != held.end();) {
+      it = it->second.step() < disk ? held.erase(it) : std::next(it);
+    }
+  };
   if (report.memory()) {
+    prune_memory();
     Changed(*job);
     return absl::OkStatus();
   }
@@ -571,6 +582,7 @@ absl::Status Core::CheckpointReported(const std::string& job_id,
   if (kept.size() > kKeptCheckpoints) {
     kept.erase(kept.begin(), kept.end() - kKeptCheckpoints);
   }
+  prune_memory();
   AddEvent(*job, "checkpoint", "",
            absl::StrFormat("checkpoint of step %d written to %s (%s)%s",
                            report.step(), report.path(), node,

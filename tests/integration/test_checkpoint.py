@@ -491,7 +491,6 @@ def case_read_only(ctx, name):
     read-only: the job resumes from it, cannot write more, says so once and
     completes; the coordinator shows the failing write (concordctl, one
     event, /metrics)."""
-    checks = ctx.checks
     ref_rd, ref_ck = reference(ctx)
     job, ck = "ref", os.path.join(ctx.tmp, "ck-" + name)
     os.makedirs(os.path.join(ck, job))
@@ -553,7 +552,6 @@ def case_coordinator(ctx, name):
     reported through its node agent and kept in the job's record:
     `concordctl checkpoints` lists them, newest first, the job's final one
     included, as they are on disk."""
-    checks = ctx.checks
     coord = start_coordinator(ctx, name)
     if coord is None:
         return

@@ -529,10 +529,18 @@ TEST_F(CoordinatorExitTest, TheNewestMemorySnapshotIsNamedWithTheDisks) {
   EXPECT_TRUE(named);
   auto record = core_.ExportJob(kJob);
   ASSERT_TRUE(record.has_value());
-  EXPECT_EQ(record->memory_snapshots_size(), 3);  // node-a's from its write
+  // node-a's (from its write) and node-b's; node-c's, older than the disk's
+  // checkpoint, was dropped.
+  EXPECT_EQ(record->memory_snapshots_size(), 2);
   Core restored(&clock_);
   ASSERT_TRUE(restored.RestoreJob(*record).ok());
   expect_named(restored);
+  // A newer checkpoint on disk: memory older than it can never be named.
+  ASSERT_TRUE(core_.CheckpointReported(kJob, Checkpoint(40)).ok());
+  record = core_.ExportJob(kJob);
+  ASSERT_TRUE(record.has_value());
+  ASSERT_EQ(record->memory_snapshots_size(), 1);
+  EXPECT_EQ(record->memory_snapshots(0).step(), 40);  // node-a's, written
 }
 
 // A generation with a member that holds a committed step goes on from it:

@@ -353,7 +353,7 @@ absl::Status State::SyncCheckpoints(int* root) {
     if (best_memory && memory->step() == best &&
         nodes[winner] == memory->node()) {
       named_memory = ", as the coordinator named";
-    } else if (me == 0) {
+    } else if (me == 0 && best < memory->step()) {
       Log()->warn(
           "generation {}: the coordinator named step {} in the memory of {}; "
           "no rank there offered it (its node agent's memory is gone?)",
