@@ -209,6 +209,27 @@ SlowMoOptions ShardedSlowMo() {
   return o;
 }
 
+// After a membership change to 2 ranks that both hold parameters `x`:
+// updates 6 and 7 (the second a slow step) on `m` with `s`, each checked
+// against the reference started from (`u`, `x_old`), which is returned.
+Reference TrainOnAtTwo(Model& m, SlowMo& s, int rank, const SlowMoOptions& o,
+                       const torch::Tensor& x, const torch::Tensor& u,
+                       const torch::Tensor& x_old) {
+  Reference ref;
+  ref.x = {x.clone(), x.clone()};
+  ref.u = u.clone();
+  ref.x_old = x_old.clone();
+  ref.initialized = true;
+  for (int64_t n = 6; n < 8; ++n) {
+    LocalStep(m, rank, n);
+    EXPECT_TRUE(s.PerformSlowMo(*m.opt).ok());
+    ReferenceUpdate(ref, n, o);
+    ExpectClose(Flat(m), ref.x[rank],
+                "parameters after update " + std::to_string(n));
+  }
+  return ref;
+}
+
 // `world` ranks train 6 updates (one slow step) with `shards` shards, then
 // ranks >= 2 go away; ranks 0 and 1 form the next generation and SyncState
 // re-shards u and x_old over 2 owners: every old slice comes from its owner
@@ -280,18 +301,7 @@ void ReshardAfterLoss(int world, int shards,
                              u_ref.narrow(0, 6 * (1 - rank), 6)));
     EXPECT_EQ(s->num_updates(), 6);
 
-    Reference ref;
-    ref.x = {Flat(m), Flat(m)};
-    ref.u = u_ref;
-    ref.x_old = old_ref;
-    ref.initialized = true;
-    for (int64_t n = 6; n < 8; ++n) {  // update 8 is a slow step
-      LocalStep(m, rank, n);
-      ASSERT_TRUE(s->PerformSlowMo(*m.opt).ok());
-      ReferenceUpdate(ref, n, o);
-      ExpectClose(Flat(m), ref.x[rank],
-                  "parameters after update " + std::to_string(n));
-    }
+    const Reference ref = TrainOnAtTwo(m, *s, rank, o, Flat(m), u_ref, old_ref);
     ExpectClose(s->momentum_buffer(), ref.u.narrow(0, 6 * rank, 6), "u");
     ExpectClose(s->old_params(), ref.x_old.narrow(0, 6 * rank, 6), "x_old");
   });
@@ -468,18 +478,7 @@ TEST(SlowMoTest, CheckpointHoldsTheWholeStateAndResumesAtAnotherWorld) {
                      by_name.at("slow_momentum").narrow(0, 6 * rank, 6)));
     EXPECT_TRUE(torch::equal(resumed->old_params(),
                              by_name.at("old_params").narrow(0, 6 * rank, 6)));
-    Reference next_ref;
-    next_ref.x = {ref.x[0].clone(), ref.x[0].clone()};
-    next_ref.u = ref.u.clone();
-    next_ref.x_old = ref.x_old.clone();
-    next_ref.initialized = true;
-    for (int64_t n = 6; n < 8; ++n) {  // update 8 is a slow step
-      LocalStep(fresh, rank, n);
-      ASSERT_TRUE(resumed->PerformSlowMo(*fresh.opt).ok());
-      ReferenceUpdate(next_ref, n, o);
-      ExpectClose(Flat(fresh), next_ref.x[rank],
-                  "parameters after update " + std::to_string(n));
-    }
+    TrainOnAtTwo(fresh, *resumed, rank, o, ref.x[0], ref.u, ref.x_old);
   });
 }
 
