@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
-#include "coordinator/rpc/host.h"
+#include "coordinator/host/host.h"
 
 namespace concord::coordinator {
 

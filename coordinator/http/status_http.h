@@ -27,7 +27,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "coordinator/rpc/host.h"
+#include "coordinator/host/host.h"
 
 struct mg_context;
 

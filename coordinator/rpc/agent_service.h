@@ -11,9 +11,9 @@
 #include <grpcpp/grpcpp.h>
 
 #include "concord/v1/agent.grpc.pb.h"
+#include "coordinator/host/host.h"
 #include "coordinator/http/metrics.h"
 #include "coordinator/rpc/authorizer.h"
-#include "coordinator/rpc/host.h"
 
 namespace concord::coordinator {
 

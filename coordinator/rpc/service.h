@@ -16,9 +16,9 @@
 #include <optional>
 
 #include "concord/v1/worker.grpc.pb.h"
+#include "coordinator/host/host.h"
 #include "coordinator/http/metrics.h"
 #include "coordinator/rpc/authorizer.h"
-#include "coordinator/rpc/host.h"
 
 namespace concord::coordinator {
 

@@ -1,4 +1,4 @@
-#include "coordinator/rpc/host.h"
+#include "coordinator/host/host.h"
 
 #include <spdlog/spdlog.h>
 
