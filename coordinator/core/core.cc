@@ -173,39 +173,7 @@ absl::Status Core::Join(const v1::JoinRequest& request, uint64_t* call) {
              absl::StrFormat("job created: min_workers %d, max_workers %d",
                              spec.min_workers(), spec.max_workers()));
   } else {
-    CONCORD_RETURN_IF_ERROR(CompareSpecs(job->spec, spec));
-    if (auto it = job->retired.find(worker_id);
-        it != job->retired.end() &&
-        ConstantTimeEquals(it->second, request.worker_secret())) {
-      return absl::FailedPreconditionError(absl::StrFormat(
-          "worker %s belongs to a run of job %s that ended; the job was "
-          "started again",
-          worker_id, spec.job_id()));
-    }
-    if (StartsAgain(*job, request)) StartAgain(*job, worker_id);
-    CONCORD_RETURN_IF_ERROR(EndedError(*job));
-    if (job->drained.count(worker_id) > 0) {
-      return absl::FailedPreconditionError(
-          absl::StrFormat("worker %s was taken out of job %s (drained by an "
-                          "operator, or unreachable from its peers: see the "
-                          "job's events)",
-                          worker_id, spec.job_id()));
-    }
-    CONCORD_RETURN_IF_ERROR(
-        CheckBinding(*job, worker_id, request.worker_secret()));
-    if (const std::optional<size_t> index = MemberIndex(*job, worker_id);
-        index.has_value()) {
-      const MemberState* member = &job->members[*index];
-      // Note [Re-forming]: only naming the running generation ends it.
-      if (request.previous_generation() != job->generation ||
-          member->completed) {
-        return absl::AlreadyExistsError(absl::StrFormat(
-            "worker %s is already a member of generation %d of job %s%s",
-            worker_id, job->generation, spec.job_id(),
-            member->completed ? " and has completed" : ""));
-      }
-      reform = true;
-    }
+    CONCORD_ASSIGN_OR_RETURN(reform, Admit(*job, spec, request));
   }
   if (reform) {
     EndGeneration(*job,
@@ -228,50 +196,92 @@ absl::Status Core::Join(const v1::JoinRequest& request, uint64_t* call) {
 
   const uint64_t this_call = ++job->join_calls;
   if (call != nullptr) *call = this_call;
-  if (MemberState* waiting = job->waiting.Find(worker_id); waiting != nullptr) {
+  AddWaiting(*job, request, this_call, now);
+  WaitingChanged(*job, before);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> Core::Admit(Job& job, const v1::JobSpec& spec,
+                                 const v1::JoinRequest& request) {
+  const std::string& worker_id = request.worker_id();
+  CONCORD_RETURN_IF_ERROR(CompareSpecs(job.spec, spec));
+  if (auto it = job.retired.find(worker_id);
+      it != job.retired.end() &&
+      ConstantTimeEquals(it->second, request.worker_secret())) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "worker %s belongs to a run of job %s that ended; the job was "
+        "started again",
+        worker_id, spec.job_id()));
+  }
+  if (StartsAgain(job, request)) StartAgain(job, worker_id);
+  CONCORD_RETURN_IF_ERROR(EndedError(job));
+  if (job.drained.count(worker_id) > 0) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("worker %s was taken out of job %s (drained by an "
+                        "operator, or unreachable from its peers: see the "
+                        "job's events)",
+                        worker_id, spec.job_id()));
+  }
+  CONCORD_RETURN_IF_ERROR(
+      CheckBinding(job, worker_id, request.worker_secret()));
+  const std::optional<size_t> index = MemberIndex(job, worker_id);
+  if (!index.has_value()) return false;
+  const MemberState& member = job.members[*index];
+  // Note [Re-forming]: only naming the running generation ends it.
+  if (request.previous_generation() != job.generation || member.completed) {
+    return absl::AlreadyExistsError(absl::StrFormat(
+        "worker %s is already a member of generation %d of job %s%s", worker_id,
+        job.generation, spec.job_id(),
+        member.completed ? " and has completed" : ""));
+  }
+  return true;
+}
+
+void Core::AddWaiting(Job& job, const v1::JoinRequest& request, uint64_t call,
+                      absl::Time now) {
+  const std::string& worker_id = request.worker_id();
+  if (MemberState* waiting = job.waiting.Find(worker_id); waiting != nullptr) {
     // A retried Join: keep its place.
     waiting->host = request.host();
     waiting->committed_step = request.committed_step();
-    waiting->join_call = this_call;
+    waiting->join_call = call;
     waiting->probe_port = request.probe_port();
     waiting->unreachable = {request.unreachable().begin(),
                             request.unreachable().end()};
-  } else {
-    MemberState m;
-    m.worker_id = worker_id;
-    m.host = request.host();
-    m.committed_step = request.committed_step();
-    m.last_heartbeat = now;
-    m.join_call = this_call;
-    m.probe_port = request.probe_port();
-    m.unreachable = {request.unreachable().begin(),
-                     request.unreachable().end()};
-    MemberState* survivor = job->expected.Find(worker_id);
-    const bool back = survivor != nullptr;
-    m.joined = back ? survivor->joined : now;
-    if (back) job->expected.MarkBack(survivor);
-    job->waiting.Add(std::move(m));
-    job->last_arrival = now;
-    if (back) {
-      const size_t missing = job->expected.size() - job->expected.back_count();
-      AddEvent(*job, "join", worker_id,
-               absl::StrFormat("joined again from %s at step %d after "
-                               "generation %d ended (%d waiting, %d "
-                               "survivor(s) not back yet; min %d, max %d)",
-                               request.host(), request.committed_step(),
-                               job->generation, job->waiting.size(), missing,
-                               spec.min_workers(), spec.max_workers()));
-    } else {
-      AddEvent(*job, "join", worker_id,
-               absl::StrFormat("joined from %s at step %d (%d waiting; min "
-                               "%d, max %d)",
-                               request.host(), request.committed_step(),
-                               job->waiting.size(), spec.min_workers(),
-                               spec.max_workers()));
-    }
+    return;
   }
-  WaitingChanged(*job, before);
-  return absl::OkStatus();
+  MemberState m;
+  m.worker_id = worker_id;
+  m.host = request.host();
+  m.committed_step = request.committed_step();
+  m.last_heartbeat = now;
+  m.join_call = call;
+  m.probe_port = request.probe_port();
+  m.unreachable = {request.unreachable().begin(), request.unreachable().end()};
+  MemberState* survivor = job.expected.Find(worker_id);
+  const bool back = survivor != nullptr;
+  m.joined = back ? survivor->joined : now;
+  if (back) job.expected.MarkBack(survivor);
+  job.waiting.Add(std::move(m));
+  job.last_arrival = now;
+  const v1::JobSpec& spec = job.spec;
+  if (back) {
+    const size_t missing = job.expected.size() - job.expected.back_count();
+    AddEvent(job, "join", worker_id,
+             absl::StrFormat("joined again from %s at step %d after "
+                             "generation %d ended (%d waiting, %d "
+                             "survivor(s) not back yet; min %d, max %d)",
+                             request.host(), request.committed_step(),
+                             job.generation, job.waiting.size(), missing,
+                             spec.min_workers(), spec.max_workers()));
+  } else {
+    AddEvent(job, "join", worker_id,
+             absl::StrFormat("joined from %s at step %d (%d waiting; min "
+                             "%d, max %d)",
+                             request.host(), request.committed_step(),
+                             job.waiting.size(), spec.min_workers(),
+                             spec.max_workers()));
+  }
 }
 
 absl::StatusOr<std::optional<Assignment>> Core::GetAssignment(

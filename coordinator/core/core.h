@@ -611,6 +611,16 @@ class Core {
   bool MaybeSucceed(Job& job);
   // Note [Re-forming]: waiting workers the next generation could admit.
   static int32_t WaitingWorkers(const Job& job);
+  // Join's parts. Admit: whether `request` may join the existing `job`
+  // (its spec, its binding, a run that ended or was started again, a
+  // drained worker), and whether it is a member asking to re-form (Note
+  // [Re-forming]). AddWaiting: the worker waits for the next generation (a
+  // retried Join keeps its place; an expected survivor is back), with its
+  // event.
+  absl::StatusOr<bool> Admit(Job& job, const v1::JobSpec& spec,
+                             const v1::JoinRequest& request);
+  void AddWaiting(Job& job, const v1::JoinRequest& request, uint64_t call,
+                  absl::Time now);
   // Leave from a worker that is no member of the running generation (still
   // waiting for one, or an expected survivor of the one that ended): it is
   // forgotten, and finished when out of data; the event says `*_when`
