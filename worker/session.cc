@@ -282,18 +282,8 @@ absl::Status Session::JoinAndConnect(
   bool probe = SuggestsUnreachablePeer(why);
   std::vector<std::string> unreachable;
   for (;;) {
-    v1::JoinRequest request;
-    *request.mutable_spec() = options_.spec;
-    request.set_worker_id(options_.worker_id);
-    request.set_host(options_.comm_host);
-    request.set_committed_step(committed_step);
-    request.set_previous_generation(previous_generation);
-    request.set_reform_reason(why.substr(0, 1000));
-    request.set_probe_port(probe_ ? probe_->port() : 0);
-    request.set_include_members(probe);
-    // A newcomer checks the members of a running job it joins.
-    request.set_members_if_running(!probe && previous_generation == 0);
-    for (const std::string& w : unreachable) request.add_unreachable(w);
+    const v1::JoinRequest request = MakeJoinRequest(
+        previous_generation, why, committed_step, probe, unreachable);
     const absl::Duration left = deadline - absl::Now();
     if (left <= absl::ZeroDuration()) {
       return absl::DeadlineExceededError(absl::StrCat(
@@ -308,24 +298,7 @@ absl::Status Session::JoinAndConnect(
     }
     CONCORD_RETURN_IF_ERROR(response.status());
     const v1::JoinResponse& joined = *response;
-    generation_.store(joined.generation());
-    rank_.store(joined.rank());
-    world_size_.store(joined.world_size());
-    finished_workers_.store(joined.finished_workers());
-    authoritative_rank_.store(joined.authoritative_rank());
-    resume_from_.reset();
-    if (joined.has_resume_from()) resume_from_ = joined.resume_from();
-    resume_memory_.reset();
-    if (joined.has_resume_memory()) resume_memory_ = joined.resume_memory();
-    store_ = std::make_unique<CoordinatorStore>(
-        client_.get(), options_.spec.job_id(), joined.generation());
-    Log()->info("joined job '{}' generation {} as rank {} of {}",
-                options_.spec.job_id(), joined.generation(), joined.rank(),
-                joined.world_size());
-    if (history_) {
-      history_->Generation(joined.generation(), joined.rank(),
-                           joined.world_size());
-    }
+    TakeAssignment(joined);
     if (probe || joined.members_size() > 0) {
       unreachable = UnreachableMembers(joined);
       if (!unreachable.empty()) {
@@ -343,40 +316,8 @@ absl::Status Session::JoinAndConnect(
           absl::Milliseconds(joined.heartbeat_interval_ms());
       heartbeat_ = std::thread([this, interval] { HeartbeatLoop(interval); });
     }
-    // Note [Re-forming NCCL]: the members agree how to make the new
-    // communicator (NCCL: derived from the old one where they can).
-    comm::NextCommunicatorRequest next;
-    next.backend = backend_;
-    next.nccl_version = kNcclVersion;
-    next.previous = members_;
-    std::optional<comm::RankChange> change;
-    if (joined.has_rank_change()) {
-      const v1::RankChange& c = joined.rank_change();
-      change.emplace();
-      change->previous_generation = c.previous_generation();
-      change->previous_world_size = c.previous_world_size();
-      change->departed.assign(c.departed().begin(), c.departed().end());
-      change->order_kept = c.order_kept();
-    }
-    next.next =
-        comm::NextRankLabels(members_, members_generation_, joined.generation(),
-                             joined.world_size(), change);
-    int departed = 0;
-    for (const std::string& id : members_) {
-      departed +=
-          std::find(next.next.begin(), next.next.end(), id) == next.next.end();
-    }
-    next.departed_cleanly =
-        joined.finished_workers() - finished_at_formation_ >= departed;
-    members_changed_ = !change || departed > 0 ||
-                       change->previous_world_size != joined.world_size() ||
-                       change->previous_generation != members_generation_;
-    next.rank = joined.rank();
-    next.generation = joined.generation();
-    next.timeout = std::min(options_.join_timeout, left);
-    members_ = next.next;
-    members_generation_ = joined.generation();
-    finished_at_formation_ = joined.finished_workers();
+    const comm::NextCommunicatorRequest next =
+        PlanNextCommunicator(joined, std::min(options_.join_timeout, left));
     auto comm =
         comm::MakeNextCommunicator(next, std::move(parent), store_.get(), [&] {
           return Connect(joined.rank(), joined.world_size(),
@@ -403,6 +344,84 @@ absl::Status Session::JoinAndConnect(
                        " did not connect: ", comm.status().message());
     probe = true;
   }
+}
+
+v1::JoinRequest Session::MakeJoinRequest(
+    int64_t previous_generation, const std::string& why, int64_t committed_step,
+    bool probe, const std::vector<std::string>& unreachable) const {
+  v1::JoinRequest request;
+  *request.mutable_spec() = options_.spec;
+  request.set_worker_id(options_.worker_id);
+  request.set_host(options_.comm_host);
+  request.set_committed_step(committed_step);
+  request.set_previous_generation(previous_generation);
+  request.set_reform_reason(why.substr(0, 1000));
+  request.set_probe_port(probe_ ? probe_->port() : 0);
+  request.set_include_members(probe);
+  // A newcomer checks the members of a running job it joins.
+  request.set_members_if_running(!probe && previous_generation == 0);
+  for (const std::string& w : unreachable) request.add_unreachable(w);
+  return request;
+}
+
+void Session::TakeAssignment(const v1::JoinResponse& joined) {
+  generation_.store(joined.generation());
+  rank_.store(joined.rank());
+  world_size_.store(joined.world_size());
+  finished_workers_.store(joined.finished_workers());
+  authoritative_rank_.store(joined.authoritative_rank());
+  resume_from_.reset();
+  if (joined.has_resume_from()) resume_from_ = joined.resume_from();
+  resume_memory_.reset();
+  if (joined.has_resume_memory()) resume_memory_ = joined.resume_memory();
+  store_ = std::make_unique<CoordinatorStore>(
+      client_.get(), options_.spec.job_id(), joined.generation());
+  Log()->info("joined job '{}' generation {} as rank {} of {}",
+              options_.spec.job_id(), joined.generation(), joined.rank(),
+              joined.world_size());
+  if (history_) {
+    history_->Generation(joined.generation(), joined.rank(),
+                         joined.world_size());
+  }
+}
+
+comm::NextCommunicatorRequest Session::PlanNextCommunicator(
+    const v1::JoinResponse& joined, absl::Duration timeout) {
+  // Note [Re-forming NCCL]: the members agree how to make the new
+  // communicator (NCCL: derived from the old one where they can).
+  comm::NextCommunicatorRequest next;
+  next.backend = backend_;
+  next.nccl_version = kNcclVersion;
+  next.previous = members_;
+  std::optional<comm::RankChange> change;
+  if (joined.has_rank_change()) {
+    const v1::RankChange& c = joined.rank_change();
+    change.emplace();
+    change->previous_generation = c.previous_generation();
+    change->previous_world_size = c.previous_world_size();
+    change->departed.assign(c.departed().begin(), c.departed().end());
+    change->order_kept = c.order_kept();
+  }
+  next.next =
+      comm::NextRankLabels(members_, members_generation_, joined.generation(),
+                           joined.world_size(), change);
+  int departed = 0;
+  for (const std::string& id : members_) {
+    departed +=
+        std::find(next.next.begin(), next.next.end(), id) == next.next.end();
+  }
+  next.departed_cleanly =
+      joined.finished_workers() - finished_at_formation_ >= departed;
+  members_changed_ = !change || departed > 0 ||
+                     change->previous_world_size != joined.world_size() ||
+                     change->previous_generation != members_generation_;
+  next.rank = joined.rank();
+  next.generation = joined.generation();
+  next.timeout = timeout;
+  members_ = next.next;
+  members_generation_ = joined.generation();
+  finished_at_formation_ = joined.finished_workers();
+  return next;
 }
 
 std::vector<std::string> Session::UnreachableMembers(

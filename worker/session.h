@@ -25,6 +25,7 @@
 #include "worker/checkpoint/config.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/group.h"
+#include "worker/comm/next_communicator.h"
 #include "worker/comm/store.h"
 #include "worker/coordinator_client.h"
 #include "worker/device.h"
@@ -223,17 +224,29 @@ class Session final : public comm::GroupFactory {
 
  private:
   explicit Session(WorkerOptions options) : options_(std::move(options)) {}
-  // Joins (previous_generation: see JoinRequest) and connects a communicator.
-  // `parent`: the old generation's communicator where the next one may be
-  // derived from it (Note [Re-forming NCCL]); given up when not.
   // Members of the generation `joined` placed this worker in whose
   // reachability port did not answer (Note [Unreachable peers]).
   std::vector<std::string> UnreachableMembers(
       const v1::JoinResponse& joined) const;
+  // Joins (previous_generation: see JoinRequest) and connects a communicator.
+  // `parent`: the old generation's communicator where the next one may be
+  // derived from it (Note [Re-forming NCCL]); given up when not.
   absl::Status JoinAndConnect(
       int64_t previous_generation, const std::string& reason,
       int64_t committed_step, absl::Time deadline,
       std::shared_ptr<comm::Communicator> parent = nullptr);
+  // JoinAndConnect's parts: the request (`probe`: ask for the members, to
+  // check they answer; `unreachable`: those the last placement's did not),
+  // taking the assignment (counters, resume sources, the generation's store,
+  // the log and history), and what the next communicator is made from (the
+  // members' labels and how they changed: Note [Re-forming NCCL]).
+  v1::JoinRequest MakeJoinRequest(
+      int64_t previous_generation, const std::string& why,
+      int64_t committed_step, bool probe,
+      const std::vector<std::string>& unreachable) const;
+  void TakeAssignment(const v1::JoinResponse& joined);
+  comm::NextCommunicatorRequest PlanNextCommunicator(
+      const v1::JoinResponse& joined, absl::Duration timeout);
   // A communicator of the session's backend: `rank` of `size` in
   // `generation`, rendezvousing through `store`.
   absl::StatusOr<std::unique_ptr<comm::Communicator>> Connect(
