@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "api/internal.h"
+#include "common/environment.h"
 #include "common/auth.h"
 #include "common/logging.h"
 #include "worker/error.h"
@@ -169,9 +170,9 @@ Job::Job(const JobOptions& options) {
     auto made =
         trace::Recorder::Create(resolved.trace_file, resolved.worker_id);
     if (!made.ok()) {
-      ThrowInvalid(absl::StrCat(options.trace_file() ? "JobOptions::trace_file"
-                                                     : "CONCORD_TRACE_FILE",
-                                ": ", made.status().message()));
+      ThrowInvalid(absl::StrCat(
+          options.trace_file() ? "JobOptions::trace_file" : env::kTraceFile.name,
+          ": ", made.status().message()));
     }
     trace = *std::move(made);
   }

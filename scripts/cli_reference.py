@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes (or checks) docs/cli.md: every command's --help, as the binaries print it.
+"""Writes (or checks) docs/cli.md: every command's --help and the environment table, as the binaries print them.
 
     scripts/cli_reference.py --bin-dir build/bin > docs/cli.md   # regenerate
     scripts/cli_reference.py --bin-dir build/bin --check docs/cli.md
@@ -13,36 +13,39 @@ import re
 import subprocess
 import sys
 
-# (command line after the binary, title); concordctl's commands have their own help.
+# (command line, title); concordctl's commands have their own help. The
+# last is the CONCORD_* table (common/environment.h) that the worker reads.
 COMMANDS = [
-    (["concord-coordinator"], "The coordinator service"),
-    (["concord-run"], "The launcher"),
-    (["concord-train"], "The trainer"),
-    (["concordctl"], "The operator CLI"),
-    (["concordctl", "jobs"], None),
-    (["concordctl", "status"], None),
-    (["concordctl", "events"], None),
-    (["concordctl", "checkpoints"], None),
-    (["concordctl", "watch"], None),
-    (["concordctl", "drain"], None),
-    (["concordctl", "stop"], None),
+    (["concord-coordinator", "--help"], "The coordinator service"),
+    (["concord-run", "--help"], "The launcher"),
+    (["concord-train", "--help"], "The trainer"),
+    (["concordctl", "--help"], "The operator CLI"),
+    (["concordctl", "jobs", "--help"], None),
+    (["concordctl", "status", "--help"], None),
+    (["concordctl", "events", "--help"], None),
+    (["concordctl", "checkpoints", "--help"], None),
+    (["concordctl", "watch", "--help"], None),
+    (["concordctl", "drain", "--help"], None),
+    (["concordctl", "stop", "--help"], None),
+    (["concord-run", "--env"], "The environment variables"),
 ]
 
 HEADER = """# CLI reference
 
-Generated from the binaries' `--help` by `scripts/cli_reference.py --bin-dir
-build/bin > docs/cli.md`; ctest's `cli_reference` test fails when this file
-and the binaries disagree. Flags that do not fit exit with status 2 and a
-one-line error naming the flag, before anything starts.
+Generated from the binaries' `--help` (and `concord-run --env`, the table of
+the CONCORD_* variables a worker reads) by `scripts/cli_reference.py
+--bin-dir build/bin > docs/cli.md`; ctest's `cli_reference` test fails when
+this file and the binaries disagree. Flags that do not fit exit with status 2
+and a one-line error naming the flag, before anything starts.
 """
 
 
 def help_text(bin_dir, argv):
     exe = os.path.join(bin_dir, argv[0])
-    out = subprocess.run([exe] + argv[1:] + ["--help"], capture_output=True,
+    out = subprocess.run([exe] + argv[1:], capture_output=True,
                          text=True, timeout=30)
     if out.returncode != 0:
-        sys.exit(f"cli_reference: '{' '.join(argv)} --help' exited "
+        sys.exit(f"cli_reference: '{' '.join(argv)}' exited "
                  f"{out.returncode}: {out.stderr.strip().splitlines()[-1:]}")
     text = out.stdout + out.stderr
     # CLI11 prints argv[0] in its usage line: make it the bare name.
@@ -66,7 +69,7 @@ def cli11_23_defaults(line):
 def render(bin_dir):
     parts = [HEADER.strip()]
     for argv, title in COMMANDS:
-        name = " ".join(argv)
+        name = " ".join(a for a in argv if a != "--help")
         heading = "##" if title else "###"
         parts.append(f"{heading} `{name}`" + (f" — {title}" if title else ""))
         parts.append("```text\n" + help_text(bin_dir, argv) + "\n```")
@@ -95,7 +98,8 @@ def main():
         print(f"cli_reference: {args.check} is stale from line {first + 1} "
               f"(run scripts/cli_reference.py --bin-dir BIN > {args.check})")
         return 1
-    print(f"cli_reference: {args.check} matches {len(COMMANDS)} --help outputs")
+    print(f"cli_reference: {args.check} matches {len(COMMANDS)} outputs "
+          "(--help and the environment table)")
     return 0
 
 

@@ -78,6 +78,7 @@
 #include "absl/time/clock.h"
 #include "agent/node_agent.h"
 #include "common/auth.h"
+#include "common/environment.h"
 #include "common/host.h"
 #include "common/logging.h"
 #include "common/tls.h"
@@ -226,6 +227,14 @@ Options ParseArgs(int argc, char** argv) {
   bool no_resume = false;
   checkpoints->add_flag("--no-resume", no_resume,
                         "start afresh even where a checkpoint is");
+  app.add_flag_callback(
+      "--env",
+      [] {
+        std::fputs(concord::env::Table().c_str(), stdout);
+        std::exit(0);
+      },
+      "print the CONCORD_* environment variables a worker reads (name, "
+      "type, default, who sets it, meaning) and exit");
   app.footer(kFooter);
   try {
     app.parse(split, argv);
@@ -252,8 +261,7 @@ Options ParseArgs(int argc, char** argv) {
   if (o.job_id.empty()) o.job_id = absl::StrCat("job-", getpid());
   if (!o.standalone) {
     if (o.token_file.empty()) {
-      const char* env = std::getenv("CONCORD_TOKEN_FILE");
-      if (env != nullptr) o.token_file = env;
+      o.token_file = concord::env::Get(concord::env::kTokenFile);
     }
     if (o.token_file.empty()) {
       UsageError("--coordinator needs --token-file F (or CONCORD_TOKEN_FILE)");
@@ -279,8 +287,11 @@ Options ParseArgs(int argc, char** argv) {
   if (o.settle_ms >= o.rendezvous_timeout_ms) {
     UsageError("--settle-ms must be below --rendezvous-timeout-ms");
   }
-  if (o.heartbeat_timeout_ms <= o.heartbeat_interval_ms) {
-    UsageError("--heartbeat-timeout-ms must exceed --heartbeat-interval-ms");
+  if (const std::string problem = concord::HeartbeatTimeoutProblem(
+          o.heartbeat_interval_ms, o.heartbeat_timeout_ms,
+          "--heartbeat-interval-ms", "--heartbeat-timeout-ms");
+      !problem.empty()) {
+    UsageError(problem);
   }
   o.console = console == "all"      ? concord::launcher::kConsoleAll
               : console == "stdout" ? concord::launcher::kConsoleStdout

@@ -23,6 +23,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/environment.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "concord/concord.h"
@@ -93,6 +94,13 @@ struct Prepared {
 // itself, so that it does not resolve `auto` again. A device or backend
 // that is not there is exit 2 with one line; `auto` without a GPU says so
 // once.
+// Where a device or backend came from, before a message that names it
+// ("device cuda:3: ..."): the flag when given, else the variable.
+std::string DeviceSource(const std::string& flag,
+                         const concord::env::Variable& variable) {
+  return flag.empty() ? absl::StrCat(variable.name, ": ") : "--";
+}
+
 torch::Device ResolveTrainDevice(const Flags& flags,
                                  concord::worker::WorkerOptions& options) {
   if (!flags.device.empty()) {
@@ -103,18 +111,18 @@ torch::Device ResolveTrainDevice(const Flags& flags,
   }
   auto resolved = concord::worker::ResolveWorkerDevice(options);
   if (!resolved.ok()) {
-    Fail(2, absl::StrCat(flags.device.empty() ? "CONCORD_DEVICE: " : "--",
+    Fail(2, absl::StrCat(DeviceSource(flags.device, concord::env::kDevice),
                          resolved.status().message()));
   }
   if (!resolved->note.empty()) {
     std::cerr << "concord-train: "
-              << (flags.device.empty() ? "CONCORD_DEVICE: " : "--")
+              << DeviceSource(flags.device, concord::env::kDevice)
               << resolved->note << std::endl;
   }
   const concord::WorkerDevice& device = resolved->device;
   auto backend = concord::worker::ResolveBackend(options, device);
   if (!backend.ok()) {
-    Fail(2, absl::StrCat(flags.backend.empty() ? "CONCORD_BACKEND: " : "--",
+    Fail(2, absl::StrCat(DeviceSource(flags.backend, concord::env::kBackend),
                          backend.status().message()));
   }
   if (!device.is_cuda()) return torch::kCPU;

@@ -37,6 +37,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/auth.h"
+#include "common/environment.h"
 #include "common/grpc_auth.h"
 #include "common/grpc_status.h"
 #include "common/operator_json.h"
@@ -349,8 +350,7 @@ int main(int argc, char** argv) {
     return kUsageError;
   }
   if (f.token_file.empty()) {
-    const char* env = std::getenv("CONCORD_TOKEN_FILE");
-    if (env != nullptr) f.token_file = env;
+    f.token_file = concord::env::Get(concord::env::kTokenFile);
   }
   if (f.token_file.empty()) {
     std::fprintf(stderr,

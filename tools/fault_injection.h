@@ -16,6 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/environment.h"
 
 namespace concord::train {
 
@@ -39,22 +40,18 @@ struct FaultInjection {
 
   static FaultInjection FromEnvironment() {
     FaultInjection f;
-    if (const char* pace = std::getenv("CONCORD_TEST_MIN_STEP_MS")) {
-      int64_t ms = 0;
-      if (!absl::SimpleAtoi(pace, &ms) || ms < 0) {
-        std::cerr << "concord-train: CONCORD_TEST_MIN_STEP_MS='" << pace
-                  << "': expected a number of milliseconds" << std::endl;
+    int64_t ms = 0, restarts = 0, local = -1;
+    for (absl::Status st :
+         {env::GetInt(env::kTestMinStepMs, &ms),
+          env::GetInt(env::kRestartCount, &restarts), env::GetLocalRank(&local)}) {
+      if (!st.ok()) {
+        std::cerr << "concord-train: " << st.message() << std::endl;
         std::exit(2);
       }
-      f.min_step = std::chrono::milliseconds(ms);
     }
-    const char* spec = std::getenv("CONCORD_TEST_KILL");
-    const char* restarts = std::getenv("CONCORD_RESTART_COUNT");
-    const char* local = std::getenv("CONCORD_LOCAL_RANK");
-    if (spec == nullptr ||
-        (restarts != nullptr && std::string(restarts) != "0")) {
-      return f;
-    }
+    f.min_step = std::chrono::milliseconds(ms);
+    const std::string spec = env::Get(env::kTestKill);
+    if (spec.empty() || restarts != 0) return f;
     for (absl::string_view one : absl::StrSplit(spec, ',')) {
       std::vector<std::string> parts = absl::StrSplit(one, ':');
       int who = -1;
@@ -63,13 +60,13 @@ struct FaultInjection {
           !absl::SimpleAtoi(parts[1], &at) ||
           (parts[2] != "forward" && parts[2] != "backward" &&
            parts[2] != "optimizer" && parts[2] != "slowmo")) {
-        std::cerr << "concord-train: CONCORD_TEST_KILL='" << spec
+        std::cerr << "concord-train: " << env::kTestKill.name << "='" << spec
                   << "': expected LOCAL:STEP:forward|backward|optimizer|"
                      "slowmo[,...]"
                   << std::endl;
         std::exit(2);
       }
-      if (local != nullptr && std::to_string(who) == local) {
+      if (who == local) {
         f.faults.emplace_back(at, parts[2]);
       }
     }

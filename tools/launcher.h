@@ -79,6 +79,7 @@
 
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "common/job_defaults.h"
 #include "common/tls.h"
 #include "concord/v1/worker.pb.h"
 #include "worker/checkpoint/config.h"
@@ -107,10 +108,10 @@ struct Options {
   int max_restarts = 0;
   int64_t settle_ms = 0;  // 0: the coordinator's default
   std::string job_id;
-  int64_t heartbeat_interval_ms = 1000;
-  int64_t heartbeat_timeout_ms = 10000;
-  int64_t rendezvous_timeout_ms = 300000;
-  int64_t collective_timeout_ms = 300000;
+  int64_t heartbeat_interval_ms = kDefaultHeartbeatIntervalMs;
+  int64_t heartbeat_timeout_ms = kDefaultHeartbeatTimeoutMs;
+  int64_t rendezvous_timeout_ms = kDefaultRendezvousTimeoutMs;
+  int64_t collective_timeout_ms = kDefaultCollectiveTimeoutMs;
   std::string comm_host = "127.0.0.1";
   std::string node_id;  // empty: the workers use the hostname
   std::string token_file;

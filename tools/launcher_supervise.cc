@@ -15,14 +15,17 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "agent/node_agent.h"
+#include "common/environment.h"
 #include "common/host.h"
 #include "tools/launcher.h"
 
@@ -46,69 +49,70 @@ std::string WorkerId(const Options& o, int index, int restarts) {
 std::vector<std::string> WorkerEnv(const Options& o,
                                    const std::string& coordinator,
                                    const Worker& w) {
-  std::vector<std::string> env;
+  std::vector<std::string> out;
   for (char** e = environ; *e != nullptr; ++e) {
-    // The job's settings are concord-run's to give; test hooks, the
+    // The job's settings are concord-run's to give; what the table
+    // (common/environment.h) says is the user's or a test's passes: the
     // device and the backend (Note [Worker device]), the shared-memory
-    // switch (Note [Shared-memory allreduce]) and the library's log level
-    // (Note [Library logging]) pass.
-    if ((std::strncmp(*e, "CONCORD_", 8) != 0 ||
-         std::strncmp(*e, "CONCORD_TEST_", 13) == 0 ||
-         std::strncmp(*e, "CONCORD_DEVICE=", 15) == 0 ||
-         std::strncmp(*e, "CONCORD_BACKEND=", 16) == 0 ||
-         std::strncmp(*e, "CONCORD_SHM=", 12) == 0 ||
-         std::strncmp(*e, "CONCORD_LOG_LEVEL=", 18) == 0) &&
-        std::strncmp(*e, "LOCAL_RANK=", 11) != 0 &&
-        std::strncmp(*e, "LOCAL_WORLD_SIZE=", 17) != 0) {
-      env.emplace_back(*e);
+    // switch (Note [Shared-memory allreduce]), the library's log level
+    // (Note [Library logging]), test hooks. So does everything that is not
+    // Concord's, except torchrun's names, which are set below.
+    const absl::string_view e_view(*e);
+    const bool concord = absl::StartsWith(e_view, "CONCORD_");
+    if ((concord && env::PassedOn(e_view)) ||
+        (!concord && !absl::StartsWith(e_view, "LOCAL_RANK=") &&
+         !absl::StartsWith(e_view, "LOCAL_WORLD_SIZE="))) {
+      out.emplace_back(*e);
     }
   }
-  env.push_back("CONCORD_COORDINATOR=" + coordinator);
-  env.push_back("CONCORD_TOKEN_FILE=" + o.token_file);
+  out.push_back(env::Assign(env::kCoordinator, coordinator));
+  out.push_back(env::Assign(env::kTokenFile, o.token_file));
   // Through the agent, TLS is the agent's business.
-  for (auto [name, path] : {std::pair{"CONCORD_TLS_CA=", &o.tls.ca},
-                            std::pair{"CONCORD_TLS_CERT=", &o.tls.cert},
-                            std::pair{"CONCORD_TLS_KEY=", &o.tls.key}}) {
-    if (!path->empty() && !o.agent) env.push_back(name + *path);
+  for (auto [variable, path] : {std::pair{&env::kTlsCa, &o.tls.ca},
+                                std::pair{&env::kTlsCert, &o.tls.cert},
+                                std::pair{&env::kTlsKey, &o.tls.key}}) {
+    if (!path->empty() && !o.agent)
+      out.push_back(env::Assign(*variable, *path));
   }
-  env.push_back("CONCORD_JOB_ID=" + o.job_id);
-  for (const auto& [name, value] : checkpoint::ToEnvironment(o.checkpoint)) {
-    env.push_back(absl::StrCat(name, "=", value));
+  out.push_back(env::Assign(env::kJobId, o.job_id));
+  for (std::string& assignment : checkpoint::ToEnvironment(o.checkpoint)) {
+    out.push_back(std::move(assignment));
   }
-  env.push_back(absl::StrCat("CONCORD_MIN_WORKERS=", o.min_workers));
-  env.push_back(absl::StrCat("CONCORD_MAX_WORKERS=", o.max_workers));
+  out.push_back(env::Assign(env::kMinWorkers, absl::StrCat(o.min_workers)));
+  out.push_back(env::Assign(env::kMaxWorkers, absl::StrCat(o.max_workers)));
   if (o.settle_ms > 0) {
-    env.push_back(absl::StrCat("CONCORD_SETTLE_MS=", o.settle_ms));
+    out.push_back(env::Assign(env::kSettleMs, absl::StrCat(o.settle_ms)));
   }
   // The worker's index on this node: a CUDA worker's device is
   // cuda:<local rank> (Note [Worker device] in worker/device.h). torchrun's
   // names too, for programs written against them.
-  env.push_back(absl::StrCat("CONCORD_LOCAL_RANK=", w.index));
-  env.push_back(absl::StrCat("LOCAL_RANK=", w.index));
-  env.push_back(absl::StrCat("LOCAL_WORLD_SIZE=", o.nproc));
-  env.push_back(absl::StrCat("CONCORD_RESTART_COUNT=", w.restarts));
+  out.push_back(env::Assign(env::kLocalRank, absl::StrCat(w.index)));
+  out.push_back(absl::StrCat("LOCAL_RANK=", w.index));
+  out.push_back(absl::StrCat("LOCAL_WORLD_SIZE=", o.nproc));
+  out.push_back(env::Assign(env::kRestartCount, absl::StrCat(w.restarts)));
   // The agent reports the worker's exit under this id (Note [Exited
   // workers] in coordinator/core/core.h).
-  env.push_back("CONCORD_WORKER_ID=" + w.id);
-  env.push_back("CONCORD_COMM_HOST=" + o.comm_host);
-  if (!o.node_id.empty()) env.push_back("CONCORD_NODE_ID=" + o.node_id);
-  env.push_back(
-      absl::StrCat("CONCORD_HEARTBEAT_INTERVAL_MS=", o.heartbeat_interval_ms));
-  env.push_back(
-      absl::StrCat("CONCORD_HEARTBEAT_TIMEOUT_MS=", o.heartbeat_timeout_ms));
-  env.push_back(
-      absl::StrCat("CONCORD_RENDEZVOUS_TIMEOUT_MS=", o.rendezvous_timeout_ms));
-  env.push_back(
-      absl::StrCat("CONCORD_COLLECTIVE_TIMEOUT_MS=", o.collective_timeout_ms));
+  out.push_back(env::Assign(env::kWorkerId, w.id));
+  out.push_back(env::Assign(env::kCommHost, o.comm_host));
+  if (!o.node_id.empty()) out.push_back(env::Assign(env::kNodeId, o.node_id));
+  out.push_back(env::Assign(env::kHeartbeatIntervalMs,
+                            absl::StrCat(o.heartbeat_interval_ms)));
+  out.push_back(env::Assign(env::kHeartbeatTimeoutMs,
+                            absl::StrCat(o.heartbeat_timeout_ms)));
+  out.push_back(env::Assign(env::kRendezvousTimeoutMs,
+                            absl::StrCat(o.rendezvous_timeout_ms)));
+  out.push_back(env::Assign(env::kCollectiveTimeoutMs,
+                            absl::StrCat(o.collective_timeout_ms)));
   if (!o.trace_parts.empty()) {
-    env.push_back(absl::StrCat("CONCORD_TRACE_FILE=", o.trace_parts, "/worker-",
-                               w.index, "-run-", w.restarts, ".json"));
+    out.push_back(env::Assign(env::kTraceFile,
+                              absl::StrCat(o.trace_parts, "/worker-", w.index,
+                                           "-run-", w.restarts, ".json")));
   }
   if (!o.history.empty()) {
-    env.push_back(absl::StrCat("CONCORD_HISTORY_FILE=", o.history, "/", w.id,
-                               ".history"));
+    out.push_back(env::Assign(env::kHistoryFile,
+                              absl::StrCat(o.history, "/", w.id, ".history")));
   }
-  return env;
+  return out;
 }
 
 // Forks and execs one run of local worker `index`, its stdout and stderr

@@ -135,7 +135,7 @@ absl::StatusOr<TrainFlags> ParseTrainFlags(int argc, char** argv) {
     checkpoint::Config c;
     c.dir = *f.checkpoint_dir;
     c.every = f.checkpoint_every.value_or(0);
-    c.keep = f.checkpoint_keep.value_or(checkpoint::kDefaultKeep);
+    c.keep = f.checkpoint_keep.value_or(kDefaultCheckpointKeep);
     if (auto st = checkpoint::Validate(c, "--checkpoint-"); !st.ok()) {
       return st;
     }

@@ -14,8 +14,9 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/auth.h"
-#include "common/env.h"
+#include "common/environment.h"
 #include "common/host.h"
+#include "common/job_defaults.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "concord/config.h"
@@ -35,15 +36,15 @@ namespace {
 // peers]): a host that answers at all does so in a round trip.
 constexpr absl::Duration kProbeTimeout = absl::Seconds(2);
 
-// Parses variable `name`, when set, into `out`; INVALID_ARGUMENT names it.
+// Parses variable `v`, when set, into `out`; INVALID_ARGUMENT names it.
 template <typename T, typename Parse>
-absl::Status EnvParsed(const char* name, Parse parse, T* out) {
-  const std::string text = Env(name);
+absl::Status EnvParsed(const env::Variable& v, Parse parse, T* out) {
+  const std::string text = env::Get(v);
   if (text.empty()) return absl::OkStatus();
   absl::StatusOr<T> parsed = parse(text);
   if (!parsed.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(name, ": ", parsed.status().message()));
+        absl::StrCat(v.name, ": ", parsed.status().message()));
   }
   *out = *std::move(parsed);
   return absl::OkStatus();
@@ -57,78 +58,76 @@ std::string DefaultWorkerId() {
 
 absl::StatusOr<WorkerOptions> WorkerOptions::FromEnvironment() {
   WorkerOptions o;
-  o.coordinator = Env("CONCORD_COORDINATOR");
-  o.spec.set_job_id(Env("CONCORD_JOB_ID", "default"));
+  o.coordinator = env::Get(env::kCoordinator);
+  o.spec.set_job_id(env::Get(env::kJobId, "default"));
   int64_t min_workers, max_workers, hb_interval, hb_timeout, rdzv_timeout,
-      collective_timeout;
-  CONCORD_RETURN_IF_ERROR(EnvInt("CONCORD_MIN_WORKERS", 1, 1, &min_workers));
+      collective_timeout, settle_ms;
+  CONCORD_RETURN_IF_ERROR(env::GetInt(env::kMinWorkers, &min_workers));
   CONCORD_RETURN_IF_ERROR(
-      EnvInt("CONCORD_MAX_WORKERS", min_workers, min_workers, &max_workers));
+      env::GetInt(env::kMaxWorkers, min_workers, min_workers, &max_workers));
+  CONCORD_RETURN_IF_ERROR(env::GetInt(env::kHeartbeatIntervalMs, &hb_interval));
+  CONCORD_RETURN_IF_ERROR(env::GetInt(env::kHeartbeatTimeoutMs, &hb_timeout));
   CONCORD_RETURN_IF_ERROR(
-      EnvInt("CONCORD_HEARTBEAT_INTERVAL_MS", 1000, 1, &hb_interval));
+      env::GetInt(env::kRendezvousTimeoutMs, &rdzv_timeout));
   CONCORD_RETURN_IF_ERROR(
-      EnvInt("CONCORD_HEARTBEAT_TIMEOUT_MS", 10000, 1, &hb_timeout));
-  CONCORD_RETURN_IF_ERROR(
-      EnvInt("CONCORD_RENDEZVOUS_TIMEOUT_MS", 300000, 1, &rdzv_timeout));
-  CONCORD_RETURN_IF_ERROR(
-      EnvInt("CONCORD_COLLECTIVE_TIMEOUT_MS", 300000, 1, &collective_timeout));
-  int64_t settle_ms;
-  CONCORD_RETURN_IF_ERROR(EnvInt("CONCORD_SETTLE_MS", 0, 0, &settle_ms));
+      env::GetInt(env::kCollectiveTimeoutMs, &collective_timeout));
+  CONCORD_RETURN_IF_ERROR(env::GetInt(env::kSettleMs, &settle_ms));
+  if (const std::string problem = HeartbeatTimeoutProblem(
+          hb_interval, hb_timeout, std::string(env::kHeartbeatIntervalMs.name),
+          std::string(env::kHeartbeatTimeoutMs.name));
+      !problem.empty()) {
+    return absl::InvalidArgumentError(problem);
+  }
   o.spec.set_settle_ms(settle_ms);
   o.spec.set_min_workers(static_cast<int32_t>(min_workers));
   o.spec.set_max_workers(static_cast<int32_t>(max_workers));
   o.spec.set_heartbeat_interval_ms(hb_interval);
   o.spec.set_heartbeat_timeout_ms(hb_timeout);
   o.spec.set_rendezvous_timeout_ms(rdzv_timeout);
-  o.worker_id = Env("CONCORD_WORKER_ID", DefaultWorkerId());
-  o.comm_host = Env("CONCORD_COMM_HOST", "127.0.0.1");
+  o.worker_id = env::Get(env::kWorkerId, DefaultWorkerId());
+  o.comm_host = env::Get(env::kCommHost, "127.0.0.1");
   int64_t shm;
-  CONCORD_RETURN_IF_ERROR(EnvInt("CONCORD_SHM", 1, 0, &shm));
-  if (shm > 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("CONCORD_SHM=", shm, ": expected 0 or 1"));
-  }
+  CONCORD_RETURN_IF_ERROR(env::GetInt(env::kSharedMemory, &shm));
   o.shared_memory = shm == 1;
-  o.log_level = Env("CONCORD_LOG_LEVEL");
+  o.log_level = env::Get(env::kLogLevel);
   if (!o.log_level.empty()) {
     if (auto level = ParseLogLevel(o.log_level); !level.ok()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("CONCORD_LOG_LEVEL: ", level.status().message()));
+          absl::StrCat(env::kLogLevel.name, ": ", level.status().message()));
     }
   }
-  o.trace_file = Env("CONCORD_TRACE_FILE");
-  o.history_file = Env("CONCORD_HISTORY_FILE");
-  o.node_id = Env("CONCORD_NODE_ID", HostName());
+  o.trace_file = env::Get(env::kTraceFile);
+  o.history_file = env::Get(env::kHistoryFile);
+  o.node_id = env::Get(env::kNodeId, HostName());
   CONCORD_RETURN_IF_ERROR(
-      EnvParsed("CONCORD_DEVICE", ParseDeviceRequest, &o.device));
+      EnvParsed(env::kDevice, ParseDeviceRequest, &o.device));
   CONCORD_RETURN_IF_ERROR(
-      EnvParsed("CONCORD_BACKEND", ParseBackendRequest, &o.backend));
+      EnvParsed(env::kBackend, ParseBackendRequest, &o.backend));
   int64_t local_rank;
-  const char* local_name = std::getenv("CONCORD_LOCAL_RANK") != nullptr
-                               ? "CONCORD_LOCAL_RANK"
-                               : "LOCAL_RANK";
-  CONCORD_RETURN_IF_ERROR(EnvInt(local_name, -1, 0, &local_rank));
+  CONCORD_RETURN_IF_ERROR(env::GetLocalRank(&local_rank));
   o.local_rank = static_cast<int>(local_rank);
   // A restarted worker does not die again (worker/test_fault.h).
-  if (Env("CONCORD_RESTART_COUNT", "0") == "0") {
+  int64_t restarts;
+  CONCORD_RETURN_IF_ERROR(env::GetInt(env::kRestartCount, &restarts));
+  if (restarts == 0) {
     CONCORD_ASSIGN_OR_RETURN(
         o.test_faults,
-        ParseTestFaults(Env("CONCORD_TEST_FAULT"), o.local_rank));
+        ParseTestFaults(env::Get(env::kTestFault), o.local_rank));
   }
   CONCORD_ASSIGN_OR_RETURN(o.checkpoint, checkpoint::FromEnvironment());
   o.join_timeout = absl::Milliseconds(rdzv_timeout);
   o.collective_timeout = absl::Milliseconds(collective_timeout);
   if (!o.coordinator.empty()) {
-    const std::string token_file = Env("CONCORD_TOKEN_FILE");
+    const std::string token_file = env::Get(env::kTokenFile);
     if (!token_file.empty()) {
       absl::StatusOr<std::string> token = ReadTokenFile(token_file);
       if (!token.ok()) {
         return absl::InvalidArgumentError(
-            absl::StrCat("CONCORD_TOKEN_FILE: ", token.status().message()));
+            absl::StrCat(env::kTokenFile.name, ": ", token.status().message()));
       }
       o.token = *std::move(token);
     } else {
-      o.token = Env("CONCORD_TOKEN");
+      o.token = env::Get(env::kToken);
       if (o.token.empty()) {
         return absl::InvalidArgumentError(
             "CONCORD_TOKEN_FILE is not set: the coordinator needs a worker "
@@ -136,11 +135,12 @@ absl::StatusOr<WorkerOptions> WorkerOptions::FromEnvironment() {
       }
       CONCORD_RETURN_IF_ERROR(ValidateToken(o.token));
     }
-    TlsFiles files{Env("CONCORD_TLS_CA"), Env("CONCORD_TLS_CERT"),
-                   Env("CONCORD_TLS_KEY")};
+    TlsFiles files{env::Get(env::kTlsCa), env::Get(env::kTlsCert),
+                   env::Get(env::kTlsKey)};
     CONCORD_ASSIGN_OR_RETURN(
-        o.tls, LoadClientTls(files, {"CONCORD_TLS_CA", "CONCORD_TLS_CERT",
-                                     "CONCORD_TLS_KEY"}));
+        o.tls, LoadClientTls(files, {std::string(env::kTlsCa.name),
+                                     std::string(env::kTlsCert.name),
+                                     std::string(env::kTlsKey.name)}));
   }
   return o;
 }

@@ -3,8 +3,8 @@
 // current generation's communicator, and the heartbeat.
 //
 // Note [Worker environment]: `concord-run` passes a job to its workers in
-// CONCORD_* environment variables; WorkerOptions::FromEnvironment is the one
-// place that reads them. Without CONCORD_COORDINATOR the program runs alone
+// CONCORD_* environment variables (the table in common/environment.h);
+// WorkerOptions::FromEnvironment is the one place that reads them. Without CONCORD_COORDINATOR the program runs alone
 // (world size 1, an in-process store), which is what a plain
 // `concord-train ...` does.
 

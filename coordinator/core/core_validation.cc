@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/job_defaults.h"
 #include "common/status_macros.h"
 
 namespace concord::coordinator {
@@ -20,9 +21,6 @@ constexpr int kMaxKeys = 4096;
 constexpr int64_t kMaxHeartbeatIntervalMs = 3600 * 1000;
 constexpr int64_t kMaxHeartbeatTimeoutMs = 24 * 3600 * 1000;
 constexpr int64_t kMaxRendezvousTimeoutMs = 7LL * 24 * 3600 * 1000;
-constexpr int64_t kDefaultHeartbeatIntervalMs = 1000;
-constexpr int64_t kDefaultHeartbeatTimeoutMs = 10000;
-constexpr int64_t kDefaultRendezvousTimeoutMs = 300000;
 constexpr int64_t kDefaultSettleMs = 2000;
 
 absl::Status Invalid(const char* field, const std::string& rule) {
@@ -182,13 +180,16 @@ absl::Status ValidateSpec(const v1::JobSpec& spec) {
         absl::StrFormat("heartbeat_interval_ms must be in [1, %d]; got %d",
                         kMaxHeartbeatIntervalMs, spec.heartbeat_interval_ms()));
   }
-  if (spec.heartbeat_timeout_ms() <= spec.heartbeat_interval_ms() ||
-      spec.heartbeat_timeout_ms() > kMaxHeartbeatTimeoutMs) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "heartbeat_timeout_ms (%d) must exceed heartbeat_interval_ms (%d) and "
-        "be at most %d",
-        spec.heartbeat_timeout_ms(), spec.heartbeat_interval_ms(),
-        kMaxHeartbeatTimeoutMs));
+  if (const std::string problem = HeartbeatTimeoutProblem(
+          spec.heartbeat_interval_ms(), spec.heartbeat_timeout_ms(),
+          "heartbeat_interval_ms", "heartbeat_timeout_ms");
+      !problem.empty()) {
+    return absl::InvalidArgumentError(problem);
+  }
+  if (spec.heartbeat_timeout_ms() > kMaxHeartbeatTimeoutMs) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("heartbeat_timeout_ms must be at most %d; got %d",
+                        kMaxHeartbeatTimeoutMs, spec.heartbeat_timeout_ms()));
   }
   if (spec.rendezvous_timeout_ms() <= 0 ||
       spec.rendezvous_timeout_ms() > kMaxRendezvousTimeoutMs) {

@@ -11,11 +11,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/job_defaults.h"
 
 namespace concord::checkpoint {
-
-// --checkpoint-keep's default: complete checkpoints kept on disk.
-inline constexpr int kDefaultKeep = 3;
 
 // A test hook: the write stops (as a crash would leave it) at a stage.
 enum class WriteFault {
@@ -44,7 +42,7 @@ struct Config {
   // (at least 1 with a dir).
   int64_t every = 0;
   // Complete checkpoints kept on disk (at least 1).
-  int keep = kDefaultKeep;
+  int keep = kDefaultCheckpointKeep;
   // Whether a generation whose members hold no committed step goes on from
   // the newest checkpoint (--no-resume: false).
   bool resume = true;
@@ -58,18 +56,19 @@ struct Config {
   bool enabled() const { return !dir.empty(); }
 };
 
-// INVALID_ARGUMENT naming the field (`prefix` + its name) when a dir has no
+// INVALID_ARGUMENT naming the field (`prefix` + its name, upper case after
+// a prefix ending in "_": an environment variable) when a dir has no
 // positive `every`, `every` comes without a dir, or `keep` < 1.
 absl::Status Validate(const Config& config, const std::string& prefix);
 
 // CONCORD_CHECKPOINT_DIR, CONCORD_CHECKPOINT_EVERY, CONCORD_CHECKPOINT_KEEP,
-// CONCORD_CHECKPOINT_RESUME (0 or 1) and CONCORD_CHECKPOINT_MEMORY.
-// INVALID_ARGUMENT names the variable that is malformed.
+// CONCORD_CHECKPOINT_RESUME (0 or 1) and CONCORD_CHECKPOINT_MEMORY
+// (common/environment.h). INVALID_ARGUMENT names the variable that is
+// malformed.
 absl::StatusOr<Config> FromEnvironment();
 
-// The variables FromEnvironment reads, for concord-run's workers (none
-// without a dir).
-std::vector<std::pair<std::string, std::string>> ToEnvironment(
-    const Config& config);
+// The variables FromEnvironment reads, "NAME=value", for concord-run's
+// workers (none without a dir).
+std::vector<std::string> ToEnvironment(const Config& config);
 
 }  // namespace concord::checkpoint
