@@ -2,11 +2,13 @@
 // When a node agent sends its workers' heartbeats (Note [Heartbeat
 // batching]). A plain policy with the time passed in: no threads, no gRPC.
 //
-// Note [Heartbeat batching]: each worker heartbeats `interval` after the
-// answer to its last heartbeat, and the call gives up after an interval.
-// The agent answers the heartbeats it sent together at the same moment, so
-// it knows when each of those workers will be back: one interval after the
-// batch, as a group. A heartbeat that arrives is held for max_delay while
+// Note [Heartbeat batching]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
+// Each worker heartbeats `interval` after the answer to its last heartbeat, and
+// the call gives up after an interval. The agent answers the heartbeats it sent
+// together at the same moment, so it knows when each of those workers will be
+// back: one interval after the batch, as a group. A heartbeat that arrives is
+// held for max_delay while
 //  (a) another worker is expected back within max_delay / 2 of it (so it
 //      arrives inside the hold even a little late), or
 //  (b) a group heavier than the pending heartbeats (more workers; equal

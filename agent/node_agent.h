@@ -3,10 +3,11 @@
 // a local socket and carries their calls to the coordinator over one
 // connection (concord-run, unless --no-agent).
 //
-// Note [Node agents]: a job of thousands of processes would otherwise hold
-// a connection, a membership stream and a heartbeat call an interval per
-// process at the coordinator. With an agent per node, the coordinator's
-// load grows with nodes:
+// Note [Node agents]
+// ~~~~~~~~~~~~~~~~~~
+// A job of thousands of processes would otherwise hold a connection, a
+// membership stream and a heartbeat call an interval per process at the
+// coordinator. With an agent per node, the coordinator's load grows with nodes:
 //  - Joins, heartbeats and membership views travel on one Node stream per
 //    node and job. Heartbeats are batched (Note [Heartbeat batching] in
 //    heartbeat_batcher.h): one message an interval carries the node's

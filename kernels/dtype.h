@@ -71,6 +71,7 @@ inline uint16_t FloatToBf16Bits(float f) {
 }
 
 // Note [Integer conversions]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~
 // The same four conversions on bit patterns, with integer operations only,
 // bit-identical to the functions above for every input (kernels_test checks
 // all 2^16 halfs and bf16s and a sweep of floats). The CUDA kernels use these

@@ -42,6 +42,7 @@ __device__ __forceinline__ void Add(WelfordAcc& acc, float v) {
 }
 
 // Note [Split reductions]
+// ~~~~~~~~~~~~~~~~~~~~~~~
 // The per-channel reductions (Welford statistics, the backward sums) read
 // every element once, so they are bound by memory bandwidth only if enough
 // blocks are in flight to keep every SM busy. One block per channel (or per

@@ -6,6 +6,7 @@
 // and what the worker runs on machines without a GPU.
 //
 // Note [Activation layout]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
 // An activation with C channels is addressed as [outer][C][inner]: element
 // (o, c, i) lives at (o * C + c) * inner + i. A contiguous (N, C, *) tensor is
 // outer = N, inner = prod(*); a channels-last one (N, *, C) is
@@ -15,6 +16,7 @@
 // and the same for every channel (outer * inner).
 //
 // Note [Gathered statistics]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~
 // Each rank contributes one row of StatsRowSize(C) = 2C + 1 floats:
 // mean[0..C), m2[0..C) (sum of squared deviations from the mean), count.
 // Rows are stacked by rank (what one allgather produces). A row with count 0

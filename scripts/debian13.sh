@@ -15,15 +15,16 @@
 # /proc, /dev, /sys and the checkout are bind-mounted for the command only
 # and vanish with it, whatever way it ends.
 #
-# Note [cuDNN in the CI root]: libtorch-cuda-2.6 depends on nvidia-cudnn,
-# whose postinst downloads cuDNN from NVIDIA's site — offline it fails and
-# leaves the packages unconfigured. We answer its debconf licence question
-# "I Decline" (the postinst then downloads nothing and succeeds) and give
-# the root a link stub for libcudnn.so.9: a shared library generated from the
-# cudnn* symbols libtorch_cuda.so imports, each returning
-# CUDNN_STATUS_NOT_INITIALIZED. It exists so the CUDA LibTorch links and
-# loads on a machine without a GPU, where cuDNN could not run anyway (the
-# same reason CUDA ships stubs/libcuda.so). It is never used on a GPU
+# Note [cuDNN in the CI root]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# libtorch-cuda-2.6 depends on nvidia-cudnn, whose postinst downloads cuDNN from
+# NVIDIA's site — offline it fails and leaves the packages unconfigured. We
+# answer its debconf licence question "I Decline" (the postinst then downloads
+# nothing and succeeds) and give the root a link stub for libcudnn.so.9: a
+# shared library generated from the cudnn* symbols libtorch_cuda.so imports,
+# each returning CUDNN_STATUS_NOT_INITIALIZED. It exists so the CUDA LibTorch
+# links and loads on a machine without a GPU, where cuDNN could not run anyway
+# (the same reason CUDA ships stubs/libcuda.so). It is never used on a GPU
 # machine: scripts/gpu-suite.sh builds against pip's PyTorch and its cuDNN.
 set -euo pipefail
 cd "$(dirname "$0")/.."

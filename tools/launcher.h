@@ -4,14 +4,16 @@
 // (launcher_output.cc) and their supervision, restarts and exit status
 // (launcher_supervise.cc).
 //
-// Note [Worker output]: concord-run reads both standard streams of every
-// worker run and passes each complete line on, prefixed "[worker I] " (I
-// the local index; a restarted worker keeps its index), to its own stdout
-// or stderr as the worker wrote it; a line goes out in one write(2), so
-// lines of different workers (and concord-run's own messages) never mix
-// within a line. A line still open when a run ends is passed on then; one
-// longer than 64 KiB is passed on in pieces. With --log-dir DIR each run's
-// bytes go as they are, unprefixed and at once, to
+// Note [Worker output]
+// ~~~~~~~~~~~~~~~~~~~~
+// concord-run reads both standard streams of every worker run and passes each
+// complete line on, prefixed "[worker I] " (I the local index; a restarted
+// worker keeps its index), to its own stdout or stderr as the worker wrote it;
+// a line goes out in one write(2), so lines of different workers (and
+// concord-run's own messages) never mix within a line. A line still open when a
+// run ends is passed on then; one longer than 64 KiB is passed on in pieces.
+// With --log-dir DIR each run's bytes go as they are, unprefixed and at once,
+// to
 //   DIR/worker-I/run-R/stdout.log and stderr.log
 // (R = 0 for the first run of local worker I, 1 for its first restart, ...;
 // as torchrun keeps each attempt apart). DIR is made if missing; a DIR
@@ -27,9 +29,11 @@
 // closed pipe) stops being written to; the workers and the log files go
 // on. The last 20 lines of each run's stderr are kept for its death report.
 //
-// Note [Exit status]: concord-run exits 0 when the job completed, and
-// non-zero when it did not; "completed" is the job's state, not the local
-// exit codes. It asks, once its last local worker is done:
+// Note [Exit status]
+// ~~~~~~~~~~~~~~~~~~
+// concord-run exits 0 when the job completed, and non-zero when it did not;
+// "completed" is the job's state, not the local exit codes. It asks, once its
+// last local worker is done:
 //  - the embedded coordinator with --standalone;
 //  - through the node agent (the default), what the coordinator's answers
 //    to its workers said: the state in heartbeat, Leave and exit-report

@@ -1,8 +1,9 @@
 #pragma once
-// Note [Worker device]: which device a worker trains on and which
-// communicator its generations use. Torch-free decisions, tested on CPU;
-// the caller supplies what only LibTorch knows (how many CUDA devices are
-// visible, and why none are).
+// Note [Worker device]
+// ~~~~~~~~~~~~~~~~~~~~
+// Which device a worker trains on and which communicator its generations use.
+// Torch-free decisions, tested on CPU; the caller supplies what only LibTorch
+// knows (how many CUDA devices are visible, and why none are).
 //
 // Device, as asked for (WorkerOptions::device, CONCORD_DEVICE,
 // `concord-train --device`):

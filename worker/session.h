@@ -2,11 +2,12 @@
 // A worker's membership in a job: options, the coordinator connection, the
 // current generation's communicator, and the heartbeat.
 //
-// Note [Worker environment]: `concord-run` passes a job to its workers in
-// CONCORD_* environment variables; WorkerOptions::FromEnvironment is the one
-// place that reads them. Without CONCORD_COORDINATOR the program runs alone
-// (world size 1, an in-process store), which is what a plain
-// `concord-train ...` does.
+// Note [Worker environment]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
+// `concord-run` passes a job to its workers in CONCORD_* environment variables;
+// WorkerOptions::FromEnvironment is the one place that reads them. Without
+// CONCORD_COORDINATOR the program runs alone (world size 1, an in-process
+// store), which is what a plain `concord-train ...` does.
 
 #include <atomic>
 #include <condition_variable>
@@ -103,16 +104,17 @@ absl::StatusOr<ResolvedDevice> ResolveWorkerDevice(
 absl::StatusOr<Backend> ResolveBackend(const WorkerOptions& options,
                                        const WorkerDevice& device);
 
-// Note [Re-forming]: a Session belongs to one generation at a time. When
-// that generation is over for this worker — a collective failed (a peer
-// died), the members agreed to stop at a step boundary (someone ran out of
-// data, or workers wait to be admitted) — Reform() aborts the communicator,
-// asks the coordinator for the next generation (JoinRequest.
-// previous_generation, so the coordinator ends the old one at once if nobody
-// told it yet) and connects a new communicator. A membership watcher aborts
-// the communicator as soon as the coordinator says the generation ended
-// (someone else's failure or a heartbeat timeout), so that no collective
-// waits out its timeout for a peer that is gone; it also raises
+// Note [Re-forming in the worker]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A Session belongs to one generation at a time. When that generation is over
+// for this worker — a collective failed (a peer died), the members agreed to
+// stop at a step boundary (someone ran out of data, or workers wait to be
+// admitted) — Reform() aborts the communicator, asks the coordinator for the
+// next generation (JoinRequest.previous_generation, so the coordinator ends
+// the old one at once if nobody told it yet) and connects a new communicator. A
+// membership watcher aborts the communicator as soon as the coordinator says
+// the generation ended (someone else's failure or a heartbeat timeout), so that
+// no collective waits out its timeout for a peer that is gone; it also raises
 // reform_wanted() when workers wait to be admitted.
 class Session final : public comm::GroupFactory {
  public:
@@ -174,11 +176,11 @@ class Session final : public comm::GroupFactory {
   // Whether a coordinator runs the job (false: a world of one).
   bool elastic() const { return client_ != nullptr; }
 
-  // Note [Re-forming]: leaves the current generation (saying `reason`) and
-  // blocks until the next one has formed and its communicator connected,
-  // retrying when a member of the new generation does not connect. Errors:
-  // FAILED_PRECONDITION when the job failed, was stopped (e.g. it stayed
-  // below min_workers for the rendezvous timeout) or has no coordinator;
+  // Note [Re-forming in the worker]: leaves the current generation (saying
+  // `reason`) and blocks until the next one has formed and its communicator
+  // connected, retrying when a member of the new generation does not connect.
+  // Errors: FAILED_PRECONDITION when the job failed, was stopped (e.g. it
+  // stayed below min_workers for the rendezvous timeout) or has no coordinator;
   // DEADLINE_EXCEEDED after the join timeout; UNAVAILABLE when the
   // coordinator stays unreachable.
   absl::Status Reform(int64_t committed_step, const std::string& reason);
@@ -188,7 +190,8 @@ class Session final : public comm::GroupFactory {
   // Whether the generation joined last has other members than the one
   // before it (true for the first, and when the coordinator could not say).
   bool members_changed() const { return members_changed_; }
-  // Workers are waiting to be admitted to the job (Note [Re-forming]).
+  // Workers are waiting to be admitted to the job (Note [Re-forming in the
+  // worker]).
   bool reform_wanted() const {
     return reform_wanted_.load(std::memory_order_relaxed);
   }

@@ -3,7 +3,9 @@
 // replicas share one etcd cluster; one of them leads (serves workers and
 // operators), the others stand by and take over when it goes.
 //
-// Note [etcd leadership]: keys under a prefix P (default "/concord/"):
+// Note [etcd leadership]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// Keys under a prefix P (default "/concord/"):
 //   P + "leader"         the leader's identity, attached to its lease
 //   P + "jobs/" + JOB    the job's JobRecord (protobuf binary)
 // Campaign grants a lease of `lease_ttl` and puts the leader key with it in a

@@ -17,6 +17,7 @@
 // nn.SyncBatchNorm, apex's SyncBatchNorm), over Concord's communicators.
 //
 // Note [SyncBN arithmetic]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
 // Training forward, per layer and call:
 //   1. each rank computes per-channel (mean, m2, count) of its local batch
 //      with Welford's algorithm (kernels/syncbn.h; CUDA kernels for CUDA

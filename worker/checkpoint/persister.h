@@ -53,11 +53,12 @@ struct PersistReport {
   bool memory = false;
 };
 
-// Note [Persister priority]: the persister's thread (and the threads its
-// file writes start) runs at nice kNice: on a node whose cores train, the
-// background write takes what training leaves rather than stretching the
-// steps (a due checkpoint that finds the last still being written is
-// skipped and counted, never waited for).
+// Note [Persister priority]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
+// The persister's thread (and the threads its file writes start) runs at nice
+// kNice: on a node whose cores train, the background write takes what training
+// leaves rather than stretching the steps (a due checkpoint that finds the last
+// still being written is skipped and counted, never waited for).
 class Persister {
  public:
   static constexpr int kNice = 10;

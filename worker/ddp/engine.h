@@ -139,9 +139,9 @@ class Engine {
     return require_backward_grad_sync_;
   }
 
-  // Note [Re-forming] (worker/session.h): moves DDP to the next generation's
-  // communicator. Drops the interrupted iteration (every `.grad` is
-  // undefined afterwards) and the communication hook (register it again),
+  // Note [Re-forming in the worker] (worker/session.h): moves DDP to the next
+  // generation's communicator. Drops the interrupted iteration (every `.grad`
+  // is undefined afterwards) and the communication hook (register it again),
   // checks that every rank of the new generation wraps the same model and
   // broadcasts parameters and buffers from `authoritative_rank`. A worker
   // that joins the new generation calls Create instead: both run the same

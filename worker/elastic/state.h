@@ -1,7 +1,8 @@
 #pragma once
 // Elastic training for a LibTorch loop: what Horovod's TorchState and
 // hvd.elastic.run are to PyTorch, and PyTorch's DDP join for uneven inputs,
-// on top of Concord's generations (Note [Re-forming] in worker/session.h).
+// on top of Concord's generations (Note [Re-forming in the worker] in
+// worker/session.h).
 //
 // Usage:
 //   auto session = *concord::worker::Session::Start(options);
@@ -25,18 +26,19 @@
 //     return absl::OkStatus();
 //   });
 //
-// Note [Elastic step]: a step is transactional. Parameters and optimizer
-// state change only in an optimizer's step(). Where that runs after every
-// collective of the step succeeded (the State puts its DDP modules in
-// blocking wait: the host waits for the gradients' allreduce, which on NCCL
-// also tells whether any earlier collective of the step failed, since a
-// failure poisons the communicator: Note [Stream-ordered waits]), a failed
-// collective finds them as the last commit left them. An optimizer that
-// steps before a later collective of its step (a GAN's discriminator) is
-// copied at the step's start and put back after a failure (Note [Early
-// optimizer steps]). What can change half-way besides is cheap to snapshot
-// and is: buffers (BatchNorm statistics move in forward, a buffer broadcast
-// may be cut off), the counters and the user's values.
+// Note [Elastic step]
+// ~~~~~~~~~~~~~~~~~~~
+// A step is transactional. Parameters and optimizer state change only in an
+// optimizer's step(). Where that runs after every collective of the step
+// succeeded (the State puts its DDP modules in blocking wait: the host waits
+// for the gradients' allreduce, which on NCCL also tells whether any earlier
+// collective of the step failed, since a failure poisons the communicator:
+// Note [Stream-ordered waits]), a failed collective finds them as the last
+// commit left them. An optimizer that steps before a later collective of its
+// step (a GAN's discriminator) is copied at the step's start and put back after
+// a failure (Note [Early optimizer steps]). What can change half-way besides is
+// cheap to snapshot and is: buffers (BatchNorm statistics move in forward, a
+// buffer broadcast may be cut off), the counters and the user's values.
 // Commit() takes that snapshot; after a failure Run restores it, re-forms (the
 // survivors join the next generation with their committed step; the coordinator
 // makes the one with the highest step authoritative) and every rank — survivors
@@ -44,15 +46,17 @@
 // counters and values over the communicator, then runs `train` again from
 // the committed position. No step is applied twice or half.
 //
-// Note [Step agreement]: BeginStep is one small allreduce per step: how many
-// ranks have data for the step, and whether any saw workers waiting to be
-// admitted. With every rank's data and nobody waiting the step just runs.
-// Ranks without data leave the job (LEAVE_REASON_END_OF_DATA) and the others
-// re-form and go on: PyTorch's join, without the finished ranks shadowing
-// every collective with zeros until the last one is done. As in PyTorch the
-// gradient sum is then divided by the initial world size (the ranks left
-// plus those that finished; divide_by_initial_world_size) or by the ranks
-// left; throw_on_early_termination fails every rank instead.
+// Note [Step agreement]
+// ~~~~~~~~~~~~~~~~~~~~~
+// BeginStep is one small allreduce per step: how many ranks have data for the
+// step, and whether any saw workers waiting to be admitted. With every rank's
+// data and nobody waiting the step just runs. Ranks without data leave the job
+// (LEAVE_REASON_END_OF_DATA) and the others re-form and go on: PyTorch's join,
+// without the finished ranks shadowing every collective with zeros until the
+// last one is done. As in PyTorch the gradient sum is then divided by the
+// initial world size (the ranks left plus those that finished;
+// divide_by_initial_world_size) or by the ranks left;
+// throw_on_early_termination fails every rank instead.
 //
 // Note [Several models]
 // ~~~~~~~~~~~~~~~~~~~~~
@@ -270,9 +274,9 @@ class State {
   // communication hook again.
   void OnReset(std::function<void(const ResetInfo&)> callback);
 
-  // Note [Re-forming]: leaves the current generation and joins the next
-  // (restoring the last commit first when `restore`), rebinds every module,
-  // then Sync and the reset callbacks. Collective failures during the
+  // Note [Re-forming in the worker]: leaves the current generation and joins
+  // the next (restoring the last commit first when `restore`), rebinds every
+  // module, then Sync and the reset callbacks. Collective failures during the
   // hand-over are retried with another re-form. Errors: FAILED_PRECONDITION
   // carrying Session::Reform's error (the job failed, the rendezvous timed
   // out: never retried), and non-retryable ones of Sync.

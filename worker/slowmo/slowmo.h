@@ -20,8 +20,10 @@
 //     opt.step(); ++state.step; state.Commit();
 //     CONCORD_RETURN_IF_ERROR(slowmo->PerformSlowMo(opt));
 //
-// Note [SlowMo step]: PerformSlowMo is fairscale's perform_slowmo, called
-// once after every optimizer step (update n = 0, 1, ...):
+// Note [SlowMo step]
+// ~~~~~~~~~~~~~~~~~~
+// PerformSlowMo is fairscale's perform_slowmo, called once after every
+// optimizer step (update n = 0, 1, ...):
 //   - LocalSGD: when (n+1) % localsgd_frequency == 0, parameters are
 //     divided by the world size and allreduced (skipped when a
 //     memory-efficient slow step follows: its reduce averages already).
@@ -38,13 +40,7 @@
 //     each slice is reduced to its owner, the owner updates u and x_old for
 //     its slice and broadcasts the new x back. Otherwise every rank updates
 //     its whole vector locally.
-//     Note [Shard replicas]: the next rank, (s+1) mod world, keeps a replica
-//     of slice s: after the broadcast it holds the new x = x_old of the
-//     slice already, and the owner sends it its new u (one point-to-point
-//     message of a slice: the whole vector once over the network per slow
-//     step). After a membership change a slice is taken from its owner, or
-//     from its replica when the owner is gone; it restarts (u = 0,
-//     x_old = x, logged) only when both are gone.
+//     Each slice has a replica (Note [Shard replicas]).
 //   With a node hierarchy (Note [Node hierarchy] in hierarchy.h), "world"
 //   above is the node masters' group: the others average their gradients
 //   with their node in AfterBackward and take their master's parameters
@@ -60,12 +56,24 @@
 // (run by elastic::State::Sync after the re-form) performs it in the new
 // generation.
 //
-// Note [fp16 masters]: fairscale's perform_slowmo(optimizer, fp32_params).
-// With fp16 module parameters the optimizer (fairseq's FP16Optimizer, apex
-// amp) steps fp32 master copies and copies them into the fp16 parameters;
-// SetFp32Params gives SlowMo those masters (one per parameter, in `params`
-// order, or one flat tensor of every element in that order). Then, per
-// update, element-wise, with W the number of participants (nodes):
+// Note [Shard replicas]
+// ~~~~~~~~~~~~~~~~~~~~~
+// With memory-efficient slow momentum the next rank, (s+1) mod world, keeps a
+// replica of slice s: after the broadcast it holds the new x = x_old of the
+// slice already, and the owner sends it its new u (one point-to-point message
+// of a slice: the whole vector once over the network per slow step). After a
+// membership change a slice is taken from its owner, or from its replica when
+// the owner is gone; it restarts (u = 0, x_old = x, logged) only when both are
+// gone.
+//
+// Note [fp16 masters]
+// ~~~~~~~~~~~~~~~~~~~
+// fairscale's perform_slowmo(optimizer, fp32_params). With fp16 module
+// parameters the optimizer (fairseq's FP16Optimizer, apex amp) steps fp32
+// master copies and copies them into the fp16 parameters; SetFp32Params gives
+// SlowMo those masters (one per parameter, in `params` order, or one flat
+// tensor of every element in that order). Then, per update, element-wise, with
+// W the number of participants (nodes):
 //   averaging = a gossip round or an exact average this update;
 //   1. if averaging: (exact average only) p16 ← (p16 / W) · W in fp16 (the
 //      rounding loss now, not in the allreduce); p32 ← p32 − float(p16):
@@ -84,18 +92,19 @@
 // elastic::State::Sync), and a restarted slow-momentum slice takes x_old
 // from them.
 //
-// Note [Push-sum]: between steps the parameters hold push-sum numerators x
-// and the rank a weight w (1 at the start). PrepareForward divides the
-// parameters by w (the de-biased estimate z = x/w the model computes with);
-// AfterBackward multiplies them back, so the optimizer applies the gradient
-// at z to x. A gossip round with k = peers_per_itr out-peers and uniform
-// mixing (fairscale's UniformMixing, lo = 1/(k+1)) sends [x, w] to each
-// out-peer and sets x ← (x + Σ_in x_j)·lo, w ← (w + Σ_in w_j)·lo, which is
-// fairscale's arithmetic (its lazy mixing) and keeps Σx and Σw over the
-// ranks (every rank keeps lo and sends lo to each of its k out-peers).
-// fairscale does not send w on regular graphs, assuming every in-peer's
-// weight equals its own; Concord sends it (one element), so the sums stay
-// exact for any weights. push_sum=false is fairscale's PushPull: no weight
+// Note [Push-sum]
+// ~~~~~~~~~~~~~~~
+// Between steps the parameters hold push-sum numerators x and the rank a weight
+// w (1 at the start). PrepareForward divides the parameters by w (the de-biased
+// estimate z = x/w the model computes with); AfterBackward multiplies them
+// back, so the optimizer applies the gradient at z to x. A gossip round with
+// k = peers_per_itr out-peers and uniform mixing (fairscale's UniformMixing,
+// lo = 1/(k+1)) sends [x, w] to each out-peer and sets x ← (x + Σ_in x_j)·lo,
+// w ← (w + Σ_in w_j)·lo, which is fairscale's arithmetic (its lazy mixing) and
+// keeps Σx and Σw over the ranks (every rank keeps lo and sends lo to each of
+// its k out-peers). fairscale does not send w on regular graphs, assuming every
+// in-peer's weight equals its own; Concord sends it (one element), so the sums
+// stay exact for any weights. push_sum=false is fairscale's PushPull: no weight
 // (in-degree must equal out-degree, the mixing being doubly stochastic).
 
 #include <torch/torch.h>

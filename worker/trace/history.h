@@ -2,14 +2,15 @@
 // A worker's history: what it did that a checker can verify after the run
 // (tests/history.py, Note [History checker] there).
 //
-// Note [History files]: one file per worker id (JobOptions::history_file or
-// CONCORD_HISTORY_FILE; `concord-run --history DIR` gives each worker
-// DIR/<worker id>.history), opened for appending, so that a restarted
-// worker with the same id goes on in the same file; every record says the
-// process (pid). JSON Lines: one object per line, written with one write(2)
-// when the thing is done, so a worker killed at any point leaves whole lines
-// (a last line without its newline was not written and is ignored). Records
-// ("event"):
+// Note [History files]
+// ~~~~~~~~~~~~~~~~~~~~
+// One file per worker id (JobOptions::history_file or CONCORD_HISTORY_FILE;
+// `concord-run --history DIR` gives each worker DIR/<worker id>.history),
+// opened for appending, so that a restarted worker with the same id goes on in
+// the same file; every record says the process (pid). JSON Lines: one object
+// per line, written with one write(2) when the thing is done, so a worker
+// killed at any point leaves whole lines (a last line without its newline was
+// not written and is ignored). Records ("event"):
 //   generation  the coordinator placed this worker in `generation` as `rank`
 //               of `world` (written when the Join is answered, before the
 //               communicator connects)

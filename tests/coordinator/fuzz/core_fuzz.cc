@@ -1,6 +1,8 @@
-// Note [Core fuzzing]: an input is a program of operations on one Core
-// with a FakeClock. Each operation is picked by one byte and takes its
-// fields from the bytes that follow, either
+// Note [Core fuzzing]
+// ~~~~~~~~~~~~~~~~~~~
+// An input is a program of operations on one Core with a FakeClock. Each
+// operation is picked by one byte and takes its fields from the bytes that
+// follow, either
 //  - structured: ids from small pools (so that workers meet in the same
 //    jobs and generations), the right secret or a wrong one, the current
 //    generation or one near it, small specs and steps, occasionally raw

@@ -1,9 +1,10 @@
 #pragma once
-// Note [Shared-memory allreduce]: when every rank of a Gloo generation runs
-// on one host, a sum allreduce goes through a shared-memory segment instead
-// of Gloo's TCP pairs (what NCCL and MPI do within a node; PyTorch's Gloo
-// has only TCP on a host). Torch-free, tested with ranks as threads and, in
-// the multi-process tests, as processes.
+// Note [Shared-memory allreduce]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// When every rank of a Gloo generation runs on one host, a sum allreduce goes
+// through a shared-memory segment instead of Gloo's TCP pairs (what NCCL and
+// MPI do within a node; PyTorch's Gloo has only TCP on a host). Torch-free,
+// tested with ranks as threads and, in the multi-process tests, as processes.
 //
 // The same arithmetic as Gloo: Gloo's ring allreduce (gloo/allreduce.cc,
 // the algorithm PyTorch's ProcessGroupGloo uses) splits the buffer into
