@@ -38,7 +38,7 @@ SKIP = ('docs/cli.md',)
 
 # Between the words of a heading or a reference: blanks, or a line break
 # followed by the next line's comment leader.
-WS = r'(?:[ \t]|\n[ \t]*(?://+!?|#+|\*(?!/))?)+'
+WS = r'(?=[ \t\n])[ \t]*(?:\n[ \t]*(?:(?://+!?|#+|\*(?!/))[ \t]*)?)*'
 MENTION = re.compile(r'\bNote' + WS + r'\[([^\]\[]*)\]')
 PLURAL = re.compile(r'\bNotes' + WS + r'\[')
 SEE = re.compile(r'(?:^|[^\w])[Ss]ee' + WS + r'\Z')
