@@ -1,5 +1,5 @@
 #pragma once
-// When a node agent sends its workers' heartbeats (Note [Heartbeat
+// When a node agent sends its workers' heartbeats (see Note [Heartbeat
 // batching]). A plain policy with the time passed in: no threads, no gRPC.
 //
 // Note [Heartbeat batching]

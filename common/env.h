@@ -1,5 +1,5 @@
 #pragma once
-// Reading CONCORD_* environment variables (Note [Worker environment] in
+// Reading CONCORD_* environment variables (see Note [Worker environment] in
 // worker/session.h): the one way the worker library and its parts read
 // them, with errors that name the variable.
 

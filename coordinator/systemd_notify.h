@@ -47,7 +47,7 @@ class SystemdNotifier {
   void Stopping(const std::string& status);
   // WATCHDOG=1, at most once per half watchdog interval (the rest return at
   // once). Thread-safe and cheap: call it from a path that proves the service
-  // is alive (Note [Watchdog pings]).
+  // is alive (see Note [Watchdog pings]).
   void Alive();
 
  private:

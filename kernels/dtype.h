@@ -147,7 +147,7 @@ CONCORD_HOST_DEVICE inline uint16_t FloatToBf16(uint32_t u) {
 #if defined(__CUDACC__)
 // Device element access for the CUDA kernels: Elem<D>::T is the storage type
 // of DType D; Load widens to float and Store narrows (round to nearest even),
-// bit for bit as LoadAsFloat / StoreFromFloat (Note [Integer conversions]).
+// bit for bit as LoadAsFloat / StoreFromFloat (see Note [Integer conversions]).
 template <DType D>
 struct Elem;
 template <>

@@ -86,11 +86,10 @@ int ThreadsAlongInner(int64_t inner) {
   return tx;
 }
 
-// Note [Split reductions]: the number of parts S of each channel's elements.
-// Contiguous: parts of the outer range (a block covers whole (o, ·) rows);
-// channels-last: parts of the rows.
-// Every part but the last has CeilDiv(outer, S) of the outer indices (rows),
-// and none is empty.
+// See Note [Split reductions]: the number of parts S of each channel's
+// elements. Contiguous: parts of the outer range (a block covers whole (o, ·)
+// rows); channels-last: parts of the rows. Every part but the last has
+// CeilDiv(outer, S) of the outer indices (rows), and none is empty.
 int64_t ReductionSplits(const ActivationShape& shape) {
   if (shape.outer <= 0 || shape.channels <= 0) return 1;
   int64_t splits;

@@ -65,7 +65,7 @@ in_root() {
   ' bash "$ROOT" "$SRC" "$@"
 }
 
-# The cuDNN link stub (Note [cuDNN in the CI root]).
+# The cuDNN link stub (see Note [cuDNN in the CI root]).
 make_cudnn_stub() {
   local lib=/usr/lib/x86_64-linux-gnu
   in_root /bin/bash -euc '
@@ -79,7 +79,7 @@ make_cudnn_stub() {
     [ -n "$syms" ] || { echo "no library in the root imports cudnn symbols" >&2; exit 1; }
     work=$(mktemp -d)
     {
-      echo "/* Link stub for libcudnn.so.9 (Note [cuDNN in the CI root] in scripts/debian13.sh). */"
+      echo "/* Link stub for libcudnn.so.9 (see Note [cuDNN in the CI root] in scripts/debian13.sh). */"
       echo "#include <stddef.h>"
       echo "const char* cudnnGetErrorString(int s) { (void)s; return \"cuDNN is not installed in this root\"; }"
       echo "size_t cudnnGetVersion(void) { return 90000; }"

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """The history checker: reads what the workers and the coordinators of a
-run wrote (Note [History files] in worker/trace/history.h, Note
+run wrote (see Note [History files] in worker/trace/history.h, see Note
 [Coordinator history] in coordinator/store/history_file.h) and proves the
 invariants an elastic job must keep, whatever failed during the run.
 

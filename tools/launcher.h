@@ -67,7 +67,7 @@
 // after how long, whether it is restarted, and the last lines of its
 // stderr (read to the end of what the dead process wrote first); one that
 // concord-run was stopping gets one line without its stderr. Through
-// the agent the coordinator is told at once (Note [Exited workers] in
+// the agent the coordinator is told at once (see Note [Exited workers] in
 // coordinator/core/core.h), so that the survivors re-form without waiting
 // for the dead worker's heartbeat timeout.
 
@@ -122,10 +122,11 @@ struct Options {
   std::string trace;        // --trace FILE
   std::string trace_parts;  // the workers' trace files go here
   std::string history;      // --history DIR
-  std::string log_dir;      // --log-dir DIR (Note [Worker output])
+  std::string log_dir;      // --log-dir DIR (see Note [Worker output])
   int console = kConsoleAll;
-  // --checkpoint-* (Note [Checkpoints] in worker/checkpoint/checkpointer.h);
-  // `memory` is the node's snapshot region concord-run made.
+  // --checkpoint-* (see Note [Checkpoints] in
+  // worker/checkpoint/checkpointer.h); `memory` is the node's snapshot region
+  // concord-run made.
   checkpoint::Config checkpoint;
   std::vector<std::string> program;
 };
@@ -134,7 +135,7 @@ struct Options {
 [[noreturn]] void UsageError(const std::string& message);
 
 // --log-dir: makes DIR and its worker-I folders; a usage error when DIR
-// cannot be written or already holds logs (Note [Worker output]).
+// cannot be written or already holds logs (see Note [Worker output]).
 void PrepareLogDir(const Options& o);
 
 // concord-run's own message: "concord-run: " + `message` on stderr, in one
@@ -177,7 +178,7 @@ struct ChildEnds {
 // on a terminal) and, with --log-dir, its folder and log files; `w`'s
 // index and restarts are set. Exits 1 when a pipe cannot be made.
 ChildEnds OpenStreams(const Options& o, Worker& w);
-// Reads what is there (non-blocking) and passes it on (Note [Worker
+// Reads what is there (non-blocking) and passes it on (see Note [Worker
 // output]); at the stream's end, its last partial line too, and closes it.
 void Pump(const Worker& w, Stream& s);
 // Everything a dead run wrote first (its pipes' contents): Pump until
@@ -186,7 +187,7 @@ void Drain(Worker& w);
 // The run's last lines of stderr, its open partial line included.
 std::vector<std::string> StderrTail(const Worker& w, size_t lines);
 
-// What concord-run knows of the job's state (Note [Exit status]).
+// What concord-run knows of the job's state (see Note [Exit status]).
 struct JobWord {
   std::optional<v1::JobState> state;
   std::string failure;
@@ -202,7 +203,7 @@ struct Supervisor {
   std::function<JobWord()> job_word;
 
   // Starts the workers and supervises them until all are done; returns
-  // concord-run's exit status (Note [Exit status]).
+  // concord-run's exit status (see Note [Exit status]).
   int Run();
 };
 

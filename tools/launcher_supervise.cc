@@ -1,5 +1,5 @@
 // concord-run's workers: their environment, starting, reaping, restarting
-// and reporting them, and concord-run's exit status (Note [Exit status] in
+// and reporting them, and concord-run's exit status (see Note [Exit status] in
 // launcher.h).
 
 #include <poll.h>
@@ -49,9 +49,9 @@ std::vector<std::string> WorkerEnv(const Options& o,
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
     // The job's settings are concord-run's to give; test hooks, the
-    // device and the backend (Note [Worker device]), the shared-memory
-    // switch (Note [Shared-memory allreduce]) and the library's log level
-    // (Note [Library logging]) pass.
+    // device and the backend (see Note [Worker device]), the shared-memory
+    // switch (see Note [Shared-memory allreduce]) and the library's log level
+    // (see Note [Library logging]) pass.
     if ((std::strncmp(*e, "CONCORD_", 8) != 0 ||
          std::strncmp(*e, "CONCORD_TEST_", 13) == 0 ||
          std::strncmp(*e, "CONCORD_DEVICE=", 15) == 0 ||
@@ -81,13 +81,13 @@ std::vector<std::string> WorkerEnv(const Options& o,
     env.push_back(absl::StrCat("CONCORD_SETTLE_MS=", o.settle_ms));
   }
   // The worker's index on this node: a CUDA worker's device is
-  // cuda:<local rank> (Note [Worker device] in worker/device.h). torchrun's
+  // cuda:<local rank> (see Note [Worker device] in worker/device.h). torchrun's
   // names too, for programs written against them.
   env.push_back(absl::StrCat("CONCORD_LOCAL_RANK=", w.index));
   env.push_back(absl::StrCat("LOCAL_RANK=", w.index));
   env.push_back(absl::StrCat("LOCAL_WORLD_SIZE=", o.nproc));
   env.push_back(absl::StrCat("CONCORD_RESTART_COUNT=", w.restarts));
-  // The agent reports the worker's exit under this id (Note [Exited
+  // The agent reports the worker's exit under this id (see Note [Exited
   // workers] in coordinator/core/core.h).
   env.push_back("CONCORD_WORKER_ID=" + w.id);
   env.push_back("CONCORD_COMM_HOST=" + o.comm_host);
@@ -246,7 +246,7 @@ int Supervisor::Run() {
       if (waitpid(w.pid, &status, WNOHANG) != w.pid) continue;
       w.wait_status = status;
       w.ended = absl::Now();
-      // First, so that the others re-form at once (Note [Exited workers]).
+      // First, so that the others re-form at once (see Note [Exited workers]).
       if (agent != nullptr) agent->WorkerExited(w.id, How(status));
       Drain(w);  // what it wrote before it died
       if (StatusOf(status) == 0) continue;
@@ -259,7 +259,7 @@ int Supervisor::Run() {
       }
       lost.push_back(&w);
       // A job that failed or was stopped is not restarted by a restarted
-      // worker (a new process would start it again: Note [Starting again]
+      // worker (a new process would start it again: see Note [Starting again]
       // in coordinator/core/core.h); running the command again does that.
       std::string ended;
       if (job_word) {
@@ -335,7 +335,7 @@ int Supervisor::Run() {
     }
   }
 
-  // Note [Exit status].
+  // See Note [Exit status].
   if (agent != nullptr) agent->AwaitExitReports(kExitAnswers);
   const JobWord word = job_word ? job_word() : JobWord{};
   const v1::JobState state = word.state.value_or(v1::JOB_STATE_UNSPECIFIED);

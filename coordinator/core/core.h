@@ -5,7 +5,7 @@
 //
 // It knows nothing of gRPC and never blocks or sleeps: time comes from a
 // Clock, and callers that want to wait (the RPC layer) re-ask when the job's
-// epoch of what they wait on moves (Epochs, Note [Asynchronous waits] in
+// epoch of what they wait on moves (Epochs, see Note [Asynchronous waits] in
 // host.h). Not thread-safe: the service layer serialises every
 // call with its own mutex. Every request is validated first
 // (core_validation.h): a bad one is INVALID_ARGUMENT and changes nothing.
@@ -16,19 +16,19 @@
 // change ends it; the next one gets a higher number. Anything addressed to
 // another generation than the current one is refused with ABORTED. Generation
 // numbers never go backwards, across restarts too (they are persisted,
-// Note [Persistence]).
+// see Note [Persistence]).
 //
 // Note [Formation]
 // ~~~~~~~~~~~~~~~~
-// With expected survivors of an ended generation (Note [Re-forming]) the next
-// generation forms as soon as every one of them is waiting again and at least
-// min_workers are waiting, without a settle period, and not before, even with
-// max_workers newcomers waiting (the survivors hold the model and its
+// With expected survivors of an ended generation (see Note [Re-forming]) the
+// next generation forms as soon as every one of them is waiting again and at
+// least min_workers are waiting, without a settle period, and not before, even
+// with max_workers newcomers waiting (the survivors hold the model and its
 // progress); an expected survivor not back within heartbeat_timeout of its last
 // heartbeat (or, sooner, once its connection to the coordinator broke:
-// Note [Re-forming]) is dropped (a "failure" event; its binding is released),
-// which may let the generation form. With no expected survivors (the first
-// generation, or every one was dropped) a generation forms as soon as
+// see Note [Re-forming]) is dropped (a "failure" event; its binding is
+// released), which may let the generation form. With no expected survivors (the
+// first generation, or every one was dropped) a generation forms as soon as
 // max_workers are waiting, or once at least min_workers are waiting and no new
 // worker has arrived for the job's settle period (JobSpec.settle_ms, default
 // 2 s). A generation admits at most max_workers: survivors first, then the
@@ -68,28 +68,28 @@
 // (job, worker_id) binds that pair to the random worker_secret the worker
 // process chose; every later call naming the worker must carry the same secret
 // (else PERMISSION_DENIED). The binding lasts while the worker waits, is a
-// member, or is a survivor expected to join again (Note [Re-forming]); it is
-// released when the worker withdraws, leaves with an error, is declared failed
-// (or dropped as an expected survivor), is drained, runs out of data
+// member, or is a survivor expected to join again (see Note [Re-forming]); it
+// is released when the worker withdraws, leaves with an error, is declared
+// failed (or dropped as an expected survivor), is drained, runs out of data
 // (Leave(END_OF_DATA)), or had completed when its generation ended, so a
 // restarted process (new secret) can take the id again. The worker's first-join
-// time (Note [Formation]) lives as long as its binding. KvSet/KvGet must come
-// from a bound member of the named generation, so a worker can act neither for
-// another worker nor in another job.
+// time (see Note [Formation]) lives as long as its binding. KvSet/KvGet must
+// come from a bound member of the named generation, so a worker can act neither
+// for another worker nor in another job.
 //
 // Uneven inputs: the members agree among themselves, at every step, whether
-// each still has data (Note [Step agreement] in worker/elastic/state.h); a
+// each still has data (see Note [Step agreement] in worker/elastic/state.h); a
 // member that ran out says so with Leave(END_OF_DATA) at that step boundary
-// (Note [Re-forming]), and the job succeeds when no member that had not
+// (see Note [Re-forming]), and the job succeeds when no member that had not
 // completed and no waiting worker is left.
 //
 // Note [Re-forming]
 // ~~~~~~~~~~~~~~~~~
 // When a generation ends (a re-form request, a Leave with another reason than
 // COMPLETED, a heartbeat failure, an end-of-data Leave, a drain), its members
-// that did not cause the end become expected survivors of the next one (Note
-// [Formation]): not the failed, drained, erroring or finished ones, nor those
-// that had completed (they are finished too). Each keeps its binding, its
+// that did not cause the end become expected survivors of the next one (see
+// Note [Formation]): not the failed, drained, erroring or finished ones, nor
+// those that had completed (they are finished too). Each keeps its binding, its
 // first-join time and its last heartbeat time. Expected survivors that join
 // again stay expected (and waiting) until the next generation forms.
 //  - Join with previous_generation = the current, running generation from a
@@ -161,7 +161,7 @@
 // The coordinator names where a generation's state comes from when none of its
 // members holds a committed step (all joined at step 0: the job's first
 // generation, every worker died, or the job was started again) and the job has
-// a complete checkpoint reported (Note [Checkpoints] in
+// a complete checkpoint reported (see Note [Checkpoints] in
 // worker/checkpoint/checkpointer.h): the newest one, in every member's
 // Assignment (JoinResponse.resume_from) and the generation's event. The workers
 // load it on the node that wrote it (a node-local disk). The node agents also
@@ -182,15 +182,15 @@
 // A launcher that is its workers' node agent (concord-run) sees a worker
 // process exit the instant it reaps it, and says so on its Node stream
 // (agent.proto's ExitedWorker), naming the worker with the secret its calls
-// carried (Note [Worker binding]: the agent learned it from the worker's
+// carried (see Note [Worker binding]: the agent learned it from the worker's
 // accepted Join, and the coordinator checks it as for any call of the worker).
-// Unlike a lost watch stream (Note [Re-forming]) this is no guess: the process
-// is gone. So the worker is taken out at once, as its failed Leave or its
-// heartbeat timeout would take it out:
+// Unlike a lost watch stream (see Note [Re-forming]) this is no guess: the
+// process is gone. So the worker is taken out at once, as its failed Leave or
+// its heartbeat timeout would take it out:
 //  - a member of the running generation that had not completed: a
 //    "failure" event, its binding released, the generation ends without it
 //    (the others are expected survivors) and the next one forms as soon as
-//    they are back (Note [Formation]), not after heartbeat_timeout;
+//    they are back (see Note [Formation]), not after heartbeat_timeout;
 //  - an expected survivor not back yet: dropped (a "failure" event, binding
 //    released), which may let the next generation form at once;
 //  - a waiting worker (a survivor already back too): withdrawn (a "failure"
@@ -200,7 +200,7 @@
 //    nothing changes, and that is no error (the report came late).
 // A malformed report is INVALID_ARGUMENT, a secret that is not the worker's
 // PERMISSION_DENIED, an unknown job NOT_FOUND; none changes anything. Each
-// change is persisted and written to the history like any other (Note
+// change is persisted and written to the history like any other (see Note
 // [Coordinator history]). The service accepts a report only for a worker
 // whose calls that Node stream carried (agent_service.h).
 //
@@ -255,12 +255,12 @@ struct Assignment {
   int32_t finished_workers = 0;  // left at the end of their data
   // How the ranks follow from the generation before (worker.proto).
   std::optional<v1::RankChange> rank_change;
-  // Note [Resume source].
+  // See Note [Resume source].
   std::optional<v1::CheckpointReport> resume_from;
   std::optional<v1::CheckpointReport> resume_memory;
 };
 
-// A job's figures for the per-job Prometheus metrics (Note [Job history]).
+// A job's figures for the per-job Prometheus metrics (see Note [Job history]).
 struct JobMetricsSample {
   std::string job_id;
   v1::JobState state = v1::JOB_STATE_UNSPECIFIED;
@@ -277,16 +277,16 @@ struct JobMetricsSample {
   uint64_t reform_count = 0;
   double reform_seconds_sum = 0;
   std::optional<double> last_reform_seconds;
-  // Note [Checkpoints]: the totals the node agents reported, and the newest
+  // See Note [Checkpoints]: the totals the node agents reported, and the newest
   // complete checkpoint (step 0: none).
   v1::CheckpointTotals checkpoint_totals;
   v1::CheckpointReport last_checkpoint;
 };
 
-// Note [Asynchronous waits] (host.h): which of a job's pending calls a change
-// may concern, so that the host re-asks the core only for those. Each is the
-// core's version() at the job's last change of that kind (never reused, also
-// across RestoreJob); 0 for an unknown job.
+// See Note [Asynchronous waits] in host.h: which of a job's pending calls a
+// change may concern, so that the host re-asks the core only for those. Each is
+// the core's version() at the job's last change of that kind (never reused,
+// also across RestoreJob); 0 for an unknown job.
 struct JobEpochs {
   // A worker's GetAssignment answer may differ: a generation formed or
   // ended, a worker stopped waiting, the job ended. A plain arrival of one
@@ -307,7 +307,7 @@ struct Event {
   std::string worker_id;
   std::string message;
   // A "generation" event's generation, and, when it formed, its members'
-  // worker ids by rank (Note [Coordinator history]; not persisted).
+  // worker ids by rank (see Note [Coordinator history]; not persisted).
   int64_t generation = 0;
   std::vector<std::string> members;
 };
@@ -318,9 +318,9 @@ class Core {
 
   // Registers a worker. Creates the job on its first Join. Returns at once;
   // the assignment is available from `GetAssignment()` once the generation
-  // has formed (Note [Formation]). A member naming its running generation in
-  // previous_generation ends it (Note [Re-forming]).
-  // Errors: INVALID_ARGUMENT (bad ids, secret, spec, reform_reason, or a
+  // has formed (see Note [Formation]). A member naming its running generation
+  // in previous_generation ends it (see Note [Re-forming]). Errors:
+  // INVALID_ARGUMENT (bad ids, secret, spec, reform_reason, or a
   // previous_generation above the current one), FAILED_PRECONDITION (spec
   // differs from the job's, the job has ended, or the worker was drained),
   // PERMISSION_DENIED (worker_id bound to another secret), ALREADY_EXISTS
@@ -338,7 +338,7 @@ class Core {
   bool CancelJoin(const std::string& job_id, const std::string& worker_id,
                   uint64_t call);
 
-  // Note [Exited workers]: the process of `worker_id` (bound to `secret`)
+  // See Note [Exited workers]: the process of `worker_id` (bound to `secret`)
   // exited, `how` (for the event). Returns whether anything changed.
   // Errors: INVALID_ARGUMENT (malformed ids, secret or `how`), NOT_FOUND
   // (unknown job), PERMISSION_DENIED (the worker is bound to another
@@ -348,7 +348,7 @@ class Core {
                                     const std::string& secret,
                                     const std::string& how);
 
-  // Note [Checkpoints] in worker/checkpoint/checkpointer.h: a node agent
+  // See Note [Checkpoints] in worker/checkpoint/checkpointer.h: a node agent
   // wrote a complete checkpoint of the job, or failed to (`error` set). The
   // job keeps the newest kKeptCheckpoints complete ones by step (one of a
   // step reported again replaces it) and the totals (written, skipped,
@@ -370,7 +370,7 @@ class Core {
   // ABORTED when `generation` is not current (or has ended), NOT_FOUND for
   // an unknown job or a worker that is not a member, FAILED_PRECONDITION when
   // the job has failed, PERMISSION_DENIED for a wrong secret. An expected
-  // survivor's ABORTED heartbeat still counts as a sign of life (Note
+  // survivor's ABORTED heartbeat still counts as a sign of life (see Note
   // [Re-forming]).
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(
       const v1::HeartbeatRequest& request);
@@ -380,7 +380,7 @@ class Core {
   // any other reason ends the generation. A worker still waiting for a
   // generation withdraws (its `generation` is ignored; with END_OF_DATA it is
   // finished). An expected survivor naming its ended generation is finished
-  // (END_OF_DATA) or dropped (ERROR, UNSPECIFIED) (Note [Re-forming]).
+  // (END_OF_DATA) or dropped (ERROR, UNSPECIFIED) (see Note [Re-forming]).
   // Errors as for Heartbeat.
   absl::StatusOr<v1::LeaveResponse> Leave(const v1::LeaveRequest& request);
 
@@ -411,7 +411,7 @@ class Core {
   absl::StatusOr<v1::StopJobResponse> StopJob(
       const v1::StopJobRequest& request);
 
-  // Note [Re-forming]: the service reports every WatchMembership stream of
+  // See Note [Re-forming]: the service reports every WatchMembership stream of
   // `worker_id` once it is open (after its first update was computed) and
   // when it closes; `lost` means the client went away (cancelled, a write
   // failed), not a shutdown or a job that ended. Counts open streams per
@@ -428,15 +428,15 @@ class Core {
   // Forms generations whose settle period has passed, declares members whose
   // last heartbeat is older than the job's timeout failed, drops expected
   // survivors as silent for as long, and forms or fails jobs whose
-  // rendezvous outlived its timeout (Note [Formation]), and drops expected
-  // survivors whose watch stream was lost (Note [Re-forming]). Call
+  // rendezvous outlived its timeout (see Note [Formation]), and drops expected
+  // survivors whose watch stream was lost (see Note [Re-forming]). Call
   // periodically (the server does every 100 ms).
   void Tick();
 
   // Bumped on every state change; the jobs' epochs take their values from it.
   uint64_t version() const { return version_; }
 
-  // Note [Persistence]: ids of jobs changed since the last call; without
+  // See Note [Persistence]: ids of jobs changed since the last call; without
   // `arrivals`, not those whose only changes were arrivals (they stay
   // dirty).
   std::vector<std::string> TakeDirtyJobs(bool arrivals = true);
@@ -445,8 +445,8 @@ class Core {
   bool Dirty(const std::string& job_id) const {
     return dirty_.count(job_id) > 0;
   }
-  // Note [Asynchronous waits]: ids of jobs whose epochs moved since the last
-  // call, and a job's epochs.
+  // See Note [Asynchronous waits]: ids of jobs whose epochs moved since the
+  // last call, and a job's epochs.
   std::vector<std::string> TakeWokenJobs();
   JobEpochs Epochs(const std::string& job_id) const;
   // The job's state for the Store; nullopt for an unknown job.
@@ -455,8 +455,8 @@ class Core {
   // record is inconsistent.
   absl::Status RestoreJob(const v1::JobRecord& record);
 
-  // Note [Job history]: a copy of the job's progress and generation history;
-  // NOT_FOUND for an unknown job, INVALID_ARGUMENT for a malformed id.
+  // See Note [Job history]: a copy of the job's progress and generation
+  // history; NOT_FOUND for an unknown job, INVALID_ARGUMENT for a malformed id.
   absl::StatusOr<JobHistory> History(const std::string& job_id) const;
   // Every job's figures for the metrics, except jobs that ended more than
   // `ended_retention` ago (the time of their last event), so that the
@@ -467,7 +467,7 @@ class Core {
 
   // For status and tests.
   std::vector<Event> Events(const std::string& job_id) const;
-  // The job's events numbered above `after`, oldest first (Note
+  // The job's events numbered above `after`, oldest first (see Note
   // [Coordinator history]); `lost`: how many of those the per-job cap
   // dropped already.
   std::vector<Event> EventsAfter(const std::string& job_id, int64_t after,
@@ -485,7 +485,7 @@ class Core {
     std::string worker_id;
     std::string host;
     int64_t committed_step = 0;
-    // When this worker process first joined the job (Note [Formation]).
+    // When this worker process first joined the job (see Note [Formation]).
     absl::Time joined;
     absl::Time last_heartbeat;
     int32_t rank = -1;
@@ -495,14 +495,14 @@ class Core {
     uint64_t join_call = 0;
     bool completed = false;
     // Its reachability probe's port, and (of a waiting worker) the members
-    // of its last generation it could not reach (Note [Unreachable peers]).
+    // of its last generation it could not reach (see Note [Unreachable peers]).
     int32_t probe_port = 0;
     std::set<std::string> unreachable;
     double samples_per_second = 0;
     std::optional<double> loss;  // of its last heartbeat that had one
     v1::DdpTimings ddp;
   };
-  // A worker's WatchMembership streams (Note [Re-forming]).
+  // A worker's WatchMembership streams (see Note [Re-forming]).
   struct WatchState {
     int64_t open = 0;
     // When its last stream was lost; unset while one is open, after a
@@ -519,21 +519,21 @@ class Core {
     WorkerList<MemberState> waiting;   // registered for the next generation
     uint64_t join_calls = 0;           // Joins numbered so far (CancelJoin)
     // Survivors of the ended generation `generation` that the next one waits
-    // for (Note [Re-forming]); those already back are in `waiting` too.
+    // for (see Note [Re-forming]); those already back are in `waiting` too.
     // Empty while a generation runs.
     WorkerList<MemberState> expected;
     absl::Time rendezvous_started;
-    absl::Time last_arrival;  // of a new waiting worker (Note [Formation])
+    absl::Time last_arrival;  // of a new waiting worker (see Note [Formation])
     std::map<std::string, std::string> kv;  // of the current generation
     std::deque<Event> events;
     int64_t next_event_seq = 1;
-    std::map<std::string, std::string> bindings;  // Note [Worker binding]
-    // Note [Starting again]: the bindings of the run that ended last.
+    std::map<std::string, std::string> bindings;  // See Note [Worker binding]
+    // See Note [Starting again]: the bindings of the run that ended last.
     std::map<std::string, std::string> retired;
-    // Note [Resume source]: of the current generation.
+    // See Note [Resume source]: of the current generation.
     std::optional<v1::CheckpointReport> resume_from;
     std::optional<v1::CheckpointReport> resume_memory;
-    // Note [Resume source]: by node, the newest snapshot in its memory.
+    // See Note [Resume source]: by node, the newest snapshot in its memory.
     std::map<std::string, v1::CheckpointReport> memory_snapshots;
     std::set<std::string> drained;
     // Left for good: ran out of data, or had completed when their generation
@@ -550,11 +550,11 @@ class Core {
     // The workers in `watches` with no stream open (transient): Tick
     // forgets them once their binding is released.
     std::set<std::string> idle_watches;
-    // Transient, never exported (Note [Job history]).
+    // Transient, never exported (see Note [Job history]).
     JobHistory history;
-    // Transient (Note [Asynchronous waits]).
+    // Transient (see Note [Asynchronous waits]).
     JobEpochs epochs;
-    // The time of the last heartbeat not yet in `history` (Note [Lazy
+    // The time of the last heartbeat not yet in `history` (see Note [Lazy
     // progress] in core_history.cc); transient.
     std::optional<absl::Time> progress_pending;
     // GetAssignment's member table, valid while the core's version() is
@@ -573,7 +573,7 @@ class Core {
     int64_t ended_generation = 0;
     int32_t ended_world_size = 0;
     std::optional<v1::RankChange> rank_change;
-    // What every watcher of the job sees alike (Note [Asynchronous
+    // What every watcher of the job sees alike (see Note [Asynchronous
     // waits]): the view epoch moves only when this does (transient).
     std::string view_key;
   };
@@ -594,18 +594,18 @@ class Core {
                                      const std::string& worker_id,
                                      const std::string& secret,
                                      int64_t generation) const;
-  // Note [Formation]: forms the next generation when its rule allows, after
+  // See Note [Formation]: forms the next generation when its rule allows, after
   // dropping the expected survivors whose connection broke and taking out
-  // the workers unreachable from others (Note [Unreachable peers]).
+  // the workers unreachable from others (see Note [Unreachable peers]).
   void MaybeFormGeneration(Job& job);
-  // Note [Unreachable peers]: drains waiting workers until no two of them
+  // See Note [Unreachable peers]: drains waiting workers until no two of them
   // are unreachable from one another.
   void ExcludeUnreachable(Job& job);
   // Sets (or, with nullopt, clears) the watch's lost_at, keeping
   // lost_watches in step.
   static void SetLost(Job& job, const std::string& worker_id, WatchState& watch,
                       std::optional<absl::Time> at);
-  // Note [Re-forming]: drops the expected survivors whose watch stream was
+  // See Note [Re-forming]: drops the expected survivors whose watch stream was
   // lost at least the grace ago; returns whether it dropped any.
   bool DropDisconnected(Job& job);
   static size_t MinWorkers(const Job& job);
@@ -613,7 +613,7 @@ class Core {
   // first, then by first-join time).
   void FormGeneration(Job& job, size_t n);
   // Ends the running generation; its members other than `removed` become
-  // expected survivors (Note [Re-forming]). Does not form the next one.
+  // expected survivors (see Note [Re-forming]). Does not form the next one.
   void EndGeneration(Job& job, const std::string& why,
                      const std::set<std::string>& removed);
   // Removes `worker_id` from `expected` (and `waiting`).
@@ -621,11 +621,11 @@ class Core {
   // Once no member, expected survivor or waiting worker is left after a
   // worker ran out of data, the job has succeeded; returns whether it has.
   bool MaybeSucceed(Job& job);
-  // Note [Re-forming]: waiting workers the next generation could admit.
+  // See Note [Re-forming]: waiting workers the next generation could admit.
   static int32_t WaitingWorkers(const Job& job);
   // Join's parts. Admit: whether `request` may join the existing `job`
   // (its spec, its binding, a run that ended or was started again, a
-  // drained worker), and whether it is a member asking to re-form (Note
+  // drained worker), and whether it is a member asking to re-form (see Note
   // [Re-forming]). AddWaiting: the worker waits for the next generation (a
   // retried Join keeps its place; an expected survivor is back), with its
   // event.
@@ -641,9 +641,9 @@ class Core {
                 const v1::LeaveRequest& request, const std::string& what,
                 const std::string& out_of_data_when,
                 const std::string& left_when);
-  // Note [Job history]: a heartbeat at `now` is about to change a member's
+  // See Note [Job history]: a heartbeat at `now` is about to change a member's
   // progress. The history gets the members' aggregates after each heartbeat,
-  // but lazily (Note [Lazy progress] in core_history.cc): this records the
+  // but lazily (see Note [Lazy progress] in core_history.cc): this records the
   // pending point only when the history's next decision needs it.
   static void BeforeProgress(Job& job, absl::Time now);
   // Records the pending point, if any (before the members change).
@@ -652,12 +652,13 @@ class Core {
   static JobHistory CurrentHistory(const Job& job);
   void AddEvent(Job& job, std::string kind, std::string worker_id,
                 std::string message);
-  // What a change concerns besides the Store (Note [Asynchronous waits]):
+  // What a change concerns besides the Store (see Note [Asynchronous waits]):
   // everything; only one more waiting worker (the others' placements stand);
   // only a key of the generation's store.
   enum class Concerns { kAll, kArrival, kKv };
-  // `persist`: whether the change must reach the Store (Note [Persistence]);
-  // a change that is not persisted (a heartbeat) concerns no waiter.
+  // `persist`: whether the change must reach the Store (see Note
+  // [Persistence]); a change that is not persisted (a heartbeat) concerns no
+  // waiter.
   void Changed(Job& job, bool persist = true,
                Concerns concerns = Concerns::kAll);
   // What a change to a job's waiting workers can move besides them: its
@@ -675,10 +676,10 @@ class Core {
   static Placement PlacementOf(const Job& job);
   // After a worker was added to or taken from job.waiting: forms a
   // generation if one can form, and records the change (as an arrival,
-  // Note [Persistence], unless a placement moved).
+  // see Note [Persistence], unless a placement moved).
   void WaitingChanged(Job& job, const Placement& before);
   static bool Ended(const Job& job);
-  // Note [Starting again]: whether `request` starts the ended `job` again,
+  // See Note [Starting again]: whether `request` starts the ended `job` again,
   // and doing it.
   static bool StartsAgain(const Job& job, const v1::JoinRequest& request);
   void StartAgain(Job& job, const std::string& worker_id);
@@ -690,7 +691,7 @@ class Core {
   const Clock* clock_;
   std::map<std::string, Job> jobs_;
   std::set<std::string> dirty_;
-  std::set<std::string> dirty_arrivals_;  // Note [Persistence]
+  std::set<std::string> dirty_arrivals_;  // See Note [Persistence]
   std::set<std::string> woken_;
   uint64_t version_ = 0;
 };

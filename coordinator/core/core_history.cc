@@ -1,4 +1,4 @@
-// The core's progress history (Note [Job history] in job_history.h): fed by
+// The core's progress history (see Note [Job history] in job_history.h): fed by
 // heartbeats, read by the metrics collector and the status page.
 
 #include <algorithm>
@@ -15,7 +15,7 @@ namespace {
 // Note [Lazy progress]
 // ~~~~~~~~~~~~~~~~~~~~
 // The history's newest point follows every heartbeat with the members'
-// aggregates (Note [Job history]), which cost O(members); computed per
+// aggregates (see Note [Job history]), which cost O(members); computed per
 // heartbeat, a job of N workers at 1 Hz would cost O(N^2) per second. So a
 // heartbeat only notes its time (Job::progress_pending), and the aggregates are
 // computed when they are needed: before a heartbeat whose point (or the pending

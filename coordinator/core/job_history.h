@@ -60,7 +60,7 @@ class JobHistory {
   static constexpr std::array<double, 10> kReformBuckets = {
       0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300};
 
-  // Note [Job history]: `step`, `samples_per_second`, `loss` are the job's
+  // See Note [Job history]: `step`, `samples_per_second`, `loss` are the job's
   // aggregates after a heartbeat.
   void RecordProgress(absl::Time now, int64_t step, double samples_per_second,
                       std::optional<double> loss, int32_t members);

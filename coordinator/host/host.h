@@ -1,7 +1,7 @@
 #pragma once
 // The Core behind one mutex, shared by the worker and operator services:
 // serialises access, answers pending calls after every change, and writes
-// changed jobs to the Store before a mutating call returns (Note
+// changed jobs to the Store before a mutating call returns (see Note
 // [Persistence] in core.h).
 //
 // Note [Asynchronous waits]
@@ -53,7 +53,7 @@ namespace concord::coordinator {
 
 class CoreHost {
  public:
-  // A pending call (Note [Asynchronous waits]). Both methods run with mu()
+  // A pending call (see Note [Asynchronous waits]). Both methods run with mu()
   // held and must not call into gRPC (use Defer).
   class Waiter {
    public:
@@ -79,7 +79,7 @@ class CoreHost {
   // serving (after SetHistory). Errors: those of Store::LoadAll and
   // Core::RestoreJob.
   absl::Status Restore();
-  // Where saved events go (Note [Coordinator history] in
+  // Where saved events go (see Note [Coordinator history] in
   // store/history_file.h); null: nowhere. Must outlive this; call before
   // Restore.
   void SetHistory(HistoryFile* history) { history_ = history; }
@@ -156,7 +156,7 @@ class CoreHost {
   // With mu() held: saves dirty jobs and re-asks the woken waiters.
   void AfterChange();
   // Saves the dirty jobs; with `arrivals`, also those whose only changes
-  // were arrivals (Note [Persistence] in core.h).
+  // were arrivals (see Note [Persistence] in core.h).
   void SaveDirty(bool arrivals);
   // `job_id` was saved: its new events go to the history, held waiters are
   // released.

@@ -24,7 +24,7 @@
 // if it has not yet noticed; its Save fails with FAILED_PRECONDITION and
 // leadership is reported lost. A new leader loads every job (LoadAll), so a
 // failover loses nothing that was saved — and a job change is saved before
-// the call that made it is answered (Note [Persistence] in core.h).
+// the call that made it is answered (see Note [Persistence] in core.h).
 //
 // Thread-safety: every method may be called from any thread.
 

@@ -75,7 +75,7 @@ class SyncBatchNormImpl : public torch::nn::Cloneable<SyncBatchNormImpl> {
   explicit SyncBatchNormImpl(int64_t num_features)
       : SyncBatchNormImpl(torch::nn::BatchNormOptions(num_features)) {}
 
-  // Training: Note [SyncBN arithmetic]. Throws c10::Error for a bad input
+  // Training: see Note [SyncBN arithmetic]. Throws c10::Error for a bad input
   // (dims, channels, dtype; "Expected more than 1 value per channel when
   // training" when the group's batch has one element per channel) and
   // concord::Error when a collective fails.

@@ -8,15 +8,15 @@
 // needs it outside them. As DLRover's flash checkpoint and PyTorch's DCP
 // async_save do, a checkpoint has two tiers:
 //  - memory: at the commit of every step that is a multiple of
-//    Config::every, one worker per node copies the committed state (Note
-//    [Checkpoint format]) into the node's snapshot region (Note [Snapshot
+//    Config::every, one worker per node copies the committed state (see Note
+//    [Checkpoint format]) into the node's snapshot region (see Note [Snapshot
 //    region]), which the node agent (concord-run) owns: it outlives the
 //    workers. The training step waits for that copy and for nothing else.
 //    The worker with the lowest rank of each node writes; the state of a
 //    data-parallel job is the same on every rank, so one copy per node is
 //    enough for any restarted worker of that node.
 //  - disk: the agent's persister thread writes rank 0's snapshot to
-//    Config::dir (Note [Checkpoint directories]) in the background; a
+//    Config::dir (see Note [Checkpoint directories]) in the background; a
 //    checkpoint that falls due while the previous one is still being written
 //    is skipped (counted, logged at debug), never queued. A worker started
 //    without an agent keeps its region in its own memory and runs the
@@ -86,9 +86,9 @@ class Checkpointer {
   // (step -1: none).
   const Counters& last_saved() const { return last_saved_; }
 
-  // The newest state this worker can offer (Note [Checkpoints]): its node's
+  // The newest state this worker can offer (see Note [Checkpoints]): its node's
   // memory snapshot, and with `disk` the checkpoint the coordinator `named`
-  // (Note [Resume source] in coordinator/core/core.h) when it loads, or a
+  // (see Note [Resume source] in coordinator/core/core.h) when it loads, or a
   // newer one in the directory that does (its report was lost with its
   // writer).
   struct Named {

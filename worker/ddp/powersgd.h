@@ -14,7 +14,8 @@
 // job's state outlives its generations. One PowerSgdState per module is kept
 // across re-forms (each generation's hook shares it) and is part of the
 // elastic state (worker/elastic/powersgd_participant.h):
-//  - transactional like the optimizer (Note [Elastic step]): BeginStep keeps
+//  - transactional like the optimizer (see Note [Elastic step]): BeginStep
+//  keeps
 //    what a step replaces (error feedback and P memories are replaced, not
 //    changed in place; Q memories, changed in place, are copied: they are
 //    small), and Restore puts it back after a failed step;
@@ -62,7 +63,7 @@ class PowerSgdState {
   const PowerSgdOptions& options() const { return options_; }
   int64_t iteration() const { return iter_; }
 
-  // Note [PowerSGD across re-forms]: a step begins; it failed (back to
+  // See Note [PowerSGD across re-forms]: a step begins; it failed (back to
   // where it began; nothing when no step began since the last Restore).
   void BeginStep();
   void Restore();

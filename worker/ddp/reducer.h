@@ -66,7 +66,7 @@ struct ReducerOptions {
   // Source of the rebuilt bucket layout.
   int authoritative_rank = 0;
   absl::Duration collective_timeout = absl::Minutes(5);
-  // Note [Stream-ordered waits] (worker/comm/work.h): false (c10d's
+  // See Note [Stream-ordered waits] in worker/comm/work.h: false (c10d's
   // default), the end of backward makes the current stream wait for the
   // buckets and returns; true (TORCH_NCCL_BLOCKING_WAIT), the host waits
   // for every bucket and a failure throws from backward, before the
@@ -125,8 +125,8 @@ class Reducer {
   // For timing: the forward has finished (the loss is being computed).
   void MarkForwardDone();
 
-  // Note [Re-forming in the worker] (worker/session.h): moves the reducer to
-  // the next generation's communicator. Drops what the interrupted iteration
+  // See Note [Re-forming in the worker] in worker/session.h: moves the reducer
+  // to the next generation's communicator. Drops what the interrupted iteration
   // left (launched buckets, set-aside gradients; `.grad` of every parameter is
   // undefined afterwards), any communication hook (it belongs to the old
   // communicator: register one again) and the gradient divisor. No
@@ -153,7 +153,7 @@ class Reducer {
   void SetBlockingWait(bool blocking) { options_.blocking_wait = blocking; }
   bool blocking_wait() const { return options_.blocking_wait; }
 
-  // Timeline (Note [Trace files] in worker/trace/recorder.h): each bucket's
+  // Timeline (see Note [Trace files] in worker/trace/recorder.h): each bucket's
   // allreduce, from its launch to its completion, on the bucket's track,
   // and the final callback's wait for the buckets on the training track.
   // Null: off (the default). Call between iterations.

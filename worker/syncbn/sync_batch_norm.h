@@ -1,6 +1,6 @@
 #pragma once
 // SyncBatchNorm's inside: the group of ranks its layers reduce over, and
-// the conversion with an explicit group. The module itself, and Note
+// the conversion with an explicit group. The module itself, and see Note
 // [SyncBN arithmetic], are public: include/concord/sync_batch_norm.h.
 
 #include <memory>

@@ -1,6 +1,6 @@
 #pragma once
 // A worker's history: what it did that a checker can verify after the run
-// (tests/history.py, Note [History checker] there).
+// (tests/history.py, see Note [History checker] there).
 //
 // Note [History files]
 // ~~~~~~~~~~~~~~~~~~~~
@@ -24,7 +24,7 @@
 //               the job's window of the step (ElasticSampler's indices of
 //               all ranks, in order) when the state has a sampler
 //   checkpoint  this worker copied the commit of `step` (of `epoch`) in
-//               `generation` into its node's checkpoint memory (Note
+//               `generation` into its node's checkpoint memory (see Note
 //               [Checkpoints]); `disk`: marked for the disk tier (rank 0's)
 //   resume      no member of `generation` held a committed step: the state
 //               came from step `step` of a checkpoint (`source`: "memory"

@@ -257,7 +257,7 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
     gloo::transport::tcp::attr attr;
     attr.hostname = options.hostname;
     auto device = gloo::transport::tcp::CreateDevice(attr);
-    // Note [Rank tables]: each rank reads the others' keys in O(1) Gets.
+    // See Note [Rank tables]: each rank reads the others' keys in O(1) Gets.
     RankTableStore tables(store, options.size, {"rank_", ""},
                           static_cast<size_t>(options.keys_per_get));
     GlooStoreAdapter adapter(&tables, options.connect_timeout);

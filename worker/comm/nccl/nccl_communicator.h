@@ -21,7 +21,7 @@
 // cannot hand it to another tensor while NCCL still writes. Work::Wait returns
 // once the collective's event has completed, so everything issued after it sees
 // the result; Work::Synchronize only makes the current stream wait for that
-// event, and a watchdog thread enforces the timeout (Note [Stream-ordered
+// event, and a watchdog thread enforces the timeout (see Note [Stream-ordered
 // waits] in worker/comm/work.h). The few CPU tensors the training code hands
 // over (find_unused_parameters' bitmap, the model check, SlowMo's ids) are
 // staged: copied to the device, reduced there and copied back when the work
@@ -80,7 +80,7 @@ class NcclCommunicator final : public DerivableCommunicator {
   // the generation ends. Thread-safe, idempotent.
   void Abort() override;
 
-  // Note [Re-forming NCCL] (worker/comm/reform_plan.h): the next
+  // See Note [Re-forming NCCL] in worker/comm/reform_plan.h: the next
   // generation's communicator derived from this one. Every member of this
   // communicator that stays calls the same derivation; this one is spent
   // afterwards (its collectives fail with ABORTED). Non-blocking with
@@ -108,7 +108,7 @@ class NcclCommunicator final : public DerivableCommunicator {
   static absl::StatusOr<std::unique_ptr<NcclCommunicator>> Connected(
       std::shared_ptr<State> state, absl::Duration timeout);
   std::shared_ptr<State> state_;
-  std::thread watchdog_;  // Note [Stream-ordered waits]
+  std::thread watchdog_;  // See Note [Stream-ordered waits]
 };
 
 }  // namespace concord::comm
