@@ -2,6 +2,31 @@
 // When a node agent sends its workers' heartbeats (see Note [Heartbeat
 // batching]). A plain policy with the time passed in: no threads, no gRPC.
 //
+// Not thread-safe: the agent calls it under its own mutex.
+
+#include <cstddef>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/time/time.h"
+
+namespace concord::agent {
+
+struct BatchPolicy {
+  // The workers' heartbeat interval.
+  absl::Duration interval = absl::Seconds(1);
+  // The longest a heartbeat waits for the rest of the node's.
+  absl::Duration max_delay = absl::Milliseconds(250);
+  // A worker not heard from for this long (after it was due) is forgotten.
+  absl::Duration expect_within = absl::Seconds(3);
+  // A batch goes out as soon as it holds this many.
+  size_t max_batch = 4096;
+};
+
+template <typename T>
+
 // Note [Heartbeat batching]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~
 // Each worker heartbeats `interval` after the answer to its last heartbeat, and
@@ -29,31 +54,7 @@
 // up; the agent uses a quarter of it. A heartbeat reaches the coordinator
 // at most max_delay late, which the heartbeat timeout (several intervals)
 // absorbs.
-//
-// Not thread-safe: the agent calls it under its own mutex.
 
-#include <cstddef>
-#include <map>
-#include <string>
-#include <utility>
-#include <vector>
-
-#include "absl/time/time.h"
-
-namespace concord::agent {
-
-struct BatchPolicy {
-  // The workers' heartbeat interval.
-  absl::Duration interval = absl::Seconds(1);
-  // The longest a heartbeat waits for the rest of the node's.
-  absl::Duration max_delay = absl::Milliseconds(250);
-  // A worker not heard from for this long (after it was due) is forgotten.
-  absl::Duration expect_within = absl::Seconds(3);
-  // A batch goes out as soon as it holds this many.
-  size_t max_batch = 4096;
-};
-
-template <typename T>
 class HeartbeatBatcher {
  public:
   explicit HeartbeatBatcher(BatchPolicy policy) : policy_(policy) {}

@@ -3,38 +3,6 @@
 // a local socket and carries their calls to the coordinator over one
 // connection (concord-run, unless --no-agent).
 //
-// Note [Node agents]
-// ~~~~~~~~~~~~~~~~~~
-// A job of thousands of processes would otherwise hold a connection, a
-// membership stream and a heartbeat call an interval per process at the
-// coordinator. With an agent per node, the coordinator's load grows with nodes:
-//  - Joins, heartbeats and membership views travel on one Node stream per
-//    node and job. Heartbeats are batched (see Note [Heartbeat batching] in
-//    heartbeat_batcher.h): one message an interval carries the node's
-//    workers' heartbeats; each worker gets its own answer. A worker's Join goes
-//    out on it (with the others' that arrive while a write is in flight, in one
-//    message) and its answer comes back on it; a Join whose worker's call ends
-//    first (the process died, its deadline passed) is cancelled there, so the
-//    coordinator withdraws the worker as it does a cancelled Join. The agent
-//    adds a worker to the stream when its WatchMembership opens and removes it
-//    when that call ends; each view is passed on as WatchMembership would have
-//    sent it. When the stream ends (the coordinator restarted or moved), the
-//    workers' calls on it end with its status (UNAVAILABLE) and the
-//    workers retry and reconnect as they would to the coordinator; the
-//    agent opens a fresh stream for them.
-//  - Leave, KvSet and KvGet are passed on as they are, with the worker's
-//    deadline; a worker's call that is cancelled cancels
-//    the call the agent made for it.
-// The worker's own identity (worker_id, worker_secret) travels inside each
-// request and is checked by the coordinator as before; the agent checks
-// that its callers hold the worker token and calls with the same token. An
-// agent that dies takes its workers with it (concord-run's children die
-// with it): their peers' collectives fail and the job re-forms without
-// them; their streams on the node stream count as lost, which drops them
-// as expected survivors at once (see Note [Re-forming] in
-// coordinator/core/core.h). Workers started without an agent talk to the
-// coordinator themselves; both kinds mix in one job.
-//
 // The agent that launched its workers (concord-run) also tells the
 // coordinator the moment one of them exits (WorkerExited: it reaped the
 // process), on the job's Node stream with the secret of the worker's own
@@ -72,6 +40,38 @@ struct NodeAgentOptions {
   std::string listen;
   BatchPolicy batch;
 };
+
+// Note [Node agents]
+// ~~~~~~~~~~~~~~~~~~
+// A job of thousands of processes would otherwise hold a connection, a
+// membership stream and a heartbeat call an interval per process at the
+// coordinator. With an agent per node, the coordinator's load grows with nodes:
+//  - Joins, heartbeats and membership views travel on one Node stream per
+//    node and job. Heartbeats are batched (see Note [Heartbeat batching] in
+//    heartbeat_batcher.h): one message an interval carries the node's
+//    workers' heartbeats; each worker gets its own answer. A worker's Join goes
+//    out on it (with the others' that arrive while a write is in flight, in one
+//    message) and its answer comes back on it; a Join whose worker's call ends
+//    first (the process died, its deadline passed) is cancelled there, so the
+//    coordinator withdraws the worker as it does a cancelled Join. The agent
+//    adds a worker to the stream when its WatchMembership opens and removes it
+//    when that call ends; each view is passed on as WatchMembership would have
+//    sent it. When the stream ends (the coordinator restarted or moved), the
+//    workers' calls on it end with its status (UNAVAILABLE) and the
+//    workers retry and reconnect as they would to the coordinator; the
+//    agent opens a fresh stream for them.
+//  - Leave, KvSet and KvGet are passed on as they are, with the worker's
+//    deadline; a worker's call that is cancelled cancels
+//    the call the agent made for it.
+// The worker's own identity (worker_id, worker_secret) travels inside each
+// request and is checked by the coordinator as before; the agent checks
+// that its callers hold the worker token and calls with the same token. An
+// agent that dies takes its workers with it (concord-run's children die
+// with it): their peers' collectives fail and the job re-forms without
+// them; their streams on the node stream count as lost, which drops them
+// as expected survivors at once (see Note [Re-forming] in
+// coordinator/core/core.h). Workers started without an agent talk to the
+// coordinator themselves; both kinds mix in one job.
 
 class NodeAgent {
  public:

@@ -4,64 +4,6 @@
 // (launcher_output.cc) and their supervision, restarts and exit status
 // (launcher_supervise.cc).
 //
-// Note [Worker output]
-// ~~~~~~~~~~~~~~~~~~~~
-// concord-run reads both standard streams of every worker run and passes each
-// complete line on, prefixed "[worker I] " (I the local index; a restarted
-// worker keeps its index), to its own stdout or stderr as the worker wrote it;
-// a line goes out in one write(2), so lines of different workers (and
-// concord-run's own messages) never mix within a line. A line still open when a
-// run ends is passed on then; one longer than 64 KiB is passed on in pieces.
-// With --log-dir DIR each run's bytes go as they are, unprefixed and at once,
-// to
-//   DIR/worker-I/run-R/stdout.log and stderr.log
-// (R = 0 for the first run of local worker I, 1 for its first restart, ...;
-// as torchrun keeps each attempt apart). DIR is made if missing; a DIR
-// that already holds a worker-I folder (an earlier run's logs) or cannot
-// be written is a usage error, before anything starts. --console picks what
-// the terminal still gets (all, stdout, stderr or none, like torchrun's
-// --tee); hiding a stream needs --log-dir, so output is never lost. On a
-// terminal every line starts by going back to the line's start and erasing
-// it, and a worker whose stdout concord-run shows on a terminal gets a
-// pseudo-terminal as stdout: a progress bar it redraws in place ('\r') is
-// redrawn in place behind its prefix, and its stdio stays line-buffered,
-// as it would be on the terminal itself. A console that goes away (a
-// closed pipe) stops being written to; the workers and the log files go
-// on. The last 20 lines of each run's stderr are kept for its death report.
-//
-// Note [Exit status]
-// ~~~~~~~~~~~~~~~~~~
-// concord-run exits 0 when the job completed, and non-zero when it did not;
-// "completed" is the job's state, not the local exit codes. It asks, once its
-// last local worker is done:
-//  - the embedded coordinator with --standalone;
-//  - through the node agent (the default), what the coordinator's answers
-//    to its workers said: the state in heartbeat, Leave and exit-report
-//    answers and in membership views (agent::NodeAgent::JobNews), and
-//    whether a local worker's Leave(COMPLETED) was accepted (its training
-//    finished with the rest of the job's, even if the job's last members
-//    have not left yet). concord-run waits up to 2 s for the answers to its
-//    exit reports, which carry the job's state after each death.
-// Then:
-//  1. the job SUCCEEDED, or a local worker completed: exit 0, with a summary
-//     line naming the local worker runs lost on the way (failed, restarted
-//     or not), if any;
-//  2. concord-run was stopped by a signal S: 128+S;
-//  3. the job FAILED or was STOPPED: the status of the first local worker
-//     that failed for good (128+N for signal N), else 1, after a line saying
-//     why;
-//  4. otherwise (the job goes on elsewhere, this node lost its workers; or
-//     no word: --no-agent with --coordinator, a program that never joined):
-//     0 when the last run of every local worker exited 0 (say the node's
-//     workers ran out of data and left), else the status of the first local
-//     worker that failed for good; with --standalone below --min-workers
-//     (concord-run stopped the others) that worker's status too.
-// So a node whose workers all died while other nodes finish the job exits
-// non-zero (its part was lost: an orchestrator may start it again, and its
-// new workers join the running job), and one that lost a worker but whose
-// other workers finished training with the job exits 0. Usage errors exit
-// 2 before any worker starts.
-//
 // Each worker's death is reported when concord-run reaps it (SIGCHLD), not
 // at the end: one message with the run's pid and worker id, how it ended,
 // after how long, whether it is restarted, and the last lines of its
@@ -142,6 +84,31 @@ void PrepareLogDir(const Options& o);
 // write, starting a line of its own on a terminal.
 void Say(absl::string_view message);
 
+// Note [Worker output]
+// ~~~~~~~~~~~~~~~~~~~~
+// concord-run reads both standard streams of every worker run and passes each
+// complete line on, prefixed "[worker I] " (I the local index; a restarted
+// worker keeps its index), to its own stdout or stderr as the worker wrote it;
+// a line goes out in one write(2), so lines of different workers (and
+// concord-run's own messages) never mix within a line. A line still open when a
+// run ends is passed on then; one longer than 64 KiB is passed on in pieces.
+// With --log-dir DIR each run's bytes go as they are, unprefixed and at
+// once, to
+//   DIR/worker-I/run-R/stdout.log and stderr.log
+// (R = 0 for the first run of local worker I, 1 for its first restart, ...;
+// as torchrun keeps each attempt apart). DIR is made if missing; a DIR
+// that already holds a worker-I folder (an earlier run's logs) or cannot
+// be written is a usage error, before anything starts. --console picks what
+// the terminal still gets (all, stdout, stderr or none, like torchrun's
+// --tee); hiding a stream needs --log-dir, so output is never lost. On a
+// terminal every line starts by going back to the line's start and erasing
+// it, and a worker whose stdout concord-run shows on a terminal gets a
+// pseudo-terminal as stdout: a progress bar it redraws in place ('\r') is
+// redrawn in place behind its prefix, and its stdio stays line-buffered,
+// as it would be on the terminal itself. A console that goes away (a
+// closed pipe) stops being written to; the workers and the log files go
+// on. The last 20 lines of each run's stderr are kept for its death report.
+
 // One of a worker run's standard streams as concord-run reads it.
 struct Stream {
   int fd = -1;            // read end (pipe or pseudo-terminal); -1 at its end
@@ -186,6 +153,39 @@ void Pump(const Worker& w, Stream& s);
 void Drain(Worker& w);
 // The run's last lines of stderr, its open partial line included.
 std::vector<std::string> StderrTail(const Worker& w, size_t lines);
+
+// Note [Exit status]
+// ~~~~~~~~~~~~~~~~~~
+// concord-run exits 0 when the job completed, and non-zero when it did not;
+// "completed" is the job's state, not the local exit codes. It asks, once its
+// last local worker is done:
+//  - the embedded coordinator with --standalone;
+//  - through the node agent (the default), what the coordinator's answers
+//    to its workers said: the state in heartbeat, Leave and exit-report
+//    answers and in membership views (agent::NodeAgent::JobNews), and
+//    whether a local worker's Leave(COMPLETED) was accepted (its training
+//    finished with the rest of the job's, even if the job's last members
+//    have not left yet). concord-run waits up to 2 s for the answers to its
+//    exit reports, which carry the job's state after each death.
+// Then:
+//  1. the job SUCCEEDED, or a local worker completed: exit 0, with a summary
+//     line naming the local worker runs lost on the way (failed, restarted
+//     or not), if any;
+//  2. concord-run was stopped by a signal S: 128+S;
+//  3. the job FAILED or was STOPPED: the status of the first local worker
+//     that failed for good (128+N for signal N), else 1, after a line saying
+//     why;
+//  4. otherwise (the job goes on elsewhere, this node lost its workers; or
+//     no word: --no-agent with --coordinator, a program that never joined):
+//     0 when the last run of every local worker exited 0 (say the node's
+//     workers ran out of data and left), else the status of the first local
+//     worker that failed for good; with --standalone below --min-workers
+//     (concord-run stopped the others) that worker's status too.
+// So a node whose workers all died while other nodes finish the job exits
+// non-zero (its part was lost: an orchestrator may start it again, and its
+// new workers join the running job), and one that lost a worker but whose
+// other workers finished training with the job exits 0. Usage errors exit
+// 2 before any worker starts.
 
 // What concord-run knows of the job's state (see Note [Exit status]).
 struct JobWord {

@@ -4,28 +4,6 @@
 // changed jobs to the Store before a mutating call returns (see Note
 // [Persistence] in core.h).
 //
-// Note [Asynchronous waits]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~
-// A call that waits on the core (Join until its generation forms, KvGet until
-// its keys are set, a WatchMembership stream until the view changes) holds no
-// thread. It is a Waiter registered with the host under its job, with one of
-// three kinds (placement, kv, view) and a deadline. After every change the host
-// takes the jobs the core woke (Core::TakeWokenJobs) and re-asks only the
-// waiters of those jobs whose kind's epoch moved (Core::Epochs): an arriving
-// worker re-asks no other Join, a formed generation answers all its waiters in
-// one pass, a KvSet re-asks only that job's KvGets. A waiter is re-asked under
-// the mutex and never calls into gRPC there: what it has to send or finish it
-// hands to Defer(), and the host runs those after releasing the mutex. A waiter
-// is removed exactly once: answered by its poll, cancelled (Cancel, from the
-// call's OnCancel), expired at its deadline (one timer thread for all), or
-// abandoned at shutdown (UNAVAILABLE).
-//
-// A job whose save failed (the store unreachable, or this replica no longer
-// leads) keeps its waiters unanswered: nothing the store does not hold is
-// told to a worker (a successor would not know it). They are answered once
-// a retried save succeeds (Tick), or abandoned (UNAVAILABLE) at shutdown,
-// and the worker asks the next replica.
-//
 // Thread-safety: every method may be called from any thread, except where
 // it says "with mu() held".
 
@@ -50,6 +28,28 @@
 #include "coordinator/store/store.h"
 
 namespace concord::coordinator {
+
+// Note [Asynchronous waits]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
+// A call that waits on the core (Join until its generation forms, KvGet until
+// its keys are set, a WatchMembership stream until the view changes) holds no
+// thread. It is a Waiter registered with the host under its job, with one of
+// three kinds (placement, kv, view) and a deadline. After every change the host
+// takes the jobs the core woke (Core::TakeWokenJobs) and re-asks only the
+// waiters of those jobs whose kind's epoch moved (Core::Epochs): an arriving
+// worker re-asks no other Join, a formed generation answers all its waiters in
+// one pass, a KvSet re-asks only that job's KvGets. A waiter is re-asked under
+// the mutex and never calls into gRPC there: what it has to send or finish it
+// hands to Defer(), and the host runs those after releasing the mutex. A waiter
+// is removed exactly once: answered by its poll, cancelled (Cancel, from the
+// call's OnCancel), expired at its deadline (one timer thread for all), or
+// abandoned at shutdown (UNAVAILABLE).
+//
+// A job whose save failed (the store unreachable, or this replica no longer
+// leads) keeps its waiters unanswered: nothing the store does not hold is
+// told to a worker (a successor would not know it). They are answered once
+// a retried save succeeds (Tick), or abandoned (UNAVAILABLE) at shutdown,
+// and the worker asks the next replica.
 
 class CoreHost {
  public:

@@ -1,6 +1,27 @@
 #pragma once
 // A worker's side of durable checkpoints.
-//
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/checkpoint/config.h"
+#include "worker/checkpoint/content.h"
+#include "worker/checkpoint/memory.h"
+#include "worker/checkpoint/persister.h"
+
+namespace concord::checkpoint {
+
+// A state this worker could resume from.
+struct Candidate {
+  int64_t step = 0;
+  std::string source;  // for the log: "memory (...)" or "disk (path)"
+  Content content;
+};
+
 // Note [Checkpoints]
 // ~~~~~~~~~~~~~~~~~~
 // Re-forming keeps a job's state in its surviving workers; a job that loses
@@ -31,27 +52,6 @@
 // re-form, and one line in every worker's log names the step and the
 // source. A generation with a member that holds a commit goes on from that
 // member as always. Config::resume = false (--no-resume) starts afresh.
-
-#include <cstdint>
-#include <memory>
-#include <optional>
-#include <string>
-#include <vector>
-
-#include "absl/status/statusor.h"
-#include "worker/checkpoint/config.h"
-#include "worker/checkpoint/content.h"
-#include "worker/checkpoint/memory.h"
-#include "worker/checkpoint/persister.h"
-
-namespace concord::checkpoint {
-
-// A state this worker could resume from.
-struct Candidate {
-  int64_t step = 0;
-  std::string source;  // for the log: "memory (...)" or "disk (path)"
-  Content content;
-};
 
 class Checkpointer {
  public:

@@ -25,83 +25,6 @@
 //     }
 //     return absl::OkStatus();
 //   });
-//
-// Note [Elastic step]
-// ~~~~~~~~~~~~~~~~~~~
-// A step is transactional. Parameters and optimizer state change only in an
-// optimizer's step(). Where that runs after every collective of the step
-// succeeded (the State puts its DDP modules in blocking wait: the host waits
-// for the gradients' allreduce, which on NCCL also tells whether any earlier
-// collective of the step failed, since a failure poisons the communicator:
-// see Note [Stream-ordered waits]), a failed collective finds them as the last
-// commit left them. An optimizer that steps before a later collective of its
-// step (a GAN's discriminator) is copied at the step's start and put back after
-// a failure (see Note [Early optimizer steps]). What can change half-way
-// besides is cheap to snapshot and is: buffers (BatchNorm statistics move in
-// forward, a buffer broadcast may be cut off), the counters and the user's
-// values. Commit() takes that snapshot; after a failure Run restores it,
-// re-forms (the survivors join the next generation with their committed step;
-// the coordinator makes the one with the highest step authoritative) and every
-// rank — survivors and newcomers alike — takes the authoritative rank's model,
-// optimizer state, counters and values over the communicator, then runs `train`
-// again from the committed position. No step is applied twice or half.
-//
-// Note [Step agreement]
-// ~~~~~~~~~~~~~~~~~~~~~
-// BeginStep is one small allreduce per step: how many ranks have data for the
-// step, and whether any saw workers waiting to be admitted. With every rank's
-// data and nobody waiting the step just runs. Ranks without data leave the job
-// (LEAVE_REASON_END_OF_DATA) and the others re-form and go on: PyTorch's join,
-// without the finished ranks shadowing every collective with zeros until the
-// last one is done. As in PyTorch the gradient sum is then divided by the
-// initial world size (the ranks left plus those that finished;
-// divide_by_initial_world_size) or by the ranks left;
-// throw_on_early_termination fails every rank instead.
-//
-// Note [Several models]
-// ~~~~~~~~~~~~~~~~~~~~~
-// A State holds any number of DDP modules and optimizers (a GAN's generator
-// and discriminator, a student and its teacher), each by name. Every rank
-// adds the same ones in the same order: a re-form rebinds the modules in
-// that order (each a model check and a broadcast from the authoritative
-// rank, the collectives a newcomer's Engine::Create runs in its order), Sync
-// takes each module's bucket layout, every optimizer's state by name, the
-// counters and the values. Commit and Restore cover every module's
-// buffers; a step's agreement runs once, before its first forward of any
-// module.
-//
-// Note [Early optimizer steps]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// A GAN's step runs the discriminator's optimizer before the generator's
-// forward and backward, whose collectives may still fail: its parameters
-// and Adam moments would then be a step ahead of the commit, and the step
-// taken again would apply that update twice. The State watches each
-// optimizer's parameters (their version counters, which every in-place
-// update moves) at the start of every collective of a step
-// (ObserveCollective, which the modules call before their forward's and
-// their backward's first collective): an optimizer whose parameters
-// changed before a later collective of the step steps early. At the start
-// of a step (BeginStep, after the agreement) the State copies every
-// optimizer that steps early or that it has not yet seen step (an
-// OptimizerSnapshot: parameters, per-parameter state, group options), and
-// Restore puts those copies back. An optimizer seen stepping only after
-// the step's last collective (the usual single-model loop) is copied no
-// more: after the first step, a plain loop pays nothing. One that first
-// steps early in a later step (its program changed pattern) is copied
-// from the next step on; if that very step fails, its update is taken
-// again, and the State says so in one warning line naming it.
-//
-// Note [Re-form loops]
-// ~~~~~~~~~~~~~~~~~~~~
-// A failure that re-forming cannot cure (a program bug that throws a
-// retryable error, a peer that fails the same collective every time) would
-// re-form forever. Run counts the failures of one step that follow a
-// re-form which changed nobody (same members, no step committed since):
-// ElasticOptions::max_repeated_failures of them end the loop with
-// FAILED_PRECONDITION naming the step and the error. Between them it waits
-// 0.2 s, doubling, at most 5 s. A re-form that lost or admitted a worker,
-// or a commit, starts the count again: workers dying one after the other
-// still re-form as often as they die.
 
 #include <torch/torch.h>
 
@@ -224,6 +147,18 @@ class State {
   State(worker::Session* session, ddp::Engine* ddp,
         torch::optim::Optimizer* optimizer, ElasticOptions options = {});
 
+  // Note [Several models]
+  // ~~~~~~~~~~~~~~~~~~~~~
+  // A State holds any number of DDP modules and optimizers (a GAN's generator
+  // and discriminator, a student and its teacher), each by name. Every rank
+  // adds the same ones in the same order: a re-form rebinds the modules in
+  // that order (each a model check and a broadcast from the authoritative
+  // rank, the collectives a newcomer's Engine::Create runs in its order), Sync
+  // takes each module's bucket layout, every optimizer's state by name, the
+  // counters and the values. Commit and Restore cover every module's
+  // buffers; a step's agreement runs once, before its first forward of any
+  // module.
+
   // See Note [Several models]: before the first Sync, in the same order on
   // every rank; each must outlive the state. AddModel puts the module in
   // blocking wait and has it call ObserveCollective.
@@ -251,11 +186,44 @@ class State {
   // step]), INTERNAL for a payload that does not load.
   absl::Status Sync();
 
+  // Note [Elastic step]
+  // ~~~~~~~~~~~~~~~~~~~
+  // A step is transactional. Parameters and optimizer state change only in an
+  // optimizer's step(). Where that runs after every collective of the step
+  // succeeded (the State puts its DDP modules in blocking wait: the host waits
+  // for the gradients' allreduce, which on NCCL also tells whether any earlier
+  // collective of the step failed, since a failure poisons the communicator:
+  // see Note [Stream-ordered waits]), a failed collective finds them as the
+  // last commit left them. An optimizer that steps before a later collective of
+  // its step (a GAN's discriminator) is copied at the step's start and put back
+  // after a failure (see Note [Early optimizer steps]). What can change
+  // half-way besides is cheap to snapshot and is: buffers (BatchNorm statistics
+  // move in forward, a buffer broadcast may be cut off), the counters and the
+  // user's values. Commit() takes that snapshot; after a failure Run restores
+  // it, re-forms (the survivors join the next generation with their committed
+  // step; the coordinator makes the one with the highest step authoritative)
+  // and every rank — survivors and newcomers alike — takes the authoritative
+  // rank's model, optimizer state, counters and values over the communicator,
+  // then runs `train` again from the committed position. No step is applied
+  // twice or half.
+
   // See Note [Elastic step].
   void Commit();
   // Back to the last commit: buffers, counters, values, and the optimizers
   // copied at this step's start (see Note [Early optimizer steps]).
   void Restore();
+
+  // Note [Step agreement]
+  // ~~~~~~~~~~~~~~~~~~~~~
+  // BeginStep is one small allreduce per step: how many ranks have data for the
+  // step, and whether any saw workers waiting to be admitted. With every rank's
+  // data and nobody waiting the step just runs. Ranks without data leave the
+  // job (LEAVE_REASON_END_OF_DATA) and the others re-form and go on: PyTorch's
+  // join, without the finished ranks shadowing every collective with zeros
+  // until the last one is done. As in PyTorch the gradient sum is then divided
+  // by the initial world size (the ranks left plus those that finished;
+  // divide_by_initial_world_size) or by the ranks left;
+  // throw_on_early_termination fails every rank instead.
 
   // See Note [Step agreement]. `admit`: whether workers waiting to join may be
   // admitted before this step (false postpones them; must be the same on
@@ -263,6 +231,27 @@ class State {
   // Errors: FAILED_PRECONDITION with throw_on_early_termination; those of
   // the allreduce and of a re-form.
   absl::StatusOr<StepDecision> BeginStep(bool has_data, bool admit = true);
+
+  // Note [Early optimizer steps]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // A GAN's step runs the discriminator's optimizer before the generator's
+  // forward and backward, whose collectives may still fail: its parameters
+  // and Adam moments would then be a step ahead of the commit, and the step
+  // taken again would apply that update twice. The State watches each
+  // optimizer's parameters (their version counters, which every in-place
+  // update moves) at the start of every collective of a step
+  // (ObserveCollective, which the modules call before their forward's and
+  // their backward's first collective): an optimizer whose parameters
+  // changed before a later collective of the step steps early. At the start
+  // of a step (BeginStep, after the agreement) the State copies every
+  // optimizer that steps early or that it has not yet seen step (an
+  // OptimizerSnapshot: parameters, per-parameter state, group options), and
+  // Restore puts those copies back. An optimizer seen stepping only after
+  // the step's last collective (the usual single-model loop) is copied no
+  // more: after the first step, a plain loop pays nothing. One that first
+  // steps early in a later step (its program changed pattern) is copied
+  // from the next step on; if that very step fails, its update is taken
+  // again, and the State says so in one warning line naming it.
 
   // See Note [Early optimizer steps]: a collective of the current step is about
   // to start. Cheap (a version counter per parameter); any thread that
@@ -381,6 +370,18 @@ class State {
   std::optional<int64_t> deferred_;
   std::optional<Resumed> resumed_;
 };
+
+// Note [Re-form loops]
+// ~~~~~~~~~~~~~~~~~~~~
+// A failure that re-forming cannot cure (a program bug that throws a
+// retryable error, a peer that fails the same collective every time) would
+// re-form forever. Run counts the failures of one step that follow a
+// re-form which changed nobody (same members, no step committed since):
+// ElasticOptions::max_repeated_failures of them end the loop with
+// FAILED_PRECONDITION naming the step and the error. Between them it waits
+// 0.2 s, doubling, at most 5 s. A re-form that lost or admitted a worker,
+// or a commit, starts the count again: workers dying one after the other
+// still re-form as often as they die.
 
 // Runs `train(state)` until it returns OK (training done) or an error that
 // is not Retryable; after a retryable one (a collective failed: a peer died

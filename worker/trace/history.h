@@ -2,6 +2,34 @@
 // A worker's history: what it did that a checker can verify after the run
 // (tests/history.py, see Note [History checker] there).
 //
+// Cost when off: the session holds a null pointer. When on, a commit
+// hashes every parameter (a copy to the host for device tensors): meant for
+// tests and audits, not for speed.
+//
+// Threads: every method may be called from any thread.
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace concord::trace {
+
+struct CommitRecord {
+  int64_t generation = 0;
+  int rank = 0;
+  int world_size = 0;
+  int64_t step = 0;
+  int64_t epoch = 0;
+  uint64_t digest = 0;
+  bool replicated = true;
+  std::optional<std::vector<int64_t>> samples;
+};
+
 // Note [History files]
 // ~~~~~~~~~~~~~~~~~~~~
 // One file per worker id (JobOptions::history_file or CONCORD_HISTORY_FILE;
@@ -33,34 +61,6 @@
 //   finish      the program finished (`ok`, `message`)
 // Every record has `worker`, `pid`, `job` and `time_us` (CLOCK_REALTIME
 // microseconds, shared by the processes of one host).
-//
-// Cost when off: the session holds a null pointer. When on, a commit
-// hashes every parameter (a copy to the host for device tensors): meant for
-// tests and audits, not for speed.
-//
-// Threads: every method may be called from any thread.
-
-#include <cstdint>
-#include <memory>
-#include <mutex>
-#include <optional>
-#include <string>
-#include <vector>
-
-#include "absl/status/statusor.h"
-
-namespace concord::trace {
-
-struct CommitRecord {
-  int64_t generation = 0;
-  int rank = 0;
-  int world_size = 0;
-  int64_t step = 0;
-  int64_t epoch = 0;
-  uint64_t digest = 0;
-  bool replicated = true;
-  std::optional<std::vector<int64_t>> samples;
-};
 
 class HistoryLog {
  public:
