@@ -1,32 +1,6 @@
 #pragma once
-// When a node agent sends its workers' heartbeats (Note [Heartbeat
+// When a node agent sends its workers' heartbeats (see Note [Heartbeat
 // batching]). A plain policy with the time passed in: no threads, no gRPC.
-//
-// Note [Heartbeat batching]: each worker heartbeats `interval` after the
-// answer to its last heartbeat, and the call gives up after an interval.
-// The agent answers the heartbeats it sent together at the same moment, so
-// it knows when each of those workers will be back: one interval after the
-// batch, as a group. A heartbeat that arrives is held for max_delay while
-//  (a) another worker is expected back within max_delay / 2 of it (so it
-//      arrives inside the hold even a little late), or
-//  (b) a group heavier than the pending heartbeats (more workers; equal
-//      ones ordered by their least worker id) is expected back within the
-//      next interval;
-// otherwise, or when the last expected one arrives, they go out as one
-// message. (a) merges workers whose phases are close. By (b) a lighter
-// group moves max_delay a round towards a heavier one, so that some round
-// finds the two within max_delay / 2 and (a) merges them, while the
-// heaviest group never waits for a lighter one further than max_delay
-// away. Groups only merge, so after about interval / max_delay rounds per
-// merge a node's workers heartbeat in phase: one message an interval a
-// node (HeartbeatBatcherTest.WorkersFallIntoPhase, 8 workers from random
-// phases). A heartbeat waits for nobody it has no reason to expect: a
-// worker never answered yet, or one more than max_delay late (it exited,
-// or hangs); a worker silent for expect_within is forgotten. max_delay
-// must stay well under the interval, after which the worker's call gives
-// up; the agent uses a quarter of it. A heartbeat reaches the coordinator
-// at most max_delay late, which the heartbeat timeout (several intervals)
-// absorbs.
 //
 // Not thread-safe: the agent calls it under its own mutex.
 
@@ -52,6 +26,35 @@ struct BatchPolicy {
 };
 
 template <typename T>
+
+// Note [Heartbeat batching]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
+// Each worker heartbeats `interval` after the answer to its last heartbeat, and
+// the call gives up after an interval. The agent answers the heartbeats it sent
+// together at the same moment, so it knows when each of those workers will be
+// back: one interval after the batch, as a group. A heartbeat that arrives is
+// held for max_delay while
+//  (a) another worker is expected back within max_delay / 2 of it (so it
+//      arrives inside the hold even a little late), or
+//  (b) a group heavier than the pending heartbeats (more workers; equal
+//      ones ordered by their least worker id) is expected back within the
+//      next interval;
+// otherwise, or when the last expected one arrives, they go out as one
+// message. (a) merges workers whose phases are close. By (b) a lighter
+// group moves max_delay a round towards a heavier one, so that some round
+// finds the two within max_delay / 2 and (a) merges them, while the
+// heaviest group never waits for a lighter one further than max_delay
+// away. Groups only merge, so after about interval / max_delay rounds per
+// merge a node's workers heartbeat in phase: one message an interval a
+// node (HeartbeatBatcherTest.WorkersFallIntoPhase, 8 workers from random
+// phases). A heartbeat waits for nobody it has no reason to expect: a
+// worker never answered yet, or one more than max_delay late (it exited,
+// or hangs); a worker silent for expect_within is forgotten. max_delay
+// must stay well under the interval, after which the worker's call gives
+// up; the agent uses a quarter of it. A heartbeat reaches the coordinator
+// at most max_delay late, which the heartbeat timeout (several intervals)
+// absorbs.
+
 class HeartbeatBatcher {
  public:
   explicit HeartbeatBatcher(BatchPolicy policy) : policy_(policy) {}

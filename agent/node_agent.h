@@ -3,45 +3,14 @@
 // a local socket and carries their calls to the coordinator over one
 // connection (concord-run, unless --no-agent).
 //
-// Note [Node agents]: a job of thousands of processes would otherwise hold
-// a connection, a membership stream and a heartbeat call an interval per
-// process at the coordinator. With an agent per node, the coordinator's
-// load grows with nodes:
-//  - Joins, heartbeats and membership views travel on one Node stream per
-//    node and job. Heartbeats are batched (Note [Heartbeat batching] in
-//    heartbeat_batcher.h): one message an interval carries the node's
-//    workers' heartbeats; each worker gets its own answer. A worker's Join goes
-//    out on it (with the others' that arrive while a write is in flight, in one
-//    message) and its answer comes back on it; a Join whose worker's call ends
-//    first (the process died, its deadline passed) is cancelled there, so the
-//    coordinator withdraws the worker as it does a cancelled Join. The agent
-//    adds a worker to the stream when its WatchMembership opens and removes it
-//    when that call ends; each view is passed on as WatchMembership would have
-//    sent it. When the stream ends (the coordinator restarted or moved), the
-//    workers' calls on it end with its status (UNAVAILABLE) and the
-//    workers retry and reconnect as they would to the coordinator; the
-//    agent opens a fresh stream for them.
-//  - Leave, KvSet and KvGet are passed on as they are, with the worker's
-//    deadline; a worker's call that is cancelled cancels
-//    the call the agent made for it.
-// The worker's own identity (worker_id, worker_secret) travels inside each
-// request and is checked by the coordinator as before; the agent checks
-// that its callers hold the worker token and calls with the same token. An
-// agent that dies takes its workers with it (concord-run's children die
-// with it): their peers' collectives fail and the job re-forms without
-// them; their streams on the node stream count as lost, which drops them
-// as expected survivors at once (Note [Re-forming] in coordinator/core/core.h).
-// Workers started without an agent talk to the coordinator themselves;
-// both kinds mix in one job.
-//
 // The agent that launched its workers (concord-run) also tells the
 // coordinator the moment one of them exits (WorkerExited: it reaped the
 // process), on the job's Node stream with the secret of the worker's own
 // accepted Join, so that the job re-forms without it at once rather than
-// after its heartbeat timeout (Note [Exited workers] in
+// after its heartbeat timeout (see Note [Exited workers] in
 // coordinator/core/core.h). And it remembers what the coordinator said of
 // each job in its answers (JobNews), which is how concord-run knows whether
-// the job completed when its workers are done (Note [Exit status] in
+// the job completed when its workers are done (see Note [Exit status] in
 // tools/launcher.h).
 //
 // Errors reach the worker as the coordinator gave them; a coordinator the
@@ -72,6 +41,38 @@ struct NodeAgentOptions {
   BatchPolicy batch;
 };
 
+// Note [Node agents]
+// ~~~~~~~~~~~~~~~~~~
+// A job of thousands of processes would otherwise hold a connection, a
+// membership stream and a heartbeat call an interval per process at the
+// coordinator. With an agent per node, the coordinator's load grows with nodes:
+//  - Joins, heartbeats and membership views travel on one Node stream per
+//    node and job. Heartbeats are batched (see Note [Heartbeat batching] in
+//    heartbeat_batcher.h): one message an interval carries the node's
+//    workers' heartbeats; each worker gets its own answer. A worker's Join goes
+//    out on it (with the others' that arrive while a write is in flight, in one
+//    message) and its answer comes back on it; a Join whose worker's call ends
+//    first (the process died, its deadline passed) is cancelled there, so the
+//    coordinator withdraws the worker as it does a cancelled Join. The agent
+//    adds a worker to the stream when its WatchMembership opens and removes it
+//    when that call ends; each view is passed on as WatchMembership would have
+//    sent it. When the stream ends (the coordinator restarted or moved), the
+//    workers' calls on it end with its status (UNAVAILABLE) and the
+//    workers retry and reconnect as they would to the coordinator; the
+//    agent opens a fresh stream for them.
+//  - Leave, KvSet and KvGet are passed on as they are, with the worker's
+//    deadline; a worker's call that is cancelled cancels
+//    the call the agent made for it.
+// The worker's own identity (worker_id, worker_secret) travels inside each
+// request and is checked by the coordinator as before; the agent checks
+// that its callers hold the worker token and calls with the same token. An
+// agent that dies takes its workers with it (concord-run's children die
+// with it): their peers' collectives fail and the job re-forms without
+// them; their streams on the node stream count as lost, which drops them
+// as expected survivors at once (see Note [Re-forming] in
+// coordinator/core/core.h). Workers started without an agent talk to the
+// coordinator themselves; both kinds mix in one job.
+
 class NodeAgent {
  public:
   // Listens and serves. Errors: INVALID_ARGUMENT (empty coordinator or
@@ -90,7 +91,7 @@ class NodeAgent {
   // stops serving. Idempotent.
   void Shutdown();
 
-  // Note [Exited workers]: the process of worker `worker_id` (a worker of
+  // See Note [Exited workers]: the process of worker `worker_id` (a worker of
   // this node's, by the id its launcher gave it in CONCORD_WORKER_ID) has
   // exited, `how` ("killed by signal 9 (SIGKILL)"). If the coordinator
   // accepted a Join of that worker through this agent, the exit goes out at
@@ -98,7 +99,7 @@ class NodeAgent {
   // joined, or the agent is shutting down) nothing goes out. Its answer
   // updates the job's news; a refusal is logged. Thread-safe.
   bool WorkerExited(const std::string& worker_id, const std::string& how);
-  // Note [Checkpoints] in worker/checkpoint/checkpointer.h: concord-run
+  // See Note [Checkpoints] in worker/checkpoint/checkpointer.h: concord-run
   // wrote a complete checkpoint of `job_id`; it goes out on the job's Node
   // stream (no answer; the coordinator keeps the newest of each job).
   // Nothing goes out while the agent shuts down. Thread-safe.

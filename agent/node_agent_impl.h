@@ -1,5 +1,5 @@
 #pragma once
-// The node agent's insides (Note [Node agents] in node_agent.h), shared by
+// The node agent's insides (see Note [Node agents] in node_agent.h), shared by
 // node_agent.cc (the server, the calls passed on, heartbeat intake,
 // shutdown) and node_stream.cc (the Node stream of a job and the workers'
 // Join and WatchMembership calls on it). Not installed; not for use
@@ -151,7 +151,7 @@ class NodeAgent::Impl final : public v1::WorkerService::CallbackService {
     return {replicas_[current_], current_};
   }
   // Replica `used` was UNAVAILABLE: a fresh channel for it if its channel
-  // is older than kRefreshChannelAfterMs (Note [Fresh channels] in
+  // is older than kRefreshChannelAfterMs (see Note [Fresh channels] in
   // common/coordinator_channel.h), and the next replica from now on.
   void Unavailable(size_t used) {
     std::lock_guard<std::mutex> lock(replica_mu_);
@@ -229,7 +229,7 @@ class NodeAgent::Impl final : public v1::WorkerService::CallbackService {
   int live_streams_ = 0;                        // not yet done
   std::condition_variable drained_;             // live_streams_ fell
   std::thread flusher_;
-  // Note [Exited workers]: the job and secret of each worker whose Join the
+  // See Note [Exited workers]: the job and secret of each worker whose Join the
   // coordinator accepted through this agent, until its exit is reported.
   struct Known {
     std::string job_id;

@@ -1,5 +1,5 @@
 // The Node stream of a job at the node agent, and the workers' Join and
-// WatchMembership calls it carries (Note [Node agents] in node_agent.h).
+// WatchMembership calls it carries (see Note [Node agents] in node_agent.h).
 
 #include <spdlog/spdlog.h>
 
@@ -42,7 +42,7 @@ class NodeAgent::Impl::JoinCall final : public grpc::ServerUnaryReactor {
     stream_ = nullptr;
     if (result.code() == 0) {
       *response_ = result.response();
-      // Note [Exited workers]: the coordinator bound the worker to this
+      // See Note [Exited workers]: the coordinator bound the worker to this
       // secret; its exit report will carry it.
       agent_->known_[request_->worker_id()] =
           Known{request_->spec().job_id(), request_->worker_secret()};
@@ -246,7 +246,7 @@ class NodeAgent::Impl::NodeStream final
     queued_.add_cancel_joins(call->id());
     WriteQueued(after);
   }
-  // Note [Exited workers]: reports a worker's exit.
+  // See Note [Exited workers]: reports a worker's exit.
   void AddExit(const std::string& worker_id, const Known& known,
                const std::string& how, Actions* after) {
     const uint64_t id = ++agent_->next_exit_;
@@ -259,7 +259,7 @@ class NodeAgent::Impl::NodeStream final
     exited->set_how(how);
     WriteQueued(after);
   }
-  // Note [Checkpoints]: a checkpoint this node's concord-run wrote.
+  // See Note [Checkpoints]: a checkpoint this node's concord-run wrote.
   void AddCheckpoint(const v1::CheckpointReport& report, Actions* after) {
     *queued_.add_checkpoints() = report;
     WriteQueued(after);

@@ -33,7 +33,7 @@ ddp::EngineOptions EngineOptionsFrom(const DdpOptions& o,
   ddp::EngineOptions e;
   if (o.bucket_cap_mb()) {
     e.bucket_cap_bytes = MiB("bucket_cap_mb", *o.bucket_cap_mb());
-    // Note [LibTorch versions] in worker/torch_compat.h.
+    // See Note [LibTorch versions] in worker/torch_compat.h.
     if (compat::kFirstBucketFollowsUserCap) {
       e.first_bucket_bytes = e.bucket_cap_bytes;
     }
@@ -378,7 +378,7 @@ void DdpCore::perform_slowmo(torch::optim::Optimizer& optimizer) {
                 "DdpOptions::slowmo");
   }
   if (impl_->job.state()->elastic != nullptr && impl_->job.state()->step_open) {
-    // Note [SlowMo step]: the optimizer step cannot be undone, so the step
+    // See Note [SlowMo step]: the optimizer step cannot be undone, so the step
     // is committed first and a failed average is owed, not lost.
     throw Error(ErrorCode::kFailedPrecondition,
                 "perform_slowmo: commit() the step first");

@@ -202,7 +202,7 @@ class ElasticCore {
       job_.state()->Finish(false, std::string(done.message()));
       ThrowIfError(done);
     }
-    // Note [Checkpoints]: the job's final state is its newest checkpoint.
+    // See Note [Checkpoints]: the job's final state is its newest checkpoint.
     state_.SaveFinal();
     // SGP's push-sum keeps parameters as numerators between steps: the
     // model the program saves is the de-biased one.
@@ -211,7 +211,7 @@ class ElasticCore {
     }
   }
 
-  // Note [Step agreement]: before the first forward of a step. Workers are
+  // See Note [Step agreement]: before the first forward of a step. Workers are
   // admitted while the epoch has a sample left for each rank there could
   // be (else a newcomer's share of the last window would be empty).
   void BeginStep() {
@@ -282,7 +282,7 @@ class ElasticCore {
     }
   }
 
-  // Note [Several models]: the job's modules as of now, in the order they
+  // See Note [Several models]: the job's modules as of now, in the order they
   // were made (a newcomer makes them in that order: its Creates meet the
   // survivors' Rebinds), and the optimizers in the order added.
   void Start() {
@@ -305,7 +305,7 @@ class ElasticCore {
         // committed step's owed average is finished in the new generation.
         state_.Attach(m->slowmo.get(), owner, absl::StrCat("slowmo/", m->name));
       } else if (m->powersgd_participant != nullptr && owner != nullptr) {
-        // Note [PowerSGD across re-forms].
+        // See Note [PowerSGD across re-forms].
         state_.Attach(m->powersgd_participant.get(), owner,
                       absl::StrCat("powersgd/", m->name));
         m->powersgd_attached = true;
@@ -384,7 +384,7 @@ class ElasticCore {
                     r.rendezvous_us, args);
   }
 
-  // Note [History files]: the record of the step about to be committed
+  // See Note [History files]: the record of the step about to be committed
   // (state_.step + 1): its window, and the parameters after it.
   trace::CommitRecord HistoryCommit() const {
     const worker::Session& session = job_.state()->session();
@@ -430,7 +430,7 @@ class ElasticCore {
     }
   }
 
-  // The bytes of every parameter of every module, hashed (Note [History
+  // The bytes of every parameter of every module, hashed (see Note [History
   // files]).
   uint64_t ParameterDigest() const {
     uint64_t digest = trace::kDigestSeed;
@@ -448,7 +448,7 @@ class ElasticCore {
   elastic::State state_;
   std::vector<std::pair<std::string, torch::optim::Optimizer*>> optimizers_;
   std::shared_ptr<SamplerState> sampler_;
-  // Note [Several models]: the job's modules when run_elastic started.
+  // See Note [Several models]: the job's modules when run_elastic started.
   std::vector<DdpCore::Impl*> models_;
   bool running_ = false;
   int64_t step_start_us_ = 0;  // the step's agreement done (Unix us)

@@ -44,7 +44,7 @@ class JobState {
   const std::shared_ptr<trace::Recorder>& trace() const { return trace_; }
   void Finish(bool ok, const std::string& message);
 
-  // Note [Several models]: the job's DistributedDataParallel modules, in
+  // See Note [Several models]: the job's DistributedDataParallel modules, in
   // the order they were made (each adds itself when made, removes itself
   // when destroyed). Training thread.
   std::vector<DdpCore::Impl*> ddps;
@@ -52,7 +52,7 @@ class JobState {
   // The ElasticState over the job (at most one), while it lives: its step
   // agreement runs before the first forward of a step of any module
   // (step_open false: the last step was committed), its join() is every
-  // module's, and it watches their collectives (Note [Early optimizer
+  // module's, and it watches their collectives (see Note [Early optimizer
   // steps] in worker/elastic/state.h).
   ElasticCore* elastic = nullptr;
   bool step_open = false;
@@ -72,7 +72,7 @@ class JobState {
 struct DdpCore::Impl {
   Job job;
   DdpOptions options;
-  // Note [Several models]: the name messages, the history and the
+  // See Note [Several models]: the name messages, the history and the
   // elastic state use (ElasticState::add's, else "ddp<N>" for the N-th
   // made), and the wrapped module's type, for messages.
   std::string name;
@@ -86,7 +86,7 @@ struct DdpCore::Impl {
   // re-forms; null: none, or DdpOptions::comm_hook's.
   std::function<ddp::CommHook(std::shared_ptr<comm::Communicator>)> user_hook;
   // DdpOptions::comm_hook "powersgd...": its state and its part of the
-  // elastic state (Note [PowerSGD across re-forms]). Kept across re-forms
+  // elastic state (see Note [PowerSGD across re-forms]). Kept across re-forms
   // once run_elastic attached it (`powersgd_attached`); made again with
   // each hook otherwise (every rank alike).
   std::shared_ptr<ddp::PowerSgdState> powersgd;
@@ -182,7 +182,7 @@ struct SamplerState {
   int64_t epoch = 0;
   size_t committed = 0;  // the position the last commit holds
   size_t cursor = 0;     // the end of the last window handed out
-  // Note [Prefetching loaders] (include/concord/data.h): a DataLoader with
+  // See Note [Prefetching loaders] in include/concord/data.h: a DataLoader with
   // workers asks for windows ahead of the loop. While one tracks this
   // sampler, `ahead` holds the ends of the windows handed out that the loop
   // has not taken yet and `taken` the end of the last one it took; without

@@ -1,7 +1,7 @@
 // concord-bench-checkpoint: the Concord half of
 // bench/checkpoint_vs_pytorch.py. For an MLP of about --params-m million
 // parameters with SGD and momentum stepped once, times what a checkpoint
-// costs (Note [Checkpoints] in worker/checkpoint/checkpointer.h):
+// costs (see Note [Checkpoints] in worker/checkpoint/checkpointer.h):
 //
 //   concord-bench-checkpoint --params-m 21 --dir /var/tmp/ck [--repeat 5]
 //       [--keep-files]

@@ -1,7 +1,7 @@
 #pragma once
 // concord-bench-coordinator's simulated workers and node agents: a worker's
 // identity and connection, and an agent's Node stream carrying its workers'
-// joins, watches and heartbeats as concord-run sends them (Note [Node
+// joins, watches and heartbeats as concord-run sends them (see Note [Node
 // agents] in agent/node_agent.h). Benchmark code, not a test.
 
 #include <grpcpp/grpcpp.h>

@@ -11,7 +11,7 @@
 // Without --workers it runs N = 1,000, 10,000 and 100,000 in turn; job size
 // and rendezvous size default to N. The workers are simulated the way
 // concord-run runs them: through node agents of --per-agent K workers
-// (default 8, so 100,000 workers are 12,500 agents; Note [Node agents] in
+// (default 8, so 100,000 workers are 12,500 agents; see Note [Node agents] in
 // agent/node_agent.h), each agent one connection of --connections and one
 // Node stream carrying its workers' joins and membership watches;
 // --per-agent 0 makes every worker talk to the coordinator itself (async

@@ -189,7 +189,7 @@ int Run(int device, int64_t batch, int64_t channels, int64_t spatial, int iters,
           std::to_string(batch) + "x" + std::to_string(channels) + "x" +
           std::to_string(spatial);
       const ActivationShape& s = layout.shape;
-      // The reductions' scratch (Note [Split reductions]), allocated once,
+      // The reductions' scratch (see Note [Split reductions]), allocated once,
       // outside the timed calls, as the caching allocator would hand it out.
       Buffer scratch(
           static_cast<size_t>(concord::kernels::SyncBnScratchFloats(s)) * 4);

@@ -23,11 +23,11 @@ tests/reference/fixtures.py):
           next generation, which forms once the coordinator has dropped the
           dead member, and take the model from the authoritative rank.
           Under concord-run's node agent (the default) concord-run reaps
-          the dead worker at once and tells the coordinator (Note [Exited
+          the dead worker at once and tells the coordinator (see Note [Exited
           workers] in coordinator/core/core.h), which drops it then; with
           --no-agent the coordinator drops it once its watch stream has
           been lost for the grace (the heartbeat interval, clamped to
-          [100 ms, 1 s]; Note [Re-forming]), or at its heartbeat timeout.
+          [100 ms, 1 s]; see Note [Re-forming]), or at its heartbeat timeout.
           Reported: detect (T0 -> a survivor caught the failure), re-form
           (-> the next generation formed and connected), sync (-> model and
           state received), resume (T0 -> the first step after it done), for

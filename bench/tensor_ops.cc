@@ -1,4 +1,4 @@
-// The worker's kernel calls (worker/tensor_ops.h, Note [Kernels in the
+// The worker's kernel calls (worker/tensor_ops.h, see Note [Kernels in the
 // worker]) against the LibTorch ops they replace, on this machine's tensors
 // (CPU: the kernels' CPU twins; built with CUDA and given CUDA tensors, the
 // same calls run the CUDA kernels).

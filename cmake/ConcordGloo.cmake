@@ -1,16 +1,17 @@
 # Defines the `gloo` target that worker/ links (after find_package(Torch)).
 #
-# Note [Gloo next to pip's LibTorch]: Concord calls Gloo itself
-# (worker/comm/gloo). Debian's LibTorch, 12's and 13's, is built against
-# Debian's libgloo, so a process holds one Gloo: find_package(Gloo CONFIG),
-# the default. pip's LibTorch builds its own Gloo (third_party/gloo, a static
-# library, GLOO_INSTALL OFF in PyTorch's cmake/Dependencies.cmake) into
-# libtorch_cpu.so with default visibility, so libtorch_cpu.so exports gloo::
-# symbols, and its wheel lists no gloo headers to ship. Two Gloos of different
-# versions in one process share their symbol names: the dynamic linker binds
-# each gloo:: symbol to the first loaded library that defines it, whoever
-# calls it, so the library that wins must be the one the caller's headers
-# describe. Two arrangements keep that true:
+# Note [Gloo next to pip's LibTorch]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Concord calls Gloo itself (worker/comm/gloo). Debian's LibTorch, 12's and
+# 13's, is built against Debian's libgloo, so a process holds one Gloo:
+# find_package(Gloo CONFIG), the default. pip's LibTorch builds its own Gloo
+# (third_party/gloo, a static library, GLOO_INSTALL OFF in PyTorch's
+# cmake/Dependencies.cmake) into libtorch_cpu.so with default visibility, so
+# libtorch_cpu.so exports gloo:: symbols, and its wheel lists no gloo headers to
+# ship. Two Gloos of different versions in one process share their symbol names:
+# the dynamic linker binds each gloo:: symbol to the first loaded library that
+# defines it, whoever calls it, so the library that wins must be the one the
+# caller's headers describe. Two arrangements keep that true:
 #
 # - CONCORD_GLOO_FROM_TORCH=ON: LibTorch's Gloo only, where LibTorch ships
 #   its headers (<torch include>/gloo/config.h): compiled against them, the

@@ -21,14 +21,16 @@ std::vector<std::string> SplitCoordinatorAddress(const std::string& address);
 // The channel to one coordinator replica. gRPC's default reconnect backoff
 // grows to two minutes; capped at one second here.
 //
-// Note [Fresh channels]: after a coordinator restart or an etcd failover
-// (a standby starts listening a lease TTL after the leader died), a gRPC
-// 1.51 channel that has been failing to connect can take several seconds
-// (measured: ~4 s) to notice that the address now accepts connections,
-// whatever its backoff settings say: longer than a short heartbeat
-// timeout, so the new coordinator would declare every worker failed. A
-// client whose channel has been failing for kRefreshChannelAfter therefore
-// replaces it by a fresh one, which connects at its first call.
+// Note [Fresh channels]
+// ~~~~~~~~~~~~~~~~~~~~~
+// After a coordinator restart or an etcd failover (a standby starts listening a
+// lease TTL after the leader died), a gRPC 1.51 channel that has been failing
+// to connect can take several seconds (measured: ~4 s) to notice that the
+// address now accepts connections, whatever its backoff settings say: longer
+// than a short heartbeat timeout, so the new coordinator would declare every
+// worker failed. A client whose channel has been failing for
+// kRefreshChannelAfter therefore replaces it by a fresh one, which connects at
+// its first call.
 std::shared_ptr<grpc::Channel> CoordinatorChannel(const std::string& address,
                                                   const TlsMaterial& tls);
 inline constexpr int kRefreshChannelAfterMs = 1000;

@@ -1,8 +1,8 @@
 #pragma once
 // This machine's host name: the default node id of a worker
-// (CONCORD_NODE_ID) and of concord-run (--node-id), which must agree for
-// Note [Resume source] in coordinator/core/core.h, and part of default
-// worker ids. One home, so that they do.
+// (CONCORD_NODE_ID) and of concord-run (--node-id), which must agree for the
+// resume source (see Note [Resume source] in coordinator/core/core.h), and
+// part of default worker ids. One home, so that they do.
 
 #include <unistd.h>
 

@@ -14,7 +14,7 @@ inline constexpr int64_t kDefaultHeartbeatIntervalMs = 1000;
 inline constexpr int64_t kDefaultHeartbeatTimeoutMs = 10000;
 inline constexpr int64_t kDefaultRendezvousTimeoutMs = 300000;
 inline constexpr int64_t kDefaultCollectiveTimeoutMs = 300000;
-// Complete checkpoints kept on disk (Note [Checkpoints] in
+// Complete checkpoints kept on disk (see Note [Checkpoints] in
 // worker/checkpoint/checkpointer.h).
 inline constexpr int kDefaultCheckpointKeep = 3;
 

@@ -26,7 +26,7 @@ namespace concord {
 // it the library logger too. Call once per process, from main.
 void InitLogging(const std::string& name, const std::string& level = "info");
 
-// The libraries' logger (Note [Library logging]). Never null; any thread.
+// The libraries' logger (see Note [Library logging]). Never null; any thread.
 spdlog::logger* Log();
 
 // A level by its name (those of InitLogging); INVALID_ARGUMENT naming the

@@ -3,7 +3,7 @@
 //
 // With --store etcd several replicas run against one etcd cluster: one leads
 // and serves, the others stand by without listening on --listen and take
-// over when it goes (Note [etcd leadership] in etcd_store.h). A leader that
+// over when it goes (see Note [etcd leadership] in etcd_store.h). A leader that
 // loses its lease stops serving and stands by again.
 //
 // Exit status: 0 after a clean shutdown; 2 for bad flags, missing or
@@ -14,7 +14,7 @@
 // Under systemd with Type=notify (NOTIFY_SOCKET set) it reports READY=1 once
 // the gRPC port accepts connections (an etcd standby: once it stands by),
 // STATUS= lines (leader or standby, and changes), WATCHDOG=1 from the tick
-// thread when WatchdogSec= is set (Note [Watchdog pings] in
+// thread when WatchdogSec= is set (see Note [Watchdog pings] in
 // systemd_notify.h), and STOPPING=1 on SIGINT/SIGTERM.
 
 #include <netdb.h>

@@ -57,13 +57,13 @@ struct ServerOptions {
   // The status page (status_http.h; plain HTTP, operator token); empty =
   // none.
   std::string status_address;
-  // The coordinator's history (Note [Coordinator history] in
+  // The coordinator's history (see Note [Coordinator history] in
   // store/history_file.h), appended to; empty = none.
   std::string history_file;
   // How often timeouts are checked.
   absl::Duration tick_interval = absl::Milliseconds(100);
   // Called on the tick thread after every tick of the core returned (proof
-  // that the core is not stuck: Note [Watchdog pings] in systemd_notify.h).
+  // that the core is not stuck: see Note [Watchdog pings] in systemd_notify.h).
   // Must be cheap and must not call into the server.
   std::function<void()> on_tick;
 };

@@ -3,12 +3,14 @@
 // Type=notify and WatchdogSec=. Without NOTIFY_SOCKET in the environment (not
 // started by systemd, or another Type=) every call does nothing.
 //
-// Note [Watchdog pings]: WATCHDOG=1 must prove that the service works, not
-// only that some thread runs. The coordinator pings from the thread that
-// ticks the core (Server's on_tick, after CoreHost::Tick returned: the core's
-// mutex was free and its timeouts were checked), and a standby from its
-// campaign loop (etcd was polled). A core stuck behind its mutex stops the
-// pings, and systemd restarts the service after WatchdogSec.
+// Note [Watchdog pings]
+// ~~~~~~~~~~~~~~~~~~~~~
+// WATCHDOG=1 must prove that the service works, not only that some thread runs.
+// The coordinator pings from the thread that ticks the core (Server's on_tick,
+// after CoreHost::Tick returned: the core's mutex was free and its timeouts
+// were checked), and a standby from its campaign loop (etcd was polled). A core
+// stuck behind its mutex stops the pings, and systemd restarts the service
+// after WatchdogSec.
 
 #include <atomic>
 #include <cstdint>
@@ -45,7 +47,7 @@ class SystemdNotifier {
   void Stopping(const std::string& status);
   // WATCHDOG=1, at most once per half watchdog interval (the rest return at
   // once). Thread-safe and cheap: call it from a path that proves the service
-  // is alive (Note [Watchdog pings]).
+  // is alive (see Note [Watchdog pings]).
   void Alive();
 
  private:

@@ -59,7 +59,7 @@ cudaError_t LaunchCopy(const BucketSlice* slices, int64_t count,
   return cudaGetLastError();
 }
 
-// dst[i] = src[i] through float, with the twins' conversions (Elem, Note
+// dst[i] = src[i] through float, with the twins' conversions (Elem, see Note
 // [Integer conversions]): bit for bit CastCpu, NaNs included.
 template <DType S, DType D>
 __global__ void Cast(const typename Elem<S>::T* src, typename Elem<D>::T* dst,

@@ -71,6 +71,7 @@ inline uint16_t FloatToBf16Bits(float f) {
 }
 
 // Note [Integer conversions]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~
 // The same four conversions on bit patterns, with integer operations only,
 // bit-identical to the functions above for every input (kernels_test checks
 // all 2^16 halfs and bf16s and a sweep of floats). The CUDA kernels use these
@@ -146,7 +147,7 @@ CONCORD_HOST_DEVICE inline uint16_t FloatToBf16(uint32_t u) {
 #if defined(__CUDACC__)
 // Device element access for the CUDA kernels: Elem<D>::T is the storage type
 // of DType D; Load widens to float and Store narrows (round to nearest even),
-// bit for bit as LoadAsFloat / StoreFromFloat (Note [Integer conversions]).
+// bit for bit as LoadAsFloat / StoreFromFloat (see Note [Integer conversions]).
 template <DType D>
 struct Elem;
 template <>

@@ -42,6 +42,7 @@ __device__ __forceinline__ void Add(WelfordAcc& acc, float v) {
 }
 
 // Note [Split reductions]
+// ~~~~~~~~~~~~~~~~~~~~~~~
 // The per-channel reductions (Welford statistics, the backward sums) read
 // every element once, so they are bound by memory bandwidth only if enough
 // blocks are in flight to keep every SM busy. One block per channel (or per
@@ -85,11 +86,10 @@ int ThreadsAlongInner(int64_t inner) {
   return tx;
 }
 
-// Note [Split reductions]: the number of parts S of each channel's elements.
-// Contiguous: parts of the outer range (a block covers whole (o, ·) rows);
-// channels-last: parts of the rows.
-// Every part but the last has CeilDiv(outer, S) of the outer indices (rows),
-// and none is empty.
+// See Note [Split reductions]: the number of parts S of each channel's
+// elements. Contiguous: parts of the outer range (a block covers whole (o, ·)
+// rows); channels-last: parts of the rows. Every part but the last has
+// CeilDiv(outer, S) of the outer indices (rows), and none is empty.
 int64_t ReductionSplits(const ActivationShape& shape) {
   if (shape.outer <= 0 || shape.channels <= 0) return 1;
   int64_t splits;

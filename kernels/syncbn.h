@@ -6,6 +6,7 @@
 // and what the worker runs on machines without a GPU.
 //
 // Note [Activation layout]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
 // An activation with C channels is addressed as [outer][C][inner]: element
 // (o, c, i) lives at (o * C + c) * inner + i. A contiguous (N, C, *) tensor is
 // outer = N, inner = prod(*); a channels-last one (N, *, C) is
@@ -15,6 +16,7 @@
 // and the same for every channel (outer * inner).
 //
 // Note [Gathered statistics]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~
 // Each rank contributes one row of StatsRowSize(C) = 2C + 1 floats:
 // mean[0..C), m2[0..C) (sum of squared deviations from the mean), count.
 // Rows are stacked by rank (what one allgather produces). A row with count 0
@@ -39,8 +41,8 @@ inline int64_t StatsRowSize(int64_t channels) { return 2 * channels + 1; }
 
 // ---- CPU twins (host memory; accumulate in double) --------------------------
 
-// Fills one stats row (Note [Gathered statistics]) for `x`: per-channel mean
-// and m2 by Welford's algorithm, and count = shape.per_channel(). An empty
+// Fills one stats row (see Note [Gathered statistics]) for `x`: per-channel
+// mean and m2 by Welford's algorithm, and count = shape.per_channel(). An empty
 // activation gives zeros.
 void WelfordStatsCpu(const void* x, DType dtype, const ActivationShape& shape,
                      float* stats_row);
@@ -86,7 +88,7 @@ namespace concord::kernels {
 // WelfordCombineCuda wrote), so that no host ever waits for it.
 //
 // WelfordStatsCuda and BackwardReduceCuda split each channel's elements over
-// many blocks and merge the parts in a fixed order (Note [Split reductions]
+// many blocks and merge the parts in a fixed order (see Note [Split reductions]
 // in syncbn.cu): they need `scratch`, SyncBnScratchFloats(shape) floats of
 // device memory that nothing else uses until the kernels are done (memory
 // from LibTorch's caching allocator on the same stream will do). The result

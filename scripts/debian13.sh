@@ -15,15 +15,16 @@
 # /proc, /dev, /sys and the checkout are bind-mounted for the command only
 # and vanish with it, whatever way it ends.
 #
-# Note [cuDNN in the CI root]: libtorch-cuda-2.6 depends on nvidia-cudnn,
-# whose postinst downloads cuDNN from NVIDIA's site — offline it fails and
-# leaves the packages unconfigured. We answer its debconf licence question
-# "I Decline" (the postinst then downloads nothing and succeeds) and give
-# the root a link stub for libcudnn.so.9: a shared library generated from the
-# cudnn* symbols libtorch_cuda.so imports, each returning
-# CUDNN_STATUS_NOT_INITIALIZED. It exists so the CUDA LibTorch links and
-# loads on a machine without a GPU, where cuDNN could not run anyway (the
-# same reason CUDA ships stubs/libcuda.so). It is never used on a GPU
+# Note [cuDNN in the CI root]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# libtorch-cuda-2.6 depends on nvidia-cudnn, whose postinst downloads cuDNN from
+# NVIDIA's site — offline it fails and leaves the packages unconfigured. We
+# answer its debconf licence question "I Decline" (the postinst then downloads
+# nothing and succeeds) and give the root a link stub for libcudnn.so.9: a
+# shared library generated from the cudnn* symbols libtorch_cuda.so imports,
+# each returning CUDNN_STATUS_NOT_INITIALIZED. It exists so the CUDA LibTorch
+# links and loads on a machine without a GPU, where cuDNN could not run anyway
+# (the same reason CUDA ships stubs/libcuda.so). It is never used on a GPU
 # machine: scripts/gpu-suite.sh builds against pip's PyTorch and its cuDNN.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -64,7 +65,7 @@ in_root() {
   ' bash "$ROOT" "$SRC" "$@"
 }
 
-# The cuDNN link stub (Note [cuDNN in the CI root]).
+# The cuDNN link stub (see Note [cuDNN in the CI root]).
 make_cudnn_stub() {
   local lib=/usr/lib/x86_64-linux-gnu
   in_root /bin/bash -euc '
@@ -78,7 +79,7 @@ make_cudnn_stub() {
     [ -n "$syms" ] || { echo "no library in the root imports cudnn symbols" >&2; exit 1; }
     work=$(mktemp -d)
     {
-      echo "/* Link stub for libcudnn.so.9 (Note [cuDNN in the CI root] in scripts/debian13.sh). */"
+      echo "/* Link stub for libcudnn.so.9 (see Note [cuDNN in the CI root] in scripts/debian13.sh). */"
       echo "#include <stddef.h>"
       echo "const char* cudnnGetErrorString(int s) { (void)s; return \"cuDNN is not installed in this root\"; }"
       echo "size_t cudnnGetVersion(void) { return 90000; }"

@@ -59,7 +59,7 @@
 #    symbols, Concord uses that Gloo (-DCONCORD_GLOO_FROM_TORCH=ON: one Gloo);
 #    otherwise Debian's libgloo from the prefix, which CMake links ahead of
 #    LibTorch so that Concord's calls reach the Gloo its headers describe.
-#    Note [Gloo next to pip's LibTorch] in cmake/ConcordGloo.cmake.
+#    See Note [Gloo next to pip's LibTorch] in cmake/ConcordGloo.cmake.
 # 2. protobuf. LibTorch builds protobuf into libtorch_cpu.so with
 #    -fvisibility=hidden (PyTorch's cmake/ProtoBuf.cmake, with
 #    CAFFE2_LINK_LOCAL_PROTOBUF, on by default), so Debian's libprotobuf, which

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """The history checker: reads what the workers and the coordinators of a
-run wrote (Note [History files] in worker/trace/history.h, Note
+run wrote (see Note [History files] in worker/trace/history.h, see Note
 [Coordinator history] in coordinator/store/history_file.h) and proves the
 invariants an elastic job must keep, whatever failed during the run.
 
@@ -14,7 +14,9 @@ a coordinator of its own (`concord-run --standalone --history DIR`, the
 job started again after it was lost whole): run k's generation g is read
 as k * RUN_GENERATIONS + g, so later runs' generations come after.
 
-Note [History checker]: the invariants, each a class of problem:
+Note [History checker]
+~~~~~~~~~~~~~~~~~~~~~~
+The invariants, each a class of problem:
   generations   the coordinators' formed generations, ordered by time, have
                 increasing numbers; no number is formed twice (by one
                 replica or two); every generation a worker says it joined

@@ -14,7 +14,7 @@
 // --min-workers members the others go on without a failed worker; below
 // that, concord-run stops them all.
 //
-// Node agent (Note [Node agents] in agent/node_agent.h): unless --no-agent,
+// Node agent (see Note [Node agents] in agent/node_agent.h): unless --no-agent,
 // concord-run is its workers' agent towards the coordinator. The workers
 // dial it on a unix socket in a directory only this user can enter
 // (CONCORD_COORDINATOR=unix:...); it carries their calls over one
@@ -25,12 +25,12 @@
 // Timelines: with --trace FILE each worker writes its own trace file
 // (CONCORD_TRACE_FILE, in a directory next to FILE) and concord-run merges
 // them into FILE when the workers are done, a killed worker's included
-// (Note [Trace files] in worker/trace/recorder.h). With --history DIR each
-// worker appends its history to DIR/<worker id>.history (Note [History
+// (see Note [Trace files] in worker/trace/recorder.h). With --history DIR each
+// worker appends its history to DIR/<worker id>.history (see Note [History
 // files] in worker/trace/history.h) and a --standalone coordinator its own
 // to DIR/coordinator.history, for tests/history.py.
 //
-// Output (Note [Worker output] in tools/launcher.h): every line of a
+// Output (see Note [Worker output] in tools/launcher.h): every line of a
 // worker's stdout and stderr goes to concord-run's stdout and stderr
 // prefixed "[worker I] " (I its local index), whole lines only; with
 // --log-dir DIR each run's streams also go, as written, to
@@ -38,11 +38,11 @@
 // for the first restart, ...), and --console all|stdout|stderr|none says
 // what the terminal still gets. A worker's death is reported when it
 // happens, with the last lines of its stderr and whether it is restarted;
-// through the node agent the coordinator hears of it at once (Note [Exited
+// through the node agent the coordinator hears of it at once (see Note [Exited
 // workers] in coordinator/core/core.h), so that the others re-form without
 // waiting for its heartbeat timeout.
 //
-// Exit status (Note [Exit status] in tools/launcher.h): 0 when the job
+// Exit status (see Note [Exit status] in tools/launcher.h): 0 when the job
 // completed, judged from the job's state (the embedded coordinator's with
 // --standalone; through the agent, what the coordinator answered its
 // workers), with a summary line naming the worker runs lost on the way;
@@ -357,7 +357,7 @@ bool MergeTrace(const Options& o) {
   return merged.ok();
 }
 
-// Note [Checkpoints] in worker/checkpoint/checkpointer.h: the node's
+// See Note [Checkpoints] in worker/checkpoint/checkpointer.h: the node's
 // snapshot region, which outlives the workers, and the thread that writes
 // it to disk.
 struct CheckpointTier {
@@ -434,7 +434,7 @@ int main(int argc, char** argv) {
   if (!options.trace.empty()) CheckTrace(options);
   if (!options.log_dir.empty()) concord::launcher::PrepareLogDir(options);
   // A console that went away (a closed pipe) is not written to again; the
-  // job goes on (Note [Worker output]).
+  // job goes on (see Note [Worker output]).
   signal(SIGPIPE, SIG_IGN);
 
   sigset_t mask, old_mask;
@@ -498,7 +498,7 @@ int main(int argc, char** argv) {
     agent_options.tls = *concord::LoadClientTls(  // checked
         options.tls, {"--tls-ca", "--tls-cert", "--tls-key"});
     agent_options.listen = "unix:" + agent_dir + "/agent.sock";
-    // Note [Heartbeat batching] in agent/heartbeat_batcher.h.
+    // See Note [Heartbeat batching] in agent/heartbeat_batcher.h.
     const absl::Duration interval =
         absl::Milliseconds(options.heartbeat_interval_ms);
     agent_options.batch.interval = interval;
@@ -518,9 +518,9 @@ int main(int argc, char** argv) {
 
   int status = 1;
   CheckpointTier checkpoints;
-  // Note [Checkpoints]: the coordinator hears of each write, done or failed,
-  // and of each snapshot only in memory (Note [Resume source]), through the
-  // agent (which outlives the persister: it is stopped below
+  // See Note [Checkpoints]: the coordinator hears of each write, done or
+  // failed, and of each snapshot only in memory (see Note [Resume source]),
+  // through the agent (which outlives the persister: it is stopped below
   // first), or directly when it is embedded (--standalone).
   std::function<void(const concord::checkpoint::PersistReport&)> report;
   concord::agent::NodeAgent* reporter = agent.get();
@@ -558,7 +558,7 @@ int main(int argc, char** argv) {
   }
   if (StartCheckpointTier(options, checkpoints, std::move(report)) &&
       (options.trace.empty() || MakeTraceParts(options))) {
-    // Note [Exit status] in tools/launcher.h: the job's state as the
+    // See Note [Exit status] in tools/launcher.h: the job's state as the
     // embedded coordinator or the agent knows it.
     concord::coordinator::Server* embedded = server.get();
     concord::agent::NodeAgent* node_agent = agent.get();

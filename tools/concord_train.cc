@@ -89,7 +89,7 @@ struct Prepared {
   int max_workers = 1;                 // the environment's, before joining
 };
 
-// Note [Worker device]: --device and --backend (else the environment's)
+// See Note [Worker device]: --device and --backend (else the environment's)
 // resolved on this machine before joining; the job is then given the device
 // itself, so that it does not resolve `auto` again. A device or backend
 // that is not there is exit 2 with one line; `auto` without a GPU says so
@@ -176,7 +176,7 @@ Prepared Prepare(const Flags& flags) {
   in.loss = flags.loss == "mse" ? Loss::kMse : Loss::kCrossEntropy;
   const bool builtin = absl::StartsWith(flags.model, "builtin:");
   if (!builtin) {
-    // The same arithmetic with every LibTorch (Note [LibTorch versions]).
+    // The same arithmetic with every LibTorch (see Note [LibTorch versions]).
     concord::compat::UnfusedTorchScriptOnCpu();
     auto loaded = concord::train::LoadModel(flags.model);
     if (!loaded.ok()) Fail(2, std::string(loaded.status().message()));
@@ -545,7 +545,7 @@ int TrainWith(const Flags& flags, Prepared& in, concord::Job& job, Model model,
       optimizer.step();
     }
     fault.MaybeDie("optimizer");
-    // Zeroed, not dropped, whatever the LibTorch version's default (Note
+    // Zeroed, not dropped, whatever the LibTorch version's default (see Note
     // [LibTorch versions]): PyTorch's zero_grad(set_to_none=False).
     concord::compat::ZeroGrad(optimizer, /*set_to_none=*/false);
     ++batches;
@@ -558,7 +558,7 @@ int TrainWith(const Flags& flags, Prepared& in, concord::Job& job, Model model,
     return elapsed > 0 ? samples_done / elapsed : 0;
   };
   // After the commit: the first step of a generation is logged, SlowMo
-  // averages (Note [SlowMo step]: a failure here leaves the committed step
+  // averages (see Note [SlowMo step]: a failure here leaves the committed step
   // owing its average, which the re-form finishes), progress goes out.
   auto after_commit = [&](int64_t epoch, double sps) {
     const size_t reforms = state.reform_log().size();

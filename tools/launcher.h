@@ -4,66 +4,12 @@
 // (launcher_output.cc) and their supervision, restarts and exit status
 // (launcher_supervise.cc).
 //
-// Note [Worker output]: concord-run reads both standard streams of every
-// worker run and passes each complete line on, prefixed "[worker I] " (I
-// the local index; a restarted worker keeps its index), to its own stdout
-// or stderr as the worker wrote it; a line goes out in one write(2), so
-// lines of different workers (and concord-run's own messages) never mix
-// within a line. A line still open when a run ends is passed on then; one
-// longer than 64 KiB is passed on in pieces. With --log-dir DIR each run's
-// bytes go as they are, unprefixed and at once, to
-//   DIR/worker-I/run-R/stdout.log and stderr.log
-// (R = 0 for the first run of local worker I, 1 for its first restart, ...;
-// as torchrun keeps each attempt apart). DIR is made if missing; a DIR
-// that already holds a worker-I folder (an earlier run's logs) or cannot
-// be written is a usage error, before anything starts. --console picks what
-// the terminal still gets (all, stdout, stderr or none, like torchrun's
-// --tee); hiding a stream needs --log-dir, so output is never lost. On a
-// terminal every line starts by going back to the line's start and erasing
-// it, and a worker whose stdout concord-run shows on a terminal gets a
-// pseudo-terminal as stdout: a progress bar it redraws in place ('\r') is
-// redrawn in place behind its prefix, and its stdio stays line-buffered,
-// as it would be on the terminal itself. A console that goes away (a
-// closed pipe) stops being written to; the workers and the log files go
-// on. The last 20 lines of each run's stderr are kept for its death report.
-//
-// Note [Exit status]: concord-run exits 0 when the job completed, and
-// non-zero when it did not; "completed" is the job's state, not the local
-// exit codes. It asks, once its last local worker is done:
-//  - the embedded coordinator with --standalone;
-//  - through the node agent (the default), what the coordinator's answers
-//    to its workers said: the state in heartbeat, Leave and exit-report
-//    answers and in membership views (agent::NodeAgent::JobNews), and
-//    whether a local worker's Leave(COMPLETED) was accepted (its training
-//    finished with the rest of the job's, even if the job's last members
-//    have not left yet). concord-run waits up to 2 s for the answers to its
-//    exit reports, which carry the job's state after each death.
-// Then:
-//  1. the job SUCCEEDED, or a local worker completed: exit 0, with a summary
-//     line naming the local worker runs lost on the way (failed, restarted
-//     or not), if any;
-//  2. concord-run was stopped by a signal S: 128+S;
-//  3. the job FAILED or was STOPPED: the status of the first local worker
-//     that failed for good (128+N for signal N), else 1, after a line saying
-//     why;
-//  4. otherwise (the job goes on elsewhere, this node lost its workers; or
-//     no word: --no-agent with --coordinator, a program that never joined):
-//     0 when the last run of every local worker exited 0 (say the node's
-//     workers ran out of data and left), else the status of the first local
-//     worker that failed for good; with --standalone below --min-workers
-//     (concord-run stopped the others) that worker's status too.
-// So a node whose workers all died while other nodes finish the job exits
-// non-zero (its part was lost: an orchestrator may start it again, and its
-// new workers join the running job), and one that lost a worker but whose
-// other workers finished training with the job exits 0. Usage errors exit
-// 2 before any worker starts.
-//
 // Each worker's death is reported when concord-run reaps it (SIGCHLD), not
 // at the end: one message with the run's pid and worker id, how it ended,
 // after how long, whether it is restarted, and the last lines of its
 // stderr (read to the end of what the dead process wrote first); one that
 // concord-run was stopping gets one line without its stderr. Through
-// the agent the coordinator is told at once (Note [Exited workers] in
+// the agent the coordinator is told at once (see Note [Exited workers] in
 // coordinator/core/core.h), so that the survivors re-form without waiting
 // for the dead worker's heartbeat timeout.
 
@@ -119,10 +65,11 @@ struct Options {
   std::string trace;        // --trace FILE
   std::string trace_parts;  // the workers' trace files go here
   std::string history;      // --history DIR
-  std::string log_dir;      // --log-dir DIR (Note [Worker output])
+  std::string log_dir;      // --log-dir DIR (see Note [Worker output])
   int console = kConsoleAll;
-  // --checkpoint-* (Note [Checkpoints] in worker/checkpoint/checkpointer.h);
-  // `memory` is the node's snapshot region concord-run made.
+  // --checkpoint-* (see Note [Checkpoints] in
+  // worker/checkpoint/checkpointer.h); `memory` is the node's snapshot region
+  // concord-run made.
   checkpoint::Config checkpoint;
   std::vector<std::string> program;
 };
@@ -131,12 +78,37 @@ struct Options {
 [[noreturn]] void UsageError(const std::string& message);
 
 // --log-dir: makes DIR and its worker-I folders; a usage error when DIR
-// cannot be written or already holds logs (Note [Worker output]).
+// cannot be written or already holds logs (see Note [Worker output]).
 void PrepareLogDir(const Options& o);
 
 // concord-run's own message: "concord-run: " + `message` on stderr, in one
 // write, starting a line of its own on a terminal.
 void Say(absl::string_view message);
+
+// Note [Worker output]
+// ~~~~~~~~~~~~~~~~~~~~
+// concord-run reads both standard streams of every worker run and passes each
+// complete line on, prefixed "[worker I] " (I the local index; a restarted
+// worker keeps its index), to its own stdout or stderr as the worker wrote it;
+// a line goes out in one write(2), so lines of different workers (and
+// concord-run's own messages) never mix within a line. A line still open when a
+// run ends is passed on then; one longer than 64 KiB is passed on in pieces.
+// With --log-dir DIR each run's bytes go as they are, unprefixed and at
+// once, to
+//   DIR/worker-I/run-R/stdout.log and stderr.log
+// (R = 0 for the first run of local worker I, 1 for its first restart, ...;
+// as torchrun keeps each attempt apart). DIR is made if missing; a DIR
+// that already holds a worker-I folder (an earlier run's logs) or cannot
+// be written is a usage error, before anything starts. --console picks what
+// the terminal still gets (all, stdout, stderr or none, like torchrun's
+// --tee); hiding a stream needs --log-dir, so output is never lost. On a
+// terminal every line starts by going back to the line's start and erasing
+// it, and a worker whose stdout concord-run shows on a terminal gets a
+// pseudo-terminal as stdout: a progress bar it redraws in place ('\r') is
+// redrawn in place behind its prefix, and its stdio stays line-buffered,
+// as it would be on the terminal itself. A console that goes away (a
+// closed pipe) stops being written to; the workers and the log files go
+// on. The last 20 lines of each run's stderr are kept for its death report.
 
 // One of a worker run's standard streams as concord-run reads it.
 struct Stream {
@@ -174,7 +146,7 @@ struct ChildEnds {
 // on a terminal) and, with --log-dir, its folder and log files; `w`'s
 // index and restarts are set. Exits 1 when a pipe cannot be made.
 ChildEnds OpenStreams(const Options& o, Worker& w);
-// Reads what is there (non-blocking) and passes it on (Note [Worker
+// Reads what is there (non-blocking) and passes it on (see Note [Worker
 // output]); at the stream's end, its last partial line too, and closes it.
 void Pump(const Worker& w, Stream& s);
 // Everything a dead run wrote first (its pipes' contents): Pump until
@@ -183,7 +155,40 @@ void Drain(Worker& w);
 // The run's last lines of stderr, its open partial line included.
 std::vector<std::string> StderrTail(const Worker& w, size_t lines);
 
-// What concord-run knows of the job's state (Note [Exit status]).
+// Note [Exit status]
+// ~~~~~~~~~~~~~~~~~~
+// concord-run exits 0 when the job completed, and non-zero when it did not;
+// "completed" is the job's state, not the local exit codes. It asks, once its
+// last local worker is done:
+//  - the embedded coordinator with --standalone;
+//  - through the node agent (the default), what the coordinator's answers
+//    to its workers said: the state in heartbeat, Leave and exit-report
+//    answers and in membership views (agent::NodeAgent::JobNews), and
+//    whether a local worker's Leave(COMPLETED) was accepted (its training
+//    finished with the rest of the job's, even if the job's last members
+//    have not left yet). concord-run waits up to 2 s for the answers to its
+//    exit reports, which carry the job's state after each death.
+// Then:
+//  1. the job SUCCEEDED, or a local worker completed: exit 0, with a summary
+//     line naming the local worker runs lost on the way (failed, restarted
+//     or not), if any;
+//  2. concord-run was stopped by a signal S: 128+S;
+//  3. the job FAILED or was STOPPED: the status of the first local worker
+//     that failed for good (128+N for signal N), else 1, after a line saying
+//     why;
+//  4. otherwise (the job goes on elsewhere, this node lost its workers; or
+//     no word: --no-agent with --coordinator, a program that never joined):
+//     0 when the last run of every local worker exited 0 (say the node's
+//     workers ran out of data and left), else the status of the first local
+//     worker that failed for good; with --standalone below --min-workers
+//     (concord-run stopped the others) that worker's status too.
+// So a node whose workers all died while other nodes finish the job exits
+// non-zero (its part was lost: an orchestrator may start it again, and its
+// new workers join the running job), and one that lost a worker but whose
+// other workers finished training with the job exits 0. Usage errors exit
+// 2 before any worker starts.
+
+// What concord-run knows of the job's state (see Note [Exit status]).
 struct JobWord {
   std::optional<v1::JobState> state;
   std::string failure;
@@ -199,7 +204,7 @@ struct Supervisor {
   std::function<JobWord()> job_word;
 
   // Starts the workers and supervises them until all are done; returns
-  // concord-run's exit status (Note [Exit status]).
+  // concord-run's exit status (see Note [Exit status]).
   int Run();
 };
 

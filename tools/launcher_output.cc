@@ -1,4 +1,4 @@
-// The workers' output under concord-run (Note [Worker output] in
+// The workers' output under concord-run (see Note [Worker output] in
 // launcher.h): pipes and pseudo-terminals, prefixed lines, log files.
 
 #include <fcntl.h>

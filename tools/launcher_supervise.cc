@@ -1,5 +1,5 @@
 // concord-run's workers: their environment, starting, reaping, restarting
-// and reporting them, and concord-run's exit status (Note [Exit status] in
+// and reporting them, and concord-run's exit status (see Note [Exit status] in
 // launcher.h).
 
 #include <poll.h>
@@ -53,9 +53,9 @@ std::vector<std::string> WorkerEnv(const Options& o,
   for (char** e = environ; *e != nullptr; ++e) {
     // The job's settings are concord-run's to give; what the table
     // (common/environment.h) says is the user's or a test's passes: the
-    // device and the backend (Note [Worker device]), the shared-memory
-    // switch (Note [Shared-memory allreduce]), the library's log level
-    // (Note [Library logging]), test hooks. So does everything that is not
+    // device and the backend (see Note [Worker device]), the shared-memory
+    // switch (see Note [Shared-memory allreduce]), the library's log level
+    // (see Note [Library logging]), test hooks. So does everything that is not
     // Concord's, except torchrun's names, which are set below.
     const absl::string_view e_view(*e);
     const bool concord = absl::StartsWith(e_view, "CONCORD_");
@@ -84,13 +84,13 @@ std::vector<std::string> WorkerEnv(const Options& o,
     out.push_back(env::Assign(env::kSettleMs, absl::StrCat(o.settle_ms)));
   }
   // The worker's index on this node: a CUDA worker's device is
-  // cuda:<local rank> (Note [Worker device] in worker/device.h). torchrun's
+  // cuda:<local rank> (see Note [Worker device] in worker/device.h). torchrun's
   // names too, for programs written against them.
   out.push_back(env::Assign(env::kLocalRank, absl::StrCat(w.index)));
   out.push_back(absl::StrCat("LOCAL_RANK=", w.index));
   out.push_back(absl::StrCat("LOCAL_WORLD_SIZE=", o.nproc));
   out.push_back(env::Assign(env::kRestartCount, absl::StrCat(w.restarts)));
-  // The agent reports the worker's exit under this id (Note [Exited
+  // The agent reports the worker's exit under this id (see Note [Exited
   // workers] in coordinator/core/core.h).
   out.push_back(env::Assign(env::kWorkerId, w.id));
   out.push_back(env::Assign(env::kCommHost, o.comm_host));
@@ -250,7 +250,7 @@ int Supervisor::Run() {
       if (waitpid(w.pid, &status, WNOHANG) != w.pid) continue;
       w.wait_status = status;
       w.ended = absl::Now();
-      // First, so that the others re-form at once (Note [Exited workers]).
+      // First, so that the others re-form at once (see Note [Exited workers]).
       if (agent != nullptr) agent->WorkerExited(w.id, How(status));
       Drain(w);  // what it wrote before it died
       if (StatusOf(status) == 0) continue;
@@ -263,7 +263,7 @@ int Supervisor::Run() {
       }
       lost.push_back(&w);
       // A job that failed or was stopped is not restarted by a restarted
-      // worker (a new process would start it again: Note [Starting again]
+      // worker (a new process would start it again: see Note [Starting again]
       // in coordinator/core/core.h); running the command again does that.
       std::string ended;
       if (job_word) {
@@ -339,7 +339,7 @@ int Supervisor::Run() {
     }
   }
 
-  // Note [Exit status].
+  // See Note [Exit status].
   if (agent != nullptr) agent->AwaitExitReports(kExitAnswers);
   const JobWord word = job_word ? job_word() : JobWord{};
   const v1::JobState state = word.state.value_or(v1::JOB_STATE_UNSPECIFIED);

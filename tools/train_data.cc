@@ -208,7 +208,7 @@ torch::Tensor ComputeLoss(Loss loss, const torch::Tensor& output,
 absl::Status SaveState(
     const std::vector<std::pair<std::string, torch::Tensor>>& state,
     const std::string& path) {
-  // Note [State dict files]: loads with torch.load(weights_only=True).
+  // See Note [State dict files]: loads with torch.load(weights_only=True).
   if (absl::Status s = concord::SaveStateDict(state, path); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("--output ", s.message()));
   }

@@ -30,7 +30,7 @@ struct TrainFlags {
   int64_t log_interval = 10;
   std::string log_level = "info";
   std::string trace;
-  // Note [Worker device] (worker/device.h): empty = CONCORD_DEVICE's, else
+  // See Note [Worker device] in worker/device.h: empty = CONCORD_DEVICE's, else
   // the CPU; CONCORD_BACKEND's, else auto.
   std::string device;
   std::string backend;
@@ -57,7 +57,7 @@ struct TrainFlags {
   bool throw_on_early_termination = false;
   std::string output_per_worker;
   std::string sample_log;
-  // Checkpoints (Note [Checkpoints] in worker/checkpoint/checkpointer.h);
+  // Checkpoints (see Note [Checkpoints] in worker/checkpoint/checkpointer.h);
   // unset: the environment's (concord-run's).
   std::optional<std::string> checkpoint_dir;
   std::optional<int64_t> checkpoint_every;

@@ -47,7 +47,7 @@ bool Terminal(v1::JobState state) {
          state == v1::JOB_STATE_STOPPED;
 }
 
-// Note [Fresh channels] in common/coordinator_channel.h.
+// See Note [Fresh channels] in common/coordinator_channel.h.
 constexpr absl::Duration kRefreshAfter =
     absl::Milliseconds(kRefreshChannelAfterMs);
 
@@ -71,7 +71,7 @@ std::shared_ptr<v1::WorkerService::Stub> CoordinatorClient::Replicas::stub(
 
 bool CoordinatorClient::Replicas::Next(size_t used, const absl::Status& why) {
   {
-    // Note [Fresh channels].
+    // See Note [Fresh channels].
     std::lock_guard<std::mutex> lock(mu_);
     Fresh& failing = stubs_[used];
     if (absl::Now() - failing.created > kRefreshAfter) {

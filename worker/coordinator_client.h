@@ -4,7 +4,7 @@
 // Idempotent calls (KvSet, KvGet, Heartbeat, Join) are retried with backoff
 // while the coordinator is UNAVAILABLE, up to the call's own deadline.
 // Every call carries the worker token (`authorization: Bearer`) and this
-// process's worker id and secret (Note [Worker binding] in
+// process's worker id and secret (see Note [Worker binding] in
 // coordinator/core/core.h): the client fills in worker_id/worker_secret of
 // every request it sends. Thread-safe: the heartbeat thread, the membership
 // watcher and the training thread share one client.
@@ -55,7 +55,7 @@ class CoordinatorClient {
     size_t current() const { return current_.load(); }
     std::shared_ptr<v1::WorkerService::Stub> stub(size_t i);
     // After replica `used` was UNAVAILABLE (`why`): gives it a fresh
-    // channel if its channel is older than a second (Note [Fresh channels]
+    // channel if its channel is older than a second (see Note [Fresh channels]
     // in the .cc), moves to the next replica; returns whether that is worth
     // trying at once (not back at the first).
     bool Next(size_t used, const absl::Status& why);

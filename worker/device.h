@@ -1,8 +1,9 @@
 #pragma once
-// Note [Worker device]: which device a worker trains on and which
-// communicator its generations use. Torch-free decisions, tested on CPU;
-// the caller supplies what only LibTorch knows (how many CUDA devices are
-// visible, and why none are).
+// Note [Worker device]
+// ~~~~~~~~~~~~~~~~~~~~
+// Which device a worker trains on and which communicator its generations use.
+// Torch-free decisions, tested on CPU; the caller supplies what only LibTorch
+// knows (how many CUDA devices are visible, and why none are).
 //
 // Device, as asked for (WorkerOptions::device, CONCORD_DEVICE,
 // `concord-train --device`):
@@ -17,7 +18,7 @@
 // Backend (WorkerOptions::backend, CONCORD_BACKEND, `--backend`):
 //   auto      NCCL for a CUDA device when Concord was built with NCCL, Gloo
 //             otherwise (CUDA tensors then travel through pinned host
-//             memory, Note [CUDA tensors over Gloo]);
+//             memory, see Note [CUDA tensors over Gloo]);
 //   gloo      Gloo for every device: what several processes sharing one GPU
 //             need, since NCCL refuses two ranks on one device;
 //   nccl      NCCL; an error for a CPU worker or a build without NCCL.

@@ -1,11 +1,11 @@
 #pragma once
 // Runs one of kernels/'s kernels on a LibTorch tensor's device (internal; not
-// an installed header). Note [Kernels in the worker]: a CPU tensor runs the
+// an installed header). See Note [Kernels in the worker]: a CPU tensor runs the
 // CPU twin; a CUDA tensor runs the CUDA kernel (when Concord was built with
 // them) on LibTorch's current stream of the tensor's device, with that
 // device current, as LibTorch's own ops run: the host does not wait. What
 // reads the results is ordered after them by that stream — LibTorch's ops on
-// it, the communicators through an event recorded on it (Note [CUDA tensors
+// it, the communicators through an event recorded on it (see Note [CUDA tensors
 // over Gloo], and the NCCL communicator's stream waits on it).
 
 #include <ATen/ATen.h>

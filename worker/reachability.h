@@ -1,5 +1,5 @@
 #pragma once
-// Note [Unreachable peers] (coordinator/core/core.h), the worker's side: a
+// See Note [Unreachable peers] in coordinator/core/core.h, the worker's side: a
 // reachability port that only accepts connections, and a probe of other
 // workers' ports. Torch-free.
 

@@ -32,7 +32,7 @@
 namespace concord::worker {
 namespace {
 
-// How long a peer's reachability port has to answer (Note [Unreachable
+// How long a peer's reachability port has to answer (see Note [Unreachable
 // peers]): a host that answers at all does so in a round trip.
 constexpr absl::Duration kProbeTimeout = absl::Seconds(2);
 
@@ -224,7 +224,7 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Start(
     if (session->history_) session->history_->Generation(0, 0, 1);
     return session;
   }
-  // A fresh secret per process binds the worker id (Note [Worker binding]
+  // A fresh secret per process binds the worker id (see Note [Worker binding]
   // in coordinator/core/core.h).
   session->client_ = std::make_unique<CoordinatorClient>(
       options.coordinator, ClientIdentity{options.token, options.worker_id,
@@ -277,7 +277,7 @@ absl::Status Session::JoinAndConnect(
     std::shared_ptr<comm::Communicator>& parent;
     ~RetireParent() { Retire(std::move(parent)); }
   } retire_parent{parent};
-  // Note [Unreachable peers]: after a timeout, check the next members
+  // See Note [Unreachable peers]: after a timeout, check the next members
   // before connecting to them.
   bool probe = SuggestsUnreachablePeer(why);
   std::vector<std::string> unreachable;
@@ -387,7 +387,7 @@ void Session::TakeAssignment(const v1::JoinResponse& joined) {
 
 comm::NextCommunicatorRequest Session::PlanNextCommunicator(
     const v1::JoinResponse& joined, absl::Duration timeout) {
-  // Note [Re-forming NCCL]: the members agree how to make the new
+  // See Note [Re-forming NCCL]: the members agree how to make the new
   // communicator (NCCL: derived from the old one where they can).
   comm::NextCommunicatorRequest next;
   next.backend = backend_;
@@ -465,7 +465,7 @@ absl::Status Session::Reform(int64_t committed_step,
   for (auto& group : groups) {
     if (auto g = group.lock()) g->Abort();
   }
-  // Note [Re-forming NCCL]: an NCCL communicator is kept until the next
+  // See Note [Re-forming NCCL]: an NCCL communicator is kept until the next
   // generation's plan says whether to derive from it; Gloo's goes now.
   std::shared_ptr<comm::Communicator> parent;
   if (backend_ == Backend::kNccl && old != nullptr) {
@@ -548,8 +548,8 @@ void Session::OnMembership(const v1::MembershipUpdate& update) {
     std::thread([comm = std::move(comm), groups = std::move(groups), grace,
                  taken = taken_for_reform_]() mutable {
       absl::SleepFor(grace);
-      // Note [Re-forming NCCL]: once Reform has taken the communicator over,
-      // the training thread is in no collective on it, and the members'
+      // See Note [Re-forming NCCL]: once Reform has taken the communicator
+      // over, the training thread is in no collective on it, and the members'
       // plan derives from it or aborts it; an abort here, in the middle of
       // a shrink, would leave the other members waiting for this one.
       if (taken->load() != comm->generation()) comm->Abort();
@@ -625,7 +625,7 @@ void Session::HeartbeatLoop(absl::Duration interval) {
       reform_wanted_.store(true);
     }
     if (!response.ok()) {
-      // ABORTED: between generations (Note [Re-forming]); not news.
+      // ABORTED: between generations (see Note [Re-forming]); not news.
       if (response.status().code() == absl::StatusCode::kAborted) {
         Log()->debug("heartbeat: {}", response.status().ToString());
       } else {

@@ -2,11 +2,13 @@
 // A worker's membership in a job: options, the coordinator connection, the
 // current generation's communicator, and the heartbeat.
 //
-// Note [Worker environment]: `concord-run` passes a job to its workers in
-// CONCORD_* environment variables (the table in common/environment.h);
-// WorkerOptions::FromEnvironment is the one place that reads them. Without CONCORD_COORDINATOR the program runs alone
-// (world size 1, an in-process store), which is what a plain
-// `concord-train ...` does.
+// Note [Worker environment]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
+// `concord-run` passes a job to its workers in CONCORD_* environment
+// variables (the table in common/environment.h); WorkerOptions::
+// FromEnvironment is the one place that reads them. Without
+// CONCORD_COORDINATOR the program runs alone (world size 1, an in-process
+// store), which is what a plain `concord-train ...` does.
 
 #include <atomic>
 #include <condition_variable>
@@ -44,33 +46,33 @@ struct WorkerOptions {
   TlsMaterial tls;
   v1::JobSpec spec;
   std::string worker_id;
-  // The node this worker runs on, for SlowMo's hierarchy (Note [Node
+  // The node this worker runs on, for SlowMo's hierarchy (see Note [Node
   // hierarchy] in worker/slowmo/hierarchy.h): workers with the same one
   // share a node. Default: the hostname.
   std::string node_id;
   // Address peers use to reach this worker's communicator.
   std::string comm_host = "127.0.0.1";
-  // Note [Shared-memory allreduce]: Gloo generations whose ranks are all on
+  // See Note [Shared-memory allreduce]: Gloo generations whose ranks are all on
   // this host sum through shared memory (CONCORD_SHM=0: Gloo's TCP only).
   bool shared_memory = true;
   absl::Duration join_timeout = absl::Minutes(5);
   absl::Duration collective_timeout = absl::Minutes(5);
-  // Note [Worker device] in worker/device.h: the device asked for (default:
+  // See Note [Worker device] in worker/device.h: the device asked for (default:
   // the CPU), the communicator backend, and this worker's rank among the
   // workers of its node (concord-run's CONCORD_LOCAL_RANK; -1: unknown).
   DeviceRequest device;
   BackendRequest backend = BackendRequest::kAuto;
   int local_rank = -1;
-  // The level of the library's log (Note [Library logging] in
+  // The level of the library's log (see Note [Library logging] in
   // common/logging.h): a name ParseLogLevel takes; empty: leave it.
   std::string log_level;
-  // Where this worker writes its timeline (Note [Trace files] in
+  // Where this worker writes its timeline (see Note [Trace files] in
   // worker/trace/recorder.h), set by `concord-run --trace`; empty: none.
   std::string trace_file;
-  // Where this worker appends its history (Note [History files] in
+  // Where this worker appends its history (see Note [History files] in
   // worker/trace/history.h), set by `concord-run --history`; empty: none.
   std::string history_file;
-  // Note [Checkpoints] in worker/checkpoint/checkpointer.h: none without a
+  // See Note [Checkpoints] in worker/checkpoint/checkpointer.h: none without a
   // dir.
   checkpoint::Config checkpoint;
   // Test hook: where this worker kills itself (worker/test_fault.h).
@@ -93,8 +95,8 @@ struct WorkerOptions {
   static absl::StatusOr<WorkerOptions> FromEnvironment();
 };
 
-// The device `options` asks for on this machine (Note [Worker device]): asks
-// LibTorch how many CUDA devices are visible. Errors: those of
+// The device `options` asks for on this machine (see Note [Worker device]):
+// asks LibTorch how many CUDA devices are visible. Errors: those of
 // ResolveDevice.
 absl::StatusOr<ResolvedDevice> ResolveWorkerDevice(
     const WorkerOptions& options);
@@ -103,16 +105,17 @@ absl::StatusOr<ResolvedDevice> ResolveWorkerDevice(
 absl::StatusOr<Backend> ResolveBackend(const WorkerOptions& options,
                                        const WorkerDevice& device);
 
-// Note [Re-forming]: a Session belongs to one generation at a time. When
-// that generation is over for this worker — a collective failed (a peer
-// died), the members agreed to stop at a step boundary (someone ran out of
-// data, or workers wait to be admitted) — Reform() aborts the communicator,
-// asks the coordinator for the next generation (JoinRequest.
-// previous_generation, so the coordinator ends the old one at once if nobody
-// told it yet) and connects a new communicator. A membership watcher aborts
-// the communicator as soon as the coordinator says the generation ended
-// (someone else's failure or a heartbeat timeout), so that no collective
-// waits out its timeout for a peer that is gone; it also raises
+// Note [Re-forming in the worker]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A Session belongs to one generation at a time. When that generation is over
+// for this worker — a collective failed (a peer died), the members agreed to
+// stop at a step boundary (someone ran out of data, or workers wait to be
+// admitted) — Reform() aborts the communicator, asks the coordinator for the
+// next generation (JoinRequest.previous_generation, so the coordinator ends
+// the old one at once if nobody told it yet) and connects a new communicator. A
+// membership watcher aborts the communicator as soon as the coordinator says
+// the generation ended (someone else's failure or a heartbeat timeout), so that
+// no collective waits out its timeout for a peer that is gone; it also raises
 // reform_wanted() when workers wait to be admitted.
 class Session final : public comm::GroupFactory {
  public:
@@ -141,7 +144,7 @@ class Session final : public comm::GroupFactory {
   int world_size() const { return world_size_.load(); }
   int64_t generation() const { return generation_.load(); }
   int authoritative_rank() const { return authoritative_rank_; }
-  // Note [Resume source] in coordinator/core/core.h: the checkpoint the
+  // See Note [Resume source] in coordinator/core/core.h: the checkpoint the
   // coordinator named for the current generation (training thread only).
   const std::optional<v1::CheckpointReport>& resume_from() const {
     return resume_from_;
@@ -150,7 +153,7 @@ class Session final : public comm::GroupFactory {
   const std::optional<v1::CheckpointReport>& resume_memory() const {
     return resume_memory_;
   }
-  // Note [Worker device]: where this worker's tensors live, and which
+  // See Note [Worker device]: where this worker's tensors live, and which
   // communicator its generations use.
   const WorkerDevice& device() const { return device_; }
   // The same, as LibTorch names it: where to put the model and the batches.
@@ -174,11 +177,11 @@ class Session final : public comm::GroupFactory {
   // Whether a coordinator runs the job (false: a world of one).
   bool elastic() const { return client_ != nullptr; }
 
-  // Note [Re-forming]: leaves the current generation (saying `reason`) and
-  // blocks until the next one has formed and its communicator connected,
-  // retrying when a member of the new generation does not connect. Errors:
-  // FAILED_PRECONDITION when the job failed, was stopped (e.g. it stayed
-  // below min_workers for the rendezvous timeout) or has no coordinator;
+  // See Note [Re-forming in the worker]: leaves the current generation (saying
+  // `reason`) and blocks until the next one has formed and its communicator
+  // connected, retrying when a member of the new generation does not connect.
+  // Errors: FAILED_PRECONDITION when the job failed, was stopped (e.g. it
+  // stayed below min_workers for the rendezvous timeout) or has no coordinator;
   // DEADLINE_EXCEEDED after the join timeout; UNAVAILABLE when the
   // coordinator stays unreachable.
   absl::Status Reform(int64_t committed_step, const std::string& reason);
@@ -188,7 +191,8 @@ class Session final : public comm::GroupFactory {
   // Whether the generation joined last has other members than the one
   // before it (true for the first, and when the coordinator could not say).
   bool members_changed() const { return members_changed_; }
-  // Workers are waiting to be admitted to the job (Note [Re-forming]).
+  // Workers are waiting to be admitted to the job (see Note [Re-forming in the
+  // worker]).
   bool reform_wanted() const {
     return reform_wanted_.load(std::memory_order_relaxed);
   }
@@ -225,12 +229,12 @@ class Session final : public comm::GroupFactory {
  private:
   explicit Session(WorkerOptions options) : options_(std::move(options)) {}
   // Members of the generation `joined` placed this worker in whose
-  // reachability port did not answer (Note [Unreachable peers]).
+  // reachability port did not answer (see Note [Unreachable peers]).
   std::vector<std::string> UnreachableMembers(
       const v1::JoinResponse& joined) const;
   // Joins (previous_generation: see JoinRequest) and connects a communicator.
   // `parent`: the old generation's communicator where the next one may be
-  // derived from it (Note [Re-forming NCCL]); given up when not.
+  // derived from it (see Note [Re-forming NCCL]); given up when not.
   absl::Status JoinAndConnect(
       int64_t previous_generation, const std::string& reason,
       int64_t committed_step, absl::Time deadline,
@@ -239,7 +243,7 @@ class Session final : public comm::GroupFactory {
   // check they answer; `unreachable`: those the last placement's did not),
   // taking the assignment (counters, resume sources, the generation's store,
   // the log and history), and what the next communicator is made from (the
-  // members' labels and how they changed: Note [Re-forming NCCL]).
+  // members' labels and how they changed: see Note [Re-forming NCCL]).
   v1::JoinRequest MakeJoinRequest(
       int64_t previous_generation, const std::string& why,
       int64_t committed_step, bool probe,
@@ -263,7 +267,7 @@ class Session final : public comm::GroupFactory {
   Backend backend_ = Backend::kGloo;
   std::unique_ptr<CoordinatorClient> client_;
   std::shared_ptr<trace::HistoryLog> history_;
-  // Note [Unreachable peers]: this worker's reachability port (null when
+  // See Note [Unreachable peers]: this worker's reachability port (null when
   // it could not be bound).
   std::unique_ptr<ProbeListener> probe_;
   std::unique_ptr<comm::Store> store_;
@@ -283,14 +287,14 @@ class Session final : public comm::GroupFactory {
   std::atomic<int> finished_workers_{0};
   // The current generation's workers by rank (comm::NextRankLabels), that
   // generation, and how many workers of the job had finished when it formed
-  // (Note [Re-forming NCCL]). Training thread only.
+  // (see Note [Re-forming NCCL]). Training thread only.
   std::vector<std::string> members_;
   int64_t members_generation_ = 0;
   int finished_at_formation_ = 0;
   bool members_changed_ = true;
   // The generation of the communicator Reform has taken over to derive the
   // next one from (-1: none); the membership watcher's abort leaves that one
-  // alone (Note [Re-forming NCCL]). Shared: the watcher's abort threads may
+  // alone (see Note [Re-forming NCCL]). Shared: the watcher's abort threads may
   // outlive the session.
   std::shared_ptr<std::atomic<int64_t>> taken_for_reform_ =
       std::make_shared<std::atomic<int64_t>>(-1);

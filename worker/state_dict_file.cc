@@ -17,7 +17,7 @@ namespace concord {
 absl::Status WriteArchive(
     const c10::IValue& value,
     const std::function<size_t(const void* data, size_t size)>& sink) {
-  // Note [State dict files]: the pickle without type tags, the storages as
+  // See Note [State dict files]: the pickle without type tags, the storages as
   // records data/0, data/1, ... (persistent ids "0", "1", ... in order).
   bool failed = false;
   try {

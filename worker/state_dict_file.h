@@ -1,10 +1,11 @@
 #pragma once
-// Note [State dict files]: the files Concord writes for Python users
-// (concord-train's --output and --output-per-worker, test helpers' results)
-// are what Python's `torch.save(dict_of_tensors, path)` writes: a zip
-// archive with data.pkl and one record per storage, which `torch.load`
-// reads in every PyTorch from 1.6 on, with weights_only=True (2.6's
-// default) included.
+// Note [State dict files]
+// ~~~~~~~~~~~~~~~~~~~~~~~
+// The files Concord writes for Python users (concord-train's --output and
+// --output-per-worker, test helpers' results) are what Python's
+// `torch.save(dict_of_tensors, path)` writes: a zip archive with data.pkl and
+// one record per storage, which `torch.load` reads in every PyTorch from 1.6
+// on, with weights_only=True (2.6's default) included.
 //
 // LibTorch's own torch::pickle_save writes the same archive but tags every
 // dict and list with its TorchScript type (a call to

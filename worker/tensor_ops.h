@@ -4,6 +4,7 @@
 // broadcast and SlowMo use to pack many tensors into one message and back.
 //
 // Note [Kernels in the worker]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // Each call goes to the tensor's device (kernel_dispatch.h): the CPU twin for
 // CPU tensors, the CUDA kernel for CUDA tensors when Concord was built with
 // them. What the kernels cannot take (mixed dtypes or devices, element types

@@ -1,7 +1,9 @@
 #pragma once
-// Note [LibTorch versions]: Concord builds against LibTorch 1.13 (Debian 12)
-// through 2.x (Debian 13's 2.6, pip's on GPU machines). What differs between
-// them, and what Concord does about it, lives here and nowhere else:
+// Note [LibTorch versions]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// Concord builds against LibTorch 1.13 (Debian 12) through 2.x (Debian 13's
+// 2.6, pip's on GPU machines). What differs between them, and what Concord does
+// about it, lives here and nowhere else:
 //
 // - Optimizer::zero_grad() zeroes gradients in 1.13 but sets them to none
 //   (undefined) in 2.x, as Python's does since 2.0. Concord always says which

@@ -227,7 +227,7 @@ absl::StatusOr<bool> Core::Admit(Job& job, const v1::JobSpec& spec,
   const std::optional<size_t> index = MemberIndex(job, worker_id);
   if (!index.has_value()) return false;
   const MemberState& member = job.members[*index];
-  // Note [Re-forming]: only naming the running generation ends it.
+  // See Note [Re-forming]: only naming the running generation ends it.
   if (request.previous_generation() != job.generation || member.completed) {
     return absl::AlreadyExistsError(absl::StrFormat(
         "worker %s is already a member of generation %d of job %s%s", worker_id,
@@ -341,7 +341,7 @@ absl::StatusOr<v1::HeartbeatResponse> Core::Heartbeat(
   const absl::StatusOr<size_t> index = CheckMember(
       *job, request.worker_id(), request.worker_secret(), request.generation());
   if (!index.ok()) {
-    // Note [Re-forming]: an expected survivor still heartbeating its ended
+    // See Note [Re-forming]: an expected survivor still heartbeating its ended
     // generation is alive, just catching up.
     MemberState* survivor = job->expected.Find(request.worker_id());
     if (absl::IsAborted(index.status()) &&
@@ -395,7 +395,7 @@ absl::StatusOr<v1::LeaveResponse> Core::Leave(const v1::LeaveRequest& request) {
     response.set_state(job->state);
     return response;
   }
-  // Note [Re-forming]: an expected survivor naming its ended generation
+  // See Note [Re-forming]: an expected survivor naming its ended generation
   // leaves that way too (the Leave raced with the others' re-joins).
   const MemberState* survivor = job->expected.Find(worker_id);
   if (survivor != nullptr && request.generation() == job->generation &&
@@ -495,7 +495,7 @@ absl::StatusOr<bool> Core::WorkerExited(const std::string& job_id,
   Job* job = FindJob(job_id);
   if (job == nullptr) return JobNotFound(job_id);
   CONCORD_RETURN_IF_ERROR(CheckBinding(*job, worker_id, secret));
-  // Note [Exited workers]: late reports change nothing.
+  // See Note [Exited workers]: late reports change nothing.
   if (Ended(*job) || job->finished.count(worker_id) > 0) return false;
   const std::string what = absl::StrCat("its process exited (", how,
                                         "; reported by its node agent)");
@@ -534,7 +534,7 @@ absl::Status Core::CheckpointReported(const std::string& job_id,
   CONCORD_RETURN_IF_ERROR(ValidateCheckpoint(job_id, report));
   Job* job = FindJob(job_id);
   if (job == nullptr) return JobNotFound(job_id);
-  // Note [Resume source]: what the node's memory holds now (a write, done
+  // See Note [Resume source]: what the node's memory holds now (a write, done
   // or failed, was of the snapshot there).
   if (!report.node().empty()) {
     v1::CheckpointReport& held = job->memory_snapshots[report.node()];

@@ -5,208 +5,16 @@
 //
 // It knows nothing of gRPC and never blocks or sleeps: time comes from a
 // Clock, and callers that want to wait (the RPC layer) re-ask when the job's
-// epoch of what they wait on moves (Epochs, Note [Asynchronous waits] in
+// epoch of what they wait on moves (Epochs, see Note [Asynchronous waits] in
 // host.h). Not thread-safe: the service layer serialises every
 // call with its own mutex. Every request is validated first
 // (core_validation.h): a bad one is INVALID_ARGUMENT and changes nothing.
 //
-// Note [Generations]: a generation is a fixed set of members with ranks
-// 0..n-1. Any membership change ends it; the next one gets a higher number.
-// Anything addressed to another generation than the current one is refused
-// with ABORTED. Generation numbers never go backwards, across restarts too
-// (they are persisted, Note [Persistence]).
-//
-// Note [Formation]: with expected survivors of an ended generation (Note
-// [Re-forming]) the next generation forms as soon as every one of them is
-// waiting again and at least min_workers are waiting, without a settle period,
-// and not before, even with max_workers newcomers waiting (the survivors hold
-// the model and its progress); an expected survivor not back within
-// heartbeat_timeout of its last heartbeat (or, sooner, once its connection to
-// the coordinator broke: Note [Re-forming]) is dropped (a "failure" event; its
-// binding is released), which may let the generation form. With no expected
-// survivors (the first generation, or every one was dropped) a generation forms
-// as soon as max_workers are waiting, or once at least min_workers are waiting
-// and no new worker has arrived for the job's settle period (JobSpec.settle_ms,
-// default 2 s). A generation admits at most max_workers: survivors first, then
-// the others, each group by the time the worker process first joined the job
-// (kept across its re-joins), which is also the rank order; so survivors keep
-// their relative order and newcomers get the highest ranks. The authoritative
-// rank is the member with the highest committed step (re-joining workers report
-// theirs in JoinRequest.committed_step), ties to the lowest rank, i.e. the
-// longest-lived. When the rendezvous outlives its timeout with at least
-// min_workers waiting, the expected survivors still missing are dropped and the
-// generation forms with those waiting; with fewer the job fails, and the reason
-// says how many were there.
-//
-// Note [Unreachable peers]: a network partition between workers that all
-// still reach the coordinator (each heartbeats) would have them re-form
-// together forever: every generation's collectives time out. So a worker
-// whose collective timed out (or whose communicator did not connect) asks
-// for the next generation's member table, probes each member's
-// reachability port (JoinRequest.probe_port: a TCP listener on its host)
-// before connecting, and when some do not answer within a second it gives
-// that generation up at once, naming them in JoinRequest.unreachable. A
-// newcomer does the same with the members of a running job it is admitted
-// to (JoinRequest.members_if_running), so that a worker restarted on the
-// wrong side of a partition costs the job two quick re-forms, not a
-// collective timeout. The
-// coordinator keeps those reports of the waiting workers and, before
-// forming a generation, drains workers until no waiting worker reports
-// another: each round the one in the most such pairs, ties to the one that
-// joined the job last (the longest-lived, which holds the model, stays). A
-// drained worker's Join fails (FAILED_PRECONDITION, "taken out"), so a
-// partition costs the job the smaller side and the job goes on without
-// flapping; the drain is an event and is persisted like an operator's.
-//
-// Note [Worker binding]: the worker token says "some worker", not which one.
-// So the first Join of (job, worker_id) binds that pair to the random
-// worker_secret the worker process chose; every later call naming the worker
-// must carry the same secret (else PERMISSION_DENIED). The binding lasts while
-// the worker waits, is a member, or is a survivor expected to join again
-// (Note [Re-forming]); it is released when the worker withdraws, leaves with
-// an error, is declared failed (or dropped as an expected survivor), is
-// drained, runs out of data (Leave(END_OF_DATA)), or had completed when its
-// generation ended, so a restarted process (new secret) can take the id
-// again. The worker's first-join time (Note [Formation]) lives as long as
-// its binding. KvSet/KvGet must come from a bound member of the named
-// generation, so a worker can act neither for another worker nor in another
-// job.
-//
 // Uneven inputs: the members agree among themselves, at every step, whether
-// each still has data (Note [Step agreement] in worker/elastic/state.h); a
+// each still has data (see Note [Step agreement] in worker/elastic/state.h); a
 // member that ran out says so with Leave(END_OF_DATA) at that step boundary
-// (Note [Re-forming]), and the job succeeds when no member that had not
+// (see Note [Re-forming]), and the job succeeds when no member that had not
 // completed and no waiting worker is left.
-//
-// Note [Re-forming]: when a generation ends (a re-form request, a Leave with
-// another reason than COMPLETED, a heartbeat failure, an end-of-data Leave,
-// a drain), its members that did not cause the end become expected
-// survivors of the next one (Note [Formation]): not the failed, drained,
-// erroring or finished ones, nor those that had completed (they are finished
-// too). Each keeps its binding, its first-join time and its last heartbeat
-// time. Expected survivors that join again stay expected (and waiting) until
-// the next generation forms.
-//  - Join with previous_generation = the current, running generation from a
-//    member of it: the worker says that generation is over (its communicator
-//    failed, or the members agreed to re-form at a step boundary). The
-//    generation ends (the event names the worker and its reform_reason) and
-//    the worker, a survivor, is waiting at once. Without previous_generation
-//    (0) or naming an older one, a member of the running generation is
-//    ALREADY_EXISTS, as is a member that has completed. From anyone else an
-//    older or ended previous_generation is a plain join (a survivor catching
-//    up). A previous_generation above the job's current one (0 for a job the
-//    coordinator does not know) is INVALID_ARGUMENT.
-//  - A Heartbeat from an expected survivor naming its ended generation (or
-//    an older one) refreshes its liveness (it is alive, just catching up)
-//    and is still ABORTED.
-//  - Leave(END_OF_DATA) from a member of the running generation: the worker
-//    is finished (its binding released) and the generation ends without it.
-//    From an expected survivor naming its ended generation (such a Leave
-//    races with the others' re-joins, so it is not ABORTED): it is finished
-//    and no longer expected. Either way, once no member, expected survivor
-//    or waiting worker is left, the job has succeeded. A repeated Leave of a
-//    finished worker is a harmless no-op. Leave(ERROR) (or UNSPECIFIED) from
-//    an expected survivor naming its ended generation drops it (released).
-//    Leave(COMPLETED) keeps its meaning: a member completed, and the job
-//    succeeds when every member has.
-//  - An expected survivor whose connection to the coordinator broke is
-//    dropped without waiting for heartbeat_timeout: every worker keeps a
-//    WatchMembership stream open, and the service reports each stream to
-//    the core (WatchOpened, WatchClosed; transient, never persisted). A
-//    stream is lost when the client went away (the call was cancelled, a
-//    write failed: a killed process's connection closes), not when the
-//    coordinator shuts down or the job ended. An expected survivor not back
-//    yet that has no stream open, lost its last one at least the grace ago,
-//    and has not heartbeated since, is dropped like a silent one (a
-//    "failure" event saying its connection broke; its binding is released),
-//    which may let the next generation form at once. The grace is the job's
-//    heartbeat_interval_ms clamped to [100 ms, 1 s]: time for a watcher to
-//    reconnect after a transient error (a stream opened again, or a heartbeat
-//    after the loss, keeps the worker). The rule is applied whenever the
-//    core considers forming (Join, Leave, ...), when a stream is lost, and
-//    on every Tick, so the drop comes within the grace plus one tick period
-//    of the loss. Only expected survivors are dropped this way: a running
-//    member whose stream is lost stays until heartbeats decide (its
-//    communicator fails the others at once anyway), and a worker that never
-//    watched (or watched only before its binding) waits for
-//    heartbeat_timeout as before.
-//  - HeartbeatResponse and MembershipUpdate carry waiting_workers, the number
-//    of waiting workers the next generation could admit: min(waiting,
-//    max_workers - members) while running, else 0; members re-form at a step
-//    boundary to let them in. Every Join changes the membership version, so
-//    watchers see it change.
-//
-// Note [Starting again]: a job that FAILED or was STOPPED is not the end of
-// its training: the same command run again (new worker processes, the same
-// job id) starts it again, as torchrun's users re-run a job after a total
-// loss. A Join of such a job from a process that is not of the run that
-// ended (no previous generation, and an id that is not bound, or bound to
-// another secret) puts the job back into its rendezvous: a "job" event says
-// so and what ended it, the members, waiting workers, kv and end-of-data
-// state of the ended run are dropped, the generation numbers go on, and the
-// checkpoints reported stay. The ended run's bindings are retired: a process
-// of that run (its id with its secret) that comes back is refused
-// (FAILED_PRECONDITION), so a straggler never joins the new run with the
-// old state. A SUCCEEDED job stays succeeded.
-//
-// Note [Resume source]: the coordinator names where a generation's state
-// comes from when none of its members holds a committed step (all joined
-// at step 0: the job's first generation, every worker died, or the job was
-// started again) and the job has a complete checkpoint reported (Note
-// [Checkpoints] in worker/checkpoint/checkpointer.h): the newest one, in
-// every member's Assignment (JoinResponse.resume_from) and the generation's
-// event. The workers load it on the node that wrote it (a node-local disk).
-// The node agents also report the snapshots their memory holds (each
-// written checkpoint is in its writer's node's memory; the other nodes'
-// agents report theirs as memory-only, CheckpointReport.memory): the newest
-// per node is kept, and one at least as new as the disk's is named too
-// (JoinResponse.resume_memory; memory wins a tie: no disk read). The
-// workers check what they are told: every rank offers its node's memory
-// snapshot and rank 0 (or the named disk's node) the disk's, and the newest
-// offered wins (a node whose agent died with its memory offers nothing,
-// and the disk's is taken), with a log line saying whether it is the one
-// the coordinator named. Without a record (a --standalone coordinator that
-// died with its launcher) they take the newest complete checkpoint in their
-// directory.
-//
-// Note [Exited workers]: a launcher that is its workers' node agent
-// (concord-run) sees a worker process exit the instant it reaps it, and says
-// so on its Node stream (agent.proto's ExitedWorker), naming the worker with
-// the secret its calls carried (Note [Worker binding]: the agent learned it
-// from the worker's accepted Join, and the coordinator checks it as for any
-// call of the worker). Unlike a lost watch stream (Note [Re-forming]) this
-// is no guess: the process is gone. So the worker is taken out at once, as
-// its failed Leave or its heartbeat timeout would take it out:
-//  - a member of the running generation that had not completed: a
-//    "failure" event, its binding released, the generation ends without it
-//    (the others are expected survivors) and the next one forms as soon as
-//    they are back (Note [Formation]), not after heartbeat_timeout;
-//  - an expected survivor not back yet: dropped (a "failure" event, binding
-//    released), which may let the next generation form at once;
-//  - a waiting worker (a survivor already back too): withdrawn (a "failure"
-//    event, binding released), which may let a generation form;
-//  - anything else (a worker that completed, ran out of data, was dropped or
-//    drained already, an id the job does not hold, a job that has ended):
-//    nothing changes, and that is no error (the report came late).
-// A malformed report is INVALID_ARGUMENT, a secret that is not the worker's
-// PERMISSION_DENIED, an unknown job NOT_FOUND; none changes anything. Each
-// change is persisted and written to the history like any other (Note
-// [Coordinator history]). The service accepts a report only for a worker
-// whose calls that Node stream carried (agent_service.h).
-//
-// Note [Persistence]: every change except a plain heartbeat (or a stale one
-// that refreshes an expected survivor) marks its job dirty; the service
-// writes dirty jobs (ExportJob) to its Store before it answers. An arrival
-// (a Join that only adds a waiting worker) is saved in a group instead: with
-// its job's next other change or on the next tick, since its Join is not
-// answered before the generation forms, which is saved before the answer; a
-// coordinator that dies in between loses the registration, and the worker,
-// its Join broken (UNAVAILABLE), joins again. Saved one by one, a
-// rendezvous of N would write N records of up to N workers. After a
-// restart, RestoreJob brings each job back with the same generation,
-// members, waiting workers, expected survivors, first-join times, bindings,
-// finished workers and events; heartbeat ages and rendezvous timers restart
-// from the restore time, so workers get a full timeout to reconnect.
 
 #include <array>
 #include <cstdint>
@@ -231,6 +39,14 @@
 
 namespace concord::coordinator {
 
+// Note [Generations]
+// ~~~~~~~~~~~~~~~~~~
+// A generation is a fixed set of members with ranks 0..n-1. Any membership
+// change ends it; the next one gets a higher number. Anything addressed to
+// another generation than the current one is refused with ABORTED. Generation
+// numbers never go backwards, across restarts too (they are persisted,
+// see Note [Persistence]).
+
 struct Assignment {
   int64_t generation = 0;
   int32_t rank = -1;
@@ -243,12 +59,12 @@ struct Assignment {
   int32_t finished_workers = 0;  // left at the end of their data
   // How the ranks follow from the generation before (worker.proto).
   std::optional<v1::RankChange> rank_change;
-  // Note [Resume source].
+  // See Note [Resume source].
   std::optional<v1::CheckpointReport> resume_from;
   std::optional<v1::CheckpointReport> resume_memory;
 };
 
-// A job's figures for the per-job Prometheus metrics (Note [Job history]).
+// A job's figures for the per-job Prometheus metrics (see Note [Job history]).
 struct JobMetricsSample {
   std::string job_id;
   v1::JobState state = v1::JOB_STATE_UNSPECIFIED;
@@ -265,16 +81,16 @@ struct JobMetricsSample {
   uint64_t reform_count = 0;
   double reform_seconds_sum = 0;
   std::optional<double> last_reform_seconds;
-  // Note [Checkpoints]: the totals the node agents reported, and the newest
+  // See Note [Checkpoints]: the totals the node agents reported, and the newest
   // complete checkpoint (step 0: none).
   v1::CheckpointTotals checkpoint_totals;
   v1::CheckpointReport last_checkpoint;
 };
 
-// Note [Asynchronous waits] (host.h): which of a job's pending calls a change
-// may concern, so that the host re-asks the core only for those. Each is the
-// core's version() at the job's last change of that kind (never reused, also
-// across RestoreJob); 0 for an unknown job.
+// See Note [Asynchronous waits] in host.h: which of a job's pending calls a
+// change may concern, so that the host re-asks the core only for those. Each is
+// the core's version() at the job's last change of that kind (never reused,
+// also across RestoreJob); 0 for an unknown job.
 struct JobEpochs {
   // A worker's GetAssignment answer may differ: a generation formed or
   // ended, a worker stopped waiting, the job ended. A plain arrival of one
@@ -295,7 +111,7 @@ struct Event {
   std::string worker_id;
   std::string message;
   // A "generation" event's generation, and, when it formed, its members'
-  // worker ids by rank (Note [Coordinator history]; not persisted).
+  // worker ids by rank (see Note [Coordinator history]; not persisted).
   int64_t generation = 0;
   std::vector<std::string> members;
 };
@@ -306,9 +122,9 @@ class Core {
 
   // Registers a worker. Creates the job on its first Join. Returns at once;
   // the assignment is available from `GetAssignment()` once the generation
-  // has formed (Note [Formation]). A member naming its running generation in
-  // previous_generation ends it (Note [Re-forming]).
-  // Errors: INVALID_ARGUMENT (bad ids, secret, spec, reform_reason, or a
+  // has formed (see Note [Formation]). A member naming its running generation
+  // in previous_generation ends it (see Note [Re-forming]). Errors:
+  // INVALID_ARGUMENT (bad ids, secret, spec, reform_reason, or a
   // previous_generation above the current one), FAILED_PRECONDITION (spec
   // differs from the job's, the job has ended, or the worker was drained),
   // PERMISSION_DENIED (worker_id bound to another secret), ALREADY_EXISTS
@@ -326,7 +142,34 @@ class Core {
   bool CancelJoin(const std::string& job_id, const std::string& worker_id,
                   uint64_t call);
 
-  // Note [Exited workers]: the process of `worker_id` (bound to `secret`)
+  // Note [Exited workers]
+  // ~~~~~~~~~~~~~~~~~~~~~
+  // A launcher that is its workers' node agent (concord-run) sees a worker
+  // process exit the instant it reaps it, and says so on its Node stream
+  // (agent.proto's ExitedWorker), naming the worker with the secret its calls
+  // carried (see Note [Worker binding]: the agent learned it from the worker's
+  // accepted Join, and the coordinator checks it as for any call of the
+  // worker). Unlike a lost watch stream (see Note [Re-forming]) this is no
+  // guess: the process is gone. So the worker is taken out at once, as its
+  // failed Leave or its heartbeat timeout would take it out:
+  //  - a member of the running generation that had not completed: a
+  //    "failure" event, its binding released, the generation ends without it
+  //    (the others are expected survivors) and the next one forms as soon as
+  //    they are back (see Note [Formation]), not after heartbeat_timeout;
+  //  - an expected survivor not back yet: dropped (a "failure" event, binding
+  //    released), which may let the next generation form at once;
+  //  - a waiting worker (a survivor already back too): withdrawn (a "failure"
+  //    event, binding released), which may let a generation form;
+  //  - anything else (a worker that completed, ran out of data, was dropped or
+  //    drained already, an id the job does not hold, a job that has ended):
+  //    nothing changes, and that is no error (the report came late).
+  // A malformed report is INVALID_ARGUMENT, a secret that is not the worker's
+  // PERMISSION_DENIED, an unknown job NOT_FOUND; none changes anything. Each
+  // change is persisted and written to the history like any other (see Note
+  // [Coordinator history]). The service accepts a report only for a worker
+  // whose calls that Node stream carried (agent_service.h).
+
+  // See Note [Exited workers]: the process of `worker_id` (bound to `secret`)
   // exited, `how` (for the event). Returns whether anything changed.
   // Errors: INVALID_ARGUMENT (malformed ids, secret or `how`), NOT_FOUND
   // (unknown job), PERMISSION_DENIED (the worker is bound to another
@@ -336,7 +179,28 @@ class Core {
                                     const std::string& secret,
                                     const std::string& how);
 
-  // Note [Checkpoints] in worker/checkpoint/checkpointer.h: a node agent
+  // Note [Resume source]
+  // ~~~~~~~~~~~~~~~~~~~~
+  // The coordinator names where a generation's state comes from when none of
+  // its members holds a committed step (all joined at step 0: the job's first
+  // generation, every worker died, or the job was started again) and the job
+  // has a complete checkpoint reported (see Note [Checkpoints] in
+  // worker/checkpoint/checkpointer.h): the newest one, in every member's
+  // Assignment (JoinResponse.resume_from) and the generation's event. The
+  // workers load it on the node that wrote it (a node-local disk). The node
+  // agents also report the snapshots their memory holds (each written
+  // checkpoint is in its writer's node's memory; the other nodes' agents report
+  // theirs as memory-only, CheckpointReport.memory): the newest per node is
+  // kept, and one at least as new as the disk's is named too
+  // (JoinResponse.resume_memory; memory wins a tie: no disk read). The workers
+  // check what they are told: every rank offers its node's memory snapshot and
+  // rank 0 (or the named disk's node) the disk's, and the newest offered wins
+  // (a node whose agent died with its memory offers nothing, and the disk's is
+  // taken), with a log line saying whether it is the one the coordinator named.
+  // Without a record (a --standalone coordinator that died with its launcher)
+  // they take the newest complete checkpoint in their directory.
+
+  // See Note [Checkpoints] in worker/checkpoint/checkpointer.h: a node agent
   // wrote a complete checkpoint of the job, or failed to (`error` set). The
   // job keeps the newest kKeptCheckpoints complete ones by step (one of a
   // step reported again replaces it) and the totals (written, skipped,
@@ -358,7 +222,7 @@ class Core {
   // ABORTED when `generation` is not current (or has ended), NOT_FOUND for
   // an unknown job or a worker that is not a member, FAILED_PRECONDITION when
   // the job has failed, PERMISSION_DENIED for a wrong secret. An expected
-  // survivor's ABORTED heartbeat still counts as a sign of life (Note
+  // survivor's ABORTED heartbeat still counts as a sign of life (see Note
   // [Re-forming]).
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(
       const v1::HeartbeatRequest& request);
@@ -368,7 +232,7 @@ class Core {
   // any other reason ends the generation. A worker still waiting for a
   // generation withdraws (its `generation` is ignored; with END_OF_DATA it is
   // finished). An expected survivor naming its ended generation is finished
-  // (END_OF_DATA) or dropped (ERROR, UNSPECIFIED) (Note [Re-forming]).
+  // (END_OF_DATA) or dropped (ERROR, UNSPECIFIED) (see Note [Re-forming]).
   // Errors as for Heartbeat.
   absl::StatusOr<v1::LeaveResponse> Leave(const v1::LeaveRequest& request);
 
@@ -399,7 +263,7 @@ class Core {
   absl::StatusOr<v1::StopJobResponse> StopJob(
       const v1::StopJobRequest& request);
 
-  // Note [Re-forming]: the service reports every WatchMembership stream of
+  // See Note [Re-forming]: the service reports every WatchMembership stream of
   // `worker_id` once it is open (after its first update was computed) and
   // when it closes; `lost` means the client went away (cancelled, a write
   // failed), not a shutdown or a job that ended. Counts open streams per
@@ -416,15 +280,31 @@ class Core {
   // Forms generations whose settle period has passed, declares members whose
   // last heartbeat is older than the job's timeout failed, drops expected
   // survivors as silent for as long, and forms or fails jobs whose
-  // rendezvous outlived its timeout (Note [Formation]), and drops expected
-  // survivors whose watch stream was lost (Note [Re-forming]). Call
+  // rendezvous outlived its timeout (see Note [Formation]), and drops expected
+  // survivors whose watch stream was lost (see Note [Re-forming]). Call
   // periodically (the server does every 100 ms).
   void Tick();
 
   // Bumped on every state change; the jobs' epochs take their values from it.
   uint64_t version() const { return version_; }
 
-  // Note [Persistence]: ids of jobs changed since the last call; without
+  // Note [Persistence]
+  // ~~~~~~~~~~~~~~~~~~
+  // Every change except a plain heartbeat (or a stale one that refreshes an
+  // expected survivor) marks its job dirty; the service writes dirty jobs
+  // (ExportJob) to its Store before it answers. An arrival (a Join that only
+  // adds a waiting worker) is saved in a group instead: with its job's next
+  // other change or on the next tick, since its Join is not answered before the
+  // generation forms, which is saved before the answer; a coordinator that dies
+  // in between loses the registration, and the worker, its Join broken
+  // (UNAVAILABLE), joins again. Saved one by one, a rendezvous of N would write
+  // N records of up to N workers. After a restart, RestoreJob brings each job
+  // back with the same generation, members, waiting workers, expected
+  // survivors, first-join times, bindings, finished workers and events;
+  // heartbeat ages and rendezvous timers restart from the restore time, so
+  // workers get a full timeout to reconnect.
+
+  // See Note [Persistence]: ids of jobs changed since the last call; without
   // `arrivals`, not those whose only changes were arrivals (they stay
   // dirty).
   std::vector<std::string> TakeDirtyJobs(bool arrivals = true);
@@ -433,8 +313,8 @@ class Core {
   bool Dirty(const std::string& job_id) const {
     return dirty_.count(job_id) > 0;
   }
-  // Note [Asynchronous waits]: ids of jobs whose epochs moved since the last
-  // call, and a job's epochs.
+  // See Note [Asynchronous waits]: ids of jobs whose epochs moved since the
+  // last call, and a job's epochs.
   std::vector<std::string> TakeWokenJobs();
   JobEpochs Epochs(const std::string& job_id) const;
   // The job's state for the Store; nullopt for an unknown job.
@@ -443,8 +323,8 @@ class Core {
   // record is inconsistent.
   absl::Status RestoreJob(const v1::JobRecord& record);
 
-  // Note [Job history]: a copy of the job's progress and generation history;
-  // NOT_FOUND for an unknown job, INVALID_ARGUMENT for a malformed id.
+  // See Note [Job history]: a copy of the job's progress and generation
+  // history; NOT_FOUND for an unknown job, INVALID_ARGUMENT for a malformed id.
   absl::StatusOr<JobHistory> History(const std::string& job_id) const;
   // Every job's figures for the metrics, except jobs that ended more than
   // `ended_retention` ago (the time of their last event), so that the
@@ -455,7 +335,7 @@ class Core {
 
   // For status and tests.
   std::vector<Event> Events(const std::string& job_id) const;
-  // The job's events numbered above `after`, oldest first (Note
+  // The job's events numbered above `after`, oldest first (see Note
   // [Coordinator history]); `lost`: how many of those the per-job cap
   // dropped already.
   std::vector<Event> EventsAfter(const std::string& job_id, int64_t after,
@@ -473,7 +353,7 @@ class Core {
     std::string worker_id;
     std::string host;
     int64_t committed_step = 0;
-    // When this worker process first joined the job (Note [Formation]).
+    // When this worker process first joined the job (see Note [Formation]).
     absl::Time joined;
     absl::Time last_heartbeat;
     int32_t rank = -1;
@@ -483,14 +363,14 @@ class Core {
     uint64_t join_call = 0;
     bool completed = false;
     // Its reachability probe's port, and (of a waiting worker) the members
-    // of its last generation it could not reach (Note [Unreachable peers]).
+    // of its last generation it could not reach (see Note [Unreachable peers]).
     int32_t probe_port = 0;
     std::set<std::string> unreachable;
     double samples_per_second = 0;
     std::optional<double> loss;  // of its last heartbeat that had one
     v1::DdpTimings ddp;
   };
-  // A worker's WatchMembership streams (Note [Re-forming]).
+  // A worker's WatchMembership streams (see Note [Re-forming]).
   struct WatchState {
     int64_t open = 0;
     // When its last stream was lost; unset while one is open, after a
@@ -507,21 +387,21 @@ class Core {
     WorkerList<MemberState> waiting;   // registered for the next generation
     uint64_t join_calls = 0;           // Joins numbered so far (CancelJoin)
     // Survivors of the ended generation `generation` that the next one waits
-    // for (Note [Re-forming]); those already back are in `waiting` too.
+    // for (see Note [Re-forming]); those already back are in `waiting` too.
     // Empty while a generation runs.
     WorkerList<MemberState> expected;
     absl::Time rendezvous_started;
-    absl::Time last_arrival;  // of a new waiting worker (Note [Formation])
+    absl::Time last_arrival;  // of a new waiting worker (see Note [Formation])
     std::map<std::string, std::string> kv;  // of the current generation
     std::deque<Event> events;
     int64_t next_event_seq = 1;
-    std::map<std::string, std::string> bindings;  // Note [Worker binding]
-    // Note [Starting again]: the bindings of the run that ended last.
+    std::map<std::string, std::string> bindings;  // See Note [Worker binding]
+    // See Note [Starting again]: the bindings of the run that ended last.
     std::map<std::string, std::string> retired;
-    // Note [Resume source]: of the current generation.
+    // See Note [Resume source]: of the current generation.
     std::optional<v1::CheckpointReport> resume_from;
     std::optional<v1::CheckpointReport> resume_memory;
-    // Note [Resume source]: by node, the newest snapshot in its memory.
+    // See Note [Resume source]: by node, the newest snapshot in its memory.
     std::map<std::string, v1::CheckpointReport> memory_snapshots;
     std::set<std::string> drained;
     // Left for good: ran out of data, or had completed when their generation
@@ -538,11 +418,11 @@ class Core {
     // The workers in `watches` with no stream open (transient): Tick
     // forgets them once their binding is released.
     std::set<std::string> idle_watches;
-    // Transient, never exported (Note [Job history]).
+    // Transient, never exported (see Note [Job history]).
     JobHistory history;
-    // Transient (Note [Asynchronous waits]).
+    // Transient (see Note [Asynchronous waits]).
     JobEpochs epochs;
-    // The time of the last heartbeat not yet in `history` (Note [Lazy
+    // The time of the last heartbeat not yet in `history` (see Note [Lazy
     // progress] in core_history.cc); transient.
     std::optional<absl::Time> progress_pending;
     // GetAssignment's member table, valid while the core's version() is
@@ -561,7 +441,7 @@ class Core {
     int64_t ended_generation = 0;
     int32_t ended_world_size = 0;
     std::optional<v1::RankChange> rank_change;
-    // What every watcher of the job sees alike (Note [Asynchronous
+    // What every watcher of the job sees alike (see Note [Asynchronous
     // waits]): the view epoch moves only when this does (transient).
     std::string view_key;
   };
@@ -574,6 +454,23 @@ class Core {
   Job* FindJob(const std::string& job_id);
   const Job* FindJob(const std::string& job_id) const;
   absl::Status CheckGeneration(const Job& job, int64_t generation) const;
+
+  // Note [Worker binding]
+  // ~~~~~~~~~~~~~~~~~~~~~
+  // The worker token says "some worker", not which one. So the first Join of
+  // (job, worker_id) binds that pair to the random worker_secret the worker
+  // process chose; every later call naming the worker must carry the same
+  // secret (else PERMISSION_DENIED). The binding lasts while the worker waits,
+  // is a member, or is a survivor expected to join again
+  // (see Note [Re-forming]); it is released when the worker withdraws, leaves
+  // with an error, is declared failed (or dropped as an expected survivor), is
+  // drained, runs out of data (Leave(END_OF_DATA)), or had completed when its
+  // generation ended, so a restarted process (new secret) can take the id
+  // again. The worker's first-join time (see Note [Formation]) lives as long as
+  // its binding. KvSet/KvGet must come from a bound member of the named
+  // generation, so a worker can act neither for another worker nor in another
+  // job.
+
   absl::Status CheckBinding(const Job& job, const std::string& worker_id,
                             const std::string& secret) const;
   // The index in `members` of a bound member of the current generation
@@ -582,26 +479,134 @@ class Core {
                                      const std::string& worker_id,
                                      const std::string& secret,
                                      int64_t generation) const;
-  // Note [Formation]: forms the next generation when its rule allows, after
+
+  // Note [Formation]
+  // ~~~~~~~~~~~~~~~~
+  // With expected survivors of an ended generation (see Note [Re-forming]) the
+  // next generation forms as soon as every one of them is waiting again and at
+  // least min_workers are waiting, without a settle period, and not before,
+  // even with max_workers newcomers waiting (the survivors hold the model and
+  // its progress); an expected survivor not back within heartbeat_timeout of
+  // its last heartbeat (or, sooner, once its connection to the coordinator
+  // broke: see Note [Re-forming]) is dropped (a "failure" event; its binding is
+  // released), which may let the generation form. With no expected survivors
+  // (the first generation, or every one was dropped) a generation forms as soon
+  // as max_workers are waiting, or once at least min_workers are waiting and no
+  // new worker has arrived for the job's settle period (JobSpec.settle_ms,
+  // default 2 s). A generation admits at most max_workers: survivors first,
+  // then the others, each group by the time the worker process first joined the
+  // job (kept across its re-joins), which is also the rank order; so survivors
+  // keep their relative order and newcomers get the highest ranks. The
+  // authoritative rank is the member with the highest committed step
+  // (re-joining workers report theirs in JoinRequest.committed_step), ties to
+  // the lowest rank, i.e. the longest-lived. When the rendezvous outlives its
+  // timeout with at least min_workers waiting, the expected survivors still
+  // missing are dropped and the generation forms with those waiting; with fewer
+  // the job fails, and the reason says how many were there.
+
+  // See Note [Formation]: forms the next generation when its rule allows, after
   // dropping the expected survivors whose connection broke and taking out
-  // the workers unreachable from others (Note [Unreachable peers]).
+  // the workers unreachable from others (see Note [Unreachable peers]).
   void MaybeFormGeneration(Job& job);
-  // Note [Unreachable peers]: drains waiting workers until no two of them
+
+  // Note [Unreachable peers]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~
+  // A network partition between workers that all still reach the coordinator
+  // (each heartbeats) would have them re-form together forever: every
+  // generation's collectives time out. So a worker whose collective timed out
+  // (or whose communicator did not connect) asks for the next generation's
+  // member table, probes each member's reachability port
+  // (JoinRequest.probe_port: a TCP listener on its host) before connecting, and
+  // when some do not answer within a second it gives that generation up at
+  // once, naming them in JoinRequest.unreachable. A newcomer does the same with
+  // the members of a running job it is admitted to
+  // (JoinRequest.members_if_running), so that a worker restarted on the wrong
+  // side of a partition costs the job two quick re-forms, not a collective
+  // timeout. The coordinator keeps those reports of the waiting workers and,
+  // before forming a generation, drains workers until no waiting worker reports
+  // another: each round the one in the most such pairs, ties to the one that
+  // joined the job last (the longest-lived, which holds the model, stays). A
+  // drained worker's Join fails (FAILED_PRECONDITION, "taken out"), so a
+  // partition costs the job the smaller side and the job goes on without
+  // flapping; the drain is an event and is persisted like an operator's.
+
+  // See Note [Unreachable peers]: drains waiting workers until no two of them
   // are unreachable from one another.
   void ExcludeUnreachable(Job& job);
   // Sets (or, with nullopt, clears) the watch's lost_at, keeping
   // lost_watches in step.
   static void SetLost(Job& job, const std::string& worker_id, WatchState& watch,
                       std::optional<absl::Time> at);
-  // Note [Re-forming]: drops the expected survivors whose watch stream was
+  // See Note [Re-forming]: drops the expected survivors whose watch stream was
   // lost at least the grace ago; returns whether it dropped any.
   bool DropDisconnected(Job& job);
   static size_t MinWorkers(const Job& job);
   // Forms the next generation from the first `n` waiting workers (survivors
   // first, then by first-join time).
   void FormGeneration(Job& job, size_t n);
+
+  // Note [Re-forming]
+  // ~~~~~~~~~~~~~~~~~
+  // When a generation ends (a re-form request, a Leave with another reason than
+  // COMPLETED, a heartbeat failure, an end-of-data Leave, a drain), its members
+  // that did not cause the end become expected survivors of the next one
+  // (see Note [Formation]): not the failed, drained, erroring or finished ones,
+  // nor those that had completed (they are finished too). Each keeps its
+  // binding, its first-join time and its last heartbeat time. Expected
+  // survivors that join again stay expected (and waiting) until the next
+  // generation forms.
+  //  - Join with previous_generation = the current, running generation from a
+  //    member of it: the worker says that generation is over (its communicator
+  //    failed, or the members agreed to re-form at a step boundary). The
+  //    generation ends (the event names the worker and its reform_reason) and
+  //    the worker, a survivor, is waiting at once. Without previous_generation
+  //    (0) or naming an older one, a member of the running generation is
+  //    ALREADY_EXISTS, as is a member that has completed. From anyone else an
+  //    older or ended previous_generation is a plain join (a survivor catching
+  //    up). A previous_generation above the job's current one (0 for a job the
+  //    coordinator does not know) is INVALID_ARGUMENT.
+  //  - A Heartbeat from an expected survivor naming its ended generation (or
+  //    an older one) refreshes its liveness (it is alive, just catching up)
+  //    and is still ABORTED.
+  //  - Leave(END_OF_DATA) from a member of the running generation: the worker
+  //    is finished (its binding released) and the generation ends without it.
+  //    From an expected survivor naming its ended generation (such a Leave
+  //    races with the others' re-joins, so it is not ABORTED): it is finished
+  //    and no longer expected. Either way, once no member, expected survivor
+  //    or waiting worker is left, the job has succeeded. A repeated Leave of a
+  //    finished worker is a harmless no-op. Leave(ERROR) (or UNSPECIFIED) from
+  //    an expected survivor naming its ended generation drops it (released).
+  //    Leave(COMPLETED) keeps its meaning: a member completed, and the job
+  //    succeeds when every member has.
+  //  - An expected survivor whose connection to the coordinator broke is
+  //    dropped without waiting for heartbeat_timeout: every worker keeps a
+  //    WatchMembership stream open, and the service reports each stream to
+  //    the core (WatchOpened, WatchClosed; transient, never persisted). A
+  //    stream is lost when the client went away (the call was cancelled, a
+  //    write failed: a killed process's connection closes), not when the
+  //    coordinator shuts down or the job ended. An expected survivor not back
+  //    yet that has no stream open, lost its last one at least the grace ago,
+  //    and has not heartbeated since, is dropped like a silent one (a
+  //    "failure" event saying its connection broke; its binding is released),
+  //    which may let the next generation form at once. The grace is the job's
+  //    heartbeat_interval_ms clamped to [100 ms, 1 s]: time for a watcher to
+  //    reconnect after a transient error (a stream opened again, or a heartbeat
+  //    after the loss, keeps the worker). The rule is applied whenever the
+  //    core considers forming (Join, Leave, ...), when a stream is lost, and
+  //    on every Tick, so the drop comes within the grace plus one tick period
+  //    of the loss. Only expected survivors are dropped this way: a running
+  //    member whose stream is lost stays until heartbeats decide (its
+  //    communicator fails the others at once anyway), and a worker that never
+  //    watched (or watched only before its binding) waits for
+  //    heartbeat_timeout as before.
+  //  - HeartbeatResponse and MembershipUpdate carry waiting_workers, the number
+  //    of waiting workers the next generation could admit: min(waiting,
+  //    max_workers - members) while running, else 0; members re-form at a step
+  //    boundary to let them in. Every Join changes the membership version, so
+  //    watchers see it change.
+
   // Ends the running generation; its members other than `removed` become
-  // expected survivors (Note [Re-forming]). Does not form the next one.
+  // expected survivors (see Note [Re-forming]). Does not form the next one.
   void EndGeneration(Job& job, const std::string& why,
                      const std::set<std::string>& removed);
   // Removes `worker_id` from `expected` (and `waiting`).
@@ -609,11 +614,11 @@ class Core {
   // Once no member, expected survivor or waiting worker is left after a
   // worker ran out of data, the job has succeeded; returns whether it has.
   bool MaybeSucceed(Job& job);
-  // Note [Re-forming]: waiting workers the next generation could admit.
+  // See Note [Re-forming]: waiting workers the next generation could admit.
   static int32_t WaitingWorkers(const Job& job);
   // Join's parts. Admit: whether `request` may join the existing `job`
   // (its spec, its binding, a run that ended or was started again, a
-  // drained worker), and whether it is a member asking to re-form (Note
+  // drained worker), and whether it is a member asking to re-form (see Note
   // [Re-forming]). AddWaiting: the worker waits for the next generation (a
   // retried Join keeps its place; an expected survivor is back), with its
   // event.
@@ -629,9 +634,9 @@ class Core {
                 const v1::LeaveRequest& request, const std::string& what,
                 const std::string& out_of_data_when,
                 const std::string& left_when);
-  // Note [Job history]: a heartbeat at `now` is about to change a member's
+  // See Note [Job history]: a heartbeat at `now` is about to change a member's
   // progress. The history gets the members' aggregates after each heartbeat,
-  // but lazily (Note [Lazy progress] in core_history.cc): this records the
+  // but lazily (see Note [Lazy progress] in core_history.cc): this records the
   // pending point only when the history's next decision needs it.
   static void BeforeProgress(Job& job, absl::Time now);
   // Records the pending point, if any (before the members change).
@@ -640,12 +645,13 @@ class Core {
   static JobHistory CurrentHistory(const Job& job);
   void AddEvent(Job& job, std::string kind, std::string worker_id,
                 std::string message);
-  // What a change concerns besides the Store (Note [Asynchronous waits]):
+  // What a change concerns besides the Store (see Note [Asynchronous waits]):
   // everything; only one more waiting worker (the others' placements stand);
   // only a key of the generation's store.
   enum class Concerns { kAll, kArrival, kKv };
-  // `persist`: whether the change must reach the Store (Note [Persistence]);
-  // a change that is not persisted (a heartbeat) concerns no waiter.
+  // `persist`: whether the change must reach the Store (see Note
+  // [Persistence]); a change that is not persisted (a heartbeat) concerns no
+  // waiter.
   void Changed(Job& job, bool persist = true,
                Concerns concerns = Concerns::kAll);
   // What a change to a job's waiting workers can move besides them: its
@@ -663,10 +669,25 @@ class Core {
   static Placement PlacementOf(const Job& job);
   // After a worker was added to or taken from job.waiting: forms a
   // generation if one can form, and records the change (as an arrival,
-  // Note [Persistence], unless a placement moved).
+  // see Note [Persistence], unless a placement moved).
   void WaitingChanged(Job& job, const Placement& before);
   static bool Ended(const Job& job);
-  // Note [Starting again]: whether `request` starts the ended `job` again,
+
+  // Note [Starting again]
+  // ~~~~~~~~~~~~~~~~~~~~~
+  // A job that FAILED or was STOPPED is not the end of its training: the same
+  // command run again (new worker processes, the same job id) starts it again,
+  // as torchrun's users re-run a job after a total loss. A Join of such a job
+  // from a process that is not of the run that ended (no previous generation,
+  // and an id that is not bound, or bound to another secret) puts the job back
+  // into its rendezvous: a "job" event says so and what ended it, the members,
+  // waiting workers, kv and end-of-data state of the ended run are dropped, the
+  // generation numbers go on, and the checkpoints reported stay. The ended
+  // run's bindings are retired: a process of that run (its id with its secret)
+  // that comes back is refused (FAILED_PRECONDITION), so a straggler never
+  // joins the new run with the old state. A SUCCEEDED job stays succeeded.
+
+  // See Note [Starting again]: whether `request` starts the ended `job` again,
   // and doing it.
   static bool StartsAgain(const Job& job, const v1::JoinRequest& request);
   void StartAgain(Job& job, const std::string& worker_id);
@@ -678,7 +699,7 @@ class Core {
   const Clock* clock_;
   std::map<std::string, Job> jobs_;
   std::set<std::string> dirty_;
-  std::set<std::string> dirty_arrivals_;  // Note [Persistence]
+  std::set<std::string> dirty_arrivals_;  // See Note [Persistence]
   std::set<std::string> woken_;
   uint64_t version_ = 0;
 };

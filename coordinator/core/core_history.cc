@@ -1,4 +1,4 @@
-// The core's progress history (Note [Job history] in job_history.h): fed by
+// The core's progress history (see Note [Job history] in job_history.h): fed by
 // heartbeats, read by the metrics collector and the status page.
 
 #include <algorithm>
@@ -12,17 +12,19 @@ namespace concord::coordinator {
 
 namespace {
 
-// Note [Lazy progress]: the history's newest point follows every heartbeat
-// with the members' aggregates (Note [Job history]), which cost O(members);
-// computed per heartbeat, a job of N workers at 1 Hz would cost O(N^2) per
-// second. So a heartbeat only notes its time (Job::progress_pending), and
-// the aggregates are computed when they are needed: before a heartbeat whose
-// point (or the pending one) starts a new point rather than moving the
-// newest, before the members change (a generation forms or ends), and for a
-// reader (on a copy). A pending point that would only have been replaced by
-// the next heartbeat's is skipped, which leaves the same points as computing
-// every one: the history's decision to append depends only on the points
-// before the newest, which a replacement does not change.
+// Note [Lazy progress]
+// ~~~~~~~~~~~~~~~~~~~~
+// The history's newest point follows every heartbeat with the members'
+// aggregates (see Note [Job history]), which cost O(members); computed per
+// heartbeat, a job of N workers at 1 Hz would cost O(N^2) per second. So a
+// heartbeat only notes its time (Job::progress_pending), and the aggregates are
+// computed when they are needed: before a heartbeat whose point (or the pending
+// one) starts a new point rather than moving the newest, before the members
+// change (a generation forms or ends), and for a reader (on a copy). A pending
+// point that would only have been replaced by the next heartbeat's is skipped,
+// which leaves the same points as computing every one: the history's decision
+// to append depends only on the points before the newest, which a replacement
+// does not change.
 template <typename Members>
 void Record(JobHistory& history, absl::Time at, const Members& members) {
   int64_t step = 0;

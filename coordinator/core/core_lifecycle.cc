@@ -24,7 +24,7 @@ using internal::Seconds;
 
 namespace {
 
-// Note [Re-forming]: how long a lost watch stream may stay lost before its
+// See Note [Re-forming]: how long a lost watch stream may stay lost before its
 // expected survivor is dropped.
 absl::Duration WatchGrace(const v1::JobSpec& spec) {
   return std::clamp(absl::Milliseconds(spec.heartbeat_interval_ms()),
@@ -151,9 +151,9 @@ void Core::Tick() {
         Changed(job);
       }
     } else if (job.state == v1::JOB_STATE_RENDEZVOUS) {
-      // Note [Re-forming]: those whose connection broke are gone.
+      // See Note [Re-forming]: those whose connection broke are gone.
       const bool disconnected = DropDisconnected(job);
-      // Note [Formation]: expected survivors silent for too long are gone.
+      // See Note [Formation]: expected survivors silent for too long are gone.
       std::vector<std::string> dropped;
       for (const MemberState& e : job.expected) {
         const absl::Duration silent = now - e.last_heartbeat;
@@ -212,7 +212,7 @@ void Core::Tick() {
             absl::StrJoin(missing, ", "), job.generation);
       }
       // The bindings stay: a process of this run that comes back does not
-      // start the job again (Note [Starting again]).
+      // start the job again (see Note [Starting again]).
       job.waiting.Clear();
       job.expected.Clear();
       AddEvent(job, "job", "", absl::StrCat("job failed: ", job.failure));
@@ -248,7 +248,7 @@ int32_t Core::WaitingWorkers(const Job& job) {
       std::min(room, static_cast<int64_t>(job.waiting.size())));
 }
 
-// Note [Formation].
+// See Note [Formation].
 // Workers that ran out of data are done, not missing: they count towards
 // min_workers, so that the ranks with data left can finish alone.
 size_t Core::MinWorkers(const Job& job) {
@@ -308,7 +308,7 @@ void Core::MaybeFormGeneration(Job& job) {
   if (!job.expected.empty()) {
     // Survivors: as soon as all are back and there are enough, no settling.
     if (job.expected.back_count() < job.expected.size()) return;
-    // Every survivor's report is in (Note [Unreachable peers]).
+    // Every survivor's report is in (see Note [Unreachable peers]).
     ExcludeUnreachable(job);
     if (job.waiting.size() < min) return;
     FormGeneration(job, std::min(job.waiting.size(), max));
@@ -380,7 +380,7 @@ void Core::FormGeneration(Job& job, size_t n) {
   }
   job.ended_ranks.clear();
   job.kv.clear();
-  // Note [Resume source].
+  // See Note [Resume source].
   job.resume_from.reset();
   job.resume_memory.reset();
   const bool held =
@@ -431,9 +431,9 @@ void Core::FormGeneration(Job& job, size_t n) {
 
 void Core::EndGeneration(Job& job, const std::string& why,
                          const std::set<std::string>& removed) {
-  // Note [Re-forming]: the others are expected in the next generation. Each
+  // See Note [Re-forming]: the others are expected in the next generation. Each
   // must Join again, which is how a worker learns that its generation is gone
-  // (Note [Generations]); they stay bound (Note [Worker binding]).
+  // (see Note [Generations]); they stay bound (see Note [Worker binding]).
   FlushProgress(job);  // before the members change
   job.expected.Clear();
   job.ended_ranks.clear();

@@ -20,7 +20,7 @@
 namespace concord::coordinator {
 
 // The core and the service cost O(N) per rendezvous of N workers (no thread
-// per waiting worker: Note [Asynchronous waits] in host.h); a store bounds
+// per waiting worker: see Note [Asynchronous waits] in host.h); a store bounds
 // it lower (docs/operators.md, "Capacity").
 inline constexpr int32_t kMaxWorkersPerJob = 131072;
 inline constexpr int64_t kMaxWaitMs = 3600 * 1000;
@@ -42,7 +42,7 @@ absl::Status ValidateRequest(const v1::LeaveRequest& r);
 absl::Status ValidateRequest(const v1::KvSetRequest& r);
 absl::Status ValidateRequest(const v1::KvGetRequest& r);
 absl::Status ValidateRequest(const v1::WatchMembershipRequest& r);
-// Note [Exited workers] (core.h): a node agent's exit report.
+// See Note [Exited workers] in core.h: a node agent's exit report.
 absl::Status ValidateExit(const std::string& job_id,
                           const std::string& worker_id,
                           const std::string& secret, const std::string& how);

@@ -174,7 +174,7 @@ absl::StatusOr<v1::DrainWorkerResponse> Core::DrainWorker(
   job->drained.insert(worker_id);
   job->bindings.erase(worker_id);
   AddEvent(*job, "drain", worker_id, why);
-  // Neither waiting nor expected any more (Note [Re-forming]).
+  // Neither waiting nor expected any more (see Note [Re-forming]).
   Forget(*job, worker_id);
   if (member) {
     response.set_ended_generation(job->generation);
@@ -263,7 +263,7 @@ std::optional<v1::JobRecord> Core::ExportJob(const std::string& job_id) const {
   return record;
 }
 
-// Note [Re-forming]: expected survivors belong to an ended generation whose
+// See Note [Re-forming]: expected survivors belong to an ended generation whose
 // successor has not formed, are bound, and are neither drained nor finished;
 // no worker is twice a member, waiting or expected.
 absl::Status Core::CheckRestoredWorkers(const Job& job) {
@@ -430,7 +430,7 @@ absl::Status Core::RestoreJob(const v1::JobRecord& record) {
         "job %s: the record's generation %d is behind the current %d",
         record.spec().job_id(), job.generation, existing->generation));
   }
-  // Open watch streams outlive a replaced record (Note [Re-forming]).
+  // Open watch streams outlive a replaced record (see Note [Re-forming]).
   if (existing != nullptr) {
     job.watches = std::move(existing->watches);
     job.lost_watches = std::move(existing->lost_watches);

@@ -4,21 +4,22 @@
 // (status_http.h). Part of the core: no gRPC, no threads, no clock of its
 // own (every call is given the time).
 //
-// Note [Job history]: every accepted heartbeat adds or updates one progress
-// point (time, the highest committed step of the members, their summed
-// samples/s, the mean of the losses they reported, the member count). Points
-// are `spacing` apart: the newest point follows every heartbeat (time and
-// values) until it is a spacing past the point before it; then the next
-// heartbeat starts a new one. So the newest point is always current. At most
-// kMaxPoints are kept: when one more is needed, every second point is dropped
-// and the spacing doubles, so the history always covers the whole job at a
-// resolution that halves as the job doubles in length (0.5 s for the first ~4
-// min, 1 s up to ~8 min, ...). Generations are remembered with when they formed
-// and ended and why (the last kMaxGenerations), and a re-form (a generation
-// ending until the next one forming) is timed into a fixed-bucket histogram.
-// Transient: nothing of it is persisted, so a restarted (or failed-over)
-// coordinator starts an empty history and counters from zero (Prometheus'
-// rate() handles the reset).
+// Note [Job history]
+// ~~~~~~~~~~~~~~~~~~
+// Every accepted heartbeat adds or updates one progress point (time, the
+// highest committed step of the members, their summed samples/s, the mean of
+// the losses they reported, the member count). Points are `spacing` apart: the
+// newest point follows every heartbeat (time and values) until it is a spacing
+// past the point before it; then the next heartbeat starts a new one. So the
+// newest point is always current. At most kMaxPoints are kept: when one more is
+// needed, every second point is dropped and the spacing doubles, so the history
+// always covers the whole job at a resolution that halves as the job doubles in
+// length (0.5 s for the first ~4 min, 1 s up to ~8 min, ...). Generations are
+// remembered with when they formed and ended and why (the last
+// kMaxGenerations), and a re-form (a generation ending until the next one
+// forming) is timed into a fixed-bucket histogram. Transient: nothing of it is
+// persisted, so a restarted (or failed-over) coordinator starts an empty
+// history and counters from zero (Prometheus' rate() handles the reset).
 
 #include <array>
 #include <cstddef>
@@ -59,7 +60,7 @@ class JobHistory {
   static constexpr std::array<double, 10> kReformBuckets = {
       0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300};
 
-  // Note [Job history]: `step`, `samples_per_second`, `loss` are the job's
+  // See Note [Job history]: `step`, `samples_per_second`, `loss` are the job's
   // aggregates after a heartbeat.
   void RecordProgress(absl::Time now, int64_t step, double samples_per_second,
                       std::optional<double> loss, int32_t members);

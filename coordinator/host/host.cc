@@ -219,7 +219,7 @@ void CoreHost::TimerLoop() {
 void CoreHost::Tick() {
   Lock lock(this);
   core_.Tick();
-  SaveDirty(/*arrivals=*/true);  // Note [Persistence]: the grouped arrivals
+  SaveDirty(/*arrivals=*/true);  // See Note [Persistence]: the grouped arrivals
 }
 
 void CoreHost::Shutdown() {

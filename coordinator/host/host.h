@@ -1,29 +1,8 @@
 #pragma once
 // The Core behind one mutex, shared by the worker and operator services:
 // serialises access, answers pending calls after every change, and writes
-// changed jobs to the Store before a mutating call returns (Note
+// changed jobs to the Store before a mutating call returns (see Note
 // [Persistence] in core.h).
-//
-// Note [Asynchronous waits]: a call that waits on the core (Join until its
-// generation forms, KvGet until its keys are set, a WatchMembership stream
-// until the view changes) holds no thread. It is a Waiter registered with
-// the host under its job, with one of three kinds (placement, kv, view) and
-// a deadline. After every change the host takes the jobs the core woke
-// (Core::TakeWokenJobs) and re-asks only the waiters of those jobs whose
-// kind's epoch moved (Core::Epochs): an arriving worker re-asks no other
-// Join, a formed generation answers all its waiters in one pass, a KvSet
-// re-asks only that job's KvGets. A waiter is re-asked under the mutex and
-// never calls into gRPC there: what it has to send or finish it hands to
-// Defer(), and the host runs those after releasing the mutex. A waiter is
-// removed exactly once: answered by its poll, cancelled (Cancel, from the
-// call's OnCancel), expired at its deadline (one timer thread for all), or
-// abandoned at shutdown (UNAVAILABLE).
-//
-// A job whose save failed (the store unreachable, or this replica no longer
-// leads) keeps its waiters unanswered: nothing the store does not hold is
-// told to a worker (a successor would not know it). They are answered once
-// a retried save succeeds (Tick), or abandoned (UNAVAILABLE) at shutdown,
-// and the worker asks the next replica.
 //
 // Thread-safety: every method may be called from any thread, except where
 // it says "with mu() held".
@@ -50,9 +29,31 @@
 
 namespace concord::coordinator {
 
+// Note [Asynchronous waits]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
+// A call that waits on the core (Join until its generation forms, KvGet until
+// its keys are set, a WatchMembership stream until the view changes) holds no
+// thread. It is a Waiter registered with the host under its job, with one of
+// three kinds (placement, kv, view) and a deadline. After every change the host
+// takes the jobs the core woke (Core::TakeWokenJobs) and re-asks only the
+// waiters of those jobs whose kind's epoch moved (Core::Epochs): an arriving
+// worker re-asks no other Join, a formed generation answers all its waiters in
+// one pass, a KvSet re-asks only that job's KvGets. A waiter is re-asked under
+// the mutex and never calls into gRPC there: what it has to send or finish it
+// hands to Defer(), and the host runs those after releasing the mutex. A waiter
+// is removed exactly once: answered by its poll, cancelled (Cancel, from the
+// call's OnCancel), expired at its deadline (one timer thread for all), or
+// abandoned at shutdown (UNAVAILABLE).
+//
+// A job whose save failed (the store unreachable, or this replica no longer
+// leads) keeps its waiters unanswered: nothing the store does not hold is
+// told to a worker (a successor would not know it). They are answered once
+// a retried save succeeds (Tick), or abandoned (UNAVAILABLE) at shutdown,
+// and the worker asks the next replica.
+
 class CoreHost {
  public:
-  // A pending call (Note [Asynchronous waits]). Both methods run with mu()
+  // A pending call (see Note [Asynchronous waits]). Both methods run with mu()
   // held and must not call into gRPC (use Defer).
   class Waiter {
    public:
@@ -78,7 +79,7 @@ class CoreHost {
   // serving (after SetHistory). Errors: those of Store::LoadAll and
   // Core::RestoreJob.
   absl::Status Restore();
-  // Where saved events go (Note [Coordinator history] in
+  // Where saved events go (see Note [Coordinator history] in
   // store/history_file.h); null: nowhere. Must outlive this; call before
   // Restore.
   void SetHistory(HistoryFile* history) { history_ = history; }
@@ -155,7 +156,7 @@ class CoreHost {
   // With mu() held: saves dirty jobs and re-asks the woken waiters.
   void AfterChange();
   // Saves the dirty jobs; with `arrivals`, also those whose only changes
-  // were arrivals (Note [Persistence] in core.h).
+  // were arrivals (see Note [Persistence] in core.h).
   void SaveDirty(bool arrivals);
   // `job_id` was saved: its new events go to the history, held waiters are
   // released.

@@ -76,7 +76,7 @@ std::vector<MetricFamily> JobsCollector::Collect() const {
       Family("concord_job_last_reform_seconds",
              "Duration of the job's latest re-form", MetricType::Gauge);
 
-  // Note [Checkpoints] in worker/checkpoint/checkpointer.h.
+  // See Note [Checkpoints] in worker/checkpoint/checkpointer.h.
   MetricFamily ckpt_written =
       Family("concord_job_checkpoints_written_total",
              "Checkpoints the node agents wrote to disk", MetricType::Counter);

@@ -11,7 +11,7 @@
 //   GET /static/app.js, /static/app.css   the page's code (embedded)
 //   GET /api/jobs          {"jobs": [...]}: `concordctl jobs -o json`
 //   GET /api/jobs/ID       `concordctl status ID -o json` plus "history"
-//                          and "generations" (Note [Job history])
+//                          and "generations" (see Note [Job history])
 //
 // Every request needs the operator token: `Authorization: Bearer TOKEN`, or
 // HTTP Basic with the token as the password (any user name), which is what a

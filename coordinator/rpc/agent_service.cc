@@ -276,7 +276,7 @@ class NodeCall final
     for (const v1::ExitedWorker& exited : request_.exited()) {
       Exited(core, exited);
     }
-    // Note [Checkpoints]: no answer (a refusal is logged here).
+    // See Note [Checkpoints]: no answer (a refusal is logged here).
     for (const v1::CheckpointReport& c : request_.checkpoints()) {
       if (absl::Status s = core.CheckpointReported(job_id_, c); !s.ok()) {
         spdlog::warn("job {}: checkpoint report refused: {}", job_id_,
@@ -292,9 +292,9 @@ class NodeCall final
     if (carried_.size() < kMaxCarried) carried_.insert(worker_id);
   }
 
-  // With the host's mutex held: Note [Exited workers] in core.h. Answered at
-  // once, with the job's state after it; refused alone when malformed or
-  // for a worker this stream never carried.
+  // With the host's mutex held: see Note [Exited workers] in core.h. Answered
+  // at once, with the job's state after it; refused alone when malformed or for
+  // a worker this stream never carried.
   void Exited(Core& core, const v1::ExitedWorker& exited) {
     absl::Status status = ValidateId("worker_id", exited.worker_id());
     if (status.ok() && carried_.count(exited.worker_id()) == 0) {

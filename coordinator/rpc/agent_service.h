@@ -1,5 +1,5 @@
 #pragma once
-// The gRPC face of the coordinator for node agents (agent.proto, Note [Node
+// The gRPC face of the coordinator for node agents (agent.proto, see Note [Node
 // agents] in agent/node_agent.h): a node's workers' joins, heartbeats and
 // membership views on one stream. Each worker's
 // request inside is checked and answered by the Core exactly as
@@ -38,7 +38,7 @@ class AgentServiceImpl final : public v1::AgentService::CallbackService {
   // computed, and as closed (lost) when the agent removes it or the stream
   // breaks; not when the coordinator shuts down. A join the agent cancels, or
   // still pending when the stream ends, is withdrawn (Core::CancelJoin).
-  // An exit report (Note [Exited workers] in core.h) goes through
+  // An exit report (see Note [Exited workers] in core.h) goes through
   // Core::WorkerExited and is answered at once with the job's state; it may
   // name only a worker whose calls this stream carried (an accepted join or
   // heartbeat, or a watch added): any other is PERMISSION_DENIED, a

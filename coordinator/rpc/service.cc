@@ -48,9 +48,9 @@ absl::Status MutateInto(CoreHost* host, Response* response, Fn&& fn) {
   return result.status();
 }
 
-// A unary call that waits on the core (Note [Asynchronous waits] in host.h).
-// Owned by gRPC: deleted in OnDone, which comes after Finish. Its fields are
-// guarded by the host's mutex.
+// A unary call that waits on the core (see Note [Asynchronous waits] in
+// host.h). Owned by gRPC: deleted in OnDone, which comes after Finish. Its
+// fields are guarded by the host's mutex.
 class PendingUnary : public grpc::ServerUnaryReactor, public CoreHost::Waiter {
  public:
   PendingUnary(CoreHost* host, Metrics* metrics, const char* method,
@@ -165,8 +165,8 @@ class KvGetCall final : public PendingUnary {
 
 // A WatchMembership stream: a view waiter that writes the worker's view
 // whenever it changes, one write in flight at a time (a newer view waits in
-// `pending_`, replacing an older one). Note [Re-forming] in core.h: the core
-// learns of the stream once its first view was computed and of its end on
+// `pending_`, replacing an older one). See Note [Re-forming] in core.h: the
+// core learns of the stream once its first view was computed and of its end on
 // every way out. Fields are guarded by the host's mutex.
 class WatchCall final : public grpc::ServerWriteReactor<v1::MembershipUpdate>,
                         public CoreHost::Waiter {

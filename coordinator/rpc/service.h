@@ -3,7 +3,7 @@
 // converts protos and waits; every decision is the Core's.
 //
 // gRPC's callback API: no call holds a thread while it waits. Join, KvGet
-// and WatchMembership are waiters of the CoreHost (Note [Asynchronous
+// and WatchMembership are waiters of the CoreHost (see Note [Asynchronous
 // waits] in host.h); the other methods answer in the handler.
 //
 // Thread-safety: every method may be called from any thread; the CoreHost

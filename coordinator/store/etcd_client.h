@@ -78,8 +78,8 @@ class EtcdClient {
   // Runs `call(stubs, context)` on the current endpoint, then on the
   // others while the endpoint is unreachable, each try bounded by the call
   // timeout and all of them by `deadline`. An endpoint found unreachable
-  // whose channel is older than a second gets a new one (Note [Fresh
-  // channels] in worker/coordinator_client.cc).
+  // whose channel is older than a second gets a new one (see Note [Fresh
+  // channels] in common/coordinator_channel.h).
   absl::Status Call(
       const std::function<grpc::Status(Stubs&, grpc::ClientContext&)>& call,
       absl::Time deadline = absl::InfiniteFuture());

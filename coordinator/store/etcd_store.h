@@ -3,27 +3,6 @@
 // replicas share one etcd cluster; one of them leads (serves workers and
 // operators), the others stand by and take over when it goes.
 //
-// Note [etcd leadership]: keys under a prefix P (default "/concord/"):
-//   P + "leader"         the leader's identity, attached to its lease
-//   P + "jobs/" + JOB    the job's JobRecord (protobuf binary)
-// Campaign grants a lease of `lease_ttl` and puts the leader key with it in a
-// transaction that succeeds only if the key does not exist (create_revision
-// 0); the losers poll the key until it disappears, which happens when the
-// leader revokes its lease (clean shutdown: the standby takes over at once)
-// or the lease expires (the leader died or lost etcd: after at most the
-// TTL). The leader renews its lease every TTL/4 and gives leadership up
-// itself when no renewal succeeded for 2/3 of the TTL, before etcd could
-// expire the lease and elect another — so two leaders never serve at once
-// unless clocks run at very different rates.
-//
-// Every Save is fenced: a transaction that writes the record only if the
-// leader key still has the create_revision this replica's campaign created.
-// A deposed leader therefore cannot overwrite what its successor wrote, even
-// if it has not yet noticed; its Save fails with FAILED_PRECONDITION and
-// leadership is reported lost. A new leader loads every job (LoadAll), so a
-// failover loses nothing that was saved — and a job change is saved before
-// the call that made it is answered (Note [Persistence] in core.h).
-//
 // Thread-safety: every method may be called from any thread.
 
 #include <condition_variable>
@@ -47,6 +26,29 @@ struct EtcdStoreOptions {
   // How often a standby looks at the leader key.
   absl::Duration poll_interval = absl::Milliseconds(250);
 };
+
+// Note [etcd leadership]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// Keys under a prefix P (default "/concord/"):
+//   P + "leader"         the leader's identity, attached to its lease
+//   P + "jobs/" + JOB    the job's JobRecord (protobuf binary)
+// Campaign grants a lease of `lease_ttl` and puts the leader key with it in a
+// transaction that succeeds only if the key does not exist (create_revision
+// 0); the losers poll the key until it disappears, which happens when the
+// leader revokes its lease (clean shutdown: the standby takes over at once)
+// or the lease expires (the leader died or lost etcd: after at most the
+// TTL). The leader renews its lease every TTL/4 and gives leadership up
+// itself when no renewal succeeded for 2/3 of the TTL, before etcd could
+// expire the lease and elect another — so two leaders never serve at once
+// unless clocks run at very different rates.
+//
+// Every Save is fenced: a transaction that writes the record only if the
+// leader key still has the create_revision this replica's campaign created.
+// A deposed leader therefore cannot overwrite what its successor wrote, even
+// if it has not yet noticed; its Save fails with FAILED_PRECONDITION and
+// leadership is reported lost. A new leader loads every job (LoadAll), so a
+// failover loses nothing that was saved — and a job change is saved before
+// the call that made it is answered (see Note [Persistence] in core.h).
 
 class EtcdStore final : public Store {
  public:

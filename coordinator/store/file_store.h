@@ -1,14 +1,15 @@
 #pragma once
 // The embedded Store: one file per job in a state directory.
 //
-// Note [File store]: `DIR/jobs/<job_id>.pb` holds the job's JobRecord
-// (protobuf binary). Save writes `<job_id>.pb.tmp`, fsyncs it, renames it
-// over the record and fsyncs the directory, so after SIGKILL (or power loss)
-// at any point each record is either the old or the new one, never a mix.
-// Leftover `.tmp` files are ignored and removed on open. Job ids are
-// validated (core_validation.h) to be safe file names. `DIR/LOCK` is held
-// with flock(2) while the store is open, so two coordinators never share a
-// directory.
+// Note [File store]
+// ~~~~~~~~~~~~~~~~~
+// `DIR/jobs/<job_id>.pb` holds the job's JobRecord (protobuf binary). Save
+// writes `<job_id>.pb.tmp`, fsyncs it, renames it over the record and fsyncs
+// the directory, so after SIGKILL (or power loss) at any point each record is
+// either the old or the new one, never a mix. Leftover `.tmp` files are ignored
+// and removed on open. Job ids are validated (core_validation.h) to be safe
+// file names. `DIR/LOCK` is held with flock(2) while the store is open, so two
+// coordinators never share a directory.
 
 #include <memory>
 #include <string>

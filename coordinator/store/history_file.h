@@ -2,15 +2,16 @@
 // The coordinator's history (concord-coordinator --history-file FILE): the
 // decisions this replica made durable, for tests/history.py.
 //
-// Note [Coordinator history]: JSON Lines appended to FILE, one per job
-// event (core.h's Event: join, generation, leave, failure, drain, job,
-// stop, ...), written by the host once the job's record holding the event
-// was saved to the store (with no store: once the change is made). So a
-// leader cut off from etcd writes nothing it could not save, and what a
-// successor loads it does not write again: every generation appears once,
-// from the replica that made it. Fields: event (the kind), job, seq (the
-// job's event number, which continues across fail-overs), time_us
-// (CLOCK_REALTIME), pid, worker and message where the event has them;
+// Note [Coordinator history]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~
+// JSON Lines appended to FILE, one per job event (core.h's Event: join,
+// generation, leave, failure, drain, job, stop, ...), written by the host once
+// the job's record holding the event was saved to the store (with no store:
+// once the change is made). So a leader cut off from etcd writes nothing it
+// could not save, and what a successor loads it does not write again: every
+// generation appears once, from the replica that made it. Fields: event (the
+// kind), job, seq (the job's event number, which continues across fail-overs),
+// time_us (CLOCK_REALTIME), pid, worker and message where the event has them;
 // formed generations add generation and members (worker ids by rank),
 // ended ones generation. Events the core dropped before they were written
 // (beyond its per-job cap between two saves) are one "gap" line with

@@ -1,6 +1,6 @@
 #pragma once
-// Where the coordinator keeps its jobs across restarts (Note [Persistence] in
-// core.h). One record per job; Save replaces the job's record as a whole.
+// Where the coordinator keeps its jobs across restarts (see Note [Persistence]
+// in core.h). One record per job; Save replaces the job's record as a whole.
 //
 // Implementations side by side: MemoryStore (here: tests, and coordinators
 // without --state-dir), FileStore (file_store.h: the embedded default).

@@ -20,7 +20,7 @@
 // committed. When a worker dies anywhere in it (even after the
 // discriminator's optimizer stepped), run_elastic puts both models and both
 // optimizers back to the last commit and the survivors take the step again
-// (Note [Early optimizer steps] in docs/architecture.md).
+// (see Note [Early optimizer steps] in worker/elastic/state.h).
 //
 // Each worker prints, at the end, one line
 //   concord-dcgan: rank R world W device D generation G steps S reforms F

@@ -13,10 +13,10 @@
 //             [f](torch::Tensor sum) { return sum.mul_(f); });
 //       });
 //
-// Note [DDP Communication Hook] (docs/architecture.md): without a hook a
-// bucket holds each gradient divided by the world size and is summed over
-// the ranks. With one, the bucket holds the plain (accumulated) gradients
-// and the hook decides; the future's value, a tensor shaped like
+// Without a hook a bucket holds each gradient divided by the world size and
+// is summed over the ranks (see Note [DDP Communication Hook] in
+// worker/ddp/comm_hooks.h). With one, the bucket holds the plain (accumulated)
+// gradients and the hook decides; the future's value, a tensor shaped like
 // bucket.buffer(), becomes the bucket's gradients. Hooks run on the thread
 // running backward, one bucket at a time in bucket order, identically on
 // every rank: each rank must issue the same collectives. A hook is kept

@@ -17,8 +17,8 @@
 // dtypes, order: kFailedPrecondition naming the first difference, on every
 // rank) and gives every rank the authoritative rank's parameters and
 // buffers. Backward averages gradients with bucketed allreduce overlapping
-// the rest of backward, with PyTorch's arithmetic (Note [Reducer flow] in
-// docs/architecture.md). TorchScript modules work the same way:
+// the rest of backward, with PyTorch's arithmetic (see Note [Reducer flow] in
+// worker/ddp/reducer.h). TorchScript modules work the same way:
 // `concord::DistributedDataParallel ddp(torch::jit::load(path), job)` and
 // `ddp->forward({x}).toTensor()`.
 //

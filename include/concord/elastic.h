@@ -15,7 +15,7 @@
 //     }
 //   });
 //
-// A step is transactional (Note [Elastic step] in docs/architecture.md):
+// A step is transactional (see Note [Elastic step] in worker/elastic/state.h):
 // when a peer dies or the coordinator ends the generation, the collective in
 // flight fails, run_elastic restores the last commit (model, optimizer,
 // counters, sampler position, buffers and the user's values), re-forms with
@@ -72,7 +72,7 @@ struct ElasticSamplerOptions {
 // The position it goes on from after a failure is the last commit's. A
 // loader with workers (DataLoaderOptions::workers) prefetches ahead of the
 // loop: concord/data.h makes LibTorch's loader tell the sampler which
-// windows the loop took (Note [Prefetching loaders]).
+// windows the loop took (see Note [Prefetching loaders]).
 class ElasticSampler : public torch::data::samplers::Sampler<> {
  public:
   ElasticSampler(size_t dataset_size, const Job& job,
@@ -107,7 +107,7 @@ class ElasticSampler : public torch::data::samplers::Sampler<> {
   std::shared_ptr<detail::SamplerState> state_;
 };
 
-// How an ElasticState runs the step agreement (Note [Step agreement]).
+// How an ElasticState runs the step agreement (see Note [Step agreement]).
 struct ElasticStateOptions {
   // PyTorch's join(divide_by_initial_world_size=True): after ranks left
   // with join(), gradient sums are still divided by the world size the job
@@ -124,7 +124,7 @@ struct ElasticStateOptions {
   // members, no step committed since) is re-formed again at most this many
   // times, waiting 0.2 s, 0.4 s, ... (at most 5 s) before each; then
   // run_elastic throws kFailedPrecondition naming the step and the error
-  // (Note [Re-form loops]). A re-form that lost or admitted a worker starts
+  // (see Note [Re-form loops]). A re-form that lost or admitted a worker starts
   // the count again. At least 1.
   TORCH_ARG(int, max_repeated_failures) = 3;
 };
@@ -149,8 +149,8 @@ struct ResetInfo {
   std::string reason;
 };
 
-// The training state run_elastic keeps transactional (Note [Elastic step],
-// Note [Several models]): the job's DistributedDataParallel modules, the
+// The training state run_elastic keeps transactional (see Note [Elastic step],
+// see Note [Several models]): the job's DistributedDataParallel modules, the
 // optimizers and the sampler added to it, the counters and the user's
 // values. Horovod's TorchState, with any number of models and optimizers:
 //
@@ -168,7 +168,7 @@ struct ResetInfo {
 // step and sent to newcomers. A step may run any number of forwards, backwards
 // and optimizer steps; when any collective of it fails, every module and
 // optimizer goes back to the last commit, also an optimizer that stepped
-// before the failure (Note [Early optimizer steps]), and the step is taken
+// before the failure (see Note [Early optimizer steps]), and the step is taken
 // again in the next generation: no update is applied twice or lost.
 class ElasticState {
  public:

@@ -16,27 +16,6 @@
 // training statistics are taken over the whole group's batch (PyTorch's
 // nn.SyncBatchNorm, apex's SyncBatchNorm), over Concord's communicators.
 //
-// Note [SyncBN arithmetic]
-// Training forward, per layer and call:
-//   1. each rank computes per-channel (mean, m2, count) of its local batch
-//      with Welford's algorithm (kernels/syncbn.h; CUDA kernels for CUDA
-//      tensors, CPU twins otherwise);
-//   2. ONE allgather of that (2C + 1)-float row;
-//   3. every rank combines the rows by Chan's count-weighted parallel
-//      Welford update in rank order (identical result on every rank; a rank
-//      with an empty batch contributes count 0);
-//   4. y = (x - mean) * invstd * weight + bias, invstd from the biased
-//      variance; running stats take the unbiased variance m2 / (count - 1)
-//      with `momentum` (none: cumulative average over num_batches_tracked).
-// Backward: each rank reduces (sum_dy, sum_dy_xmu) over its batch, ONE
-// allreduce sums them, and the input gradient is the element-wise pass with
-// the global sums. weight/bias gradients are this rank's contributions
-// (sum_dy_xmu * invstd and sum_dy), as in PyTorch: DDP then averages them
-// like every other gradient.
-// Eval mode with running stats: plain batch norm, no communication. Eval
-// mode without running stats: batch statistics of the local batch, no
-// communication (PyTorch's rule).
-//
 // Every rank of the group must run the same SyncBN layers in the same order
 // in forward and backward (including a rank whose batch is empty); a rank
 // that skips one leaves its peers waiting until the collective's timeout,
@@ -74,7 +53,29 @@ class SyncBatchNormImpl : public torch::nn::Cloneable<SyncBatchNormImpl> {
   explicit SyncBatchNormImpl(int64_t num_features)
       : SyncBatchNormImpl(torch::nn::BatchNormOptions(num_features)) {}
 
-  // Training: Note [SyncBN arithmetic]. Throws c10::Error for a bad input
+  // Note [SyncBN arithmetic]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~
+  // Training forward, per layer and call:
+  //   1. each rank computes per-channel (mean, m2, count) of its local batch
+  //      with Welford's algorithm (kernels/syncbn.h; CUDA kernels for CUDA
+  //      tensors, CPU twins otherwise);
+  //   2. ONE allgather of that (2C + 1)-float row;
+  //   3. every rank combines the rows by Chan's count-weighted parallel
+  //      Welford update in rank order (identical result on every rank; a rank
+  //      with an empty batch contributes count 0);
+  //   4. y = (x - mean) * invstd * weight + bias, invstd from the biased
+  //      variance; running stats take the unbiased variance m2 / (count - 1)
+  //      with `momentum` (none: cumulative average over num_batches_tracked).
+  // Backward: each rank reduces (sum_dy, sum_dy_xmu) over its batch, ONE
+  // allreduce sums them, and the input gradient is the element-wise pass with
+  // the global sums. weight/bias gradients are this rank's contributions
+  // (sum_dy_xmu * invstd and sum_dy), as in PyTorch: DDP then averages them
+  // like every other gradient.
+  // Eval mode with running stats: plain batch norm, no communication. Eval
+  // mode without running stats: batch statistics of the local batch, no
+  // communication (PyTorch's rule).
+
+  // Training: see Note [SyncBN arithmetic]. Throws c10::Error for a bad input
   // (dims, channels, dtype; "Expected more than 1 value per channel when
   // training" when the group's batch has one element per channel) and
   // concord::Error when a collective fails.

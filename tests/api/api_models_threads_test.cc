@@ -234,7 +234,7 @@ TEST_F(ModelsThreadsTest, TwoModelsAndTheirOptimizersGoOnAfterAWorkerLeaves) {
   }
 }
 
-// Note [Early optimizer steps]: worker 2 leaves after the discriminator's
+// See Note [Early optimizer steps]: worker 2 leaves after the discriminator's
 // optimizer stepped, before the generator's collectives; the survivors'
 // step fails there, the discriminator and its momentum are put back, and
 // the step is taken again in the 2-worker generation. The result is bit
@@ -256,7 +256,7 @@ TEST_F(ModelsThreadsTest, AnOptimizerThatSteppedBeforeAFailureIsPutBack) {
   ExpectEveryEpochOnce(late);
 }
 
-// Note [Re-form loops]: a step whose retryable error comes back after every
+// See Note [Re-form loops]: a step whose retryable error comes back after every
 // re-form (nobody left, nothing committed) ends run_elastic after
 // max_repeated_failures re-forms with one line naming the step and the
 // error, and the job's status shows it.
@@ -375,7 +375,7 @@ struct Indices : torch::data::datasets::Dataset<Indices> {
   size_t n;
 };
 
-// Note [Prefetching loaders]: LibTorch's DataLoader with two workers over
+// See Note [Prefetching loaders]: LibTorch's DataLoader with two workers over
 // an ElasticSampler asks for windows ahead of the loop; worker 2 leaves
 // mid-epoch, the survivors' loop starts again (with batches in flight) and
 // goes on from the commit: every sample of each epoch trained once.
@@ -493,7 +493,7 @@ class Redirected {
   int saved_out_ = -1, saved_err_ = -1;
 };
 
-// Note [Library logging]: what the library says goes to standard error,
+// See Note [Library logging]: what the library says goes to standard error,
 // never to the program's standard output.
 TEST_F(ModelsThreadsTest, TheLibraryLogsToStandardErrorOnly) {
   Redirected streams(dir_);

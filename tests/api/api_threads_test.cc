@@ -428,7 +428,7 @@ TEST_F(ApiThreadsTest, JoinLetsRanksWithUnevenInputsFinishAndTheOthersGoOn) {
 }
 
 // SlowMo through DdpOptions::slowmo, against its arithmetic (fairscale's
-// perform_slowmo, Note [SlowMo step]) computed here on one process: every
+// perform_slowmo, see Note [SlowMo step]) computed here on one process: every
 // rank takes local SGD steps on its own batches; every localsgd_frequency
 // steps the parameters are averaged; every slowmo_frequency steps
 //   u <- beta u + (x_old - x) / lr;  x_old <- x_old - alpha lr u;  x <- x_old

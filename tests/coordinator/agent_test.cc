@@ -534,7 +534,7 @@ v1::LeaveRequest LeaveReq(const std::string& job, const std::string& worker,
   return leave;
 }
 
-// Note [Exited workers]: the launcher reports a worker's exit through its
+// See Note [Exited workers]: the launcher reports a worker's exit through its
 // agent and the job re-forms without it at once, not after the heartbeat
 // timeout (a minute here).
 TEST_F(NodeAgentTest, AWorkerThatExitedIsTakenOutAtOnce) {
@@ -679,7 +679,7 @@ TEST_F(NodeAgentTest, ExitReportsOfForeignOrMalformedWorkersAreRefused) {
   (void)stream->Finish();
 }
 
-// What concord-run decides its exit status from (Note [Exit status] in
+// What concord-run decides its exit status from (see Note [Exit status] in
 // tools/launcher.h): the coordinator's answers to the workers' calls.
 TEST_F(NodeAgentTest, TheAgentHearsWhetherTheJobCompleted) {
   JoinAll("job", 2, stub_.get());

@@ -2,7 +2,7 @@
 // records round-trip, one leader at a time, a deposed leader cannot write
 // (fencing), resigning hands over at once, a leader that cannot reach etcd
 // steps down before its lease could expire, and bad records or endpoints are
-// clear errors. Note [etcd leadership] in coordinator/store/etcd_store.h.
+// clear errors. See Note [etcd leadership] in coordinator/store/etcd_store.h.
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -90,8 +90,8 @@ class EtcdTest : public ::testing::Test {
       _exit(127);
     }
     // Up when a Range answers. A fresh client per try: a gRPC channel that
-    // failed to connect takes seconds to retry (Note [Fresh channels] in
-    // worker/coordinator_client.cc).
+    // failed to connect takes seconds to retry (see Note [Fresh channels] in
+    // common/coordinator_channel.h).
     const absl::Time deadline = absl::Now() + absl::Seconds(20);
     while (absl::Now() < deadline) {
       int status = 0;

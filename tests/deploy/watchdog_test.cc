@@ -1,4 +1,4 @@
-// Note [Watchdog pings] (coordinator/systemd_notify.h) through the real
+// See Note [Watchdog pings] in coordinator/systemd_notify.h through the real
 // server: WATCHDOG=1 goes out from the tick thread while the core ticks, and
 // stops while the core is stuck behind its mutex. The test plays systemd: it
 // owns the unix datagram socket that NOTIFY_SOCKET names.

@@ -2,7 +2,7 @@
 """64 real worker processes through 8 node agents, one agent killed mid-run.
 
 A standalone concord-coordinator on loopback; eight concord-run launchers
-(each the node agent of its eight concord-train workers, Note [Node agents]
+(each the node agent of its eight concord-train workers, see Note [Node agents]
 in agent/node_agent.h) join one job of 64. Once the job has trained a few
 steps, one launcher is SIGKILLed, only the launcher: its workers must die
 with it, the other 56 re-form without them and finish the job.

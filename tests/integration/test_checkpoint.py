@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Integration test of durable checkpoints (Note [Checkpoints] in
+"""Integration test of durable checkpoints (see Note [Checkpoints] in
 worker/checkpoint/checkpointer.h): real concord-run + concord-train jobs of
 3 workers with --checkpoint-dir, killed whole or in part, started again.
 
@@ -236,8 +236,8 @@ def case_kill_all(ctx, name, nproc_after=3):
 def case_started_again(ctx, name):
     """Against a separate coordinator: every worker and the launcher
     SIGKILLed, the job stopped by an operator; the command run again starts
-    the job again (Note [Starting again]) from the checkpoint the
-    coordinator names (Note [Resume source]: the newest it recorded; the log
+    the job again (see Note [Starting again]) from the checkpoint the
+    coordinator names (see Note [Resume source]: the newest it recorded; the log
     says so), bit-identical to the uninterrupted run, and the history
     checker follows the job across both runs. The second run has a
     --checkpoint-dir of its own, empty, as a node-local disk on another
@@ -335,7 +335,7 @@ def case_memory(ctx, name):
     checks.check(step is not None and step >= 60,
                  name + ": the restarted workers resumed from the node's memory (step %s)" % step,
                  p.stderr()[-3000:])
-    # Note [Resume source]: the agent reported its memory snapshots; the
+    # See Note [Resume source]: the agent reported its memory snapshots; the
     # coordinator named the one they took.
     checks.check(re.search(r"resuming from step %s of the checkpoint in memory \([^\n]*\), as "
                            r"the coordinator named" % step, p.stderr()) is not None,
@@ -611,7 +611,7 @@ SLOWMO = ["--algorithm", "slowmo-localsgd", "--localsgd-frequency", "5",
 
 
 def case_slowmo(ctx, name):
-    """Note [Participants in checkpoints]: a SlowMo job killed whole
+    """See Note [Participants in checkpoints]: a SlowMo job killed whole
     resumes with its slow momentum (gathered from its 3 owners into the
     checkpoint, re-sharded at the resume), bit-identical to an uninterrupted
     run: every checkpoint is taken after an average."""
@@ -643,7 +643,7 @@ def case_slowmo(ctx, name):
 
 
 def case_powersgd(ctx, name):
-    """Note [PowerSGD across re-forms]: PowerSGD (rank 1, compressing from
+    """See Note [PowerSGD across re-forms]: PowerSGD (rank 1, compressing from
     iteration 5) keeps its state when a worker is killed and restarted (the
     newcomer takes the count and Q: a newcomer that went back to vanilla
     allreduce would not match the survivors' collectives), and in

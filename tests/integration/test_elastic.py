@@ -41,7 +41,7 @@ What is checked (per case, see CASES / --list):
     for bit: a death before the first step (prestep), and a restart that the
     others must wait for (min_workers = W), so that every step has the
     fault-free run's window and world size (compare_to_fault_free);
-  * concord-run's exit status (Note [Exit status] in tools/launcher.h): 0
+  * concord-run's exit status (see Note [Exit status] in tools/launcher.h): 0
     when the job completed, also after a worker died for good (a launcher
     whose only worker died while the job went on elsewhere exits 137, that
     worker's status); the death is reported when it happens ("concord-run:
@@ -496,7 +496,7 @@ def check_sample_logs(checks, name, rd, n, epochs, final_step, allow_lost_commit
     never reached the final model. A line may be one when it is the last
     line of a worker that did not finish (it may have died between its
     sample line and its history record) or when the history checker proved
-    that commit lost (Note [History checker]). Such lines are allowed only
+    that commit lost (see Note [History checker]). Such lines are allowed only
     with allow_lost_commits (the chaos and network-fault groups) and are
     printed; the job's history is then the other lines. Returns (number of
     lost commits, the job's history {step: (epoch, window)})."""
@@ -566,7 +566,7 @@ def check_sample_logs(checks, name, rd, n, epochs, final_step, allow_lost_commit
 
 
 def check_history(checks, name, rd, n=None, epochs=None, final_step=None):
-    """tests/history.py over the run's histories (Note [History checker])."""
+    """tests/history.py over the run's histories (see Note [History checker])."""
     problems, summary = history.check(rd.history, rd.coordinator_history, n, epochs, final_step)
     checks.check(not problems, name + ": history invariants (%s)" % summary, "; ".join(problems[:20]))
 
@@ -880,7 +880,7 @@ def case_fixed(ctx, name, world, n, batch, epochs, kills=(), min_workers=None):
     longest = max(streams[r] for r in alive)
     finishers = sorted(r for r in alive if streams[r] == longest)
     leavers = sorted(r for r in alive if streams[r] < longest)
-    expected_rc = 0  # the job completed, deaths or not (Note [Exit status])
+    expected_rc = 0  # the job completed, deaths or not (see Note [Exit status])
     ok = not p.timed_out and rc == expected_rc and not p.leftovers
     ctx.checks.check(ok, name + ": concord-run exits %d (got %s, %.1fs)" % (
         expected_rc, "timeout" if p.timed_out else rc, p.elapsed), "" if ok else p.describe())

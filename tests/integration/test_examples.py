@@ -53,7 +53,7 @@ Concord, under the installed launcher, with a worker killed mid-run.
    optimizer stepped, at its third forward (the generator's step), (c) in
    the generator's backward, (d) at the step's first forward, before any
    collective of it. Checked for each: the worker logged the kill at that
-   point and died of it; concord-run exits 0 (the job completed: Note
+   point and died of it; concord-run exits 0 (the job completed: see Note
    [Exit status]) with a summary line naming worker 2, SIGKILLed, as the
    only worker lost;
    two final lines (world 2, one re-form, the same step count); the
@@ -94,7 +94,7 @@ import history  # noqa: E402  (tests/history.py, on the path fixtures sets)
 
 DATASET = "/usr/share/datasets/fashion-mnist"
 # Every example ends with one line per worker: "TARGET: key value ...".
-# concord-run prefixes each worker's lines (Note [Worker output]).
+# concord-run prefixes each worker's lines (see Note [Worker output]).
 FINAL = r"^(?:\[worker \d+\] )?%s: ((?:\S+ \S+ ?)+)$"
 PROGRESS = re.compile(r"Epoch: (\d+) \[\s*(\d+)/\s*(\d+)\]")
 # Each example: its CMake target, and its flags after --data DATA.
@@ -381,7 +381,7 @@ def run_gan_fault(checks, prefix, binary, data, work, tag, where, fault,
                         % name, tail):
         return None
     checks.ok("%s: ran %.1f s" % (name, elapsed))
-    # Note [Exit status] (tools/launcher.h): the job completed, so
+    # See Note [Exit status] in tools/launcher.h: the job completed, so
     # concord-run exits 0, and its summary names the lost worker -- the
     # killed one, the only one.
     lost = re.findall(r"^concord-run: job \S+ completed; worker run\(s\) lost "

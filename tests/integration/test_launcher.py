@@ -1,6 +1,7 @@
 #!/usr/bin/python3
-"""concord-run as a launcher (Note [Worker output] and Note [Exit status] in
-tools/launcher.h; Note [Exited workers] in coordinator/core/core.h): real
+"""concord-run as a launcher (see Note [Worker output] and see Note
+[Exit status] in tools/launcher.h; see Note [Exited workers] in
+coordinator/core/core.h): real
 processes on loopback.
 
     /usr/bin/python3 tests/integration/test_launcher.py --bin-dir build/bin \\
@@ -403,7 +404,7 @@ def case_job_failed(ctx):
     ctx.checks.check("concord-run: job launcher-failed failed: rendezvous timed out" in err,
                      name + ": says the job failed, with the coordinator's reason", detail)
     # With restarts left: a worker that fails because the job failed is not
-    # restarted (a new process would start the job again, Note [Starting
+    # restarted (a new process would start the job again, see Note [Starting
     # again]); concord-run ends at once, saying why.
     rc, out, err, timed_out, elapsed = run(
         train_cmd(ctx, 1, ["--job-id", "launcher-failed-restarts", "--min-workers", "2",

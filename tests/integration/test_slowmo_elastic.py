@@ -31,7 +31,7 @@ With --train-flag --device --train-flag cuda:0 (the gpu suite's
 integration_slowmo_elastic_cuda) the workers share cuda:0 over Gloo and the
 slow-momentum state, its masks and exchange buffers live on the device.
 Checked for each: concord-run exits 0 (the job completed, with or without
-the restart: Note [Exit status] in tools/launcher.h) within a bounded time; the authoritative rank's metrics say
+the restart: see Note [Exit status] in tools/launcher.h) within a bounded time; the authoritative rank's metrics say
 the final world size after one re-form (two with the restart) and the job
 took every step of its data.
 The exact arithmetic of the re-shard (the state after it equal to the
@@ -84,7 +84,7 @@ def run_case(args, tmp, name, world, kill, algorithm_flags, expect_identical, lo
     except subprocess.TimeoutExpired:
         return ["did not finish within %d s" % TIMEOUT]
     err = proc.stderr
-    expected_status = 0  # the job completed (Note [Exit status])
+    expected_status = 0  # the job completed (see Note [Exit status])
     if proc.returncode != expected_status:
         problems.append("concord-run exited %d, expected %d" % (proc.returncode,
                                                                expected_status))

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""SlowMo's node hierarchy (Note [Node hierarchy] in
+"""SlowMo's node hierarchy (see Note [Node hierarchy] in
 worker/slowmo/hierarchy.h) with real processes: a concord-coordinator and two
 concord-run launchers on loopback, one per simulated node (--node-id node-a,
 node-b), two concord-train workers each, --nprocs-per-node 2. One worker of
@@ -10,7 +10,7 @@ whichever rank the dead one had) and node-b unchanged.
     /usr/bin/python3 tests/integration/test_slowmo_hierarchy.py --bin-dir build/bin
 
 Checked: both launchers exit 0 within a bound (the job completed; launcher a
-names its lost worker in a summary line: Note [Exit status] in
+names its lost worker in a summary line: see Note [Exit status] in
 tools/launcher.h); in generation 1 the 4 workers log 2 nodes over 4 ranks, two of them
 as masters; after the re-form the 3 survivors log 2 nodes over 3 ranks and
 exactly one is the master of a node of 1; slow momentum is re-sharded over

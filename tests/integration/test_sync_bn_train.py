@@ -65,7 +65,7 @@ def elastic_cases(checks, run, train, data, tmp):
             "--metrics-out", os.path.join(out, "metrics.json"), "--log-interval", "1000"]
         r = fixtures.run_command(cmd, timeout=240,
                                  env={"CONCORD_TEST_KILL": kill} if kill else None)
-        want = 0  # the job completed, a worker lost or not (Note [Exit status])
+        want = 0  # the job completed, a worker lost or not (see Note [Exit status])
         checks.check(r.returncode == want, "%s: concord-run exits %d" % (name, want),
                      r.describe())
         workers = os.path.join(out, "workers")

@@ -124,7 +124,7 @@ def parse_args():
 
 
 def device_cases(checks, train, out, tmp):
-    """Note [Worker device]: --device and --backend where there is no GPU."""
+    """See Note [Worker device]: --device and --backend where there is no GPU."""
     expect_rejection(checks, "--device gpu (not a device)", train(extra=["--device", "gpu"]),
                      ["--device"], out, also=["cpu, cuda, cuda:N or auto"])
     expect_rejection(checks, "--backend mpi (not a backend)",

@@ -18,7 +18,7 @@ the fast timeouts below unless it says otherwise. Each ends on its own
 (every process has a timeout) and checks, besides what it is about:
   * the launchers' exits, the finishers' outputs bit-identical;
   * the sample logs: every sample of every epoch exactly once (test_elastic);
-  * the history invariants (tests/history.py, Note [History checker]) over
+  * the history invariants (tests/history.py, see Note [History checker]) over
     the workers' and the coordinators' histories.
 
 Scenarios (see SCENARIOS / --list):
@@ -30,7 +30,7 @@ Scenarios (see SCENARIOS / --list):
   worker-coord-oneway-up / -down
                   the same with only w3 -> coord (or coord -> w3) cut.
   worker-worker   w1 <-> w2 cut, both reach the coordinator: the collective
-                  times out, the workers probe each other (Note
+                  times out, the workers probe each other (see Note
                   [Unreachable peers] in coordinator/core/core.h), the
                   coordinator takes the younger of the two out, the job goes
                   on with the other and w3, without flapping.
@@ -52,8 +52,8 @@ Scenarios (see SCENARIOS / --list):
   leader-etcd-death
                   the cut and w3's death at once: the cut-off leader cannot
                   save the generation without w3, so tells nobody of it
-                  (Note [Asynchronous waits] in coordinator/rpc/host.h); its
-                  successor forms it.
+                  (see Note [Asynchronous waits] in coordinator/host/host.h);
+                  its successor forms it.
 """
 
 import argparse
@@ -183,7 +183,7 @@ class Cluster(object):
         # A worker cut off mid-step may commit a step its peers then give up
         # (its allreduce completed, theirs was aborted): a lost commit, which
         # the history checker allows only if that worker's state did not go
-        # on into the job (Note [History checker]).
+        # on into the job (see Note [History checker]).
         te.check_sample_logs(checks, self.name, self.rd, self.fx_n, self.epochs, final,
                              allow_lost_commits=True)
         return final
@@ -306,7 +306,7 @@ def scenario_delay_loss(ctx, name):
 def scenario_worker_worker(ctx, name, oneway=False, restarts=0):
     """w1 and w2 cannot reach each other (or w1 cannot reach w2), both
     reach the coordinator: the collective times out, the workers find which
-    peers they cannot reach (Note [Unreachable peers]), the coordinator
+    peers they cannot reach (see Note [Unreachable peers]), the coordinator
     takes one of the two out, the job goes on without flapping. With
     `restarts`, the one taken out is restarted (a newcomer), probes the
     members it is admitted to before connecting, and is taken out again at

@@ -62,7 +62,7 @@ import torch
 import torch.nn as nn
 
 # TorchScript runs unfused on CPU, as concord-train runs it with every
-# LibTorch (Note [LibTorch versions] in worker/torch_compat.h): Debian 13's
+# LibTorch (see Note [LibTorch versions] in worker/torch_compat.h): Debian 13's
 # PyTorch 2.6 fuses with LLVM-generated kernels (other roundings than ATen's)
 # and hangs the first time it does so; Debian 12's 1.13 never fuses on CPU.
 torch._C._jit_override_can_fuse_on_cpu(False)
@@ -343,7 +343,7 @@ def last_joiner(lengths):
 
 def load_state(path):
     """Load a dict name -> tensor written by torch.save (Python) or by
-    Concord (Note [State dict files]), the way a careful Python user does:
+    Concord (see Note [State dict files]), the way a careful Python user does:
     torch.load with weights_only=True (2.6's default; 1.13 has the flag)."""
     obj = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(obj, dict):

@@ -78,7 +78,7 @@ TEST(CheckpointCrashTest, BeforeTheRenameLeavesTheOlderOne) {
 }
 
 // Renamed into place, `latest` not replaced yet: the loader goes by the
-// step-N directories (Note [Checkpoint directories]), so step 20 is what
+// step-N directories (see Note [Checkpoint directories]), so step 20 is what
 // loads, while `latest` still names step 10.
 TEST(CheckpointCrashTest, DuringLatestLosesNothing) {
   TempDir dir;
@@ -450,7 +450,7 @@ TEST(CheckpointMemoryTest, ASnapshotThatCannotFitKeepsTheLastOne) {
   ExpectSameContent(*read, small);
 }
 
-// ---- the resume source (Note [Resume source] in coordinator/core/core.h)
+// ---- the resume source (see Note [Resume source] in coordinator/core/core.h)
 // ------------------------------------------------------------
 
 // The checkpoint the coordinator names is offered; a newer complete one in
@@ -499,7 +499,7 @@ TEST(CheckpointCandidateTest, TheNamedCheckpointOrANewerOne) {
   EXPECT_EQ(got->step, 40);
 }
 
-// ---- direct writes (Note [Direct writes])
+// ---- direct writes (see Note [Direct writes])
 // ------------------------------------------------------------
 
 // Every size around the block and the buffer, appended in odd pieces, reads
@@ -692,7 +692,7 @@ TEST(CheckpointPersisterTest, AFailedWriteIsReported) {
   EXPECT_EQ(reports[0].bytes, 0u);
 }
 
-// Note [Resume source]: a snapshot another node's writer persists is
+// See Note [Resume source]: a snapshot another node's writer persists is
 // reported as memory only (step, the region's bytes, no path): nothing is
 // written.
 TEST(CheckpointPersisterTest, ASnapshotInMemoryOnlyIsReported) {

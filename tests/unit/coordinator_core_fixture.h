@@ -62,7 +62,7 @@ class CoordinatorDecisionsTest : public ::testing::Test {
   Core core_{&clock_};
 };
 
-// Note [Re-forming]: a generation formed after the settle period, views of
+// See Note [Re-forming]: a generation formed after the settle period, views of
 // the job's members, survivors and waiting workers, its events.
 class CoordinatorReformTest : public CoordinatorDecisionsTest {
  protected:

@@ -482,7 +482,7 @@ TEST_F(CoordinatorCoreTest, RendezvousTimeoutFailsTheJob) {
                         "waiting; min_workers is 3"));
   EXPECT_EQ(core_.Events(kJob).back().kind, "job");
   // A process of the run that failed does not start it again; a new one
-  // does (Note [Starting again]).
+  // does (see Note [Starting again]).
   EXPECT_EQ(core_.Join(JoinReq(spec, "a")).code(),
             absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(core_.State(kJob), v1::JOB_STATE_FAILED);
@@ -510,7 +510,7 @@ TEST_F(CoordinatorCoreTest, EveryMutationBumpsTheVersion) {
   EXPECT_GT(core_.version(), v);
 }
 
-// Note [Persistence]: arrivals are saved in a group (with the job's next
+// See Note [Persistence]: arrivals are saved in a group (with the job's next
 // other change or on a tick); the formation that answers them is saved at
 // once, with them.
 TEST_F(CoordinatorCoreTest, ArrivalsAreSavedInAGroupAndAFormationAtOnce) {

@@ -266,7 +266,7 @@ TEST_F(CoordinatorDecisionsTest, GetJobShowsMembersAndHealth) {
 TEST_F(CoordinatorDecisionsTest, ExportAndRestoreKeepEverything) {
   const int64_t gen = FormGeneration(2);
   ASSERT_TRUE(core_.Heartbeat(HeartbeatReq(Worker(0), gen, 8)).ok());
-  // A node agent's memory snapshot (Note [Resume source]) is kept too.
+  // A node agent's memory snapshot (see Note [Resume source]) is kept too.
   v1::CheckpointReport memory;
   memory.set_step(8);
   memory.set_bytes(4096);
@@ -319,8 +319,8 @@ TEST_F(CoordinatorDecisionsTest, ExportAndRestoreKeepEverything) {
             absl::StatusCode::kFailedPrecondition);
 }
 
-// Note [Unreachable peers]: survivors of a generation that report each other
-// unreachable: the one that joined the job last is taken out (drained, an
+// See Note [Unreachable peers]: survivors of a generation that report each
+// other unreachable: the one that joined the job last is taken out (drained, an
 // event, its Join refused), the others form the next generation at once.
 TEST_F(CoordinatorReformTest, WorkersThatCannotReachEachOtherLoseOneSide) {
   const int64_t gen = FormSettled(3, 3);  // w0, w1, w2 in join order

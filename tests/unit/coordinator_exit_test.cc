@@ -1,4 +1,4 @@
-// Exited workers (Note [Exited workers] in coordinator/core/core.h): a node
+// Exited workers (see Note [Exited workers] in coordinator/core/core.h): a node
 // agent's report that a worker process exited takes it out at once, as its
 // failed Leave or its heartbeat timeout would, and a bad report changes
 // nothing.
@@ -249,7 +249,7 @@ TEST_F(CoordinatorExitTest, TheChangeIsPersisted) {
   EXPECT_TRUE(restored.Join(restarted).ok());
 }
 
-// Note [Checkpoints] in worker/checkpoint/checkpointer.h: the job keeps the
+// See Note [Checkpoints] in worker/checkpoint/checkpointer.h: the job keeps the
 // newest reported checkpoints by step, in its record and its status; a bad
 // report changes nothing.
 v1::CheckpointReport Checkpoint(int64_t step) {
@@ -401,8 +401,8 @@ TEST_F(CoordinatorExitTest, FailedCheckpointWritesAreCountedAndShownOnce) {
   EXPECT_TRUE(said);
 }
 
-// Note [Starting again] and Note [Resume source]: a stopped job that new
-// worker processes join runs again, from the newest checkpoint it had; its
+// See Note [Starting again] and see Note [Resume source]: a stopped job that
+// new worker processes join runs again, from the newest checkpoint it had; its
 // old processes are refused; it all survives a coordinator restart.
 TEST_F(CoordinatorExitTest, AStoppedJobStartsAgainFromItsNewestCheckpoint) {
   const int64_t gen = FormLong(2);
@@ -479,7 +479,7 @@ v1::CheckpointReport Memory(int64_t step, const std::string& node) {
   return r;
 }
 
-// Note [Resume source]: the node agents' memory snapshots. Every worker
+// See Note [Resume source]: the node agents' memory snapshots. Every worker
 // dies; new ones join: the coordinator names the newest disk checkpoint and
 // the newest memory snapshot at least as new (node-b's; node-c's older one
 // is not), in the assignment, the event and the persisted record. Memory

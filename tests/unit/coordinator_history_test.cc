@@ -1,4 +1,4 @@
-// The core's per-job history (Note [Job history]) and the loss field of
+// The core's per-job history (see Note [Job history]) and the loss field of
 // heartbeats, with a fake clock.
 
 #include <gmock/gmock.h>
@@ -62,7 +62,7 @@ TEST_F(HistoryTest, HeartbeatsAggregateOverMembers) {
             absl::StatusCode::kNotFound);
 }
 
-// Note [Lazy progress]: the core computes the members' aggregates only when
+// See Note [Lazy progress]: the core computes the members' aggregates only when
 // the history needs them, and must leave the same points as a history fed
 // the aggregates after every heartbeat.
 TEST_F(HistoryTest, LazyAggregatesLeaveTheSamePointsAsEagerOnes) {

@@ -1,4 +1,4 @@
-// The coordinator core's re-forming decisions (Note [Re-forming] in
+// The coordinator core's re-forming decisions (see Note [Re-forming] in
 // coordinator/core/core.h), driven by a fake clock: expected survivors, rank
 // order, the authoritative rank, end of data during a re-form, export/restore
 // of all of it. Lost watch streams: coordinator_watch_test.cc.
@@ -36,7 +36,7 @@ using testing::Secret;
 using testing::Spec;
 using testing::Worker;
 
-// ---- Note [Re-forming] -----------------------------------------------------
+// ---- Re-forming (see Note [Re-forming]) -------------------------------------
 
 TEST_F(CoordinatorReformTest,
        AReformRequestEndsTheGenerationAndSurvivorsFormAtOnce) {
@@ -534,7 +534,7 @@ TEST_F(CoordinatorReformTest, WaitingWorkersIsWhatTheNextGenerationAdmits) {
   const JobEpochs epochs = core_.Epochs(kJob);
   ASSERT_TRUE(core_.Join(JoinReq(spec, "x")).ok());
   EXPECT_GT(core_.Epochs(kJob).view, epochs.view);
-  // ...and nobody's placement (Note [Asynchronous waits]).
+  // ...and nobody's placement (see Note [Asynchronous waits]).
   EXPECT_EQ(core_.Epochs(kJob).placement, epochs.placement);
   EXPECT_EQ(core_.Heartbeat(HeartbeatReq(Worker(0), gen))->waiting_workers(),
             1);

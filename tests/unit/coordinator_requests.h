@@ -1,6 +1,6 @@
 #pragma once
 // Request builders shared by the coordinator core's unit tests: one job,
-// workers w0, w1, ... each with its own secret (Note [Worker binding]).
+// workers w0, w1, ... each with its own secret (see Note [Worker binding]).
 
 #include <string>
 
@@ -39,7 +39,7 @@ inline v1::JoinRequest JoinReq(const v1::JobSpec& spec,
 }
 
 // A Join from a worker that was a member of `previous_generation`. While that
-// generation runs, it is a re-form request (Note [Re-forming]).
+// generation runs, it is a re-form request (see Note [Re-forming]).
 inline v1::JoinRequest RejoinReq(const v1::JobSpec& spec,
                                  const std::string& worker,
                                  int64_t previous_generation,

@@ -146,8 +146,8 @@ TEST_F(CoordinatorServiceTest, ConcurrentJoinsFormOneGeneration) {
             grpc::StatusCode::ABORTED);
 }
 
-// Note [Re-forming] over the wire: a watcher sees a waiting worker, and the
-// member's re-form request lets it in at once.
+// Re-forming over the wire (see Note [Re-forming]): a watcher sees a waiting
+// worker, and the member's re-form request lets it in at once.
 TEST_F(CoordinatorServiceTest, WatchersSeeWaitingWorkersAndAReformAdmitsThem) {
   auto join_req = [](const std::string& worker) {
     v1::JoinRequest r = JoinReq("elastic", 2, worker);
@@ -217,10 +217,10 @@ TEST_F(CoordinatorServiceTest, WatchersSeeWaitingWorkersAndAReformAdmitsThem) {
             grpc::StatusCode::INVALID_ARGUMENT);
 }
 
-// Note [Re-forming] over the wire: a member's watch stream goes away (its
-// process was killed), and once the generation ends that expected survivor
-// is dropped after the grace (here 100 ms), long before the heartbeat
-// timeout (20 s), so the next generation forms with the rest.
+// Re-forming over the wire (see Note [Re-forming]): a member's watch stream
+// goes away (its process was killed), and once the generation ends that
+// expected survivor is dropped after the grace (here 100 ms), long before the
+// heartbeat timeout (20 s), so the next generation forms with the rest.
 TEST_F(CoordinatorServiceTest, ASurvivorWhoseWatchWentAwayIsDroppedQuickly) {
   auto join_req = [](const std::string& worker) {
     v1::JoinRequest r = JoinReq("killed", 2, worker);
@@ -480,7 +480,7 @@ bool Eventually(Fn done) {
   return true;
 }
 
-// Note [Asynchronous waits]: a pending Join holds no server thread, and one
+// See Note [Asynchronous waits]: a pending Join holds no server thread, and one
 // formed generation answers all of them.
 TEST_F(CoordinatorServiceTest,
        PendingJoinsHoldNoThreadAndOneFormationAnswersAll) {
@@ -508,7 +508,7 @@ TEST_F(CoordinatorServiceTest,
 
 // A client that goes away mid-Join frees what its call held: the waiter is
 // gone at once, and the worker is still registered (a retried Join keeps its
-// place, Note [Formation]).
+// place, see Note [Formation]).
 TEST_F(CoordinatorServiceTest, ACancelledJoinFreesItsWaiter) {
   constexpr int kWorkers = 50;
   {
@@ -569,11 +569,11 @@ std::string ReadAll(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
-// Note [Persistence] when the store fails: a formed generation that could
-// not be saved is told to nobody (a successor loading the store would not
-// know it) and is not in the history (Note [Coordinator history]); once a
-// retried save succeeds, the waiting Joins are answered and the history
-// has it, with its members by rank.
+// Persistence when the store fails (see Note [Persistence]): a formed
+// generation that could not be saved is told to nobody (a successor loading the
+// store would not know it) and is not in the history (see Note [Coordinator
+// history]); once a retried save succeeds, the waiting Joins are answered and
+// the history has it, with its members by rank.
 TEST(CoordinatorStoreFailureTest, NothingUnsavedIsAnswered) {
   spdlog::set_level(spdlog::level::off);
   FlakyStore store;
@@ -610,7 +610,7 @@ TEST(CoordinatorStoreFailureTest, NothingUnsavedIsAnswered) {
   spdlog::set_level(spdlog::level::warn);
 }
 
-// Note [Unreachable peers]: a newcomer's members_if_running gets the member
+// See Note [Unreachable peers]: a newcomer's members_if_running gets the member
 // table only where the job was running before (a rank_change), never at the
 // job's first rendezvous.
 TEST(JoinAnswerTest, MembersIfRunningOnlyForARunningJob) {

@@ -1,4 +1,4 @@
-// Re-forming with lost watch streams (Note [Re-forming] in
+// Re-forming with lost watch streams (see Note [Re-forming] in
 // coordinator/core/core.h): an expected survivor whose WatchMembership stream
 // was lost is dropped after a grace, one that comes back is kept.
 
@@ -35,7 +35,7 @@ using testing::Secret;
 using testing::Spec;
 using testing::Worker;
 
-// ---- Note [Re-forming]: lost watch streams ---------------------------------
+// ---- Lost watch streams (see Note [Re-forming]) ---------------------------
 
 class CoordinatorWatchTest : public CoordinatorReformTest {
  protected:

@@ -1,4 +1,4 @@
-// Note [Worker device]: the device and backend decisions, on CPU.
+// See Note [Worker device]: the device and backend decisions, on CPU.
 
 #include "worker/device.h"
 

@@ -39,7 +39,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::Values(1, 2, 3, 4, 5),
                        ::testing::Values<int64_t>(0, 1, 7, 262147)));
 
-// Note [Shared-memory allreduce]: the same bits as Gloo's ring allreduce,
+// See Note [Shared-memory allreduce]: the same bits as Gloo's ring allreduce,
 // for any world size (where the order of the additions matters), across
 // windows and Gloo's segments, with dtypes Gloo sums itself mixed in.
 class ShmAllreduceTest
@@ -111,7 +111,7 @@ TEST(ShmAllreduceTest, ARankThatLeavesFailsItsPeerAtOnce) {
       absl::Seconds(30), /*shared_memory=*/true);
 }
 
-// Note [Rank tables]: a generation's rendezvous costs O(N) store messages
+// See Note [Rank tables]: a generation's rendezvous costs O(N) store messages
 // (KvSet/KvGet to the coordinator), not one Get per pair: connectFullMesh
 // alone read N - 1 keys per rank twice over, 2N(N - 1) Gets in all.
 TEST(GlooRendezvousTest, StoreMessagesGrowLinearlyWithTheWorld) {
@@ -135,8 +135,8 @@ TEST(GlooRendezvousTest, StoreMessagesGrowLinearlyWithTheWorld) {
     for (auto& t : threads) t.join();
     const int messages = store.sets + store.gets;
     // Gloo: 2 Sets and 2 Gets a rank; the shared-memory group's setup
-    // (Note [Shared-memory allreduce]) 7 more a rank: 11 a rank whatever the
-    // world (Gloo alone was 2(N - 1) Gets a rank: 30 at 16).
+    // (see Note [Shared-memory allreduce]) 7 more a rank: 11 a rank whatever
+    // the world (Gloo alone was 2(N - 1) Gets a rank: 30 at 16).
     EXPECT_LE(messages, 12 * world) << "world " << world << ": " << store.sets
                                     << " sets, " << store.gets << " gets";
     EXPECT_GE(store.gets, 2 * world) << "world " << world;

@@ -620,7 +620,7 @@ Bytes CastInputs(DType t) {
   return out;
 }
 
-// Every pair of dtypes, bit for bit (NaNs too: Note [Integer conversions]).
+// Every pair of dtypes, bit for bit (NaNs too: see Note [Integer conversions]).
 TEST_F(KernelsGpuTest, CastKernelsMatchCpuTwinBitForBit) {
   const DType types[] = {DType::kFloat32, DType::kFloat16, DType::kBFloat16};
   for (DType from : types) {

@@ -24,7 +24,7 @@ DType ToKernelType(torch::ScalarType t) {
 }
 
 // A random activation (N, C, *spatial), contiguous, and its kernel shape in
-// the layout asked for (Note [Activation layout]): `data` is what the
+// the layout asked for (see Note [Activation layout]): `data` is what the
 // kernel reads; `logical` the same values as a plain (N, C, S) tensor.
 struct Activation {
   torch::Tensor data;     // contiguous memory in the kernel's layout
@@ -210,7 +210,7 @@ TEST(KernelsCpuTest, CastsRoundLikeLibTorch) {
   EXPECT_TRUE(torch::equal(b, h.to(torch::kFloat).to(torch::kBFloat16)));
 }
 
-// Note [Integer conversions]: the integer-only conversions the CUDA kernels
+// See Note [Integer conversions]: the integer-only conversions the CUDA kernels
 // use give the twins' bits for every 16-bit input, and for every float whose
 // low 16 bits are one of the patterns around the half and bf16 rounding
 // points (all 2^32 floats agree too; too slow for a unit test).

@@ -83,7 +83,7 @@ TEST_F(NcclGpuTest, SynchronizedWorksAreWatchedUntilTheyEnd) {
   auto comm = Generation(1);
   ASSERT_TRUE(comm.ok()) << comm.status();
   const auto cuda = torch::TensorOptions().device(torch::kCUDA, 0);
-  // Note [Stream-ordered waits]: dropped right after Synchronize, the works
+  // See Note [Stream-ordered waits]: dropped right after Synchronize, the works
   // still complete (the watchdog holds them and their tensors), and what
   // the current stream does next sees every result.
   torch::Tensor t = torch::ones({1 << 20}, cuda);
@@ -103,7 +103,7 @@ TEST_F(NcclGpuTest, SynchronizedWorksAreWatchedUntilTheyEnd) {
 TEST_F(NcclGpuTest, CpuTensorsAreStagedOthersRefused) {
   auto comm = Generation(1);
   ASSERT_TRUE(comm.ok()) << comm.status();
-  // Note [NCCL streams]: a CPU control tensor goes through the device and
+  // See Note [NCCL streams]: a CPU control tensor goes through the device and
   // back, and stays a CPU tensor.
   torch::Tensor bitmap = torch::arange(6, torch::kLong);
   ASSERT_TRUE(
@@ -127,7 +127,7 @@ TEST_F(NcclGpuTest, CpuTensorsAreStagedOthersRefused) {
 }
 
 TEST_F(NcclGpuTest, TheSameMemberSplitsAShrinkLeavingNobodyOutIsRefused) {
-  // Note [Re-forming NCCL]: the same members derive by split;
+  // See Note [Re-forming NCCL]: the same members derive by split;
   // ncclCommShrink must leave a rank out (NCCL refuses an empty list), so
   // Shrink refuses one before NCCL sees it, and the parent stays usable.
   auto first = Generation(1);

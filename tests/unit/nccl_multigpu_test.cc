@@ -1,11 +1,11 @@
 // The NCCL communicator over several GPUs (label multigpu): one rank per
 // visible device, ranks as threads of this process (NCCL allows that; it
 // refuses two ranks on one device). Collectives, CPU control tensors staged
-// through the device, ordering after the current stream (Note [NCCL
+// through the device, ordering after the current stream (see Note [NCCL
 // streams]), the next generation made by the members' agreed plan when a
 // rank finishes early, and abort on a hung collective followed by the
-// survivors' next generation (Note [Re-forming NCCL]), stream-ordered waits
-// and the watchdog that ends a collective nobody waits for (Note
+// survivors' next generation (see Note [Re-forming NCCL]), stream-ordered waits
+// and the watchdog that ends a collective nobody waits for (see Note
 // [Stream-ordered waits]). With fewer than two
 // devices every test says "skipped: fewer than 2 CUDA devices" (the ctest
 // SKIP_REGULAR_EXPRESSION).
@@ -116,7 +116,8 @@ TEST_F(NcclMultiGpuTest, ACollectiveWaitsForTheCurrentStream) {
     Communicator& c = *comms_[static_cast<size_t>(r)];
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(r));
     // The tensor's last writer runs long on a side stream that is current:
-    // without Note [NCCL streams] NCCL would read it before it is written.
+    // without the NCCL stream's wait (see Note [NCCL streams]) NCCL would read
+    // it before it is written.
     c10::cuda::CUDAStream side =
         c10::cuda::getStreamFromPool(false, static_cast<c10::DeviceIndex>(r));
     c10::cuda::CUDAStreamGuard on_side(side);
@@ -138,7 +139,7 @@ TEST_F(NcclMultiGpuTest, SynchronizeOrdersTheCurrentStreamAfterTheCollective) {
     Communicator& c = *comms_[static_cast<size_t>(r)];
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(r));
     torch::Tensor t = torch::full({1 << 22}, static_cast<double>(r + 1), On(r));
-    // Note [Stream-ordered waits]: the host does not wait; kernels queued
+    // See Note [Stream-ordered waits]: the host does not wait; kernels queued
     // afterwards on the current stream see the sum.
     ASSERT_TRUE(c.AllreduceSum(t, opts_)->Synchronize(kTimeout).ok());
     torch::Tensor doubled = t * 2;

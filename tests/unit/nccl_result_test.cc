@@ -1,4 +1,4 @@
-// Note [NCCL failures and re-forming]: which NCCL results re-form the job
+// See Note [NCCL failures and re-forming]: which NCCL results re-form the job
 // (retryable in the elastic loop) and which stop the worker.
 #include "worker/comm/nccl/nccl_result.h"
 

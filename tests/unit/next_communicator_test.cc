@@ -1,4 +1,4 @@
-// Note [Re-forming NCCL]: the members' agreement and the plan's execution,
+// See Note [Re-forming NCCL]: the members' agreement and the plan's execution,
 // driven on CPU by a test communicator that derives like NCCL's (shrink and
 // split connect a new Gloo communicator over the members that stay) and
 // records what it was asked to do.

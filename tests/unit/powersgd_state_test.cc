@@ -1,5 +1,5 @@
-// Note [PowerSGD across re-forms] (worker/ddp/powersgd.h): PowerSGD's state
-// put back after a failed step, given to a newcomer, and in a checkpoint
+// See Note [PowerSGD across re-forms] in worker/ddp/powersgd.h: PowerSGD's
+// state put back after a failed step, given to a newcomer, and in a checkpoint
 // (worker/elastic/powersgd_participant.h), with ranks as threads over real
 // Gloo and the real hook.
 #include <gtest/gtest.h>

@@ -1,5 +1,5 @@
-// Note [Unreachable peers], the worker's side: its reachability port and the
-// probe of others', on real sockets.
+// See Note [Unreachable peers], the worker's side: its reachability port and
+// the probe of others', on real sockets.
 
 #include "worker/reachability.h"
 

@@ -1,4 +1,5 @@
-// Note [Re-forming NCCL]: the next communicator's derivation, decided on CPU.
+// See Note [Re-forming NCCL]: the next communicator's derivation, decided on
+// CPU.
 
 #include "worker/comm/reform_plan.h"
 

@@ -1,4 +1,4 @@
-// SlowMo's fp16 path (Note [fp16 masters] in worker/slowmo/slowmo.h): fp16
+// SlowMo's fp16 path (see Note [fp16 masters] in worker/slowmo/slowmo.h): fp16
 // module parameters, fp32 masters that the optimizer steps, fairscale's
 // error feedback. Each rank (a thread over real Gloo) compares with every
 // rank's trajectory written out here with the same torch ops in the same
@@ -326,10 +326,10 @@ void StepWith(Fp16Model& m, const std::vector<torch::Tensor>& g16) {
   for (size_t j = 0; j < m.p16.size(); ++j) m.p16[j].copy_(m.p32[j]);
 }
 
-// Note [Node hierarchy] with fp16: 4 ranks = 2 nodes x 2 (interleaved),
-// fp16 gradients averaged in the node, LocalSGD with error feedback and
-// sharded slow momentum between the masters, the master's fp32 masters
-// broadcast in the node; every rank equals its node's unit of a 2-unit
+// The node hierarchy with fp16 (see Note [Node hierarchy]): 4 ranks = 2 nodes x
+// 2 (interleaved), fp16 gradients averaged in the node, LocalSGD with error
+// feedback and sharded slow momentum between the masters, the master's fp32
+// masters broadcast in the node; every rank equals its node's unit of a 2-unit
 // reference (gradient: the node's fp16 average) bit for bit.
 TEST(SlowMoFp16Test, HierarchyNodesTakeTheirMastersFp32) {
   SlowMoOptions o = LocalSgd(2);

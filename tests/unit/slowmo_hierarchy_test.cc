@@ -1,7 +1,7 @@
-// SlowMo's node hierarchy (Note [Node hierarchy] in worker/slowmo/
-// hierarchy.h): the grouping, and training with ranks as threads over real
-// Gloo (node and master groups included) against a reference computed here
-// with one unit per node, whose gradient is the average of its ranks'.
+// SlowMo's node hierarchy (see Note [Node hierarchy] in
+// worker/slowmo/hierarchy.h): the grouping, and training with ranks as threads
+// over real Gloo (node and master groups included) against a reference computed
+// here with one unit per node, whose gradient is the average of its ranks'.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 

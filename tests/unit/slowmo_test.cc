@@ -233,7 +233,7 @@ Reference TrainOnAtTwo(Model& m, SlowMo& s, int rank, const SlowMoOptions& o,
 // `world` ranks train 6 updates (one slow step) with `shards` shards, then
 // ranks >= 2 go away; ranks 0 and 1 form the next generation and SyncState
 // re-shards u and x_old over 2 owners: every old slice comes from its owner
-// or, when that is gone, from its replica on the next rank (Note [Shard
+// or, when that is gone, from its replica on the next rank (see Note [Shard
 // replicas]); the slices in `lost` (owner and replica gone) restart (u = 0,
 // x_old = x). Then training goes on and must match a reference that started
 // from the state re-sharded by hand.
@@ -407,7 +407,7 @@ TEST(SlowMoTest, SyncStateFinishesAnOwedUpdate) {
   });
 }
 
-// Note [Participants in checkpoints]: 3 ranks with 3 shards take a
+// See Note [Participants in checkpoints]: 3 ranks with 3 shards take a
 // checkpoint after 6 updates: every rank gets the whole u and x_old,
 // gathered from the owners. Two new processes resume from it (rank 1 loads
 // it, rank 0 holds nothing): SyncState re-shards it over 2 owners, and the

@@ -1,8 +1,8 @@
-// Note [Stream-ordered waits] on CPU: which waits the training code asks
-// for (Synchronize where the device may order a stream, Wait where the host
-// needs the data or a verdict), observed through a communicator that wraps
-// real Gloo and counts them. On the CPU both end in a host wait, so the
-// results are those of Gloo.
+// Stream-ordered waits on CPU (see Note [Stream-ordered waits]): which waits
+// the training code asks for (Synchronize where the device may order a stream,
+// Wait where the host needs the data or a verdict), observed through a
+// communicator that wraps real Gloo and counts them. On the CPU both end in a
+// host wait, so the results are those of Gloo.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 

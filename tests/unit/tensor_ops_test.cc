@@ -1,7 +1,7 @@
-// worker/tensor_ops.h (Note [Kernels in the worker]): the kernels' CPU twins
-// behind LibTorch tensors must do exactly what the LibTorch ops they replace
-// do — at::cat of the reshaped tensors, Tensor::copy_, Tensor::to, mul_ —
-// bit for bit, for every layout and dtype, including the ones that fall back.
+// worker/tensor_ops.h (see Note [Kernels in the worker]): the kernels' CPU
+// twins behind LibTorch tensors must do exactly what the LibTorch ops they
+// replace do — at::cat of the reshaped tensors, Tensor::copy_, Tensor::to, mul_
+// — bit for bit, for every layout and dtype, including the ones that fall back.
 #include "worker/tensor_ops.h"
 
 #include <gtest/gtest.h>

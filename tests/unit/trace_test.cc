@@ -1,4 +1,4 @@
-// The timeline recorder, WorkTracer and the merge of trace files (Note
+// The timeline recorder, WorkTracer and the merge of trace files (see Note
 // [Trace files] in worker/trace/recorder.h), on real files.
 
 #include <gtest/gtest.h>

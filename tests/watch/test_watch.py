@@ -160,8 +160,8 @@ def case_progress(checks, job):
     if checks.check(r.returncode == 0, "progress: a 2-worker job succeeds", r.describe()):
         check_lines(checks, "progress: plain lines every --log-interval steps", r, killed=False)
     r = fixtures.run_command(job.cmd(min_workers=1), timeout=RUN_TIMEOUT, env=KILL_ENV)
-    # The job completed without the killed worker: exit 0 (Note [Exit status]
-    # in tools/launcher.h).
+    # The job completed without the killed worker: exit 0 (see Note
+    # [Exit status] in tools/launcher.h).
     if checks.check(r.returncode == 0 and not r.timed_out,
                     "progress: the job goes on without the killed worker", r.describe()):
         check_lines(checks, "progress: generation, world size and total follow the re-form",
@@ -231,8 +231,8 @@ def screen(raw):
 
 
 BAR = re.compile(r"\[[#.]{24}\] +\d+% " + LINE.pattern)
-# A screen line that is a bar alone, behind concord-run's prefix (Note [Worker
-# output] in tools/launcher.h).
+# A screen line that is a bar alone, behind concord-run's prefix (see Note
+# [Worker output] in tools/launcher.h).
 BAR_LINE = re.compile(r"(?:\[worker \d+\] )?" + BAR.pattern)
 
 

@@ -1,36 +1,5 @@
 #pragma once
 // A worker's side of durable checkpoints.
-//
-// Note [Checkpoints]
-// ~~~~~~~~~~~~~~~~~~
-// Re-forming keeps a job's state in its surviving workers; a job that loses
-// every worker (a node-wide failure, a preemption, a bug every rank hits)
-// needs it outside them. As DLRover's flash checkpoint and PyTorch's DCP
-// async_save do, a checkpoint has two tiers:
-//  - memory: at the commit of every step that is a multiple of
-//    Config::every, one worker per node copies the committed state (Note
-//    [Checkpoint format]) into the node's snapshot region (Note [Snapshot
-//    region]), which the node agent (concord-run) owns: it outlives the
-//    workers. The training step waits for that copy and for nothing else.
-//    The worker with the lowest rank of each node writes; the state of a
-//    data-parallel job is the same on every rank, so one copy per node is
-//    enough for any restarted worker of that node.
-//  - disk: the agent's persister thread writes rank 0's snapshot to
-//    Config::dir (Note [Checkpoint directories]) in the background; a
-//    checkpoint that falls due while the previous one is still being written
-//    is skipped (counted, logged at debug), never queued. A worker started
-//    without an agent keeps its region in its own memory and runs the
-//    persister itself.
-// Resuming: when a generation forms whose members hold no committed step
-// (every worker is new: all died, or the job was started again with the
-// same job id), its Sync agrees on where the state comes from (three small
-// allreduces): every rank offers its node's memory snapshot, rank 0 also
-// the newest checkpoint on disk that passes its checks; the newest step
-// wins (memory over disk at the same step, then the lowest rank), its
-// rank loads it and broadcasts it as the authoritative rank does after a
-// re-form, and one line in every worker's log names the step and the
-// source. A generation with a member that holds a commit goes on from that
-// member as always. Config::resume = false (--no-resume) starts afresh.
 
 #include <cstdint>
 #include <memory>
@@ -52,6 +21,37 @@ struct Candidate {
   std::string source;  // for the log: "memory (...)" or "disk (path)"
   Content content;
 };
+
+// Note [Checkpoints]
+// ~~~~~~~~~~~~~~~~~~
+// Re-forming keeps a job's state in its surviving workers; a job that loses
+// every worker (a node-wide failure, a preemption, a bug every rank hits)
+// needs it outside them. As DLRover's flash checkpoint and PyTorch's DCP
+// async_save do, a checkpoint has two tiers:
+//  - memory: at the commit of every step that is a multiple of
+//    Config::every, one worker per node copies the committed state (see Note
+//    [Checkpoint format]) into the node's snapshot region (see Note [Snapshot
+//    region]), which the node agent (concord-run) owns: it outlives the
+//    workers. The training step waits for that copy and for nothing else.
+//    The worker with the lowest rank of each node writes; the state of a
+//    data-parallel job is the same on every rank, so one copy per node is
+//    enough for any restarted worker of that node.
+//  - disk: the agent's persister thread writes rank 0's snapshot to
+//    Config::dir (see Note [Checkpoint directories]) in the background; a
+//    checkpoint that falls due while the previous one is still being written
+//    is skipped (counted, logged at debug), never queued. A worker started
+//    without an agent keeps its region in its own memory and runs the
+//    persister itself.
+// Resuming: when a generation forms whose members hold no committed step
+// (every worker is new: all died, or the job was started again with the
+// same job id), its Sync agrees on where the state comes from (three small
+// allreduces): every rank offers its node's memory snapshot, rank 0 also
+// the newest checkpoint on disk that passes its checks; the newest step
+// wins (memory over disk at the same step, then the lowest rank), its
+// rank loads it and broadcasts it as the authoritative rank does after a
+// re-form, and one line in every worker's log names the step and the
+// source. A generation with a member that holds a commit goes on from that
+// member as always. Config::resume = false (--no-resume) starts afresh.
 
 class Checkpointer {
  public:
@@ -86,9 +86,9 @@ class Checkpointer {
   // (step -1: none).
   const Counters& last_saved() const { return last_saved_; }
 
-  // The newest state this worker can offer (Note [Checkpoints]): its node's
+  // The newest state this worker can offer (see Note [Checkpoints]): its node's
   // memory snapshot, and with `disk` the checkpoint the coordinator `named`
-  // (Note [Resume source] in coordinator/core/core.h) when it loads, or a
+  // (see Note [Resume source] in coordinator/core/core.h) when it loads, or a
   // newer one in the directory that does (its report was lost with its
   // writer).
   struct Named {

@@ -1,5 +1,5 @@
 #pragma once
-// What a job's checkpoints are (Note [Checkpoints] in
+// What a job's checkpoints are (see Note [Checkpoints] in
 // worker/checkpoint/checkpointer.h): the one place their options, defaults
 // and environment variables live. Torch-free: concord-run parses its flags
 // into it and passes it on to the workers with ToEnvironment.

@@ -1,5 +1,5 @@
 #pragma once
-// What a checkpoint holds, independent of where it is kept (Note
+// What a checkpoint holds, independent of where it is kept (see Note
 // [Checkpoints] in worker/checkpoint/checkpointer.h), and how its parts
 // become PyTorch's files and back.
 //
@@ -20,14 +20,14 @@
 //  - in `state.pt` (a dict of tensors as well): the user's values
 //    ("values/<name>"), the CPU random generator's state ("rng/cpu"), each
 //    module's bucket layout ("layout/<module>"), the state of what is
-//    attached to the elastic state ("slowmo/<module>/...", Note
+//    attached to the elastic state ("slowmo/<module>/...", see Note
 //    [Participants in checkpoints] in worker/elastic/state.h) and an
 //    optimizer PyTorch has no equivalent of as LibTorch's own archive, as
 //    bytes ("optimizer/<name>");
 //  - the counters (step, epoch, samples of the epoch consumed, the world
 //    size and generation it was taken at) in manifest.json
 //    (worker/checkpoint/disk.h).
-// Every file loads with torch.load(..., weights_only=True) (Note [State
+// Every file loads with torch.load(..., weights_only=True) (see Note [State
 // dict files] in worker/state_dict_file.h).
 
 #include <ATen/core/Tensor.h>

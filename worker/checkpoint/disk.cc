@@ -57,7 +57,7 @@ struct Written {
   uint64_t size = 0;
   uint32_t crc = 0;
 };
-// Note [Direct writes] in worker/checkpoint/file_writer.h.
+// See Note [Direct writes] in worker/checkpoint/file_writer.h.
 template <typename Fill>
 absl::StatusOr<Written> WriteFile(const std::string& path, Fill fill,
                                   size_t buffer = FileWriter::kDefaultBuffer) {

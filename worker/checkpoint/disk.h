@@ -1,9 +1,9 @@
 #pragma once
-// The disk tier of checkpoints (Note [Checkpoints] in
-// worker/checkpoint/checkpointer.h): the files of Note [Checkpoint format]
-// in a directory per checkpoint, written so that a crash at any point
-// leaves every complete checkpoint loadable and nothing half-written
-// loaded.
+// The disk tier of checkpoints (see Note [Checkpoints] in
+// worker/checkpoint/checkpointer.h): the files of a checkpoint (see Note
+// [Checkpoint format]) in a directory per checkpoint, written so that a crash
+// at any point leaves every complete checkpoint loadable and nothing
+// half-written loaded.
 //
 // Note [Checkpoint directories]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -52,7 +52,7 @@ struct WriteStats {
   double seconds = 0;
 };
 
-// Writes `content` as DIR/<job>/step-<N> (Note [Checkpoint directories]).
+// Writes `content` as DIR/<job>/step-<N> (see Note [Checkpoint directories]).
 // Errors: UNAVAILABLE naming the file or directory that could not be
 // written (the staging directory is removed); ABORTED at a WriteFault.
 absl::StatusOr<WriteStats> WriteCheckpoint(const Content& content,
@@ -81,7 +81,7 @@ std::vector<CheckpointInfo> ListCheckpoints(const std::string& dir,
 // the file and what is wrong.
 absl::StatusOr<Content> LoadCheckpoint(const std::string& path);
 
-// The newest checkpoint of `job` in `dir` that loads (Note [Checkpoint
+// The newest checkpoint of `job` in `dir` that loads (see Note [Checkpoint
 // directories]): one warning line for each newer one passed over.
 // NOT_FOUND when there is none.
 struct Loaded {

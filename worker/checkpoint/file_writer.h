@@ -2,17 +2,18 @@
 // A checkpoint file's writer (torch-free): the disk tier's bytes go to the
 // disk without the page cache where the filesystem allows it.
 //
-// Note [Direct writes]: a buffered write(2) copies every byte into the page
-// cache first, in the kernel, one 4 KiB page at a time: measured here
-// (bench/checkpoint.cc, perf) that copy took most of a checkpoint's write,
-// which reached a fifth of the disk's O_DIRECT bandwidth. A FileWriter
-// copies the caller's bytes into two 4 KiB-aligned buffers and writes each
-// full one with O_DIRECT on a thread of its own, so the disk works on one
-// buffer while the caller serializes into the other. The last partial
-// block is written after turning O_DIRECT off (fcntl), so the file has its
-// exact size; Finish fsyncs (O_DIRECT alone does not flush the device's
-// cache or the file's metadata). A filesystem that refuses O_DIRECT (tmpfs)
-// gets the same double buffering over buffered writes.
+// Note [Direct writes]
+// ~~~~~~~~~~~~~~~~~~~~
+// A buffered write(2) copies every byte into the page cache first, in the
+// kernel, one 4 KiB page at a time: measured here (bench/checkpoint.cc, perf)
+// that copy took most of a checkpoint's write, which reached a fifth of the
+// disk's O_DIRECT bandwidth. A FileWriter copies the caller's bytes into two 4
+// KiB-aligned buffers and writes each full one with O_DIRECT on a thread of its
+// own, so the disk works on one buffer while the caller serializes into the
+// other. The last partial block is written after turning O_DIRECT off (fcntl),
+// so the file has its exact size; Finish fsyncs (O_DIRECT alone does not flush
+// the device's cache or the file's metadata). A filesystem that refuses
+// O_DIRECT (tmpfs) gets the same double buffering over buffered writes.
 
 #include <cstddef>
 #include <cstdint>

@@ -1,5 +1,5 @@
 #pragma once
-// The memory tier of checkpoints (Note [Checkpoints] in
+// The memory tier of checkpoints (see Note [Checkpoints] in
 // worker/checkpoint/checkpointer.h): one snapshot of a job's committed state
 // in a region of memory, shared between the worker that writes it and the
 // node agent that writes it to disk and keeps it when the workers die.
@@ -42,7 +42,7 @@ namespace concord::checkpoint {
 enum class WriteResult { kWritten, kSkippedBusy };
 
 // Copies `content` into `region` as snapshot of step content.counters.step
-// (Note [Snapshot region]): the step's stall. `persist`: the disk tier
+// (see Note [Snapshot region]): the step's stall. `persist`: the disk tier
 // writes it. kSkippedBusy when the agent is still writing the last one to
 // disk. UNAVAILABLE when the region cannot grow to the content.
 absl::StatusOr<WriteResult> WriteSnapshot(Region& region,

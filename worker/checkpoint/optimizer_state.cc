@@ -1,4 +1,4 @@
-// The optimizers of a checkpoint (Note [Checkpoint format] in
+// The optimizers of a checkpoint (see Note [Checkpoint format] in
 // worker/checkpoint/content.h): LibTorch's optimizers as PyTorch's
 // optimizer state_dict, and back.
 #include <torch/optim.h>

@@ -49,7 +49,7 @@ PersisterStats Persister::stats() const {
 }
 
 void Persister::Loop() {
-  // Note [Persister priority]: below the training threads.
+  // See Note [Persister priority]: below the training threads.
   ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), kNice);
   for (;;) {
     // Read before looking: a ring after this read ends the wait below.

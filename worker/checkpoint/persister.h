@@ -1,5 +1,5 @@
 #pragma once
-// The disk tier's writer (Note [Checkpoints] in
+// The disk tier's writer (see Note [Checkpoints] in
 // worker/checkpoint/checkpointer.h): a thread that writes the snapshots of
 // memory regions to disk, off the training thread. concord-run runs one over
 // its node's region (the node agent's: the workers only copy into memory);
@@ -48,22 +48,23 @@ struct PersistReport {
   // persister got to them.
   int64_t skipped = 0;
   // A snapshot in the region only (another node's writer persists): no
-  // write; `step`, `bytes` (the region's) and `stall_seconds` set (Note
+  // write; `step`, `bytes` (the region's) and `stall_seconds` set (see Note
   // [Resume source] in coordinator/core/core.h).
   bool memory = false;
 };
 
-// Note [Persister priority]: the persister's thread (and the threads its
-// file writes start) runs at nice kNice: on a node whose cores train, the
-// background write takes what training leaves rather than stretching the
-// steps (a due checkpoint that finds the last still being written is
-// skipped and counted, never waited for).
+// Note [Persister priority]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~
+// The persister's thread (and the threads its file writes start) runs at nice
+// kNice: on a node whose cores train, the background write takes what training
+// leaves rather than stretching the steps (a due checkpoint that finds the last
+// still being written is skipped and counted, never waited for).
 class Persister {
  public:
   static constexpr int kNice = 10;
 
   // Writes the snapshots `region` marks for the disk tier into `dir`,
-  // keeping `keep` (Note [Checkpoint directories]). `region` must outlive
+  // keeping `keep` (see Note [Checkpoint directories]). `region` must outlive
   // the persister and be its own (Region::Share in the writer's process):
   // the persister's thread remaps it. Wakes when a writer rings the
   // region's doorbell, and every `poll`.

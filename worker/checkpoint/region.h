@@ -1,5 +1,5 @@
 #pragma once
-// The memory tier's region (Note [Snapshot region] in
+// The memory tier's region (see Note [Snapshot region] in
 // worker/checkpoint/memory.h): torch-free, so that concord-run, which owns
 // a node's region, and the workers that write it share this header.
 

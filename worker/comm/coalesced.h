@@ -14,7 +14,7 @@
 namespace concord::comm {
 
 // Overwrites every tensor with `root`'s values: blocks until done for CPU
-// tensors; for device tensors the current stream waits instead (Note
+// tensors; for device tensors the current stream waits instead (see Note
 // [Stream-ordered waits] in worker/comm/work.h). Must be
 // called on every rank with tensors of the same shapes, dtypes and order.
 // Errors: those of Work::Wait.

@@ -1,6 +1,7 @@
 #pragma once
 // Communicators over a subset of one generation's ranks (SlowMo's intra-node
-// and node-master groups, Note [Node hierarchy] in worker/slowmo/hierarchy.h).
+// and node-master groups, see Note [Node hierarchy] in
+// worker/slowmo/hierarchy.h).
 
 #include <memory>
 #include <string>

@@ -1,6 +1,6 @@
 #pragma once
-// The next generation's communicator, made as Note [Re-forming NCCL]
-// (reform_plan.h) says, with the members agreeing on how.
+// The next generation's communicator, made as reform_plan.h says (see Note
+// [Re-forming NCCL] in reform_plan.h), with the members agreeing on how.
 //
 // The plan depends on facts that can differ between members: the membership
 // watcher may have aborted one member's old communicator and not another's,

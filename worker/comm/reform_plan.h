@@ -1,10 +1,11 @@
 #pragma once
-// Note [Re-forming NCCL]: how a worker gets the communicator of its next
-// generation. Gloo connects a new one every generation (a TCP rendezvous
-// costs little). NCCL initialisation is expensive (bootstrap, topology
-// detection, channel setup), so where the new generation is the old one
-// minus some members, in the same order, it is derived from the old
-// communicator instead:
+// Note [Re-forming NCCL]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// How a worker gets the communicator of its next generation. Gloo connects a
+// new one every generation (a TCP rendezvous costs little). NCCL initialisation
+// is expensive (bootstrap, topology detection, channel setup), so where the new
+// generation is the old one minus some members, in the same order, it is
+// derived from the old communicator instead:
 //
 //   - NCCL >= 2.27: ncclCommShrink, excluding the old ranks that are gone;
 //     in abort mode (NCCL_SHRINK_ABORT, which first ends the parent's

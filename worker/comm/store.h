@@ -59,19 +59,21 @@ class PrefixStore final : public Store {
   Store* base_;
 };
 
-// Note [Rank tables]: a full-mesh rendezvous publishes one value per rank
-// under "<prefix><rank>" and every rank reads every other rank's value. Read
-// a key at a time (Gloo's connectFullMesh: "rank_<i>" for the hosts, then
-// "<i>" for the pair addresses) that is N gets per rank, N^2 messages to the
-// coordinator per generation of N ranks. RankTableStore reads the whole
-// table of a prefix in one Get the first time any key of it is wanted and
-// answers the others from memory: O(N) messages per generation. Values that
-// are large (Gloo's address lists grow with N) are fetched in several Gets of
-// about `batch_bytes` each, judged by the size of this rank's own value under
-// the prefix, so that no answer nears gRPC's 4 MiB message limit. Every rank
-// sets its key of a table before it reads any (as connectFullMesh does), so
-// waiting for the whole table waits for nothing a key-by-key reader would
-// not. Keys of other prefixes pass through. Not thread-safe (one rendezvous).
+// Note [Rank tables]
+// ~~~~~~~~~~~~~~~~~~
+// A full-mesh rendezvous publishes one value per rank under "<prefix><rank>"
+// and every rank reads every other rank's value. Read a key at a time (Gloo's
+// connectFullMesh: "rank_<i>" for the hosts, then "<i>" for the pair addresses)
+// that is N gets per rank, N^2 messages to the coordinator per generation of N
+// ranks. RankTableStore reads the whole table of a prefix in one Get the first
+// time any key of it is wanted and answers the others from memory: O(N)
+// messages per generation. Values that are large (Gloo's address lists grow
+// with N) are fetched in several Gets of about `batch_bytes` each, judged by
+// the size of this rank's own value under the prefix, so that no answer nears
+// gRPC's 4 MiB message limit. Every rank sets its key of a table before it
+// reads any (as connectFullMesh does), so waiting for the whole table waits for
+// nothing a key-by-key reader would not. Keys of other prefixes pass through.
+// Not thread-safe (one rendezvous).
 class RankTableStore final : public Store {
  public:
   // `keys_per_get`: the most keys one Get of `base` may name.

@@ -30,15 +30,17 @@ class Work {
   virtual absl::Status Wait(
       absl::Duration timeout = absl::InfiniteDuration()) = 0;
 
-  // Note [Stream-ordered waits]: makes the output usable by what the caller
-  // issues next, without the host waiting where the collective runs on a
-  // device: the current CUDA stream waits (an event, as c10d's
-  // WorkNCCL::synchronize does) and kernels queued on it afterwards see the
-  // result. Returns a failure already known (the statuses of Wait, never
-  // DEADLINE_EXCEEDED); OK does not mean the collective has ended: the
-  // communicator's watchdog enforces its timeout by aborting, and a
-  // failure shows in later collectives. Where the host must see the data
-  // (CPU tensors, staged ones included) it is Wait(timeout), the default.
+  // Note [Stream-ordered waits]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // Synchronize() makes the output usable by what the caller issues next,
+  // without the host waiting where the collective runs on a device: the current
+  // CUDA stream waits (an event, as c10d's WorkNCCL::synchronize does) and
+  // kernels queued on it afterwards see the result. Returns a failure already
+  // known (the statuses of Wait, never DEADLINE_EXCEEDED); OK does not mean the
+  // collective has ended: the communicator's watchdog enforces its timeout by
+  // aborting, and a failure shows in later collectives. Where the host must see
+  // the data (CPU tensors, staged ones included) it is Wait(timeout), the
+  // default.
   virtual absl::Status Synchronize(
       absl::Duration timeout = absl::InfiniteDuration()) {
     return Wait(timeout);

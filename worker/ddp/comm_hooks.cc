@@ -16,7 +16,7 @@ CommHook CompressHook(at::ScalarType wire_dtype,
   return [comm = std::move(comm), options,
           wire_dtype](GradBucket& bucket) -> std::shared_ptr<comm::Work> {
     // PyTorch's fp16/bf16_compress_hook: cast, divide in the wire type,
-    // allreduce, cast back (Note [Kernels in the worker] for the casts).
+    // allreduce, cast back (see Note [Kernels in the worker] for the casts).
     at::Tensor compressed = CastTo(bucket.buffer, wire_dtype)
                                 .div_(static_cast<double>(comm->size()));
     auto work = comm->AllreduceSum(compressed, options);

@@ -1,14 +1,15 @@
 #pragma once
 // DDP communication hooks (PyTorch's register_comm_hook).
 //
-// Note [DDP Communication Hook]: without a hook the reducer writes
-// grad / world_size into each bucket and allreduces it. With a hook, the
-// reducer writes the plain (accumulated) gradients into the bucket and hands
-// it to the hook when the bucket is full; the hook returns a Work that, once
-// waited for successfully, has left the reduced gradients — averaged, as the
-// hook decides — in `bucket.buffer`. Hooks run on the autograd thread, in
-// bucket order, identically on every rank; they must issue the same
-// collectives on every rank.
+// Note [DDP Communication Hook]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Without a hook the reducer writes grad / world_size into each bucket and
+// allreduces it. With a hook, the reducer writes the plain (accumulated)
+// gradients into the bucket and hands it to the hook when the bucket is full;
+// the hook returns a Work that, once waited for successfully, has left the
+// reduced gradients — averaged, as the hook decides — in `bucket.buffer`. Hooks
+// run on the autograd thread, in bucket order, identically on every rank; they
+// must issue the same collectives on every rank.
 
 #include <ATen/core/Tensor.h>
 

@@ -84,7 +84,7 @@ class Engine {
   static absl::Status ValidateOptions(const EngineOptions& options,
                                       bool has_comm_hook);
 
-  // Replaces the default allreduce (Note [DDP Communication Hook]). Call
+  // Replaces the default allreduce (see Note [DDP Communication Hook]). Call
   // before the first forward. FAILED_PRECONDITION when one is set already or
   // apex scaling options are on.
   absl::Status RegisterCommHook(ddp::CommHook hook);
@@ -139,11 +139,11 @@ class Engine {
     return require_backward_grad_sync_;
   }
 
-  // Note [Re-forming] (worker/session.h): moves DDP to the next generation's
-  // communicator. Drops the interrupted iteration (every `.grad` is
-  // undefined afterwards) and the communication hook (register it again),
-  // checks that every rank of the new generation wraps the same model and
-  // broadcasts parameters and buffers from `authoritative_rank`. A worker
+  // See Note [Re-forming in the worker] in worker/session.h: moves DDP to the
+  // next generation's communicator. Drops the interrupted iteration (every
+  // `.grad` is undefined afterwards) and the communication hook (register it
+  // again), checks that every rank of the new generation wraps the same model
+  // and broadcasts parameters and buffers from `authoritative_rank`. A worker
   // that joins the new generation calls Create instead: both run the same
   // collectives. Then every rank calls SyncReducerLayout. Blocks. Errors as
   // for Create.
@@ -165,7 +165,7 @@ class Engine {
   void SetBlockingWait(bool blocking) { reducer_->SetBlockingWait(blocking); }
   bool blocking_wait() const { return reducer_->blocking_wait(); }
 
-  // Timeline (Note [Trace files] in worker/trace/recorder.h): forward
+  // Timeline (see Note [Trace files] in worker/trace/recorder.h): forward
   // (with the buffer broadcast), each bucket's allreduce and the final
   // callback's wait, on this rank's tracks; the generation is marked now
   // and at every Rebind. Tag steps with recorder->SetStep and time the

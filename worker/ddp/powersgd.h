@@ -7,28 +7,6 @@
 // like numpy's RandomState(random_seed).randint(1e9) so that all ranks draw
 // the same), allreduce of the uncompressed rest, of P and of Q, and
 // decompression into the bucket.
-//
-// Note [PowerSGD across re-forms]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// PyTorch's PowerSGDState lives as long as its process group; an elastic
-// job's state outlives its generations. One PowerSgdState per module is kept
-// across re-forms (each generation's hook shares it) and is part of the
-// elastic state (worker/elastic/powersgd_participant.h):
-//  - transactional like the optimizer (Note [Elastic step]): BeginStep keeps
-//    what a step replaces (error feedback and P memories are replaced, not
-//    changed in place; Q memories, changed in place, are copied: they are
-//    small), and Restore puts it back after a failed step;
-//  - the iteration count, the generator and the Q memories are the same on
-//    every rank (Q is allreduced): a re-form gives every rank the
-//    authoritative rank's, so newcomers compress in step with the
-//    survivors instead of everyone going back to vanilla allreduce;
-//  - the error feedback is each rank's own. The bucket's result depends on
-//    the ranks' errors only through their sum (P = sum_r M_r Q and
-//    Q = sum_r M_r^T P are linear in the inputs M_r = g_r + e_r, and the
-//    new errors sum to sum_r M_r minus the world times the result), so a
-//    checkpoint keeps that sum, and the rank that resumes from it holds it
-//    all while the others start at zero: the same arithmetic up to
-//    rounding. A rank that dies takes its share with it.
 
 #include <ATen/core/Tensor.h>
 
@@ -53,6 +31,29 @@ struct PowerSgdOptions {
   uint32_t random_seed = 0;
 };
 
+// Note [PowerSGD across re-forms]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// PyTorch's PowerSGDState lives as long as its process group; an elastic
+// job's state outlives its generations. One PowerSgdState per module is kept
+// across re-forms (each generation's hook shares it) and is part of the
+// elastic state (worker/elastic/powersgd_participant.h):
+//  - transactional like the optimizer (see Note [Elastic step]): BeginStep
+//  keeps
+//    what a step replaces (error feedback and P memories are replaced, not
+//    changed in place; Q memories, changed in place, are copied: they are
+//    small), and Restore puts it back after a failed step;
+//  - the iteration count, the generator and the Q memories are the same on
+//    every rank (Q is allreduced): a re-form gives every rank the
+//    authoritative rank's, so newcomers compress in step with the
+//    survivors instead of everyone going back to vanilla allreduce;
+//  - the error feedback is each rank's own. The bucket's result depends on
+//    the ranks' errors only through their sum (P = sum_r M_r Q and
+//    Q = sum_r M_r^T P are linear in the inputs M_r = g_r + e_r, and the
+//    new errors sum to sum_r M_r minus the world times the result), so a
+//    checkpoint keeps that sum, and the rank that resumes from it holds it
+//    all while the others start at zero: the same arithmetic up to
+//    rounding. A rank that dies takes its share with it.
+
 // State shared by every bucket of one DDP model. Used from the autograd
 // thread only.
 class PowerSgdState {
@@ -62,7 +63,7 @@ class PowerSgdState {
   const PowerSgdOptions& options() const { return options_; }
   int64_t iteration() const { return iter_; }
 
-  // Note [PowerSGD across re-forms]: a step begins; it failed (back to
+  // See Note [PowerSGD across re-forms]: a step begins; it failed (back to
   // where it began; nothing when no step began since the last Restore).
   void BeginStep();
   void Restore();

@@ -447,7 +447,7 @@ std::shared_ptr<comm::Work> Reducer::Launch(size_t index) {
   at::Tensor flat = bucket.flat;
   if (scale_in_fp32_ && flat.scalar_type() != at::kFloat) {
     // apex's allreduce_different_streams path: the bucket widened to fp32,
-    // scaled and reduced there, and narrowed back (Note [Kernels in the
+    // scaled and reduced there, and narrowed back (see Note [Kernels in the
     // worker] for the casts and scaling).
     at::Tensor wide = CastTo(flat, at::kFloat);
     if (pre_scale_ != 1.0) Scale(wide, pre_scale_);
@@ -554,7 +554,7 @@ void Reducer::FinalizeBackward() {
 
 absl::Status Reducer::WaitAndWriteBack(const std::vector<bool>& globally_used) {
   for (size_t b = 0; b < buckets_.size(); ++b) {
-    // Note [Stream-ordered waits]: the copies below are queued on the
+    // See Note [Stream-ordered waits]: the copies below are queued on the
     // current stream, after the collective (device) or after it ended
     // (host).
     comm::Work& work = *buckets_[b].work;

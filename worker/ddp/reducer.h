@@ -2,19 +2,21 @@
 // Gradient bucketing and overlapped allreduce (PyTorch's Reducer, with
 // apex's options).
 //
-// Note [Reducer flow]: a hook on every trainable parameter fires when
-// backward has computed its gradient. The hook writes the gradient — scaled
-// by 1/world_size on PyTorch's default path, as PyTorch does while copying —
-// into the parameter's slot of its bucket; when a bucket's last gradient
-// arrives, the bucket and every full bucket before it are launched (in bucket
-// order, the same on every rank) while backward goes on. The first hook of a
-// backward also queues a final callback on the autograd engine; it runs when
-// backward is done: it marks unused parameters ready (find_unused_parameters),
-// launches what is left, waits for every bucket and writes the reduced
-// gradients into `param.grad` (or makes `param.grad` a view of the bucket).
-// After the first synchronised iteration the buckets are rebuilt once from
-// the order in which gradients became ready, in the authoritative rank's
-// order (broadcast), so that every rank agrees on the layout.
+// Note [Reducer flow]
+// ~~~~~~~~~~~~~~~~~~~
+// A hook on every trainable parameter fires when backward has computed its
+// gradient. The hook writes the gradient — scaled by 1/world_size on PyTorch's
+// default path, as PyTorch does while copying — into the parameter's slot of
+// its bucket; when a bucket's last gradient arrives, the bucket and every full
+// bucket before it are launched (in bucket order, the same on every rank) while
+// backward goes on. The first hook of a backward also queues a final callback
+// on the autograd engine; it runs when backward is done: it marks unused
+// parameters ready (find_unused_parameters), launches what is left, waits for
+// every bucket and writes the reduced gradients into `param.grad` (or makes
+// `param.grad` a view of the bucket). After the first synchronised iteration
+// the buckets are rebuilt once from the order in which gradients became ready,
+// in the authoritative rank's order (broadcast), so that every rank agrees on
+// the layout.
 //
 // Threads: hooks and the final callback run on the autograd thread of the
 // backward call; collectives run on the communicator's thread. A failed
@@ -64,7 +66,7 @@ struct ReducerOptions {
   // Source of the rebuilt bucket layout.
   int authoritative_rank = 0;
   absl::Duration collective_timeout = absl::Minutes(5);
-  // Note [Stream-ordered waits] (worker/comm/work.h): false (c10d's
+  // See Note [Stream-ordered waits] in worker/comm/work.h: false (c10d's
   // default), the end of backward makes the current stream wait for the
   // buckets and returns; true (TORCH_NCCL_BLOCKING_WAIT), the host waits
   // for every bucket and a failure throws from backward, before the
@@ -123,9 +125,9 @@ class Reducer {
   // For timing: the forward has finished (the loss is being computed).
   void MarkForwardDone();
 
-  // Note [Re-forming] (worker/session.h): moves the reducer to the next
-  // generation's communicator. Drops what the interrupted iteration left
-  // (launched buckets, set-aside gradients; `.grad` of every parameter is
+  // See Note [Re-forming in the worker] in worker/session.h: moves the reducer
+  // to the next generation's communicator. Drops what the interrupted iteration
+  // left (launched buckets, set-aside gradients; `.grad` of every parameter is
   // undefined afterwards), any communication hook (it belongs to the old
   // communicator: register one again) and the gradient divisor. No
   // collective.
@@ -151,7 +153,7 @@ class Reducer {
   void SetBlockingWait(bool blocking) { options_.blocking_wait = blocking; }
   bool blocking_wait() const { return options_.blocking_wait; }
 
-  // Timeline (Note [Trace files] in worker/trace/recorder.h): each bucket's
+  // Timeline (see Note [Trace files] in worker/trace/recorder.h): each bucket's
   // allreduce, from its launch to its completion, on the bucket's track,
   // and the final callback's wait for the buckets on the training track.
   // Null: off (the default). Call between iterations.

@@ -1,6 +1,6 @@
 #pragma once
 // A copy of an optimizer and the parameters it steps, to put back when a
-// step fails after the optimizer stepped (Note [Early optimizer steps] in
+// step fails after the optimizer stepped (see Note [Early optimizer steps] in
 // worker/elastic/state.h).
 
 #include <torch/torch.h>
@@ -27,7 +27,7 @@ class OptimizerSnapshot {
   // after a Take, on the optimizer taken from.
   void Restore(torch::optim::Optimizer& optimizer) const;
 
-  // Bytes that change when `optimizer` steps (Note [Early optimizer
+  // Bytes that change when `optimizer` steps (see Note [Early optimizer
   // steps]): its parameters' version counters and, on the CPU, their
   // first elements (LibTorch's own optimizers update p.data(), which does
   // not move the parameter's counter), and its per-parameter state (how

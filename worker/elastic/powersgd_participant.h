@@ -1,5 +1,5 @@
 #pragma once
-// PowerSGD's state as part of the elastic state (Note [PowerSGD across
+// PowerSGD's state as part of the elastic state (see Note [PowerSGD across
 // re-forms] in worker/ddp/powersgd.h): kept across re-forms, put back after
 // a failed step, given to newcomers, and in checkpoints.
 

@@ -1,6 +1,6 @@
 #pragma once
 // Torch-free: the elastic loop's one decision about a failed collective or
-// re-form, tested with the codes that produce it (Note [NCCL failures and
+// re-form, tested with the codes that produce it (see Note [NCCL failures and
 // re-forming], Gloo's timeouts).
 
 #include "absl/status/status.h"

@@ -52,7 +52,7 @@ void State::AddModel(const std::string& name, ddp::Engine* ddp) {
     buffers_.push_back(b);
     committed_.buffers.push_back(b.clone());
   }
-  // Note [Elastic step]: an optimizer may step only once the step's
+  // See Note [Elastic step]: an optimizer may step only once the step's
   // collectives are known to have succeeded.
   ddp->SetBlockingWait(true);
 }
@@ -125,12 +125,12 @@ void State::CommitState(bool may_checkpoint) {
     committed_.buffers[i].copy_(buffers_[i]);
   }
   session_->ReportCommittedStep(step);
-  // Note [Checkpoints]: once per step (next_epoch commits the same step
+  // See Note [Checkpoints]: once per step (next_epoch commits the same step
   // again), never for the state a Sync just took.
   if (checkpointer_ != nullptr) {
     if (may_checkpoint && step != checkpointed_step_ &&
         checkpointer_->Due(step)) {
-      // Note [Participants in checkpoints]: after their update.
+      // See Note [Participants in checkpoints]: after their update.
       if (participants_.empty()) {
         TakeCheckpoint(/*wait=*/false);
       } else {
@@ -244,7 +244,7 @@ absl::Status State::Apply(const checkpoint::Content& content) {
       }
     }
   }
-  // Note [Participants in checkpoints].
+  // See Note [Participants in checkpoints].
   for (size_t i = 0; i < participants_.size(); ++i) {
     const Attached& a = participants_[i];
     CONCORD_RETURN_IF_ERROR(
@@ -291,7 +291,7 @@ absl::Status State::SyncCheckpoints(int* root) {
   if (held.max().item<int64_t>() > 0) return absl::OkStatus();
   // Nobody does: the newest checkpoint any rank can offer, memory first at
   // the same step, then the lowest rank. The disk's is offered by the lowest
-  // rank on the node that wrote the one the coordinator named (Note [Resume
+  // rank on the node that wrote the one the coordinator named (see Note [Resume
   // source]), else by rank 0 from its directory.
   std::optional<checkpoint::Checkpointer::Named> named;
   int disk_rank = 0;
@@ -346,7 +346,7 @@ absl::Status State::SyncCheckpoints(int* root) {
     CONCORD_RETURN_IF_ERROR(comm->Broadcast(layout, winner, opts)->Wait());
     CONCORD_RETURN_IF_ERROR(m.engine->SetReducerLayout(layout));
   }
-  // Note [Resume source]: the memory snapshot the coordinator named, if
+  // See Note [Resume source]: the memory snapshot the coordinator named, if
   // that is what won.
   std::string named_memory;
   if (const auto& memory = session_->resume_memory(); memory.has_value()) {
@@ -502,7 +502,7 @@ absl::Status State::Sync() {
 }
 
 absl::StatusOr<StepDecision> State::BeginStep(bool has_data, bool admit) {
-  // Note [Participants in checkpoints]: the last commit's due checkpoint,
+  // See Note [Participants in checkpoints]: the last commit's due checkpoint,
   // in the generation that committed it.
   if (deferred_.has_value()) {
     const bool same = *deferred_ == session_->generation();
@@ -575,7 +575,7 @@ absl::Status State::Reform(const std::string& reason, bool restore) {
     record.rendezvous_us = absl::ToUnixMicros(absl::Now());
     const int root = session_->authoritative_rank();
     tainted_ = session_->rank() != root;
-    // Note [Several models]: every module, in the order they were added.
+    // See Note [Several models]: every module, in the order they were added.
     absl::Status s;
     for (const Model& m : models_) {
       s = Annotate(m.engine->Rebind(session_->shared_communicator(), root),
@@ -614,7 +614,7 @@ absl::Status State::Reform(const std::string& reason, bool restore) {
 
 absl::Status Run(State& state,
                  const std::function<absl::Status(State&)>& train) {
-  // Note [Re-form loops].
+  // See Note [Re-form loops].
   int64_t failed_step = -1;  // the committed step of the last failure
   int repeats = 0;
   for (;;) {

@@ -1,7 +1,8 @@
 #pragma once
 // Elastic training for a LibTorch loop: what Horovod's TorchState and
 // hvd.elastic.run are to PyTorch, and PyTorch's DDP join for uneven inputs,
-// on top of Concord's generations (Note [Re-forming] in worker/session.h).
+// on top of Concord's generations (see Note [Re-forming in the worker] in
+// worker/session.h).
 //
 // Usage:
 //   auto session = *concord::worker::Session::Start(options);
@@ -10,7 +11,7 @@
 //   torch::optim::SGD opt(ddp->parameters(), 0.1);
 //   concord::elastic::State state(session.get());
 //   state.AddModel("model", ddp.get());          // any number of each,
-//   state.AddOptimizer("optimizer", &opt);       //   Note [Several models]
+//   state.AddOptimizer("optimizer", &opt);       //   See Note [Several models]
 //   state.OnReset([&](const concord::elastic::ResetInfo& r) { ...lr... });
 //   CONCORD_RETURN_IF_ERROR(state.Sync());   // every rank, once
 //   absl::Status done = concord::elastic::Run(state, [&](auto& st) {
@@ -24,80 +25,6 @@
 //     }
 //     return absl::OkStatus();
 //   });
-//
-// Note [Elastic step]: a step is transactional. Parameters and optimizer
-// state change only in an optimizer's step(). Where that runs after every
-// collective of the step succeeded (the State puts its DDP modules in
-// blocking wait: the host waits for the gradients' allreduce, which on NCCL
-// also tells whether any earlier collective of the step failed, since a
-// failure poisons the communicator: Note [Stream-ordered waits]), a failed
-// collective finds them as the last commit left them. An optimizer that
-// steps before a later collective of its step (a GAN's discriminator) is
-// copied at the step's start and put back after a failure (Note [Early
-// optimizer steps]). What can change half-way besides is cheap to snapshot
-// and is: buffers (BatchNorm statistics move in forward, a buffer broadcast
-// may be cut off), the counters and the user's values.
-// Commit() takes that snapshot; after a failure Run restores it, re-forms (the
-// survivors join the next generation with their committed step; the coordinator
-// makes the one with the highest step authoritative) and every rank — survivors
-// and newcomers alike — takes the authoritative rank's model, optimizer state,
-// counters and values over the communicator, then runs `train` again from
-// the committed position. No step is applied twice or half.
-//
-// Note [Step agreement]: BeginStep is one small allreduce per step: how many
-// ranks have data for the step, and whether any saw workers waiting to be
-// admitted. With every rank's data and nobody waiting the step just runs.
-// Ranks without data leave the job (LEAVE_REASON_END_OF_DATA) and the others
-// re-form and go on: PyTorch's join, without the finished ranks shadowing
-// every collective with zeros until the last one is done. As in PyTorch the
-// gradient sum is then divided by the initial world size (the ranks left
-// plus those that finished; divide_by_initial_world_size) or by the ranks
-// left; throw_on_early_termination fails every rank instead.
-//
-// Note [Several models]
-// ~~~~~~~~~~~~~~~~~~~~~
-// A State holds any number of DDP modules and optimizers (a GAN's generator
-// and discriminator, a student and its teacher), each by name. Every rank
-// adds the same ones in the same order: a re-form rebinds the modules in
-// that order (each a model check and a broadcast from the authoritative
-// rank, the collectives a newcomer's Engine::Create runs in its order), Sync
-// takes each module's bucket layout, every optimizer's state by name, the
-// counters and the values. Commit and Restore cover every module's
-// buffers; a step's agreement runs once, before its first forward of any
-// module.
-//
-// Note [Early optimizer steps]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// A GAN's step runs the discriminator's optimizer before the generator's
-// forward and backward, whose collectives may still fail: its parameters
-// and Adam moments would then be a step ahead of the commit, and the step
-// taken again would apply that update twice. The State watches each
-// optimizer's parameters (their version counters, which every in-place
-// update moves) at the start of every collective of a step
-// (ObserveCollective, which the modules call before their forward's and
-// their backward's first collective): an optimizer whose parameters
-// changed before a later collective of the step steps early. At the start
-// of a step (BeginStep, after the agreement) the State copies every
-// optimizer that steps early or that it has not yet seen step (an
-// OptimizerSnapshot: parameters, per-parameter state, group options), and
-// Restore puts those copies back. An optimizer seen stepping only after
-// the step's last collective (the usual single-model loop) is copied no
-// more: after the first step, a plain loop pays nothing. One that first
-// steps early in a later step (its program changed pattern) is copied
-// from the next step on; if that very step fails, its update is taken
-// again, and the State says so in one warning line naming it.
-//
-// Note [Re-form loops]
-// ~~~~~~~~~~~~~~~~~~~~
-// A failure that re-forming cannot cure (a program bug that throws a
-// retryable error, a peer that fails the same collective every time) would
-// re-form forever. Run counts the failures of one step that follow a
-// re-form which changed nobody (same members, no step committed since):
-// ElasticOptions::max_repeated_failures of them end the loop with
-// FAILED_PRECONDITION naming the step and the error. Between them it waits
-// 0.2 s, doubling, at most 5 s. A re-form that lost or admitted a worker,
-// or a commit, starts the count again: workers dying one after the other
-// still re-form as often as they die.
 
 #include <torch/torch.h>
 
@@ -118,17 +45,17 @@
 namespace concord::elastic {
 
 struct ElasticOptions {
-  // Note [Step agreement].
+  // See Note [Step agreement].
   bool divide_by_initial_world_size = true;
   bool throw_on_early_termination = false;
-  // Note [Re-form loops]: failures of one step after re-forms that changed
+  // See Note [Re-form loops]: failures of one step after re-forms that changed
   // nothing before Run gives up. At least 1.
   int max_repeated_failures = 3;
 };
 
 // Note [Participants in checkpoints]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// An attached participant's state is part of every checkpoint (Note
+// An attached participant's state is part of every checkpoint (see Note
 // [Checkpoints] in worker/checkpoint/checkpointer.h), in state.pt under
 // "<name>/<key>" (SlowMo: "slowmo/<module>/updates", "push_sum_weight",
 // "push_sum_numerator", "fp32_masters", "slow_momentum", "old_params").
@@ -164,7 +91,7 @@ class Participant {
   virtual absl::Status SyncState(std::shared_ptr<comm::Communicator> comm,
                                  int authoritative_rank, int64_t step,
                                  torch::optim::Optimizer& optimizer) = 0;
-  // Note [Participants in checkpoints]: the state a checkpoint of the
+  // See Note [Participants in checkpoints]: the state a checkpoint of the
   // committed step keeps, whole (sharded parts gathered), by name. Every
   // rank of the generation calls it at the same point (it may run
   // collectives); the checkpoint's writer keeps the result. Errors: those
@@ -220,15 +147,27 @@ class State {
   State(worker::Session* session, ddp::Engine* ddp,
         torch::optim::Optimizer* optimizer, ElasticOptions options = {});
 
-  // Note [Several models]: before the first Sync, in the same order on every
-  // rank; each must outlive the state. AddModel puts the module in blocking
-  // wait and has it call ObserveCollective.
+  // Note [Several models]
+  // ~~~~~~~~~~~~~~~~~~~~~
+  // A State holds any number of DDP modules and optimizers (a GAN's generator
+  // and discriminator, a student and its teacher), each by name. Every rank
+  // adds the same ones in the same order: a re-form rebinds the modules in
+  // that order (each a model check and a broadcast from the authoritative
+  // rank, the collectives a newcomer's Engine::Create runs in its order), Sync
+  // takes each module's bucket layout, every optimizer's state by name, the
+  // counters and the values. Commit and Restore cover every module's
+  // buffers; a step's agreement runs once, before its first forward of any
+  // module.
+
+  // See Note [Several models]: before the first Sync, in the same order on
+  // every rank; each must outlive the state. AddModel puts the module in
+  // blocking wait and has it call ObserveCollective.
   void AddModel(const std::string& name, ddp::Engine* ddp);
   void AddOptimizer(const std::string& name,
                     torch::optim::Optimizer* optimizer);
   // `participant` (it must outlive the state) takes part in every Sync,
   // after the training state, with `optimizer` (the one stepping the
-  // parameters it averages), and in every checkpoint under `name` (Note
+  // parameters it averages), and in every checkpoint under `name` (see Note
   // [Participants in checkpoints]). Before the first Sync.
   void Attach(Participant* participant, torch::optim::Optimizer* optimizer,
               const std::string& name = "participant");
@@ -243,24 +182,78 @@ class State {
   // every optimizer's state, the counters, values, attached participants;
   // then sets the gradient divisor and commits. Every rank of a generation
   // calls it once after creating its modules (survivors of a re-form get it
-  // from Run). Errors: those of the broadcasts (retryable, Note [Elastic
+  // from Run). Errors: those of the broadcasts (retryable, see Note [Elastic
   // step]), INTERNAL for a payload that does not load.
   absl::Status Sync();
 
-  // Note [Elastic step].
+  // Note [Elastic step]
+  // ~~~~~~~~~~~~~~~~~~~
+  // A step is transactional. Parameters and optimizer state change only in an
+  // optimizer's step(). Where that runs after every collective of the step
+  // succeeded (the State puts its DDP modules in blocking wait: the host waits
+  // for the gradients' allreduce, which on NCCL also tells whether any earlier
+  // collective of the step failed, since a failure poisons the communicator:
+  // see Note [Stream-ordered waits]), a failed collective finds them as the
+  // last commit left them. An optimizer that steps before a later collective of
+  // its step (a GAN's discriminator) is copied at the step's start and put back
+  // after a failure (see Note [Early optimizer steps]). What can change
+  // half-way besides is cheap to snapshot and is: buffers (BatchNorm statistics
+  // move in forward, a buffer broadcast may be cut off), the counters and the
+  // user's values. Commit() takes that snapshot; after a failure Run restores
+  // it, re-forms (the survivors join the next generation with their committed
+  // step; the coordinator makes the one with the highest step authoritative)
+  // and every rank — survivors and newcomers alike — takes the authoritative
+  // rank's model, optimizer state, counters and values over the communicator,
+  // then runs `train` again from the committed position. No step is applied
+  // twice or half.
+
+  // See Note [Elastic step].
   void Commit();
   // Back to the last commit: buffers, counters, values, and the optimizers
-  // copied at this step's start (Note [Early optimizer steps]).
+  // copied at this step's start (see Note [Early optimizer steps]).
   void Restore();
 
-  // Note [Step agreement]. `admit`: whether workers waiting to join may be
+  // Note [Step agreement]
+  // ~~~~~~~~~~~~~~~~~~~~~
+  // BeginStep is one small allreduce per step: how many ranks have data for the
+  // step, and whether any saw workers waiting to be admitted. With every rank's
+  // data and nobody waiting the step just runs. Ranks without data leave the
+  // job (LEAVE_REASON_END_OF_DATA) and the others re-form and go on: PyTorch's
+  // join, without the finished ranks shadowing every collective with zeros
+  // until the last one is done. As in PyTorch the gradient sum is then divided
+  // by the initial world size (the ranks left plus those that finished;
+  // divide_by_initial_world_size) or by the ranks left;
+  // throw_on_early_termination fails every rank instead.
+
+  // See Note [Step agreement]. `admit`: whether workers waiting to join may be
   // admitted before this step (false postpones them; must be the same on
-  // every rank). On kRun the step has begun (Note [Early optimizer steps]).
+  // every rank). On kRun the step has begun (see Note [Early optimizer steps]).
   // Errors: FAILED_PRECONDITION with throw_on_early_termination; those of
   // the allreduce and of a re-form.
   absl::StatusOr<StepDecision> BeginStep(bool has_data, bool admit = true);
 
-  // Note [Early optimizer steps]: a collective of the current step is about
+  // Note [Early optimizer steps]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // A GAN's step runs the discriminator's optimizer before the generator's
+  // forward and backward, whose collectives may still fail: its parameters
+  // and Adam moments would then be a step ahead of the commit, and the step
+  // taken again would apply that update twice. The State watches each
+  // optimizer's parameters (their version counters, which every in-place
+  // update moves) at the start of every collective of a step
+  // (ObserveCollective, which the modules call before their forward's and
+  // their backward's first collective): an optimizer whose parameters
+  // changed before a later collective of the step steps early. At the start
+  // of a step (BeginStep, after the agreement) the State copies every
+  // optimizer that steps early or that it has not yet seen step (an
+  // OptimizerSnapshot: parameters, per-parameter state, group options), and
+  // Restore puts those copies back. An optimizer seen stepping only after
+  // the step's last collective (the usual single-model loop) is copied no
+  // more: after the first step, a plain loop pays nothing. One that first
+  // steps early in a later step (its program changed pattern) is copied
+  // from the next step on; if that very step fails, its update is taken
+  // again, and the State says so in one warning line naming it.
+
+  // See Note [Early optimizer steps]: a collective of the current step is about
   // to start. Cheap (a version counter per parameter); any thread that
   // runs the step's collectives, one at a time.
   void ObserveCollective();
@@ -270,26 +263,26 @@ class State {
   // communication hook again.
   void OnReset(std::function<void(const ResetInfo&)> callback);
 
-  // Note [Re-forming]: leaves the current generation and joins the next
-  // (restoring the last commit first when `restore`), rebinds every module,
-  // then Sync and the reset callbacks. Collective failures during the
-  // hand-over are retried with another re-form. Errors: FAILED_PRECONDITION
+  // See Note [Re-forming in the worker]: leaves the current generation and
+  // joins the next (restoring the last commit first when `restore`), rebinds
+  // every module, then Sync and the reset callbacks. Collective failures during
+  // the hand-over are retried with another re-form. Errors: FAILED_PRECONDITION
   // carrying Session::Reform's error (the job failed, the rendezvous timed
   // out: never retried), and non-retryable ones of Sync.
   absl::Status Reform(const std::string& reason, bool restore);
 
-  // Note [Checkpoints]: training is over: the last commit becomes the
+  // See Note [Checkpoints]: training is over: the last commit becomes the
   // newest checkpoint, if it is not one yet (waiting for the write of the
   // one before).
   void SaveFinal();
-  // Note [Checkpoints]: the checkpoints of the session's
+  // See Note [Checkpoints]: the checkpoints of the session's
   // WorkerOptions::checkpoint, when it has a dir (null otherwise; made by the
   // first Sync).
   const checkpoint::Checkpointer* checkpointer() const {
     return checkpointer_.get();
   }
 
-  // Note [Checkpoints]: the checkpoint the last Sync resumed from ("memory"
+  // See Note [Checkpoints]: the checkpoint the last Sync resumed from ("memory"
   // or "disk", its step), taken once; nullopt when it resumed from none.
   struct Resumed {
     std::string source;
@@ -306,7 +299,7 @@ class State {
   worker::Session& session() { return *session_; }
   const ElasticOptions& options() const { return options_; }
   // Whether the last re-form changed the members (lost or admitted a
-  // worker); true until there was one (Note [Re-form loops]).
+  // worker); true until there was one (see Note [Re-form loops]).
   bool members_changed() const { return members_changed_; }
 
  private:
@@ -314,7 +307,7 @@ class State {
     std::string name;
     ddp::Engine* engine;
   };
-  // Note [Early optimizer steps].
+  // See Note [Early optimizer steps].
   enum class Timing { kUnseen, kLate, kEarly };
   struct Optimizer {
     std::string name;
@@ -333,20 +326,20 @@ class State {
   absl::Status SyncPayload(int root);
   // Commit; a checkpoint when `may_checkpoint` and the step is due.
   void CommitState(bool may_checkpoint);
-  // Saves the committed state, with the participants' states (Note
+  // Saves the committed state, with the participants' states (see Note
   // [Participants in checkpoints]: a collective); a history record when it
   // was taken.
   void TakeCheckpoint(bool wait);
-  // Note [Checkpoints]: the committed state as a checkpoint's content, and
+  // See Note [Checkpoints]: the committed state as a checkpoint's content, and
   // putting one in place (FAILED_PRECONDITION naming what does not fit).
   checkpoint::Content Capture(NamedTensors participants) const;
   absl::Status Apply(const checkpoint::Content& content);
-  // Note [Checkpoints]: at a Sync, who writes the node's snapshot, and
+  // See Note [Checkpoints]: at a Sync, who writes the node's snapshot, and
   // whether the generation resumes from a checkpoint: the rank whose state
   // the others take (`*root`, unchanged when none).
   absl::Status SyncCheckpoints(int* root);
   void SetDivisor();
-  // Note [Early optimizer steps]: the step begins (versions, copies).
+  // See Note [Early optimizer steps]: the step begins (versions, copies).
   void StartStep();
   static bool Changed(const Optimizer& o);
 
@@ -372,18 +365,30 @@ class State {
   std::vector<ReformRecord> records_;
   std::unique_ptr<checkpoint::Checkpointer> checkpointer_;
   int64_t checkpointed_step_ = -1;  // the last commit's step
-  // Note [Participants in checkpoints]: the generation whose next BeginStep
+  // See Note [Participants in checkpoints]: the generation whose next BeginStep
   // takes the last commit's due checkpoint.
   std::optional<int64_t> deferred_;
   std::optional<Resumed> resumed_;
 };
+
+// Note [Re-form loops]
+// ~~~~~~~~~~~~~~~~~~~~
+// A failure that re-forming cannot cure (a program bug that throws a
+// retryable error, a peer that fails the same collective every time) would
+// re-form forever. Run counts the failures of one step that follow a
+// re-form which changed nobody (same members, no step committed since):
+// ElasticOptions::max_repeated_failures of them end the loop with
+// FAILED_PRECONDITION naming the step and the error. Between them it waits
+// 0.2 s, doubling, at most 5 s. A re-form that lost or admitted a worker,
+// or a commit, starts the count again: workers dying one after the other
+// still re-form as often as they die.
 
 // Runs `train(state)` until it returns OK (training done) or an error that
 // is not Retryable; after a retryable one (a collective failed: a peer died
 // or the generation ended), restores the last commit, re-forms and runs
 // `train` again from the committed position. concord::Error thrown by
 // `train` (DDP's forward and backward throw) counts as returned. A step
-// that keeps failing with nothing changed ends it (Note [Re-form loops]).
+// that keeps failing with nothing changed ends it (see Note [Re-form loops]).
 absl::Status Run(State& state,
                  const std::function<absl::Status(State&)>& train);
 

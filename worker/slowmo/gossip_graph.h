@@ -2,13 +2,14 @@
 // The time-varying peer graphs of Stochastic Gradient Push, as fairscale's
 // gossip/graph_manager.py builds them (no LibTorch here).
 //
-// Note [Gossip graphs]: every rank has a phone book, the list of ranks it may
-// send to, built from the world size alone (so every rank computes every
-// other rank's book). At gossip round t a rank sends to `peers_per_itr`
-// entries of its book starting at index (t * peers_per_itr) mod |book|
-// (dynamic graphs; the ring stays at index 0), and receives from every rank
-// whose book has it at that round's indices. Books list each peer once, in
-// the order fairscale adds them:
+// Note [Gossip graphs]
+// ~~~~~~~~~~~~~~~~~~~~
+// Every rank has a phone book, the list of ranks it may send to, built from the
+// world size alone (so every rank computes every other rank's book). At gossip
+// round t a rank sends to `peers_per_itr` entries of its book starting at index
+// (t * peers_per_itr) mod |book| (dynamic graphs; the ring stays at index 0),
+// and receives from every rank whose book has it at that round's indices. Books
+// list each peer once, in the order fairscale adds them:
 //   directed-exponential:  r ± 2^i,           i = 0..floor(log2(n-1))
 //   npeer-directed-exponential (fairscale's default):
 //                          r + j (k+1)^i,     j = 1..k, i =

@@ -29,8 +29,8 @@ struct SlowMoOptions {
   // fairscale's broadcast_buffers: the module's buffers are broadcast from
   // the authoritative rank before every forward (PrepareForward).
   bool broadcast_buffers = true;
-  // Note [Node hierarchy] (worker/slowmo/hierarchy.h): > 1 groups the ranks
-  // into nodes of at most this many processes that share `node_id`.
+  // See Note [Node hierarchy] in worker/slowmo/hierarchy.h: > 1 groups the
+  // ranks into nodes of at most this many processes that share `node_id`.
   int nprocs_per_node = 1;
   // This worker's node (WorkerOptions::node_id); ranks with the same one
   // share a node. Empty everywhere: nodes of nprocs_per_node consecutive

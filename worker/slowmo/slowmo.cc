@@ -324,7 +324,7 @@ void SlowMo::Layout(int64_t total) {
     portion_start_ = bound(rank);
     portion_end_ = bound(rank + 1);
   }
-  // Note [Shard replicas]: this rank keeps slice rank - 1.
+  // See Note [Shard replicas]: this rank keeps slice rank - 1.
   const int replicated = (rank + world - 1) % world;
   if (world >= 2 && replicated < num_shards_) {
     replica_start_ = bound(replicated);
@@ -401,7 +401,7 @@ absl::Status SlowMo::PerformSlowMo(torch::optim::Optimizer& optimizer) {
   for (size_t i = 0; i < params_.size(); ++i) {
     offset[i + 1] = offset[i] + params_[i].numel();
   }
-  // The tensors the optimizer steps: params_, or the fp32 masters (Note
+  // The tensors the optimizer steps: params_, or the fp32 masters (see Note
   // [fp16 masters]), with their offsets in their flat vector.
   const std::vector<torch::Tensor>& units = Units();
   const std::vector<int64_t> unit_offset = UnitOffsets();
@@ -435,7 +435,7 @@ absl::Status SlowMo::PerformSlowMo(torch::optim::Optimizer& optimizer) {
     state.initialized = true;
   }
 
-  // Note [fp16 masters], 1: the error of the fp16 value communicated.
+  // See Note [fp16 masters], 1: the error of the fp16 value communicated.
   const bool averaging = plan.gossip || plan.allreduce;
   if (master32.defined() && averaging) {
     if (plan.allreduce) flat.div_(num_nodes_).mul_(num_nodes_);
@@ -445,7 +445,7 @@ absl::Status SlowMo::PerformSlowMo(torch::optim::Optimizer& optimizer) {
     CONCORD_RETURN_IF_ERROR(MastersStep(plan, flat, master32, weight, order, lr,
                                         unit_offset, state));
   }
-  // Note [Node hierarchy]: the node takes its master's result (with fp32
+  // See Note [Node hierarchy]: the node takes its master's result (with fp32
   // masters, the master's p32).
   const bool sgp = options_.base_algorithm == BaseAlgorithm::kSgp;
   if (node_ != nullptr && (averaging || plan.slow)) {
@@ -462,7 +462,7 @@ absl::Status SlowMo::PerformSlowMo(torch::optim::Optimizer& optimizer) {
       weight = message.narrow(0, n, 1).to(ps_weight_.scalar_type()).clone();
     }
   }
-  // Note [fp16 masters], 5.
+  // See Note [fp16 masters], 5.
   if (master32.defined() && (averaging || plan.slow)) flat.copy_(master32);
 
   // Every collective succeeded: apply.
@@ -495,7 +495,7 @@ absl::Status SlowMo::MastersStep(const Plan& plan, torch::Tensor& flat,
     CONCORD_RETURN_IF_ERROR(
         Wait(masters.AllreduceSum(flat, opts), "parameter average"));
   }
-  // Note [fp16 masters], 3: the average plus the error.
+  // See Note [fp16 masters], 3: the average plus the error.
   if (master32.defined() && (plan.gossip || plan.allreduce)) {
     master32.add_(flat.to(torch::kFloat));
   }
@@ -563,7 +563,7 @@ absl::Status SlowMo::MastersStep(const Plan& plan, torch::Tensor& flat,
       CONCORD_RETURN_IF_ERROR(Wait(w, "slow-momentum broadcast"));
     }
     if (world >= 2) {
-      // Note [Shard replicas]: the new x of a slice is its new x_old; its
+      // See Note [Shard replicas]: the new x of a slice is its new x_old; its
       // new u goes from the owner to the next rank.
       const int r = master_rank_;
       const auto f32 = StateOptions(torch::kFloat);

@@ -19,84 +19,6 @@
 //     CONCORD_RETURN_IF_ERROR(slowmo->AfterBackward());  // node; numerators
 //     opt.step(); ++state.step; state.Commit();
 //     CONCORD_RETURN_IF_ERROR(slowmo->PerformSlowMo(opt));
-//
-// Note [SlowMo step]: PerformSlowMo is fairscale's perform_slowmo, called
-// once after every optimizer step (update n = 0, 1, ...):
-//   - LocalSGD: when (n+1) % localsgd_frequency == 0, parameters are
-//     divided by the world size and allreduced (skipped when a
-//     memory-efficient slow step follows: its reduce averages already).
-//   - SGP: every update (but not on memory-efficient slow steps, and
-//     replaced by the LocalSGD average when slowmo_sgp_average_params and a
-//     slow step is due), one push-sum gossip round (Note [Push-sum]).
-//   - Slow momentum, when enabled (slowmo_lr != 1 or slowmo_momentum != 0)
-//     and (n+1) % slowmo_frequency == 0, per element with the inner
-//     optimizer's current learning rate γ of the element's group:
-//       u ← β·u − x/γ + x_old/γ;  x_old ← x_old − α·γ·u;  x ← x_old
-//     Memory-efficient: the flat parameter vector (optimizer order) is cut
-//     into min(world, slowmo_num_shards) slices of ceil(total/shards)
-//     elements; rank s owns slice s: every rank divides by the world size,
-//     each slice is reduced to its owner, the owner updates u and x_old for
-//     its slice and broadcasts the new x back. Otherwise every rank updates
-//     its whole vector locally.
-//     Note [Shard replicas]: the next rank, (s+1) mod world, keeps a replica
-//     of slice s: after the broadcast it holds the new x = x_old of the
-//     slice already, and the owner sends it its new u (one point-to-point
-//     message of a slice: the whole vector once over the network per slow
-//     step). After a membership change a slice is taken from its owner, or
-//     from its replica when the owner is gone; it restarts (u = 0,
-//     x_old = x, logged) only when both are gone.
-//   With a node hierarchy (Note [Node hierarchy] in hierarchy.h), "world"
-//   above is the node masters' group: the others average their gradients
-//   with their node in AfterBackward and take their master's parameters
-//   (and push-sum weight) at the end of every update that changed them.
-//   x_old and u are created at the first call, from the parameters after the
-//   first optimizer step (as fairscale does).
-// A step is transactional (Note [Elastic step]): everything is computed into
-// temporaries and written into the parameters, u, x_old and the push-sum
-// weight only after every collective succeeded; a failure leaves the
-// update pending. Since the optimizer step itself cannot be undone, the
-// caller commits the elastic state after optimizer.step() and before
-// PerformSlowMo: the committed step then owes its averaging, and SyncState
-// (run by elastic::State::Sync after the re-form) performs it in the new
-// generation.
-//
-// Note [fp16 masters]: fairscale's perform_slowmo(optimizer, fp32_params).
-// With fp16 module parameters the optimizer (fairseq's FP16Optimizer, apex
-// amp) steps fp32 master copies and copies them into the fp16 parameters;
-// SetFp32Params gives SlowMo those masters (one per parameter, in `params`
-// order, or one flat tensor of every element in that order). Then, per
-// update, element-wise, with W the number of participants (nodes):
-//   averaging = a gossip round or an exact average this update;
-//   1. if averaging: (exact average only) p16 ← (p16 / W) · W in fp16 (the
-//      rounding loss now, not in the allreduce); p32 ← p32 − float(p16):
-//      p32 holds the error of the communicated fp16 value;
-//   2. the gossip round / average on the fp16 parameters (as without
-//      masters);
-//   3. if averaging: p32 ← p32 + float(p16) (error feedback);
-//   4. slow momentum on the optimizer's parameters, i.e. the fp32 masters
-//      (u and x_old are fp32, sharded or not, as above);
-//   5. if averaging or a slow step: p16 ← half(p32).
-// SGP: the masters hold push-sum numerators throughout (de-biasing divides
-// the fp16 parameters only). With a node hierarchy the master's p32 is
-// broadcast to its node and every rank sets p16 ← half(p32). The masters are
-// the user's optimizer state but not in the model: SyncState broadcasts them
-// from the authoritative rank (every rank must call SetFp32Params before
-// elastic::State::Sync), and a restarted slow-momentum slice takes x_old
-// from them.
-//
-// Note [Push-sum]: between steps the parameters hold push-sum numerators x
-// and the rank a weight w (1 at the start). PrepareForward divides the
-// parameters by w (the de-biased estimate z = x/w the model computes with);
-// AfterBackward multiplies them back, so the optimizer applies the gradient
-// at z to x. A gossip round with k = peers_per_itr out-peers and uniform
-// mixing (fairscale's UniformMixing, lo = 1/(k+1)) sends [x, w] to each
-// out-peer and sets x ← (x + Σ_in x_j)·lo, w ← (w + Σ_in w_j)·lo, which is
-// fairscale's arithmetic (its lazy mixing) and keeps Σx and Σw over the
-// ranks (every rank keeps lo and sends lo to each of its k out-peers).
-// fairscale does not send w on regular graphs, assuming every in-peer's
-// weight equals its own; Concord sends it (one element), so the sums stay
-// exact for any weights. push_sum=false is fairscale's PushPull: no weight
-// (in-degree must equal out-degree, the mixing being doubly stochastic).
 
 #include <torch/torch.h>
 
@@ -120,7 +42,7 @@ class SlowMo final : public elastic::Participant {
   // one floating dtype and device; `buffers`: the module's buffers
   // (broadcast before every forward when options.broadcast_buffers).
   // `groups` (needed with options.nprocs_per_node > 1, must outlive this)
-  // makes the node groups of each generation (Note [Node hierarchy]); they
+  // makes the node groups of each generation (see Note [Node hierarchy]); they
   // are connected at the first call that needs them in a generation (no
   // collective here). Errors: those of ValidateOptions, INVALID_ARGUMENT (no
   // parameters, mixed dtypes or devices, a bad authoritative rank, no
@@ -131,9 +53,25 @@ class SlowMo final : public elastic::Participant {
       std::shared_ptr<comm::Communicator> comm, int authoritative_rank,
       SlowMoOptions options, comm::GroupFactory* groups = nullptr);
 
+  // Note [Push-sum]
+  // ~~~~~~~~~~~~~~~
+  // Between steps the parameters hold push-sum numerators x and the rank a
+  // weight w (1 at the start). PrepareForward divides the parameters by w (the
+  // de-biased estimate z = x/w the model computes with); AfterBackward
+  // multiplies them back, so the optimizer applies the gradient at z to x. A
+  // gossip round with k = peers_per_itr out-peers and uniform mixing
+  // (fairscale's UniformMixing, lo = 1/(k+1)) sends [x, w] to each out-peer and
+  // sets x ← (x + Σ_in x_j)·lo, w ← (w + Σ_in w_j)·lo, which is fairscale's
+  // arithmetic (its lazy mixing) and keeps Σx and Σw over the ranks (every rank
+  // keeps lo and sends lo to each of its k out-peers). fairscale does not send
+  // w on regular graphs, assuming every in-peer's weight equals its own;
+  // Concord sends it (one element), so the sums stay exact for any weights.
+  // push_sum=false is fairscale's PushPull: no weight (in-degree must equal
+  // out-degree, the mixing being doubly stochastic).
+
   // Before a forward (fairscale's forward pre-hook): broadcasts the
   // buffers from the authoritative rank, then (SGP) de-biases the
-  // parameters (Note [Push-sum]). Errors: those of the broadcast
+  // parameters (see Note [Push-sum]). Errors: those of the broadcast
   // (retryable; the parameters are untouched then).
   absl::Status PrepareForward();
   // After backward: with a node hierarchy, the gradients are averaged over
@@ -146,18 +84,81 @@ class SlowMo final : public elastic::Participant {
   // saving the model). No-op for LocalSGD.
   void Debias();
 
-  // Note [SlowMo step]. The optimizer's parameters must be among `params`
-  // (or the fp32 masters, Note [fp16 masters])
+  // Note [SlowMo step]
+  // ~~~~~~~~~~~~~~~~~~
+  // PerformSlowMo is fairscale's perform_slowmo, called once after every
+  // optimizer step (update n = 0, 1, ...):
+  //   - LocalSGD: when (n+1) % localsgd_frequency == 0, parameters are
+  //     divided by the world size and allreduced (skipped when a
+  //     memory-efficient slow step follows: its reduce averages already).
+  //   - SGP: every update (but not on memory-efficient slow steps, and
+  //     replaced by the LocalSGD average when slowmo_sgp_average_params and a
+  //     slow step is due), one push-sum gossip round (see Note [Push-sum]).
+  //   - Slow momentum, when enabled (slowmo_lr != 1 or slowmo_momentum != 0)
+  //     and (n+1) % slowmo_frequency == 0, per element with the inner
+  //     optimizer's current learning rate γ of the element's group:
+  //       u ← β·u − x/γ + x_old/γ;  x_old ← x_old − α·γ·u;  x ← x_old
+  //     Memory-efficient: the flat parameter vector (optimizer order) is cut
+  //     into min(world, slowmo_num_shards) slices of ceil(total/shards)
+  //     elements; rank s owns slice s: every rank divides by the world size,
+  //     each slice is reduced to its owner, the owner updates u and x_old for
+  //     its slice and broadcasts the new x back. Otherwise every rank updates
+  //     its whole vector locally.
+  //     Each slice has a replica (see Note [Shard replicas]).
+  //   With a node hierarchy (see Note [Node hierarchy] in hierarchy.h), "world"
+  //   above is the node masters' group: the others average their gradients
+  //   with their node in AfterBackward and take their master's parameters
+  //   (and push-sum weight) at the end of every update that changed them.
+  //   x_old and u are created at the first call, from the parameters after the
+  //   first optimizer step (as fairscale does).
+  // A step is transactional (see Note [Elastic step]): everything is computed
+  // into temporaries and written into the parameters, u, x_old and the push-sum
+  // weight only after every collective succeeded; a failure leaves the
+  // update pending. Since the optimizer step itself cannot be undone, the
+  // caller commits the elastic state after optimizer.step() and before
+  // PerformSlowMo: the committed step then owes its averaging, and SyncState
+  // (run by elastic::State::Sync after the re-form) performs it in the new
+  // generation.
+
+  // See Note [SlowMo step]. The optimizer's parameters must be among `params`
+  // (or the fp32 masters, see Note [fp16 masters])
   // and fp32 when slow momentum is on. Blocks on the step's collectives.
   // Errors: INVALID_ARGUMENT (optimizer parameters), those of Work::Wait
   // (retryable: the update stays pending, nothing changed).
   absl::Status PerformSlowMo(torch::optim::Optimizer& optimizer);
-  // Note [fp16 masters]: SetFp32Params(fp32_params), then the above
+
+  // Note [fp16 masters]
+  // ~~~~~~~~~~~~~~~~~~~
+  // fairscale's perform_slowmo(optimizer, fp32_params). With fp16 module
+  // parameters the optimizer (fairseq's FP16Optimizer, apex amp) steps fp32
+  // master copies and copies them into the fp16 parameters; SetFp32Params gives
+  // SlowMo those masters (one per parameter, in `params` order, or one flat
+  // tensor of every element in that order). Then, per update, element-wise,
+  // with W the number of participants (nodes):
+  //   averaging = a gossip round or an exact average this update;
+  //   1. if averaging: (exact average only) p16 ← (p16 / W) · W in fp16 (the
+  //      rounding loss now, not in the allreduce); p32 ← p32 − float(p16):
+  //      p32 holds the error of the communicated fp16 value;
+  //   2. the gossip round / average on the fp16 parameters (as without
+  //      masters);
+  //   3. if averaging: p32 ← p32 + float(p16) (error feedback);
+  //   4. slow momentum on the optimizer's parameters, i.e. the fp32 masters
+  //      (u and x_old are fp32, sharded or not, as above);
+  //   5. if averaging or a slow step: p16 ← half(p32).
+  // SGP: the masters hold push-sum numerators throughout (de-biasing divides
+  // the fp16 parameters only). With a node hierarchy the master's p32 is
+  // broadcast to its node and every rank sets p16 ← half(p32). The masters are
+  // the user's optimizer state but not in the model: SyncState broadcasts them
+  // from the authoritative rank (every rank must call SetFp32Params before
+  // elastic::State::Sync), and a restarted slow-momentum slice takes x_old
+  // from them.
+
+  // See Note [fp16 masters]: SetFp32Params(fp32_params), then the above
   // (fairscale's perform_slowmo(optimizer, fp32_params)); on
   // INVALID_ARGUMENT the previous masters are kept and nothing changed.
   absl::Status PerformSlowMo(torch::optim::Optimizer& optimizer,
                              std::vector<torch::Tensor> fp32_params);
-  // Note [fp16 masters]: the fp32 master copies the optimizer steps, kept
+  // See Note [fp16 masters]: the fp32 master copies the optimizer steps, kept
   // (by reference) for every later update and re-form. Errors:
   // INVALID_ARGUMENT when they are not float32 on the parameters' device,
   // or neither one per parameter with the same numel nor one tensor of
@@ -169,10 +170,10 @@ class SlowMo final : public elastic::Participant {
   // update count, push-sum weight and (non-sharded) u and x_old, connects
   // the node groups of the new generation, re-shards u and x_old over the
   // new world (or masters) from the shards and replicas the survivors hold
-  // (Note [Shard replicas]; a slice whose owner and replica are both gone
+  // (see Note [Shard replicas]; a slice whose owner and replica are both gone
   // restarts: u = 0, x_old = x), rebuilds the gossip graph for the new
-  // world size, and performs the update `step` still owes (Note [SlowMo
-  // step]). With fp32 masters (Note [fp16 masters]) it first broadcasts
+  // world size, and performs the update `step` still owes (see Note [SlowMo
+  // step]). With fp32 masters (see Note [fp16 masters]) it first broadcasts
   // them from the authoritative rank. Every rank of the generation calls it
   // after the model was broadcast. Errors: those of the collectives,
   // FAILED_PRECONDITION when the update count and `step` disagree, or (on
@@ -181,7 +182,7 @@ class SlowMo final : public elastic::Participant {
                          int authoritative_rank, int64_t step,
                          torch::optim::Optimizer& optimizer) override;
 
-  // elastic::Participant, Note [Participants in checkpoints]: "updates",
+  // elastic::Participant, see Note [Participants in checkpoints]: "updates",
   // "push_sum_weight", "push_sum_numerator", "fp32_masters" (with masters)
   // and, once slow momentum started, the whole "slow_momentum" and
   // "old_params" (optimizer order, fp32) gathered from their owners (one
@@ -204,7 +205,7 @@ class SlowMo final : public elastic::Participant {
   // ranks that own no shard).
   const torch::Tensor& momentum_buffer() const { return momentum_; }
   const torch::Tensor& old_params() const { return old_params_; }
-  // The slice this rank keeps a replica of (Note [Shard replicas]):
+  // The slice this rank keeps a replica of (see Note [Shard replicas]):
   // [replica_start, replica_end), empty when none.
   int64_t replica_start() const { return replica_start_; }
   int64_t replica_end() const { return replica_end_; }
@@ -212,7 +213,7 @@ class SlowMo final : public elastic::Participant {
   const torch::Tensor& replica_old_params() const {
     return replica_old_params_;
   }
-  // Note [Node hierarchy], as of the last connected generation: nodes
+  // See Note [Node hierarchy], as of the last connected generation: nodes
   // (= world size without a hierarchy), whether this rank is its node's
   // master, its node's size.
   int num_nodes() const { return num_nodes_; }
@@ -231,7 +232,8 @@ class SlowMo final : public elastic::Participant {
   absl::Status Wait(std::shared_ptr<comm::Work> work, const char* what) const;
   // The optimizer's parameters as indices into params_, in group order,
   // with each group's learning rate.
-  // With fp32 masters the indices are into fp32_params_ (Note [fp16 masters]).
+  // With fp32 masters the indices are into fp32_params_ (see Note [fp16
+  // masters]).
   absl::Status MapOptimizer(torch::optim::Optimizer& optimizer,
                             std::vector<size_t>* index,
                             std::vector<double>* lr) const;
@@ -247,7 +249,7 @@ class SlowMo final : public elastic::Participant {
     return Units().front().options().dtype(dtype);
   }
   absl::Status Gossip(torch::Tensor& flat, torch::Tensor& weight);
-  // The update's work between masters (Note [SlowMo step]) on `flat` (in
+  // The update's work between masters (see Note [SlowMo step]) on `flat` (in
   // params_ order), `weight`, and the slow-momentum state.
   struct SlowState;
   // `master32`: the flat fp32 masters (undefined without); `offset`: the
@@ -258,7 +260,7 @@ class SlowMo final : public elastic::Participant {
                            const std::vector<double>& lr,
                            const std::vector<int64_t>& offset,
                            SlowState& state);
-  // Note [Node hierarchy]: connects this generation's groups once.
+  // See Note [Node hierarchy]: connects this generation's groups once.
   absl::Status EnsureGroups();
   void ToNumerators();
   void Layout(int64_t total);
@@ -269,11 +271,11 @@ class SlowMo final : public elastic::Participant {
 
   std::vector<torch::Tensor> params_;
   std::vector<torch::Tensor> buffers_;
-  std::vector<torch::Tensor> fp32_params_;  // Note [fp16 masters]
+  std::vector<torch::Tensor> fp32_params_;  // See Note [fp16 masters]
   bool warned_fp16_ = false;
   std::shared_ptr<comm::Communicator> comm_;  // the generation's
   int authoritative_rank_ = 0;
-  // Note [Node hierarchy]: masters_ is comm_ without a hierarchy, the
+  // See Note [Node hierarchy]: masters_ is comm_ without a hierarchy, the
   // masters' group on a master, null elsewhere; node_ is the node's group
   // (null for a node of one).
   comm::GroupFactory* groups_ = nullptr;
@@ -287,18 +289,29 @@ class SlowMo final : public elastic::Participant {
   double slowmo_momentum_ = 0.0;
   int64_t num_updates_ = 0;
 
-  // Slow momentum (Note [SlowMo step]).
+  // Slow momentum (see Note [SlowMo step]).
   bool initialized_ = false;
   int64_t total_ = 0;  // elements of the optimizer's parameters
   int num_shards_ = 1;
   int64_t portion_length_ = 0;
   int64_t portion_start_ = 0, portion_end_ = 0;
   torch::Tensor momentum_, old_params_;
-  // Note [Shard replicas].
+
+  // Note [Shard replicas]
+  // ~~~~~~~~~~~~~~~~~~~~~
+  // With memory-efficient slow momentum the next rank, (s+1) mod world, keeps a
+  // replica of slice s: after the broadcast it holds the new x = x_old of the
+  // slice already, and the owner sends it its new u (one point-to-point message
+  // of a slice: the whole vector once over the network per slow step). After a
+  // membership change a slice is taken from its owner, or from its replica when
+  // the owner is gone; it restarts (u = 0, x_old = x, logged) only when both
+  // are gone.
+
+  // See Note [Shard replicas].
   int64_t replica_start_ = 0, replica_end_ = 0;
   torch::Tensor replica_momentum_, replica_old_params_;
 
-  // SGP (Note [Push-sum]).
+  // SGP (see Note [Push-sum]).
   std::optional<GossipGraph> graph_;
   int64_t gossip_round_ = 0;
   torch::Tensor ps_weight_;  // one element, the parameters' dtype

@@ -1,8 +1,8 @@
-// SlowMo's part of the elastic state (Note [SlowMo step], "Beyond
+// SlowMo's part of the elastic state (see Note [SlowMo step], "Beyond
 // fairscale"): SyncState after a re-form takes the authoritative rank's
 // counters, push-sum weight and fp32 masters, and Reshard re-assembles the
 // slow-momentum slices (from owners or their replicas) over the new world;
-// CheckpointState and ResumeState put the same state in checkpoints (Note
+// CheckpointState and ResumeState put the same state in checkpoints (see Note
 // [Participants in checkpoints] in worker/elastic/state.h).
 
 #include <algorithm>
@@ -179,7 +179,7 @@ absl::Status SlowMo::SyncState(std::shared_ptr<comm::Communicator> comm,
            "push-sum weight broadcast"));
   ps_weight_ = weight;
   is_numerator_ = header[2].item<int64_t>() != 0;
-  // Note [fp16 masters]: the optimizer's fp32 masters follow the
+  // See Note [fp16 masters]: the optimizer's fp32 masters follow the
   // authoritative rank like the model.
   // Every rank learns whether any disagrees, so that all of them fail.
   const int64_t root_master_numel = header[3].item<int64_t>();

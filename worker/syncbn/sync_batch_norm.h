@@ -1,7 +1,8 @@
 #pragma once
 // SyncBatchNorm's inside: the group of ranks its layers reduce over, and
-// the conversion with an explicit group. The module itself, and Note
-// [SyncBN arithmetic], are public: include/concord/sync_batch_norm.h.
+// the conversion with an explicit group. The module itself, and its
+// arithmetic, are public: include/concord/sync_batch_norm.h (see Note
+// [SyncBN arithmetic] there).
 
 #include <memory>
 #include <mutex>

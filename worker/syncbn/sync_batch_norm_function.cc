@@ -29,7 +29,7 @@ const float* FloatPtr(const at::Tensor& t) {
   return t.defined() ? t.data_ptr<float>() : nullptr;
 }
 
-// The input in a layout the kernels take (Note [Activation layout]):
+// The input in a layout the kernels take (see Note [Activation layout]):
 // channels innermost when it already is (channels-last), else contiguous.
 struct Layout {
   at::Tensor x;
@@ -51,7 +51,7 @@ Layout MakeLayout(const at::Tensor& input) {
   return {input.contiguous(), {n, c, spatial}};
 }
 
-// Note [Stream-ordered waits]: on a device the kernels that read the result
+// See Note [Stream-ordered waits]: on a device the kernels that read the result
 // are queued after the collective; the host does not wait, as in PyTorch.
 void WaitOrThrow(const std::shared_ptr<comm::Work>& work, const char* what) {
   absl::Status s = work->Synchronize();
@@ -190,7 +190,7 @@ class SyncBnFunction : public torch::autograd::Function<SyncBnFunction> {
 #endif
         });
 
-    // The count stays where the combination wrote it (Note [Stream-ordered
+    // The count stays where the combination wrote it (see Note [Stream-ordered
     // waits]): the CUDA backward reads it on the device.
     ctx->save_for_backward({layout.x, weight, mean, invstd, total});
     auto capsule = c10::make_intrusive<CommunicatorCapsule>();
@@ -241,7 +241,7 @@ class SyncBnFunction : public torch::autograd::Function<SyncBnFunction> {
               reduced.data_ptr<float>(), scratch.data_ptr<float>(), stream);
 #endif
         });
-    // This rank's contributions to weight/bias gradients (Note [SyncBN
+    // This rank's contributions to weight/bias gradients (see Note [SyncBN
     // arithmetic]) before the sums become global.
     at::Tensor grad_weight, grad_bias;
     if (weight.defined()) {

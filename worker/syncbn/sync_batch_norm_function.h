@@ -1,5 +1,5 @@
 #pragma once
-// The autograd function behind SyncBatchNorm's training forward (Note
+// The autograd function behind SyncBatchNorm's training forward (see Note
 // [SyncBN arithmetic] in sync_batch_norm.h). Internal to worker/syncbn.
 
 #include <ATen/core/Tensor.h>

@@ -1,37 +1,6 @@
 #pragma once
 // A worker's history: what it did that a checker can verify after the run
-// (tests/history.py, Note [History checker] there).
-//
-// Note [History files]: one file per worker id (JobOptions::history_file or
-// CONCORD_HISTORY_FILE; `concord-run --history DIR` gives each worker
-// DIR/<worker id>.history), opened for appending, so that a restarted
-// worker with the same id goes on in the same file; every record says the
-// process (pid). JSON Lines: one object per line, written with one write(2)
-// when the thing is done, so a worker killed at any point leaves whole lines
-// (a last line without its newline was not written and is ignored). Records
-// ("event"):
-//   generation  the coordinator placed this worker in `generation` as `rank`
-//               of `world` (written when the Join is answered, before the
-//               communicator connects)
-//   restore     the state this worker goes on from in `generation`: `step`
-//               committed steps, `epoch`, the parameters' `digest` (after
-//               the first Sync and after every re-form: what the
-//               authoritative rank had), `replicated` as for a commit
-//   commit      this worker committed `step` (of `epoch`) in `generation`:
-//               `digest` of its parameters after the step (hex; equal on
-//               every member when `replicated`, i.e. plain DDP), `samples`:
-//               the job's window of the step (ElasticSampler's indices of
-//               all ranks, in order) when the state has a sampler
-//   checkpoint  this worker copied the commit of `step` (of `epoch`) in
-//               `generation` into its node's checkpoint memory (Note
-//               [Checkpoints]); `disk`: marked for the disk tier (rank 0's)
-//   resume      no member of `generation` held a committed step: the state
-//               came from step `step` of a checkpoint (`source`: "memory"
-//               or "disk"); `digest` of the parameters resumed, as for a
-//               restore (a restore record of the same state follows)
-//   finish      the program finished (`ok`, `message`)
-// Every record has `worker`, `pid`, `job` and `time_us` (CLOCK_REALTIME
-// microseconds, shared by the processes of one host).
+// (tests/history.py, see Note [History checker] there).
 //
 // Cost when off: the session holds a null pointer. When on, a commit
 // hashes every parameter (a copy to the host for device tensors): meant for
@@ -60,6 +29,38 @@ struct CommitRecord {
   bool replicated = true;
   std::optional<std::vector<int64_t>> samples;
 };
+
+// Note [History files]
+// ~~~~~~~~~~~~~~~~~~~~
+// One file per worker id (JobOptions::history_file or CONCORD_HISTORY_FILE;
+// `concord-run --history DIR` gives each worker DIR/<worker id>.history),
+// opened for appending, so that a restarted worker with the same id goes on in
+// the same file; every record says the process (pid). JSON Lines: one object
+// per line, written with one write(2) when the thing is done, so a worker
+// killed at any point leaves whole lines (a last line without its newline was
+// not written and is ignored). Records ("event"):
+//   generation  the coordinator placed this worker in `generation` as `rank`
+//               of `world` (written when the Join is answered, before the
+//               communicator connects)
+//   restore     the state this worker goes on from in `generation`: `step`
+//               committed steps, `epoch`, the parameters' `digest` (after
+//               the first Sync and after every re-form: what the
+//               authoritative rank had), `replicated` as for a commit
+//   commit      this worker committed `step` (of `epoch`) in `generation`:
+//               `digest` of its parameters after the step (hex; equal on
+//               every member when `replicated`, i.e. plain DDP), `samples`:
+//               the job's window of the step (ElasticSampler's indices of
+//               all ranks, in order) when the state has a sampler
+//   checkpoint  this worker copied the commit of `step` (of `epoch`) in
+//               `generation` into its node's checkpoint memory (see Note
+//               [Checkpoints]); `disk`: marked for the disk tier (rank 0's)
+//   resume      no member of `generation` held a committed step: the state
+//               came from step `step` of a checkpoint (`source`: "memory"
+//               or "disk"); `digest` of the parameters resumed, as for a
+//               restore (a restore record of the same state follows)
+//   finish      the program finished (`ok`, `message`)
+// Every record has `worker`, `pid`, `job` and `time_us` (CLOCK_REALTIME
+// microseconds, shared by the processes of one host).
 
 class HistoryLog {
  public:

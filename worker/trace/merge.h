@@ -1,5 +1,5 @@
 #pragma once
-// Merging the per-worker trace files of a job (Note [Trace files] in
+// Merging the per-worker trace files of a job (see Note [Trace files] in
 // recorder.h) into one.
 
 #include <cstdint>

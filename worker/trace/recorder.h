@@ -3,19 +3,21 @@
 // what a worker did when — forward, backward, each bucket's allreduce, the
 // optimizer step — on a track of its rank.
 //
-// Note [Trace files]: one file per worker process, in the JSON Array Format
-// with one event per line: "[", the first event, then ",{event}" lines,
-// and "]" when the recorder is closed. Each line is written with one
-// write(2) as the event ends, so a worker killed at any point leaves a file
-// that Chrome and Perfetto open (the format allows the missing "]") and that
-// MergeTraceFiles (merge.h) reads up to the last whole line. Timestamps are
-// CLOCK_REALTIME in microseconds, which the processes of one host share, so
-// the files of a job's workers merge into one timeline without shifting.
-// Tracks: pid = the rank in the current generation ("rank R", labelled
-// with the worker id), tid 0 = the training thread (forward, backward,
-// optimizer, the wait for the buckets), tid 1 + b = bucket b's allreduce
-// (from its launch to its completion; buckets overlap one another, so each
-// has a track of its own). A generation change is a global instant event.
+// Note [Trace files]
+// ~~~~~~~~~~~~~~~~~~
+// One file per worker process, in the JSON Array Format with one event per
+// line: "[", the first event, then ",{event}" lines, and "]" when the recorder
+// is closed. Each line is written with one write(2) as the event ends, so a
+// worker killed at any point leaves a file that Chrome and Perfetto open (the
+// format allows the missing "]") and that MergeTraceFiles (merge.h) reads up to
+// the last whole line. Timestamps are CLOCK_REALTIME in microseconds, which the
+// processes of one host share, so the files of a job's workers merge into one
+// timeline without shifting. Tracks: pid = the rank in the current generation
+// ("rank R", labelled with the worker id), tid 0 = the training thread
+// (forward, backward, optimizer, the wait for the buckets), tid 1 + b = bucket
+// b's allreduce (from its launch to its completion; buckets overlap one
+// another, so each has a track of its own). A generation change is a global
+// instant event.
 //
 // Cost when off: the library holds a null std::shared_ptr<Recorder>; every
 // instrumentation point is one pointer test.

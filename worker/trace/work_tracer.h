@@ -1,5 +1,5 @@
 #pragma once
-// Timing asynchronous collectives for the timeline (Note [Trace files]).
+// Timing asynchronous collectives for the timeline (see Note [Trace files]).
 
 #include <condition_variable>
 #include <deque>

@@ -1,6 +1,8 @@
-// Note [Core fuzzing]: an input is a program of operations on one Core
-// with a FakeClock. Each operation is picked by one byte and takes its
-// fields from the bytes that follow, either
+// Note [Core fuzzing]
+// ~~~~~~~~~~~~~~~~~~~
+// An input is a program of operations on one Core with a FakeClock. Each
+// operation is picked by one byte and takes its fields from the bytes that
+// follow, either
 //  - structured: ids from small pools (so that workers meet in the same
 //    jobs and generations), the right secret or a wrong one, the current
 //    generation or one near it, small specs and steps, occasionally raw
@@ -17,7 +19,7 @@
 //  2. a request refused with INVALID_ARGUMENT changed nothing (the core's
 //     version and every job's exported record are as before);
 //  3. every assignment is consistent (0 <= rank < world size = members);
-//  4. expected survivors (Note [Re-forming]) only exist between
+//  4. expected survivors (see Note [Re-forming]) only exist between
 //     generations and are never members;
 // and at the end every job survives ExportJob -> RestoreJob unchanged.
 
@@ -165,7 +167,7 @@ class Harness {
 
   // `op` also picks previous_generation, without reading more input (so the
   // corpus keeps its meaning): none, the current one (a re-form request from
-  // a member, Note [Re-forming]), or one ahead (INVALID_ARGUMENT).
+  // a member, see Note [Re-forming]), or one ahead (INVALID_ARGUMENT).
   v1::JoinRequest JoinOf(Bytes& in, uint8_t op) {
     v1::JoinRequest r;
     v1::JobSpec& spec = *r.mutable_spec();
@@ -267,7 +269,7 @@ class Harness {
       }
       case 5: {
         // A node agent's report: a checkpoint written or failed, or a
-        // snapshot in its memory (Note [Resume source]).
+        // snapshot in its memory (see Note [Resume source]).
         v1::CheckpointReport r;
         const std::string job = Job(in);
         if (raw) {
@@ -294,7 +296,7 @@ class Harness {
         absl::Status status = core_.Membership(r).status();
         // The stream opens, or one closes (lost or not), as the service
         // would report it after a good Membership; unmatched closes too. Or
-        // the worker's node agent reports that its process exited (Note
+        // the worker's node agent reports that its process exited (see Note
         // [Exited workers]).
         if (!raw && status.ok()) {
           switch (in.U8() % 5) {

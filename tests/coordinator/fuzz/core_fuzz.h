@@ -1,5 +1,5 @@
 #pragma once
-// The coordinator core's fuzz target (Note [Core fuzzing] in core_fuzz.cc).
+// The coordinator core's fuzz target (see Note [Core fuzzing] in core_fuzz.cc).
 // Built two ways: as a libFuzzer binary with clang (CONCORD_BUILD_FUZZ=ON,
 // core_fuzz_libfuzzer.cc) and as a plain replay driver that any compiler
 // builds and ctest runs (core_fuzz_replay.cc).

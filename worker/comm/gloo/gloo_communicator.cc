@@ -134,16 +134,18 @@ absl::Status SetSumOutput(Options& opts, const at::Tensor& tensor,
 // prefixes Gloo's own collectives use (gloo/types.h).
 constexpr uint8_t kExchangeSlotPrefix = 0x40;
 
-// Note [CUDA tensors over Gloo]: NCCL refuses two ranks on one GPU, so
-// processes that share a GPU run Gloo with their CUDA tensors staged through
-// pinned host memory, as c10d's ProcessGroupGloo does. The calling thread
-// records an event on the tensor's current stream: the point after which its
-// contents are final. The communication thread makes a side stream wait for
-// that event, copies the tensor to the host on it, runs the Gloo operation
-// on the host copy, copies the result back on the side stream and waits for
-// that copy before the work completes; so a Wait() orders every later use of
-// the tensor, from any stream, after the result, and the training thread
-// never blocks on the device. CPU tensors are used in place.
+// Note [CUDA tensors over Gloo]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// NCCL refuses two ranks on one GPU, so processes that share a GPU run Gloo
+// with their CUDA tensors staged through pinned host memory, as c10d's
+// ProcessGroupGloo does. The calling thread records an event on the tensor's
+// current stream: the point after which its contents are final. The
+// communication thread makes a side stream wait for that event, copies the
+// tensor to the host on it, runs the Gloo operation on the host copy, copies
+// the result back on the side stream and waits for that copy before the work
+// completes; so a Wait() orders every later use of the tensor, from any stream,
+// after the result, and the training thread never blocks on the device. CPU
+// tensors are used in place.
 class Staged {
  public:
   // Calling thread. `read`: the operation reads the tensor (otherwise it
@@ -255,7 +257,7 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
     gloo::transport::tcp::attr attr;
     attr.hostname = options.hostname;
     auto device = gloo::transport::tcp::CreateDevice(attr);
-    // Note [Rank tables]: each rank reads the others' keys in O(1) Gets.
+    // See Note [Rank tables]: each rank reads the others' keys in O(1) Gets.
     RankTableStore tables(store, options.size, {"rank_", ""},
                           static_cast<size_t>(options.keys_per_get));
     GlooStoreAdapter adapter(&tables, options.connect_timeout);

@@ -1,6 +1,6 @@
 #pragma once
 // Communicator over Gloo (TCP): CPU tensors in place, CUDA tensors staged
-// through pinned host memory (Note [CUDA tensors over Gloo]).
+// through pinned host memory (see Note [CUDA tensors over Gloo]).
 //
 // Rendezvous exchanges Gloo's addresses through a comm::Store (the
 // coordinator's key-value store in a job). Collectives run one at a time, in
@@ -38,7 +38,7 @@ struct GlooOptions {
   absl::Duration connect_timeout = absl::Minutes(5);
   // Sum allreduces of float32, float64, int32 and int64 through shared
   // memory when every rank is on this host and every rank asks for it
-  // (Note [Shared-memory allreduce]; Gloo's arithmetic, bit for bit).
+  // (see Note [Shared-memory allreduce]; Gloo's arithmetic, bit for bit).
   // Workers: on unless CONCORD_SHM=0.
   bool shared_memory = false;
   // Most keys one read of the store may name (the coordinator's KvGet takes

@@ -41,8 +41,8 @@ static_assert(
     "NcclResult mirrors nccl.h's ncclResult_t");
 
 // Translates an NCCL result into a status: file, line, NCCL version and
-// ncclGetLastError's text, with the code of Note [NCCL failures and
-// re-forming]. ncclInProgress is not a failure.
+// ncclGetLastError's text, with the code that says whether it re-forms (see
+// Note [NCCL failures and re-forming]). ncclInProgress is not a failure.
 absl::Status NcclStatus(ncclResult_t r, ncclComm_t comm, const char* file,
                         int line) {
   const absl::StatusCode code = NcclResultCode(r);
@@ -102,7 +102,7 @@ struct NcclCommunicator::State {
   ncclComm_t comm = nullptr;
   cudaStream_t stream = nullptr;
 #if CONCORD_TORCH_CUDA
-  // Note [NCCL streams]: `stream` is this pool stream's.
+  // See Note [NCCL streams]: `stream` is this pool stream's.
   std::optional<c10::cuda::CUDAStream> torch_stream;
   // Recorded on the current stream before each collective (under `mu`):
   // one event, reused, as c10d's are.
@@ -112,7 +112,7 @@ struct NcclCommunicator::State {
   std::atomic<bool> aborted{false};
   std::atomic<bool> failed{false};
 
-  // Note [Stream-ordered waits]: every collective's work, until the
+  // See Note [Stream-ordered waits]: every collective's work, until the
   // watchdog has seen it end. Holding them keeps their tensors alive while
   // NCCL may still use them, whoever dropped the work (as c10d's
   // workMetaList_ does).
@@ -169,7 +169,7 @@ struct NcclCommunicator::State {
 
   static constexpr std::chrono::milliseconds kWatchdogPeriod{100};
 
-  // The stream collectives run on (Note [NCCL streams]).
+  // The stream collectives run on (see Note [NCCL streams]).
   absl::Status MakeStream() {
 #if CONCORD_TORCH_CUDA
     torch_stream = c10::cuda::getStreamFromPool(
@@ -214,7 +214,7 @@ struct NcclCommunicator::State {
     ncclCommAbort(comm);
   }
 
-  // Note [Re-forming NCCL]: issues `call(config)`, a non-blocking
+  // See Note [Re-forming NCCL]: issues `call(config)`, a non-blocking
   // derivation of this communicator (shrink, split), under its lock, and
   // with `wait` waits for the parent to finish its part; on failure the
   // parent is aborted.
@@ -244,7 +244,7 @@ namespace {
 class NcclWork final : public Work {
  public:
   // `copy_back`: (caller's CPU tensor, its device copy) pairs to copy back
-  // once the collective has completed (Note [NCCL streams]).
+  // once the collective has completed (see Note [NCCL streams]).
   NcclWork(std::shared_ptr<NcclCommunicator::State> state, cudaEvent_t event,
            absl::Duration timeout, std::vector<at::Tensor> keep_alive,
            std::vector<std::pair<at::Tensor, at::Tensor>> copy_back)
@@ -296,7 +296,7 @@ class NcclWork final : public Work {
     }
   }
 
-  // Note [Stream-ordered waits]: the current stream waits for the
+  // See Note [Stream-ordered waits]: the current stream waits for the
   // collective's event; staged CPU tensors need the host (Wait).
   absl::Status Synchronize(absl::Duration timeout) override {
 #if CONCORD_TORCH_CUDA
@@ -381,7 +381,7 @@ absl::Status CheckAllgather(const at::Tensor& output, const at::Tensor& input,
 
 // The tensors of one collective as NCCL sees them: CUDA tensors as they
 // are, CPU tensors (CUDA LibTorch only) as device copies that go back to the
-// caller's tensor when the work completes (Note [NCCL streams]).
+// caller's tensor when the work completes (see Note [NCCL streams]).
 class Operands {
  public:
   explicit Operands(int device) : device_(device) {}
@@ -406,7 +406,7 @@ class Operands {
   std::vector<std::pair<at::Tensor, at::Tensor>> copy_back_;
 };
 
-// Note [NCCL streams]: the NCCL stream waits for what is queued on the
+// See Note [NCCL streams]: the NCCL stream waits for what is queued on the
 // current stream of the operands' device, and the allocator learns that
 // their memory is in use on the NCCL stream.
 absl::Status OrderAfterCurrentStream(NcclCommunicator::State& s,
@@ -601,7 +601,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::Shrink(
     return st;
   }
   auto made = Connected(std::move(next), timeout);
-  // The parent is spent either way (Note [Re-forming NCCL]).
+  // The parent is spent either way (see Note [Re-forming NCCL]).
   state_->Abort();
   return made;
 #else

@@ -9,25 +9,6 @@
 // and aborts the communicator when the collective's timeout passes.
 // Collectives run on one CUDA stream owned by the communicator, in issue
 // order.
-//
-// Note [NCCL streams]: as c10d's ProcessGroupNCCL does it. With a CUDA
-// LibTorch the communicator's stream is one of LibTorch's pool streams; each
-// collective first makes it wait (a CUDA event, no host wait) for the work
-// already queued on the tensor's current stream, so that gradients written
-// by backward kernels are final before NCCL reads them, and tells the
-// caching allocator that the tensor's memory is in use on the NCCL stream
-// (recordStream), so that freeing it early cannot hand it to another
-// tensor while NCCL still writes. Work::Wait returns once the collective's
-// event has completed, so everything issued after it sees the result;
-// Work::Synchronize only makes the current stream wait for that event, and
-// a watchdog thread enforces the timeout (Note [Stream-ordered waits] in
-// worker/comm/work.h). The
-// few CPU tensors the training code hands over (find_unused_parameters'
-// bitmap, the model check, SlowMo's ids) are staged: copied to the device,
-// reduced there and copied back when the work completes, the host
-// synchronisations PyTorch has at the same places. With LibTorch's CPU
-// build (compiled, never chosen: no CUDA tensors exist there) the caller
-// orders producers itself and CPU tensors are refused.
 
 #include <memory>
 #include <thread>
@@ -46,6 +27,25 @@ struct NcclOptions {
   int device = 0;  // CUDA device index of this rank
   absl::Duration connect_timeout = absl::Minutes(5);
 };
+
+// Note [NCCL streams]
+// ~~~~~~~~~~~~~~~~~~~
+// As c10d's ProcessGroupNCCL does it. With a CUDA LibTorch the communicator's
+// stream is one of LibTorch's pool streams; each collective first makes it wait
+// (a CUDA event, no host wait) for the work already queued on the tensor's
+// current stream, so that gradients written by backward kernels are final
+// before NCCL reads them, and tells the caching allocator that the tensor's
+// memory is in use on the NCCL stream (recordStream), so that freeing it early
+// cannot hand it to another tensor while NCCL still writes. Work::Wait returns
+// once the collective's event has completed, so everything issued after it sees
+// the result; Work::Synchronize only makes the current stream wait for that
+// event, and a watchdog thread enforces the timeout (see Note [Stream-ordered
+// waits] in worker/comm/work.h). The few CPU tensors the training code hands
+// over (find_unused_parameters' bitmap, the model check, SlowMo's ids) are
+// staged: copied to the device, reduced there and copied back when the work
+// completes, the host synchronisations PyTorch has at the same places. With
+// LibTorch's CPU build (compiled, never chosen: no CUDA tensors exist there)
+// the caller orders producers itself and CPU tensors are refused.
 
 class NcclCommunicator final : public DerivableCommunicator {
  public:
@@ -80,7 +80,7 @@ class NcclCommunicator final : public DerivableCommunicator {
   // the generation ends. Thread-safe, idempotent.
   void Abort() override;
 
-  // Note [Re-forming NCCL] (worker/comm/reform_plan.h): the next
+  // See Note [Re-forming NCCL] in worker/comm/reform_plan.h: the next
   // generation's communicator derived from this one. Every member of this
   // communicator that stays calls the same derivation; this one is spent
   // afterwards (its collectives fail with ABORTED). Non-blocking with
@@ -108,7 +108,7 @@ class NcclCommunicator final : public DerivableCommunicator {
   static absl::StatusOr<std::unique_ptr<NcclCommunicator>> Connected(
       std::shared_ptr<State> state, absl::Duration timeout);
   std::shared_ptr<State> state_;
-  std::thread watchdog_;  // Note [Stream-ordered waits]
+  std::thread watchdog_;  // See Note [Stream-ordered waits]
 };
 
 }  // namespace concord::comm

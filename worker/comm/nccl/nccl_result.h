@@ -1,8 +1,9 @@
 #pragma once
-// Note [NCCL failures and re-forming]: which NCCL results end a generation
-// and which end the worker. Torch-free and NCCL-free (the result is NCCL's
-// ncclResult_t as an int; nccl_communicator.cc checks the values against
-// nccl.h), so that the decision is tested on CPU.
+// Note [NCCL failures and re-forming]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Which NCCL results end a generation and which end the worker. Torch-free and
+// NCCL-free (the result is NCCL's ncclResult_t as an int; nccl_communicator.cc
+// checks the values against nccl.h), so that the decision is tested on CPU.
 //
 // A collective or an init that fails because a peer, the network or the
 // system failed (ncclUnhandledCudaError, ncclSystemError, ncclInternalError,

@@ -1,9 +1,46 @@
 #pragma once
-// Note [Shared-memory allreduce]: when every rank of a Gloo generation runs
-// on one host, a sum allreduce goes through a shared-memory segment instead
-// of Gloo's TCP pairs (what NCCL and MPI do within a node; PyTorch's Gloo
-// has only TCP on a host). Torch-free, tested with ranks as threads and, in
-// the multi-process tests, as processes.
+// A sum allreduce through shared memory for a Gloo generation whose ranks
+// all run on one host (see Note [Shared-memory allreduce] below).
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "worker/comm/store.h"
+
+namespace concord::comm {
+
+struct ShmAllreduceOptions {
+  int rank = 0;
+  int size = 1;
+  // Whether this rank wants the group (CONCORD_SHM). A rank that does not
+  // still takes part in Create, so that every rank reaches the same
+  // verdict: no group unless every rank wants one.
+  bool enabled = true;
+  // Bytes of each slot (two sets of `size` slots are mapped). A tensor
+  // larger than this goes through in windows.
+  size_t window_bytes = 4 << 20;
+  absl::Duration setup_timeout = absl::Minutes(5);
+};
+
+// The ring chunks of a Gloo allreduce of `elements` elements of
+// `element_size` bytes over `size` ranks (gloo/allreduce.cc's segment
+// arithmetic; exposed for tests).
+// Gloo's ring gives each rank a chunk of this many elements (the last ones
+// shorter or empty): element i is in chunk i / GlooRingChunkElements(...).
+size_t GlooRingChunkElements(size_t elements, size_t element_size, int size);
+
+// Note [Shared-memory allreduce]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// When every rank of a Gloo generation runs on one host, a sum allreduce goes
+// through a shared-memory segment instead of Gloo's TCP pairs (what NCCL and
+// MPI do within a node; PyTorch's Gloo has only TCP on a host). Torch-free,
+// tested with ranks as threads and, in the multi-process tests, as processes.
 //
 // The same arithmetic as Gloo: Gloo's ring allreduce (gloo/allreduce.cc,
 // the algorithm PyTorch's ProcessGroupGloo uses) splits the buffer into
@@ -45,39 +82,6 @@
 // others within that time, as a closed socket does); past the timeout it
 // fails. All are UNAVAILABLE, as Gloo's IoException, and a failed group
 // fails every later call.
-
-#include <atomic>
-#include <cstddef>
-#include <cstdint>
-#include <memory>
-#include <string>
-
-#include "absl/status/status.h"
-#include "absl/status/statusor.h"
-#include "absl/time/time.h"
-#include "worker/comm/store.h"
-
-namespace concord::comm {
-
-struct ShmAllreduceOptions {
-  int rank = 0;
-  int size = 1;
-  // Whether this rank wants the group (CONCORD_SHM). A rank that does not
-  // still takes part in Create, so that every rank reaches the same
-  // verdict: no group unless every rank wants one.
-  bool enabled = true;
-  // Bytes of each slot (two sets of `size` slots are mapped). A tensor
-  // larger than this goes through in windows.
-  size_t window_bytes = 4 << 20;
-  absl::Duration setup_timeout = absl::Minutes(5);
-};
-
-// The ring chunks of a Gloo allreduce of `elements` elements of
-// `element_size` bytes over `size` ranks (gloo/allreduce.cc's segment
-// arithmetic; exposed for tests).
-// Gloo's ring gives each rank a chunk of this many elements (the last ones
-// shorter or empty): element i is in chunk i / GlooRingChunkElements(...).
-size_t GlooRingChunkElements(size_t elements, size_t element_size, int size);
 
 class ShmAllreduce {
  public:
