@@ -32,11 +32,13 @@
 //     rate, the coordinator's CPU (cores used over the phase), threads and
 //     resident memory;
 //  4. the anchor (concord-bench-tcpstore, tcpstore_rendezvous.cc): the same
-//     number of nodes rendezvous through one c10d::TCPStore, as far as it
-//     gets within --tcpstore-timeout-s.
+//     nodes rendezvous through one c10d::TCPStore, as torchrun's agents do
+//     (one participant a node of --per-agent workers; with --per-agent 0,
+//     one a worker), as far as it gets within --tcpstore-timeout-s.
 // With --json, one JSON object a line per N: workers, agents, rendezvous_s,
 // reform_s, heartbeat_p50_ms, heartbeat_p99_ms, coordinator_cores,
-// coordinator_rss_mb, tcpstore_rendezvous_s (null where it did not run).
+// coordinator_rss_mb, tcpstore_nodes, tcpstore_rendezvous_s (null where it
+// did not run).
 // Simulated workers share --connections gRPC channels (each its own TCP
 // connection) driven by --client-threads completion-queue threads. Bounded
 // in time; loopback only. Not a test: it prints figures.
@@ -865,18 +867,24 @@ int main(int argc, char** argv) {
     r.workers = n;
     r.rendezvous_workers = g.rendezvous_workers;
     if (!RunConcord(g, &r)) status = 1;
+    // The anchor with the participants torchrun would have: one agent a
+    // node joins its rendezvous and gives its node's workers their ranks,
+    // as concord-run's agents do here (every worker its own without).
+    const int nodes =
+        g.per_agent > 0 ? (g.rendezvous_workers + g.per_agent - 1) / g.per_agent
+                        : g.rendezvous_workers;
     if (g.tcpstore) {
-      RunTcpStore(g, g.rendezvous_workers, &r);
+      RunTcpStore(g, nodes, &r);
       if (!g.json) {
         if (r.tcpstore_s >= 0) {
           std::printf(
-              "anchor: c10d rendezvous of %d nodes on LibTorch's TCPStore in "
-              "%.3f s (%lld compare_sets, %d threads)\n",
-              g.rendezvous_workers, r.tcpstore_s, r.tcpstore_compare_sets,
-              g.tcpstore_threads);
+              "anchor: c10d rendezvous of %d nodes (%d workers) on LibTorch's "
+              "TCPStore in %.3f s (%lld compare_sets, %d threads)\n",
+              nodes, g.rendezvous_workers, r.tcpstore_s,
+              r.tcpstore_compare_sets, g.tcpstore_threads);
         } else {
           std::printf("anchor: c10d rendezvous of %d nodes on TCPStore: %s\n",
-                      g.rendezvous_workers, r.tcpstore_error.c_str());
+                      nodes, r.tcpstore_error.c_str());
         }
       }
     }
@@ -892,6 +900,7 @@ int main(int argc, char** argv) {
           {"heartbeat_p99_ms", OrNull(r.heartbeat_p99_ms)},
           {"coordinator_cores", OrNull(r.coordinator_cores)},
           {"coordinator_rss_mb", OrNull(r.coordinator_rss_mb)},
+          {"tcpstore_nodes", nodes},
           {"tcpstore_rendezvous_s", OrNull(r.tcpstore_s)},
       };
       if (g.tcpstore && r.tcpstore_s < 0) {

@@ -472,6 +472,7 @@ int TrainWith(const Flags& flags, Prepared& in, concord::Job& job, Model model,
     if (!sample_log) Fail(2, "--sample-log: cannot write " + path);
   }
   std::vector<double> step_ms;
+  std::chrono::steady_clock::time_point step_start;
   double last_loss = 0;
   int64_t samples_done = 0;
   int64_t batches = 0;  // forward/backward passes, micro-batches included
@@ -533,6 +534,7 @@ int TrainWith(const Flags& flags, Prepared& in, concord::Job& job, Model model,
   auto take_step = [&](const torch::Tensor& index, int64_t job_samples) {
     fault.Pace();
     const auto t0 = std::chrono::steady_clock::now();
+    step_start = t0;
     const auto [x, y] = to_device(index);
     fault.step = state.step() + 1;
     torch::Tensor l = concord::train::ComputeLoss(in.loss, forward(x), y);
@@ -552,8 +554,6 @@ int TrainWith(const Flags& flags, Prepared& in, concord::Job& job, Model model,
     samples_done += job_samples;
     last_loss = l.item<double>();
     const auto t1 = std::chrono::steady_clock::now();
-    step_ms.push_back(
-        std::chrono::duration<double, std::milli>(t1 - t0).count());
     const double elapsed = std::chrono::duration<double>(t1 - start).count();
     return elapsed > 0 ? samples_done / elapsed : 0;
   };
@@ -573,6 +573,12 @@ int TrainWith(const Flags& flags, Prepared& in, concord::Job& job, Model model,
       ddp->perform_slowmo(optimizer);
     }
     job.report_progress(state.step(), sps, last_loss);
+    // A step's time is whole: forward, backward, the optimizer, the commit
+    // and SlowMo's averaging (a DDP step's communication is in its
+    // backward, SlowMo's here).
+    step_ms.push_back(std::chrono::duration<double, std::milli>(
+                          std::chrono::steady_clock::now() - step_start)
+                          .count());
   };
 
   auto train_fixed = [&] {
