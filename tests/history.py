@@ -37,7 +37,10 @@ The invariants, each a class of problem:
                 lost, which is allowed only when none of its committers went
                 on into a later generation up to the one that took the step
                 again (had one, its report of the step would have made it
-                the authoritative rank and the step would not be redone).
+                the authoritative rank and the step would not be redone),
+                or when the ones they went on into were lost whole before
+                it: a generation after them resumed from a checkpoint of an
+                earlier step (see resumes).
   steps         the job's steps (each step's commit in its last generation)
                 are 1..S without a gap (S: --final-step, else the highest).
   samples       with --samples N --epochs E: over the job's steps, every
@@ -223,6 +226,14 @@ def later_generations(h, inc, after, upto):
             if r["event"] == "generation" and after < r["generation"] <= upto]
 
 
+def resumed_before(h, step, after, upto):
+    """Whether a generation in (after, upto] resumed from a checkpoint of a
+    step before `step` (a total loss in between: check_resumes)."""
+    return any(r["event"] == "resume" and after < r["generation"] <= upto
+               and r["step"] < step
+               for records in h.incarnations.values() for r in records)
+
+
 def canonical_steps(h, commits, problems):
     """{step: record} of the job's steps (each step in its last generation);
     problems for lost commits that were not allowed."""
@@ -235,7 +246,8 @@ def canonical_steps(h, commits, problems):
         for g in gens[:-1]:
             for inc, _ in commits[s][g]:
                 went_on = later_generations(h, inc, g, final)
-                if went_on:
+                if went_on and not (final not in went_on
+                                    and resumed_before(h, s, max(went_on), final)):
                     problems.append("step %d committed by %s (pid %s) in generation %d was taken again in "
                                     "generation %d although that worker went on into generation(s) %s" % (
                                         s, inc[0], inc[1], g, final, went_on))

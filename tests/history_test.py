@@ -161,6 +161,51 @@ def check_total_loss(checks, tmp):
               "epoch 1: 2 samples never taken [0, 1]")
 
 
+def loss_after_a_survivor_went_on():
+    """One run: a and b commit steps 1..3 in generation 1 (a records the
+    checkpoint of step 2); a dies, b goes on alone into generation 2 and
+    commits step 4, then dies too; c and d form generation 3, resume from
+    step 2 and commit 3..8. b's commits of 3 (generation 1) and 4
+    (generation 2) are lost although b went on into generation 2: that
+    generation was lost whole before the resume."""
+    windows = [[0, 1], [2, 3], [4, 5], [6, 7], [1, 0], [3, 2], [5, 4], [7, 6]]
+
+    def commit(w, pid, t, step, g, rank, world):
+        return rec("commit", w, pid, t, generation=g, rank=rank, world=world, step=step,
+                   epoch=(step - 1) // 4, digest="d%d" % step, replicated=True,
+                   samples=windows[step - 1])
+
+    workers = {w: [rec("generation", w, pid, 10, generation=1, rank=r, world=2),
+                   rec("restore", w, pid, 20, generation=1, step=0, epoch=0, digest="d0",
+                       replicated=True)]
+               for r, (w, pid) in enumerate((("a", 100), ("b", 101)))}
+    for step in (1, 2, 3):
+        for r, (w, pid) in enumerate((("a", 100), ("b", 101))):
+            workers[w].append(commit(w, pid, 100 * step + r, step, 1, r, 2))
+        if step == 2:
+            workers["a"].append(rec("checkpoint", "a", 100, 202, generation=1, step=2, epoch=0,
+                                    disk=False))
+    workers["b"] += [rec("generation", "b", 101, 400, generation=2, rank=0, world=1),
+                     rec("restore", "b", 101, 410, generation=2, step=3, epoch=0, digest="d3",
+                         replicated=True),
+                     commit("b", 101, 420, 4, 2, 0, 1)]
+    for r, (w, pid) in enumerate((("c", 200), ("d", 201))):
+        rs = [rec("generation", w, pid, 1000, generation=3, rank=r, world=2),
+              rec("resume", w, pid, 1010, generation=3, step=2, source="memory", digest="d2",
+                  replicated=True),
+              rec("restore", w, pid, 1020, generation=3, step=2, epoch=0, digest="d2",
+                  replicated=True)]
+        rs += [commit(w, pid, 1100 + 100 * step + r, step, 3, r, 2) for step in range(3, 9)]
+        workers[w] = rs
+    coord = [{"event": "generation", "job": JOB, "seq": 1, "time_us": 5, "pid": 1,
+              "generation": 1, "members": ["a", "b"]},
+             {"event": "generation", "job": JOB, "seq": 2, "time_us": 395, "pid": 1,
+              "generation": 2, "members": ["b"]},
+             {"event": "generation", "job": JOB, "seq": 3, "time_us": 995, "pid": 1,
+              "generation": 3, "members": ["c", "d"]}]
+    return workers, coord
+
+
 def main():
     checks = testlib.Checks()
     tmp = tempfile.mkdtemp(prefix="concord_history_test_")
@@ -168,6 +213,20 @@ def main():
     problems, summary = run_check(tmp, "good", base_w, base_c, final_step=7)
     checks.check(not problems, "a correct history passes (%s)" % summary, "; ".join(problems))
     checks.check("1 lost commit" in summary, "the dead worker's commit of step 3 is a lost commit", summary)
+    w, c = loss_after_a_survivor_went_on()
+    problems, summary = run_check(tmp, "went-on-then-lost", w, c, final_step=8)
+    checks.check(not problems and "3 lost commit(s)" in summary,
+                 "a survivor's generation lost whole before a resume: its commits are lost "
+                 "commits (%s)" % summary, "; ".join(problems))
+    # Without the resume (c and d restored step 2 as if a member held it),
+    # b's going on into generation 2 makes its redone step 3 a problem.
+    for x in "cd":
+        w[x] = [r for r in w[x] if r["event"] != "resume"]
+    problems, _ = run_check(tmp, "went-on-no-resume", w, c, final_step=8)
+    checks.check(any("although that worker went on into generation(s) [2]" in p
+                     for p in problems),
+                 "without a resume, a survivor's redone step is named",
+                 "; ".join(problems) or "no problem found")
 
     def violation(name, mutate, expect, **kw):
         w, c = copy.deepcopy(base_w), copy.deepcopy(base_c)
