@@ -4,8 +4,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "api/internal.h"
-#include "common/environment.h"
 #include "common/auth.h"
+#include "common/environment.h"
 #include "common/logging.h"
 #include "worker/error.h"
 
@@ -170,9 +170,9 @@ Job::Job(const JobOptions& options) {
     auto made =
         trace::Recorder::Create(resolved.trace_file, resolved.worker_id);
     if (!made.ok()) {
-      ThrowInvalid(absl::StrCat(
-          options.trace_file() ? "JobOptions::trace_file" : env::kTraceFile.name,
-          ": ", made.status().message()));
+      ThrowInvalid(absl::StrCat(options.trace_file() ? "JobOptions::trace_file"
+                                                     : env::kTraceFile.name,
+                                ": ", made.status().message()));
     }
     trace = *std::move(made);
   }

@@ -41,9 +41,9 @@ struct FaultInjection {
   static FaultInjection FromEnvironment() {
     FaultInjection f;
     int64_t ms = 0, restarts = 0, local = -1;
-    for (absl::Status st :
-         {env::GetInt(env::kTestMinStepMs, &ms),
-          env::GetInt(env::kRestartCount, &restarts), env::GetLocalRank(&local)}) {
+    for (absl::Status st : {env::GetInt(env::kTestMinStepMs, &ms),
+                            env::GetInt(env::kRestartCount, &restarts),
+                            env::GetLocalRank(&local)}) {
       if (!st.ok()) {
         std::cerr << "concord-train: " << st.message() << std::endl;
         std::exit(2);
