@@ -6,6 +6,7 @@
 #include "api/internal.h"
 #include "common/auth.h"
 #include "common/environment.h"
+#include "common/job_defaults.h"
 #include "common/logging.h"
 #include "worker/error.h"
 
@@ -121,6 +122,16 @@ worker::WorkerOptions Resolve(const JobOptions& o) {
   }
   if (t.heartbeat_timeout()) {
     w.spec.set_heartbeat_timeout_ms(Millis(*t.heartbeat_timeout()));
+  }
+  // The pair in force (the environment's, with the options on top).
+  if (const std::string problem = HeartbeatTimeoutProblem(
+          w.spec.heartbeat_interval_ms(), w.spec.heartbeat_timeout_ms(),
+          t.heartbeat_interval() ? "JobOptions::timeouts.heartbeat_interval"
+                                 : std::string(env::kHeartbeatIntervalMs.name),
+          t.heartbeat_timeout() ? "JobOptions::timeouts.heartbeat_timeout"
+                                : std::string(env::kHeartbeatTimeoutMs.name));
+      !problem.empty()) {
+    ThrowInvalid(problem);
   }
   return w;
 }

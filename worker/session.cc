@@ -16,7 +16,6 @@
 #include "common/auth.h"
 #include "common/environment.h"
 #include "common/host.h"
-#include "common/job_defaults.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "concord/config.h"
@@ -72,12 +71,6 @@ absl::StatusOr<WorkerOptions> WorkerOptions::FromEnvironment() {
   CONCORD_RETURN_IF_ERROR(
       env::GetInt(env::kCollectiveTimeoutMs, &collective_timeout));
   CONCORD_RETURN_IF_ERROR(env::GetInt(env::kSettleMs, &settle_ms));
-  if (const std::string problem = HeartbeatTimeoutProblem(
-          hb_interval, hb_timeout, std::string(env::kHeartbeatIntervalMs.name),
-          std::string(env::kHeartbeatTimeoutMs.name));
-      !problem.empty()) {
-    return absl::InvalidArgumentError(problem);
-  }
   o.spec.set_settle_ms(settle_ms);
   o.spec.set_min_workers(static_cast<int32_t>(min_workers));
   o.spec.set_max_workers(static_cast<int32_t>(max_workers));

@@ -85,6 +85,16 @@ TEST(JobTest, BadOptionsAreOneLineErrors) {
   EXPECT_EQ(CodeOf(join(JobOptions().timeouts(
                 concord::Timeouts().collective(milliseconds(0))))),
             ErrorCode::kInvalidArgument);
+  // A heartbeat timeout not above the interval in force (the default 1 s).
+  EXPECT_EQ(CodeOf(join(JobOptions().timeouts(
+                concord::Timeouts().heartbeat_timeout(milliseconds(1000))))),
+            ErrorCode::kInvalidArgument);
+  // An interval of the environment's that the options' timeout lifts is
+  // the pair in force, not refused.
+  setenv("CONCORD_HEARTBEAT_INTERVAL_MS", "20000", 1);
+  EXPECT_NO_THROW(concord::Job(JobOptions().timeouts(
+      concord::Timeouts().heartbeat_timeout(milliseconds(60000)))));
+  unsetenv("CONCORD_HEARTBEAT_INTERVAL_MS");
   EXPECT_EQ(CodeOf(join(JobOptions().coordinator("127.0.0.1:1"))),
             ErrorCode::kInvalidArgument);  // no token
   EXPECT_EQ(CodeOf(join(JobOptions().job_id(""))), ErrorCode::kInvalidArgument);
@@ -444,8 +454,8 @@ TEST(ElasticSamplerTest, SavesAndLoadsItsPosition) {
             concord::ErrorCode::kInvalidArgument);
 }
 
-// The elastic loop of docs/api.md ("An elastic program"), alone: every sample once per epoch, one
-// commit per step, and the state the counters say.
+// The elastic loop of docs/api.md ("An elastic program"), alone: every sample
+// once per epoch, one commit per step, and the state the counters say.
 TEST(ElasticStateTest, AloneTheLoopTrainsEverySampleOncePerEpoch) {
   concord::Job job;
   torch::manual_seed(1);
