@@ -311,6 +311,35 @@ TEST_F(NodeAgentTest, WorkersJoinAndHeartbeatThroughTheAgentInBatches) {
     EXPECT_EQ(m.committed_step(), 3) << m.worker_id();
   }
 
+  // The rendezvous store, passed on as bytes (Note [Passing calls on]): a
+  // value set through the agent is read back through it.
+  const int64_t forwarded = agent_->counters().forwarded;
+  v1::KvSetRequest set;
+  set.set_job_id("job");
+  set.set_generation(1);
+  set.set_key("address/0");
+  set.set_value("10.0.0.1:1234");
+  set.set_worker_id(W(0));
+  set.set_worker_secret(Secret(W(0)));
+  v1::KvSetResponse set_response;
+  const grpc::Status set_status =
+      stub_->KvSet(Ctx(kWorkerToken).get(), set, &set_response);
+  ASSERT_TRUE(set_status.ok()) << set_status.error_message();
+  v1::KvGetRequest get;
+  get.set_job_id("job");
+  get.set_generation(1);
+  get.add_keys("address/0");
+  get.set_wait_timeout_ms(5000);
+  get.set_worker_id(W(1));
+  get.set_worker_secret(Secret(W(1)));
+  v1::KvGetResponse got;
+  const grpc::Status get_status =
+      stub_->KvGet(Ctx(kWorkerToken).get(), get, &got);
+  ASSERT_TRUE(get_status.ok()) << get_status.error_message();
+  ASSERT_EQ(got.values_size(), 1);
+  EXPECT_EQ(got.values(0), "10.0.0.1:1234");
+  EXPECT_EQ(agent_->counters().forwarded, forwarded + 2);
+
   // Each heartbeat keeps its own answer: a stale generation and a forged
   // secret are refused for that worker alone.
   std::vector<grpc::Status> mixed(3);
@@ -349,6 +378,13 @@ TEST_F(NodeAgentTest, RefusesCallersWithoutTheWorkerTokenOrAJob) {
   const grpc::Status wrong = stub_->Join(
       Ctx("not-the-worker-token-at-all").get(), JoinReq("job", 1, 1, "w0"), &j);
   EXPECT_EQ(wrong.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  // The same for a method passed on as bytes (Note [Passing calls on]).
+  v1::KvSetRequest set;
+  set.set_job_id("job");
+  v1::KvSetResponse set_response;
+  const grpc::Status bytes = stub_->KvSet(
+      Ctx("not-the-worker-token-at-all").get(), set, &set_response);
+  EXPECT_EQ(bytes.error_code(), grpc::StatusCode::UNAUTHENTICATED);
   // A call that names no job has no node stream to go on.
   const grpc::Status nameless =
       stub_->Heartbeat(Ctx(kWorkerToken).get(), Beat("", "w0", 1, 0), &r);
@@ -713,8 +749,10 @@ TEST_F(NodeAgentTest, TheAgentHearsWhetherTheJobCompleted) {
   EXPECT_EQ(agent_->job_news("other").state, v1::JOB_STATE_UNSPECIFIED);
 }
 
-// The agent declares WorkerService again and forwards each method by hand:
-// one it forgot would answer UNIMPLEMENTED only under the launcher. Every
+// The agent handles four WorkerService methods itself and passes every other
+// one on as bytes (Note [Passing calls on] in agent/node_agent_impl.h): a
+// method it did not serve would answer UNIMPLEMENTED only under the
+// launcher. Every
 // method of the service's descriptor, called through the agent and on the
 // coordinator with a request for a job that does not exist, must be served
 // by both (not UNIMPLEMENTED) with the same answer; a method the service
@@ -811,22 +849,26 @@ TEST_F(NodeAgentTest, TheAgentServesEveryWorkerServiceMethod) {
     EXPECT_EQ(agent.error_message(), coordinator.error_message())
         << m.full_name();
   }
-  // The control: a method WorkerService does not have.
-  grpc::Slice slice(std::string{});
-  grpc::ByteBuffer in(&slice, 1), out;
-  std::mutex mu;
-  std::condition_variable cv;
-  std::optional<grpc::Status> done;
-  std::unique_ptr<grpc::ClientContext> ctx = Ctx(kWorkerToken);
-  through_agent.UnaryCall(ctx.get(), "/concord.v1.WorkerService/NoSuchMethod",
-                          grpc::StubOptions(), &in, &out, [&](grpc::Status s) {
-                            std::lock_guard<std::mutex> lock(mu);
-                            done = s;
-                            cv.notify_all();
-                          });
-  std::unique_lock<std::mutex> lock(mu);
-  cv.wait(lock, [&] { return done.has_value(); });
-  EXPECT_EQ(done->error_code(), grpc::StatusCode::UNIMPLEMENTED);
+  // The controls: a method WorkerService does not have, and another
+  // service's method, which the agent must not pass on with its token.
+  for (const char* path : {"/concord.v1.WorkerService/NoSuchMethod",
+                           "/concord.v1.OperatorService/ListJobs"}) {
+    grpc::Slice slice(std::string{});
+    grpc::ByteBuffer in(&slice, 1), out;
+    std::mutex mu;
+    std::condition_variable cv;
+    std::optional<grpc::Status> done;
+    std::unique_ptr<grpc::ClientContext> ctx = Ctx(kWorkerToken);
+    through_agent.UnaryCall(ctx.get(), path, grpc::StubOptions(), &in, &out,
+                            [&](grpc::Status s) {
+                              std::lock_guard<std::mutex> lock(mu);
+                              done = s;
+                              cv.notify_all();
+                            });
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return done.has_value(); });
+    EXPECT_EQ(done->error_code(), grpc::StatusCode::UNIMPLEMENTED) << path;
+  }
   EXPECT_TRUE(Events("not-a-job").empty());  // no job was made
 }
 
