@@ -34,6 +34,8 @@ PACKAGES=(
   # examples/mnist trains on Fashion-MNIST's idx files (nothing can be
   # downloaded; tests/integration/test_examples.py).
   dataset-fashion-mnist
+  # The Debian 13 root of the second CI platform (scripts/debian13.sh).
+  debootstrap
 )
 # Node and npm for the browser driver and the Kubernetes manifest validator
 # (tests/browser, tests/deploy/k8s-validate: `npm ci`): Debian's, unless
