@@ -32,24 +32,25 @@ ddp::EngineOptions EngineOptionsFrom(const DdpOptions& o,
                                      const Timeouts& timeouts) {
   ddp::EngineOptions e;
   if (o.bucket_cap_mb()) {
-    e.bucket_cap_bytes = MiB("bucket_cap_mb", *o.bucket_cap_mb());
+    e.reducer.bucket_cap_bytes = MiB("bucket_cap_mb", *o.bucket_cap_mb());
     // See Note [LibTorch versions] in worker/torch_compat.h.
     if (compat::kFirstBucketFollowsUserCap) {
-      e.first_bucket_bytes = e.bucket_cap_bytes;
+      e.reducer.first_bucket_bytes = e.reducer.bucket_cap_bytes;
     }
   }
   e.broadcast_buffers = o.broadcast_buffers();
-  e.find_unused_parameters = o.find_unused_parameters();
-  e.static_graph = o.static_graph();
-  e.gradient_as_bucket_view = o.gradient_as_bucket_view();
+  e.reducer.find_unused_parameters = o.find_unused_parameters();
+  e.reducer.static_graph = o.static_graph();
+  e.reducer.gradient_as_bucket_view = o.gradient_as_bucket_view();
   e.ignore = o.params_and_buffers_to_ignore();
-  e.message_size = o.message_size();
-  e.delay_allreduce = o.delay_allreduce();
-  e.allreduce_always_fp32 = o.allreduce_always_fp32();
-  e.gradient_average = o.gradient_average();
-  e.gradient_predivide_factor = o.gradient_predivide_factor();
+  e.reducer.message_size = o.message_size();
+  e.reducer.delay_allreduce = o.delay_allreduce();
+  e.reducer.allreduce_always_fp32 = o.allreduce_always_fp32();
+  e.reducer.gradient_average = o.gradient_average();
+  e.reducer.gradient_predivide_factor = o.gradient_predivide_factor();
   e.allreduce_trigger_params = o.allreduce_trigger_params();
-  e.collective_timeout = absl::Milliseconds(timeouts.collective()->count());
+  e.reducer.collective_timeout =
+      absl::Milliseconds(timeouts.collective()->count());
   if (o.slowmo()) {
     if (!o.comm_hook().empty()) {
       throw Error(ErrorCode::kInvalidArgument,
@@ -65,36 +66,19 @@ ddp::EngineOptions EngineOptionsFrom(const DdpOptions& o,
 slowmo::SlowMoOptions SlowMoOptionsFrom(const DdpOptions& d,
                                         std::string node_id,
                                         std::chrono::milliseconds collective) {
-  const SlowMoOptions& o = *d.slowmo();
-  slowmo::SlowMoOptions s;
-  s.base_algorithm = o.base_algorithm() == SlowMoBaseAlgorithm::kSgp
-                         ? slowmo::BaseAlgorithm::kSgp
-                         : slowmo::BaseAlgorithm::kLocalSgd;
-  s.localsgd_frequency = o.localsgd_frequency();
-  s.slowmo_momentum = o.slowmo_momentum();
-  s.slowmo_lr = o.slowmo_lr();
-  s.slowmo_frequency = o.slowmo_frequency();
-  s.slowmo_memory_efficient = o.slowmo_memory_efficient();
-  s.slowmo_num_shards = o.slowmo_num_shards();
-  s.nprocs_per_node = o.nprocs_per_node();
-  auto graph = slowmo::ParseGraphType(o.sgp_graph());
-  if (!graph.ok()) {
-    throw Error(
-        ErrorCode::kInvalidArgument,
-        absl::StrCat("SlowMoOptions::sgp_graph: ", graph.status().message()));
+  absl::StatusOr<slowmo::SlowMoOptions> s = slowmo::FromPublic(*d.slowmo());
+  if (!s.ok()) {
+    throw Error(ErrorCode::kInvalidArgument,
+                absl::StrCat("SlowMoOptions: ", s.status().message()));
   }
-  s.graph = *graph;
-  s.peers_per_itr = o.peers_per_itr();
-  s.push_sum = o.push_sum();
-  s.slowmo_sgp_average_params = o.slowmo_sgp_average_params();
-  s.broadcast_buffers = d.broadcast_buffers();
-  s.node_id = std::move(node_id);
-  s.collective_timeout = absl::Milliseconds(collective.count());
-  if (absl::Status valid = slowmo::ValidateOptions(s); !valid.ok()) {
+  s->broadcast_buffers = d.broadcast_buffers();
+  s->node_id = std::move(node_id);
+  s->collective_timeout = absl::Milliseconds(collective.count());
+  if (absl::Status valid = slowmo::ValidateOptions(*s); !valid.ok()) {
     throw Error(ErrorCode::kInvalidArgument,
                 absl::StrCat("SlowMoOptions: ", valid.message()));
   }
-  return s;
+  return *std::move(s);
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "worker/slowmo/options.h"
 
 namespace concord::train {
 void AddSlowMoFlags(CLI::App& app, SlowMoFlags* f) {
@@ -17,53 +18,71 @@ void AddSlowMoFlags(CLI::App& app, SlowMoFlags* f) {
   auto note = [f](const std::string& name) {
     return [f, name](const auto&) { f->given.push_back(name); };
   };
+  // The defaults the help names are the struct's own.
+  const concord::SlowMoOptions& d = f->options;
+  auto yes_no = [](bool b) { return b ? "true" : "false"; };
   // CLI11 checks ranges itself; SlowMoOptionsFrom adds what depends on
   // several flags.
-  g->add_option("--localsgd-frequency", f->localsgd_frequency,
-                "LocalSGD: steps between parameter averages (3)")
+  g->add_option("--localsgd-frequency", f->options.localsgd_frequency(),
+                absl::StrCat("LocalSGD: steps between parameter averages (",
+                             d.localsgd_frequency(), ")"))
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30))
       ->each(note("--localsgd-frequency"));
-  g->add_option("--slowmo-frequency", f->slowmo_frequency,
-                "steps between slow-momentum steps (48)")
+  g->add_option("--slowmo-frequency", f->options.slowmo_frequency(),
+                absl::StrCat("steps between slow-momentum steps (",
+                             d.slowmo_frequency(), ")"))
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30))
       ->each(note("--slowmo-frequency"));
-  g->add_option("--slowmo-momentum", f->slowmo_momentum,
-                "slow momentum beta, in [0, 1) (0.5)")
+  g->add_option("--slowmo-momentum", f->options.slowmo_momentum(),
+                absl::StrCat("slow momentum beta, in [0, 1) (",
+                             d.slowmo_momentum(), ")"))
       ->check(CLI::Range(0.0, 1.0))
       ->each(note("--slowmo-momentum"));
-  g->add_option("--slowmo-lr", f->slowmo_lr, "slow learning rate alpha (1.0)")
+  g->add_option("--slowmo-lr", f->options.slowmo_lr(),
+                absl::StrCat("slow learning rate alpha (", d.slowmo_lr(), ")"))
       ->check(CLI::PositiveNumber)
       ->each(note("--slowmo-lr"));
-  g->add_option("--slowmo-num-shards", f->slowmo_num_shards,
-                "owners of the slow-momentum state, memory-efficient mode "
-                "(32; at most the world size are used)")
+  g->add_option("--slowmo-num-shards", f->options.slowmo_num_shards(),
+                absl::StrCat("owners of the slow-momentum state, "
+                             "memory-efficient mode (",
+                             d.slowmo_num_shards(),
+                             "; at most the world size are used)"))
       ->check(CLI::Range(1, 1 << 20))
       ->each(note("--slowmo-num-shards"));
-  g->add_option("--slowmo-memory-efficient", f->slowmo_memory_efficient,
-                "shard the slow-momentum state (true|false, default true)")
+  g->add_option("--slowmo-memory-efficient",
+                f->options.slowmo_memory_efficient(),
+                absl::StrCat("shard the slow-momentum state (true|false, "
+                             "default ",
+                             yes_no(d.slowmo_memory_efficient()), ")"))
       ->each(note("--slowmo-memory-efficient"));
-  g->add_option("--nprocs-per-node", f->nprocs_per_node,
-                "processes per node (1): > 1 averages gradients inside a "
-                "node every step and runs the algorithm between node "
-                "masters; nodes are the workers with one CONCORD_NODE_ID "
-                "(default: the hostname)")
+  g->add_option("--nprocs-per-node", f->options.nprocs_per_node(),
+                absl::StrCat("processes per node (", d.nprocs_per_node(),
+                             "): > 1 averages gradients inside a node every "
+                             "step and runs the algorithm between node "
+                             "masters; nodes are the workers with one "
+                             "CONCORD_NODE_ID (default: the hostname)"))
       ->check(CLI::Range(1, 1 << 10))
       ->each(note("--nprocs-per-node"));
-  g->add_option("--sgp-graph", f->sgp_graph,
-                "SGP's peer graph: npeer-directed-exponential (default), "
-                "directed-exponential, bipartite-exponential, "
-                "directed-linear, bipartite-linear, ring")
+  g->add_option("--sgp-graph", f->options.sgp_graph(),
+                absl::StrCat("SGP's peer graph (", d.sgp_graph(),
+                             "): npeer-directed-exponential, "
+                             "directed-exponential, bipartite-exponential, "
+                             "directed-linear, bipartite-linear, ring"))
       ->each(note("--sgp-graph"));
-  g->add_option("--push-sum", f->push_sum,
-                "SGP: push-sum (true, default) or push-pull (false)")
+  g->add_option("--push-sum", f->options.push_sum(),
+                absl::StrCat("SGP: push-sum (true) or push-pull (false); "
+                             "default ",
+                             yes_no(d.push_sum())))
       ->each(note("--push-sum"));
-  g->add_option("--slowmo-sgp-average-params", f->slowmo_sgp_average_params,
-                "SGP: average the parameters exactly at each slow-momentum "
-                "step (false)")
+  g->add_option("--slowmo-sgp-average-params",
+                f->options.slowmo_sgp_average_params(),
+                absl::StrCat("SGP: average the parameters exactly at each "
+                             "slow-momentum step (",
+                             yes_no(d.slowmo_sgp_average_params()), ")"))
       ->each(note("--slowmo-sgp-average-params"));
 }
 
-absl::StatusOr<std::optional<slowmo::SlowMoOptions>> SlowMoOptionsFrom(
+absl::StatusOr<std::optional<concord::SlowMoOptions>> SlowMoOptionsFrom(
     const SlowMoFlags& f) {
   const bool ddp = f.algorithm == "ddp";
   const bool sgp = f.algorithm == "slowmo-sgp";
@@ -78,31 +97,20 @@ absl::StatusOr<std::optional<slowmo::SlowMoOptions>> SlowMoOptionsFrom(
           absl::StrCat(name, " does not apply to --algorithm ", f.algorithm));
     }
   }
-  if (ddp) return std::optional<slowmo::SlowMoOptions>();
-  slowmo::SlowMoOptions o;
-  o.base_algorithm =
-      sgp ? slowmo::BaseAlgorithm::kSgp : slowmo::BaseAlgorithm::kLocalSgd;
-  o.localsgd_frequency = f.localsgd_frequency;
-  o.slowmo_frequency = f.slowmo_frequency;
+  if (ddp) return std::optional<concord::SlowMoOptions>();
+  concord::SlowMoOptions o = f.options;
+  o.base_algorithm(sgp ? concord::SlowMoBaseAlgorithm::kSgp
+                       : concord::SlowMoBaseAlgorithm::kLocalSgd);
   // fairscale: slow momentum is off exactly when lr = 1 and momentum = 0.
-  o.slowmo_momentum = slow ? f.slowmo_momentum : 0.0;
-  o.slowmo_lr = slow ? f.slowmo_lr : 1.0;
-  o.slowmo_num_shards = f.slowmo_num_shards;
-  o.slowmo_memory_efficient = f.slowmo_memory_efficient;
-  o.nprocs_per_node = f.nprocs_per_node;
-  o.push_sum = f.push_sum;
-  o.slowmo_sgp_average_params = f.slowmo_sgp_average_params;
-  auto graph = slowmo::ParseGraphType(f.sgp_graph);
-  if (!graph.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--sgp-graph: ", graph.status().message()));
-  }
-  o.graph = *graph;
-  if (absl::Status s = slowmo::ValidateOptions(o); !s.ok()) {
+  if (!slow) o.slowmo_momentum(0.0).slowmo_lr(1.0);
+  // Checked as the library will (the graph's name, the values' ranges).
+  if (absl::StatusOr<slowmo::SlowMoOptions> s = slowmo::FromPublic(o);
+      !s.ok()) {
     return absl::Status(
-        s.code(), absl::StrCat("--algorithm ", f.algorithm, ": ", s.message()));
+        s.status().code(),
+        absl::StrCat("--algorithm ", f.algorithm, ": ", s.status().message()));
   }
-  return std::optional<slowmo::SlowMoOptions>(o);
+  return std::optional<concord::SlowMoOptions>(o);
 }
 
 }  // namespace concord::train

@@ -9,7 +9,6 @@
 
 #include "absl/status/statusor.h"
 #include "tools/slowmo_flags.h"
-#include "worker/slowmo/options.h"
 
 namespace concord::train {
 
@@ -65,7 +64,7 @@ struct TrainFlags {
   bool no_resume = false;
   // SlowMo: --algorithm and fairscale's arguments.
   concord::train::SlowMoFlags slowmo;
-  std::optional<concord::slowmo::SlowMoOptions> slowmo_options;
+  std::optional<concord::SlowMoOptions> slowmo_options;
 };
 
 // Parses argv. --help prints the usage and exits 0; INVALID_ARGUMENT (one

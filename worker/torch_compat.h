@@ -20,7 +20,8 @@
 //   torch/nn/parallel/distributed.py) caps it at bucket_cap_mb when the user
 //   gives one, initially and when rebuilt, and at 1 MiB only by default.
 //   kFirstBucketFollowsUserCap says which; concord-train applies it to
-//   --bucket-cap-mb (ddp::EngineOptions::first_bucket_bytes for library users).
+//   --bucket-cap-mb (ddp::ReducerOptions::first_bucket_bytes for library
+//   users).
 // - An optimizer's per-parameter state is keyed by the parameter's
 //   TensorImpl printed as a string in 1.13, by the pointer itself in 2.x:
 //   OptimizerStateKey(parameter).

@@ -47,7 +47,7 @@ TEST(DdpNoSyncTest, AccumulatedGradientsAreReducedAtTheNextSync) {
   RunRanks(2, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
     auto m = std::make_shared<Scalar>();
     ddp::EngineOptions o;
-    o.find_unused_parameters = true;
+    o.reducer.find_unused_parameters = true;
     auto ddp = Wrap(m, comm, o);
     {
       auto guard = ddp->NoSync();
@@ -63,7 +63,7 @@ TEST(DdpUnusedTest, LocallyUnusedParametersTakePartGloballyUnusedAreLeftAlone) {
   RunRanks(2, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
     auto m = std::make_shared<Scalar>();
     ddp::EngineOptions o;
-    o.find_unused_parameters = true;
+    o.reducer.find_unused_parameters = true;
     auto ddp = Wrap(m, comm, o);
     // `unused` is used on rank 1 only: its reduced gradient is (0 + 3) / 2.
     torch::Tensor out = ddp->Forward([&] {
@@ -100,7 +100,7 @@ TEST(DdpStaticGraphTest, UnusedSetIsLearntOnceAndResultsMatch) {
   RunRanks(3, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
     auto m = std::make_shared<Scalar>();
     ddp::EngineOptions o;
-    o.static_graph = true;
+    o.reducer.static_graph = true;
     auto ddp = Wrap(m, comm, o);
     for (int i = 0; i < 3; ++i) {
       m->w.mutable_grad() = torch::Tensor();
@@ -117,7 +117,7 @@ TEST(DdpBucketViewTest, GradientsAreViewsOfTheBuckets) {
     torch::manual_seed(0);
     auto net = torch::nn::Linear(4, 3);
     ddp::EngineOptions o;
-    o.gradient_as_bucket_view = true;
+    o.reducer.gradient_as_bucket_view = true;
     auto ddp = Wrap(net.ptr(), comm, o);
     for (int i = 0; i < 3; ++i) {
       torch::Tensor out = ddp->Forward([&] {
@@ -153,8 +153,8 @@ TEST(DdpRebuildTest, BucketsAreRebuiltOnceFromTheReadyOrder) {
     auto net =
         torch::nn::Sequential(torch::nn::Linear(8, 8), torch::nn::Linear(8, 8));
     ddp::EngineOptions o;
-    o.first_bucket_bytes = 1;  // one gradient per bucket at first
-    o.bucket_cap_bytes = 1000;
+    o.reducer.first_bucket_bytes = 1;  // one gradient per bucket at first
+    o.reducer.bucket_cap_bytes = 1000;
     auto ddp = Wrap(net.ptr(), comm, o);
     for (int i = 0; i < 3; ++i) {
       torch::Tensor out = ddp->Forward([&] {
@@ -253,7 +253,7 @@ TEST(DdpHookTest, UnknownHookAndHookWithApexScalingAreRejected) {
     EXPECT_EQ(ddp::MakeCommHook("powersgd:x", comm).status().code(),
               absl::StatusCode::kInvalidArgument);
     ddp::EngineOptions o;
-    o.gradient_predivide_factor = 2;
+    o.reducer.gradient_predivide_factor = 2;
     EXPECT_EQ(ddp::Engine::ValidateOptions(o, true).code(),
               absl::StatusCode::kInvalidArgument);
   });
@@ -292,32 +292,35 @@ INSTANTIATE_TEST_SUITE_P(
         ApexCase{"default", ddp::EngineOptions{}, 2.5},
         // 1/f before, f/W after: (10 / 8) * (8 / 4).
         ApexCase{"predivide", With([](ddp::EngineOptions& o) {
-                   o.gradient_predivide_factor = 8;
+                   o.reducer.gradient_predivide_factor = 8;
                  }),
                  2.5},
         // f == W: no post-scaling at all.
         ApexCase{"predivide_world", With([](ddp::EngineOptions& o) {
-                   o.gradient_predivide_factor = 4;
+                   o.reducer.gradient_predivide_factor = 4;
                  }),
                  2.5},
         ApexCase{"no_average", With([](ddp::EngineOptions& o) {
-                   o.gradient_average = false;
+                   o.reducer.gradient_average = false;
                  }),
                  10.0},
         ApexCase{"no_average_predivide", With([](ddp::EngineOptions& o) {
-                   o.gradient_average = false;
-                   o.gradient_predivide_factor = 2;
+                   o.reducer.gradient_average = false;
+                   o.reducer.gradient_predivide_factor = 2;
                  }),
                  5.0},
         ApexCase{"always_fp32", With([](ddp::EngineOptions& o) {
-                   o.allreduce_always_fp32 = true;
+                   o.reducer.allreduce_always_fp32 = true;
                  }),
                  2.5},
-        ApexCase{"delay_allreduce",
-                 With([](ddp::EngineOptions& o) { o.delay_allreduce = true; }),
+        ApexCase{"delay_allreduce", With([](ddp::EngineOptions& o) {
+                   o.reducer.delay_allreduce = true;
+                 }),
                  2.5},
-        ApexCase{"message_size",
-                 With([](ddp::EngineOptions& o) { o.message_size = 1; }), 2.5},
+        ApexCase{"message_size", With([](ddp::EngineOptions& o) {
+                   o.reducer.message_size = 1;
+                 }),
+                 2.5},
         ApexCase{"trigger", With([](ddp::EngineOptions& o) {
                    o.allreduce_trigger_params = {"w"};
                  }),
@@ -332,8 +335,8 @@ TEST(DdpApexFp32Test, HalfGradientsAreReducedInFloat) {
     m->to(torch::kHalf);
     ddp::EngineOptions o;
     o.ignore = {"unused"};
-    o.allreduce_always_fp32 = true;
-    o.gradient_predivide_factor = 3;
+    o.reducer.allreduce_always_fp32 = true;
+    o.reducer.gradient_predivide_factor = 3;
     auto ddp = Wrap(m, comm, o);
     const float xs[3] = {1.0f / 3, 2.0f / 7, 1.0f / 11};
     torch::Tensor out = ddp->Forward(

@@ -64,8 +64,8 @@ TEST_P(DdpTest, GradientsAreTheMeanOverRanksForAnyBucketing) {
     auto net = MakeNet(/*seed=*/rank);  // different init on every rank
     net->train();
     ddp::EngineOptions options;
-    options.first_bucket_bytes = cap;
-    options.bucket_cap_bytes = 2 * cap;
+    options.reducer.first_bucket_bytes = cap;
+    options.reducer.bucket_cap_bytes = 2 * cap;
     auto ddp = ddp::Engine::Create(net.ptr(), comm, 0, options);
     ASSERT_TRUE(ddp.ok()) << ddp.status();
     // PyTorch's first iteration: one bucket; the caps apply after the rebuild.

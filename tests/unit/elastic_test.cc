@@ -107,8 +107,9 @@ std::vector<std::vector<size_t>> Layout(const Rank& r) {
 TEST(DdpRebindTest, SurvivorsAndANewcomerAgreeOnModelLayoutAndGradients) {
   std::vector<Rank> ranks(3);
   ddp::EngineOptions options;
-  options.first_bucket_bytes = 256;  // several buckets after the rebuild
-  options.bucket_cap_bytes = 512;
+  options.reducer.first_bucket_bytes =
+      256;  // several buckets after the rebuild
+  options.reducer.bucket_cap_bytes = 512;
   // Generation 1: ranks 0 and 1 train two iterations (the buckets are
   // rebuilt from the ready order after the first).
   RunRanks(2, [&](int rank, std::shared_ptr<comm::Communicator> comm) {

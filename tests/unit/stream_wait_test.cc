@@ -160,7 +160,7 @@ TEST(StreamWaitTest, BackwardOrdersTheBucketsAndTheHostDoesNotWait) {
 TEST(StreamWaitTest, BlockingWaitHasTheHostWaitForEveryBucket) {
   Snapshot data, control, stream_data, stream_control;
   ddp::EngineOptions options;
-  options.blocking_wait = true;
+  options.reducer.blocking_wait = true;
   const auto blocking = Backward(2, options, &data, &control);
   EXPECT_GT(data.waits, 0);
   const auto stream =
@@ -179,7 +179,7 @@ TEST(StreamWaitTest, FindUnusedParametersWaitsForItsBitmapOnTheHost) {
   // PyTorch reads the bitmap on the host too.
   Snapshot data, control;
   ddp::EngineOptions options;
-  options.find_unused_parameters = true;
+  options.reducer.find_unused_parameters = true;
   Backward(2, options, &data, &control);
   EXPECT_EQ(control.waits, 1);
   EXPECT_EQ(data.waits, 0);

@@ -12,7 +12,7 @@ namespace {
 
 comm::CollectiveOptions CollectiveOpts(const EngineOptions& o) {
   comm::CollectiveOptions c;
-  c.timeout = o.collective_timeout;
+  c.timeout = o.reducer.collective_timeout;
   return c;
 }
 
@@ -53,20 +53,8 @@ namespace {
 
 ddp::ReducerOptions ReducerOptionsFrom(const EngineOptions& options,
                                        int authoritative_rank) {
-  ddp::ReducerOptions r;
-  r.first_bucket_bytes = options.first_bucket_bytes;
-  r.bucket_cap_bytes = options.bucket_cap_bytes;
-  r.message_size = options.message_size;
-  r.find_unused_parameters = options.find_unused_parameters;
-  r.static_graph = options.static_graph;
-  r.gradient_as_bucket_view = options.gradient_as_bucket_view;
-  r.delay_allreduce = options.delay_allreduce;
-  r.allreduce_always_fp32 = options.allreduce_always_fp32;
-  r.gradient_average = options.gradient_average;
-  r.gradient_predivide_factor = options.gradient_predivide_factor;
+  ddp::ReducerOptions r = options.reducer;
   r.authoritative_rank = authoritative_rank;
-  r.collective_timeout = options.collective_timeout;
-  r.blocking_wait = options.blocking_wait;
   // Triggers are resolved by name against the trainable parameters; for
   // validation their presence is what matters.
   r.trigger_params.assign(options.allreduce_trigger_params.size(), 0);

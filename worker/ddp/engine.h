@@ -40,27 +40,17 @@
 namespace concord::ddp {
 
 struct EngineOptions {
-  // PyTorch's defaults: dist._DEFAULT_FIRST_BUCKET_BYTES and bucket_cap_mb=25.
-  int64_t first_bucket_bytes = 1 << 20;
-  int64_t bucket_cap_bytes = 25 << 20;
-  bool broadcast_buffers = true;
-  bool find_unused_parameters = false;
-  bool static_graph = false;
-  bool gradient_as_bucket_view = false;
+  // What the reducer runs with (the bucket caps, the gradient options of
+  // PyTorch's DDP and apex's, the collective timeout, blocking_wait), with
+  // their defaults written once, in ReducerOptions. Create fills its
+  // authoritative_rank and trigger_params (from the names below).
+  ReducerOptions reducer;
+  bool broadcast_buffers = PublicDefaults().broadcast_buffers();
   // Parameters and buffers DDP leaves alone (not broadcast, not reduced), by
   // the names of NamedState(): PyTorch's _set_params_and_buffers_to_ignore.
   std::vector<std::string> ignore;
-  // apex.parallel.Engine's options (see ReducerOptions).
-  int64_t message_size = 0;
-  bool delay_allreduce = false;
-  bool allreduce_always_fp32 = false;
-  bool gradient_average = true;
-  double gradient_predivide_factor = 1.0;
-  std::vector<std::string> allreduce_trigger_params;  // by name
-  absl::Duration collective_timeout = absl::Minutes(5);
-  // ReducerOptions::blocking_wait: the host waits for the gradients and a
-  // failed allreduce throws from backward. An elastic::State turns it on.
-  bool blocking_wait = false;
+  // apex's allreduce_trigger_params, by name.
+  std::vector<std::string> allreduce_trigger_params;
 };
 
 class Engine {
@@ -161,7 +151,7 @@ class Engine {
   void SetGradientDivisor(double divisor) {
     reducer_->SetGradientDivisor(divisor);
   }
-  // EngineOptions::blocking_wait, between iterations.
+  // ReducerOptions::blocking_wait, between iterations.
   void SetBlockingWait(bool blocking) { reducer_->SetBlockingWait(blocking); }
   bool blocking_wait() const { return reducer_->blocking_wait(); }
 

@@ -21,6 +21,11 @@ int64_t Micros(std::chrono::steady_clock::duration d) {
 
 }  // namespace
 
+const concord::DdpOptions& PublicDefaults() {
+  static const concord::DdpOptions defaults;
+  return defaults;
+}
+
 absl::Status Reducer::Validate(const ReducerOptions& o, bool has_hook) {
   if (o.first_bucket_bytes <= 0 || o.bucket_cap_bytes <= 0) {
     return absl::InvalidArgumentError("bucket caps must be positive");

@@ -32,6 +32,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "concord/ddp_options.h"
 #include "worker/comm/communicator.h"
 #include "worker/ddp/comm_hooks.h"
 
@@ -42,25 +43,31 @@ class WorkTracer;
 
 namespace concord::ddp {
 
+// The public options' defaults (concord/ddp_options.h), made once: the one
+// place DDP's defaults are written.
+const concord::DdpOptions& PublicDefaults();
+
 struct ReducerOptions {
-  // PyTorch: dist._DEFAULT_FIRST_BUCKET_BYTES and bucket_cap_mb = 25.
+  // PyTorch: dist._DEFAULT_FIRST_BUCKET_BYTES and bucket_cap_mb = 25 (the
+  // public bucket_cap_mb is unset by default: these are its meaning).
   int64_t first_bucket_bytes = 1 << 20;
   int64_t bucket_cap_bytes = 25 << 20;
   // apex's message_size: when > 0, buckets close at this many elements
   // (every bucket, no small first one) instead of the byte caps.
-  int64_t message_size = 0;
+  int64_t message_size = PublicDefaults().message_size();
   bool rebuild_buckets = true;
-  bool find_unused_parameters = false;
-  bool static_graph = false;
-  bool gradient_as_bucket_view = false;
+  bool find_unused_parameters = PublicDefaults().find_unused_parameters();
+  bool static_graph = PublicDefaults().static_graph();
+  bool gradient_as_bucket_view = PublicDefaults().gradient_as_bucket_view();
   // apex: no overlap; every bucket is reduced after backward.
-  bool delay_allreduce = false;
+  bool delay_allreduce = PublicDefaults().delay_allreduce();
   // apex: fp16/bf16 buckets are reduced in fp32.
-  bool allreduce_always_fp32 = false;
+  bool allreduce_always_fp32 = PublicDefaults().allreduce_always_fp32();
   // apex: divide the sum by the world size (false: plain sum).
-  bool gradient_average = true;
+  bool gradient_average = PublicDefaults().gradient_average();
   // apex: multiply by 1/f before the allreduce and f/world_size after.
-  double gradient_predivide_factor = 1.0;
+  double gradient_predivide_factor =
+      PublicDefaults().gradient_predivide_factor();
   // apex's allreduce_trigger_params: indices whose gradient closes a bucket.
   std::vector<size_t> trigger_params;
   // Source of the rebuilt bucket layout.

@@ -6,6 +6,36 @@
 
 namespace concord::slowmo {
 
+const concord::SlowMoOptions& PublicDefaults() {
+  static const concord::SlowMoOptions defaults;
+  return defaults;
+}
+
+absl::StatusOr<SlowMoOptions> FromPublic(const concord::SlowMoOptions& o) {
+  SlowMoOptions s;
+  s.base_algorithm = o.base_algorithm() == SlowMoBaseAlgorithm::kSgp
+                         ? BaseAlgorithm::kSgp
+                         : BaseAlgorithm::kLocalSgd;
+  s.localsgd_frequency = o.localsgd_frequency();
+  s.slowmo_momentum = o.slowmo_momentum();
+  s.slowmo_lr = o.slowmo_lr();
+  s.slowmo_frequency = o.slowmo_frequency();
+  s.slowmo_memory_efficient = o.slowmo_memory_efficient();
+  s.slowmo_num_shards = o.slowmo_num_shards();
+  s.nprocs_per_node = o.nprocs_per_node();
+  absl::StatusOr<GraphType> graph = ParseGraphType(o.sgp_graph());
+  if (!graph.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sgp_graph: ", graph.status().message()));
+  }
+  s.graph = *graph;
+  s.peers_per_itr = o.peers_per_itr();
+  s.push_sum = o.push_sum();
+  s.slowmo_sgp_average_params = o.slowmo_sgp_average_params();
+  if (absl::Status valid = ValidateOptions(s); !valid.ok()) return valid;
+  return s;
+}
+
 absl::Status ValidateOptions(const SlowMoOptions& o) {
   if (o.nprocs_per_node < 1) {
     return absl::InvalidArgumentError(
