@@ -128,15 +128,8 @@ class ElasticCore {
     on_step_begin_ = std::move(callback);
   }
 
-  const std::vector<ReformRecord>& ReformLog() {
-    const auto& records = state_.reform_records();
-    while (reform_log_.size() < records.size()) {
-      const elastic::ReformRecord& r = records[reform_log_.size()];
-      reform_log_.push_back(ReformRecord{r.reason, r.generation, r.world_size,
-                                         r.started_us, r.rendezvous_us,
-                                         r.synced_us});
-    }
-    return reform_log_;
+  const std::vector<ReformRecord>& ReformLog() const {
+    return state_.reform_records();
   }
 
   void NextEpoch() {
@@ -157,17 +150,7 @@ class ElasticCore {
   }
 
   void OnReset(std::function<void(const ResetInfo&)> callback) {
-    state_.OnReset(
-        [callback = std::move(callback)](const elastic::ResetInfo& r) {
-          ResetInfo info;
-          info.generation = r.generation;
-          info.rank = r.rank;
-          info.world_size = r.world_size;
-          info.previous_world_size = r.previous_world_size;
-          info.step = r.step;
-          info.reason = r.reason;
-          callback(info);
-        });
+    state_.OnReset(std::move(callback));
   }
 
   // run_elastic: the job's modules and the state's optimizers into the
@@ -453,7 +436,6 @@ class ElasticCore {
   bool running_ = false;
   int64_t step_start_us_ = 0;  // the step's agreement done (Unix us)
   std::function<void(int64_t)> on_step_begin_;
-  std::vector<ReformRecord> reform_log_;
 };
 
 int64_t ElasticStep(const ElasticCore& elastic) {

@@ -47,6 +47,7 @@
 #include <vector>
 
 #include "concord/ddp.h"
+#include "concord/elastic_events.h"
 #include "concord/job.h"
 
 namespace concord {
@@ -127,26 +128,6 @@ struct ElasticStateOptions {
   // (see Note [Re-form loops]). A re-form that lost or admitted a worker starts
   // the count again. At least 1.
   TORCH_ARG(int, max_repeated_failures) = 3;
-};
-
-// One re-form: why, what it formed, and when (Unix microseconds).
-struct ReformRecord {
-  std::string reason;
-  int64_t generation = 0;
-  int world_size = 0;
-  int64_t started_us = 0;     // the failure was caught / agreement reached
-  int64_t rendezvous_us = 0;  // the next generation formed and connected
-  int64_t synced_us = 0;      // model and state received: training resumes
-};
-
-// What a reset callback learns after a re-form.
-struct ResetInfo {
-  int64_t generation = 0;
-  int rank = 0;
-  int world_size = 0;
-  int previous_world_size = 0;
-  int64_t step = 0;  // the committed step training goes on from
-  std::string reason;
 };
 
 // The training state run_elastic keeps transactional (see Note [Elastic step],

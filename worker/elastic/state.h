@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "concord/elastic_events.h"
 #include "worker/checkpoint/checkpointer.h"
 #include "worker/ddp/engine.h"
 #include "worker/elastic/optimizer_snapshot.h"
@@ -111,26 +112,10 @@ class Participant {
   virtual void RestoreStep() {}
 };
 
-// What a reset callback learns after a re-form.
-struct ResetInfo {
-  int64_t generation = 0;
-  int rank = 0;
-  int world_size = 0;
-  int previous_world_size = 0;
-  int authoritative_rank = 0;
-  int64_t step = 0;  // the committed step training goes on from
-  std::string reason;
-};
-
-// One re-form, for metrics: wall-clock times (Unix epoch, microseconds).
-struct ReformRecord {
-  std::string reason;
-  int64_t generation = 0;  // the one formed
-  int world_size = 0;
-  int64_t started_us = 0;     // the failure was caught / agreement reached
-  int64_t rendezvous_us = 0;  // the next generation formed and connected
-  int64_t synced_us = 0;      // model and state received: training resumes
-};
+// What a reset callback learns after a re-form, and each re-form's record:
+// the public API's structs (concord/elastic_events.h).
+using ResetInfo = concord::ResetInfo;
+using ReformRecord = concord::ReformRecord;
 
 enum class StepDecision {
   kRun,   // take the step
@@ -167,10 +152,11 @@ class State {
                     torch::optim::Optimizer* optimizer);
   // `participant` (it must outlive the state) takes part in every Sync,
   // after the training state, with `optimizer` (the one stepping the
-  // parameters it averages), and in every checkpoint under `name` (see Note
-  // [Participants in checkpoints]). Before the first Sync.
+  // parameters it averages), and in every checkpoint under `name`, which
+  // must be its own (see Note [Participants in checkpoints]). Before the
+  // first Sync.
   void Attach(Participant* participant, torch::optim::Optimizer* optimizer,
-              const std::string& name = "participant");
+              const std::string& name);
 
   // Committed with Commit(), restored after a failure, sent to newcomers.
   int64_t step = 0;      // optimizer steps the job has taken

@@ -11,7 +11,7 @@
 //   auto slowmo = *slowmo::SlowMo::Create(ddp->parameters(), ddp->AllBuffers(),
 //                                         comm, auth_rank, options,
 //                                         session.get());  // node groups
-//   state.Attach(slowmo.get());                 // elastic::State
+//   state.Attach(slowmo.get(), &opt, "slowmo/net");  // elastic::State
 //   per step:
 //     auto no_sync = ddp->NoSync();
 //     CONCORD_RETURN_IF_ERROR(slowmo->PrepareForward());  // buffers; de-bias
