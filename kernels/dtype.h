@@ -6,12 +6,32 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 namespace concord::kernels {
 
 enum class DType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
 
 inline int64_t DTypeSize(DType t) { return t == DType::kFloat32 ? 4 : 2; }
+
+// Calls f(std::integral_constant<DType, D>) for `dtype`: a kernel or a CPU
+// twin's inner loop then loads with a fixed type instead of switching per
+// element. Host code (nvcc compiles it for the launches too).
+template <typename F>
+void DispatchDType(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::kFloat16:
+      f(std::integral_constant<DType, DType::kFloat16>{});
+      break;
+    case DType::kBFloat16:
+      f(std::integral_constant<DType, DType::kBFloat16>{});
+      break;
+    case DType::kFloat32:
+    default:
+      f(std::integral_constant<DType, DType::kFloat32>{});
+      break;
+  }
+}
 
 namespace detail {
 inline float FloatFromBits(uint32_t w) {

@@ -378,22 +378,11 @@ void WithIndex(int64_t n, Launch launch) {
   }
 }
 
-// Calls f(std::integral_constant<DType, D>) for `dtype`, then reports the
-// launch's error (cudaGetLastError also clears it).
+// DispatchDType (kernels/dtype.h), then the launch's error
+// (cudaGetLastError also clears it).
 template <typename F>
 cudaError_t Dispatch(DType dtype, F f) {
-  switch (dtype) {
-    case DType::kFloat16:
-      f(std::integral_constant<DType, DType::kFloat16>{});
-      break;
-    case DType::kBFloat16:
-      f(std::integral_constant<DType, DType::kBFloat16>{});
-      break;
-    case DType::kFloat32:
-    default:
-      f(std::integral_constant<DType, DType::kFloat32>{});
-      break;
-  }
+  DispatchDType(dtype, f);
   return cudaGetLastError();
 }
 

@@ -29,24 +29,6 @@ struct Welford {
   }
 };
 
-// Calls f(std::integral_constant<DType, T>) for `dtype`: the inner loops
-// then load with a fixed type instead of switching per element.
-template <typename F>
-void Dispatch(DType dtype, F f) {
-  switch (dtype) {
-    case DType::kFloat16:
-      f(std::integral_constant<DType, DType::kFloat16>{});
-      break;
-    case DType::kBFloat16:
-      f(std::integral_constant<DType, DType::kBFloat16>{});
-      break;
-    case DType::kFloat32:
-    default:
-      f(std::integral_constant<DType, DType::kFloat32>{});
-      break;
-  }
-}
-
 template <DType T>
 inline float Load(const void* data, int64_t i) {
   if constexpr (T == DType::kFloat32) {
@@ -75,7 +57,7 @@ void WelfordStatsCpu(const void* x, DType dtype, const ActivationShape& shape,
                      float* stats_row) {
   const int64_t c_count = shape.channels;
   std::vector<Welford> acc(static_cast<size_t>(c_count));
-  Dispatch(dtype, [&](auto type) {
+  DispatchDType(dtype, [&](auto type) {
     constexpr DType T = decltype(type)::value;
     if (shape.inner == 1) {
       // Channels-last: one running Welford per channel (double is exact
@@ -131,7 +113,7 @@ void BatchNormForwardCpu(const void* x, DType dtype,
                          const ActivationShape& shape, const float* mean,
                          const float* invstd, const float* weight,
                          const float* bias, void* y) {
-  Dispatch(dtype, [&](auto type) {
+  DispatchDType(dtype, [&](auto type) {
     constexpr DType T = decltype(type)::value;
     for (int64_t o = 0; o < shape.outer; ++o) {
       for (int64_t c = 0; c < shape.channels; ++c) {
@@ -153,7 +135,7 @@ void BackwardReduceCpu(const void* dy, const void* x, DType dtype,
   const int64_t c_count = shape.channels;
   std::vector<double> sum_dy(static_cast<size_t>(c_count), 0.0);
   std::vector<double> sum_dy_xmu(static_cast<size_t>(c_count), 0.0);
-  Dispatch(dtype, [&](auto type) {
+  DispatchDType(dtype, [&](auto type) {
     constexpr DType T = decltype(type)::value;
     for (int64_t o = 0; o < shape.outer; ++o) {
       for (int64_t c = 0; c < c_count; ++c) {
@@ -181,7 +163,7 @@ void BackwardElementwiseCpu(const void* dy, const void* x, DType dtype,
                             const float* invstd, const float* weight,
                             const float* reduced, float total_count, void* dx) {
   const int64_t c_count = shape.channels;
-  Dispatch(dtype, [&](auto type) {
+  DispatchDType(dtype, [&](auto type) {
     constexpr DType T = decltype(type)::value;
     for (int64_t o = 0; o < shape.outer; ++o) {
       for (int64_t c = 0; c < c_count; ++c) {

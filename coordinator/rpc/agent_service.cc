@@ -13,28 +13,23 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "coordinator/core/core_validation.h"
+#include "coordinator/rpc/core_stream.h"
 #include "coordinator/rpc/service.h"
 
 namespace concord::coordinator {
 namespace {
 
-bool Terminal(v1::JobState state) {
-  return state == v1::JOB_STATE_SUCCEEDED || state == v1::JOB_STATE_FAILED ||
-         state == v1::JOB_STATE_STOPPED;
-}
-
 // A Node stream (AgentServiceImpl::Node): registered with the host as a
 // view waiter and a placement waiter of its job, re-asking its pending
-// joins and its workers' views. Fields are guarded by the host's mutex;
-// gRPC is called only through the host's Defer.
+// joins and its workers' views (see Note [Core streams] in core_stream.h).
 class NodeCall final
-    : public grpc::ServerBidiReactor<v1::NodeRequest, v1::NodeUpdate>,
-      public CoreHost::Waiter {
+    : public CoreStream<
+          grpc::ServerBidiReactor<v1::NodeRequest, v1::NodeUpdate>,
+          v1::NodeUpdate> {
  public:
   NodeCall(CoreHost* host, Metrics* metrics)
-      : host_(host),
-        metrics_(metrics),
-        scope_(std::make_unique<RpcScope>(metrics, "Node")) {}
+      : CoreStream(host, std::make_unique<RpcScope>(metrics, "Node")),
+        metrics_(metrics) {}
 
   // Starts reading, or ends at once when `auth` refused the call.
   void Begin(const absl::Status& auth) {
@@ -48,34 +43,34 @@ class NodeCall final
 
   void OnReadDone(bool ok) override {
     CoreHost::Lock lock(host_);
-    if (ended_) return;
+    if (ended()) return;
     Core& core = host_->core();
     if (!ok) {  // the agent closed its side, or went away
-      Unregister();
+      StopWaiting();
       End(core, /*lost=*/true,
           absl::CancelledError("the agent closed the stream"));
       return;
     }
     if (absl::Status applied = Apply(core); !applied.ok()) {
-      Unregister();
+      StopWaiting();
       End(core, /*lost=*/false, applied);
       return;
     }
     if (view_id_ == 0) {
       view_id_ = host_->Wait(job_id_, CoreHost::WaitKind::kView,
                              absl::InfiniteFuture(), this);
-      if (!ended_) {
+      if (!ended()) {
         placement_id_ = host_->Wait(job_id_, CoreHost::WaitKind::kPlacement,
                                     absl::InfiniteFuture(), this);
       }
     } else if (host_->Answerable(job_id_)) {
       Poll(core);  // the new joins' and the added workers' first answers
     }
-    if (!ended_) host_->Defer([this] { StartRead(&request_); });
+    if (!ended()) host_->Defer([this] { StartRead(&request_); });
   }
 
   bool Poll(Core& core) override {
-    if (ended_) return true;
+    if (ended()) return true;
     v1::NodeUpdate out;
     for (auto it = joins_.begin(); it != joins_.end();) {
       v1::JoinResponse response;
@@ -134,33 +129,9 @@ class NodeCall final
   }
   void Abandon(absl::Status status) override {
     // The host removed one registration; the other goes with the stream.
-    Unregister();
+    StopWaiting();
     End(host_->core(), /*lost=*/false, status);
   }
-
-  void OnWriteDone(bool ok) override {
-    CoreHost::Lock lock(host_);
-    writing_ = false;
-    if (ended_) {
-      host_->Defer([this, s = status_] { Finish(s); });
-      return;
-    }
-    if (!ok) {
-      Unregister();
-      End(host_->core(), /*lost=*/true,
-          absl::CancelledError("the stream was closed"));
-      return;
-    }
-    WritePending();
-  }
-  void OnCancel() override {
-    CoreHost::Lock lock(host_);
-    if (ended_) return;
-    Unregister();
-    End(host_->core(), /*lost=*/true,
-        absl::CancelledError("the call was cancelled"));
-  }
-  void OnDone() override { delete this; }
 
  private:
   struct Watched {
@@ -336,41 +307,38 @@ class NodeCall final
     for (v1::ExitResult& exited : *out.mutable_exited()) {
       *pending_joins_.add_exited() = std::move(exited);
     }
-    if (!writing_) WritePending();
+    if (!writing()) Written();
   }
 
-  // With the host's mutex held and no write in flight.
-  void WritePending() {
+  // With the host's mutex held and no write in flight: what is queued, in
+  // one NodeUpdate.
+  void Written() override {
     if (pending_views_.empty() && pending_joins_.joins_size() == 0 &&
         pending_joins_.heartbeats_size() == 0 &&
         pending_joins_.exited_size() == 0) {
       return;
     }
-    current_ = std::move(pending_joins_);
+    v1::NodeUpdate update = std::move(pending_joins_);
     pending_joins_.Clear();
     for (auto& [id, view] : pending_views_) {
-      *current_.add_views() = std::move(view);
+      *update.add_views() = std::move(view);
     }
     pending_views_.clear();
-    writing_ = true;
-    host_->Defer([this] { StartWrite(&current_); });
+    Write(std::move(update));
   }
 
   // With the host's mutex held: no longer re-asked after changes.
-  void Unregister() {
+  void StopWaiting() override {
     for (CoreHost::WaiterId* id : {&view_id_, &placement_id_}) {
       if (*id != 0) host_->Cancel(*id);
       *id = 0;
     }
   }
 
-  // With the host's mutex held: ends the stream with `status`; its joins
-  // not yet answered are withdrawn as cancelled Joins, and every worker
-  // still watched lost its watch when `lost` (unless the coordinator is
-  // shutting down).
-  void End(Core& core, bool lost, const absl::Status& status) {
-    if (ended_) return;
-    ended_ = true;
+  // With the host's mutex held (End): its joins not yet answered are
+  // withdrawn as cancelled Joins, and every worker still watched lost its
+  // watch when `lost` (unless the coordinator is shutting down).
+  void Ending(Core& core, bool lost) override {
     for (const auto& [id, join] : joins_) {
       core.CancelJoin(job_id_, join.request.worker_id(), join.call);
     }
@@ -383,13 +351,9 @@ class NodeCall final
     workers_.clear();
     pending_views_.clear();
     pending_joins_.Clear();
-    status_ = scope_->Done(ToGrpcStatus(status));
-    if (!writing_) host_->Defer([this, s = status_] { Finish(s); });
   }
 
-  CoreHost* host_;
-  Metrics* metrics_;  // may be null
-  std::unique_ptr<RpcScope> scope_;
+  Metrics* metrics_;         // may be null
   v1::NodeRequest request_;  // the read in flight
   std::string job_id_;
   std::map<std::string, Watched> workers_;
@@ -401,11 +365,7 @@ class NodeCall final
   // To write next: views (newest a worker), join and heartbeat answers.
   std::map<std::string, v1::WorkerView> pending_views_;
   v1::NodeUpdate pending_joins_;  // the answers (joins, heartbeats, exits)
-  v1::NodeUpdate current_;        // the write in flight
   CoreHost::WaiterId view_id_ = 0, placement_id_ = 0;
-  bool writing_ = false;
-  bool ended_ = false;
-  grpc::Status status_;
 };
 
 }  // namespace

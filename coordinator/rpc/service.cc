@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
+#include "coordinator/rpc/core_stream.h"
 
 namespace concord::coordinator {
 namespace {
@@ -19,11 +20,6 @@ constexpr absl::Duration kDefaultWait = absl::Seconds(300);
 
 absl::Duration WaitTimeout(int64_t ms) {
   return ms == 0 ? kDefaultWait : absl::Milliseconds(ms);
-}
-
-bool Terminal(v1::JobState state) {
-  return state == v1::JOB_STATE_SUCCEEDED || state == v1::JOB_STATE_FAILED ||
-         state == v1::JOB_STATE_STOPPED;
 }
 
 // A unary call answered in its handler.
@@ -164,45 +160,29 @@ class KvGetCall final : public PendingUnary {
 };
 
 // A WatchMembership stream: a view waiter that writes the worker's view
-// whenever it changes, one write in flight at a time (a newer view waits in
-// `pending_`, replacing an older one). See Note [Re-forming] in core.h: the
-// core learns of the stream once its first view was computed and of its end on
-// every way out. Fields are guarded by the host's mutex.
-class WatchCall final : public grpc::ServerWriteReactor<v1::MembershipUpdate>,
-                        public CoreHost::Waiter {
+// whenever it changes (see Note [Core streams] in core_stream.h; a newer view
+// waits in `pending_`, replacing an older one). See Note [Re-forming] in
+// core.h: the core learns of the stream once its first view was computed and
+// of its end on every way out.
+class WatchCall final
+    : public CoreStream<grpc::ServerWriteReactor<v1::MembershipUpdate>,
+                        v1::MembershipUpdate> {
  public:
   WatchCall(CoreHost* host, Metrics* metrics,
             const v1::WatchMembershipRequest* request)
-      : host_(host),
-        scope_(std::make_unique<RpcScope>(metrics, "WatchMembership")),
+      : CoreStream(host,
+                   std::make_unique<RpcScope>(metrics, "WatchMembership")),
         request_(request) {}
 
   // With the host's mutex held.
   void Start() {
-    if (ended_) return;
+    if (ended()) return;
     id_ = host_->Wait(request_->job_id(), CoreHost::WaitKind::kView,
                       absl::InfiniteFuture(), this);
   }
-  // With the host's mutex held: ends the stream with `status` (an error
-  // before any view was computed is only that).
-  void End(Core& core, bool lost, const absl::Status& status) {
-    if (ended_) return;
-    ended_ = true;
-    // A stream cut by the coordinator's own shutdown says nothing of the
-    // worker.
-    if (open_) {
-      core.WatchClosed(request_->job_id(), request_->worker_id(),
-                       lost && !host_->shutting_down());
-    }
-    status_ = scope_->Done(ToGrpcStatus(status));
-    pending_.reset();
-    if (!writing_) {
-      host_->Defer([this, s = status_] { Finish(s); });
-    }
-  }
 
   bool Poll(Core& core) override {
-    if (ended_ || terminal_) return true;
+    if (ended() || terminal_) return true;
     absl::StatusOr<v1::MembershipUpdate> update = core.Membership(*request_);
     if (!update.ok()) {
       End(core, /*lost=*/false, update.status());
@@ -217,7 +197,7 @@ class WatchCall final : public grpc::ServerWriteReactor<v1::MembershipUpdate>,
     sent_any_ = true;
     last_ = std::move(bytes);
     terminal_ = Terminal(update->state());
-    if (writing_) {
+    if (writing()) {
       pending_ = *std::move(update);
     } else {
       Write(*std::move(update));
@@ -228,19 +208,18 @@ class WatchCall final : public grpc::ServerWriteReactor<v1::MembershipUpdate>,
     End(host_->core(), /*lost=*/false, status);
   }
 
-  void OnWriteDone(bool ok) override {
-    CoreHost::Lock lock(host_);
-    writing_ = false;
-    if (ended_) {
-      host_->Defer([this, s = status_] { Finish(s); });
-      return;
+ private:
+  void StopWaiting() override { host_->Cancel(id_); }
+  // An error before any view was computed is only that; a stream cut by the
+  // coordinator's own shutdown says nothing of the worker.
+  void Ending(Core& core, bool lost) override {
+    if (open_) {
+      core.WatchClosed(request_->job_id(), request_->worker_id(),
+                       lost && !host_->shutting_down());
     }
-    if (!ok) {
-      host_->Cancel(id_);
-      End(host_->core(), /*lost=*/true,
-          absl::CancelledError("the stream was closed"));
-      return;
-    }
+    pending_.reset();
+  }
+  void Written() override {
     if (pending_.has_value()) {
       v1::MembershipUpdate next = *std::move(pending_);
       pending_.reset();
@@ -249,36 +228,14 @@ class WatchCall final : public grpc::ServerWriteReactor<v1::MembershipUpdate>,
     }
     if (terminal_) End(host_->core(), /*lost=*/false, absl::OkStatus());
   }
-  void OnCancel() override {
-    CoreHost::Lock lock(host_);
-    if (ended_) return;
-    host_->Cancel(id_);
-    End(host_->core(), /*lost=*/true,
-        absl::CancelledError("the call was cancelled"));
-  }
-  void OnDone() override { delete this; }
 
- private:
-  // With the host's mutex held and no write in flight.
-  void Write(v1::MembershipUpdate update) {
-    current_ = std::move(update);
-    writing_ = true;
-    host_->Defer([this] { StartWrite(&current_); });
-  }
-
-  CoreHost* host_;
-  std::unique_ptr<RpcScope> scope_;
   const v1::WatchMembershipRequest* request_;
   CoreHost::WaiterId id_ = 0;
   bool open_ = false;      // the core was told of the stream
   bool sent_any_ = false;  // a view was written (or is being written)
   bool terminal_ = false;  // the last view written says the job ended
-  bool writing_ = false;   // a write is in flight (of current_)
-  bool ended_ = false;     // Finish is due (once no write is in flight)
   std::string last_;       // the last view, serialised
-  v1::MembershipUpdate current_;
   std::optional<v1::MembershipUpdate> pending_;
-  grpc::Status status_;
 };
 
 }  // namespace

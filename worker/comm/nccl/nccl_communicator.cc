@@ -475,6 +475,42 @@ std::shared_ptr<Work> Enqueue(const std::shared_ptr<NcclCommunicator::State>& s,
   return work;
 }
 
+// What every collective on one tensor in place starts with: the tensor
+// checked against the communicator's device, the root (if any, kNoRoot
+// otherwise) in range, the element type NCCL's (unless the tensor goes as
+// bytes), nothing for an empty tensor; then the operand staged and
+// `launch(ptr, count, type)` enqueued, count in elements or bytes.
+constexpr int kNoRoot = -1;
+enum class Units { kElements, kBytes };
+
+template <typename Launch>
+std::shared_ptr<Work> InPlace(const std::shared_ptr<NcclCommunicator::State>& s,
+                              at::Tensor tensor, int root,
+                              absl::string_view what, Units units,
+                              const CollectiveOptions& options, Launch launch) {
+  if (absl::Status st = CheckTensor(tensor, s->options.device); !st.ok()) {
+    return PromiseWork::Done(st);
+  }
+  if (root != kNoRoot && (root < 0 || root >= s->options.size)) {
+    return PromiseWork::Done(absl::InvalidArgumentError(
+        absl::StrCat(what, " root ", root, " out of range")));
+  }
+  ncclDataType_t type = ncclUint8;
+  if (units == Units::kElements) {
+    absl::StatusOr<ncclDataType_t> t = NcclType(tensor.scalar_type());
+    if (!t.ok()) return PromiseWork::Done(t.status());
+    type = *t;
+  }
+  if (tensor.numel() == 0) return PromiseWork::Done(absl::OkStatus());
+  Operands operands(s->options.device);
+  at::Tensor t = operands.Use(tensor, /*written=*/true);
+  void* ptr = t.data_ptr();
+  const size_t count =
+      units == Units::kBytes ? t.nbytes() : static_cast<size_t>(t.numel());
+  return Enqueue(s, operands, options,
+                 [&] { return launch(ptr, count, type); });
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
@@ -651,65 +687,32 @@ absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::Split(
 
 std::shared_ptr<Work> NcclCommunicator::AllreduceSum(
     at::Tensor tensor, const CollectiveOptions& options) {
-  if (absl::Status s = CheckTensor(tensor, state_->options.device); !s.ok()) {
-    return PromiseWork::Done(s);
-  }
-  auto type = NcclType(tensor.scalar_type());
-  if (!type.ok()) return PromiseWork::Done(type.status());
-  if (tensor.numel() == 0) return PromiseWork::Done(absl::OkStatus());
-  Operands operands(state_->options.device);
-  at::Tensor t = operands.Use(tensor, /*written=*/true);
-  void* ptr = t.data_ptr();
-  const size_t n = static_cast<size_t>(t.numel());
   auto state = state_;
-  return Enqueue(state_, operands, options, [&] {
-    return ncclAllReduce(ptr, ptr, n, *type, ncclSum, state->comm,
-                         state->stream);
-  });
+  return InPlace(state, tensor, kNoRoot, "allreduce", Units::kElements, options,
+                 [&](void* ptr, size_t n, ncclDataType_t type) {
+                   return ncclAllReduce(ptr, ptr, n, type, ncclSum, state->comm,
+                                        state->stream);
+                 });
 }
 
 std::shared_ptr<Work> NcclCommunicator::Broadcast(
     at::Tensor tensor, int root, const CollectiveOptions& options) {
-  if (absl::Status s = CheckTensor(tensor, state_->options.device); !s.ok()) {
-    return PromiseWork::Done(s);
-  }
-  if (root < 0 || root >= state_->options.size) {
-    return PromiseWork::Done(absl::InvalidArgumentError(
-        absl::StrCat("broadcast root ", root, " out of range")));
-  }
-  if (tensor.numel() == 0) return PromiseWork::Done(absl::OkStatus());
-  Operands operands(state_->options.device);
-  at::Tensor t = operands.Use(tensor, /*written=*/true);
-  void* ptr = t.data_ptr();
-  const size_t bytes = static_cast<size_t>(t.nbytes());
   auto state = state_;
-  return Enqueue(state_, operands, options, [&] {
-    return ncclBroadcast(ptr, ptr, bytes, ncclUint8, root, state->comm,
-                         state->stream);
-  });
+  return InPlace(state, tensor, root, "broadcast", Units::kBytes, options,
+                 [&](void* ptr, size_t bytes, ncclDataType_t type) {
+                   return ncclBroadcast(ptr, ptr, bytes, type, root,
+                                        state->comm, state->stream);
+                 });
 }
 
 std::shared_ptr<Work> NcclCommunicator::ReduceSum(
     at::Tensor tensor, int root, const CollectiveOptions& options) {
-  if (absl::Status s = CheckTensor(tensor, state_->options.device); !s.ok()) {
-    return PromiseWork::Done(s);
-  }
-  if (root < 0 || root >= state_->options.size) {
-    return PromiseWork::Done(absl::InvalidArgumentError(
-        absl::StrCat("reduce root ", root, " out of range")));
-  }
-  auto type = NcclType(tensor.scalar_type());
-  if (!type.ok()) return PromiseWork::Done(type.status());
-  if (tensor.numel() == 0) return PromiseWork::Done(absl::OkStatus());
-  Operands operands(state_->options.device);
-  at::Tensor t = operands.Use(tensor, /*written=*/true);
-  void* ptr = t.data_ptr();
-  const size_t n = static_cast<size_t>(t.numel());
   auto state = state_;
-  return Enqueue(state_, operands, options, [&] {
-    return ncclReduce(ptr, ptr, n, *type, ncclSum, root, state->comm,
-                      state->stream);
-  });
+  return InPlace(state, tensor, root, "reduce", Units::kElements, options,
+                 [&](void* ptr, size_t n, ncclDataType_t type) {
+                   return ncclReduce(ptr, ptr, n, type, ncclSum, root,
+                                     state->comm, state->stream);
+                 });
 }
 
 std::shared_ptr<Work> NcclCommunicator::Exchange(
