@@ -532,14 +532,236 @@ double Percentile(std::vector<double>& v, double p) {
   return v[k];
 }
 
+// Prints unless --json.
+template <typename... Args>
+void Say(const Flags& f, const char* format, Args... args) {
+  if (!f.json) std::printf(format, args...);
+}
+
+// The workers and their jobs, the rendezvous job first, then jobs of
+// --job-size; each job as [first, count) of `workers`. An agent's workers
+// (--per-agent) share its connection.
+std::vector<std::pair<size_t, size_t>> PlaceWorkers(
+    const Flags& f,
+    const std::vector<std::unique_ptr<v1::WorkerService::Stub>>& stubs,
+    const std::vector<std::unique_ptr<v1::AgentService::Stub>>& agent_stubs,
+    std::vector<Worker>* workers) {
+  std::vector<std::pair<size_t, size_t>> jobs;
+  const int total = std::max(f.workers, f.rendezvous_workers);
+  for (int placed = 0; placed < total;) {
+    const int size = jobs.empty() ? f.rendezvous_workers
+                                  : std::min(f.job_size, total - placed);
+    jobs.push_back({static_cast<size_t>(placed), static_cast<size_t>(size)});
+    for (int k = 0; k < size; ++k, ++placed) {
+      Worker w;
+      w.job = absl::StrCat("bench-", jobs.size() - 1);
+      w.id = absl::StrCat("w", placed);
+      w.secret = absl::StrCat("secret-", placed, "-0123456789abcdef");
+      const size_t connection =
+          static_cast<size_t>(f.per_agent > 0 ? placed / f.per_agent : placed) %
+          stubs.size();
+      w.stub = stubs[connection].get();
+      w.agent = agent_stubs[connection].get();
+      workers->push_back(std::move(w));
+    }
+  }
+  return jobs;
+}
+
+// Every job joins (`join_all`), the first one then re-forms after a death:
+// the rendezvous and re-form figures. False when a phase failed.
+template <typename JoinAllFn>
+bool JoinPhase(const Flags& f, pid_t pid, const std::string& token,
+               std::vector<Worker>& workers,
+               const std::vector<std::pair<size_t, size_t>>& jobs,
+               const JoinAllFn& join_all, Result* result) {
+  for (size_t j = 0; j < jobs.size(); ++j) {
+    const int threads_before = Threads(pid);
+    const double cpu_before = CpuSeconds(pid);
+    // The coordinator's peak thread count while the Joins wait.
+    std::atomic<bool> joining{true};
+    std::atomic<int> peak_threads{threads_before};
+    std::thread sampler([&] {
+      while (joining) {
+        peak_threads = std::max(peak_threads.load(), Threads(pid));
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+    });
+    const double seconds = join_all(jobs[j].first, jobs[j].second,
+                                    jobs[j].second, /*previous_generation=*/0);
+    joining = false;
+    sampler.join();
+    if (seconds < 0) return false;
+    if (j == 0) {
+      result->rendezvous_s = seconds;
+      Say(f,
+          "rendezvous: %zu workers joined one job in %.3f s "
+          "(coordinator CPU %.2f s, threads %d, peak %d, resident %.0f "
+          "MiB)\n",
+          jobs[j].second, seconds, CpuSeconds(pid) - cpu_before, threads_before,
+          peak_threads.load(), ResidentMib(pid));
+      if (jobs[j].second > 1) {
+        const double cpu = CpuSeconds(pid);
+        const double reform =
+            ReformOne(workers, jobs[j].first, jobs[j].second, token, join_all);
+        if (reform < 0) return false;
+        result->reform_s = reform;
+        Say(f,
+            "re-form: one of %zu workers died, the other %zu had their new "
+            "ranks in %.3f s (coordinator CPU %.2f s)\n",
+            jobs[j].second, jobs[j].second - 1, reform, CpuSeconds(pid) - cpu);
+      }
+    } else if (j + 1 == jobs.size()) {
+      Say(f, "joined %zu jobs, %zu workers (last job: %.3f s)\n", jobs.size(),
+          workers.size(), seconds);
+    }
+  }
+  return true;
+}
+
+// Through agents, the heartbeats' answers come back on the Node streams:
+// waited for (10 s at most) and counted into `into`.
+void TakeStreamAnswers(StreamHeartbeatStats& stream_stats,
+                       std::vector<HeartbeatStats>& stats) {
+  int64_t sent_total = 0;
+  for (auto& st : stats) sent_total += st.sent;
+  const SteadyClock::time_point give_up =
+      SteadyClock::now() + std::chrono::seconds(10);
+  while (SteadyClock::now() < give_up) {
+    {
+      std::lock_guard<std::mutex> lock(stream_stats.mu);
+      if (stream_stats.answered >= sent_total) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  std::lock_guard<std::mutex> lock(stream_stats.mu);
+  HeartbeatStats& into = stats.front();
+  into.latency_ms.insert(into.latency_ms.end(), stream_stats.latency_ms.begin(),
+                         stream_stats.latency_ms.end());
+  into.errors += stream_stats.errors + (sent_total - stream_stats.answered);
+  if (into.first_error.empty()) {
+    into.first_error = stream_stats.answered < sent_total
+                           ? absl::StrCat(sent_total - stream_stats.answered,
+                                          " heartbeats not answered")
+                           : stream_stats.first_error;
+  }
+}
+
+// --duration-s of heartbeats at --rate-hz from every live worker (or every
+// simulated agent): latency, the coordinator's CPU and memory. False when a
+// heartbeat failed.
+bool HeartbeatPhase(const Flags& f, pid_t pid, int metrics_port,
+                    const std::string& token, std::vector<Worker>& workers,
+                    std::vector<std::unique_ptr<SimAgent>>& agents,
+                    Result* result) {
+  workers.resize(static_cast<size_t>(f.workers));
+  // The heartbeat units: each worker (the rendezvous job's dead worker
+  // heartbeats no more), or each simulated agent.
+  std::vector<size_t> units;
+  std::vector<SimAgent*> agent_units;
+  if (f.per_agent > 0) {
+    for (auto& agent : agents) {
+      units.push_back(agent_units.size());
+      agent_units.push_back(agent.get());
+    }
+  } else {
+    for (size_t i = 0; i < workers.size(); ++i) {
+      if (workers[i].generation > 0) units.push_back(i);
+    }
+  }
+  StreamHeartbeatStats stream_stats;
+  const size_t threads = static_cast<size_t>(f.client_threads);
+  std::vector<HeartbeatStats> stats(threads);
+  const SteadyClock::time_point start = SteadyClock::now();
+  const SteadyClock::time_point measure_from = start + std::chrono::seconds(1);
+  const SteadyClock::time_point end =
+      start + std::chrono::seconds(f.duration_s);
+  const double cpu_before = CpuSeconds(pid);
+  const rusage self_before = [] {
+    rusage r{};
+    getrusage(RUSAGE_SELF, &r);
+    return r;
+  }();
+  std::vector<std::thread> pool;
+  for (size_t t = 0; t < threads; ++t) {
+    pool.emplace_back(HeartbeatThread, std::cref(workers), std::cref(units),
+                      f.per_agent > 0 ? &agent_units : nullptr, &stream_stats,
+                      t, threads, f.rate_hz, std::cref(token), start,
+                      measure_from, end, &stats[t]);
+  }
+  for (auto& th : pool) th.join();
+  if (f.per_agent > 0) TakeStreamAnswers(stream_stats, stats);
+  const double wall = Seconds(SteadyClock::now() - start);
+  const double cpu = CpuSeconds(pid) - cpu_before;
+  rusage self_after{};
+  getrusage(RUSAGE_SELF, &self_after);
+  auto tv = [](const timeval& v) { return v.tv_sec + v.tv_usec / 1e6; };
+  const double client_cpu = tv(self_after.ru_utime) + tv(self_after.ru_stime) -
+                            tv(self_before.ru_utime) - tv(self_before.ru_stime);
+  std::vector<double> latency;
+  int64_t sent = 0, errors = 0;
+  double lag = 0;
+  std::string first_error;
+  for (auto& st : stats) {
+    latency.insert(latency.end(), st.latency_ms.begin(), st.latency_ms.end());
+    sent += st.sent;
+    errors += st.errors;
+    lag = std::max(lag, st.max_send_lag_ms);
+    if (first_error.empty()) first_error = st.first_error;
+  }
+  const double p50 = Percentile(latency, 0.50);
+  const double p99 = Percentile(latency, 0.99);
+  const double max =
+      latency.empty() ? 0 : *std::max_element(latency.begin(), latency.end());
+  result->heartbeat_p50_ms = p50;
+  result->heartbeat_p99_ms = p99;
+  result->coordinator_cores = cpu / wall;
+  result->coordinator_rss_mb = ResidentMib(pid);
+  Say(f,
+      "heartbeats: %d workers%s at %.2f Hz for %.1f s: %lld sent "
+      "(%.0f/s), %lld errors%s%s\n",
+      f.workers,
+      f.per_agent > 0
+          ? absl::StrCat(" through ", units.size(), " agents of ", f.per_agent)
+                .c_str()
+          : "",
+      f.rate_hz, wall, static_cast<long long>(sent),
+      static_cast<double>(sent) / wall, static_cast<long long>(errors),
+      errors > 0 ? ", first: " : "", first_error.c_str());
+  Say(f,
+      "heartbeat latency: p50 %.2f ms, p99 %.2f ms, max %.2f ms "
+      "(client fell behind schedule by at most %.1f ms)\n",
+      p50, p99, max, lag);
+  const std::string metrics = HttpGet(metrics_port, "/metrics");
+  if (f.per_agent == 0) {
+    Say(f,
+        "heartbeat handler time in the coordinator (its histogram): p50 <= "
+        "%g ms, p99 <= %g ms\n",
+        ServerQuantileMs(metrics, "Heartbeat", 0.5),
+        ServerQuantileMs(metrics, "Heartbeat", 0.99));
+  }
+  Say(f,
+      "coordinator CPU: %.2f s over %.1f s = %.2f cores; threads %d; "
+      "resident %.0f MiB (%.2f KiB a worker); load generator CPU %.2f "
+      "cores\n",
+      cpu, wall, cpu / wall, Threads(pid), result->coordinator_rss_mb,
+      1024 * result->coordinator_rss_mb / std::max(f.workers, 1),
+      client_cpu / wall);
+  if (errors > 0) {
+    if (f.json) {
+      std::fprintf(stderr, "heartbeats: %lld errors, first: %s\n",
+                   static_cast<long long>(errors), first_error.c_str());
+    }
+    return false;
+  }
+  return true;
+}
+
 // One run against a fresh coordinator: the rendezvous (and re-form) of
 // f.rendezvous_workers, the rest of f.workers in jobs of f.job_size, then
 // the heartbeat phase. Prints its lines unless f.json. Returns false when a
 // phase failed.
 bool RunConcord(const Flags& f, Result* result) {
-  const auto say = [&f](const char* format, auto... args) {
-    if (!f.json) std::printf(format, args...);
-  };
   concord::coordinator::ServerOptions options;
   options.worker_token = concord::GenerateToken();
   options.operator_token = concord::GenerateToken();
@@ -557,7 +779,8 @@ bool RunConcord(const Flags& f, Result* result) {
     if (pid > 0) waitpid(pid, nullptr, 0);
     return false;
   }
-  say("coordinator pid %d on %s; %d workers, %d connections, %d "
+  Say(f,
+      "coordinator pid %d on %s; %d workers, %d connections, %d "
       "client threads, %d cores here\n",
       pid, address.c_str(), f.workers, f.connections, f.client_threads,
       static_cast<int>(std::thread::hardware_concurrency()));
@@ -572,28 +795,9 @@ bool RunConcord(const Flags& f, Result* result) {
     stubs.push_back(v1::WorkerService::NewStub(channel));
     agent_stubs.push_back(v1::AgentService::NewStub(channel));
   }
-  // The rendezvous job first, then jobs of --job-size.
   std::vector<Worker> workers;
-  std::vector<std::pair<size_t, size_t>> jobs;  // [first, count)
-  const int total = std::max(f.workers, f.rendezvous_workers);
-  for (int placed = 0; placed < total;) {
-    const int size = jobs.empty() ? f.rendezvous_workers
-                                  : std::min(f.job_size, total - placed);
-    jobs.push_back({static_cast<size_t>(placed), static_cast<size_t>(size)});
-    for (int k = 0; k < size; ++k, ++placed) {
-      Worker w;
-      w.job = absl::StrCat("bench-", jobs.size() - 1);
-      w.id = absl::StrCat("w", placed);
-      w.secret = absl::StrCat("secret-", placed, "-0123456789abcdef");
-      // An agent's workers share its connection.
-      const size_t connection =
-          static_cast<size_t>(f.per_agent > 0 ? placed / f.per_agent : placed) %
-          stubs.size();
-      w.stub = stubs[connection].get();
-      w.agent = agent_stubs[connection].get();
-      workers.push_back(std::move(w));
-    }
-  }
+  const std::vector<std::pair<size_t, size_t>> jobs =
+      PlaceWorkers(f, stubs, agent_stubs, &workers);
 
   // Through simulated node agents (--per-agent): their Node streams.
   AgentTracker tracker;
@@ -608,181 +812,12 @@ bool RunConcord(const Flags& f, Result* result) {
                : JoinAll(workers, first, n, job_size, previous_generation,
                          options.worker_token);
   };
-
-  bool ok = true;
-  for (size_t j = 0; j < jobs.size(); ++j) {
-    const int threads_before = Threads(pid);
-    const double cpu_before = CpuSeconds(pid);
-    // The coordinator's peak thread count while the Joins wait.
-    std::atomic<bool> joining{true};
-    std::atomic<int> peak_threads{threads_before};
-    std::thread sampler([&] {
-      while (joining) {
-        peak_threads = std::max(peak_threads.load(), Threads(pid));
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
-      }
-    });
-    const double seconds = join_all(jobs[j].first, jobs[j].second,
-                                    jobs[j].second, /*previous_generation=*/0);
-    joining = false;
-    sampler.join();
-    if (seconds < 0) {
-      ok = false;
-      break;
-    }
-    if (j == 0) {
-      result->rendezvous_s = seconds;
-      say("rendezvous: %zu workers joined one job in %.3f s "
-          "(coordinator CPU %.2f s, threads %d, peak %d, resident %.0f "
-          "MiB)\n",
-          jobs[j].second, seconds, CpuSeconds(pid) - cpu_before, threads_before,
-          peak_threads.load(), ResidentMib(pid));
-      if (jobs[j].second > 1) {
-        const double cpu = CpuSeconds(pid);
-        const double reform = ReformOne(workers, jobs[j].first, jobs[j].second,
-                                        options.worker_token, join_all);
-        if (reform < 0) {
-          ok = false;
-          break;
-        }
-        result->reform_s = reform;
-        say("re-form: one of %zu workers died, the other %zu had their new "
-            "ranks in %.3f s (coordinator CPU %.2f s)\n",
-            jobs[j].second, jobs[j].second - 1, reform, CpuSeconds(pid) - cpu);
-      }
-    } else if (j + 1 == jobs.size()) {
-      say("joined %zu jobs, %zu workers (last job: %.3f s)\n", jobs.size(),
-          workers.size(), seconds);
-    }
-  }
-  if (ok) {
-    workers.resize(static_cast<size_t>(f.workers));
-    // The heartbeat units: each worker (the rendezvous job's dead worker
-    // heartbeats no more), or each simulated agent.
-    std::vector<size_t> units;
-    std::vector<SimAgent*> agent_units;
-    if (f.per_agent > 0) {
-      for (auto& agent : agents) {
-        units.push_back(agent_units.size());
-        agent_units.push_back(agent.get());
-      }
-    } else {
-      for (size_t i = 0; i < workers.size(); ++i) {
-        if (workers[i].generation > 0) units.push_back(i);
-      }
-    }
-    StreamHeartbeatStats stream_stats;
-    const size_t threads = static_cast<size_t>(f.client_threads);
-    std::vector<HeartbeatStats> stats(threads);
-    const SteadyClock::time_point start = SteadyClock::now();
-    const SteadyClock::time_point measure_from =
-        start + std::chrono::seconds(1);
-    const SteadyClock::time_point end =
-        start + std::chrono::seconds(f.duration_s);
-    const double cpu_before = CpuSeconds(pid);
-    const rusage self_before = [] {
-      rusage r{};
-      getrusage(RUSAGE_SELF, &r);
-      return r;
-    }();
-    std::vector<std::thread> pool;
-    for (size_t t = 0; t < threads; ++t) {
-      pool.emplace_back(HeartbeatThread, std::cref(workers), std::cref(units),
-                        f.per_agent > 0 ? &agent_units : nullptr, &stream_stats,
-                        t, threads, f.rate_hz, std::cref(options.worker_token),
-                        start, measure_from, end, &stats[t]);
-    }
-    for (auto& th : pool) th.join();
-    if (f.per_agent > 0) {
-      // The agents' answers come back on their streams.
-      int64_t sent_total = 0;
-      for (auto& st : stats) sent_total += st.sent;
-      const SteadyClock::time_point give_up =
-          SteadyClock::now() + std::chrono::seconds(10);
-      while (SteadyClock::now() < give_up) {
-        {
-          std::lock_guard<std::mutex> lock(stream_stats.mu);
-          if (stream_stats.answered >= sent_total) break;
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      }
-      std::lock_guard<std::mutex> lock(stream_stats.mu);
-      HeartbeatStats& into = stats.front();
-      into.latency_ms.insert(into.latency_ms.end(),
-                             stream_stats.latency_ms.begin(),
-                             stream_stats.latency_ms.end());
-      into.errors += stream_stats.errors + (sent_total - stream_stats.answered);
-      if (into.first_error.empty()) {
-        into.first_error =
-            stream_stats.answered < sent_total
-                ? absl::StrCat(sent_total - stream_stats.answered,
-                               " heartbeats not answered")
-                : stream_stats.first_error;
-      }
-    }
-    const double wall = Seconds(SteadyClock::now() - start);
-    const double cpu = CpuSeconds(pid) - cpu_before;
-    rusage self_after{};
-    getrusage(RUSAGE_SELF, &self_after);
-    auto tv = [](const timeval& v) { return v.tv_sec + v.tv_usec / 1e6; };
-    const double client_cpu =
-        tv(self_after.ru_utime) + tv(self_after.ru_stime) -
-        tv(self_before.ru_utime) - tv(self_before.ru_stime);
-    std::vector<double> latency;
-    int64_t sent = 0, errors = 0;
-    double lag = 0;
-    std::string first_error;
-    for (auto& s : stats) {
-      latency.insert(latency.end(), s.latency_ms.begin(), s.latency_ms.end());
-      sent += s.sent;
-      errors += s.errors;
-      lag = std::max(lag, s.max_send_lag_ms);
-      if (first_error.empty()) first_error = s.first_error;
-    }
-    const double p50 = Percentile(latency, 0.50);
-    const double p99 = Percentile(latency, 0.99);
-    const double max =
-        latency.empty() ? 0 : *std::max_element(latency.begin(), latency.end());
-    result->heartbeat_p50_ms = p50;
-    result->heartbeat_p99_ms = p99;
-    result->coordinator_cores = cpu / wall;
-    result->coordinator_rss_mb = ResidentMib(pid);
-    say("heartbeats: %d workers%s at %.2f Hz for %.1f s: %lld sent "
-        "(%.0f/s), %lld errors%s%s\n",
-        f.workers,
-        f.per_agent > 0 ? absl::StrCat(" through ", units.size(), " agents of ",
-                                       f.per_agent)
-                              .c_str()
-                        : "",
-        f.rate_hz, wall, static_cast<long long>(sent),
-        static_cast<double>(sent) / wall, static_cast<long long>(errors),
-        errors > 0 ? ", first: " : "", first_error.c_str());
-    say("heartbeat latency: p50 %.2f ms, p99 %.2f ms, max %.2f ms "
-        "(client fell behind schedule by at most %.1f ms)\n",
-        p50, p99, max, lag);
-    const std::string metrics = HttpGet(metrics_port, "/metrics");
-    if (f.per_agent == 0) {
-      say("heartbeat handler time in the coordinator (its histogram): p50 <= "
-          "%g ms, p99 <= %g ms\n",
-          ServerQuantileMs(metrics, "Heartbeat", 0.5),
-          ServerQuantileMs(metrics, "Heartbeat", 0.99));
-    }
-    say("coordinator CPU: %.2f s over %.1f s = %.2f cores; threads %d; "
-        "resident %.0f MiB (%.2f KiB a worker); load generator CPU %.2f "
-        "cores\n",
-        cpu, wall, cpu / wall, Threads(pid), result->coordinator_rss_mb,
-        1024 * result->coordinator_rss_mb / std::max(f.workers, 1),
-        client_cpu / wall);
-    if (errors > 0) {
-      if (f.json) {
-        std::fprintf(stderr, "heartbeats: %lld errors, first: %s\n",
-                     static_cast<long long>(errors), first_error.c_str());
-      }
-      ok = false;
-    }
-  }
+  const bool ok = JoinPhase(f, pid, options.worker_token, workers, jobs,
+                            join_all, result) &&
+                  HeartbeatPhase(f, pid, metrics_port, options.worker_token,
+                                 workers, agents, result);
   if (!agents.empty()) {
-    say("agents: %zu Node streams carried the joins and %lld views\n",
+    Say(f, "agents: %zu Node streams carried the joins and %lld views\n",
         agents.size(), static_cast<long long>(tracker.views()));
     for (auto& agent : agents) agent->Close();
     tracker.AwaitStreamsDone(static_cast<int64_t>(agents.size()));

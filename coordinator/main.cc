@@ -220,22 +220,23 @@ std::string AddressInUse(const std::string& address) {
   return in_use;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  // Block the signals before any thread starts (gRPC channels start threads)
-  // so that every thread inherits the mask and only the signal thread ever
-  // sees them.
-  StopSignal stop;
-  auto notifier = concord::coordinator::SystemdNotifier::FromEnvironment();
-  CLI::App app{"Concord coordinator: membership and rendezvous for workers",
-               "concord-coordinator"};
+// The command line, as parsed.
+struct Flags {
   std::string listen = "127.0.0.1:7070";
   std::string log_level = "info";
   std::string worker_token_file, operator_token_file;
   concord::TlsFiles tls_files;
   concord::coordinator::ServerOptions options;
-  app.add_option("--listen", listen, "host:port to serve on (loopback default)")
+  std::string store_kind = "embedded";
+  std::vector<std::string> etcd_endpoints;
+  concord::TlsFiles etcd_tls_files;
+  concord::coordinator::EtcdStoreOptions etcd_options;
+};
+
+void AddFlags(CLI::App& app, Flags* f) {
+  concord::coordinator::ServerOptions& options = f->options;
+  app.add_option("--listen", f->listen,
+                 "host:port to serve on (loopback default)")
       ->capture_default_str();
   app.add_option("--state-dir", options.state_dir,
                  "Directory that keeps every job across restarts (default: "
@@ -245,16 +246,17 @@ int main(int argc, char** argv) {
                  "generations with their members, leaves, failures; JSON "
                  "lines) to this file")
       ->type_name("FILE");
-  app.add_option("--worker-token-file", worker_token_file,
+  app.add_option("--worker-token-file", f->worker_token_file,
                  "File holding the workers' bearer token")
       ->required();
-  app.add_option("--operator-token-file", operator_token_file,
+  app.add_option("--operator-token-file", f->operator_token_file,
                  "File holding the operators' bearer token")
       ->required();
-  app.add_option("--tls-cert", tls_files.cert,
+  app.add_option("--tls-cert", f->tls_files.cert,
                  "PEM certificate chain: serve gRPC over TLS (with --tls-key)");
-  app.add_option("--tls-key", tls_files.key, "PEM private key of --tls-cert");
-  app.add_option("--tls-client-ca", tls_files.ca,
+  app.add_option("--tls-key", f->tls_files.key,
+                 "PEM private key of --tls-cert");
+  app.add_option("--tls-client-ca", f->tls_files.ca,
                  "PEM CA: require client certificates it signed (mTLS)");
   app.add_option("--metrics-listen", options.metrics_address,
                  "host:port for Prometheus metrics at /metrics (default off)");
@@ -263,149 +265,133 @@ int main(int argc, char** argv) {
   app.add_option("--status-listen", options.status_address,
                  "host:port for the status page (plain HTTP, operator token; "
                  "default off)");
-  std::string store_kind = "embedded";
-  std::vector<std::string> etcd_endpoints;
-  concord::TlsFiles etcd_tls_files;
-  concord::coordinator::EtcdStoreOptions etcd_options;
-  app.add_option("--store", store_kind,
+  app.add_option("--store", f->store_kind,
                  "Where jobs are kept: embedded (--state-dir, or memory) or "
                  "etcd (--etcd-endpoints; replicas with one leader)")
       ->capture_default_str()
       ->check(CLI::IsMember({"embedded", "etcd"}));
-  app.add_option("--etcd-endpoints", etcd_endpoints,
+  app.add_option("--etcd-endpoints", f->etcd_endpoints,
                  "etcd client URLs, comma-separated (http://HOST:PORT or "
                  "https://HOST:PORT)")
       ->delimiter(',');
-  app.add_option("--etcd-prefix", etcd_options.prefix,
+  app.add_option("--etcd-prefix", f->etcd_options.prefix,
                  "Key prefix of this coordinator's data in etcd")
       ->capture_default_str();
-  app.add_option("--etcd-lease-ttl", etcd_options.lease_ttl,
+  app.add_option("--etcd-lease-ttl", f->etcd_options.lease_ttl,
                  "Seconds a leader that stopped renewing keeps leadership "
                  "(failover time)")
       ->capture_default_str()
       ->check(CLI::Range(2, 600));
-  app.add_option("--etcd-ca", etcd_tls_files.ca,
+  app.add_option("--etcd-ca", f->etcd_tls_files.ca,
                  "PEM CA that signed etcd's certificate (https endpoints)");
-  app.add_option("--etcd-cert", etcd_tls_files.cert,
+  app.add_option("--etcd-cert", f->etcd_tls_files.cert,
                  "PEM client certificate for etcd (--client-cert-auth)");
-  app.add_option("--etcd-key", etcd_tls_files.key,
+  app.add_option("--etcd-key", f->etcd_tls_files.key,
                  "PEM private key of --etcd-cert");
-  app.add_option("--log-level", log_level, "Log level")
+  app.add_option("--log-level", f->log_level, "Log level")
       ->capture_default_str()
       ->check(CLI::IsMember(
           {"trace", "debug", "info", "warn", "error", "critical", "off"}));
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "concord-coordinator: %s\n", e.what());
-    return kUsageError;
-  }
+}
 
+// The files the flags name, read into the server's options (the tokens, the
+// TLS material; the history file opened once to check it), and the flags
+// that go together checked. INVALID_ARGUMENT and the like: one line each.
+absl::Status LoadFiles(Flags& f) {
   for (auto [path, token] :
-       {std::pair{&worker_token_file, &options.worker_token},
-        std::pair{&operator_token_file, &options.operator_token}}) {
-    auto read = concord::ReadTokenFile(*path);
-    if (!read.ok()) {
-      std::fprintf(stderr, "concord-coordinator: %s\n",
-                   std::string(read.status().message()).c_str());
-      return kUsageError;
-    }
+       {std::pair{&f.worker_token_file, &f.options.worker_token},
+        std::pair{&f.operator_token_file, &f.options.operator_token}}) {
+    absl::StatusOr<std::string> read = concord::ReadTokenFile(*path);
+    if (!read.ok()) return read.status();
     *token = *std::move(read);
   }
   auto tls = concord::LoadServerTls(
-      tls_files, {"--tls-client-ca", "--tls-cert", "--tls-key"});
-  if (!tls.ok()) {
-    std::fprintf(stderr, "concord-coordinator: %s\n",
-                 std::string(tls.status().message()).c_str());
-    return kUsageError;
-  }
-  options.tls = *std::move(tls);
-  if (!options.history_file.empty()) {
+      f.tls_files, {"--tls-client-ca", "--tls-cert", "--tls-key"});
+  if (!tls.ok()) return tls.status();
+  f.options.tls = *std::move(tls);
+  if (!f.options.history_file.empty()) {
     // Checked before serving or campaigning (each term opens it again).
     auto history =
-        concord::coordinator::HistoryFile::Open(options.history_file);
+        concord::coordinator::HistoryFile::Open(f.options.history_file);
     if (!history.ok()) {
-      std::fprintf(stderr, "concord-coordinator: --history-file: %s\n",
-                   std::string(history.status().message()).c_str());
-      return kUsageError;
+      return absl::InvalidArgumentError(
+          absl::StrCat("--history-file: ", history.status().message()));
     }
   }
-  const bool etcd = store_kind == "etcd";
-  if (etcd && etcd_endpoints.empty()) {
-    std::fprintf(stderr,
-                 "concord-coordinator: --store etcd needs --etcd-endpoints\n");
-    return kUsageError;
+  const bool etcd = f.store_kind == "etcd";
+  if (etcd && f.etcd_endpoints.empty()) {
+    return absl::InvalidArgumentError("--store etcd needs --etcd-endpoints");
   }
-  if (etcd && !options.state_dir.empty()) {
-    std::fprintf(stderr,
-                 "concord-coordinator: --state-dir and --store etcd exclude "
-                 "each other\n");
-    return kUsageError;
+  if (etcd && !f.options.state_dir.empty()) {
+    return absl::InvalidArgumentError(
+        "--state-dir and --store etcd exclude each other");
   }
-  if (!etcd && (!etcd_endpoints.empty() || !etcd_tls_files.ca.empty() ||
-                !etcd_tls_files.cert.empty() || !etcd_tls_files.key.empty())) {
-    std::fprintf(stderr,
-                 "concord-coordinator: --etcd-* flags need --store etcd\n");
-    return kUsageError;
+  if (!etcd &&
+      (!f.etcd_endpoints.empty() || !f.etcd_tls_files.ca.empty() ||
+       !f.etcd_tls_files.cert.empty() || !f.etcd_tls_files.key.empty())) {
+    return absl::InvalidArgumentError("--etcd-* flags need --store etcd");
   }
-  std::unique_ptr<concord::coordinator::EtcdStore> etcd_store;
-  if (etcd) {
-    auto etcd_tls = concord::LoadClientTls(
-        etcd_tls_files, {"--etcd-ca", "--etcd-cert", "--etcd-key"});
-    if (!etcd_tls.ok()) return Fail(etcd_tls.status());
-    auto client = concord::coordinator::EtcdClient::Create(
-        etcd_endpoints, *etcd_tls, absl::Seconds(2));
-    if (!client.ok()) return Fail(client.status());
-    auto store = concord::coordinator::EtcdStore::Create(*std::move(client),
-                                                         etcd_options);
-    if (!store.ok()) return Fail(store.status());
-    etcd_store = *std::move(store);
-  }
-  concord::InitLogging("coordinator", log_level);
+  f.options.listen_address = f.listen;
+  return absl::OkStatus();
+}
 
-  options.listen_address = listen;
-  if (!options.status_address.empty()) {
+absl::StatusOr<std::unique_ptr<concord::coordinator::EtcdStore>> MakeEtcdStore(
+    const Flags& f) {
+  auto etcd_tls = concord::LoadClientTls(
+      f.etcd_tls_files, {"--etcd-ca", "--etcd-cert", "--etcd-key"});
+  if (!etcd_tls.ok()) return etcd_tls.status();
+  auto client = concord::coordinator::EtcdClient::Create(
+      f.etcd_endpoints, *etcd_tls, absl::Seconds(2));
+  if (!client.ok()) return client.status();
+  return concord::coordinator::EtcdStore::Create(*std::move(client),
+                                                 f.etcd_options);
+}
+
+// The addresses to serve on: one in use is an error; a status page off
+// loopback is a warning (it is plain HTTP: the operator token would cross
+// the network in the clear, docs/operators.md "Status page").
+absl::Status CheckAddresses(const concord::coordinator::ServerOptions& o) {
+  if (!o.status_address.empty()) {
     const std::string host =
-        options.status_address.substr(0, options.status_address.rfind(':'));
+        o.status_address.substr(0, o.status_address.rfind(':'));
     if (host != "localhost" && host != "[::1]" && host.rfind("127.", 0) != 0) {
-      // The page is plain HTTP: the operator token would cross the network
-      // in the clear (docs/operators.md "Status page").
       spdlog::warn(
           "the status page on {} is plain HTTP: keep it on loopback or "
           "behind a TLS proxy",
-          options.status_address);
+          o.status_address);
     }
   }
-  options.on_tick = [&notifier] { notifier.Alive(); };
   for (const std::string& address :
-       {listen, options.metrics_address, options.status_address}) {
+       {o.listen_address, o.metrics_address, o.status_address}) {
     const std::string in_use = address.empty() ? "" : AddressInUse(address);
-    if (!in_use.empty()) {
-      std::fprintf(stderr, "concord-coordinator: %s\n", in_use.c_str());
-      return kUsageError;
-    }
+    if (!in_use.empty()) return absl::InvalidArgumentError(in_use);
   }
-  stop.StartListening();
-  if (etcd_store != nullptr) {
-    // Fail fast on an etcd that is not there at all; later outages are
-    // ridden out (a standby waits, a leader steps down).
-    const absl::Time give_up = absl::Now() + kEtcdStartupTimeout;
-    absl::StatusOr<std::string> leader = etcd_store->Leader();
-    while (!leader.ok() && absl::Now() < give_up && !stop.requested()) {
-      absl::SleepFor(absl::Milliseconds(500));
-      leader = etcd_store->Leader();
-    }
-    if (!leader.ok()) {
-      return Fail(absl::UnavailableError(absl::StrCat(
-          "cannot reach etcd at ", absl::StrJoin(etcd_endpoints, ","), ": ",
-          leader.status().message())));
-    }
-    return RunReplica(*etcd_store, options, stop, notifier);
+  return absl::OkStatus();
+}
+
+// Fails fast on an etcd that is not there at all; later outages are ridden
+// out (a standby waits, a leader steps down).
+absl::Status AwaitEtcd(concord::coordinator::EtcdStore& store,
+                       const std::vector<std::string>& endpoints,
+                       StopSignal& stop) {
+  const absl::Time give_up = absl::Now() + kEtcdStartupTimeout;
+  absl::StatusOr<std::string> leader = store.Leader();
+  while (!leader.ok() && absl::Now() < give_up && !stop.requested()) {
+    absl::SleepFor(absl::Milliseconds(500));
+    leader = store.Leader();
   }
+  if (!leader.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot reach etcd at ", absl::StrJoin(endpoints, ","),
+                     ": ", leader.status().message()));
+  }
+  return absl::OkStatus();
+}
+
+// --store embedded: serves until a signal.
+int RunEmbedded(const concord::coordinator::ServerOptions& options,
+                StopSignal& stop,
+                concord::coordinator::SystemdNotifier& notifier) {
   auto server = concord::coordinator::Server::Start(options);
   if (!server.ok()) return Fail(server.status());
   LogServing(**server, options);
@@ -421,4 +407,50 @@ int main(int argc, char** argv) {
   (*server)->Shutdown();
   spdlog::info("stopped");
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Block the signals before any thread starts (gRPC channels start threads)
+  // so that every thread inherits the mask and only the signal thread ever
+  // sees them.
+  StopSignal stop;
+  auto notifier = concord::coordinator::SystemdNotifier::FromEnvironment();
+  CLI::App app{"Concord coordinator: membership and rendezvous for workers",
+               "concord-coordinator"};
+  Flags flags;
+  AddFlags(app, &flags);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "concord-coordinator: %s\n", e.what());
+    return kUsageError;
+  }
+  if (absl::Status loaded = LoadFiles(flags); !loaded.ok()) {
+    return Fail(loaded);
+  }
+  std::unique_ptr<concord::coordinator::EtcdStore> etcd_store;
+  if (flags.store_kind == "etcd") {
+    auto store = MakeEtcdStore(flags);
+    if (!store.ok()) return Fail(store.status());
+    etcd_store = *std::move(store);
+  }
+  concord::InitLogging("coordinator", flags.log_level);
+  concord::coordinator::ServerOptions& options = flags.options;
+  options.on_tick = [&notifier] { notifier.Alive(); };
+  if (absl::Status free = CheckAddresses(options); !free.ok()) {
+    return Fail(free);
+  }
+  stop.StartListening();
+  if (etcd_store == nullptr) return RunEmbedded(options, stop, notifier);
+  if (absl::Status up = AwaitEtcd(*etcd_store, flags.etcd_endpoints, stop);
+      !up.ok()) {
+    return Fail(up);
+  }
+  return RunReplica(*etcd_store, options, stop, notifier);
 }

@@ -130,26 +130,6 @@ torch::Device ResolveTrainDevice(const Flags& flags,
                        static_cast<torch::DeviceIndex>(device.index));
 }
 
-// --algorithm's SlowMo options as the API takes them.
-concord::SlowMoOptions PublicSlowMo(const concord::slowmo::SlowMoOptions& o,
-                                    const std::string& sgp_graph) {
-  return concord::SlowMoOptions()
-      .base_algorithm(o.base_algorithm == concord::slowmo::BaseAlgorithm::kSgp
-                          ? concord::SlowMoBaseAlgorithm::kSgp
-                          : concord::SlowMoBaseAlgorithm::kLocalSgd)
-      .localsgd_frequency(o.localsgd_frequency)
-      .slowmo_momentum(o.slowmo_momentum)
-      .slowmo_lr(o.slowmo_lr)
-      .slowmo_frequency(o.slowmo_frequency)
-      .slowmo_memory_efficient(o.slowmo_memory_efficient)
-      .slowmo_num_shards(o.slowmo_num_shards)
-      .nprocs_per_node(o.nprocs_per_node)
-      .sgp_graph(sgp_graph)
-      .peers_per_itr(o.peers_per_itr)
-      .push_sum(o.push_sum)
-      .slowmo_sgp_average_params(o.slowmo_sgp_average_params);
-}
-
 concord::DdpOptions DdpOptionsFrom(const Flags& f) {
   concord::DdpOptions o;
   if (f.bucket_cap_given) o.bucket_cap_mb(f.bucket_cap_mb);
@@ -165,9 +145,7 @@ concord::DdpOptions DdpOptionsFrom(const Flags& f) {
       .message_size(f.message_size)
       .allreduce_trigger_params(f.allreduce_trigger_params)
       .comm_hook(f.comm_hook);
-  if (f.slowmo_options) {
-    o.slowmo(PublicSlowMo(*f.slowmo_options, f.slowmo.sgp_graph));
-  }
+  if (f.slowmo_options) o.slowmo(*f.slowmo_options);
   return o;
 }
 
@@ -401,311 +379,365 @@ class FixedShards {
 };
 
 // The training loop over a joined job, for either kind of model
-// (`Model`: torch::nn::Sequential or torch::jit::Module).
+// (`Model`: torch::nn::Sequential or torch::jit::Module): the constructor
+// wraps the model in DDP and makes the optimizer and the elastic state, Run
+// trains under run_elastic (fixed or elastic sharding) and Finish writes
+// what the run made.
 template <typename Model>
-int TrainWith(const Flags& flags, Prepared& in, concord::Job& job, Model model,
-              concord::train::Progress& progress) {
-  constexpr bool kScript = std::is_same_v<Model, torch::jit::Module>;
-  const concord::train::Dataset& data = in.data;
-  const int64_t n = data.size();
-  const bool fixed = flags.sharding == "fixed";
-  concord::train::FaultInjection fault =
-      concord::train::FaultInjection::FromEnvironment();
-
-  concord::DistributedDataParallel<Model> ddp(std::move(model), job, in.ddp);
-  auto forward = [&](const torch::Tensor& x) -> torch::Tensor {
-    if constexpr (kScript) {
-      return ddp->forward(std::vector<c10::IValue>{x}).toTensor();
-    } else {
-      return ddp->forward(x);
+class Trainer {
+ public:
+  Trainer(const Flags& flags, Prepared& in, concord::Job& job, Model model,
+          concord::train::Progress& progress)
+      : flags_(flags),
+        in_(in),
+        job_(job),
+        progress_(progress),
+        n_(in.data.size()),
+        fixed_(flags.sharding == "fixed"),
+        fault_(concord::train::FaultInjection::FromEnvironment()),
+        ddp_(std::move(model), job, in.ddp),
+        optimizer_(Trainable(in), torch::optim::SGDOptions(flags.lr)
+                                      .momentum(flags.momentum)
+                                      .weight_decay(flags.weight_decay)),
+        sampler_(static_cast<size_t>(n_), job,
+                 concord::ElasticSamplerOptions()
+                     .shuffle(flags.shuffle)
+                     .seed(static_cast<uint64_t>(flags.seed))),
+        // Fixed sharding: this worker's shard is its rank in the first
+        // generation it trains in.
+        shard_(job.rank()),
+        shards_(flags, n_, job.world_size()) {
+    if (fault_.Armed("backward") && !optimizer_.param_groups().empty() &&
+        !optimizer_.param_groups()[0].params().empty()) {
+      // The first parameter's gradient comes last in backward: by then
+      // buckets are in flight.
+      optimizer_.param_groups()[0].params().front().register_hook(
+          [this](const torch::Tensor&) { fault_.MaybeDie("backward"); });
     }
-  };
+    const auto elastic_options =
+        concord::ElasticStateOptions()
+            .divide_by_initial_world_size(
+                !flags.no_divide_by_initial_world_size)
+            .throw_on_early_termination(flags.throw_on_early_termination)
+            // A newcomer has no fixed shard: the world only shrinks.
+            .admit_workers(!fixed_);
+    if (fixed_) {
+      state_.emplace(ddp_, optimizer_, elastic_options);
+    } else {
+      state_.emplace(ddp_, optimizer_, sampler_, elastic_options);
+    }
+    // The "forward" fault point: after the step agreement, before DDP's
+    // buffer broadcast and the model's forward (SyncBatchNorm's allgather).
+    state_->on_step_begin([this](int64_t step) {
+      fault_.step = step;
+      fault_.MaybeDie("forward");
+    });
+    if (!flags.sample_log.empty() && !fixed_) {
+      const std::string path =
+          absl::StrCat(flags.sample_log, "/", job.worker_id(), ".samples");
+      sample_log_.open(path, std::ios::app);
+      if (!sample_log_) Fail(2, "--sample-log: cannot write " + path);
+    }
+  }
+
+  // Trains to the end (or until this worker left); exit 1 when the job
+  // failed.
+  void Run() {
+    start_ = std::chrono::steady_clock::now();
+    if (job_.rank() == job_.authoritative_rank()) {
+      progress_.PrintLine(absl::StrFormat(
+          "concord-train: %d samples, world size %d, generation %d, %s "
+          "sharding, %d epochs",
+          n_, job_.world_size(), job_.generation(), flags_.sharding,
+          flags_.epochs));
+    }
+    const int64_t written_before = BytesWritten();
+    try {
+      concord::run_elastic(*state_, [&] {
+        if (fixed_) {
+          TrainFixed();
+        } else {
+          TrainElastic();
+        }
+      });
+    } catch (const concord::Error& e) {
+      job_.finish(false, e.message());
+      Fail(1, e.what());
+    }
+    run_.seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_)
+            .count();
+    // Gloo's traffic and the few progress lines written while training.
+    run_.written = written_before < 0 ? -1 : BytesWritten() - written_before;
+  }
+
+  // The outputs, the metrics and the last line; the job finished.
+  int Finish() {
+    concord::ElasticState& state = *state_;
+    if (left_) {
+      progress_.PrintLine(absl::StrFormat(
+          "concord-train: worker %s ran out of data after step %d and left "
+          "the job",
+          job_.worker_id(), state.step()));
+      return 0;
+    }
+    std::vector<std::pair<std::string, torch::Tensor>> named_state =
+        in_.named_params;
+    named_state.insert(named_state.end(), in_.named_buffers.begin(),
+                       in_.named_buffers.end());
+    if (!flags_.output_per_worker.empty()) {
+      const std::string path =
+          absl::StrCat(flags_.output_per_worker, "/", job_.worker_id(), ".pt");
+      if (auto st = concord::train::SaveState(named_state, path); !st.ok()) {
+        Fail(1, std::string(st.message()));
+      }
+    }
+    if (job_.rank() == job_.authoritative_rank()) {
+      // Step time without warm-up (the first steps allocate and connect).
+      std::vector<double> timed(
+          step_ms_.begin() + (step_ms_.size() > 2 ? 2 : 0), step_ms_.end());
+      run_.mean_ms = timed.empty()
+                         ? 0
+                         : std::accumulate(timed.begin(), timed.end(), 0.0) /
+                               static_cast<double>(timed.size());
+      run_.median_ms = Median(timed);
+      if (!flags_.output.empty()) {
+        if (auto st = concord::train::SaveState(named_state, flags_.output);
+            !st.ok()) {
+          Fail(1, std::string(st.message()));
+        }
+      }
+      if (!flags_.metrics_out.empty()) {
+        WriteMetrics(flags_, job_, state, ddp_->stats(), run_);
+      }
+      progress_.PrintLine(absl::StrFormat(
+          "concord-train: done: %d steps in %.2f s, %.1f samples/s, mean step "
+          "%.2f ms, final loss %.6f, generation %d, world size %d%s",
+          state.step(), run_.seconds, run_.samples_done / run_.seconds,
+          run_.mean_ms, run_.last_loss, job_.generation(), job_.world_size(),
+          flags_.output.empty() ? ""
+                                : absl::StrCat(", wrote ", flags_.output)));
+    }
+    job_.finish(true);
+    return 0;
+  }
+
+ private:
+  static constexpr bool kScript = std::is_same_v<Model, torch::jit::Module>;
+
   // The optimizer takes every trainable parameter, also those DDP ignores
   // (they train on their local gradient, as in PyTorch).
-  std::vector<torch::Tensor> trainable;
-  for (const auto& [name, p] : in.named_params) {
-    if (p.requires_grad()) trainable.push_back(p);
-  }
-  torch::optim::SGD optimizer(trainable, torch::optim::SGDOptions(flags.lr)
-                                             .momentum(flags.momentum)
-                                             .weight_decay(flags.weight_decay));
-  if (fault.Armed("backward") && !trainable.empty()) {
-    // The first parameter's gradient comes last in backward: by then
-    // buckets are in flight.
-    trainable.front().register_hook(
-        [&fault](const torch::Tensor&) { fault.MaybeDie("backward"); });
+  static std::vector<torch::Tensor> Trainable(const Prepared& in) {
+    std::vector<torch::Tensor> trainable;
+    for (const auto& [name, p] : in.named_params) {
+      if (p.requires_grad()) trainable.push_back(p);
+    }
+    return trainable;
   }
 
-  const auto elastic_options =
-      concord::ElasticStateOptions()
-          .divide_by_initial_world_size(!flags.no_divide_by_initial_world_size)
-          .throw_on_early_termination(flags.throw_on_early_termination)
-          // A newcomer has no fixed shard: the world only shrinks.
-          .admit_workers(!fixed);
-  concord::ElasticSampler sampler(static_cast<size_t>(n), job,
-                                  concord::ElasticSamplerOptions()
-                                      .shuffle(flags.shuffle)
-                                      .seed(static_cast<uint64_t>(flags.seed)));
-  std::optional<concord::ElasticState> elastic;
-  if (fixed) {
-    elastic.emplace(ddp, optimizer, elastic_options);
-  } else {
-    elastic.emplace(ddp, optimizer, sampler, elastic_options);
+  torch::Tensor Forward(const torch::Tensor& x) {
+    if constexpr (kScript) {
+      return ddp_->forward(std::vector<c10::IValue>{x}).toTensor();
+    } else {
+      return ddp_->forward(x);
+    }
   }
-  concord::ElasticState& state = *elastic;
-  // The "forward" fault point: after the step agreement, before DDP's
-  // buffer broadcast and the model's forward (SyncBatchNorm's allgather).
-  state.on_step_begin([&](int64_t step) {
-    fault.step = step;
-    fault.MaybeDie("forward");
-  });
-  // Fixed sharding: this worker's shard is its rank in the first generation
-  // it trains in.
-  const int shard = job.rank();
-  FixedShards shards(flags, n, job.world_size());
+  std::pair<torch::Tensor, torch::Tensor> ToDevice(const torch::Tensor& index) {
+    return std::make_pair(
+        in_.data.inputs.index_select(0, index).to(in_.device),
+        in_.data.targets.index_select(0, index).to(in_.device));
+  }
 
-  std::ofstream sample_log;
-  if (!flags.sample_log.empty() && !fixed) {
-    const std::string path =
-        absl::StrCat(flags.sample_log, "/", job.worker_id(), ".samples");
-    sample_log.open(path, std::ios::app);
-    if (!sample_log) Fail(2, "--sample-log: cannot write " + path);
-  }
-  std::vector<double> step_ms;
-  std::chrono::steady_clock::time_point step_start;
-  double last_loss = 0;
-  int64_t samples_done = 0;
-  int64_t batches = 0;  // forward/backward passes, micro-batches included
-  // Per re-form: when the first step after it was done (Unix us).
-  std::vector<int64_t> first_step_after_reform;
-  bool left = false;
-  const auto start = std::chrono::steady_clock::now();
-  if (job.rank() == job.authoritative_rank()) {
-    progress.PrintLine(absl::StrFormat(
-        "concord-train: %d samples, world size %d, generation %d, %s "
-        "sharding, %d epochs",
-        n, job.world_size(), job.generation(), flags.sharding, flags.epochs));
-  }
   // The job's optimizer steps at the current world size (elastic sharding:
   // the rest of the epoch and the epochs after it are split over the ranks
   // there are now).
-  auto total_steps = [&]() -> int64_t {
-    if (fixed) return shards.steps_per_epoch() * flags.epochs;
-    const int world = job.world_size();
+  int64_t TotalSteps() {
+    if (fixed_) return shards_.steps_per_epoch() * flags_.epochs;
+    const concord::ElasticState& state = *state_;
+    const int world = job_.world_size();
     int64_t total = state.step();
-    if (state.epoch() < flags.epochs) {
+    if (state.epoch() < flags_.epochs) {
       total += concord::train::StepsToEpochEnd(
-                   n, static_cast<int64_t>(sampler.position()), world,
-                   flags.batch_size, flags.grad_accum) +
-               (flags.epochs - state.epoch() - 1) *
+                   n_, static_cast<int64_t>(sampler_.position()), world,
+                   flags_.batch_size, flags_.grad_accum) +
+               (flags_.epochs - state.epoch() - 1) *
                    concord::train::StepsToEpochEnd(
-                       n, 0, world, flags.batch_size, flags.grad_accum);
+                       n_, 0, world, flags_.batch_size, flags_.grad_accum);
     }
     return total;
-  };
+  }
+
   // After a committed step: every --log-interval steps (and the last on a
-  // terminal), on the authoritative rank.
-  // `epoch`: the step's (0-based; the state may have moved on to the next).
-  auto report = [&](int64_t epoch, double sps) {
-    if (job.rank() != job.authoritative_rank()) return;
+  // terminal), on the authoritative rank. `epoch`: the step's (0-based; the
+  // state may have moved on to the next).
+  void Report(int64_t epoch, double sps) {
+    if (job_.rank() != job_.authoritative_rank()) return;
+    const int64_t step = state_->step();
     // A bar also shows the last step.
-    if (state.step() % flags.log_interval != 0 &&
-        !(progress.terminal() && state.step() == total_steps())) {
+    if (step % flags_.log_interval != 0 &&
+        !(progress_.terminal() && step == TotalSteps())) {
       return;
     }
     concord::train::ProgressLine line;
     line.epoch = epoch + 1;
-    line.epochs = flags.epochs;
-    line.step = state.step();
-    line.total_steps = total_steps();
-    line.loss = last_loss;
+    line.epochs = flags_.epochs;
+    line.step = step;
+    line.total_steps = TotalSteps();
+    line.loss = run_.last_loss;
     line.samples_per_second = sps;
-    line.generation = job.generation();
-    line.world_size = job.world_size();
-    progress.Update(line);
-  };
-  auto to_device = [&](const torch::Tensor& index) {
-    return std::make_pair(data.inputs.index_select(0, index).to(in.device),
-                          data.targets.index_select(0, index).to(in.device));
-  };
+    line.generation = job_.generation();
+    line.world_size = job_.world_size();
+    progress_.Update(line);
+  }
 
   // One optimizer step on `index`, the job taking `job_samples` in it. The
   // step agreement runs in the first forward of a step (the library's).
-  auto take_step = [&](const torch::Tensor& index, int64_t job_samples) {
-    fault.Pace();
-    const auto t0 = std::chrono::steady_clock::now();
-    step_start = t0;
-    const auto [x, y] = to_device(index);
-    fault.step = state.step() + 1;
-    torch::Tensor l = concord::train::ComputeLoss(in.loss, forward(x), y);
+  // Returns the samples a second so far.
+  double TakeStep(const torch::Tensor& index, int64_t job_samples) {
+    fault_.Pace();
+    step_start_ = std::chrono::steady_clock::now();
+    const auto [x, y] = ToDevice(index);
+    fault_.step = state_->step() + 1;
+    torch::Tensor l = concord::train::ComputeLoss(in_.loss, Forward(x), y);
     {
-      concord::TraceScope span(job, "backward");
+      concord::TraceScope span(job_, "backward");
       l.backward();
     }
     {
-      concord::TraceScope span(job, "optimizer");
-      optimizer.step();
+      concord::TraceScope span(job_, "optimizer");
+      optimizer_.step();
     }
-    fault.MaybeDie("optimizer");
+    fault_.MaybeDie("optimizer");
     // Zeroed, not dropped, whatever the LibTorch version's default (see Note
     // [LibTorch versions]): PyTorch's zero_grad(set_to_none=False).
-    concord::compat::ZeroGrad(optimizer, /*set_to_none=*/false);
-    ++batches;
-    samples_done += job_samples;
-    last_loss = l.item<double>();
-    const auto t1 = std::chrono::steady_clock::now();
-    const double elapsed = std::chrono::duration<double>(t1 - start).count();
-    return elapsed > 0 ? samples_done / elapsed : 0;
-  };
+    concord::compat::ZeroGrad(optimizer_, /*set_to_none=*/false);
+    ++run_.batches;
+    run_.samples_done += job_samples;
+    run_.last_loss = l.item<double>();
+    const double elapsed =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_)
+            .count();
+    return elapsed > 0 ? run_.samples_done / elapsed : 0;
+  }
+
   // After the commit: the first step of a generation is logged, SlowMo
-  // averages (see Note [SlowMo step]: a failure here leaves the committed step
-  // owing its average, which the re-form finishes), progress goes out.
-  auto after_commit = [&](int64_t epoch, double sps) {
+  // averages (see Note [SlowMo step]: a failure here leaves the committed
+  // step owing its average, which the re-form finishes), progress goes out.
+  void AfterCommit(int64_t epoch, double sps) {
+    concord::ElasticState& state = *state_;
     const size_t reforms = state.reform_log().size();
-    if (first_step_after_reform.size() < reforms) {
-      first_step_after_reform.resize(reforms, absl::ToUnixMicros(absl::Now()));
+    if (run_.first_step_after_reform.size() < reforms) {
+      run_.first_step_after_reform.resize(reforms,
+                                          absl::ToUnixMicros(absl::Now()));
       spdlog::info("step {} done: the first in generation {}, world size {}",
-                   state.step(), job.generation(), job.world_size());
+                   state.step(), job_.generation(), job_.world_size());
     }
-    report(epoch, sps);
-    if (flags.slowmo_options) {
-      fault.MaybeDie("slowmo");
-      ddp->perform_slowmo(optimizer);
+    Report(epoch, sps);
+    if (flags_.slowmo_options) {
+      fault_.MaybeDie("slowmo");
+      ddp_->perform_slowmo(optimizer_);
     }
-    job.report_progress(state.step(), sps, last_loss);
+    job_.report_progress(state.step(), sps, run_.last_loss);
     // A step's time is whole: forward, backward, the optimizer, the commit
     // and SlowMo's averaging (a DDP step's communication is in its
     // backward, SlowMo's here).
-    step_ms.push_back(std::chrono::duration<double, std::milli>(
-                          std::chrono::steady_clock::now() - step_start)
-                          .count());
-  };
+    step_ms_.push_back(std::chrono::duration<double, std::milli>(
+                           std::chrono::steady_clock::now() - step_start_)
+                           .count());
+  }
 
-  auto train_fixed = [&] {
+  void TrainFixed() {
+    concord::ElasticState& state = *state_;
     for (;;) {
-      std::vector<int64_t> mine = shards.Batch(shard, state.step());
+      std::vector<int64_t> mine = shards_.Batch(shard_, state.step());
       if (mine.empty()) {
-        left = ddp->join();
+        left_ = ddp_->join();
         return;
       }
       int64_t job_samples = 0;
-      for (int j = 0; j < shards.shards(); ++j) {
+      for (int j = 0; j < shards_.shards(); ++j) {
         job_samples +=
-            static_cast<int64_t>(shards.Batch(j, state.step()).size());
+            static_cast<int64_t>(shards_.Batch(j, state.step()).size());
       }
       const int64_t epoch =
-          state.step() / std::max<int64_t>(1, shards.steps_per_epoch());
+          state.step() / std::max<int64_t>(1, shards_.steps_per_epoch());
       const double sps =
-          take_step(torch::tensor(mine, torch::kLong), job_samples);
+          TakeStep(torch::tensor(mine, torch::kLong), job_samples);
       state.commit();
-      after_commit(epoch, sps);
+      AfterCommit(epoch, sps);
     }
-  };
+  }
+
+  // The sampler's next window: its indices and how many samples the job
+  // takes in it.
+  std::pair<torch::Tensor, int64_t> NextWindow() {
+    const size_t before = sampler_.position();
+    auto mine = sampler_.next(static_cast<size_t>(flags_.batch_size));
+    std::vector<int64_t> idx(mine->begin(), mine->end());
+    return std::make_pair(torch::tensor(idx, torch::kLong),
+                          static_cast<int64_t>(sampler_.position() - before));
+  }
+
   // Gradient accumulation: K-1 micro-batches under no_sync, then a
   // synchronised one and the optimizer step (also at the epoch's end); a
   // failure goes back to the first of the K.
-  auto next_window = [&] {
-    const size_t before = sampler.position();
-    auto mine = sampler.next(static_cast<size_t>(flags.batch_size));
-    std::vector<int64_t> idx(mine->begin(), mine->end());
-    return std::make_pair(torch::tensor(idx, torch::kLong),
-                          static_cast<int64_t>(sampler.position() - before));
-  };
-  auto train_elastic = [&] {
-    while (state.epoch() < flags.epochs) {
-      auto window = next_window();
+  void TrainElastic() {
+    concord::ElasticState& state = *state_;
+    while (state.epoch() < flags_.epochs) {
+      auto window = NextWindow();
       for (int64_t micro = 1;
-           micro < flags.grad_accum && sampler.position() < sampler.size();
+           micro < flags_.grad_accum && sampler_.position() < sampler_.size();
            ++micro) {
-        auto no_sync = ddp->no_sync();
-        const auto [x, y] = to_device(window.first);
-        torch::Tensor l = concord::train::ComputeLoss(in.loss, forward(x), y);
+        auto no_sync = ddp_->no_sync();
+        const auto [x, y] = ToDevice(window.first);
+        torch::Tensor l = concord::train::ComputeLoss(in_.loss, Forward(x), y);
         {
-          concord::TraceScope span(job, "backward");
+          concord::TraceScope span(job_, "backward");
           l.backward();
         }
-        samples_done += window.second;
-        ++batches;
-        window = next_window();
+        run_.samples_done += window.second;
+        ++run_.batches;
+        window = NextWindow();
       }
-      const double sps = take_step(window.first, window.second);
+      const double sps = TakeStep(window.first, window.second);
       const int64_t step_epoch = state.epoch();
-      if (sample_log.is_open()) {
-        sample_log << state.step() + 1 << " " << step_epoch;
-        for (size_t i : sampler.since_commit()) sample_log << " " << i;
+      if (sample_log_.is_open()) {
+        sample_log_ << state.step() + 1 << " " << step_epoch;
+        for (size_t i : sampler_.since_commit()) sample_log_ << " " << i;
       }
       state.commit();
-      if (sample_log.is_open()) sample_log << std::endl;  // committed
-      if (sampler.position() >= sampler.size()) state.next_epoch();
-      after_commit(step_epoch, sps);
-    }
-  };
-  const int64_t written_before = BytesWritten();
-  try {
-    concord::run_elastic(state, [&] {
-      if (fixed) {
-        train_fixed();
-      } else {
-        train_elastic();
-      }
-    });
-  } catch (const concord::Error& e) {
-    job.finish(false, e.message());
-    Fail(1, e.what());
-  }
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-          .count();
-  // Gloo's traffic and the few progress lines written while training.
-  const int64_t written =
-      written_before < 0 ? -1 : BytesWritten() - written_before;
-  if (left) {
-    progress.PrintLine(absl::StrFormat(
-        "concord-train: worker %s ran out of data after step %d and left the "
-        "job",
-        job.worker_id(), state.step()));
-    return 0;
-  }
-  std::vector<std::pair<std::string, torch::Tensor>> named_state =
-      in.named_params;
-  named_state.insert(named_state.end(), in.named_buffers.begin(),
-                     in.named_buffers.end());
-  if (!flags.output_per_worker.empty()) {
-    const std::string path =
-        absl::StrCat(flags.output_per_worker, "/", job.worker_id(), ".pt");
-    if (auto st = concord::train::SaveState(named_state, path); !st.ok()) {
-      Fail(1, std::string(st.message()));
+      if (sample_log_.is_open()) sample_log_ << std::endl;  // committed
+      if (sampler_.position() >= sampler_.size()) state.next_epoch();
+      AfterCommit(step_epoch, sps);
     }
   }
-  if (job.rank() == job.authoritative_rank()) {
-    // Step time without warm-up (the first steps allocate and connect).
-    std::vector<double> timed(step_ms.begin() + (step_ms.size() > 2 ? 2 : 0),
-                              step_ms.end());
-    const double mean = timed.empty()
-                            ? 0
-                            : std::accumulate(timed.begin(), timed.end(), 0.0) /
-                                  static_cast<double>(timed.size());
-    if (!flags.output.empty()) {
-      if (auto st = concord::train::SaveState(named_state, flags.output);
-          !st.ok()) {
-        Fail(1, std::string(st.message()));
-      }
-    }
-    if (!flags.metrics_out.empty()) {
-      WriteMetrics(
-          flags, job, state, ddp->stats(),
-          RunFigures{batches, samples_done, seconds, mean, Median(timed),
-                     last_loss, written, first_step_after_reform});
-    }
-    progress.PrintLine(absl::StrFormat(
-        "concord-train: done: %d steps in %.2f s, %.1f samples/s, mean step "
-        "%.2f ms, final loss %.6f, generation %d, world size %d%s",
-        state.step(), seconds, samples_done / seconds, mean, last_loss,
-        job.generation(), job.world_size(),
-        flags.output.empty() ? "" : absl::StrCat(", wrote ", flags.output)));
-  }
-  job.finish(true);
-  return 0;
+
+  const Flags& flags_;
+  Prepared& in_;
+  concord::Job& job_;
+  concord::train::Progress& progress_;
+  const int64_t n_;
+  const bool fixed_;
+  concord::train::FaultInjection fault_;
+  concord::DistributedDataParallel<Model> ddp_;
+  torch::optim::SGD optimizer_;
+  concord::ElasticSampler sampler_;
+  std::optional<concord::ElasticState> state_;
+  const int shard_;
+  FixedShards shards_;
+  std::ofstream sample_log_;
+  RunFigures run_;
+  std::vector<double> step_ms_;
+  std::chrono::steady_clock::time_point start_, step_start_;
+  bool left_ = false;  // this worker ran out of data and left (fixed)
+};
+
+template <typename Model>
+int TrainWith(const Flags& flags, Prepared& in, concord::Job& job, Model model,
+              concord::train::Progress& progress) {
+  Trainer<Model> trainer(flags, in, job, std::move(model), progress);
+  trainer.Run();
+  return trainer.Finish();
 }
 
 int Train(const Flags& flags, concord::train::Progress& progress) {
