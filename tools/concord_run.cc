@@ -206,7 +206,7 @@ Options ParseArgs(int argc, char** argv) {
       ->capture_default_str();
   auto* checkpoints = app.add_option_group(
       "Checkpoints",
-      "durable state (Note [Checkpoints]): the workers copy it into this "
+      "durable state (docs/checkpoints.md): the workers copy it into this "
       "node's memory, concord-run writes it to disk");
   checkpoints->add_option(
       "--checkpoint-dir", o.checkpoint.dir,

@@ -311,7 +311,8 @@ TEST_F(NodeAgentTest, WorkersJoinAndHeartbeatThroughTheAgentInBatches) {
     EXPECT_EQ(m.committed_step(), 3) << m.worker_id();
   }
 
-  // The rendezvous store, passed on as bytes (Note [Passing calls on]): a
+  // The rendezvous store, passed on as bytes (see Note [Passing calls on] in
+  // agent/node_agent_impl.h): a
   // value set through the agent is read back through it.
   const int64_t forwarded = agent_->counters().forwarded;
   v1::KvSetRequest set;
@@ -378,7 +379,8 @@ TEST_F(NodeAgentTest, RefusesCallersWithoutTheWorkerTokenOrAJob) {
   const grpc::Status wrong = stub_->Join(
       Ctx("not-the-worker-token-at-all").get(), JoinReq("job", 1, 1, "w0"), &j);
   EXPECT_EQ(wrong.error_code(), grpc::StatusCode::UNAUTHENTICATED);
-  // The same for a method passed on as bytes (Note [Passing calls on]).
+  // The same for a method passed on as bytes (see Note [Passing calls on] in
+  // agent/node_agent_impl.h).
   v1::KvSetRequest set;
   set.set_job_id("job");
   v1::KvSetResponse set_response;
@@ -750,13 +752,34 @@ TEST_F(NodeAgentTest, TheAgentHearsWhetherTheJobCompleted) {
 }
 
 // The agent handles four WorkerService methods itself and passes every other
-// one on as bytes (Note [Passing calls on] in agent/node_agent_impl.h): a
+// one on as bytes (see Note [Passing calls on] in agent/node_agent_impl.h): a
 // method it did not serve would answer UNIMPLEMENTED only under the
 // launcher. Every
 // method of the service's descriptor, called through the agent and on the
 // coordinator with a request for a job that does not exist, must be served
 // by both (not UNIMPLEMENTED) with the same answer; a method the service
 // does not have is UNIMPLEMENTED through the agent, so the check can fail.
+// A unary call by its path, with `bytes` as the request.
+grpc::Status UnaryByPath(grpc::GenericStub& stub, const std::string& path,
+                         const std::string& bytes) {
+  std::unique_ptr<grpc::ClientContext> ctx = Ctx(kWorkerToken);
+  ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  grpc::Slice slice(bytes);
+  grpc::ByteBuffer in(&slice, 1), out;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::optional<grpc::Status> done;
+  stub.UnaryCall(ctx.get(), path, grpc::StubOptions(), &in, &out,
+                 [&](grpc::Status s) {
+                   std::lock_guard<std::mutex> lock(mu);
+                   done = s;
+                   cv.notify_all();
+                 });
+  std::unique_lock<std::mutex> lock(mu);
+  cv.wait(lock, [&] { return done.has_value(); });
+  return *done;
+}
+
 grpc::Status CallByName(grpc::GenericStub& stub,
                         const google::protobuf::MethodDescriptor& method,
                         const google::protobuf::Message& request) {
@@ -791,18 +814,7 @@ grpc::Status CallByName(grpc::GenericStub& stub,
                ? grpc::Status::OK
                : status;
   }
-  std::mutex mu;
-  std::condition_variable cv;
-  std::optional<grpc::Status> done;
-  stub.UnaryCall(ctx.get(), path, grpc::StubOptions(), &in, &out,
-                 [&](grpc::Status s) {
-                   std::lock_guard<std::mutex> lock(mu);
-                   done = s;
-                   cv.notify_all();
-                 });
-  std::unique_lock<std::mutex> lock(mu);
-  cv.wait(lock, [&] { return done.has_value(); });
-  return *done;
+  return UnaryByPath(stub, path, request.SerializeAsString());
 }
 
 TEST_F(NodeAgentTest, TheAgentServesEveryWorkerServiceMethod) {
@@ -853,21 +865,9 @@ TEST_F(NodeAgentTest, TheAgentServesEveryWorkerServiceMethod) {
   // service's method, which the agent must not pass on with its token.
   for (const char* path : {"/concord.v1.WorkerService/NoSuchMethod",
                            "/concord.v1.OperatorService/ListJobs"}) {
-    grpc::Slice slice(std::string{});
-    grpc::ByteBuffer in(&slice, 1), out;
-    std::mutex mu;
-    std::condition_variable cv;
-    std::optional<grpc::Status> done;
-    std::unique_ptr<grpc::ClientContext> ctx = Ctx(kWorkerToken);
-    through_agent.UnaryCall(ctx.get(), path, grpc::StubOptions(), &in, &out,
-                            [&](grpc::Status s) {
-                              std::lock_guard<std::mutex> lock(mu);
-                              done = s;
-                              cv.notify_all();
-                            });
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait(lock, [&] { return done.has_value(); });
-    EXPECT_EQ(done->error_code(), grpc::StatusCode::UNIMPLEMENTED) << path;
+    EXPECT_EQ(UnaryByPath(through_agent, path, "").error_code(),
+              grpc::StatusCode::UNIMPLEMENTED)
+        << path;
   }
   EXPECT_TRUE(Events("not-a-job").empty());  // no job was made
 }
