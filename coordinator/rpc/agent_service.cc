@@ -307,12 +307,12 @@ class NodeCall final
     for (v1::ExitResult& exited : *out.mutable_exited()) {
       *pending_joins_.add_exited() = std::move(exited);
     }
-    if (!writing()) Written();
+    if (!writing()) WriteQueued();
   }
 
   // With the host's mutex held and no write in flight: what is queued, in
   // one NodeUpdate.
-  void Written() override {
+  void WriteQueued() override {
     if (pending_views_.empty() && pending_joins_.joins_size() == 0 &&
         pending_joins_.heartbeats_size() == 0 &&
         pending_joins_.exited_size() == 0) {

@@ -28,7 +28,7 @@ inline bool Terminal(v1::JobState state) {
 // waiter (Poll re-asks the core under the host's mutex). Its fields are
 // guarded by the host's mutex and gRPC is called only through the host's
 // Defer. One write is in flight at a time (`current_`); what comes while it
-// is is queued by the stream itself and written by Written() when it
+// is is queued by the stream itself and written by WriteQueued() when it
 // completes. End() happens once, whichever way comes first: the core's
 // answer, an error, the host abandoning the waiter, the client cancelling
 // (lost = true) or a failed write (lost = true, the peer is gone); the
@@ -38,7 +38,7 @@ inline bool Terminal(v1::JobState state) {
 // `Reactor` is grpc::ServerWriteReactor<Update> or
 // grpc::ServerBidiReactor<Request, Update>. A subclass says what to stop
 // waiting for (StopWaiting), what ending means to the core (Ending) and
-// what to write next after a write (Written).
+// what to write next after a write (WriteQueued).
 template <typename Reactor, typename Update>
 class CoreStream : public Reactor, public CoreHost::Waiter {
  public:
@@ -55,7 +55,7 @@ class CoreStream : public Reactor, public CoreHost::Waiter {
           absl::CancelledError("the stream was closed"));
       return;
     }
-    Written();
+    WriteQueued();
   }
   void OnCancel() final {
     CoreHost::Lock lock(host_);
@@ -83,10 +83,12 @@ class CoreStream : public Reactor, public CoreHost::Waiter {
 
   // With the host's mutex held, each: the waiter registrations the host
   // still holds are cancelled; the core learns of the end (`lost` as End's);
-  // a write completed and the stream goes on.
+  // with no write in flight (a write completed, or something was queued),
+  // what is queued is written, if anything (with Write) — or the stream
+  // ends.
   virtual void StopWaiting() = 0;
   virtual void Ending(Core& core, bool lost) = 0;
-  virtual void Written() = 0;
+  virtual void WriteQueued() = 0;
 
   // With the host's mutex held and no write in flight.
   void Write(Update update) {

@@ -219,7 +219,7 @@ class WatchCall final
     }
     pending_.reset();
   }
-  void Written() override {
+  void WriteQueued() override {
     if (pending_.has_value()) {
       v1::MembershipUpdate next = *std::move(pending_);
       pending_.reset();
