@@ -101,6 +101,7 @@ worker::WorkerOptions Resolve(const JobOptions& o) {
   if (c.every()) w.checkpoint.every = *c.every();
   if (c.keep()) w.checkpoint.keep = *c.keep();
   if (c.resume()) w.checkpoint.resume = *c.resume();
+  if (c.overlap()) w.checkpoint.overlap = *c.overlap();
   if (auto st = checkpoint::Validate(w.checkpoint, "JobOptions::checkpoints.");
       !st.ok()) {
     ThrowInvalid(std::string(st.message()));

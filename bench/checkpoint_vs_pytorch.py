@@ -59,7 +59,12 @@ step only: the commit is outside it) is shown beside it.
 Goals (issue 30): Concord's stall <= 1.2 x memcpy and <= 1/20 of
 torch.save's (with fsync; without in parentheses); the disk tier's MB/s >=
 0.7 x dd's (oflag=direct conv=fsync); step time with checkpoints every 10
-steps <= 1.02 x without. Timings on a shared 2-core VM are noisy: the load
+steps <= 1.02 x without. The stall above is a snapshot copied whole during
+the step (what programs on the public API get unless they set
+CheckpointOptions::overlap); concord-train copies parameters and optimizer
+state while the next step's forward runs (see Note [Overlapped snapshots]), and
+its stall per checkpoint, from its log, is printed under the step time with
+its own goal line. Timings on a shared 2-core VM are noisy: the load
 average is printed before and after. Not a test; not registered with ctest.
 """
 
@@ -337,22 +342,31 @@ def step_time(args, widths, d):
                                                                 r.stdout.strip()[-2000:]))
             with open(metrics) as f:
                 m = json.load(f)
-            written = re.findall(r"checkpoint of step \d+ written .*\(([\d.]+) MB in ([\d.]+) s\)",
-                                 r.stdout)
+            written = re.findall(r"checkpoint of step \d+ written .*\(([\d.]+) MB in ([\d.]+) s; "
+                                 r"the training step's stall ([\d.]+) ms\)", r.stdout)
             run = {"median_ms": m["step_time_ms_median"], "mean_ms": m["step_time_ms_mean"],
                    "wall_ms": 1000.0 * args.train_batch / m["samples_per_second"],
                    "steps": m["optimizer_steps"], "written": len(written),
-                   "persist_s": median([float(s) for _, s in written])}
+                   "persist_s": median([float(s) for _, s, _ in written]),
+                   # The stall of each written checkpoint but the first (which
+                   # makes the region, as the micro-benchmark's "first") and
+                   # the last (the job's final one, which waits for the write
+                   # before it by design).
+                   "stall_ms": median([float(st) for _, _, st in written[1:-1]]),
+                   "stalls_ms": [float(st) for _, _, st in written]}
             runs[mode].append(run)
             log("  step time, run %d, checkpoints %-3s: wall %7.2f ms/step, median %7.2f ms, "
                 "mean %7.2f ms, %d steps%s" % (
                     i + 1, mode, run["wall_ms"], run["median_ms"], run["mean_ms"], run["steps"],
-                    ", %d checkpoints written (median %.2f s each)" % (
-                        run["written"], run["persist_s"]) if run["written"] else ""))
+                    ", %d checkpoints written (median %.2f s each), stalls %s ms" % (
+                        run["written"], run["persist_s"],
+                        " ".join("%.1f" % x for x in run["stalls_ms"]))
+                    if run["written"] else ""))
     out = {}
     for mode, rs in runs.items():
         out[mode] = {k: median([r[k] for r in rs if r[k] is not None])
-                     for k in ("median_ms", "mean_ms", "wall_ms", "steps", "written")}
+                     for k in ("median_ms", "mean_ms", "wall_ms", "steps", "written",
+                           "stall_ms")}
     return out
 
 
@@ -502,6 +516,21 @@ def main():
             "with / without", ratio, train["on"]["median_ms"] / train["off"]["median_ms"],
             train["on"]["mean_ms"] / train["off"]["mean_ms"], verdict(ratio <= 1.02)))
         goals.append(("step time with checkpoints <= 1.02 x without", ratio <= 1.02))
+        # concord-train overlaps the snapshot's copy of parameters and
+        # optimizer state with the next step (see Note [Overlapped snapshots]):
+        # its stall, from the persister's log, against the same size's
+        # torch.save.
+        match = [r for r in results if r["size"] == train["size"]]
+        stall = train["on"].get("stall_ms")
+        if match and stall is not None:
+            ts, c = match[0]["torch_save"], match[0]["concord"]
+            vs_save = stall / 1e3 / ts["save_fsync_s"]
+            log("concord-train's stall per checkpoint (overlapped copy, median of the checkpoints "
+                "but the first and the last): %.2f ms; %.2f x memcpy, %.4f of torch.save +fsync (%.4f "
+                "without): %s" % (stall, stall / 1e3 / c["memcpy_s"], vs_save,
+                                  stall / 1e3 / ts["save_s"], verdict(vs_save <= 0.05)))
+            goals.append(("%g M: overlapped stall (concord-train) <= 1/20 of torch.save" %
+                          train["size"], vs_save <= 0.05))
 
     log("\nGoals")
     for name, ok in goals:

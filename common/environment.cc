@@ -38,6 +38,7 @@ const std::vector<const Variable*>& All() {
       &kCheckpointEvery,
       &kCheckpointKeep,
       &kCheckpointResume,
+      &kCheckpointOverlap,
       &kCheckpointMemory,
       &kTestFault,
       &kTestCheckpointFault,

@@ -180,6 +180,12 @@ inline constexpr Variable kCheckpointResume = Int(
     "CONCORD_CHECKPOINT_RESUME", "0|1", 1, 0, 1,
     "resume from the newest checkpoint when no member holds the job's state",
     SetBy::kLauncher);
+inline constexpr Variable kCheckpointOverlap = Int(
+    "CONCORD_CHECKPOINT_OVERLAP", "0|1", 0, 0, 1,
+    "copy parameters and optimizer state into the snapshot while the next "
+    "step's forward runs (the program writes them only in an optimizer step "
+    "after a backward)",
+    SetBy::kUser);
 inline constexpr Variable kCheckpointMemory =
     Text("CONCORD_CHECKPOINT_MEMORY", "path", "",
          "the node agent's shared-memory file for this node's snapshot",

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <csignal>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -261,6 +262,13 @@ Prepared Prepare(const Flags& flags) {
   if (flags.checkpoint_every) checkpoints.every(*flags.checkpoint_every);
   if (flags.checkpoint_keep) checkpoints.keep(*flags.checkpoint_keep);
   if (flags.no_resume) checkpoints.resume(false);
+  // Its own loop writes parameters and optimizer state only in the
+  // optimizer's step, after the backward: see Note [Overlapped snapshots].
+  // CONCORD_CHECKPOINT_OVERLAP=0 says otherwise.
+  if (std::getenv(std::string(concord::env::kCheckpointOverlap.name).c_str()) ==
+      nullptr) {
+    checkpoints.overlap(true);
+  }
   in.job.checkpoints(checkpoints);
   return in;
 }

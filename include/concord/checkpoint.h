@@ -20,7 +20,7 @@
 // Rank 0 writes (the state of a data-parallel job is the same on every
 // rank); every rank reads. The write is synchronous (a plain loop has no
 // commit to copy at): run_elastic's checkpoints cost the step one memory
-// copy instead.
+// copy instead, or less with CheckpointOptions::overlap.
 
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>

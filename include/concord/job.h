@@ -67,6 +67,15 @@ struct CheckpointOptions {
   // on from the newest checkpoint (CONCORD_CHECKPOINT_RESUME; default
   // true).
   TORCH_ARG(std::optional<bool>, resume);
+  // Whether parameters and optimizer state are copied into the memory
+  // snapshot while the next step's forward runs rather than during the
+  // commit (CONCORD_CHECKPOINT_OVERLAP; default false): the commit then
+  // stalls only for the buffers and the user's values. Only for a step that
+  // writes parameters and optimizer state in an optimizer step after its
+  // backward (not, say, weights clamped before the forward: an in-place
+  // write caught there drops that checkpoint, and later ones are copied
+  // during the commit; one through .data() is not caught).
+  TORCH_ARG(std::optional<bool>, overlap);
 };
 
 // What a Job joins. Unset fields come from the environment, then from the

@@ -153,6 +153,12 @@ def reference(ctx):
                        env={"CONCORD_TEST_MIN_STEP_MS": "10"})
         rc = p.wait(RUN_TIMEOUT)
         ctx.checks.check(rc == 0, "reference: the uninterrupted run exits 0", p.describe())
+        # concord-train overlaps each snapshot's copy with the next step (see
+        # Note [Overlapped snapshots]): fenced before the optimizer writes, none is
+        # ever dropped as torn.
+        dropped = re.findall(r"checkpoint of step \d+ dropped[^\n]*", p.stderr())
+        ctx.checks.check(not dropped, "reference: no overlapped snapshot dropped",
+                         "\n".join(dropped[:3]))
         ctx.ref = (rd, os.path.join(ctx.tmp, "ck-ref"))
     return ctx.ref
 

@@ -450,6 +450,111 @@ TEST(CheckpointMemoryTest, ASnapshotThatCannotFitKeepsTheLastOne) {
   ExpectSameContent(*read, small);
 }
 
+// ---- overlapped snapshots (see Note [Overlapped snapshots]) -----------------
+
+// The tensors of `content` that Stage may leave live: the module's float
+// parameter and the optimizer's moments.
+std::vector<at::Tensor> Deferrable(const Content& content) {
+  return {content.modules[0].second[0].second,
+          content.optimizers[0].state[0].second[1].second,
+          content.optimizers[0].state[0].second[2].second};
+}
+
+// Stage clones everything but the deferred tensors; BeginSnapshot copies
+// into the region and leaves it unreadable until FinishSnapshot publishes it.
+TEST(CheckpointOverlapTest, StagedThenPublishedAtTheFinish) {
+  absl::StatusOr<std::unique_ptr<Region>> region = Region::Open("");
+  ASSERT_TRUE(region.ok()) << region.status();
+  const Content content = SampleContent(5, 1 << 12);
+  const std::vector<at::Tensor> deferred = Deferrable(content);
+  Staged staged = Stage(content, deferred);
+  ASSERT_EQ(staged.live.size(), 3u);
+  EXPECT_TRUE(staged.content.modules[0].second[0].second.is_same(deferred[0]));
+  EXPECT_TRUE(staged.content.optimizers[0].state[0].second[2].second.is_same(
+      deferred[2]));
+  // The rest are copies: the step may write the live ones.
+  EXPECT_FALSE(staged.content.modules[0].second[2].second.is_same(
+      content.modules[0].second[2].second));
+  EXPECT_FALSE(staged.content.extra[0].second.is_same(content.extra[0].second));
+  ExpectSameContent(staged.content, content);
+
+  PendingSnapshot pending;
+  absl::StatusOr<WriteResult> w =
+      BeginSnapshot(**region, staged.content, kJob, true, &pending);
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(*w, WriteResult::kWritten);
+  EXPECT_EQ((*region)->header().state.load(), RegionHeader::kWriting);
+  EXPECT_TRUE(absl::IsNotFound(ReadSnapshot(**region).status()));
+  absl::StatusOr<int64_t> step = FinishSnapshot(pending, 0.002, staged.live);
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_EQ(*step, 5);
+  EXPECT_EQ((*region)->header().stall_ns, 2000000u);
+  absl::StatusOr<Content> read = ReadSnapshot(**region);
+  ASSERT_TRUE(read.ok()) << read.status();
+  ExpectSameContent(*read, content);
+}
+
+// A live tensor written in place before the finish: the snapshot may be
+// torn, and it is dropped, never published.
+TEST(CheckpointOverlapTest, ALiveTensorWrittenBeforeTheFinishDropsIt) {
+  absl::StatusOr<std::unique_ptr<Region>> region = Region::Open("");
+  ASSERT_TRUE(region.ok()) << region.status();
+  ASSERT_TRUE(WriteSnapshot(**region, SampleContent(4), kJob, false).ok());
+  Content content = SampleContent(5, 1 << 12);
+  Staged staged = Stage(content, Deferrable(content));
+  PendingSnapshot pending;
+  ASSERT_TRUE(
+      BeginSnapshot(**region, staged.content, kJob, true, &pending).ok());
+  content.optimizers[0].state[0].second[1].second.add_(1.0);
+  absl::StatusOr<int64_t> step = FinishSnapshot(pending, 0.001, staged.live);
+  EXPECT_TRUE(absl::IsAborted(step.status())) << step.status();
+  EXPECT_THAT(std::string(step.status().message()),
+              HasSubstr("written in place"));
+  EXPECT_EQ((*region)->header().state.load(), RegionHeader::kEmpty);
+  EXPECT_TRUE(absl::IsNotFound(ReadSnapshot(**region).status()));
+}
+
+// The checkpointer with Config::overlap: a snapshot is complete at its
+// Fence; one whose live tensor was written is dropped and overlapping stops
+// (later ones are complete when Save returns).
+TEST(CheckpointOverlapTest, TheCheckpointerCompletesAtTheFence) {
+  TempDir dir;
+  Config config;
+  config.dir = dir.path();
+  config.every = 1;
+  config.overlap = true;
+  absl::StatusOr<std::unique_ptr<Checkpointer>> c =
+      Checkpointer::Create(config, kJob);
+  ASSERT_TRUE(c.ok()) << c.status();
+  (*c)->SetRole(/*writes_memory=*/true, /*persists=*/false);
+  std::vector<int64_t> completed;
+  (*c)->OnSaved([&](const Counters& k) { completed.push_back(k.step); });
+
+  Content content = SampleContent(5, 1 << 16);
+  (*c)->Save(content, false, Deferrable(content));
+  EXPECT_EQ((*c)->saved(), 0);
+  EXPECT_TRUE(completed.empty());
+  (*c)->Fence();
+  EXPECT_EQ((*c)->saved(), 1);
+  EXPECT_EQ(completed, std::vector<int64_t>({5}));
+  std::optional<Candidate> got = (*c)->FindCandidate(false);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->step, 5);
+  ExpectSameContent(got->content, content);
+
+  content = SampleContent(6, 1 << 16);
+  (*c)->Save(content, false, Deferrable(content));
+  content.modules[0].second[0].second.mul_(2.0);  // before the backward
+  (*c)->Fence();
+  EXPECT_EQ((*c)->saved(), 1);
+  EXPECT_FALSE((*c)->FindCandidate(false).has_value());
+
+  content = SampleContent(7, 1 << 16);
+  (*c)->Save(content, false, Deferrable(content));
+  EXPECT_EQ((*c)->saved(), 2);  // copied during the step
+  EXPECT_EQ(completed, std::vector<int64_t>({5, 7}));
+}
+
 // ---- the resume source (see Note [Resume source] in coordinator/core/core.h)
 // ------------------------------------------------------------
 

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <system_error>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -24,46 +25,110 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Create(
 }
 
 Checkpointer::~Checkpointer() {
+  Fence();
   if (persister_ != nullptr) persister_->Flush();
 }
 
-void Checkpointer::Save(const Content& content, bool wait) {
+void Checkpointer::Save(const Content& content, bool wait,
+                        const std::vector<at::Tensor>& deferred) {
   if (!writes_memory_) return;
+  Fence();
   const auto start = std::chrono::steady_clock::now();
+  const auto since_start = [&start] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                         start)
+        .count();
+  };
+  if (config_.overlap && !wait && !overlap_off_ && !deferred.empty()) {
+    // See Note [Overlapped snapshots].
+    Staged staged = Stage(content, deferred);
+    live_ = std::move(staged.live);
+    pending_counters_ = content.counters;
+    pending_stall_ = since_start();
+    try {
+      copier_ = std::thread(
+          [this, persist = persists_, staged = std::move(staged.content)] {
+            copied_ = BeginSnapshot(*region_, staged, job_, persist, &pending_);
+          });
+      copying_.store(true, std::memory_order_release);
+      return;
+    } catch (const std::system_error&) {
+      live_.clear();  // no thread to be had: copied here, below
+    }
+  }
+  PendingSnapshot pending;
   absl::StatusOr<WriteResult> r;
   for (;;) {
-    r = WriteSnapshot(*region_, content, job_, persists_);
+    r = BeginSnapshot(*region_, content, job_, persists_, &pending);
     if (!wait || !r.ok() || *r != WriteResult::kSkippedBusy ||
         std::chrono::steady_clock::now() - start > std::chrono::minutes(5)) {
       break;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  last_stall_ =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-          .count();
-  if (!r.ok()) {
-    const std::string error(r.status().message());
-    if (error != last_error_) {
-      Log()->warn("checkpoint of step {} not taken: {}", content.counters.step,
-                  error);
-    }
-    last_error_ = error;
+  Finish(r, pending, {}, content.counters, since_start());
+}
+
+void Checkpointer::Fence() {
+  if (!copying_.load(std::memory_order_acquire)) return;
+  const auto start = std::chrono::steady_clock::now();
+  copier_.join();
+  copying_.store(false, std::memory_order_release);
+  const Versions live = std::move(live_);
+  live_.clear();
+  Finish(copied_, pending_, live, pending_counters_,
+         pending_stall_ + std::chrono::duration<double>(
+                              std::chrono::steady_clock::now() - start)
+                              .count());
+}
+
+void Checkpointer::Finish(const absl::StatusOr<WriteResult>& copied,
+                          const PendingSnapshot& pending, const Versions& live,
+                          const Counters& counters, double stall) {
+  last_stall_ = stall;
+  if (!copied.ok()) {
+    Warn(counters.step, std::string(copied.status().message()));
     return;
   }
-  if (*r == WriteResult::kSkippedBusy) {
+  if (*copied == WriteResult::kSkippedBusy) {
     ++skipped_;
     Log()->debug(
         "checkpoint of step {} skipped: the last one is still being written",
-        content.counters.step);
+        counters.step);
+    return;
+  }
+  Complete(FinishSnapshot(pending, stall, live), counters);
+}
+
+void Checkpointer::Complete(const absl::StatusOr<int64_t>& finished,
+                            const Counters& counters) {
+  if (!finished.ok()) {
+    if (absl::IsAborted(finished.status())) {
+      overlap_off_ = true;
+      Log()->warn(
+          "checkpoint of step {} dropped: {}; from now on every snapshot is "
+          "copied during its step",
+          counters.step, std::string(finished.status().message()));
+      return;
+    }
+    Warn(counters.step, std::string(finished.status().message()));
     return;
   }
   ++saved_;
-  last_saved_ = content.counters;
+  last_saved_ = counters;
+  if (on_saved_) on_saved_(counters);
+}
+
+void Checkpointer::Warn(int64_t step, const std::string& error) {
+  if (error != last_error_) {
+    Log()->warn("checkpoint of step {} not taken: {}", step, error);
+  }
+  last_error_ = error;
 }
 
 std::optional<Candidate> Checkpointer::FindCandidate(
     bool disk, const std::optional<Named>& named) {
+  Fence();  // this worker's own snapshot, complete
   std::optional<Candidate> best;
   absl::StatusOr<Content> memory = ReadSnapshot(*region_);
   if (memory.ok()) {

@@ -1,10 +1,13 @@
 #pragma once
 // A worker's side of durable checkpoints.
 
+#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -80,8 +83,24 @@ class Checkpointer {
   // once, never returned: training goes on without that checkpoint. A
   // checkpoint that falls due while the last one is still being written is
   // skipped, unless `wait` (training is over: the job's last commit waits
-  // for the write before it, at most 5 minutes).
-  void Save(const Content& content, bool wait = false);
+  // for the write before it, at most 5 minutes). With Config::overlap and
+  // not `wait`, the CPU tensors among `deferred` (parameters and optimizer
+  // state) are copied on a thread of their own while the next step runs, and
+  // the snapshot is complete at the Fence that joins it (see Note [Overlapped
+  // snapshots] in worker/checkpoint/memory.h).
+  void Save(const Content& content, bool wait = false,
+            const std::vector<at::Tensor>& deferred = {});
+  // Waits for an overlapped snapshot's copy and publishes it; drops it when
+  // a deferred tensor was written meanwhile (one warning line; later
+  // snapshots copy everything during their step). Call before anything may
+  // write a parameter or the optimizer's state; cheap when no copy is in
+  // flight. Not concurrently with Save.
+  void Fence();
+  // Runs when a snapshot is complete: in Save, or in the Fence that ends its
+  // copy.
+  void OnSaved(std::function<void(const Counters&)> callback) {
+    on_saved_ = std::move(callback);
+  }
   // The counters of the last snapshot this worker copied into the region
   // (step -1: none).
   const Counters& last_saved() const { return last_saved_; }
@@ -101,12 +120,22 @@ class Checkpointer {
   int64_t saved() const { return saved_; }
   bool persists() const { return persists_; }
   int64_t skipped() const { return skipped_; }
-  // The last Save's stall (seconds).
+  // The last complete snapshot's stall (seconds): its copy during the step,
+  // and an overlapped one's wait at its Fence.
   double last_stall() const { return last_stall_; }
 
  private:
   Checkpointer(Config config, std::string job)
       : config_(std::move(config)), job_(std::move(job)) {}
+  // Publishes what BeginSnapshot `copied` into the region (or counts it
+  // skipped, or warns), then Complete.
+  void Finish(const absl::StatusOr<WriteResult>& copied,
+              const PendingSnapshot& pending, const Versions& live,
+              const Counters& counters, double stall);
+  // Bookkeeping of a snapshot FinishSnapshot ended.
+  void Complete(const absl::StatusOr<int64_t>& finished,
+                const Counters& counters);
+  void Warn(int64_t step, const std::string& error);
 
   const Config config_;
   const std::string job_;
@@ -121,6 +150,19 @@ class Checkpointer {
   int64_t skipped_ = 0;
   double last_stall_ = 0;
   std::string last_error_;
+  std::function<void(const Counters&)> on_saved_;
+  // An overlapped snapshot in flight: the thread writing it into the region
+  // (BeginSnapshot's result and what FinishSnapshot publishes), its live
+  // tensors' versions, its counters and its stall so far (Stage's).
+  std::atomic<bool> copying_{false};
+  std::thread copier_;
+  absl::StatusOr<WriteResult> copied_ = WriteResult::kWritten;
+  PendingSnapshot pending_;
+  Versions live_;
+  Counters pending_counters_;
+  double pending_stall_ = 0;
+  // A dropped overlapped snapshot turns overlapping off.
+  bool overlap_off_ = false;
 };
 
 }  // namespace concord::checkpoint

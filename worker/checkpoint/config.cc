@@ -40,11 +40,13 @@ absl::StatusOr<Config> FromEnvironment() {
   Config c;
   c.dir = env::Get(env::kCheckpointDir);
   CONCORD_RETURN_IF_ERROR(env::GetInt(env::kCheckpointEvery, &c.every));
-  int64_t keep = 0, resume = 0;
+  int64_t keep = 0, resume = 0, overlap = 0;
   CONCORD_RETURN_IF_ERROR(env::GetInt(env::kCheckpointKeep, &keep));
   c.keep = static_cast<int>(keep);
   CONCORD_RETURN_IF_ERROR(env::GetInt(env::kCheckpointResume, &resume));
   c.resume = resume == 1;
+  CONCORD_RETURN_IF_ERROR(env::GetInt(env::kCheckpointOverlap, &overlap));
+  c.overlap = overlap == 1;
   c.memory = env::Get(env::kCheckpointMemory);
   CONCORD_ASSIGN_OR_RETURN(c.test_crash, TestCrashFromEnvironment());
   CONCORD_RETURN_IF_ERROR(Validate(c, "CONCORD_CHECKPOINT_"));
@@ -81,6 +83,9 @@ std::vector<std::string> ToEnvironment(const Config& config) {
       env::Assign(env::kCheckpointEvery, absl::StrCat(config.every)),
       env::Assign(env::kCheckpointKeep, absl::StrCat(config.keep)),
       env::Assign(env::kCheckpointResume, config.resume ? "1" : "0")};
+  if (config.overlap) {
+    assignments.push_back(env::Assign(env::kCheckpointOverlap, "1"));
+  }
   if (!config.memory.empty()) {
     assignments.push_back(env::Assign(env::kCheckpointMemory, config.memory));
   }

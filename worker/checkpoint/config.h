@@ -46,6 +46,11 @@ struct Config {
   // Whether a generation whose members hold no committed step goes on from
   // the newest checkpoint (--no-resume: false).
   bool resume = true;
+  // Parameters and optimizer state copied into the memory snapshot during
+  // the next step (see Note [Overlapped snapshots] in
+  // worker/checkpoint/memory.h): for programs that write them only in an
+  // optimizer step after a backward.
+  bool overlap = false;
   // The node agent's shared-memory file for this node's snapshot
   // (concord-run sets it; the agent writes it to disk). Empty: the worker
   // keeps its snapshot in its own memory and writes it itself.
@@ -62,7 +67,8 @@ struct Config {
 absl::Status Validate(const Config& config, const std::string& prefix);
 
 // CONCORD_CHECKPOINT_DIR, CONCORD_CHECKPOINT_EVERY, CONCORD_CHECKPOINT_KEEP,
-// CONCORD_CHECKPOINT_RESUME (0 or 1) and CONCORD_CHECKPOINT_MEMORY
+// CONCORD_CHECKPOINT_RESUME and CONCORD_CHECKPOINT_OVERLAP (0 or 1) and
+// CONCORD_CHECKPOINT_MEMORY
 // (common/environment.h). INVALID_ARGUMENT names the variable that is
 // malformed.
 absl::StatusOr<Config> FromEnvironment();

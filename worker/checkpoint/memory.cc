@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <unordered_set>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -21,11 +22,10 @@ size_t Aligned(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 }  // namespace
 
-absl::StatusOr<WriteResult> WriteSnapshot(Region& region,
+absl::StatusOr<WriteResult> BeginSnapshot(Region& region,
                                           const Content& content,
-                                          const std::string& job,
-                                          bool persist) {
-  const auto start = std::chrono::steady_clock::now();
+                                          const std::string& job, bool persist,
+                                          PendingSnapshot* pending) {
   Flat flat = Flatten(content);
   nlohmann::json table = nlohmann::json::array();
   size_t offset = 0;
@@ -86,14 +86,65 @@ absl::StatusOr<WriteResult> WriteSnapshot(Region& region,
   h->persist = persist ? 1 : 0;
   std::memset(h->job, 0, sizeof(h->job));
   std::memcpy(h->job, job.data(), std::min(job.size(), sizeof(h->job) - 1));
-  h->stall_ns = static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(
-          std::chrono::steady_clock::now() - start)
-          .count());
+  *pending = PendingSnapshot{&region, content.counters.step};
+  return WriteResult::kWritten;
+}
+
+absl::StatusOr<int64_t> FinishSnapshot(const PendingSnapshot& pending,
+                                       double stall_seconds,
+                                       const Versions& live) {
+  RegionHeader* h = &pending.region->header();
+  for (const auto& [t, version] : live) {
+    if (t._version() != version) {
+      h->state.store(RegionHeader::kEmpty, std::memory_order_release);
+      return absl::AbortedError(absl::StrCat(
+          "a tensor of ", DescribeTensor(t),
+          " was written in place between the commit and the end of its "
+          "copy"));
+    }
+  }
+  h->stall_ns = static_cast<uint64_t>(stall_seconds * 1e9);
   h->sequence.fetch_add(1, std::memory_order_acq_rel);
   h->state.store(RegionHeader::kReady, std::memory_order_release);
-  region.Ring();  // the persister, in this process or the node agent's
+  pending.region->Ring();  // the persister, in this process or the agent's
+  return pending.step;
+}
+
+absl::StatusOr<WriteResult> WriteSnapshot(Region& region,
+                                          const Content& content,
+                                          const std::string& job,
+                                          bool persist) {
+  const auto start = std::chrono::steady_clock::now();
+  PendingSnapshot pending;
+  CONCORD_ASSIGN_OR_RETURN(
+      const WriteResult r,
+      BeginSnapshot(region, content, job, persist, &pending));
+  if (r != WriteResult::kWritten) return r;
+  const double stall =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+  CONCORD_RETURN_IF_ERROR(FinishSnapshot(pending, stall).status());
   return WriteResult::kWritten;
+}
+
+Staged Stage(const Content& content, const std::vector<at::Tensor>& deferred) {
+  std::unordered_set<const c10::TensorImpl*> later;
+  for (const at::Tensor& t : deferred) later.insert(t.unsafeGetTensorImpl());
+  Flat flat = Flatten(content);
+  Staged staged;
+  torch::NoGradGuard no_grad;
+  for (at::Tensor& t : flat.tensors) {
+    if (t.device().is_cpu() && later.count(t.unsafeGetTensorImpl()) > 0) {
+      staged.live.emplace_back(t, t._version());
+    } else {
+      t = t.to(torch::kCPU, /*non_blocking=*/false, /*copy=*/true);
+    }
+  }
+  absl::StatusOr<Content> unflat = Unflatten(flat.skeleton, flat.tensors);
+  // Flatten's own skeleton always unflattens.
+  TORCH_INTERNAL_ASSERT(unflat.ok(), std::string(unflat.status().message()));
+  staged.content = *std::move(unflat);
+  return staged;
 }
 
 absl::StatusOr<Content> ReadSnapshot(Region& region) {

@@ -30,7 +30,10 @@
 // address-free on the platforms Concord runs on, so the header's atomics
 // work across processes.
 
+#include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "worker/checkpoint/content.h"
@@ -48,6 +51,61 @@ enum class WriteResult { kWritten, kSkippedBusy };
 absl::StatusOr<WriteResult> WriteSnapshot(Region& region,
                                           const Content& content,
                                           const std::string& job, bool persist);
+
+// Note [Overlapped snapshots]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A snapshot's copy need not stall the step that follows the commit: until
+// that step's optimizer writes them, the parameters and the optimizer's
+// state are only read (the forward and the backward read parameters; they
+// write activations, gradients and buffers). As CheckFreq (FAST 2021) does,
+// an overlapped snapshot stalls the step only for Stage, which clones
+// everything else (the buffers, the user's values, the RNG's state, every
+// tensor not on the CPU), and a thread of its own then writes the region
+// (BeginSnapshot: growing it the first time, and copying the live
+// parameters and optimizer state) while the next step's forward runs. The
+// training thread joins that thread and publishes the snapshot
+// (FinishSnapshot) before anything may write those tensors: at the first
+// gradient of the next backward, before a re-form or a resume changes them,
+// and before the next snapshot. The region says kWriting until then (a
+// worker that dies meanwhile leaves a torn snapshot: never read).
+// FinishSnapshot compares each live tensor's version counter with the one it
+// had at Stage: an in-place write in between (a program that clamps its
+// weights before its forward) means the copy may be torn, and the snapshot
+// is dropped (the region says kEmpty), never published. A write through
+// .data() keeps no version and is not seen: hence overlapping is an option
+// (CheckpointOptions::overlap) for programs that write parameters only in an
+// optimizer step after a backward.
+
+// The live tensors of a staged content and their version counters then.
+using Versions = std::vector<std::pair<at::Tensor, uint32_t>>;
+struct Staged {
+  Content content;
+  Versions live;
+};
+// `content` with every tensor cloned but the CPU tensors among `deferred`
+// (compared by identity), which stay the live tensors: an overlapped
+// snapshot's stall.
+Staged Stage(const Content& content, const std::vector<at::Tensor>& deferred);
+
+// A snapshot copied into its region and not yet published.
+struct PendingSnapshot {
+  Region* region = nullptr;
+  int64_t step = 0;
+};
+// WriteSnapshot but the publishing: claims `region`, grows it if need be and
+// copies `content` in; `pending` says what FinishSnapshot publishes. The
+// region says kWriting until then.
+absl::StatusOr<WriteResult> BeginSnapshot(Region& region,
+                                          const Content& content,
+                                          const std::string& job, bool persist,
+                                          PendingSnapshot* pending);
+// Publishes what BeginSnapshot copied as complete (kReady, the persister
+// rung) with `stall_seconds` as its stall, and returns its step; ABORTED
+// naming a tensor of `live` written since its Stage (the snapshot is
+// dropped: see the Note).
+absl::StatusOr<int64_t> FinishSnapshot(const PendingSnapshot& pending,
+                                       double stall_seconds,
+                                       const Versions& live = {});
 
 // The complete snapshot in `region` (its tensors are views of the region:
 // valid while it is mapped and nobody writes it). NOT_FOUND when it holds

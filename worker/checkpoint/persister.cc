@@ -128,8 +128,11 @@ bool Persister::PersistOnce() {
                     failing_);
       }
       failing_ = 0;
-      Log()->info("checkpoint of step {} written to {} ({:.1f} MB in {:.2f} s)",
-                  step, written->path, written->bytes / 1e6, written->seconds);
+      Log()->info(
+          "checkpoint of step {} written to {} ({:.1f} MB in {:.2f} s; the "
+          "training step's stall {:.1f} ms)",
+          step, written->path, written->bytes / 1e6, written->seconds,
+          report.stall_seconds * 1e3);
     } else {
       ++stats_.failed;
       stats_.last_error = std::string(written.status().message());

@@ -169,6 +169,12 @@ class Engine {
   void SetBackwardObserver(std::function<void()> observer) {
     reducer_->SetLaunchObserver(std::move(observer));
   }
+  // Called at each parameter's gradient of every backward, before the
+  // gradient is used (Reducer::SetGradientObserver): nothing has written a
+  // parameter since the forward yet.
+  void SetGradientObserver(std::function<void()> observer) {
+    reducer_->SetGradientObserver(std::move(observer));
+  }
 
   // Trainable parameters, in the module's order (what the optimizer takes).
   const std::vector<torch::Tensor>& parameters() const { return params_; }

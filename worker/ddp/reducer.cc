@@ -356,6 +356,7 @@ void Reducer::MarkForwardDone() {
 }
 
 void Reducer::OnGradReady(size_t param, const at::Tensor& grad) {
+  if (gradient_observer_) gradient_observer_();
   if (!armed_) return;  // not a synchronised backward: accumulate locally
   Slot& slot = slots_[param];
   if (slot.ready) {

@@ -172,6 +172,12 @@ class Reducer {
   void SetLaunchObserver(std::function<void()> observer) {
     launch_observer_ = std::move(observer);
   }
+  // Called on the autograd thread at every parameter's gradient of every
+  // backward, synchronised or not, before the gradient is used; kept across
+  // Rebind. Null: none. Call between iterations.
+  void SetGradientObserver(std::function<void()> observer) {
+    gradient_observer_ = std::move(observer);
+  }
 
   std::vector<BucketInfo> buckets() const;
   int64_t iterations() const { return stats_.iterations; }
@@ -211,6 +217,7 @@ class Reducer {
   ReducerOptions options_;
   CommHook hook_;
   std::function<void()> launch_observer_;
+  std::function<void()> gradient_observer_;
   double divisor_ = 1.0;     // SetGradientDivisor
   double pre_scale_ = 1.0;   // applied while copying into the bucket
   double post_scale_ = 1.0;  // applied after the allreduce

@@ -46,6 +46,11 @@ State::State(worker::Session* session, ddp::Engine* ddp,
   AddOptimizer("optimizer", optimizer);
 }
 
+State::~State() {
+  for (const Model& m : models_) m.engine->SetGradientObserver(nullptr);
+  FenceCheckpoint();
+}
+
 void State::AddModel(const std::string& name, ddp::Engine* ddp) {
   models_.push_back(Model{name, ddp});
   for (const auto& b : ddp->AllBuffers()) {
@@ -55,6 +60,9 @@ void State::AddModel(const std::string& name, ddp::Engine* ddp) {
   // See Note [Elastic step]: an optimizer may step only once the step's
   // collectives are known to have succeeded.
   ddp->SetBlockingWait(true);
+  // See Note [Overlapped snapshots]: nothing writes a parameter before its
+  // gradient exists.
+  ddp->SetGradientObserver([this] { FenceCheckpoint(); });
 }
 
 void State::AddOptimizer(const std::string& name,
@@ -171,18 +179,32 @@ void State::TakeCheckpoint(bool wait) {
       gathered.emplace_back(absl::StrCat(a.name, "/", key), std::move(t));
     }
   }
+  checkpointer_->Fence();  // the last one counted in last_saved
   const checkpoint::Counters& last = checkpointer_->last_saved();
   if (last.step == committed_.step && last.epoch == committed_.epoch &&
       last.position == committed_.position) {
     return;  // SaveFinal: this is the newest already
   }
-  const int64_t saved = checkpointer_->saved();
-  checkpointer_->Save(Capture(std::move(gathered)), wait);
-  const auto& history = session_->history();
-  if (history && checkpointer_->saved() > saved) {
-    history->Checkpoint(session_->generation(), committed_.step,
-                        committed_.epoch, checkpointer_->persists());
+  checkpoint::Content content = Capture(std::move(gathered));
+  // See Note [Overlapped snapshots]: parameters and optimizer state may be
+  // copied while the next step's forward runs.
+  std::vector<torch::Tensor> deferred;
+  if (checkpointer_->config().overlap) {
+    for (const Model& m : models_) {
+      const auto& params = m.engine->parameters();
+      deferred.insert(deferred.end(), params.begin(), params.end());
+    }
+    for (const checkpoint::OptimizerContent& o : content.optimizers) {
+      for (const auto& [index, tensors] : o.state) {
+        for (const auto& [name, t] : tensors) deferred.push_back(t);
+      }
+    }
   }
+  checkpointer_->Save(content, wait, deferred);
+}
+
+void State::FenceCheckpoint() {
+  if (checkpointer_ != nullptr) checkpointer_->Fence();
 }
 
 checkpoint::Content State::Capture(NamedTensors participants) const {
@@ -264,6 +286,12 @@ absl::Status State::SyncCheckpoints(int* root) {
           absl::StrCat("checkpoints: ", made.status().message()));
     }
     checkpointer_ = *std::move(made);
+    checkpointer_->OnSaved([this](const checkpoint::Counters& saved) {
+      if (const auto& history = session_->history()) {
+        history->Checkpoint(saved.generation, saved.step, saved.epoch,
+                            checkpointer_->persists());
+      }
+    });
   }
   std::shared_ptr<comm::Communicator> comm = session_->shared_communicator();
   comm::CollectiveOptions opts;
@@ -379,6 +407,7 @@ absl::Status State::SyncCheckpoints(int* root) {
 }
 
 void State::Restore() {
+  FenceCheckpoint();  // before the optimizer's state is put back
   step = committed_.step;
   epoch = committed_.epoch;
   position = committed_.position;
@@ -480,6 +509,7 @@ absl::Status State::SyncPayload(int root) {
 }
 
 absl::Status State::Sync() {
+  FenceCheckpoint();  // before a broadcast writes the parameters
   int root = session_->authoritative_rank();
   CONCORD_RETURN_IF_ERROR(SyncCheckpoints(&root));
   for (const Model& m : models_) {
@@ -553,6 +583,7 @@ absl::StatusOr<StepDecision> State::BeginStep(bool has_data, bool admit) {
 }
 
 absl::Status State::Reform(const std::string& reason, bool restore) {
+  FenceCheckpoint();
   const auto previous = session_->shared_communicator();
   const int previous_world = previous ? previous->size() : 0;
   ReformRecord record;

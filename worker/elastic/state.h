@@ -131,6 +131,11 @@ class State {
   // One module and its optimizer ("model", "optimizer").
   State(worker::Session* session, ddp::Engine* ddp,
         torch::optim::Optimizer* optimizer, ElasticOptions options = {});
+  // Takes its gradient observer off the modules (they outlive it) and ends
+  // an overlapped snapshot's copy.
+  ~State();
+  State(const State&) = delete;
+  State& operator=(const State&) = delete;
 
   // Note [Several models]
   // ~~~~~~~~~~~~~~~~~~~~~
@@ -318,6 +323,10 @@ class State {
   void TakeCheckpoint(bool wait);
   // See Note [Checkpoints]: the committed state as a checkpoint's content, and
   // putting one in place (FAILED_PRECONDITION naming what does not fit).
+  // Waits for an overlapped snapshot's copy (see Note [Overlapped
+  // snapshots] in worker/checkpoint/memory.h): before anything writes a
+  // parameter or the optimizer's state.
+  void FenceCheckpoint();
   checkpoint::Content Capture(NamedTensors participants) const;
   absl::Status Apply(const checkpoint::Content& content);
   // See Note [Checkpoints]: at a Sync, who writes the node's snapshot, and
