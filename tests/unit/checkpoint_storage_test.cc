@@ -450,6 +450,19 @@ TEST(CheckpointMemoryTest, ASnapshotThatCannotFitKeepsTheLastOne) {
   ExpectSameContent(*read, small);
 }
 
+// A checkpointer of job kJob writing into `dir` (no node agent).
+std::unique_ptr<Checkpointer> MakeCheckpointer(const TempDir& dir,
+                                               bool overlap = false) {
+  Config config;
+  config.dir = dir.path();
+  config.every = 10;
+  config.overlap = overlap;
+  absl::StatusOr<std::unique_ptr<Checkpointer>> c =
+      Checkpointer::Create(config, kJob);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? *std::move(c) : nullptr;
+}
+
 // ---- overlapped snapshots (see Note [Overlapped snapshots]) -----------------
 
 // The tensors of `content` that Stage may leave live: the module's float
@@ -519,40 +532,56 @@ TEST(CheckpointOverlapTest, ALiveTensorWrittenBeforeTheFinishDropsIt) {
 // (later ones are complete when Save returns).
 TEST(CheckpointOverlapTest, TheCheckpointerCompletesAtTheFence) {
   TempDir dir;
-  Config config;
-  config.dir = dir.path();
-  config.every = 1;
-  config.overlap = true;
-  absl::StatusOr<std::unique_ptr<Checkpointer>> c =
-      Checkpointer::Create(config, kJob);
-  ASSERT_TRUE(c.ok()) << c.status();
-  (*c)->SetRole(/*writes_memory=*/true, /*persists=*/false);
+  std::unique_ptr<Checkpointer> c = MakeCheckpointer(dir, /*overlap=*/true);
+  ASSERT_NE(c, nullptr);
+  c->SetRole(/*writes_memory=*/true, /*persists=*/false);
   std::vector<int64_t> completed;
-  (*c)->OnSaved([&](const Counters& k) { completed.push_back(k.step); });
+  c->OnSaved([&](const Counters& k) { completed.push_back(k.step); });
 
   Content content = SampleContent(5, 1 << 16);
-  (*c)->Save(content, false, Deferrable(content));
-  EXPECT_EQ((*c)->saved(), 0);
+  c->Save(content, false, Deferrable(content));
+  EXPECT_EQ(c->saved(), 0);
   EXPECT_TRUE(completed.empty());
-  (*c)->Fence();
-  EXPECT_EQ((*c)->saved(), 1);
+  c->Fence();
+  EXPECT_EQ(c->saved(), 1);
   EXPECT_EQ(completed, std::vector<int64_t>({5}));
-  std::optional<Candidate> got = (*c)->FindCandidate(false);
+  std::optional<Candidate> got = c->FindCandidate(false);
   ASSERT_TRUE(got.has_value());
   EXPECT_EQ(got->step, 5);
   ExpectSameContent(got->content, content);
 
   content = SampleContent(6, 1 << 16);
-  (*c)->Save(content, false, Deferrable(content));
+  c->Save(content, false, Deferrable(content));
   content.modules[0].second[0].second.mul_(2.0);  // before the backward
-  (*c)->Fence();
-  EXPECT_EQ((*c)->saved(), 1);
-  EXPECT_FALSE((*c)->FindCandidate(false).has_value());
+  c->Fence();
+  EXPECT_EQ(c->saved(), 1);
+  EXPECT_FALSE(c->FindCandidate(false).has_value());
 
   content = SampleContent(7, 1 << 16);
-  (*c)->Save(content, false, Deferrable(content));
-  EXPECT_EQ((*c)->saved(), 2);  // copied during the step
+  c->Save(content, false, Deferrable(content));
+  EXPECT_EQ(c->saved(), 2);  // copied during the step
   EXPECT_EQ(completed, std::vector<int64_t>({5, 7}));
+}
+
+// Prepare grows the region ahead of the first snapshot, on the worker that
+// writes it only.
+TEST(CheckpointOverlapTest, PrepareMakesTheRegionAhead) {
+  TempDir dir;
+  std::unique_ptr<Checkpointer> c = MakeCheckpointer(dir);
+  ASSERT_NE(c, nullptr);
+  const Content content = SampleContent(5, 1 << 18);
+  const size_t needed = SnapshotBytes(content);
+  ASSERT_LT(c->region_bytes(), needed);
+  c->Prepare(content);  // not this node's writer: nothing
+  EXPECT_LT(c->region_bytes(), needed);
+  c->SetRole(/*writes_memory=*/true, /*persists=*/false);
+  c->Prepare(content);
+  EXPECT_GE(c->region_bytes(), needed);
+  c->Save(content);
+  EXPECT_EQ(c->saved(), 1);
+  std::optional<Candidate> got = c->FindCandidate(false);
+  ASSERT_TRUE(got.has_value());
+  ExpectSameContent(got->content, content);
 }
 
 // ---- the resume source (see Note [Resume source] in coordinator/core/core.h)
@@ -569,37 +598,33 @@ TEST(CheckpointCandidateTest, TheNamedCheckpointOrANewerOne) {
       WriteCheckpoint(SampleContent(10), dir.path(), kJob, options).ok());
   ASSERT_TRUE(
       WriteCheckpoint(SampleContent(30), other.path(), kJob, options).ok());
-  Config config;
-  config.dir = dir.path();
-  config.every = 10;
-  absl::StatusOr<std::unique_ptr<Checkpointer>> c =
-      Checkpointer::Create(config, kJob);
-  ASSERT_TRUE(c.ok()) << c.status();
+  std::unique_ptr<Checkpointer> c = MakeCheckpointer(dir);
+  ASSERT_NE(c, nullptr);
   const std::string named_path =
       (fs::path(other.path()) / kJob / "step-30").string();
   // Named (another node's directory, here another path): taken.
   std::optional<Candidate> got =
-      (*c)->FindCandidate(true, Checkpointer::Named{30, named_path});
+      c->FindCandidate(true, Checkpointer::Named{30, named_path});
   ASSERT_TRUE(got.has_value());
   EXPECT_EQ(got->step, 30);
   EXPECT_THAT(got->source, HasSubstr("as the coordinator named"));
   // Not the rank that offers the disk's: nothing (no memory snapshot).
-  EXPECT_FALSE((*c)->FindCandidate(false, Checkpointer::Named{30, named_path})
-                   .has_value());
+  EXPECT_FALSE(
+      c->FindCandidate(false, Checkpointer::Named{30, named_path}).has_value());
   // A newer one in the directory wins over the named one.
   ASSERT_TRUE(
       WriteCheckpoint(SampleContent(40), dir.path(), kJob, options).ok());
-  got = (*c)->FindCandidate(true, Checkpointer::Named{30, named_path});
+  got = c->FindCandidate(true, Checkpointer::Named{30, named_path});
   ASSERT_TRUE(got.has_value());
   EXPECT_EQ(got->step, 40);
   EXPECT_THAT(got->source, Not(HasSubstr("named")));
   // A named one that does not load (another step there, or gone): the
   // directory's newest.
-  got = (*c)->FindCandidate(true, Checkpointer::Named{35, named_path});
+  got = c->FindCandidate(true, Checkpointer::Named{35, named_path});
   ASSERT_TRUE(got.has_value());
   EXPECT_EQ(got->step, 40);
   fs::remove_all(fs::path(other.path()) / kJob);
-  got = (*c)->FindCandidate(true, Checkpointer::Named{30, named_path});
+  got = c->FindCandidate(true, Checkpointer::Named{30, named_path});
   ASSERT_TRUE(got.has_value());
   EXPECT_EQ(got->step, 40);
 }

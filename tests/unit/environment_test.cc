@@ -297,6 +297,14 @@ TEST(EnvironmentTest, EveryVariableOfTheTableIsRead) {
              e.Set(kCheckpointResume, "2");
              ExpectRefused(kCheckpointResume);
            }},
+          {kCheckpointOverlap.name,
+           [](ScopedEnvironment& e) {
+             EXPECT_FALSE(Read().checkpoint.overlap);
+             e.Set(kCheckpointOverlap, "1");
+             EXPECT_TRUE(Read().checkpoint.overlap);
+             e.Set(kCheckpointOverlap, "yes");
+             ExpectRefused(kCheckpointOverlap);
+           }},
           {kCheckpointMemory.name,
            [](ScopedEnvironment& e) {
              e.Set(kCheckpointMemory, "/dev/shm/node");

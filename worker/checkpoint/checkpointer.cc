@@ -25,6 +25,7 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Create(
 }
 
 Checkpointer::~Checkpointer() {
+  if (preparer_.joinable()) preparer_.join();
   Fence();
   if (persister_ != nullptr) persister_->Flush();
 }
@@ -32,6 +33,7 @@ Checkpointer::~Checkpointer() {
 void Checkpointer::Save(const Content& content, bool wait,
                         const std::vector<at::Tensor>& deferred) {
   if (!writes_memory_) return;
+  if (preparer_.joinable()) preparer_.join();
   Fence();
   const auto start = std::chrono::steady_clock::now();
   const auto since_start = [&start] {
@@ -67,6 +69,28 @@ void Checkpointer::Save(const Content& content, bool wait,
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   Finish(r, pending, {}, content.counters, since_start());
+}
+
+void Checkpointer::Prepare(const Content& content) {
+  if (!writes_memory_ || preparer_.joinable()) return;
+  const size_t bytes = SnapshotBytes(content);
+  Fence();  // no copy of its own in flight: the region is this thread's
+  if (region_->mapped() >= bytes) return;
+  try {
+    preparer_ = std::thread([region = region_.get(), bytes] {
+      if (absl::Status grown = region->Reserve(bytes); !grown.ok()) {
+        Log()->debug("the snapshot region not grown ahead: {}",
+                     std::string(grown.message()));
+      }
+    });
+  } catch (const std::system_error&) {
+    // No thread to be had: the first snapshot grows it.
+  }
+}
+
+size_t Checkpointer::region_bytes() {
+  if (preparer_.joinable()) preparer_.join();
+  return region_->mapped();
 }
 
 void Checkpointer::Fence() {
@@ -128,6 +152,7 @@ void Checkpointer::Warn(int64_t step, const std::string& error) {
 
 std::optional<Candidate> Checkpointer::FindCandidate(
     bool disk, const std::optional<Named>& named) {
+  if (preparer_.joinable()) preparer_.join();
   Fence();  // this worker's own snapshot, complete
   std::optional<Candidate> best;
   absl::StatusOr<Content> memory = ReadSnapshot(*region_);

@@ -96,6 +96,12 @@ class Checkpointer {
   // write a parameter or the optimizer's state; cheap when no copy is in
   // flight. Not concurrently with Save.
   void Fence();
+  // Grows the region to hold `content` on a thread of its own, so that the
+  // first snapshot does not make it during its step (on a worker that
+  // writes its node's snapshot, once the optimizers have their state); a
+  // failure is left for that snapshot to say. Save and FindCandidate wait
+  // for it.
+  void Prepare(const Content& content);
   // Runs when a snapshot is complete: in Save, or in the Fence that ends its
   // copy.
   void OnSaved(std::function<void(const Counters&)> callback) {
@@ -117,6 +123,9 @@ class Checkpointer {
   std::optional<Candidate> FindCandidate(
       bool disk, const std::optional<Named>& named = std::nullopt);
 
+  // The bytes of the region this worker has mapped, once a Prepare in
+  // flight is done.
+  size_t region_bytes();
   int64_t saved() const { return saved_; }
   bool persists() const { return persists_; }
   int64_t skipped() const { return skipped_; }
@@ -161,6 +170,8 @@ class Checkpointer {
   Versions live_;
   Counters pending_counters_;
   double pending_stall_ = 0;
+  // Prepare's thread; joined before anything else touches region_.
+  std::thread preparer_;
   // A dropped overlapped snapshot turns overlapping off.
   bool overlap_off_ = false;
 };

@@ -20,25 +20,46 @@ constexpr size_t kAlign = 64;
 
 size_t Aligned(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
+// Where a content's parts go in a region (see Note [Snapshot region]).
+struct Layout {
+  Flat flat;
+  nlohmann::json table = nlohmann::json::array();  // each tensor's place
+  std::string layout;                              // the JSON written
+  size_t data_offset = 0;
+  size_t bytes = 0;  // the region's size it needs
+};
+
+Layout LayOut(const Content& content) {
+  Layout l;
+  l.flat = Flatten(content);
+  size_t offset = 0;
+  for (const at::Tensor& t : l.flat.tensors) {
+    l.table.push_back({{"dtype", static_cast<int>(t.scalar_type())},
+                       {"shape", t.sizes().vec()},
+                       {"offset", offset}});
+    offset = Aligned(offset + t.numel() * t.element_size());
+  }
+  l.layout = nlohmann::json{{"skeleton", l.flat.skeleton}, {"tensors", l.table}}
+                 .dump();
+  l.data_offset = Aligned(kHeaderBytes + l.layout.size());
+  l.bytes = l.data_offset + offset;
+  return l;
+}
+
 }  // namespace
+
+size_t SnapshotBytes(const Content& content) { return LayOut(content).bytes; }
 
 absl::StatusOr<WriteResult> BeginSnapshot(Region& region,
                                           const Content& content,
                                           const std::string& job, bool persist,
                                           PendingSnapshot* pending) {
-  Flat flat = Flatten(content);
-  nlohmann::json table = nlohmann::json::array();
-  size_t offset = 0;
-  for (const at::Tensor& t : flat.tensors) {
-    table.push_back({{"dtype", static_cast<int>(t.scalar_type())},
-                     {"shape", t.sizes().vec()},
-                     {"offset", offset}});
-    offset = Aligned(offset + t.numel() * t.element_size());
-  }
-  const std::string layout =
-      nlohmann::json{{"skeleton", flat.skeleton}, {"tensors", table}}.dump();
-  const size_t data_offset = Aligned(kHeaderBytes + layout.size());
-  const size_t bytes = data_offset + offset;
+  const Layout laid = LayOut(content);
+  const Flat& flat = laid.flat;
+  const nlohmann::json& table = laid.table;
+  const std::string& layout = laid.layout;
+  const size_t data_offset = laid.data_offset;
+  const size_t bytes = laid.bytes;
   RegionHeader* h = &region.header();
   // Claim the region first: a persister reading it must not see it remapped.
   uint32_t s = h->state.load(std::memory_order_acquire);

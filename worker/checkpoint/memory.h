@@ -52,6 +52,9 @@ absl::StatusOr<WriteResult> WriteSnapshot(Region& region,
                                           const Content& content,
                                           const std::string& job, bool persist);
 
+// The bytes a region needs to hold `content` as a snapshot.
+size_t SnapshotBytes(const Content& content);
+
 // Note [Overlapped snapshots]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // A snapshot's copy need not stall the step that follows the commit: until

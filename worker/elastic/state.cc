@@ -144,6 +144,11 @@ void State::CommitState(bool may_checkpoint) {
       } else {
         deferred_ = session_->generation();
       }
+    } else if (may_checkpoint && step > 0 && !region_prepared_) {
+      // The region made now, off the step that takes the first checkpoint
+      // (its optimizers have their state by now).
+      region_prepared_ = true;
+      checkpointer_->Prepare(Capture({}));
     }
     checkpointed_step_ = step;
   }
@@ -305,6 +310,7 @@ absl::Status State::SyncCheckpoints(int* root) {
   const int first = static_cast<int>(
       std::find(nodes.begin(), nodes.end(), nodes[me]) - nodes.begin());
   checkpointer_->SetRole(/*writes_memory=*/first == me, /*persists=*/me == 0);
+  region_prepared_ = false;
   if (!config.resume) return absl::OkStatus();
   // Does a member hold a committed step? Then it goes on from that.
   auto gather =

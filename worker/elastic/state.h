@@ -358,6 +358,9 @@ class State {
   bool tainted_ = false;
   std::vector<std::function<void(const ResetInfo&)>> callbacks_;
   std::vector<ReformRecord> records_;
+  // Whether this generation's commits grew the snapshot region ahead of
+  // its first checkpoint (Checkpointer::Prepare).
+  bool region_prepared_ = false;
   std::unique_ptr<checkpoint::Checkpointer> checkpointer_;
   int64_t checkpointed_step_ = -1;  // the last commit's step
   // See Note [Participants in checkpoints]: the generation whose next BeginStep
