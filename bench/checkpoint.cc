@@ -16,7 +16,8 @@
 //             capture_s: building the Content (as State::Capture does);
 //  write      WriteCheckpoint of the region's snapshot to --dir (keep 2):
 //             what the persister thread does (files, fsync, manifest,
-//             rename); write_mb_s is its bytes over its seconds;
+//             rename); write_mb_s is its bytes over its seconds,
+//             write_cpu_s the process's CPU time over it;
 //  archive_s  the same archives serialized into a sink that drops them
 //             (LibTorch's PyTorchStreamWriter without the disk), crc32_s
 //             zlib's CRC-32 over the tensors' bytes (what WriteCheckpoint
@@ -28,6 +29,7 @@
 // every figure (medians of --repeat; seconds, MB = 10^6 bytes). Not a test.
 
 #include <ATen/Parallel.h>
+#include <sys/resource.h>
 #include <torch/torch.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -61,6 +63,14 @@ constexpr int64_t kIn = 1024, kOut = 1024, kHidden = 5;
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// User and system CPU seconds of this process so far.
+double CpuSeconds() {
+  struct rusage u {};
+  ::getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
 }
 
 template <typename F>
@@ -221,15 +231,19 @@ int main(int argc, char** argv) {
   absl::StatusOr<ck::Content> saved = ck::ReadSnapshot(**region);
   if (!saved.ok()) Fail(std::string(saved.status().message()));
   const std::string job = "bench-" + std::to_string(::getpid());
-  std::vector<double> write_s;
+  std::vector<double> write_s, write_cpu_s;
   uint64_t file_bytes = 0;
   for (int i = 0; i < repeat; ++i) {
     saved->counters.step = i + 1;
     ck::WriteOptions options;
     options.keep = 2;
+    // The process's CPU time over the write (its own thread and the file
+    // writer's): what a write takes from training on a busy node.
+    const double cpu_before = CpuSeconds();
     absl::StatusOr<ck::WriteStats> w =
         ck::WriteCheckpoint(*saved, dir, job, options);
     if (!w.ok()) Fail(std::string(w.status().message()));
+    write_cpu_s.push_back(CpuSeconds() - cpu_before);
     write_s.push_back(w->seconds);
     file_bytes = w->bytes;
   }
@@ -281,6 +295,7 @@ int main(int argc, char** argv) {
       {"snapshot_all_s", snapshot_s},
       {"write_s", write},
       {"write_all_s", write_s},
+      {"write_cpu_s", Median(write_cpu_s)},
       {"write_mb_s",
        write > 0 ? static_cast<double>(file_bytes) / write / 1e6 : 0.0},
       {"archive_s", archive_s},

@@ -1,6 +1,8 @@
 // Durable checkpoints (worker/checkpoint/): crashes at each stage of a
 // write, damaged files, keep, writes that fail, the memory tier's region and
 // the persister, on real files in a directory of its own per test.
+#include <zlib.h>
+
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
@@ -173,6 +175,26 @@ TEST(CheckpointDamageTest, NothingLoadableIsNotFound) {
 
 // ---- keep
 // ----------------------------------------------------------------------
+
+// See Note [Archive checksums]: with records large enough for miniz's CRC-32
+// to be taken, each file's CRC-32 in the manifest is zlib's over its bytes.
+TEST(CheckpointDiskTest, TheManifestsCrcIsZlibsOverTheFile) {
+  TempDir dir;
+  ASSERT_TRUE(Write(SampleContent(10, 1 << 20), dir).ok());
+  const std::string step = StepDir(dir, 10);
+  const json manifest = json::parse(ReadText(step + "/manifest.json"));
+  int checked = 0;
+  for (const auto& [file, entry] : manifest.at("files").items()) {
+    const std::string bytes = ReadText(step + "/" + file);
+    EXPECT_EQ(entry.at("size").get<uint64_t>(), bytes.size()) << file;
+    EXPECT_EQ(
+        entry.at("crc32").get<uint32_t>(),
+        crc32_z(0, reinterpret_cast<const Bytef*>(bytes.data()), bytes.size()))
+        << file;
+    ++checked;
+  }
+  EXPECT_GE(checked, 3);
+}
 
 TEST(CheckpointDiskTest, KeepsTheNewestThree) {
   TempDir dir;

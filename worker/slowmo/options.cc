@@ -13,9 +13,7 @@ const concord::SlowMoOptions& PublicDefaults() {
 
 absl::StatusOr<SlowMoOptions> FromPublic(const concord::SlowMoOptions& o) {
   SlowMoOptions s;
-  s.base_algorithm = o.base_algorithm() == SlowMoBaseAlgorithm::kSgp
-                         ? BaseAlgorithm::kSgp
-                         : BaseAlgorithm::kLocalSgd;
+  s.base_algorithm = o.base_algorithm();
   s.localsgd_frequency = o.localsgd_frequency();
   s.slowmo_momentum = o.slowmo_momentum();
   s.slowmo_lr = o.slowmo_lr();

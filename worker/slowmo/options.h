@@ -16,7 +16,8 @@
 
 namespace concord::slowmo {
 
-enum class BaseAlgorithm { kLocalSgd, kSgp };
+// The public enum (concord/slowmo_options.h), by its shorter name inside.
+using BaseAlgorithm = concord::SlowMoBaseAlgorithm;
 
 // The public struct's defaults, made once.
 const concord::SlowMoOptions& PublicDefaults();
