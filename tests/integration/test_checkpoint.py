@@ -260,6 +260,11 @@ def case_started_again(ctx, name):
         rd, p = launch(ctx, name + "-1", job, ck, env=SLOW, coordinator=coord)
         if not wait_for_checkpoint(checks, name, p, ck, job, 60):
             return
+        # `latest` is renamed before concord-run reports the write: kill once
+        # the coordinator has it (the record is what this case is about).
+        te.testlib.wait_for(
+            lambda: (checkpoints_json(ctx, coord, job)[0].get("checkpoints") or [{}])[0]
+            .get("step", 0) >= 60 or p.poll() is not None, timeout=30)
         p.kill_group()
         p.wait(10)
         listed, out = checkpoints_json(ctx, coord, job)

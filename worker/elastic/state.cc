@@ -47,7 +47,7 @@ State::State(worker::Session* session, ddp::Engine* ddp,
 }
 
 State::~State() {
-  for (const Model& m : models_) m.engine->SetGradientObserver(nullptr);
+  self_.reset();
   FenceCheckpoint();
 }
 
@@ -62,7 +62,11 @@ void State::AddModel(const std::string& name, ddp::Engine* ddp) {
   ddp->SetBlockingWait(true);
   // See Note [Overlapped snapshots]: nothing writes a parameter before its
   // gradient exists.
-  ddp->SetGradientObserver([this] { FenceCheckpoint(); });
+  ddp->SetGradientObserver([self = std::weak_ptr<State*>(self_)] {
+    if (const std::shared_ptr<State*> state = self.lock()) {
+      (*state)->FenceCheckpoint();
+    }
+  });
 }
 
 void State::AddOptimizer(const std::string& name,

@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -131,8 +132,8 @@ class State {
   // One module and its optimizer ("model", "optimizer").
   State(worker::Session* session, ddp::Engine* ddp,
         torch::optim::Optimizer* optimizer, ElasticOptions options = {});
-  // Takes its gradient observer off the modules (they outlive it) and ends
-  // an overlapped snapshot's copy.
+  // Ends an overlapped snapshot's copy; the gradient observers it left on
+  // the modules do nothing from then on.
   ~State();
   State(const State&) = delete;
   State& operator=(const State&) = delete;
@@ -358,6 +359,9 @@ class State {
   bool tainted_ = false;
   std::vector<std::function<void(const ResetInfo&)>> callbacks_;
   std::vector<ReformRecord> records_;
+  // What the modules' gradient observers reach this state through (they
+  // may outlive it): reset first by the destructor.
+  std::shared_ptr<State*> self_ = std::make_shared<State*>(this);
   // Whether this generation's commits grew the snapshot region ahead of
   // its first checkpoint (Checkpointer::Prepare).
   bool region_prepared_ = false;
