@@ -38,6 +38,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/auth.h"
+#include "common/crash_trace.h"
 #include "common/host.h"
 #include "common/logging.h"
 #include "coordinator/http/health_http.h"
@@ -412,6 +413,7 @@ int RunEmbedded(const concord::coordinator::ServerOptions& options,
 }  // namespace
 
 int main(int argc, char** argv) {
+  concord::InstallCrashTraces("concord-coordinator", argv[0]);
   // Block the signals before any thread starts (gRPC channels start threads)
   // so that every thread inherits the mask and only the signal thread ever
   // sees them.
