@@ -128,6 +128,7 @@ void NodeAgent::Impl::Shutdown() {
   CancelStreams();
   std::unique_lock<std::mutex> lock(mu_);
   drained_.wait(lock, [&] { return live_streams_ == 0; });
+  ReleaseEnded(lock);  // see Note [Where gRPC objects end]
 }
 
 NodeAgent::NodeAgent(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

@@ -39,6 +39,11 @@ struct NodeAgentOptions {
   // Where the workers connect: a gRPC address, "unix:/path" for a node.
   std::string listen;
   BatchPolicy batch;
+  // Test hook (CONCORD_TEST_AGENT_LINGER_MS, through concord-run): each node
+  // stream's last reaction (OnDone, on gRPC's thread) starts this much late
+  // and stays this long after the stream stops counting as live, as a slow
+  // thread would (see Note [Where gRPC objects end] in node_agent_impl.h).
+  absl::Duration test_linger = absl::ZeroDuration();
 };
 
 // Note [Node agents]

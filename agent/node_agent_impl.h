@@ -152,11 +152,13 @@ class NodeAgent::Impl final : public v1::WorkerService::CallbackService {
   }
   // Replica `used` was UNAVAILABLE: a fresh channel for it if its channel
   // is older than kRefreshChannelAfterMs (see Note [Fresh channels] in
-  // common/coordinator_channel.h), and the next replica from now on.
+  // common/coordinator_channel.h), and the next replica from now on. The old
+  // one is retired, not dropped here (see Note [Where gRPC objects end]).
   void Unavailable(size_t used) {
     std::lock_guard<std::mutex> lock(replica_mu_);
     if (absl::Now() - replicas_[used].created >
         absl::Milliseconds(kRefreshChannelAfterMs)) {
+      retired_.push_back(std::move(replicas_[used]));
       replicas_[used] = MakeReplica(addresses_[used]);
     }
     if (used == current_) current_ = (current_ + 1) % replicas_.size();
@@ -205,6 +207,10 @@ class NodeAgent::Impl final : public v1::WorkerService::CallbackService {
   }
 
   void FlushLoop();
+  // With `lock` (on mu_) held, on one of the agent's own threads: deletes the
+  // ended node streams and drops the retired replicas, outside the mutexes
+  // (see Note [Where gRPC objects end]); `lock` is held again after.
+  void ReleaseEnded(std::unique_lock<std::mutex>& lock);
   struct PendingHeartbeat {
     const v1::HeartbeatRequest* request;
     v1::HeartbeatResponse* response;
@@ -215,18 +221,49 @@ class NodeAgent::Impl final : public v1::WorkerService::CallbackService {
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
 
+  // Note [Where gRPC objects end]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // gRPC 1.51 on Linux runs the reactions of every callback-API server and
+  // channel of a process on one shared completion queue served by threads of
+  // its own ("nexting" threads). Each such server and each channel that made a
+  // callback call holds a reference to that queue; the last release shuts it
+  // down and joins its threads. Released on one of those threads (a channel's
+  // last reference dropped in a reaction), the thread joins itself (which
+  // fails quietly), the queue is freed, and the thread then polls the freed
+  // queue: concord-run aborted with "ref_counted.h:183 assertion failed:
+  // prior > 0" in grpc_cq_internal_unref, after the job was done, in about
+  // one CI run in two (the agent's server shut down, its channels freed on the
+  // main thread, and a node stream ending a moment later on a nexting thread
+  // held the last reference to its channel). So the agent's channels end
+  // on its own threads only:
+  //  - a node stream that ended (OnDone) is not deleted there but queued in
+  //    ended_streams_, and deleted by the flusher thread, or by Shutdown once
+  //    every stream has ended (live_streams_ counts a stream until it is
+  //    queued, so Shutdown's wait covers it);
+  //  - a replica replaced after UNAVAILABLE goes to retired_, dropped by the
+  //    flusher or with the agent;
+  //  - a passed-on call's ClientContext does end in its server reaction
+  //    (ForwardCall::OnDone), but the server, which holds the queue too,
+  //    waits for that reaction before it shuts down.
+  // The test hook NodeAgentOptions::test_linger (CONCORD_TEST_AGENT_LINGER_MS)
+  // makes a stream end late and slowly on gRPC's thread, and concord-run
+  // outlive it: test_elastic.py's join case runs its launchers so, and with
+  // the old order (the stream deleted in OnDone after the live count
+  // dropped) both launchers aborted in every run.
   std::mutex replica_mu_;
   HeartbeatBatcher<PendingHeartbeat> batcher_;  // guarded by mu_
   const std::vector<std::string> addresses_;
   std::vector<Replica> replicas_;  // guarded by replica_mu_
   size_t current_ = 0;             // guarded by replica_mu_
+  std::vector<Replica> retired_;   // guarded by replica_mu_
 
   std::mutex mu_;
   std::condition_variable cv_;  // the batcher's due time moved, or stopping
   bool stopping_ = false;
   std::map<std::string, NodeStream*> streams_;  // by job; open ones only
   uint64_t next_join_ = 0;                      // JoinCall ids
-  int live_streams_ = 0;                        // not yet done
+  int live_streams_ = 0;                        // not yet ended
+  std::vector<NodeStream*> ended_streams_;      // to delete (not on gRPC's)
   std::condition_variable drained_;             // live_streams_ fell
   std::thread flusher_;
   // See Note [Exited workers]: the job and secret of each worker whose Join the

@@ -337,11 +337,14 @@ class NodeAgent::Impl::NodeStream final
       WriteQueued(&after);
     }
   }
+  // Not deleted here: see Note [Where gRPC objects end].
   void OnDone(const grpc::Status& status) override {
-    bool last = false;
+    Impl* const agent = agent_;  // `this` may be deleted once mu_ is free
+    const absl::Duration linger = agent->options_.test_linger;
+    if (linger > absl::ZeroDuration()) absl::SleepFor(linger);  // test hook
+    Actions after;
     {
-      Actions after;
-      std::lock_guard<std::mutex> lock(agent_->mu_);
+      std::lock_guard<std::mutex> lock(agent->mu_);
       Break(&after);
       agent_->Note(status, used_);
       for (auto& [id, call] : watches_) call->StreamEnded(status, &after);
@@ -367,11 +370,21 @@ class NodeAgent::Impl::NodeStream final
       // out.
       for (size_t i = 0; i < exits_.size(); ++i) agent_->ExitAnswered();
       exits_.clear();
-      --agent_->live_streams_;
-      agent_->drained_.notify_all();
-      last = Unref();
+      if (Unref()) {
+        agent_->ended_streams_.push_back(this);
+        agent_->cv_.notify_all();  // the flusher deletes it
+      }
     }
-    if (last) delete this;
+    // The workers' calls end (Finish) before the stream stops counting as
+    // live, so that Shutdown's wait covers them too.
+    after.Run();
+    {
+      std::lock_guard<std::mutex> lock(agent->mu_);
+      --agent->live_streams_;
+      agent->drained_.notify_all();
+    }
+    // The agent may be gone by now; the hook's duration was read before.
+    if (linger > absl::ZeroDuration()) absl::SleepFor(linger);
   }
 
   // With mu_ held: keeps the stream from being deleted by OnDone until the
@@ -443,9 +456,26 @@ void NodeAgent::Impl::WatchCall::Detach(Actions* after) {
   stream_ = nullptr;
 }
 
+void NodeAgent::Impl::ReleaseEnded(std::unique_lock<std::mutex>& lock) {
+  std::vector<NodeStream*> ended = std::move(ended_streams_);
+  ended_streams_.clear();
+  lock.unlock();
+  std::vector<Replica> retired;
+  {
+    std::lock_guard<std::mutex> replicas(replica_mu_);
+    retired.swap(retired_);
+  }
+  for (NodeStream* stream : ended) delete stream;
+  retired.clear();
+  lock.lock();
+}
+
 void NodeAgent::Impl::FlushLoop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_) {
+    // See Note [Where gRPC objects end].
+    ReleaseEnded(lock);
+    if (stopping_) break;
     const absl::Time now = absl::Now();
     auto batch = batcher_.TakeIfDue(now);
     if (!batch.empty()) {

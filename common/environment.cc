@@ -43,6 +43,7 @@ const std::vector<const Variable*>& All() {
       &kTestFault,
       &kTestCheckpointFault,
       &kTestKill,
+      &kTestAgentLingerMs,
       &kTestMinStepMs,
   };
   return all;

@@ -204,6 +204,11 @@ inline constexpr Variable kTestKill = Text(
     "CONCORD_TEST_KILL", "LOCAL:STEP:PHASE,...", "",
     "concord-train kills itself in a phase of a step (tools/fault_injection.h)",
     SetBy::kTest);
+inline constexpr Variable kTestAgentLingerMs =
+    Int("CONCORD_TEST_AGENT_LINGER_MS", "milliseconds", 0, 0, 10000,
+        "concord-run's node agent lingers on gRPC's thread as each node stream "
+        "ends, and concord-run waits twice as long before it exits",
+        SetBy::kTest);
 inline constexpr Variable kTestMinStepMs =
     Int("CONCORD_TEST_MIN_STEP_MS", "milliseconds", 0, 0, kNoMax,
         "concord-train's steps take at least this long", SetBy::kTest);

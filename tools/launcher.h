@@ -47,6 +47,8 @@ enum ConsoleStreams : int {
 struct Options {
   bool standalone = false;
   bool agent = true;  // serve the workers as their node agent
+  // CONCORD_TEST_AGENT_LINGER_MS (a test hook; see agent::NodeAgentOptions).
+  int64_t test_agent_linger_ms = 0;
   std::string coordinator;
   int nproc = 0;
   int min_workers = 0;  // 0: nproc

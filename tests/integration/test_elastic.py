@@ -954,8 +954,14 @@ def case_fixed_staggered(ctx, name, world, n, batch, epochs, kills, min_workers)
 
 
 def case_join(ctx, name):
-    """(d) A second concord-run joins a running 2-worker job (max 3)."""
+    """(d) A second concord-run joins a running 2-worker job (max 3).
+
+    Both launchers run with CONCORD_TEST_AGENT_LINGER_MS: their agents' node
+    streams end late and slowly on gRPC's threads (see Note [Where gRPC
+    objects end] in agent/node_agent_impl.h); before that note's change,
+    concord-run aborted at exit under it (gRPC's "prior > 0")."""
     n, batch, epochs = 512, 4, 40
+    linger = {"CONCORD_TEST_AGENT_LINGER_MS": "50"}
     fx = Fixture(ctx.tmp, n)
     rd = RunDir(ctx.tmp, name)
     coord = start_coordinator(ctx, name, rd)
@@ -966,7 +972,7 @@ def case_join(ctx, name):
                       token_file=coord.worker_token, settle_ms=500)
         first = Proc(name + "-first", launch_cmd(ctx.bins, 2, name,
                                                  train_args(fx, rd, batch, epochs, shuffle_seed=5),
-                                                 **common), rd.logs)
+                                                 **common), rd.logs, env=linger)
         # Wait for progress (the authoritative rank's 'step S' lines).
         started_at = None
         deadline = time.monotonic() + 60
@@ -985,7 +991,7 @@ def case_join(ctx, name):
               flush=True)
         joiner = Proc(name + "-joiner", launch_cmd(ctx.bins, 1, name,
                                                    train_args(fx, rd, batch, epochs, shuffle_seed=5),
-                                                   **common), rd.logs)
+                                                   **common), rd.logs, env=linger)
         expect_exit(ctx.checks, name + " (first launcher, 2 workers)", first, 0, RUN_TIMEOUT)
         expect_exit(ctx.checks, name + " (joining launcher)", joiner, 0, 60)
         check_outputs_identical(ctx.checks, name, rd, expected_count=3)

@@ -341,6 +341,20 @@ TEST(EnvironmentTest, EveryVariableOfTheTableIsRead) {
              EXPECT_EQ(f.faults[0].first, 6);
              EXPECT_EQ(f.faults[0].second, "optimizer");
            }},
+          // concord-run's, read with env::GetInt; what it does is checked
+          // by integration_elastic_join (see Note [Where gRPC objects end]
+          // in agent/node_agent_impl.h).
+          {kTestAgentLingerMs.name,
+           [](ScopedEnvironment& e) {
+             int64_t ms = -1;
+             ASSERT_TRUE(env::GetInt(kTestAgentLingerMs, &ms).ok());
+             EXPECT_EQ(ms, 0);
+             e.Set(kTestAgentLingerMs, "50");
+             ASSERT_TRUE(env::GetInt(kTestAgentLingerMs, &ms).ok());
+             EXPECT_EQ(ms, 50);
+             e.Set(kTestAgentLingerMs, "10001");
+             EXPECT_FALSE(env::GetInt(kTestAgentLingerMs, &ms).ok());
+           }},
           {kTestMinStepMs.name,
            [](ScopedEnvironment& e) {
              e.Set(kTestMinStepMs, "9");
