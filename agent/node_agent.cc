@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "agent/node_agent_impl.h"
 #include "common/auth.h"
@@ -59,22 +60,70 @@ grpc::ServerUnaryReactor* NodeAgent::Impl::Leave(
   });
 }
 
-grpc::ServerUnaryReactor* NodeAgent::Impl::KvSet(
-    grpc::CallbackServerContext* context, const v1::KvSetRequest* request,
-    v1::KvSetResponse* response) {
-  return Forward(context, [=](v1::WorkerService::Stub* stub,
-                              grpc::ClientContext* c, auto done) {
-    stub->async()->KvSet(c, request, response, std::move(done));
-  });
-}
+// A unary WorkerService call passed on as bytes (see Note [Passing calls
+// on] in node_agent_impl.h): one request read, one call to the coordinator,
+// its answer written with the status. Deleted in OnDone.
+class NodeAgent::Impl::PassOnCall final
+    : public grpc::ServerGenericBidiReactor {
+ public:
+  PassOnCall(Impl* impl, grpc::GenericCallbackServerContext* context)
+      : impl_(impl), context_(context) {
+    const std::string prefix =
+        absl::StrCat("/", v1::WorkerService::service_full_name(), "/");
+    const std::string& path = context->method();
+    const google::protobuf::MethodDescriptor* method =
+        path.rfind(prefix, 0) == 0
+            ? Descriptor()->FindMethodByName(path.substr(prefix.size()))
+            : nullptr;
+    if (method == nullptr || method->client_streaming() ||
+        method->server_streaming() || HandledHere(method->name())) {
+      Finish(grpc::Status(
+          grpc::StatusCode::UNIMPLEMENTED,
+          absl::StrCat("the node agent passes on WorkerService's unary "
+                       "methods only, not '",
+                       path, "'")));
+      return;
+    }
+    if (grpc::Status auth = impl_->Authorize(*context); !auth.ok()) {
+      Finish(auth);
+      return;
+    }
+    StartRead(&request_);
+  }
 
-grpc::ServerUnaryReactor* NodeAgent::Impl::KvGet(
-    grpc::CallbackServerContext* context, const v1::KvGetRequest* request,
-    v1::KvGetResponse* response) {
-  return Forward(context, [=](v1::WorkerService::Stub* stub,
-                              grpc::ClientContext* c, auto done) {
-    stub->async()->KvGet(c, request, response, std::move(done));
-  });
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "the call ended before its request"));
+      return;
+    }
+    ++impl_->forwarded_;
+    impl_->Prepare(&client_, context_->deadline());
+    auto [replica, used] = impl_->Current();
+    replica.generic->UnaryCall(
+        &client_, context_->method(), grpc::StubOptions(), &request_,
+        &response_, [this, used = used](grpc::Status status) {
+          impl_->Note(status, used);
+          if (status.ok()) {
+            StartWriteAndFinish(&response_, grpc::WriteOptions(), status);
+          } else {
+            Finish(status);
+          }
+        });
+  }
+  void OnCancel() override { client_.TryCancel(); }
+  void OnDone() override { delete this; }
+
+ private:
+  Impl* const impl_;
+  grpc::GenericCallbackServerContext* const context_;
+  grpc::ClientContext client_;
+  grpc::ByteBuffer request_, response_;
+};
+
+grpc::ServerGenericBidiReactor* NodeAgent::Impl::PassOn::CreateReactor(
+    grpc::GenericCallbackServerContext* context) {
+  return new PassOnCall(impl_, context);
 }
 
 grpc::ServerUnaryReactor* NodeAgent::Impl::Heartbeat(

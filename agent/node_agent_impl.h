@@ -5,6 +5,9 @@
 // Join and WatchMembership calls on it). Not installed; not for use
 // elsewhere.
 
+#include <google/protobuf/descriptor.h>
+#include <grpcpp/generic/async_generic_service.h>
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
@@ -52,14 +55,34 @@ class Actions {
   std::vector<std::function<void()>> fns_;
 };
 
+// Note [Passing calls on]
+// ~~~~~~~~~~~~~~~~~~~~~~~
+// The agent serves WorkerService to its node's workers. Four methods it
+// handles itself (kHandledHere): Join and WatchMembership ride the job's node
+// stream, Heartbeat is batched, Leave is passed on and its answer read for
+// the job's news. Every other method is passed on as bytes: the constructor
+// marks it generic, so gRPC hands it to the agent's CallbackGenericService
+// (PassOn), which checks the worker token and that the path is one of
+// WorkerService's unary methods (from the service's descriptor) and calls the
+// coordinator replica in use through a GenericStub with the agent's token and
+// the caller's deadline. A unary method added to WorkerService is therefore
+// passed on without a line here;
+// NodeAgentTest.TheAgentServesEveryWorkerServiceMethod calls every method of
+// the descriptor through an agent.
 class NodeAgent::Impl final : public v1::WorkerService::CallbackService {
  public:
   explicit Impl(NodeAgentOptions options)
       : options_(std::move(options)),
+        pass_on_(this),
         batcher_(options_.batch),
         addresses_(SplitCoordinatorAddress(options_.coordinator)) {
     for (const std::string& address : addresses_) {
       replicas_.push_back(MakeReplica(address));
+    }
+    // See Note [Passing calls on].
+    const google::protobuf::ServiceDescriptor* service = Descriptor();
+    for (int i = 0; i < service->method_count(); ++i) {
+      if (!HandledHere(service->method(i)->name())) MarkMethodGeneric(i);
     }
   }
 
@@ -69,6 +92,7 @@ class NodeAgent::Impl final : public v1::WorkerService::CallbackService {
     builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials(),
                              &port);
     builder.RegisterService(this);
+    builder.RegisterCallbackGenericService(&pass_on_);
     server_ = builder.BuildAndStart();
     if (server_ == nullptr) {
       return absl::UnavailableError(
@@ -116,12 +140,6 @@ class NodeAgent::Impl final : public v1::WorkerService::CallbackService {
   grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* context,
                                   const v1::LeaveRequest* request,
                                   v1::LeaveResponse* response) override;
-  grpc::ServerUnaryReactor* KvSet(grpc::CallbackServerContext* context,
-                                  const v1::KvSetRequest* request,
-                                  v1::KvSetResponse* response) override;
-  grpc::ServerUnaryReactor* KvGet(grpc::CallbackServerContext* context,
-                                  const v1::KvGetRequest* request,
-                                  v1::KvGetResponse* response) override;
   grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context,
                                       const v1::HeartbeatRequest* request,
                                       v1::HeartbeatResponse* response) override;
@@ -131,19 +149,43 @@ class NodeAgent::Impl final : public v1::WorkerService::CallbackService {
 
  private:
   class ForwardCall;
+  class PassOnCall;
   class JoinCall;
   class WatchCall;
   class NodeStream;
 
+  static const google::protobuf::ServiceDescriptor* Descriptor() {
+    return google::protobuf::DescriptorPool::generated_pool()
+        ->FindServiceByName(v1::WorkerService::service_full_name());
+  }
+  // The methods of WorkerService the agent does not pass on as bytes (see
+  // Note [Passing calls on]).
+  static bool HandledHere(const std::string& method) {
+    return method == "Join" || method == "Heartbeat" || method == "Leave" ||
+           method == "WatchMembership";
+  }
+  // The generic service of the methods passed on as bytes.
+  class PassOn final : public grpc::CallbackGenericService {
+   public:
+    explicit PassOn(Impl* impl) : impl_(impl) {}
+    grpc::ServerGenericBidiReactor* CreateReactor(
+        grpc::GenericCallbackServerContext* context) override;
+
+   private:
+    Impl* const impl_;
+  };
+
   struct Replica {
     std::shared_ptr<v1::WorkerService::Stub> worker;
     std::shared_ptr<v1::AgentService::Stub> agent;
+    std::shared_ptr<grpc::GenericStub> generic;
     absl::Time created;
   };
   Replica MakeReplica(const std::string& address) const {
     auto channel = CoordinatorChannel(address, options_.tls);
     return Replica{v1::WorkerService::NewStub(channel),
-                   v1::AgentService::NewStub(channel), absl::Now()};
+                   v1::AgentService::NewStub(channel),
+                   std::make_shared<grpc::GenericStub>(channel), absl::Now()};
   }
   // The replica in use and its index.
   std::pair<Replica, size_t> Current() {
@@ -218,6 +260,7 @@ class NodeAgent::Impl final : public v1::WorkerService::CallbackService {
   };
 
   const NodeAgentOptions options_;
+  PassOn pass_on_;
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
 
@@ -243,8 +286,8 @@ class NodeAgent::Impl final : public v1::WorkerService::CallbackService {
   //  - a replica replaced after UNAVAILABLE goes to retired_, dropped by the
   //    flusher or with the agent;
   //  - a passed-on call's ClientContext does end in its server reaction
-  //    (ForwardCall::OnDone), but the server, which holds the queue too,
-  //    waits for that reaction before it shuts down.
+  //    (ForwardCall::OnDone, PassOnCall::OnDone), but the server, which
+  //    holds the queue too, waits for that reaction before it shuts down.
   // The test hook NodeAgentOptions::test_linger (CONCORD_TEST_AGENT_LINGER_MS)
   // makes a stream end late and slowly on gRPC's thread, and concord-run
   // outlive it: test_elastic.py's join case runs its launchers so, and with

@@ -311,8 +311,9 @@ TEST_F(NodeAgentTest, WorkersJoinAndHeartbeatThroughTheAgentInBatches) {
     EXPECT_EQ(m.committed_step(), 3) << m.worker_id();
   }
 
-  // The rendezvous store, passed on by the agent: a value set through the
-  // agent is read back through it.
+  // The rendezvous store, passed on as bytes (see Note [Passing calls on] in
+  // agent/node_agent_impl.h): a
+  // value set through the agent is read back through it.
   const int64_t forwarded = agent_->counters().forwarded;
   v1::KvSetRequest set;
   set.set_job_id("job");
@@ -378,7 +379,8 @@ TEST_F(NodeAgentTest, RefusesCallersWithoutTheWorkerTokenOrAJob) {
   const grpc::Status wrong = stub_->Join(
       Ctx("not-the-worker-token-at-all").get(), JoinReq("job", 1, 1, "w0"), &j);
   EXPECT_EQ(wrong.error_code(), grpc::StatusCode::UNAUTHENTICATED);
-  // The same for a method the agent passes on (KvSet).
+  // The same for a method passed on as bytes (see Note [Passing calls on] in
+  // agent/node_agent_impl.h).
   v1::KvSetRequest set;
   set.set_job_id("job");
   v1::KvSetResponse set_response;
@@ -749,8 +751,10 @@ TEST_F(NodeAgentTest, TheAgentHearsWhetherTheJobCompleted) {
   EXPECT_EQ(agent_->job_news("other").state, v1::JOB_STATE_UNSPECIFIED);
 }
 
-// The agent declares WorkerService again and forwards each method by hand:
-// one it forgot would answer UNIMPLEMENTED only under the launcher. Every
+// The agent handles four WorkerService methods itself and passes every other
+// one on as bytes (see Note [Passing calls on] in agent/node_agent_impl.h): a
+// method it did not serve would answer UNIMPLEMENTED only under the
+// launcher. Every
 // method of the service's descriptor, called through the agent and on the
 // coordinator with a request for a job that does not exist, must be served
 // by both (not UNIMPLEMENTED) with the same answer; a method the service
