@@ -495,6 +495,8 @@ void NodeAgent::Impl::FlushLoop() {
       lock.lock();
       continue;
     }
+    // A stream that ended while ReleaseEnded had the mutex free.
+    if (!ended_streams_.empty()) continue;
     const absl::Time due = batcher_.Due(now);
     if (due == absl::InfiniteFuture()) {
       cv_.wait(lock);
