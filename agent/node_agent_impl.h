@@ -58,7 +58,7 @@ class Actions {
 // Note [Passing calls on]
 // ~~~~~~~~~~~~~~~~~~~~~~~
 // The agent serves WorkerService to its node's workers. Four methods it
-// handles itself (kHandledHere): Join and WatchMembership ride the job's node
+// handles itself (HandledHere): Join and WatchMembership ride the job's node
 // stream, Heartbeat is batched, Leave is passed on and its answer read for
 // the job's news. Every other method is passed on as bytes: the constructor
 // marks it generic, so gRPC hands it to the agent's CallbackGenericService
