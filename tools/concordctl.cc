@@ -25,7 +25,9 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <iostream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -264,28 +266,31 @@ void PrintCheckpointsTable(const v1::JobStatus& s) {
   std::exit(kCallError);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  Flags f;
-  // Top-level help (no command named): kubectl's layout, not CLI11's.
-  {
-    bool help = false;
-    bool command = false;
-    for (int i = 1; i < argc; ++i) {
-      const std::string a = argv[i];
-      if (a == "-h" || a == "--help") help = true;
-      for (const CommandHelp& c : kCommands) command |= a == c.name;
-    }
-    if (help && !command) {
-      PrintTopHelp();
-      return 0;
-    }
+// `concordctl --help` with no command named prints kubectl's layout, not
+// CLI11's.
+bool WantsTopHelp(int argc, char** argv) {
+  bool help = false;
+  bool command = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "-h" || a == "--help") help = true;
+    for (const CommandHelp& c : kCommands) command |= a == c.name;
   }
-  CLI::App app{"Operator CLI of a Concord coordinator", "concordctl"};
-  app.require_subcommand(1);
-  // Global options may follow the subcommand too (`status JOB -o json`).
-  app.fallthrough();
+  return help && !command;
+}
+
+// The subcommands, each parsed into `Flags`.
+struct Commands {
+  CLI::App* jobs;
+  CLI::App* status;
+  CLI::App* events;
+  CLI::App* checkpoints;
+  CLI::App* drain;
+  CLI::App* stop;
+  CLI::App* watch;
+};
+
+void DeclareGlobalOptions(CLI::App& app, Flags& f) {
   app.add_option("--endpoint", f.endpoint,
                  "Coordinator HOST:PORT (or replicas: HOST:PORT,HOST:PORT)")
       ->capture_default_str();
@@ -302,41 +307,220 @@ int main(int argc, char** argv) {
   app.add_option("--timeout-ms", f.timeout_ms, "Deadline of the call")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  CLI::App* jobs = app.add_subcommand("jobs", "List every job");
-  CLI::App* status = app.add_subcommand("status", "Show one job (or all)");
-  status->add_option("job", f.job, "Job id");
-  CLI::App* events = app.add_subcommand("events", "A job's events");
-  events->add_option("job", f.job, "Job id")->required();
-  events->add_option("--after", f.after, "Only events after this seq")
+}
+
+Commands DeclareCommands(CLI::App& app, Flags& f) {
+  Commands c;
+  c.jobs = app.add_subcommand("jobs", "List every job");
+  c.status = app.add_subcommand("status", "Show one job (or all)");
+  c.status->add_option("job", f.job, "Job id");
+  c.events = app.add_subcommand("events", "A job's events");
+  c.events->add_option("job", f.job, "Job id")->required();
+  c.events->add_option("--after", f.after, "Only events after this seq")
       ->check(CLI::NonNegativeNumber);
-  events->add_option("--limit", f.limit, "At most this many (1-1000)")
+  c.events->add_option("--limit", f.limit, "At most this many (1-1000)")
       ->check(CLI::Range(1, 1000));
-  CLI::App* checkpoints = app.add_subcommand(
+  c.checkpoints = app.add_subcommand(
       "checkpoints",
       "A job's newest complete checkpoints (as its node agents reported "
       "them), newest first");
-  checkpoints->add_option("job", f.job, "Job id")->required();
-  CLI::App* drain = app.add_subcommand("drain", "Remove a worker from a job");
-  drain->add_option("job", f.job, "Job id")->required();
-  drain->add_option("worker", f.worker, "Worker id")->required();
-  drain->add_option("--reason", f.reason, "Why (recorded in the events)");
-  CLI::App* stop = app.add_subcommand("stop", "Stop a job");
-  stop->add_option("job", f.job, "Job id")->required();
-  stop->add_option("--reason", f.reason, "Why (recorded in the events)");
-  CLI::App* watch = app.add_subcommand(
+  c.checkpoints->add_option("job", f.job, "Job id")->required();
+  c.drain = app.add_subcommand("drain", "Remove a worker from a job");
+  c.drain->add_option("job", f.job, "Job id")->required();
+  c.drain->add_option("worker", f.worker, "Worker id")->required();
+  c.drain->add_option("--reason", f.reason, "Why (recorded in the events)");
+  c.stop = app.add_subcommand("stop", "Stop a job");
+  c.stop->add_option("job", f.job, "Job id")->required();
+  c.stop->add_option("--reason", f.reason, "Why (recorded in the events)");
+  c.watch = app.add_subcommand(
       "watch",
       "Follow a job live until it ends: a table redrawn in place on a "
       "terminal, one snapshot per interval otherwise (-o json: one object "
       "per line). Exit 0 when the job succeeded, 3 when it failed or was "
       "stopped, 1 when the coordinator refuses (unknown job) or stays "
       "unreachable");
-  watch->add_option("job", f.job, "Job id")->required();
-  watch->add_option("--interval", f.interval_s, "Seconds between updates")
+  c.watch->add_option("job", f.job, "Job id")->required();
+  c.watch->add_option("--interval", f.interval_s, "Seconds between updates")
       ->capture_default_str()
       ->check(CLI::Range(0.1, 3600.0));
-  watch->footer(
+  c.watch->footer(
       "Example:\n  concordctl watch my-job --interval 1 --endpoint "
       "127.0.0.1:7070 --token-file operator.token");
+  return c;
+}
+
+[[noreturn]] void UsageError(const std::string& message) {
+  std::fprintf(stderr, "concordctl: %s\n", message.c_str());
+  std::exit(kUsageError);
+}
+
+// The operator token and the TLS credentials the flags name; a usage error
+// (exit 2) when either is missing or unreadable.
+struct Credentials {
+  std::string token;
+  std::shared_ptr<grpc::ChannelCredentials> channel;
+};
+
+Credentials LoadCredentials(Flags& f) {
+  if (f.token_file.empty()) {
+    f.token_file = concord::env::Get(concord::env::kTokenFile);
+  }
+  if (f.token_file.empty()) {
+    UsageError("--token-file F (or CONCORD_TOKEN_FILE) is required");
+  }
+  auto token = concord::ReadTokenFile(f.token_file);
+  if (!token.ok()) UsageError(std::string(token.status().message()));
+  auto tls =
+      concord::LoadClientTls(f.tls, {"--tls-ca", "--tls-cert", "--tls-key"});
+  if (!tls.ok()) UsageError(std::string(tls.status().message()));
+  return {*token, concord::ChannelCredentials(*tls)};
+}
+
+// Replicas (A,B,...): only the leader listens; take the first that accepts a
+// connection within its share of the deadline (the last one otherwise).
+std::shared_ptr<grpc::Channel> Connect(
+    const Flags& f, const std::shared_ptr<grpc::ChannelCredentials>& creds) {
+  const std::vector<std::string> replicas =
+      absl::StrSplit(f.endpoint, ',', absl::SkipWhitespace());
+  std::shared_ptr<grpc::Channel> channel;
+  for (const std::string& replica : replicas) {
+    channel = grpc::CreateChannel(replica, creds);
+    if (replicas.size() == 1 ||
+        channel->WaitForConnected(
+            std::chrono::system_clock::now() +
+            std::chrono::milliseconds(f.timeout_ms /
+                                      static_cast<int>(replicas.size())))) {
+      break;
+    }
+  }
+  return channel != nullptr ? channel : grpc::CreateChannel(f.endpoint, creds);
+}
+
+// One command's call to the coordinator and its output; a refused call ends
+// the program through `Fail`.
+class Ctl {
+ public:
+  using ContextFn = std::function<std::unique_ptr<grpc::ClientContext>()>;
+  Ctl(v1::OperatorService::Stub& stub, ContextFn context, const Flags& f)
+      : stub_(stub),
+        context_(std::move(context)),
+        f_(f),
+        json_(f.output == "json") {}
+
+  int Watch() {
+    concord::ctl::WatchOptions w;
+    w.job = f_.job;
+    w.interval = absl::Seconds(f_.interval_s);
+    w.json = json_;
+    return concord::ctl::Watch(stub_, context_, w);
+  }
+
+  void Jobs() {
+    v1::ListJobsResponse r;
+    Check(stub_.ListJobs(context_().get(), {}, &r));
+    if (!json_) return PrintJobsTable(r);
+    json j{{"jobs", json::array()}};
+    for (const auto& job : r.jobs()) j["jobs"].push_back(SummaryJson(job));
+    Print(j);
+  }
+
+  void Status() {
+    const v1::JobStatus r = GetJob();
+    if (!json_) return PrintStatusTable(r);
+    Print(StatusJson(r));
+  }
+
+  void Events() {
+    v1::ListEventsRequest req;
+    req.set_job_id(f_.job);
+    req.set_after_seq(f_.after);
+    req.set_limit(f_.limit);
+    v1::ListEventsResponse r;
+    Check(stub_.ListEvents(context_().get(), req, &r));
+    if (!json_) return PrintEventsTable(r.events());
+    json j{{"job_id", f_.job}, {"events", json::array()}};
+    for (const auto& e : r.events()) j["events"].push_back(EventJson(e));
+    Print(j);
+  }
+
+  void Checkpoints() {
+    const v1::JobStatus r = GetJob();
+    if (!json_) return PrintCheckpointsTable(r);
+    json j{{"job_id", f_.job},
+           {"checkpoints", json::array()},
+           {"totals", CheckpointTotalsJson(r.checkpoint_totals())}};
+    for (auto it = r.checkpoints().rbegin(); it != r.checkpoints().rend();
+         ++it) {
+      j["checkpoints"].push_back(CheckpointJson(*it));
+    }
+    Print(j);
+  }
+
+  void Drain() {
+    v1::DrainWorkerRequest req;
+    req.set_job_id(f_.job);
+    req.set_worker_id(f_.worker);
+    req.set_reason(f_.reason);
+    v1::DrainWorkerResponse r;
+    Check(stub_.DrainWorker(context_().get(), req, &r));
+    if (json_) {
+      return Print({{"job_id", f_.job},
+                    {"worker_id", f_.worker},
+                    {"ended_generation", r.ended_generation()}});
+    }
+    std::cout << "drained " << f_.worker << " from " << f_.job;
+    if (r.ended_generation() > 0) {
+      std::cout << " (generation " << r.ended_generation() << " ended)";
+    }
+    std::cout << "\n";
+  }
+
+  void Stop() {
+    v1::StopJobRequest req;
+    req.set_job_id(f_.job);
+    req.set_reason(f_.reason);
+    v1::StopJobResponse r;
+    Check(stub_.StopJob(context_().get(), req, &r));
+    if (json_) {
+      return Print({{"job_id", f_.job}, {"state", StateName(r.state())}});
+    }
+    std::cout << "job " << f_.job << ": " << StateName(r.state()) << "\n";
+  }
+
+ private:
+  static void Check(const grpc::Status& s) {
+    if (!s.ok()) Fail(s);
+  }
+  static void Print(const json& j) { std::cout << j.dump(2) << "\n"; }
+
+  v1::JobStatus GetJob() {
+    v1::GetJobRequest req;
+    req.set_job_id(f_.job);
+    v1::JobStatus r;
+    Check(stub_.GetJob(context_().get(), req, &r));
+    return r;
+  }
+
+  v1::OperatorService::Stub& stub_;
+  ContextFn context_;
+  const Flags& f_;
+  const bool json_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (WantsTopHelp(argc, argv)) {
+    PrintTopHelp();
+    return 0;
+  }
+  Flags f;
+  CLI::App app{"Operator CLI of a Concord coordinator", "concordctl"};
+  app.require_subcommand(1);
+  // Global options may follow the subcommand too (`status JOB -o json`).
+  app.fallthrough();
+  DeclareGlobalOptions(app, f);
+  const Commands commands = DeclareCommands(app, f);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -346,158 +530,33 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     std::string message = e.what();
     std::replace(message.begin(), message.end(), '\n', ' ');
-    std::fprintf(stderr, "concordctl: %s\n", message.c_str());
-    return kUsageError;
+    UsageError(message);
   }
-  if (f.token_file.empty()) {
-    f.token_file = concord::env::Get(concord::env::kTokenFile);
-  }
-  if (f.token_file.empty()) {
-    std::fprintf(stderr,
-                 "concordctl: --token-file F (or CONCORD_TOKEN_FILE) is "
-                 "required\n");
-    return kUsageError;
-  }
-  auto token = concord::ReadTokenFile(f.token_file);
-  if (!token.ok()) {
-    std::fprintf(stderr, "concordctl: %s\n",
-                 std::string(token.status().message()).c_str());
-    return kUsageError;
-  }
-
-  auto tls =
-      concord::LoadClientTls(f.tls, {"--tls-ca", "--tls-cert", "--tls-key"});
-  if (!tls.ok()) {
-    std::fprintf(stderr, "concordctl: %s\n",
-                 std::string(tls.status().message()).c_str());
-    return kUsageError;
-  }
-  // Replicas (A,B,...): only the leader listens; take the first that
-  // accepts a connection.
-  std::shared_ptr<grpc::Channel> channel;
-  const std::vector<std::string> replicas =
-      absl::StrSplit(f.endpoint, ',', absl::SkipWhitespace());
-  for (const std::string& replica : replicas) {
-    channel = grpc::CreateChannel(replica, concord::ChannelCredentials(*tls));
-    if (replicas.size() == 1 ||
-        channel->WaitForConnected(
-            std::chrono::system_clock::now() +
-            std::chrono::milliseconds(f.timeout_ms /
-                                      static_cast<int>(replicas.size())))) {
-      break;
-    }
-  }
-  if (channel == nullptr) {
-    channel =
-        grpc::CreateChannel(f.endpoint, concord::ChannelCredentials(*tls));
-  }
-  auto stub = v1::OperatorService::NewStub(channel);
-  auto context = [&] {
-    auto c = std::make_unique<grpc::ClientContext>();
-    c->set_deadline(std::chrono::system_clock::now() +
-                    std::chrono::milliseconds(f.timeout_ms));
-    concord::AddBearerToken(*c, *token);
-    return c;
-  };
-  const bool as_json = f.output == "json";
-  if (watch->parsed()) {
-    concord::ctl::WatchOptions w;
-    w.job = f.job;
-    w.interval = absl::Seconds(f.interval_s);
-    w.json = as_json;
-    return concord::ctl::Watch(*stub, context, w);
-  }
-
-  if (jobs->parsed() || (status->parsed() && f.job.empty())) {
-    v1::ListJobsResponse r;
-    grpc::Status s = stub->ListJobs(context().get(), {}, &r);
-    if (!s.ok()) Fail(s);
-    if (as_json) {
-      json j{{"jobs", json::array()}};
-      for (const auto& job : r.jobs()) j["jobs"].push_back(SummaryJson(job));
-      std::cout << j.dump(2) << "\n";
-    } else {
-      PrintJobsTable(r);
-    }
-  } else if (status->parsed()) {
-    v1::GetJobRequest req;
-    req.set_job_id(f.job);
-    v1::JobStatus r;
-    grpc::Status s = stub->GetJob(context().get(), req, &r);
-    if (!s.ok()) Fail(s);
-    if (as_json) {
-      std::cout << StatusJson(r).dump(2) << "\n";
-    } else {
-      PrintStatusTable(r);
-    }
-  } else if (events->parsed()) {
-    v1::ListEventsRequest req;
-    req.set_job_id(f.job);
-    req.set_after_seq(f.after);
-    req.set_limit(f.limit);
-    v1::ListEventsResponse r;
-    grpc::Status s = stub->ListEvents(context().get(), req, &r);
-    if (!s.ok()) Fail(s);
-    if (as_json) {
-      json j{{"job_id", f.job}, {"events", json::array()}};
-      for (const auto& e : r.events()) j["events"].push_back(EventJson(e));
-      std::cout << j.dump(2) << "\n";
-    } else {
-      PrintEventsTable(r.events());
-    }
-  } else if (checkpoints->parsed()) {
-    v1::GetJobRequest req;
-    req.set_job_id(f.job);
-    v1::JobStatus r;
-    grpc::Status s = stub->GetJob(context().get(), req, &r);
-    if (!s.ok()) Fail(s);
-    if (as_json) {
-      json j{{"job_id", f.job},
-             {"checkpoints", json::array()},
-             {"totals", CheckpointTotalsJson(r.checkpoint_totals())}};
-      for (auto it = r.checkpoints().rbegin(); it != r.checkpoints().rend();
-           ++it) {
-        j["checkpoints"].push_back(CheckpointJson(*it));
-      }
-      std::cout << j.dump(2) << "\n";
-    } else {
-      PrintCheckpointsTable(r);
-    }
-  } else if (drain->parsed()) {
-    v1::DrainWorkerRequest req;
-    req.set_job_id(f.job);
-    req.set_worker_id(f.worker);
-    req.set_reason(f.reason);
-    v1::DrainWorkerResponse r;
-    grpc::Status s = stub->DrainWorker(context().get(), req, &r);
-    if (!s.ok()) Fail(s);
-    if (as_json) {
-      std::cout << json{{"job_id", f.job},
-                        {"worker_id", f.worker},
-                        {"ended_generation", r.ended_generation()}}
-                       .dump(2)
-                << "\n";
-    } else {
-      std::cout << "drained " << f.worker << " from " << f.job;
-      if (r.ended_generation() > 0) {
-        std::cout << " (generation " << r.ended_generation() << " ended)";
-      }
-      std::cout << "\n";
-    }
-  } else if (stop->parsed()) {
-    v1::StopJobRequest req;
-    req.set_job_id(f.job);
-    req.set_reason(f.reason);
-    v1::StopJobResponse r;
-    grpc::Status s = stub->StopJob(context().get(), req, &r);
-    if (!s.ok()) Fail(s);
-    if (as_json) {
-      std::cout
-          << json{{"job_id", f.job}, {"state", StateName(r.state())}}.dump(2)
-          << "\n";
-    } else {
-      std::cout << "job " << f.job << ": " << StateName(r.state()) << "\n";
-    }
+  const Credentials credentials = LoadCredentials(f);
+  auto stub = v1::OperatorService::NewStub(Connect(f, credentials.channel));
+  Ctl ctl(
+      *stub,
+      [&] {
+        auto c = std::make_unique<grpc::ClientContext>();
+        c->set_deadline(std::chrono::system_clock::now() +
+                        std::chrono::milliseconds(f.timeout_ms));
+        concord::AddBearerToken(*c, credentials.token);
+        return c;
+      },
+      f);
+  if (commands.watch->parsed()) return ctl.Watch();
+  if (commands.jobs->parsed() || (commands.status->parsed() && f.job.empty())) {
+    ctl.Jobs();
+  } else if (commands.status->parsed()) {
+    ctl.Status();
+  } else if (commands.events->parsed()) {
+    ctl.Events();
+  } else if (commands.checkpoints->parsed()) {
+    ctl.Checkpoints();
+  } else if (commands.drain->parsed()) {
+    ctl.Drain();
+  } else if (commands.stop->parsed()) {
+    ctl.Stop();
   }
   return 0;
 }
