@@ -432,150 +432,76 @@ bool StartCheckpointTier(
   return true;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  concord::InstallCrashTraces("concord-run", argv[0]);
-  Options options = ParseArgs(argc, argv);
-  concord::InitLogging("concord-run", "warn");
-  if (!options.trace.empty()) CheckTrace(options);
-  if (!options.log_dir.empty()) concord::launcher::PrepareLogDir(options);
-  // A console that went away (a closed pipe) is not written to again; the
-  // job goes on (see Note [Worker output]).
-  signal(SIGPIPE, SIG_IGN);
-
-  sigset_t mask, old_mask;
+// SIGINT, SIGTERM and SIGCHLD, blocked and read from the returned
+// signalfd; `old_mask` is what the workers start with.
+int BlockSignals(sigset_t* old_mask) {
+  sigset_t mask;
   sigemptyset(&mask);
   sigaddset(&mask, SIGINT);
   sigaddset(&mask, SIGTERM);
   sigaddset(&mask, SIGCHLD);
-  sigprocmask(SIG_BLOCK, &mask, &old_mask);
-  const int signal_fd = signalfd(-1, &mask, SFD_CLOEXEC);
+  sigprocmask(SIG_BLOCK, &mask, old_mask);
+  return signalfd(-1, &mask, SFD_CLOEXEC);
+}
 
-  std::unique_ptr<concord::coordinator::Server> server;
-  std::string coordinator = options.coordinator;
-  std::string token_dir;
-  std::string worker_token;
-  if (options.standalone) {
-    concord::coordinator::ServerOptions server_options;
-    server_options.listen_address = "127.0.0.1:0";
-    server_options.worker_token = worker_token = concord::GenerateToken();
-    server_options.operator_token = concord::GenerateToken();
-    if (!options.history.empty()) {
-      server_options.history_file = options.history + "/coordinator.history";
+// What concord-run runs besides the workers: the embedded coordinator
+// (--standalone) and the node agent (unless --no-agent), started in that
+// order and stopped in the reverse one.
+class NodeServices {
+ public:
+  explicit NodeServices(Options& o) : o_(o), coordinator_(o.coordinator) {}
+
+  // Returns false (having said why) when one could not start.
+  bool Start() {
+    if (o_.standalone) {
+      if (!StartCoordinator()) return false;
+    } else {
+      worker_token_ = *concord::ReadTokenFile(o_.token_file);  // checked
     }
-    // The workers read their token from a file only this user can read.
-    std::string dir_template = "/tmp/concord-run-XXXXXX";
-    if (mkdtemp(dir_template.data()) == nullptr) {
-      Say(absl::StrCat("mkdtemp: ", std::strerror(errno)));
-      return 1;
-    }
-    token_dir = dir_template;
-    options.token_file = token_dir + "/worker-token";
-    const absl::Status written = concord::WriteTokenFile(
-        options.token_file, server_options.worker_token);
-    if (!written.ok()) {
-      Say(written.message());
-      return 1;
-    }
-    auto started = concord::coordinator::Server::Start(server_options);
-    if (!started.ok()) {
-      Say(absl::StrCat("cannot start the coordinator: ",
-                       started.status().ToString()));
-      return 1;
-    }
-    server = std::move(*started);
-    coordinator = server->address();
-  } else {
-    worker_token = *concord::ReadTokenFile(options.token_file);  // checked
+    return !o_.agent || StartAgent();
   }
 
-  std::unique_ptr<concord::agent::NodeAgent> agent;
-  std::string agent_dir;
-  if (options.agent) {
-    std::string dir_template = "/tmp/concord-agent-XXXXXX";
-    if (mkdtemp(dir_template.data()) == nullptr) {
-      Say(absl::StrCat("mkdtemp: ", std::strerror(errno)));
-      return 1;
-    }
-    agent_dir = dir_template;
-    concord::agent::NodeAgentOptions agent_options;
-    agent_options.coordinator = coordinator;
-    agent_options.token = worker_token;
-    agent_options.tls = *concord::LoadClientTls(  // checked
-        options.tls, {"--tls-ca", "--tls-cert", "--tls-key"});
-    agent_options.listen = "unix:" + agent_dir + "/agent.sock";
-    // See Note [Heartbeat batching] in agent/heartbeat_batcher.h.
-    const absl::Duration interval =
-        absl::Milliseconds(options.heartbeat_interval_ms);
-    agent_options.batch.interval = interval;
-    agent_options.batch.max_delay = interval / 4;
-    agent_options.batch.expect_within =
-        absl::Milliseconds(options.heartbeat_timeout_ms);
-    agent_options.test_linger =
-        absl::Milliseconds(options.test_agent_linger_ms);
-    auto started = concord::agent::NodeAgent::Start(agent_options);
-    if (!started.ok()) {
-      Say(absl::StrCat("cannot start the node agent: ",
-                       started.status().ToString()));
-      rmdir(agent_dir.c_str());
-      return 1;
-    }
-    agent = std::move(*started);
-    coordinator = agent->address();
-  }
+  // What the workers dial: the agent, else the coordinator.
+  const std::string& coordinator() const { return coordinator_; }
+  concord::agent::NodeAgent* agent() const { return agent_.get(); }
 
-  int status = 1;
-  CheckpointTier checkpoints;
-  // See Note [Checkpoints]: the coordinator hears of each write, done or
-  // failed, and of each snapshot only in memory (see Note [Resume source]),
-  // through the agent (which outlives the persister: it is stopped below
-  // first), or directly when it is embedded (--standalone).
-  std::function<void(const concord::checkpoint::PersistReport&)> report;
-  concord::agent::NodeAgent* reporter = agent.get();
-  concord::coordinator::Server* embedded_reporter = server.get();
-  if (reporter != nullptr || embedded_reporter != nullptr) {
+  // See Note [Checkpoints] in worker/checkpoint/checkpointer.h: the
+  // coordinator hears of each write, done or failed, and of each snapshot
+  // only in memory (see Note [Resume source]), through the agent (which
+  // outlives the persister: Stop comes after it), or directly when it is
+  // embedded. Empty when there is neither.
+  std::function<void(const concord::checkpoint::PersistReport&)>
+  CheckpointReporter() const {
+    concord::agent::NodeAgent* agent = agent_.get();
+    concord::coordinator::Server* embedded = server_.get();
+    if (agent == nullptr && embedded == nullptr) return nullptr;
     const std::string node =
-        options.node_id.empty() ? concord::HostName() : options.node_id;
-    report = [reporter, embedded_reporter,
-              node](const concord::checkpoint::PersistReport& w) {
-      concord::v1::CheckpointReport r;
-      r.set_step(w.step);
-      r.set_epoch(w.epoch);
-      r.set_samples(w.samples);
-      r.set_world_size(static_cast<int32_t>(w.world_size));
-      r.set_generation(w.generation);
-      r.set_path(w.path);
-      r.set_bytes(w.bytes);
-      r.set_write_seconds(w.seconds);
-      r.set_stall_seconds(w.stall_seconds);
-      r.set_skipped(w.skipped);
-      r.set_error(w.error);
-      r.set_memory(w.memory);
-      r.set_written_unix_ms(absl::ToUnixMillis(absl::Now()));
-      r.set_node(node);
-      if (reporter != nullptr) {
-        reporter->CheckpointReported(w.job, r);
+        o_.node_id.empty() ? concord::HostName() : o_.node_id;
+    return [agent, embedded,
+            node](const concord::checkpoint::PersistReport& w) {
+      const concord::v1::CheckpointReport r = ReportOf(w, node);
+      if (agent != nullptr) {
+        agent->CheckpointReported(w.job, r);
         return;
       }
-      embedded_reporter->host().Mutate([&](concord::coordinator::Core& core) {
+      embedded->host().Mutate([&](concord::coordinator::Core& core) {
         if (absl::Status s = core.CheckpointReported(w.job, r); !s.ok()) {
           concord::Log()->warn("checkpoint report refused: {}", s.ToString());
         }
       });
     };
   }
-  if (StartCheckpointTier(options, checkpoints, std::move(report)) &&
-      (options.trace.empty() || MakeTraceParts(options))) {
-    // See Note [Exit status] in tools/launcher.h: the job's state as the
-    // embedded coordinator or the agent knows it.
-    concord::coordinator::Server* embedded = server.get();
-    concord::agent::NodeAgent* node_agent = agent.get();
-    const std::string job_id = options.job_id;
-    auto job_word = [embedded, node_agent, job_id] {
+
+  // See Note [Exit status] in tools/launcher.h: the job's state as the
+  // embedded coordinator or the agent knows it.
+  std::function<concord::launcher::JobWord()> JobWord() const {
+    concord::coordinator::Server* embedded = server_.get();
+    concord::agent::NodeAgent* agent = agent_.get();
+    const std::string job_id = o_.job_id;
+    return [embedded, agent, job_id] {
       concord::launcher::JobWord word;
-      if (node_agent != nullptr) {
-        const auto news = node_agent->job_news(job_id);
+      if (agent != nullptr) {
+        const auto news = agent->job_news(job_id);
         if (news.state != concord::v1::JOB_STATE_UNSPECIFIED) {
           word.state = news.state;
           word.failure = news.failure;
@@ -592,38 +518,188 @@ int main(int argc, char** argv) {
       }
       return word;
     };
-    concord::launcher::Supervisor supervisor{options,   coordinator, old_mask,
-                                             signal_fd, node_agent,  job_word};
-    status = supervisor.Run();
-    if (!options.trace_parts.empty() && !MergeTrace(options) && status == 0) {
-      status = 1;
+  }
+
+  // The agent first (after the checkpoints' last reports, when there are
+  // checkpoints), then the coordinator, then the files they used.
+  void Stop() {
+    if (agent_) {
+      if (o_.checkpoint.enabled()) agent_->AwaitWrites(absl::Seconds(2));
+      agent_->Shutdown();
+      agent_.reset();
+    }
+    if (!agent_dir_.empty()) {
+      unlink((agent_dir_ + "/agent.sock").c_str());
+      rmdir(agent_dir_.c_str());
+      agent_dir_.clear();
+    }
+    if (server_) {
+      server_->Shutdown();
+      server_.reset();
+    }
+    if (!token_dir_.empty()) {
+      unlink(o_.token_file.c_str());
+      rmdir(token_dir_.c_str());
+      token_dir_.clear();
     }
   }
-  // The last checkpoint is written (and reported) before the agent stops.
-  checkpoints.persister.reset();
-  if (agent) {
-    if (options.checkpoint.enabled()) agent->AwaitWrites(absl::Seconds(2));
-    agent->Shutdown();
-    agent.reset();
-    unlink((agent_dir + "/agent.sock").c_str());
-    rmdir(agent_dir.c_str());
+
+ private:
+  static concord::v1::CheckpointReport ReportOf(
+      const concord::checkpoint::PersistReport& w, const std::string& node) {
+    concord::v1::CheckpointReport r;
+    r.set_step(w.step);
+    r.set_epoch(w.epoch);
+    r.set_samples(w.samples);
+    r.set_world_size(static_cast<int32_t>(w.world_size));
+    r.set_generation(w.generation);
+    r.set_path(w.path);
+    r.set_bytes(w.bytes);
+    r.set_write_seconds(w.seconds);
+    r.set_stall_seconds(w.stall_seconds);
+    r.set_skipped(w.skipped);
+    r.set_error(w.error);
+    r.set_memory(w.memory);
+    r.set_written_unix_ms(absl::ToUnixMillis(absl::Now()));
+    r.set_node(node);
+    return r;
   }
-  if (server) server->Shutdown();
-  if (!token_dir.empty()) {
-    unlink(options.token_file.c_str());
-    rmdir(token_dir.c_str());
+
+  // A directory only this user can enter, under /tmp; empty (said why) when
+  // it could not be made.
+  static std::string PrivateDir(const char* name) {
+    std::string dir = absl::StrCat("/tmp/", name, "-XXXXXX");
+    if (mkdtemp(dir.data()) == nullptr) {
+      Say(absl::StrCat("mkdtemp: ", std::strerror(errno)));
+      return "";
+    }
+    return dir;
   }
-  checkpoints.Release();
-  // Everything is shut down and written: the process ends without running
-  // static destructors. concord-run links LibTorch for the checkpoints'
-  // writer, and the teardown of LibTorch's and gRPC's statics at exit, in
-  // an order neither controls, tripped gRPC's reference-count assertion
-  // (SIGABRT after the work was done) in about one run in five. (The same
-  // assertion came back at the agent's shutdown: see Note [Where gRPC objects
-  // end] in agent/node_agent_impl.h.)
-  server.reset();
+
+  // --standalone: a coordinator on a free loopback port with fresh worker
+  // and operator tokens; the workers read theirs from a file only this user
+  // can read.
+  bool StartCoordinator() {
+    concord::coordinator::ServerOptions so;
+    so.listen_address = "127.0.0.1:0";
+    so.worker_token = worker_token_ = concord::GenerateToken();
+    so.operator_token = concord::GenerateToken();
+    if (!o_.history.empty()) {
+      so.history_file = o_.history + "/coordinator.history";
+    }
+    token_dir_ = PrivateDir("concord-run");
+    if (token_dir_.empty()) return false;
+    o_.token_file = token_dir_ + "/worker-token";
+    if (absl::Status s =
+            concord::WriteTokenFile(o_.token_file, so.worker_token);
+        !s.ok()) {
+      Say(s.message());
+      return false;
+    }
+    auto started = concord::coordinator::Server::Start(so);
+    if (!started.ok()) {
+      Say(absl::StrCat("cannot start the coordinator: ",
+                       started.status().ToString()));
+      return false;
+    }
+    server_ = std::move(*started);
+    coordinator_ = server_->address();
+    return true;
+  }
+
+  // See Note [Node agents] in agent/node_agent.h: on a unix socket in a
+  // private directory, towards coordinator_.
+  bool StartAgent() {
+    agent_dir_ = PrivateDir("concord-agent");
+    if (agent_dir_.empty()) return false;
+    concord::agent::NodeAgentOptions ao;
+    ao.coordinator = coordinator_;
+    ao.token = worker_token_;
+    ao.tls = *concord::LoadClientTls(  // checked
+        o_.tls, {"--tls-ca", "--tls-cert", "--tls-key"});
+    ao.listen = "unix:" + agent_dir_ + "/agent.sock";
+    // See Note [Heartbeat batching] in agent/heartbeat_batcher.h.
+    const absl::Duration interval =
+        absl::Milliseconds(o_.heartbeat_interval_ms);
+    ao.batch.interval = interval;
+    ao.batch.max_delay = interval / 4;
+    ao.batch.expect_within = absl::Milliseconds(o_.heartbeat_timeout_ms);
+    ao.test_linger = absl::Milliseconds(o_.test_agent_linger_ms);
+    auto started = concord::agent::NodeAgent::Start(ao);
+    if (!started.ok()) {
+      Say(absl::StrCat("cannot start the node agent: ",
+                       started.status().ToString()));
+      return false;
+    }
+    agent_ = std::move(*started);
+    coordinator_ = agent_->address();
+    return true;
+  }
+
+  Options& o_;
+  std::string coordinator_;
+  std::string worker_token_;
+  std::string token_dir_;
+  std::string agent_dir_;
+  std::unique_ptr<concord::coordinator::Server> server_;
+  std::unique_ptr<concord::agent::NodeAgent> agent_;
+};
+
+// Runs the workers (with the checkpoint tier and the trace parts they
+// need) and returns concord-run's exit status.
+int Supervise(Options& options, const NodeServices& node, sigset_t old_mask,
+              int signal_fd, CheckpointTier& checkpoints) {
+  if (!StartCheckpointTier(options, checkpoints, node.CheckpointReporter()) ||
+      (!options.trace.empty() && !MakeTraceParts(options))) {
+    return 1;
+  }
+  concord::launcher::Supervisor supervisor{options,      node.coordinator(),
+                                           old_mask,     signal_fd,
+                                           node.agent(), node.JobWord()};
+  int status = supervisor.Run();
+  if (!options.trace_parts.empty() && !MergeTrace(options) && status == 0) {
+    status = 1;
+  }
+  return status;
+}
+
+// Everything is shut down and written: the process ends without running
+// static destructors. concord-run links LibTorch for the checkpoints'
+// writer, and the teardown of LibTorch's and gRPC's statics at exit, in an
+// order neither controls, tripped gRPC's reference-count assertion (SIGABRT
+// after the work was done) in about one run in five. (The same assertion
+// came back at the agent's shutdown: see Note [Where gRPC objects end] in
+// agent/node_agent_impl.h.)
+[[noreturn]] void EndProcess(int status, const Options& options) {
   std::fflush(nullptr);
   // The test hook's second half: the process outlives a lingering reaction.
   absl::SleepFor(absl::Milliseconds(2 * options.test_agent_linger_ms));
   _exit(status);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  concord::InstallCrashTraces("concord-run", argv[0]);
+  Options options = ParseArgs(argc, argv);
+  concord::InitLogging("concord-run", "warn");
+  if (!options.trace.empty()) CheckTrace(options);
+  if (!options.log_dir.empty()) concord::launcher::PrepareLogDir(options);
+  // A console that went away (a closed pipe) is not written to again; the
+  // job goes on (see Note [Worker output]).
+  signal(SIGPIPE, SIG_IGN);
+  sigset_t old_mask;
+  const int signal_fd = BlockSignals(&old_mask);
+
+  NodeServices node(options);
+  int status = 1;
+  CheckpointTier checkpoints;
+  if (node.Start()) {
+    status = Supervise(options, node, old_mask, signal_fd, checkpoints);
+  }
+  // The last checkpoint is written (and reported) before the agent stops.
+  checkpoints.persister.reset();
+  node.Stop();
+  checkpoints.Release();
+  EndProcess(status, options);
 }
