@@ -221,174 +221,217 @@ bool Terminal(v1::JobState state) {
          state == v1::JOB_STATE_STOPPED;
 }
 
-}  // namespace
+// One Supervisor::Run: every run of every local worker, what became of
+// them, and concord-run's exit status from that and the job's word.
+class Supervision {
+ public:
+  explicit Supervision(const Supervisor& s) : s_(s), o_(s.options) {}
 
-int Supervisor::Run() {
-  const Options& o = options;
-  std::vector<std::unique_ptr<Worker>> workers;  // every run, in start order
-  for (int i = 0; i < o.nproc; ++i) {
-    workers.push_back(Spawn(o, coordinator, i, 0, child_mask));
+  int Run() {
+    for (int i = 0; i < o_.nproc; ++i) {
+      workers_.push_back(Spawn(o_, s_.coordinator, i, 0, s_.child_mask));
+    }
+    for (;;) {
+      const size_t count = workers_.size();  // not the restarts Reap adds
+      for (size_t i = 0; i < count; ++i) Reap(i);
+      const Tally tally = Count();
+      if (tally.all_done) break;
+      StopBelowMinWorkers(tally);
+      if (terminating_ && absl::Now() > kill_at_) {
+        TerminateAll(SIGKILL);
+        kill_at_ = absl::InfiniteFuture();
+      }
+      PollOutputAndSignals();
+    }
+    return ExitStatus();
   }
-  std::vector<const Worker*> lost;      // failed runs, in death order
-  std::optional<size_t> first_failure;  // failed for good (index)
-  int interrupted = 0;                  // the signal that stopped us
-  bool terminating = false, below_min = false;
-  absl::Time kill_at = absl::InfiniteFuture();
-  auto terminate_all = [&](int sig) {
-    for (auto& w : workers) {
-      if (!w->wait_status) kill(w->pid, sig);
-    }
-  };
-  for (;;) {
-    // Reap; report deaths; restart what failed while restarts are left.
-    const size_t count = workers.size();
-    for (size_t i = 0; i < count; ++i) {
-      Worker& w = *workers[i];
-      if (w.wait_status) continue;
-      int status = 0;
-      if (waitpid(w.pid, &status, WNOHANG) != w.pid) continue;
-      w.wait_status = status;
-      w.ended = absl::Now();
-      // First, so that the others re-form at once (see Note [Exited workers]).
-      if (agent != nullptr) agent->WorkerExited(w.id, How(status));
-      Drain(w);  // what it wrote before it died
-      if (StatusOf(status) == 0) continue;
-      if (terminating) {  // concord-run was stopping it: one line
-        Say(absl::StrFormat(
-            "worker %d (pid %d, worker id %s) ended after %s: %s "
-            "(being stopped)",
-            w.index, w.pid, w.id, Seconds(w.ended - w.started), How(status)));
-        continue;
-      }
-      lost.push_back(&w);
-      // A job that failed or was stopped is not restarted by a restarted
-      // worker (a new process would start it again: see Note [Starting again]
-      // in coordinator/core/core.h); running the command again does that.
-      std::string ended;
-      if (job_word) {
-        const JobWord word = job_word();
-        if (word.state == v1::JOB_STATE_FAILED ||
-            word.state == v1::JOB_STATE_STOPPED) {
-          ended = word.state == v1::JOB_STATE_FAILED ? "the job failed"
-                                                     : "the job was stopped";
-        }
-      }
-      const bool restart = w.restarts < o.max_restarts && ended.empty();
-      ReportDeath(o, w, restart, ended);
-      if (restart) {
-        w.restarted = true;
-        workers.push_back(
-            Spawn(o, coordinator, w.index, w.restarts + 1, child_mask));
-      } else if (!first_failure) {
-        first_failure = i;
-      }
-    }
-    bool all_done = true;
+
+ private:
+  struct Tally {
+    bool all_done = true;   // every run reaped, its output drained
     bool finished = false;  // a worker is done training: so is the job
     int alive = 0;          // local workers still running
-    for (auto& w : workers) {
-      all_done = all_done && w->wait_status && w->out.fd < 0 && w->err.fd < 0;
-      if (!w->wait_status) ++alive;
-      if (w->wait_status && StatusOf(*w->wait_status) == 0) finished = true;
+  };
+
+  void TerminateAll(int sig) {
+    for (auto& w : workers_) {
+      if (!w->wait_status) kill(w->pid, sig);
     }
-    if (all_done) break;
-    // A worker that failed for good: the others go on while the job can
-    // still have min_workers members (with more workers elsewhere, the
-    // coordinator decides; its rendezvous timeout ends the job).
-    if (first_failure && !terminating && !finished && alive > 0 &&
-        alive < o.min_workers && o.standalone) {
-      Say(absl::StrCat(alive, " worker(s) left, fewer than --min-workers ",
-                       o.min_workers, ": the job cannot go on; stopping them"));
-      terminating = below_min = true;
-      terminate_all(SIGTERM);
-      kill_at = absl::Now() + absl::Seconds(5);
+  }
+
+  // Why a failed run is not restarted whatever the restarts left: the job
+  // failed or was stopped (a new process would start it again: see Note
+  // [Starting again] in coordinator/core/core.h; running the command again
+  // does that). Empty otherwise.
+  std::string JobEnded() const {
+    if (!s_.job_word) return "";
+    const JobWord word = s_.job_word();
+    if (word.state == v1::JOB_STATE_FAILED) return "the job failed";
+    if (word.state == v1::JOB_STATE_STOPPED) return "the job was stopped";
+    return "";
+  }
+
+  // Reaps workers_[i] if it ended; reports a death; restarts a failed run
+  // while restarts are left.
+  void Reap(size_t i) {
+    Worker& w = *workers_[i];
+    if (w.wait_status) return;
+    int status = 0;
+    if (waitpid(w.pid, &status, WNOHANG) != w.pid) return;
+    w.wait_status = status;
+    w.ended = absl::Now();
+    // First, so that the others re-form at once (see Note [Exited workers]).
+    if (s_.agent != nullptr) s_.agent->WorkerExited(w.id, How(status));
+    Drain(w);  // what it wrote before it died
+    if (StatusOf(status) == 0) return;
+    if (terminating_) {  // concord-run was stopping it: one line
+      Say(absl::StrFormat(
+          "worker %d (pid %d, worker id %s) ended after %s: %s (being "
+          "stopped)",
+          w.index, w.pid, w.id, Seconds(w.ended - w.started), How(status)));
+      return;
     }
-    if (terminating && absl::Now() > kill_at) {
-      terminate_all(SIGKILL);
-      kill_at = absl::InfiniteFuture();
+    lost_.push_back(&w);
+    const std::string ended = JobEnded();
+    const bool restart = w.restarts < o_.max_restarts && ended.empty();
+    ReportDeath(o_, w, restart, ended);
+    if (restart) {
+      w.restarted = true;
+      workers_.push_back(
+          Spawn(o_, s_.coordinator, w.index, w.restarts + 1, s_.child_mask));
+    } else if (!first_failure_) {
+      first_failure_ = i;
     }
+  }
+
+  Tally Count() const {
+    Tally t;
+    for (const auto& w : workers_) {
+      t.all_done =
+          t.all_done && w->wait_status && w->out.fd < 0 && w->err.fd < 0;
+      if (!w->wait_status) ++t.alive;
+      if (w->wait_status && StatusOf(*w->wait_status) == 0) t.finished = true;
+    }
+    return t;
+  }
+
+  // A worker that failed for good: the others go on while the job can still
+  // have min_workers members (with more workers elsewhere, the coordinator
+  // decides; its rendezvous timeout ends the job).
+  void StopBelowMinWorkers(const Tally& t) {
+    if (!first_failure_ || terminating_ || t.finished || t.alive == 0 ||
+        t.alive >= o_.min_workers || !o_.standalone) {
+      return;
+    }
+    Say(absl::StrCat(t.alive, " worker(s) left, fewer than --min-workers ",
+                     o_.min_workers, ": the job cannot go on; stopping them"));
+    terminating_ = below_min_ = true;
+    TerminateAll(SIGTERM);
+    kill_at_ = absl::Now() + absl::Seconds(5);
+  }
+
+  // Up to 100 ms: the workers' output passed on; SIGINT or SIGTERM passed
+  // to them (SIGKILL 10 s later); SIGCHLD only wakes the loop.
+  void PollOutputAndSignals() {
     std::vector<pollfd> fds;
     std::vector<std::pair<Worker*, Stream*>> owners;
-    for (auto& w : workers) {
+    for (auto& w : workers_) {
       for (Stream* s : {&w->out, &w->err}) {
         if (s->fd < 0) continue;
         fds.push_back({s->fd, POLLIN, 0});
         owners.emplace_back(w.get(), s);
       }
     }
-    fds.push_back({signal_fd, POLLIN, 0});
+    fds.push_back({s_.signal_fd, POLLIN, 0});
     poll(fds.data(), fds.size(), 100);
     for (size_t i = 0; i < owners.size(); ++i) {
       if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) {
         Pump(*owners[i].first, *owners[i].second);
       }
     }
-    if (fds.back().revents & POLLIN) {
-      signalfd_siginfo info;
-      if (read(signal_fd, &info, sizeof(info)) == sizeof(info) &&
-          info.ssi_signo != SIGCHLD) {
-        Say(absl::StrCat("got signal ", info.ssi_signo, "; stopping workers"));
-        interrupted = static_cast<int>(info.ssi_signo);
-        terminate_all(interrupted);
-        if (!terminating) {
-          terminating = true;
-          kill_at = absl::Now() + absl::Seconds(10);
-        }
-      }
+    if (!(fds.back().revents & POLLIN)) return;
+    signalfd_siginfo info;
+    if (read(s_.signal_fd, &info, sizeof(info)) != sizeof(info) ||
+        info.ssi_signo == SIGCHLD) {
+      return;
+    }
+    Say(absl::StrCat("got signal ", info.ssi_signo, "; stopping workers"));
+    interrupted_ = static_cast<int>(info.ssi_signo);
+    TerminateAll(interrupted_);
+    if (!terminating_) {
+      terminating_ = true;
+      kill_at_ = absl::Now() + absl::Seconds(10);
     }
   }
 
   // See Note [Exit status].
-  if (agent != nullptr) agent->AwaitExitReports(kExitAnswers);
-  const JobWord word = job_word ? job_word() : JobWord{};
-  const v1::JobState state = word.state.value_or(v1::JOB_STATE_UNSPECIFIED);
-  std::vector<std::string> names;
-  for (const Worker* w : lost) {
-    names.push_back(absl::StrFormat("worker %d (%s: %s%s)", w->index, w->id,
-                                    How(*w->wait_status),
-                                    w->restarted ? "; restarted" : ""));
-  }
-  const std::string lost_text = absl::StrJoin(names, ", ");
-  const int failed_status =
-      first_failure ? StatusOf(*workers[*first_failure]->wait_status) : 0;
-  const std::string& job = o.job_id;
-  if (state == v1::JOB_STATE_SUCCEEDED || word.completed) {
-    if (!lost.empty()) {
+  int ExitStatus() const {
+    if (s_.agent != nullptr) s_.agent->AwaitExitReports(kExitAnswers);
+    const JobWord word = s_.job_word ? s_.job_word() : JobWord{};
+    const v1::JobState state = word.state.value_or(v1::JOB_STATE_UNSPECIFIED);
+    std::vector<std::string> names;
+    for (const Worker* w : lost_) {
+      names.push_back(absl::StrFormat("worker %d (%s: %s%s)", w->index, w->id,
+                                      How(*w->wait_status),
+                                      w->restarted ? "; restarted" : ""));
+    }
+    const std::string lost_text = absl::StrJoin(names, ", ");
+    const int failed_status =
+        first_failure_ ? StatusOf(*workers_[*first_failure_]->wait_status) : 0;
+    const std::string& job = o_.job_id;
+    if (state == v1::JOB_STATE_SUCCEEDED || word.completed) {
+      if (!lost_.empty()) {
+        Say(absl::StrCat(
+            "job ", job,
+            " completed; worker run(s) lost on the way: ", lost_text));
+      }
+      return 0;
+    }
+    if (interrupted_ != 0) return 128 + interrupted_;
+    if (state == v1::JOB_STATE_FAILED || state == v1::JOB_STATE_STOPPED) {
       Say(absl::StrCat(
           "job ", job,
-          " completed; worker run(s) lost on the way: ", lost_text));
+          state == v1::JOB_STATE_FAILED ? " failed" : " was stopped",
+          word.failure.empty() ? "" : ": ", word.failure,
+          lost_.empty() ? "" : "; worker run(s) lost: ", lost_text));
+      return failed_status != 0 ? failed_status : 1;
     }
-    return 0;
-  }
-  if (interrupted != 0) return 128 + interrupted;
-  if (state == v1::JOB_STATE_FAILED || state == v1::JOB_STATE_STOPPED) {
-    Say(absl::StrCat("job ", job,
-                     state == v1::JOB_STATE_FAILED ? " failed" : " was stopped",
-                     word.failure.empty() ? "" : ": ", word.failure,
-                     lost.empty() ? "" : "; worker run(s) lost: ", lost_text));
-    return failed_status != 0 ? failed_status : 1;
-  }
-  if (!first_failure) {
-    if (!lost.empty()) {
-      Say(
-          absl::StrCat("every local worker's last run exited 0; worker run(s) "
-                       "lost on the way: ",
-                       lost_text));
+    if (!first_failure_) {
+      if (!lost_.empty()) {
+        Say(absl::StrCat(
+            "every local worker's last run exited 0; worker run(s) lost on "
+            "the way: ",
+            lost_text));
+      }
+      return 0;
     }
-    return 0;
+    const Worker& failed = *workers_[*first_failure_];
+    std::vector<std::string> why;
+    if (below_min_) why.push_back("below --min-workers");
+    if (!Terminal(state) && state != v1::JOB_STATE_UNSPECIFIED) {
+      why.push_back(
+          absl::StrCat("the coordinator says ", v1::JobState_Name(state)));
+    }
+    why.push_back(absl::StrCat("worker run(s) lost: ", lost_text));
+    Say(absl::StrCat(
+        "job ", job, " did not complete here: ", absl::StrJoin(why, "; "),
+        "; exit status ", failed_status, " (worker ", failed.index, "'s)"));
+    return failed_status;
   }
-  const Worker& failed = *workers[*first_failure];
-  std::vector<std::string> why;
-  if (below_min) why.push_back("below --min-workers");
-  if (!Terminal(state) && state != v1::JOB_STATE_UNSPECIFIED) {
-    why.push_back(
-        absl::StrCat("the coordinator says ", v1::JobState_Name(state)));
-  }
-  why.push_back(absl::StrCat("worker run(s) lost: ", lost_text));
-  Say(absl::StrCat(
-      "job ", job, " did not complete here: ", absl::StrJoin(why, "; "),
-      "; exit status ", failed_status, " (worker ", failed.index, "'s)"));
-  return failed_status;
-}
+
+  const Supervisor& s_;
+  const Options& o_;
+  std::vector<std::unique_ptr<Worker>> workers_;  // every run, in start order
+  std::vector<const Worker*> lost_;               // failed runs, death order
+  std::optional<size_t> first_failure_;           // failed for good (index)
+  int interrupted_ = 0;                           // the signal that stopped us
+  bool terminating_ = false;
+  bool below_min_ = false;
+  absl::Time kill_at_ = absl::InfiniteFuture();
+};
+
+}  // namespace
+
+int Supervisor::Run() { return Supervision(*this).Run(); }
 
 }  // namespace concord::launcher
