@@ -346,6 +346,195 @@ absl::StatusOr<NamedTensors> TensorsOf(const c10::IValue& v,
   return out;
 }
 
+// A checkpoint's files written into a staging directory next to where it
+// will be, with the manifest that lists them (see Note [Archive checksums]).
+class Staging {
+ public:
+  Staging(std::string path, json manifest)
+      : path_(std::move(path)), manifest_(std::move(manifest)) {}
+
+  // Makes the directory (an earlier one of this step and process removed).
+  static absl::StatusOr<Staging> Make(const std::string& job_dir,
+                                      const Content& content,
+                                      const std::string& job) {
+    std::error_code ec;
+    fs::create_directories(job_dir, ec);
+    if (ec) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot make ", job_dir, ": ", ec.message()));
+    }
+    const int64_t step = content.counters.step;
+    std::string path = (fs::path(job_dir) /
+                        absl::StrCat(".staging-step-", step, "-", ::getpid()))
+                           .string();
+    RemoveAll(path, nullptr);
+    if (::mkdir(path.c_str(), 0755) != 0) return Errno("cannot make", path);
+    return Staging(std::move(path), ManifestOf(content, job));
+  }
+
+  const std::string& path() const { return path_; }
+  uint64_t bytes() const { return bytes_; }
+
+  // One file per module and per optimizer of a known type, then the rest
+  // (counters, extra tensors, the optimizers' native states) in state.pt.
+  absl::Status WriteContent(const Content& content) {
+    std::set<std::string> taken;
+    NamedTensors state = content.extra;
+    for (const auto& [name, tensors] : content.modules) {
+      CONCORD_ASSIGN_OR_RETURN(const std::string file, FileOf(name, taken));
+      CONCORD_RETURN_IF_ERROR(
+          Add(file, TensorDict(tensors), {{"kind", "module"}, {"name", name}}));
+      manifest_["modules"].push_back(name);
+    }
+    for (const OptimizerContent& o : content.optimizers) {
+      manifest_["optimizers"].push_back({{"name", o.name}, {"type", o.type}});
+      if (o.type.empty()) {
+        state.emplace_back(absl::StrCat("optimizer/", o.name), o.native);
+        continue;
+      }
+      CONCORD_ASSIGN_OR_RETURN(const std::string file, FileOf(o.name, taken));
+      CONCORD_RETURN_IF_ERROR(
+          Add(file, OptimizerToIValue(o),
+              {{"kind", "optimizer"}, {"name", o.name}, {"type", o.type}}));
+    }
+    return Add(kStateFile, TensorDict(state), {{"kind", "state"}});
+  }
+
+  // The manifest last, then the directory's entries made durable.
+  absl::Status Seal() {
+    CONCORD_RETURN_IF_ERROR(
+        WriteTextFile((fs::path(path_) / kManifest).string(),
+                      manifest_.dump(2) + "\n")
+            .status());
+    return SyncDir(path_);
+  }
+
+ private:
+  static json ManifestOf(const Content& content, const std::string& job) {
+    return {{"format", kFormat},
+            {"version", kFormatVersion},
+            {"job", job},
+            {"step", content.counters.step},
+            {"epoch", content.counters.epoch},
+            {"samples", content.counters.position},
+            {"world_size", content.counters.world_size},
+            {"generation", content.counters.generation},
+            {"created_unix_ms",
+             std::chrono::duration_cast<std::chrono::milliseconds>(
+                 std::chrono::system_clock::now().time_since_epoch())
+                 .count()},
+            {"modules", json::array()},
+            {"optimizers", json::array()},
+            {"files", json::object()}};
+  }
+
+  absl::Status Add(const std::string& file, const c10::IValue& value,
+                   json description) {
+    CONCORD_ASSIGN_OR_RETURN(
+        const Written w,
+        WriteArchiveFile((fs::path(path_) / file).string(), value));
+    description["size"] = w.size;
+    description["crc32"] = w.crc;
+    manifest_["files"][file] = std::move(description);
+    bytes_ += w.size;
+    return absl::OkStatus();
+  }
+
+  std::string path_;
+  json manifest_;
+  uint64_t bytes_ = 0;
+};
+
+// Renames the sealed staging directory to step-N (an older step-N moved
+// aside first, removed once the new one is in place).
+absl::Status Publish(const std::string& staging, const std::string& job_dir,
+                     const std::string& final_dir, int64_t step) {
+  std::string trash;
+  if (fs::exists(final_dir)) {
+    // An older run's (passed over at load, or this very step again).
+    trash = (fs::path(job_dir) /
+             absl::StrCat(".trash-step-", step, "-", ::getpid()))
+                .string();
+    RemoveAll(trash, nullptr);
+    if (::rename(final_dir.c_str(), trash.c_str()) != 0) {
+      return Errno("cannot move aside", final_dir);
+    }
+  }
+  if (::rename(staging.c_str(), final_dir.c_str()) != 0) {
+    return Errno("cannot rename into place", final_dir);
+  }
+  CONCORD_RETURN_IF_ERROR(SyncDir(job_dir));
+  if (!trash.empty()) RemoveAll(trash, nullptr);
+  return absl::OkStatus();
+}
+
+// The temporary file `latest` is written to before its rename.
+std::string LatestTmp(const std::string& job_dir) {
+  return (fs::path(job_dir) / absl::StrCat(".latest-", ::getpid())).string();
+}
+
+// `latest` says step-N, replaced by rename.
+absl::Status ReplaceLatest(const std::string& job_dir, int64_t step,
+                           WriteFault fault) {
+  const std::string latest = (fs::path(job_dir) / "latest").string();
+  const std::string latest_tmp = LatestTmp(job_dir);
+  std::remove(latest_tmp.c_str());
+  const std::string text = absl::StrCat("step-", step, "\n");
+  if (fault == WriteFault::kDuringLatest) {
+    (void)WriteTextFile(latest_tmp, text.substr(0, text.size() / 2));
+    return absl::AbortedError("test fault while replacing latest");
+  }
+  CONCORD_RETURN_IF_ERROR(WriteTextFile(latest_tmp, text).status());
+  if (::rename(latest_tmp.c_str(), latest.c_str()) != 0) {
+    const absl::Status s = Errno("cannot rename into place", latest);
+    std::remove(latest_tmp.c_str());
+    return s;
+  }
+  return SyncDir(job_dir);
+}
+
+// After step `step` is in place: the complete ones beyond `keep` go, and
+// what crashed writers left (staging, trash, `latest` temporaries).
+void Prune(const std::string& dir, const std::string& job, int64_t step,
+           int keep) {
+  std::vector<Scanned> all = ScanAll(dir, job);
+  int kept = 0;
+  int64_t oldest_kept = step;
+  for (const Scanned& s : all) {
+    if (!s.status.ok()) continue;
+    if (s.info.step > step) continue;  // another writer's newer one
+    if (++kept > keep) {
+      RemoveAll(s.info.path, nullptr);
+    } else {
+      oldest_kept = s.info.step;
+    }
+  }
+  // A damaged one is never loaded; it goes once `keep` complete ones newer
+  // than it exist (until then it is left for a person to look at).
+  if (kept >= keep) {
+    for (const Scanned& s : all) {
+      const int64_t at =
+          StepOf(fs::path(s.info.path).filename().string(), "step-");
+      if (!s.status.ok() && at >= 0 && at < oldest_kept) {
+        RemoveAll(s.info.path, nullptr);
+      }
+    }
+  }
+  const std::string job_dir = JobDir(dir, job);
+  const std::string own_latest_tmp = LatestTmp(job_dir);
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(job_dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    const int64_t staged =
+        std::max(StepOf(name, ".staging-step-"), StepOf(name, ".trash-step-"));
+    if (staged >= 0 && staged < step) RemoveAll(entry.path().string(), nullptr);
+    if (absl::StartsWith(name, ".latest-") && name != ".latest-" &&
+        entry.path().string() != own_latest_tmp) {
+      std::remove(entry.path().c_str());
+    }
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<WriteStats> WriteCheckpoint(const Content& content,
@@ -356,175 +545,40 @@ absl::StatusOr<WriteStats> WriteCheckpoint(const Content& content,
   CONCORD_RETURN_IF_ERROR(CheckJob(job));
   const int64_t step = content.counters.step;
   const std::string job_dir = JobDir(dir, job);
-  {
-    std::error_code ec;
-    fs::create_directories(job_dir, ec);
-    if (ec) {
-      return absl::UnavailableError(
-          absl::StrCat("cannot make ", job_dir, ": ", ec.message()));
-    }
-  }
-  const std::string staging =
-      (fs::path(job_dir) /
-       absl::StrCat(".staging-step-", step, "-", ::getpid()))
-          .string();
-  RemoveAll(staging, nullptr);
-  if (::mkdir(staging.c_str(), 0755) != 0) {
-    return Errno("cannot make", staging);
-  }
-  json manifest = {{"format", kFormat},
-                   {"version", kFormatVersion},
-                   {"job", job},
-                   {"step", step},
-                   {"epoch", content.counters.epoch},
-                   {"samples", content.counters.position},
-                   {"world_size", content.counters.world_size},
-                   {"generation", content.counters.generation},
-                   {"created_unix_ms",
-                    std::chrono::duration_cast<std::chrono::milliseconds>(
-                        std::chrono::system_clock::now().time_since_epoch())
-                        .count()},
-                   {"modules", json::array()},
-                   {"optimizers", json::array()},
-                   {"files", json::object()}};
-  uint64_t bytes = 0;
+  CONCORD_ASSIGN_OR_RETURN(Staging staging,
+                           Staging::Make(job_dir, content, job));
+  // A failure leaves nothing behind; a test fault leaves what a crash would.
   auto failed = [&](absl::Status s) {
-    if (s.code() != absl::StatusCode::kAborted) RemoveAll(staging, nullptr);
+    if (s.code() != absl::StatusCode::kAborted) {
+      RemoveAll(staging.path(), nullptr);
+    }
     return s;
   };
-  auto add = [&](const std::string& file, const c10::IValue& value,
-                 json description) -> absl::Status {
-    CONCORD_ASSIGN_OR_RETURN(
-        const Written w,
-        WriteArchiveFile((fs::path(staging) / file).string(), value));
-    description["size"] = w.size;
-    description["crc32"] = w.crc;
-    manifest["files"][file] = std::move(description);
-    bytes += w.size;
-    return absl::OkStatus();
-  };
-  std::set<std::string> taken;
-  NamedTensors state = content.extra;
-  for (const auto& [name, tensors] : content.modules) {
-    auto file = FileOf(name, taken);
-    if (!file.ok()) return failed(file.status());
-    if (absl::Status s = add(*file, TensorDict(tensors),
-                             {{"kind", "module"}, {"name", name}});
-        !s.ok()) {
-      return failed(s);
-    }
-    manifest["modules"].push_back(name);
-  }
-  for (const OptimizerContent& o : content.optimizers) {
-    manifest["optimizers"].push_back({{"name", o.name}, {"type", o.type}});
-    if (o.type.empty()) {
-      state.emplace_back(absl::StrCat("optimizer/", o.name), o.native);
-      continue;
-    }
-    auto file = FileOf(o.name, taken);
-    if (!file.ok()) return failed(file.status());
-    if (absl::Status s =
-            add(*file, OptimizerToIValue(o),
-                {{"kind", "optimizer"}, {"name", o.name}, {"type", o.type}});
-        !s.ok()) {
-      return failed(s);
-    }
-  }
-  if (absl::Status s = add(kStateFile, TensorDict(state), {{"kind", "state"}});
-      !s.ok()) {
+  if (absl::Status s = staging.WriteContent(content); !s.ok()) {
     return failed(s);
   }
   if (options.fault == WriteFault::kBeforeManifest) {
     return absl::AbortedError("test fault before the manifest");
   }
-  if (auto w = WriteTextFile((fs::path(staging) / kManifest).string(),
-                             manifest.dump(2) + "\n");
-      !w.ok()) {
-    return failed(w.status());
-  }
-  if (absl::Status s = SyncDir(staging); !s.ok()) return failed(s);
+  if (absl::Status s = staging.Seal(); !s.ok()) return failed(s);
   if (options.fault == WriteFault::kBeforeRename) {
     return absl::AbortedError("test fault before the rename");
   }
   const std::string final_dir =
       (fs::path(job_dir) / absl::StrCat("step-", step)).string();
-  std::string trash;
-  if (fs::exists(final_dir)) {
-    // An older run's (passed over at load, or this very step again):
-    // moved aside in one rename, removed once the new one is in place.
-    trash = (fs::path(job_dir) /
-             absl::StrCat(".trash-step-", step, "-", ::getpid()))
-                .string();
-    RemoveAll(trash, nullptr);
-    if (::rename(final_dir.c_str(), trash.c_str()) != 0) {
-      return failed(Errno("cannot move aside", final_dir));
-    }
+  if (absl::Status s = Publish(staging.path(), job_dir, final_dir, step);
+      !s.ok()) {
+    return failed(s);
   }
-  if (::rename(staging.c_str(), final_dir.c_str()) != 0) {
-    return failed(Errno("cannot rename into place", final_dir));
-  }
-  CONCORD_RETURN_IF_ERROR(SyncDir(job_dir));
-  if (!trash.empty()) RemoveAll(trash, nullptr);
-  // `latest`, replaced by rename.
-  const std::string latest = (fs::path(job_dir) / "latest").string();
-  const std::string latest_tmp =
-      (fs::path(job_dir) / absl::StrCat(".latest-", ::getpid())).string();
-  std::remove(latest_tmp.c_str());
-  const std::string text = absl::StrCat("step-", step, "\n");
-  if (options.fault == WriteFault::kDuringLatest) {
-    (void)WriteTextFile(latest_tmp, text.substr(0, text.size() / 2));
-    return absl::AbortedError("test fault while replacing latest");
-  }
-  if (auto w = WriteTextFile(latest_tmp, text); !w.ok()) return w.status();
-  if (::rename(latest_tmp.c_str(), latest.c_str()) != 0) {
-    const absl::Status s = Errno("cannot rename into place", latest);
-    std::remove(latest_tmp.c_str());
-    return s;
-  }
-  CONCORD_RETURN_IF_ERROR(SyncDir(job_dir));
+  CONCORD_RETURN_IF_ERROR(ReplaceLatest(job_dir, step, options.fault));
   WriteStats stats;
   stats.path = final_dir;
-  stats.bytes = bytes;
+  stats.bytes = staging.bytes();
   stats.seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
           .count();
-  // Only now: the old beyond `keep`, and what crashed writers left (not in
-  // the write's time).
-  std::vector<Scanned> all = ScanAll(dir, job);
-  int kept = 0;
-  int64_t oldest_kept = step;
-  for (const Scanned& s : all) {
-    if (!s.status.ok()) continue;
-    if (s.info.step > step) continue;  // another writer's newer one
-    if (++kept > options.keep) {
-      RemoveAll(s.info.path, nullptr);
-    } else {
-      oldest_kept = s.info.step;
-    }
-  }
-  // A damaged one is never loaded; it goes once `keep` complete ones newer
-  // than it exist (until then it is left for a person to look at).
-  if (kept >= options.keep) {
-    for (const Scanned& s : all) {
-      const int64_t at =
-          StepOf(fs::path(s.info.path).filename().string(), "step-");
-      if (!s.status.ok() && at >= 0 && at < oldest_kept) {
-        RemoveAll(s.info.path, nullptr);
-      }
-    }
-  }
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(job_dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    const int64_t staged =
-        std::max(StepOf(name, ".staging-step-"), StepOf(name, ".trash-step-"));
-    if (staged >= 0 && staged < step) RemoveAll(entry.path().string(), nullptr);
-    if (absl::StartsWith(name, ".latest-") && name != ".latest-") {
-      if (entry.path().string() != latest_tmp) {
-        std::remove(entry.path().c_str());
-      }
-    }
-  }
+  // Only now, and not in the write's time.
+  Prune(dir, job, step, options.keep);
   return stats;
 }
 
