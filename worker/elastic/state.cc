@@ -32,6 +32,16 @@ int64_t ReadInt(torch::serialize::InputArchive& archive, const char* key) {
   return v.toInt();
 }
 
+// Every rank's `mine` (the same length on each), one row per rank.
+absl::StatusOr<torch::Tensor> AllgatherInts(
+    comm::Communicator& comm, const std::vector<int64_t>& mine,
+    const comm::CollectiveOptions& opts) {
+  torch::Tensor in = torch::tensor(mine, torch::kLong);
+  torch::Tensor out = torch::empty({comm.size(), in.numel()}, torch::kLong);
+  CONCORD_RETURN_IF_ERROR(comm.Allgather(out, in, opts)->Wait());
+  return out;
+}
+
 }  // namespace
 
 State::State(worker::Session* session, ElasticOptions options)
@@ -284,29 +294,31 @@ absl::Status State::Apply(const checkpoint::Content& content) {
   return absl::OkStatus();
 }
 
+absl::Status State::MakeCheckpointer() {
+  auto made = checkpoint::Checkpointer::Create(
+      session_->options().checkpoint, session_->options().spec.job_id());
+  if (!made.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoints: ", made.status().message()));
+  }
+  checkpointer_ = *std::move(made);
+  checkpointer_->OnSaved([this](const checkpoint::Counters& saved) {
+    if (const auto& history = session_->history()) {
+      history->Checkpoint(saved.generation, saved.step, saved.epoch,
+                          checkpointer_->persists());
+    }
+  });
+  return absl::OkStatus();
+}
+
 absl::Status State::SyncCheckpoints(int* root) {
   const checkpoint::Config& config = session_->options().checkpoint;
   if (!config.enabled()) return absl::OkStatus();
-  if (checkpointer_ == nullptr) {
-    auto made = checkpoint::Checkpointer::Create(
-        config, session_->options().spec.job_id());
-    if (!made.ok()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("checkpoints: ", made.status().message()));
-    }
-    checkpointer_ = *std::move(made);
-    checkpointer_->OnSaved([this](const checkpoint::Counters& saved) {
-      if (const auto& history = session_->history()) {
-        history->Checkpoint(saved.generation, saved.step, saved.epoch,
-                            checkpointer_->persists());
-      }
-    });
-  }
+  if (checkpointer_ == nullptr) CONCORD_RETURN_IF_ERROR(MakeCheckpointer());
   std::shared_ptr<comm::Communicator> comm = session_->shared_communicator();
   comm::CollectiveOptions opts;
   opts.timeout = session_->options().collective_timeout;
   const int me = comm->rank();
-  const int world = comm->size();
   // Who writes this node's snapshot: its lowest rank.
   CONCORD_ASSIGN_OR_RETURN(
       const std::vector<std::string> nodes,
@@ -316,17 +328,26 @@ absl::Status State::SyncCheckpoints(int* root) {
   checkpointer_->SetRole(/*writes_memory=*/first == me, /*persists=*/me == 0);
   region_prepared_ = false;
   if (!config.resume) return absl::OkStatus();
+  CONCORD_ASSIGN_OR_RETURN(const ResumeChoice choice,
+                           ChooseResume(*comm, nodes, opts));
+  if (choice.winner < 0) return absl::OkStatus();
+  CONCORD_RETURN_IF_ERROR(ResumeFrom(choice, *comm, opts));
+  LogResume(choice, nodes, me);
+  tainted_ = false;
+  *root = choice.winner;
+  resumed_ = Resumed{choice.memory ? "memory" : "disk", choice.step};
+  return absl::OkStatus();
+}
+
+absl::StatusOr<State::ResumeChoice> State::ChooseResume(
+    comm::Communicator& comm, const std::vector<std::string>& nodes,
+    const comm::CollectiveOptions& opts) {
+  ResumeChoice choice;
   // Does a member hold a committed step? Then it goes on from that.
-  auto gather =
-      [&](std::vector<int64_t> mine) -> absl::StatusOr<torch::Tensor> {
-    torch::Tensor in = torch::tensor(mine, torch::kLong);
-    torch::Tensor out = torch::empty({world, in.numel()}, torch::kLong);
-    CONCORD_RETURN_IF_ERROR(comm->Allgather(out, in, opts)->Wait());
-    return out;
-  };
-  CONCORD_ASSIGN_OR_RETURN(torch::Tensor held,
-                           gather({tainted_ ? int64_t{0} : step}));
-  if (held.max().item<int64_t>() > 0) return absl::OkStatus();
+  CONCORD_ASSIGN_OR_RETURN(
+      torch::Tensor held,
+      AllgatherInts(comm, {tainted_ ? int64_t{0} : step}, opts));
+  if (held.max().item<int64_t>() > 0) return choice;
   // Nobody does: the newest checkpoint any rank can offer, memory first at
   // the same step, then the lowest rank. The disk's is offered by the lowest
   // rank on the node that wrote the one the coordinator named (see Note [Resume
@@ -340,36 +361,46 @@ absl::Status State::SyncCheckpoints(int* root) {
       disk_rank = static_cast<int>(on_node - nodes.begin());
     }
   }
-  std::optional<checkpoint::Candidate> mine =
-      checkpointer_->FindCandidate(/*disk=*/me == disk_rank, named);
-  const bool in_memory = mine && absl::StartsWith(mine->source, "memory");
+  choice.mine =
+      checkpointer_->FindCandidate(/*disk=*/comm.rank() == disk_rank, named);
+  const bool in_memory =
+      choice.mine && absl::StartsWith(choice.mine->source, "memory");
   CONCORD_ASSIGN_OR_RETURN(
       torch::Tensor offers,
-      gather({mine ? mine->step : int64_t{-1}, in_memory ? 1 : 0}));
-  int winner = -1;
-  int64_t best = 0, best_memory = 0;
-  for (int r = 0; r < world; ++r) {
+      AllgatherInts(
+          comm,
+          {choice.mine ? choice.mine->step : int64_t{-1}, in_memory ? 1 : 0},
+          opts));
+  int64_t best_memory = 0;
+  for (int r = 0; r < comm.size(); ++r) {
     const int64_t s = offers[r][0].item<int64_t>();
     const int64_t m = offers[r][1].item<int64_t>();
-    if (s > best || (s == best && s > 0 && m > best_memory)) {
-      winner = r;
-      best = s;
+    if (s > choice.step || (s == choice.step && s > 0 && m > best_memory)) {
+      choice.winner = r;
+      choice.step = s;
       best_memory = m;
     }
   }
-  if (winner < 0) return absl::OkStatus();
+  choice.memory = best_memory != 0;
+  return choice;
+}
+
+absl::Status State::ResumeFrom(const ResumeChoice& choice,
+                               comm::Communicator& comm,
+                               const comm::CollectiveOptions& opts) {
+  const int winner = choice.winner;
   // The winner loads it and says whether it fits, so that every rank fails
   // with the same line when it does not.
   std::string error;
-  if (me == winner) {
-    if (absl::Status applied = Apply(mine->content); !applied.ok()) {
-      error =
-          absl::StrCat("resuming from ", mine->source, ": ", applied.message());
+  if (comm.rank() == winner) {
+    if (absl::Status applied = Apply(choice.mine->content); !applied.ok()) {
+      error = absl::StrCat("resuming from ", choice.mine->source, ": ",
+                           applied.message());
     }
   }
-  CONCORD_RETURN_IF_ERROR(comm::BroadcastBytes(*comm, winner, &error, opts));
+  CONCORD_RETURN_IF_ERROR(comm::BroadcastBytes(comm, winner, &error, opts));
   if (!error.empty()) return absl::FailedPreconditionError(error);
-  if (me != winner) {
+  if (comm.rank() != winner) {
     for (const Attached& a : participants_) {
       CONCORD_RETURN_IF_ERROR(
           a.participant->ResumeState(nullptr, *a.optimizer));
@@ -379,41 +410,42 @@ absl::Status State::SyncCheckpoints(int* root) {
     std::vector<torch::Tensor> tensors;
     for (const auto& [name, t] : m.engine->NamedState()) tensors.push_back(t);
     CONCORD_RETURN_IF_ERROR(
-        comm::BroadcastCoalesced(*comm, tensors, winner, opts));
+        comm::BroadcastCoalesced(comm, tensors, winner, opts));
     torch::Tensor layout = m.engine->ReducerLayout();
-    CONCORD_RETURN_IF_ERROR(comm->Broadcast(layout, winner, opts)->Wait());
+    CONCORD_RETURN_IF_ERROR(comm.Broadcast(layout, winner, opts)->Wait());
     CONCORD_RETURN_IF_ERROR(m.engine->SetReducerLayout(layout));
   }
+  return absl::OkStatus();
+}
+
+void State::LogResume(const ResumeChoice& choice,
+                      const std::vector<std::string>& nodes, int me) const {
   // See Note [Resume source]: the memory snapshot the coordinator named, if
   // that is what won.
   std::string named_memory;
   if (const auto& memory = session_->resume_memory(); memory.has_value()) {
-    if (best_memory && memory->step() == best &&
-        nodes[winner] == memory->node()) {
+    if (choice.memory && memory->step() == choice.step &&
+        nodes[choice.winner] == memory->node()) {
       named_memory = ", as the coordinator named";
-    } else if (me == 0 && best < memory->step()) {
+    } else if (me == 0 && choice.step < memory->step()) {
       Log()->warn(
           "generation {}: the coordinator named step {} in the memory of {}; "
           "no rank there offered it (its node agent's memory is gone?)",
           session_->generation(), memory->step(), memory->node());
     }
   }
-  if (me == winner) {
+  if (me == choice.winner) {
     Log()->info(
         "generation {}: no member holds a committed step; resuming from "
         "step {} of the checkpoint in {}{}",
-        session_->generation(), best, mine->source, named_memory);
+        session_->generation(), choice.step, choice.mine->source, named_memory);
   } else {
     Log()->info(
         "generation {}: no member holds a committed step; resuming from "
         "step {} of a checkpoint rank {} loaded ({})",
-        session_->generation(), best, winner,
-        best_memory ? "its node's memory" : "disk");
+        session_->generation(), choice.step, choice.winner,
+        choice.memory ? "its node's memory" : "disk");
   }
-  tainted_ = false;
-  *root = winner;
-  resumed_ = Resumed{best_memory ? "memory" : "disk", best};
-  return absl::OkStatus();
 }
 
 void State::Restore() {

@@ -334,6 +334,24 @@ class State {
   // whether the generation resumes from a checkpoint: the rank whose state
   // the others take (`*root`, unchanged when none).
   absl::Status SyncCheckpoints(int* root);
+  // Its parts: the node's checkpointer, made at the first Sync; which rank's
+  // checkpoint the generation resumes from (winner -1: none, or a member
+  // holds a committed step); that rank loading it and the others taking
+  // its state; the log line saying so.
+  struct ResumeChoice {
+    int winner = -1;
+    int64_t step = 0;
+    bool memory = false;                        // a node's memory snapshot
+    std::optional<checkpoint::Candidate> mine;  // this rank's offer
+  };
+  absl::Status MakeCheckpointer();
+  absl::StatusOr<ResumeChoice> ChooseResume(
+      comm::Communicator& comm, const std::vector<std::string>& nodes,
+      const comm::CollectiveOptions& opts);
+  absl::Status ResumeFrom(const ResumeChoice& choice, comm::Communicator& comm,
+                          const comm::CollectiveOptions& opts);
+  void LogResume(const ResumeChoice& choice,
+                 const std::vector<std::string>& nodes, int me) const;
   void SetDivisor();
   // See Note [Early optimizer steps]: the step begins (versions, copies).
   void StartStep();
