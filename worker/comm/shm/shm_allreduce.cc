@@ -22,6 +22,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/status_macros.h"
 
 namespace concord::comm {
 
@@ -136,70 +137,66 @@ uint8_t* ShmAllreduce::Slot(int set, int rank) const {
          index * options_.window_bytes;
 }
 
-absl::StatusOr<std::unique_ptr<ShmAllreduce>> ShmAllreduce::Create(
-    const ShmAllreduceOptions& options, Store* store) {
-  if (options.size < 2 || options.rank < 0 || options.rank >= options.size) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "shared memory: rank ", options.rank, " of ", options.size));
-  }
-  ShmAllreduceOptions o = options;
-  // Two sets of `size` slots within kMaxMappedBytes, whole pages.
-  o.window_bytes =
-      std::max(kMinWindowBytes,
-               std::min(o.window_bytes,
-                        kMaxMappedBytes / (2 * static_cast<size_t>(o.size))) /
-                   kAlign * kAlign);
-  const size_t bytes =
-      HeaderBytes(o.size) + 2 * static_cast<size_t>(o.size) * o.window_bytes;
-  const absl::Duration timeout = o.setup_timeout;
+// Create's state on one rank (see "Setup" in the header): the segment's
+// name and mapping, and the first reason it cannot be used here (empty while
+// all is well).
+struct ShmAllreduce::Setup {
+  Setup(const ShmAllreduceOptions& o, Store* store, size_t bytes)
+      : o(o), store(store), bytes(bytes) {}
 
-  // Rank 0 makes, maps and fills in the segment, then names it ("" when it
-  // could not); the others map what it named.
+  const ShmAllreduceOptions& o;
+  Store* store;
+  size_t bytes;
   std::string name;
   std::string failure;
   void* base = MAP_FAILED;
-  const auto map = [&](int fd) {
+
+  void Map(int fd) {
     base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (base == MAP_FAILED) failure = Errno("mmap");
-  };
-  if (!o.enabled) {
-    failure = "turned off (CONCORD_SHM=0)";
   }
-  if (o.rank == 0 && !o.enabled) {
-    if (absl::Status s = store->Set("shm/name", ""); !s.ok()) return s;
-  } else if (o.rank == 0) {
-    std::random_device random;
-    name = absl::StrCat("/concord-", getpid(), "-", random(), random());
-    const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    if (fd < 0) {
-      failure = Errno("shm_open");
-    } else if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
-      failure = Errno("ftruncate");
-    } else if (int e = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
-               e != 0) {
-      failure = absl::StrCat("posix_fallocate of ", bytes,
-                             " bytes: ", std::strerror(e));
-    } else {
-      map(fd);
-    }
-    if (fd >= 0) close(fd);
+
+  // Rank 0: makes, maps and fills in the segment, then names it in the
+  // store ("" when it could not, or shared memory is off here).
+  absl::Status MakeSegment() {
     if (failure.empty()) {
-      Header* h = new (base) Header();
-      h->size = o.size;
-      h->window_bytes = o.window_bytes;
-      h->bytes = bytes;
-      h->magic = kMagic;
-    } else {
-      if (fd >= 0) shm_unlink(name.c_str());
-      name.clear();
+      std::random_device random;
+      name = absl::StrCat("/concord-", getpid(), "-", random(), random());
+      const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+      if (fd < 0) {
+        failure = Errno("shm_open");
+      } else if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+        failure = Errno("ftruncate");
+      } else if (int e = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+                 e != 0) {
+        failure = absl::StrCat("posix_fallocate of ", bytes,
+                               " bytes: ", std::strerror(e));
+      } else {
+        Map(fd);
+      }
+      if (fd >= 0) close(fd);
+      if (failure.empty()) {
+        Header* h = new (base) Header();
+        h->size = o.size;
+        h->window_bytes = o.window_bytes;
+        h->bytes = bytes;
+        h->magic = kMagic;
+      } else {
+        if (fd >= 0) shm_unlink(name.c_str());
+        name.clear();
+      }
     }
     if (absl::Status s = store->Set("shm/name", name); !s.ok()) {
       if (base != MAP_FAILED) munmap(base, bytes);
       if (!name.empty()) shm_unlink(name.c_str());
       return s;
     }
-  } else {
-    auto got = store->Get({"shm/name"}, timeout);
+    return absl::OkStatus();
+  }
+
+  // The other ranks: map what rank 0 named, and check it is this group's.
+  absl::Status MapNamed() {
+    auto got = store->Get({"shm/name"}, o.setup_timeout);
     if (!got.ok()) return got.status();
     name = got->front();
     int fd = -1;
@@ -214,7 +211,7 @@ absl::StatusOr<std::unique_ptr<ShmAllreduce>> ShmAllreduce::Create(
                static_cast<size_t>(st.st_size) != bytes) {
       failure = "the segment has another size";
     } else {
-      map(fd);
+      Map(fd);
     }
     if (fd >= 0) close(fd);
     if (failure.empty()) {
@@ -224,58 +221,43 @@ absl::StatusOr<std::unique_ptr<ShmAllreduce>> ShmAllreduce::Create(
         failure = "the segment is not this group's";
       }
     }
+    return absl::OkStatus();
   }
-  std::unique_ptr<ShmAllreduce> group;
-  if (base != MAP_FAILED) group.reset(new ShmAllreduce(o, base, bytes));
-  ProcStat self;
-  if (failure.empty() && !ReadProcStat(getpid(), &self)) {
-    failure = "cannot read /proc/self/stat";
-  }
-  if (failure.empty()) {
-    Peer& me = group->peers()[o.rank];
-    me.start_time = self.start_time;
-    me.pid.store(getpid(), std::memory_order_release);
-  }
+
   // A round: every rank says whether it is fine so far; rank 0 alone reads
   // them all and publishes the verdict ("1", or "0 " and the first rank's
   // reason), which the others read: O(size) store traffic, not O(size^2).
-  const auto round = [&](const std::string& what) -> absl::StatusOr<bool> {
+  // True when every rank was fine.
+  absl::StatusOr<bool> Round(const std::string& what) {
     const std::string key = absl::StrCat("shm/", what);
-    if (absl::Status s = store->Set(absl::StrCat(key, "/", o.rank),
-                                    failure.empty() ? "1" : "0 " + failure);
-        !s.ok()) {
-      return s;
-    }
+    CONCORD_RETURN_IF_ERROR(store->Set(absl::StrCat(key, "/", o.rank),
+                                       failure.empty() ? "1" : "0 " + failure));
     if (o.rank == 0) {
       // One key a read (any store takes that), stopping at the first "no":
       // ranks on several hosts say no early, and one host has few ranks.
       std::string verdict = "1";
       for (int r = 0; r < o.size && verdict == "1"; ++r) {
-        auto said = store->Get({absl::StrCat(key, "/", r)}, timeout);
+        auto said = store->Get({absl::StrCat(key, "/", r)}, o.setup_timeout);
         if (!said.ok()) return said.status();
         if (said->front() != "1") {
           verdict = absl::StrCat("0 rank ", r, ": ", said->front().substr(2));
         }
       }
-      if (absl::Status s = store->Set(key, verdict); !s.ok()) return s;
+      CONCORD_RETURN_IF_ERROR(store->Set(key, verdict));
     }
-    auto verdict = store->Get({key}, timeout);
+    auto verdict = store->Get({key}, o.setup_timeout);
     if (!verdict.ok()) return verdict.status();
     if (verdict->front() != "1" && failure.empty()) {
       failure = verdict->front().substr(2);
     }
     return failure.empty();
-  };
-  // Round 1: every rank has mapped the segment (or failed); rank 0 unlinks
-  // its name.
-  absl::StatusOr<bool> mapped = round("mapped");
-  if (o.rank == 0 && !name.empty()) shm_unlink(name.c_str());
-  if (!mapped.ok()) return mapped.status();
-  // Round 2: every peer's pid names that peer here (one pid namespace).
-  if (failure.empty()) {
+  }
+
+  // Every peer's pid names that peer here (one pid namespace).
+  void CheckPeersVisible(const ShmAllreduce& group) {
     for (int r = 0; r < o.size && failure.empty(); ++r) {
       ProcStat st;
-      const Peer& peer = group->peers()[r];
+      const Peer& peer = group.peers()[r];
       const int pid = peer.pid.load(std::memory_order_acquire);
       if (!ReadProcStat(pid, &st) || st.start_time != peer.start_time) {
         failure = absl::StrCat("rank ", r, "'s pid ", pid,
@@ -283,16 +265,55 @@ absl::StatusOr<std::unique_ptr<ShmAllreduce>> ShmAllreduce::Create(
       }
     }
   }
-  absl::StatusOr<bool> checked = round("checked");
-  if (!checked.ok()) return checked.status();
-  if (!failure.empty()) {
+};
+
+absl::StatusOr<std::unique_ptr<ShmAllreduce>> ShmAllreduce::Create(
+    const ShmAllreduceOptions& options, Store* store) {
+  if (options.size < 2 || options.rank < 0 || options.rank >= options.size) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shared memory: rank ", options.rank, " of ", options.size));
+  }
+  ShmAllreduceOptions o = options;
+  // Two sets of `size` slots within kMaxMappedBytes, whole pages.
+  o.window_bytes =
+      std::max(kMinWindowBytes,
+               std::min(o.window_bytes,
+                        kMaxMappedBytes / (2 * static_cast<size_t>(o.size))) /
+                   kAlign * kAlign);
+  Setup setup{
+      o, store,
+      HeaderBytes(o.size) + 2 * static_cast<size_t>(o.size) * o.window_bytes};
+  if (!o.enabled) setup.failure = "turned off (CONCORD_SHM=0)";
+  CONCORD_RETURN_IF_ERROR(o.rank == 0 ? setup.MakeSegment() : setup.MapNamed());
+  std::unique_ptr<ShmAllreduce> group;
+  if (setup.base != MAP_FAILED) {
+    group.reset(new ShmAllreduce(o, setup.base, setup.bytes));
+  }
+  ProcStat self;
+  if (setup.failure.empty() && !ReadProcStat(getpid(), &self)) {
+    setup.failure = "cannot read /proc/self/stat";
+  }
+  if (setup.failure.empty()) {
+    Peer& me = group->peers()[o.rank];
+    me.start_time = self.start_time;
+    me.pid.store(getpid(), std::memory_order_release);
+  }
+  // Round 1: every rank has mapped the segment (or failed); rank 0 unlinks
+  // its name.
+  absl::StatusOr<bool> mapped = setup.Round("mapped");
+  if (o.rank == 0 && !setup.name.empty()) shm_unlink(setup.name.c_str());
+  if (!mapped.ok()) return mapped.status();
+  // Round 2: every peer visible from here.
+  if (setup.failure.empty()) setup.CheckPeersVisible(*group);
+  CONCORD_RETURN_IF_ERROR(setup.Round("checked").status());
+  if (!setup.failure.empty()) {
     if (group) {
       // Nobody uses it: no peer to fail.
       munmap(group->base_, group->bytes_);
       group->base_ = nullptr;
     }
     return absl::FailedPreconditionError(
-        absl::StrCat("shared memory: ", failure));
+        absl::StrCat("shared memory: ", setup.failure));
   }
   return group;
 }

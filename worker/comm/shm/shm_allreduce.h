@@ -111,6 +111,7 @@ class ShmAllreduce {
  private:
   struct Header;
   struct Peer;
+  struct Setup;  // Create's parts
   static size_t HeaderBytes(int size);
   Peer* peers() const;
   ShmAllreduce(const ShmAllreduceOptions& options, void* base, size_t bytes);
