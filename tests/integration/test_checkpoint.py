@@ -67,9 +67,9 @@ sys.path.insert(0, HERE)
 
 import torch  # noqa: E402
 
-import test_elastic as te  # noqa: E402
+import elastic_harness as te  # noqa: E402
 import test_status as ts  # noqa: E402
-from test_elastic import Proc  # noqa: E402
+from elastic_harness import Proc  # noqa: E402
 
 fixtures = te.fixtures
 N_SAMPLES = 200

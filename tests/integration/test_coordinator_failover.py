@@ -25,7 +25,6 @@ Every process has a timeout.
 import argparse
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -36,7 +35,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "reference"))
 
-import test_elastic as te  # noqa: E402
+import elastic_harness as te  # noqa: E402
 
 import fixtures  # noqa: E402
 

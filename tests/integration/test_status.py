@@ -45,7 +45,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "reference"))
 
-import test_elastic as te  # noqa: E402
+import elastic_harness as te  # noqa: E402
 
 import fixtures  # noqa: E402
 
