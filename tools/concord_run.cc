@@ -120,21 +120,9 @@ of the first local worker that failed for good (128+N for signal N), else 1.
 codes decide: 0 when the last run of every local worker exited 0. 2: a usage
 error, before any worker starts.)";
 
-Options ParseArgs(int argc, char** argv) {
-  // Everything after the first "--" is the program and its arguments.
-  int split = argc;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--") == 0) {
-      split = i;
-      break;
-    }
-  }
-  Options o;
-  std::string console = "all";
-  CLI::App app{
-      "Starts N workers of a training program and, with --standalone, a "
-      "coordinator for them.\nUsage: concord-run [OPTIONS] -- PROGRAM "
-      "[ARGS...]"};
+// Where the workers run and how the job forms: the coordinator, the
+// members, the timeouts.
+void AddJobFlags(CLI::App& app, Options& o) {
   app.add_flag("--standalone", o.standalone,
                "Run an embedded coordinator on a free loopback port");
   app.add_flag("--agent,!--no-agent", o.agent,
@@ -177,6 +165,10 @@ Options ParseArgs(int argc, char** argv) {
       ->check([](const std::string& v) {
         return v.empty() ? std::string("must not be empty") : std::string();
       });
+}
+
+// --coordinator's credentials.
+void AddCredentialFlags(CLI::App& app, Options& o) {
   app.add_option("--token-file", o.token_file,
                  "File holding the worker token (with --coordinator; default "
                  "$CONCORD_TOKEN_FILE)");
@@ -185,6 +177,10 @@ Options ParseArgs(int argc, char** argv) {
   app.add_option("--tls-cert", o.tls.cert,
                  "PEM client certificate for mTLS (with --tls-key)");
   app.add_option("--tls-key", o.tls.key, "PEM private key of --tls-cert");
+}
+
+// Timelines, histories, the workers' output.
+void AddOutputFlags(CLI::App& app, Options& o, std::string& console) {
   app.add_option("--trace", o.trace,
                  "merge the workers' timelines (Chrome trace-event JSON, one "
                  "track per rank; open in Perfetto) into this file");
@@ -205,6 +201,9 @@ Options ParseArgs(int argc, char** argv) {
                  "--log-dir")
       ->check(CLI::IsMember({"all", "stdout", "stderr", "none"}))
       ->capture_default_str();
+}
+
+void AddCheckpointFlags(CLI::App& app, Options& o, bool& no_resume) {
   auto* checkpoints = app.add_option_group(
       "Checkpoints",
       "durable state (docs/checkpoints.md): the workers copy it into this "
@@ -225,9 +224,9 @@ Options ParseArgs(int argc, char** argv) {
                    "complete checkpoints kept on disk")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  bool no_resume = false;
   checkpoints->add_flag("--no-resume", no_resume,
                         "start afresh even where a checkpoint is");
+  // Not a checkpoint flag: last in --help.
   app.add_flag_callback(
       "--env",
       [] {
@@ -236,55 +235,38 @@ Options ParseArgs(int argc, char** argv) {
       },
       "print the CONCORD_* environment variables a worker reads (name, "
       "type, default, who sets it, meaning) and exit");
-  app.footer(kFooter);
-  try {
-    app.parse(split, argv);
-  } catch (const CLI::CallForHelp& e) {
-    std::exit(app.exit(e));
-  } catch (const CLI::ParseError& e) {
-    UsageError(e.what());
-  }
-  for (int i = split + 1; i < argc; ++i) o.program.emplace_back(argv[i]);
-  if (o.program.empty()) UsageError("no program given after '--'");
-  if (o.standalone == !o.coordinator.empty()) {
-    UsageError("give exactly one of --standalone and --coordinator HOST:PORT");
-  }
-  o.checkpoint.resume = !no_resume;
-  if (auto st = concord::checkpoint::Validate(o.checkpoint, "--checkpoint-");
-      !st.ok()) {
-    UsageError(std::string(st.message()));
-  }
-  if (o.checkpoint.enabled() && o.job_id.empty()) {
-    UsageError(
-        "--checkpoint-dir needs --job-id: checkpoints are kept per job, and "
-        "a job started again resumes from its own");
-  }
-  if (o.job_id.empty()) o.job_id = absl::StrCat("job-", getpid());
-  if (!o.standalone) {
-    if (o.token_file.empty()) {
-      o.token_file = concord::env::Get(concord::env::kTokenFile);
+}
+
+// --coordinator's token and TLS files are read here, so that a bad file is
+// one line, not N workers failing; --standalone takes neither.
+void CheckCredentials(Options& o) {
+  if (o.standalone) {
+    if (!o.token_file.empty()) {
+      UsageError(
+          "--token-file is for --coordinator; --standalone makes its own");
     }
-    if (o.token_file.empty()) {
-      UsageError("--coordinator needs --token-file F (or CONCORD_TOKEN_FILE)");
+    if (!o.tls.ca.empty() || !o.tls.cert.empty() || !o.tls.key.empty()) {
+      UsageError(
+          "--tls-ca/--tls-cert/--tls-key are for --coordinator; --standalone "
+          "serves plaintext on loopback");
     }
-    auto token = concord::ReadTokenFile(o.token_file);
-    if (!token.ok()) UsageError(std::string(token.status().message()));
-    // Checked here so that a bad file is one line, not N workers failing.
-    auto tls =
-        concord::LoadClientTls(o.tls, {"--tls-ca", "--tls-cert", "--tls-key"});
-    if (!tls.ok()) UsageError(std::string(tls.status().message()));
-  } else if (!o.token_file.empty()) {
-    UsageError("--token-file is for --coordinator; --standalone makes its own");
-  } else if (!o.tls.ca.empty() || !o.tls.cert.empty() || !o.tls.key.empty()) {
-    UsageError(
-        "--tls-ca/--tls-cert/--tls-key are for --coordinator; --standalone "
-        "serves plaintext on loopback");
+    return;
   }
-  if (absl::Status st = concord::env::GetInt(concord::env::kTestAgentLingerMs,
-                                             &o.test_agent_linger_ms);
-      !st.ok()) {
-    UsageError(std::string(st.message()));
+  if (o.token_file.empty()) {
+    o.token_file = concord::env::Get(concord::env::kTokenFile);
   }
+  if (o.token_file.empty()) {
+    UsageError("--coordinator needs --token-file F (or CONCORD_TOKEN_FILE)");
+  }
+  auto token = concord::ReadTokenFile(o.token_file);
+  if (!token.ok()) UsageError(std::string(token.status().message()));
+  auto tls =
+      concord::LoadClientTls(o.tls, {"--tls-ca", "--tls-cert", "--tls-key"});
+  if (!tls.ok()) UsageError(std::string(tls.status().message()));
+}
+
+// The members' bounds (defaults from --nproc) and the timeouts.
+void CheckMembership(Options& o) {
   if (o.min_workers == 0) o.min_workers = o.nproc;
   if (o.max_workers == 0) o.max_workers = std::max(o.nproc, o.min_workers);
   if (o.min_workers > o.max_workers) {
@@ -299,6 +281,22 @@ Options ParseArgs(int argc, char** argv) {
       !problem.empty()) {
     UsageError(problem);
   }
+}
+
+void CheckCheckpoints(Options& o, bool no_resume) {
+  o.checkpoint.resume = !no_resume;
+  if (auto st = concord::checkpoint::Validate(o.checkpoint, "--checkpoint-");
+      !st.ok()) {
+    UsageError(std::string(st.message()));
+  }
+  if (o.checkpoint.enabled() && o.job_id.empty()) {
+    UsageError(
+        "--checkpoint-dir needs --job-id: checkpoints are kept per job, and "
+        "a job started again resumes from its own");
+  }
+}
+
+void SetConsole(Options& o, const std::string& console) {
   o.console = console == "all"      ? concord::launcher::kConsoleAll
               : console == "stdout" ? concord::launcher::kConsoleStdout
               : console == "stderr" ? concord::launcher::kConsoleStderr
@@ -307,6 +305,52 @@ Options ParseArgs(int argc, char** argv) {
     UsageError("--console " + console +
                " hides the workers' output: give --log-dir too");
   }
+}
+
+// Usage errors exit 2 with one line, before any worker starts.
+Options ParseArgs(int argc, char** argv) {
+  // Everything after the first "--" is the program and its arguments.
+  int split = argc;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--") == 0) {
+      split = i;
+      break;
+    }
+  }
+  Options o;
+  std::string console = "all";
+  bool no_resume = false;
+  CLI::App app{
+      "Starts N workers of a training program and, with --standalone, a "
+      "coordinator for them.\nUsage: concord-run [OPTIONS] -- PROGRAM "
+      "[ARGS...]"};
+  AddJobFlags(app, o);
+  AddCredentialFlags(app, o);
+  AddOutputFlags(app, o, console);
+  AddCheckpointFlags(app, o, no_resume);
+  app.footer(kFooter);
+  try {
+    app.parse(split, argv);
+  } catch (const CLI::CallForHelp& e) {
+    std::exit(app.exit(e));
+  } catch (const CLI::ParseError& e) {
+    UsageError(e.what());
+  }
+  for (int i = split + 1; i < argc; ++i) o.program.emplace_back(argv[i]);
+  if (o.program.empty()) UsageError("no program given after '--'");
+  if (o.standalone == !o.coordinator.empty()) {
+    UsageError("give exactly one of --standalone and --coordinator HOST:PORT");
+  }
+  CheckCheckpoints(o, no_resume);
+  if (o.job_id.empty()) o.job_id = absl::StrCat("job-", getpid());
+  CheckCredentials(o);
+  if (absl::Status st = concord::env::GetInt(concord::env::kTestAgentLingerMs,
+                                             &o.test_agent_linger_ms);
+      !st.ok()) {
+    UsageError(std::string(st.message()));
+  }
+  CheckMembership(o);
+  SetConsole(o, console);
   return o;
 }
 

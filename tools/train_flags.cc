@@ -3,14 +3,16 @@
 #include <CLI/CLI.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "worker/checkpoint/config.h"
 #include "worker/device.h"
 
 namespace concord::train {
 
-absl::StatusOr<TrainFlags> ParseTrainFlags(int argc, char** argv) {
-  TrainFlags f;
-  CLI::App app{"Trains a TorchScript model with Concord DDP."};
+namespace {
+
+// The model, its data, the optimizer, the loop and what it writes.
+void AddTrainingFlags(CLI::App& app, TrainFlags& f) {
   app.add_option("--model", f.model,
                  "TorchScript module (torch.jit.save), or builtin:cnn")
       ->required();
@@ -43,8 +45,12 @@ absl::StatusOr<TrainFlags> ParseTrainFlags(int argc, char** argv) {
                  "forward, backward, each bucket's allreduce, optimizer) "
                  "here; for a job of several workers give --trace to "
                  "concord-run, which merges theirs");
+}
+
+// Returns --bucket-cap-mb, to tell whether it was given.
+CLI::Option* AddDdpFlags(CLI::App& app, TrainFlags& f) {
   auto* ddp = app.add_option_group("DDP", "DistributedDataParallel options");
-  auto* cap =
+  CLI::Option* cap =
       ddp->add_option("--bucket-cap-mb", f.bucket_cap_mb,
                       "bucket size cap in MiB (PyTorch's bucket_cap_mb)")
           ->check(CLI::PositiveNumber);
@@ -72,6 +78,10 @@ absl::StatusOr<TrainFlags> ParseTrainFlags(int argc, char** argv) {
   ddp->add_option("--allreduce-trigger-params", f.allreduce_trigger_params,
                   "apex: parameters whose gradient closes a bucket");
   message->excludes(cap);
+  return cap;
+}
+
+void AddElasticFlags(CLI::App& app, TrainFlags& f) {
   auto* elastic = app.add_option_group("Elastic", "membership changes");
   elastic
       ->add_option("--sharding", f.sharding,
@@ -96,6 +106,9 @@ absl::StatusOr<TrainFlags> ParseTrainFlags(int argc, char** argv) {
                       "every worker appends a line 'STEP EPOCH SAMPLE...' "
                       "with the job's samples of each step it commits to "
                       "DIR/<worker id>.samples (elastic sharding)");
+}
+
+void AddCheckpointFlags(CLI::App& app, TrainFlags& f) {
   auto* checkpoints = app.add_option_group(
       "Checkpoints", "durable state (default: concord-run's --checkpoint-*)");
   checkpoints->add_option("--checkpoint-dir", f.checkpoint_dir,
@@ -112,7 +125,9 @@ absl::StatusOr<TrainFlags> ParseTrainFlags(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   checkpoints->add_flag("--no-resume", f.no_resume,
                         "start afresh even where a checkpoint is");
-  concord::train::AddSlowMoFlags(app, &f.slowmo);
+}
+
+void AddDeviceFlags(CLI::App& app, TrainFlags& f) {
   app.add_option("--device", f.device,
                  "cpu, cuda (cuda:<local rank>), cuda:N or auto (a GPU when "
                  "there is one); default: $CONCORD_DEVICE, else cpu");
@@ -123,14 +138,11 @@ absl::StatusOr<TrainFlags> ParseTrainFlags(int argc, char** argv) {
   app.add_flag("--sync-bn", f.sync_bn,
                "SyncBatchNorm (C++-frontend models only: refused for "
                "TorchScript)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    std::exit(app.exit(e));
-  } catch (const CLI::ParseError& e) {
-    return absl::InvalidArgumentError(e.what());
-  }
-  f.bucket_cap_given = cap->count() > 0;
+}
+
+// What CLI11's per-flag checks cannot see: values checked by the library's
+// own parsers, and flags that do not go together.
+absl::Status Check(TrainFlags& f) {
   if (f.checkpoint_dir) {
     checkpoint::Config c;
     c.dir = *f.checkpoint_dir;
@@ -172,6 +184,29 @@ absl::StatusOr<TrainFlags> ParseTrainFlags(int argc, char** argv) {
           "--grad-accum applies to --algorithm ddp only");
     }
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<TrainFlags> ParseTrainFlags(int argc, char** argv) {
+  TrainFlags f;
+  CLI::App app{"Trains a TorchScript model with Concord DDP."};
+  AddTrainingFlags(app, f);
+  CLI::Option* cap = AddDdpFlags(app, f);
+  AddElasticFlags(app, f);
+  AddCheckpointFlags(app, f);
+  concord::train::AddSlowMoFlags(app, &f.slowmo);
+  AddDeviceFlags(app, f);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    std::exit(app.exit(e));
+  } catch (const CLI::ParseError& e) {
+    return absl::InvalidArgumentError(e.what());
+  }
+  f.bucket_cap_given = cap->count() > 0;
+  CONCORD_RETURN_IF_ERROR(Check(f));
   return f;
 }
 
