@@ -2,9 +2,14 @@
 // a write, damaged files, keep, writes that fail and direct writes, on real
 // files in a directory of its own per test. The memory tier, the checkpointer
 // and the persister: checkpoint_memory_test.cc.
+#include <signal.h>
+#include <sys/resource.h>
 #include <zlib.h>
 
+#include <algorithm>
+#include <cstring>
 #include <random>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint_fixture.h"
@@ -353,8 +358,8 @@ TEST(CheckpointFileWriterTest, WritesEveryByteAtItsSize) {
       for (char& c : bytes) c = static_cast<char>(rng());
       const std::string path =
           (fs::path(place) / absl::StrCat("f", size)).string();
-      absl::StatusOr<std::unique_ptr<FileWriter>> w =
-          FileWriter::Create(path, kBuffer);
+      absl::StatusOr<std::unique_ptr<FileWriter>> w = FileWriter::Create(
+          path, std::make_shared<WriteBuffers>(kBuffer, 2 * kBuffer));
       ASSERT_TRUE(w.ok()) << w.status();
       for (size_t at = 0; at < size; at += 1000) {
         ASSERT_TRUE(
@@ -370,6 +375,68 @@ TEST(CheckpointFileWriterTest, WritesEveryByteAtItsSize) {
     }
   }
   if (places.size() > 1) fs::remove_all(shm);
+}
+
+// See Note [Write queue]: the pool grows to its limit and no further while
+// the disk lags, and the next file reuses its blocks.
+TEST(CheckpointFileWriterTest, TheQueueStaysWithinItsLimitAndIsReused) {
+  TempDir dir;
+  constexpr size_t kBlock = 16 * FileWriter::kAlign;
+  auto pool = std::make_shared<WriteBuffers>(kBlock, 5 * kBlock);
+  std::string bytes(40 * kBlock + 7, '\0');
+  std::mt19937 rng(11);
+  for (char& c : bytes) c = static_cast<char>(rng());
+  for (const char* name : {"a", "b"}) {
+    const std::string path = (fs::path(dir.path()) / name).string();
+    absl::StatusOr<std::unique_ptr<FileWriter>> w =
+        FileWriter::Create(path, pool);
+    ASSERT_TRUE(w.ok()) << w.status();
+    ASSERT_TRUE((*w)->Append(bytes.data(), bytes.size()));
+    ASSERT_TRUE((*w)->Finish().ok());
+    EXPECT_LE(pool->made(), 5u) << name;
+    EXPECT_GE(pool->made(), 2u) << name;
+    std::ifstream in(path, std::ios::binary);
+    const std::string back((std::istreambuf_iterator<char>(in)),
+                           std::istreambuf_iterator<char>());
+    EXPECT_TRUE(back == bytes) << name;
+  }
+  // Every block came back: a third writer takes them all again.
+  const size_t made = pool->made();
+  bool no_memory = false;
+  std::vector<char*> taken;
+  for (size_t i = 0; i < made; ++i) taken.push_back(pool->TryTake(&no_memory));
+  EXPECT_EQ(std::count(taken.begin(), taken.end(), nullptr), 0);
+  for (char* b : taken) {
+    if (b != nullptr) pool->Give(b);
+  }
+}
+
+// A write that fails on the writing thread (here: past the file size limit,
+// EFBIG) fails the file at Finish with the error, and the caller is never
+// left waiting for a block.
+TEST(CheckpointFileWriterTest, AFailedWriteIsReportedAndNothingWaits) {
+  TempDir dir;
+  constexpr size_t kBlock = 16 * FileWriter::kAlign;
+  rlimit old;
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &old), 0);
+  ::signal(SIGXFSZ, SIG_IGN);
+  rlimit small = old;
+  small.rlim_cur = 4 * kBlock;
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &small), 0);
+  const std::string path = (fs::path(dir.path()) / "big").string();
+  absl::StatusOr<std::unique_ptr<FileWriter>> w = FileWriter::Create(
+      path, std::make_shared<WriteBuffers>(kBlock, 3 * kBlock));
+  ASSERT_TRUE(w.ok()) << w.status();
+  const std::string chunk(kBlock, 'x');
+  bool appended = true;
+  for (int i = 0; i < 64 && appended; ++i) {
+    appended = (*w)->Append(chunk.data(), chunk.size());
+  }
+  const absl::Status finished = (*w)->Finish();
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &old), 0);
+  EXPECT_FALSE(appended);
+  EXPECT_TRUE(absl::IsUnavailable(finished)) << finished;
+  EXPECT_THAT(std::string(finished.message()), HasSubstr(std::strerror(EFBIG)));
 }
 
 TEST(CheckpointFileWriterTest, AnExistingFileIsNotOverwritten) {

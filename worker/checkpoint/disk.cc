@@ -129,9 +129,9 @@ class FileCrc {
 // See Note [Direct writes] in worker/checkpoint/file_writer.h.
 template <typename Fill>
 absl::StatusOr<Written> WriteFile(const std::string& path, Fill fill,
-                                  size_t buffer = FileWriter::kDefaultBuffer) {
+                                  std::shared_ptr<WriteBuffers> buffers) {
   CONCORD_ASSIGN_OR_RETURN(std::unique_ptr<FileWriter> file,
-                           FileWriter::Create(path, buffer));
+                           FileWriter::Create(path, std::move(buffers)));
   Written w;
   FileCrc crc;  // see Note [Archive checksums]
   auto sink = [&](const void* data, size_t n) -> size_t {
@@ -153,10 +153,12 @@ absl::StatusOr<Written> WriteFile(const std::string& path, Fill fill,
 
 using Sink = std::function<size_t(const void*, size_t)>;
 
-absl::StatusOr<Written> WriteArchiveFile(const std::string& path,
-                                         const c10::IValue& value) {
-  return WriteFile(path,
-                   [&](const Sink& sink) { return WriteArchive(value, sink); });
+absl::StatusOr<Written> WriteArchiveFile(
+    const std::string& path, const c10::IValue& value,
+    std::shared_ptr<WriteBuffers> buffers) {
+  return WriteFile(
+      path, [&](const Sink& sink) { return WriteArchive(value, sink); },
+      std::move(buffers));
 }
 
 absl::StatusOr<Written> WriteTextFile(const std::string& path,
@@ -168,7 +170,7 @@ absl::StatusOr<Written> WriteTextFile(const std::string& path,
                    ? absl::OkStatus()
                    : absl::UnavailableError("short write");
       },
-      text.size());
+      std::make_shared<WriteBuffers>(text.size(), 0));
 }
 
 c10::IValue TensorDict(const NamedTensors& tensors) {
@@ -350,13 +352,18 @@ absl::StatusOr<NamedTensors> TensorsOf(const c10::IValue& v,
 // will be, with the manifest that lists them (see Note [Archive checksums]).
 class Staging {
  public:
-  Staging(std::string path, json manifest)
-      : path_(std::move(path)), manifest_(std::move(manifest)) {}
+  Staging(std::string path, json manifest,
+          std::shared_ptr<WriteBuffers> buffers)
+      : path_(std::move(path)),
+        manifest_(std::move(manifest)),
+        buffers_(std::move(buffers)) {}
 
   // Makes the directory (an earlier one of this step and process removed).
+  // The archives' blocks come from `buffers` (see Note [Write queue]).
   static absl::StatusOr<Staging> Make(const std::string& job_dir,
                                       const Content& content,
-                                      const std::string& job) {
+                                      const std::string& job,
+                                      std::shared_ptr<WriteBuffers> buffers) {
     std::error_code ec;
     fs::create_directories(job_dir, ec);
     if (ec) {
@@ -369,7 +376,8 @@ class Staging {
                            .string();
     RemoveAll(path, nullptr);
     if (::mkdir(path.c_str(), 0755) != 0) return Errno("cannot make", path);
-    return Staging(std::move(path), ManifestOf(content, job));
+    return Staging(std::move(path), ManifestOf(content, job),
+                   std::move(buffers));
   }
 
   const std::string& path() const { return path_; }
@@ -432,7 +440,7 @@ class Staging {
                    json description) {
     CONCORD_ASSIGN_OR_RETURN(
         const Written w,
-        WriteArchiveFile((fs::path(path_) / file).string(), value));
+        WriteArchiveFile((fs::path(path_) / file).string(), value, buffers_));
     description["size"] = w.size;
     description["crc32"] = w.crc;
     manifest_["files"][file] = std::move(description);
@@ -442,6 +450,7 @@ class Staging {
 
   std::string path_;
   json manifest_;
+  std::shared_ptr<WriteBuffers> buffers_;
   uint64_t bytes_ = 0;
 };
 
@@ -545,8 +554,12 @@ absl::StatusOr<WriteStats> WriteCheckpoint(const Content& content,
   CONCORD_RETURN_IF_ERROR(CheckJob(job));
   const int64_t step = content.counters.step;
   const std::string job_dir = JobDir(dir, job);
-  CONCORD_ASSIGN_OR_RETURN(Staging staging,
-                           Staging::Make(job_dir, content, job));
+  CONCORD_ASSIGN_OR_RETURN(
+      Staging staging,
+      Staging::Make(job_dir, content, job,
+                    options.buffers != nullptr
+                        ? options.buffers
+                        : std::make_shared<WriteBuffers>()));
   // A failure leaves nothing behind; a test fault leaves what a crash would.
   auto failed = [&](absl::Status s) {
     if (s.code() != absl::StatusCode::kAborted) {

@@ -31,6 +31,7 @@
 // already there stay.
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -38,12 +39,16 @@
 #include "absl/status/statusor.h"
 #include "worker/checkpoint/config.h"
 #include "worker/checkpoint/content.h"
+#include "worker/checkpoint/file_writer.h"
 
 namespace concord::checkpoint {
 
 struct WriteOptions {
   int keep = 3;
   WriteFault fault = WriteFault::kNone;
+  // Where the files' blocks come from (see Note [Write queue] in
+  // worker/checkpoint/file_writer.h); null: a pool for this write alone.
+  std::shared_ptr<WriteBuffers> buffers;
 };
 
 struct WriteStats {

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -21,10 +22,50 @@ int WriteErrno(int fd, const char* data, size_t n) {
   return errno == 0 ? EIO : errno;
 }
 
+size_t RoundUp(size_t n, size_t to) {
+  return std::max(to, (n + to - 1) / to * to);
+}
+
 }  // namespace
 
+WriteBuffers::WriteBuffers(size_t block, size_t limit)
+    : block_(RoundUp(block, kAlign)),
+      max_blocks_(std::max<size_t>(2, limit / block_)) {}
+
+WriteBuffers::~WriteBuffers() {
+  for (char* b : all_) std::free(b);
+}
+
+char* WriteBuffers::TryTake(bool* no_memory) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!free_.empty()) {
+    char* b = free_.back();
+    free_.pop_back();
+    return b;
+  }
+  if (all_.size() >= max_blocks_) return nullptr;
+  char* b = static_cast<char*>(std::aligned_alloc(kAlign, block_));
+  if (b == nullptr) {
+    *no_memory = true;
+    return nullptr;
+  }
+  all_.push_back(b);
+  return b;
+}
+
+void WriteBuffers::Give(char* b) {
+  std::lock_guard<std::mutex> lock(mu_);
+  free_.push_back(b);
+}
+
+size_t WriteBuffers::made() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return all_.size();
+}
+
 absl::StatusOr<std::unique_ptr<FileWriter>> FileWriter::Create(
-    const std::string& path, size_t buffer) {
+    const std::string& path, std::shared_ptr<WriteBuffers> buffers) {
+  if (buffers == nullptr) buffers = std::make_shared<WriteBuffers>();
   const int fd =
       ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) {
@@ -35,89 +76,128 @@ absl::StatusOr<std::unique_ptr<FileWriter>> FileWriter::Create(
   // leaves the file as it was made.
   const int flags = ::fcntl(fd, F_GETFL);
   const bool direct = flags >= 0 && ::fcntl(fd, F_SETFL, flags | O_DIRECT) == 0;
-  const size_t capacity =
-      std::max(kAlign, (buffer + kAlign - 1) / kAlign * kAlign);
-  std::unique_ptr<FileWriter> w(new FileWriter(fd, path, capacity, direct));
-  for (auto& b : w->buffers_) {
-    b.reset(static_cast<char*>(std::aligned_alloc(kAlign, capacity)));
-    if (b == nullptr) {
-      return absl::UnavailableError(
-          absl::StrCat("cannot write ", path, ": no memory for its buffers"));
-    }
+  std::unique_ptr<FileWriter> w(
+      new FileWriter(fd, path, std::move(buffers), direct));
+  bool no_memory = false;
+  w->current_ = w->buffers_->TryTake(&no_memory);
+  if (w->current_ == nullptr) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot write ", path,
+        no_memory ? ": no memory for its buffers" : ": its buffers are taken"));
   }
+  w->writer_ = std::thread([raw = w.get()] { raw->WriteQueued(); });
   return w;
 }
 
-FileWriter::FileWriter(int fd, std::string path, size_t buffer, bool direct)
+FileWriter::FileWriter(int fd, std::string path,
+                       std::shared_ptr<WriteBuffers> buffers, bool direct)
     : fd_(fd),
       path_(std::move(path)),
-      capacity_(buffer),
-      direct_(direct),
-      buffers_{{nullptr, std::free}, {nullptr, std::free}} {}
+      buffers_(std::move(buffers)),
+      direct_(direct) {}
 
 FileWriter::~FileWriter() {
-  Wait();
+  Drain();
+  if (current_ != nullptr) buffers_->Give(current_);
   if (fd_ >= 0) ::close(fd_);
 }
 
-void FileWriter::Wait() {
-  if (!pending_.valid()) return;
-  const int e = pending_.get();
-  if (error_ == 0) error_ = e;
+void FileWriter::WriteQueued() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // stopped, and all written
+    const Block b = queue_.front();
+    const bool failed = error_ != 0;
+    lock.unlock();
+    const int e = failed ? 0 : WriteErrno(fd_, b.data, b.n);
+    buffers_->Give(b.data);
+    lock.lock();
+    queue_.pop_front();
+    if (error_ == 0) error_ = e;
+    cv_.notify_all();
+  }
+}
+
+void FileWriter::Drain() {
+  if (!writer_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  writer_.join();
 }
 
 bool FileWriter::Append(const void* data, size_t n) {
   const char* from = static_cast<const char*>(data);
-  while (n > 0 && error_ == 0) {
-    const size_t take = std::min(n, capacity_ - fill_);
-    std::memcpy(buffers_[current_].get() + fill_, from, take);
+  const size_t capacity = buffers_->block();
+  while (n > 0) {
+    const size_t take = std::min(n, capacity - fill_);
+    std::memcpy(current_ + fill_, from, take);
     fill_ += take;
     from += take;
     n -= take;
     size_ += take;
-    if (fill_ == capacity_) Flush();
+    if (fill_ == capacity) Flush();
+    if (current_ == nullptr) return false;
   }
+  std::lock_guard<std::mutex> lock(mu_);
   return error_ == 0;
 }
 
 void FileWriter::Flush() {
-  Wait();  // the other buffer is free again
-  if (error_ != 0) return;
-  const char* full = buffers_[current_].get();
-  const size_t n = fill_;
-  const int fd = fd_;
-  pending_ = std::async(std::launch::async,
-                        [fd, full, n] { return WriteErrno(fd, full, n); });
-  current_ ^= 1;
+  std::unique_lock<std::mutex> lock(mu_);
+  queue_.push_back({current_, fill_});
+  current_ = nullptr;
   fill_ = 0;
+  cv_.notify_all();
+  bool no_memory = false;
+  // The queue is written in order: a block comes back after the one before
+  // it, so the wait ends once the thread has written one.
+  while (error_ == 0 && (current_ = buffers_->TryTake(&no_memory)) == nullptr) {
+    if (no_memory) {
+      error_ = ENOMEM;
+      break;
+    }
+    cv_.wait(lock);
+  }
+  if (error_ != 0 && current_ != nullptr) {
+    buffers_->Give(current_);
+    current_ = nullptr;
+  }
 }
 
 absl::Status FileWriter::Finish() {
-  Wait();
-  if (error_ == 0 && fill_ > 0) {
-    const char* data = buffers_[current_].get();
+  Drain();
+  int error = error_;
+  if (error == 0 && fill_ > 0) {
     const size_t aligned = direct_ ? fill_ / kAlign * kAlign : 0;
-    if (aligned > 0) error_ = WriteErrno(fd_, data, aligned);
-    if (error_ == 0 && aligned < fill_) {
+    if (aligned > 0) error = WriteErrno(fd_, current_, aligned);
+    if (error == 0 && aligned < fill_) {
       // The tail is not a whole block: written through the page cache.
       if (direct_) {
         const int flags = ::fcntl(fd_, F_GETFL);
         if (flags < 0 || ::fcntl(fd_, F_SETFL, flags & ~O_DIRECT) != 0) {
-          error_ = errno;
+          error = errno;
         }
       }
-      if (error_ == 0) {
-        error_ = WriteErrno(fd_, data + aligned, fill_ - aligned);
-      }
+      if (error == 0)
+        error = WriteErrno(fd_, current_ + aligned, fill_ - aligned);
     }
     fill_ = 0;
   }
-  if (error_ == 0 && ::fsync(fd_) != 0) error_ = errno;
-  if (::close(fd_) != 0 && error_ == 0) error_ = errno;
+  if (current_ != nullptr) {
+    buffers_->Give(current_);
+    current_ = nullptr;
+  }
+  if (error == 0 && ::fsync(fd_) != 0) error = errno;
+  if (::close(fd_) != 0 && error == 0) error = errno;
   fd_ = -1;
-  if (error_ != 0) {
+  error_ = error;
+  if (error != 0) {
     return absl::UnavailableError(
-        absl::StrCat("cannot write ", path_, ": ", std::strerror(error_)));
+        absl::StrCat("cannot write ", path_, ": ", std::strerror(error)));
   }
   return absl::OkStatus();
 }

@@ -100,6 +100,7 @@ bool Persister::PersistOnce() {
       report.generation = content->counters.generation;
       WriteOptions options;
       options.keep = keep_;
+      options.buffers = buffers_;
       if (++attempts_ == crash_.nth) options.fault = crash_.stage;
       written = WriteCheckpoint(*content, dir_, job, options);
       if (options.fault != WriteFault::kNone) {

@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "worker/checkpoint/config.h"
+#include "worker/checkpoint/file_writer.h"
 #include "worker/checkpoint/region.h"
 
 namespace concord::checkpoint {
@@ -96,6 +97,10 @@ class Persister {
   const std::string dir_;
   const int keep_;
   const TestCrash crash_;
+  // See Note [Write queue] in worker/checkpoint/file_writer.h: kept across
+  // writes, so that its blocks are faulted in once.
+  const std::shared_ptr<WriteBuffers> buffers_ =
+      std::make_shared<WriteBuffers>();
   const std::function<void(const PersistReport&)> on_report_;
   int64_t attempts_ = 0;  // writes begun (the test crash counts them)
   const std::chrono::milliseconds poll_;
