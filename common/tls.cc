@@ -12,6 +12,8 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/auth.h"
+#include "common/environment.h"
 
 namespace concord {
 namespace {
@@ -178,6 +180,23 @@ std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials(
   options.pem_private_key = tls.key_pem;
   options.pem_cert_chain = tls.cert_pem;
   return grpc::SslCredentials(options);
+}
+
+absl::StatusOr<ClientCredentials> LoadClientCredentials(std::string* token_file,
+                                                        const TlsFiles& tls) {
+  if (token_file->empty()) *token_file = env::Get(env::kTokenFile);
+  if (token_file->empty()) {
+    return absl::InvalidArgumentError(
+        "--token-file F (or CONCORD_TOKEN_FILE) is required");
+  }
+  ClientCredentials out;
+  auto token = ReadTokenFile(*token_file);
+  if (!token.ok()) return token.status();
+  out.token = *std::move(token);
+  auto material = LoadClientTls(tls, {"--tls-ca", "--tls-cert", "--tls-key"});
+  if (!material.ok()) return material.status();
+  out.tls = *std::move(material);
+  return out;
 }
 
 }  // namespace concord

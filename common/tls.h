@@ -64,4 +64,17 @@ std::shared_ptr<grpc::ServerCredentials> ServerCredentials(
 std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials(
     const TlsMaterial& tls);
 
+// What a client tool (concord-run with --coordinator, concordctl) calls the
+// coordinator with: the bearer token read from `*token_file` (set from
+// CONCORD_TOKEN_FILE when empty) and the TLS material of the --tls-ca,
+// --tls-cert and --tls-key files. INVALID_ARGUMENT naming what is missing or
+// bad ("--token-file F (or CONCORD_TOKEN_FILE) is required", a file that
+// cannot be read, a malformed token or PEM).
+struct ClientCredentials {
+  std::string token;
+  TlsMaterial tls;
+};
+absl::StatusOr<ClientCredentials> LoadClientCredentials(std::string* token_file,
+                                                        const TlsFiles& tls);
+
 }  // namespace concord

@@ -252,17 +252,10 @@ void CheckCredentials(Options& o) {
     }
     return;
   }
-  if (o.token_file.empty()) {
-    o.token_file = concord::env::Get(concord::env::kTokenFile);
+  auto loaded = concord::LoadClientCredentials(&o.token_file, o.tls);
+  if (!loaded.ok()) {
+    UsageError(absl::StrCat("--coordinator: ", loaded.status().message()));
   }
-  if (o.token_file.empty()) {
-    UsageError("--coordinator needs --token-file F (or CONCORD_TOKEN_FILE)");
-  }
-  auto token = concord::ReadTokenFile(o.token_file);
-  if (!token.ok()) UsageError(std::string(token.status().message()));
-  auto tls =
-      concord::LoadClientTls(o.tls, {"--tls-ca", "--tls-cert", "--tls-key"});
-  if (!tls.ok()) UsageError(std::string(tls.status().message()));
 }
 
 // The members' bounds (defaults from --nproc) and the timeouts.

@@ -362,18 +362,9 @@ struct Credentials {
 };
 
 Credentials LoadCredentials(Flags& f) {
-  if (f.token_file.empty()) {
-    f.token_file = concord::env::Get(concord::env::kTokenFile);
-  }
-  if (f.token_file.empty()) {
-    UsageError("--token-file F (or CONCORD_TOKEN_FILE) is required");
-  }
-  auto token = concord::ReadTokenFile(f.token_file);
-  if (!token.ok()) UsageError(std::string(token.status().message()));
-  auto tls =
-      concord::LoadClientTls(f.tls, {"--tls-ca", "--tls-cert", "--tls-key"});
-  if (!tls.ok()) UsageError(std::string(tls.status().message()));
-  return {*token, concord::ChannelCredentials(*tls)};
+  auto loaded = concord::LoadClientCredentials(&f.token_file, f.tls);
+  if (!loaded.ok()) UsageError(std::string(loaded.status().message()));
+  return {loaded->token, concord::ChannelCredentials(loaded->tls)};
 }
 
 // Replicas (A,B,...): only the leader listens; take the first that accepts a
