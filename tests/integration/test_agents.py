@@ -34,7 +34,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
-import test_elastic as te  # noqa: E402
+import elastic_harness as te  # noqa: E402
 import testlib  # noqa: E402
 
 NODES = 8

@@ -78,7 +78,6 @@ Prints one line per check, a summary line per case and a final
 
 import argparse
 import collections
-import glob
 import os
 import random
 import re
@@ -111,6 +110,7 @@ from elastic_harness import (  # noqa: E402
     compare_to_fault_free,
     expect_exit,
     first_ranks,
+    job_progress,
     kill_env,
     killed_locals,
     last_step_of,
@@ -519,26 +519,6 @@ def live_trainers(launcher_pid):
         except OSError:
             pass
     return out
-
-
-def job_progress(rd):
-    """(max step, its epoch) over the sample logs' complete lines (cheap: the
-    files' tails)."""
-    best = (0, 0)
-    for path in glob.glob(os.path.join(rd.samples, "*.samples")):
-        try:
-            with open(path, "rb") as f:
-                f.seek(0, os.SEEK_END)
-                size = f.tell()
-                f.seek(max(0, size - 4096))
-                tail = f.read().decode(errors="replace")
-        except OSError:
-            continue
-        for line in tail.split("\n")[:-1][-3:]:
-            parts = line.split()
-            if len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit():
-                best = max(best, (int(parts[0]), int(parts[1])))
-    return best
 
 
 def case_chaos(ctx, name, seed):

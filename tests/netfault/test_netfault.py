@@ -75,7 +75,7 @@ sys.path.insert(0, TESTS)
 sys.path.insert(0, HERE)
 
 import netlab  # noqa: E402
-import test_elastic as te  # noqa: E402
+import elastic_harness as te  # noqa: E402
 import testlib  # noqa: E402
 
 # Fast failure detection (the scenarios' own, unless one says otherwise).
