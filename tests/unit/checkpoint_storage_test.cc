@@ -432,6 +432,9 @@ TEST(CheckpointFileWriterTest, AFailedWriteIsReportedAndNothingWaits) {
   for (int i = 0; i < 64 && appended; ++i) {
     appended = (*w)->Append(chunk.data(), chunk.size());
   }
+  // A caller that goes on writing (miniz writes its directory at the end)
+  // is refused, not crashed.
+  EXPECT_FALSE((*w)->Append(chunk.data(), chunk.size()));
   const absl::Status finished = (*w)->Finish();
   ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &old), 0);
   EXPECT_FALSE(appended);

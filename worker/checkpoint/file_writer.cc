@@ -130,6 +130,9 @@ void FileWriter::Drain() {
 }
 
 bool FileWriter::Append(const void* data, size_t n) {
+  // After a failure there is no current block (Flush gave it back): every
+  // later call fails at once.
+  if (current_ == nullptr) return false;
   const char* from = static_cast<const char*>(data);
   const size_t capacity = buffers_->block();
   while (n > 0) {
