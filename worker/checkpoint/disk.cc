@@ -555,11 +555,10 @@ absl::StatusOr<WriteStats> WriteCheckpoint(const Content& content,
   const int64_t step = content.counters.step;
   const std::string job_dir = JobDir(dir, job);
   CONCORD_ASSIGN_OR_RETURN(
-      Staging staging,
-      Staging::Make(job_dir, content, job,
-                    options.buffers != nullptr
-                        ? options.buffers
-                        : std::make_shared<WriteBuffers>()));
+      Staging staging, Staging::Make(job_dir, content, job,
+                                     options.buffers != nullptr
+                                         ? options.buffers
+                                         : std::make_shared<WriteBuffers>()));
   // A failure leaves nothing behind; a test fault leaves what a crash would.
   auto failed = [&](absl::Status s) {
     if (s.code() != absl::StatusCode::kAborted) {
