@@ -256,6 +256,7 @@ void CheckCredentials(Options& o) {
   if (!loaded.ok()) {
     UsageError(absl::StrCat("--coordinator: ", loaded.status().message()));
   }
+  o.credentials = *std::move(loaded);
 }
 
 // The members' bounds (defaults from --nproc) and the timeouts.
@@ -493,7 +494,7 @@ class NodeServices {
     if (o_.standalone) {
       if (!StartCoordinator()) return false;
     } else {
-      worker_token_ = *concord::ReadTokenFile(o_.token_file);  // checked
+      worker_token_ = o_.credentials.token;
     }
     return !o_.agent || StartAgent();
   }
@@ -652,8 +653,7 @@ class NodeServices {
     concord::agent::NodeAgentOptions ao;
     ao.coordinator = coordinator_;
     ao.token = worker_token_;
-    ao.tls = *concord::LoadClientTls(  // checked
-        o_.tls, {"--tls-ca", "--tls-cert", "--tls-key"});
+    ao.tls = o_.credentials.tls;  // plaintext with --standalone
     ao.listen = "unix:" + agent_dir_ + "/agent.sock";
     // See Note [Heartbeat batching] in agent/heartbeat_batcher.h.
     const absl::Duration interval =

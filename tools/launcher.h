@@ -63,7 +63,10 @@ struct Options {
   std::string comm_host = "127.0.0.1";
   std::string node_id;  // empty: the workers use the hostname
   std::string token_file;
-  TlsFiles tls;             // towards --coordinator; passed on to the workers
+  TlsFiles tls;  // towards --coordinator; passed on to the workers
+  // What --token-file and --tls-* hold, read once by ParseArgs (with
+  // --coordinator; empty with --standalone).
+  ClientCredentials credentials;
   std::string trace;        // --trace FILE
   std::string trace_parts;  // the workers' trace files go here
   std::string history;      // --history DIR
