@@ -40,7 +40,7 @@ PACKAGES=(
   nvidia-cuda-toolkit
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
-  libspdlog-dev libcli11-dev nlohmann-json3-dev
+  libspdlog-dev libcli11-dev nlohmann-json3-dev libisal-dev
   libopenblas0-pthread python3
   prometheus-cpp-dev libssl-dev openssl etcd-server libcivetweb-dev
   libsystemd-dev

@@ -43,7 +43,7 @@ done
 WANTED=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
-  libspdlog-dev libcli11-dev nlohmann-json3-dev
+  libspdlog-dev libcli11-dev nlohmann-json3-dev libisal-dev
   prometheus-cpp-dev libcivetweb-dev libsystemd-dev libssl-dev
   libgloo-dev
   pkgconf

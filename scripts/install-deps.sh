@@ -9,7 +9,7 @@ PACKAGES=(
   ccache
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
-  libspdlog-dev libcli11-dev nlohmann-json3-dev
+  libspdlog-dev libcli11-dev nlohmann-json3-dev libisal-dev
   libtorch-dev libgloo-dev
   # LibTorch links reference BLAS otherwise (about 7x slower matmuls).
   libopenblas0-pthread

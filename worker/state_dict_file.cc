@@ -1,6 +1,6 @@
 #include "worker/state_dict_file.h"
 
-#include <caffe2/serialize/inline_container.h>
+#include <caffe2/serialize/versions.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/csrc/jit/serialization/pickler.h>
 
@@ -11,20 +11,18 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace concord {
 
-absl::Status WriteArchive(
-    const c10::IValue& value,
-    const std::function<size_t(const void* data, size_t size)>& sink) {
+absl::StatusOr<Pickled> Pickle(const c10::IValue& value) {
   // See Note [State dict files]: the pickle without type tags, the storages as
   // records data/0, data/1, ... (persistent ids "0", "1", ... in order).
-  bool failed = false;
+  Pickled out;
   try {
-    std::vector<char> pickle;
     torch::jit::Pickler pickler(
         [&](const char* bytes, size_t n) {
-          pickle.insert(pickle.end(), bytes, bytes + n);
+          out.pickle.insert(out.pickle.end(), bytes, bytes + n);
         },
         /*tensor_table=*/nullptr, /*type_renamer=*/nullptr,
         /*memoized_class_types=*/nullptr, /*get_tensor_id=*/nullptr,
@@ -32,27 +30,39 @@ absl::Status WriteArchive(
     pickler.protocol();
     pickler.pushIValue(value);
     pickler.stop();
-    caffe2::serialize::PyTorchStreamWriter writer(
-        [&](const void* data, size_t n) -> size_t {
-          if (failed) return 0;
-          const size_t done = sink(data, n);
-          if (done != n) failed = true;
-          return done;
-        });
-    const std::vector<at::Tensor>& storages = pickler.tensorData();
-    for (size_t i = 0; i < storages.size(); ++i) {
-      const torch::jit::WriteableTensorData data =
-          torch::jit::getWriteableTensorData(storages[i]);
-      writer.writeRecord(absl::StrCat("data/", i), data.data(),
-                         data.sizeInBytes());
-    }
-    writer.writeRecord("data.pkl", pickle.data(), pickle.size());
-    writer.writeEndOfFile();
+    out.storages = pickler.tensorData();
   } catch (const std::exception& e) {
-    if (failed) return absl::UnavailableError("the archive's write failed");
-    return absl::InternalError(absl::StrCat("writing the archive: ", e.what()));
+    return absl::InternalError(
+        absl::StrCat("pickling the archive: ", e.what()));
   }
-  if (failed) return absl::UnavailableError("the archive's write failed");
+  return out;
+}
+
+absl::Status WriteArchive(const c10::IValue& value, const ZipWriter::Sink& sink,
+                          uint32_t* crc32, ZipWriter::Options options) {
+  // Note [Archive writer] has the archive around the pickle.
+  CONCORD_ASSIGN_OR_RETURN(Pickled pickled, Pickle(value));
+  const std::vector<char>& pickle = pickled.pickle;
+  const std::vector<at::Tensor>& storages = pickled.storages;
+  ZipWriter zip("archive", sink, options);
+  for (size_t i = 0; i < storages.size(); ++i) {
+    // A CPU storage's bytes are its own memory, which `value` keeps alive;
+    // one on a device is copied to the host here, for this call only.
+    const bool own = storages[i].device().is_cpu();
+    const torch::jit::WriteableTensorData data =
+        torch::jit::getWriteableTensorData(storages[i]);
+    CONCORD_RETURN_IF_ERROR(zip.Add(absl::StrCat("data/", i), data.data(),
+                                    data.sizeInBytes(), /*lasting=*/own));
+  }
+  CONCORD_RETURN_IF_ERROR(
+      zip.Add("data.pkl", pickle.data(), pickle.size(), /*lasting=*/false));
+  // PyTorch's writer's "version" record: the format of a plain pickle.
+  const std::string version =
+      absl::StrCat(caffe2::serialize::kMinProducedFileFormatVersion, "\n");
+  CONCORD_RETURN_IF_ERROR(
+      zip.Add("version", version.data(), version.size(), /*lasting=*/false));
+  CONCORD_RETURN_IF_ERROR(zip.Finish());
+  if (crc32 != nullptr) *crc32 = zip.crc32();
   return absl::OkStatus();
 }
 
@@ -83,10 +93,10 @@ absl::StatusOr<std::vector<char>> EncodeStateDict(const NamedTensors& state) {
   }
   std::vector<char> archive;
   absl::Status written =
-      WriteArchive(c10::IValue(dict), [&](const void* data, size_t n) {
+      WriteArchive(c10::IValue(dict), [&](const void* data, size_t n, bool) {
         const char* bytes = static_cast<const char*>(data);
         archive.insert(archive.end(), bytes, bytes + n);
-        return n;
+        return true;
       });
   if (!written.ok()) return written;
   return archive;

@@ -20,6 +20,7 @@
 #include <ATen/core/ivalue.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <utility>
@@ -27,19 +28,32 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "worker/zip_writer.h"
 
 namespace concord {
 
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 
+// `value` pickled as torch.save pickles it: the pickle (data.pkl) and the
+// storages its persistent ids "0", "1", ... name, in order. INTERNAL when
+// LibTorch's pickler threw.
+struct Pickled {
+  std::vector<char> pickle;
+  std::vector<at::Tensor> storages;
+};
+absl::StatusOr<Pickled> Pickle(const c10::IValue& value);
+
 // Writes `value` (dicts, lists, tuples, strings, numbers, None and
-// tensors) as the archive `torch.save(value, f)` writes, through `sink`
-// (which returns the bytes it took: fewer is a failure). Tensors go as CPU
-// tensors. UNAVAILABLE when `sink` failed; INTERNAL when LibTorch's writer
-// threw.
-absl::Status WriteArchive(
-    const c10::IValue& value,
-    const std::function<size_t(const void* data, size_t size)>& sink);
+// tensors) as the archive `torch.save(value, f)` writes (see Note [Archive
+// writer] in worker/zip_writer.h), through `sink`. Tensors go as CPU
+// tensors; a CPU storage's bytes reach the sink as `lasting`: they are the
+// storage's own memory, valid while `value` lives and unchanged while the
+// caller leaves its tensors alone. `crc32`, when given: the archive's
+// CRC-32; `options`: the archive writer's. UNAVAILABLE when `sink` failed;
+// INTERNAL when LibTorch's pickler threw.
+absl::Status WriteArchive(const c10::IValue& value, const ZipWriter::Sink& sink,
+                          uint32_t* crc32 = nullptr,
+                          ZipWriter::Options options = {});
 
 // What an archive of WriteArchive or torch.save holds. INVALID_ARGUMENT
 // when `bytes` are not one.

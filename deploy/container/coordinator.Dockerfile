@@ -11,7 +11,7 @@ RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
       build-essential cmake ninja-build pkg-config \
       libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
-      libabsl-dev libspdlog-dev libcli11-dev nlohmann-json3-dev \
+      libabsl-dev libspdlog-dev libcli11-dev nlohmann-json3-dev libisal-dev \
       prometheus-cpp-dev libssl-dev libsystemd-dev libcivetweb-dev \
       libtorch-dev libgloo-dev \
  && rm -rf /var/lib/apt/lists/*

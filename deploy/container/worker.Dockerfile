@@ -11,7 +11,7 @@ RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
       build-essential cmake ninja-build pkg-config \
       libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
-      libabsl-dev libspdlog-dev libcli11-dev nlohmann-json3-dev \
+      libabsl-dev libspdlog-dev libcli11-dev nlohmann-json3-dev libisal-dev \
       prometheus-cpp-dev libssl-dev libsystemd-dev libcivetweb-dev \
       libtorch-dev libgloo-dev \
  && rm -rf /var/lib/apt/lists/*
@@ -35,7 +35,7 @@ RUN apt-get update \
       libgrpc++1.51 libgrpc29 libprotobuf32 libabsl20220623 \
       libspdlog1.10 libfmt9 libssl3 \
       libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0 libcivetweb1 \
-      libstdc++6 zlib1g ca-certificates \
+      libstdc++6 zlib1g libisal2 ca-certificates \
  && rm -rf /var/lib/apt/lists/* \
  && groupadd --system --gid 65532 concord \
  && useradd --system --uid 65532 --gid 65532 --home-dir /tmp \

@@ -27,6 +27,11 @@ Cases (--list):
              SGD with momentum from checkpoint S continued in Python over the
              same windows (the sample log) ends within 1e-6 of Concord's
              checkpoint S' > S.
+  archive    the archives the unit tests write (see Note [Archive writer]
+             in worker/zip_writer.h) in Python: plain and ZIP64 forms pass
+             zipfile's CRC-32 checks and load with torch.load(weights_only)
+             to the values written; a sparse 4 GiB + 1 record and one past
+             4 GiB read with their sizes, offset and CRC-32s.
   crash-*, full-disk, read-only
              a write killed at each stage, a full disk, a read-only
              directory: the job resumes from the previous complete
@@ -61,6 +66,8 @@ import subprocess
 import signal
 import sys
 import tempfile
+import zipfile
+import zlib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -414,6 +421,49 @@ def case_python(ctx, name):
                  "ends within 1e-6 of Concord's (max abs diff %.1e)" % (s0, s1, worst))
 
 
+def case_archive(ctx, name):
+    """See Note [Archive writer]: the archives the unit tests write
+    (archive_writer_test.cc, zip_writer_test.cc) read in Python."""
+    checks = ctx.checks
+    tests = os.path.join(ctx.bin_dir, os.pardir, "tests")
+    out = os.path.join(ctx.tmp, "archives")
+    os.makedirs(out)
+    env = dict(os.environ, CONCORD_TEST_ARCHIVE_DIR=out)
+    for binary, only in (("worker_torch_test", "ArchiveWriterTest.*"),
+                         ("worker_core_test", "ZipWriterTest.ARecordOf4GiB*")):
+        r = subprocess.run([os.path.join(tests, binary), "--gtest_filter=" + only], env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           timeout=120)
+        if not checks.check(r.returncode == 0, name + ": %s %s" % (binary, only), r.stdout[-2000:]):
+            return
+    want = {"big": torch.arange(20000, dtype=torch.float32) / 7,
+            "small": torch.tensor([1.5, -2.0, 3.25]),
+            "ints": torch.arange(7)}
+    for form in ("plain", "zip64"):
+        path = os.path.join(out, form + ".pt")
+        bad = zipfile.ZipFile(path).testzip()
+        got = torch.load(path, weights_only=True)
+        same = sorted(got) == sorted(want) and all(torch.equal(got[k], want[k]) for k in want)
+        checks.check(bad is None and same, name + ": %s: zipfile's CRC-32 checks pass, torch.load "
+                     "(weights_only) gives the values written" % form, "bad %s, got %s" % (bad, got))
+    # 4 GiB + 1 of zeros (a hole), then a record that starts past 4 GiB.
+    z = zipfile.ZipFile(os.path.join(out, "zip64-4gib.zip"))
+    info = {i.filename: i for i in z.infolist()}
+    big, small = info.get("archive/data/0"), info.get("archive/small")
+    ok = big is not None and small is not None and big.file_size == (1 << 32) + 1 and \
+        small.header_offset > (1 << 32) and z.read("archive/small") == b"after the big one"
+    if ok:
+        # The big record's CRC-32 is zlib's over its zeros (computed here,
+        # not read: the hole would be 4 GiB of reads).
+        crc, zeros, left = 0, memoryview(bytes(64 << 20)), big.file_size
+        while left:
+            crc = zlib.crc32(zeros[:min(left, len(zeros))], crc)
+            left -= min(left, len(zeros))
+        ok = crc == big.CRC
+    checks.check(ok, name + ": ZIP64 past 4 GiB: zipfile reads the sizes, the offset past 4 GiB, "
+                 "both records and their CRC-32s", str(info))
+
+
 def case_crash(ctx, name, stage):
     """concord-run dies (SIGKILL, its workers with it) at `stage` of the
     write of its third checkpoint; the same command again goes on from the
@@ -690,6 +740,7 @@ CASES = {
     "memory": lambda ctx: case_memory(ctx, "memory"),
     "world2": lambda ctx: case_kill_all(ctx, "world2", nproc_after=2),
     "python": lambda ctx: case_python(ctx, "python"),
+    "archive": lambda ctx: case_archive(ctx, "archive"),
     "crash-before-manifest": lambda ctx: case_crash(ctx, "crash-bm", "before-manifest"),
     "crash-before-rename": lambda ctx: case_crash(ctx, "crash-br", "before-rename"),
     "crash-during-latest": lambda ctx: case_crash(ctx, "crash-dl", "during-latest"),
@@ -703,8 +754,8 @@ CASES = {
 
 
 class Context(object):
-    def __init__(self, bins, checks, tmp):
-        self.bins, self.checks, self.tmp = bins, checks, tmp
+    def __init__(self, bins, checks, tmp, bin_dir):
+        self.bins, self.checks, self.tmp, self.bin_dir = bins, checks, tmp, bin_dir
         self.fx = te.Fixture(tmp, N_SAMPLES)
         self.ref = None
 
@@ -727,7 +778,7 @@ def main():
         checks.fail("concord binaries present", str(bins.missing()))
         return checks.finish()
     tmp = tempfile.mkdtemp(prefix="concord_checkpoint_")
-    ctx = Context(bins, checks, tmp)
+    ctx = Context(bins, checks, tmp, args.bin_dir)
     cases = [(n, f) for n, f in CASES.items() if not args.case or n in args.case]
     te.run_cases(ctx, cases, args.keep)
     return checks.finish()

@@ -177,8 +177,9 @@ TEST(CheckpointDamageTest, NothingLoadableIsNotFound) {
 // ---- keep
 // ----------------------------------------------------------------------
 
-// See Note [Archive checksums]: with records large enough for miniz's CRC-32
-// to be taken, each file's CRC-32 in the manifest is zlib's over its bytes.
+// See Note [Archive writer]: the manifest's CRC-32 of a file, which the
+// archive writer combines from its pieces' (big records written in place),
+// is zlib's over the file's bytes.
 TEST(CheckpointDiskTest, TheManifestsCrcIsZlibsOverTheFile) {
   TempDir dir;
   ASSERT_TRUE(Write(SampleContent(10, 1 << 20), dir).ok());
@@ -373,6 +374,63 @@ TEST(CheckpointFileWriterTest, WritesEveryByteAtItsSize) {
       EXPECT_EQ(back.size(), size) << path << (direct ? " (direct)" : "");
       EXPECT_TRUE(back == bytes) << path << (direct ? " (direct)" : "");
     }
+  }
+  if (places.size() > 1) fs::remove_all(shm);
+}
+
+// Bytes the caller keeps (AppendLasting) go to the file from where they lie
+// when the file is written with O_DIRECT and both they and the file's size
+// are page-aligned: only their last partial page, and what is not aligned,
+// is copied into blocks. Everything reads back byte for byte, O_DIRECT or
+// not (/dev/shm).
+TEST(CheckpointFileWriterTest, LastingBytesAreWrittenFromWhereTheyLie) {
+  TempDir dir;
+  std::vector<std::string> places = {dir.path()};
+  std::string shm = "/dev/shm/concord-file-writer-XXXXXX";
+  if (::mkdtemp(shm.data()) != nullptr) places.push_back(shm);
+  constexpr size_t kPage = FileWriter::kAlign;
+  constexpr size_t kBlock = 3 * kPage;
+  constexpr size_t kLasting = 40 * kPage + 123;  // more than the whole pool
+  std::unique_ptr<char, decltype(&std::free)> lasting(
+      static_cast<char*>(std::aligned_alloc(kPage, kLasting + kPage)),
+      &std::free);
+  std::mt19937 rng(5);
+  for (size_t i = 0; i < kLasting + kPage; ++i) {
+    lasting.get()[i] = static_cast<char>(rng());
+  }
+  const std::string head(kPage, 'h');
+  // Brings the file's size back to a whole page after the two lasting
+  // pieces.
+  const std::string tail(kPage - (kLasting + 2 * kPage) % kPage, 't');
+  for (const std::string& place : places) {
+    const std::string path = (fs::path(place) / "lasting").string();
+    absl::StatusOr<std::unique_ptr<FileWriter>> w = FileWriter::Create(
+        path, std::make_shared<WriteBuffers>(kBlock, 2 * kBlock));
+    ASSERT_TRUE(w.ok()) << w.status();
+    // Aligned (after one page), then at an odd file size, then from an
+    // odd address at an aligned size: only the first goes in place.
+    ASSERT_TRUE((*w)->Append(head.data(), head.size()));
+    ASSERT_TRUE((*w)->AppendLasting(lasting.get(), kLasting));
+    ASSERT_TRUE((*w)->AppendLasting(lasting.get(), 2 * kPage));
+    ASSERT_TRUE((*w)->Append(tail.data(), tail.size()));
+    ASSERT_TRUE((*w)->AppendLasting(lasting.get() + 1, 2 * kPage));
+    const bool direct = (*w)->direct();
+    const uint64_t copied = (*w)->copied();
+    const uint64_t size = (*w)->size();
+    ASSERT_TRUE((*w)->Finish().ok()) << path;
+    std::string expected = head;
+    expected.append(lasting.get(), kLasting);
+    expected.append(lasting.get(), 2 * kPage);
+    expected += tail;
+    expected.append(lasting.get() + 1, 2 * kPage);
+    EXPECT_EQ(size, expected.size());
+    EXPECT_EQ(copied, direct ? expected.size() - kLasting / kPage * kPage
+                             : expected.size())
+        << path << (direct ? " (direct)" : "");
+    std::ifstream in(path, std::ios::binary);
+    const std::string back((std::istreambuf_iterator<char>(in)),
+                           std::istreambuf_iterator<char>());
+    EXPECT_TRUE(back == expected) << path << (direct ? " (direct)" : "");
   }
   if (places.size() > 1) fs::remove_all(shm);
 }

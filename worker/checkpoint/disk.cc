@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <zlib.h>
 
 #include <algorithm>
 #include <cctype>
@@ -21,6 +20,8 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "worker/checkpoint/file_writer.h"
+#include "worker/crc32.h"
+#include "worker/zip_writer.h"
 
 namespace concord::checkpoint {
 namespace {
@@ -38,11 +39,6 @@ absl::Status Errno(const std::string& what, const std::string& path) {
       absl::StrCat(what, " ", path, ": ", std::strerror(errno)));
 }
 
-uint32_t Crc(uint32_t crc, const void* data, size_t n) {
-  return static_cast<uint32_t>(
-      crc32_z(crc, static_cast<const Bytef*>(data), n));
-}
-
 absl::Status SyncDir(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return Errno("cannot open directory", path);
@@ -58,89 +54,18 @@ struct Written {
   uint32_t crc = 0;
 };
 
-// Note [Archive checksums]
-// ~~~~~~~~~~~~~~~~~~~~~~~~
-// The manifest's CRC-32 of a file is zlib's over all its bytes. Most of an
-// archive's bytes are its records' data (the tensors), and miniz, writing
-// them, has already taken their CRC-32 for the zip's data descriptor, which
-// it writes right after each record's data (PyTorch sets the descriptor's
-// flag on every record). FileCrc uses it instead of a second pass over the
-// data: a piece of kHeldBytes or more is held (its pointer: the record's
-// memory, alive until the call that wrote it, which also writes its
-// descriptor, returns); when the next piece is a data descriptor ("PK\7\8",
-// the CRC-32, then the compressed and uncompressed sizes in 4 or 8 bytes
-// each) whose sizes are the held piece's, its CRC-32 is combined into the
-// file's (zlib's crc32_combine); any other next piece, or the end, sums the
-// held piece itself. Nothing here trusts an archive read back: every load
-// takes zlib's CRC-32 of the whole file again (ReadChecked). At 21 M
-// parameters it saves the 24 ms a checkpoint of zlib's pass took, a third of
-// the disk tier's CPU (bench/checkpoint.cc's crc32_s).
-class FileCrc {
- public:
-  static constexpr size_t kHeldBytes = size_t{64} << 10;
-
-  void Add(const void* data, size_t n) {
-    if (held_ != nullptr) {
-      uint32_t record = 0;
-      if (DescribesHeld(data, n, &record)) {
-        crc_ = static_cast<uint32_t>(
-            crc32_combine(crc_, record, static_cast<z_off_t>(held_n_)));
-      } else {
-        crc_ = Crc(crc_, held_, held_n_);
-      }
-      held_ = nullptr;
-    }
-    if (n >= kHeldBytes) {
-      held_ = data;
-      held_n_ = n;
-      return;
-    }
-    crc_ = Crc(crc_, data, n);
-  }
-  // Sums a held piece; call while its memory lives (before the writer
-  // returns).
-  uint32_t Value() {
-    if (held_ != nullptr) crc_ = Crc(crc_, held_, held_n_);
-    held_ = nullptr;
-    return crc_;
-  }
-
- private:
-  bool DescribesHeld(const void* data, size_t n, uint32_t* record) const {
-    const auto* p = static_cast<const unsigned char*>(data);
-    auto le = [p](size_t at, size_t bytes) {
-      uint64_t v = 0;
-      for (size_t i = 0; i < bytes; ++i) v |= uint64_t{p[at + i]} << (8 * i);
-      return v;
-    };
-    if ((n != 16 && n != 24) || le(0, 4) != 0x08074b50) return false;
-    const size_t width = n == 16 ? 4 : 8;
-    if (le(8, width) != held_n_ || le(8 + width, width) != held_n_) {
-      return false;
-    }
-    *record = static_cast<uint32_t>(le(4, 4));
-    return true;
-  }
-
-  uint32_t crc_ = 0;
-  const void* held_ = nullptr;
-  size_t held_n_ = 0;
-};
-// See Note [Direct writes] in worker/checkpoint/file_writer.h.
+// See Note [Direct writes] in worker/checkpoint/file_writer.h: `fill(sink,
+// &crc)` writes the file's bytes and sets their CRC-32.
 template <typename Fill>
 absl::StatusOr<Written> WriteFile(const std::string& path, Fill fill,
                                   std::shared_ptr<WriteBuffers> buffers) {
   CONCORD_ASSIGN_OR_RETURN(std::unique_ptr<FileWriter> file,
                            FileWriter::Create(path, std::move(buffers)));
   Written w;
-  FileCrc crc;  // see Note [Archive checksums]
-  auto sink = [&](const void* data, size_t n) -> size_t {
-    if (!file->Append(data, n)) return 0;
-    crc.Add(data, n);
-    return n;
+  const ZipWriter::Sink sink = [&](const void* data, size_t n, bool lasting) {
+    return lasting ? file->AppendLasting(data, n) : file->Append(data, n);
   };
-  const absl::Status filled = fill(sink);
-  w.crc = crc.Value();
+  const absl::Status filled = fill(sink, &w.crc);
   // A failed write says why first; a fill that failed on its own after.
   CONCORD_RETURN_IF_ERROR(file->Finish());
   if (!filled.ok()) {
@@ -151,13 +76,16 @@ absl::StatusOr<Written> WriteFile(const std::string& path, Fill fill,
   return w;
 }
 
-using Sink = std::function<size_t(const void*, size_t)>;
-
+// `value`'s tensors are the snapshot region's memory, which outlives the
+// file's Finish: the archive's big records go to the disk from there.
 absl::StatusOr<Written> WriteArchiveFile(
     const std::string& path, const c10::IValue& value,
     std::shared_ptr<WriteBuffers> buffers) {
   return WriteFile(
-      path, [&](const Sink& sink) { return WriteArchive(value, sink); },
+      path,
+      [&](const ZipWriter::Sink& sink, uint32_t* crc) {
+        return WriteArchive(value, sink, crc);
+      },
       std::move(buffers));
 }
 
@@ -165,10 +93,11 @@ absl::StatusOr<Written> WriteTextFile(const std::string& path,
                                       const std::string& text) {
   return WriteFile(
       path,
-      [&](const Sink& sink) {
-        return sink(text.data(), text.size()) == text.size()
+      [&](const ZipWriter::Sink& sink, uint32_t* crc) {
+        *crc = Crc32(0, text.data(), text.size());
+        return sink(text.data(), text.size(), /*lasting=*/false)
                    ? absl::OkStatus()
-                   : absl::UnavailableError("short write");
+                   : absl::UnavailableError("the write failed");
       },
       std::make_shared<WriteBuffers>(text.size(), 0));
 }
@@ -324,7 +253,7 @@ absl::StatusOr<std::vector<char>> ReadChecked(const std::string& path,
     return absl::InvalidArgumentError(
         absl::StrCat(fs::path(path).filename().string(), ": cannot read"));
   }
-  if (Crc(0, bytes.data(), bytes.size()) != crc) {
+  if (Crc32(0, bytes.data(), bytes.size()) != crc) {
     return absl::DataLossError(
         absl::StrCat(fs::path(path).filename().string(),
                      ": its CRC-32 is not the manifest's"));
@@ -349,7 +278,8 @@ absl::StatusOr<NamedTensors> TensorsOf(const c10::IValue& v,
 }
 
 // A checkpoint's files written into a staging directory next to where it
-// will be, with the manifest that lists them (see Note [Archive checksums]).
+// will be, with the manifest that lists them (each file's CRC-32 from the
+// archive writer's pieces: see Note [Archive writer] in worker/zip_writer.h).
 class Staging {
  public:
   Staging(std::string path, json manifest,

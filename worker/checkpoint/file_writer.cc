@@ -111,7 +111,7 @@ void FileWriter::WriteQueued() {
     const bool failed = error_ != 0;
     lock.unlock();
     const int e = failed ? 0 : WriteErrno(fd_, b.data, b.n);
-    buffers_->Give(b.data);
+    if (b.owned) buffers_->Give(b.data);
     lock.lock();
     queue_.pop_front();
     if (error_ == 0) error_ = e;
@@ -142,6 +142,7 @@ bool FileWriter::Append(const void* data, size_t n) {
     from += take;
     n -= take;
     size_ += take;
+    copied_ += take;
     if (fill_ == capacity) Flush();
     if (current_ == nullptr) return false;
   }
@@ -149,12 +150,41 @@ bool FileWriter::Append(const void* data, size_t n) {
   return error_ == 0;
 }
 
+bool FileWriter::AppendLasting(const void* data, size_t n) {
+  const size_t body = n / kAlign * kAlign;
+  if (!direct_ || current_ == nullptr || size_ % kAlign != 0 ||
+      reinterpret_cast<uintptr_t>(data) % kAlign != 0 || body == 0) {
+    return Append(data, n);
+  }
+  // See Note [Direct writes]: the bytes before (a whole number of kAlign),
+  // then the body from where it lies, then the tail through a block.
+  std::unique_lock<std::mutex> lock(mu_);
+  if (error_ != 0) return false;
+  if (fill_ > 0) {
+    queue_.push_back({current_, fill_, /*owned=*/true});
+    current_ = nullptr;
+    fill_ = 0;
+  }
+  queue_.push_back({const_cast<char*>(static_cast<const char*>(data)), body,
+                    /*owned=*/false});
+  size_ += body;
+  cv_.notify_all();
+  if (current_ == nullptr) TakeBlock(lock);
+  lock.unlock();
+  if (current_ == nullptr) return false;
+  return Append(static_cast<const char*>(data) + body, n - body);
+}
+
 void FileWriter::Flush() {
   std::unique_lock<std::mutex> lock(mu_);
-  queue_.push_back({current_, fill_});
+  queue_.push_back({current_, fill_, /*owned=*/true});
   current_ = nullptr;
   fill_ = 0;
   cv_.notify_all();
+  TakeBlock(lock);
+}
+
+void FileWriter::TakeBlock(std::unique_lock<std::mutex>& lock) {
   bool no_memory = false;
   // The queue is written in order: a block comes back after the one before
   // it, so the wait ends once the thread has written one.

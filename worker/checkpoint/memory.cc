@@ -10,15 +10,29 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "worker/zip_writer.h"
 
 namespace concord::checkpoint {
 namespace {
 
 constexpr char kMagic[8] = {'C', 'O', 'N', 'C', 'K', 'P', 'T', '1'};
-constexpr uint32_t kVersion = 2;
-constexpr size_t kAlign = 64;
+constexpr uint32_t kVersion = 3;
 
-size_t Aligned(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+size_t Aligned(size_t n, size_t to = ZipWriter::kAlign) {
+  return (n + to - 1) / to * to;
+}
+// Where a tensor of `bytes` goes at or after `offset`: a big one at a page,
+// so that the disk tier writes it from the region (see Note [Archive
+// writer] in worker/zip_writer.h), others at 64 bytes.
+size_t Place(size_t offset, size_t bytes) {
+  return Aligned(offset, bytes >= ZipWriter::kPageAlignedMin
+                             ? ZipWriter::kPageAlign
+                             : ZipWriter::kAlign);
+}
+// Where the tensors start, after the layout that ends at `layout_end`.
+size_t DataOffset(size_t layout_end) {
+  return Aligned(layout_end, ZipWriter::kPageAlign);
+}
 
 // Where a content's parts go in a region (see Note [Snapshot region]).
 struct Layout {
@@ -34,14 +48,16 @@ Layout LayOut(const Content& content) {
   l.flat = Flatten(content);
   size_t offset = 0;
   for (const at::Tensor& t : l.flat.tensors) {
+    const size_t bytes = t.numel() * t.element_size();
+    offset = Place(offset, bytes);
     l.table.push_back({{"dtype", static_cast<int>(t.scalar_type())},
                        {"shape", t.sizes().vec()},
                        {"offset", offset}});
-    offset = Aligned(offset + t.numel() * t.element_size());
+    offset += bytes;
   }
   l.layout = nlohmann::json{{"skeleton", l.flat.skeleton}, {"tensors", l.table}}
                  .dump();
-  l.data_offset = Aligned(kHeaderBytes + l.layout.size());
+  l.data_offset = DataOffset(kHeaderBytes + l.layout.size());
   l.bytes = l.data_offset + offset;
   return l;
 }
@@ -192,7 +208,8 @@ absl::StatusOr<Content> ReadSnapshot(Region& region) {
       !layout.contains("skeleton")) {
     return absl::InvalidArgumentError("a snapshot's layout is not JSON");
   }
-  const size_t data_offset = Aligned(mapped.layout_offset + mapped.layout_size);
+  const size_t data_offset =
+      DataOffset(mapped.layout_offset + mapped.layout_size);
   std::vector<at::Tensor> tensors;
   try {
     for (const nlohmann::json& t : layout.at("tensors")) {

@@ -10,7 +10,9 @@
 // CONCORD_CHECKPOINT_MEMORY: it outlives the workers) or anonymous memory
 // (a worker without an agent). A fixed header comes first, then the
 // content's layout as JSON (Flatten's skeleton and each tensor's dtype,
-// shape and offset), then the tensors' bytes, each at a 64-byte boundary.
+// shape and offset), then the tensors' bytes from a page boundary on, each
+// at a 64-byte boundary, those of 64 KiB or more at a page (the disk tier
+// writes them to the disk from here with O_DIRECT).
 // The region is made as large as the state once and reused; it grows (a
 // new size of the file, mapped again) only when the state does.
 //
