@@ -23,9 +23,12 @@
 //             same write with a queue of two blocks (as before the queue),
 //             alternating with it;
 //  archive_s  the same archives serialized into a sink that drops them
-//             (LibTorch's PyTorchStreamWriter without the disk), crc32_s
-//             zlib's CRC-32 over the tensors' bytes (what WriteCheckpoint
-//             adds per file): where the write's time goes besides the disk.
+//             (Concord's archive writer without the disk: the pickle and
+//             the records' CRC-32), archive_libtorch_s the same with
+//             LibTorch's PyTorchStreamWriter (miniz's CRC-32), which it
+//             replaced; crc32_s the CRC-32 over the tensors' bytes with
+//             ISA-L (worker/crc32.h), crc32_zlib_s with zlib's table code:
+//             where the write's time goes besides the disk.
 // The model is 1024 -> W x 6 -> 1024 (Linear + ReLU, 5 hidden W x W
 // layers, bench/gpu_models.py's mlp-350m shape) with W the multiple of 64
 // that comes nearest to --params-m (21: W = 1856, 21.0 M; 350: W = 8192,
@@ -33,7 +36,9 @@
 // every figure (medians of --repeat; seconds, MB = 10^6 bytes). Not a test.
 
 #include <ATen/Parallel.h>
+#include <caffe2/serialize/inline_container.h>
 #include <sys/resource.h>
+#include <torch/csrc/jit/serialization/pickler.h>
 #include <torch/torch.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -55,6 +60,7 @@
 #include "worker/checkpoint/disk.h"
 #include "worker/checkpoint/memory.h"
 #include "worker/checkpoint/region.h"
+#include "worker/crc32.h"
 #include "worker/state_dict_file.h"
 
 namespace {
@@ -136,6 +142,23 @@ ck::Content Capture(const torch::nn::Module& model,
   c.optimizers.push_back(ck::CaptureOptimizer("optimizer", optimizer));
   c.extra.emplace_back("rng/cpu", ck::CpuRngState());
   return c;
+}
+
+// `value`'s archive by LibTorch's writer (PyTorchStreamWriter, miniz) into
+// a sink that drops it: what Concord's writer replaced.
+void LibTorchArchive(const c10::IValue& value) {
+  absl::StatusOr<concord::Pickled> p = concord::Pickle(value);
+  if (!p.ok()) Fail(std::string(p.status().message()));
+  caffe2::serialize::PyTorchStreamWriter writer(
+      [](const void*, size_t n) { return n; });
+  for (size_t i = 0; i < p->storages.size(); ++i) {
+    const torch::jit::WriteableTensorData data =
+        torch::jit::getWriteableTensorData(p->storages[i]);
+    writer.writeRecord("data/" + std::to_string(i), data.data(),
+                       data.sizeInBytes());
+  }
+  writer.writeRecord("data.pkl", p->pickle.data(), p->pickle.size());
+  writer.writeEndOfFile();
 }
 
 c10::IValue TensorDict(const concord::NamedTensors& tensors) {
@@ -269,26 +292,39 @@ int main(int argc, char** argv) {
   }
 
   // Where the write's time goes besides the disk: the archives into a sink
-  // that drops them, and zlib's CRC-32 over the bytes.
+  // that drops them, with Concord's archive writer and with LibTorch's (the
+  // one before it), and the CRC-32 over the bytes, ISA-L's and zlib's.
+  std::vector<c10::IValue> archives;
+  for (const auto& [name, t] : saved->modules)
+    archives.push_back(TensorDict(t));
+  for (const ck::OptimizerContent& o : saved->optimizers) {
+    archives.push_back(ck::OptimizerToIValue(o));
+  }
+  archives.push_back(TensorDict(saved->extra));
   const double archive_s = Seconds([&] {
-    auto drop = [](const void*, size_t n) { return n; };
-    absl::Status s;
-    for (const auto& [name, t] : saved->modules) {
-      s.Update(concord::WriteArchive(TensorDict(t), drop));
+    auto drop = [](const void*, size_t, bool) { return true; };
+    for (const c10::IValue& v : archives) {
+      const absl::Status s = concord::WriteArchive(v, drop);
+      if (!s.ok()) Fail(std::string(s.message()));
     }
-    for (const ck::OptimizerContent& o : saved->optimizers) {
-      s.Update(concord::WriteArchive(ck::OptimizerToIValue(o), drop));
-    }
-    s.Update(concord::WriteArchive(TensorDict(saved->extra), drop));
-    if (!s.ok()) Fail(std::string(s.message()));
+  });
+  const double archive_libtorch_s = Seconds([&] {
+    for (const c10::IValue& v : archives) LibTorchArchive(v);
   });
   uint32_t crc = 0;
   const double crc32_s = Seconds([&] {
     for (const at::Tensor& t : tensors) {
-      crc = static_cast<uint32_t>(
-          crc32_z(crc, static_cast<const Bytef*>(t.data_ptr()), t.nbytes()));
+      crc = concord::Crc32(crc, t.data_ptr(), t.nbytes());
     }
   });
+  uint32_t crc_zlib = 0;
+  const double crc32_zlib_s = Seconds([&] {
+    for (const at::Tensor& t : tensors) {
+      crc_zlib = static_cast<uint32_t>(crc32_z(
+          crc_zlib, static_cast<const Bytef*>(t.data_ptr()), t.nbytes()));
+    }
+  });
+  if (crc != crc_zlib) Fail("ISA-L's and zlib's CRC-32 differ");
 
   std::vector<int64_t> widths = {kIn};
   for (int64_t i = 0; i <= kHidden; ++i) widths.push_back(width);
@@ -320,7 +356,9 @@ int main(int argc, char** argv) {
       {"write_two_blocks_mb_s",
        static_cast<double>(file_bytes) / Median(write_two_blocks_s) / 1e6},
       {"archive_s", archive_s},
+      {"archive_libtorch_s", archive_libtorch_s},
       {"crc32_s", crc32_s},
+      {"crc32_zlib_s", crc32_zlib_s},
   };
   std::printf("%s\n", out.dump().c_str());
   return 0;
