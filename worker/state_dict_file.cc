@@ -40,7 +40,7 @@ absl::StatusOr<Pickled> Pickle(const c10::IValue& value) {
 
 absl::Status WriteArchive(const c10::IValue& value, const ZipWriter::Sink& sink,
                           uint32_t* crc32, ZipWriter::Options options) {
-  // Note [Archive writer] has the archive around the pickle.
+  // The archive around the pickle: see Note [Archive writer].
   CONCORD_ASSIGN_OR_RETURN(Pickled pickled, Pickle(value));
   const std::vector<char>& pickle = pickled.pickle;
   const std::vector<at::Tensor>& storages = pickled.storages;
