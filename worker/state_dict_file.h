@@ -13,8 +13,10 @@
 // weights-only unpickler refuses. These files are written by LibTorch's
 // pickler with type tags off, so the pickle holds nothing but a plain dict,
 // strings and torch._utils._rebuild_tensor_v2 over torch.*Storage, all of
-// which weights_only allows. Tensors are written as CPU tensors, whatever
-// device they live on, so the file loads on a machine without a GPU.
+// which weights_only allows, in the archive Concord's own writer makes (see
+// Note [Archive writer] in worker/zip_writer.h). Tensors are written as CPU
+// tensors, whatever device they live on, so the file loads on a machine
+// without a GPU.
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>

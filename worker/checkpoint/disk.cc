@@ -76,8 +76,10 @@ absl::StatusOr<Written> WriteFile(const std::string& path, Fill fill,
   return w;
 }
 
-// `value`'s tensors are the snapshot region's memory, which outlives the
-// file's Finish: the archive's big records go to the disk from there.
+// `value`'s CPU tensors outlive the file's Finish and do not change until
+// then (the snapshot region's memory, which the persister holds; or a
+// program's tensors during its synchronous save_checkpoint): the archive's
+// big records may go to the disk from where they lie.
 absl::StatusOr<Written> WriteArchiveFile(
     const std::string& path, const c10::IValue& value,
     std::shared_ptr<WriteBuffers> buffers) {
