@@ -279,6 +279,9 @@ struct RunFigures {
   int64_t samples_done = 0;
   double seconds = 0;
   double mean_ms = 0, median_ms = 0;  // step time without warm-up
+  // Each step this process committed and its whole time, in order (the
+  // first steps included).
+  std::vector<std::pair<int64_t, double>> step_ms;
   double last_loss = 0;
   int64_t written = -1;  // bytes written while training; -1: unknown
   // Per re-form: when the first step after it was done (Unix us).
@@ -306,6 +309,7 @@ void WriteMetrics(const Flags& flags, const concord::Job& job,
       {"optimizer_steps", state.step()},
       {"step_time_ms_mean", run.mean_ms},
       {"step_time_ms_median", run.median_ms},
+      {"step_times_ms", run.step_ms},
       {"samples_per_second", run.samples_done / run.seconds},
       {"final_loss", run.last_loss},
       {"bytes_written", run.written},
@@ -502,8 +506,11 @@ class Trainer {
     }
     if (job_.rank() == job_.authoritative_rank()) {
       // Step time without warm-up (the first steps allocate and connect).
-      std::vector<double> timed(
-          step_ms_.begin() + (step_ms_.size() > 2 ? 2 : 0), step_ms_.end());
+      std::vector<double> timed;
+      for (size_t i = run_.step_ms.size() > 2 ? 2 : 0; i < run_.step_ms.size();
+           ++i) {
+        timed.push_back(run_.step_ms[i].second);
+      }
       run_.mean_ms = timed.empty()
                          ? 0
                          : std::accumulate(timed.begin(), timed.end(), 0.0) /
@@ -649,9 +656,10 @@ class Trainer {
     // A step's time is whole: forward, backward, the optimizer, the commit
     // and SlowMo's averaging (a DDP step's communication is in its
     // backward, SlowMo's here).
-    step_ms_.push_back(std::chrono::duration<double, std::milli>(
-                           std::chrono::steady_clock::now() - step_start_)
-                           .count());
+    run_.step_ms.emplace_back(
+        state.step(), std::chrono::duration<double, std::milli>(
+                          std::chrono::steady_clock::now() - step_start_)
+                          .count());
   }
 
   void TrainFixed() {
@@ -735,7 +743,6 @@ class Trainer {
   FixedShards shards_;
   std::ofstream sample_log_;
   RunFigures run_;
-  std::vector<double> step_ms_;
   std::chrono::steady_clock::time_point start_, step_start_;
   bool left_ = false;  // this worker ran out of data and left (fixed)
 };

@@ -15,7 +15,7 @@ Success: `concord-run --standalone --nproc 1 -- concord-train ...` writes
 --output (a dict name -> tensor with the scripted module's state_dict() keys,
 dtypes and shapes, readable by torch.load) and --metrics-out (JSON with
 world_size, steps, step_time_ms_mean, step_time_ms_median,
-samples_per_second, final_loss).
+samples_per_second, final_loss, and step_times_ms: [step, ms] of each step).
 
 Prints one line per check and a final 'N passed, N failed'; exits 1 on any
 failure.
@@ -382,6 +382,15 @@ def run(args, checks, tmp):
                 problems.append("samples_per_second not positive")
             if not m["final_loss"] >= 0:
                 problems.append("final_loss %r is negative" % m["final_loss"])
+            # Each committed step and its time, in order: a fresh run's are
+            # steps 1 ... N.
+            times = m.get("step_times_ms")
+            if not isinstance(times, list) or \
+                    [t[0] if isinstance(t, list) and len(t) == 2 else None
+                     for t in times] != list(range(1, m["optimizer_steps"] + 1)) or \
+                    not all(isinstance(t[1], (int, float)) and t[1] > 0 for t in times):
+                problems.append("step_times_ms %r is not [[1, ms], ..., [%d, ms]] with ms > 0"
+                                % (times, m["optimizer_steps"]))
         checks.check(not problems, name + ": metrics have the documented fields",
                      "; ".join(problems) + " in " + json.dumps(m))
 
