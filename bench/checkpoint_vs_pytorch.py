@@ -52,13 +52,16 @@ data, --train-steps steps of --train-batch samples, SGD with momentum, once
 without checkpoints and once with --checkpoint-dir D --checkpoint-every 10
 (--train-shm: once more with the directory in /dev/shm, the checkpoints'
 cost without the disk's I/O), --train-repeat times, each repeat in another
-order. The goal's ratio is paired: the median of the ratios within each
-repeat, so that the VM's drift over minutes (±15 % here) falls on both
-sides. The goal's step time is wall
-time per step (concord-train's samples/s over its whole loop: the commit,
-where the snapshot is taken, and the persister thread's competition
-included); concord-train's own step_time_ms (forward, backward and optimizer
-step only: the commit is outside it) is shown beside it.
+order. Whole runs of the same command differ by up to 25 % on this VM, more
+than the goal's 2 %, so the goal is judged within each run: from
+concord-train's step_times_ms (each step whole: forward, backward, the
+optimizer and the commit, where the snapshot is taken), the mean step time
+over whole checkpoint cycles against the mean of the cycles' second halves,
+by when a checkpoint's copy and write have ended (see in_run_ratio; the
+median over the runs). The same arithmetic on the runs without checkpoints
+is printed as its noise, and each position's mean step time shows where the
+cost lies. Beside it the whole runs' ratio, paired: the median of the
+ratios within each repeat (wall time per step from samples/s).
 
 Goals (issue 30): Concord's stall <= 1.2 x memcpy and <= 1/20 of
 torch.save's (with fsync; without in parentheses); the disk tier's MB/s >=
@@ -193,6 +196,10 @@ def parse_args():
     p.add_argument("--train-shm", action="store_true",
                    help="a third run each repeat with the checkpoint directory in /dev/shm: the "
                    "checkpoints' cost without the disk's I/O")
+    p.add_argument("--train-malloc-cache", action="store_true",
+                   help="run concord-train with glibc's malloc keeping freed blocks "
+                   "(MALLOC_MMAP_THRESHOLD_=32 MiB, MALLOC_TRIM_THRESHOLD_=4 GiB; see "
+                   "docs/training.md): shorter steps, so the checkpoints' share is larger")
     p.add_argument("--keep", action="store_true", help="keep the temporary directory")
     return p.parse_args()
 
@@ -347,8 +354,12 @@ def step_time(args, widths, d):
             if mode != "off":
                 cmd += ["--checkpoint-dir", ck, "--checkpoint-every", str(args.train_every),
                         "--no-resume"]
+            env = dict(os.environ)
+            if args.train_malloc_cache:
+                env.update(MALLOC_MMAP_THRESHOLD_=str(32 << 20),
+                           MALLOC_TRIM_THRESHOLD_=str(4 << 30))
             r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               universal_newlines=True)
+                               universal_newlines=True, env=env)
             shutil.rmtree(ck, ignore_errors=True)
             if r.returncode != 0:
                 raise RuntimeError("%s failed (exit %d): %s" % (" ".join(cmd), r.returncode,
@@ -357,7 +368,11 @@ def step_time(args, widths, d):
                 m = json.load(f)
             written = re.findall(r"checkpoint of step \d+ written .*\(([\d.]+) MB in ([\d.]+) s; "
                                  r"the training step's stall ([\d.]+) ms\)", r.stdout)
+            times = {int(step): ms for step, ms in m["step_times_ms"]}
+            cycle = in_run_ratio(times, args.train_every)
             run = {"median_ms": m["step_time_ms_median"], "mean_ms": m["step_time_ms_mean"],
+                   "in_run": cycle[0] if cycle else None,
+                   "by_position": cycle[1] if cycle else None,
                    "wall_ms": 1000.0 * args.train_batch / m["samples_per_second"],
                    "steps": m["optimizer_steps"], "written": len(written),
                    "persist_s": median([float(s) for _, s, _ in written]),
@@ -369,8 +384,9 @@ def step_time(args, widths, d):
                    "stalls_ms": [float(st) for _, _, st in written]}
             runs[mode].append(run)
             log("  step time, run %d, checkpoints %-3s: wall %7.2f ms/step, median %7.2f ms, "
-                "mean %7.2f ms, %d steps%s" % (
-                    i + 1, mode, run["wall_ms"], run["median_ms"], run["mean_ms"], run["steps"],
+                "mean %7.2f ms, in-run %s, %d steps%s" % (
+                    i + 1, mode, run["wall_ms"], run["median_ms"], run["mean_ms"],
+                    fmt(run["in_run"], "%.3f"), run["steps"],
                     ", %d checkpoints written (median %.2f s each), stalls %s ms" % (
                         run["written"], run["persist_s"],
                         " ".join("%.1f" % x for x in run["stalls_ms"]))
@@ -379,11 +395,39 @@ def step_time(args, widths, d):
     for mode, rs in runs.items():
         out[mode] = {k: median([r[k] for r in rs if r[k] is not None])
                      for k in ("median_ms", "mean_ms", "wall_ms", "steps", "written",
-                           "stall_ms")}
+                           "stall_ms", "in_run", "persist_s")}
+        out[mode]["in_runs"] = [r["in_run"] for r in rs]
+        profiles = [r["by_position"] for r in rs if r["by_position"]]
+        out[mode]["by_position"] = [median([p[k] for p in profiles])
+                                    for k in range(args.train_every)] if profiles else None
         if mode != "off":
             out[mode]["paired"] = [r["wall_ms"] / o["wall_ms"] for r, o in zip(rs, runs["off"])]
             out[mode]["paired_ratio"] = median(out[mode]["paired"])
     return out
+
+
+def in_run_ratio(times, every):
+    """Within one run, the step time over whole checkpoint cycles against
+    that of the steps in each cycle's second half.
+
+    `times`: step -> ms. A cycle is the `every` steps after a checkpoint's
+    step c (c a multiple of `every`): c+1 (the overlapped copy and the disk
+    tier's write run beside it), c+2, ..., c+every (the next checkpoint's
+    commit). The steps at c + every/2 ... c + every-1 are the control: by
+    then the checkpoint's work has ended (the benchmark prints the write's
+    time to check that). Returns (the mean of every step of the whole
+    cycles over the mean of the control steps, the mean step time at each
+    position 0 ... every-1 after a checkpoint's step), or None without a
+    whole cycle. In a run without checkpoints the same arithmetic over the
+    same positions is the estimate's own noise (expected 1)."""
+    last = max(times) // every * every if times else 0
+    cycle = [s for s in times if every < s <= last]
+    control = [s for s in cycle if s % every >= every // 2]
+    if not control:
+        return None
+    mean = statistics.mean
+    by_position = [mean([times[s] for s in cycle if s % every == k]) for k in range(every)]
+    return (mean([times[s] for s in cycle]) / mean([times[s] for s in control]), by_position)
 
 
 def fmt(x, spec="%.1f"):
@@ -435,8 +479,9 @@ def main():
             widths = (match[0]["concord"] if match else concord_bench(
                 argparse.Namespace(bin_dir=args.bin_dir, repeat=1), want, tmp))["widths"]
             log("\n== step time: concord-train, %g M parameters, %d steps of %d samples, "
-                "checkpoints every %d steps or none" % (want, args.train_steps, args.train_batch,
-                                                        args.train_every))
+                "checkpoints every %d steps or none%s" % (
+                    want, args.train_steps, args.train_batch, args.train_every,
+                    "; glibc's malloc keeping freed blocks" if args.train_malloc_cache else ""))
             train = step_time(args, widths, tmp)
             train["size"] = want
     finally:
@@ -545,10 +590,39 @@ def main():
                 " ".join("%.3f" % x for x in t["paired"]), t["wall_ms"] / train["off"]["wall_ms"],
                 t["median_ms"] / train["off"]["median_ms"],
                 t["mean_ms"] / train["off"]["mean_ms"]))
-        ratio = train["on"]["paired_ratio"]
-        log("goal: paired wall/step with checkpoints <= 1.02 x without: %s" % verdict(
-            ratio <= 1.02))
-        goals.append(("step time with checkpoints <= 1.02 x without", ratio <= 1.02))
+        every = args.train_every
+        log("\nWithin each run: mean step time (ms) by position after a checkpoint's step c "
+            "(c+%d is the next one's commit), medians over the runs;\nin-run: the whole "
+            "cycles' mean over the mean of positions %d-%d (see in_run_ratio)" % (
+                every, every // 2, every - 1))
+        head = "%-30s %s %9s" % ("", " ".join("%6s" % ("c+%d" % (k or every))
+                                              for k in list(range(1, every)) + [0]), "in-run")
+        log(head)
+        log("-" * len(head))
+        for mode, label in labels:
+            t = train.get(mode)
+            if not t or not t["by_position"]:
+                continue
+            p = t["by_position"]
+            log("%-30s %s %9s  (%s)" % (
+                label, " ".join("%6.1f" % p[k] for k in list(range(1, every)) + [0]),
+                fmt(t["in_run"], "%.3f"), " ".join(fmt(x, "%.3f") for x in t["in_runs"])))
+        on = train["on"]
+        # The estimate holds when a checkpoint's work has ended before the
+        # control positions: its write (the persister's log) within the
+        # steps before them.
+        persist = on.get("persist_s")
+        if persist is not None and persist * 1e3 > (every // 2 - 1) * on["median_ms"]:
+            log("the disk tier's write (%.2f s) runs into the control positions: the in-run "
+                "ratio underestimates" % persist)
+        ratio = on["in_run"]
+        log("goal: step time with checkpoints <= 1.02 x without, within each run (median of "
+            "%d; without checkpoints the same arithmetic gives %s): %s %s; whole runs paired "
+            "%.3f" % (len(on["in_runs"]), fmt(train["off"]["in_run"], "%.3f"),
+                      fmt(ratio, "%.3f"), verdict(ratio is not None and ratio <= 1.02),
+                      on["paired_ratio"]))
+        goals.append(("step time with checkpoints <= 1.02 x without (in-run)",
+                      ratio is not None and ratio <= 1.02))
         # concord-train overlaps the snapshot's copy of parameters and
         # optimizer state with the next step (see Note [Overlapped snapshots]):
         # its stall, from the persister's log, against the same size's
