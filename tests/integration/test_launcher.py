@@ -243,7 +243,14 @@ def case_death_report(ctx):
                                rb"\(--max-restarts 0\); the last 2 line\(s\) of its stderr:\n"
                                rb"  line before the end\n  about to die: secret-123\n", err)
         if report is not None:
-            survivor_alive = proc.poll() is None and local_worker(proc.pid, 0) is not None
+            # Worker 0 waits for `go`; on a loaded machine it may not have
+            # reached its exec yet (its /proc environ is still
+            # concord-run's), so it is looked for a little while.
+            until = time.monotonic() + 5
+            while not survivor_alive and proc.poll() is None and time.monotonic() < until:
+                survivor_alive = local_worker(proc.pid, 0) is not None
+                if not survivor_alive:
+                    time.sleep(0.05)
         with open(go, "w"):
             pass
         out, rest = proc.communicate(timeout=CALL_TIMEOUT)
