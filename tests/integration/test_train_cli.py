@@ -385,10 +385,11 @@ def run(args, checks, tmp):
             # Each committed step and its time, in order: a fresh run's are
             # steps 1 ... N.
             times = m.get("step_times_ms")
-            if not isinstance(times, list) or \
-                    [t[0] if isinstance(t, list) and len(t) == 2 else None
-                     for t in times] != list(range(1, m["optimizer_steps"] + 1)) or \
-                    not all(isinstance(t[1], (int, float)) and t[1] > 0 for t in times):
+            want = list(range(1, m["optimizer_steps"] + 1))
+            pairs = times if isinstance(times, list) else []
+            if not all(isinstance(t, list) and len(t) == 2 for t in pairs) or \
+                    [t[0] for t in pairs] != want or \
+                    not all(isinstance(ms, (int, float)) and ms > 0 for _, ms in pairs):
                 problems.append("step_times_ms %r is not [[1, ms], ..., [%d, ms]] with ms > 0"
                                 % (times, m["optimizer_steps"]))
         checks.check(not problems, name + ": metrics have the documented fields",
