@@ -116,18 +116,10 @@ def launch(ctx, name, job, ck, nproc=3, extra=(), env=None, setup=None, after=""
     return rd, Proc(name, cmd, rd.logs, env=env)
 
 
-def latest_step(ck, job):
-    try:
-        with open(os.path.join(ck, job, "latest")) as f:
-            m = re.match(r"step-(\d+)\n$", f.read())
-        return int(m.group(1)) if m else -1
-    except OSError:
-        return -1
-
-
 def wait_for_checkpoint(checks, name, proc, ck, job, step):
-    ok = te.testlib.wait_for(lambda: latest_step(ck, job) >= step or proc.poll() is not None,
-                           timeout=60)
+    ok = te.testlib.wait_for(
+        lambda: fixtures.latest_checkpoint_step(ck, job) >= step or proc.poll() is not None,
+        timeout=60)
     return checks.check(ok and proc.poll() is None,
                         "%s: a checkpoint of step >= %d while the job runs" % (name, step),
                         proc.describe())
@@ -214,7 +206,7 @@ def run_again(ctx, name, job, ck, p, **kw):
     resuming from the newest complete checkpoint on disk. Returns the second
     run's (RunDir, Proc, resumed step, newest checkpoint when killed)."""
     checks = ctx.checks
-    seen = latest_step(ck, job)
+    seen = fixtures.latest_checkpoint_step(ck, job)
     p.kill_group()  # the launcher and every worker, SIGKILL
     p.wait(10)
     rd2, p2 = launch(ctx, name + "-2", job, ck, **kw)
@@ -721,7 +713,7 @@ def case_powersgd(ctx, name):
     trainers = fixtures.children(p.pid)
     os.kill(trainers[-1], signal.SIGKILL)
     if not wait_for_checkpoint(checks, name + " (a worker killed and restarted)", p, ck, job,
-                               latest_step(ck, job) + 2 * EVERY):
+                               fixtures.latest_checkpoint_step(ck, job) + 2 * EVERY):
         return
     rd2, p2, _, _ = run_again(ctx, name, job, ck, p, train_extra=hook)
     last = steps(ck, job)[-1]

@@ -68,6 +68,20 @@ Concord, under the installed launcher, with a worker killed mid-run.
    step in (b) and (c) included) was applied twice or lost. Rank 0's
    checkpoint (--out) loads in Python with the parameters its final line
    names.
+5. gan with durable checkpoints (concord-run --job-id gan --checkpoint-dir
+   DIR --checkpoint-every 5, 4 epochs: 40 steps at 3 ranks), three ways:
+   uninterrupted; killed whole (the launcher and every worker SIGKILLed
+   once the checkpoint of step 10 is complete) and the same command run
+   again; and only the workers SIGKILLed, concord-run restarting them
+   (--max-restarts 1). Checked: the run after the loss exits 0, resumed
+   from the newest complete checkpoint (its log line names the step, from
+   disk after the whole job died, from the node's memory while
+   concord-run lived), both models' parameters on all 3 ranks are
+   bit-identical to the uninterrupted run's (both Adams' moments and step
+   counts and the sampler's position came back: any difference would show
+   in the parameters), and the history across the loss
+   holds every invariant (the resume a restore of the checkpoint's digest,
+   every sample of every epoch trained).
 
 Prints one line per check and a final 'N passed, N failed'; exits 1 on any
 failure.
@@ -147,6 +161,24 @@ def build(checks, args, prefix, work, name, target):
     return os.path.join(out, target)
 
 
+def worker_env(device, **extra):
+    """The environment of an example's run under concord-run: one thread a
+    worker, a quick death verdict, `device` over Gloo."""
+    return dict(os.environ, OMP_NUM_THREADS="1",
+                CONCORD_HEARTBEAT_INTERVAL_MS="200",
+                CONCORD_HEARTBEAT_TIMEOUT_MS="2000", CONCORD_DEVICE=device,
+                CONCORD_BACKEND="gloo", **extra)
+
+
+def final_lines(text, name):
+    """Each worker's final line of example `name`, as a dict."""
+    finals = []
+    for m in re.finditer(FINAL % re.escape(EXAMPLES[name][0]), text, re.M):
+        words = m.group(1).split()
+        finals.append(dict(zip(words[0::2], words[1::2])))
+    return finals
+
+
 def local_worker(launcher_pid, local_rank):
     """The pid of the launcher's worker with CONCORD_LOCAL_RANK=local_rank."""
     want = b"CONCORD_LOCAL_RANK=%d" % local_rank
@@ -168,10 +200,7 @@ def run_killed(checks, prefix, name, command, device):
     cmd = [os.path.join(prefix, "bin", "concord-run"), "--standalone",
            "--nproc", "3", "--min-workers", "2", "--max-restarts", "1",
            "--"] + command + ["--log-interval", "5"]
-    env = dict(os.environ, OMP_NUM_THREADS="1",
-               CONCORD_HEARTBEAT_INTERVAL_MS="200",
-               CONCORD_HEARTBEAT_TIMEOUT_MS="2000", CONCORD_DEVICE=device,
-               CONCORD_BACKEND="gloo")
+    env = worker_env(device)
     killed = []  # (pid, seconds since the start)
     start = time.monotonic()
 
@@ -198,10 +227,7 @@ def run_killed(checks, prefix, name, command, device):
                         "finished)" % name, "exit %s: %s" % (rc, tail)):
         return None
     checks.ok("%s: a death and an admission in %.1f s" % (name, elapsed))
-    finals = []
-    for m in re.finditer(FINAL % re.escape(EXAMPLES[name][0]), text, re.M):
-        words = m.group(1).split()
-        finals.append(dict(zip(words[0::2], words[1::2])))
+    finals = final_lines(text, name)
     if not checks.check(sorted(int(f.get("rank", -1)) for f in finals) ==
                         [0, 1, 2], "%s: three final lines, ranks 0-2" % name,
                         tail):
@@ -362,11 +388,8 @@ def run_gan_fault(checks, prefix, binary, data, work, tag, where, fault,
            binary, "--data", data] + EXAMPLES["gan"][1]
     if out:
         cmd += ["--out", out]
-    env = dict(os.environ, OMP_NUM_THREADS="1",
-               CONCORD_HEARTBEAT_INTERVAL_MS="200",
-               CONCORD_HEARTBEAT_TIMEOUT_MS="2000", CONCORD_DEVICE=device,
-               CONCORD_BACKEND="gloo",
-               CONCORD_TEST_FAULT="2:%d:%s" % (GAN_STEP, fault))
+    env = worker_env(device,
+                     CONCORD_TEST_FAULT="2:%d:%s" % (GAN_STEP, fault))
     rc, text, elapsed = run_streamed(cmd, env, timeout=120)
     tail = text[-3000:]
     point, module, n = fault.split(":")
@@ -396,10 +419,7 @@ def run_gan_fault(checks, prefix, binary, data, work, tag, where, fault,
                         re.M)
     checks.check(not errors, "%s: the survivors report no error" % name,
                  "\n".join(errors))
-    finals = []
-    for m in re.finditer(FINAL % re.escape(EXAMPLES["gan"][0]), text, re.M):
-        words = m.group(1).split()
-        finals.append(dict(zip(words[0::2], words[1::2])))
+    finals = final_lines(text, "gan")
     if not checks.check(sorted(int(f.get("rank", -1)) for f in finals) ==
                         [0, 1], "%s: two final lines, ranks 0 and 1" % name,
                         tail):
@@ -436,6 +456,123 @@ def run_gan_fault(checks, prefix, binary, data, work, tag, where, fault,
     return finals
 
 
+# The gan example's checkpointed runs (module docstring, 5.): 10 steps an
+# epoch at 3 ranks, a checkpoint every 5 steps; the kills come once the
+# checkpoint of step GAN_CKPT_KILL_AFTER is complete, well before the end.
+GAN_CKPT_EPOCHS, GAN_CKPT_EVERY, GAN_CKPT_KILL_AFTER = 4, 5, 10
+GAN_KEYS = ("steps", "generator_crc", "generator_sum", "discriminator_crc",
+            "discriminator_sum")
+
+
+def run_gan_checkpointed(checks, prefix, binary, data, work, device, tag,
+                         extra=(), kill=None):
+    """The gan example as 3 ranks under concord-run --checkpoint-dir (job
+    "gan", one directory and history per `tag`), `kill(launcher_pid)`
+    called once, on the first progress line after the checkpoint of step
+    GAN_CKPT_KILL_AFTER is complete. Returns (exit status, output, the
+    checkpoint step seen at the kill, history directory)."""
+    ck = os.path.join(work, "gan-ck")
+    hist = os.path.join(work, "gan-ck-history-" + tag)
+    os.makedirs(hist)
+    cmd = [os.path.join(prefix, "bin", "concord-run"), "--standalone",
+           "--nproc", "3", "--job-id", "gan", "--history", hist,
+           "--checkpoint-dir", ck, "--checkpoint-every",
+           str(GAN_CKPT_EVERY)] + list(extra) + [
+           "--", binary, "--data", data, "--epochs", str(GAN_CKPT_EPOCHS),
+           "--train-samples", str(GAN_SAMPLES), "--batch-size", "16",
+           "--log-interval", "5"]
+    seen = []
+
+    def on_line(line, launcher_pid):
+        if kill and not seen and PROGRESS.search(line):
+            step = fixtures.latest_checkpoint_step(ck, "gan")
+            if step < GAN_CKPT_KILL_AFTER:
+                return
+            seen.append(step)
+            kill(launcher_pid)
+
+    rc, text, _ = run_streamed(cmd, worker_env(device), 180, on_line)
+    if kill:
+        checks.check(seen and seen[0] < GAN_CKPT_EPOCHS * 10,
+                     "gan (%s): killed mid-run (checkpoint of step %s "
+                     "complete)" % (tag, seen[0] if seen else None),
+                     text[-3000:])
+    return rc, text, seen[0] if seen else None, hist
+
+
+def check_gan_resumed(checks, tag, rc, text, source, seen, reference,
+                      histories):
+    """A checkpointed gan run that resumed from `source` (disk or memory)
+    after a loss: exit 0, the newest complete checkpoint taken, both
+    models bit-identical to the uninterrupted run, history invariants."""
+    m = re.search(r"resuming from step (\d+) of the checkpoint in %s \(" %
+                  source, text)
+    step = int(m.group(1)) if m else None
+    checks.check(rc == 0 and step is not None and seen is not None and
+                 step >= seen, "gan (%s): exits 0 after resuming from %s at "
+                 "step %s (>= %s, the newest complete checkpoint when "
+                 "killed)" % (tag, source, step, seen), text[-3000:])
+    finals = final_lines(text, "gan")
+    ends = {tuple(f[k] for k in GAN_KEYS) for f in finals}
+    checks.check(len(finals) == 3 and ends == {reference},
+                 "gan (%s): both models' parameters bit-identical to the "
+                 "uninterrupted run's on all 3 ranks" % tag,
+                 "uninterrupted: %s\n%s" % (reference, "\n".join(
+                     map(str, finals))))
+    problems, summary = history.check_runs(histories, GAN_SAMPLES,
+                                           GAN_CKPT_EPOCHS,
+                                           GAN_CKPT_EPOCHS * 10)
+    checks.check(not problems and "3 resume(s)" in summary,
+                 "gan (%s): history invariants across the loss, the resume "
+                 "a restore of the checkpoint's digest (%s)" % (tag, summary),
+                 "; ".join(problems[:20]))
+
+
+def check_gan_checkpoints(checks, prefix, binary, data, work, device):
+    """Module docstring, 5."""
+    rc, text, _, _ = run_gan_checkpointed(checks, prefix, binary, data,
+                                          os.path.join(work, "ref"), device,
+                                          "uninterrupted")
+    finals = final_lines(text, "gan")
+    ends = {tuple(f[k] for k in GAN_KEYS) for f in finals}
+    if not checks.check(rc == 0 and len(finals) == 3 and len(ends) == 1 and
+                        all(f["world"] == "3" for f in finals),
+                        "gan (uninterrupted, checkpointed): exits 0, three "
+                        "ranks end equal", text[-3000:]):
+        return
+    reference = ends.pop()
+
+    def kill_all(launcher_pid):
+        os.killpg(launcher_pid, signal.SIGKILL)
+
+    lost = os.path.join(work, "lost")
+    rc, text, seen, hist1 = run_gan_checkpointed(
+        checks, prefix, binary, data, lost, device, "killed whole",
+        kill=kill_all)
+    checks.check(rc is not None and rc < 0, "gan (killed whole): the "
+                 "launcher and every worker SIGKILLed", "exit %s" % rc)
+    rc, text, _, hist2 = run_gan_checkpointed(
+        checks, prefix, binary, data, lost, device, "again")
+    check_gan_resumed(checks, "killed whole, the same command again", rc,
+                      text, "disk", seen, reference, [hist1, hist2])
+
+    killed = []
+
+    def kill_workers(launcher_pid):
+        killed.extend(fixtures.children(launcher_pid))
+        for pid in killed:
+            os.kill(pid, signal.SIGKILL)
+
+    rc, text, seen, hist = run_gan_checkpointed(
+        checks, prefix, binary, data, os.path.join(work, "workers"), device,
+        "workers killed", extra=["--min-workers", "1", "--max-restarts", "1"],
+        kill=kill_workers)
+    checks.check(len(killed) == 3, "gan (workers killed): all 3 workers "
+                 "SIGKILLed, concord-run lives", "children: %s" % killed)
+    check_gan_resumed(checks, "workers killed, restarted by concord-run", rc,
+                      text, "memory", seen, reference, [hist])
+
+
 def check_gan(checks, args, prefix, binary, data, work):
     out = os.path.join(work, "gan-out")
     results = {}
@@ -445,16 +582,15 @@ def check_gan(checks, args, prefix, binary, data, work):
                                out=out if tag == "a" else None)
         if finals:
             results[tag] = finals
-    keys = ("steps", "generator_crc", "generator_sum", "discriminator_crc",
-            "discriminator_sum")
-    ends = {tag: tuple(finals[0][k] for k in keys)
+    ends = {tag: tuple(finals[0][k] for k in GAN_KEYS)
             for tag, finals in results.items()}
     checks.check(len(ends) == len(GAN_FAULTS) and len(set(ends.values())) == 1,
                  "gan: all %d runs end with bit-identical parameters of both "
                  "models (the killed step taken again from the same commit; "
                  "no update applied twice)" % len(GAN_FAULTS),
-                 "\n".join("%s: %s" % (t, dict(zip(keys, e)))
+                 "\n".join("%s: %s" % (t, dict(zip(GAN_KEYS, e)))
                            for t, e in sorted(ends.items())))
+    check_gan_checkpoints(checks, prefix, binary, data, work, args.device)
     if "a" not in results:
         return
     # Rank 0's checkpoint, as Python loads upstream's (torch.jit.load of

@@ -56,6 +56,7 @@ always writes the same model.pt and data.pt.
 
 import math
 import os
+import re
 import sys
 
 import torch
@@ -897,6 +898,17 @@ def run_command(cmd, timeout, env=None, cwd=None):
     result.leftover_processes = leftover
     return result
 
+
+
+def latest_checkpoint_step(ck, job):
+    """The step DIR/<job>/latest names (README "Checkpoints"); -1 when there
+    is none yet."""
+    try:
+        with open(os.path.join(ck, job, "latest")) as f:
+            m = re.match(r"step-(\d+)\n$", f.read())
+        return int(m.group(1)) if m else -1
+    except OSError:
+        return -1
 
 
 def children(pid):
