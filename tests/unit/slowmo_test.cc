@@ -482,5 +482,48 @@ TEST(SlowMoTest, CheckpointHoldsTheWholeStateAndResumesAtAnotherWorld) {
   });
 }
 
+// See Note [Participants in checkpoints]: CheckpointDivergence is empty
+// exactly when the 3 ranks' parameters are bit-identical (right after
+// LocalSGD's average or a memory-efficient slow step), and never with an
+// optimizer that keeps per-parameter state.
+TEST(SlowMoTest, CheckpointDivergenceSaysWhetherTheRanksDiffer) {
+  for (const SlowMoOptions& o : {LocalSgd(3), ShardedSlowMo()}) {
+    RunRanks(3, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
+      Model m = MakeModel(rank);
+      auto s = *SlowMo::Create(m.params, {}, comm, 0, o);
+      EXPECT_EQ(s->CheckpointDivergence(*m.opt), "");  // no update yet
+      // 12 updates: the last averages in both.
+      for (int64_t n = 0; n < 12; ++n) {
+        LocalStep(m, rank, n);
+        ASSERT_TRUE(s->PerformSlowMo(*m.opt).ok());
+        torch::Tensor all = torch::empty({3 * kTotal});
+        ASSERT_TRUE(comm->Allgather(all, Flat(m), {})->Wait().ok());
+        bool equal = true;
+        for (int r = 1; r < 3; ++r) {
+          equal = equal && torch::equal(all.narrow(0, r * kTotal, kTotal),
+                                        all.narrow(0, 0, kTotal));
+        }
+        const std::string why = s->CheckpointDivergence(*m.opt);
+        // The first update's gradients are the same everywhere (equal
+        // without an average): from the second on they differ.
+        if (n > 0) {
+          EXPECT_EQ(why.empty(), equal) << "update " << n + 1;
+        }
+        if (!equal) {
+          EXPECT_NE(why.find("LocalSGD"), std::string::npos) << why;
+        }
+      }
+      // An optimizer with momentum over the same parameters.
+      torch::optim::SGD with_momentum(
+          m.params, torch::optim::SGDOptions(0.1).momentum(0.9));
+      EXPECT_EQ(s->CheckpointDivergence(with_momentum), "");  // no state yet
+      with_momentum.step();  // the gradients of the last LocalStep
+      EXPECT_NE(
+          s->CheckpointDivergence(with_momentum).find("per-parameter state"),
+          std::string::npos);
+    });
+  }
+}
+
 }  // namespace
 }  // namespace concord::slowmo

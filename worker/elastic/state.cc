@@ -204,6 +204,17 @@ void State::TakeCheckpoint(bool wait) {
       last.position == committed_.position) {
     return;  // SaveFinal: this is the newest already
   }
+  // See Note [Participants in checkpoints].
+  for (const Attached& a : participants_) {
+    if (divergence_said_ || session_->rank() != 0) break;
+    const std::string why = a.participant->CheckpointDivergence(*a.optimizer);
+    if (why.empty()) continue;
+    divergence_said_ = true;
+    Log()->warn(
+        "checkpoint of step {}: {}: it holds one rank's, so a resume from it "
+        "goes on as after a re-form, not as this run does (said once)",
+        committed_.step, why);
+  }
   checkpoint::Content content = Capture(std::move(gathered));
   // See Note [Overlapped snapshots]: parameters and optimizer state may be
   // copied while the next step's forward runs.

@@ -75,7 +75,11 @@ struct ElasticOptions {
 // the writer's, as a re-form takes the authoritative rank's: a checkpoint
 // taken where every rank's are equal (LocalSGD with a checkpoint interval
 // that is a multiple of the averaging period) resumes exactly; SGP's gossip
-// never makes them equal, and its resume is a re-form's.
+// never makes them equal, and its resume is a re-form's. Nor does an
+// optimizer with per-parameter state (SGD's momentum, Adam's moments): under
+// SlowMo the ranks do not average gradients, so each rank's is its own.
+// Rank 0 says so once, at the first checkpoint whose state differs between
+// the ranks (Participant::CheckpointDivergence), in one warning line.
 
 // State kept outside the model and the optimizer that must follow the
 // authoritative rank after every re-form (SlowMo's slow momentum, old
@@ -99,6 +103,15 @@ class Participant {
   // collectives); the checkpoint's writer keeps the result. Errors: those
   // of the collectives (the checkpoint is not taken).
   virtual absl::StatusOr<NamedTensors> CheckpointState() = 0;
+  // Why the ranks' parameters or `optimizer`'s state differ at this point
+  // (the participant decides what is averaged when): a checkpoint holds
+  // one rank's, so a resume from it goes on as after a re-form, not as the
+  // uninterrupted run does. Empty when every rank's is the same. Local: no
+  // collective.
+  virtual std::string CheckpointDivergence(
+      const torch::optim::Optimizer& /*optimizer*/) const {
+    return {};
+  }
   // A generation resumes from a checkpoint: the rank that loaded it gets
   // the participant's part of it in `saved` (empty when the checkpoint has
   // none), every other rank nullptr (what it holds does not count: SyncState
@@ -385,6 +398,8 @@ class State {
   bool region_prepared_ = false;
   std::unique_ptr<checkpoint::Checkpointer> checkpointer_;
   int64_t checkpointed_step_ = -1;  // the last commit's step
+  // See Note [Participants in checkpoints]: the divergence was said.
+  bool divergence_said_ = false;
   // See Note [Participants in checkpoints]: the generation whose next BeginStep
   // takes the last commit's due checkpoint.
   std::optional<int64_t> deferred_;

@@ -148,6 +148,27 @@ SlowMo::Plan SlowMo::PlanFor(int64_t update) const {
   return plan;
 }
 
+std::string SlowMo::CheckpointDivergence(
+    const torch::optim::Optimizer& optimizer) const {
+  if (num_nodes_ <= 1) return {};
+  if (!optimizer.state().empty()) {
+    return "the optimizer's per-parameter state (momentum, moments) is each "
+           "rank's own under SlowMo, which averages parameters, not "
+           "gradients";
+  }
+  if (num_updates_ == 0) return {};
+  const Plan plan = PlanFor(num_updates_ - 1);
+  const bool localsgd = options_.base_algorithm == BaseAlgorithm::kLocalSgd;
+  if (plan.allreduce ||
+      (localsgd && plan.slow && options_.slowmo_memory_efficient)) {
+    return {};
+  }
+  if (!localsgd) return "SGP's gossip leaves the ranks' parameters unequal";
+  return absl::StrCat("LocalSGD's parameters differ between averages (every ",
+                      options_.localsgd_frequency, " updates; this is update ",
+                      num_updates_, ")");
+}
+
 absl::Status SlowMo::Wait(std::shared_ptr<comm::Work> work,
                           const char* what) const {
   absl::Status s = work->Wait();

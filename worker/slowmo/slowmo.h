@@ -192,6 +192,12 @@ class SlowMo final : public elastic::Participant {
   // owned every slice (SyncState re-shards it); the others drop theirs.
   absl::Status ResumeState(const NamedTensors* saved,
                            torch::optim::Optimizer& optimizer) override;
+  // Between the nodes (or ranks), after the last update: an optimizer's
+  // per-parameter state always differs (gradients are not averaged); the
+  // parameters unless that update averaged them (LocalSGD's allreduce or a
+  // memory-efficient slow step; SGP's gossip never does).
+  std::string CheckpointDivergence(
+      const torch::optim::Optimizer& optimizer) const override;
 
   // Inspection (tests, logs).
   bool slowmo_enabled() const { return slowmo_; }
