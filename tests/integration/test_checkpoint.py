@@ -47,7 +47,9 @@ Cases (--list):
              the coordinator names, bit-identical to the uninterrupted run.
   slowmo     slowmo-localsgd over 3 shards: state.pt holds the whole slow
              momentum; killed whole, the job resumes with it (no slice
-             restarts), bit-identical to its uninterrupted run.
+             restarts), bit-identical to its uninterrupted run; with SGD's
+             momentum (each rank's own) one line says a checkpoint holds one
+             rank's.
   powersgd   --comm-hook powersgd: a worker killed and restarted (the
              newcomer takes PowerSGD's count and Q), then the job killed
              whole and resumed: the final checkpoint's PowerSGD count is the
@@ -699,6 +701,16 @@ def case_slowmo(ctx, name):
     checks.check(not said, name + ": no checkpoint said to differ between the ranks",
                  "\n".join(said[:2]))
     compare_final(checks, name, rd2, ck, job, (ref_rd, ref_ck), ref_job="slowmo-ref")
+    # With SGD's momentum each rank's optimizer state is its own (gradients
+    # are not averaged): rank 0 says once that a checkpoint holds one rank's.
+    job3 = name + "-momentum"
+    _, p3 = launch(ctx, job3, job3, os.path.join(ctx.tmp, "ck-" + job3), train_extra=SLOWMO)
+    rc = p3.wait(RUN_TIMEOUT)
+    said = re.findall(r"[^\n]*it holds one rank's[^\n]*", p3.stderr())
+    checks.check(rc == 0 and len(said) == 1 and
+                 "checkpoint of step %s: the optimizer's per-parameter state" % EVERY in said[0],
+                 name + ": with momentum, one line says the checkpoints hold one rank's "
+                 "optimizer state", "exit %s: %s" % (rc, "\n".join(said) or p3.stderr()[-2000:]))
 
 
 def case_powersgd(ctx, name):
