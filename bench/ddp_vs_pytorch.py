@@ -79,6 +79,7 @@ REF_DIR = os.path.join(os.path.dirname(HERE), "tests", "reference")
 sys.path.insert(0, REF_DIR)
 
 import fixtures  # noqa: E402
+import processes  # noqa: E402
 import gpu_models  # noqa: E402
 
 METRICS = ("step_time_ms_mean", "step_time_ms_median", "samples_per_second", "final_loss")
@@ -173,7 +174,7 @@ def one_run(name, cmd, metrics_path, args):
     env = {"OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
     if os.path.exists(metrics_path):
         os.remove(metrics_path)
-    r = fixtures.run_command(cmd, timeout=args.timeout, env=env)
+    r = processes.run_command(cmd, timeout=args.timeout, env=env)
     if r.returncode != 0 or r.timed_out or not os.path.isfile(metrics_path):
         print("%s failed:\n%s" % (name, r.describe()), file=sys.stderr)
         return None

@@ -17,7 +17,7 @@ if [ "${CONCORD_CCACHE:-1}" != 0 ] && command -v ccache >/dev/null; then
   export CCACHE_DIR=${CONCORD_CCACHE_DIR:-/var/cache/concord/ccache}
   mkdir -p "$CCACHE_DIR"
   # The settings travel in the launcher, so that `cmake --build` by hand and
-  # the examples the install tests build (fixtures.example_configure, with
+  # the examples the install tests build (processes.example_configure, with
   # their own base folder) use the same cache. Sloppiness: CMake's
   # precompiled headers (ccache's manual, "Precompiled headers").
   cc="env;CCACHE_DIR=$CCACHE_DIR;CCACHE_BASEDIR=$PWD;CCACHE_NOHASHDIR=1"

@@ -79,6 +79,7 @@ import torch  # noqa: E402
 import elastic_harness as te  # noqa: E402
 import test_status as ts  # noqa: E402
 from elastic_harness import Proc  # noqa: E402
+import processes  # noqa: E402  (tests/reference, on the path elastic_harness sets)
 
 fixtures = te.fixtures
 N_SAMPLES = 200
@@ -120,7 +121,7 @@ def launch(ctx, name, job, ck, nproc=3, extra=(), env=None, setup=None, after=""
 
 def wait_for_checkpoint(checks, name, proc, ck, job, step):
     ok = te.testlib.wait_for(
-        lambda: fixtures.latest_checkpoint_step(ck, job) >= step or proc.poll() is not None,
+        lambda: processes.latest_checkpoint_step(ck, job) >= step or proc.poll() is not None,
         timeout=60)
     return checks.check(ok and proc.poll() is None,
                         "%s: a checkpoint of step >= %d while the job runs" % (name, step),
@@ -208,7 +209,7 @@ def run_again(ctx, name, job, ck, p, **kw):
     resuming from the newest complete checkpoint on disk. Returns the second
     run's (RunDir, Proc, resumed step, newest checkpoint when killed)."""
     checks = ctx.checks
-    seen = fixtures.latest_checkpoint_step(ck, job)
+    seen = processes.latest_checkpoint_step(ck, job)
     p.kill_group()  # the launcher and every worker, SIGKILL
     p.wait(10)
     rd2, p2 = launch(ctx, name + "-2", job, ck, **kw)
@@ -336,7 +337,7 @@ def case_memory(ctx, name):
                    env=SLOW)
     if not wait_for_checkpoint(checks, name, p, ck, job, 60):
         return
-    trainers = fixtures.children(p.pid)
+    trainers = processes.children(p.pid)
     for pid in trainers:
         os.kill(pid, signal.SIGKILL)
     checks.check(len(trainers) == 3, name + ": all 3 workers SIGKILLed, the agent lives",
@@ -661,6 +662,9 @@ def coordinator_run(ctx, name, coord):
 # LocalSGD averaging every 5 steps with slow momentum every 10, sharded over
 # the 3 workers; SGD without momentum (an optimizer state of its own per rank
 # would follow the writer's at a resume, as after a re-form).
+# See Note [Participants in checkpoints]: rank 0's line when a checkpoint's
+# state differs between the ranks.
+ONE_RANK = re.compile(r"[^\n]*it holds one rank's[^\n]*")
 SLOWMO = ["--algorithm", "slowmo-localsgd", "--localsgd-frequency", "5",
           "--slowmo-frequency", "10", "--slowmo-num-shards", "3"]
 
@@ -696,8 +700,7 @@ def case_slowmo(ctx, name):
                  p2.stderr()[-3000:])
     # See Note [Participants in checkpoints]: every checkpoint is taken after
     # an average, with an optimizer without state: nothing to warn of.
-    said = [m for m in re.findall(r"[^\n]*it holds one rank's[^\n]*",
-                                  p.stderr() + p2.stderr())]
+    said = ONE_RANK.findall(p.stderr() + p2.stderr())
     checks.check(not said, name + ": no checkpoint said to differ between the ranks",
                  "\n".join(said[:2]))
     compare_final(checks, name, rd2, ck, job, (ref_rd, ref_ck), ref_job="slowmo-ref")
@@ -706,7 +709,7 @@ def case_slowmo(ctx, name):
     job3 = name + "-momentum"
     _, p3 = launch(ctx, job3, job3, os.path.join(ctx.tmp, "ck-" + job3), train_extra=SLOWMO)
     rc = p3.wait(RUN_TIMEOUT)
-    said = re.findall(r"[^\n]*it holds one rank's[^\n]*", p3.stderr())
+    said = ONE_RANK.findall(p3.stderr())
     checks.check(rc == 0 and len(said) == 1 and
                  "checkpoint of step %s: the optimizer's per-parameter state" % EVERY in said[0],
                  name + ": with momentum, one line says the checkpoints hold one rank's "
@@ -728,10 +731,10 @@ def case_powersgd(ctx, name):
                    env=SLOW)
     if not wait_for_checkpoint(checks, name, p, ck, job, 30):
         return
-    trainers = fixtures.children(p.pid)
+    trainers = processes.children(p.pid)
     os.kill(trainers[-1], signal.SIGKILL)
     if not wait_for_checkpoint(checks, name + " (a worker killed and restarted)", p, ck, job,
-                               fixtures.latest_checkpoint_step(ck, job) + 2 * EVERY):
+                               processes.latest_checkpoint_step(ck, job) + 2 * EVERY):
         return
     rd2, p2, _, _ = run_again(ctx, name, job, ck, p, train_extra=hook)
     last = steps(ck, job)[-1]

@@ -92,6 +92,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "reference"))
 import torch  # noqa: E402
 
 import fixtures  # noqa: E402
+import processes  # noqa: E402
 import testlib  # noqa: E402
 from elastic_harness import (  # noqa: E402
     Bins,
@@ -501,11 +502,11 @@ def live_trainers(launcher_pid):
     wrapper script: the processes whose executable is concord-train)."""
     out = {}
     descendants = []
-    todo = fixtures.children(launcher_pid)
+    todo = processes.children(launcher_pid)
     while todo:
         pid = todo.pop()
         descendants.append(pid)
-        todo += fixtures.children(pid)
+        todo += processes.children(pid)
     for kid in descendants:
         try:
             if os.path.basename(os.readlink("/proc/%d/exe" % kid)) != "concord-train":

@@ -104,6 +104,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "reference"))
 
 import fixtures  # noqa: E402
+import processes  # noqa: E402
 import history  # noqa: E402  (tests/history.py, on the path fixtures sets)
 
 DATASET = "/usr/share/datasets/fashion-mnist"
@@ -144,14 +145,14 @@ def build(checks, args, prefix, work, name, target):
     src = os.path.join(work, name + "-src")
     out = os.path.join(work, name + "-build")
     shutil.copytree(os.path.join(args.source_dir, "examples", name), src)
-    configure = fixtures.example_configure(args.cmake, args.build_dir, src,
+    configure = processes.example_configure(args.cmake, args.build_dir, src,
                                            out, prefix)
-    r = fixtures.run_command(configure, timeout=120)
+    r = processes.run_command(configure, timeout=120)
     if not checks.check(r.returncode == 0 and not r.timed_out,
                         "%s configures against the prefix" % name,
                         r.describe()):
         return None
-    r = fixtures.run_command([args.cmake, "--build", out, "--parallel", "1"],
+    r = processes.run_command([args.cmake, "--build", out, "--parallel", "1"],
                              timeout=420)
     if not checks.check(r.returncode == 0 and not r.timed_out,
                         "%s builds (-Wall -Wextra -Werror)" % name,
@@ -182,7 +183,7 @@ def final_lines(text, name):
 def local_worker(launcher_pid, local_rank):
     """The pid of the launcher's worker with CONCORD_LOCAL_RANK=local_rank."""
     want = b"CONCORD_LOCAL_RANK=%d" % local_rank
-    for kid in fixtures.children(launcher_pid):
+    for kid in processes.children(launcher_pid):
         try:
             with open("/proc/%d/environ" % kid, "rb") as f:
                 if want in f.read().split(b"\0"):
@@ -269,7 +270,7 @@ def check_mnist(checks, args, prefix, binary, data, work):
 
 
 def model_py(args, *argv):
-    return fixtures.run_command(
+    return processes.run_command(
         [sys.executable, os.path.join(args.source_dir, "examples",
                                       "torchscript", "model.py")] +
         list(argv), timeout=240)
@@ -485,7 +486,7 @@ def run_gan_checkpointed(checks, prefix, binary, data, work, device, tag,
 
     def on_line(line, launcher_pid):
         if kill and not seen and PROGRESS.search(line):
-            step = fixtures.latest_checkpoint_step(ck, "gan")
+            step = processes.latest_checkpoint_step(ck, "gan")
             if step < GAN_CKPT_KILL_AFTER:
                 return
             seen.append(step)
@@ -559,7 +560,7 @@ def check_gan_checkpoints(checks, prefix, binary, data, work, device):
     killed = []
 
     def kill_workers(launcher_pid):
-        killed.extend(fixtures.children(launcher_pid))
+        killed.extend(processes.children(launcher_pid))
         for pid in killed:
             os.kill(pid, signal.SIGKILL)
 
@@ -655,11 +656,11 @@ def main():
     prefix = os.path.join(work, "prefix")
     name = args.example
     try:
-        r = fixtures.run_command([args.cmake, "--install", args.build_dir,
+        r = processes.run_command([args.cmake, "--install", args.build_dir,
                                   "--prefix", prefix], timeout=120)
         if checks.check(r.returncode == 0, "cmake --install", r.describe()):
             data = os.path.join(work, "data")
-            r = fixtures.run_command(
+            r = processes.run_command(
                 [sys.executable, os.path.join(args.source_dir, "examples",
                                               "mnist", "prepare_data.py"),
                  data, "--source", dataset], timeout=120)
@@ -668,7 +669,7 @@ def main():
             binary = build(checks, args, prefix, work, name,
                            EXAMPLES[name][0]) if ok else None
             if binary:
-                bad = fixtures.run_command([binary, "--epochs", "x"],
+                bad = processes.run_command([binary, "--epochs", "x"],
                                            timeout=60)
                 lines = [x for x in bad.stderr.splitlines() if x.strip()]
                 checks.check(bad.returncode == 2 and len(lines) == 1,

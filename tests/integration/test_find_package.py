@@ -47,6 +47,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "reference"))
 
 import fixtures  # noqa: E402
+import processes  # noqa: E402
 
 TOOLS = ["concord-coordinator", "concord-run", "concord-train", "concordctl"]
 LIBS = ["libconcord.so"]
@@ -100,7 +101,7 @@ def finals(output):
 
 
 def check_install(checks, args, prefix):
-    r = fixtures.run_command([args.cmake, "--install", args.build_dir,
+    r = processes.run_command([args.cmake, "--install", args.build_dir,
                               "--prefix", prefix], timeout=120)
     if not checks.check(r.returncode == 0 and not r.timed_out,
                         "cmake --install", r.describe()):
@@ -186,7 +187,7 @@ def hidden_dirs(checks, args, work):
     prefix = hiding(sum(dirs.values(), []))
     if prefix is None:
         return names, []
-    r = fixtures.run_command(prefix + [args.cmake, "-S", probe, "-B",
+    r = processes.run_command(prefix + [args.cmake, "-S", probe, "-B",
                                        os.path.join(probe, "build")],
                              timeout=120)
     if r.returncode != 0:
@@ -202,7 +203,7 @@ def build_example(checks, args, prefix, work):
     build = os.path.join(work, "example-build")
     shutil.copytree(os.path.join(args.source_dir, "examples", "find_package"),
                     src)
-    configure = fixtures.example_configure(args.cmake, args.build_dir, src,
+    configure = processes.example_configure(args.cmake, args.build_dir, src,
                                            build, prefix)
     configure.append("-DCMAKE_EXPORT_COMPILE_COMMANDS=ON")
     names, dirs = hidden_dirs(checks, args, work)
@@ -215,20 +216,20 @@ def build_example(checks, args, prefix, work):
         probe = os.path.join(work, "needs_grpc.cc")
         with open(probe, "w") as f:
             f.write("#include <grpcpp/grpcpp.h>\nint main() {}\n")
-        compiler = fixtures.cmake_cache_value(args.build_dir,
+        compiler = processes.cmake_cache_value(args.build_dir,
                                               "CMAKE_CXX_COMPILER")
-        r = fixtures.run_command(prefix_cmd + [compiler or "c++",
+        r = processes.run_command(prefix_cmd + [compiler or "c++",
                                                "-fsyntax-only", probe],
                                  timeout=60)
         checks.check(r.returncode != 0 and "grpcpp" in r.stderr,
                      "hidden: #include <grpcpp/grpcpp.h> fails there",
                      r.describe())
-    r = fixtures.run_command(prefix_cmd + configure, timeout=120)
+    r = processes.run_command(prefix_cmd + configure, timeout=120)
     if not checks.check(r.returncode == 0 and not r.timed_out,
                         "example configures against the prefix " + what,
                         r.describe()):
         return None
-    found = fixtures.cmake_cache_value(build, "Concord_DIR")
+    found = processes.cmake_cache_value(build, "Concord_DIR")
     expected = os.path.join(prefix, "lib", "cmake", "Concord")
     checks.check(os.path.realpath(found) == os.path.realpath(expected),
                  "Concord found in the prefix",
@@ -246,7 +247,7 @@ def build_example(checks, args, prefix, work):
                  "tree path", "found %s in: %s" % (leaks, commands))
     checks.check(os.path.join(prefix, "include") in commands,
                  "example includes P/include", commands)
-    r = fixtures.run_command(prefix_cmd + [args.cmake, "--build", build,
+    r = processes.run_command(prefix_cmd + [args.cmake, "--build", build,
                                            "--parallel", "1"], timeout=420)
     if not checks.check(r.returncode == 0 and not r.timed_out,
                         "example builds (-Wall -Wextra -Werror) " + what,
@@ -258,7 +259,7 @@ def build_example(checks, args, prefix, work):
 
 def run_example(checks, prefix, example):
     launcher = os.path.join(prefix, "bin", "concord-run")
-    r = fixtures.run_command([launcher, "--standalone", "--nproc", "2", "--",
+    r = processes.run_command([launcher, "--standalone", "--nproc", "2", "--",
                               example, "--steps", "40", "--batch-size", "16"],
                              timeout=120)
     if not checks.check(r.returncode == 0 and not r.timed_out,
@@ -280,7 +281,7 @@ def run_example(checks, prefix, example):
     checks.check(ranks[0][5:] == ranks[1][5:],
                  "ranks end with identical parameters",
                  "rank sums %s vs %s" % (ranks[0][5:], ranks[1][5:]))
-    alone = fixtures.run_command([example, "--steps", "40", "--batch-size",
+    alone = processes.run_command([example, "--steps", "40", "--batch-size",
                                   "32"], timeout=60)
     one = finals(alone.stdout)
     if not checks.check(alone.returncode == 0 and len(one) == 1 and
@@ -292,7 +293,7 @@ def run_example(checks, prefix, example):
         checks.check(abs(a - b) <= 1e-5 * max(abs(a), abs(b), 1e-3),
                      "2 ranks x 16 = 1 process x 32 (%s)" % name,
                      "%r vs %r" % (a, b))
-    bad = fixtures.run_command([example, "--steps", "zero"], timeout=60)
+    bad = processes.run_command([example, "--steps", "zero"], timeout=60)
     lines = [x for x in bad.stderr.splitlines() if x.strip()]
     checks.check(bad.returncode == 2 and len(lines) == 1 and
                  "--steps" in lines[0], "bad flag: one line, exit 2",

@@ -48,6 +48,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "reference"))
 import elastic_harness as te  # noqa: E402
 
 import fixtures  # noqa: E402
+import processes  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from testlib import wait_for  # noqa: E402
@@ -104,7 +105,7 @@ def http(url, method="GET", headers=None, timeout=10):
 
 
 def ctl(bins, coord, *args, timeout=30):
-    return fixtures.run_command(
+    return processes.run_command(
         [os.path.join(os.path.dirname(bins.run), "concordctl"), "--endpoint", coord.address,
          "--token-file", coord.operator_token] + list(args), timeout=timeout)
 
@@ -299,7 +300,7 @@ def part_browser(args, checks, tmp, bins, coord):
     if not checks.check(running is not None, "the job runs with 2 members", job.describe()):
         return
     workers = sorted(m["worker_id"] for m in running["members"])
-    r = fixtures.run_command(["node", os.path.join(browser_dir, "status_page.mjs"), base,
+    r = processes.run_command(["node", os.path.join(browser_dir, "status_page.mjs"), base,
                               coord.token, JOB, ",".join(workers), CHROMIUM], timeout=120)
     for line in r.stdout.splitlines():
         if line.startswith("PASS "):

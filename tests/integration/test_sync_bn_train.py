@@ -32,6 +32,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "reference"))
 import fixtures  # noqa: E402
+import processes  # noqa: E402
 
 BATCH, EPOCHS = 8, 2
 
@@ -63,7 +64,7 @@ def elastic_cases(checks, run, train, data, tmp):
             "--no-broadcast-buffers", "--output", os.path.join(out, "final.pt"),
             "--output-per-worker", os.path.join(out, "workers"),
             "--metrics-out", os.path.join(out, "metrics.json"), "--log-interval", "1000"]
-        r = fixtures.run_command(cmd, timeout=240,
+        r = processes.run_command(cmd, timeout=240,
                                  env={"CONCORD_TEST_KILL": kill} if kill else None)
         want = 0  # the job completed, a worker lost or not (see Note [Exit status])
         checks.check(r.returncode == want, "%s: concord-run exits %d" % (name, want),
@@ -136,7 +137,7 @@ def main():
                    "--model", "builtin:cnn", "--data", data, "--batch-size", str(batch),
                    "--epochs", str(EPOCHS), "--lr", "0.05", "--output", out,
                    "--log-interval", "1000"] + extra
-            r = fixtures.run_command(cmd, timeout=240)
+            r = processes.run_command(cmd, timeout=240)
             checks.check(r.returncode == 0, "concord-run --nproc %d %s" % (nproc, " ".join(extra)),
                          r.describe())
             return fixtures.load_state(out) if r.returncode == 0 else None

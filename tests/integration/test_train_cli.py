@@ -35,6 +35,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "reference"))
 import torch  # noqa: E402
 
 import fixtures  # noqa: E402
+import processes  # noqa: E402
 
 CALL_TIMEOUT = 60.0
 
@@ -52,7 +53,7 @@ def expect_rejection(checks, name, cmd, needles, output_path, one_line=True, als
     not create output_path."""
     if output_path and os.path.exists(output_path):
         os.remove(output_path)
-    r = fixtures.run_command(cmd, timeout=CALL_TIMEOUT)
+    r = processes.run_command(cmd, timeout=CALL_TIMEOUT)
     problems = []
     if r.timed_out:
         problems.append("did not finish within %.0f s" % CALL_TIMEOUT)
@@ -140,7 +141,7 @@ def device_cases(checks, train, out, tmp):
     expect_rejection(checks, "--device cuda:1 without a GPU",
                      train(extra=["--device", "cuda:1"]),
                      ["--device cuda:1: no CUDA device is visible"], out)
-    r = fixtures.run_command(train(), timeout=CALL_TIMEOUT,
+    r = processes.run_command(train(), timeout=CALL_TIMEOUT,
                              env={"CONCORD_DEVICE": "cuda"})
     checks.check(r.returncode == 2 and len(nonempty_lines(r.stderr)) == 1
                  and "CONCORD_DEVICE: device cuda: no CUDA device" in r.stderr,
@@ -151,7 +152,7 @@ def device_cases(checks, train, out, tmp):
         path = os.path.join(tmp, "device-" + device, "final.pt")
         os.makedirs(os.path.dirname(path), exist_ok=True)
         cmd = [c if c != out else path for c in train(extra=["--device", device])]
-        r = fixtures.run_command(cmd, timeout=120)
+        r = processes.run_command(cmd, timeout=120)
         said = [line for line in nonempty_lines(r.stderr) if "--device auto" in line]
         if device == "auto":
             checks.check(r.returncode == 0 and len(said) == 1
@@ -327,7 +328,7 @@ def run(args, checks, tmp):
                "--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9",
                "--weight-decay", "1e-4", "--batch-size", str(bs), "--epochs", str(epochs),
                "--log-interval", "2", "--output", out_ok, "--metrics-out", metrics] + extra
-        r = fixtures.run_command(cmd, timeout=120)
+        r = processes.run_command(cmd, timeout=120)
         if not checks.check(r.returncode == 0 and not r.timed_out, name, r.describe()):
             continue
         if not checks.check(os.path.isfile(out_ok), name + ": --output written", r.describe()):

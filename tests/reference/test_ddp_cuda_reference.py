@@ -35,6 +35,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import fixtures  # noqa: E402
+import processes  # noqa: E402
 import torch_ddp_train  # noqa: E402
 from fixtures import Checks  # noqa: E402
 
@@ -69,7 +70,7 @@ def concord(args, world, model, data, loss, out, device, tmp):
            "--loss", loss, "--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9",
            "--batch-size", str(BATCH), "--epochs", str(EPOCHS), "--sharding", "fixed",
            "--device", device, "--backend", args.backend, "--output", out]
-    return fixtures.run_command(cmd, timeout=args.timeout, cwd=tmp)
+    return processes.run_command(cmd, timeout=args.timeout, cwd=tmp)
 
 
 def pytorch(args, world, model, data, loss, out, device):

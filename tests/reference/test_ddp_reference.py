@@ -88,13 +88,14 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 # One compute thread everywhere, as ctest runs it (and as concord-train gets
-# it from fixtures.run_command): with more, BLAS splits the larger matrix
+# it from processes.run_command): with more, BLAS splits the larger matrix
 # products differently and the float results move by an ulp.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
 import fixtures  # noqa: E402
+import processes  # noqa: E402
 import torch_ddp_train  # noqa: E402
 
 EXACT = (1e-5, 1e-6)          # rtol, atol for results that must agree to float rounding
@@ -433,7 +434,7 @@ class Runner(object):
         out = os.path.join(case.dir, "concord_final.pt")
         metrics = os.path.join(case.dir, "concord_metrics.json")
         flags = list(case.opt["concord"]) + list(a.concord_flag)
-        conc = fixtures.run_command(
+        conc = processes.run_command(
             [run_bin, "--standalone", "--nproc", str(case.world),
              "--job-id", "reference-%s-w%d" % (case.name, case.world), "--", train_bin]
             + self.common(case.kind, case.world) + flags

@@ -74,6 +74,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch  # noqa: E402
 
 import fixtures  # noqa: E402
+import processes  # noqa: E402
 import torch_ddp_train  # noqa: E402
 
 BIT_EXACT = (0.0, 0.0)      # rtol, atol: equal to the last bit
@@ -195,7 +196,7 @@ def pytorch_reference(args, checks, case):
 
 def concord_supports(bin_dir, word):
     """Whether concord-train --help mentions `word`."""
-    r = fixtures.run_command([os.path.join(bin_dir, "concord-train"), "--help"], timeout=30)
+    r = processes.run_command([os.path.join(bin_dir, "concord-train"), "--help"], timeout=30)
     return word in (r.stdout + r.stderr)
 
 
@@ -222,7 +223,7 @@ def concord(args, checks, case, per_rank):
         script = ('trap ":" TERM; "$@"; rc=$?; echo "$rc" > %s/status.$$; exit "$rc"'
                   % shlex.quote(status_dir))
         train = ["/bin/sh", "-c", script, "sh"] + train
-    conc = fixtures.run_command(
+    conc = processes.run_command(
         [run_bin, "--standalone", "--nproc", str(case.world),
          "--job-id", "reference-join-%s" % case.name, "--"] + train, timeout=args.timeout)
     if getattr(conc, "leftover_processes", False):

@@ -25,6 +25,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import fixtures  # noqa: E402
+import processes  # noqa: E402
 
 BATCH, EPOCHS, LR = 8, 2, 0.1
 
@@ -72,7 +73,7 @@ def concord(args, model, data, out, hook):
            "--epochs", str(EPOCHS), "--output", out, "--log-interval", "1000"]
     if hook:
         cmd += ["--comm-hook", hook]
-    r = fixtures.run_command(cmd, timeout=240)
+    r = processes.run_command(cmd, timeout=240)
     if r.returncode != 0:
         print(r.describe() if hasattr(r, "describe") else r)
     return r.returncode == 0

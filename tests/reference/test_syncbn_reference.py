@@ -27,6 +27,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fixtures  # noqa: E402
+import processes  # noqa: E402
 
 # (name, per-rank batch sizes, (C, spatial...), channels_last, momentum)
 CASES = [
@@ -148,7 +149,7 @@ def run_session_helper(bin_dir, tmp, name, inputs, device, backend):
            "--job-id", "syncbn-" + name.replace("_", "-"), "--",
            os.path.join(bin_dir, "syncbn_reference_helper"), "--in", in_path,
            "--out", prefix, "--session"]
-    r = fixtures.run_command(cmd, timeout=180, cwd=tmp,
+    r = processes.run_command(cmd, timeout=180, cwd=tmp,
                              env={"CONCORD_DEVICE": device, "CONCORD_BACKEND": backend})
     if r.returncode != 0:
         return None, f"{name}: concord-run ... syncbn_reference_helper --session: {r.describe()}"

@@ -67,6 +67,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fixtures  # noqa: E402
+import processes  # noqa: E402
 
 NOISE, HIDDEN, DATA = 8, 32, 16  # two_models_helper.cc's sizes
 STEPS, BATCH = 4, 8  # per case; BATCH samples per rank and step
@@ -217,7 +218,7 @@ def run_concord(bin_dir, tmp, name, in_path):
     cmd = [os.path.join(bin_dir, "concord-run"), "--standalone", "--nproc", str(world),
            "--job-id", "two-models-" + name, "--",
            os.path.join(bin_dir, "two_models_helper"), "--in", in_path, "--out", prefix]
-    r = fixtures.run_command(cmd, timeout=120, cwd=tmp)
+    r = processes.run_command(cmd, timeout=120, cwd=tmp)
     if r.returncode != 0 or r.timed_out:
         return None, r.describe()
     return [load_helper_output("%s.rank%d.pt" % (prefix, rank)) for rank in range(world)], None

@@ -54,6 +54,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "reference"))
 
 import fixtures  # noqa: E402
+import processes  # noqa: E402
 
 RUN_TIMEOUT = 120.0
 SAMPLES, BATCH, EPOCHS, INTERVAL = 160, 4, 2, 5
@@ -156,10 +157,10 @@ def check_lines(checks, name, r, killed):
 
 
 def case_progress(checks, job):
-    r = fixtures.run_command(job.cmd(), timeout=RUN_TIMEOUT)
+    r = processes.run_command(job.cmd(), timeout=RUN_TIMEOUT)
     if checks.check(r.returncode == 0, "progress: a 2-worker job succeeds", r.describe()):
         check_lines(checks, "progress: plain lines every --log-interval steps", r, killed=False)
-    r = fixtures.run_command(job.cmd(min_workers=1), timeout=RUN_TIMEOUT, env=KILL_ENV)
+    r = processes.run_command(job.cmd(min_workers=1), timeout=RUN_TIMEOUT, env=KILL_ENV)
     # The job completed without the killed worker: exit 0 (see Note
     # [Exit status] in tools/launcher.h).
     if checks.check(r.returncode == 0 and not r.timed_out,
@@ -316,7 +317,7 @@ def steps_by_rank(spans):
 def case_trace(checks, job):
     trace = os.path.join(job.tmp, "trace.json")
     metrics = os.path.join(job.tmp, "metrics.json")
-    r = fixtures.run_command(job.cmd(run_extra=["--trace", trace],
+    r = processes.run_command(job.cmd(run_extra=["--trace", trace],
                                      train_extra=["--message-size", "600",
                                                   "--metrics-out", metrics]),
                              timeout=RUN_TIMEOUT)
@@ -385,7 +386,7 @@ def case_hook(checks, job):
     """A communication hook's buckets are traced too (until the final
     callback's wait for them ends)."""
     trace = os.path.join(job.tmp, "hook.json")
-    r = fixtures.run_command(job.cmd(run_extra=["--trace", trace],
+    r = processes.run_command(job.cmd(run_extra=["--trace", trace],
                                      train_extra=["--message-size", "600",
                                                   "--comm-hook", "fp16"]),
                              timeout=RUN_TIMEOUT)
@@ -413,7 +414,7 @@ def case_hook(checks, job):
 def case_kill(checks, job):
     trace = os.path.join(job.tmp, "killed.json")
     env = {"CONCORD_TEST_KILL": "1:%d:backward" % KILL_STEP}
-    r = fixtures.run_command(job.cmd(min_workers=1, run_extra=["--trace", trace],
+    r = processes.run_command(job.cmd(min_workers=1, run_extra=["--trace", trace],
                                      train_extra=["--message-size", "600"]),
                              timeout=RUN_TIMEOUT, env=env)
     if not checks.check(r.returncode == 0 and os.path.exists(trace),
@@ -472,7 +473,7 @@ def case_kill(checks, job):
 
 def case_errors(checks, job):
     def rejected(name, cmd, needle, one_line=True):
-        r = fixtures.run_command(cmd, timeout=60)
+        r = processes.run_command(cmd, timeout=60)
         lines = [l for l in r.stderr.splitlines() if l.strip()]
         if one_line:
             ok = len(lines) == 1 and needle in lines[0]
@@ -492,7 +493,7 @@ def case_errors(checks, job):
     rejected("errors: concord-train --trace into a missing directory", alone, nowhere)
     # Alone (a world of one), concord-train writes the file itself.
     single = os.path.join(job.tmp, "single.json")
-    r = fixtures.run_command(alone[:-1] + [single, "--epochs", "1", "--batch-size", "40"],
+    r = processes.run_command(alone[:-1] + [single, "--epochs", "1", "--batch-size", "40"],
                              timeout=RUN_TIMEOUT)
     ok = r.returncode == 0
     try:
