@@ -96,7 +96,7 @@ TEST(PowerSgdStateTest, ACheckpointResumesWithTheSummedErrorFeedback) {
     ASSERT_TRUE(participant.SyncState(comm, 0, 0, unused).ok());
     Bucket bucket;
     for (int64_t k = 0; k < 5; ++k) Step(*state, comm, bucket, rank, k);
-    auto saved = participant.CheckpointState();
+    auto saved = participant.CheckpointState(unused);
     ASSERT_TRUE(saved.ok()) << saved.status();
     std::map<std::string, at::Tensor> by_name(saved->begin(), saved->end());
     ASSERT_EQ(by_name.count("error/0"), 1u);

@@ -14,6 +14,7 @@
 
 #include "rank_threads.h"
 #include "slowmo_fixture.h"
+#include "worker/checkpoint/content.h"
 #include "worker/tensor_ops.h"
 
 namespace concord::slowmo {
@@ -426,7 +427,7 @@ TEST(SlowMoTest, CheckpointHoldsTheWholeStateAndResumesAtAnotherWorld) {
       ASSERT_TRUE(s->PerformSlowMo(*m.opt).ok());
       ReferenceUpdate(ref, n, o);
     }
-    auto state = s->CheckpointState();
+    auto state = s->CheckpointState(*m.opt);
     ASSERT_TRUE(state.ok()) << state.status();
     std::map<std::string, torch::Tensor> by_name(state->begin(), state->end());
     EXPECT_EQ(by_name.at("updates").item<int64_t>(), 6);
@@ -523,6 +524,109 @@ TEST(SlowMoTest, CheckpointDivergenceSaysWhetherTheRanksDiffer) {
           std::string::npos);
     });
   }
+}
+
+// The optimizer's momentum buffers, one per parameter (copies).
+std::vector<torch::Tensor> MomentumBuffers(const torch::optim::SGD& opt) {
+  std::vector<torch::Tensor> out;
+  for (const auto& [index, tensors] :
+       checkpoint::CaptureOptimizer("optimizer", opt).state) {
+    for (const auto& [key, t] : tensors) {
+      if (key == "momentum_buffer") out.push_back(t.clone());
+    }
+  }
+  return out;
+}
+
+std::unique_ptr<torch::optim::SGD> WithMomentum(const Model& m) {
+  return std::make_unique<torch::optim::SGD>(
+      m.params, torch::optim::SGDOptions(0.1).momentum(0.9));
+}
+
+// See Note [Each rank's optimizer state]: with SGD's momentum 3 ranks
+// (LocalSGD, averaging every 3 updates) take a checkpoint after 6: it holds
+// every rank's momentum buffers, row r rank r's, and no divergence is said.
+// Two new processes resume from it (rank 1 loads it after rank 0's
+// optimizer file, as State::Apply does; rank 0 holds that file's state, as
+// State::Sync's broadcast leaves it): each ends with its own buffers, bit
+// for bit. Rows that do not fit the optimizer are refused.
+TEST(SlowMoTest, CheckpointKeepsEachRanksOptimizerState) {
+  const SlowMoOptions o = LocalSgd(3);
+  std::mutex mu;
+  NamedTensors saved;
+  checkpoint::OptimizerContent file;  // rank 0's, as optimizer.pt holds it
+  std::vector<std::vector<torch::Tensor>> buffers(3);
+  comm::InMemoryStore next_store;
+  RunRanks(3, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
+    Model m = MakeModel(rank);
+    m.opt = WithMomentum(m);
+    auto s = *SlowMo::Create(m.params, {}, comm, 0, o);
+    for (int64_t n = 0; n < 6; ++n) {
+      LocalStep(m, rank, n);
+      ASSERT_TRUE(s->PerformSlowMo(*m.opt).ok());
+    }
+    EXPECT_NE(s->CheckpointDivergence(*m.opt).find("per-parameter state"),
+              std::string::npos);
+    auto state = s->CheckpointState(*m.opt);
+    ASSERT_TRUE(state.ok()) << state.status();
+    EXPECT_EQ(s->CheckpointDivergence(*m.opt), "");
+    std::map<std::string, torch::Tensor> by_name(state->begin(), state->end());
+    const std::vector<torch::Tensor> mine = MomentumBuffers(*m.opt);
+    ASSERT_EQ(mine.size(), m.params.size());
+    for (size_t i = 0; i < mine.size(); ++i) {
+      const torch::Tensor rows = by_name.at(
+          "rank_optimizer/" + std::to_string(i) + "/momentum_buffer");
+      ASSERT_EQ(rows.size(0), 3);
+      EXPECT_TRUE(torch::equal(rows[rank], mine[i])) << "parameter " << i;
+      // The ranks' really differ (the test can fail).
+      EXPECT_FALSE(torch::equal(rows[0], rows[2])) << "parameter " << i;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      buffers[rank] = mine;
+      if (rank == 0) {
+        for (const auto& [key, t] : *state) saved.emplace_back(key, t.clone());
+        file = checkpoint::CaptureOptimizer("optimizer", *m.opt);
+        for (auto& [index, tensors] : file.state) {
+          for (auto& [key, t] : tensors) t = t.clone();
+        }
+      }
+    }
+    torch::Tensor barrier = torch::ones({1});
+    ASSERT_TRUE(comm->AllreduceSum(barrier, {})->Wait().ok());
+    if (rank >= 2) return;
+
+    Model fresh = MakeModel(rank);
+    fresh.opt = WithMomentum(fresh);
+    ASSERT_TRUE(checkpoint::ApplyOptimizer(file, *fresh.opt).ok());
+    std::shared_ptr<comm::Communicator> comm2 =
+        NextGeneration(next_store, rank, 2, 2);
+    ASSERT_NE(comm2, nullptr);
+    auto resumed = *SlowMo::Create(fresh.params, {}, comm2, 1, o);
+    if (rank == 1) {
+      NamedTensors bad = saved;
+      for (auto& [key, t] : bad) {
+        if (key == "rank_optimizer/0/momentum_buffer") {
+          t = torch::zeros({3, t.size(1) + 1});
+        }
+      }
+      const absl::Status refused = resumed->ResumeState(&bad, *fresh.opt);
+      EXPECT_TRUE(absl::IsFailedPrecondition(refused)) << refused;
+      EXPECT_NE(refused.message().find("0/momentum_buffer"),
+                absl::string_view::npos)
+          << refused;
+      ASSERT_TRUE(resumed->ResumeState(&saved, *fresh.opt).ok());
+    } else {
+      ASSERT_TRUE(resumed->ResumeState(nullptr, *fresh.opt).ok());
+    }
+    ASSERT_TRUE(resumed->SyncState(comm2, 1, /*step=*/6, *fresh.opt).ok());
+    const std::vector<torch::Tensor> now = MomentumBuffers(*fresh.opt);
+    ASSERT_EQ(now.size(), buffers[rank].size());
+    for (size_t i = 0; i < now.size(); ++i) {
+      EXPECT_TRUE(torch::equal(now[i], buffers[rank][i]))
+          << "rank " << rank << " parameter " << i;
+    }
+  });
 }
 
 }  // namespace

@@ -44,7 +44,8 @@ absl::Status PowerSgdParticipant::SyncState(
   return state_->LoadReplicated(bytes, options_);
 }
 
-absl::StatusOr<NamedTensors> PowerSgdParticipant::CheckpointState() {
+absl::StatusOr<NamedTensors> PowerSgdParticipant::CheckpointState(
+    const torch::optim::Optimizer& /*optimizer*/) {
   if (comm_ == nullptr) {
     return absl::FailedPreconditionError("PowerSGD: no generation yet");
   }

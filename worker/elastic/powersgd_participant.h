@@ -30,7 +30,8 @@ class PowerSgdParticipant final : public Participant {
   // "error/<bucket>",
   // the sum of every rank's error feedback (three collectives: the buckets'
   // sizes, checked alike on every rank, then one allreduce).
-  absl::StatusOr<NamedTensors> CheckpointState() override;
+  absl::StatusOr<NamedTensors> CheckpointState(
+      const torch::optim::Optimizer& optimizer) override;
   // The loading rank takes the count, generator, memories and the summed
   // error feedback; the others drop their error feedback.
   absl::Status ResumeState(const NamedTensors* saved,

@@ -187,7 +187,8 @@ void State::SaveFinal() {
 void State::TakeCheckpoint(bool wait) {
   NamedTensors gathered;
   for (const Attached& a : participants_) {
-    absl::StatusOr<NamedTensors> part = a.participant->CheckpointState();
+    absl::StatusOr<NamedTensors> part =
+        a.participant->CheckpointState(*a.optimizer);
     if (!part.ok()) {
       Log()->warn("checkpoint of step {} not taken: gathering {}: {}",
                   committed_.step, a.name,

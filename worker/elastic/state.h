@@ -75,11 +75,14 @@ struct ElasticOptions {
 // the writer's, as a re-form takes the authoritative rank's: a checkpoint
 // taken where every rank's are equal (LocalSGD with a checkpoint interval
 // that is a multiple of the averaging period) resumes exactly; SGP's gossip
-// never makes them equal, and its resume is a re-form's. Nor does an
-// optimizer with per-parameter state (SGD's momentum, Adam's moments): under
-// SlowMo the ranks do not average gradients, so each rank's is its own.
-// Rank 0 says so once, at the first checkpoint whose state differs between
-// the ranks (Participant::CheckpointDivergence), in one warning line.
+// never makes them equal, and its resume is a re-form's. An optimizer with
+// per-parameter state (SGD's momentum, Adam's moments) differs too: under
+// SlowMo the ranks do not average gradients, so each rank's is its own, and
+// the participant keeps every rank's in the checkpoint for each to take
+// back (see Note [Each rank's optimizer state] in worker/slowmo/slowmo.h).
+// Rank 0 says once, at the first checkpoint whose state differs between
+// the ranks in a way it does not keep (Participant::CheckpointDivergence),
+// in one warning line.
 
 // State kept outside the model and the optimizer that must follow the
 // authoritative rank after every re-form (SlowMo's slow momentum, old
@@ -98,16 +101,19 @@ class Participant {
                                  int authoritative_rank, int64_t step,
                                  torch::optim::Optimizer& optimizer) = 0;
   // See Note [Participants in checkpoints]: the state a checkpoint of the
-  // committed step keeps, whole (sharded parts gathered), by name. Every
+  // committed step keeps, whole (sharded parts gathered, and each rank's
+  // part of `optimizer`'s state where the ranks' differ), by name. Every
   // rank of the generation calls it at the same point (it may run
   // collectives); the checkpoint's writer keeps the result. Errors: those
   // of the collectives (the checkpoint is not taken).
-  virtual absl::StatusOr<NamedTensors> CheckpointState() = 0;
+  virtual absl::StatusOr<NamedTensors> CheckpointState(
+      const torch::optim::Optimizer& optimizer) = 0;
   // Why the ranks' parameters or `optimizer`'s state differ at this point
-  // (the participant decides what is averaged when): a checkpoint holds
-  // one rank's, so a resume from it goes on as after a re-form, not as the
-  // uninterrupted run does. Empty when every rank's is the same. Local: no
-  // collective.
+  // (the participant decides what is averaged when) and the last
+  // CheckpointState did not keep each rank's: a checkpoint holds one
+  // rank's, so a resume from it goes on as after a re-form, not as the
+  // uninterrupted run does. Empty when every rank's is the same or kept.
+  // Local: no collective.
   virtual std::string CheckpointDivergence(
       const torch::optim::Optimizer& /*optimizer*/) const {
     return {};

@@ -151,7 +151,7 @@ SlowMo::Plan SlowMo::PlanFor(int64_t update) const {
 std::string SlowMo::CheckpointDivergence(
     const torch::optim::Optimizer& optimizer) const {
   if (num_nodes_ <= 1) return {};
-  if (!optimizer.state().empty()) {
+  if (!optimizer.state().empty() && !rank_state_saved_) {
     return "the optimizer's per-parameter state (momentum, moments) is each "
            "rank's own under SlowMo, which averages parameters, not "
            "gradients";

@@ -23,8 +23,10 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -186,18 +188,41 @@ class SlowMo final : public elastic::Participant {
   // "push_sum_weight", "push_sum_numerator", "fp32_masters" (with masters)
   // and, once slow momentum started, the whole "slow_momentum" and
   // "old_params" (optimizer order, fp32) gathered from their owners (one
-  // allreduce of both over the generation, on every rank).
-  absl::StatusOr<NamedTensors> CheckpointState() override;
+  // allreduce of both over the generation, on every rank). See Note [Each
+  // rank's optimizer state]: with more than one node and an optimizer with
+  // per-parameter state, "rank_optimizer/<index>/<key>" too.
+  absl::StatusOr<NamedTensors> CheckpointState(
+      const torch::optim::Optimizer& optimizer) override;
   // The rank that loaded a checkpoint holds the whole slow momentum as if it
-  // owned every slice (SyncState re-shards it); the others drop theirs.
+  // owned every slice (SyncState re-shards it), and each rank's optimizer
+  // state for SyncState to hand out; the others drop theirs.
   absl::Status ResumeState(const NamedTensors* saved,
                            torch::optim::Optimizer& optimizer) override;
   // Between the nodes (or ranks), after the last update: an optimizer's
-  // per-parameter state always differs (gradients are not averaged); the
-  // parameters unless that update averaged them (LocalSGD's allreduce or a
-  // memory-efficient slow step; SGP's gossip never does).
+  // per-parameter state always differs (gradients are not averaged), said
+  // unless the last CheckpointState kept each rank's; the parameters unless
+  // that update averaged them (LocalSGD's allreduce or a memory-efficient
+  // slow step; SGP's gossip never does).
   std::string CheckpointDivergence(
       const torch::optim::Optimizer& optimizer) const override;
+
+  // Note [Each rank's optimizer state]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // SlowMo averages parameters, not gradients, so an optimizer's
+  // per-parameter state (SGD's momentum, Adam's moments) is each rank's own
+  // (each node's, with a hierarchy), and the checkpoint's optimizer file
+  // holds its writer's. So that a resume goes on as the uninterrupted run
+  // does, CheckpointState also gathers every rank's (one Allgather per dtype
+  // and device, after one that checks that every rank's state has the same
+  // entries and sizes; it keeps none when they differ, and
+  // CheckpointDivergence says so): "rank_optimizer/<index>/<key>", of shape
+  // [world, *shape], row r rank r's, in PyTorch's numbering (see Note
+  // [Checkpoint format]). At a resume the loading rank checks them against
+  // the optimizer state it loaded (ResumeState), and SyncState broadcasts
+  // them: rank r below the saved world size takes row r, every other rank
+  // keeps the loaded state, as a joiner takes the authoritative rank's. The
+  // cost: the world size times the optimizer state in each checkpoint, and
+  // its gather in the step's stall.
 
   // Inspection (tests, logs).
   bool slowmo_enabled() const { return slowmo_; }
@@ -274,6 +299,15 @@ class SlowMo final : public elastic::Participant {
                        bool root_initialized, int64_t my_updates,
                        torch::optim::Optimizer& optimizer);
   absl::Status RebuildGraph();
+  // See Note [Each rank's optimizer state].
+  absl::StatusOr<NamedTensors> GatherRankState(
+      const torch::optim::Optimizer& optimizer);
+  absl::Status CheckRankState(const std::map<std::string, torch::Tensor>& saved,
+                              const torch::optim::Optimizer& optimizer,
+                              std::vector<torch::Tensor>* rows) const;
+  absl::Status ScatterRankState(int root, int64_t root_world,
+                                int64_t root_numel,
+                                torch::optim::Optimizer& optimizer);
 
   std::vector<torch::Tensor> params_;
   std::vector<torch::Tensor> buffers_;
@@ -322,6 +356,13 @@ class SlowMo final : public elastic::Participant {
   int64_t gossip_round_ = 0;
   torch::Tensor ps_weight_;  // one element, the parameters' dtype
   bool is_numerator_ = false;
+
+  // See Note [Each rank's optimizer state]: whether the last CheckpointState
+  // kept each rank's; on a rank that loaded a checkpoint, until SyncState,
+  // its rows (in CaptureOptimizer's order) and the world size they are of.
+  bool rank_state_saved_ = false;
+  std::vector<torch::Tensor> resume_rows_;
+  int64_t resume_world_ = 0;
 };
 
 }  // namespace concord::slowmo

@@ -3,19 +3,234 @@
 // counters, push-sum weight and fp32 masters, and Reshard re-assembles the
 // slow-momentum slices (from owners or their replicas) over the new world;
 // CheckpointState and ResumeState put the same state in checkpoints (see Note
-// [Participants in checkpoints] in worker/elastic/state.h).
+// [Participants in checkpoints] in worker/elastic/state.h), with each rank's
+// optimizer state (see Note [Each rank's optimizer state] in slowmo.h).
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "worker/checkpoint/content.h"
 #include "worker/slowmo/slowmo.h"
 #include "worker/tensor_ops.h"
 
 namespace concord::slowmo {
+namespace {
+
+// See Note [Each rank's optimizer state].
+constexpr char kRankState[] = "rank_optimizer/";
+
+// `content`'s per-parameter state tensors in CaptureOptimizer's order, each
+// named "<index>/<key>"; none for an optimizer PyTorch has no file for.
+NamedTensors StateEntries(const checkpoint::OptimizerContent& content) {
+  NamedTensors out;
+  if (content.type.empty()) return out;
+  for (const auto& [index, tensors] : content.state) {
+    for (const auto& [key, t] : tensors) {
+      out.emplace_back(absl::StrCat(index, "/", key), t);
+    }
+  }
+  return out;
+}
+
+// The entries' positions grouped by dtype and device (one collective a
+// group), in order of first appearance.
+std::vector<std::vector<size_t>> ByOptions(const NamedTensors& entries) {
+  std::vector<std::vector<size_t>> groups;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const at::Tensor& t = entries[i].second;
+    auto same = [&](const std::vector<size_t>& g) {
+      const at::Tensor& first = entries[g.front()].second;
+      return first.scalar_type() == t.scalar_type() &&
+             first.device() == t.device();
+    };
+    auto it = std::find_if(groups.begin(), groups.end(), same);
+    if (it == groups.end()) {
+      groups.push_back({i});
+    } else {
+      it->push_back(i);
+    }
+  }
+  return groups;
+}
+
+int64_t Numel(const NamedTensors& entries) {
+  int64_t n = 0;
+  for (const auto& entry : entries) n += entry.second.numel();
+  return n;
+}
+
+}  // namespace
+
+absl::StatusOr<NamedTensors> SlowMo::GatherRankState(
+    const torch::optim::Optimizer& optimizer) {
+  rank_state_saved_ = false;
+  NamedTensors out;
+  if (num_nodes_ <= 1) return out;  // every rank's is the same
+  const NamedTensors entries =
+      StateEntries(checkpoint::CaptureOptimizer("optimizer", optimizer));
+  // Every rank learns whether all have the same entries, sizes and dtypes.
+  std::string layout;
+  for (const auto& [name, t] : entries) {
+    absl::StrAppend(&layout, name, checkpoint::DescribeTensor(t), ";");
+  }
+  const int world = comm_->size();
+  comm::CollectiveOptions opts;
+  opts.timeout = options_.collective_timeout;
+  torch::Tensor mine = torch::tensor(
+      {static_cast<int64_t>(entries.size()), Numel(entries),
+       static_cast<int64_t>(std::hash<std::string>{}(layout) >> 1)},
+      torch::kLong);
+  torch::Tensor all = torch::empty({world * 3}, torch::kLong);
+  CONCORD_RETURN_IF_ERROR(
+      Wait(comm_->Allgather(all, mine, opts), "optimizer state layout gather"));
+  if (entries.empty() ||
+      !torch::equal(all.view({world, 3}), mine.expand({world, 3}))) {
+    return out;
+  }
+  std::vector<torch::Tensor> gathered(entries.size());
+  for (const std::vector<size_t>& group : ByOptions(entries)) {
+    std::vector<torch::Tensor> flat;
+    for (size_t i : group) flat.push_back(entries[i].second.reshape({-1}));
+    torch::Tensor local = torch::cat(flat);
+    const int64_t n = local.numel();
+    torch::Tensor rows = torch::empty({world * n}, local.options());
+    CONCORD_RETURN_IF_ERROR(
+        Wait(comm_->Allgather(rows, local, opts), "optimizer state gather"));
+    rows = rows.view({world, n});
+    int64_t at = 0;
+    for (size_t i : group) {
+      const torch::Tensor& t = entries[i].second;
+      std::vector<int64_t> shape{world};
+      shape.insert(shape.end(), t.sizes().begin(), t.sizes().end());
+      gathered[i] = rows.narrow(1, at, t.numel()).reshape(shape);
+      at += t.numel();
+    }
+  }
+  for (size_t i = 0; i < entries.size(); ++i) {
+    out.emplace_back(absl::StrCat(kRankState, entries[i].first),
+                     std::move(gathered[i]));
+  }
+  rank_state_saved_ = true;
+  return out;
+}
+
+absl::Status SlowMo::CheckRankState(
+    const std::map<std::string, torch::Tensor>& saved,
+    const torch::optim::Optimizer& optimizer,
+    std::vector<torch::Tensor>* rows) const {
+  rows->clear();
+  std::map<std::string, torch::Tensor> left;
+  for (const auto& [key, t] : saved) {
+    if (key.rfind(kRankState, 0) == 0) {
+      left.emplace(key.substr(sizeof(kRankState) - 1), t);
+    }
+  }
+  if (left.empty()) return absl::OkStatus();
+  const std::string what = "each rank's optimizer state in the checkpoint";
+  int64_t world = -1;
+  for (const auto& [name, t] :
+       StateEntries(checkpoint::CaptureOptimizer("optimizer", optimizer))) {
+    auto it = left.find(name);
+    if (it == left.end()) {
+      return absl::FailedPreconditionError(absl::StrCat(what, " lacks ", name));
+    }
+    const torch::Tensor& r = it->second;
+    if (r.dim() != t.dim() + 1 || r.size(0) < 1 ||
+        (world >= 0 && r.size(0) != world) || r.sizes().slice(1) != t.sizes() ||
+        r.scalar_type() != t.scalar_type()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(what, ": ", name, " is ", checkpoint::DescribeTensor(r),
+                       " for a state of ", checkpoint::DescribeTensor(t)));
+    }
+    world = r.size(0);
+    rows->push_back(r);
+    left.erase(it);
+  }
+  if (!left.empty()) {
+    rows->clear();
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, " has ", left.begin()->first, ", which the optimizer lacks"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SlowMo::ScatterRankState(int root, int64_t root_world,
+                                      int64_t root_numel,
+                                      torch::optim::Optimizer& optimizer) {
+  if (root_world == 0) {
+    resume_rows_.clear();
+    resume_world_ = 0;
+    return absl::OkStatus();
+  }
+  checkpoint::OptimizerContent content =
+      checkpoint::CaptureOptimizer("optimizer", optimizer);
+  const NamedTensors entries = StateEntries(content);
+  const bool is_root = comm_->rank() == root;
+  comm::CollectiveOptions opts;
+  opts.timeout = options_.collective_timeout;
+  // Every rank learns whether any disagrees, so that all of them fail.
+  torch::Tensor mismatch =
+      torch::tensor({Numel(entries) != root_numel ||
+                             (is_root && resume_rows_.size() != entries.size())
+                         ? 1
+                         : 0},
+                    torch::kInt);
+  CONCORD_RETURN_IF_ERROR(
+      Wait(comm_->AllreduceSum(mismatch, opts), "optimizer state check"));
+  if (mismatch.item<int>() > 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("each rank's optimizer state: ", root_numel,
+                     " elements on the loading rank, ", Numel(entries),
+                     " here, and ", mismatch.item<int>(), " rank(s) disagree"));
+  }
+  const int rank = comm_->rank();
+  std::vector<torch::Tensor> own(entries.size());
+  for (const std::vector<size_t>& group : ByOptions(entries)) {
+    int64_t n = 0;
+    for (size_t i : group) n += entries[i].second.numel();
+    torch::Tensor rows =
+        torch::empty({root_world, n}, entries[group.front()].second.options());
+    int64_t at = 0;
+    for (size_t i : group) {
+      const int64_t k = entries[i].second.numel();
+      if (is_root) {
+        rows.narrow(1, at, k).copy_(resume_rows_[i].reshape({root_world, k}));
+      }
+      at += k;
+    }
+    CONCORD_RETURN_IF_ERROR(
+        Wait(comm_->Broadcast(rows, root, opts), "optimizer state broadcast"));
+    if (rank >= root_world) continue;
+    at = 0;
+    for (size_t i : group) {
+      const torch::Tensor& t = entries[i].second;
+      own[i] =
+          rows.select(0, rank).narrow(0, at, t.numel()).view(t.sizes()).clone();
+      at += t.numel();
+    }
+  }
+  if (is_root) {
+    Log()->info(
+        "SlowMo: ranks below {} take their own optimizer state from the "
+        "checkpoint (saved at world size {})",
+        std::min<int64_t>(root_world, comm_->size()), root_world);
+  }
+  resume_rows_.clear();
+  resume_world_ = 0;
+  if (rank >= root_world) return absl::OkStatus();  // the loaded state
+  size_t i = 0;
+  for (auto& [index, tensors] : content.state) {
+    for (auto& [key, t] : tensors) t = own[i++];
+  }
+  return checkpoint::ApplyOptimizer(content, optimizer);
+}
 
 absl::Status SlowMo::Reshard(int root, int64_t root_updates,
                              bool root_initialized, int64_t my_updates,
@@ -165,9 +380,14 @@ absl::Status SlowMo::SyncState(std::shared_ptr<comm::Communicator> comm,
   opts.timeout = options_.collective_timeout;
   int64_t master_numel = -1;  // none
   if (!fp32_params_.empty()) master_numel = UnitOffsets().back();
+  int64_t rank_state_numel = 0;
+  for (const torch::Tensor& r : resume_rows_) {
+    rank_state_numel += r.numel() / std::max<int64_t>(resume_world_, 1);
+  }
   torch::Tensor header =
       torch::tensor({num_updates_, int64_t{initialized_ ? 1 : 0},
-                     int64_t{is_numerator_ ? 1 : 0}, master_numel},
+                     int64_t{is_numerator_ ? 1 : 0}, master_numel,
+                     resume_world_, rank_state_numel},
                     torch::kLong);
   CONCORD_RETURN_IF_ERROR(Wait(
       comm_->Broadcast(header, authoritative_rank, opts), "state broadcast"));
@@ -206,6 +426,10 @@ absl::Status SlowMo::SyncState(std::shared_ptr<comm::Communicator> comm,
                                 .view(fp32_params_[i].sizes()));
     }
   }
+  // See Note [Each rank's optimizer state]: after a resume.
+  CONCORD_RETURN_IF_ERROR(
+      ScatterRankState(authoritative_rank, header[4].item<int64_t>(),
+                       header[5].item<int64_t>(), optimizer));
   CONCORD_RETURN_IF_ERROR(EnsureGroups());
   CONCORD_RETURN_IF_ERROR(Reshard(authoritative_rank, root_updates,
                                   root_initialized, my_updates, optimizer));
@@ -226,9 +450,10 @@ absl::Status SlowMo::SyncState(std::shared_ptr<comm::Communicator> comm,
   return absl::OkStatus();
 }
 
-absl::StatusOr<NamedTensors> SlowMo::CheckpointState() {
+absl::StatusOr<NamedTensors> SlowMo::CheckpointState(
+    const torch::optim::Optimizer& optimizer) {
   torch::NoGradGuard no_grad;
-  NamedTensors out;
+  CONCORD_ASSIGN_OR_RETURN(NamedTensors out, GatherRankState(optimizer));
   out.emplace_back("updates", torch::tensor(num_updates_, torch::kLong));
   out.emplace_back("push_sum_weight", ps_weight_.clone());
   out.emplace_back("push_sum_numerator",
@@ -267,6 +492,8 @@ absl::Status SlowMo::ResumeState(const NamedTensors* saved,
     initialized_ = false;
     momentum_ = old_params_ = torch::Tensor();
     replica_momentum_ = replica_old_params_ = torch::Tensor();
+    resume_rows_.clear();
+    resume_world_ = 0;
     return absl::OkStatus();
   }
   std::map<std::string, torch::Tensor> by_name(saved->begin(), saved->end());
@@ -311,7 +538,11 @@ absl::Status SlowMo::ResumeState(const NamedTensors* saved,
                        " elements in the checkpoint; the optimizer steps ", n));
     }
   }
+  std::vector<torch::Tensor> rows;
+  CONCORD_RETURN_IF_ERROR(CheckRankState(by_name, optimizer, &rows));
   // Everything fits: take it.
+  resume_world_ = rows.empty() ? 0 : rows.front().size(0);
+  resume_rows_ = std::move(rows);
   num_updates_ = updates.item<int64_t>();
   ps_weight_ = weight.reshape({1}).to(ps_weight_.options()).clone();
   is_numerator_ = numerator.item<int64_t>() != 0;
