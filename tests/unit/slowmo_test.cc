@@ -408,6 +408,15 @@ TEST(SlowMoTest, SyncStateFinishesAnOwedUpdate) {
   });
 }
 
+// `saved` with `key`'s tensor replaced by `t`.
+NamedTensors Replaced(NamedTensors saved, const std::string& key,
+                      const torch::Tensor& t) {
+  for (auto& entry : saved) {
+    if (entry.first == key) entry.second = t;
+  }
+  return saved;
+}
+
 // See Note [Participants in checkpoints]: 3 ranks with 3 shards take a
 // checkpoint after 6 updates: every rank gets the whole u and x_old,
 // gathered from the owners. Two new processes resume from it (rank 1 loads
@@ -456,10 +465,8 @@ TEST(SlowMoTest, CheckpointHoldsTheWholeStateAndResumesAtAnotherWorld) {
     auto resumed = *SlowMo::Create(fresh.params, {}, comm2, 1, o);
     if (rank == 1) {
       // One that does not fit changes nothing.
-      NamedTensors bad = saved;
-      for (auto& [key, t] : bad) {
-        if (key == "slow_momentum") t = torch::zeros({kTotal + 1});
-      }
+      const NamedTensors bad =
+          Replaced(saved, "slow_momentum", torch::zeros({kTotal + 1}));
       const absl::Status refused = resumed->ResumeState(&bad, *fresh.opt);
       EXPECT_TRUE(absl::IsFailedPrecondition(refused)) << refused;
       EXPECT_EQ(resumed->num_updates(), 0);
@@ -604,12 +611,9 @@ TEST(SlowMoTest, CheckpointKeepsEachRanksOptimizerState) {
     ASSERT_NE(comm2, nullptr);
     auto resumed = *SlowMo::Create(fresh.params, {}, comm2, 1, o);
     if (rank == 1) {
-      NamedTensors bad = saved;
-      for (auto& [key, t] : bad) {
-        if (key == "rank_optimizer/0/momentum_buffer") {
-          t = torch::zeros({3, t.size(1) + 1});
-        }
-      }
+      const NamedTensors bad =
+          Replaced(saved, "rank_optimizer/0/momentum_buffer",
+                   torch::zeros({3, kSizes[0] + 1}));
       const absl::Status refused = resumed->ResumeState(&bad, *fresh.opt);
       EXPECT_TRUE(absl::IsFailedPrecondition(refused)) << refused;
       EXPECT_NE(refused.message().find("0/momentum_buffer"),
