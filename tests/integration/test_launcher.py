@@ -62,6 +62,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "reference"))
 
 import testlib  # noqa: E402
+from processes import children  # noqa: E402
 
 CALL_TIMEOUT = 60.0
 LINES = 200
@@ -125,17 +126,6 @@ def run(cmd, timeout=CALL_TIMEOUT, env=None):
 def describe(rc, out, err, timed_out):
     return "exit %s%s\n--- stdout (end)\n%s\n--- stderr (end)\n%s" % (
         rc, " (TIMED OUT)" if timed_out else "", out[-2000:], err[-3000:])
-
-
-def children(pid):
-    kids = []
-    try:
-        for task in os.listdir("/proc/%d/task" % pid):
-            with open("/proc/%d/task/%s/children" % (pid, task)) as f:
-                kids += [int(x) for x in f.read().split()]
-    except OSError:
-        pass
-    return kids
 
 
 def local_worker(launcher, local_rank):

@@ -417,6 +417,34 @@ NamedTensors Replaced(NamedTensors saved, const std::string& key,
   return saved;
 }
 
+// Two new processes, ranks 0 and 1 of generation 2, resume from `saved`
+// of step 6 (rank 1 loads it, rank 0 holds nothing), as State::Sync does:
+// first rank 1 is refused `bad` (FAILED_PRECONDITION naming `named`) and
+// an empty state, and nothing changes. `*out` is null after a failure.
+void ResumeAtTwo(comm::InMemoryStore& store, int rank, Model& fresh,
+                 const SlowMoOptions& o, const NamedTensors& saved,
+                 const NamedTensors& bad, const std::string& named,
+                 std::unique_ptr<SlowMo>* out) {
+  std::shared_ptr<comm::Communicator> comm2 = NextGeneration(store, rank, 2, 2);
+  ASSERT_NE(comm2, nullptr);
+  auto resumed = *SlowMo::Create(fresh.params, {}, comm2, 1, o);
+  if (rank == 1) {
+    const absl::Status refused = resumed->ResumeState(&bad, *fresh.opt);
+    EXPECT_TRUE(absl::IsFailedPrecondition(refused)) << refused;
+    EXPECT_NE(refused.message().find(named), absl::string_view::npos)
+        << refused;
+    EXPECT_EQ(resumed->num_updates(), 0);
+    const NamedTensors none;
+    EXPECT_TRUE(
+        absl::IsFailedPrecondition(resumed->ResumeState(&none, *fresh.opt)));
+    ASSERT_TRUE(resumed->ResumeState(&saved, *fresh.opt).ok());
+  } else {
+    ASSERT_TRUE(resumed->ResumeState(nullptr, *fresh.opt).ok());
+  }
+  ASSERT_TRUE(resumed->SyncState(comm2, 1, /*step=*/6, *fresh.opt).ok());
+  *out = std::move(resumed);
+}
+
 // See Note [Participants in checkpoints]: 3 ranks with 3 shards take a
 // checkpoint after 6 updates: every rank gets the whole u and x_old,
 // gathered from the owners. Two new processes resume from it (rank 1 loads
@@ -459,25 +487,11 @@ TEST(SlowMoTest, CheckpointHoldsTheWholeStateAndResumesAtAnotherWorld) {
       torch::NoGradGuard no_grad;
       UnflattenInto(ref.x[0].clone(), fresh.params);
     }
-    std::shared_ptr<comm::Communicator> comm2 =
-        NextGeneration(next_store, rank, 2, 2);
-    ASSERT_NE(comm2, nullptr);
-    auto resumed = *SlowMo::Create(fresh.params, {}, comm2, 1, o);
-    if (rank == 1) {
-      // One that does not fit changes nothing.
-      const NamedTensors bad =
-          Replaced(saved, "slow_momentum", torch::zeros({kTotal + 1}));
-      const absl::Status refused = resumed->ResumeState(&bad, *fresh.opt);
-      EXPECT_TRUE(absl::IsFailedPrecondition(refused)) << refused;
-      EXPECT_EQ(resumed->num_updates(), 0);
-      const NamedTensors none;
-      EXPECT_TRUE(
-          absl::IsFailedPrecondition(resumed->ResumeState(&none, *fresh.opt)));
-      ASSERT_TRUE(resumed->ResumeState(&saved, *fresh.opt).ok());
-    } else {
-      ASSERT_TRUE(resumed->ResumeState(nullptr, *fresh.opt).ok());
-    }
-    ASSERT_TRUE(resumed->SyncState(comm2, 1, /*step=*/6, *fresh.opt).ok());
+    std::unique_ptr<SlowMo> resumed;
+    ResumeAtTwo(next_store, rank, fresh, o, saved,
+                Replaced(saved, "slow_momentum", torch::zeros({kTotal + 1})),
+                "slow momentum", &resumed);
+    ASSERT_NE(resumed, nullptr);
     EXPECT_EQ(resumed->num_updates(), 6);
     EXPECT_EQ(resumed->portion_start(), 6 * rank);
     // Bit for bit the gathered state's slices.
@@ -606,24 +620,12 @@ TEST(SlowMoTest, CheckpointKeepsEachRanksOptimizerState) {
     Model fresh = MakeModel(rank);
     fresh.opt = WithMomentum(fresh);
     ASSERT_TRUE(checkpoint::ApplyOptimizer(file, *fresh.opt).ok());
-    std::shared_ptr<comm::Communicator> comm2 =
-        NextGeneration(next_store, rank, 2, 2);
-    ASSERT_NE(comm2, nullptr);
-    auto resumed = *SlowMo::Create(fresh.params, {}, comm2, 1, o);
-    if (rank == 1) {
-      const NamedTensors bad =
-          Replaced(saved, "rank_optimizer/0/momentum_buffer",
-                   torch::zeros({3, kSizes[0] + 1}));
-      const absl::Status refused = resumed->ResumeState(&bad, *fresh.opt);
-      EXPECT_TRUE(absl::IsFailedPrecondition(refused)) << refused;
-      EXPECT_NE(refused.message().find("0/momentum_buffer"),
-                absl::string_view::npos)
-          << refused;
-      ASSERT_TRUE(resumed->ResumeState(&saved, *fresh.opt).ok());
-    } else {
-      ASSERT_TRUE(resumed->ResumeState(nullptr, *fresh.opt).ok());
-    }
-    ASSERT_TRUE(resumed->SyncState(comm2, 1, /*step=*/6, *fresh.opt).ok());
+    std::unique_ptr<SlowMo> resumed;
+    ResumeAtTwo(next_store, rank, fresh, o, saved,
+                Replaced(saved, "rank_optimizer/0/momentum_buffer",
+                         torch::zeros({3, kSizes[0] + 1})),
+                "0/momentum_buffer", &resumed);
+    ASSERT_NE(resumed, nullptr);
     const std::vector<torch::Tensor> now = MomentumBuffers(*fresh.opt);
     ASSERT_EQ(now.size(), buffers[rank].size());
     for (size_t i = 0; i < now.size(); ++i) {

@@ -359,10 +359,9 @@ class SlowMo final : public elastic::Participant {
 
   // See Note [Each rank's optimizer state]: whether the last CheckpointState
   // kept each rank's; on a rank that loaded a checkpoint, until SyncState,
-  // its rows (in CaptureOptimizer's order) and the world size they are of.
+  // its rows (in CaptureOptimizer's order, each [saved world, *shape]).
   bool rank_state_saved_ = false;
   std::vector<torch::Tensor> resume_rows_;
-  int64_t resume_world_ = 0;
 };
 
 }  // namespace concord::slowmo

@@ -166,7 +166,6 @@ absl::Status SlowMo::ScatterRankState(int root, int64_t root_world,
                                       torch::optim::Optimizer& optimizer) {
   if (root_world == 0) {
     resume_rows_.clear();
-    resume_world_ = 0;
     return absl::OkStatus();
   }
   checkpoint::OptimizerContent content =
@@ -223,7 +222,6 @@ absl::Status SlowMo::ScatterRankState(int root, int64_t root_world,
         std::min<int64_t>(root_world, comm_->size()), root_world);
   }
   resume_rows_.clear();
-  resume_world_ = 0;
   if (rank >= root_world) return absl::OkStatus();  // the loaded state
   size_t i = 0;
   for (auto& [index, tensors] : content.state) {
@@ -380,14 +378,17 @@ absl::Status SlowMo::SyncState(std::shared_ptr<comm::Communicator> comm,
   opts.timeout = options_.collective_timeout;
   int64_t master_numel = -1;  // none
   if (!fp32_params_.empty()) master_numel = UnitOffsets().back();
+  // See Note [Each rank's optimizer state]: the rows a resume hands out.
+  const int64_t resume_world =
+      resume_rows_.empty() ? 0 : resume_rows_.front().size(0);
   int64_t rank_state_numel = 0;
   for (const torch::Tensor& r : resume_rows_) {
-    rank_state_numel += r.numel() / std::max<int64_t>(resume_world_, 1);
+    rank_state_numel += r.numel() / resume_world;
   }
   torch::Tensor header =
       torch::tensor({num_updates_, int64_t{initialized_ ? 1 : 0},
-                     int64_t{is_numerator_ ? 1 : 0}, master_numel,
-                     resume_world_, rank_state_numel},
+                     int64_t{is_numerator_ ? 1 : 0}, master_numel, resume_world,
+                     rank_state_numel},
                     torch::kLong);
   CONCORD_RETURN_IF_ERROR(Wait(
       comm_->Broadcast(header, authoritative_rank, opts), "state broadcast"));
@@ -493,7 +494,6 @@ absl::Status SlowMo::ResumeState(const NamedTensors* saved,
     momentum_ = old_params_ = torch::Tensor();
     replica_momentum_ = replica_old_params_ = torch::Tensor();
     resume_rows_.clear();
-    resume_world_ = 0;
     return absl::OkStatus();
   }
   std::map<std::string, torch::Tensor> by_name(saved->begin(), saved->end());
@@ -541,7 +541,6 @@ absl::Status SlowMo::ResumeState(const NamedTensors* saved,
   std::vector<torch::Tensor> rows;
   CONCORD_RETURN_IF_ERROR(CheckRankState(by_name, optimizer, &rows));
   // Everything fits: take it.
-  resume_world_ = rows.empty() ? 0 : rows.front().size(0);
   resume_rows_ = std::move(rows);
   num_updates_ = updates.item<int64_t>();
   ps_weight_ = weight.reshape({1}).to(ps_weight_.options()).clone();
