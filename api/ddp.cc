@@ -165,8 +165,14 @@ void DdpCore::Impl::Init(Create create) {
   ThrowIfError(created.status());
   engine = *std::move(created);
   engine->SetTraceRecorder(job.state()->trace());
-  engine->SetBackwardObserver(
-      [this] { OnCollective(worker::TestFault::Point::kBackward); });
+  engine->SetBackwardObserver([this](size_t bucket) {
+    if (bucket == 0) OnCollective(worker::TestFault::Point::kBackward);
+    JobState& js = *job.state();
+    if (js.elastic != nullptr && !js.faults().empty()) {
+      js.faults().Reached(ElasticStep(*js.elastic),
+                          worker::TestFault::Point::kBucket, name);
+    }
+  });
   if (!options.comm_hook().empty()) RegisterHook();
   BindSyncBatchNorm();
   if (slowmo_options) StartSlowMo(*slowmo_options);

@@ -4,11 +4,14 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <numeric>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "api/internal.h"
+#include "common/job_ended.h"
 #include "common/logging.h"
 #include "worker/elastic/state.h"
 #include "worker/error.h"
@@ -181,6 +184,8 @@ class ElasticCore {
           }
         });
     if (!done.ok()) {
+      // Taken out (hung, stopped) and back after the end: nothing to do.
+      ExitIfJobSucceeded(done, job_.state()->session().options().worker_id);
       // The job's status says why (a re-form loop, a failed rendezvous).
       job_.state()->Finish(false, std::string(done.message()));
       ThrowIfError(done);
@@ -437,6 +442,21 @@ class ElasticCore {
   int64_t step_start_us_ = 0;  // the step's agreement done (Unix us)
   std::function<void(int64_t)> on_step_begin_;
 };
+
+void ExitIfJobSucceeded(const absl::Status& status,
+                        const std::string& worker_id) {
+  if (!IsJobSucceeded(status)) return;
+  // One line, then out: the stack's objects (the session's threads) are not
+  // unwound, as for a worker the launcher ends.
+  Log()->flush();
+  std::fprintf(stderr,
+               "concord: worker %s was out when its job ended (%s): "
+               "nothing left to do, exiting\n",
+               worker_id.c_str(), std::string(status.message()).c_str());
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::_Exit(0);
+}
 
 int64_t ElasticStep(const ElasticCore& elastic) {
   return elastic.state().step + 1;

@@ -169,6 +169,12 @@ ddp::CommHook ToEngineHook(const CommHook& hook,
 // The ElasticState's side of a module's calls (api/elastic.cc): the step
 // being taken (the committed one plus one), a collective about to start,
 // the step agreement before a step's first forward, join().
+// See common/job_ended.h: when `status` says the job has already succeeded,
+// the worker `worker_id` (which was out: never admitted, or taken out as hung
+// or stopped) says so in one line and the process exits 0; else nothing.
+void ExitIfJobSucceeded(const absl::Status& status,
+                        const std::string& worker_id);
+
 int64_t ElasticStep(const ElasticCore& elastic);
 void ObserveCollective(ElasticCore& elastic);
 void BeginElasticStep(ElasticCore& elastic);

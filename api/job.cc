@@ -124,6 +124,9 @@ worker::WorkerOptions Resolve(const JobOptions& o) {
   if (t.heartbeat_timeout()) {
     w.spec.set_heartbeat_timeout_ms(Millis(*t.heartbeat_timeout()));
   }
+  if (t.hang()) {
+    w.spec.set_hang_timeout_ms(t.hang()->count() < 0 ? -1 : Millis(*t.hang()));
+  }
   // The pair in force (the environment's, with the options on top).
   if (const std::string problem = HeartbeatTimeoutProblem(
           w.spec.heartbeat_interval_ms(), w.spec.heartbeat_timeout_ms(),
@@ -143,7 +146,8 @@ Timeouts InForce(const worker::WorkerOptions& w) {
       .rendezvous(milliseconds(absl::ToInt64Milliseconds(w.join_timeout)))
       .collective(milliseconds(absl::ToInt64Milliseconds(w.collective_timeout)))
       .heartbeat_interval(milliseconds(w.spec.heartbeat_interval_ms()))
-      .heartbeat_timeout(milliseconds(w.spec.heartbeat_timeout_ms()));
+      .heartbeat_timeout(milliseconds(w.spec.heartbeat_timeout_ms()))
+      .hang(milliseconds(w.spec.hang_timeout_ms()));
 }
 
 }  // namespace
@@ -189,6 +193,7 @@ Job::Job(const JobOptions& options) {
     trace = *std::move(made);
   }
   auto session = worker::Session::Start(resolved);
+  detail::ExitIfJobSucceeded(session.status(), resolved.worker_id);
   ThrowIfError(session.status());
   state_ = std::make_shared<detail::JobState>(
       *std::move(session), InForce(resolved), std::move(trace));

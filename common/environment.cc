@@ -16,6 +16,7 @@ const std::vector<const Variable*>& All() {
       &kSettleMs,
       &kHeartbeatIntervalMs,
       &kHeartbeatTimeoutMs,
+      &kHangTimeoutMs,
       &kRendezvousTimeoutMs,
       &kCollectiveTimeoutMs,
       &kWorkerId,
@@ -45,6 +46,7 @@ const std::vector<const Variable*>& All() {
       &kTestKill,
       &kTestAgentLingerMs,
       &kTestMinStepMs,
+      &kTestBusy,
   };
   return all;
 }

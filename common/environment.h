@@ -88,6 +88,12 @@ inline constexpr Variable kHeartbeatTimeoutMs =
         kDefaultHeartbeatTimeoutMs, 1, kNoMax,
         "a worker silent this long is dropped (must exceed the interval)",
         SetBy::kLauncher);
+inline constexpr Variable kHangTimeoutMs =
+    Int("CONCORD_HANG_TIMEOUT_MS", "milliseconds", 0, -1, kNoMax,
+        "a member that holds the others up while making no progress of its "
+        "own is taken out after this long (0: derived from the job's step "
+        "times; -1: never)",
+        SetBy::kLauncher);
 inline constexpr Variable kRendezvousTimeoutMs =
     Int("CONCORD_RENDEZVOUS_TIMEOUT_MS", "milliseconds",
         kDefaultRendezvousTimeoutMs, 1, kNoMax,
@@ -203,6 +209,11 @@ inline constexpr Variable kTestCheckpointFault = Text(
 inline constexpr Variable kTestKill = Text(
     "CONCORD_TEST_KILL", "LOCAL:STEP:PHASE,...", "",
     "concord-train kills itself in a phase of a step (tools/fault_injection.h)",
+    SetBy::kTest);
+inline constexpr Variable kTestBusy = Text(
+    "CONCORD_TEST_BUSY", "LOCAL:STEP:SECONDS", "",
+    "concord-train computes for SECONDS before step STEP, outside the step "
+    "(tools/fault_injection.h)",
     SetBy::kTest);
 inline constexpr Variable kTestAgentLingerMs =
     Int("CONCORD_TEST_AGENT_LINGER_MS", "milliseconds", 0, 0, 10000,

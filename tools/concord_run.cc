@@ -157,6 +157,11 @@ void AddJobFlags(CLI::App& app, Options& o) {
       ->check(CLI::PositiveNumber);
   app.add_option("--collective-timeout-ms", o.collective_timeout_ms)
       ->check(CLI::PositiveNumber);
+  app.add_option("--hang-timeout-ms", o.hang_timeout_ms,
+                 "Take out a worker that holds the others up while making "
+                 "no progress of its own after this long (0: derived from "
+                 "the job's step times; -1: never)")
+      ->check(CLI::Range(int64_t{-1}, int64_t{1} << 40));
   app.add_option("--comm-host", o.comm_host,
                  "Address the workers' communicators listen on");
   app.add_option("--node-id", o.node_id,

@@ -610,6 +610,7 @@ class Trainer {
   // Returns the samples a second so far.
   double TakeStep(const torch::Tensor& index, int64_t job_samples) {
     fault_.Pace();
+    fault_.MaybeBusy(state_->step() + 1);
     step_start_ = std::chrono::steady_clock::now();
     const auto [x, y] = ToDevice(index);
     fault_.step = state_->step() + 1;
@@ -761,14 +762,8 @@ int Train(const Flags& flags, concord::train::Progress& progress) {
   try {
     joined.emplace(in.job);
   } catch (const concord::Error& e) {
-    // A worker started (or restarted) after the others finished: the job
-    // is done, and so is this worker.
-    if (e.code() == concord::ErrorCode::kFailedPrecondition &&
-        absl::StrContains(e.message(), "has already succeeded")) {
-      std::cout << "concord-train: " << e.message() << "; nothing left to do"
-                << std::endl;
-      return 0;
-    }
+    // (A worker started after the others finished never gets here: the
+    // library says so and exits 0, see common/job_ended.h.)
     if (e.code() == concord::ErrorCode::kInvalidArgument) {
       // A bad flag or environment value (the trace file, ...): nothing
       // was joined.

@@ -200,6 +200,12 @@ void PrintStatusTable(const v1::JobStatus& s) {
             << " member(s) (min " << s.spec().min_workers() << ", max "
             << s.spec().max_workers() << "), " << s.waiting_size()
             << " waiting, authoritative rank " << s.authoritative_rank();
+  if (s.state() == v1::JOB_STATE_RUNNING) {
+    std::cout << ", hang timeout "
+              << (s.hang_timeout_ms() > 0
+                      ? absl::StrFormat("%.1fs", s.hang_timeout_ms() / 1000.0)
+                      : std::string("off"));
+  }
   std::cout << "\n";
   if (!s.failure().empty()) std::cout << "reason: " << s.failure() << "\n";
   std::vector<std::vector<std::string>> rows = {
@@ -209,6 +215,10 @@ void PrintStatusTable(const v1::JobStatus& s) {
     std::string note = waiting ? "waiting" : "";
     if (m.rank() == s.authoritative_rank() && !waiting) note = "authoritative";
     if (m.completed()) note = "completed";
+    if (const std::string health = concord::ctl::HealthNote(m);
+        !waiting && !health.empty()) {
+      note = note.empty() ? health : absl::StrCat(note, ", ", health);
+    }
     rows.push_back(
         {waiting ? "-" : absl::StrCat(m.rank()), m.worker_id(), m.host(),
          absl::StrCat(m.committed_step()), Age(m.last_heartbeat_age_ms()),

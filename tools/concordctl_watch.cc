@@ -17,6 +17,19 @@
 #include "common/operator_json.h"
 
 namespace concord::ctl {
+
+std::string HealthNote(const v1::MemberStatus& m) {
+  const v1::WorkerProgress& p = m.progress();
+  if (m.health() == "waiting") {
+    return absl::StrFormat(
+        "waiting %.1fs in %s", p.pending_ms() / 1000.0,
+        p.pending_seq() > 0
+            ? absl::StrCat("#", p.pending_seq(), " (", p.pending_kind(), ")")
+            : absl::StrCat("a group's ", p.pending_kind()));
+  }
+  if (m.health() == "busy") return absl::StrCat("busy: ", p.activity());
+  return m.health();
+}
 namespace {
 
 constexpr int kSucceeded = 0;
@@ -80,9 +93,13 @@ std::string Render(const v1::JobStatus& s, double steps_per_second) {
          absl::StrFormat("%.1fs", m.last_heartbeat_age_ms() / 1000.0), note});
   };
   for (const auto& m : s.members()) {
-    add(m, m.completed()                        ? "completed"
-           : m.rank() == s.authoritative_rank() ? "authoritative"
-                                                : "");
+    std::string note = m.completed()                        ? "completed"
+                       : m.rank() == s.authoritative_rank() ? "authoritative"
+                                                            : "";
+    if (const std::string health = HealthNote(m); !health.empty()) {
+      note = note.empty() ? health : absl::StrCat(note, ", ", health);
+    }
+    add(m, note);
   }
   for (const auto& m : s.waiting()) add(m, "waiting");
   for (const auto& m : s.expected()) add(m, "expected");

@@ -29,6 +29,11 @@ struct WatchOptions {
   bool json = false;
 };
 
+// How the coordinator sees a member (MemberStatus.health, docs/reliability.md
+// "Hangs"), in a few words for a table's note: "waiting 6.2s in #11
+// (broadcast)", "idle", "busy: checkpoint"; "" while it progresses.
+std::string HealthNote(const v1::MemberStatus& m);
+
 // `context()` makes a ClientContext with the deadline and the token.
 int Watch(v1::OperatorService::Stub& stub,
           const std::function<std::unique_ptr<grpc::ClientContext>()>& context,

@@ -28,6 +28,12 @@ namespace concord::train {
 // SlowMo's averaging). Only a worker's first run dies this
 // way (CONCORD_RESTART_COUNT unset or 0), so a restarted one does not.
 //
+// Test hook: CONCORD_TEST_BUSY="LOCAL:STEP:SECONDS" makes local worker LOCAL
+// compute (spin one core) for SECONDS before it takes step STEP, outside the
+// step, as pytorch/examples' MNIST tests its model between epochs on rank 0
+// while the others wait in the next step's agreement: busy, not hung (see
+// Note [Hangs] in coordinator/core/hang_rule.h). First run only.
+//
 // Test hook: CONCORD_TEST_MIN_STEP_MS=N makes every step take at least N ms
 // (the worker sleeps out the rest before the next one), so that a test that
 // acts on a running job (starts a joiner, waits for a restarted worker) gets
@@ -36,6 +42,8 @@ struct FaultInjection {
   std::vector<std::pair<int64_t, std::string>> faults;  // (step, phase)
   int64_t step = 0;                                     // the step being taken
   std::chrono::milliseconds min_step{0};
+  int64_t busy_step = -1;  // CONCORD_TEST_BUSY's
+  double busy_seconds = 0;
   std::chrono::steady_clock::time_point last_step{};
 
   static FaultInjection FromEnvironment() {
@@ -50,6 +58,21 @@ struct FaultInjection {
       }
     }
     f.min_step = std::chrono::milliseconds(ms);
+    if (const std::string busy = env::Get(env::kTestBusy);
+        !busy.empty() && restarts == 0) {
+      std::vector<std::string> parts = absl::StrSplit(busy, ':');
+      int who = -1;
+      if (parts.size() != 3 || !absl::SimpleAtoi(parts[0], &who) ||
+          !absl::SimpleAtoi(parts[1], &f.busy_step) || f.busy_step < 1 ||
+          !absl::SimpleAtod(parts[2], &f.busy_seconds) ||
+          !(f.busy_seconds > 0)) {
+        std::cerr << "concord-train: " << env::kTestBusy.name << "='" << busy
+                  << "': expected LOCAL:STEP:SECONDS (STEP >= 1, SECONDS > 0)"
+                  << std::endl;
+        std::exit(2);
+      }
+      if (who != local) f.busy_step = -1;
+    }
     const std::string spec = env::Get(env::kTestKill);
     if (spec.empty() || restarts != 0) return f;
     for (absl::string_view one : absl::StrSplit(spec, ',')) {
@@ -78,6 +101,22 @@ struct FaultInjection {
       std::this_thread::sleep_until(last_step + min_step);
       last_step = std::chrono::steady_clock::now();
     }
+  }
+  // Before step `next` (outside it): CONCORD_TEST_BUSY's computing, once.
+  void MaybeBusy(int64_t next) {
+    if (next != busy_step) return;
+    busy_step = -1;
+    spdlog::warn("CONCORD_TEST_BUSY: computing for {} s before step {}",
+                 busy_seconds, next);
+    const auto until =
+        std::chrono::steady_clock::now() +
+        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+            std::chrono::duration<double>(busy_seconds));
+    volatile uint64_t x = 1;
+    while (std::chrono::steady_clock::now() < until) {
+      for (int i = 0; i < 100000; ++i) x = x * 6364136223846793005ULL + 1;
+    }
+    spdlog::warn("CONCORD_TEST_BUSY: done");
   }
   bool Armed(const char* phase) const {
     for (const auto& [at, p] : faults) {

@@ -60,6 +60,7 @@ struct Options {
   int64_t heartbeat_timeout_ms = kDefaultHeartbeatTimeoutMs;
   int64_t rendezvous_timeout_ms = kDefaultRendezvousTimeoutMs;
   int64_t collective_timeout_ms = kDefaultCollectiveTimeoutMs;
+  int64_t hang_timeout_ms = 0;  // 0: derived; -1: off
   std::string comm_host = "127.0.0.1";
   std::string node_id;  // empty: the workers use the hostname
   std::string token_file;

@@ -2,12 +2,14 @@
 
 #include <torch/cuda.h>
 #include <torch/version.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <csignal>
 #include <cstdlib>
+#include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -60,7 +62,7 @@ absl::StatusOr<WorkerOptions> WorkerOptions::FromEnvironment() {
   o.coordinator = env::Get(env::kCoordinator);
   o.spec.set_job_id(env::Get(env::kJobId, "default"));
   int64_t min_workers, max_workers, hb_interval, hb_timeout, rdzv_timeout,
-      collective_timeout, settle_ms;
+      collective_timeout, settle_ms, hang_timeout;
   CONCORD_RETURN_IF_ERROR(env::GetInt(env::kMinWorkers, &min_workers));
   CONCORD_RETURN_IF_ERROR(
       env::GetInt(env::kMaxWorkers, min_workers, min_workers, &max_workers));
@@ -71,6 +73,8 @@ absl::StatusOr<WorkerOptions> WorkerOptions::FromEnvironment() {
   CONCORD_RETURN_IF_ERROR(
       env::GetInt(env::kCollectiveTimeoutMs, &collective_timeout));
   CONCORD_RETURN_IF_ERROR(env::GetInt(env::kSettleMs, &settle_ms));
+  CONCORD_RETURN_IF_ERROR(env::GetInt(env::kHangTimeoutMs, &hang_timeout));
+  o.spec.set_hang_timeout_ms(hang_timeout);
   o.spec.set_settle_ms(settle_ms);
   o.spec.set_min_workers(static_cast<int32_t>(min_workers));
   o.spec.set_max_workers(static_cast<int32_t>(max_workers));
@@ -324,7 +328,9 @@ absl::Status Session::JoinAndConnect(
                     std::string(comm::HowName(comm->plan.how)), comm->plan.why);
       }
       std::lock_guard<std::mutex> lock(comm_mu_);
-      comm_ = std::move(comm->communicator);
+      // See Note [Flight recorder]: its collectives are recorded.
+      comm_ = std::make_shared<comm::RecordedCommunicator>(
+          std::move(comm->communicator), recorder_, /*main=*/true);
       reform_wanted_.store(false);
       return absl::OkStatus();
     }
@@ -463,7 +469,10 @@ absl::Status Session::Reform(int64_t committed_step,
   std::shared_ptr<comm::Communicator> parent;
   if (backend_ == Backend::kNccl && old != nullptr) {
     taken_for_reform_->store(old->generation());
-    parent = std::move(old);
+    // The derivation needs the communicator itself (see Note [Flight
+    // recorder]: the session's is a recording wrapper).
+    parent = comm::RecordedCommunicator::Inner(old);
+    old.reset();
   } else {
     Retire(std::move(old));
   }
@@ -492,9 +501,12 @@ absl::StatusOr<std::shared_ptr<comm::Communicator>> Session::CreateGroup(
       absl::StrCat("group/", parent.generation(), "/", name, "/"),
       store_.get());
   CONCORD_ASSIGN_OR_RETURN(
-      std::shared_ptr<comm::Communicator> group,
+      std::shared_ptr<comm::Communicator> connected,
       Connect(rank, static_cast<int>(members.size()), parent.generation(),
               &group_store, options_.join_timeout));
+  std::shared_ptr<comm::Communicator> group =
+      std::make_shared<comm::RecordedCommunicator>(std::move(connected),
+                                                   recorder_, /*main=*/false);
   std::lock_guard<std::mutex> lock(comm_mu_);
   if (comm_.get() != &parent) {
     // The generation ended while the group connected.
@@ -577,6 +589,62 @@ void Session::ReportProgress(int64_t step, double samples_per_second,
 
 void Session::ReportCommittedStep(int64_t step) {
   step_.store(step, std::memory_order_relaxed);
+  // The time between commits of consecutive steps (a restore's commit of
+  // an older step, or a step committed again, starts over).
+  const absl::Time now = absl::Now();
+  std::lock_guard<std::mutex> lock(activity_mu_);
+  if (last_commit_.has_value() && step == last_commit_step_ + 1) {
+    step_times_.push_back(now - *last_commit_);
+    if (step_times_.size() > kStepTimesKept) step_times_.pop_front();
+  }
+  last_commit_ = now;
+  last_commit_step_ = step;
+}
+
+Session::Busy::Busy(Session* session, std::string what) : session_(session) {
+  if (session_ == nullptr) return;
+  std::lock_guard<std::mutex> lock(session_->activity_mu_);
+  previous_ = std::exchange(session_->activity_, std::move(what));
+}
+
+Session::Busy::~Busy() {
+  if (session_ == nullptr) return;
+  std::lock_guard<std::mutex> lock(session_->activity_mu_);
+  session_->activity_ = std::move(previous_);
+}
+
+v1::WorkerProgress Session::progress_report(absl::Time now) const {
+  v1::WorkerProgress p;
+  const comm::FlightRecorder::Snapshot s = recorder_->Poll(now);
+  p.set_generation(s.generation);
+  p.set_collectives(s.collectives);
+  if (s.pending.has_value()) {
+    p.set_pending_seq(s.pending->seq);
+    p.set_pending_kind(s.pending->kind);
+    p.set_pending_ms(std::max<int64_t>(
+        0, absl::ToInt64Milliseconds(now - s.pending->issued)));
+  }
+  if (s.last.has_value()) {
+    p.set_last_kind(s.last->kind);
+    p.set_last_ago_ms(std::max<int64_t>(
+        0, absl::ToInt64Milliseconds(now - *s.last->ended)));
+  }
+  rusage usage{};
+  if (getrusage(RUSAGE_SELF, &usage) == 0) {
+    auto ms = [](const timeval& t) {
+      return int64_t{t.tv_sec} * 1000 + int64_t{t.tv_usec} / 1000;
+    };
+    p.set_cpu_ms(ms(usage.ru_utime) + ms(usage.ru_stime));
+  }
+  std::lock_guard<std::mutex> lock(activity_mu_);
+  p.set_activity(activity_);
+  if (!step_times_.empty()) {
+    std::vector<absl::Duration> sorted(step_times_.begin(), step_times_.end());
+    std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2,
+                     sorted.end());
+    p.set_step_ms(absl::ToDoubleMilliseconds(sorted[sorted.size() / 2]));
+  }
+  return p;
 }
 
 Session::Progress Session::progress() const {
@@ -594,6 +662,7 @@ void Session::ReportDdpTimings(const v1::DdpTimings& timings) {
 }
 
 void Session::HeartbeatLoop(absl::Duration interval) {
+  std::string last_refusal;
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {
     lock.unlock();
@@ -612,6 +681,7 @@ void Session::HeartbeatLoop(absl::Duration interval) {
       std::lock_guard<std::mutex> timings_lock(timings_mu_);
       if (timings_) *request.mutable_ddp() = *timings_;
     }
+    *request.mutable_progress() = progress_report(absl::Now());
     auto response = client_->Heartbeat(std::move(request), interval);
     if (response.ok() && response->waiting_workers() > 0 &&
         response->current_generation() == generation_.load()) {
@@ -619,11 +689,18 @@ void Session::HeartbeatLoop(absl::Duration interval) {
     }
     if (!response.ok()) {
       // ABORTED: between generations (see Note [Re-forming]); not news.
-      if (response.status().code() == absl::StatusCode::kAborted) {
-        Log()->debug("heartbeat: {}", response.status().ToString());
+      // The same refusal again (a worker taken out while it hung, until it
+      // joins again) is said once.
+      const std::string said = response.status().ToString();
+      if (response.status().code() == absl::StatusCode::kAborted ||
+          said == last_refusal) {
+        Log()->debug("heartbeat: {}", said);
       } else {
-        Log()->warn("heartbeat: {}", response.status().ToString());
+        Log()->warn("heartbeat: {}", said);
       }
+      last_refusal = said;
+    } else {
+      last_refusal.clear();
     }
     lock.lock();
     cv_.wait_for(lock, absl::ToChronoNanoseconds(interval),

@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <deque>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -26,6 +27,7 @@
 #include "concord/v1/worker.pb.h"
 #include "worker/checkpoint/config.h"
 #include "worker/comm/communicator.h"
+#include "worker/comm/flight_recorder.h"
 #include "worker/comm/group.h"
 #include "worker/comm/next_communicator.h"
 #include "worker/comm/store.h"
@@ -218,6 +220,30 @@ class Session final : public comm::GroupFactory {
   // see them in `concordctl status`). Thread-safe.
   void ReportDdpTimings(const v1::DdpTimings& timings);
 
+  // See Note [Hangs] in coordinator/core/hang_rule.h: what the process is
+  // busy with outside the step where that may take long and use little CPU
+  // (a checkpoint's disk read, the state's broadcast to a newcomer), carried
+  // by every heartbeat while a Busy lives: such a member is never taken for
+  // hung. Nested: the innermost names it. Any thread.
+  class Busy {
+   public:
+    Busy(Session* session, std::string what);
+    ~Busy();
+    Busy(const Busy&) = delete;
+    Busy& operator=(const Busy&) = delete;
+
+   private:
+    Session* session_;
+    std::string previous_;
+  };
+  // The WorkerProgress the next heartbeat carries (see Note [Flight
+  // recorder]), as of `now`.
+  v1::WorkerProgress progress_report(absl::Time now) const;
+  // See Note [Flight recorder].
+  const std::shared_ptr<comm::FlightRecorder>& recorder() const {
+    return recorder_;
+  }
+
   // Tells the coordinator this worker is done (or failed) and stops the
   // heartbeat. Idempotent.
   absl::Status Finish(bool ok, const std::string& message);
@@ -299,6 +325,19 @@ class Session final : public comm::GroupFactory {
   std::shared_ptr<std::atomic<int64_t>> taken_for_reform_ =
       std::make_shared<std::atomic<int64_t>>(-1);
   std::unique_ptr<MembershipWatcher> watcher_;
+
+  // See Note [Flight recorder].
+  std::shared_ptr<comm::FlightRecorder> recorder_ =
+      std::make_shared<comm::FlightRecorder>();
+  // See Busy (guarded by activity_mu_).
+  mutable std::mutex activity_mu_;
+  std::string activity_;
+  // The times between the last commits (ReportCommittedStep), for
+  // WorkerProgress.step_ms; guarded by activity_mu_.
+  static constexpr size_t kStepTimesKept = 16;
+  std::deque<absl::Duration> step_times_;
+  std::optional<absl::Time> last_commit_;
+  int64_t last_commit_step_ = -1;
 
   std::atomic<int64_t> step_{0};
   std::atomic<double> samples_per_second_{0};

@@ -17,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/auth.h"
+#include "common/job_ended.h"
 #include "common/status_macros.h"
 #include "coordinator/core/core_internal.h"
 #include "coordinator/core/core_validation.h"
@@ -55,9 +56,9 @@ absl::Status Core::EndedError(const Job& job) {
           absl::StrCat("job ", id, " was ", job.failure));
     case v1::JOB_STATE_SUCCEEDED:
       return absl::FailedPreconditionError(
-          // concord-train matches "has already succeeded": a worker that
-          // comes after the end has nothing to do.
-          absl::StrCat("job ", id, " has already succeeded"));
+          // See common/job_ended.h: a worker that comes after the end has
+          // nothing to do.
+          absl::StrCat("job ", id, " ", kJobSucceededText));
     default:
       return absl::OkStatus();
   }
@@ -352,8 +353,20 @@ absl::StatusOr<v1::HeartbeatResponse> Core::Heartbeat(
     return index.status();
   }
   MemberState& member = job->members[*index];
-  BeforeProgress(*job, clock_->Now());
-  member.last_heartbeat = clock_->Now();
+  const absl::Time now = clock_->Now();
+  BeforeProgress(*job, now);
+  member.last_heartbeat = now;
+  if (request.has_progress()) {
+    // See Note [Hangs] in hang_rule.h.
+    if (!member.progress.has_value() ||
+        ShowsProgress(*member.progress, member.committed_step,
+                      request.progress(), request.step(),
+                      now - member.progress_reported)) {
+      member.progressed = now;
+    }
+    member.progress = request.progress();
+    member.progress_reported = now;
+  }
   member.committed_step = std::max(member.committed_step, request.step());
   member.samples_per_second = request.samples_per_second();
   if (request.has_loss()) member.loss = request.loss();

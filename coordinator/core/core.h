@@ -34,6 +34,7 @@
 #include "concord/v1/coordinator_state.pb.h"
 #include "concord/v1/operator.pb.h"
 #include "concord/v1/worker.pb.h"
+#include "coordinator/core/hang_rule.h"
 #include "coordinator/core/job_history.h"
 #include "coordinator/core/worker_list.h"
 
@@ -369,6 +370,12 @@ class Core {
     double samples_per_second = 0;
     std::optional<double> loss;  // of its last heartbeat that had one
     v1::DdpTimings ddp;
+    // See Note [Hangs] in hang_rule.h: its last WorkerProgress, when it
+    // arrived, and when the member last showed progress of its own
+    // (transient, never exported).
+    std::optional<v1::WorkerProgress> progress;
+    absl::Time progress_reported;
+    absl::Time progressed;
   };
   // A worker's WatchMembership streams (see Note [Re-forming]).
   struct WatchState {
@@ -616,6 +623,11 @@ class Core {
   bool MaybeSucceed(Job& job);
   // See Note [Re-forming]: waiting workers the next generation could admit.
   static int32_t WaitingWorkers(const Job& job);
+  // See Note [Hangs] in hang_rule.h: the members' progress as the rule sees
+  // it, and applying its verdict on a running job (taking the hung out, or
+  // ending a generation stuck together); returns whether anything changed.
+  static std::vector<MemberProgress> ProgressOf(const Job& job);
+  bool TakeOutHung(Job& job, absl::Time now);
   // Join's parts. Admit: whether `request` may join the existing `job`
   // (its spec, its binding, a run that ended or was started again, a
   // drained worker), and whether it is a member asking to re-form (see Note

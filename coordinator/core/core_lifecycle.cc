@@ -112,6 +112,63 @@ bool Core::DropDisconnected(Job& job) {
   return !dropped.empty();
 }
 
+std::vector<MemberProgress> Core::ProgressOf(const Job& job) {
+  std::vector<MemberProgress> out;
+  out.reserve(job.members.size());
+  for (const MemberState& m : job.members) {
+    MemberProgress& p = out.emplace_back();
+    p.worker_id = m.worker_id;
+    p.rank = m.rank;
+    p.step = m.committed_step;
+    p.progress = m.progress;
+    p.reported = m.progress_reported;
+    p.progressed = m.progressed;
+  }
+  return out;
+}
+
+bool Core::TakeOutHung(Job& job, absl::Time now) {
+  if (job.spec.hang_timeout_ms() < 0) return false;
+  // Cheap first: only a member in a collective for the floor at least can
+  // make the rule say anything (a tick costs little at 10,000 members).
+  const absl::Duration least =
+      job.spec.hang_timeout_ms() > 0
+          ? absl::Milliseconds(job.spec.hang_timeout_ms())
+          : kHangFloor;
+  bool someone_waits = false;
+  for (const MemberState& m : job.members) {
+    if (m.progress.has_value() && !m.progress->pending_kind().empty() &&
+        now - m.progress_reported +
+                absl::Milliseconds(m.progress->pending_ms()) >=
+            least) {
+      someone_waits = true;
+      break;
+    }
+  }
+  if (!someone_waits) return false;
+  const HangVerdict verdict =
+      JudgeHang(ProgressOf(job), now, job.spec.hang_timeout_ms());
+  switch (verdict.kind) {
+    case HangVerdict::Kind::kNone:
+      return false;
+    case HangVerdict::Kind::kStuckTogether:
+      // Everyone comes back (the generation's event says why); their
+      // re-joins probe the links (see Note [Unreachable peers]).
+      EndGeneration(job, verdict.why, {});
+      return true;
+    case HangVerdict::Kind::kHung:
+      for (size_t i = 0; i < verdict.hung.size(); ++i) {
+        AddEvent(job, "failure", verdict.hung[i], verdict.details[i]);
+        job.bindings.erase(verdict.hung[i]);
+      }
+      EndGeneration(
+          job, verdict.why,
+          std::set<std::string>(verdict.hung.begin(), verdict.hung.end()));
+      return true;
+  }
+  return false;
+}
+
 void Core::Tick() {
   const absl::Time now = clock_->Now();
   for (auto& [job_id, job] : jobs_) {
@@ -147,6 +204,9 @@ void Core::Tick() {
                       absl::StrCat("worker(s) ", absl::StrJoin(failed, ", "),
                                    " stopped heartbeating"),
                       std::set<std::string>(failed.begin(), failed.end()));
+        MaybeFormGeneration(job);
+        Changed(job);
+      } else if (TakeOutHung(job, now)) {
         MaybeFormGeneration(job);
         Changed(job);
       }
@@ -345,6 +405,14 @@ void Core::FormGeneration(Job& job, size_t n) {
     MemberState& m = job.members[i];
     m.rank = static_cast<int32_t>(i);
     m.last_heartbeat = now;
+    // See Note [Hangs]: a new generation, a fresh start; what was in flight
+    // belonged to the last one.
+    m.progressed = now;
+    if (m.progress.has_value()) {
+      m.progress->set_pending_seq(0);
+      m.progress->clear_pending_kind();
+      m.progress->set_pending_ms(0);
+    }
     m.completed = false;
     m.unreachable.clear();
     if (m.committed_step > job.members[job.authoritative_rank].committed_step) {

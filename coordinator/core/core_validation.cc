@@ -22,6 +22,9 @@ constexpr int64_t kMaxHeartbeatIntervalMs = 3600 * 1000;
 constexpr int64_t kMaxHeartbeatTimeoutMs = 24 * 3600 * 1000;
 constexpr int64_t kMaxRendezvousTimeoutMs = 7LL * 24 * 3600 * 1000;
 constexpr int64_t kDefaultSettleMs = 2000;
+constexpr int64_t kMaxHangTimeoutMs = 24 * 3600 * 1000;
+// A collective's kind or an activity in WorkerProgress.
+constexpr size_t kMaxKindLength = 64;
 
 absl::Status Invalid(const char* field, const std::string& rule) {
   return absl::InvalidArgumentError(absl::StrCat(field, " ", rule));
@@ -203,6 +206,12 @@ absl::Status ValidateSpec(const v1::JobSpec& spec) {
         "%s must be in [0, rendezvous_timeout_ms (%d)); got %d",
         field("settle_ms"), spec.rendezvous_timeout_ms(), spec.settle_ms()));
   }
+  if (spec.hang_timeout_ms() < -1 ||
+      spec.hang_timeout_ms() > kMaxHangTimeoutMs) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s must be -1 (off), 0 (derived) or a time in ms up to %d; got %d",
+        field("hang_timeout_ms"), kMaxHangTimeoutMs, spec.hang_timeout_ms()));
+  }
   return absl::OkStatus();
 }
 
@@ -232,6 +241,10 @@ absl::Status CompareSpecs(const v1::JobSpec& job, const v1::JobSpec& got) {
   }
   if (job.settle_ms() != got.settle_ms()) {
     return differs("settle_ms", job.settle_ms(), got.settle_ms());
+  }
+  if (job.hang_timeout_ms() != got.hang_timeout_ms()) {
+    return differs("hang_timeout_ms", job.hang_timeout_ms(),
+                   got.hang_timeout_ms());
   }
   return absl::OkStatus();
 }
@@ -282,7 +295,32 @@ absl::Status ValidateRequest(const v1::HeartbeatRequest& r) {
       FiniteNonNegative("ddp.allreduce_wait_ms", d.allreduce_wait_ms()));
   CONCORD_RETURN_IF_ERROR(
       FiniteNonNegative("ddp.optimizer_ms", d.optimizer_ms()));
-  return NonNegative("ddp.buckets", d.buckets());
+  CONCORD_RETURN_IF_ERROR(NonNegative("ddp.buckets", d.buckets()));
+  if (!r.has_progress()) return absl::OkStatus();
+  const v1::WorkerProgress& p = r.progress();
+  CONCORD_RETURN_IF_ERROR(
+      NonNegative("progress.generation", p.generation()));
+  CONCORD_RETURN_IF_ERROR(
+      NonNegative("progress.collectives", p.collectives()));
+  CONCORD_RETURN_IF_ERROR(
+      NonNegative("progress.pending_seq", p.pending_seq()));
+  if (p.pending_seq() > p.collectives()) {
+    return Invalid("progress.pending_seq",
+                   absl::StrFormat("%d is above collectives (%d)",
+                                   p.pending_seq(), p.collectives()));
+  }
+  CONCORD_RETURN_IF_ERROR(
+      ValidText("progress.pending_kind", p.pending_kind(), kMaxKindLength));
+  CONCORD_RETURN_IF_ERROR(
+      NonNegative("progress.pending_ms", p.pending_ms()));
+  CONCORD_RETURN_IF_ERROR(
+      ValidText("progress.last_kind", p.last_kind(), kMaxKindLength));
+  CONCORD_RETURN_IF_ERROR(
+      NonNegative("progress.last_ago_ms", p.last_ago_ms()));
+  CONCORD_RETURN_IF_ERROR(NonNegative("progress.cpu_ms", p.cpu_ms()));
+  CONCORD_RETURN_IF_ERROR(
+      ValidText("progress.activity", p.activity(), kMaxKindLength));
+  return FiniteNonNegative("progress.step_ms", p.step_ms());
 }
 
 absl::Status ValidateRequest(const v1::LeaveRequest& r) {

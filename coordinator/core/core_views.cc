@@ -85,6 +85,7 @@ v1::MemberStatus Core::StatusOf(const MemberState& m) const {
   *out.mutable_ddp() = m.ddp;
   out.set_completed(m.completed);
   if (m.loss.has_value()) out.set_loss(*m.loss);
+  if (m.progress.has_value()) *out.mutable_progress() = *m.progress;
   return out;
 }
 
@@ -115,8 +116,18 @@ absl::StatusOr<v1::JobStatus> Core::GetJob(
   status.set_failure(job->failure);
   status.set_generation(job->generation);
   status.set_authoritative_rank(job->authoritative_rank);
-  for (const MemberState& m : job->members) {
-    *status.add_members() = StatusOf(m);
+  // See Note [Hangs] in hang_rule.h: the timeout in force, and how the rule
+  // sees each member.
+  const std::vector<MemberProgress> progress = ProgressOf(*job);
+  const absl::Duration hang_timeout =
+      HangTimeout(job->spec.hang_timeout_ms(), JobStepMs(progress));
+  status.set_hang_timeout_ms(absl::ToInt64Milliseconds(hang_timeout));
+  for (size_t i = 0; i < job->members.size(); ++i) {
+    v1::MemberStatus& out = *status.add_members();
+    out = StatusOf(job->members[i]);
+    if (job->state == v1::JOB_STATE_RUNNING) {
+      out.set_health(HealthOf(progress[i], clock_->Now(), hang_timeout));
+    }
   }
   for (const MemberState& m : job->waiting) {
     *status.add_waiting() = StatusOf(m);

@@ -47,6 +47,14 @@ struct Timeouts {
   // defaults 1 s and 10 s). The first worker to join sets them for the job.
   TORCH_ARG(std::optional<std::chrono::milliseconds>, heartbeat_interval);
   TORCH_ARG(std::optional<std::chrono::milliseconds>, heartbeat_timeout);
+  // After how long a member that holds the others up in a collective while
+  // making no progress of its own (no step, no collective, no CPU) is taken
+  // out as hung, and the others go on without it (docs/reliability.md,
+  // "Hangs"; CONCORD_HANG_TIMEOUT_MS). Zero (the default): derived from the
+  // job's step times (5 x the step time, at least 5 s; 60 s before a
+  // worker's first steps); negative: never (the collective timeout stays).
+  // The first worker to join sets it for the job.
+  TORCH_ARG(std::optional<std::chrono::milliseconds>, hang);
 };
 
 // Durable checkpoints of run_elastic's state (docs/api.md "Checkpoints"):

@@ -408,7 +408,7 @@ def case_restart_late(ctx, name):
     p = Proc(name, launch_cmd(ctx.bins, 2, name, train_args(fx, rd, 4, 2, shuffle_seed=9),
                               min_workers=1, restarts=1), rd.logs, env=kill_env("0:6:optimizer"))
     expect_exit(ctx.checks, name, p, 0, RUN_TIMEOUT)
-    late = re.findall(r"concord-train: .*(?:nothing left to do|cannot join the job).*",
+    late = re.findall(r"concord(?:-train)?: .*(?:nothing left to do|cannot join the job).*",
                       p.stdout() + p.stderr())
     # The path this case is for: the restarted worker came after the end.
     ctx.checks.check(bool(late) and "nothing left to do" in late[-1],

@@ -164,9 +164,10 @@ class Engine {
   // iterations.
   void SetTraceRecorder(std::shared_ptr<trace::Recorder> recorder);
 
-  // Called before the first collective of each synchronised backward, on
-  // the thread running the backward (Reducer::SetLaunchObserver).
-  void SetBackwardObserver(std::function<void()> observer) {
+  // Called before each bucket's collective of each synchronised backward
+  // (0: the first), on the thread running the backward
+  // (Reducer::SetLaunchObserver).
+  void SetBackwardObserver(std::function<void(size_t)> observer) {
     reducer_->SetLaunchObserver(std::move(observer));
   }
   // Called at each parameter's gradient of every backward, before the

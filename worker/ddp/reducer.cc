@@ -413,7 +413,7 @@ void Reducer::MarkReady(size_t param) {
 void Reducer::LaunchReadyBuckets() {
   while (next_bucket_ < buckets_.size() &&
          buckets_[next_bucket_].pending == 0) {
-    if (next_bucket_ == 0 && launch_observer_) launch_observer_();
+    if (launch_observer_) launch_observer_(next_bucket_);
     if (t_first_launch_ == Clock::time_point{}) t_first_launch_ = Clock::now();
     buckets_[next_bucket_].work = Launch(next_bucket_);
     ++next_bucket_;

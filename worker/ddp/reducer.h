@@ -166,10 +166,10 @@ class Reducer {
   // Null: off (the default). Call between iterations.
   void SetTraceRecorder(std::shared_ptr<trace::Recorder> recorder);
 
-  // Called on the autograd thread before the first collective of each
-  // synchronised backward (its first bucket's launch); kept across Rebind.
-  // Null: none. Call between iterations.
-  void SetLaunchObserver(std::function<void()> observer) {
+  // Called on the autograd thread before each bucket's collective of each
+  // synchronised backward, with the bucket's launch index (0: the first);
+  // kept across Rebind. Null: none. Call between iterations.
+  void SetLaunchObserver(std::function<void(size_t)> observer) {
     launch_observer_ = std::move(observer);
   }
   // Called on the autograd thread at every parameter's gradient of every
@@ -216,7 +216,7 @@ class Reducer {
   std::shared_ptr<comm::Communicator> comm_;
   ReducerOptions options_;
   CommHook hook_;
-  std::function<void()> launch_observer_;
+  std::function<void(size_t)> launch_observer_;
   std::function<void()> gradient_observer_;
   double divisor_ = 1.0;     // SetGradientDivisor
   double pre_scale_ = 1.0;   // applied while copying into the bucket

@@ -185,6 +185,7 @@ void State::SaveFinal() {
 }
 
 void State::TakeCheckpoint(bool wait) {
+  worker::Session::Busy busy(session_, "checkpoint");
   NamedTensors gathered;
   for (const Attached& a : participants_) {
     absl::StatusOr<NamedTensors> part =
@@ -563,6 +564,9 @@ absl::Status State::SyncPayload(int root) {
 }
 
 absl::Status State::Sync() {
+  // See Note [Hangs] in coordinator/core/hang_rule.h: a checkpoint's read,
+  // the state's broadcast to a newcomer.
+  worker::Session::Busy busy(session_, "restore");
   FenceCheckpoint();  // before a broadcast writes the parameters
   int root = session_->authoritative_rank();
   CONCORD_RETURN_IF_ERROR(SyncCheckpoints(&root));

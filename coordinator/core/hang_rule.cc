@@ -1,0 +1,165 @@
+#include "coordinator/core/hang_rule.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+
+namespace concord::coordinator {
+namespace {
+
+std::string Secs(absl::Duration d) {
+  return absl::StrFormat("%.1f s", absl::ToDoubleSeconds(d));
+}
+
+// When its oldest collective in flight was issued (nullopt: none).
+std::optional<absl::Time> PendingSince(const MemberProgress& m) {
+  if (!m.progress.has_value() || m.progress->pending_kind().empty()) {
+    return std::nullopt;
+  }
+  return m.reported - absl::Milliseconds(m.progress->pending_ms());
+}
+
+// A member's own hang timeout: the job's, or the start-up allowance while it
+// has no step time of its own and the timeout is derived.
+absl::Duration OwnTimeout(const MemberProgress& m, int64_t setting_ms,
+                          absl::Duration job_timeout) {
+  if (setting_ms != 0 || (m.progress.has_value() && m.progress->step_ms() > 0)) {
+    return job_timeout;
+  }
+  return std::max(job_timeout, kStartupAllowance);
+}
+
+std::string Collective(int64_t seq, const std::string& kind) {
+  if (kind.empty()) return "none";
+  return seq > 0 ? absl::StrCat("#", seq, " (", kind, ")")
+                 : absl::StrCat("a group's ", kind);
+}
+
+}  // namespace
+
+bool ShowsProgress(const v1::WorkerProgress& before, int64_t step_before,
+                   const v1::WorkerProgress& after, int64_t step_after,
+                   absl::Duration elapsed) {
+  if (step_after != step_before || after.generation() != before.generation() ||
+      after.collectives() != before.collectives() ||
+      !after.activity().empty()) {
+    return true;
+  }
+  const double cpu_ms = static_cast<double>(after.cpu_ms() - before.cpu_ms());
+  return cpu_ms >= kIdleCpuShare * absl::ToDoubleMilliseconds(elapsed);
+}
+
+absl::Duration HangTimeout(int64_t setting_ms, double step_ms) {
+  if (setting_ms < 0) return absl::ZeroDuration();
+  if (setting_ms > 0) return absl::Milliseconds(setting_ms);
+  if (!(step_ms > 0)) return kStartupAllowance;
+  return std::max(kHangFloor, absl::Milliseconds(kHangFactor * step_ms));
+}
+
+double JobStepMs(const std::vector<MemberProgress>& members) {
+  double step_ms = 0;
+  for (const MemberProgress& m : members) {
+    if (m.progress.has_value()) step_ms = std::max(step_ms, m.progress->step_ms());
+  }
+  return step_ms;
+}
+
+HangVerdict JudgeHang(const std::vector<MemberProgress>& members,
+                      absl::Time now, int64_t setting_ms) {
+  HangVerdict verdict;
+  const absl::Duration timeout = HangTimeout(setting_ms, JobStepMs(members));
+  if (timeout <= absl::ZeroDuration() || members.empty()) return verdict;
+  // Who waits, in which collective, and the highest number waited in (of
+  // the newest generation reported: a member not connected to it yet has
+  // issued nothing in it).
+  std::vector<const MemberProgress*> waiters;
+  int64_t waited_generation = 0;
+  int64_t waited_seq = 0;
+  bool all_reported = true;
+  for (const MemberProgress& m : members) {
+    if (!m.progress.has_value()) {
+      all_reported = false;
+      continue;
+    }
+    const std::optional<absl::Time> since = PendingSince(m);
+    if (!since.has_value() || now - *since < timeout) continue;
+    waiters.push_back(&m);
+    const int64_t g = m.progress->generation();
+    if (g > waited_generation) {
+      waited_generation = g;
+      waited_seq = 0;
+    }
+    if (g == waited_generation) {
+      waited_seq = std::max(waited_seq, m.progress->pending_seq());
+    }
+  }
+  if (waiters.empty()) return verdict;
+  std::vector<std::string> waiting;
+  for (const MemberProgress* w : waiters) {
+    waiting.push_back(absl::StrCat(
+        w->rank, " in ",
+        Collective(w->progress->pending_seq(), w->progress->pending_kind()),
+        " for ", Secs(now - *PendingSince(*w))));
+  }
+  const std::string who_waits =
+      absl::StrCat("rank(s) ", absl::StrJoin(waiting, ", "));
+  if (all_reported && waiters.size() == members.size()) {
+    for (const MemberProgress& m : members) {
+      if (now - m.progressed < timeout) return verdict;  // still moving
+    }
+    verdict.kind = HangVerdict::Kind::kStuckTogether;
+    verdict.why = absl::StrCat("every member waits: ", who_waits,
+                               ", none progressing (hang timeout ",
+                               Secs(timeout), ")");
+    return verdict;
+  }
+  for (const MemberProgress& m : members) {
+    if (!m.progress.has_value()) continue;
+    const v1::WorkerProgress& p = *m.progress;
+    const std::optional<absl::Time> since = PendingSince(m);
+    if (since.has_value() && now - *since >= timeout) continue;  // a waiter
+    if (!p.activity().empty()) continue;                         // busy
+    const absl::Duration own = OwnTimeout(m, setting_ms, timeout);
+    if (now - m.progressed < own) continue;  // progressing, or computing
+    // It must hold the waiters up: not have issued what they wait in.
+    const int64_t issued =
+        p.generation() == waited_generation ? p.collectives() : 0;
+    if (waited_seq > 0 && issued >= waited_seq) continue;
+    verdict.hung.push_back(m.worker_id);
+    verdict.details.push_back(absl::StrFormat(
+        "hung at step %d (rank %d): no progress of its own for %s (no step, "
+        "no collective, CPU idle; last heartbeat %s ago); it issued %d "
+        "collective(s), the last finished %s (%s ago)%s, while %s (hang "
+        "timeout %s)",
+        m.step, m.rank, Secs(now - m.progressed), Secs(now - m.reported),
+        issued, p.last_kind().empty() ? "none" : p.last_kind(),
+        Secs(absl::Milliseconds(p.last_ago_ms()) + (now - m.reported)),
+        since.has_value()
+            ? absl::StrCat(", ", Collective(p.pending_seq(), p.pending_kind()),
+                           " in flight")
+            : "",
+        who_waits, Secs(own)));
+  }
+  if (!verdict.hung.empty()) {
+    verdict.kind = HangVerdict::Kind::kHung;
+    verdict.why = absl::StrCat("worker(s) ", absl::StrJoin(verdict.hung, ", "),
+                               " hung while ", who_waits);
+  }
+  return verdict;
+}
+
+std::string HealthOf(const MemberProgress& member, absl::Time now,
+                     absl::Duration timeout) {
+  if (timeout <= absl::ZeroDuration() || !member.progress.has_value()) {
+    return "";
+  }
+  const std::optional<absl::Time> since = PendingSince(member);
+  if (since.has_value() && now - *since >= timeout) return "waiting";
+  if (!member.progress->activity().empty()) return "busy";
+  if (now - member.progressed >= timeout) return "idle";
+  return "";
+}
+
+}  // namespace concord::coordinator

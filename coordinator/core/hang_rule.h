@@ -1,0 +1,101 @@
+#pragma once
+// Note [Hangs]
+// ~~~~~~~~~~~~
+// A heartbeat says a process lives, not that it trains: a worker stalled in a
+// read from a hung filesystem, a deadlocked loader or a stuck kernel keeps
+// heartbeating from its own thread while the others wait for it in a
+// collective until the collective timeout (minutes). So every heartbeat also
+// carries what the worker is doing (worker.proto's WorkerProgress): how many
+// collectives it issued in its generation, the oldest one still in flight and
+// for how long, the CPU time its process used, what it is busy with outside
+// the step, and its recent step time. From those the coordinator tells apart,
+// with the hang timeout T:
+//
+//  - waiting: a member whose oldest collective has been in flight for T;
+//  - hung: while some member waits, a member that is not waiting itself, has
+//    not issued the collective the waiters wait in (its count is below the
+//    highest waited number), reports no activity, and has shown no progress
+//    of its own for T (no committed step, no collective issued, CPU below
+//    kIdleCpuShare of one core between its heartbeats, or no heartbeat at
+//    all: a stopped process);
+//  - busy: such a member that uses its CPU (an evaluation pass between
+//    epochs, a slow first batch) or says what it is busy with (a checkpoint,
+//    a restore): left alone;
+//  - stuck together: every member waits, and none has shown progress for T
+//    (a hang in the network or the collective library): the generation is
+//    aborted and re-formed, its links probed as after a failed collective.
+//
+// A hung member is taken out as a failed one is; the others re-form without
+// it at once. T is JobSpec.hang_timeout_ms when set; derived, it is
+// kHangFactor times the job's step time (the slowest member's median time
+// between commits), at least kHangFloor; a member that has not yet reported
+// a step time (before its first two commits: start-up, a newcomer's first
+// batches) is judged with at least kStartupAllowance. The collective timeout
+// stays the last resort. Pure functions of what the members reported (no
+// clock, no core): unit-tested against false alarms as hard as against
+// faults (tests/unit/hang_rule_test.cc).
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "concord/v1/worker.pb.h"
+
+namespace concord::coordinator {
+
+inline constexpr absl::Duration kHangFloor = absl::Seconds(5);
+inline constexpr double kHangFactor = 5.0;
+inline constexpr absl::Duration kStartupAllowance = absl::Seconds(60);
+// CPU below this share of one core between two heartbeats is idle.
+inline constexpr double kIdleCpuShare = 0.1;
+
+// What the coordinator knows of one member of the running generation.
+struct MemberProgress {
+  std::string worker_id;
+  int32_t rank = 0;
+  int64_t step = 0;  // committed
+  // Its last WorkerProgress (absent: an older worker, never judged hung) and
+  // when it arrived.
+  std::optional<v1::WorkerProgress> progress;
+  absl::Time reported;
+  // When it last showed progress of its own (ShowsProgress), or joined.
+  absl::Time progressed;
+};
+
+// Whether a member shows progress of its own between two reports `elapsed`
+// apart: a step committed, a collective issued, CPU above kIdleCpuShare of
+// one core, or an activity reported.
+bool ShowsProgress(const v1::WorkerProgress& before, int64_t step_before,
+                   const v1::WorkerProgress& after, int64_t step_after,
+                   absl::Duration elapsed);
+
+// The hang timeout for a job whose setting is `setting_ms` (JobSpec) and
+// whose slowest member's step time is `step_ms` (0: none reported yet).
+// Zero when the rule is off (setting -1).
+absl::Duration HangTimeout(int64_t setting_ms, double step_ms);
+// The job's step time for HangTimeout: the largest step_ms reported.
+double JobStepMs(const std::vector<MemberProgress>& members);
+
+struct HangVerdict {
+  enum class Kind { kNone, kHung, kStuckTogether };
+  Kind kind = Kind::kNone;
+  // kHung: the hung members' worker ids, in rank order.
+  std::vector<std::string> hung;
+  // Per hung member (same order), what it was last doing, for its event.
+  std::vector<std::string> details;
+  // Who waits where, for the generation's end.
+  std::string why;
+};
+
+// See Note [Hangs]. `setting_ms`: JobSpec.hang_timeout_ms.
+HangVerdict JudgeHang(const std::vector<MemberProgress>& members,
+                      absl::Time now, int64_t setting_ms);
+
+// A member's health as the status shows it: "waiting", "idle", "busy" or ""
+// (progressing), judged with timeout `timeout` (zero: "").
+std::string HealthOf(const MemberProgress& member, absl::Time now,
+                     absl::Duration timeout);
+
+}  // namespace concord::coordinator

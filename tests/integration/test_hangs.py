@@ -1,0 +1,241 @@
+#!/usr/bin/python3
+"""Gray failures: a worker that hangs alive, or stops, is found by what it
+does, not by the collective timeout; and the false alarms (see Note [Hangs]
+in coordinator/core/hang_rule.h, docs/reliability.md).
+
+    tests/integration/test_hangs.py --bin-dir build/bin [--group G] [--case C]
+
+Each case runs concord-train (tests/integration/elastic_harness.py's
+fixture: 3 workers under concord-run --standalone, steps paced to at least
+CONCORD_TEST_MIN_STEP_MS, the hang timeout derived from them: its 5 s floor)
+with one worker made to misbehave, and checks: concord-run exits 0; the
+finishers' outputs are bit-identical; every sample of every epoch was
+trained exactly once (the sample logs); the history checker (tests/history.py)
+holds. Group "hangs" (the faults):
+
+  stall-forward   local 1 sleeps, idle, after step 10's agreement (before
+                  its forward's first collective), through the node agent;
+  stall-bucket    local 1 sleeps between the first and the second bucket of
+                  step 10's backward (buckets of 2 KiB), with --no-agent;
+  stop            local 1 is SIGSTOPped at step 10 and continued 8 s later;
+  stall-past-end  local 1 sleeps at step 10 for longer than the job runs.
+
+For each: the coordinator took the worker out as hung (its history's
+"failure" event names it: "hung at step 9") and the others re-formed
+without it before it woke; one that wakes while the job runs is admitted
+again and finishes with the others (3 outputs); one that wakes after the
+end exits 0 saying "nothing left to do", and concord-run exits 0 (2
+outputs). Group "false-alarms" (none may take anyone out: no "failure"
+event, 3 outputs, one generation):
+
+  busy            rank 0's local worker computes for 20 s before step 10,
+                  outside the step (pytorch/examples' MNIST evaluates
+                  between epochs), with --hang-timeout-ms 3000;
+  checkpoint      checkpoints every 5 steps with --hang-timeout-ms 2000;
+  slow-start      local 1 sleeps 20 s, idle, in its first step (a slow
+                  first batch): the start-up allowance (60 s).
+
+Prints one line per check and 'N passed, N failed'.
+"""
+
+import argparse
+import json
+import os
+import re
+import signal
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import elastic_harness as eh  # noqa: E402
+import processes  # noqa: E402  (tests/reference, on the path eh sets)
+
+STALL_STEP = 10
+# 2400 samples, 4 per rank: 200 steps an epoch at 3 ranks, 300 at 2; steps
+# of at least 40 ms (CONCORD_TEST_MIN_STEP_MS): a job of about 16 s at 3
+# ranks, 24 s at 2. A worker that stalls 15 s at step 10 wakes while the
+# others still train. stall-past-end's job is a quarter of that.
+N, BATCH, EPOCHS = 2400, 4, 2
+SHORT_N = 600
+STEP_MS = "40"
+
+
+def coordinator_events(rd, kind=None):
+    path = os.path.join(rd.history, "coordinator.history")
+    out = []
+    try:
+        with open(path) as f:
+            for line in f:
+                try:
+                    r = json.loads(line)
+                except ValueError:
+                    continue
+                if kind is None or r.get("event") == kind:
+                    out.append(r)
+    except OSError:
+        pass
+    return out
+
+
+def launch(ctx, name, rd, fx, extra_run=(), extra_train=(), env=None, nproc=3):
+    train = eh.train_args(fx, rd, BATCH, EPOCHS, shuffle_seed=5, extra=extra_train)
+    cmd = eh.launch_cmd(ctx.bins, nproc, name, train, min_workers=2)
+    # The harness's 2 s heartbeat timeout would find a stopped worker before
+    # the hang rule could: the default's 10 s leaves it to the rule.
+    at = cmd.index("--heartbeat-timeout-ms")
+    cmd[at + 1] = "10000"
+    cmd[1:1] = list(extra_run)
+    run_env = {"CONCORD_TEST_MIN_STEP_MS": STEP_MS}
+    run_env.update(env or {})
+    return eh.Proc(name, cmd, rd.logs, env=run_env)
+
+
+def finish_checks(ctx, name, p, rd, outputs, n=N):
+    eh.expect_exit(ctx.checks, name, p, 0, eh.RUN_TIMEOUT)
+    eh.check_outputs_identical(ctx.checks, name, rd, expected_count=outputs)
+    final = eh.last_step_of(rd)
+    eh.check_sample_logs(ctx.checks, name, rd, n, EPOCHS, final)
+    eh.check_history(ctx.checks, name, rd, n, EPOCHS, final)
+
+
+def check_hung(ctx, name, rd, p, woke_pattern):
+    """The coordinator took a worker out as hung, and the others formed a
+    generation without it before it woke (its log's `woke_pattern`)."""
+    hung = [e for e in coordinator_events(rd, "failure") if "hung at step" in e.get("message", "")]
+    ctx.checks.check(len(hung) == 1 and "hung at step %d" % (STALL_STEP - 1) in hung[0]["message"],
+                     name + ": the coordinator took one worker out as hung at step %d"
+                     % (STALL_STEP - 1),
+                     json.dumps(coordinator_events(rd, "failure"))[:1500])
+    if not hung:
+        return
+    who, at = hung[0].get("worker"), hung[0]["time_us"]
+    without = [g for g in coordinator_events(rd, "generation")
+               if "members" in g and g["time_us"] > at and who not in g["members"]]
+    ctx.checks.check(bool(without), name + ": the others re-formed without " + str(who),
+                     json.dumps(coordinator_events(rd, "generation"))[:1500])
+    text = p.stderr()
+    woke = re.search(woke_pattern, text)
+    ctx.checks.check(woke is not None, name + ": the stalled worker woke (%s)" % woke_pattern,
+                     text[-2000:])
+    if without:
+        print("%s: re-formed without %s %.1f s after it was taken out; hang: %s" % (
+            name, who, (without[0]["time_us"] - at) / 1e6, hung[0]["message"]), flush=True)
+
+
+def case_stall(ctx, name, point, extra_run=(), extra_train=(), stall_s=15, outputs=3, n=N):
+    fx = eh.Fixture(ctx.tmp, n)
+    rd = eh.RunDir(ctx.tmp, name)
+    fault = "1:%d:%s:model:%s:stall=%d" % (
+        STALL_STEP, point, "2" if point == "bucket" else "1", stall_s)
+    p = launch(ctx, name, rd, fx, extra_run, extra_train, env={"CONCORD_TEST_FAULT": fault})
+    finish_checks(ctx, name, p, rd, outputs, n)
+    check_hung(ctx, name, rd, p, r"CONCORD_TEST_FAULT: stall over")
+    if outputs == 2:
+        ctx.checks.check("nothing left to do" in p.stderr(),
+                         name + ": the worker that woke after the end said it had nothing left "
+                         "to do", p.stderr()[-2000:])
+    eh.summary(name, p, rd, fault)
+
+
+def worker_pid(launcher_pid, local_rank):
+    want = b"CONCORD_LOCAL_RANK=%d" % local_rank
+    for kid in processes.children(launcher_pid):
+        try:
+            with open("/proc/%d/environ" % kid, "rb") as f:
+                if want in f.read().split(b"\0"):
+                    return kid
+        except OSError:
+            pass
+    return None
+
+
+def case_stop(ctx, name):
+    fx = eh.Fixture(ctx.tmp, N)
+    rd = eh.RunDir(ctx.tmp, name)
+    p = launch(ctx, name, rd, fx)
+    deadline = time.monotonic() + 60
+    while eh.job_progress(rd)[0] < STALL_STEP and p.poll() is None and \
+            time.monotonic() < deadline:
+        time.sleep(0.05)
+    pid = worker_pid(p.pid, 1)
+    ctx.checks.check(pid is not None, name + ": found local worker 1", "")
+    if pid is not None:
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(8)
+        os.kill(pid, signal.SIGCONT)
+    finish_checks(ctx, name, p, rd, 3)
+    failures = coordinator_events(rd, "failure")
+    ctx.checks.check(len(failures) == 1, name + ": the stopped worker was taken out once",
+                     json.dumps(failures)[:1500])
+    eh.summary(name, p, rd, "SIGSTOP for 8 s")
+
+
+def case_quiet(ctx, name, extra_run=(), extra_train=(), env=None):
+    """A false alarm: nobody is taken out."""
+    fx = eh.Fixture(ctx.tmp, N)
+    rd = eh.RunDir(ctx.tmp, name)
+    p = launch(ctx, name, rd, fx, extra_run, extra_train, env)
+    finish_checks(ctx, name, p, rd, 3)
+    failures = coordinator_events(rd, "failure")
+    formed = [g for g in coordinator_events(rd, "generation") if "members" in g]
+    ctx.checks.check(not failures and len(formed) == 1,
+                     name + ": nobody taken out, one generation",
+                     json.dumps(failures + formed)[:1500])
+    eh.summary(name, p, rd, "no failure")
+
+
+def _cases():
+    hangs = [
+        ("stall-forward", lambda ctx: case_stall(ctx, "stall-forward", "forward")),
+        ("stall-bucket", lambda ctx: case_stall(ctx, "stall-bucket", "bucket",
+                                                extra_run=["--no-agent"],
+                                                extra_train=["--bucket-cap-mb", "0.002"])),
+        ("stop", lambda ctx: case_stop(ctx, "stop")),
+        ("stall-past-end", lambda ctx: case_stall(ctx, "stall-past-end", "forward", stall_s=25,
+                                                  outputs=2, n=SHORT_N)),
+    ]
+    quiet = [
+        ("busy", lambda ctx: case_quiet(ctx, "busy", ["--hang-timeout-ms", "3000"],
+                                        env={"CONCORD_TEST_BUSY": "0:%d:20" % STALL_STEP})),
+        ("checkpoint", lambda ctx: case_quiet(
+            ctx, "checkpoint", ["--hang-timeout-ms", "2000", "--checkpoint-dir",
+                                os.path.join(ctx.tmp, "ckpt"), "--checkpoint-every", "5"])),
+        ("slow-start", lambda ctx: case_quiet(
+            ctx, "slow-start", env={"CONCORD_TEST_FAULT": "1:1:forward:model:1:stall=20"})),
+    ]
+    cases = {}
+    for group, items in (("hangs", hangs), ("false-alarms", quiet)):
+        for name, fn in items:
+            cases[name] = (group, fn)
+    return cases
+
+
+CASES = _cases()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--bin-dir", required=True)
+    ap.add_argument("--group", action="append", default=[],
+                    choices=sorted(set(g for g, _ in CASES.values())))
+    ap.add_argument("--case", action="append", default=[], choices=list(CASES))
+    ap.add_argument("--keep", action="store_true")
+    args = ap.parse_args()
+    selected = [c for c, (g, _) in CASES.items()
+                if c in args.case or g in args.group or not (args.case or args.group)]
+    checks = eh.Checks()
+    bins = eh.Bins(args.bin_dir)
+    if bins.missing():
+        checks.fail("concord binaries present", "not found: %s" % bins.missing())
+        return checks.finish()
+    tmp = tempfile.mkdtemp(prefix="concord_hangs_")
+    ctx = eh.Context(bins, checks, tmp, 0)
+    eh.run_cases(ctx, [(name, CASES[name][1]) for name in selected], args.keep)
+    return checks.finish()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,447 @@
+// See Note [Hangs] in coordinator/core/hang_rule.h: the rule alone (a pure
+// function of what the members reported), then through the core with a fake
+// clock. False alarms are tested as hard as the faults: a member that
+// evaluates, checkpoints, restores or warms up is busy, not hung.
+
+#include "coordinator/core/hang_rule.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "coordinator/core/core.h"
+#include "coordinator_core_fixture.h"
+#include "coordinator_requests.h"
+
+namespace concord::coordinator {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+const absl::Time kT0 = absl::FromUnixSeconds(1000000);
+
+// What a member's heartbeat says (WorkerProgress), briefly.
+struct Said {
+  int64_t generation = 1;
+  int64_t collectives = 0;
+  int64_t pending_seq = 0;
+  std::string pending_kind;
+  int64_t pending_ms = 0;
+  int64_t cpu_ms = 0;
+  std::string activity;
+  double step_ms = 20;
+
+  v1::WorkerProgress Proto() const {
+    v1::WorkerProgress p;
+    p.set_generation(generation);
+    p.set_collectives(collectives);
+    p.set_pending_seq(pending_seq);
+    p.set_pending_kind(pending_kind);
+    p.set_pending_ms(pending_ms);
+    p.set_cpu_ms(cpu_ms);
+    p.set_activity(activity);
+    p.set_step_ms(step_ms);
+    p.set_last_kind("allreduce");
+    return p;
+  }
+};
+
+// A member waiting in collective `seq` for `waited`, as of `now`.
+MemberProgress Waiting(int rank, int64_t seq, absl::Duration waited,
+                       absl::Time now) {
+  MemberProgress m;
+  m.worker_id = "w" + std::to_string(rank);
+  m.rank = rank;
+  m.step = 7;
+  Said said;
+  said.collectives = seq;
+  said.pending_seq = seq;
+  said.pending_kind = "broadcast";
+  said.pending_ms = absl::ToInt64Milliseconds(waited);
+  m.progress = said.Proto();
+  m.reported = now;
+  m.progressed = now - waited;
+  return m;
+}
+
+// A member that issued `issued` collectives and showed progress last at
+// `progressed`, reporting at `now`.
+MemberProgress Quiet(int rank, int64_t issued, absl::Time progressed,
+                     absl::Time now, Said said = {}) {
+  MemberProgress m;
+  m.worker_id = "w" + std::to_string(rank);
+  m.rank = rank;
+  m.step = 7;
+  said.collectives = issued;
+  m.progress = said.Proto();
+  m.reported = now;
+  m.progressed = progressed;
+  return m;
+}
+
+TEST(HangTimeoutTest, DerivedFromStepTimesWithAFloorAndAStartUpAllowance) {
+  EXPECT_EQ(HangTimeout(0, 20), kHangFloor);  // MNIST-size steps
+  EXPECT_EQ(HangTimeout(0, 3000), absl::Seconds(15));  // 5 x 3 s
+  EXPECT_EQ(HangTimeout(0, 0), kStartupAllowance);     // no step time yet
+  EXPECT_EQ(HangTimeout(2500, 0), absl::Milliseconds(2500));  // as set
+  EXPECT_EQ(HangTimeout(2500, 9000), absl::Milliseconds(2500));
+  EXPECT_EQ(HangTimeout(-1, 20), absl::ZeroDuration());  // off
+}
+
+TEST(ShowsProgressTest, StepsCollectivesCpuAndActivityAreProgress) {
+  const absl::Duration beat = absl::Seconds(1);
+  Said before;
+  before.collectives = 10;
+  before.cpu_ms = 5000;
+  Said same = before;
+  same.cpu_ms = 5000 + 20;  // a heartbeat thread's crumbs: idle
+  EXPECT_FALSE(ShowsProgress(before.Proto(), 7, same.Proto(), 7, beat));
+  EXPECT_TRUE(ShowsProgress(before.Proto(), 7, same.Proto(), 8, beat));
+  Said issued = same;
+  issued.collectives = 11;
+  EXPECT_TRUE(ShowsProgress(before.Proto(), 7, issued.Proto(), 7, beat));
+  Said computing = before;
+  computing.cpu_ms = 5000 + 950;  // a core, evaluating
+  EXPECT_TRUE(ShowsProgress(before.Proto(), 7, computing.Proto(), 7, beat));
+  Said busy = same;
+  busy.activity = "checkpoint";
+  EXPECT_TRUE(ShowsProgress(before.Proto(), 7, busy.Proto(), 7, beat));
+  Said next_generation = same;
+  next_generation.generation = 2;
+  EXPECT_TRUE(
+      ShowsProgress(before.Proto(), 7, next_generation.Proto(), 7, beat));
+}
+
+TEST(JudgeHangTest, AWorkerStalledBeforeAForwardIsHung) {
+  const absl::Time now = kT0;
+  // Ranks 0 and 2 broadcast the buffers (#11); rank 1 stopped after the
+  // step's agreement (#10) and has done nothing for 6 s.
+  const std::vector<MemberProgress> members = {
+      Waiting(0, 11, absl::Seconds(6), now),
+      Quiet(1, 10, now - absl::Seconds(6), now),
+      Waiting(2, 11, absl::Seconds(6), now)};
+  const HangVerdict v = JudgeHang(members, now, 0);
+  ASSERT_EQ(v.kind, HangVerdict::Kind::kHung);
+  EXPECT_THAT(v.hung, ElementsAre("w1"));
+  ASSERT_EQ(v.details.size(), 1u);
+  EXPECT_THAT(v.details[0], HasSubstr("hung at step 7 (rank 1)"));
+  EXPECT_THAT(v.details[0], HasSubstr("it issued 10 collective(s)"));
+  EXPECT_THAT(v.details[0], HasSubstr("rank(s) 0 in #11 (broadcast)"));
+  EXPECT_THAT(v.why, HasSubstr("worker(s) w1 hung"));
+}
+
+TEST(JudgeHangTest, AWorkerStalledBetweenTwoBucketsIsHung) {
+  const absl::Time now = kT0;
+  // Each backward launches two buckets: #12 and #13. Rank 2 launched the
+  // first and stopped before the second; its #12 ended (everyone was in it).
+  std::vector<MemberProgress> members = {
+      Waiting(0, 13, absl::Seconds(7), now),
+      Waiting(1, 13, absl::Seconds(7), now),
+      Quiet(2, 12, now - absl::Seconds(7), now)};
+  members[0].progress->set_pending_seq(13);
+  const HangVerdict v = JudgeHang(members, now, 0);
+  ASSERT_EQ(v.kind, HangVerdict::Kind::kHung);
+  EXPECT_THAT(v.hung, ElementsAre("w2"));
+}
+
+TEST(JudgeHangTest, NotBeforeTheTimeout) {
+  const absl::Time now = kT0;
+  const std::vector<MemberProgress> members = {
+      Waiting(0, 11, absl::Seconds(4), now),
+      Quiet(1, 10, now - absl::Seconds(4), now)};
+  EXPECT_EQ(JudgeHang(members, now, 0).kind, HangVerdict::Kind::kNone);
+  // Waiting long enough, but the quiet one moved recently.
+  const std::vector<MemberProgress> moved = {
+      Waiting(0, 11, absl::Seconds(9), now),
+      Quiet(1, 10, now - absl::Seconds(3), now)};
+  EXPECT_EQ(JudgeHang(moved, now, 0).kind, HangVerdict::Kind::kNone);
+}
+
+TEST(JudgeHangTest, FalseAlarmRankZeroEvaluatingBetweenEpochs) {
+  // pytorch/examples' MNIST: rank 0 tests the model after each epoch while
+  // the others wait in the next step's agreement. Its CPU keeps moving: its
+  // `progressed` is a heartbeat ago, for as long as it evaluates.
+  const absl::Time now = kT0 + absl::Seconds(60);
+  const std::vector<MemberProgress> members = {
+      Quiet(0, 40, now - absl::Seconds(1), now),
+      Waiting(1, 41, absl::Seconds(60), now),
+      Waiting(2, 41, absl::Seconds(60), now)};
+  const HangVerdict v = JudgeHang(members, now, 0);
+  EXPECT_EQ(v.kind, HangVerdict::Kind::kNone);
+  EXPECT_THAT(v.hung, IsEmpty());
+  EXPECT_EQ(HealthOf(members[1], now, kHangFloor), "waiting");
+  EXPECT_EQ(HealthOf(members[0], now, kHangFloor), "");
+}
+
+TEST(JudgeHangTest, FalseAlarmACheckpointOrARestoreIsBusy) {
+  const absl::Time now = kT0;
+  for (const char* activity : {"checkpoint", "restore"}) {
+    Said said;
+    said.activity = activity;
+    // Reading from a slow disk: no CPU, no collective, for a minute.
+    const std::vector<MemberProgress> members = {
+        Quiet(0, 10, now - absl::Seconds(60), now, said),
+        Waiting(1, 11, absl::Seconds(60), now)};
+    EXPECT_EQ(JudgeHang(members, now, 0).kind, HangVerdict::Kind::kNone)
+        << activity;
+    EXPECT_EQ(HealthOf(members[0], now, kHangFloor), "busy");
+  }
+}
+
+TEST(JudgeHangTest, FalseAlarmASlowFirstStepHasTheStartUpAllowance) {
+  const absl::Time now = kT0;
+  // A newcomer (no step time of its own yet) whose first batch loads
+  // slowly with little CPU: the others, warmed up, wait in #3.
+  Said cold;
+  cold.step_ms = 0;
+  std::vector<MemberProgress> members = {
+      Waiting(0, 3, absl::Seconds(30), now),
+      Quiet(1, 2, now - absl::Seconds(30), now, cold)};
+  EXPECT_EQ(JudgeHang(members, now, 0).kind, HangVerdict::Kind::kNone);
+  // Past the allowance, it is hung after all.
+  const absl::Time later = now + kStartupAllowance;
+  members = {Waiting(0, 3, kStartupAllowance + absl::Seconds(30), later),
+             Quiet(1, 2, now - absl::Seconds(30), later, cold)};
+  const HangVerdict v = JudgeHang(members, later, 0);
+  EXPECT_EQ(v.kind, HangVerdict::Kind::kHung);
+  // A timeout set by the user is the user's: no allowance.
+  members = {Waiting(0, 3, absl::Seconds(30), now),
+             Quiet(1, 2, now - absl::Seconds(30), now, cold)};
+  EXPECT_EQ(JudgeHang(members, now, 10000).kind, HangVerdict::Kind::kHung);
+}
+
+TEST(JudgeHangTest, OnlyWhoHoldsTheWaitersUpIsHung) {
+  const absl::Time now = kT0;
+  // Rank 1 is quiet but already issued #11, the one rank 0 waits in: it is
+  // not what holds rank 0 up (rank 2, computing, is).
+  const std::vector<MemberProgress> members = {
+      Waiting(0, 11, absl::Seconds(8), now),
+      Quiet(1, 11, now - absl::Seconds(8), now),
+      Quiet(2, 10, now - absl::Seconds(1), now)};
+  EXPECT_EQ(JudgeHang(members, now, 0).kind, HangVerdict::Kind::kNone);
+  // A member still on the last generation's communicator issued nothing in
+  // the waited one.
+  Said old;
+  old.generation = 0;
+  const std::vector<MemberProgress> behind = {
+      Waiting(0, 2, absl::Seconds(8), now),
+      Quiet(1, 40, now - absl::Seconds(8), now, old)};
+  const HangVerdict v = JudgeHang(behind, now, 0);
+  EXPECT_EQ(v.kind, HangVerdict::Kind::kHung);
+  EXPECT_THAT(v.hung, ElementsAre("w1"));
+}
+
+TEST(JudgeHangTest, AStoppedProcessThatStopsReportingIsHung) {
+  const absl::Time now = kT0;
+  // SIGSTOP: no heartbeat since its last report 6 s ago.
+  const std::vector<MemberProgress> members = {
+      Waiting(0, 11, absl::Seconds(6), now),
+      Quiet(1, 10, now - absl::Seconds(6), now - absl::Seconds(6))};
+  const HangVerdict v = JudgeHang(members, now, 0);
+  ASSERT_EQ(v.kind, HangVerdict::Kind::kHung);
+  EXPECT_THAT(v.details[0], HasSubstr("last heartbeat 6.0 s ago"));
+}
+
+TEST(JudgeHangTest, EveryoneWaitingAndNoneMovingIsStuckTogether) {
+  const absl::Time now = kT0;
+  std::vector<MemberProgress> members = {
+      Waiting(0, 11, absl::Seconds(6), now),
+      Waiting(1, 11, absl::Seconds(6), now)};
+  const HangVerdict v = JudgeHang(members, now, 0);
+  EXPECT_EQ(v.kind, HangVerdict::Kind::kStuckTogether);
+  EXPECT_THAT(v.why, HasSubstr("every member waits"));
+  // One of them still computing (its collective in flight meanwhile): none.
+  members[1].progressed = now - absl::Seconds(1);
+  EXPECT_EQ(JudgeHang(members, now, 0).kind, HangVerdict::Kind::kNone);
+}
+
+TEST(JudgeHangTest, OlderWorkersAndTheRuleOffAreLeftToTheHeartbeats) {
+  const absl::Time now = kT0;
+  MemberProgress older;
+  older.worker_id = "w1";
+  older.rank = 1;
+  older.progressed = now - absl::Hours(1);
+  older.reported = now;
+  EXPECT_EQ(JudgeHang({Waiting(0, 11, absl::Seconds(60), now), older}, now, 0)
+                .kind,
+            HangVerdict::Kind::kNone);
+  const std::vector<MemberProgress> members = {
+      Waiting(0, 11, absl::Seconds(60), now),
+      Quiet(1, 10, now - absl::Seconds(60), now)};
+  EXPECT_EQ(JudgeHang(members, now, -1).kind, HangVerdict::Kind::kNone);
+  EXPECT_EQ(HealthOf(members[1], now, absl::ZeroDuration()), "");
+}
+
+// ---- through the core ----------------------------------------------------
+
+using testing::HeartbeatReq;
+using testing::JoinReq;
+using testing::kJob;
+using testing::RejoinReq;
+using testing::Spec;
+using testing::Worker;
+
+class CoreHangTest : public testing::CoordinatorReformTest {
+ protected:
+  // Every member's heartbeat at `step`, having issued `issued` collectives:
+  // `waiting` ones in #issued for `waited`, the others (per `cpu`) using
+  // that much CPU since the last beat.
+  void Beat(int64_t gen, int64_t step, int n, int64_t issued,
+            const std::vector<bool>& waiting, absl::Duration waited,
+            const std::vector<int64_t>& cpu, const std::string& activity = "") {
+    for (int i = 0; i < n; ++i) {
+      v1::HeartbeatRequest r = HeartbeatReq(Worker(i), gen, step);
+      cpu_[i] += cpu[static_cast<size_t>(i)];
+      Said said;
+      said.generation = gen;
+      said.cpu_ms = cpu_[i];
+      if (waiting[static_cast<size_t>(i)]) {
+        said.collectives = issued;
+        said.pending_seq = issued;
+        said.pending_kind = "broadcast";
+        said.pending_ms = absl::ToInt64Milliseconds(waited);
+      } else {
+        said.collectives = issued - 1;
+        if (i == 0) said.activity = activity;
+      }
+      *r.mutable_progress() = said.Proto();
+      auto response = core_.Heartbeat(r);
+      ASSERT_TRUE(response.ok()) << response.status();
+    }
+  }
+  int64_t cpu_[8] = {};
+};
+
+TEST_F(CoreHangTest, AHungMemberIsTakenOutAndTheOthersReformWithoutIt) {
+  const int64_t gen = FormSettled(3, 3);
+  Beat(gen, 7, 3, 10, {false, false, false}, absl::ZeroDuration(),
+       {900, 900, 900});
+  // w1 stalls; w0 and w2 wait in #10 from now on, one beat a second.
+  for (int s = 1; s <= 6; ++s) {
+    clock_.Advance(absl::Seconds(1));
+    Beat(gen, 7, 3, 10, {true, false, true}, absl::Seconds(s), {5, 5, 5});
+    core_.Tick();
+    if (core_.CurrentGeneration(kJob) != gen ||
+        core_.State(kJob) != v1::JOB_STATE_RUNNING) {
+      break;
+    }
+  }
+  ASSERT_EQ(core_.State(kJob), v1::JOB_STATE_RENDEZVOUS);
+  EXPECT_THAT(Expected(), ElementsAre("w0", "w2"));
+  const std::vector<Event> failures = EventsOf("failure");
+  ASSERT_EQ(failures.size(), 1u);
+  EXPECT_EQ(failures[0].worker_id, "w1");
+  EXPECT_THAT(failures[0].message, HasSubstr("hung at step 7 (rank 1)"));
+  // The others come back and go on at once.
+  EXPECT_TRUE(core_.Join(RejoinReq(Spec(3), "w0", gen, 7)).ok());
+  EXPECT_TRUE(core_.Join(RejoinReq(Spec(3), "w2", gen, 7)).ok());
+  EXPECT_EQ(core_.State(kJob), v1::JOB_STATE_RUNNING);
+  EXPECT_THAT(Ranks(), ElementsAre("w0", "w2"));
+  // When w1 wakes it is a newcomer: its Join (naming its old generation)
+  // waits to be admitted, and the members see it waiting.
+  EXPECT_TRUE(core_.Join(RejoinReq(Spec(3), "w1", gen, 7)).ok());
+  EXPECT_THAT(Waiting(), ElementsAre("w1"));
+  EXPECT_EQ(WaitingWorkersSeenBy("w0"), 1);
+}
+
+TEST_F(CoreHangTest, FalseAlarmRankZeroComputingForAMinuteStays) {
+  const int64_t gen = FormSettled(3, 3);
+  Beat(gen, 7, 3, 10, {false, false, false}, absl::ZeroDuration(),
+       {900, 900, 900});
+  for (int s = 1; s <= 60; ++s) {
+    clock_.Advance(absl::Seconds(1));
+    Beat(gen, 7, 3, 10, {false, true, true}, absl::Seconds(s), {950, 3, 3});
+    core_.Tick();
+  }
+  EXPECT_EQ(core_.State(kJob), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(core_.CurrentGeneration(kJob), gen);
+  EXPECT_THAT(EventsOf("failure"), IsEmpty());
+  const v1::JobStatus status = Status();
+  EXPECT_EQ(status.hang_timeout_ms(), 5000);
+  ASSERT_EQ(status.members_size(), 3);
+  EXPECT_EQ(status.members(0).health(), "");
+  EXPECT_EQ(status.members(1).health(), "waiting");
+  EXPECT_EQ(status.members(1).progress().pending_seq(), 10);
+}
+
+TEST_F(CoreHangTest, FalseAlarmACheckpointWithoutCpuStays) {
+  const int64_t gen = FormSettled(3, 3);
+  for (int s = 1; s <= 60; ++s) {
+    clock_.Advance(absl::Seconds(1));
+    Beat(gen, 7, 3, 10, {false, true, true}, absl::Seconds(s), {2, 2, 2},
+         "checkpoint");
+    core_.Tick();
+  }
+  EXPECT_EQ(core_.CurrentGeneration(kJob), gen);
+  EXPECT_THAT(EventsOf("failure"), IsEmpty());
+  EXPECT_EQ(Status().members(0).health(), "busy");
+}
+
+TEST_F(CoreHangTest, EveryoneStuckEndsTheGenerationAndKeepsEveryone) {
+  const int64_t gen = FormSettled(2, 2);
+  for (int s = 1; s <= 7; ++s) {
+    clock_.Advance(absl::Seconds(1));
+    Beat(gen, 7, 2, 10, {true, true}, absl::Seconds(s), {1, 1});
+    core_.Tick();
+    if (core_.State(kJob) != v1::JOB_STATE_RUNNING) break;
+  }
+  ASSERT_EQ(core_.State(kJob), v1::JOB_STATE_RENDEZVOUS);
+  EXPECT_THAT(Expected(), ElementsAre("w0", "w1"));
+  EXPECT_THAT(EventsOf("failure"), IsEmpty());
+  const std::vector<Event> generations = EventsOf("generation");
+  EXPECT_THAT(generations.back().message, HasSubstr("every member waits"));
+}
+
+TEST_F(CoreHangTest, TheRuleCanBeTurnedOffAndBadReportsChangeNothing) {
+  v1::JobSpec spec = Spec(2);
+  spec.set_hang_timeout_ms(-1);
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(core_.Join(JoinReq(spec, Worker(i))).ok());
+  }
+  clock_.Advance(absl::Seconds(2));
+  core_.Tick();
+  const int64_t gen = core_.CurrentGeneration(kJob);
+  ASSERT_EQ(core_.State(kJob), v1::JOB_STATE_RUNNING);
+  for (int s = 1; s <= 9; ++s) {
+    clock_.Advance(absl::Seconds(1));
+    Beat(gen, 7, 2, 10, {true, false}, absl::Seconds(s), {1, 1});
+    core_.Tick();
+  }
+  EXPECT_EQ(core_.CurrentGeneration(kJob), gen);
+  EXPECT_EQ(Status().hang_timeout_ms(), 0);
+
+  // A spec with another setting is refused; so are malformed reports.
+  v1::JobSpec other = Spec(2);
+  other.set_hang_timeout_ms(3000);
+  EXPECT_EQ(core_.Join(JoinReq(other, "w9")).code(),
+            absl::StatusCode::kFailedPrecondition);
+  v1::JobSpec bad = Spec(2);
+  bad.set_job_id("other");
+  bad.set_hang_timeout_ms(-2);
+  EXPECT_EQ(core_.Join(JoinReq(bad, "w9")).code(),
+            absl::StatusCode::kInvalidArgument);
+  const std::string before = Snapshot();
+  for (auto mutate : std::vector<std::function<void(v1::WorkerProgress&)>>{
+           [](auto& p) { p.set_cpu_ms(-1); },
+           [](auto& p) { p.set_pending_seq(p.collectives() + 1); },
+           [](auto& p) { p.set_pending_kind(std::string(65, 'x')); },
+           [](auto& p) { p.set_step_ms(-1); },
+           [](auto& p) { p.set_activity("\xff"); }}) {
+    v1::HeartbeatRequest r = HeartbeatReq(Worker(0), gen, 7);
+    v1::WorkerProgress p = Said().Proto();
+    p.set_collectives(3);
+    mutate(p);
+    *r.mutable_progress() = p;
+    EXPECT_EQ(core_.Heartbeat(r).status().code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+  EXPECT_EQ(Snapshot(), before);
+}
+
+}  // namespace
+}  // namespace concord::coordinator
