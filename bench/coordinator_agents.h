@@ -104,6 +104,21 @@ struct StreamHeartbeatStats {
 // A simulated node agent's Node stream (agent.proto): its workers' joins,
 // heartbeats and membership watches, as concord-run sends them. Writes go
 // one at a time; what is sent meanwhile goes in the next.
+// What a worker's heartbeat says it is doing (WorkerProgress, see Note
+// [Hangs] in coordinator/core/hang_rule.h): as a training worker's, a
+// collective in flight for a few milliseconds, the CPU moving.
+inline void FillProgress(int64_t step, v1::WorkerProgress* p) {
+  p->set_generation(1);
+  p->set_collectives(3 * step + 2);
+  p->set_pending_seq(3 * step + 2);
+  p->set_pending_kind("allreduce");
+  p->set_pending_ms(3);
+  p->set_last_kind("allreduce");
+  p->set_last_ago_ms(5);
+  p->set_cpu_ms(900 * step);
+  p->set_step_ms(20.5);
+}
+
 class SimAgent final
     : public grpc::ClientBidiReactor<v1::NodeRequest, v1::NodeUpdate> {
  public:
@@ -148,7 +163,7 @@ class SimAgent final
   // `stats` (the message's latency when sent after `measure_from`).
   // Returns how many heartbeats it sent.
   int Heartbeat(int64_t step, SteadyClock::time_point measure_from,
-                StreamHeartbeatStats* stats) {
+                StreamHeartbeatStats* stats, bool progress) {
     v1::NodeRequest request;
     const uint64_t seq = next_seq_++;
     for (size_t k = 0; k < mine_.size(); ++k) {
@@ -163,6 +178,7 @@ class SimAgent final
       r->set_generation(w.generation);
       r->set_step(step);
       r->set_samples_per_second(1000.0);
+      if (progress) FillProgress(step, r->mutable_progress());
     }
     const int sent = request.heartbeats_size();
     {

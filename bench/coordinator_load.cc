@@ -30,15 +30,17 @@
 //     once its workers are in phase (without agents, a Heartbeat call
 //     each); prints p50/p99/max latency of those calls, errors, achieved
 //     rate, the coordinator's CPU (cores used over the phase), threads and
-//     resident memory;
+//     resident memory; then the same again with every heartbeat carrying a
+//     WorkerProgress (the hang rule's reports), and the two side by side;
 //  4. the anchor (concord-bench-tcpstore, tcpstore_rendezvous.cc): the same
 //     nodes rendezvous through one c10d::TCPStore, as torchrun's agents do
 //     (one participant a node of --per-agent workers; with --per-agent 0,
 //     one a worker), as far as it gets within --tcpstore-timeout-s.
 // With --json, one JSON object a line per N: workers, agents, rendezvous_s,
 // reform_s, heartbeat_p50_ms, heartbeat_p99_ms, coordinator_cores,
-// coordinator_rss_mb, tcpstore_nodes, tcpstore_rendezvous_s (null where it
-// did not run).
+// progress_heartbeat_p50_ms, progress_heartbeat_p99_ms,
+// progress_coordinator_cores, coordinator_rss_mb, tcpstore_nodes,
+// tcpstore_rendezvous_s (null where it did not run).
 // Simulated workers share --connections gRPC channels (each its own TCP
 // connection) driven by --client-threads completion-queue threads. Bounded
 // in time; loopback only. Not a test: it prints figures.
@@ -86,6 +88,7 @@
 namespace {
 
 using concord::bench::AgentTracker;
+using concord::bench::FillProgress;
 using concord::bench::JoinAllThroughAgents;
 using concord::bench::JoinRequestOf;
 using concord::bench::Seconds;
@@ -121,6 +124,11 @@ struct Result {
   double heartbeat_p50_ms = -1;
   double heartbeat_p99_ms = -1;
   double coordinator_cores = -1;
+  // The same heartbeats carrying WorkerProgress (see Note [Hangs]), in the
+  // same run: what the hang rule's reports cost.
+  double progress_p50_ms = -1;
+  double progress_p99_ms = -1;
+  double progress_cores = -1;
   double coordinator_rss_mb = -1;
   // The anchor (concord-bench-tcpstore): seconds, or why not.
   double tcpstore_s = -1;
@@ -429,7 +437,8 @@ void HeartbeatThread(const std::vector<Worker>& workers,
                      size_t threads, double rate_hz, const std::string& token,
                      SteadyClock::time_point start,
                      SteadyClock::time_point measure_from,
-                     SteadyClock::time_point end, HeartbeatStats* stats) {
+                     SteadyClock::time_point end, bool progress,
+                     HeartbeatStats* stats) {
   grpc::CompletionQueue cq;
   const auto period = std::chrono::duration_cast<SteadyClock::duration>(
       std::chrono::duration<double>(1.0 / rate_hz));
@@ -458,7 +467,8 @@ void HeartbeatThread(const std::vector<Worker>& workers,
           std::max(stats->max_send_lag_ms, 1e3 * Seconds(sent - due(cursor)));
       if (agents != nullptr) {
         stats->sent +=
-            (*agents)[unit]->Heartbeat(step, measure_from, stream_stats);
+            (*agents)[unit]->Heartbeat(step, measure_from, stream_stats,
+                                       progress);
         if (++cursor == mine.size()) {
           cursor = 0;
           ++round;
@@ -474,6 +484,7 @@ void HeartbeatThread(const std::vector<Worker>& workers,
       request.set_generation(w.generation);
       request.set_step(step);
       request.set_samples_per_second(1000.0);
+      if (progress) FillProgress(step, request.mutable_progress());
       auto* call = new HeartbeatCall();
       call->context.set_deadline(std::chrono::system_clock::now() +
                                  std::chrono::seconds(10));
@@ -648,12 +659,12 @@ void TakeStreamAnswers(StreamHeartbeatStats& stream_stats,
 }
 
 // --duration-s of heartbeats at --rate-hz from every live worker (or every
-// simulated agent): latency, the coordinator's CPU and memory. False when a
-// heartbeat failed.
+// simulated agent), with or without `progress` (WorkerProgress): latency,
+// the coordinator's CPU and memory. False when a heartbeat failed.
 bool HeartbeatPhase(const Flags& f, pid_t pid, int metrics_port,
                     const std::string& token, std::vector<Worker>& workers,
                     std::vector<std::unique_ptr<SimAgent>>& agents,
-                    Result* result) {
+                    bool progress, Result* result) {
   workers.resize(static_cast<size_t>(f.workers));
   // The heartbeat units: each worker (the rendezvous job's dead worker
   // heartbeats no more), or each simulated agent.
@@ -687,7 +698,7 @@ bool HeartbeatPhase(const Flags& f, pid_t pid, int metrics_port,
     pool.emplace_back(HeartbeatThread, std::cref(workers), std::cref(units),
                       f.per_agent > 0 ? &agent_units : nullptr, &stream_stats,
                       t, threads, f.rate_hz, std::cref(token), start,
-                      measure_from, end, &stats[t]);
+                      measure_from, end, progress, &stats[t]);
   }
   for (auto& th : pool) th.join();
   if (f.per_agent > 0) TakeStreamAnswers(stream_stats, stats);
@@ -713,14 +724,14 @@ bool HeartbeatPhase(const Flags& f, pid_t pid, int metrics_port,
   const double p99 = Percentile(latency, 0.99);
   const double max =
       latency.empty() ? 0 : *std::max_element(latency.begin(), latency.end());
-  result->heartbeat_p50_ms = p50;
-  result->heartbeat_p99_ms = p99;
-  result->coordinator_cores = cpu / wall;
+  (progress ? result->progress_p50_ms : result->heartbeat_p50_ms) = p50;
+  (progress ? result->progress_p99_ms : result->heartbeat_p99_ms) = p99;
+  (progress ? result->progress_cores : result->coordinator_cores) = cpu / wall;
   result->coordinator_rss_mb = ResidentMib(pid);
   Say(f,
-      "heartbeats: %d workers%s at %.2f Hz for %.1f s: %lld sent "
+      "heartbeats%s: %d workers%s at %.2f Hz for %.1f s: %lld sent "
       "(%.0f/s), %lld errors%s%s\n",
-      f.workers,
+      progress ? " with progress" : "", f.workers,
       f.per_agent > 0
           ? absl::StrCat(" through ", units.size(), " agents of ", f.per_agent)
                 .c_str()
@@ -815,7 +826,18 @@ bool RunConcord(const Flags& f, Result* result) {
   const bool ok = JoinPhase(f, pid, options.worker_token, workers, jobs,
                             join_all, result) &&
                   HeartbeatPhase(f, pid, metrics_port, options.worker_token,
-                                 workers, agents, result);
+                                 workers, agents, /*progress=*/false,
+                                 result) &&
+                  HeartbeatPhase(f, pid, metrics_port, options.worker_token,
+                                 workers, agents, /*progress=*/true, result);
+  if (ok) {
+    Say(f,
+        "heartbeat cost, without / with WorkerProgress: p50 %.2f / %.2f ms, "
+        "p99 %.2f / %.2f ms, coordinator %.3f / %.3f cores\n",
+        result->heartbeat_p50_ms, result->progress_p50_ms,
+        result->heartbeat_p99_ms, result->progress_p99_ms,
+        result->coordinator_cores, result->progress_cores);
+  }
   if (!agents.empty()) {
     Say(f, "agents: %zu Node streams carried the joins and %lld views\n",
         agents.size(), static_cast<long long>(tracker.views()));
@@ -934,6 +956,9 @@ int main(int argc, char** argv) {
           {"heartbeat_p50_ms", OrNull(r.heartbeat_p50_ms)},
           {"heartbeat_p99_ms", OrNull(r.heartbeat_p99_ms)},
           {"coordinator_cores", OrNull(r.coordinator_cores)},
+          {"progress_heartbeat_p50_ms", OrNull(r.progress_p50_ms)},
+          {"progress_heartbeat_p99_ms", OrNull(r.progress_p99_ms)},
+          {"progress_coordinator_cores", OrNull(r.progress_cores)},
           {"coordinator_rss_mb", OrNull(r.coordinator_rss_mb)},
           {"tcpstore_nodes", nodes},
           {"tcpstore_rendezvous_s", OrNull(r.tcpstore_s)},
