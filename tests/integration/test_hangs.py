@@ -16,7 +16,8 @@ holds. Group "hangs" (the faults):
   stall-forward   local 1 sleeps, idle, after step 10's agreement (before
                   its forward's first collective), through the node agent;
   stall-bucket    local 1 sleeps between the first and the second bucket of
-                  step 10's backward (buckets of 2 KiB), with --no-agent;
+                  step 10's backward (a wider model: two buckets), with
+                  --no-agent;
   stop            local 1 is SIGSTOPped at step 10 and continued 8 s later;
   stall-past-end  local 1 sleeps at step 10 for longer than the job runs.
 
@@ -51,6 +52,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import elastic_harness as eh  # noqa: E402
+import torch  # noqa: E402
 import processes  # noqa: E402  (tests/reference, on the path eh sets)
 
 STALL_STEP = 10
@@ -61,6 +63,34 @@ STALL_STEP = 10
 N, BATCH, EPOCHS = 2400, 4, 2
 SHORT_N = 600
 STEP_MS = "40"
+
+
+class WideMLP(torch.nn.Module):
+    """SmoothMLP with 512-wide hidden layers: 1.09 MB of parameters, so
+    that DDP's first bucket (1 MiB, on every LibTorch) leaves fc1 to a
+    second: a backward launches two buckets."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(eh.fixtures.MLP_IN, 512)
+        self.fc2 = torch.nn.Linear(512, 512)
+        self.fc3 = torch.nn.Linear(512, eh.fixtures.MLP_OUT)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.tanh(self.fc1(x))
+        x = torch.tanh(self.fc2(x))
+        return self.fc3(x)
+
+
+class WideFixture(eh.Fixture):
+    def __init__(self, tmp, n_samples, seed=3):
+        eh.Fixture.__init__(self, tmp, n_samples, seed)
+        self.model = os.path.join(tmp, "wide-%d.pt" % seed)
+        if not os.path.isfile(self.model):
+            torch.manual_seed(seed)
+            model = WideMLP()
+            model.train()
+            torch.jit.save(torch.jit.script(model), self.model)
 
 
 def coordinator_events(rd, kind=None):
@@ -126,7 +156,7 @@ def check_hung(ctx, name, rd, p, woke_pattern):
 
 
 def case_stall(ctx, name, point, extra_run=(), extra_train=(), stall_s=15, outputs=3, n=N):
-    fx = eh.Fixture(ctx.tmp, n)
+    fx = WideFixture(ctx.tmp, n) if point == "bucket" else eh.Fixture(ctx.tmp, n)
     rd = eh.RunDir(ctx.tmp, name)
     fault = "1:%d:%s:model:%s:stall=%d" % (
         STALL_STEP, point, "2" if point == "bucket" else "1", stall_s)
@@ -191,8 +221,7 @@ def _cases():
     hangs = [
         ("stall-forward", lambda ctx: case_stall(ctx, "stall-forward", "forward")),
         ("stall-bucket", lambda ctx: case_stall(ctx, "stall-bucket", "bucket",
-                                                extra_run=["--no-agent"],
-                                                extra_train=["--bucket-cap-mb", "0.002"])),
+                                                extra_run=["--no-agent"])),
         ("stop", lambda ctx: case_stop(ctx, "stop")),
         ("stall-past-end", lambda ctx: case_stall(ctx, "stall-past-end", "forward", stall_s=25,
                                                   outputs=2, n=SHORT_N)),
