@@ -13,12 +13,13 @@ finishers' outputs are bit-identical; every sample of every epoch was
 trained exactly once (the sample logs); the history checker (tests/history.py)
 holds. Group "hangs" (the faults):
 
-  stall-forward   local 1 sleeps, idle, after step 10's agreement (before
+  stall-forward   local 1 sleeps 12 s, idle, after step 10's agreement (before
                   its forward's first collective), through the node agent;
   stall-bucket    local 1 sleeps between the first and the second bucket of
                   step 10's backward (a wider model: two buckets), with
                   --no-agent;
   stop            local 1 is SIGSTOPped at step 10 and continued 8 s later;
+  stop-past-end   the same, continued once the others have finished;
   stall-past-end  local 1 sleeps at step 10 for longer than the job runs.
 
 For each: the coordinator took the worker out as hung (its history's
@@ -29,12 +30,14 @@ end exits 0 saying "nothing left to do", and concord-run exits 0 (2
 outputs). Group "false-alarms" (none may take anyone out: no "failure"
 event, 3 outputs, one generation):
 
-  busy            rank 0's local worker computes for 20 s before step 10,
+  busy            rank 0's local worker computes for 12 s before step 10,
                   outside the step (pytorch/examples' MNIST evaluates
                   between epochs), with --hang-timeout-ms 3000;
   checkpoint      checkpoints every 5 steps with --hang-timeout-ms 2000;
-  slow-start      local 1 sleeps 20 s, idle, in its first step (a slow
-                  first batch): the start-up allowance (60 s).
+  slow-start      local 1 sleeps 12 s, idle, in its first step (a slow
+                  first batch): more than the 5 s floor, less than the
+                  start-up allowance (60 s) and the harness's 20 s collective
+                  timeout.
 
 Prints one line per check and 'N passed, N failed'.
 """
@@ -155,7 +158,7 @@ def check_hung(ctx, name, rd, p, woke_pattern):
             name, who, (without[0]["time_us"] - at) / 1e6, hung[0]["message"]), flush=True)
 
 
-def case_stall(ctx, name, point, extra_run=(), extra_train=(), stall_s=15, outputs=3, n=N):
+def case_stall(ctx, name, point, extra_run=(), extra_train=(), stall_s=12, outputs=3, n=N):
     fx = WideFixture(ctx.tmp, n) if point == "bucket" else eh.Fixture(ctx.tmp, n)
     rd = eh.RunDir(ctx.tmp, name)
     fault = "1:%d:%s:model:%s:stall=%d" % (
@@ -182,25 +185,42 @@ def worker_pid(launcher_pid, local_rank):
     return None
 
 
-def case_stop(ctx, name):
-    fx = eh.Fixture(ctx.tmp, N)
+def wait_for(p, condition, seconds):
+    deadline = time.monotonic() + seconds
+    while not condition() and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return condition()
+
+
+def case_stop(ctx, name, past_end=False):
+    """Local 1 SIGSTOPped at step 10 and continued 8 s later, or (past_end)
+    once the others have finished."""
+    n = SHORT_N if past_end else N
+    fx = eh.Fixture(ctx.tmp, n)
     rd = eh.RunDir(ctx.tmp, name)
     p = launch(ctx, name, rd, fx)
-    deadline = time.monotonic() + 60
-    while eh.job_progress(rd)[0] < STALL_STEP and p.poll() is None and \
-            time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for(p, lambda: eh.job_progress(rd)[0] >= STALL_STEP, 60)
     pid = worker_pid(p.pid, 1)
     ctx.checks.check(pid is not None, name + ": found local worker 1", "")
     if pid is not None:
         os.kill(pid, signal.SIGSTOP)
-        time.sleep(8)
+        if past_end:
+            ended = wait_for(p, lambda: len(rd.worker_outputs()) == 2, 60)
+            ctx.checks.check(ended, name + ": the others finished while it was stopped",
+                             str(rd.worker_outputs()))
+            time.sleep(0.5)
+        else:
+            time.sleep(8)
         os.kill(pid, signal.SIGCONT)
-    finish_checks(ctx, name, p, rd, 3)
+    finish_checks(ctx, name, p, rd, 2 if past_end else 3, n)
     failures = coordinator_events(rd, "failure")
     ctx.checks.check(len(failures) == 1, name + ": the stopped worker was taken out once",
                      json.dumps(failures)[:1500])
-    eh.summary(name, p, rd, "SIGSTOP for 8 s")
+    if past_end:
+        ctx.checks.check("nothing left to do" in p.stderr(),
+                         name + ": continued after the end, it said it had nothing left to do",
+                         p.stderr()[-2000:])
+    eh.summary(name, p, rd, "SIGSTOP, continued %s" % ("after the end" if past_end else "8 s later"))
 
 
 def case_quiet(ctx, name, extra_run=(), extra_train=(), env=None):
@@ -223,17 +243,18 @@ def _cases():
         ("stall-bucket", lambda ctx: case_stall(ctx, "stall-bucket", "bucket",
                                                 extra_run=["--no-agent"])),
         ("stop", lambda ctx: case_stop(ctx, "stop")),
+        ("stop-past-end", lambda ctx: case_stop(ctx, "stop-past-end", past_end=True)),
         ("stall-past-end", lambda ctx: case_stall(ctx, "stall-past-end", "forward", stall_s=25,
                                                   outputs=2, n=SHORT_N)),
     ]
     quiet = [
         ("busy", lambda ctx: case_quiet(ctx, "busy", ["--hang-timeout-ms", "3000"],
-                                        env={"CONCORD_TEST_BUSY": "0:%d:20" % STALL_STEP})),
+                                        env={"CONCORD_TEST_BUSY": "0:%d:12" % STALL_STEP})),
         ("checkpoint", lambda ctx: case_quiet(
             ctx, "checkpoint", ["--hang-timeout-ms", "2000", "--checkpoint-dir",
                                 os.path.join(ctx.tmp, "ckpt"), "--checkpoint-every", "5"])),
         ("slow-start", lambda ctx: case_quiet(
-            ctx, "slow-start", env={"CONCORD_TEST_FAULT": "1:1:forward:model:1:stall=20"})),
+            ctx, "slow-start", env={"CONCORD_TEST_FAULT": "1:1:forward:model:1:stall=12"})),
     ]
     cases = {}
     for group, items in (("hangs", hangs), ("false-alarms", quiet)):
