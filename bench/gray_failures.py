@@ -1,0 +1,150 @@
+#!/usr/bin/python3
+"""Benchmark: a worker that hangs alive, found by its progress (the hang
+rule, see Note [Hangs] in coordinator/core/hang_rule.h) next to the same
+stall with the rule off (what Concord did before it: the collective timeout
+governs), in one run.
+
+Usage (Debian's python3, which has torch; build Concord first):
+
+    /usr/bin/python3 bench/gray_failures.py --bin-dir build/bin [--repeat 3]
+        [--off-repeat 1] [--collective-timeout-ms 300000] [--kind cnn]
+
+Each repeat: concord-run --standalone --nproc W (default 3) runs
+concord-train on a fixture of tests/reference/fixtures.py (default "cnn",
+a small convnet on 1x28x28 images: MNIST-size steps), with the defaults
+but --max-restarts 0; CONCORD_TEST_FAULT makes local worker 1 sleep, idle,
+after the agreement of step --stall-step (before its forward's first
+collective), for longer than the run can wait. T0 is its log line saying it
+stalls. Reported, for "rule on" (the default hang timeout: derived from the
+step times, at least 5 s) and "rule off" (--hang-timeout-ms -1): detect (T0
+-> a survivor's collective was aborted), re-form (-> the survivors' next
+generation formed), resume (T0 -> the survivors' first step in it done).
+Medians over the repeats. The goal: resume within 10 s with the rule on;
+with it off the survivors wait out --collective-timeout-ms (concord-run's
+default, 300 s: run it at least once as it is).
+
+Not a test; not registered with ctest.
+"""
+
+import argparse
+import os
+import select
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import reform_latency as rl  # noqa: E402  (its command lines and log stamps)
+import fixtures  # noqa: E402  (tests/reference, on the path rl sets)
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--bin-dir", default="build/bin")
+    p.add_argument("--kind", default="cnn", help="fixture kind (tests/reference/fixtures.py)")
+    p.add_argument("--world-size", type=int, default=3)
+    p.add_argument("--samples", type=int, default=2048)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--stall-step", type=int, default=20)
+    p.add_argument("--repeat", type=int, default=3, help="repeats with the rule on")
+    p.add_argument("--off-repeat", type=int, default=1, help="repeats with the rule off")
+    p.add_argument("--collective-timeout-ms", type=int, default=300000,
+                   help="concord-run's (its default: 300000)")
+    p.add_argument("--no-agent", action="store_true")
+    return p.parse_args()
+
+
+def stall_once(args, model, data, rule_on):
+    """One run; the times of the survivors' reactions to the stall (ms)."""
+    wait_s = args.collective_timeout_ms / 1e3 + 60
+    extra_run = ["--max-restarts", "0", "--min-workers", str(args.world_size - 1),
+                 "--settle-ms", "200000",
+                 "--collective-timeout-ms", str(args.collective_timeout_ms)]
+    if not rule_on:
+        extra_run += ["--hang-timeout-ms", "-1"]
+    cmd = rl.concord_cmd(args, model, data, extra_run, ["--epochs", "100000"], os.devnull)
+    env = dict(os.environ, CONCORD_TEST_FAULT="1:%d:forward:model:1:stall=%d" % (
+        args.stall_step, int(wait_s + 60)), OMP_NUM_THREADS="1")
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True, env=env)
+    events = {}
+    seen = []
+    t0 = None
+    deadline = time.time() + wait_s + 60
+    try:
+        fd = proc.stderr.fileno()
+        buf = ""
+        while time.time() < deadline and "resumed" not in events:
+            chunk = ""
+            if select.select([fd], [], [], 0.1)[0]:
+                chunk = os.read(fd, 1 << 16).decode(errors="replace")
+                if not chunk and proc.poll() is not None:
+                    raise RuntimeError("the job ended: %s\n%s" % (events, "\n".join(seen[-30:])))
+            buf += chunk
+            lines = buf.split("\n")
+            buf = lines.pop()
+            seen.extend(lines[-200:])
+            for line in lines:
+                m = rl.STAMP.match(line)
+                if not m:
+                    continue
+                when, what = rl.stamp(m.group(1)), m.group(2)
+                if "CONCORD_TEST_FAULT: stalling" in what:
+                    t0 = when
+                elif t0 is None:
+                    continue
+                elif "re-forming" in what:
+                    events.setdefault("detected", when)
+                elif "joined job" in what and "detected" in events:
+                    events.setdefault("formed", when)
+                elif "the first in generation" in what and "formed" in events:
+                    events.setdefault("resumed", when)
+        if "resumed" not in events:
+            raise RuntimeError("no resumption seen: %s; last output:\n%s"
+                               % (events, "\n".join(seen[-20:])))
+    finally:
+        rl.kill_group(proc)
+    return {"detect": (events["detected"] - t0) * 1e3,
+            "re-form": (events["formed"] - events["detected"]) * 1e3,
+            "resume": (events["resumed"] - t0) * 1e3}
+
+
+def main():
+    args = parse_args()
+    tmp = tempfile.mkdtemp(prefix="concord_gray_")
+    model, data = fixtures.make_fixture(tmp, args.kind, n_samples=args.samples, seed=1)
+    results = {}
+    for label, rule_on, repeats in (("rule on (default hang timeout)", True, args.repeat),
+                                    ("rule off (collective timeout %d ms)"
+                                     % args.collective_timeout_ms, False, args.off_repeat)):
+        runs = []
+        for i in range(repeats):
+            r = stall_once(args, model, data, rule_on)
+            print("%s, run %d: %s" % (label, i + 1,
+                                      ", ".join("%s %.0f ms" % kv for kv in r.items())),
+                  flush=True)
+            runs.append(r)
+        results[label] = runs
+    print("\nstall of local worker 1 at step %d, %d workers, fixture %s (%s):" % (
+        args.stall_step, args.world_size, args.kind,
+        "--no-agent" if args.no_agent else "through the node agent"))
+    print("%-42s %10s %10s %10s" % ("median over runs", "detect", "re-form", "resume"))
+    for label, runs in results.items():
+        if not runs:
+            continue
+        print("%-42s %8.2f s %8.2f s %8.2f s   (%d runs)" % (
+            label, *(statistics.median(r[k] for r in runs) / 1e3
+                     for k in ("detect", "re-form", "resume")), len(runs)))
+    on = [r["resume"] for r in results[next(iter(results))]]
+    if on:
+        print("goal: resume within 10 s with the rule on: %s (median %.2f s)" % (
+            "MET" if statistics.median(on) <= 10000 else "MISSED", statistics.median(on) / 1e3))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
