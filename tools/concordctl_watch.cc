@@ -28,6 +28,9 @@ std::string HealthNote(const v1::MemberStatus& m) {
             : absl::StrCat("a group's ", p.pending_kind()));
   }
   if (m.health() == "busy") return absl::StrCat("busy: ", p.activity());
+  if (m.health() == "slow") {
+    return absl::StrFormat("straggler: own work %.1f ms a step", p.own_ms());
+  }
   return m.health();
 }
 namespace {

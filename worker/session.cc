@@ -592,12 +592,16 @@ void Session::ReportCommittedStep(int64_t step) {
   // The time between commits of consecutive steps (a restore's commit of
   // an older step, or a step committed again, starts over).
   const absl::Time now = absl::Now();
+  const absl::Duration waited = recorder_->waited();
   std::lock_guard<std::mutex> lock(activity_mu_);
   if (last_commit_.has_value() && step == last_commit_step_ + 1) {
-    step_times_.push_back(now - *last_commit_);
+    const absl::Duration step_time = now - *last_commit_;
+    step_times_.push_back(
+        {step_time, std::min(step_time, waited - last_commit_waited_)});
     if (step_times_.size() > kStepTimesKept) step_times_.pop_front();
   }
   last_commit_ = now;
+  last_commit_waited_ = waited;
   last_commit_step_ = step;
 }
 
@@ -639,10 +643,15 @@ v1::WorkerProgress Session::progress_report(absl::Time now) const {
   std::lock_guard<std::mutex> lock(activity_mu_);
   p.set_activity(activity_);
   if (!step_times_.empty()) {
-    std::vector<absl::Duration> sorted(step_times_.begin(), step_times_.end());
-    std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2,
-                     sorted.end());
-    p.set_step_ms(absl::ToDoubleMilliseconds(sorted[sorted.size() / 2]));
+    auto median = [&](auto part) {
+      std::vector<absl::Duration> v;
+      for (const StepTime& t : step_times_) v.push_back(part(t));
+      std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+      return absl::ToDoubleMilliseconds(v[v.size() / 2]);
+    };
+    p.set_step_ms(median([](const StepTime& t) { return t.step; }));
+    p.set_wait_ms(median([](const StepTime& t) { return t.wait; }));
+    p.set_own_ms(median([](const StepTime& t) { return t.step - t.wait; }));
   }
   return p;
 }

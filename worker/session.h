@@ -332,11 +332,17 @@ class Session final : public comm::GroupFactory {
   // See Busy (guarded by activity_mu_).
   mutable std::mutex activity_mu_;
   std::string activity_;
-  // The times between the last commits (ReportCommittedStep), for
-  // WorkerProgress.step_ms; guarded by activity_mu_.
+  // The times between the last commits (ReportCommittedStep), and the parts
+  // of them spent waiting for collectives, for WorkerProgress's step_ms,
+  // wait_ms and own_ms; guarded by activity_mu_.
   static constexpr size_t kStepTimesKept = 16;
-  std::deque<absl::Duration> step_times_;
+  struct StepTime {
+    absl::Duration step;
+    absl::Duration wait;
+  };
+  std::deque<StepTime> step_times_;
   std::optional<absl::Time> last_commit_;
+  absl::Duration last_commit_waited_;
   int64_t last_commit_step_ = -1;
 
   std::atomic<int64_t> step_{0};

@@ -107,7 +107,7 @@ struct Event {
   int64_t seq = 0;
   absl::Time time;
   // "job", "join", "generation", "leave", "failure", "drain", "checkpoint",
-  // "stop".
+  // "stop", "straggler" (see Note [Stragglers] in hang_rule.h).
   std::string kind;
   std::string worker_id;
   std::string message;
@@ -376,6 +376,11 @@ class Core {
     std::optional<v1::WorkerProgress> progress;
     absl::Time progress_reported;
     absl::Time progressed;
+    // See Note [Stragglers] in hang_rule.h: slow intervals counted up, fast
+    // ones down (0..2 x kStragglerIntervals), and whether it is named one
+    // (transient).
+    int slow_count = 0;
+    bool straggler = false;
   };
   // A worker's WatchMembership streams (see Note [Re-forming]).
   struct WatchState {
@@ -429,6 +434,9 @@ class Core {
     JobHistory history;
     // Transient (see Note [Asynchronous waits]).
     JobEpochs epochs;
+    // When the members were last compared for stragglers (see Note
+    // [Stragglers] in hang_rule.h; transient).
+    absl::Time stragglers_checked;
     // The time of the last heartbeat not yet in `history` (see Note [Lazy
     // progress] in core_history.cc); transient.
     std::optional<absl::Time> progress_pending;
@@ -628,6 +636,10 @@ class Core {
   // ending a generation stuck together); returns whether anything changed.
   static std::vector<MemberProgress> ProgressOf(const Job& job);
   bool TakeOutHung(Job& job, absl::Time now);
+  // See Note [Stragglers] in hang_rule.h: once a heartbeat interval, counts
+  // each member's slow intervals and names (or stops naming) stragglers,
+  // with an event and a log line.
+  void CheckStragglers(Job& job, absl::Time now);
   // Join's parts. Admit: whether `request` may join the existing `job`
   // (its spec, its binding, a run that ended or was started again, a
   // drained worker), and whether it is a member asking to re-form (see Note

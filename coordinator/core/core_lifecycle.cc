@@ -169,6 +169,50 @@ bool Core::TakeOutHung(Job& job, absl::Time now) {
   return false;
 }
 
+void Core::CheckStragglers(Job& job, absl::Time now) {
+  job.stragglers_checked = now;
+  bool any = false;
+  for (const MemberState& m : job.members) {
+    if (m.progress.has_value() && m.progress->own_ms() > 0) {
+      any = true;
+      break;
+    }
+  }
+  if (!any) return;
+  const std::vector<MemberProgress> progress = ProgressOf(job);
+  const std::vector<bool> slow = SlowMembers(progress);
+  bool changed = false;
+  for (size_t i = 0; i < job.members.size(); ++i) {
+    MemberState& m = job.members[i];
+    m.slow_count = std::clamp(m.slow_count + (slow[i] ? 1 : -1), 0,
+                              2 * kStragglerIntervals);
+    const bool was = m.straggler;
+    if (!m.straggler && m.slow_count >= kStragglerIntervals) {
+      m.straggler = true;
+    } else if (m.straggler && m.slow_count == 0) {
+      m.straggler = false;
+    }
+    if (m.straggler == was) continue;
+    changed = true;
+    const std::string what =
+        m.straggler
+            ? absl::StrFormat(
+                  "straggler: rank %d's own work is %.1f ms a step against "
+                  "%.1f ms for the others (it waits %.1f ms; slow for %d "
+                  "heartbeat intervals)",
+                  m.rank, m.progress->own_ms(), OthersOwnMs(progress, i),
+                  m.progress->wait_ms(), kStragglerIntervals)
+            : absl::StrFormat("no longer a straggler: rank %d's own work is "
+                              "%.1f ms a step against %.1f ms for the others",
+                              m.rank, m.progress->own_ms(),
+                              OthersOwnMs(progress, i));
+    spdlog::warn("job {}: worker {}: {}", job.spec.job_id(), m.worker_id,
+                 what);
+    AddEvent(job, "straggler", m.worker_id, what);
+  }
+  if (changed) Changed(job);
+}
+
 void Core::Tick() {
   const absl::Time now = clock_->Now();
   for (auto& [job_id, job] : jobs_) {
@@ -209,6 +253,9 @@ void Core::Tick() {
       } else if (TakeOutHung(job, now)) {
         MaybeFormGeneration(job);
         Changed(job);
+      } else if (now - job.stragglers_checked >=
+                 absl::Milliseconds(job.spec.heartbeat_interval_ms())) {
+        CheckStragglers(job, now);
       }
     } else if (job.state == v1::JOB_STATE_RENDEZVOUS) {
       // See Note [Re-forming]: those whose connection broke are gone.

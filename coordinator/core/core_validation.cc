@@ -320,6 +320,8 @@ absl::Status ValidateRequest(const v1::HeartbeatRequest& r) {
   CONCORD_RETURN_IF_ERROR(NonNegative("progress.cpu_ms", p.cpu_ms()));
   CONCORD_RETURN_IF_ERROR(
       ValidText("progress.activity", p.activity(), kMaxKindLength));
+  CONCORD_RETURN_IF_ERROR(FiniteNonNegative("progress.wait_ms", p.wait_ms()));
+  CONCORD_RETURN_IF_ERROR(FiniteNonNegative("progress.own_ms", p.own_ms()));
   return FiniteNonNegative("progress.step_ms", p.step_ms());
 }
 

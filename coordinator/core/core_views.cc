@@ -127,6 +127,9 @@ absl::StatusOr<v1::JobStatus> Core::GetJob(
     out = StatusOf(job->members[i]);
     if (job->state == v1::JOB_STATE_RUNNING) {
       out.set_health(HealthOf(progress[i], clock_->Now(), hang_timeout));
+      if (out.health().empty() && job->members[i].straggler) {
+        out.set_health("slow");
+      }
     }
   }
   for (const MemberState& m : job->waiting) {

@@ -150,6 +150,51 @@ HangVerdict JudgeHang(const std::vector<MemberProgress>& members,
   return verdict;
 }
 
+double OthersOwnMs(const std::vector<MemberProgress>& members, size_t index) {
+  std::vector<double> own;
+  own.reserve(members.size());
+  for (size_t j = 0; j < members.size(); ++j) {
+    const auto& p = members[j].progress;
+    if (j != index && p.has_value() && p->own_ms() > 0) {
+      own.push_back(p->own_ms());
+    }
+  }
+  if (own.empty()) return 0;
+  std::nth_element(own.begin(), own.begin() + own.size() / 2, own.end());
+  return own[own.size() / 2];
+}
+
+std::vector<bool> SlowMembers(const std::vector<MemberProgress>& members) {
+  std::vector<bool> slow(members.size(), false);
+  // The others' median, once: the median of all, or (for a member on the
+  // median's side) its neighbour; exact for one straggler among many, and
+  // computed exactly below for small jobs.
+  std::vector<double> own;
+  for (const MemberProgress& m : members) {
+    if (m.progress.has_value() && m.progress->own_ms() > 0) {
+      own.push_back(m.progress->own_ms());
+    }
+  }
+  if (own.size() < 2) return slow;
+  std::sort(own.begin(), own.end());
+  for (size_t i = 0; i < members.size(); ++i) {
+    const auto& p = members[i].progress;
+    if (!p.has_value() || !(p->own_ms() > 0)) continue;
+    double others;
+    if (own.size() <= 16) {
+      others = OthersOwnMs(members, i);
+    } else {
+      // Removing one value from n sorted ones moves the median by at most one
+      // place: the lower median of the rest.
+      const size_t mid = (own.size() - 1) / 2;
+      others = p->own_ms() >= own[mid] ? own[mid] : own[mid + 1];
+    }
+    slow[i] = p->own_ms() >= kStragglerFactor * others &&
+              p->own_ms() - others >= kStragglerMarginMs;
+  }
+  return slow;
+}
+
 std::string HealthOf(const MemberProgress& member, absl::Time now,
                      absl::Duration timeout) {
   if (timeout <= absl::ZeroDuration() || !member.progress.has_value()) {

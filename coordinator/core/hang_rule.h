@@ -93,6 +93,34 @@ struct HangVerdict {
 HangVerdict JudgeHang(const std::vector<MemberProgress>& members,
                       absl::Time now, int64_t setting_ms);
 
+// Note [Stragglers]
+// ~~~~~~~~~~~~~~~~~
+// In data-parallel training every member takes every step, so one slow
+// member (a throttled GPU, a noisy neighbour, a degraded link) slows them
+// all, and its step time is everyone's: what tells it apart is how a step's
+// time splits. Each member reports the median, over its last 16 steps, of
+// the time its threads were blocked in collectives (wait_ms) and of the rest
+// (own_ms, its own work); the straggler works longest and waits least. Once
+// a heartbeat interval the coordinator compares each member's own work with
+// the others' (SlowMembers): slow when it is at least kStragglerFactor times
+// the median of the others' and kStragglerMarginMs more. A member slow for
+// kStragglerIntervals consecutive intervals is named a straggler (an event,
+// a log line, its health "slow" in the status); it stops being one after as
+// many intervals that are not slow (each fast interval takes one back).
+// Reported only: the job goes on with it.
+inline constexpr double kStragglerFactor = 1.5;
+inline constexpr double kStragglerMarginMs = 2.0;
+inline constexpr int kStragglerIntervals = 10;
+
+// Per member (same order), whether its last report is slow against the
+// others' (see Note [Stragglers]); false for a member without a report or
+// an own time, and for every member of a job with fewer than two that
+// have one.
+std::vector<bool> SlowMembers(const std::vector<MemberProgress>& members);
+// The median of the own times reported by the members other than `index`
+// (0 without any).
+double OthersOwnMs(const std::vector<MemberProgress>& members, size_t index);
+
 // A member's health as the status shows it: "waiting", "idle", "busy" or ""
 // (progressing), judged with timeout `timeout` (zero: "").
 std::string HealthOf(const MemberProgress& member, absl::Time now,

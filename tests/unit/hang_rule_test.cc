@@ -277,6 +277,47 @@ TEST(JudgeHangTest, OlderWorkersAndTheRuleOffAreLeftToTheHeartbeats) {
   EXPECT_EQ(HealthOf(members[1], now, absl::ZeroDuration()), "");
 }
 
+// A member whose steps split into `own` and `wait` milliseconds.
+MemberProgress Timed(int rank, double own, double wait) {
+  MemberProgress m;
+  m.worker_id = "w" + std::to_string(rank);
+  m.rank = rank;
+  Said said;
+  said.step_ms = own + wait;
+  m.progress = said.Proto();
+  m.progress->set_own_ms(own);
+  m.progress->set_wait_ms(wait);
+  return m;
+}
+
+TEST(SlowMembersTest, TheOneThatWorksLongestAndWaitsLeast) {
+  // A rank at a fifth of the speed: everyone's step is its, the others wait.
+  EXPECT_THAT(SlowMembers({Timed(0, 20, 80), Timed(1, 100, 1), Timed(2, 21, 79)}),
+              ElementsAre(false, true, false));
+  EXPECT_DOUBLE_EQ(OthersOwnMs({Timed(0, 20, 80), Timed(1, 100, 1),
+                                Timed(2, 21, 79)},
+                               1),
+                   21);
+  // Two members: each against the other.
+  EXPECT_THAT(SlowMembers({Timed(0, 10, 30), Timed(1, 40, 1)}),
+              ElementsAre(false, true));
+  // Noise is not slowness: 1.5x but under the margin, or under 1.5x.
+  EXPECT_THAT(SlowMembers({Timed(0, 1, 1), Timed(1, 2.5, 0), Timed(2, 1, 1)}),
+              ElementsAre(false, false, false));
+  EXPECT_THAT(SlowMembers({Timed(0, 20, 5), Timed(1, 28, 0), Timed(2, 20, 5)}),
+              ElementsAre(false, false, false));
+  // Nothing to compare: one member, or no own times.
+  EXPECT_THAT(SlowMembers({Timed(0, 50, 0)}), ElementsAre(false));
+  MemberProgress none;
+  EXPECT_THAT(SlowMembers({none, Timed(1, 50, 0)}), ElementsAre(false, false));
+  // Many members: the others' median without the one judged.
+  std::vector<MemberProgress> many;
+  for (int r = 0; r < 40; ++r) many.push_back(Timed(r, 10 + r % 3, 50));
+  many[17] = Timed(17, 60, 1);
+  const std::vector<bool> slow = SlowMembers(many);
+  for (int r = 0; r < 40; ++r) EXPECT_EQ(slow[r], r == 17) << r;
+}
+
 // ---- through the core ----------------------------------------------------
 
 using testing::HeartbeatReq;
@@ -395,6 +436,42 @@ TEST_F(CoreHangTest, EveryoneStuckEndsTheGenerationAndKeepsEveryone) {
   EXPECT_THAT(EventsOf("failure"), IsEmpty());
   const std::vector<Event> generations = EventsOf("generation");
   EXPECT_THAT(generations.back().message, HasSubstr("every member waits"));
+}
+
+TEST_F(CoreHangTest, AStragglerIsNamedAfterTenSlowIntervalsAndCleared) {
+  const int64_t gen = FormSettled(3, 3);
+  auto beat = [&](double slow_own) {
+    clock_.Advance(absl::Seconds(1));
+    for (int i = 0; i < 3; ++i) {
+      v1::HeartbeatRequest r = HeartbeatReq(Worker(i), gen, 7);
+      Said said;
+      said.collectives = 100;
+      said.cpu_ms = cpu_[i] += 900;
+      *r.mutable_progress() = said.Proto();
+      r.mutable_progress()->set_own_ms(i == 2 ? slow_own : 20);
+      r.mutable_progress()->set_wait_ms(i == 2 ? 1 : slow_own - 20);
+      ASSERT_TRUE(core_.Heartbeat(r).ok());
+    }
+    core_.Tick();
+  };
+  for (int s = 0; s < kStragglerIntervals - 1; ++s) beat(100);
+  EXPECT_THAT(EventsOf("straggler"), IsEmpty());
+  beat(100);
+  std::vector<Event> named = EventsOf("straggler");
+  ASSERT_EQ(named.size(), 1u);
+  EXPECT_EQ(named[0].worker_id, "w2");
+  EXPECT_THAT(named[0].message,
+              HasSubstr("own work is 100.0 ms a step against 20.0 ms"));
+  EXPECT_EQ(Status().members(2).health(), "slow");
+  EXPECT_EQ(Status().members(0).health(), "");
+  // Reported only: nobody is taken out.
+  EXPECT_EQ(core_.CurrentGeneration(kJob), gen);
+  // As many fast intervals as it was slow beyond the mark clear it.
+  for (int s = 0; s < kStragglerIntervals; ++s) beat(21);
+  named = EventsOf("straggler");
+  ASSERT_EQ(named.size(), 2u);
+  EXPECT_THAT(named[1].message, HasSubstr("no longer a straggler"));
+  EXPECT_EQ(Status().members(2).health(), "");
 }
 
 TEST_F(CoreHangTest, TheRuleCanBeTurnedOffAndBadReportsChangeNothing) {

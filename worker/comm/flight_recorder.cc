@@ -73,6 +73,50 @@ FlightRecorder::Snapshot FlightRecorder::Poll(absl::Time now) {
   return s;
 }
 
+void FlightRecorder::Waited(absl::Duration d) {
+  std::lock_guard<std::mutex> lock(mu_);
+  waited_ += d;
+}
+
+absl::Duration FlightRecorder::waited() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return waited_;
+}
+
+namespace {
+
+// A recorded collective's work: the inner one's, with the time its callers
+// block in Wait or Synchronize added to the recorder's.
+class RecordedWork final : public Work {
+ public:
+  RecordedWork(std::shared_ptr<Work> inner,
+               std::shared_ptr<FlightRecorder> recorder)
+      : inner_(std::move(inner)), recorder_(std::move(recorder)) {}
+  bool IsCompleted() const override { return inner_->IsCompleted(); }
+  absl::Status Wait(absl::Duration timeout) override {
+    const absl::Time start = absl::Now();
+    absl::Status s = inner_->Wait(timeout);
+    recorder_->Waited(absl::Now() - start);
+    return s;
+  }
+  absl::Status Synchronize(absl::Duration timeout) override {
+    const absl::Time start = absl::Now();
+    absl::Status s = inner_->Synchronize(timeout);
+    recorder_->Waited(absl::Now() - start);
+    return s;
+  }
+  void Abort() override { inner_->Abort(); }
+  std::optional<absl::Time> CompletedAt() const override {
+    return inner_->CompletedAt();
+  }
+
+ private:
+  std::shared_ptr<Work> inner_;
+  std::shared_ptr<FlightRecorder> recorder_;
+};
+
+}  // namespace
+
 std::vector<CollectiveRecord> FlightRecorder::Recent() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<CollectiveRecord> out(done_.begin(), done_.end());
@@ -104,7 +148,7 @@ std::shared_ptr<Work> RecordedCommunicator::Record(const char* kind,
                                                    int64_t bytes,
                                                    std::shared_ptr<Work> work) {
   recorder_->Issued(inner_->generation(), main_, kind, bytes, work);
-  return work;
+  return std::make_shared<RecordedWork>(std::move(work), recorder_);
 }
 
 std::shared_ptr<Work> RecordedCommunicator::AllreduceSum(

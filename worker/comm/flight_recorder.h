@@ -64,6 +64,10 @@ class FlightRecorder {
   // The last kKept collectives, oldest first (as of the last Poll for their
   // ends).
   std::vector<CollectiveRecord> Recent() const;
+  // Time threads spent blocked in Wait/Synchronize of recorded works, in
+  // all (RecordedCommunicator's works add to it).
+  void Waited(absl::Duration d);
+  absl::Duration waited() const;
 
  private:
   struct Entry {
@@ -78,10 +82,11 @@ class FlightRecorder {
   int64_t collectives_ = 0;
   std::deque<Entry> in_flight_;         // in issue order
   std::deque<CollectiveRecord> done_;   // the last kKept that ended
+  absl::Duration waited_;
 };
 
-// A communicator whose collectives a FlightRecorder records; everything
-// else is the inner one's. `main`: the generation's own communicator (its
+// A communicator whose collectives a FlightRecorder records, and the time
+// its callers spend waiting for them; everything else is the inner one's. `main`: the generation's own communicator (its
 // collectives are numbered), else a group of it.
 class RecordedCommunicator final : public Communicator {
  public:
