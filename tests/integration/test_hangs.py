@@ -20,7 +20,10 @@ holds. Group "hangs" (the faults):
                   --no-agent;
   stop            local 1 is SIGSTOPped at step 10 and continued 8 s later;
   stop-past-end   the same, continued once the others have finished;
-  stall-past-end  local 1 sleeps at step 10 for longer than the job runs.
+  stall-past-end  local 1 sleeps at step 10 for longer than the job runs;
+  straggler       local 1 runs a fifth of the time for 6 s (SIGSTOPped 160
+                  ms of every 200): named a straggler, then no longer one,
+                  and nobody is taken out (stragglers are reported).
 
 For each: the coordinator took the worker out as hung (its history's
 "failure" event names it: "hung at step 9") and the others re-formed
@@ -223,6 +226,40 @@ def case_stop(ctx, name, past_end=False):
     eh.summary(name, p, rd, "SIGSTOP, continued %s" % ("after the end" if past_end else "8 s later"))
 
 
+def case_straggler(ctx, name):
+    """Local 1 runs a fifth of the time for 6 s (SIGSTOPped 160 ms of
+    every 200): named a straggler, and no longer one once it is back to
+    speed; nobody is taken out (the policy reports)."""
+    fx = eh.Fixture(ctx.tmp, N)
+    rd = eh.RunDir(ctx.tmp, name)
+    p = launch(ctx, name, rd, fx)
+    wait_for(p, lambda: eh.job_progress(rd)[0] >= STALL_STEP, 60)
+    pid = worker_pid(p.pid, 1)
+    ctx.checks.check(pid is not None, name + ": found local worker 1", "")
+    if pid is not None:
+        until = time.monotonic() + 6
+        while time.monotonic() < until and p.poll() is None:
+            os.kill(pid, signal.SIGSTOP)
+            time.sleep(0.16)
+            os.kill(pid, signal.SIGCONT)
+            time.sleep(0.04)
+    finish_checks(ctx, name, p, rd, 3)
+    named = coordinator_events(rd, "straggler")
+    ids = [e.get("worker") for e in named]
+    slow_one = [e for e in named if e.get("message", "").startswith("straggler:")]
+    ctx.checks.check(len(slow_one) == 1 and all(i == ids[0] for i in ids) and
+                     ids[0].endswith("-w1"),
+                     name + ": local worker 1 named a straggler (and only it)",
+                     json.dumps(named)[:1500])
+    ctx.checks.check(any("no longer a straggler" in e.get("message", "") for e in named),
+                     name + ": no longer one once back to speed", json.dumps(named)[:1500])
+    ctx.checks.check(not coordinator_events(rd, "failure"), name + ": nobody taken out",
+                     json.dumps(coordinator_events(rd, "failure"))[:1500])
+    if slow_one:
+        print("%s: %s" % (name, slow_one[0]["message"]), flush=True)
+    eh.summary(name, p, rd, "a fifth of the speed for 6 s")
+
+
 def case_quiet(ctx, name, extra_run=(), extra_train=(), env=None):
     """A false alarm: nobody is taken out."""
     fx = eh.Fixture(ctx.tmp, N)
@@ -244,6 +281,7 @@ def _cases():
                                                 extra_run=["--no-agent"])),
         ("stop", lambda ctx: case_stop(ctx, "stop")),
         ("stop-past-end", lambda ctx: case_stop(ctx, "stop-past-end", past_end=True)),
+        ("straggler", lambda ctx: case_straggler(ctx, "straggler")),
         ("stall-past-end", lambda ctx: case_stall(ctx, "stall-past-end", "forward", stall_s=25,
                                                   outputs=2, n=SHORT_N)),
     ]
