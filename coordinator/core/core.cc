@@ -300,6 +300,7 @@ absl::StatusOr<std::optional<Assignment>> Core::GetAssignment(
     a.generation = job->generation;
     a.rank = member->rank;
     a.rank_change = job->rank_change;
+    a.probe = job->probe;
     a.resume_from = job->resume_from;
     a.resume_memory = job->resume_memory;
     a.world_size = static_cast<int32_t>(job->members.size());

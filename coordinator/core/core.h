@@ -60,6 +60,10 @@ struct Assignment {
   int32_t finished_workers = 0;  // left at the end of their data
   // How the ranks follow from the generation before (worker.proto).
   std::optional<v1::RankChange> rank_change;
+  // The generation followed one whose members were stuck together (see Note
+  // [Hangs] in hang_rule.h): its members are sent the member table, and
+  // probe each other before they connect (see Note [Unreachable peers]).
+  bool probe = false;
   // See Note [Resume source].
   std::optional<v1::CheckpointReport> resume_from;
   std::optional<v1::CheckpointReport> resume_memory;
@@ -456,6 +460,10 @@ class Core {
     int64_t ended_generation = 0;
     int32_t ended_world_size = 0;
     std::optional<v1::RankChange> rank_change;
+    // See Assignment::probe: the generation that ended was stuck together
+    // (probe_next), and so the current one probes (transient).
+    bool probe_next = false;
+    bool probe = false;
     // What every watcher of the job sees alike (see Note [Asynchronous
     // waits]): the view epoch moves only when this does (transient).
     std::string view_key;

@@ -152,9 +152,12 @@ bool Core::TakeOutHung(Job& job, absl::Time now) {
     case HangVerdict::Kind::kNone:
       return false;
     case HangVerdict::Kind::kStuckTogether:
-      // Everyone comes back (the generation's event says why); their
-      // re-joins probe the links (see Note [Unreachable peers]).
+      // Everyone comes back (the generation's event says why), and the
+      // next generation's members probe each other before they connect
+      // (see Note [Unreachable peers]): a partition between them is found,
+      // not re-formed into again.
       EndGeneration(job, verdict.why, {});
+      job.probe_next = true;
       return true;
     case HangVerdict::Kind::kHung:
       for (size_t i = 0; i < verdict.hung.size(); ++i) {
@@ -467,6 +470,7 @@ void Core::FormGeneration(Job& job, size_t n) {
     }
   }
   ++job.generation;
+  job.probe = std::exchange(job.probe_next, false);
   job.rank_change.reset();
   if (job.ended_generation != 0 && job.ended_generation + 1 == job.generation) {
     v1::RankChange& change = job.rank_change.emplace();

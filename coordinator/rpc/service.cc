@@ -271,7 +271,7 @@ std::optional<absl::Status> JoinAnswer(Core& core,
   if (a.rank_change.has_value()) {
     *response->mutable_rank_change() = *a.rank_change;
   }
-  if (request.include_members() ||
+  if (request.include_members() || a.probe ||
       (request.members_if_running() && a.rank_change.has_value())) {
     response->mutable_members()->Reserve(static_cast<int>(a.members->size()));
     for (const v1::Member& m : *a.members) *response->add_members() = m;

@@ -436,6 +436,21 @@ TEST_F(CoreHangTest, EveryoneStuckEndsTheGenerationAndKeepsEveryone) {
   EXPECT_THAT(EventsOf("failure"), IsEmpty());
   const std::vector<Event> generations = EventsOf("generation");
   EXPECT_THAT(generations.back().message, HasSubstr("every member waits"));
+  // Back together, they are told to probe each other before connecting (a
+  // partition between them would be stuck again): the member table.
+  EXPECT_TRUE(core_.Join(RejoinReq(Spec(2), "w0", gen, 7)).ok());
+  EXPECT_TRUE(core_.Join(RejoinReq(Spec(2), "w1", gen, 7)).ok());
+  auto placed = core_.GetAssignment(kJob, "w0");
+  ASSERT_TRUE(placed.ok() && placed->has_value()) << placed.status();
+  EXPECT_TRUE((*placed)->probe);
+  // Only that generation: the next one formed as usual does not.
+  const int64_t next = core_.CurrentGeneration(kJob);
+  EXPECT_TRUE(core_.Join(RejoinReq(Spec(2), "w0", next, 7, "boundary")).ok());
+  EXPECT_TRUE(core_.Join(RejoinReq(Spec(2), "w1", next, 7)).ok());
+  placed = core_.GetAssignment(kJob, "w1");
+  ASSERT_TRUE(placed.ok() && placed->has_value()) << placed.status();
+  EXPECT_GT((*placed)->generation, next);
+  EXPECT_FALSE((*placed)->probe);
 }
 
 TEST_F(CoreHangTest, AStragglerIsNamedAfterTenSlowIntervalsAndCleared) {
