@@ -90,6 +90,16 @@ struct JobMetricsSample {
   // complete checkpoint (step 0: none).
   v1::CheckpointTotals checkpoint_totals;
   v1::CheckpointReport last_checkpoint;
+  // The running generation's members that reported step times (see Note
+  // [Stragglers] in hang_rule.h): the medians of their last steps' times.
+  struct Worker {
+    std::string worker_id;
+    double step_ms = 0;
+    double own_ms = 0;
+    double wait_ms = 0;
+    bool straggler = false;
+  };
+  std::vector<Worker> workers;
 };
 
 // See Note [Asynchronous waits] in host.h: which of a job's pending calls a

@@ -111,6 +111,13 @@ std::vector<JobMetricsSample> Core::MetricsSamples(
     }
     s.checkpoint_totals = job.checkpoint_totals;
     if (!job.checkpoints.empty()) s.last_checkpoint = job.checkpoints.back();
+    if (job.state != v1::JOB_STATE_RUNNING) continue;
+    for (const MemberState& m : job.members) {
+      if (!m.progress.has_value() || !(m.progress->step_ms() > 0)) continue;
+      s.workers.push_back({m.worker_id, m.progress->step_ms(),
+                           m.progress->own_ms(), m.progress->wait_ms(),
+                           m.straggler});
+    }
   }
   return samples;
 }

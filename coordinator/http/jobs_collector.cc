@@ -179,6 +179,46 @@ MetricFamily JobsByState(const std::vector<JobMetricsSample>& jobs) {
   return states;
 }
 
+// Note [Stragglers] in coordinator/core/hang_rule.h: per worker of a running
+// generation, its step time and how it splits, and whether it is named a
+// straggler.
+std::vector<MetricFamily> WorkerSeries(
+    const std::vector<JobMetricsSample>& jobs) {
+  struct Series {
+    const char* name;
+    const char* help;
+    double (*value)(const JobMetricsSample::Worker&);
+  };
+  static constexpr Series kSeries[] = {
+      {"concord_worker_step_seconds",
+       "Median time between a member's last committed steps",
+       [](const JobMetricsSample::Worker& w) { return w.step_ms / 1e3; }},
+      {"concord_worker_own_seconds",
+       "The part of it the member spent on its own work (not waiting in "
+       "collectives)",
+       [](const JobMetricsSample::Worker& w) { return w.own_ms / 1e3; }},
+      {"concord_worker_wait_seconds",
+       "The part of it the member spent waiting in collectives",
+       [](const JobMetricsSample::Worker& w) { return w.wait_ms / 1e3; }},
+      {"concord_worker_straggler",
+       "1 while the coordinator names the member a straggler, else 0",
+       [](const JobMetricsSample::Worker& w) { return w.straggler ? 1.0 : 0.0; }},
+  };
+  std::vector<MetricFamily> out;
+  for (const Series& series : kSeries) {
+    MetricFamily family = Family(series.name, series.help, MetricType::Gauge);
+    for (const JobMetricsSample& job : jobs) {
+      for (const JobMetricsSample::Worker& w : job.workers) {
+        ClientMetric& m = Add(family, "job", job.job_id);
+        m.label.push_back({"worker", w.worker_id});
+        m.gauge.value = series.value(w);
+      }
+    }
+    out.push_back(std::move(family));
+  }
+  return out;
+}
+
 }  // namespace
 
 std::vector<MetricFamily> JobsCollector::Collect() const {
@@ -198,6 +238,9 @@ std::vector<MetricFamily> JobsCollector::Collect() const {
       (series.type == MetricType::Counter ? m.counter.value : m.gauge.value) =
           *v;
     }
+    out.push_back(std::move(family));
+  }
+  for (MetricFamily& family : WorkerSeries(jobs)) {
     out.push_back(std::move(family));
   }
   return out;

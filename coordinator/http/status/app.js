@@ -89,12 +89,27 @@ function renderJobs(data) {
           : el('p', {class: 'muted'}, 'No jobs yet.'));
 }
 
+// How the coordinator sees a member (docs/reliability.md, "Gray failures").
+function health(m) {
+  const p = m.progress || {};
+  switch (m.health) {
+    case 'waiting':
+      return `waiting ${fixed((p.pending_ms || 0) / 1000, 1)} s in ` +
+          (p.pending_seq ? `#${p.pending_seq} (${p.pending_kind})` : p.pending_kind);
+    case 'busy': return 'busy: ' + (p.activity || '');
+    case 'slow': return `straggler: own work ${fixed(p.own_ms, 1)} ms a step`;
+    case 'idle': return 'idle';
+    default: return '';
+  }
+}
+
 function renderJob(j) {
   document.getElementById('crumb').textContent = ' / ' + j.job_id;
   const members = j.members.map((m) => [m.rank, m.worker_id, m.host,
     m.committed_step, fixed(m.samples_per_second, 1), fixed(m.loss, 4),
     fixed(m.last_heartbeat_age_ms / 1000, 1) + ' s ago',
-    m.completed ? 'completed' : (m.rank === j.authoritative_rank ? 'authoritative' : '')]);
+    [m.completed ? 'completed' : (m.rank === j.authoritative_rank ? 'authoritative' : ''),
+      health(m)].filter((x) => x).join(', ')]);
   for (const m of j.waiting) {
     members.push(['–', m.worker_id, m.host, m.committed_step, '–', '–',
       fixed(m.last_heartbeat_age_ms / 1000, 1) + ' s ago', 'waiting']);
