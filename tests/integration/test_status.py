@@ -204,13 +204,16 @@ def part_watch(args, checks, tmp, bins, coord):
         loss = samples.get('concord_job_loss{job="%s"}' % JOB)
         sps = samples.get('concord_job_samples_per_second{job="%s"}' % JOB, 0)
         steps = samples.get('concord_job_steps_per_second{job="%s"}' % JOB, 0)
+        workers = [k for k in samples
+                   if k.startswith('concord_worker_step_seconds{job="%s",' % JOB)]
         if samples.get('concord_job_members{job="%s"}' % JOB) == 2 and loss is not None \
-                and sps > 0 and steps > 0:
+                and sps > 0 and steps > 0 and len(workers) == 2:
             return types, samples
         return None
     scraped = wait_for(scrape, 30, 0.5)
     checks.check(scraped is not None,
-                 "/metrics: the job's members (2), loss, samples/s > 0 and steps/s > 0")
+                 "/metrics: the job's members (2), loss, samples/s > 0, steps/s > 0 and "
+                 "both members' step times")
     if scraped:
         types, samples = scraped
         loss = samples['concord_job_loss{job="%s"}' % JOB]
@@ -219,6 +222,14 @@ def part_watch(args, checks, tmp, bins, coord):
                      "concord_job_reform_seconds_count", "concord_job_running"):
             checks.check('%s{job="%s"}' % (name, JOB) in samples, "/metrics has %s{job}" % name,
                          "\n".join(k for k in samples if "concord_job" in k))
+        # Per member (see Note [Stragglers]): its step time and how it splits.
+        for name in ("concord_worker_step_seconds", "concord_worker_own_seconds",
+                     "concord_worker_wait_seconds", "concord_worker_straggler"):
+            series = [k for k in samples
+                      if k.startswith('%s{job="%s",worker="' % (name, JOB))]
+            checks.check(len(series) == 2 and types.get(name) == "gauge",
+                         "/metrics has %s{job,worker} for both members" % name,
+                         "\n".join(k for k in samples if "concord_worker" in k))
         with open(os.path.join(ROOT, "deploy", "grafana", "concord.json")) as f:
             dashboard = json.load(f)
         names = set()
