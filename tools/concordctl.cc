@@ -234,6 +234,25 @@ void PrintStatusTable(const v1::JobStatus& s) {
   }
   std::cout << "\n";
   PrintTable(rows);
+  // See Note [Flight recorder]: sent while something may be wrong.
+  bool said = false;
+  for (const auto& m : s.members()) {
+    const v1::WorkerProgress& p = m.progress();
+    if (p.recent_size() == 0) continue;
+    if (!said) std::cout << "\nlast collectives (flight recorder):\n";
+    said = true;
+    std::cout << "  rank " << m.rank() << " (" << m.worker_id() << "):";
+    for (const v1::FlightRecord& r : p.recent()) {
+      std::cout << "\n    "
+                << (r.seq() > 0 ? absl::StrCat("#", r.seq()) : "group") << " "
+                << r.kind() << " " << r.bytes() << " B, issued "
+                << Age(r.issued_ago_ms()) << " ago, "
+                << (r.ended_ago_ms() >= 0
+                        ? absl::StrCat("ended ", Age(r.ended_ago_ms()), " ago")
+                        : std::string("in flight"));
+    }
+    std::cout << "\n";
+  }
   if (s.checkpoints_size() > 0) {
     const v1::CheckpointReport& c = *s.checkpoints().rbegin();
     std::cout << "\nlast checkpoint: step " << c.step() << " at "

@@ -633,6 +633,32 @@ v1::WorkerProgress Session::progress_report(absl::Time now) const {
     p.set_last_ago_ms(std::max<int64_t>(
         0, absl::ToInt64Milliseconds(now - *s.last->ended)));
   }
+  // See Note [Flight recorder]: the last collectives, while something may be
+  // wrong (one in flight for a second, or none issued for a second).
+  const bool stuck = s.pending.has_value() &&
+                     now - s.pending->issued >= kRecentAfter;
+  const bool quiet = !s.pending.has_value() && s.last.has_value() &&
+                     now - *s.last->ended >= kRecentAfter;
+  if (stuck || quiet) {
+    const std::vector<comm::CollectiveRecord> recent = recorder_->Recent();
+    const size_t first =
+        recent.size() > kRecentSent ? recent.size() - kRecentSent : 0;
+    for (size_t i = first; i < recent.size(); ++i) {
+      const comm::CollectiveRecord& r = recent[i];
+      v1::FlightRecord& out = *p.add_recent();
+      out.set_generation(r.generation);
+      out.set_seq(r.seq);
+      out.set_kind(r.kind);
+      out.set_bytes(r.bytes);
+      out.set_issued_ago_ms(
+          std::max<int64_t>(0, absl::ToInt64Milliseconds(now - r.issued)));
+      out.set_ended_ago_ms(
+          r.ended.has_value()
+              ? std::max<int64_t>(0,
+                                  absl::ToInt64Milliseconds(now - *r.ended))
+              : -1);
+    }
+  }
   rusage usage{};
   if (getrusage(RUSAGE_SELF, &usage) == 0) {
     auto ms = [](const timeval& t) {

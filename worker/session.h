@@ -326,7 +326,11 @@ class Session final : public comm::GroupFactory {
       std::make_shared<std::atomic<int64_t>>(-1);
   std::unique_ptr<MembershipWatcher> watcher_;
 
-  // See Note [Flight recorder].
+  // See Note [Flight recorder]: its last kRecentSent entries go with a
+  // heartbeat while a collective has been in flight for kRecentAfter, or
+  // none was issued for that long.
+  static constexpr size_t kRecentSent = 16;
+  static constexpr absl::Duration kRecentAfter = absl::Seconds(1);
   std::shared_ptr<comm::FlightRecorder> recorder_ =
       std::make_shared<comm::FlightRecorder>();
   // See Busy (guarded by activity_mu_).

@@ -25,6 +25,8 @@ constexpr int64_t kDefaultSettleMs = 2000;
 constexpr int64_t kMaxHangTimeoutMs = 24 * 3600 * 1000;
 // A collective's kind or an activity in WorkerProgress.
 constexpr size_t kMaxKindLength = 64;
+// WorkerProgress.recent's entries.
+constexpr int kMaxRecent = 64;
 
 absl::Status Invalid(const char* field, const std::string& rule) {
   return absl::InvalidArgumentError(absl::StrCat(field, " ", rule));
@@ -320,6 +322,26 @@ absl::Status ValidateRequest(const v1::HeartbeatRequest& r) {
   CONCORD_RETURN_IF_ERROR(NonNegative("progress.cpu_ms", p.cpu_ms()));
   CONCORD_RETURN_IF_ERROR(
       ValidText("progress.activity", p.activity(), kMaxKindLength));
+  if (p.recent_size() > kMaxRecent) {
+    return Invalid("progress.recent",
+                   absl::StrFormat("holds %d entries; at most %d",
+                                   p.recent_size(), kMaxRecent));
+  }
+  for (const v1::FlightRecord& r : p.recent()) {
+    CONCORD_RETURN_IF_ERROR(
+        NonNegative("progress.recent.generation", r.generation()));
+    CONCORD_RETURN_IF_ERROR(NonNegative("progress.recent.seq", r.seq()));
+    CONCORD_RETURN_IF_ERROR(
+        ValidText("progress.recent.kind", r.kind(), kMaxKindLength));
+    CONCORD_RETURN_IF_ERROR(NonNegative("progress.recent.bytes", r.bytes()));
+    CONCORD_RETURN_IF_ERROR(
+        NonNegative("progress.recent.issued_ago_ms", r.issued_ago_ms()));
+    if (r.ended_ago_ms() < -1) {
+      return Invalid("progress.recent.ended_ago_ms",
+                     absl::StrCat("must be -1 (in flight) or more; got ",
+                                  r.ended_ago_ms()));
+    }
+  }
   CONCORD_RETURN_IF_ERROR(FiniteNonNegative("progress.wait_ms", p.wait_ms()));
   CONCORD_RETURN_IF_ERROR(FiniteNonNegative("progress.own_ms", p.own_ms()));
   return FiniteNonNegative("progress.step_ms", p.step_ms());

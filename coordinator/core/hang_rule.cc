@@ -39,6 +39,22 @@ std::string Collective(int64_t seq, const std::string& kind) {
 
 }  // namespace
 
+std::string RecentCollectives(const v1::WorkerProgress& progress, size_t n) {
+  std::vector<std::string> parts;
+  const int size = progress.recent_size();
+  for (int i = std::max(0, size - static_cast<int>(n)); i < size; ++i) {
+    const v1::FlightRecord& r = progress.recent(i);
+    parts.push_back(absl::StrCat(
+        r.seq() > 0 ? absl::StrCat("#", r.seq(), " ") : "a group's ", r.kind(),
+        r.ended_ago_ms() >= 0
+            ? absl::StrCat(" ended ",
+                           Secs(absl::Milliseconds(r.ended_ago_ms())), " ago")
+            : absl::StrCat(" in flight ",
+                           Secs(absl::Milliseconds(r.issued_ago_ms())))));
+  }
+  return absl::StrJoin(parts, ", ");
+}
+
 bool ShowsProgress(const v1::WorkerProgress& before, int64_t step_before,
                    const v1::WorkerProgress& after, int64_t step_after,
                    absl::Duration elapsed) {
@@ -141,6 +157,10 @@ HangVerdict JudgeHang(const std::vector<MemberProgress>& members,
                            " in flight")
             : "",
         who_waits, Secs(own)));
+    if (p.recent_size() > 0) {
+      absl::StrAppend(&verdict.details.back(), "; its last collectives: ",
+                      RecentCollectives(p, 4), " (as of its last heartbeat)");
+    }
   }
   if (!verdict.hung.empty()) {
     verdict.kind = HangVerdict::Kind::kHung;

@@ -121,6 +121,11 @@ std::vector<bool> SlowMembers(const std::vector<MemberProgress>& members);
 // (0 without any).
 double OthersOwnMs(const std::vector<MemberProgress>& members, size_t index);
 
+// A member's last collectives (WorkerProgress.recent), newest last, at most
+// `n`: "#36 allreduce ended 5.0 s ago, #37 allreduce in flight 5.0 s"; ""
+// without any.
+std::string RecentCollectives(const v1::WorkerProgress& progress, size_t n);
+
 // A member's health as the status shows it: "waiting", "idle", "busy" or ""
 // (progressing), judged with timeout `timeout` (zero: "").
 std::string HealthOf(const MemberProgress& member, absl::Time now,

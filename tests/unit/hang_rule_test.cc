@@ -135,6 +135,34 @@ TEST(JudgeHangTest, AWorkerStalledBeforeAForwardIsHung) {
   EXPECT_THAT(v.why, HasSubstr("worker(s) w1 hung"));
 }
 
+TEST(JudgeHangTest, TheHungWorkersLastCollectivesAreInItsEvent) {
+  const absl::Time now = kT0;
+  MemberProgress quiet = Quiet(1, 10, now - absl::Seconds(6), now);
+  for (int64_t seq : {9, 10}) {
+    v1::FlightRecord& r = *quiet.progress->add_recent();
+    r.set_generation(1);
+    r.set_seq(seq);
+    r.set_kind("allreduce");
+    r.set_bytes(64);
+    r.set_issued_ago_ms(6100 - 10 * seq);
+    r.set_ended_ago_ms(6000 - 10 * seq);
+  }
+  EXPECT_EQ(RecentCollectives(*quiet.progress, 1),
+            "#10 allreduce ended 5.9 s ago");
+  const HangVerdict v =
+      JudgeHang({Waiting(0, 11, absl::Seconds(6), now), quiet}, now, 0);
+  ASSERT_EQ(v.kind, HangVerdict::Kind::kHung);
+  EXPECT_THAT(v.details[0],
+              HasSubstr("its last collectives: #9 allreduce ended 5.9 s ago, "
+                        "#10 allreduce ended 5.9 s ago"));
+  v1::WorkerProgress in_flight;
+  v1::FlightRecord& r = *in_flight.add_recent();
+  r.set_kind("broadcast");
+  r.set_issued_ago_ms(2500);
+  r.set_ended_ago_ms(-1);
+  EXPECT_EQ(RecentCollectives(in_flight, 4), "a group's broadcast in flight 2.5 s");
+}
+
 TEST(JudgeHangTest, AWorkerStalledBetweenTwoBucketsIsHung) {
   const absl::Time now = kT0;
   // Each backward launches two buckets: #12 and #13. Rank 2 launched the
@@ -523,7 +551,11 @@ TEST_F(CoreHangTest, TheRuleCanBeTurnedOffAndBadReportsChangeNothing) {
            [](auto& p) { p.set_pending_seq(p.collectives() + 1); },
            [](auto& p) { p.set_pending_kind(std::string(65, 'x')); },
            [](auto& p) { p.set_step_ms(-1); },
-           [](auto& p) { p.set_activity("\xff"); }}) {
+           [](auto& p) { p.set_activity("\xff"); },
+           [](auto& p) { p.add_recent()->set_ended_ago_ms(-2); },
+           [](auto& p) {
+             for (int i = 0; i < 65; ++i) p.add_recent();
+           }}) {
     v1::HeartbeatRequest r = HeartbeatReq(Worker(0), gen, 7);
     v1::WorkerProgress p = Said().Proto();
     p.set_collectives(3);
