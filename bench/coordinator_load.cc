@@ -430,15 +430,12 @@ struct HeartbeatCall {
 // (one message on its Node stream for its workers, answered into
 // `stream_stats`). Latencies of what was sent before `measure_from` are
 // not kept.
-void HeartbeatThread(const std::vector<Worker>& workers,
-                     const std::vector<size_t>& units,
-                     const std::vector<SimAgent*>* agents,
-                     StreamHeartbeatStats* stream_stats, size_t t,
-                     size_t threads, double rate_hz, const std::string& token,
-                     SteadyClock::time_point start,
-                     SteadyClock::time_point measure_from,
-                     SteadyClock::time_point end, bool progress,
-                     HeartbeatStats* stats) {
+void HeartbeatThread(
+    const std::vector<Worker>& workers, const std::vector<size_t>& units,
+    const std::vector<SimAgent*>* agents, StreamHeartbeatStats* stream_stats,
+    size_t t, size_t threads, double rate_hz, const std::string& token,
+    SteadyClock::time_point start, SteadyClock::time_point measure_from,
+    SteadyClock::time_point end, bool progress, HeartbeatStats* stats) {
   grpc::CompletionQueue cq;
   const auto period = std::chrono::duration_cast<SteadyClock::duration>(
       std::chrono::duration<double>(1.0 / rate_hz));
@@ -466,9 +463,8 @@ void HeartbeatThread(const std::vector<Worker>& workers,
       stats->max_send_lag_ms =
           std::max(stats->max_send_lag_ms, 1e3 * Seconds(sent - due(cursor)));
       if (agents != nullptr) {
-        stats->sent +=
-            (*agents)[unit]->Heartbeat(step, measure_from, stream_stats,
-                                       progress);
+        stats->sent += (*agents)[unit]->Heartbeat(step, measure_from,
+                                                  stream_stats, progress);
         if (++cursor == mine.size()) {
           cursor = 0;
           ++round;
@@ -826,8 +822,7 @@ bool RunConcord(const Flags& f, Result* result) {
   const bool ok = JoinPhase(f, pid, options.worker_token, workers, jobs,
                             join_all, result) &&
                   HeartbeatPhase(f, pid, metrics_port, options.worker_token,
-                                 workers, agents, /*progress=*/false,
-                                 result) &&
+                                 workers, agents, /*progress=*/false, result) &&
                   HeartbeatPhase(f, pid, metrics_port, options.worker_token,
                                  workers, agents, /*progress=*/true, result);
   if (ok) {

@@ -102,8 +102,8 @@ std::vector<std::string> WorkerEnv(const Options& o,
                             absl::StrCat(o.rendezvous_timeout_ms)));
   out.push_back(env::Assign(env::kCollectiveTimeoutMs,
                             absl::StrCat(o.collective_timeout_ms)));
-  out.push_back(env::Assign(env::kHangTimeoutMs,
-                            absl::StrCat(o.hang_timeout_ms)));
+  out.push_back(
+      env::Assign(env::kHangTimeoutMs, absl::StrCat(o.hang_timeout_ms)));
   if (!o.trace_parts.empty()) {
     out.push_back(env::Assign(env::kTraceFile,
                               absl::StrCat(o.trace_parts, "/worker-", w.index,

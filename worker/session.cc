@@ -1,8 +1,8 @@
 #include "worker/session.h"
 
+#include <sys/resource.h>
 #include <torch/cuda.h>
 #include <torch/version.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -630,13 +630,13 @@ v1::WorkerProgress Session::progress_report(absl::Time now) const {
   }
   if (s.last.has_value()) {
     p.set_last_kind(s.last->kind);
-    p.set_last_ago_ms(std::max<int64_t>(
-        0, absl::ToInt64Milliseconds(now - *s.last->ended)));
+    p.set_last_ago_ms(
+        std::max<int64_t>(0, absl::ToInt64Milliseconds(now - *s.last->ended)));
   }
   // See Note [Flight recorder]: the last collectives, while something may be
   // wrong (one in flight for a second, or none issued for a second).
-  const bool stuck = s.pending.has_value() &&
-                     now - s.pending->issued >= kRecentAfter;
+  const bool stuck =
+      s.pending.has_value() && now - s.pending->issued >= kRecentAfter;
   const bool quiet = !s.pending.has_value() && s.last.has_value() &&
                      now - *s.last->ended >= kRecentAfter;
   if (stuck || quiet) {
@@ -654,8 +654,7 @@ v1::WorkerProgress Session::progress_report(absl::Time now) const {
           std::max<int64_t>(0, absl::ToInt64Milliseconds(now - r.issued)));
       out.set_ended_ago_ms(
           r.ended.has_value()
-              ? std::max<int64_t>(0,
-                                  absl::ToInt64Milliseconds(now - *r.ended))
+              ? std::max<int64_t>(0, absl::ToInt64Milliseconds(now - *r.ended))
               : -1);
     }
   }

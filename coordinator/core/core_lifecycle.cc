@@ -205,12 +205,11 @@ void Core::CheckStragglers(Job& job, absl::Time now) {
                   "heartbeat intervals)",
                   m.rank, m.progress->own_ms(), OthersOwnMs(progress, i),
                   m.progress->wait_ms(), kStragglerIntervals)
-            : absl::StrFormat("no longer a straggler: rank %d's own work is "
-                              "%.1f ms a step against %.1f ms for the others",
-                              m.rank, m.progress->own_ms(),
-                              OthersOwnMs(progress, i));
-    spdlog::warn("job {}: worker {}: {}", job.spec.job_id(), m.worker_id,
-                 what);
+            : absl::StrFormat(
+                  "no longer a straggler: rank %d's own work is "
+                  "%.1f ms a step against %.1f ms for the others",
+                  m.rank, m.progress->own_ms(), OthersOwnMs(progress, i));
+    spdlog::warn("job {}: worker {}: {}", job.spec.job_id(), m.worker_id, what);
     AddEvent(job, "straggler", m.worker_id, what);
   }
   if (changed) Changed(job);

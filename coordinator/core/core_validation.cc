@@ -300,12 +300,9 @@ absl::Status ValidateRequest(const v1::HeartbeatRequest& r) {
   CONCORD_RETURN_IF_ERROR(NonNegative("ddp.buckets", d.buckets()));
   if (!r.has_progress()) return absl::OkStatus();
   const v1::WorkerProgress& p = r.progress();
-  CONCORD_RETURN_IF_ERROR(
-      NonNegative("progress.generation", p.generation()));
-  CONCORD_RETURN_IF_ERROR(
-      NonNegative("progress.collectives", p.collectives()));
-  CONCORD_RETURN_IF_ERROR(
-      NonNegative("progress.pending_seq", p.pending_seq()));
+  CONCORD_RETURN_IF_ERROR(NonNegative("progress.generation", p.generation()));
+  CONCORD_RETURN_IF_ERROR(NonNegative("progress.collectives", p.collectives()));
+  CONCORD_RETURN_IF_ERROR(NonNegative("progress.pending_seq", p.pending_seq()));
   if (p.pending_seq() > p.collectives()) {
     return Invalid("progress.pending_seq",
                    absl::StrFormat("%d is above collectives (%d)",
@@ -313,12 +310,10 @@ absl::Status ValidateRequest(const v1::HeartbeatRequest& r) {
   }
   CONCORD_RETURN_IF_ERROR(
       ValidText("progress.pending_kind", p.pending_kind(), kMaxKindLength));
-  CONCORD_RETURN_IF_ERROR(
-      NonNegative("progress.pending_ms", p.pending_ms()));
+  CONCORD_RETURN_IF_ERROR(NonNegative("progress.pending_ms", p.pending_ms()));
   CONCORD_RETURN_IF_ERROR(
       ValidText("progress.last_kind", p.last_kind(), kMaxKindLength));
-  CONCORD_RETURN_IF_ERROR(
-      NonNegative("progress.last_ago_ms", p.last_ago_ms()));
+  CONCORD_RETURN_IF_ERROR(NonNegative("progress.last_ago_ms", p.last_ago_ms()));
   CONCORD_RETURN_IF_ERROR(NonNegative("progress.cpu_ms", p.cpu_ms()));
   CONCORD_RETURN_IF_ERROR(
       ValidText("progress.activity", p.activity(), kMaxKindLength));

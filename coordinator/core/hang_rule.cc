@@ -25,7 +25,8 @@ std::optional<absl::Time> PendingSince(const MemberProgress& m) {
 // has no step time of its own and the timeout is derived.
 absl::Duration OwnTimeout(const MemberProgress& m, int64_t setting_ms,
                           absl::Duration job_timeout) {
-  if (setting_ms != 0 || (m.progress.has_value() && m.progress->step_ms() > 0)) {
+  if (setting_ms != 0 ||
+      (m.progress.has_value() && m.progress->step_ms() > 0)) {
     return job_timeout;
   }
   return std::max(job_timeout, kStartupAllowance);
@@ -77,7 +78,8 @@ absl::Duration HangTimeout(int64_t setting_ms, double step_ms) {
 double JobStepMs(const std::vector<MemberProgress>& members) {
   double step_ms = 0;
   for (const MemberProgress& m : members) {
-    if (m.progress.has_value()) step_ms = std::max(step_ms, m.progress->step_ms());
+    if (m.progress.has_value())
+      step_ms = std::max(step_ms, m.progress->step_ms());
   }
   return step_ms;
 }
@@ -126,9 +128,9 @@ HangVerdict JudgeHang(const std::vector<MemberProgress>& members,
       if (now - m.progressed < timeout) return verdict;  // still moving
     }
     verdict.kind = HangVerdict::Kind::kStuckTogether;
-    verdict.why = absl::StrCat("every member waits: ", who_waits,
-                               ", none progressing (hang timeout ",
-                               Secs(timeout), ")");
+    verdict.why =
+        absl::StrCat("every member waits: ", who_waits,
+                     ", none progressing (hang timeout ", Secs(timeout), ")");
     return verdict;
   }
   for (const MemberProgress& m : members) {
@@ -158,8 +160,9 @@ HangVerdict JudgeHang(const std::vector<MemberProgress>& members,
             : "",
         who_waits, Secs(own)));
     if (p.recent_size() > 0) {
-      absl::StrAppend(&verdict.details.back(), "; its last collectives: ",
-                      RecentCollectives(p, 4), " (as of its last heartbeat)");
+      absl::StrAppend(&verdict.details.back(),
+                      "; its last collectives: ", RecentCollectives(p, 4),
+                      " (as of its last heartbeat)");
     }
   }
   if (!verdict.hung.empty()) {

@@ -202,7 +202,9 @@ std::vector<MetricFamily> WorkerSeries(
        [](const JobMetricsSample::Worker& w) { return w.wait_ms / 1e3; }},
       {"concord_worker_straggler",
        "1 while the coordinator names the member a straggler, else 0",
-       [](const JobMetricsSample::Worker& w) { return w.straggler ? 1.0 : 0.0; }},
+       [](const JobMetricsSample::Worker& w) {
+         return w.straggler ? 1.0 : 0.0;
+       }},
   };
   std::vector<MetricFamily> out;
   for (const Series& series : kSeries) {

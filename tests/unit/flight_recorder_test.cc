@@ -88,8 +88,8 @@ TEST(FlightRecorderTest, RecordsRealCollectivesAndWhoIsMissing) {
   // Both take part in #1.
   std::vector<std::shared_ptr<Work>> works;
   for (int r = 0; r < 2; ++r) {
-    works.push_back(comms[static_cast<size_t>(r)]->AllreduceSum(
-        torch::ones({4}), opts));
+    works.push_back(
+        comms[static_cast<size_t>(r)]->AllreduceSum(torch::ones({4}), opts));
   }
   for (auto& w : works) ASSERT_TRUE(w->Wait().ok());
   // Rank 0 alone enters #2: it waits there, rank 1 has issued 1.
@@ -123,8 +123,9 @@ TEST(TestFaultTest, StallsAreParsedAndMalformedOnesNamed) {
   EXPECT_EQ((*faults)[0].point, worker::TestFault::Point::kBucket);
   EXPECT_EQ((*faults)[0].occurrence, 2);
   EXPECT_EQ((*faults)[0].stall, absl::Seconds(30));
-  for (const char* bad : {"1:5:bucket:model:2:stall=0", "1:5:bucket:model:2:x",
-                          "1:5:sideways:model:1", "1:5:forward:model:1:stall="}) {
+  for (const char* bad :
+       {"1:5:bucket:model:2:stall=0", "1:5:bucket:model:2:x",
+        "1:5:sideways:model:1", "1:5:forward:model:1:stall="}) {
     auto parsed = worker::ParseTestFaults(bad, 1);
     EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument)
         << bad;

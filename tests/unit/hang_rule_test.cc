@@ -85,7 +85,7 @@ MemberProgress Quiet(int rank, int64_t issued, absl::Time progressed,
 }
 
 TEST(HangTimeoutTest, DerivedFromStepTimesWithAFloorAndAStartUpAllowance) {
-  EXPECT_EQ(HangTimeout(0, 20), kHangFloor);  // MNIST-size steps
+  EXPECT_EQ(HangTimeout(0, 20), kHangFloor);           // MNIST-size steps
   EXPECT_EQ(HangTimeout(0, 3000), absl::Seconds(15));  // 5 x 3 s
   EXPECT_EQ(HangTimeout(0, 0), kStartupAllowance);     // no step time yet
   EXPECT_EQ(HangTimeout(2500, 0), absl::Milliseconds(2500));  // as set
@@ -160,7 +160,8 @@ TEST(JudgeHangTest, TheHungWorkersLastCollectivesAreInItsEvent) {
   r.set_kind("broadcast");
   r.set_issued_ago_ms(2500);
   r.set_ended_ago_ms(-1);
-  EXPECT_EQ(RecentCollectives(in_flight, 4), "a group's broadcast in flight 2.5 s");
+  EXPECT_EQ(RecentCollectives(in_flight, 4),
+            "a group's broadcast in flight 2.5 s");
 }
 
 TEST(JudgeHangTest, AWorkerStalledBetweenTwoBucketsIsHung) {
@@ -277,9 +278,8 @@ TEST(JudgeHangTest, AStoppedProcessThatStopsReportingIsHung) {
 
 TEST(JudgeHangTest, EveryoneWaitingAndNoneMovingIsStuckTogether) {
   const absl::Time now = kT0;
-  std::vector<MemberProgress> members = {
-      Waiting(0, 11, absl::Seconds(6), now),
-      Waiting(1, 11, absl::Seconds(6), now)};
+  std::vector<MemberProgress> members = {Waiting(0, 11, absl::Seconds(6), now),
+                                         Waiting(1, 11, absl::Seconds(6), now)};
   const HangVerdict v = JudgeHang(members, now, 0);
   EXPECT_EQ(v.kind, HangVerdict::Kind::kStuckTogether);
   EXPECT_THAT(v.why, HasSubstr("every member waits"));
@@ -295,9 +295,9 @@ TEST(JudgeHangTest, OlderWorkersAndTheRuleOffAreLeftToTheHeartbeats) {
   older.rank = 1;
   older.progressed = now - absl::Hours(1);
   older.reported = now;
-  EXPECT_EQ(JudgeHang({Waiting(0, 11, absl::Seconds(60), now), older}, now, 0)
-                .kind,
-            HangVerdict::Kind::kNone);
+  EXPECT_EQ(
+      JudgeHang({Waiting(0, 11, absl::Seconds(60), now), older}, now, 0).kind,
+      HangVerdict::Kind::kNone);
   const std::vector<MemberProgress> members = {
       Waiting(0, 11, absl::Seconds(60), now),
       Quiet(1, 10, now - absl::Seconds(60), now)};
@@ -320,12 +320,12 @@ MemberProgress Timed(int rank, double own, double wait) {
 
 TEST(SlowMembersTest, TheOneThatWorksLongestAndWaitsLeast) {
   // A rank at a fifth of the speed: everyone's step is its, the others wait.
-  EXPECT_THAT(SlowMembers({Timed(0, 20, 80), Timed(1, 100, 1), Timed(2, 21, 79)}),
-              ElementsAre(false, true, false));
-  EXPECT_DOUBLE_EQ(OthersOwnMs({Timed(0, 20, 80), Timed(1, 100, 1),
-                                Timed(2, 21, 79)},
-                               1),
-                   21);
+  EXPECT_THAT(
+      SlowMembers({Timed(0, 20, 80), Timed(1, 100, 1), Timed(2, 21, 79)}),
+      ElementsAre(false, true, false));
+  EXPECT_DOUBLE_EQ(
+      OthersOwnMs({Timed(0, 20, 80), Timed(1, 100, 1), Timed(2, 21, 79)}, 1),
+      21);
   // Two members: each against the other.
   EXPECT_THAT(SlowMembers({Timed(0, 10, 30), Timed(1, 40, 1)}),
               ElementsAre(false, true));

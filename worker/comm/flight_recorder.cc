@@ -168,8 +168,9 @@ std::shared_ptr<Work> RecordedCommunicator::Broadcast(
 std::shared_ptr<Work> RecordedCommunicator::Allgather(
     at::Tensor output, at::Tensor input, const CollectiveOptions& options) {
   const int64_t bytes = Bytes(input);
-  return Record("allgather", bytes,
-                inner_->Allgather(std::move(output), std::move(input), options));
+  return Record(
+      "allgather", bytes,
+      inner_->Allgather(std::move(output), std::move(input), options));
 }
 
 std::shared_ptr<Work> RecordedCommunicator::ReduceSum(

@@ -80,14 +80,15 @@ class FlightRecorder {
   mutable std::mutex mu_;
   int64_t generation_ = 0;
   int64_t collectives_ = 0;
-  std::deque<Entry> in_flight_;         // in issue order
-  std::deque<CollectiveRecord> done_;   // the last kKept that ended
+  std::deque<Entry> in_flight_;        // in issue order
+  std::deque<CollectiveRecord> done_;  // the last kKept that ended
   absl::Duration waited_;
 };
 
 // A communicator whose collectives a FlightRecorder records, and the time
-// its callers spend waiting for them; everything else is the inner one's. `main`: the generation's own communicator (its
-// collectives are numbered), else a group of it.
+// its callers spend waiting for them; everything else is the inner one's.
+// `main`: the generation's own communicator (its collectives are numbered),
+// else a group of it.
 class RecordedCommunicator final : public Communicator {
  public:
   RecordedCommunicator(std::shared_ptr<Communicator> inner,
