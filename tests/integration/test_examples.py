@@ -180,19 +180,6 @@ def final_lines(text, name):
     return finals
 
 
-def local_worker(launcher_pid, local_rank):
-    """The pid of the launcher's worker with CONCORD_LOCAL_RANK=local_rank."""
-    want = b"CONCORD_LOCAL_RANK=%d" % local_rank
-    for kid in processes.children(launcher_pid):
-        try:
-            with open("/proc/%d/environ" % kid, "rb") as f:
-                if want in f.read().split(b"\0"):
-                    return kid
-        except OSError:
-            pass
-    return None
-
-
 def run_killed(checks, prefix, name, command, device):
     """Runs `command` (an example's binary and flags) as 3 ranks under the
     installed concord-run, SIGKILLs local worker 2 a third into epoch 1,
@@ -209,7 +196,7 @@ def run_killed(checks, prefix, name, command, device):
         m = PROGRESS.search(line)
         if (not killed and m and m.group(1) == "1" and
                 int(m.group(2)) * 3 >= int(m.group(3))):
-            pid = local_worker(launcher_pid, 2)
+            pid = processes.local_worker(launcher_pid, 2)
             if pid is not None:
                 os.kill(pid, signal.SIGKILL)
                 killed.append((pid, time.monotonic() - start))

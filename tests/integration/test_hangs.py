@@ -176,23 +176,20 @@ def case_stall(ctx, name, point, extra_run=(), extra_train=(), stall_s=12, outpu
     eh.summary(name, p, rd, fault)
 
 
-def worker_pid(launcher_pid, local_rank):
-    want = b"CONCORD_LOCAL_RANK=%d" % local_rank
-    for kid in processes.children(launcher_pid):
-        try:
-            with open("/proc/%d/environ" % kid, "rb") as f:
-                if want in f.read().split(b"\0"):
-                    return kid
-        except OSError:
-            pass
-    return None
-
-
 def wait_for(p, condition, seconds):
     deadline = time.monotonic() + seconds
     while not condition() and p.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     return condition()
+
+
+def local_one_at_stall_step(ctx, name, p, rd):
+    """Local worker 1's pid once the job has committed STALL_STEP (None, a
+    failed check, when it cannot be found)."""
+    wait_for(p, lambda: eh.job_progress(rd)[0] >= STALL_STEP, 60)
+    pid = processes.local_worker(p.pid, 1)
+    ctx.checks.check(pid is not None, name + ": found local worker 1", "")
+    return pid
 
 
 def case_stop(ctx, name, past_end=False):
@@ -202,9 +199,7 @@ def case_stop(ctx, name, past_end=False):
     fx = eh.Fixture(ctx.tmp, n)
     rd = eh.RunDir(ctx.tmp, name)
     p = launch(ctx, name, rd, fx)
-    wait_for(p, lambda: eh.job_progress(rd)[0] >= STALL_STEP, 60)
-    pid = worker_pid(p.pid, 1)
-    ctx.checks.check(pid is not None, name + ": found local worker 1", "")
+    pid = local_one_at_stall_step(ctx, name, p, rd)
     if pid is not None:
         os.kill(pid, signal.SIGSTOP)
         if past_end:
@@ -233,9 +228,7 @@ def case_straggler(ctx, name):
     fx = eh.Fixture(ctx.tmp, N)
     rd = eh.RunDir(ctx.tmp, name)
     p = launch(ctx, name, rd, fx)
-    wait_for(p, lambda: eh.job_progress(rd)[0] >= STALL_STEP, 60)
-    pid = worker_pid(p.pid, 1)
-    ctx.checks.check(pid is not None, name + ": found local worker 1", "")
+    pid = local_one_at_stall_step(ctx, name, p, rd)
     if pid is not None:
         until = time.monotonic() + 6
         while time.monotonic() < until and p.poll() is None:

@@ -62,7 +62,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "reference"))
 
 import testlib  # noqa: E402
-from processes import children  # noqa: E402
+from processes import local_worker  # noqa: E402
 
 CALL_TIMEOUT = 60.0
 LINES = 200
@@ -126,18 +126,6 @@ def run(cmd, timeout=CALL_TIMEOUT, env=None):
 def describe(rc, out, err, timed_out):
     return "exit %s%s\n--- stdout (end)\n%s\n--- stderr (end)\n%s" % (
         rc, " (TIMED OUT)" if timed_out else "", out[-2000:], err[-3000:])
-
-
-def local_worker(launcher, local_rank):
-    want = b"CONCORD_LOCAL_RANK=%d" % local_rank
-    for kid in children(launcher):
-        try:
-            with open("/proc/%d/environ" % kid, "rb") as f:
-                if want in f.read().split(b"\0"):
-                    return kid
-        except OSError:
-            pass
-    return None
 
 
 # --- group output ---------------------------------------------------------------

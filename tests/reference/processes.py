@@ -103,6 +103,20 @@ def children(pid):
     return kids
 
 
+def local_worker(launcher_pid, local_rank):
+    """The pid of the launcher's worker with CONCORD_LOCAL_RANK=local_rank
+    (None when it has none)."""
+    want = b"CONCORD_LOCAL_RANK=%d" % local_rank
+    for kid in children(launcher_pid):
+        try:
+            with open("/proc/%d/environ" % kid, "rb") as f:
+                if want in f.read().split(b"\0"):
+                    return kid
+        except OSError:
+            pass
+    return None
+
+
 def cmake_cache_value(build_dir, key):
     """A value of BUILD/CMakeCache.txt ("" when absent)."""
     try:

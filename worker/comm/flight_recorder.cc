@@ -94,16 +94,10 @@ class RecordedWork final : public Work {
       : inner_(std::move(inner)), recorder_(std::move(recorder)) {}
   bool IsCompleted() const override { return inner_->IsCompleted(); }
   absl::Status Wait(absl::Duration timeout) override {
-    const absl::Time start = absl::Now();
-    absl::Status s = inner_->Wait(timeout);
-    recorder_->Waited(absl::Now() - start);
-    return s;
+    return Timed([&] { return inner_->Wait(timeout); });
   }
   absl::Status Synchronize(absl::Duration timeout) override {
-    const absl::Time start = absl::Now();
-    absl::Status s = inner_->Synchronize(timeout);
-    recorder_->Waited(absl::Now() - start);
-    return s;
+    return Timed([&] { return inner_->Synchronize(timeout); });
   }
   void Abort() override { inner_->Abort(); }
   std::optional<absl::Time> CompletedAt() const override {
@@ -111,6 +105,14 @@ class RecordedWork final : public Work {
   }
 
  private:
+  template <typename Fn>
+  absl::Status Timed(Fn wait) {
+    const absl::Time start = absl::Now();
+    absl::Status s = wait();
+    recorder_->Waited(absl::Now() - start);
+    return s;
+  }
+
   std::shared_ptr<Work> inner_;
   std::shared_ptr<FlightRecorder> recorder_;
 };
