@@ -360,10 +360,8 @@ absl::StatusOr<v1::HeartbeatResponse> Core::Heartbeat(
   if (request.has_progress()) {
     // See Note [Hangs] in hang_rule.h.
     if (!member.progress.has_value() ||
-        ShowsProgress(*member.progress, member.committed_step,
-                      request.progress(), request.step(),
-                      now - member.progress_reported)) {
-      member.progressed = now;
+        ShowsProgress(member.mark, request.progress(), request.step(), now)) {
+      member.mark = MarkOf(request.progress(), request.step(), now);
     }
     member.progress = request.progress();
     member.progress_reported = now;

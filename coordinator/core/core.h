@@ -385,11 +385,11 @@ class Core {
     std::optional<double> loss;  // of its last heartbeat that had one
     v1::DdpTimings ddp;
     // See Note [Hangs] in hang_rule.h: its last WorkerProgress, when it
-    // arrived, and when the member last showed progress of its own
+    // arrived, and where it stood when it last showed progress of its own
     // (transient, never exported).
     std::optional<v1::WorkerProgress> progress;
     absl::Time progress_reported;
-    absl::Time progressed;
+    ProgressMark mark;
     // See Note [Stragglers] in hang_rule.h: slow intervals counted up, fast
     // ones down (0..2 x kStragglerIntervals), and whether it is named one
     // (transient).

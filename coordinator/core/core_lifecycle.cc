@@ -122,7 +122,7 @@ std::vector<MemberProgress> Core::ProgressOf(const Job& job) {
     p.step = m.committed_step;
     p.progress = m.progress;
     p.reported = m.progress_reported;
-    p.progressed = m.progressed;
+    p.progressed = m.mark.at;
   }
   return out;
 }
@@ -456,7 +456,9 @@ void Core::FormGeneration(Job& job, size_t n) {
     m.last_heartbeat = now;
     // See Note [Hangs]: a new generation, a fresh start; what was in flight
     // belonged to the last one.
-    m.progressed = now;
+    m.mark = m.progress.has_value()
+                 ? MarkOf(*m.progress, m.committed_step, now)
+                 : ProgressMark{0, 0, 0, 0, now};
     if (m.progress.has_value()) {
       m.progress->set_pending_seq(0);
       m.progress->clear_pending_kind();

@@ -56,16 +56,20 @@ std::string RecentCollectives(const v1::WorkerProgress& progress, size_t n) {
   return absl::StrJoin(parts, ", ");
 }
 
-bool ShowsProgress(const v1::WorkerProgress& before, int64_t step_before,
-                   const v1::WorkerProgress& after, int64_t step_after,
-                   absl::Duration elapsed) {
-  if (step_after != step_before || after.generation() != before.generation() ||
-      after.collectives() != before.collectives() ||
-      !after.activity().empty()) {
+ProgressMark MarkOf(const v1::WorkerProgress& report, int64_t step,
+                    absl::Time at) {
+  return {report.generation(), report.collectives(), report.cpu_ms(), step,
+          at};
+}
+
+bool ShowsProgress(const ProgressMark& mark, const v1::WorkerProgress& report,
+                   int64_t step, absl::Time now) {
+  if (step != mark.step || report.generation() != mark.generation ||
+      report.collectives() != mark.collectives || !report.activity().empty()) {
     return true;
   }
-  const double cpu_ms = static_cast<double>(after.cpu_ms() - before.cpu_ms());
-  return cpu_ms >= kIdleCpuShare * absl::ToDoubleMilliseconds(elapsed);
+  const double cpu_ms = static_cast<double>(report.cpu_ms() - mark.cpu_ms);
+  return cpu_ms >= kIdleCpuShare * absl::ToDoubleMilliseconds(now - mark.at);
 }
 
 absl::Duration HangTimeout(int64_t setting_ms, double step_ms) {

@@ -64,12 +64,24 @@ struct MemberProgress {
   absl::Time progressed;
 };
 
-// Whether a member shows progress of its own between two reports `elapsed`
-// apart: a step committed, a collective issued, CPU above kIdleCpuShare of
-// one core, or an activity reported.
-bool ShowsProgress(const v1::WorkerProgress& before, int64_t step_before,
-                   const v1::WorkerProgress& after, int64_t step_after,
-                   absl::Duration elapsed);
+// Where a member stood when it last showed progress (the report then).
+struct ProgressMark {
+  int64_t generation = 0;
+  int64_t collectives = 0;
+  int64_t cpu_ms = 0;
+  int64_t step = 0;
+  absl::Time at;
+};
+ProgressMark MarkOf(const v1::WorkerProgress& report, int64_t step,
+                    absl::Time at);
+
+// Whether a member's report at `now` shows progress of its own since `mark`:
+// a step committed, a collective issued, a new generation, an activity, or
+// CPU above kIdleCpuShare of one core over the time since (measured from the
+// mark, not from the last report: a heartbeat that comes early carries
+// a heartbeat thread's crumbs of CPU over no time at all).
+bool ShowsProgress(const ProgressMark& mark, const v1::WorkerProgress& report,
+                   int64_t step, absl::Time now);
 
 // The hang timeout for a job whose setting is `setting_ms` (JobSpec) and
 // whose slowest member's step time is `step_ms` (0: none reported yet).

@@ -94,27 +94,35 @@ TEST(HangTimeoutTest, DerivedFromStepTimesWithAFloorAndAStartUpAllowance) {
 }
 
 TEST(ShowsProgressTest, StepsCollectivesCpuAndActivityAreProgress) {
-  const absl::Duration beat = absl::Seconds(1);
   Said before;
   before.collectives = 10;
   before.cpu_ms = 5000;
+  const ProgressMark mark = MarkOf(before.Proto(), 7, kT0);
+  const absl::Time beat = kT0 + absl::Seconds(1);
   Said same = before;
   same.cpu_ms = 5000 + 20;  // a heartbeat thread's crumbs: idle
-  EXPECT_FALSE(ShowsProgress(before.Proto(), 7, same.Proto(), 7, beat));
-  EXPECT_TRUE(ShowsProgress(before.Proto(), 7, same.Proto(), 8, beat));
+  EXPECT_FALSE(ShowsProgress(mark, same.Proto(), 7, beat));
+  EXPECT_TRUE(ShowsProgress(mark, same.Proto(), 8, beat));
   Said issued = same;
   issued.collectives = 11;
-  EXPECT_TRUE(ShowsProgress(before.Proto(), 7, issued.Proto(), 7, beat));
+  EXPECT_TRUE(ShowsProgress(mark, issued.Proto(), 7, beat));
   Said computing = before;
   computing.cpu_ms = 5000 + 950;  // a core, evaluating
-  EXPECT_TRUE(ShowsProgress(before.Proto(), 7, computing.Proto(), 7, beat));
+  EXPECT_TRUE(ShowsProgress(mark, computing.Proto(), 7, beat));
   Said busy = same;
   busy.activity = "checkpoint";
-  EXPECT_TRUE(ShowsProgress(before.Proto(), 7, busy.Proto(), 7, beat));
+  EXPECT_TRUE(ShowsProgress(mark, busy.Proto(), 7, beat));
   Said next_generation = same;
   next_generation.generation = 2;
+  EXPECT_TRUE(ShowsProgress(mark, next_generation.Proto(), 7, beat));
+  // The CPU counts from the mark: crumbs that come early (two heartbeats a
+  // millisecond apart) are not progress, nor are many beats of crumbs.
+  EXPECT_FALSE(ShowsProgress(mark, same.Proto(), 7, kT0 + absl::Seconds(10)));
+  Said crumbs = before;
+  crumbs.cpu_ms = 5000 + 60;
+  EXPECT_FALSE(ShowsProgress(mark, crumbs.Proto(), 7, kT0 + absl::Seconds(6)));
   EXPECT_TRUE(
-      ShowsProgress(before.Proto(), 7, next_generation.Proto(), 7, beat));
+      ShowsProgress(mark, crumbs.Proto(), 7, kT0 + absl::Milliseconds(500)));
 }
 
 TEST(JudgeHangTest, AWorkerStalledBeforeAForwardIsHung) {
