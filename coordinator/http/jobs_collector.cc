@@ -179,7 +179,7 @@ MetricFamily JobsByState(const std::vector<JobMetricsSample>& jobs) {
   return states;
 }
 
-// Note [Stragglers] in coordinator/core/hang_rule.h: per worker of a running
+// See Note [Stragglers] in coordinator/core/hang_rule.h: per worker of a running
 // generation, its step time and how it splits, and whether it is named a
 // straggler.
 std::vector<MetricFamily> WorkerSeries(

@@ -131,6 +131,16 @@ TEST(EnvironmentTest, EveryVariableOfTheTableIsRead) {
              e.Set(kSettleMs, "x");
              ExpectRefused(kSettleMs);
            }},
+          {kHangTimeoutMs.name,
+           [](ScopedEnvironment& e) {
+             EXPECT_EQ(Read().spec.hang_timeout_ms(), 0);  // derived
+             e.Set(kHangTimeoutMs, "2500");
+             EXPECT_EQ(Read().spec.hang_timeout_ms(), 2500);
+             e.Set(kHangTimeoutMs, "-1");
+             EXPECT_EQ(Read().spec.hang_timeout_ms(), -1);  // off
+             e.Set(kHangTimeoutMs, "-2");
+             ExpectRefused(kHangTimeoutMs);
+           }},
           {kHeartbeatIntervalMs.name,
            [](ScopedEnvironment& e) {
              EXPECT_EQ(Read().spec.heartbeat_interval_ms(),
@@ -354,6 +364,17 @@ TEST(EnvironmentTest, EveryVariableOfTheTableIsRead) {
              EXPECT_EQ(ms, 50);
              e.Set(kTestAgentLingerMs, "10001");
              EXPECT_FALSE(env::GetInt(kTestAgentLingerMs, &ms).ok());
+           }},
+          {kTestBusy.name,
+           [](ScopedEnvironment& e) {
+             e.Set(kLocalRank, "1");
+             e.Set(kTestBusy, "1:10:2.5");
+             const train::FaultInjection f =
+                 train::FaultInjection::FromEnvironment();
+             EXPECT_EQ(f.busy_step, 10);
+             EXPECT_DOUBLE_EQ(f.busy_seconds, 2.5);
+             e.Set(kTestBusy, "0:10:2.5");  // another worker's
+             EXPECT_EQ(train::FaultInjection::FromEnvironment().busy_step, -1);
            }},
           {kTestMinStepMs.name,
            [](ScopedEnvironment& e) {
