@@ -166,15 +166,15 @@ ddp::CommHook ToEngineHook(const CommHook& hook,
                            std::shared_ptr<comm::Communicator> comm,
                            comm::CollectiveOptions options);
 
-// The ElasticState's side of a module's calls (api/elastic.cc): the step
-// being taken (the committed one plus one), a collective about to start,
-// the step agreement before a step's first forward, join().
 // See common/job_ended.h: when `status` says the job has already succeeded,
 // the worker `worker_id` (which was out: never admitted, or taken out as hung
 // or stopped) says so in one line and the process exits 0; else nothing.
 void ExitIfJobSucceeded(const absl::Status& status,
                         const std::string& worker_id);
 
+// The ElasticState's side of a module's calls (api/elastic.cc): the step
+// being taken (the committed one plus one), a collective about to start,
+// the step agreement before a step's first forward, join().
 int64_t ElasticStep(const ElasticCore& elastic);
 void ObserveCollective(ElasticCore& elastic);
 void BeginElasticStep(ElasticCore& elastic);
