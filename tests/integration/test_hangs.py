@@ -22,8 +22,8 @@ holds. Group "hangs" (the faults):
   stop-past-end   the same, continued once the others have finished;
   stall-past-end  local 1 sleeps at step 10 for longer than the job runs;
   straggler       local 1 runs a fifth of the time for 6 s (SIGSTOPped 160
-                  ms of every 200): named a straggler, then no longer one,
-                  and nobody is taken out (stragglers are reported).
+                  ms of every 200): named a straggler, and nobody is taken
+                  out (stragglers are reported).
 
 For each: the coordinator took the worker out as hung (its history's
 "failure" event names it: "hung at step 9") and the others re-formed
@@ -223,8 +223,8 @@ def case_stop(ctx, name, past_end=False):
 
 def case_straggler(ctx, name):
     """Local 1 runs a fifth of the time for 6 s (SIGSTOPped 160 ms of
-    every 200): named a straggler, and no longer one once it is back to
-    speed; nobody is taken out (the policy reports)."""
+    every 200): named a straggler (and only it); nobody is taken out (the
+    policy reports)."""
     fx = eh.Fixture(ctx.tmp, N)
     rd = eh.RunDir(ctx.tmp, name)
     p = launch(ctx, name, rd, fx)
@@ -244,8 +244,12 @@ def case_straggler(ctx, name):
                      ids[0].endswith("-w1"),
                      name + ": local worker 1 named a straggler (and only it)",
                      json.dumps(named)[:1500])
-    ctx.checks.check(any("no longer a straggler" in e.get("message", "") for e in named),
-                     name + ": no longer one once back to speed", json.dumps(named)[:1500])
+    # (Not checked here: that it stops being one once back to speed. The
+    # test's pacing, CONCORD_TEST_MIN_STEP_MS, is own work, and the worker
+    # that was stopped comes back out of phase with the others' paces: by up
+    # to a step's pace it then is the critical path, often by more than the
+    # rule's 1.5x. HangRule's CoreHangTest.AStragglerIsNamedAfterTen...
+    # checks the clearing.)
     ctx.checks.check(not coordinator_events(rd, "failure"), name + ": nobody taken out",
                      json.dumps(coordinator_events(rd, "failure"))[:1500])
     if slow_one:
