@@ -1,6 +1,7 @@
 #include "worker/comm/flight_recorder.h"
 
 #include <algorithm>
+#include <thread>
 #include <utility>
 
 namespace concord::comm {
@@ -136,6 +137,13 @@ RecordedCommunicator::RecordedCommunicator(
     std::shared_ptr<FlightRecorder> recorder, bool main)
     : inner_(std::move(inner)), recorder_(std::move(recorder)), main_(main) {
   if (main_) recorder_->BeginGeneration(inner_->generation());
+}
+
+RecordedCommunicator::~RecordedCommunicator() {
+  if (!aborted_.load() || inner_ == nullptr) return;
+  std::thread([inner = std::move(inner_)]() mutable {
+    inner.reset();
+  }).detach();
 }
 
 std::shared_ptr<Communicator> RecordedCommunicator::Inner(

@@ -15,6 +15,7 @@
 // coordinator/core/hang_rule.h). The last kKept entries are kept for
 // Recent(), whatever their generation.
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -93,6 +94,12 @@ class RecordedCommunicator final : public Communicator {
  public:
   RecordedCommunicator(std::shared_ptr<Communicator> inner,
                        std::shared_ptr<FlightRecorder> recorder, bool main);
+  // Once aborted, the inner communicator is let go on a thread of its own:
+  // its destructor waits for the operation in flight, and a collective that
+  // waits on a peer that hangs alive (its connections open, unlike a dead
+  // one's) ends only at its timeout. Whoever drops the last reference (the
+  // training thread, at a re-form) must not wait for that.
+  ~RecordedCommunicator() override;
 
   // The communicator this one records (for a derivation from it: see Note
   // [Re-forming NCCL]); `c` itself when it is not a RecordedCommunicator.
@@ -114,7 +121,10 @@ class RecordedCommunicator final : public Communicator {
                                  std::vector<at::Tensor> recv,
                                  std::vector<int> from,
                                  const CollectiveOptions& options) override;
-  void Abort() override { inner_->Abort(); }
+  void Abort() override {
+    aborted_.store(true);
+    inner_->Abort();
+  }
 
  private:
   std::shared_ptr<Work> Record(const char* kind, int64_t bytes,
@@ -123,6 +133,7 @@ class RecordedCommunicator final : public Communicator {
   std::shared_ptr<Communicator> inner_;
   std::shared_ptr<FlightRecorder> recorder_;
   bool main_;
+  std::atomic<bool> aborted_{false};
 };
 
 }  // namespace concord::comm
