@@ -20,8 +20,9 @@ step times, at least 5 s) and "rule off" (--hang-timeout-ms -1): detect (T0
 -> a survivor's collective was aborted), re-form (-> the survivors' next
 generation formed), resume (T0 -> the survivors' first step in it done).
 Medians over the repeats. The goal: resume within 10 s with the rule on;
-with it off the survivors wait out --collective-timeout-ms (concord-run's
-default, 300 s: run it at least once as it is).
+with it off the survivors wait out --collective-timeout-ms and then, in the
+next rendezvous, --rendezvous-timeout-ms for the stalled member, which still
+heartbeats and never joins (concord-run's defaults: 300 s each).
 
 Not a test; not registered with ctest.
 """
@@ -54,16 +55,22 @@ def parse_args():
     p.add_argument("--off-repeat", type=int, default=1, help="repeats with the rule off")
     p.add_argument("--collective-timeout-ms", type=int, default=300000,
                    help="concord-run's (its default: 300000)")
+    p.add_argument("--rendezvous-timeout-ms", type=int, default=300000,
+                   help="concord-run's (its default: 300000)")
     p.add_argument("--no-agent", action="store_true")
     return p.parse_args()
 
 
 def stall_once(args, model, data, rule_on):
     """One run; the times of the survivors' reactions to the stall (ms)."""
-    wait_s = args.collective_timeout_ms / 1e3 + 60
+    # With the rule off the survivors wait out the collective timeout, then
+    # the rendezvous for the stalled member, which heartbeats (alive) and
+    # never joins: its timeout too.
+    wait_s = (args.collective_timeout_ms + args.rendezvous_timeout_ms) / 1e3 + 60
     extra_run = ["--max-restarts", "0", "--min-workers", str(args.world_size - 1),
-                 "--settle-ms", "200000",
-                 "--collective-timeout-ms", str(args.collective_timeout_ms)]
+                 "--settle-ms", str(min(200000, args.rendezvous_timeout_ms - 1)),
+                 "--collective-timeout-ms", str(args.collective_timeout_ms),
+                 "--rendezvous-timeout-ms", str(args.rendezvous_timeout_ms)]
     if not rule_on:
         extra_run += ["--hang-timeout-ms", "-1"]
     cmd = rl.concord_cmd(args, model, data, extra_run, ["--epochs", "100000"], os.devnull)
@@ -119,8 +126,10 @@ def main():
     model, data = fixtures.make_fixture(tmp, args.kind, n_samples=args.samples, seed=1)
     results = {}
     for label, rule_on, repeats in (("rule on (default hang timeout)", True, args.repeat),
-                                    ("rule off (collective timeout %d ms)"
-                                     % args.collective_timeout_ms, False, args.off_repeat)):
+                                    ("rule off (timeouts %d + %d ms)"
+                                     % (args.collective_timeout_ms,
+                                        args.rendezvous_timeout_ms), False,
+                                     args.off_repeat)):
         runs = []
         for i in range(repeats):
             r = stall_once(args, model, data, rule_on)
