@@ -456,9 +456,8 @@ void Core::FormGeneration(Job& job, size_t n) {
     m.last_heartbeat = now;
     // See Note [Hangs]: a new generation, a fresh start; what was in flight
     // belonged to the last one.
-    m.mark = m.progress.has_value()
-                 ? MarkOf(*m.progress, m.committed_step, now)
-                 : ProgressMark{0, 0, 0, 0, now};
+    m.mark = m.progress.has_value() ? MarkOf(*m.progress, m.committed_step, now)
+                                    : ProgressMark{0, 0, 0, 0, now};
     if (m.progress.has_value()) {
       m.progress->set_pending_seq(0);
       m.progress->clear_pending_kind();

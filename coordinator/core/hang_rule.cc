@@ -58,8 +58,7 @@ std::string RecentCollectives(const v1::WorkerProgress& progress, size_t n) {
 
 ProgressMark MarkOf(const v1::WorkerProgress& report, int64_t step,
                     absl::Time at) {
-  return {report.generation(), report.collectives(), report.cpu_ms(), step,
-          at};
+  return {report.generation(), report.collectives(), report.cpu_ms(), step, at};
 }
 
 bool ShowsProgress(const ProgressMark& mark, const v1::WorkerProgress& report,

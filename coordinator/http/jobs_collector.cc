@@ -179,9 +179,9 @@ MetricFamily JobsByState(const std::vector<JobMetricsSample>& jobs) {
   return states;
 }
 
-// See Note [Stragglers] in coordinator/core/hang_rule.h: per worker of a running
-// generation, its step time and how it splits, and whether it is named a
-// straggler.
+// See Note [Stragglers] in coordinator/core/hang_rule.h: per worker of a
+// running generation, its step time and how it splits, and whether it is named
+// a straggler.
 std::vector<MetricFamily> WorkerSeries(
     const std::vector<JobMetricsSample>& jobs) {
   struct Series {
