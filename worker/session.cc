@@ -250,7 +250,11 @@ namespace {
 
 // A communicator given up may still be inside a Gloo operation that only
 // returns at its timeout; its destructor waits for that, so it is destroyed
-// on a thread of its own rather than on the training thread.
+// on a thread of its own rather than on the training thread. This reference
+// may not be the last (State::Reform and an engine hold the generation's
+// too): the session's communicators are RecordedCommunicators, which once
+// aborted let the inner one go the same way whoever drops them last (see
+// Note [Flight recorder]); an NCCL derivation's parent is not wrapped.
 void Retire(std::shared_ptr<comm::Communicator> comm) {
   if (comm == nullptr) return;
   comm->Abort();
