@@ -14,9 +14,21 @@ inline constexpr int64_t kDefaultHeartbeatIntervalMs = 1000;
 inline constexpr int64_t kDefaultHeartbeatTimeoutMs = 10000;
 inline constexpr int64_t kDefaultRendezvousTimeoutMs = 300000;
 inline constexpr int64_t kDefaultCollectiveTimeoutMs = 300000;
+// How long a straggler evicted for the first time waits before it may join
+// again (docs/reliability.md, "Stragglers"); doubled at each later eviction.
+inline constexpr int64_t kDefaultStragglerCooldownMs = 60000;
 // Complete checkpoints kept on disk (see Note [Checkpoints] in
 // worker/checkpoint/checkpointer.h).
 inline constexpr int kDefaultCheckpointKeep = 3;
+
+// Empty when `policy` names what is done with a straggler ("report", or
+// "evict": docs/reliability.md, "Stragglers"); otherwise what is wrong,
+// naming it as the caller calls it.
+inline std::string StragglerPolicyProblem(const std::string& policy,
+                                          const std::string& name) {
+  if (policy == "report" || policy == "evict") return "";
+  return name + " must be report or evict; got '" + policy + "'";
+}
 
 // Empty when a heartbeat timeout of `timeout_ms` suits an interval of
 // `interval_ms` (the coordinator must see at least one heartbeat within

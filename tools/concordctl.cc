@@ -216,7 +216,7 @@ void PrintStatusTable(const v1::JobStatus& s) {
     if (m.rank() == s.authoritative_rank() && !waiting) note = "authoritative";
     if (m.completed()) note = "completed";
     if (const std::string health = concord::ctl::HealthNote(m);
-        !waiting && !health.empty()) {
+        !health.empty()) {
       note = note.empty() ? health : absl::StrCat(note, ", ", health);
     }
     rows.push_back(

@@ -88,6 +88,7 @@ void Core::StartAgain(Job& job, const std::string& worker_id) {
   job.kv.clear();
   job.drained.clear();
   job.finished.clear();
+  job.cooling.clear();
   job.resume_from.reset();
   job.resume_memory.reset();
   // The ended run's agents (and their memory) are gone with it.
@@ -263,10 +264,20 @@ void Core::AddWaiting(Job& job, const v1::JoinRequest& request, uint64_t call,
   const bool back = survivor != nullptr;
   m.joined = back ? survivor->joined : now;
   if (back) job.expected.MarkBack(survivor);
+  // See Note [Evicting stragglers] in hang_rule.h.
+  auto cooling = job.cooling.find(worker_id);
+  const bool held = cooling != job.cooling.end() && cooling->second.until > now;
+  m.held = held;
   job.waiting.Add(std::move(m));
   job.last_arrival = now;
   const v1::JobSpec& spec = job.spec;
-  if (back) {
+  if (held) {
+    AddEvent(
+        job, "join", worker_id,
+        absl::StrFormat("joined from %s; held back until its cool-down "
+                        "as an evicted straggler ends in %s",
+                        request.host(), Seconds(cooling->second.until - now)));
+  } else if (back) {
     const size_t missing = job.expected.size() - job.expected.back_count();
     AddEvent(job, "join", worker_id,
              absl::StrFormat("joined again from %s at step %d after "

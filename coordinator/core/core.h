@@ -395,6 +395,15 @@ class Core {
     // (transient).
     int slow_count = 0;
     bool straggler = false;
+    // Of a waiting worker: an evicted straggler in its cool-down, which no
+    // generation admits yet (see Note [Evicting stragglers]).
+    bool held = false;
+  };
+  // See Note [Evicting stragglers] in hang_rule.h: a worker evicted as a
+  // straggler, how often, and until when it is held back.
+  struct Cooling {
+    int evictions = 0;
+    absl::Time until;
   };
   // A worker's WatchMembership streams (see Note [Re-forming]).
   struct WatchState {
@@ -451,6 +460,9 @@ class Core {
     // When the members were last compared for stragglers (see Note
     // [Stragglers] in hang_rule.h; transient).
     absl::Time stragglers_checked;
+    // By worker id: the workers evicted as stragglers (kept for the job's
+    // life, so that a worker evicted again waits longer).
+    std::map<std::string, Cooling> cooling;
     // The time of the last heartbeat not yet in `history` (see Note [Lazy
     // progress] in core_history.cc); transient.
     std::optional<absl::Time> progress_pending;
@@ -657,7 +669,15 @@ class Core {
   // See Note [Stragglers] in hang_rule.h: once a heartbeat interval, counts
   // each member's slow intervals and names (or stops naming) stragglers,
   // with an event and a log line.
-  void CheckStragglers(Job& job, absl::Time now);
+  // With JobSpec.stragglers "evict", takes out one straggler when the job
+  // is faster without it (see Note [Evicting stragglers]): true when that
+  // ended the generation.
+  bool CheckStragglers(Job& job, absl::Time now);
+  // See Note [Evicting stragglers]: the waiting workers a generation may
+  // admit now (the held ones excluded), and lets those whose cool-down is
+  // over be admitted (true when one was).
+  static size_t Eligible(const Job& job);
+  bool ReleaseHeld(Job& job, absl::Time now);
   // Join's parts. Admit: whether `request` may join the existing `job`
   // (its spec, its binding, a run that ended or was started again, a
   // drained worker), and whether it is a member asking to re-form (see Note

@@ -172,7 +172,7 @@ bool Core::TakeOutHung(Job& job, absl::Time now) {
   return false;
 }
 
-void Core::CheckStragglers(Job& job, absl::Time now) {
+bool Core::CheckStragglers(Job& job, absl::Time now) {
   job.stragglers_checked = now;
   bool any = false;
   for (const MemberState& m : job.members) {
@@ -181,7 +181,7 @@ void Core::CheckStragglers(Job& job, absl::Time now) {
       break;
     }
   }
-  if (!any) return;
+  if (!any) return false;
   const std::vector<MemberProgress> progress = ProgressOf(job);
   const std::vector<bool> slow = SlowMembers(progress);
   bool changed = false;
@@ -212,7 +212,71 @@ void Core::CheckStragglers(Job& job, absl::Time now) {
     spdlog::warn("job {}: worker {}: {}", job.spec.job_id(), m.worker_id, what);
     AddEvent(job, "straggler", m.worker_id, what);
   }
+  if (job.spec.stragglers() == "evict") {
+    // See Note [Evicting stragglers]: the slowest straggler only; the
+    // others' figures change without it.
+    std::optional<size_t> slowest;
+    for (size_t i = 0; i < job.members.size(); ++i) {
+      const MemberState& m = job.members[i];
+      if (m.straggler &&
+          (!slowest.has_value() ||
+           m.progress->own_ms() > job.members[*slowest].progress->own_ms())) {
+        slowest = i;
+      }
+    }
+    if (slowest.has_value()) {
+      const EvictionEstimate e =
+          JudgeEviction(progress, *slowest, MinWorkers(job));
+      if (e.evict) {
+        const MemberState& m = job.members[*slowest];
+        const std::string worker_id = m.worker_id;
+        Cooling& c = job.cooling[worker_id];
+        ++c.evictions;
+        const absl::Duration cooldown = CooldownAfter(
+            c.evictions, absl::Milliseconds(job.spec.straggler_cooldown_ms()));
+        c.until = now + cooldown;
+        const std::string what = absl::StrFormat(
+            "evicted as a straggler (rank %d): the job's throughput is %.2f "
+            "steps/s with it and %.2f without it (estimated); it may join "
+            "again after a cool-down of %s (eviction %d)",
+            m.rank, e.with, e.without, Seconds(cooldown), c.evictions);
+        spdlog::warn("job {}: worker {}: {}", job.spec.job_id(), worker_id,
+                     what);
+        AddEvent(job, "straggler", worker_id, what);
+        job.bindings.erase(worker_id);
+        EndGeneration(
+            job,
+            absl::StrCat("worker ", worker_id, " was evicted as a straggler"),
+            {worker_id});
+        return true;
+      }
+    }
+  }
   if (changed) Changed(job);
+  return false;
+}
+
+size_t Core::Eligible(const Job& job) {
+  size_t held = 0;
+  for (const auto& [worker_id, cooling] : job.cooling) {
+    const MemberState* w = job.waiting.Find(worker_id);
+    if (w != nullptr && w->held) ++held;
+  }
+  return job.waiting.size() - held;
+}
+
+bool Core::ReleaseHeld(Job& job, absl::Time now) {
+  bool released = false;
+  for (const auto& [worker_id, cooling] : job.cooling) {
+    MemberState* w = job.waiting.Find(worker_id);
+    if (w == nullptr || !w->held || cooling.until > now) continue;
+    w->held = false;
+    released = true;
+    AddEvent(job, "join", worker_id,
+             "its cool-down as an evicted straggler is over: it may be "
+             "admitted again");
+  }
+  return released;
 }
 
 void Core::Tick() {
@@ -256,10 +320,19 @@ void Core::Tick() {
         MaybeFormGeneration(job);
         Changed(job);
       } else if (now - job.stragglers_checked >=
-                 absl::Milliseconds(job.spec.heartbeat_interval_ms())) {
-        CheckStragglers(job, now);
+                     absl::Milliseconds(job.spec.heartbeat_interval_ms()) &&
+                 CheckStragglers(job, now)) {
+        MaybeFormGeneration(job);
+        Changed(job);
+      }
+      if (!job.cooling.empty() && ReleaseHeld(job, now)) {
+        // The members see a worker to admit (waiting_workers).
+        Changed(job);
       }
     } else if (job.state == v1::JOB_STATE_RENDEZVOUS) {
+      // See Note [Evicting stragglers]: those whose cool-down is over may be
+      // admitted.
+      const bool released = !job.cooling.empty() && ReleaseHeld(job, now);
       // See Note [Re-forming]: those whose connection broke are gone.
       const bool disconnected = DropDisconnected(job);
       // See Note [Formation]: expected survivors silent for too long are gone.
@@ -284,7 +357,7 @@ void Core::Tick() {
       if (job.state == v1::JOB_STATE_RUNNING ||
           now - job.rendezvous_started <= timeout) {
         if (job.state == v1::JOB_STATE_RUNNING || !dropped.empty() ||
-            disconnected) {
+            disconnected || released) {
           Changed(job);
         }
         continue;
@@ -296,7 +369,8 @@ void Core::Tick() {
       }
       const size_t min = MinWorkers(job);
       const size_t max = static_cast<size_t>(job.spec.max_workers());
-      if (job.waiting.size() >= min) {
+      const size_t eligible = Eligible(job);
+      if (eligible >= min) {
         for (const std::string& w : missing) {
           AddEvent(job, "failure", w,
                    absl::StrFormat("did not join again after generation %d "
@@ -305,7 +379,7 @@ void Core::Tick() {
           job.bindings.erase(w);
           Forget(job, w);
         }
-        FormGeneration(job, std::min(job.waiting.size(), max));
+        FormGeneration(job, std::min(eligible, max));
         Changed(job);
         continue;
       }
@@ -313,7 +387,7 @@ void Core::Tick() {
       job.failure = absl::StrFormat(
           "rendezvous timed out after %s with %d worker(s) waiting; "
           "min_workers is %d",
-          Seconds(timeout), job.waiting.size(), MinWorkers(job));
+          Seconds(timeout), eligible, MinWorkers(job));
       if (!missing.empty()) {
         absl::StrAppendFormat(
             &job.failure,
@@ -337,7 +411,7 @@ void Core::Forget(Job& job, const std::string& worker_id) {
 
 bool Core::MaybeSucceed(Job& job) {
   if (job.state != v1::JOB_STATE_RENDEZVOUS || job.generation == 0 ||
-      !job.members.empty() || !job.expected.empty() || !job.waiting.empty()) {
+      !job.members.empty() || !job.expected.empty() || Eligible(job) > 0) {
     return false;
   }
   job.state = v1::JOB_STATE_SUCCEEDED;
@@ -354,7 +428,7 @@ int32_t Core::WaitingWorkers(const Job& job) {
       std::max<int64_t>(0, int64_t{job.spec.max_workers()} -
                                static_cast<int64_t>(job.members.size()));
   return static_cast<int32_t>(
-      std::min(room, static_cast<int64_t>(job.waiting.size())));
+      std::min(room, static_cast<int64_t>(Eligible(job))));
 }
 
 // See Note [Formation].
@@ -419,17 +493,18 @@ void Core::MaybeFormGeneration(Job& job) {
     if (job.expected.back_count() < job.expected.size()) return;
     // Every survivor's report is in (see Note [Unreachable peers]).
     ExcludeUnreachable(job);
-    if (job.waiting.size() < min) return;
-    FormGeneration(job, std::min(job.waiting.size(), max));
+    const size_t eligible = Eligible(job);
+    if (eligible < min) return;
+    FormGeneration(job, std::min(eligible, max));
     return;
   }
   ExcludeUnreachable(job);
-  if (job.waiting.size() >= max) {
+  const size_t eligible = Eligible(job);
+  if (eligible >= max) {
     FormGeneration(job, max);
-  } else if (job.waiting.size() >= min &&
-             clock_->Now() - job.last_arrival >=
-                 absl::Milliseconds(job.spec.settle_ms())) {
-    FormGeneration(job, job.waiting.size());
+  } else if (eligible >= min && clock_->Now() - job.last_arrival >=
+                                    absl::Milliseconds(job.spec.settle_ms())) {
+    FormGeneration(job, eligible);
   }
 }
 
@@ -441,6 +516,8 @@ void Core::FormGeneration(Job& job, size_t n) {
   for (const MemberState& e : job.expected) survivors.insert(e.worker_id);
   job.members =
       job.waiting.TakeFirst(n, [&](const MemberState& a, const MemberState& b) {
+        // Held workers last: `n` never reaches them.
+        if (a.held != b.held) return b.held;
         const bool sa = survivors.count(a.worker_id) > 0;
         const bool sb = survivors.count(b.worker_id) > 0;
         if (sa != sb) return sa;

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/job_defaults.h"
@@ -23,6 +24,7 @@ constexpr int64_t kMaxHeartbeatTimeoutMs = 24 * 3600 * 1000;
 constexpr int64_t kMaxRendezvousTimeoutMs = 7LL * 24 * 3600 * 1000;
 constexpr int64_t kDefaultSettleMs = 2000;
 constexpr int64_t kMaxHangTimeoutMs = 24 * 3600 * 1000;
+constexpr int64_t kMaxStragglerCooldownMs = 24 * 3600 * 1000;
 // A collective's kind or an activity in WorkerProgress.
 constexpr size_t kMaxKindLength = 64;
 // WorkerProgress.recent's entries.
@@ -164,6 +166,10 @@ v1::JobSpec WithDefaults(v1::JobSpec spec) {
     spec.set_settle_ms(
         std::min(kDefaultSettleMs, spec.rendezvous_timeout_ms() / 2));
   }
+  if (spec.stragglers().empty()) spec.set_stragglers("report");
+  if (spec.straggler_cooldown_ms() == 0) {
+    spec.set_straggler_cooldown_ms(kDefaultStragglerCooldownMs);
+  }
   return spec;
 }
 
@@ -214,6 +220,19 @@ absl::Status ValidateSpec(const v1::JobSpec& spec) {
         "%s must be -1 (off), 0 (derived) or a time in ms up to %d; got %d",
         field("hang_timeout_ms"), kMaxHangTimeoutMs, spec.hang_timeout_ms()));
   }
+  if (!spec.stragglers().empty() && spec.stragglers() != "report" &&
+      spec.stragglers() != "evict") {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s must be \"report\" or \"evict\"; got \"%s\"", field("stragglers"),
+        absl::CHexEscape(spec.stragglers().substr(0, 64))));
+  }
+  if (spec.straggler_cooldown_ms() < 0 ||
+      spec.straggler_cooldown_ms() > kMaxStragglerCooldownMs) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s must be in [0, %d] (0: the default); got %d",
+                        field("straggler_cooldown_ms"), kMaxStragglerCooldownMs,
+                        spec.straggler_cooldown_ms()));
+  }
   return absl::OkStatus();
 }
 
@@ -247,6 +266,16 @@ absl::Status CompareSpecs(const v1::JobSpec& job, const v1::JobSpec& got) {
   if (job.hang_timeout_ms() != got.hang_timeout_ms()) {
     return differs("hang_timeout_ms", job.hang_timeout_ms(),
                    got.hang_timeout_ms());
+  }
+  if (job.stragglers() != got.stragglers()) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "spec.stragglers differs from job %s: job has \"%s\", request has "
+        "\"%s\"",
+        job.job_id(), job.stragglers(), got.stragglers()));
+  }
+  if (job.straggler_cooldown_ms() != got.straggler_cooldown_ms()) {
+    return differs("straggler_cooldown_ms", job.straggler_cooldown_ms(),
+                   got.straggler_cooldown_ms());
   }
   return absl::OkStatus();
 }

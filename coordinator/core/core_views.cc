@@ -133,7 +133,17 @@ absl::StatusOr<v1::JobStatus> Core::GetJob(
     }
   }
   for (const MemberState& m : job->waiting) {
-    *status.add_waiting() = StatusOf(m);
+    v1::MemberStatus& out = *status.add_waiting();
+    out = StatusOf(m);
+    if (m.held) {
+      // See Note [Evicting stragglers] in hang_rule.h.
+      const absl::Duration left =
+          job->cooling.at(m.worker_id).until - clock_->Now();
+      out.set_health(absl::StrCat(
+          "cooling down (",
+          absl::ToInt64Seconds(std::max(left, absl::ZeroDuration())),
+          " s left)"));
+    }
   }
   for (const MemberState& m : job->expected) {
     if (!m.back) *status.add_expected() = StatusOf(m);
@@ -274,6 +284,12 @@ std::optional<v1::JobRecord> Core::ExportJob(const std::string& job_id) const {
   record.set_next_event_seq(job->next_event_seq);
   for (const auto& [w, s] : job->bindings) (*record.mutable_bindings())[w] = s;
   for (const std::string& w : job->drained) record.add_drained(w);
+  for (const auto& [w, c] : job->cooling) {
+    v1::CoolingRecord& r = *record.add_cooling();
+    r.set_worker_id(w);
+    r.set_evictions(c.evictions);
+    r.set_until_unix_ms(UnixMs(c.until));
+  }
   return record;
 }
 
@@ -377,7 +393,8 @@ absl::Status Core::RestoreJob(const v1::JobRecord& record) {
   }
   const absl::Time now = clock_->Now();
   Job job;
-  job.spec = record.spec();
+  // A record from before a field was added holds no value for it.
+  job.spec = WithDefaults(record.spec());
   job.state = record.state();
   job.failure = record.failure();
   job.generation = record.generation();
@@ -426,6 +443,22 @@ absl::Status Core::RestoreJob(const v1::JobRecord& record) {
   if (record.has_resume_memory()) job.resume_memory = record.resume_memory();
   for (const v1::CheckpointReport& snapshot : record.memory_snapshots()) {
     job.memory_snapshots[snapshot.node()] = snapshot;
+  }
+  // See Note [Evicting stragglers] in hang_rule.h: a worker waiting out its
+  // cool-down is still held back.
+  for (const v1::CoolingRecord& r : record.cooling()) {
+    if (r.worker_id().empty() || r.evictions() < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("job record ", record.spec().job_id(),
+                       ": a cooling entry without a worker or an eviction"));
+    }
+    Cooling& c = job.cooling[r.worker_id()];
+    c.evictions = r.evictions();
+    c.until = absl::FromUnixMillis(r.until_unix_ms());
+    if (MemberState* w = job.waiting.Find(r.worker_id());
+        w != nullptr && c.until > now) {
+      w->held = true;
+    }
   }
   CONCORD_RETURN_IF_ERROR(CheckRestoredWorkers(job));
   job.rendezvous_started = now;

@@ -221,6 +221,32 @@ std::vector<bool> SlowMembers(const std::vector<MemberProgress>& members) {
   return slow;
 }
 
+EvictionEstimate JudgeEviction(const std::vector<MemberProgress>& members,
+                               size_t index, size_t min_workers) {
+  EvictionEstimate e;
+  if (index >= members.size() || members.size() < 2 ||
+      members.size() - 1 < std::max<size_t>(min_workers, 1)) {
+    return e;
+  }
+  const auto& p = members[index].progress;
+  if (!p.has_value() || !(p->own_ms() > 0)) return e;
+  const double others = OthersOwnMs(members, index);
+  if (!(others > 0)) return e;
+  const double n = static_cast<double>(members.size());
+  const double step_ms =
+      p->step_ms() > 0 ? p->step_ms() : p->own_ms() + p->wait_ms();
+  const double without_ms = others + std::max(0.0, p->wait_ms());
+  e.with = n * 1000.0 / step_ms;
+  e.without = (n - 1) * 1000.0 / without_ms;
+  e.evict = e.without >= kEvictionGain * e.with;
+  return e;
+}
+
+absl::Duration CooldownAfter(int evictions, absl::Duration base) {
+  const int doublings = std::clamp(evictions - 1, 0, kMaxCooldownDoublings);
+  return base * (int64_t{1} << doublings);
+}
+
 std::string HealthOf(const MemberProgress& member, absl::Time now,
                      absl::Duration timeout) {
   if (timeout <= absl::ZeroDuration() || !member.progress.has_value()) {

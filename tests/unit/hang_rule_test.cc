@@ -354,6 +354,47 @@ TEST(SlowMembersTest, TheOneThatWorksLongestAndWaitsLeast) {
   for (int r = 0; r < 40; ++r) EXPECT_EQ(slow[r], r == 17) << r;
 }
 
+TEST(JudgeEvictionTest, EvictedWhenTheJobIsFasterWithoutIt) {
+  // A fifth of the speed in a job of 3: 3 / 101 ms with it, 2 / 22 ms
+  // without (the others' own 21 ms plus its 1 ms wait): 3.1x.
+  const std::vector<MemberProgress> fifth = {Timed(0, 20, 80), Timed(1, 100, 1),
+                                             Timed(2, 21, 79)};
+  EvictionEstimate e = JudgeEviction(fifth, 1, /*min_workers=*/1);
+  EXPECT_TRUE(e.evict);
+  EXPECT_NEAR(e.with, 3000.0 / 101, 1e-9);
+  EXPECT_NEAR(e.without, 2000.0 / 22, 1e-9);
+  // Not below min_workers: 2 left of a job that needs 3.
+  EXPECT_FALSE(JudgeEviction(fifth, 1, /*min_workers=*/3).evict);
+  EXPECT_TRUE(JudgeEviction(fifth, 1, /*min_workers=*/2).evict);
+  // 1.5x slower in a job of 3 (named, but the job is not faster without it:
+  // 3 / 31 ms against 2 / 21 ms).
+  const std::vector<MemberProgress> half = {Timed(0, 20, 11), Timed(1, 30, 1),
+                                            Timed(2, 20, 11)};
+  EXPECT_FALSE(JudgeEviction(half, 1, 1).evict);
+  // The same member among 40: 40 / 31 against 39 / 21 ms, 1.44x.
+  std::vector<MemberProgress> many;
+  for (int r = 0; r < 40; ++r) many.push_back(Timed(r, 20, 11));
+  many[17] = Timed(17, 30, 1);
+  EXPECT_TRUE(JudgeEviction(many, 17, 1).evict);
+  // Nothing known, nothing done: no own time, no others, a bad index.
+  MemberProgress none;
+  EXPECT_FALSE(JudgeEviction({Timed(0, 20, 80), none}, 1, 1).evict);
+  EXPECT_FALSE(JudgeEviction({Timed(0, 100, 1)}, 0, 1).evict);
+  EXPECT_FALSE(JudgeEviction(fifth, 3, 1).evict);
+}
+
+TEST(JudgeEvictionTest, EachEvictionDoublesTheCooldownUpToACap) {
+  const absl::Duration base = absl::Seconds(60);
+  EXPECT_EQ(CooldownAfter(1, base), absl::Seconds(60));
+  EXPECT_EQ(CooldownAfter(2, base), absl::Seconds(120));
+  EXPECT_EQ(CooldownAfter(3, base), absl::Seconds(240));
+  EXPECT_EQ(CooldownAfter(kMaxCooldownDoublings + 1, base),
+            base * (1 << kMaxCooldownDoublings));
+  EXPECT_EQ(CooldownAfter(100, base),
+            CooldownAfter(kMaxCooldownDoublings + 1, base));
+  EXPECT_EQ(CooldownAfter(0, base), base);
+}
+
 // ---- through the core ----------------------------------------------------
 
 using testing::HeartbeatReq;
@@ -523,6 +564,128 @@ TEST_F(CoreHangTest, AStragglerIsNamedAfterTenSlowIntervalsAndCleared) {
   ASSERT_EQ(named.size(), 2u);
   EXPECT_THAT(named[1].message, HasSubstr("no longer a straggler"));
   EXPECT_EQ(Status().members(2).health(), "");
+}
+
+// See Note [Evicting stragglers]: three members, w2 slow (its own work and
+// wait a step given), one heartbeat a second.
+class CoreEvictionTest : public CoreHangTest {
+ protected:
+  v1::JobSpec StartJob(const std::string& policy, int min_workers) {
+    v1::JobSpec spec = Spec(3, min_workers);
+    spec.set_stragglers(policy);
+    spec.set_straggler_cooldown_ms(30000);
+    for (int i = 0; i < 3; ++i) {
+      clock_.Advance(absl::Milliseconds(10));
+      EXPECT_TRUE(core_.Join(JoinReq(spec, Worker(i))).ok());
+    }
+    clock_.Advance(absl::Seconds(2));
+    core_.Tick();
+    EXPECT_EQ(core_.State(kJob), v1::JOB_STATE_RUNNING);
+    return spec;
+  }
+  // Up to `intervals` seconds, while the generation runs, w0..w{members-1}
+  // beating.
+  void RunSlow(double own, double wait, int intervals, int members = 3) {
+    const int64_t gen = core_.CurrentGeneration(kJob);
+    for (int s = 0; s < intervals; ++s) {
+      if (core_.State(kJob) != v1::JOB_STATE_RUNNING) return;
+      clock_.Advance(absl::Seconds(1));
+      for (int i = 0; i < members; ++i) {
+        v1::HeartbeatRequest r = HeartbeatReq(Worker(i), gen, 7);
+        Said said;
+        said.generation = gen;
+        said.collectives = ++collectives_;
+        said.cpu_ms = cpu_[i] += 900;
+        said.step_ms = own + wait;
+        *r.mutable_progress() = said.Proto();
+        r.mutable_progress()->set_own_ms(i == 2 ? own : 20);
+        r.mutable_progress()->set_wait_ms(i == 2 ? wait : own + wait - 20);
+        ASSERT_TRUE(core_.Heartbeat(r).ok());
+      }
+      core_.Tick();
+    }
+  }
+  int64_t collectives_ = 100;
+};
+
+// With "evict" the straggler named is taken out, waits out its cool-down
+// (held back, though it joined), is admitted again, and a second eviction
+// keeps it out twice as long; a restored record keeps that.
+TEST_F(CoreEvictionTest, AnEvictedStragglerCoolsDownAndStaysOutLongerNextTime) {
+  const v1::JobSpec spec = StartJob("evict", 1);
+  const int64_t gen = core_.CurrentGeneration(kJob);
+  RunSlow(100, 1, kStragglerIntervals + 1);
+  ASSERT_EQ(core_.State(kJob), v1::JOB_STATE_RENDEZVOUS);
+  std::vector<Event> events = EventsOf("straggler");
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_THAT(events[1].message, HasSubstr("evicted as a straggler (rank 2)"));
+  EXPECT_THAT(events[1].message, HasSubstr("cool-down of 30s"));
+  EXPECT_THAT(Expected(), ElementsAre("w0", "w1"));
+  // The others go on; w2 re-joins at once and is held back.
+  ASSERT_TRUE(core_.Join(RejoinReq(spec, "w0", gen, 7)).ok());
+  ASSERT_TRUE(core_.Join(RejoinReq(spec, "w1", gen, 7)).ok());
+  ASSERT_TRUE(core_.Join(RejoinReq(spec, "w2", gen, 7)).ok());
+  ASSERT_EQ(core_.State(kJob), v1::JOB_STATE_RUNNING);
+  EXPECT_THAT(Ranks(), ElementsAre("w0", "w1"));
+  EXPECT_THAT(Waiting(), ElementsAre("w2"));
+  EXPECT_EQ(WaitingWorkersSeenBy("w0"), 0);
+  EXPECT_THAT(Status().waiting(0).health(), HasSubstr("cooling down (30 s"));
+  auto placed = core_.GetAssignment(kJob, "w2");
+  ASSERT_TRUE(placed.ok()) << placed.status();
+  EXPECT_FALSE(placed->has_value());
+  // A coordinator restarted meanwhile keeps it held.
+  const std::optional<v1::JobRecord> record = core_.ExportJob(kJob);
+  ASSERT_TRUE(record.has_value());
+  ASSERT_EQ(record->cooling_size(), 1);
+  EXPECT_EQ(record->cooling(0).evictions(), 1);
+  Core restored(&clock_);
+  ASSERT_TRUE(restored.RestoreJob(*record).ok());
+  EXPECT_TRUE(testing::SameRecord(*restored.ExportJob(kJob), *record));
+  // After the cool-down the members see it waiting and re-form to admit it.
+  RunSlow(20, 0, 29, /*members=*/2);
+  EXPECT_EQ(WaitingWorkersSeenBy("w0"), 0);
+  RunSlow(20, 0, 1, /*members=*/2);
+  EXPECT_EQ(WaitingWorkersSeenBy("w0"), 1);
+  EXPECT_EQ(Status().waiting(0).health(), "");
+  const int64_t two = core_.CurrentGeneration(kJob);
+  ASSERT_TRUE(core_.Join(RejoinReq(spec, "w0", two, 7, "boundary")).ok());
+  ASSERT_TRUE(core_.Join(RejoinReq(spec, "w1", two, 7)).ok());
+  ASSERT_EQ(core_.State(kJob), v1::JOB_STATE_RUNNING);
+  EXPECT_THAT(Ranks(), ElementsAre("w0", "w1", "w2"));
+  // Still slow: out again, for twice as long.
+  RunSlow(100, 1, 2 * kStragglerIntervals);
+  ASSERT_EQ(core_.State(kJob), v1::JOB_STATE_RENDEZVOUS);
+  events = EventsOf("straggler");
+  EXPECT_THAT(events.back().message, HasSubstr("cool-down of 60s"));
+  EXPECT_THAT(events.back().message, HasSubstr("(eviction 2)"));
+}
+
+// Named in each job, taken out in none: "report" (the default), a job that
+// would fall below min_workers, a member only 1.6x slower.
+TEST_F(CoreEvictionTest, FalseAlarmReportOnly) {
+  StartJob("", 1);
+  const int64_t gen = core_.CurrentGeneration(kJob);
+  RunSlow(100, 1, 3 * kStragglerIntervals);
+  EXPECT_EQ(core_.CurrentGeneration(kJob), gen);
+  EXPECT_EQ(EventsOf("straggler").size(), 1u);
+  EXPECT_EQ(Status().members(2).health(), "slow");
+}
+
+TEST_F(CoreEvictionTest, FalseAlarmNotBelowMinWorkers) {
+  StartJob("evict", 3);
+  const int64_t gen = core_.CurrentGeneration(kJob);
+  RunSlow(100, 1, 3 * kStragglerIntervals);
+  EXPECT_EQ(core_.CurrentGeneration(kJob), gen);
+  EXPECT_EQ(EventsOf("straggler").size(), 1u);
+}
+
+TEST_F(CoreEvictionTest, FalseAlarmNotWhenTheJobIsNotFasterWithout) {
+  StartJob("evict", 1);
+  const int64_t gen = core_.CurrentGeneration(kJob);
+  RunSlow(32, 1, 3 * kStragglerIntervals);
+  EXPECT_EQ(core_.CurrentGeneration(kJob), gen);
+  EXPECT_EQ(EventsOf("straggler").size(), 1u);
+  EXPECT_EQ(Status().members(2).health(), "slow");
 }
 
 TEST_F(CoreHangTest, TheRuleCanBeTurnedOffAndBadReportsChangeNothing) {

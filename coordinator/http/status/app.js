@@ -99,7 +99,7 @@ function health(m) {
     case 'busy': return 'busy: ' + (p.activity || '');
     case 'slow': return `straggler: own work ${fixed(p.own_ms, 1)} ms a step`;
     case 'idle': return 'idle';
-    default: return '';
+    default: return m.health || '';
   }
 }
 
@@ -112,7 +112,8 @@ function renderJob(j) {
       health(m)].filter((x) => x).join(', ')]);
   for (const m of j.waiting) {
     members.push(['–', m.worker_id, m.host, m.committed_step, '–', '–',
-      fixed(m.last_heartbeat_age_ms / 1000, 1) + ' s ago', 'waiting']);
+      fixed(m.last_heartbeat_age_ms / 1000, 1) + ' s ago',
+      ['waiting', health(m)].filter((x) => x).join(', ')]);
   }
   for (const m of j.expected) {
     members.push(['–', m.worker_id, m.host, m.committed_step, '–', '–',
