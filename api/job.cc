@@ -78,6 +78,22 @@ worker::WorkerOptions Resolve(const JobOptions& o) {
     }
     w.spec.set_max_workers(*o.max_workers());
   }
+  if (o.stragglers()) {
+    if (const std::string problem =
+            StragglerPolicyProblem(*o.stragglers(), "JobOptions::stragglers");
+        !problem.empty()) {
+      ThrowInvalid(problem);
+    }
+    w.spec.set_stragglers(*o.stragglers());
+  }
+  if (o.straggler_cooldown()) {
+    if (o.straggler_cooldown()->count() <= 0) {
+      ThrowInvalid(
+          absl::StrCat("JobOptions::straggler_cooldown: must be positive, got ",
+                       o.straggler_cooldown()->count(), " ms"));
+    }
+    w.spec.set_straggler_cooldown_ms(Millis(*o.straggler_cooldown()));
+  }
   if (o.device()) w.device = Parsed("device", ParseDeviceRequest(*o.device()));
   if (o.trace_file()) {
     if (o.trace_file()->empty()) ThrowInvalid("JobOptions::trace_file: empty");

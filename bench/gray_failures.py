@@ -2,12 +2,14 @@
 """Benchmark: a worker that hangs alive, found by its progress (the hang
 rule, see Note [Hangs] in coordinator/core/hang_rule.h) next to the same
 stall with the rule off (what Concord did before it: the collective timeout
-governs), in one run.
+governs); and a straggler, with --stragglers report and evict next to the
+healthy workers alone (see Note [Evicting stragglers]), in one run.
 
 Usage (Debian's python3, which has torch; build Concord first):
 
     /usr/bin/python3 bench/gray_failures.py --bin-dir build/bin [--repeat 3]
         [--off-repeat 1] [--collective-timeout-ms 300000] [--kind cnn]
+        [--straggler-repeat 3] [--epochs 3] [--only stall|straggler]
 
 Each repeat: concord-run --standalone --nproc W (default 3) runs
 concord-train on a fixture of tests/reference/fixtures.py (default "cnn",
@@ -24,16 +26,27 @@ with it off the survivors wait out --collective-timeout-ms and then, in the
 next rendezvous, --rendezvous-timeout-ms for the stalled member, which still
 heartbeats and never joins (concord-run's defaults: 300 s each).
 
+The straggler part: the same fixture trained --epochs to the end by W
+workers with local worker 1 at a fifth of the speed throughout (SIGSTOPped
+160 ms of every 200 from its start, as a throttled or shared machine), under
+--stragglers report and --stragglers evict (their defaults otherwise: the
+60 s cool-down), and by W - 1 healthy workers alone. Reported: the job's
+wall time (concord-run's start to its exit), and when the coordinator named
+the straggler and evicted it (its log lines, from the start). The goals:
+evict within 1.3x the healthy workers' time; named within 30 s.
+
 Not a test; not registered with ctest.
 """
 
 import argparse
 import os
 import select
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -41,6 +54,7 @@ sys.path.insert(0, HERE)
 
 import reform_latency as rl  # noqa: E402  (its command lines and log stamps)
 import fixtures  # noqa: E402  (tests/reference, on the path rl sets)
+import processes  # noqa: E402
 
 
 def parse_args():
@@ -58,6 +72,10 @@ def parse_args():
     p.add_argument("--rendezvous-timeout-ms", type=int, default=300000,
                    help="concord-run's (its default: 300000)")
     p.add_argument("--no-agent", action="store_true")
+    p.add_argument("--straggler-repeat", type=int, default=3,
+                   help="repeats of each straggler configuration")
+    p.add_argument("--epochs", type=int, default=3, help="of the straggler part's jobs")
+    p.add_argument("--only", choices=["stall", "straggler"])
     return p.parse_args()
 
 
@@ -120,10 +138,121 @@ def stall_once(args, model, data, rule_on):
             "resume": (events["resumed"] - t0) * 1e3}
 
 
+def slow_down(pid, stop):
+    """Local worker `pid` at a fifth of the speed until `stop` is set."""
+    while not stop.is_set():
+        try:
+            os.kill(pid, signal.SIGSTOP)
+            time.sleep(0.16)
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            return
+        time.sleep(0.04)
+
+
+def straggler_once(args, model, data, policy, workers):
+    """One job to the end; its wall time, and when (from its start) the
+    coordinator named and evicted local worker 1 (None: it did not). policy
+    None: no straggler."""
+    extra_run = ["--max-restarts", "0", "--min-workers", str(max(1, workers - 1))]
+    if policy:
+        extra_run += ["--stragglers", policy]
+    saved = args.world_size
+    args.world_size = workers
+    cmd = rl.concord_cmd(args, model, data, extra_run, ["--epochs", str(args.epochs)],
+                         os.devnull)
+    args.world_size = saved
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    start = time.time()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True, env=env)
+    stop = threading.Event()
+    slower = None
+    out = {"named": None, "evicted": None}
+    tail = []
+    try:
+        fd = proc.stderr.fileno()
+        buf = ""
+        deadline = start + 3600
+        while time.time() < deadline:
+            if policy and slower is None:
+                pid = processes.local_worker(proc.pid, 1)
+                if pid is not None:
+                    slower = threading.Thread(target=slow_down, args=(pid, stop), daemon=True)
+                    slower.start()
+            if select.select([fd], [], [], 0.05)[0]:
+                chunk = os.read(fd, 1 << 16).decode(errors="replace")
+                if not chunk:
+                    break
+                buf += chunk
+                lines = buf.split("\n")
+                buf = lines.pop()
+                tail = (tail + lines)[-30:]
+                for line in lines:
+                    if "straggler: rank" in line and out["named"] is None:
+                        out["named"] = time.time() - start
+                    elif "evicted as a straggler" in line and out["evicted"] is None:
+                        out["evicted"] = time.time() - start
+        rc = proc.wait(timeout=max(1, deadline - time.time()))
+        out["job"] = time.time() - start
+    finally:
+        stop.set()
+        rl.kill_group(proc)
+    if rc != 0:
+        raise RuntimeError("the job exited %d:\n%s" % (rc, "\n".join(tail)))
+    return out
+
+
+def stragglers(args, model, data):
+    w = args.world_size
+    configs = [("--stragglers report, %d workers" % w, "report", w),
+               ("--stragglers evict, %d workers" % w, "evict", w),
+               ("healthy workers alone (%d)" % (w - 1), None, w - 1)]
+    results = {}
+    for label, policy, workers in configs:
+        runs = []
+        for i in range(args.straggler_repeat):
+            r = straggler_once(args, model, data, policy, workers)
+            print("%s, run %d: job %.1f s, named %s, evicted %s" % (
+                label, i + 1, r["job"], fmt(r["named"]), fmt(r["evicted"])), flush=True)
+            runs.append(r)
+        results[label] = runs
+    print("\nstraggler: local worker 1 at a fifth of the speed, %d epochs of fixture %s, "
+          "batch %d (%s):" % (args.epochs, args.kind, args.batch_size,
+                              "--no-agent" if args.no_agent else "through the node agent"))
+    print("%-42s %10s %10s %10s" % ("median over runs", "job", "named", "evicted"))
+    med = {}
+    for label, runs in results.items():
+        med[label] = {k: median_of([r[k] for r in runs]) for k in ("job", "named", "evicted")}
+        print("%-42s %10s %10s %10s   (%d runs)" % (
+            label, fmt(med[label]["job"]), fmt(med[label]["named"]),
+            fmt(med[label]["evicted"]), len(runs)))
+    report, evict, healthy = (med[c[0]] for c in configs)
+    print("evict / healthy alone: %.2fx (goal <= 1.3x: %s); report / healthy alone: %.2fx" % (
+        evict["job"] / healthy["job"], "MET" if evict["job"] <= 1.3 * healthy["job"] else "MISSED",
+        report["job"] / healthy["job"]))
+    named = [r["named"] for c in configs[:2] for r in results[c[0]]]
+    print("named within 30 s in every run: %s" % (
+        "MET" if all(n is not None and n <= 30 for n in named) else "MISSED"))
+
+
+def fmt(seconds):
+    return "-" if seconds is None else "%.1f s" % seconds
+
+
+def median_of(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
 def main():
     args = parse_args()
     tmp = tempfile.mkdtemp(prefix="concord_gray_")
     model, data = fixtures.make_fixture(tmp, args.kind, n_samples=args.samples, seed=1)
+    if args.only != "stall":
+        stragglers(args, model, data)
+    if args.only == "straggler":
+        return 0
     results = {}
     for label, rule_on, repeats in (("rule on (default hang timeout)", True, args.repeat),
                                     ("rule off (timeouts %d + %d ms)"

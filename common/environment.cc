@@ -17,6 +17,8 @@ const std::vector<const Variable*>& All() {
       &kHeartbeatIntervalMs,
       &kHeartbeatTimeoutMs,
       &kHangTimeoutMs,
+      &kStragglers,
+      &kStragglerCooldownMs,
       &kRendezvousTimeoutMs,
       &kCollectiveTimeoutMs,
       &kWorkerId,

@@ -94,6 +94,17 @@ inline constexpr Variable kHangTimeoutMs =
         "own is taken out after this long (0: derived from the job's step "
         "times; -1: never)",
         SetBy::kLauncher);
+inline constexpr Variable kStragglers =
+    Text("CONCORD_STRAGGLERS", "report|evict", "report",
+         "what is done with a straggler: named only, or also taken out while "
+         "the job is faster without it",
+         SetBy::kLauncher);
+inline constexpr Variable kStragglerCooldownMs =
+    Int("CONCORD_STRAGGLER_COOLDOWN_MS", "milliseconds",
+        kDefaultStragglerCooldownMs, 1, kNoMax,
+        "an evicted straggler may join again after this long (doubled at "
+        "each later eviction)",
+        SetBy::kLauncher);
 inline constexpr Variable kRendezvousTimeoutMs =
     Int("CONCORD_RENDEZVOUS_TIMEOUT_MS", "milliseconds",
         kDefaultRendezvousTimeoutMs, 1, kNoMax,

@@ -135,6 +135,12 @@ void AddJobFlags(CLI::App& app, Options& o) {
   app.add_option("--nproc", o.nproc, "Number of worker processes")
       ->required()
       ->check(CLI::Range(1, 4096));
+  app.add_option("--nnodes", o.nnodes,
+                 "The job's size in nodes, N or MIN:MAX, as torchrun's: "
+                 "every node runs --nproc workers, and the job trains with "
+                 "MIN x --nproc to MAX x --nproc of them (sets the "
+                 "defaults of --min-workers and --max-workers; start every "
+                 "node with the same value)");
   app.add_option("--min-workers", o.min_workers,
                  "Fewest members the job trains with (default: --nproc)")
       ->check(CLI::Range(1, 1 << 20));
@@ -162,6 +168,18 @@ void AddJobFlags(CLI::App& app, Options& o) {
                  "no progress of its own after this long (0: derived from "
                  "the job's step times; -1: never)")
       ->check(CLI::Range(int64_t{-1}, int64_t{1} << 40));
+  app.add_option("--stragglers", o.stragglers,
+                 "What is done with a worker persistently slower than the "
+                 "others: report (name it in the log, status and metrics) "
+                 "or evict (also take it out while the job is faster "
+                 "without it and keeps --min-workers, for a cool-down)")
+      ->check(CLI::IsMember({"report", "evict"}))
+      ->capture_default_str();
+  app.add_option("--straggler-cooldown-ms", o.straggler_cooldown_ms,
+                 "An evicted straggler may join again after this long, "
+                 "twice as long after each later eviction")
+      ->check(CLI::Range(int64_t{1}, int64_t{24} * 3600 * 1000))
+      ->capture_default_str();
   app.add_option("--comm-host", o.comm_host,
                  "Address the workers' communicators listen on");
   app.add_option("--node-id", o.node_id,
@@ -264,10 +282,44 @@ void CheckCredentials(Options& o) {
   o.credentials = *std::move(loaded);
 }
 
+// --nnodes: "N" or "MIN:MAX", 1 <= MIN <= MAX <= 65536; "" when good.
+std::string ParseNodes(const std::string& text, int* min, int* max) {
+  const size_t colon = text.find(':');
+  const std::string low = text.substr(0, colon);
+  const std::string high =
+      colon == std::string::npos ? low : text.substr(colon + 1);
+  int a = 0;
+  int b = 0;
+  if (!absl::SimpleAtoi(low, &a) || !absl::SimpleAtoi(high, &b) ||
+      low.empty() || high.empty() || !std::isdigit(low[0]) ||
+      !std::isdigit(high[0])) {
+    return absl::StrCat("'", text, "' is not N or MIN:MAX");
+  }
+  if (a < 1 || b > 65536 || a > b) {
+    return absl::StrCat("'", text, "': need 1 <= MIN <= MAX <= 65536 nodes");
+  }
+  *min = a;
+  *max = b;
+  return "";
+}
+
 // The members' bounds (defaults from --nproc) and the timeouts.
 void CheckMembership(Options& o) {
-  if (o.min_workers == 0) o.min_workers = o.nproc;
-  if (o.max_workers == 0) o.max_workers = std::max(o.nproc, o.min_workers);
+  int min_nodes = 1;
+  int max_nodes = 1;
+  if (!o.nnodes.empty()) {
+    const std::string problem = ParseNodes(o.nnodes, &min_nodes, &max_nodes);
+    if (!problem.empty()) UsageError(absl::StrCat("--nnodes: ", problem));
+    if (o.standalone && max_nodes > 1) {
+      UsageError(
+          "--nnodes above 1 needs --coordinator: --standalone's coordinator "
+          "serves this node alone");
+    }
+  }
+  if (o.min_workers == 0) o.min_workers = min_nodes * o.nproc;
+  if (o.max_workers == 0) {
+    o.max_workers = std::max(max_nodes * o.nproc, o.min_workers);
+  }
   if (o.min_workers > o.max_workers) {
     UsageError("--min-workers must not exceed --max-workers");
   }

@@ -51,8 +51,11 @@ struct Options {
   int64_t test_agent_linger_ms = 0;
   std::string coordinator;
   int nproc = 0;
-  int min_workers = 0;  // 0: nproc
-  int max_workers = 0;  // 0: nproc
+  // --nnodes N or MIN:MAX: the job's size in nodes of `nproc` workers
+  // (sets min/max_workers); empty: this node alone.
+  std::string nnodes;
+  int min_workers = 0;  // 0: nproc (x the nodes of --nnodes)
+  int max_workers = 0;  // 0: nproc (x the nodes of --nnodes)
   int max_restarts = 0;
   int64_t settle_ms = 0;  // 0: the coordinator's default
   std::string job_id;
@@ -60,7 +63,9 @@ struct Options {
   int64_t heartbeat_timeout_ms = kDefaultHeartbeatTimeoutMs;
   int64_t rendezvous_timeout_ms = kDefaultRendezvousTimeoutMs;
   int64_t collective_timeout_ms = kDefaultCollectiveTimeoutMs;
-  int64_t hang_timeout_ms = 0;  // 0: derived; -1: off
+  int64_t hang_timeout_ms = 0;        // 0: derived; -1: off
+  std::string stragglers = "report";  // or "evict"
+  int64_t straggler_cooldown_ms = kDefaultStragglerCooldownMs;
   std::string comm_host = "127.0.0.1";
   std::string node_id;  // empty: the workers use the hostname
   std::string token_file;

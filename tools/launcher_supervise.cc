@@ -104,6 +104,9 @@ std::vector<std::string> WorkerEnv(const Options& o,
                             absl::StrCat(o.collective_timeout_ms)));
   out.push_back(
       env::Assign(env::kHangTimeoutMs, absl::StrCat(o.hang_timeout_ms)));
+  out.push_back(env::Assign(env::kStragglers, o.stragglers));
+  out.push_back(env::Assign(env::kStragglerCooldownMs,
+                            absl::StrCat(o.straggler_cooldown_ms)));
   if (!o.trace_parts.empty()) {
     out.push_back(env::Assign(env::kTraceFile,
                               absl::StrCat(o.trace_parts, "/worker-", w.index,

@@ -238,6 +238,7 @@ void MembershipWatcher::Run() {
           if (on_update_) on_update_(update);
           std::lock_guard<std::mutex> lock(mu_);
           latest_ = update;
+          live_ = true;
           ++updates_;
           terminal = Terminal(update.state());
           cv_.notify_all();
@@ -245,6 +246,7 @@ void MembershipWatcher::Run() {
         &context);
     std::unique_lock<std::mutex> lock(mu_);
     active_ = nullptr;
+    live_ = false;
     if (stop_ || terminal) return;
     // Permanent refusals end the watch; anything else (coordinator
     // restarting, network) is retried with backoff.
@@ -262,6 +264,12 @@ void MembershipWatcher::Run() {
 int64_t MembershipWatcher::updates() const {
   std::lock_guard<std::mutex> lock(mu_);
   return updates_;
+}
+
+std::optional<v1::MembershipUpdate> MembershipWatcher::Live() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!live_) return std::nullopt;
+  return latest_;
 }
 
 absl::StatusOr<v1::MembershipUpdate> MembershipWatcher::WaitFor(

@@ -128,6 +128,9 @@ class MembershipWatcher {
       absl::Duration timeout);
   // Updates received so far (reconnects resend the current one).
   int64_t updates() const;
+  // The latest update when the stream it came on is still open (the
+  // coordinator is there to say otherwise); nullopt otherwise.
+  std::optional<v1::MembershipUpdate> Live() const;
 
  private:
   void Run();
@@ -139,6 +142,7 @@ class MembershipWatcher {
   std::condition_variable cv_;
   std::optional<v1::MembershipUpdate> latest_;
   int64_t updates_ = 0;
+  bool live_ = false;  // `latest_` came on the stream open now
   bool stop_ = false;
   grpc::ClientContext* active_ = nullptr;  // the open stream, to cancel it
   std::thread thread_;

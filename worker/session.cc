@@ -75,6 +75,15 @@ absl::StatusOr<WorkerOptions> WorkerOptions::FromEnvironment() {
   CONCORD_RETURN_IF_ERROR(env::GetInt(env::kSettleMs, &settle_ms));
   CONCORD_RETURN_IF_ERROR(env::GetInt(env::kHangTimeoutMs, &hang_timeout));
   o.spec.set_hang_timeout_ms(hang_timeout);
+  o.spec.set_stragglers(env::Get(env::kStragglers, "report"));
+  if (const std::string problem = StragglerPolicyProblem(
+          o.spec.stragglers(), std::string(env::kStragglers.name));
+      !problem.empty()) {
+    return absl::InvalidArgumentError(problem);
+  }
+  int64_t cooldown;
+  CONCORD_RETURN_IF_ERROR(env::GetInt(env::kStragglerCooldownMs, &cooldown));
+  o.spec.set_straggler_cooldown_ms(cooldown);
   o.spec.set_settle_ms(settle_ms);
   o.spec.set_min_workers(static_cast<int32_t>(min_workers));
   o.spec.set_max_workers(static_cast<int32_t>(max_workers));
@@ -236,13 +245,23 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Start(
     Log()->warn("{} (peers cannot check that they reach this worker)",
                 std::string(probe.status().message()));
   }
+  // Watching from before the first join (an unbound worker may watch): a
+  // worker that waits beyond the job's size hears so at once, and waits on
+  // while the job runs (WarnIfBeyondSize, JoinAndConnect).
+  Session* s = session.get();
+  auto watch = [s] {
+    return std::make_unique<MembershipWatcher>(
+        s->client_.get(), s->options_.spec.job_id(),
+        [s](const v1::MembershipUpdate& update) { s->OnMembership(update); });
+  };
+  session->watcher_ = watch();
   CONCORD_RETURN_IF_ERROR(session->JoinAndConnect(
       /*previous_generation=*/0, "", /*committed_step=*/0,
       session->JoinDeadline()));
-  Session* s = session.get();
-  session->watcher_ = std::make_unique<MembershipWatcher>(
-      session->client_.get(), options.spec.job_id(),
-      [s](const v1::MembershipUpdate& update) { s->OnMembership(update); });
+  // A watch that saw an earlier run of the job end before this one started
+  // it again (see Note [Starting again] in coordinator/core/core.h) has
+  // stopped: watch this run.
+  if (!session->watcher_->Live().has_value()) session->watcher_ = watch();
   return session;
 }
 
@@ -282,16 +301,39 @@ absl::Status Session::JoinAndConnect(
   // before connecting to them.
   bool probe = SuggestsUnreachablePeer(why);
   std::vector<std::string> unreachable;
+  // A job that runs without this worker (at its size, or this worker held
+  // back as an evicted straggler: see Note [Evicting stragglers] in
+  // coordinator/core/hang_rule.h) may make a place at any step: the wait
+  // goes on while the coordinator says so on the open watch, not only for
+  // the rendezvous timeout, which is for generations that do not form.
+  auto waits_for_a_place = [&] {
+    if (watcher_ == nullptr) return false;
+    const std::optional<v1::MembershipUpdate> view = watcher_->Live();
+    if (!view.has_value() || view->state() != v1::JOB_STATE_RUNNING ||
+        view->is_member()) {
+      return false;
+    }
+    Log()->info(
+        "job {} runs with {} member(s) without this worker: waiting "
+        "on for a place",
+        options_.spec.job_id(), view->world_size());
+    deadline = absl::Now() + options_.join_timeout;
+    return true;
+  };
   for (;;) {
     const v1::JoinRequest request = MakeJoinRequest(
         previous_generation, why, committed_step, probe, unreachable);
     const absl::Duration left = deadline - absl::Now();
     if (left <= absl::ZeroDuration()) {
+      if (waits_for_a_place()) continue;
       return absl::DeadlineExceededError(absl::StrCat(
           "no generation of job ", options_.spec.job_id(), " formed within ",
           absl::FormatDuration(options_.join_timeout)));
     }
     absl::StatusOr<v1::JoinResponse> response = client_->Join(request, left);
+    if (absl::IsDeadlineExceeded(response.status()) && waits_for_a_place()) {
+      continue;
+    }
     if (absl::IsAborted(response.status())) {
       // Placed in a generation that ended before we heard of it: again.
       Log()->info("join: {}", std::string(response.status().message()));
@@ -527,7 +569,22 @@ std::shared_ptr<comm::Communicator> Session::shared_communicator() const {
   return comm_;
 }
 
+void Session::WarnIfBeyondSize(const v1::MembershipUpdate& update) {
+  if (update.is_member() || update.state() != v1::JOB_STATE_RUNNING ||
+      update.world_size() < options_.spec.max_workers() ||
+      beyond_size_warned_.exchange(true)) {
+    return;
+  }
+  Log()->warn(
+      "job {} already runs at its largest size, max_workers {} (concord-run "
+      "--max-workers, default --nproc): worker {} waits, and trains only "
+      "when a member leaves; to train on N nodes at once start every node "
+      "with --nnodes N",
+      options_.spec.job_id(), options_.spec.max_workers(), options_.worker_id);
+}
+
 void Session::OnMembership(const v1::MembershipUpdate& update) {
+  WarnIfBeyondSize(update);
   std::shared_ptr<comm::Communicator> comm = shared_communicator();
   if (comm == nullptr) return;  // between generations
   const int64_t mine = comm->generation();

@@ -283,6 +283,9 @@ class Session final : public comm::GroupFactory {
       int rank, int size, int64_t generation, comm::Store* store,
       absl::Duration timeout) const;
   void OnMembership(const v1::MembershipUpdate& update);
+  // Once: says that this worker waits while the job runs at max_workers
+  // (a node started with a size meant for itself alone).
+  void WarnIfBeyondSize(const v1::MembershipUpdate& update);
   absl::Time JoinDeadline() const;
   void HeartbeatLoop(absl::Duration interval);
   void StopHeartbeat();
@@ -310,6 +313,7 @@ class Session final : public comm::GroupFactory {
   std::atomic<int> world_size_{1};
   std::atomic<int64_t> generation_{0};
   std::atomic<bool> reform_wanted_{false};
+  std::atomic<bool> beyond_size_warned_{false};
   std::atomic<int> finished_workers_{0};
   // The current generation's workers by rank (comm::NextRankLabels), that
   // generation, and how many workers of the job had finished when it formed

@@ -103,6 +103,15 @@ struct JobOptions {
   // (CONCORD_MIN_WORKERS, CONCORD_MAX_WORKERS; default 1 and min_workers).
   TORCH_ARG(std::optional<int>, min_workers);
   TORCH_ARG(std::optional<int>, max_workers);
+  // What is done with a member persistently slower than the others
+  // (docs/reliability.md, "Stragglers"): "report" names it (the default);
+  // "evict" also takes it out while the job is faster without it and keeps
+  // min_workers, for a cool-down (CONCORD_STRAGGLERS). The first worker to
+  // join sets it for the job.
+  TORCH_ARG(std::optional<std::string>, stragglers);
+  // How long an evicted straggler waits before it may join again, doubled
+  // at each later eviction (CONCORD_STRAGGLER_COOLDOWN_MS; default 60 s).
+  TORCH_ARG(std::optional<std::chrono::milliseconds>, straggler_cooldown);
   // "cpu", "cuda" (cuda:<local rank>) or "cuda:N" (CONCORD_DEVICE; default
   // cpu). A device that is not there is an error (kFailedPrecondition).
   TORCH_ARG(std::optional<std::string>, device);

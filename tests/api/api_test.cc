@@ -82,6 +82,12 @@ TEST(JobTest, BadOptionsAreOneLineErrors) {
             ErrorCode::kInvalidArgument);
   EXPECT_EQ(CodeOf(join(JobOptions().min_workers(0))),
             ErrorCode::kInvalidArgument);
+  EXPECT_EQ(CodeOf(join(JobOptions().stragglers("kick"))),
+            ErrorCode::kInvalidArgument);
+  EXPECT_EQ(CodeOf(join(JobOptions().straggler_cooldown(milliseconds(0)))),
+            ErrorCode::kInvalidArgument);
+  EXPECT_NO_THROW(join(JobOptions().stragglers("evict").straggler_cooldown(
+      milliseconds(5000)))());
   EXPECT_EQ(CodeOf(join(JobOptions().timeouts(
                 concord::Timeouts().collective(milliseconds(0))))),
             ErrorCode::kInvalidArgument);

@@ -24,7 +24,10 @@ holds. Group "hangs" (the faults):
   stall-past-end  local 1 sleeps at step 10 for longer than the job runs;
   straggler       local 1 runs a fifth of the time for 6 s (SIGSTOPped 160
                   ms of every 200): named a straggler, and nobody is taken
-                  out (stragglers are reported).
+                  out (stragglers are reported);
+  straggler-evict the same, until it is taken out, with --stragglers evict
+                  and a 3 s cool-down: named, evicted (the job is faster
+                  without it), held back 3 s, admitted again.
 
 For each: the coordinator took the worker out as hung (its history's
 "failure" event names it: "hung at step 9") and the others re-formed
@@ -42,6 +45,17 @@ event, 3 outputs, one generation):
                   first batch): more than the 5 s floor, less than the
                   start-up allowance (60 s) and the harness's 20 s collective
                   timeout.
+
+Group "nodes": a job started on two "nodes" (two concord-run launchers of 2
+workers each against one concord-coordinator), as torchrun users start one:
+
+  two-nodes       both with --nnodes 2: one generation of 4 members trains
+                  to the end;
+  one-node-size   neither with --nnodes (the job's size is the first node's
+                  --nproc, 2): the second node's workers say at once that
+                  the job already runs at its largest size (naming
+                  max_workers and --nnodes), wait, and when the job ends
+                  exit 0 with one line each; both launchers exit 0.
 
 Prints one line per check and 'N passed, N failed'.
 """
@@ -237,12 +251,7 @@ def case_straggler(ctx, name):
     p = launch(ctx, name, rd, fx)
     pid = local_one_at_stall_step(ctx, name, p, rd)
     if pid is not None:
-        until = time.monotonic() + 6
-        while time.monotonic() < until and p.poll() is None:
-            os.kill(pid, signal.SIGSTOP)
-            time.sleep(0.16)
-            os.kill(pid, signal.SIGCONT)
-            time.sleep(0.04)
+        slow_down(p, pid, 6)
     finish_checks(ctx, name, p, rd, 3)
     named = coordinator_events(rd, "straggler")
     ids = [e.get("worker") for e in named]
@@ -264,6 +273,69 @@ def case_straggler(ctx, name):
     eh.summary(name, p, rd, "a fifth of the speed for 6 s")
 
 
+def slow_down(p, pid, seconds, until=lambda: False):
+    """SIGSTOPs `pid` 160 ms of every 200 for `seconds`, or until `until()`."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end and p.poll() is None and not until():
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(0.16)
+        os.kill(pid, signal.SIGCONT)
+        time.sleep(0.04)
+
+
+def case_straggler_evict(ctx, name):
+    """Local 1 at a fifth of the speed until the coordinator evicts it
+    (--stragglers evict, 3 s cool-down): named first, then evicted, the
+    others re-form without it at once, and it is admitted again after its
+    cool-down."""
+    fx = eh.Fixture(ctx.tmp, N)
+    rd = eh.RunDir(ctx.tmp, name)
+    p = launch(ctx, name, rd, fx, ["--stragglers", "evict", "--straggler-cooldown-ms", "3000"])
+    pid = local_one_at_stall_step(ctx, name, p, rd)
+
+    def evicted():
+        return [e for e in coordinator_events(rd, "straggler")
+                if "evicted as a straggler" in e.get("message", "")]
+    if pid is not None:
+        slow_down(p, pid, 30, until=evicted)
+    # It may fall behind again after it is back (see case_straggler): when
+    # it is evicted again the job may end during its cool-down; it then
+    # exits 0 saying so.
+    eh.expect_exit(ctx.checks, name, p, 0, eh.RUN_TIMEOUT)
+    outputs = len(rd.worker_outputs())
+    ctx.checks.check(outputs == 3 or "nothing left to do" in p.stderr(),
+                     name + ": 3 outputs, or the one evicted again said it had nothing left",
+                     "%d outputs; %s" % (outputs, p.stderr()[-1500:]))
+    eh.check_outputs_identical(ctx.checks, name, rd, expected_count=outputs)
+    eh.check_sample_logs(ctx.checks, name, rd, N, EPOCHS, eh.last_step_of(rd))
+    named = coordinator_events(rd, "straggler")
+    out = evicted()
+    ctx.checks.check(bool(out) and named and named[0].get("message", "").startswith("straggler:")
+                     and all(e.get("worker") == named[0].get("worker") for e in named)
+                     and named[0].get("worker", "").endswith("-w1"),
+                     name + ": local worker 1 named, then evicted (and only it)",
+                     json.dumps(named)[:1500])
+    if not out:
+        return
+    who, at = out[0].get("worker"), out[0]["time_us"]
+    formed = [g for g in coordinator_events(rd, "generation")
+              if "members" in g and g["time_us"] > at]
+    without = [g for g in formed if who not in g["members"]]
+    back = [g for g in formed if who in g["members"]]
+    ctx.checks.check(bool(without) and bool(back) and without[0]["time_us"] < back[0]["time_us"]
+                     and back[0]["time_us"] - at >= 3e6,
+                     name + ": the others re-formed without it, and it was admitted again after "
+                     "its 3 s cool-down",
+                     json.dumps(formed)[:1500])
+    ctx.checks.check(not coordinator_events(rd, "failure"), name + ": no failure",
+                     json.dumps(coordinator_events(rd, "failure"))[:1500])
+    if without and back:
+        print("%s: %s; re-formed without it %.2f s later, back after %.1f s" % (
+            name, out[0]["message"], (without[0]["time_us"] - at) / 1e6,
+            (back[0]["time_us"] - at) / 1e6), flush=True)
+    eh.summary(name, p, rd, "a fifth of the speed until evicted")
+
+
 def case_quiet(ctx, name, extra_run=(), extra_train=(), env=None):
     """A false alarm: nobody is taken out."""
     fx = eh.Fixture(ctx.tmp, N)
@@ -278,6 +350,73 @@ def case_quiet(ctx, name, extra_run=(), extra_train=(), env=None):
     eh.summary(name, p, rd, "no failure")
 
 
+def service_events(coord, kind):
+    out = []
+    try:
+        with open(coord.history) as f:
+            for line in f:
+                try:
+                    r = json.loads(line)
+                except ValueError:
+                    continue
+                if r.get("event") == kind:
+                    out.append(r)
+    except OSError:
+        pass
+    return out
+
+
+def case_nodes(ctx, name, nnodes):
+    """Two launchers of 2 workers each, the same command line, against one
+    coordinator; with --nnodes 2 (nnodes) or without."""
+    fx = eh.Fixture(ctx.tmp, SHORT_N)
+    rd = eh.RunDir(ctx.tmp, name)
+    coord = eh.start_coordinator(ctx, name, rd)
+    if coord is None:
+        return
+    try:
+        def node(label):
+            train = eh.train_args(fx, rd, BATCH, EPOCHS, shuffle_seed=5)
+            cmd = eh.launch_cmd(ctx.bins, 2, name, train, coordinator=coord.address,
+                                token_file=coord.worker_token)
+            if nnodes:
+                cmd[1:1] = ["--nnodes", "2"]
+            return eh.Proc("%s-%s" % (name, label), cmd, rd.logs,
+                           env={"CONCORD_TEST_MIN_STEP_MS": STEP_MS})
+        first = node("a")
+        if not nnodes:
+            # The second node starts once the first one's job runs.
+            wait_for(first, lambda: eh.job_progress(rd)[0] >= 5, 60)
+        second = node("b")
+        started = time.monotonic()
+        said = "already runs at its largest size, max_workers 2"
+        if not nnodes:
+            wait_for(second, lambda: second.stderr().count(said) >= 2, 20)
+            ctx.checks.check(second.stderr().count(said) == 2 and "--nnodes N" in second.stderr(),
+                             name + ": each of the second node's workers said once, within "
+                             "%.1f s, that the job runs at its largest size (and --nnodes)"
+                             % (time.monotonic() - started), second.stderr()[-2000:])
+        eh.expect_exit(ctx.checks, name + " (first node)", first, 0, eh.RUN_TIMEOUT)
+        eh.expect_exit(ctx.checks, name + " (second node)", second, 0, 60)
+        outputs = 4 if nnodes else 2
+        eh.check_outputs_identical(ctx.checks, name, rd, expected_count=outputs)
+        eh.check_sample_logs(ctx.checks, name, rd, SHORT_N, EPOCHS, eh.last_step_of(rd))
+        formed = [g for g in service_events(coord, "generation") if "members" in g]
+        sizes = [len(g["members"]) for g in formed]
+        ctx.checks.check(sizes == [outputs], name + ": one generation of %d members" % outputs,
+                         json.dumps(formed)[:1500])
+        if not nnodes:
+            text = second.stderr()
+            lines = [l for l in text.splitlines() if "nothing left to do" in l]
+            ctx.checks.check(len(lines) == 2 and "Traceback" not in text and
+                             "FAILED_PRECONDITION" not in text,
+                             name + ": the second node's workers, never admitted, each ended "
+                             "with one line", text[-2000:])
+        eh.summary(name, first, rd, "%d members" % outputs)
+    finally:
+        coord.stop()
+
+
 def _cases():
     hangs = [
         ("stall-forward", lambda ctx: case_stall(ctx, "stall-forward", "forward")),
@@ -286,6 +425,7 @@ def _cases():
         ("stop", lambda ctx: case_stop(ctx, "stop")),
         ("stop-past-end", lambda ctx: case_stop(ctx, "stop-past-end", past_end=True)),
         ("straggler", lambda ctx: case_straggler(ctx, "straggler")),
+        ("straggler-evict", lambda ctx: case_straggler_evict(ctx, "straggler-evict")),
         ("stall-past-end", lambda ctx: case_stall(ctx, "stall-past-end", "forward", stall_s=25,
                                                   outputs=2, n=SHORT_N)),
     ]
@@ -298,8 +438,12 @@ def _cases():
         ("slow-start", lambda ctx: case_quiet(
             ctx, "slow-start", env={"CONCORD_TEST_FAULT": "1:1:forward:model:1:stall=12"})),
     ]
+    nodes = [
+        ("two-nodes", lambda ctx: case_nodes(ctx, "two-nodes", True)),
+        ("one-node-size", lambda ctx: case_nodes(ctx, "one-node-size", False)),
+    ]
     cases = {}
-    for group, items in (("hangs", hangs), ("false-alarms", quiet)):
+    for group, items in (("hangs", hangs), ("false-alarms", quiet), ("nodes", nodes)):
         for name, fn in items:
             cases[name] = (group, fn)
     return cases

@@ -256,7 +256,12 @@ def case_bad_input(ctx):
     os.makedirs(os.path.join(used, "worker-0"))
     cases = [("--log-dir naming a file", ["--log-dir", a_file], "not a directory"),
              ("--log-dir holding worker-0", ["--log-dir", used], "worker-0 exists"),
-             ("--console none without --log-dir", ["--console", "none"], "--log-dir")]
+             ("--console none without --log-dir", ["--console", "none"], "--log-dir"),
+             ("--nnodes 0", ["--nnodes", "0"], "1 <= MIN <= MAX"),
+             ("--nnodes 3:2", ["--nnodes", "3:2"], "1 <= MIN <= MAX"),
+             ("--nnodes two", ["--nnodes", "two"], "not N or MIN:MAX"),
+             ("--nnodes 2 with --standalone", ["--nnodes", "2"], "needs --coordinator"),
+             ("--stragglers kick", ["--stragglers", "kick"], "--stragglers")]
     if os.geteuid() != 0:
         locked = os.path.join(ctx.tmp, "locked")
         os.makedirs(locked)

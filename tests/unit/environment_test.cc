@@ -141,6 +141,23 @@ TEST(EnvironmentTest, EveryVariableOfTheTableIsRead) {
              e.Set(kHangTimeoutMs, "-2");
              ExpectRefused(kHangTimeoutMs);
            }},
+          {kStragglers.name,
+           [](ScopedEnvironment& e) {
+             EXPECT_EQ(Read().spec.stragglers(), "report");
+             e.Set(kStragglers, "evict");
+             EXPECT_EQ(Read().spec.stragglers(), "evict");
+             e.Set(kStragglers, "kick");
+             ExpectRefused(kStragglers);
+           }},
+          {kStragglerCooldownMs.name,
+           [](ScopedEnvironment& e) {
+             EXPECT_EQ(Read().spec.straggler_cooldown_ms(),
+                       kDefaultStragglerCooldownMs);
+             e.Set(kStragglerCooldownMs, "5000");
+             EXPECT_EQ(Read().spec.straggler_cooldown_ms(), 5000);
+             e.Set(kStragglerCooldownMs, "0");
+             ExpectRefused(kStragglerCooldownMs);
+           }},
           {kHeartbeatIntervalMs.name,
            [](ScopedEnvironment& e) {
              EXPECT_EQ(Read().spec.heartbeat_interval_ms(),
