@@ -9,7 +9,7 @@ Usage (Debian's python3, which has torch; build Concord first):
 
     /usr/bin/python3 bench/gray_failures.py --bin-dir build/bin [--repeat 3]
         [--off-repeat 1] [--collective-timeout-ms 300000] [--kind cnn]
-        [--straggler-repeat 3] [--epochs 3] [--only stall|straggler]
+        [--straggler-repeat 3] [--epochs 250] [--only stall|straggler]
 
 Each repeat: concord-run --standalone --nproc W (default 3) runs
 concord-train on a fixture of tests/reference/fixtures.py (default "cnn",
@@ -26,19 +26,26 @@ with it off the survivors wait out --collective-timeout-ms and then, in the
 next rendezvous, --rendezvous-timeout-ms for the stalled member, which still
 heartbeats and never joins (concord-run's defaults: 300 s each).
 
-The straggler part: the same fixture trained --epochs to the end by W
-workers with local worker 1 at a fifth of the speed throughout (SIGSTOPped
-160 ms of every 200 from its start, as a throttled or shared machine), under
+The straggler part: the fixture (--straggler-samples 8192, batch
+--straggler-batch-size 128: steps of a few milliseconds of compute) trained
+--epochs to the end by W
+workers with local worker 1 at a fifth of the speed from when it joined the
+first generation on (a CPU cgroup giving it a fifth of one CPU, as a
+throttled CPU or a noisy neighbour; SIGSTOPped 16 ms of every 20 where
+cgroups cannot be made), under
 --stragglers report and --stragglers evict (their defaults otherwise: the
-60 s cool-down), and by W - 1 healthy workers alone. Reported: the job's
+60 s cool-down), and by W - 1 healthy workers alone; each job through
+concord-run --coordinator against a concord-coordinator of its own, whose
+history file has the straggler events. Reported: the job's
 wall time (concord-run's start to its exit), and when the coordinator named
-the straggler and evicted it (its log lines, from the start). The goals:
+the straggler and evicted it (its log lines, from the slow-down's start). The goals:
 evict within 1.3x the healthy workers' time; named within 30 s.
 
 Not a test; not registered with ctest.
 """
 
 import argparse
+import json
 import os
 import select
 import signal
@@ -55,6 +62,9 @@ sys.path.insert(0, HERE)
 import reform_latency as rl  # noqa: E402  (its command lines and log stamps)
 import fixtures  # noqa: E402  (tests/reference, on the path rl sets)
 import processes  # noqa: E402
+
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "integration"))
+import elastic_harness as eh  # noqa: E402  (its Coordinator)
 
 
 def parse_args():
@@ -74,7 +84,9 @@ def parse_args():
     p.add_argument("--no-agent", action="store_true")
     p.add_argument("--straggler-repeat", type=int, default=3,
                    help="repeats of each straggler configuration")
-    p.add_argument("--epochs", type=int, default=3, help="of the straggler part's jobs")
+    p.add_argument("--epochs", type=int, default=250, help="of the straggler part's jobs")
+    p.add_argument("--straggler-samples", type=int, default=8192)
+    p.add_argument("--straggler-batch-size", type=int, default=128)
     p.add_argument("--only", choices=["stall", "straggler"])
     return p.parse_args()
 
@@ -138,46 +150,94 @@ def stall_once(args, model, data, rule_on):
             "resume": (events["resumed"] - t0) * 1e3}
 
 
+CPU_CGROUP = "/sys/fs/cgroup/cpu"
+
+
 def slow_down(pid, stop):
-    """Local worker `pid` at a fifth of the speed until `stop` is set."""
-    while not stop.is_set():
+    """Local worker `pid` at a fifth of the speed until `stop` is set: a CPU
+    cgroup (v1) with a fifth of one CPU every 5 ms, as a throttled CPU or a
+    noisy neighbour would leave it (its compute, not its waits, is slower);
+    where that cannot be made, SIGSTOPped 16 ms of every 20."""
+    group = os.path.join(CPU_CGROUP, "concord_bench_%d" % pid)
+    try:
+        os.makedirs(group, exist_ok=True)
+        for name, value in (("cpu.cfs_period_us", 5000), ("cpu.cfs_quota_us", 1000),
+                            ("cgroup.procs", pid)):
+            with open(os.path.join(group, name), "w") as f:
+                f.write(str(value))
+    except OSError as e:
+        print("no CPU cgroup (%s): SIGSTOP instead" % e, flush=True)
         try:
-            os.kill(pid, signal.SIGSTOP)
-            time.sleep(0.16)
-            os.kill(pid, signal.SIGCONT)
-        except ProcessLookupError:
+            os.rmdir(group)
+        except OSError:
+            pass
+        group = None
+    try:
+        if group is not None:
+            stop.wait()
             return
-        time.sleep(0.04)
+        while not stop.is_set():
+            try:
+                os.kill(pid, signal.SIGSTOP)
+                time.sleep(0.016)
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                return
+            time.sleep(0.004)
+    finally:
+        if group is not None:
+            try:
+                with open(os.path.join(CPU_CGROUP, "cgroup.procs"), "w") as f:
+                    f.write(str(pid))
+            except OSError:
+                pass  # gone already
+            for _ in range(50):  # until its exited threads are reaped
+                try:
+                    os.rmdir(group)
+                    break
+                except OSError:
+                    time.sleep(0.1)
 
 
-def straggler_once(args, model, data, policy, workers):
-    """One job to the end; its wall time, and when (from its start) the
-    coordinator named and evicted local worker 1 (None: it did not). policy
-    None: no straggler."""
-    extra_run = ["--max-restarts", "0", "--min-workers", str(max(1, workers - 1))]
+def straggler_once(args, model, data, policy, workers, tmp):
+    """One job to the end against a concord-coordinator of its own; its wall
+    time, and when (from the slow-down's start) the coordinator named and
+    evicted local worker 1 (None: it did not). policy None: no straggler."""
+    coord = eh.Coordinator(eh.Bins(args.bin_dir), tempfile.mkdtemp(dir=tmp))
+    if coord.address is None:
+        raise RuntimeError("concord-coordinator did not start: " + coord.proc.describe())
+    # Every worker in the first generation (a settle period that outlasts
+    # their start), at least W - 1 after an eviction.
+    extra_run = ["--coordinator", coord.address, "--token-file", coord.worker_token,
+                 "--job-id", "bench", "--max-restarts", "0",
+                 "--min-workers", str(max(1, workers - 1)), "--settle-ms", "20000"]
     if policy:
         extra_run += ["--stragglers", policy]
-    saved = args.world_size
-    args.world_size = workers
+    saved = args.world_size, args.batch_size
+    args.world_size, args.batch_size = workers, args.straggler_batch_size
     cmd = rl.concord_cmd(args, model, data, extra_run, ["--epochs", str(args.epochs)],
                          os.devnull)
-    args.world_size = saved
+    args.world_size, args.batch_size = saved
+    cmd.remove("--standalone")
     env = dict(os.environ, OMP_NUM_THREADS="1")
     start = time.time()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             start_new_session=True, env=env)
     stop = threading.Event()
     slower = None
-    out = {"named": None, "evicted": None}
+    slow_from = None
     tail = []
+    rc = None
     try:
         fd = proc.stderr.fileno()
         buf = ""
         deadline = start + 3600
+        joined = False  # local worker 1 is a member (the first generation formed)
         while time.time() < deadline:
-            if policy and slower is None:
+            if policy and slower is None and joined:
                 pid = processes.local_worker(proc.pid, 1)
                 if pid is not None:
+                    slow_from = time.time()
                     slower = threading.Thread(target=slow_down, args=(pid, stop), daemon=True)
                     slower.start()
             if select.select([fd], [], [], 0.05)[0]:
@@ -188,22 +248,31 @@ def straggler_once(args, model, data, policy, workers):
                 lines = buf.split("\n")
                 buf = lines.pop()
                 tail = (tail + lines)[-30:]
-                for line in lines:
-                    if "straggler: rank" in line and out["named"] is None:
-                        out["named"] = time.time() - start
-                    elif "evicted as a straggler" in line and out["evicted"] is None:
-                        out["evicted"] = time.time() - start
+                joined = joined or any(l.startswith("[worker 1] ") and "joined job" in l
+                                       for l in lines)
         rc = proc.wait(timeout=max(1, deadline - time.time()))
-        out["job"] = time.time() - start
+        job_s = time.time() - start
     finally:
         stop.set()
         rl.kill_group(proc)
+        coord.stop()
     if rc != 0:
-        raise RuntimeError("the job exited %d:\n%s" % (rc, "\n".join(tail)))
+        raise RuntimeError("the job exited %s:\n%s" % (rc, "\n".join(tail)))
+    out = {"job": job_s, "named": None, "evicted": None}
+    with open(coord.history) as f:
+        for line in f:
+            e = json.loads(line)
+            if e.get("event") != "straggler" or slow_from is None:
+                continue
+            at = e["time_us"] / 1e6 - slow_from
+            if e.get("message", "").startswith("straggler:") and out["named"] is None:
+                out["named"] = at
+            elif "evicted as a straggler" in e.get("message", "") and out["evicted"] is None:
+                out["evicted"] = at
     return out
 
 
-def stragglers(args, model, data):
+def stragglers(args, model, data, tmp):
     w = args.world_size
     configs = [("--stragglers report, %d workers" % w, "report", w),
                ("--stragglers evict, %d workers" % w, "evict", w),
@@ -212,13 +281,14 @@ def stragglers(args, model, data):
     for label, policy, workers in configs:
         runs = []
         for i in range(args.straggler_repeat):
-            r = straggler_once(args, model, data, policy, workers)
+            r = straggler_once(args, model, data, policy, workers, tmp)
             print("%s, run %d: job %.1f s, named %s, evicted %s" % (
                 label, i + 1, r["job"], fmt(r["named"]), fmt(r["evicted"])), flush=True)
             runs.append(r)
         results[label] = runs
-    print("\nstraggler: local worker 1 at a fifth of the speed, %d epochs of fixture %s, "
-          "batch %d (%s):" % (args.epochs, args.kind, args.batch_size,
+    print("\nstraggler: local worker 1 at a fifth of the speed, %d epochs of fixture %s "
+          "(%d samples), batch %d (%s):" % (args.epochs, args.kind, args.straggler_samples,
+                                           args.straggler_batch_size,
                               "--no-agent" if args.no_agent else "through the node agent"))
     print("%-42s %10s %10s %10s" % ("median over runs", "job", "named", "evicted"))
     med = {}
@@ -248,11 +318,13 @@ def median_of(values):
 def main():
     args = parse_args()
     tmp = tempfile.mkdtemp(prefix="concord_gray_")
-    model, data = fixtures.make_fixture(tmp, args.kind, n_samples=args.samples, seed=1)
     if args.only != "stall":
-        stragglers(args, model, data)
+        model, data = fixtures.make_fixture(os.path.join(tmp, "straggler"), args.kind,
+                                            n_samples=args.straggler_samples, seed=1)
+        stragglers(args, model, data, tmp)
     if args.only == "straggler":
         return 0
+    model, data = fixtures.make_fixture(tmp, args.kind, n_samples=args.samples, seed=1)
     results = {}
     for label, rule_on, repeats in (("rule on (default hang timeout)", True, args.repeat),
                                     ("rule off (timeouts %d + %d ms)"

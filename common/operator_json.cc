@@ -42,6 +42,31 @@ OrderedJson MemberJson(const v1::MemberStatus& m) {
                   {"buckets", m.ddp().buckets()}}},
                 {"loss", nullptr}};
   if (m.has_loss()) j["loss"] = m.loss();
+  // How the coordinator sees it, and what its last heartbeat said it was
+  // doing (docs/reliability.md, "Gray failures").
+  j["health"] = m.health();
+  if (m.has_progress()) {
+    const v1::WorkerProgress& p = m.progress();
+    OrderedJson recent = OrderedJson::array();
+    for (const v1::FlightRecord& r : p.recent()) {
+      recent.push_back(OrderedJson{{"generation", r.generation()},
+                                   {"seq", r.seq()},
+                                   {"kind", r.kind()},
+                                   {"bytes", r.bytes()},
+                                   {"issued_ago_ms", r.issued_ago_ms()},
+                                   {"ended_ago_ms", r.ended_ago_ms()}});
+    }
+    j["progress"] = OrderedJson{
+        {"generation", p.generation()},   {"collectives", p.collectives()},
+        {"pending_seq", p.pending_seq()}, {"pending_kind", p.pending_kind()},
+        {"pending_ms", p.pending_ms()},   {"last_kind", p.last_kind()},
+        {"last_ago_ms", p.last_ago_ms()}, {"cpu_ms", p.cpu_ms()},
+        {"activity", p.activity()},       {"step_ms", p.step_ms()},
+        {"wait_ms", p.wait_ms()},         {"own_ms", p.own_ms()},
+        {"recent", std::move(recent)}};
+  } else {
+    j["progress"] = nullptr;
+  }
   return j;
 }
 
@@ -86,6 +111,8 @@ OrderedJson StatusJson(const v1::JobStatus& s) {
       {"authoritative_rank", s.authoritative_rank()},
       {"min_workers", s.spec().min_workers()},
       {"max_workers", s.spec().max_workers()},
+      {"hang_timeout_ms", s.hang_timeout_ms()},
+      {"stragglers", s.spec().stragglers()},
       {"members", OrderedJson::array()},
       {"waiting", OrderedJson::array()},
       {"expected", OrderedJson::array()},

@@ -369,7 +369,20 @@ void Core::Tick() {
       }
       const size_t min = MinWorkers(job);
       const size_t max = static_cast<size_t>(job.spec.max_workers());
-      const size_t eligible = Eligible(job);
+      size_t eligible = Eligible(job);
+      if (eligible < min && job.waiting.size() >= min) {
+        // See Note [Evicting stragglers]: a slow worker is better than a
+        // failed job; those held back are let in before their time.
+        for (MemberState& w : job.waiting) {
+          if (!w.held) continue;
+          w.held = false;
+          AddEvent(job, "join", w.worker_id,
+                   "let in before the end of its cool-down as an evicted "
+                   "straggler: without it the job would fall below "
+                   "min_workers");
+        }
+        eligible = Eligible(job);
+      }
       if (eligible >= min) {
         for (const std::string& w : missing) {
           AddEvent(job, "failure", w,

@@ -235,7 +235,11 @@ EvictionEstimate JudgeEviction(const std::vector<MemberProgress>& members,
   const double n = static_cast<double>(members.size());
   const double step_ms =
       p->step_ms() > 0 ? p->step_ms() : p->own_ms() + p->wait_ms();
-  const double without_ms = others + std::max(0.0, p->wait_ms());
+  // The collectives take at most what the straggler waits in them (it
+  // arrives last); one slow at everything (a throttled CPU reduces slowly
+  // too) waits longer than they take, so they are also capped at the
+  // others' own work.
+  const double without_ms = others + std::clamp(p->wait_ms(), 0.0, others);
   e.with = n * 1000.0 / step_ms;
   e.without = (n - 1) * 1000.0 / without_ms;
   e.evict = e.without >= kEvictionGain * e.with;

@@ -142,22 +142,27 @@ double OthersOwnMs(const std::vector<MemberProgress>& members, size_t index);
 // host. Every member takes every step, so the job's throughput is its size
 // over its step time. With the straggler that is N / S, S its step time
 // (everyone's); without it (N - 1) / S', S' estimated as the median of the
-// others' own work plus the straggler's wait in collectives (it arrives
-// last, so what it waits is what the collectives themselves take). It is
-// taken out (JudgeEviction) when (N - 1) / S' is at least kEvictionGain
-// times N / S and N - 1 is at least the job's min_workers: at a fifth of
-// the others' speed in a job of 3, S ~ 5 S' and the job is 3.3x faster
-// without it; a member 1.5x slower in a job of 3 (the naming threshold)
-// would make it only 1.0x faster and stays. It waits out a cool-down
+// others' own work O plus what the collectives take: at most what the
+// straggler waits in them (it arrives last), and at most O (a straggler
+// slow at everything, a throttled CPU, is slow inside the collectives too,
+// and waits longer than they take). It is taken out (JudgeEviction) when
+// (N - 1) / S' is at least kEvictionGain times N / S and N - 1 is at least
+// the job's min_workers: at a fifth of the others' speed in a job of 3,
+// S ~ 5 S' and the job is 3.3x faster without it; a member 1.5x slower in a
+// job of 3 (the naming threshold) would make it only 1.0x faster and stays.
+// The margin (1.25) covers an estimate that may be optimistic where the
+// collectives take longer than the own work. It waits out a cool-down
 // (JobSpec.straggler_cooldown_ms, 60 s by default) before it may join
 // again, as a newcomer; each later eviction doubles the cool-down
 // (CooldownAfter), so a worker that stays slow stays out longer and longer
-// while one that recovered (a noisy neighbour gone) comes back. "report" is
+// while one that recovered (a noisy neighbour gone) comes back; a rendezvous
+// that would time out below min_workers without the held ones lets them in
+// early (a slow worker is better than a failed job). "report" is
 // the default: taking a worker out changes the job's size, which changes
 // its global batch and the learning rate it needs unless the program scales
 // them, and a slow member may be slow for a reason that passes; that is the
 // user's call.
-inline constexpr double kEvictionGain = 1.1;
+inline constexpr double kEvictionGain = 1.25;
 
 struct EvictionEstimate {
   bool evict = false;

@@ -210,6 +210,21 @@ def part_watch(args, checks, tmp, bins, coord):
                 and sps > 0 and steps > 0 and len(workers) == 2:
             return types, samples
         return None
+    # The status JSON says how the coordinator sees each member and what it
+    # reported (docs/operators.md): health, and progress with its step times.
+    def reported():
+        j = api_job(coord)
+        members = (j or {}).get("members", [])
+        if len(members) == 2 and all(
+                m.get("health") == "" and (m.get("progress") or {}).get("step_ms", 0) > 0
+                and "own_ms" in m["progress"] and "recent" in m["progress"] for m in members) \
+                and j.get("hang_timeout_ms", 0) >= 5000 and j.get("stragglers") == "report":
+            return j
+        return None
+    checks.check(wait_for(reported, 30, 0.5) is not None,
+                 "/api/jobs/ID: each member's health (\"\") and progress (step, own, wait "
+                 "times), the hang timeout in force and the straggler policy",
+                 json.dumps(api_job(coord))[:2000])
     scraped = wait_for(scrape, 30, 0.5)
     checks.check(scraped is not None,
                  "/metrics: the job's members (2), loss, samples/s > 0, steps/s > 0 and "

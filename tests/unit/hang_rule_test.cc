@@ -376,6 +376,14 @@ TEST(JudgeEvictionTest, EvictedWhenTheJobIsFasterWithoutIt) {
   for (int r = 0; r < 40; ++r) many.push_back(Timed(r, 20, 11));
   many[17] = Timed(17, 30, 1);
   EXPECT_TRUE(JudgeEviction(many, 17, 1).evict);
+  // A throttled CPU is slow inside the collectives too: it waits longer than
+  // they take (23 ms here, against the others' 3 ms of own work); the
+  // estimate caps them at the others' own work: 2 / 6 ms against 3 / 40 ms.
+  const std::vector<MemberProgress> throttled = {
+      Timed(0, 2.8, 37), Timed(1, 16.5, 23.5), Timed(2, 3.0, 37)};
+  e = JudgeEviction(throttled, 1, 1);
+  EXPECT_TRUE(e.evict);
+  EXPECT_NEAR(e.without, 2000.0 / 6.0, 1e-9);
   // Nothing known, nothing done: no own time, no others, a bad index.
   MemberProgress none;
   EXPECT_FALSE(JudgeEviction({Timed(0, 20, 80), none}, 1, 1).evict);
@@ -570,10 +578,12 @@ TEST_F(CoreHangTest, AStragglerIsNamedAfterTenSlowIntervalsAndCleared) {
 // wait a step given), one heartbeat a second.
 class CoreEvictionTest : public CoreHangTest {
  protected:
-  v1::JobSpec StartJob(const std::string& policy, int min_workers) {
+  v1::JobSpec StartJob(const std::string& policy, int min_workers,
+                       int64_t rendezvous_timeout_ms = 0) {
     v1::JobSpec spec = Spec(3, min_workers);
     spec.set_stragglers(policy);
     spec.set_straggler_cooldown_ms(30000);
+    spec.set_rendezvous_timeout_ms(rendezvous_timeout_ms);
     for (int i = 0; i < 3; ++i) {
       clock_.Advance(absl::Milliseconds(10));
       EXPECT_TRUE(core_.Join(JoinReq(spec, Worker(i))).ok());
@@ -658,6 +668,29 @@ TEST_F(CoreEvictionTest, AnEvictedStragglerCoolsDownAndStaysOutLongerNextTime) {
   events = EventsOf("straggler");
   EXPECT_THAT(events.back().message, HasSubstr("cool-down of 60s"));
   EXPECT_THAT(events.back().message, HasSubstr("(eviction 2)"));
+}
+
+// A rendezvous that would time out below min_workers lets a held straggler
+// in before its cool-down ends.
+TEST_F(CoreEvictionTest, AHeldStragglerIsLetInRatherThanTheJobFailing) {
+  const v1::JobSpec spec =
+      StartJob("evict", 2, /*rendezvous_timeout_ms=*/20000);
+  const int64_t gen = core_.CurrentGeneration(kJob);
+  RunSlow(100, 1, kStragglerIntervals + 1);
+  ASSERT_EQ(core_.State(kJob), v1::JOB_STATE_RENDEZVOUS);
+  // w1 never comes back; w2 re-joins and is held for 30 s.
+  ASSERT_TRUE(core_.Join(RejoinReq(spec, "w0", gen, 7)).ok());
+  ASSERT_TRUE(core_.Join(RejoinReq(spec, "w2", gen, 7)).ok());
+  for (int s = 0; s < 19; ++s) {
+    clock_.Advance(absl::Seconds(1));
+    core_.Tick();
+  }
+  EXPECT_EQ(core_.State(kJob), v1::JOB_STATE_RENDEZVOUS);
+  clock_.Advance(absl::Seconds(2));
+  core_.Tick();
+  ASSERT_EQ(core_.State(kJob), v1::JOB_STATE_RUNNING);
+  EXPECT_THAT(Ranks(), ElementsAre("w0", "w2"));
+  EXPECT_THAT(EventsOf("join").back().message, HasSubstr("let in before"));
 }
 
 // Named in each job, taken out in none: "report" (the default), a job that
