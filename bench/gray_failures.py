@@ -9,7 +9,7 @@ Usage (Debian's python3, which has torch; build Concord first):
 
     /usr/bin/python3 bench/gray_failures.py --bin-dir build/bin [--repeat 3]
         [--off-repeat 1] [--collective-timeout-ms 300000] [--kind cnn]
-        [--straggler-repeat 3] [--epochs 250] [--only stall|straggler]
+        [--straggler-repeat 3] [--epochs 12] [--step-ms 40] [--only stall|straggler]
 
 Each repeat: concord-run --standalone --nproc W (default 3) runs
 concord-train on a fixture of tests/reference/fixtures.py (default "cnn",
@@ -26,20 +26,19 @@ with it off the survivors wait out --collective-timeout-ms and then, in the
 next rendezvous, --rendezvous-timeout-ms for the stalled member, which still
 heartbeats and never joins (concord-run's defaults: 300 s each).
 
-The straggler part: the fixture (--straggler-samples 8192, batch
---straggler-batch-size 128: steps of a few milliseconds of compute) trained
---epochs to the end by W
-workers with local worker 1 at a fifth of the speed from when it joined the
-first generation on (a CPU cgroup giving it a fifth of one CPU, as a
-throttled CPU or a noisy neighbour; SIGSTOPped 16 ms of every 20 where
-cgroups cannot be made), under
+The straggler part: the fixture (2048 samples, batch 16) trained --epochs
+to the end, every step paced to at least --step-ms (40 ms, the test hook
+CONCORD_TEST_MIN_STEP_MS: the compute of a small model's step on a GPU, on
+a machine whose CPUs three workers share), by W workers with local worker
+1 at a fifth of the speed from when it joined the first generation on
+(SIGSTOPped 160 ms of every 200: it runs a fifth of the time), under
 --stragglers report and --stragglers evict (their defaults otherwise: the
 60 s cool-down), and by W - 1 healthy workers alone; each job through
 concord-run --coordinator against a concord-coordinator of its own, whose
-history file has the straggler events. Reported: the job's
-wall time (concord-run's start to its exit), and when the coordinator named
-the straggler and evicted it (its log lines, from the slow-down's start). The goals:
-evict within 1.3x the healthy workers' time; named within 30 s.
+history file has the straggler events. Reported: the job's wall time
+(concord-run's start to its exit), and when the coordinator named the
+straggler and evicted it (from the slow-down's start). The goals: evict
+within 1.3x the healthy workers' time; named within 30 s.
 
 Not a test; not registered with ctest.
 """
@@ -84,9 +83,12 @@ def parse_args():
     p.add_argument("--no-agent", action="store_true")
     p.add_argument("--straggler-repeat", type=int, default=3,
                    help="repeats of each straggler configuration")
-    p.add_argument("--epochs", type=int, default=250, help="of the straggler part's jobs")
-    p.add_argument("--straggler-samples", type=int, default=8192)
-    p.add_argument("--straggler-batch-size", type=int, default=128)
+    p.add_argument("--epochs", type=int, default=12, help="of the straggler part's jobs")
+    p.add_argument("--straggler-samples", type=int, default=2048)
+    p.add_argument("--straggler-batch-size", type=int, default=16)
+    p.add_argument("--step-ms", type=int, default=40,
+                   help="the straggler part's steps last at least this long "
+                        "(CONCORD_TEST_MIN_STEP_MS: the compute of a GPU step)")
     p.add_argument("--only", choices=["stall", "straggler"])
     return p.parse_args()
 
@@ -150,53 +152,19 @@ def stall_once(args, model, data, rule_on):
             "resume": (events["resumed"] - t0) * 1e3}
 
 
-CPU_CGROUP = "/sys/fs/cgroup/cpu"
-
-
 def slow_down(pid, stop):
-    """Local worker `pid` at a fifth of the speed until `stop` is set: a CPU
-    cgroup (v1) with a fifth of one CPU every 5 ms, as a throttled CPU or a
-    noisy neighbour would leave it (its compute, not its waits, is slower);
-    where that cannot be made, SIGSTOPped 16 ms of every 20."""
-    group = os.path.join(CPU_CGROUP, "concord_bench_%d" % pid)
-    try:
-        os.makedirs(group, exist_ok=True)
-        for name, value in (("cpu.cfs_period_us", 5000), ("cpu.cfs_quota_us", 1000),
-                            ("cgroup.procs", pid)):
-            with open(os.path.join(group, name), "w") as f:
-                f.write(str(value))
-    except OSError as e:
-        print("no CPU cgroup (%s): SIGSTOP instead" % e, flush=True)
+    """Local worker `pid` at a fifth of the speed until `stop` is set:
+    SIGSTOPped 160 ms of every 200, so that it runs a fifth of the time (each
+    step, paced to --step-ms, spans stops: its own work is slower, not its
+    waits)."""
+    while not stop.is_set():
         try:
-            os.rmdir(group)
-        except OSError:
-            pass
-        group = None
-    try:
-        if group is not None:
-            stop.wait()
+            os.kill(pid, signal.SIGSTOP)
+            time.sleep(0.16)
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
             return
-        while not stop.is_set():
-            try:
-                os.kill(pid, signal.SIGSTOP)
-                time.sleep(0.016)
-                os.kill(pid, signal.SIGCONT)
-            except ProcessLookupError:
-                return
-            time.sleep(0.004)
-    finally:
-        if group is not None:
-            try:
-                with open(os.path.join(CPU_CGROUP, "cgroup.procs"), "w") as f:
-                    f.write(str(pid))
-            except OSError:
-                pass  # gone already
-            for _ in range(50):  # until its exited threads are reaped
-                try:
-                    os.rmdir(group)
-                    break
-                except OSError:
-                    time.sleep(0.1)
+        time.sleep(0.04)
 
 
 def straggler_once(args, model, data, policy, workers, tmp):
@@ -219,7 +187,7 @@ def straggler_once(args, model, data, policy, workers, tmp):
                          os.devnull)
     args.world_size, args.batch_size = saved
     cmd.remove("--standalone")
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", CONCORD_TEST_MIN_STEP_MS=str(args.step_ms))
     start = time.time()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             start_new_session=True, env=env)
@@ -287,8 +255,9 @@ def stragglers(args, model, data, tmp):
             runs.append(r)
         results[label] = runs
     print("\nstraggler: local worker 1 at a fifth of the speed, %d epochs of fixture %s "
-          "(%d samples), batch %d (%s):" % (args.epochs, args.kind, args.straggler_samples,
-                                           args.straggler_batch_size,
+          "(%d samples), batch %d, steps of at least %d ms (%s):" % (
+              args.epochs, args.kind, args.straggler_samples, args.straggler_batch_size,
+              args.step_ms,
                               "--no-agent" if args.no_agent else "through the node agent"))
     print("%-42s %10s %10s %10s" % ("median over runs", "job", "named", "evicted"))
     med = {}

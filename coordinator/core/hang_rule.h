@@ -123,7 +123,7 @@ HangVerdict JudgeHang(const std::vector<MemberProgress>& members,
 // [Evicting stragglers]).
 inline constexpr double kStragglerFactor = 1.5;
 inline constexpr double kStragglerMarginMs = 2.0;
-inline constexpr int kStragglerIntervals = 10;
+inline constexpr int kStragglerIntervals = 5;
 
 // Per member (same order), whether its last report is slow against the
 // others' (see Note [Stragglers]); false for a member without a report or

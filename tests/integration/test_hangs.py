@@ -264,7 +264,7 @@ def case_straggler(ctx, name):
     # test's pacing, CONCORD_TEST_MIN_STEP_MS, is own work, and the worker
     # that was stopped comes back out of phase with the others' paces: by up
     # to a step's pace it then is the critical path, often by more than the
-    # rule's 1.5x. HangRule's CoreHangTest.AStragglerIsNamedAfterTen...
+    # rule's 1.5x. HangRule's CoreHangTest.AStragglerIsNamedAfterItsSlow...
     # checks the clearing.)
     ctx.checks.check(not coordinator_events(rd, "failure"), name + ": nobody taken out",
                      json.dumps(coordinator_events(rd, "failure"))[:1500])
