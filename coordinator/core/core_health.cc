@@ -1,0 +1,192 @@
+// A running job's health (see Note [Hangs], Note [Stragglers] and Note
+// [Evicting stragglers] in hang_rule.h): the members' progress as the rules
+// see it, and applying their verdicts (hung members taken out, stragglers
+// named or evicted, evicted workers held for their cool-down). The rules
+// themselves are pure functions in hang_rule.cc; the tick that calls these
+// is in core_lifecycle.cc.
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "coordinator/core/core.h"
+#include "coordinator/core/core_internal.h"
+
+namespace concord::coordinator {
+
+using internal::Seconds;
+
+std::vector<MemberProgress> Core::ProgressOf(const Job& job) {
+  std::vector<MemberProgress> out;
+  out.reserve(job.members.size());
+  for (const MemberState& m : job.members) {
+    MemberProgress& p = out.emplace_back();
+    p.worker_id = m.worker_id;
+    p.rank = m.rank;
+    p.step = m.committed_step;
+    p.progress = m.progress;
+    p.reported = m.progress_reported;
+    p.progressed = m.mark.at;
+  }
+  return out;
+}
+
+bool Core::TakeOutHung(Job& job, absl::Time now) {
+  if (job.spec.hang_timeout_ms() < 0) return false;
+  // Cheap first: only a member in a collective for the floor at least can
+  // make the rule say anything (a tick costs little at 10,000 members).
+  const absl::Duration least =
+      job.spec.hang_timeout_ms() > 0
+          ? absl::Milliseconds(job.spec.hang_timeout_ms())
+          : kHangFloor;
+  bool someone_waits = false;
+  for (const MemberState& m : job.members) {
+    if (m.progress.has_value() && !m.progress->pending_kind().empty() &&
+        now - m.progress_reported +
+                absl::Milliseconds(m.progress->pending_ms()) >=
+            least) {
+      someone_waits = true;
+      break;
+    }
+  }
+  if (!someone_waits) return false;
+  const HangVerdict verdict =
+      JudgeHang(ProgressOf(job), now, job.spec.hang_timeout_ms());
+  switch (verdict.kind) {
+    case HangVerdict::Kind::kNone:
+      return false;
+    case HangVerdict::Kind::kStuckTogether:
+      // Everyone comes back (the generation's event says why), and the
+      // next generation's members probe each other before they connect
+      // (see Note [Unreachable peers]): a partition between them is found,
+      // not re-formed into again.
+      EndGeneration(job, verdict.why, {});
+      job.probe_next = true;
+      return true;
+    case HangVerdict::Kind::kHung:
+      for (size_t i = 0; i < verdict.hung.size(); ++i) {
+        AddEvent(job, "failure", verdict.hung[i], verdict.details[i]);
+        job.bindings.erase(verdict.hung[i]);
+      }
+      EndGeneration(
+          job, verdict.why,
+          std::set<std::string>(verdict.hung.begin(), verdict.hung.end()));
+      return true;
+  }
+  return false;
+}
+
+bool Core::CheckStragglers(Job& job, absl::Time now) {
+  job.stragglers_checked = now;
+  bool any = false;
+  for (const MemberState& m : job.members) {
+    if (m.progress.has_value() && m.progress->own_ms() > 0) {
+      any = true;
+      break;
+    }
+  }
+  if (!any) return false;
+  const std::vector<MemberProgress> progress = ProgressOf(job);
+  const std::vector<bool> slow = SlowMembers(progress);
+  bool changed = false;
+  for (size_t i = 0; i < job.members.size(); ++i) {
+    MemberState& m = job.members[i];
+    m.slow_count = std::clamp(m.slow_count + (slow[i] ? 1 : -1), 0,
+                              2 * kStragglerIntervals);
+    const bool was = m.straggler;
+    if (!m.straggler && m.slow_count >= kStragglerIntervals) {
+      m.straggler = true;
+    } else if (m.straggler && m.slow_count == 0) {
+      m.straggler = false;
+    }
+    if (m.straggler == was) continue;
+    changed = true;
+    const std::string what =
+        m.straggler
+            ? absl::StrFormat(
+                  "straggler: rank %d's own work is %.1f ms a step against "
+                  "%.1f ms for the others (it waits %.1f ms; slow for %d "
+                  "heartbeat intervals)",
+                  m.rank, m.progress->own_ms(), OthersOwnMs(progress, i),
+                  m.progress->wait_ms(), kStragglerIntervals)
+            : absl::StrFormat(
+                  "no longer a straggler: rank %d's own work is "
+                  "%.1f ms a step against %.1f ms for the others",
+                  m.rank, m.progress->own_ms(), OthersOwnMs(progress, i));
+    spdlog::warn("job {}: worker {}: {}", job.spec.job_id(), m.worker_id, what);
+    AddEvent(job, "straggler", m.worker_id, what);
+  }
+  if (job.spec.stragglers() == "evict") {
+    // See Note [Evicting stragglers]: the slowest straggler only; the
+    // others' figures change without it.
+    std::optional<size_t> slowest;
+    for (size_t i = 0; i < job.members.size(); ++i) {
+      const MemberState& m = job.members[i];
+      if (m.straggler &&
+          (!slowest.has_value() ||
+           m.progress->own_ms() > job.members[*slowest].progress->own_ms())) {
+        slowest = i;
+      }
+    }
+    if (slowest.has_value()) {
+      const EvictionEstimate e =
+          JudgeEviction(progress, *slowest, MinWorkers(job));
+      if (e.evict) {
+        const MemberState& m = job.members[*slowest];
+        const std::string worker_id = m.worker_id;
+        Cooling& c = job.cooling[worker_id];
+        ++c.evictions;
+        const absl::Duration cooldown = CooldownAfter(
+            c.evictions, absl::Milliseconds(job.spec.straggler_cooldown_ms()));
+        c.until = now + cooldown;
+        const std::string what = absl::StrFormat(
+            "evicted as a straggler (rank %d): the job's throughput is %.2f "
+            "steps/s with it and %.2f without it (estimated); it may join "
+            "again after a cool-down of %s (eviction %d)",
+            m.rank, e.with, e.without, Seconds(cooldown), c.evictions);
+        spdlog::warn("job {}: worker {}: {}", job.spec.job_id(), worker_id,
+                     what);
+        AddEvent(job, "straggler", worker_id, what);
+        job.bindings.erase(worker_id);
+        EndGeneration(
+            job,
+            absl::StrCat("worker ", worker_id, " was evicted as a straggler"),
+            {worker_id});
+        return true;
+      }
+    }
+  }
+  if (changed) Changed(job);
+  return false;
+}
+
+size_t Core::Eligible(const Job& job) {
+  size_t held = 0;
+  for (const auto& [worker_id, cooling] : job.cooling) {
+    const MemberState* w = job.waiting.Find(worker_id);
+    if (w != nullptr && w->held) ++held;
+  }
+  return job.waiting.size() - held;
+}
+
+bool Core::ReleaseHeld(Job& job, absl::Time now) {
+  bool released = false;
+  for (const auto& [worker_id, cooling] : job.cooling) {
+    MemberState* w = job.waiting.Find(worker_id);
+    if (w == nullptr || !w->held || cooling.until > now) continue;
+    w->held = false;
+    released = true;
+    AddEvent(job, "join", worker_id,
+             "its cool-down as an evicted straggler is over: it may be "
+             "admitted again");
+  }
+  return released;
+}
+
+}  // namespace concord::coordinator
