@@ -1,9 +1,9 @@
-// A running job's health (see Note [Hangs], Note [Stragglers] and Note
-// [Evicting stragglers] in hang_rule.h): the members' progress as the rules
-// see it, and applying their verdicts (hung members taken out, stragglers
-// named or evicted, evicted workers held for their cool-down). The rules
-// themselves are pure functions in hang_rule.cc; the tick that calls these
-// is in core_lifecycle.cc.
+// A running job's health (see Note [Hangs], see Note [Stragglers] and see
+// Note [Evicting stragglers], all in hang_rule.h): the members' progress as
+// the rules see it, and applying their verdicts (hung members taken out,
+// stragglers named or evicted, evicted workers held for their cool-down). The
+// rules themselves are pure functions in hang_rule.cc; the tick that calls
+// these is in core_lifecycle.cc.
 
 #include <spdlog/spdlog.h>
 
