@@ -27,6 +27,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "agent/node_agent.h"
+#include "agent/process_view.h"
 #include "common/auth.h"
 #include "common/coordinator_channel.h"
 #include "common/grpc_auth.h"
@@ -75,7 +76,8 @@ class NodeAgent::Impl final : public v1::WorkerService::CallbackService {
       : options_(std::move(options)),
         pass_on_(this),
         batcher_(options_.batch),
-        addresses_(SplitCoordinatorAddress(options_.coordinator)) {
+        addresses_(SplitCoordinatorAddress(options_.coordinator)),
+        processes_(GpuActivity::Open()) {
     for (const std::string& address : addresses_) {
       replicas_.push_back(MakeReplica(address));
     }
@@ -249,6 +251,21 @@ class NodeAgent::Impl final : public v1::WorkerService::CallbackService {
   }
 
   void FlushLoop();
+  // With mu_ held, as the flusher passes on `request` of `worker_id` at
+  // `now`: what the agent sees of its process (see Note [What the agent
+  // sees]), which is heard from now.
+  std::optional<v1::ProcessView> ViewOf(const std::string& worker_id,
+                                        const v1::HeartbeatRequest& request,
+                                        absl::Time now);
+  // With `lock` (on mu_) held, on the flusher: reports the workers whose
+  // heartbeats are late on their jobs' streams (see Note [What the agent
+  // sees]); whether it sent any (`lock` was released meanwhile). The next
+  // check is an interval later.
+  bool ReportLate(absl::Time now, std::unique_lock<std::mutex>& lock);
+  // How long a worker's heartbeats may be late and the agent still reports
+  // its process: past the coordinator's default heartbeat timeout, a worker
+  // is out of its generation anyway.
+  static constexpr absl::Duration kReportLateFor = absl::Seconds(60);
   // With `lock` (on mu_) held, on one of the agent's own threads: deletes the
   // ended node streams and drops the retired replicas, outside the mutexes
   // (see Note [Where gRPC objects end]); `lock` is held again after.
@@ -317,9 +334,19 @@ class NodeAgent::Impl final : public v1::WorkerService::CallbackService {
   };
   std::map<std::string, Known> known_;
   std::map<std::string, JobNews> news_;  // by job
-  uint64_t next_exit_ = 0;               // ExitedWorker ids
-  int exits_pending_ = 0;                // sent, not yet answered
-  std::condition_variable exits_cv_;     // exits_pending_ fell
+  // See Note [What the agent sees]: each worker whose heartbeats carried its
+  // pid, its job, and when the flusher last passed one on.
+  struct Beating {
+    std::string job_id;
+    int64_t pid = 0;
+    absl::Time at;
+  };
+  std::map<std::string, Beating> heard_;
+  ProcessWatch processes_;
+  absl::Time next_late_check_ = absl::InfinitePast();
+  uint64_t next_exit_ = 0;            // ExitedWorker ids
+  int exits_pending_ = 0;             // sent, not yet answered
+  std::condition_variable exits_cv_;  // exits_pending_ fell
 
   std::atomic<int64_t> heartbeats_{0}, batches_{0}, node_streams_{0},
       node_updates_{0}, forwarded_{0}, exits_{0};

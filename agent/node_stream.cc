@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -222,13 +223,23 @@ class NodeAgent::Impl::NodeStream final
     w->set_include_members(call->request().include_members());
     WriteQueued(after);
   }
-  // Queues a heartbeat; Flush writes what is queued.
-  void AddHeartbeat(const PendingHeartbeat& p) {
+  // Queues a heartbeat, with what the agent sees of its process; Flush
+  // writes what is queued.
+  void AddHeartbeat(const PendingHeartbeat& p,
+                    std::optional<v1::ProcessView> process) {
     const uint64_t id = ++next_heartbeat_;
     heartbeats_[id] = p;
     v1::NodeHeartbeat* heartbeat = queued_.add_heartbeats();
     heartbeat->set_id(id);
     *heartbeat->mutable_request() = *p.request;
+    if (process.has_value()) *heartbeat->mutable_process() = *process;
+  }
+  // Queues what the agent sees of a worker whose heartbeats are late (see
+  // Note [What the agent sees]).
+  void AddProcess(const std::string& worker_id, v1::ProcessView process) {
+    v1::ProcessReport* report = queued_.add_processes();
+    report->set_worker_id(worker_id);
+    *report->mutable_process() = std::move(process);
   }
   void Flush(Actions* after) { WriteQueued(after); }
   void AddJoin(JoinCall* call, Actions* after) {
@@ -482,9 +493,10 @@ void NodeAgent::Impl::FlushLoop() {
       // One message a job's stream (a node runs one job's workers).
       Actions after;
       std::set<NodeStream*> streams;
+      processes_.RefreshGpu(options_.batch.interval / 2);
       for (auto& [worker, p] : batch) {
         NodeStream* stream = StreamFor(p.request->job_id(), &after);
-        stream->AddHeartbeat(p);
+        stream->AddHeartbeat(p, ViewOf(worker, *p.request, now));
         streams.insert(stream);
       }
       for (NodeStream* stream : streams) stream->Flush(&after);
@@ -495,9 +507,11 @@ void NodeAgent::Impl::FlushLoop() {
       lock.lock();
       continue;
     }
+    if (now >= next_late_check_ && ReportLate(now, lock)) continue;
     // A stream that ended while ReleaseEnded had the mutex free.
     if (!ended_streams_.empty()) continue;
-    const absl::Time due = batcher_.Due(now);
+    absl::Time due = batcher_.Due(now);
+    if (!heard_.empty()) due = std::min(due, next_late_check_);
     if (due == absl::InfiniteFuture()) {
       cv_.wait(lock);
     } else {
@@ -579,11 +593,68 @@ void NodeAgent::Impl::Heard(const std::string& job_id, v1::JobState state,
   news.failure = failure;
 }
 
+std::optional<v1::ProcessView> NodeAgent::Impl::ViewOf(
+    const std::string& worker_id, const v1::HeartbeatRequest& request,
+    absl::Time now) {
+  const int64_t pid = request.progress().pid();
+  if (pid <= 0) return std::nullopt;
+  Beating& h = heard_[worker_id];
+  if (h.pid != pid) {
+    if (h.pid > 0) processes_.Forget(h.pid);
+    h.pid = pid;
+  }
+  h.job_id = request.job_id();
+  h.at = now;
+  return processes_.View(pid);
+}
+
+bool NodeAgent::Impl::ReportLate(absl::Time now,
+                                 std::unique_lock<std::mutex>& lock) {
+  next_late_check_ = now + options_.batch.interval;
+  Actions after;
+  std::set<NodeStream*> streams;
+  const absl::Duration late = options_.batch.interval * 3 / 2;
+  bool gpu_refreshed = false;
+  for (auto it = heard_.begin(); it != heard_.end();) {
+    const Beating& h = it->second;
+    if (now - h.at < late) {
+      ++it;
+      continue;
+    }
+    if (!gpu_refreshed) {
+      processes_.RefreshGpu(options_.batch.interval / 2);
+      gpu_refreshed = true;
+    }
+    std::optional<v1::ProcessView> view;
+    if (now - h.at < kReportLateFor) view = processes_.View(h.pid);
+    auto stream = streams_.find(h.job_id);
+    if (!view.has_value() || stream == streams_.end() ||
+        stream->second->broken()) {
+      if (!view.has_value()) processes_.Forget(h.pid);
+      it = heard_.erase(it);  // gone, or reported long enough
+      continue;
+    }
+    stream->second->AddProcess(it->first, *std::move(view));
+    streams.insert(stream->second);
+    ++it;
+  }
+  for (NodeStream* stream : streams) stream->Flush(&after);
+  if (streams.empty()) return false;
+  lock.unlock();
+  after.Run();
+  lock.lock();
+  return true;
+}
+
 bool NodeAgent::Impl::WorkerExited(const std::string& worker_id,
                                    const std::string& how) {
   Actions after;
   std::lock_guard<std::mutex> lock(mu_);
   batcher_.Forget(worker_id);
+  if (auto h = heard_.find(worker_id); h != heard_.end()) {
+    processes_.Forget(h->second.pid);
+    heard_.erase(h);
+  }
   auto it = known_.find(worker_id);
   if (it == known_.end() || stopping_) return false;
   const Known known = std::move(it->second);

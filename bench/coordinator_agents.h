@@ -117,6 +117,14 @@ inline void FillProgress(int64_t step, v1::WorkerProgress* p) {
   p->set_last_ago_ms(5);
   p->set_cpu_ms(900 * step);
   p->set_step_ms(20.5);
+  p->set_pid(4242);
+}
+// What a node agent adds to it (see Note [What the agent sees] in
+// agent/process_view.h): the process running, its CPU moving, a GPU busy.
+inline void FillProcess(int64_t step, v1::ProcessView* v) {
+  v->set_state("running");
+  v->set_cpu_ms(900 * step);
+  v->set_gpu_percent(85);
 }
 
 class SimAgent final
@@ -178,7 +186,10 @@ class SimAgent final
       r->set_generation(w.generation);
       r->set_step(step);
       r->set_samples_per_second(1000.0);
-      if (progress) FillProgress(step, r->mutable_progress());
+      if (progress) {
+        FillProgress(step, r->mutable_progress());
+        FillProcess(step, heartbeat->mutable_process());
+      }
     }
     const int sent = request.heartbeats_size();
     {

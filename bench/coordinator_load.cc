@@ -31,7 +31,8 @@
 //     each); prints p50/p99/max latency of those calls, errors, achieved
 //     rate, the coordinator's CPU (cores used over the phase), threads and
 //     resident memory; then the same again with every heartbeat carrying a
-//     WorkerProgress (the hang rule's reports), and the two side by side;
+//     WorkerProgress (the hang rule's reports) and, through agents, the
+//     agent's ProcessView of the worker, and the two side by side;
 //  4. the anchor (concord-bench-tcpstore, tcpstore_rendezvous.cc): the same
 //     nodes rendezvous through one c10d::TCPStore, as torchrun's agents do
 //     (one participant a node of --per-agent workers; with --per-agent 0,
@@ -124,8 +125,9 @@ struct Result {
   double heartbeat_p50_ms = -1;
   double heartbeat_p99_ms = -1;
   double coordinator_cores = -1;
-  // The same heartbeats carrying WorkerProgress (see Note [Hangs]), in the
-  // same run: what the hang rule's reports cost.
+  // The same heartbeats carrying WorkerProgress (see Note [Hangs]) and,
+  // through agents, a ProcessView, in the same run: what the hang rule's
+  // reports cost.
   double progress_p50_ms = -1;
   double progress_p99_ms = -1;
   double progress_cores = -1;
@@ -827,7 +829,8 @@ bool RunConcord(const Flags& f, Result* result) {
                                  workers, agents, /*progress=*/true, result);
   if (ok) {
     Say(f,
-        "heartbeat cost, without / with WorkerProgress: p50 %.2f / %.2f ms, "
+        "heartbeat cost, without / with WorkerProgress and ProcessView: p50 "
+        "%.2f / %.2f ms, "
         "p99 %.2f / %.2f ms, coordinator %.3f / %.3f cores\n",
         result->heartbeat_p50_ms, result->progress_p50_ms,
         result->heartbeat_p99_ms, result->progress_p99_ms,

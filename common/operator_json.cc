@@ -67,6 +67,18 @@ OrderedJson MemberJson(const v1::MemberStatus& m) {
   } else {
     j["progress"] = nullptr;
   }
+  // What its node agent saw of its process (docs/reliability.md).
+  if (m.has_process()) {
+    const v1::ProcessView& v = m.process();
+    j["process"] = OrderedJson{
+        {"state", v.state()},
+        {"cpu_ms", v.cpu_ms()},
+        {"gpu_percent",
+         v.has_gpu_percent() ? OrderedJson(v.gpu_percent()) : OrderedJson()},
+        {"age_ms", m.process_age_ms()}};
+  } else {
+    j["process"] = nullptr;
+  }
   return j;
 }
 

@@ -31,7 +31,16 @@ std::string HealthNote(const v1::MemberStatus& m) {
   if (m.health() == "slow") {
     return absl::StrFormat("straggler: own work %.1f ms a step", p.own_ms());
   }
-  return m.health();
+  if (m.health() == "stopped") {
+    return absl::StrFormat("process stopped (seen %.1fs ago)",
+                           m.process_age_ms() / 1000.0);
+  }
+  std::string note = m.health();
+  // What its node agent sees, where that tells more than the health.
+  if (m.has_process() && m.process().state() == "disk") {
+    absl::StrAppend(&note, note.empty() ? "" : ", ", "process in a disk wait");
+  }
+  return note;
 }
 namespace {
 

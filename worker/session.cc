@@ -680,6 +680,7 @@ Session::Busy::~Busy() {
 
 v1::WorkerProgress Session::progress_report(absl::Time now) const {
   v1::WorkerProgress p;
+  p.set_pid(getpid());  // for its node agent (see Note [What the agent sees])
   const comm::FlightRecorder::Snapshot s = recorder_->Poll(now);
   p.set_generation(s.generation);
   p.set_collectives(s.collectives);

@@ -227,6 +227,18 @@ class Core {
                                   const v1::CheckpointReport& report);
   static constexpr size_t kKeptCheckpoints = 10;
 
+  // See Note [What the agent sees] in agent/process_view.h: a node agent saw
+  // `process` of worker `worker_id` (with a heartbeat it passed on, or while
+  // the worker's heartbeats are late). Kept for a member of the running
+  // generation, whose progress it may show (see Note [Hangs] in
+  // hang_rule.h); ignored for anyone else. It is no sign of life: the
+  // worker's heartbeat deadline stays. INVALID_ARGUMENT for a bad field,
+  // NOT_FOUND for an unknown job; nothing changes then. The caller checks
+  // that the agent carried the worker's calls.
+  absl::Status ProcessSeen(const std::string& job_id,
+                           const std::string& worker_id,
+                           const v1::ProcessView& process);
+
   // The worker's place in the current generation, or nullopt while the
   // rendezvous is still open. NOT_FOUND for an unknown job/worker;
   // FAILED_PRECONDITION when the job has failed or was stopped.
@@ -390,6 +402,12 @@ class Core {
     std::optional<v1::WorkerProgress> progress;
     absl::Time progress_reported;
     ProgressMark mark;
+    // What its node agent last saw of its process and when the agent looked,
+    // where that view last showed progress, and when (transient).
+    std::optional<v1::ProcessView> process;
+    absl::Time process_seen;
+    ProcessMark process_mark;
+    absl::Time process_progressed = absl::InfinitePast();
     // See Note [Stragglers] in hang_rule.h: slow intervals counted up, fast
     // ones down (0..2 x kStragglerIntervals), and whether it is named one
     // (transient).

@@ -15,11 +15,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/status_macros.h"
 #include "coordinator/core/core.h"
 #include "coordinator/core/core_internal.h"
+#include "coordinator/core/core_validation.h"
 
 namespace concord::coordinator {
 
+using internal::JobNotFound;
 using internal::Seconds;
 
 std::vector<MemberProgress> Core::ProgressOf(const Job& job) {
@@ -32,9 +35,42 @@ std::vector<MemberProgress> Core::ProgressOf(const Job& job) {
     p.step = m.committed_step;
     p.progress = m.progress;
     p.reported = m.progress_reported;
-    p.progressed = m.mark.at;
+    p.progressed = std::max(m.mark.at, m.process_progressed);
+    p.process = m.process;
+    p.process_seen = m.process_seen;
   }
   return out;
+}
+
+absl::Status Core::ProcessSeen(const std::string& job_id,
+                               const std::string& worker_id,
+                               const v1::ProcessView& process) {
+  CONCORD_RETURN_IF_ERROR(ValidateProcess(job_id, worker_id, process));
+  Job* job = FindJob(job_id);
+  if (job == nullptr) return JobNotFound(job_id);
+  if (job->state != v1::JOB_STATE_RUNNING) return absl::OkStatus();
+  const std::optional<size_t> index = MemberIndex(*job, worker_id);
+  if (!index.has_value()) return absl::OkStatus();
+  MemberState& m = job->members[*index];
+  const absl::Time now = clock_->Now();
+  const absl::Time seen =
+      now - absl::Milliseconds(std::min<int64_t>(process.age_ms(), 60000));
+  // See Note [Hangs] in hang_rule.h: the GPU of a member in a collective
+  // runs that collective's kernel.
+  const bool waits =
+      m.progress.has_value() && !m.progress->pending_kind().empty();
+  if (!m.process.has_value()) {
+    m.process_mark = {process.cpu_ms(), seen};
+    if (ProcessShowsProgress(m.process_mark, process, waits, seen)) {
+      m.process_progressed = seen;  // a busy GPU, at first sight
+    }
+  } else if (ProcessShowsProgress(m.process_mark, process, waits, seen)) {
+    m.process_mark = {process.cpu_ms(), seen};
+    m.process_progressed = seen;
+  }
+  m.process = process;
+  m.process_seen = seen;
+  return absl::OkStatus();
 }
 
 bool Core::TakeOutHung(Job& job, absl::Time now) {

@@ -1,6 +1,8 @@
 #include "coordinator/core/core_validation.h"
 
 #include <cmath>
+#include <set>
+#include <string>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
@@ -368,7 +370,30 @@ absl::Status ValidateRequest(const v1::HeartbeatRequest& r) {
   }
   CONCORD_RETURN_IF_ERROR(FiniteNonNegative("progress.wait_ms", p.wait_ms()));
   CONCORD_RETURN_IF_ERROR(FiniteNonNegative("progress.own_ms", p.own_ms()));
+  CONCORD_RETURN_IF_ERROR(NonNegative("progress.pid", p.pid()));
   return FiniteNonNegative("progress.step_ms", p.step_ms());
+}
+
+absl::Status ValidateProcess(const std::string& job_id,
+                             const std::string& worker_id,
+                             const v1::ProcessView& v) {
+  CONCORD_RETURN_IF_ERROR(ValidateId("job_id", job_id));
+  CONCORD_RETURN_IF_ERROR(ValidateId("worker_id", worker_id));
+  static const std::set<std::string> kStates = {"running", "sleeping", "disk",
+                                                "stopped", "zombie"};
+  if (kStates.count(v.state()) == 0) {
+    return Invalid(
+        "process.state",
+        absl::StrCat("must be running, sleeping, disk, stopped or "
+                     "zombie; got '",
+                     absl::CHexEscape(v.state().substr(0, 32)), "'"));
+  }
+  CONCORD_RETURN_IF_ERROR(NonNegative("process.cpu_ms", v.cpu_ms()));
+  if (v.has_gpu_percent() && (v.gpu_percent() < 0 || v.gpu_percent() > 100)) {
+    return Invalid("process.gpu_percent",
+                   absl::StrCat("must be 0 to 100; got ", v.gpu_percent()));
+  }
+  return NonNegative("process.age_ms", v.age_ms());
 }
 
 absl::Status ValidateRequest(const v1::LeaveRequest& r) {

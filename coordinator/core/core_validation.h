@@ -46,6 +46,10 @@ absl::Status ValidateRequest(const v1::WatchMembershipRequest& r);
 absl::Status ValidateExit(const std::string& job_id,
                           const std::string& worker_id,
                           const std::string& secret, const std::string& how);
+// What a node agent saw of a worker's process (Core::ProcessSeen).
+absl::Status ValidateProcess(const std::string& job_id,
+                             const std::string& worker_id,
+                             const v1::ProcessView& v);
 // A node agent's checkpoint report (Core::CheckpointReported).
 absl::Status ValidateCheckpoint(const std::string& job_id,
                                 const v1::CheckpointReport& r);

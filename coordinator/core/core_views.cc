@@ -86,6 +86,11 @@ v1::MemberStatus Core::StatusOf(const MemberState& m) const {
   out.set_completed(m.completed);
   if (m.loss.has_value()) out.set_loss(*m.loss);
   if (m.progress.has_value()) *out.mutable_progress() = *m.progress;
+  if (m.process.has_value()) {
+    *out.mutable_process() = *m.process;
+    out.set_process_age_ms(std::max<int64_t>(
+        0, absl::ToInt64Milliseconds(clock_->Now() - m.process_seen)));
+  }
   return out;
 }
 

@@ -71,6 +71,36 @@ bool ShowsProgress(const ProgressMark& mark, const v1::WorkerProgress& report,
   return cpu_ms >= kIdleCpuShare * absl::ToDoubleMilliseconds(now - mark.at);
 }
 
+bool ProcessShowsProgress(const ProcessMark& mark, const v1::ProcessView& view,
+                          bool waits, absl::Time now) {
+  if (view.state() == "stopped" || view.state() == "zombie") return false;
+  if (!waits && view.has_gpu_percent() &&
+      view.gpu_percent() >= kBusyGpuPercent) {
+    return true;
+  }
+  const double cpu_ms = static_cast<double>(view.cpu_ms() - mark.cpu_ms);
+  return now > mark.at &&
+         cpu_ms >= kIdleCpuShare * absl::ToDoubleMilliseconds(now - mark.at);
+}
+
+std::string DescribeProcess(const v1::ProcessView& view, absl::Duration age) {
+  std::string what;
+  if (view.state() == "stopped") {
+    what = "stopped (SIGSTOP or a debugger)";
+  } else if (view.state() == "disk") {
+    what = "in uninterruptible sleep (disk or network filesystem I/O)";
+  } else if (view.state() == "zombie") {
+    what = "a zombie (it exited, unreaped)";
+  } else {
+    what = view.state().empty() ? "in an unknown state" : view.state();
+  }
+  absl::StrAppend(&what, " ", Secs(age), " ago");
+  if (view.has_gpu_percent()) {
+    absl::StrAppend(&what, ", its GPU ", view.gpu_percent(), "% busy");
+  }
+  return what;
+}
+
 absl::Duration HangTimeout(int64_t setting_ms, double step_ms) {
   if (setting_ms < 0) return absl::ZeroDuration();
   if (setting_ms > 0) return absl::Milliseconds(setting_ms);
@@ -167,6 +197,11 @@ HangVerdict JudgeHang(const std::vector<MemberProgress>& members,
                       "; its last collectives: ", RecentCollectives(p, 4),
                       " (as of its last heartbeat)");
     }
+    if (m.process.has_value()) {
+      absl::StrAppend(&verdict.details.back(),
+                      "; its node agent saw its process ",
+                      DescribeProcess(*m.process, now - m.process_seen));
+    }
   }
   if (!verdict.hung.empty()) {
     verdict.kind = HangVerdict::Kind::kHung;
@@ -253,6 +288,9 @@ absl::Duration CooldownAfter(int evictions, absl::Duration base) {
 
 std::string HealthOf(const MemberProgress& member, absl::Time now,
                      absl::Duration timeout) {
+  if (member.process.has_value() && member.process->state() == "stopped") {
+    return "stopped";
+  }
   if (timeout <= absl::ZeroDuration() || !member.progress.has_value()) {
     return "";
   }

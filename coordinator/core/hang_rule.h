@@ -17,23 +17,29 @@
 //    highest waited number), reports no activity, and has shown no progress
 //    of its own for T (no committed step, no collective issued, CPU below
 //    kIdleCpuShare of one core between its heartbeats, or no heartbeat at
-//    all: a stopped process);
-//  - busy: such a member that uses its CPU (an evaluation pass between
-//    epochs, a slow first batch) or says what it is busy with (a checkpoint,
-//    a restore): left alone;
+//    all: a stopped process; and, where its node agent looks at its process
+//    (see Note [What the agent sees] in agent/process_view.h), no CPU there
+//    either and no GPU busy: ProcessShowsProgress);
+//  - busy: such a member that uses its CPU or its GPU (an evaluation pass
+//    between epochs, a slow first batch) or says what it is busy with (a
+//    checkpoint, a restore): left alone;
 //  - stuck together: every member waits, and none has shown progress for T
 //    (a hang in the network or the collective library): the generation is
 //    aborted and re-formed, its links probed as after a failed collective.
 //
-// A hung member is taken out as a failed one is; the others re-form without
-// it at once. T is JobSpec.hang_timeout_ms when set; derived, it is
-// kHangFactor times the job's step time (the slowest member's median time
-// between commits), at least kHangFloor; a member that has not yet reported
-// a step time (before its first two commits: start-up, a newcomer's first
-// batches) is judged with at least kStartupAllowance. The collective timeout
-// stays the last resort. Pure functions of what the members reported (no
-// clock, no core): unit-tested against false alarms as hard as against
-// faults (tests/unit/hang_rule_test.cc).
+// A member's GPU counts only while it waits in no collective: a waiter's GPU
+// runs the collective's own kernel (NCCL's spins until its peers arrive), so
+// members stuck together all look busy there. A hung member is taken out as
+// a failed one is; the others re-form without it at once, and its event says
+// what its agent last saw of its process (stopped, in a disk wait). T is
+// JobSpec.hang_timeout_ms when set; derived, it is kHangFactor times the job's
+// step time (the slowest member's median time between commits), at least
+// kHangFloor; a member that has not yet reported a step time (before its first
+// two commits: start-up, a newcomer's first batches) is judged with at least
+// kStartupAllowance. The collective timeout stays the last resort. Pure
+// functions of what the members reported (no clock, no core): unit-tested
+// against false alarms as hard as against faults
+// (tests/unit/hang_rule_test.cc).
 
 #include <cstdint>
 #include <optional>
@@ -60,8 +66,13 @@ struct MemberProgress {
   // when it arrived.
   std::optional<v1::WorkerProgress> progress;
   absl::Time reported;
-  // When it last showed progress of its own (ShowsProgress), or joined.
+  // When it last showed progress of its own (ShowsProgress,
+  // ProcessShowsProgress), or joined.
   absl::Time progressed;
+  // What its node agent last saw of its process (absent without one), and
+  // when the agent looked.
+  std::optional<v1::ProcessView> process;
+  absl::Time process_seen;
 };
 
 // Where a member stood when it last showed progress (the report then).
@@ -82,6 +93,25 @@ ProgressMark MarkOf(const v1::WorkerProgress& report, int64_t step,
 // a heartbeat thread's crumbs of CPU over no time at all).
 bool ShowsProgress(const ProgressMark& mark, const v1::WorkerProgress& report,
                    int64_t step, absl::Time now);
+
+// Where a member's process stood, as its node agent saw it, when that view
+// last showed progress (or first came).
+struct ProcessMark {
+  int64_t cpu_ms = 0;
+  absl::Time at;
+};
+// A GPU this busy (NVML's SM utilisation, percent) runs the process's work.
+inline constexpr int kBusyGpuPercent = 1;
+// Whether the agent's view of a member's process, taken at `now`, shows
+// progress of its own since `mark`: CPU as in ShowsProgress, or a GPU at
+// least kBusyGpuPercent busy while the member waits in no collective
+// (`waits`). A stopped or zombie process never does.
+bool ProcessShowsProgress(const ProcessMark& mark, const v1::ProcessView& view,
+                          bool waits, absl::Time now);
+// What an agent's view says, for events: "stopped (SIGSTOP or a debugger)
+// 2.0 s ago", "in uninterruptible sleep (disk or network filesystem I/O)
+// 0.4 s ago, its GPU 0% busy"; `age`: how long ago the agent looked.
+std::string DescribeProcess(const v1::ProcessView& view, absl::Duration age);
 
 // The hang timeout for a job whose setting is `setting_ms` (JobSpec) and
 // whose slowest member's step time is `step_ms` (0: none reported yet).
@@ -185,8 +215,9 @@ absl::Duration CooldownAfter(int evictions, absl::Duration base);
 // without any.
 std::string RecentCollectives(const v1::WorkerProgress& progress, size_t n);
 
-// A member's health as the status shows it: "waiting", "idle", "busy" or ""
-// (progressing), judged with timeout `timeout` (zero: "").
+// A member's health as the status shows it: "stopped" (its agent sees its
+// process stopped), "waiting", "idle", "busy" or "" (progressing), judged
+// with timeout `timeout` (zero: "" but for "stopped").
 std::string HealthOf(const MemberProgress& member, absl::Time now,
                      absl::Duration timeout);
 

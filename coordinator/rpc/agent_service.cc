@@ -173,10 +173,12 @@ class NodeCall final
         request_.joins_size() > AgentServiceImpl::kMaxWorkers ||
         request_.heartbeats_size() > AgentServiceImpl::kMaxWorkers ||
         request_.exited_size() > AgentServiceImpl::kMaxWorkers ||
-        request_.checkpoints_size() > AgentServiceImpl::kMaxWorkers) {
+        request_.checkpoints_size() > AgentServiceImpl::kMaxWorkers ||
+        request_.processes_size() > AgentServiceImpl::kMaxWorkers) {
       return absl::InvalidArgumentError(absl::StrCat(
           "a node stream carries at most ", AgentServiceImpl::kMaxWorkers,
-          " workers (watches, joins, heartbeats or exits at once)"));
+          " workers (watches, joins, heartbeats, exits or process views at "
+          "once)"));
     }
     for (const std::string& id : request_.remove()) {
       auto it = workers_.find(id);
@@ -229,6 +231,9 @@ class NodeCall final
       if (answer.ok()) {
         Carry(heartbeat.request().worker_id());
         *result->mutable_response() = *std::move(answer);
+        if (heartbeat.has_process()) {
+          Seen(core, heartbeat.request().worker_id(), heartbeat.process());
+        }
       } else {
         result->set_code(static_cast<int>(answer.status().code()));
         result->set_message(std::string(answer.status().message()));
@@ -247,6 +252,12 @@ class NodeCall final
     for (const v1::ExitedWorker& exited : request_.exited()) {
       Exited(core, exited);
     }
+    // See Note [What the agent sees]: no answer.
+    for (const v1::ProcessReport& report : request_.processes()) {
+      if (carried_.count(report.worker_id()) != 0) {
+        Seen(core, report.worker_id(), report.process());
+      }
+    }
     // See Note [Checkpoints]: no answer (a refusal is logged here).
     for (const v1::CheckpointReport& c : request_.checkpoints()) {
       if (absl::Status s = core.CheckpointReported(job_id_, c); !s.ok()) {
@@ -255,6 +266,17 @@ class NodeCall final
       }
     }
     return absl::OkStatus();
+  }
+
+  // With the host's mutex held: see Note [What the agent sees] in
+  // agent/process_view.h. A malformed view is refused alone (logged).
+  void Seen(Core& core, const std::string& worker_id,
+            const v1::ProcessView& process) {
+    if (absl::Status s = core.ProcessSeen(job_id_, worker_id, process);
+        !s.ok()) {
+      spdlog::warn("job {}: the view of worker {}'s process refused: {}",
+                   job_id_, worker_id, s.ToString());
+    }
   }
 
   // With the host's mutex held: `worker_id` has calls on this stream, so

@@ -43,6 +43,9 @@ class AgentServiceImpl final : public v1::AgentService::CallbackService {
   // name only a worker whose calls this stream carried (an accepted join or
   // heartbeat, or a watch added): any other is PERMISSION_DENIED, a
   // malformed id INVALID_ARGUMENT, each refused alone, changing nothing.
+  // What the agent saw of a worker's process (a heartbeat's, or a late
+  // worker's ProcessReport) goes through Core::ProcessSeen, for a worker
+  // whose calls this stream carried only; no answer.
   grpc::ServerBidiReactor<v1::NodeRequest, v1::NodeUpdate>* Node(
       grpc::CallbackServerContext* context) override;
 

@@ -6,7 +6,9 @@
 #include <google/protobuf/message.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <stdlib.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -625,6 +627,70 @@ TEST_F(NodeAgentTest, TheAgentHearsWhetherTheJobCompleted) {
   EXPECT_EQ(agent_->job_news("job").state, v1::JOB_STATE_SUCCEEDED);
   // Another job's news are its own.
   EXPECT_EQ(agent_->job_news("other").state, v1::JOB_STATE_UNSPECIFIED);
+}
+
+// See Note [What the agent sees] in agent/process_view.h: a real process of
+// the node, whose pid its heartbeats carry; stopped, it sends nothing, and
+// the agent goes on reporting it, stopped.
+TEST_F(NodeAgentTest, TheAgentShowsAStoppedWorkersProcess) {
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    for (;;) pause();
+  }
+  std::vector<v1::JoinResponse> out(2);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i) {
+    threads.emplace_back([&, i] {
+      v1::JoinRequest q = JoinReq("job", 2, 2, W(i));
+      q.mutable_spec()->set_heartbeat_timeout_ms(60000);
+      q.mutable_spec()->set_hang_timeout_ms(-1);
+      EXPECT_TRUE(stub_->Join(Ctx(kWorkerToken).get(), q, &out[i]).ok());
+    });
+  }
+  for (auto& t : threads) t.join();
+  const int64_t gen = out[0].generation();
+  auto beat = [&](int i, pid_t pid) {
+    v1::HeartbeatRequest h = Beat("job", W(i), gen, 3);
+    h.mutable_progress()->set_generation(gen);
+    h.mutable_progress()->set_pid(pid);
+    v1::HeartbeatResponse r;
+    return stub_->Heartbeat(Ctx(kWorkerToken).get(), h, &r);
+  };
+  auto member = [&](int i) {
+    return server_->host().Read([&](const Core& core) {
+      v1::GetJobRequest q;
+      q.set_job_id("job");
+      auto status = core.GetJob(q);
+      if (status.ok()) {
+        for (const v1::MemberStatus& m : status->members()) {
+          if (m.worker_id() == W(i)) return m;
+        }
+      }
+      return v1::MemberStatus();
+    });
+  };
+  std::thread w0([&] {
+    for (int k = 0; k < 6; ++k) EXPECT_TRUE(beat(0, getpid()).ok());
+  });
+  ASSERT_TRUE(beat(1, child).ok());
+  EXPECT_EQ(member(1).process().state(), "sleeping");
+  EXPECT_FALSE(member(1).process().has_gpu_percent());  // no NVML here
+  EXPECT_TRUE(Eventually([&] { return member(0).has_process(); }));
+  ASSERT_EQ(kill(child, SIGSTOP), 0);
+  // Its heartbeats stop with it (as a stopped worker's do): the agent reports
+  // what it sees once they are late.
+  EXPECT_TRUE(Eventually([&] { return member(1).health() == "stopped"; }));
+  EXPECT_EQ(member(1).process().state(), "stopped");
+  EXPECT_LT(member(1).process_age_ms(), 3000);
+  w0.join();
+  // Continued, it heartbeats again, and is seen as it is.
+  ASSERT_EQ(kill(child, SIGCONT), 0);
+  ASSERT_TRUE(beat(1, child).ok());
+  EXPECT_EQ(member(1).process().state(), "sleeping");
+  EXPECT_EQ(member(1).health(), "");
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
 }
 
 // The agent handles four WorkerService methods itself and passes every other

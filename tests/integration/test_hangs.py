@@ -19,7 +19,8 @@ holds. Group "hangs" (the faults):
   stall-bucket    local 1 sleeps between the first and the second bucket of
                   step 10's backward (a wider model: two buckets), with
                   --no-agent;
-  stop            local 1 is SIGSTOPped at step 10 and continued 8 s later;
+  stop            local 1 is SIGSTOPped at step 10 and continued 8 s later
+                  (its event says its node agent saw it stopped);
   stop-past-end   the same, continued once the others have finished;
   stall-past-end  local 1 sleeps at step 10 for longer than the job runs;
   straggler       local 1 runs a fifth of the time for 6 s (SIGSTOPped 160
@@ -234,6 +235,11 @@ def case_stop(ctx, name, past_end=False):
     finish_checks(ctx, name, p, rd, 2 if past_end else 3, n)
     failures = coordinator_events(rd, "failure")
     ctx.checks.check(len(failures) == 1, name + ": the stopped worker was taken out once",
+                     json.dumps(failures)[:1500])
+    # Its node agent went on looking at it (see Note [What the agent sees]).
+    ctx.checks.check(any("its node agent saw its process stopped (SIGSTOP"
+                         in f.get("message", "") for f in failures),
+                     name + ": its event says its node agent saw it stopped",
                      json.dumps(failures)[:1500])
     if past_end:
         ctx.checks.check("nothing left to do" in p.stderr(),

@@ -8,6 +8,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -282,6 +283,57 @@ TEST(JudgeHangTest, AStoppedProcessThatStopsReportingIsHung) {
   const HangVerdict v = JudgeHang(members, now, 0);
   ASSERT_EQ(v.kind, HangVerdict::Kind::kHung);
   EXPECT_THAT(v.details[0], HasSubstr("last heartbeat 6.0 s ago"));
+}
+
+v1::ProcessView View(const std::string& state, int64_t cpu_ms,
+                     std::optional<int> gpu = std::nullopt) {
+  v1::ProcessView v;
+  v.set_state(state);
+  v.set_cpu_ms(cpu_ms);
+  if (gpu.has_value()) v.set_gpu_percent(*gpu);
+  return v;
+}
+
+// See Note [What the agent sees] in agent/process_view.h.
+TEST(ProcessShowsProgressTest, CpuAndAGpuOutsideCollectivesAreProgress) {
+  const ProcessMark mark{5000, kT0};
+  const absl::Time beat = kT0 + absl::Seconds(1);
+  EXPECT_FALSE(ProcessShowsProgress(mark, View("sleeping", 5020), false, beat));
+  EXPECT_TRUE(ProcessShowsProgress(mark, View("running", 5950), false, beat));
+  // Its kernels keep the GPU busy while its host thread sleeps in a
+  // synchronize: progress, unless it waits in a collective (whose own kernel
+  // keeps a waiter's GPU busy).
+  EXPECT_TRUE(
+      ProcessShowsProgress(mark, View("sleeping", 5001, 90), false, beat));
+  EXPECT_FALSE(
+      ProcessShowsProgress(mark, View("sleeping", 5001, 90), true, beat));
+  EXPECT_FALSE(
+      ProcessShowsProgress(mark, View("sleeping", 5001, 0), false, beat));
+  // A stopped or exited process never progresses, whatever its numbers say.
+  EXPECT_FALSE(
+      ProcessShowsProgress(mark, View("stopped", 9000, 90), false, beat));
+  EXPECT_FALSE(ProcessShowsProgress(mark, View("zombie", 9000), false, beat));
+  // Nothing over no time.
+  EXPECT_FALSE(ProcessShowsProgress(mark, View("running", 5100), false, kT0));
+}
+
+TEST(JudgeHangTest, WhatTheAgentSawOfAHungProcessIsInItsEvent) {
+  const absl::Time now = kT0;
+  std::vector<MemberProgress> members = {
+      Waiting(0, 11, absl::Seconds(6), now),
+      Quiet(1, 10, now - absl::Seconds(6), now - absl::Seconds(6))};
+  members[1].process = View("stopped", 100);
+  members[1].process_seen = now - absl::Milliseconds(400);
+  const HangVerdict v = JudgeHang(members, now, 0);
+  ASSERT_EQ(v.kind, HangVerdict::Kind::kHung);
+  EXPECT_THAT(v.details[0], HasSubstr("its node agent saw its process stopped "
+                                      "(SIGSTOP or a debugger) 0.4 s ago"));
+  EXPECT_EQ(HealthOf(members[1], now, absl::Seconds(5)), "stopped");
+  members[1].process = View("disk", 100, 0);
+  EXPECT_THAT(JudgeHang(members, now, 0).details[0],
+              HasSubstr("in uninterruptible sleep (disk or network filesystem "
+                        "I/O) 0.4 s ago, its GPU 0% busy"));
+  EXPECT_EQ(HealthOf(members[1], now, absl::Seconds(5)), "idle");
 }
 
 TEST(JudgeHangTest, EveryoneWaitingAndNoneMovingIsStuckTogether) {
@@ -714,6 +766,116 @@ TEST_F(CoreEvictionTest, FalseAlarmNotBelowMinWorkers) {
 
 TEST_F(CoreEvictionTest, FalseAlarmNotWhenTheJobIsNotFasterWithout) {
   NamedNotEvicted("evict", 1, 32);
+}
+
+// See Note [What the agent sees]: rank 0 evaluates on its GPU, its host
+// thread asleep in a synchronize (no CPU); its agent sees the GPU busy.
+TEST_F(CoreHangTest, FalseAlarmRankZeroOnItsGpuWithoutCpuStays) {
+  const int64_t gen = FormSettled(3, 3);
+  Beat(gen, 7, 3, 10, {false, false, false}, absl::ZeroDuration(),
+       {900, 900, 900});
+  for (int s = 1; s <= 60; ++s) {
+    clock_.Advance(absl::Seconds(1));
+    Beat(gen, 7, 3, 10, {false, true, true}, absl::Seconds(s), {3, 3, 3});
+    for (int i = 0; i < 3; ++i) {
+      // The waiters' GPUs run the collective's kernel: busy too.
+      ASSERT_TRUE(
+          core_.ProcessSeen(kJob, Worker(i), View("sleeping", cpu_[i], 90))
+              .ok());
+    }
+    core_.Tick();
+  }
+  EXPECT_EQ(core_.CurrentGeneration(kJob), gen);
+  EXPECT_THAT(EventsOf("failure"), IsEmpty());
+  const v1::JobStatus status = Status();
+  EXPECT_EQ(status.members(0).health(), "");
+  EXPECT_EQ(status.members(0).process().gpu_percent(), 90);
+  EXPECT_EQ(status.members(1).health(), "waiting");
+}
+
+// A GPU busy in a collective is no progress: members stuck together in one
+// (NCCL's kernels spinning on every GPU) are still found.
+TEST_F(CoreHangTest, BusyGpusOfWaitersDoNotHideAStuckGeneration) {
+  const int64_t gen = FormSettled(2, 2);
+  for (int s = 1; s <= 7; ++s) {
+    clock_.Advance(absl::Seconds(1));
+    Beat(gen, 7, 2, 10, {true, true}, absl::Seconds(s), {1, 1});
+    for (int i = 0; i < 2; ++i) {
+      ASSERT_TRUE(
+          core_.ProcessSeen(kJob, Worker(i), View("running", cpu_[i], 100))
+              .ok());
+    }
+    core_.Tick();
+    if (core_.State(kJob) != v1::JOB_STATE_RUNNING) break;
+  }
+  EXPECT_EQ(core_.State(kJob), v1::JOB_STATE_RENDEZVOUS);
+  EXPECT_THAT(EventsOf("generation").back().message,
+              HasSubstr("every member waits"));
+}
+
+// SIGSTOP: its heartbeats stop; its agent goes on reporting it stopped.
+TEST_F(CoreHangTest, AStoppedProcessIsShownStoppedAndNamedSoWhenTakenOut) {
+  const int64_t gen = FormSettled(3, 3);
+  Beat(gen, 7, 3, 10, {false, false, false}, absl::ZeroDuration(),
+       {900, 900, 900});
+  ASSERT_TRUE(
+      core_.ProcessSeen(kJob, Worker(1), View("running", cpu_[1])).ok());
+  bool shown = false;
+  for (int s = 1; s <= 8; ++s) {
+    clock_.Advance(absl::Seconds(1));
+    for (int i : {0, 2}) {
+      v1::HeartbeatRequest r = HeartbeatReq(Worker(i), gen, 7);
+      Said said;
+      said.collectives = 10;
+      said.pending_seq = 10;
+      said.pending_kind = "broadcast";
+      said.pending_ms = s * 1000;
+      said.cpu_ms = cpu_[i] + s;
+      *r.mutable_progress() = said.Proto();
+      ASSERT_TRUE(core_.Heartbeat(r).ok());
+    }
+    v1::ProcessView stopped = View("stopped", cpu_[1]);
+    stopped.set_age_ms(200);
+    ASSERT_TRUE(core_.ProcessSeen(kJob, Worker(1), stopped).ok());
+    if (core_.State(kJob) == v1::JOB_STATE_RUNNING) {
+      const v1::JobStatus status = Status();
+      shown = shown || (status.members(1).health() == "stopped" &&
+                        status.members(1).process_age_ms() == 200);
+    }
+    core_.Tick();
+    if (core_.State(kJob) != v1::JOB_STATE_RUNNING) break;
+  }
+  EXPECT_TRUE(shown);
+  ASSERT_EQ(core_.State(kJob), v1::JOB_STATE_RENDEZVOUS);
+  const std::vector<Event> failures = EventsOf("failure");
+  ASSERT_EQ(failures.size(), 1u);
+  EXPECT_EQ(failures[0].worker_id, "w1");
+  EXPECT_THAT(failures[0].message,
+              HasSubstr("its node agent saw its process stopped (SIGSTOP or a "
+                        "debugger) 0.2 s ago"));
+}
+
+TEST_F(CoreHangTest, BadProcessViewsAreRefusedAndChangeNothing) {
+  const int64_t gen = FormSettled(2, 2);
+  Beat(gen, 7, 2, 10, {false, false}, absl::ZeroDuration(), {900, 900});
+  for (const v1::ProcessView& bad :
+       {View("", 1), View("Z", 1), View("running", -1), View("running", 1, 101),
+        View("running", 1, -1), [] {
+          v1::ProcessView v = View("running", 1);
+          v.set_age_ms(-5);
+          return v;
+        }()}) {
+    EXPECT_EQ(core_.ProcessSeen(kJob, Worker(0), bad).code(),
+              absl::StatusCode::kInvalidArgument)
+        << bad.ShortDebugString();
+  }
+  EXPECT_FALSE(Status().members(0).has_process());
+  EXPECT_EQ(core_.ProcessSeen("nope", Worker(0), View("running", 1)).code(),
+            absl::StatusCode::kNotFound);
+  // Of a worker that is no member: nothing to keep.
+  EXPECT_TRUE(core_.ProcessSeen(kJob, "w9", View("running", 1)).ok());
+  EXPECT_TRUE(core_.ProcessSeen(kJob, Worker(0), View("running", 1)).ok());
+  EXPECT_EQ(Status().members(0).process().state(), "running");
 }
 
 TEST_F(CoreHangTest, TheRuleCanBeTurnedOffAndBadReportsChangeNothing) {
