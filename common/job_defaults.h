@@ -5,6 +5,7 @@
 // the worker) and the coordinator, which fills a JobSpec's unset fields with
 // them (coordinator/core/core_validation.cc).
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -17,6 +18,10 @@ inline constexpr int64_t kDefaultCollectiveTimeoutMs = 300000;
 // How long a straggler evicted for the first time waits before it may join
 // again (docs/reliability.md, "Stragglers"); doubled at each later eviction.
 inline constexpr int64_t kDefaultStragglerCooldownMs = 60000;
+// The longest id of a job or a worker, everywhere: the coordinator refuses
+// a longer one, and a node's snapshot region holds one whole (its header's
+// job field, worker/checkpoint/region.h).
+inline constexpr size_t kMaxIdLength = 128;
 // Complete checkpoints kept on disk (see Note [Checkpoints] in
 // worker/checkpoint/checkpointer.h).
 inline constexpr int kDefaultCheckpointKeep = 3;

@@ -13,7 +13,6 @@
 namespace concord::coordinator {
 namespace {
 
-constexpr size_t kMaxIdLength = 128;
 constexpr size_t kMinSecretLength = 16;
 constexpr size_t kMaxSecretLength = 256;
 constexpr size_t kMaxHostLength = 255;

@@ -364,6 +364,30 @@ TEST(CheckpointPersisterTest, FlushWritesAPersistedSnapshotOnce) {
   ExpectSameContent(loaded->content, content);
 }
 
+// One limit for job ids (common/job_defaults.h): the longest the
+// coordinator accepts goes through the region whole, so the persister
+// writes and reports under the job's own id.
+TEST(CheckpointPersisterTest, TheLongestJobIdGoesThroughWhole) {
+  TempDir dir;
+  absl::StatusOr<std::unique_ptr<Region>> region = Region::Open("");
+  ASSERT_TRUE(region.ok()) << region.status();
+  const std::string job(kMaxIdLength, 'j');
+  const Content content = SampleContent(20, 100);
+  ASSERT_TRUE(WriteSnapshot(**region, content, job, true).ok());
+  std::vector<PersistReport> reports;
+  {
+    Persister persister(region->get(), dir.path(), 3, {},
+                        [&](const PersistReport& r) { reports.push_back(r); });
+    persister.Flush();
+  }
+  ASSERT_EQ(reports.size(), 1u);
+  EXPECT_EQ(reports[0].job, job);
+  EXPECT_TRUE(reports[0].error.empty()) << reports[0].error;
+  absl::StatusOr<Loaded> loaded = LoadNewest(dir.path(), job);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->info.step, 20);
+}
+
 TEST(CheckpointPersisterTest, ASnapshotNotForTheDiskTierIsNotWritten) {
   TempDir dir;
   absl::StatusOr<std::unique_ptr<Region>> region = Region::Open("");

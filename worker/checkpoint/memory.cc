@@ -16,7 +16,7 @@ namespace concord::checkpoint {
 namespace {
 
 constexpr char kMagic[8] = {'C', 'O', 'N', 'C', 'K', 'P', 'T', '1'};
-constexpr uint32_t kVersion = 3;
+constexpr uint32_t kVersion = 4;  // 4: a job id of 128 characters
 
 size_t Aligned(size_t n, size_t to = ZipWriter::kAlign) {
   return (n + to - 1) / to * to;

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/job_defaults.h"
 
 namespace concord::checkpoint {
 
@@ -31,7 +32,9 @@ struct RegionHeader {
   // 1: the disk tier writes this snapshot (the writer is rank 0).
   uint32_t persist;
   int32_t writer_pid;
-  char job[128];  // the job's id, for the persister's path
+  // The job's id, for the persister's path: any id the coordinator
+  // accepts, NUL-terminated.
+  char job[kMaxIdLength + 1];
   // The persister's: the sequence it last wrote.
   std::atomic<uint64_t> persisted;
   // The writer's: this snapshot's stall of the training step (its copy into
@@ -48,6 +51,7 @@ static_assert(std::atomic<uint32_t>::is_always_lock_free &&
               "the snapshot header's atomics are shared across processes");
 
 inline constexpr size_t kHeaderBytes = 4096;
+static_assert(sizeof(RegionHeader) <= kHeaderBytes);
 
 class Region {
  public:
