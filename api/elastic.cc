@@ -98,6 +98,17 @@ class ElasticCore {
     optimizers_.emplace_back(name, &optimizer);
   }
 
+  // See Note [Each rank's randomness] in worker/checkpoint/content.h.
+  void AddGenerator(const std::string& name, at::Generator generator) {
+    CheckAdd(name, "a generator");
+    if (absl::Status s = state_.AddGenerator(name, std::move(generator));
+        !s.ok()) {
+      throw Error(
+          ErrorCode::kInvalidArgument,
+          absl::StrCat("ElasticState::add('", name, "'): ", s.message()));
+    }
+  }
+
   void SetSampler(std::shared_ptr<SamplerState> sampler) {
     CheckAdd("sampler", "a sampler");
     if (sampler_ != nullptr) {
@@ -578,6 +589,12 @@ ElasticState& ElasticState::add_module(const std::string& name,
 ElasticState& ElasticState::add(const std::string& name,
                                 torch::optim::Optimizer& optimizer) {
   core_->AddOptimizer(name, optimizer);
+  return *this;
+}
+
+ElasticState& ElasticState::add(const std::string& name,
+                                at::Generator generator) {
+  core_->AddGenerator(name, std::move(generator));
   return *this;
 }
 

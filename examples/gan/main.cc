@@ -12,7 +12,20 @@
 //   concord-run --standalone --nproc 3 --min-workers 2 --max-restarts 1
 //       -- ./concord-dcgan --data DATA [--epochs N] [--batch-size B]
 //       [--train-samples N] [--log-interval N] [--seed S] [--out DIR]
-//       (one command)
+//       [--noise global|step]   (one command)
+//
+// The step's random numbers (label smoothing and noise) come from the
+// global generators, as upstream's, each rank's seeded by its rank. concord:
+// they are part of every commit and, per rank, of every checkpoint (see
+// Note [Each rank's randomness] in worker/checkpoint/content.h): a step cut
+// off by a failure is taken again drawing what it drew, and a job resumed
+// from a checkpoint draws on each rank what it would have drawn. After a
+// re-form a survivor goes on with its own stream under its new rank, so
+// which streams train on which shards depends on which rank died. With
+// --noise step they come instead from a generator seeded by (seed, step,
+// rank): the run is then a function of the commits, the step numbers and
+// the ranks alone, the same whichever worker dies (the test of the four
+// fault points compares such runs).
 //
 // A step trains the discriminator on real images and on the generator's
 // fakes, steps its optimizer, then trains the generator through the
@@ -131,6 +144,7 @@ struct Args {
   int64_t train_samples = 60000;
   int64_t log_interval = 10;
   int64_t seed = 1;
+  std::string noise = "global";
 };
 
 [[noreturn]] void Fail(int code, const std::string& message) {
@@ -142,13 +156,21 @@ Args ParseArgs(int argc, char** argv) {
   Args a;
   const std::string usage =
       " (usage: concord-dcgan --data DIR [--epochs N] [--batch-size B] "
-      "[--train-samples N] [--log-interval N] [--seed S] [--out DIR])";
+      "[--train-samples N] [--log-interval N] [--seed S] [--out DIR] "
+      "[--noise global|step])";
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (i + 1 >= argc) Fail(2, "incomplete argument: " + flag + usage);
     const std::string value = argv[++i];
     if (flag == "--data" || flag == "--out") {
       (flag == "--data" ? a.data : a.out) = value;
+      continue;
+    }
+    if (flag == "--noise") {
+      if (value != "global" && value != "step") {
+        Fail(2, "--noise: global or step, not " + value + usage);
+      }
+      a.noise = value;
       continue;
     }
     char* end = nullptr;
@@ -245,6 +267,10 @@ int main(int argc, char** argv) {
         discriminator_ddp->parameters(),
         torch::optim::AdamOptions(2e-4).betas(std::make_tuple(0.5, 0.999)));
 
+    // Each rank draws its own noise (the models' initial weights, drawn
+    // above, are rank 0's everywhere: DDP broadcasts them).
+    torch::manual_seed(static_cast<uint64_t>(args.seed) * 1000 + 1 +
+                       static_cast<uint64_t>(job.rank()));
     concord::ElasticState state(job);  // concord: everything a step changes
     state.add("generator", generator_ddp)
         .add("discriminator", discriminator_ddp)
@@ -257,26 +283,21 @@ int main(int argc, char** argv) {
       for (; state.epoch() < args.epochs; state.next_epoch()) {
         int64_t batch_index = 0;
         for (torch::data::Example<>& batch : *data_loader) {
-          // concord: the step's random numbers (label smoothing and noise)
-          // come from a generator seeded by (step, rank), not from the
-          // global one. A step cut off by a failure is taken again after
-          // the re-form from the same commit; with the global generator the
-          // failed attempt would have used up its numbers, so the step taken
-          // again would be another computation than the one a run without
-          // the failure takes (the global generator is no part of the
-          // committed state). This way the step is a function of the
-          // commit, the step number and the rank: the same in every run
-          // with the same world sizes, whatever failed.
-          auto gen =
-              at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(
-                  args.seed + (state.step() + 1) * 1000 + job.rank()));
+          // The global generators, or with --noise step one seeded by
+          // (seed, step, rank) (see the top of this file).
+          c10::optional<at::Generator> step_gen;
+          if (args.noise == "step") {
+            step_gen =
+                at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(
+                    args.seed + (state.step() + 1) * 1000 + job.rank()));
+          }
           const int64_t n = batch.data.size(0);
 
           // Train discriminator with real images.
           discriminator->zero_grad();
           torch::Tensor real_images = batch.data.to(device);
           torch::Tensor real_labels =
-              torch::empty(n).uniform_(0.8, 1.0, gen).to(device);
+              torch::empty(n).uniform_(0.8, 1.0, step_gen).to(device);
           torch::Tensor real_output = discriminator_ddp->forward(real_images)
                                           .reshape(real_labels.sizes());
           torch::Tensor d_loss_real =
@@ -285,7 +306,9 @@ int main(int argc, char** argv) {
 
           // Train discriminator with fake images.
           torch::Tensor noise =
-              torch::randn({n, kNoiseSize, 1, 1}, gen).to(device);
+              step_gen.has_value()
+                  ? torch::randn({n, kNoiseSize, 1, 1}, step_gen).to(device)
+                  : torch::randn({n, kNoiseSize, 1, 1}, device);
           torch::Tensor fake_images = generator_ddp->forward(noise);
           torch::Tensor fake_labels = torch::zeros(n, device);
           torch::Tensor fake_output =

@@ -33,6 +33,7 @@
 // the rank's own data goes on with its batch. Ranks whose own data runs out
 // unevenly leave with ddp->join() (PyTorch's join).
 
+#include <ATen/core/Generator.h>
 #include <torch/arg.h>
 #include <torch/data/samplers/base.h>
 #include <torch/optim/optimizer.h>
@@ -193,6 +194,15 @@ class ElasticState {
                     torch::optim::Optimizer& optimizer);
   ElasticState& add(const ElasticSampler& sampler);
   ElasticState& add_module(const std::string& name, detail::DdpCore& ddp);
+  // A random generator of the program's own (a GAN's noise, an
+  // augmentation's): committed with every step and kept per rank in every
+  // checkpoint, as the default CPU generator and the rank's CUDA device's
+  // are (see Note [Each rank's randomness]): a failed step draws again what
+  // it drew, and a job resumed from a checkpoint draws on each rank what it
+  // would have drawn. Every rank adds the same generators, in the same
+  // order. Throws Error kInvalidArgument for an undefined generator, one
+  // added already or a name taken; as for the others after run_elastic.
+  ElasticState& add(const std::string& name, at::Generator generator);
 
   // Optimizer steps committed, and the epoch.
   int64_t step() const;

@@ -379,6 +379,17 @@ TEST(ElasticStateTest, AddRefusesWhatCannotBeRestored) {
   concord::Job other;
   concord::ElasticSampler foreign(8, other);
   EXPECT_EQ(CodeOf([&] { state.add(foreign); }), ErrorCode::kAlreadyExists);
+  // A generator of the program's own (see Note [Each rank's randomness]).
+  at::Generator noise = at::make_generator<at::CPUGeneratorImpl>(3);
+  EXPECT_EQ(CodeOf([&] { state.add("u", at::Generator()); }),
+            ErrorCode::kInvalidArgument);
+  state.add("noise", noise);
+  EXPECT_EQ(CodeOf([&] { state.add("noise2", noise); }),
+            ErrorCode::kInvalidArgument);
+  EXPECT_EQ(CodeOf([&] {
+              state.add("noise", at::make_generator<at::CPUGeneratorImpl>(4));
+            }),
+            ErrorCode::kInvalidArgument);
   state.add("b", b).add("b_opt", b_opt);
   int steps = 0;
   concord::run_elastic(state, [&] {
@@ -390,6 +401,11 @@ TEST(ElasticStateTest, AddRefusesWhatCannotBeRestored) {
       state.commit();
       ++steps;
       EXPECT_EQ(CodeOf([&] { state.add("late", b_opt); }),
+                ErrorCode::kFailedPrecondition);
+      EXPECT_EQ(CodeOf([&] {
+                  state.add("late_noise",
+                            at::make_generator<at::CPUGeneratorImpl>(5));
+                }),
                 ErrorCode::kFailedPrecondition);
     }
   });

@@ -46,7 +46,9 @@ Concord, under the installed launcher, with a worker killed mid-run.
    ElasticState, a DataLoader with 2 workers) runs differently: 3 ranks
    under concord-run --standalone --nproc 3 --min-workers 2 without
    restarts, so that every run has the same world sizes (3 up to the
-   killed step, 2 from it on) and is deterministic. In each of four runs
+   killed step, 2 from it on), and with --noise step (its random numbers
+   a function of the step and the rank, not of which worker died), so that
+   it is deterministic. In each of four runs
    CONCORD_TEST_FAULT makes local worker 2 SIGKILL itself in step
    GAN_STEP, at one point of the step each (GAN_FAULTS): (a) in the
    discriminator's backward on the fakes, (b) after the discriminator's
@@ -69,7 +71,8 @@ Concord, under the installed launcher, with a worker killed mid-run.
    checkpoint (--out) loads in Python with the parameters its final line
    names.
 5. gan with durable checkpoints (concord-run --job-id gan --checkpoint-dir
-   DIR --checkpoint-every 5, 4 epochs: 40 steps at 3 ranks), three ways:
+   DIR --checkpoint-every 5, 4 epochs: 40 steps at 3 ranks; its random
+   numbers from each rank's global generators, upstream's way), three ways:
    uninterrupted; killed whole (the launcher and every worker SIGKILLed
    once the checkpoint of step 10 is complete) and the same command run
    again; and only the workers SIGKILLed, concord-run restarting them
@@ -78,8 +81,9 @@ Concord, under the installed launcher, with a worker killed mid-run.
    disk after the whole job died, from the node's memory while
    concord-run lived), both models' parameters on all 3 ranks are
    bit-identical to the uninterrupted run's (both Adams' moments and step
-   counts and the sampler's position came back: any difference would show
-   in the parameters), and the history across the loss
+   counts, the sampler's position and each rank's random generators came
+   back: any difference would show in the parameters), and the history
+   across the loss
    holds every invariant (the resume a restore of the checkpoint's digest,
    every sample of every epoch trained).
 
@@ -373,7 +377,7 @@ def run_gan_fault(checks, prefix, binary, data, work, tag, where, fault,
     os.makedirs(hist)
     cmd = [os.path.join(prefix, "bin", "concord-run"), "--standalone",
            "--nproc", "3", "--min-workers", "2", "--history", hist, "--",
-           binary, "--data", data] + EXAMPLES["gan"][1]
+           binary, "--data", data, "--noise", "step"] + EXAMPLES["gan"][1]
     if out:
         cmd += ["--out", out]
     env = worker_env(device,

@@ -1,6 +1,8 @@
 // Durable checkpoints (worker/checkpoint/): LibTorch's optimizers through
 // PyTorch's files and back, the content and manifest, and what a
 // checkpoint that does not fit changes (nothing).
+#include <ATen/CPUGeneratorImpl.h>
+
 #include "checkpoint_fixture.h"
 
 namespace concord::checkpoint {
@@ -293,6 +295,59 @@ TEST(CheckpointDiskTest, TheRngStateRestores) {
   ASSERT_TRUE(s.ok()) << s;
   EXPECT_TRUE(torch::equal(torch::rand({5}), first));
   EXPECT_TRUE(absl::IsInvalidArgument(SetCpuRngState(torch::ones({3}))));
+}
+
+// See Note [Each rank's randomness].
+TEST(RandomStateTest, ARowPutsEveryGeneratorBack) {
+  RandomState random;
+  at::Generator noise = at::make_generator<at::CPUGeneratorImpl>(7);
+  ASSERT_TRUE(random.Add("noise", noise).ok());
+  ASSERT_EQ(random.Sizes().size(), 2u);  // the CPU's default, then "noise"
+  EXPECT_EQ(random.Describe(),
+            absl::StrCat("cpu (", random.Sizes()[0], " B), noise (",
+                         random.Sizes()[1], " B)"));
+  torch::manual_seed(5);
+  const at::Tensor row = random.Capture();
+  EXPECT_EQ(row.scalar_type(), at::kByte);
+  EXPECT_EQ(row.numel(), random.Sizes()[0] + random.Sizes()[1]);
+  const at::Tensor global = torch::rand({4});
+  const at::Tensor own = torch::rand({4}, noise);
+  (void)torch::rand({9});
+  (void)torch::rand({9}, noise);
+  ASSERT_TRUE(random.Apply(row).ok());
+  EXPECT_TRUE(torch::equal(torch::rand({4}), global));
+  EXPECT_TRUE(torch::equal(torch::rand({4}, noise), own));
+}
+
+TEST(RandomStateTest, WhatDoesNotFitIsRefusedAndChangesNothing) {
+  RandomState random;
+  at::Generator noise = at::make_generator<at::CPUGeneratorImpl>(7);
+  EXPECT_TRUE(absl::IsInvalidArgument(random.Add("", noise)));
+  EXPECT_TRUE(absl::IsInvalidArgument(random.Add("cpu", noise)));
+  EXPECT_TRUE(absl::IsInvalidArgument(random.Add("u", at::Generator())));
+  ASSERT_TRUE(random.Add("noise", noise).ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(random.Add("again", noise)));
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      random.Add("global", at::detail::getDefaultCPUGenerator())));
+  EXPECT_TRUE(random.Fits(random.Sizes()).ok());
+  const absl::Status other = random.Fits({random.Sizes()[0]});
+  EXPECT_TRUE(absl::IsFailedPrecondition(other));
+  EXPECT_THAT(std::string(other.message()),
+              ::testing::HasSubstr("are not this program's (cpu ("));
+  torch::manual_seed(5);
+  const at::Tensor global = torch::rand({4});
+  torch::manual_seed(5);
+  for (const at::Tensor& bad :
+       {torch::zeros({3}, torch::kUInt8), random.Capture().to(torch::kLong),
+        random.Capture().reshape({1, -1})}) {
+    EXPECT_TRUE(absl::IsFailedPrecondition(random.Apply(bad)));
+  }
+  // A row of the right size whose CPU part is no CPU generator's state:
+  // refused, and the generators are as they were.
+  at::Tensor garbage = random.Capture();
+  garbage.fill_(0xff);
+  EXPECT_TRUE(absl::IsFailedPrecondition(random.Apply(garbage)));
+  EXPECT_TRUE(torch::equal(torch::rand({4}), global));
 }
 
 TEST(CheckpointDiskTest, WritingTheSameStepAgainReplacesIt) {

@@ -132,6 +132,131 @@ absl::Status SetCpuRngState(const at::Tensor& state) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// A generator's state (under its lock).
+at::Tensor StateOf(at::Generator generator) {
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  return generator.get_state().to(at::kByte).reshape({-1});
+}
+
+// Sets a generator's state; INTERNAL with what it said when it refuses.
+absl::Status SetState(at::Generator generator, const at::Tensor& state) {
+  try {
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_state(state);
+  } catch (const std::exception& e) {
+    return absl::InternalError(e.what());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+RandomState::RandomState(c10::Device device) {
+  generators_.push_back({"cpu", at::detail::getDefaultCPUGenerator(), 0});
+  if (device.is_cuda()) {
+    generators_.push_back(
+        {device.str(), at::globalContext().defaultGenerator(device), 0});
+  }
+  for (Named& g : generators_) g.bytes = StateOf(g.generator).numel();
+}
+
+absl::Status RandomState::Add(const std::string& name,
+                              at::Generator generator) {
+  if (name.empty())
+    return absl::InvalidArgumentError("a generator needs a name");
+  if (!generator.defined()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("generator '", name, "' is undefined"));
+  }
+  for (const Named& g : generators_) {
+    if (g.name == name) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a generator is named '", name, "' already"));
+    }
+    if (g.generator == generator) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "generator '", name, "' is '", g.name, "', added already"));
+    }
+  }
+  const int64_t bytes = StateOf(generator).numel();
+  generators_.push_back({name, std::move(generator), bytes});
+  return absl::OkStatus();
+}
+
+at::Tensor RandomState::Capture() const {
+  std::vector<at::Tensor> parts;
+  parts.reserve(generators_.size());
+  for (const Named& g : generators_) parts.push_back(StateOf(g.generator));
+  return at::cat(parts);
+}
+
+std::vector<int64_t> RandomState::Sizes() const {
+  std::vector<int64_t> sizes;
+  for (const Named& g : generators_) sizes.push_back(g.bytes);
+  return sizes;
+}
+
+namespace {
+
+std::string DescribeSizes(const std::vector<std::string>& names,
+                          const std::vector<int64_t>& sizes) {
+  std::vector<std::string> parts;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    parts.push_back(i < names.size()
+                        ? absl::StrCat(names[i], " (", sizes[i], " B)")
+                        : absl::StrCat(sizes[i], " B"));
+  }
+  return absl::StrJoin(parts, ", ");
+}
+
+}  // namespace
+
+std::string RandomState::Describe() const {
+  std::vector<std::string> names;
+  for (const Named& g : generators_) names.push_back(g.name);
+  return DescribeSizes(names, Sizes());
+}
+
+absl::Status RandomState::Fits(const std::vector<int64_t>& sizes) const {
+  if (sizes == Sizes()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "its ranks' random generators (", DescribeSizes({}, sizes),
+      ") are not this program's (", Describe(),
+      "): the same generators, added in the same order, are needed"));
+}
+
+absl::Status RandomState::Apply(const at::Tensor& row) const {
+  int64_t total = 0;
+  for (const Named& g : generators_) total += g.bytes;
+  if (row.scalar_type() != at::kByte || row.dim() != 1 ||
+      row.numel() != total) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("a row of random states of ", DescribeTensor(row),
+                     " does not fit ", Describe()));
+  }
+  const at::Tensor cpu = row.to(at::kCPU).contiguous();
+  const at::Tensor before = Capture();  // to put back if one refuses
+  int64_t offset = 0;
+  for (const Named& g : generators_) {
+    absl::Status set =
+        SetState(g.generator, cpu.narrow(0, offset, g.bytes).clone());
+    offset += g.bytes;
+    if (!set.ok()) {
+      int64_t back = 0;
+      for (const Named& h : generators_) {
+        SetState(h.generator, before.narrow(0, back, h.bytes).clone())
+            .IgnoreError();
+        back += h.bytes;
+      }
+      return absl::FailedPreconditionError(absl::StrCat(
+          "generator '", g.name, "' refused its saved state: ", set.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
 Flat Flatten(const Content& content) {
   Flat flat;
   auto add = [&flat](const at::Tensor& t) {

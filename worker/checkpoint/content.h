@@ -18,7 +18,9 @@
 //    order; "step" is a 0-dimensional float tensor as in PyTorch 1.13 and
 //    2.x;
 //  - in `state.pt` (a dict of tensors as well): the user's values
-//    ("values/<name>"), the CPU random generator's state ("rng/cpu"), each
+//    ("values/<name>"), the writer's CPU random generator's state
+//    ("rng/cpu") and every rank's generators' ("rng/ranks", "rng/sizes": see
+//    Note [Each rank's randomness]), each
 //    module's bucket layout ("layout/<module>"), the state of what is
 //    attached to the elastic state ("slowmo/<module>/...", see Note
 //    [Participants in checkpoints] in worker/elastic/state.h) and an
@@ -30,8 +32,10 @@
 // Every file loads with torch.load(..., weights_only=True) (see Note [State
 // dict files] in worker/state_dict_file.h).
 
+#include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
+#include <c10/core/Device.h>
 #include <torch/optim/optimizer.h>
 
 #include <cstdint>
@@ -119,6 +123,62 @@ absl::StatusOr<std::map<std::string, at::Tensor>> ApplyTo(
 // for a tensor that is not one).
 at::Tensor CpuRngState();
 absl::Status SetCpuRngState(const at::Tensor& state);
+
+// Note [Each rank's randomness]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Dropout, noise, random augmentation draw from random generators, and each
+// rank's are its own: the ranks of a job draw different masks from
+// differently seeded or differently advanced streams. So that a job that
+// lost everyone resumes as if it had never stopped, every rank's generators
+// are part of its committed state. RandomState names them: the process's
+// default CPU generator, the default generator of the rank's CUDA device
+// where it has one, and each generator the program adds
+// (ElasticState::add(name, generator)), in that order. A commit keeps their
+// states as one uint8 row (Capture; the CPU one's 5056 bytes, a CUDA one's
+// 16); a failed step puts them back with the rest of the commit, so the
+// step taken again draws what it drew. A checkpoint gathers every rank's
+// row (one allgather, at the checkpoint only) into state.pt's "rng/ranks"
+// ([world, bytes], row r rank r's, as SlowMo's per-rank optimizer rows)
+// with "rng/sizes" (each generator's bytes, in order); "rng/cpu" stays the
+// writer's CPU state. At a resume the loading rank checks that the rows fit
+// this program's generators (the same number, the same sizes: else
+// FAILED_PRECONDITION naming both, nothing changed) and broadcasts them:
+// rank r below the checkpoint's world size takes row r; a rank beyond it
+// keeps its own generators as the program seeded them, as a newcomer
+// admitted at a re-form does (its own stream, never a copy of another
+// rank's: two ranks on one stream would draw the same masks). A re-form
+// changes no survivor's generators. A checkpoint without rows (an older
+// one, or ranks whose generators differed) resumes as before: the loading
+// rank takes "rng/cpu", the others keep theirs.
+class RandomState {
+ public:
+  // The default CPU generator and, for a CUDA `device`, its default one.
+  explicit RandomState(c10::Device device = c10::Device(c10::kCPU));
+  // One of the program's own, after the defaults and those added before.
+  // INVALID_ARGUMENT for an empty or taken name, an undefined generator or
+  // one already here.
+  absl::Status Add(const std::string& name, at::Generator generator);
+  // Every generator's state, in order, as one uint8 row.
+  at::Tensor Capture() const;
+  // Each generator's state's bytes, in the row's order.
+  std::vector<int64_t> Sizes() const;
+  // "cpu (5056 B), cuda:0 (16 B), noise (5056 B)".
+  std::string Describe() const;
+  // Whether rows of a checkpoint with generators of `sizes` fit these:
+  // FAILED_PRECONDITION naming both otherwise.
+  absl::Status Fits(const std::vector<int64_t>& sizes) const;
+  // Puts a row (Capture's, of generators of this state's sizes) back.
+  // FAILED_PRECONDITION when it does not fit; nothing changed then.
+  absl::Status Apply(const at::Tensor& row) const;
+
+ private:
+  struct Named {
+    std::string name;
+    at::Generator generator;
+    int64_t bytes = 0;
+  };
+  std::vector<Named> generators_;
+};
 
 // PyTorch's optimizer state_dict as an IValue (what `<optimizer>.pt`
 // pickles), and back. INVALID_ARGUMENT naming what is malformed.

@@ -45,7 +45,7 @@ absl::StatusOr<torch::Tensor> AllgatherInts(
 }  // namespace
 
 State::State(worker::Session* session, ElasticOptions options)
-    : session_(session), options_(options) {
+    : session_(session), options_(options), random_(session->torch_device()) {
   options_.max_repeated_failures = std::max(1, options_.max_repeated_failures);
 }
 
@@ -90,6 +90,11 @@ void State::AddOptimizer(const std::string& name,
 void State::Attach(Participant* participant, torch::optim::Optimizer* optimizer,
                    const std::string& name) {
   participants_.push_back(Attached{participant, optimizer, name});
+}
+
+absl::Status State::AddGenerator(const std::string& name,
+                                 at::Generator generator) {
+  return random_.Add(name, std::move(generator));
 }
 
 void State::OnReset(std::function<void(const ResetInfo&)> callback) {
@@ -146,6 +151,8 @@ void State::CommitState(bool may_checkpoint) {
   for (size_t i = 0; i < buffers_.size(); ++i) {
     committed_.buffers[i].copy_(buffers_[i]);
   }
+  // See Note [Each rank's randomness].
+  committed_.random = random_.Capture();
   session_->ReportCommittedStep(step);
   // See Note [Checkpoints]: once per step (next_epoch commits the same step
   // again), never for the state a Sync just took.
@@ -162,7 +169,7 @@ void State::CommitState(bool may_checkpoint) {
       // The region made now, off the step that takes the first checkpoint
       // (its optimizers have their state by now).
       region_prepared_ = true;
-      checkpointer_->Prepare(Capture({}));
+      checkpointer_->Prepare(Capture(RandomnessPlaceholder()));
     }
     checkpointed_step_ = step;
   }
@@ -173,20 +180,25 @@ void State::SaveFinal() {
   // this step may have been skipped, or taken before next_epoch moved the
   // epoch on): the same on every run that trained the same steps.
   deferred_.reset();
-  if (checkpointer_ == nullptr || step == 0) return;
-  const checkpoint::Counters& saved = checkpointer_->last_saved();
-  // Only the writers know what they saved: with participants (a gather)
-  // every rank takes part.
-  if (participants_.empty() && saved.step == step && saved.epoch == epoch &&
-      saved.position == position) {
-    return;
-  }
+  // A rank that left is in no generation to gather with.
+  if (checkpointer_ == nullptr || step == 0 || left_) return;
+  // Every rank takes part (the ranks' generators are gathered: see Note
+  // [Each rank's randomness]); a writer whose last snapshot is this state
+  // writes nothing.
   TakeCheckpoint(/*wait=*/true);
 }
 
 void State::TakeCheckpoint(bool wait) {
   worker::Session::Busy busy(session_, "checkpoint");
-  NamedTensors gathered;
+  absl::StatusOr<NamedTensors> random = GatherRandomness();
+  if (!random.ok()) {
+    Log()->warn(
+        "checkpoint of step {} not taken: gathering the ranks' random "
+        "generators: {}",
+        committed_.step, std::string(random.status().message()));
+    return;
+  }
+  NamedTensors gathered = *std::move(random);
   for (const Attached& a : participants_) {
     absl::StatusOr<NamedTensors> part =
         a.participant->CheckpointState(*a.optimizer);
@@ -235,6 +247,78 @@ void State::TakeCheckpoint(bool wait) {
   checkpointer_->Save(content, wait, deferred);
 }
 
+absl::StatusOr<NamedTensors> State::GatherRandomness() {
+  std::shared_ptr<comm::Communicator> comm = session_->shared_communicator();
+  comm::CollectiveOptions opts;
+  opts.timeout = session_->options().collective_timeout;
+  const torch::Tensor row = committed_.random.contiguous();
+  CONCORD_ASSIGN_OR_RETURN(
+      const std::vector<std::string> rows,
+      comm::AllgatherStrings(
+          *comm,
+          std::string(reinterpret_cast<const char*>(row.data_ptr<uint8_t>()),
+                      static_cast<size_t>(row.numel())),
+          opts));
+  for (const std::string& r : rows) {
+    if (r.size() == static_cast<size_t>(row.numel())) continue;
+    if (!random_differs_said_ && comm->rank() == 0) {
+      random_differs_said_ = true;
+      Log()->warn(
+          "checkpoint of step {}: the ranks' random generators differ ({} "
+          "bytes here, {} on another rank): it keeps only its writer's, so a "
+          "resume from it does not draw what this run draws (said once)",
+          committed_.step, row.numel(), r.size());
+    }
+    return NamedTensors{};
+  }
+  torch::Tensor table = torch::empty(
+      {static_cast<int64_t>(rows.size()), row.numel()}, torch::kUInt8);
+  for (size_t r = 0; r < rows.size(); ++r) {
+    std::memcpy(table[static_cast<int64_t>(r)].data_ptr<uint8_t>(),
+                rows[r].data(), rows[r].size());
+  }
+  return NamedTensors{{"rng/ranks", table},
+                      {"rng/sizes", torch::tensor(random_.Sizes())}};
+}
+
+NamedTensors State::RandomnessPlaceholder() const {
+  int64_t width = 0;
+  for (int64_t b : random_.Sizes()) width += b;
+  return {{"rng/ranks",
+           torch::zeros({session_->world_size(), width}, torch::kUInt8)},
+          {"rng/sizes", torch::tensor(random_.Sizes())}};
+}
+
+absl::Status State::ResumeRandomness(int winner, comm::Communicator& comm,
+                                     const comm::CollectiveOptions& opts) {
+  std::string bytes;
+  int64_t rows = 0;
+  if (comm.rank() == winner && resumed_rows_.defined()) {
+    rows = resumed_rows_.size(0);
+    const torch::Tensor t = resumed_rows_.contiguous();
+    bytes.assign(reinterpret_cast<const char*>(t.data_ptr<uint8_t>()),
+                 static_cast<size_t>(t.numel()));
+  }
+  resumed_rows_ = torch::Tensor();
+  CONCORD_RETURN_IF_ERROR(comm::BroadcastBytes(comm, winner, &bytes, opts));
+  if (bytes.empty()) return absl::OkStatus();  // none: "rng/cpu" was taken
+  int64_t width = 0;
+  for (int64_t b : random_.Sizes()) width += b;
+  rows = static_cast<int64_t>(bytes.size()) / std::max<int64_t>(width, 1);
+  if (width == 0 || rows * width != static_cast<int64_t>(bytes.size())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the checkpoint's random states (", bytes.size(),
+        " bytes) are not rows of this program's (", width, " bytes)"));
+  }
+  // Rank r takes row r; one beyond the checkpoint's world keeps its own.
+  if (comm.rank() >= rows) return absl::OkStatus();
+  torch::Tensor row = torch::empty({width}, torch::kUInt8);
+  std::memcpy(row.data_ptr<uint8_t>(),
+              bytes.data() + static_cast<size_t>(comm.rank() * width),
+              static_cast<size_t>(width));
+  return random_.Apply(row);
+}
+
 void State::FenceCheckpoint() {
   if (checkpointer_ != nullptr) checkpointer_->Fence();
 }
@@ -273,15 +357,39 @@ absl::Status State::Apply(const checkpoint::Content& content) {
   for (const Optimizer& o : optimizers_) {
     live.optimizers.emplace_back(o.name, o.optimizer);
   }
+  // See Note [Each rank's randomness]: every rank's generators, which must
+  // fit this program's before anything changes.
+  torch::Tensor rows;
+  for (const auto& [key, t] : content.extra) {
+    if (key == "rng/ranks") rows = t;
+  }
+  if (rows.defined()) {
+    std::vector<int64_t> sizes;
+    for (const auto& [key, t] : content.extra) {
+      if (key != "rng/sizes") continue;
+      const torch::Tensor s = t.to(torch::kLong).contiguous();
+      sizes.assign(s.data_ptr<int64_t>(), s.data_ptr<int64_t>() + s.numel());
+    }
+    CONCORD_RETURN_IF_ERROR(random_.Fits(sizes));
+    int64_t width = 0;
+    for (int64_t b : sizes) width += b;
+    if (rows.scalar_type() != torch::kUInt8 || rows.dim() != 2 ||
+        rows.size(1) != width || rows.size(0) < 1) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "its ranks' random states are ", checkpoint::DescribeTensor(rows),
+          ", not rows of ", width, " bytes"));
+    }
+  }
   using Values = std::map<std::string, torch::Tensor>;
   CONCORD_ASSIGN_OR_RETURN(Values restored, checkpoint::ApplyTo(content, live));
+  resumed_rows_ = rows;
   step = content.counters.step;
   epoch = content.counters.epoch;
   position = content.counters.position;
   values = std::move(restored);
   std::vector<NamedTensors> parts(participants_.size());
   for (const auto& [key, t] : content.extra) {
-    if (key == "rng/cpu") {
+    if (key == "rng/cpu" && !rows.defined()) {
       CONCORD_RETURN_IF_ERROR(checkpoint::SetCpuRngState(t));
     }
     for (const Model& m : models_) {
@@ -413,6 +521,7 @@ absl::Status State::ResumeFrom(const ResumeChoice& choice,
   }
   CONCORD_RETURN_IF_ERROR(comm::BroadcastBytes(comm, winner, &error, opts));
   if (!error.empty()) return absl::FailedPreconditionError(error);
+  CONCORD_RETURN_IF_ERROR(ResumeRandomness(winner, comm, opts));
   if (comm.rank() != winner) {
     for (const Attached& a : participants_) {
       CONCORD_RETURN_IF_ERROR(
@@ -471,6 +580,14 @@ void State::Restore() {
   torch::NoGradGuard no_grad;
   for (size_t i = 0; i < buffers_.size(); ++i) {
     buffers_[i].copy_(committed_.buffers[i]);
+  }
+  // See Note [Each rank's randomness]: the step taken again draws what it
+  // drew.
+  if (committed_.random.defined()) {
+    if (absl::Status s = random_.Apply(committed_.random); !s.ok()) {
+      Log()->warn("the committed random generators not put back: {}",
+                  std::string(s.message()));
+    }
   }
   if (!in_step_) return;
   in_step_ = false;
@@ -622,6 +739,7 @@ absl::StatusOr<StepDecision> State::BeginStep(bool has_data, bool admit) {
       if (with_data == 0) return StepDecision::kDone;
       if (!has_data) {
         CONCORD_RETURN_IF_ERROR(session_->LeaveAtEndOfData(step));
+        left_ = true;
         return StepDecision::kLeft;
       }
       CONCORD_RETURN_IF_ERROR(

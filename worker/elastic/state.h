@@ -182,6 +182,11 @@ class State {
   // first Sync.
   void Attach(Participant* participant, torch::optim::Optimizer* optimizer,
               const std::string& name);
+  // See Note [Each rank's randomness] in worker/checkpoint/content.h: one of
+  // the program's own generators, committed and checkpointed per rank with
+  // the defaults. Before the first Sync. INVALID_ARGUMENT as
+  // checkpoint::RandomState::Add.
+  absl::Status AddGenerator(const std::string& name, at::Generator generator);
 
   // Committed with Commit(), restored after a failure, sent to newcomers.
   int64_t step = 0;      // optimizer steps the job has taken
@@ -333,6 +338,7 @@ class State {
     int64_t step = 0, epoch = 0, position = 0;
     std::map<std::string, torch::Tensor> values;
     std::vector<torch::Tensor> buffers;
+    torch::Tensor random;  // see Note [Each rank's randomness]
   };
   absl::Status SyncPayload(int root);
   // Commit; a checkpoint when `may_checkpoint` and the step is due.
@@ -341,6 +347,16 @@ class State {
   // [Participants in checkpoints]: a collective); a history record when it
   // was taken.
   void TakeCheckpoint(bool wait);
+  // See Note [Each rank's randomness]: every rank's committed generators
+  // ("rng/ranks", "rng/sizes"; none when the ranks' differ). A collective.
+  absl::StatusOr<NamedTensors> GatherRandomness();
+  // The same entries' shapes, zeros (no collective), to size the snapshot
+  // region ahead.
+  NamedTensors RandomnessPlaceholder() const;
+  // At a resume: the checkpoint's rows, from the rank that loaded it
+  // (`winner`) to every rank, each taking its own.
+  absl::Status ResumeRandomness(int winner, comm::Communicator& comm,
+                                const comm::CollectiveOptions& opts);
   // See Note [Checkpoints]: the committed state as a checkpoint's content, and
   // putting one in place (FAILED_PRECONDITION naming what does not fit).
   // Waits for an overlapped snapshot's copy (see Note [Overlapped
@@ -387,6 +403,14 @@ class State {
   };
   std::vector<Attached> participants_;
   std::vector<torch::Tensor> buffers_;  // every module's
+  // See Note [Each rank's randomness]: this rank's generators; a resumed
+  // checkpoint's rows (Apply on the rank that loaded it, until
+  // ResumeRandomness sent them); whether rank 0 said the ranks' differ.
+  checkpoint::RandomState random_;
+  torch::Tensor resumed_rows_;
+  bool random_differs_said_ = false;
+  // This rank left the job (its data ran out): no checkpoint of its own.
+  bool left_ = false;
   Snapshot committed_;
   bool in_step_ = false;  // between StartStep and Commit/Restore
   int64_t reforms_ = 0;
