@@ -477,8 +477,11 @@ struct CheckpointTier {
 };
 
 // /dev/shm/concord-<job>-<pid>; regions of this job that a concord-run
-// killed before it could remove them (its pid gone) are removed: a node
-// whose agent died lost its memory tier, as a rebooted node would.
+// killed before it could remove them (its pid gone, or this process's own
+// pid: no other process has it now) are removed: a node whose agent died
+// lost its memory tier, as a rebooted node would. The region is then made
+// exclusively (Region::Create): whatever appears at the path meanwhile is
+// refused, never used.
 std::string RegionPath(const std::string& job) {
   namespace fs = std::filesystem;
   std::string safe = job;
@@ -494,7 +497,7 @@ std::string RegionPath(const std::string& job) {
     int pid = 0;
     if (name.rfind(prefix, 0) == 0 &&
         absl::SimpleAtoi(name.substr(prefix.size()), &pid) && pid > 0 &&
-        kill(pid, 0) != 0 && errno == ESRCH) {
+        (pid == getpid() || (kill(pid, 0) != 0 && errno == ESRCH))) {
       fs::remove(entry.path(), ec);
     }
   }
@@ -508,7 +511,7 @@ bool StartCheckpointTier(
     std::function<void(const concord::checkpoint::PersistReport&)> report) {
   if (!o.checkpoint.enabled()) return true;
   tier.path = RegionPath(o.job_id);
-  auto region = concord::checkpoint::Region::Open(tier.path);
+  auto region = concord::checkpoint::Region::Create(tier.path);
   if (!region.ok()) {
     Say(absl::StrCat("checkpoints: ", region.status().message()));
     tier.path.clear();

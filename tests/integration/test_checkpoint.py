@@ -336,7 +336,7 @@ def case_crash(ctx, name, stage):
     rd, p = launch(ctx, name + "-1", job, ck, env=env)
     rc = p.wait(RUN_TIMEOUT)
     m = re.search(r"CONCORD_TEST_CHECKPOINT_FAULT: dying while writing (\d+)", p.stderr())
-    if not checks.check(rc == te.SIGKILL_STATUS or rc == -signal.SIGKILL and m,
+    if not checks.check(rc in (te.SIGKILL_STATUS, -signal.SIGKILL) and m is not None,
                         name + ": concord-run died writing a checkpoint", p.describe()):
         return
     died = int(m.group(1))

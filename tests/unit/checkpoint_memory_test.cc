@@ -138,6 +138,24 @@ TEST(CheckpointMemoryTest, AnotherOpeningOfTheFileSeesTheSnapshot) {
 
 // A region that cannot grow to the next snapshot fails that write; the
 // last complete snapshot, untouched, stays readable.
+// The owner's region is made by its call alone, and nobody follows a link
+// planted at a region's (predictable) path.
+TEST(CheckpointMemoryTest, TheOwnersRegionIsNewAndLinksAreRefused) {
+  TempDir dir;
+  const std::string path = dir / "shm";
+  absl::StatusOr<std::unique_ptr<Region>> owner = Region::Create(path);
+  ASSERT_TRUE(owner.ok()) << owner.status();
+  EXPECT_TRUE(Region::Open(path).ok());  // a worker's
+  const absl::Status again = Region::Create(path).status();
+  EXPECT_TRUE(absl::IsUnavailable(again)) << again;
+  EXPECT_THAT(std::string(again.message()), HasSubstr(path));
+  const std::string link = dir / "link";
+  fs::create_symlink(dir / "elsewhere", link);
+  EXPECT_TRUE(absl::IsUnavailable(Region::Create(link).status()));
+  EXPECT_TRUE(absl::IsUnavailable(Region::Open(link).status()));
+  EXPECT_FALSE(fs::exists(dir / "elsewhere"));
+}
+
 TEST(CheckpointMemoryTest, ASnapshotThatCannotFitKeepsTheLastOne) {
   absl::StatusOr<std::unique_ptr<Region>> region = Region::Open("");
   ASSERT_TRUE(region.ok()) << region.status();

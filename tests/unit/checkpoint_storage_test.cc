@@ -135,6 +135,30 @@ TEST(CheckpointDamageTest, AFlippedByteInTheModelFallsBack) {
       "model.pt", absl::StatusCode::kDataLoss);
 }
 
+// A digit of the epoch or the sample position flipped in the manifest: it
+// still parses, but its fields' CRC-32 no longer matches.
+TEST(CheckpointDamageTest, AFlippedDigitInTheManifestFallsBack) {
+  TempDir dir;
+  ASSERT_TRUE(Write(SampleContent(10), dir).ok());
+  ASSERT_TRUE(Write(SampleContent(20), dir).ok());
+  const std::string path = StepDir(dir, 20) + "/manifest.json";
+  json manifest = json::parse(ReadText(path));
+  ASSERT_TRUE(manifest.contains("manifest_crc32"));
+  manifest["samples"] = manifest["samples"].get<int64_t>() + 1;
+  WriteText(path, manifest.dump(2));
+  absl::StatusOr<Loaded> loaded = LoadNewest(dir.path(), kJob);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->info.step, 10);
+  // One written before the field: taken as it is.
+  const std::string older = StepDir(dir, 10) + "/manifest.json";
+  json plain = json::parse(ReadText(older));
+  plain.erase("manifest_crc32");
+  WriteText(older, plain.dump(2));
+  loaded = LoadNewest(dir.path(), kJob);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->info.step, 10);
+}
+
 TEST(CheckpointDamageTest, ATruncatedManifestFallsBack) {
   ExpectDamageFallsBack(
       [](const std::string& step_dir) {
@@ -320,6 +344,36 @@ TEST(CheckpointWriteFailureTest, ADirectoryThatIsAFileIsUnavailable) {
   EXPECT_TRUE(absl::IsUnavailable(w.status())) << w.status();
   EXPECT_EQ(ReadText(JobDir(dir)), "not a directory");
   EXPECT_TRUE(LoadNewest(dir.path(), "job-b").ok());
+}
+
+// `latest` names the newest step there is: an older step written after a
+// newer one (another writer's, a step written again) does not move it back.
+TEST(CheckpointDiskTest, LatestNeverMovesBackwards) {
+  TempDir dir;
+  ASSERT_TRUE(Write(SampleContent(20), dir).ok());
+  ASSERT_TRUE(Write(SampleContent(10), dir).ok());
+  EXPECT_EQ(ReadText(JobDir(dir) + "/latest"), "step-20\n");
+  ASSERT_TRUE(Write(SampleContent(30), dir).ok());
+  EXPECT_EQ(ReadText(JobDir(dir) + "/latest"), "step-30\n");
+  // What it names is gone (removed by hand): an older one may take it.
+  fs::remove_all(JobDir(dir) + "/step-30");
+  ASSERT_TRUE(Write(SampleContent(25), dir).ok());
+  EXPECT_EQ(ReadText(JobDir(dir) + "/latest"), "step-25\n");
+}
+
+// Once renamed into place the checkpoint is complete and loads: a failure
+// to replace `latest` after that is a warning, not a failed checkpoint.
+TEST(CheckpointWriteFailureTest, ALatestThatCannotBeReplacedIsAWarning) {
+  TempDir dir;
+  ASSERT_TRUE(Write(SampleContent(10), dir).ok());
+  fs::remove(JobDir(dir) + "/latest");
+  fs::create_directories(JobDir(dir) + "/latest/in-the-way");
+  absl::StatusOr<WriteStats> w = Write(SampleContent(20), dir);
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_THAT(w->warning, HasSubstr("'latest' not updated"));
+  absl::StatusOr<Loaded> loaded = LoadNewest(dir.path(), kJob);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->info.step, 20);
 }
 
 TEST(CheckpointWriteFailureTest, ANameThatCannotBeAFileRemovesTheStaging) {

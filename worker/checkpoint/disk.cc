@@ -31,6 +31,17 @@ using json = nlohmann::json;
 
 constexpr char kFormat[] = "concord-checkpoint";
 constexpr int kFormatVersion = 1;
+// The manifest's own check: the CRC-32 of its compact JSON without this key
+// (keys sorted, as nlohmann::json keeps them), so that a flipped digit in
+// the epoch or the sample position is caught as a flipped byte of a data
+// file is. A manifest written before it has none and is taken as it is.
+constexpr char kManifestCrc[] = "manifest_crc32";
+
+uint32_t ManifestCrc(json manifest) {
+  manifest.erase(kManifestCrc);
+  const std::string text = manifest.dump();
+  return Crc32(0, text.data(), text.size());
+}
 constexpr char kStateFile[] = "state.pt";
 constexpr char kManifest[] = "manifest.json";
 
@@ -189,6 +200,12 @@ Scanned Scan(const std::string& path, const std::string& job) {
           "manifest.json: not a ", kFormat, " of version ", kFormatVersion));
       return s;
     }
+    if (m.contains(kManifestCrc) &&
+        m.at(kManifestCrc).get<uint32_t>() != ManifestCrc(m)) {
+      s.status = absl::InvalidArgumentError(
+          "manifest.json: its fields do not match their CRC-32 (damaged)");
+      return s;
+    }
     if (m.at("job") != job) {
       s.status = absl::InvalidArgumentError(absl::StrCat(
           "manifest.json: of job ", m.at("job").dump(), ", not ", job));
@@ -297,10 +314,17 @@ class Staging {
                                       const std::string& job,
                                       std::shared_ptr<WriteBuffers> buffers) {
     std::error_code ec;
+    const bool made = !fs::exists(job_dir, ec);
     fs::create_directories(job_dir, ec);
     if (ec) {
       return absl::UnavailableError(
           absl::StrCat("cannot make ", job_dir, ": ", ec.message()));
+    }
+    // A job's first checkpoint: its folder's entry in the checkpoint
+    // folder is made durable too, as every later rename's is.
+    if (made) {
+      CONCORD_RETURN_IF_ERROR(
+          SyncDir(fs::path(job_dir).parent_path().string()));
     }
     const int64_t step = content.counters.step;
     std::string path = (fs::path(job_dir) /
@@ -342,6 +366,7 @@ class Staging {
 
   // The manifest last, then the directory's entries made durable.
   absl::Status Seal() {
+    manifest_[kManifestCrc] = ManifestCrc(manifest_);
     CONCORD_RETURN_IF_ERROR(
         WriteTextFile((fs::path(path_) / kManifest).string(),
                       manifest_.dump(2) + "\n")
@@ -414,10 +439,23 @@ std::string LatestTmp(const std::string& job_dir) {
   return (fs::path(job_dir) / absl::StrCat(".latest-", ::getpid())).string();
 }
 
-// `latest` says step-N, replaced by rename.
+// `latest` says step-N, replaced by rename; never moved back to an older
+// step while the one it names is there (another writer's newer one, or a
+// step written again).
 absl::Status ReplaceLatest(const std::string& job_dir, int64_t step,
                            WriteFault fault) {
   const std::string latest = (fs::path(job_dir) / "latest").string();
+  {
+    std::ifstream in(latest);
+    std::string named;
+    if (in && std::getline(in, named)) {
+      const int64_t at = StepOf(named, "step-");
+      std::error_code ec;
+      if (at > step && fs::is_directory(fs::path(job_dir) / named, ec)) {
+        return absl::OkStatus();
+      }
+    }
+  }
   const std::string latest_tmp = LatestTmp(job_dir);
   std::remove(latest_tmp.c_str());
   const std::string text = absl::StrCat("step-", step, "\n");
@@ -514,8 +552,14 @@ absl::StatusOr<WriteStats> WriteCheckpoint(const Content& content,
       !s.ok()) {
     return failed(s);
   }
-  CONCORD_RETURN_IF_ERROR(ReplaceLatest(job_dir, step, options.fault));
+  // The checkpoint is complete and loads from here on (the loader takes
+  // the newest complete step-N, `latest` is for people): a failure to
+  // point `latest` at it is a warning, not a failed checkpoint.
   WriteStats stats;
+  if (absl::Status s = ReplaceLatest(job_dir, step, options.fault); !s.ok()) {
+    if (s.code() == absl::StatusCode::kAborted) return s;  // a test fault
+    stats.warning = absl::StrCat("'latest' not updated: ", s.message());
+  }
   stats.path = final_dir;
   stats.bytes = staging.bytes();
   stats.seconds =

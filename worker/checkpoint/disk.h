@@ -55,6 +55,9 @@ struct WriteStats {
   std::string path;  // of the checkpoint written
   uint64_t bytes = 0;
   double seconds = 0;
+  // Set when the checkpoint is complete but `latest` could not be pointed
+  // at it (it loads: the loader takes the newest complete step-N).
+  std::string warning;
 };
 
 // Writes `content` as DIR/<job>/step-<N> (see Note [Checkpoint directories]).

@@ -129,6 +129,9 @@ bool Persister::PersistOnce() {
                     failing_);
       }
       failing_ = 0;
+      if (!written->warning.empty()) {
+        Log()->warn("checkpoint of step {}: {}", step, written->warning);
+      }
       Log()->info(
           "checkpoint of step {} written to {} ({:.1f} MB in {:.2f} s; the "
           "training step's stall {:.1f} ms)",

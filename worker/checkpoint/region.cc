@@ -29,8 +29,20 @@ absl::StatusOr<std::unique_ptr<Region>> Region::Open(const std::string& path) {
   r->path_ = path;
   r->fd_ = path.empty()
                ? ::memfd_create("concord-checkpoint", MFD_CLOEXEC)
-               : ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+               : ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC,
+                        0600);
   if (r->fd_ < 0) return Errno("cannot open", path);
+  CONCORD_RETURN_IF_ERROR(r->MapFile());
+  return r;
+}
+
+absl::StatusOr<std::unique_ptr<Region>> Region::Create(
+    const std::string& path) {
+  std::unique_ptr<Region> r(new Region());
+  r->path_ = path;
+  r->fd_ = ::open(path.c_str(),
+                  O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (r->fd_ < 0) return Errno("cannot create", path);
   CONCORD_RETURN_IF_ERROR(r->MapFile());
   return r;
 }

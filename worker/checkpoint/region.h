@@ -57,8 +57,13 @@ class Region {
  public:
   // The shared-memory file `path` (made, empty, when missing), or memory of
   // this process's own (a memfd) when `path` is empty. UNAVAILABLE naming
-  // the path when it cannot be opened or mapped.
+  // the path when it cannot be opened or mapped, or is a symbolic link.
   static absl::StatusOr<std::unique_ptr<Region>> Open(const std::string& path);
+  // A new shared-memory file `path`, made by this call (its owner,
+  // concord-run: a file or link already there, someone else's, is never
+  // taken). UNAVAILABLE naming the path otherwise.
+  static absl::StatusOr<std::unique_ptr<Region>> Create(
+      const std::string& path);
   // The same memory mapped again: a persister in the writer's own process
   // maps (and remaps, when a snapshot grew) its own view, never the one the
   // writer may be remapping.
