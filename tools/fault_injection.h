@@ -35,9 +35,10 @@ namespace concord::train {
 // Note [Hangs] in coordinator/core/hang_rule.h). First run only.
 //
 // Test hook: CONCORD_TEST_MIN_STEP_MS=N makes every step take at least N ms
-// (the worker sleeps out the rest before the next one), so that a test that
-// acts on a running job (starts a joiner, waits for a restarted worker) gets
-// the same wall time on a fast transport or machine as on a slow one.
+// (the worker sleeps out the rest before the next one, to a grid of N ms
+// that every process of the machine shares), so that a test that acts on a
+// running job (starts a joiner, waits for a restarted worker) gets the same
+// wall time on a fast transport or machine as on a slow one.
 struct FaultInjection {
   std::vector<std::pair<int64_t, std::string>> faults;  // (step, phase)
   int64_t step = 0;                                     // the step being taken
@@ -95,12 +96,21 @@ struct FaultInjection {
     }
     return f;
   }
-  // At the start of a step: waits until min_step has passed since the last.
+  // At the start of a step: waits until min_step has passed since the last,
+  // to the next point of a grid of min_step on the steady clock. The clock is
+  // the machine's, so a test's workers start their paced steps together:
+  // none arrives last at every collective only because of when its own
+  // pacing began (a phase that would persist, and that the straggler rule
+  // would rightly name: see Note [Stragglers]), only because it is slower.
   void Pace() {
-    if (min_step.count() > 0) {
-      std::this_thread::sleep_until(last_step + min_step);
-      last_step = std::chrono::steady_clock::now();
-    }
+    if (min_step.count() <= 0) return;
+    using Clock = std::chrono::steady_clock;
+    const auto grid = std::chrono::duration_cast<Clock::duration>(min_step);
+    const Clock::duration due = (last_step + grid).time_since_epoch();
+    std::this_thread::sleep_until(
+        Clock::time_point(((due + grid - Clock::duration(1)) / grid) * grid));
+    last_step = Clock::time_point(
+        (Clock::now().time_since_epoch() / grid) * grid);
   }
   // Before step `next` (outside it): CONCORD_TEST_BUSY's computing, once.
   void MaybeBusy(int64_t next) {
