@@ -109,8 +109,8 @@ struct FaultInjection {
     const Clock::duration due = (last_step + grid).time_since_epoch();
     std::this_thread::sleep_until(
         Clock::time_point(((due + grid - Clock::duration(1)) / grid) * grid));
-    last_step = Clock::time_point(
-        (Clock::now().time_since_epoch() / grid) * grid);
+    last_step =
+        Clock::time_point((Clock::now().time_since_epoch() / grid) * grid);
   }
   // Before step `next` (outside it): CONCORD_TEST_BUSY's computing, once.
   void MaybeBusy(int64_t next) {

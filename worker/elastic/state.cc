@@ -292,9 +292,7 @@ NamedTensors State::RandomnessPlaceholder() const {
 absl::Status State::ResumeRandomness(int winner, comm::Communicator& comm,
                                      const comm::CollectiveOptions& opts) {
   std::string bytes;
-  int64_t rows = 0;
   if (comm.rank() == winner && resumed_rows_.defined()) {
-    rows = resumed_rows_.size(0);
     const torch::Tensor t = resumed_rows_.contiguous();
     bytes.assign(reinterpret_cast<const char*>(t.data_ptr<uint8_t>()),
                  static_cast<size_t>(t.numel()));
@@ -304,7 +302,8 @@ absl::Status State::ResumeRandomness(int winner, comm::Communicator& comm,
   if (bytes.empty()) return absl::OkStatus();  // none: "rng/cpu" was taken
   int64_t width = 0;
   for (int64_t b : random_.Sizes()) width += b;
-  rows = static_cast<int64_t>(bytes.size()) / std::max<int64_t>(width, 1);
+  const int64_t rows =
+      static_cast<int64_t>(bytes.size()) / std::max<int64_t>(width, 1);
   if (width == 0 || rows * width != static_cast<int64_t>(bytes.size())) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the checkpoint's random states (", bytes.size(),
