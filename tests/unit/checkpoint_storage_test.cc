@@ -222,6 +222,27 @@ TEST(CheckpointDiskTest, TheManifestsCrcIsZlibsOverTheFile) {
   EXPECT_GE(checked, 3);
 }
 
+// Pruning keeps `keep` checkpoints that can load: one whose file is
+// truncated (or missing) is not counted, so an older complete one stays.
+TEST(CheckpointDiskTest, PruningCountsOnlyCheckpointsWhoseFilesAreThere) {
+  TempDir dir;
+  for (int64_t step : {10, 20, 30}) {
+    ASSERT_TRUE(Write(SampleContent(step), dir).ok());
+  }
+  const std::string model = StepDir(dir, 30) + "/model.pt";
+  const std::string bytes = ReadText(model);
+  WriteText(model, bytes.substr(0, bytes.size() / 2));
+  ASSERT_TRUE(Write(SampleContent(40), dir).ok());
+  // 40, 20 and 10 load: all three kept; the damaged 30 is left for a person
+  // until three newer complete ones exist.
+  EXPECT_THAT(Entries(JobDir(dir)), ElementsAre("latest", "step-10", "step-20",
+                                                "step-30", "step-40"));
+  ASSERT_TRUE(fs::remove(StepDir(dir, 40) + "/optimizer.pt"));
+  absl::StatusOr<Loaded> loaded = LoadNewest(dir.path(), kJob);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->info.step, 20);
+}
+
 TEST(CheckpointDiskTest, KeepsTheNewestThree) {
   TempDir dir;
   WriteOptions options;

@@ -173,7 +173,26 @@ int64_t StepOf(const std::string& name, const std::string& prefix) {
   return step;
 }
 
-// A step-N directory: its manifest parsed, or why not.
+// A file a manifest names: there, of the size it says. INVALID_ARGUMENT when
+// it cannot be seen, DATA_LOSS for another size, each naming the file.
+absl::Status CheckSize(const std::string& path, uint64_t size) {
+  std::error_code ec;
+  const uintmax_t actual = fs::file_size(path, ec);
+  if (ec) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(fs::path(path).filename().string(), ": ", ec.message()));
+  }
+  if (actual != size) {
+    return absl::DataLossError(
+        absl::StrCat(fs::path(path).filename().string(), ": ", actual,
+                     " bytes, the manifest says ", size));
+  }
+  return absl::OkStatus();
+}
+
+// A step-N directory: its manifest parsed and its files there at their
+// sizes (what pruning counts; their CRC-32s are checked as they load), or
+// why not.
 struct Scanned {
   CheckpointInfo info;
   absl::Status status;
@@ -217,7 +236,11 @@ Scanned Scan(const std::string& path, const std::string& job) {
     s.info.world_size = m.at("world_size").get<int64_t>();
     s.info.generation = m.at("generation").get<int64_t>();
     for (const auto& [file, f] : m.at("files").items()) {
-      s.info.bytes += f.at("size").get<uint64_t>();
+      const uint64_t size = f.at("size").get<uint64_t>();
+      s.info.bytes += size;
+      if (s.status.ok()) {
+        s.status = CheckSize((fs::path(path) / file).string(), size);
+      }
     }
   } catch (const json::exception& e) {
     s.status =
@@ -255,17 +278,7 @@ absl::StatusOr<std::vector<char>> ReadChecked(const std::string& path,
                                               const json& entry) {
   const uint64_t size = entry.at("size").get<uint64_t>();
   const uint32_t crc = entry.at("crc32").get<uint32_t>();
-  std::error_code ec;
-  const uintmax_t actual = fs::file_size(path, ec);
-  if (ec) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(fs::path(path).filename().string(), ": ", ec.message()));
-  }
-  if (actual != size) {
-    return absl::DataLossError(
-        absl::StrCat(fs::path(path).filename().string(), ": ", actual,
-                     " bytes, the manifest says ", size));
-  }
+  CONCORD_RETURN_IF_ERROR(CheckSize(path, size));
   std::vector<char> bytes(size);
   std::ifstream in(path, std::ios::binary);
   if (!in.read(bytes.data(), static_cast<std::streamsize>(size))) {
