@@ -59,12 +59,10 @@ absl::Status Core::ProcessSeen(const std::string& job_id,
   // runs that collective's kernel.
   const bool waits =
       m.progress.has_value() && !m.progress->pending_kind().empty();
-  if (!m.process.has_value()) {
-    m.process_mark = {process.cpu_ms(), seen};
-    if (ProcessShowsProgress(m.process_mark, process, waits, seen)) {
-      m.process_progressed = seen;  // a busy GPU, at first sight
-    }
-  } else if (ProcessShowsProgress(m.process_mark, process, waits, seen)) {
+  // At first sight the mark is where it stands (no CPU over no time; a busy
+  // GPU is progress already).
+  if (!m.process.has_value()) m.process_mark = {process.cpu_ms(), seen};
+  if (ProcessShowsProgress(m.process_mark, process, waits, seen)) {
     m.process_mark = {process.cpu_ms(), seen};
     m.process_progressed = seen;
   }

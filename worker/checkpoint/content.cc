@@ -192,6 +192,12 @@ at::Tensor RandomState::Capture() const {
   return at::cat(parts);
 }
 
+int64_t RandomState::RowBytes() const {
+  int64_t bytes = 0;
+  for (const Named& g : generators_) bytes += g.bytes;
+  return bytes;
+}
+
 std::vector<int64_t> RandomState::Sizes() const {
   std::vector<int64_t> sizes;
   for (const Named& g : generators_) sizes.push_back(g.bytes);
@@ -228,10 +234,8 @@ absl::Status RandomState::Fits(const std::vector<int64_t>& sizes) const {
 }
 
 absl::Status RandomState::Apply(const at::Tensor& row) const {
-  int64_t total = 0;
-  for (const Named& g : generators_) total += g.bytes;
   if (row.scalar_type() != at::kByte || row.dim() != 1 ||
-      row.numel() != total) {
+      row.numel() != RowBytes()) {
     return absl::FailedPreconditionError(
         absl::StrCat("a row of random states of ", DescribeTensor(row),
                      " does not fit ", Describe()));

@@ -160,8 +160,10 @@ class RandomState {
   absl::Status Add(const std::string& name, at::Generator generator);
   // Every generator's state, in order, as one uint8 row.
   at::Tensor Capture() const;
-  // Each generator's state's bytes, in the row's order.
+  // Each generator's state's bytes, in the row's order, and their sum (a
+  // row's length).
   std::vector<int64_t> Sizes() const;
+  int64_t RowBytes() const;
   // "cpu (5056 B), cuda:0 (16 B), noise (5056 B)".
   std::string Describe() const;
   // Whether rows of a checkpoint with generators of `sizes` fit these:

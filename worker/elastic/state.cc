@@ -282,8 +282,7 @@ absl::StatusOr<NamedTensors> State::GatherRandomness() {
 }
 
 NamedTensors State::RandomnessPlaceholder() const {
-  int64_t width = 0;
-  for (int64_t b : random_.Sizes()) width += b;
+  const int64_t width = random_.RowBytes();
   return {{"rng/ranks",
            torch::zeros({session_->world_size(), width}, torch::kUInt8)},
           {"rng/sizes", torch::tensor(random_.Sizes())}};
@@ -300,8 +299,7 @@ absl::Status State::ResumeRandomness(int winner, comm::Communicator& comm,
   resumed_rows_ = torch::Tensor();
   CONCORD_RETURN_IF_ERROR(comm::BroadcastBytes(comm, winner, &bytes, opts));
   if (bytes.empty()) return absl::OkStatus();  // none: "rng/cpu" was taken
-  int64_t width = 0;
-  for (int64_t b : random_.Sizes()) width += b;
+  const int64_t width = random_.RowBytes();
   const int64_t rows =
       static_cast<int64_t>(bytes.size()) / std::max<int64_t>(width, 1);
   if (width == 0 || rows * width != static_cast<int64_t>(bytes.size())) {
@@ -370,8 +368,7 @@ absl::Status State::Apply(const checkpoint::Content& content) {
       sizes.assign(s.data_ptr<int64_t>(), s.data_ptr<int64_t>() + s.numel());
     }
     CONCORD_RETURN_IF_ERROR(random_.Fits(sizes));
-    int64_t width = 0;
-    for (int64_t b : sizes) width += b;
+    const int64_t width = random_.RowBytes();  // the same sizes: Fits
     if (rows.scalar_type() != torch::kUInt8 || rows.dim() != 2 ||
         rows.size(1) != width || rows.size(0) < 1) {
       return absl::FailedPreconditionError(absl::StrCat(
