@@ -212,8 +212,9 @@ bool NodeAgent::WorkerExited(const std::string& worker_id,
 }
 
 void NodeAgent::CheckpointReported(const std::string& job_id,
-                                   const v1::CheckpointReport& report) {
-  impl_->CheckpointReported(job_id, report);
+                                   const v1::CheckpointReport& report,
+                                   int64_t writer_pid) {
+  impl_->CheckpointReported(job_id, report, writer_pid);
 }
 
 bool NodeAgent::AwaitWrites(absl::Duration timeout) {

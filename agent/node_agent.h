@@ -105,11 +105,16 @@ class NodeAgent {
   // updates the job's news; a refusal is logged. Thread-safe.
   bool WorkerExited(const std::string& worker_id, const std::string& how);
   // See Note [Checkpoints] in worker/checkpoint/checkpointer.h: concord-run
-  // wrote a complete checkpoint of `job_id`; it goes out on the job's Node
-  // stream (no answer; the coordinator keeps the newest of each job).
-  // Nothing goes out while the agent shuts down. Thread-safe.
+  // wrote a complete checkpoint of `job_id` (or failed to, or holds a
+  // snapshot in memory) of the snapshot process `writer_pid` made; it goes
+  // out on the job's Node stream with the credential of that worker, or of
+  // the newest of the job's workers whose calls came through this agent
+  // (see Note [One job's checkpoints] in coordinator/core/core.h; no
+  // answer). Nothing goes out while the agent shuts down, or when no worker
+  // of the job ever called through it (logged). Thread-safe.
   void CheckpointReported(const std::string& job_id,
-                          const v1::CheckpointReport& report);
+                          const v1::CheckpointReport& report,
+                          int64_t writer_pid);
   // Waits until every message queued on a Node stream so far is written
   // (handed to the connection), at most `timeout`; whether all were.
   bool AwaitWrites(absl::Duration timeout);

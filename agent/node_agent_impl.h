@@ -115,7 +115,8 @@ class NodeAgent::Impl final : public v1::WorkerService::CallbackService {
 
   bool WorkerExited(const std::string& worker_id, const std::string& how);
   void CheckpointReported(const std::string& job_id,
-                          const v1::CheckpointReport& report);
+                          const v1::CheckpointReport& report,
+                          int64_t writer_pid);
   bool AwaitWrites(absl::Duration timeout);
   bool AwaitExitReports(absl::Duration timeout);
   JobNews job_news(const std::string& job_id) {
@@ -342,6 +343,22 @@ class NodeAgent::Impl final : public v1::WorkerService::CallbackService {
     absl::Time at;
   };
   std::map<std::string, Beating> heard_;
+  // See Note [One job's checkpoints] in coordinator/core/core.h: the workers
+  // of each job whose calls this agent passed on, with their secrets and
+  // (once a heartbeat carried it) pids, newest last; kept past their exit
+  // (a snapshot's report may come after its writer is gone), at most
+  // kMaxVouchers a job. A checkpoint report carries the credential of its
+  // snapshot's writer, or the newest of its job.
+  struct Voucher {
+    std::string worker_id;
+    std::string secret;
+    int64_t pid = 0;
+  };
+  static constexpr size_t kMaxVouchers = 64;
+  std::map<std::string, std::vector<Voucher>> vouchers_;  // by job
+  // With mu_ held.
+  void Vouch(const std::string& job_id, const std::string& worker_id,
+             const std::string& secret, int64_t pid);
   ProcessWatch processes_;
   absl::Time next_late_check_ = absl::InfinitePast();
   uint64_t next_exit_ = 0;            // ExitedWorker ids

@@ -3,6 +3,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <map>
 #include <optional>
 #include <set>
@@ -47,6 +48,8 @@ class NodeAgent::Impl::JoinCall final : public grpc::ServerUnaryReactor {
       // secret; its exit report will carry it.
       agent_->known_[request_->worker_id()] =
           Known{request_->spec().job_id(), request_->worker_secret()};
+      agent_->Vouch(request_->spec().job_id(), request_->worker_id(),
+                    request_->worker_secret(), /*pid=*/0);
     }
     after->Add(
         [this, s = grpc::Status(static_cast<grpc::StatusCode>(result.code()),
@@ -271,8 +274,8 @@ class NodeAgent::Impl::NodeStream final
     WriteQueued(after);
   }
   // See Note [Checkpoints]: a checkpoint this node's concord-run wrote.
-  void AddCheckpoint(const v1::CheckpointReport& report, Actions* after) {
-    *queued_.add_checkpoints() = report;
+  void AddCheckpoint(v1::NodeCheckpoint report, Actions* after) {
+    *queued_.add_reports() = std::move(report);
     WriteQueued(after);
   }
   void Remove(WatchCall* call, Actions* after) {
@@ -605,7 +608,24 @@ std::optional<v1::ProcessView> NodeAgent::Impl::ViewOf(
   }
   h.job_id = request.job_id();
   h.at = now;
+  Vouch(request.job_id(), worker_id, request.worker_secret(), pid);
   return processes_.View(pid);
+}
+
+void NodeAgent::Impl::Vouch(const std::string& job_id,
+                            const std::string& worker_id,
+                            const std::string& secret, int64_t pid) {
+  std::vector<Voucher>& vouchers = vouchers_[job_id];
+  auto it =
+      std::find_if(vouchers.begin(), vouchers.end(),
+                   [&](const Voucher& v) { return v.worker_id == worker_id; });
+  Voucher v{worker_id, secret, pid};
+  if (it != vouchers.end()) {
+    if (pid == 0 && it->secret == secret) v.pid = it->pid;
+    vouchers.erase(it);
+  }
+  vouchers.push_back(std::move(v));
+  if (vouchers.size() > kMaxVouchers) vouchers.erase(vouchers.begin());
 }
 
 bool NodeAgent::Impl::ReportLate(absl::Time now,
@@ -665,11 +685,29 @@ bool NodeAgent::Impl::WorkerExited(const std::string& worker_id,
 }
 
 void NodeAgent::Impl::CheckpointReported(const std::string& job_id,
-                                         const v1::CheckpointReport& report) {
+                                         const v1::CheckpointReport& report,
+                                         int64_t writer_pid) {
   Actions after;
   std::lock_guard<std::mutex> lock(mu_);
   if (stopping_) return;
-  StreamFor(job_id, &after)->AddCheckpoint(report, &after);
+  auto job = vouchers_.find(job_id);
+  if (job == vouchers_.end() || job->second.empty()) {
+    spdlog::warn(
+        "checkpoint of step {} of job {} not reported: no worker of the job "
+        "called through this node agent",
+        report.step(), job_id);
+    return;
+  }
+  const std::vector<Voucher>& vouchers = job->second;
+  auto writer = std::find_if(
+      vouchers.rbegin(), vouchers.rend(),
+      [&](const Voucher& v) { return writer_pid > 0 && v.pid == writer_pid; });
+  const Voucher& v = writer != vouchers.rend() ? *writer : vouchers.back();
+  v1::NodeCheckpoint c;
+  c.set_worker_id(v.worker_id);
+  c.set_worker_secret(v.secret);
+  *c.mutable_report() = report;
+  StreamFor(job_id, &after)->AddCheckpoint(std::move(c), &after);
 }
 
 bool NodeAgent::Impl::AwaitWrites(absl::Duration timeout) {

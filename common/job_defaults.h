@@ -48,4 +48,44 @@ inline std::string HeartbeatTimeoutProblem(int64_t interval_ms,
          interval_name + " (" + std::to_string(interval_ms) + ")";
 }
 
+// The longest checkpoint folder (JobSpec.checkpoint_dir) the coordinator
+// keeps.
+inline constexpr size_t kMaxCheckpointDirLength = 1024;
+
+// Empty when `dir` can be a job's checkpoint folder as the coordinator keeps
+// it (JobSpec.checkpoint_dir): empty (none), or an absolute path with no
+// empty, "." or ".." part and no trailing '/' (what the worker's
+// checkpoint::NormalDir makes of what it was given); otherwise what is
+// wrong.
+inline std::string CheckpointDirProblem(const std::string& dir) {
+  if (dir.empty()) return "";
+  if (dir.size() > kMaxCheckpointDirLength) {
+    return "is " + std::to_string(dir.size()) + " characters; at most " +
+           std::to_string(kMaxCheckpointDirLength);
+  }
+  if (dir[0] != '/') return "must be an absolute path";
+  if (dir == "/") return "";
+  if (dir.back() == '/') return "must not end with '/'";
+  size_t start = 1;
+  while (start <= dir.size()) {
+    size_t end = dir.find('/', start);
+    if (end == std::string::npos) end = dir.size();
+    const std::string part = dir.substr(start, end - start);
+    if (part.empty() || part == "." || part == "..") {
+      return "must be a normal path (no empty, '.' or '..' part)";
+    }
+    start = end + 1;
+  }
+  return "";
+}
+
+// Where the checkpoint of `job` at `step` lives under the checkpoint folder
+// `dir` (see Note [Checkpoint directories] in worker/checkpoint/disk.h): the
+// one path the coordinator names for it, and the one a worker loads.
+inline std::string CheckpointStepPath(const std::string& dir,
+                                      const std::string& job, int64_t step) {
+  return dir + (!dir.empty() && dir.back() == '/' ? "" : "/") + job + "/step-" +
+         std::to_string(step);
+}
+
 }  // namespace concord

@@ -336,6 +336,7 @@ void CheckMembership(Options& o) {
 
 void CheckCheckpoints(Options& o, bool no_resume) {
   o.checkpoint.resume = !no_resume;
+  o.checkpoint.dir = concord::checkpoint::NormalDir(o.checkpoint.dir);
   if (auto st = concord::checkpoint::Validate(o.checkpoint, "--checkpoint-");
       !st.ok()) {
     UsageError(std::string(st.message()));
@@ -579,7 +580,7 @@ class NodeServices {
             node](const concord::checkpoint::PersistReport& w) {
       const concord::v1::CheckpointReport r = ReportOf(w, node);
       if (agent != nullptr) {
-        agent->CheckpointReported(w.job, r);
+        agent->CheckpointReported(w.job, r, w.writer_pid);
         return;
       }
       embedded->host().Mutate([&](concord::coordinator::Core& core) {
@@ -794,7 +795,25 @@ int main(int argc, char** argv) {
   if (node.Start()) {
     status = Supervise(options, node, old_mask, signal_fd, checkpoints);
   }
-  // The last checkpoint is written (and reported) before the agent stops.
+  // The last checkpoint is written (and reported) before the agent stops;
+  // see Note [Exit status] in tools/launcher.h: a job that completed without
+  // it is no success.
+  if (checkpoints.persister != nullptr) {
+    checkpoints.persister->Flush();
+    const concord::checkpoint::PersisterStats last =
+        checkpoints.persister->stats();
+    if (last.failing_step >= 0) {
+      Say(absl::StrCat("the job's last checkpoint, of step ", last.failing_step,
+                       ", was not written to ", options.checkpoint.dir, ": ",
+                       last.last_error,
+                       last.last_step >= 0
+                           ? absl::StrCat("; the newest this run wrote is of "
+                                          "step ",
+                                          last.last_step)
+                           : std::string("; this run wrote none")));
+      if (status == 0) status = 1;
+    }
+  }
   checkpoints.persister.reset();
   node.Stop();
   checkpoints.Release();

@@ -193,6 +193,10 @@ std::vector<std::string> StderrTail(const Worker& w, size_t lines);
 //     workers ran out of data and left), else the status of the first local
 //     worker that failed for good; with --standalone below --min-workers
 //     (concord-run stopped the others) that worker's status too.
+// Last, with checkpoints: when this node's concord-run writes them and the
+// newest snapshot's write failed (none written since; a full or read-only
+// disk), it says which step was not written and where, and a status of 0
+// becomes 1: a job that completed without its last checkpoint is no success.
 // So a node whose workers all died while other nodes finish the job exits
 // non-zero (its part was lost: an orchestrator may start it again, and its
 // new workers join the running job), and one that lost a worker but whose

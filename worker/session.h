@@ -253,7 +253,12 @@ class Session final : public comm::GroupFactory {
   absl::Status LeaveAtEndOfData(int64_t last_step);
 
  private:
-  explicit Session(WorkerOptions options) : options_(std::move(options)) {}
+  // The checkpoint folder in its normal form, which the spec names too (see
+  // Note [One job's checkpoints] in coordinator/core/core.h).
+  explicit Session(WorkerOptions options) : options_(std::move(options)) {
+    options_.checkpoint.dir = checkpoint::NormalDir(options_.checkpoint.dir);
+    options_.spec.set_checkpoint_dir(options_.checkpoint.dir);
+  }
   // Members of the generation `joined` placed this worker in whose
   // reachability port did not answer (see Note [Unreachable peers]).
   std::vector<std::string> UnreachableMembers(

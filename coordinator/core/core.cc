@@ -554,13 +554,37 @@ absl::StatusOr<bool> Core::WorkerExited(const std::string& job_id,
 
 absl::Status Core::CheckpointReported(const std::string& job_id,
                                       const v1::CheckpointReport& report) {
-  CONCORD_RETURN_IF_ERROR(ValidateCheckpoint(job_id, report));
+  CONCORD_RETURN_IF_ERROR(ValidateId("job_id", job_id));
   Job* job = FindJob(job_id);
   if (job == nullptr) return JobNotFound(job_id);
+  CONCORD_RETURN_IF_ERROR(ValidateCheckpoint(job_id, report));
+  CONCORD_RETURN_IF_ERROR(
+      CheckCheckpointPath(job_id, job->spec.checkpoint_dir(), report));
   // See Note [Resume source]: what the node's memory holds now (a write, done
-  // or failed, was of the snapshot there).
-  if (!report.node().empty()) {
-    v1::CheckpointReport& held = job->memory_snapshots[report.node()];
+  // or failed, was of the snapshot there). See Note [One job's checkpoints]:
+  // the oldest snapshot makes room.
+  auto& snapshots = job->memory_snapshots;
+  bool in_memory = !report.node().empty();
+  const size_t max_nodes = MaxMemoryNodes(job->spec);
+  if (in_memory && snapshots.count(report.node()) == 0 &&
+      snapshots.size() >= max_nodes) {
+    auto oldest = std::min_element(snapshots.begin(), snapshots.end(),
+                                   [](const auto& a, const auto& b) {
+                                     return a.second.step() < b.second.step();
+                                   });
+    if (oldest->second.step() <= report.step()) {
+      snapshots.erase(oldest);
+    } else if (report.memory()) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "job %s keeps the memory snapshots of %d nodes, all newer than "
+          "step %d of %s",
+          job_id, snapshots.size(), report.step(), report.node()));
+    } else {
+      in_memory = false;
+    }
+  }
+  if (in_memory) {
+    v1::CheckpointReport& held = snapshots[report.node()];
     held = report;
     held.set_memory(true);
     held.clear_path();

@@ -16,6 +16,7 @@
 // (see Note [Re-forming]), and the job succeeds when no member that had not
 // completed and no waiting worker is left.
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <deque>
@@ -214,6 +215,29 @@ class Core {
   // taken), with a log line saying whether it is the one the coordinator named.
   // Without a record (a --standalone coordinator that died with its launcher)
   // they take the newest complete checkpoint in their directory.
+  //
+  // Note [One job's checkpoints]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // A job's checkpoints are its own, whoever reports them:
+  //  - its spec names its checkpoint folder (JobSpec.checkpoint_dir, absolute
+  //    and normal; every worker of the job must name the same one). A
+  //    written or failed checkpoint of step N is kept only at
+  //    DIR/<job>/step-<N> (CheckpointStepPath): another path is
+  //    PERMISSION_DENIED, and a generation is only ever told to resume from
+  //    that path (a record kept before the check is passed over);
+  //  - a node agent's report carries the credential of a worker of the job on
+  //    its node (NodeCheckpoint), and the Node stream takes it only when it
+  //    carried that worker's calls with that secret (the core checked it
+  //    then), and only for the one node its first report named: a stream
+  //    of job A, or one that never carried a worker, cannot write job B's
+  //    records, and one node cannot speak for others;
+  //  - the records are bounded: the newest kKeptCheckpoints complete ones,
+  //    and the memory snapshots of at most MaxMemoryNodes nodes (the oldest
+  //    makes room; a memory report older than all of them is
+  //    RESOURCE_EXHAUSTED);
+  //  - the worker checks again what it is told: it loads a named checkpoint
+  //    only at its own folder's path for that step, and only when the
+  //    manifest's job id is its job's (worker/checkpoint/checkpointer.cc).
 
   // See Note [Checkpoints] in worker/checkpoint/checkpointer.h: a node agent
   // wrote a complete checkpoint of the job, or failed to (`error` set). The
@@ -222,10 +246,17 @@ class Core {
   // failed, the failing write until one is written again), persisted with
   // it and shown in its status, events and metrics; a failure is an event
   // once until a write succeeds. INVALID_ARGUMENT for a bad field,
-  // NOT_FOUND for an unknown job; nothing changes then.
+  // NOT_FOUND for an unknown job, PERMISSION_DENIED for a path outside the
+  // job's folder, RESOURCE_EXHAUSTED (see Note [One job's checkpoints]);
+  // nothing changes then.
   absl::Status CheckpointReported(const std::string& job_id,
                                   const v1::CheckpointReport& report);
   static constexpr size_t kKeptCheckpoints = 10;
+  // The nodes whose memory snapshots a job of `spec` keeps: twice its
+  // max_workers (nodes come and go), at least 16.
+  static size_t MaxMemoryNodes(const v1::JobSpec& spec) {
+    return std::max<size_t>(16, 2 * static_cast<size_t>(spec.max_workers()));
+  }
 
   // See Note [What the agent sees] in agent/process_view.h: a node agent saw
   // `process` of worker `worker_id` (with a heartbeat it passed on, or while

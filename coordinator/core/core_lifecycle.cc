@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/job_defaults.h"
 #include "coordinator/core/core.h"
 #include "coordinator/core/core_internal.h"
 
@@ -430,7 +431,17 @@ void Core::FormGeneration(Job& job, size_t n) {
                   [](const MemberState& m) { return m.committed_step > 0; });
   std::string source;
   if (!held) {
-    if (!job.checkpoints.empty()) job.resume_from = job.checkpoints.back();
+    // See Note [One job's checkpoints]: a record kept before the job's
+    // folder was checked is named only at its step's path there.
+    for (auto it = job.checkpoints.rbegin(); it != job.checkpoints.rend();
+         ++it) {
+      if (!job.spec.checkpoint_dir().empty() &&
+          it->path() == CheckpointStepPath(job.spec.checkpoint_dir(),
+                                           job.spec.job_id(), it->step())) {
+        job.resume_from = *it;
+        break;
+      }
+    }
     const int64_t disk = job.resume_from ? job.resume_from->step() : 0;
     for (const auto& [node, snapshot] : job.memory_snapshots) {
       if (snapshot.step() >= disk &&

@@ -234,6 +234,12 @@ absl::Status ValidateSpec(const v1::JobSpec& spec) {
                         field("straggler_cooldown_ms"), kMaxStragglerCooldownMs,
                         spec.straggler_cooldown_ms()));
   }
+  CONCORD_RETURN_IF_ERROR(ValidText(
+      "spec.checkpoint_dir", spec.checkpoint_dir(), kMaxCheckpointDirLength));
+  if (const std::string problem = CheckpointDirProblem(spec.checkpoint_dir());
+      !problem.empty()) {
+    return Invalid("spec.checkpoint_dir", problem);
+  }
   return absl::OkStatus();
 }
 
@@ -277,6 +283,12 @@ absl::Status CompareSpecs(const v1::JobSpec& job, const v1::JobSpec& got) {
   if (job.straggler_cooldown_ms() != got.straggler_cooldown_ms()) {
     return differs("straggler_cooldown_ms", job.straggler_cooldown_ms(),
                    got.straggler_cooldown_ms());
+  }
+  if (job.checkpoint_dir() != got.checkpoint_dir()) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "spec.checkpoint_dir differs from job %s: job has \"%s\", request "
+        "has \"%s\" (one job's checkpoints live in one folder)",
+        job.job_id(), job.checkpoint_dir(), got.checkpoint_dir()));
   }
   return absl::OkStatus();
 }
@@ -471,6 +483,25 @@ absl::Status ValidateCheckpoint(const std::string& job_id,
   CONCORD_RETURN_IF_ERROR(ValidText("path", r.path(), kMaxMessageLength));
   CONCORD_RETURN_IF_ERROR(ValidText("error", r.error(), kMaxMessageLength));
   return ValidText("node", r.node(), kMaxMessageLength);
+}
+
+absl::Status CheckCheckpointPath(const std::string& job_id,
+                                 const std::string& checkpoint_dir,
+                                 const v1::CheckpointReport& r) {
+  if (r.memory() ||
+      r.path() == CheckpointStepPath(checkpoint_dir, job_id, r.step())) {
+    return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(
+      checkpoint_dir.empty()
+          ? absl::StrFormat("a checkpoint at %s reported for job %s, whose "
+                            "workers gave no checkpoint folder",
+                            absl::CHexEscape(r.path().substr(0, 256)), job_id)
+          : absl::StrFormat(
+                "a checkpoint at %s reported for job %s, whose step %d can "
+                "only be %s",
+                absl::CHexEscape(r.path().substr(0, 256)), job_id, r.step(),
+                CheckpointStepPath(checkpoint_dir, job_id, r.step())));
 }
 
 absl::Status ValidateRequest(const v1::GetJobRequest& r) {

@@ -50,9 +50,16 @@ absl::Status ValidateExit(const std::string& job_id,
 absl::Status ValidateProcess(const std::string& job_id,
                              const std::string& worker_id,
                              const v1::ProcessView& v);
-// A node agent's checkpoint report (Core::CheckpointReported).
+// A node agent's checkpoint report (Core::CheckpointReported), or one kept
+// in a job's record.
 absl::Status ValidateCheckpoint(const std::string& job_id,
                                 const v1::CheckpointReport& r);
+// A written or failed checkpoint of the job whose checkpoint folder is
+// `checkpoint_dir`: PERMISSION_DENIED for a path other than the one its step
+// has there (see Note [One job's checkpoints] in core.h).
+absl::Status CheckCheckpointPath(const std::string& job_id,
+                                 const std::string& checkpoint_dir,
+                                 const v1::CheckpointReport& r);
 absl::Status ValidateRequest(const v1::GetJobRequest& r);
 absl::Status ValidateRequest(const v1::ListEventsRequest& r);
 absl::Status ValidateRequest(const v1::DrainWorkerRequest& r);

@@ -10,8 +10,10 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "common/status_macros.h"
 #include "coordinator/core/core_validation.h"
 #include "coordinator/rpc/core_stream.h"
 #include "coordinator/rpc/service.h"
@@ -207,7 +209,10 @@ class NodeCall final
         status = absl::UnavailableError("the coordinator is shutting down");
       } else {
         status = core.Join(join.request(), &pending.call);
-        if (status.ok()) Carry(join.request().worker_id());
+        if (status.ok()) {
+          Carry(join.request().worker_id());
+          Vouch(join.request().worker_id(), join.request().worker_secret());
+        }
       }
       if (!status.ok()) {
         v1::JoinResult* result = refused.add_joins();
@@ -230,6 +235,8 @@ class NodeCall final
                     "' on the node stream of job '", job_id_, "'"));
       if (answer.ok()) {
         Carry(heartbeat.request().worker_id());
+        Vouch(heartbeat.request().worker_id(),
+              heartbeat.request().worker_secret());
         *result->mutable_response() = *std::move(answer);
         if (heartbeat.has_process()) {
           Seen(core, heartbeat.request().worker_id(), heartbeat.process());
@@ -258,14 +265,54 @@ class NodeCall final
         Seen(core, report.worker_id(), report.process());
       }
     }
-    // See Note [Checkpoints]: no answer (a refusal is logged here).
-    for (const v1::CheckpointReport& c : request_.checkpoints()) {
-      if (absl::Status s = core.CheckpointReported(job_id_, c); !s.ok()) {
+    // See Note [One job's checkpoints]: no answer (a refusal is logged).
+    if (request_.checkpoints_size() > 0) {
+      spdlog::warn(
+          "job {}: {} checkpoint report(s) without a worker's credential "
+          "refused (an agent older than this coordinator?)",
+          job_id_, request_.checkpoints_size());
+    }
+    for (const v1::NodeCheckpoint& c : request_.reports()) {
+      if (absl::Status s = Reported(core, c); !s.ok()) {
         spdlog::warn("job {}: checkpoint report refused: {}", job_id_,
                      s.ToString());
       }
     }
     return absl::OkStatus();
+  }
+
+  // With the host's mutex held: see Note [One job's checkpoints] in
+  // coordinator/core/core.h.
+  absl::Status Reported(Core& core, const v1::NodeCheckpoint& c) {
+    CONCORD_RETURN_IF_ERROR(ValidateId("worker_id", c.worker_id()));
+    auto vouched = vouched_.find(c.worker_id());
+    if (vouched == vouched_.end() || vouched->second != c.worker_secret()) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "worker ", c.worker_id(),
+          vouched == vouched_.end()
+              ? " has no calls on this node stream"
+              : " is bound to another secret on this node stream",
+          ": an agent reports the checkpoints of its own job's workers only"));
+    }
+    const std::string& node = c.report().node();
+    if (!node_.empty() && node != node_) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "a report for node '", absl::CHexEscape(node.substr(0, 128)),
+          "' on the node stream of '", node_, "': one agent, one node"));
+    }
+    CONCORD_RETURN_IF_ERROR(core.CheckpointReported(job_id_, c.report()));
+    node_ = node;
+    return absl::OkStatus();
+  }
+
+  // With the host's mutex held: the core accepted a call of `worker_id` with
+  // `secret` on this stream (see Note [One job's checkpoints]). Kept after
+  // the worker leaves or exits (its last snapshot's report may come later);
+  // bounded by kMaxCarried.
+  void Vouch(const std::string& worker_id, const std::string& secret) {
+    if (vouched_.size() < kMaxCarried || vouched_.count(worker_id) != 0) {
+      vouched_[worker_id] = secret;
+    }
   }
 
   // With the host's mutex held: see Note [What the agent sees] in
@@ -384,6 +431,11 @@ class NodeCall final
   // exits its agent may report; bounded by kMaxCarried.
   static constexpr size_t kMaxCarried = 4 * AgentServiceImpl::kMaxWorkers;
   std::set<std::string> carried_;
+  // Workers whose join or heartbeat the core accepted on this stream, with
+  // their secrets (Vouch); and the node this stream's reports are of (its
+  // first accepted report's).
+  std::map<std::string, std::string> vouched_;
+  std::string node_;
   // To write next: views (newest a worker), join and heartbeat answers.
   std::map<std::string, v1::WorkerView> pending_views_;
   v1::NodeUpdate pending_joins_;  // the answers (joins, heartbeats, exits)

@@ -595,6 +595,120 @@ TEST_F(NodeAgentTest, ExitReportsOfForeignOrMalformedWorkersAreRefused) {
   (void)stream->Finish();
 }
 
+// See Note [One job's checkpoints] in coordinator/core/core.h: a Node
+// stream's checkpoint reports are taken only with the credential of a worker
+// whose calls it carried, for its one node, at the job's own path; a stream
+// that carried nobody, or another job's, changes nothing. Reports have no
+// answer: each refusal is followed by a good report, and only the good ones
+// are in the job's record.
+TEST_F(NodeAgentTest, CheckpointReportsNeedACarriedWorkerItsNodeAndItsFolder) {
+  auto join = [](const std::string& job, const std::string& worker) {
+    v1::JoinRequest q = JoinReq(job, 3, 3, worker);
+    q.mutable_spec()->set_checkpoint_dir("/ckpt");
+    return q;
+  };
+  auto stub = v1::AgentService::NewStub(Channel(server_->address()));
+  auto context = Ctx(kWorkerToken);
+  auto stream = stub->Node(context.get());
+  v1::NodeRequest first;
+  first.set_job_id("job");
+  for (int i = 0; i < 2; ++i) {
+    v1::NodeJoin* j = first.add_joins();
+    j->set_id(static_cast<uint64_t>(i + 1));
+    *j->mutable_request() = join("job", W(i));
+  }
+  ASSERT_TRUE(stream->Write(first));
+  auto direct = v1::WorkerService::NewStub(Channel(server_->address()));
+  v1::JoinResponse w2;
+  ASSERT_TRUE(
+      direct->Join(Ctx(kWorkerToken).get(), join("job", W(2)), &w2).ok());
+  int joined = 0;
+  v1::NodeUpdate update;
+  while (joined < 2 && stream->Read(&update)) joined += update.joins_size();
+  ASSERT_EQ(joined, 2);
+
+  auto report = [](const std::string& worker, const std::string& secret,
+                   int64_t step, const std::string& node,
+                   const std::string& path) {
+    v1::NodeCheckpoint c;
+    c.set_worker_id(worker);
+    c.set_worker_secret(secret);
+    c.mutable_report()->set_step(step);
+    c.mutable_report()->set_node(node);
+    c.mutable_report()->set_path(path);
+    c.mutable_report()->set_bytes(100);
+    return c;
+  };
+  auto steps = [&] {
+    return server_->host().Read([](const Core& core) {
+      v1::GetJobRequest get;
+      get.set_job_id("job");
+      std::vector<int64_t> out;
+      auto status = core.GetJob(get);
+      if (status.ok()) {
+        for (const auto& c : status->checkpoints()) out.push_back(c.step());
+      }
+      return out;
+    });
+  };
+  // Sends `bad` then a good report of step `good` on `s`; waits for the good
+  // one, which came after.
+  auto refused_then =
+      [&](grpc::ClientReaderWriter<v1::NodeRequest, v1::NodeUpdate>* s,
+          v1::NodeRequest bad, int64_t good) {
+        *bad.add_reports() = report(W(0), Secret(W(0)), good, "node-a",
+                                    absl::StrCat("/ckpt/job/step-", good));
+        ASSERT_TRUE(s->Write(bad));
+        ASSERT_TRUE(Eventually([&] {
+          const auto kept = steps();
+          return !kept.empty() && kept.back() == good;
+        }));
+      };
+  v1::NodeRequest bad;
+  // w2's calls came directly; w7 never joined; w1 with w0's secret.
+  *bad.add_reports() =
+      report(W(2), Secret(W(2)), 50, "node-a", "/ckpt/job/step-50");
+  *bad.add_reports() =
+      report("w7", Secret("w7"), 50, "node-a", "/ckpt/job/step-50");
+  *bad.add_reports() =
+      report(W(1), Secret(W(0)), 50, "node-a", "/ckpt/job/step-50");
+  // Outside the job's folder, or not its step's path there.
+  for (const char* path :
+       {"/etc/job/step-50", "/ckpt/other/step-50", "/ckpt/job/../other/step-50",
+        "/ckpt/job/step-49", "/ckpt/job/step-50/"}) {
+    *bad.add_reports() = report(W(1), Secret(W(1)), 50, "node-a", path);
+  }
+  // A report without a credential (an older agent's).
+  bad.add_checkpoints()->CopyFrom(
+      report(W(0), Secret(W(0)), 50, "node-a", "/ckpt/job/step-50").report());
+  refused_then(stream.get(), bad, 10);
+  EXPECT_THAT(steps(), ::testing::ElementsAre(10));
+  // One stream, one node: its first report named node-a.
+  v1::NodeRequest other_node;
+  *other_node.add_reports() =
+      report(W(1), Secret(W(1)), 60, "node-b", "/ckpt/job/step-60");
+  refused_then(stream.get(), other_node, 20);
+  EXPECT_THAT(steps(), ::testing::ElementsAre(10, 20));
+
+  // A stream that carried no worker of the job, and one of another job that
+  // names this job's worker, change nothing.
+  for (const char* job : {"job", "other"}) {
+    auto c = Ctx(kWorkerToken);
+    auto s = stub->Node(c.get());
+    v1::NodeRequest foreign;
+    foreign.set_job_id(job);
+    *foreign.add_reports() =
+        report(W(0), Secret(W(0)), 90, "node-x", "/ckpt/job/step-90");
+    ASSERT_TRUE(s->Write(foreign));
+    ASSERT_TRUE(s->WritesDone());
+    (void)s->Finish();
+  }
+  refused_then(stream.get(), v1::NodeRequest(), 30);
+  EXPECT_THAT(steps(), ::testing::ElementsAre(10, 20, 30));
+  context->TryCancel();
+  (void)stream->Finish();
+}
+
 // What concord-run decides its exit status from (see Note [Exit status] in
 // tools/launcher.h): the coordinator's answers to the workers' calls.
 TEST_F(NodeAgentTest, TheAgentHearsWhetherTheJobCompleted) {

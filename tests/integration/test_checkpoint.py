@@ -112,10 +112,10 @@ def case_started_again(ctx, name):
     the job again (see Note [Starting again]) from the checkpoint the
     coordinator names (see Note [Resume source]: the newest it recorded; the log
     says so), bit-identical to the uninterrupted run, and the history
-    checker follows the job across both runs. The second run has a
-    --checkpoint-dir of its own, empty, as a node-local disk on another
-    node would be: only the coordinator's record leads it to the first
-    run's checkpoint (without it, the job would start from step 0)."""
+    checker follows the job across both runs. A job's checkpoints live in
+    one folder (see Note [One job's checkpoints]): the command run with
+    another --checkpoint-dir is refused, one line naming both, and changes
+    nothing."""
     checks = ctx.checks
     ref = reference(ctx)
     rd0 = te.RunDir(ctx.tmp, name + "-coordinator")
@@ -140,7 +140,13 @@ def case_started_again(ctx, name):
         checks.check(stop.returncode == 0 and newest.get("step", 0) >= 60,
                      name + ": the job stopped, its newest checkpoint recorded (step %s)" %
                      newest.get("step"), out + stop.stdout + stop.stderr)
-        ck2 = ck + "-2"
+        _, elsewhere = launch(ctx, name + "-elsewhere", job, ck + "-2", coordinator=coord)
+        rc = elsewhere.wait(RUN_TIMEOUT)
+        checks.check(rc != 0 and 'spec.checkpoint_dir differs from job %s: job has "%s", '
+                     'request has "%s-2"' % (job, ck, ck) in elsewhere.stderr(),
+                     name + ": started again with another --checkpoint-dir: refused, naming "
+                     "both folders", elsewhere.describe())
+        ck2 = ck
         rd2, p2 = launch(ctx, name + "-2", job, ck2, coordinator=coord)
         rc = p2.wait(RUN_TIMEOUT)
         m = re.search(r"resuming from step (\d+) of the checkpoint in disk \(([^)]*)\), as the "
@@ -353,6 +359,19 @@ def case_crash(ctx, name, stage):
     compare_final(checks, name, rd2, ck, job, ref)
 
 
+def last_not_written(stderr, why, newest):
+    """concord-run's line for a last checkpoint it could not write (see Note
+    [Exit status] in tools/launcher.h): `why` in it, and the newest the run
+    wrote the step `newest` (None: it wrote none)."""
+    m = re.search(r"the job's last checkpoint, of step (\d+), was not written to [^:]+: "
+                  r"(.*); (?:the newest this run wrote is of step (\d+)|this run wrote none)",
+                  stderr)
+    if m is None or why not in m.group(2):
+        return False
+    wrote = int(m.group(3)) if m.group(3) else None
+    return wrote == newest and int(m.group(1)) > (newest or 0)
+
+
 def case_full_disk(ctx, name):
     """The checkpoint dir is a 96 KiB tmpfs: a few checkpoints fit, then the
     disk is full. Training goes on and completes; the failure is said once;
@@ -371,11 +390,13 @@ def case_full_disk(ctx, name):
     if "mount:" in p.stderr() or "unshare:" in p.stderr():
         checks.not_applicable(name, "a tmpfs needs root and mount namespaces")
         return
-    checks.check(rc == 0, name + ": training completes on a full disk", p.describe())
     said = re.findall(r"not written \(([^)]*)\)", p.stderr())
     checks.check(len(said) == 1 and "No space left" in said[0],
                  name + ": the failure said once (%d line(s))" % len(said), p.stderr()[-3000:])
     kept = steps(copy, job)
+    checks.check(rc == 1 and kept and last_not_written(p.stderr(), "No space left", kept[-1]),
+                 name + ": training goes on to the end on a full disk; exits 1, saying that the "
+                 "last checkpoint was not written", p.describe())
     checks.check(0 < len(kept) < 34, name + ": some checkpoints fit (%s)" % kept)
     rd2, p2 = launch(ctx, name + "-2", job, copy)
     rc = p2.wait(RUN_TIMEOUT)
@@ -416,9 +437,11 @@ def read_only_run(ctx, name, job, ck, step, setup, coord, ref_rd):
     if "mount:" in p.stderr() or "unshare:" in p.stderr():
         checks.not_applicable(name, "a read-only bind mount needs root")
         return
-    checks.check(rc == 0 and resumed_step(p.stderr(), "disk") == step,
-                 name + ": resumes from the read-only dir's checkpoint and completes",
-                 p.describe())
+    checks.check(rc == 1 and resumed_step(p.stderr(), "disk") == step and
+                 last_not_written(p.stderr(), "Read-only", None),
+                 name + ": resumes from the read-only dir's checkpoint and trains to the end; "
+                 "exits 1, saying that the last checkpoint was not written (the newest on "
+                 "disk: step %d)" % step, p.describe())
     said = re.findall(r"not written \(([^)]*)\)", p.stderr())
     checks.check(len(said) == 1 and "Read-only" in said[0],
                  name + ": the failure to write said once (%d line(s))" % len(said),

@@ -3,6 +3,7 @@
 // checkpoint that does not fit changes (nothing).
 #include <ATen/CPUGeneratorImpl.h>
 
+#include "absl/strings/str_cat.h"
 #include "checkpoint_fixture.h"
 
 namespace concord::checkpoint {
@@ -40,7 +41,7 @@ void ExpectOptimizerRoundTrip(const OptimizerCase& c) {
   EXPECT_EQ(fs::exists(fs::path(written->path) / "optimizer.pt"),
             !c.type.empty());
 
-  absl::StatusOr<Content> loaded = LoadCheckpoint(written->path);
+  absl::StatusOr<Content> loaded = LoadCheckpoint(written->path, kJob);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   ASSERT_EQ(loaded->modules.size(), 1u);
   ASSERT_EQ(loaded->optimizers.size(), 1u);
@@ -223,7 +224,7 @@ TEST(CheckpointDiskTest, ContentAndManifestRoundTrip) {
   EXPECT_EQ(written->path, StepDir(dir, 42));
   EXPECT_GT(written->bytes, 0u);
 
-  absl::StatusOr<Content> loaded = LoadCheckpoint(written->path);
+  absl::StatusOr<Content> loaded = LoadCheckpoint(written->path, kJob);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   ExpectSameContent(*loaded, content);
 

@@ -185,6 +185,41 @@ std::unique_ptr<Checkpointer> MakeCheckpointer(const TempDir& dir,
   return c.ok() ? *std::move(c) : nullptr;
 }
 
+// See Note [One job's checkpoints] in coordinator/core/core.h: the checkpoint
+// the coordinator names is loaded only at this job's own path for its step,
+// and only when its manifest is this job's; otherwise the worker looks in its
+// folder as if nothing were named.
+TEST(CheckpointerResumeTest, ANamedCheckpointLoadsOnlyFromThisJobsFolder) {
+  TempDir dir, other;
+  ASSERT_TRUE(Write(SampleContent(10), dir).ok());
+  ASSERT_TRUE(
+      WriteCheckpoint(SampleContent(30), other.path(), "job-b", {}).ok());
+  // Job b's step 30, copied into this job's folder as step 40.
+  fs::copy(fs::path(other.path()) / "job-b" / "step-30", StepDir(dir, 40));
+  std::unique_ptr<Checkpointer> c = MakeCheckpointer(dir);
+  ASSERT_NE(c, nullptr);
+  for (const Checkpointer::Named& named :
+       {Checkpointer::Named{
+            30, (fs::path(other.path()) / "job-b" / "step-30").string()},
+        Checkpointer::Named{40, StepDir(dir, 40)},
+        Checkpointer::Named{30, StepDir(dir, 40)}}) {
+    std::optional<Candidate> got = c->FindCandidate(/*disk=*/true, named);
+    ASSERT_TRUE(got.has_value()) << named.path;
+    EXPECT_EQ(got->step, 10) << named.path;
+    EXPECT_THAT(got->source, HasSubstr(StepDir(dir, 10))) << named.path;
+  }
+  // A path in another spelling of the same folder is not the job's path.
+  const std::string dotted =
+      (fs::path(dir.path()) / "." / kJob / "step-10").string();
+  std::optional<Candidate> got =
+      c->FindCandidate(true, Checkpointer::Named{10, dotted});
+  ASSERT_TRUE(got.has_value());
+  EXPECT_THAT(got->source, Not(HasSubstr("as the coordinator named")));
+  got = c->FindCandidate(true, Checkpointer::Named{10, StepDir(dir, 10)});
+  ASSERT_TRUE(got.has_value());
+  EXPECT_THAT(got->source, HasSubstr("as the coordinator named"));
+}
+
 // ---- overlapped snapshots (see Note [Overlapped snapshots]) -----------------
 
 // The tensors of `content` that Stage may leave live: the module's float
@@ -313,18 +348,18 @@ TEST(CheckpointOverlapTest, PrepareMakesTheRegionAhead) {
 // the directory (its report lost with its writer) is offered instead; one
 // that does not load falls back to the directory's newest.
 TEST(CheckpointCandidateTest, TheNamedCheckpointOrANewerOne) {
-  TempDir dir, other;
+  TempDir dir;
   WriteOptions options;
   options.keep = 10;
   ASSERT_TRUE(
       WriteCheckpoint(SampleContent(10), dir.path(), kJob, options).ok());
   ASSERT_TRUE(
-      WriteCheckpoint(SampleContent(30), other.path(), kJob, options).ok());
+      WriteCheckpoint(SampleContent(30), dir.path(), kJob, options).ok());
   std::unique_ptr<Checkpointer> c = MakeCheckpointer(dir);
   ASSERT_NE(c, nullptr);
-  const std::string named_path =
-      (fs::path(other.path()) / kJob / "step-30").string();
-  // Named (another node's directory, here another path): taken.
+  const std::string named_path = StepDir(dir, 30);
+  // Named (on the node that wrote it, at the job's path for its step):
+  // taken.
   std::optional<Candidate> got =
       c->FindCandidate(true, Checkpointer::Named{30, named_path});
   ASSERT_TRUE(got.has_value());
@@ -345,7 +380,7 @@ TEST(CheckpointCandidateTest, TheNamedCheckpointOrANewerOne) {
   got = c->FindCandidate(true, Checkpointer::Named{35, named_path});
   ASSERT_TRUE(got.has_value());
   EXPECT_EQ(got->step, 40);
-  fs::remove_all(fs::path(other.path()) / kJob);
+  fs::remove_all(named_path);
   got = c->FindCandidate(true, Checkpointer::Named{30, named_path});
   ASSERT_TRUE(got.has_value());
   EXPECT_EQ(got->step, 40);

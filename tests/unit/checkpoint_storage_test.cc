@@ -89,13 +89,13 @@ TEST(CheckpointCrashTest, DuringLatestLosesNothing) {
   EXPECT_FALSE(fs::exists(StagingDir(dir, 20)));
   ASSERT_TRUE(fs::is_directory(StepDir(dir, 20)));
   EXPECT_EQ(ReadText(JobDir(dir) + "/latest"), "step-10\n");
-  absl::StatusOr<Content> twenty = LoadCheckpoint(StepDir(dir, 20));
+  absl::StatusOr<Content> twenty = LoadCheckpoint(StepDir(dir, 20), kJob);
   ASSERT_TRUE(twenty.ok()) << twenty.status();
   ExpectSameContent(*twenty, SampleContent(20));
   absl::StatusOr<Loaded> loaded = LoadNewest(dir.path(), kJob);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   EXPECT_EQ(loaded->info.step, 20);
-  EXPECT_TRUE(LoadCheckpoint(StepDir(dir, 10)).ok());
+  EXPECT_TRUE(LoadCheckpoint(StepDir(dir, 10), kJob).ok());
   ExpectStepThirtyCleansUp(dir, {"step-10", "step-20", "step-30"});
 }
 
@@ -110,9 +110,9 @@ void ExpectDamageFallsBack(
   TempDir dir;
   ASSERT_TRUE(Write(SampleContent(10), dir).ok());
   ASSERT_TRUE(Write(SampleContent(20), dir).ok());
-  ASSERT_TRUE(LoadCheckpoint(StepDir(dir, 20)).ok());
+  ASSERT_TRUE(LoadCheckpoint(StepDir(dir, 20), kJob).ok());
   damage(StepDir(dir, 20));
-  absl::StatusOr<Content> bad = LoadCheckpoint(StepDir(dir, 20));
+  absl::StatusOr<Content> bad = LoadCheckpoint(StepDir(dir, 20), kJob);
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), code) << bad.status();
   EXPECT_THAT(std::string(bad.status().message()), HasSubstr(file));

@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
+#include "common/job_defaults.h"
 #include "coordinator/core/core.h"
 #include "coordinator_core_fixture.h"
 #include "coordinator_requests.h"
@@ -329,6 +330,135 @@ TEST_F(CoordinatorExitTest, ABadCheckpointReportChangesNothing) {
   EXPECT_EQ(status.checkpoints(0).step(), 10);
   EXPECT_EQ(status.checkpoint_totals().written(), 1);
   EXPECT_EQ(status.checkpoint_totals().skipped(), 0);
+}
+
+// See Note [One job's checkpoints]: a checkpoint is kept only at its step's
+// path in the job's folder; anything else is refused and changes nothing.
+// A job without a folder keeps no disk checkpoint.
+TEST_F(CoordinatorExitTest, CheckpointsOutsideTheJobsFolderAreRefused) {
+  FormLong(2);
+  ASSERT_TRUE(core_.CheckpointReported(kJob, Checkpoint(10)).ok());
+  (void)core_.TakeDirtyJobs();
+  for (const char* path :
+       {"/etc/job/step-20", "/ckpt/other-job/step-20", "/ckpt/job/step-21",
+        "/ckpt/job/../job/step-20", "/ckpt//job/step-20", "ckpt/job/step-20",
+        "/ckpt/job/step-20/model.pt"}) {
+    v1::CheckpointReport outside = Checkpoint(20);
+    outside.set_path(path);
+    const absl::Status s = core_.CheckpointReported(kJob, outside);
+    EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << path;
+    EXPECT_THAT(std::string(s.message()),
+                HasSubstr("can only be /ckpt/job/step-20"))
+        << path;
+    outside.set_error("disk full");  // a failure names its path too
+    EXPECT_EQ(core_.CheckpointReported(kJob, outside).code(),
+              absl::StatusCode::kPermissionDenied)
+        << path;
+  }
+  EXPECT_TRUE(core_.TakeDirtyJobs().empty());
+  const v1::JobStatus status = Status();
+  ASSERT_EQ(status.checkpoints_size(), 1);
+  EXPECT_EQ(status.checkpoint_totals().written(), 1);
+  EXPECT_EQ(status.checkpoint_totals().failed(), 0);
+
+  v1::JobSpec none = Spec(1);
+  none.set_job_id("no-folder");
+  none.clear_checkpoint_dir();
+  ASSERT_TRUE(core_.Join(JoinReq(none, "x0")).ok());
+  v1::CheckpointReport c = Checkpoint(5);
+  c.set_path("/ckpt/no-folder/step-5");
+  const absl::Status s = core_.CheckpointReported("no-folder", c);
+  EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("gave no checkpoint folder"));
+  // Memory snapshots have no path: kept without a folder.
+  v1::CheckpointReport memory;
+  memory.set_step(5);
+  memory.set_memory(true);
+  memory.set_node("node-a");
+  EXPECT_TRUE(core_.CheckpointReported("no-folder", memory).ok());
+}
+
+// The folder is part of the job's spec: absolute and normal, the same for
+// every worker; a bad one joins nothing.
+TEST_F(CoordinatorExitTest, AJobsCheckpointFolderIsCheckedAndShared) {
+  FormLong(2);
+  for (const char* dir :
+       {"ckpt", "/ckpt/", "/ckpt/../x", "/ckpt/./x", "/ckpt//x", "/ck\xffpt"}) {
+    v1::JobSpec bad = spec_;
+    bad.set_job_id("other");
+    bad.set_checkpoint_dir(dir);
+    const absl::Status s = core_.Join(JoinReq(bad, "y0"));
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << dir;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("checkpoint_dir")) << dir;
+  }
+  EXPECT_FALSE(core_.State("other").has_value());
+  v1::JobSpec elsewhere = spec_;
+  elsewhere.set_checkpoint_dir("/elsewhere");
+  const absl::Status s = core_.Join(JoinReq(elsewhere, "w9"));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("spec.checkpoint_dir differs"));
+  EXPECT_EQ(CheckpointDirProblem("/"), "");
+  EXPECT_EQ(CheckpointStepPath("/", "j", 3), "/j/step-3");
+  EXPECT_EQ(CheckpointStepPath("/a/b", "j", 3), "/a/b/j/step-3");
+}
+
+// A record kept before the folder was checked (a coordinator's older
+// state): a checkpoint at another path is never named for a resume; the
+// newest one at its own path is.
+TEST_F(CoordinatorExitTest, OnlyACheckpointAtItsOwnPathIsNamed) {
+  FormLong(2);
+  ASSERT_TRUE(core_.CheckpointReported(kJob, Checkpoint(10)).ok());
+  ASSERT_TRUE(core_.CheckpointReported(kJob, Checkpoint(20)).ok());
+  ASSERT_TRUE(Exited(Worker(0)).ok());
+  ASSERT_TRUE(Exited(Worker(1)).ok());
+  auto record = core_.ExportJob(kJob);
+  ASSERT_TRUE(record.has_value());
+  record->mutable_checkpoints(1)->set_path("/etc/passwd");
+  Core restored(&clock_);
+  ASSERT_TRUE(restored.RestoreJob(*record).ok());
+  ASSERT_TRUE(restored.Join(JoinReq(spec_, "n0")).ok());
+  ASSERT_TRUE(restored.Join(JoinReq(spec_, "n1")).ok());
+  ASSERT_EQ(restored.State(kJob), v1::JOB_STATE_RUNNING);
+  auto a = restored.GetAssignment(kJob, "n0");
+  ASSERT_TRUE(a.ok() && a->has_value());
+  ASSERT_TRUE((*a)->resume_from.has_value());
+  EXPECT_EQ((*a)->resume_from->step(), 10);
+  EXPECT_EQ((*a)->resume_from->path(), "/ckpt/job/step-10");
+}
+
+// Memory snapshots are kept for at most MaxMemoryNodes nodes: a new node's
+// takes the oldest's place; one older than all is refused.
+TEST_F(CoordinatorExitTest, MemorySnapshotsAreKeptForBoundedNodes) {
+  FormLong(2);
+  const size_t nodes = Core::MaxMemoryNodes(spec_);
+  ASSERT_EQ(nodes, 16u);
+  auto memory = [](int64_t step, const std::string& node) {
+    v1::CheckpointReport r;
+    r.set_step(step);
+    r.set_memory(true);
+    r.set_node(node);
+    return r;
+  };
+  for (size_t i = 0; i < nodes; ++i) {
+    ASSERT_TRUE(
+        core_
+            .CheckpointReported(kJob, memory(100 + static_cast<int64_t>(i),
+                                             absl::StrCat("node-", i)))
+            .ok());
+  }
+  (void)core_.TakeDirtyJobs();
+  EXPECT_EQ(core_.CheckpointReported(kJob, memory(50, "node-x")).code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(core_.TakeDirtyJobs().empty());
+  ASSERT_TRUE(core_.CheckpointReported(kJob, memory(200, "node-y")).ok());
+  auto record = core_.ExportJob(kJob);
+  ASSERT_TRUE(record.has_value());
+  ASSERT_EQ(static_cast<size_t>(record->memory_snapshots_size()), nodes);
+  for (const auto& m : record->memory_snapshots()) {
+    EXPECT_NE(m.node(), "node-0");  // the oldest (step 100) made room
+    EXPECT_NE(m.node(), "node-x");
+  }
 }
 
 // A failed write is counted and shown (status, one event until a write

@@ -17,10 +17,13 @@ inline std::string Secret(const std::string& worker) {
   return absl::StrCat(worker, "-secret-0123456789");
 }
 
-// Durations left 0: the defaults (1 s / 10 s / 300 s).
+// Durations left 0: the defaults (1 s / 10 s / 300 s). Checkpoints under
+// kCheckpointDir.
+inline constexpr char kCheckpointDir[] = "/ckpt";
 inline v1::JobSpec Spec(int max_workers, int min_workers = 1) {
   v1::JobSpec spec;
   spec.set_job_id(kJob);
+  spec.set_checkpoint_dir(kCheckpointDir);
   spec.set_min_workers(min_workers);
   spec.set_max_workers(max_workers);
   return spec;

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/job_defaults.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "worker/checkpoint/disk.h"
@@ -13,7 +14,9 @@
 namespace concord::checkpoint {
 
 absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Create(
-    const Config& config, const std::string& job) {
+    const Config& given, const std::string& job) {
+  Config config = given;
+  config.dir = NormalDir(given.dir);  // the form the coordinator names
   std::unique_ptr<Checkpointer> c(new Checkpointer(config, job));
   CONCORD_ASSIGN_OR_RETURN(c->region_, Region::Open(config.memory));
   if (config.memory.empty()) {
@@ -171,8 +174,19 @@ std::optional<Candidate> Checkpointer::FindCandidate(
                 std::string(memory.status().message()));
   }
   // Memory wins a tie: no file to read.
-  if (disk && named.has_value() && (!best || best->step < named->step)) {
-    absl::StatusOr<Content> content = LoadCheckpoint(named->path);
+  // See Note [One job's checkpoints]: only this job's own folder is read.
+  const bool ours =
+      named.has_value() &&
+      named->path == CheckpointStepPath(config_.dir, job_, named->step);
+  if (named.has_value() && !ours) {
+    Log()->warn(
+        "the checkpoint the coordinator named, step {} at {}, is not this "
+        "job's ({} expected); looking in {}",
+        named->step, named->path,
+        CheckpointStepPath(config_.dir, job_, named->step), config_.dir);
+  }
+  if (disk && ours && (!best || best->step < named->step)) {
+    absl::StatusOr<Content> content = LoadCheckpoint(named->path, job_);
     if (content.ok() && content->counters.step == named->step) {
       best = Candidate{
           named->step,

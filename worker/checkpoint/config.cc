@@ -1,5 +1,8 @@
 #include "worker/checkpoint/config.h"
 
+#include <filesystem>
+#include <system_error>
+
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -38,7 +41,7 @@ absl::Status Validate(const Config& config, const std::string& prefix) {
 
 absl::StatusOr<Config> FromEnvironment() {
   Config c;
-  c.dir = env::Get(env::kCheckpointDir);
+  c.dir = NormalDir(env::Get(env::kCheckpointDir));
   CONCORD_RETURN_IF_ERROR(env::GetInt(env::kCheckpointEvery, &c.every));
   int64_t keep = 0, resume = 0, overlap = 0;
   CONCORD_RETURN_IF_ERROR(env::GetInt(env::kCheckpointKeep, &keep));
@@ -74,6 +77,16 @@ absl::StatusOr<TestCrash> TestCrashFromEnvironment() {
         "and N >= 1"));
   }
   return crash;
+}
+
+std::string NormalDir(const std::string& dir) {
+  if (dir.empty()) return dir;
+  std::error_code ec;
+  std::filesystem::path p = std::filesystem::absolute(dir, ec);
+  if (ec) p = dir;
+  std::string normal = p.lexically_normal().string();
+  while (normal.size() > 1 && normal.back() == '/') normal.pop_back();
+  return normal;
 }
 
 std::vector<std::string> ToEnvironment(const Config& config) {

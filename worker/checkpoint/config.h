@@ -73,6 +73,13 @@ absl::Status Validate(const Config& config, const std::string& prefix);
 // malformed.
 absl::StatusOr<Config> FromEnvironment();
 
+// `dir` as the job's spec names it (JobSpec.checkpoint_dir): absolute
+// (against the working directory), lexically normal, without a trailing
+// '/'; "" stays "". Every process of a job that writes or reads its
+// checkpoints uses this form, so that the coordinator's path for a step is
+// theirs (see Note [One job's checkpoints] in coordinator/core/core.h).
+std::string NormalDir(const std::string& dir);
+
 // The variables FromEnvironment reads, "NAME=value", for concord-run's
 // workers (none without a dir).
 std::vector<std::string> ToEnvironment(const Config& config);

@@ -592,8 +592,8 @@ std::vector<CheckpointInfo> ListCheckpoints(const std::string& dir,
   return out;
 }
 
-absl::StatusOr<Content> LoadCheckpoint(const std::string& path) {
-  const std::string job = fs::path(path).parent_path().filename().string();
+absl::StatusOr<Content> LoadCheckpoint(const std::string& path,
+                                       const std::string& job) {
   Scanned s = Scan(path, job);
   CONCORD_RETURN_IF_ERROR(s.status);
   Content c;
@@ -670,7 +670,7 @@ absl::StatusOr<Loaded> LoadNewest(const std::string& dir,
                                   const std::string& job) {
   for (Scanned& s : ScanAll(dir, job)) {
     absl::StatusOr<Content> content =
-        s.status.ok() ? LoadCheckpoint(s.info.path) : s.status;
+        s.status.ok() ? LoadCheckpoint(s.info.path, job) : s.status;
     if (content.ok()) return Loaded{s.info, *std::move(content)};
     Log()->warn("checkpoint {} passed over: {}", s.info.path,
                 std::string(content.status().message()));

@@ -84,10 +84,12 @@ struct CheckpointInfo {
 std::vector<CheckpointInfo> ListCheckpoints(const std::string& dir,
                                             const std::string& job);
 
-// The checkpoint at `path`, every file checked against the manifest.
+// The checkpoint of `job` at `path`, every file checked against the
+// manifest, whose job id must be `job` (not only its folder's name).
 // INVALID_ARGUMENT (DATA_LOSS for a size or checksum that differs) naming
 // the file and what is wrong.
-absl::StatusOr<Content> LoadCheckpoint(const std::string& path);
+absl::StatusOr<Content> LoadCheckpoint(const std::string& path,
+                                       const std::string& job);
 
 // The newest checkpoint of `job` in `dir` that loads (see Note [Checkpoint
 // directories]): one warning line for each newer one passed over.

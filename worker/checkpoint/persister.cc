@@ -89,6 +89,7 @@ bool Persister::PersistOnce() {
   const uint64_t snapshot_bytes = h.bytes;
   PersistReport report;
   report.job = job;
+  report.writer_pid = h.writer_pid;
   report.step = step;
   report.stall_seconds = static_cast<double>(h.stall_ns) / 1e9;
   if (persist) {
@@ -129,6 +130,7 @@ bool Persister::PersistOnce() {
                     failing_);
       }
       failing_ = 0;
+      stats_.failing_step = -1;
       if (!written->warning.empty()) {
         Log()->warn("checkpoint of step {}: {}", step, written->warning);
       }
@@ -140,6 +142,7 @@ bool Persister::PersistOnce() {
     } else {
       ++stats_.failed;
       stats_.last_error = std::string(written.status().message());
+      stats_.failing_step = step;
       // Once in the log until one is written again; training goes on.
       if (failing_++ == 0) {
         Log()->warn(

@@ -30,6 +30,9 @@ struct PersisterStats {
   uint64_t last_bytes = 0;
   double last_seconds = 0;
   std::string last_error;
+  // The step of the newest snapshot when its write failed and none was
+  // written since (-1: the last write was not a failure).
+  int64_t failing_step = -1;
 };
 
 // A write the persister finished, for whoever reports it (concord-run
@@ -37,6 +40,10 @@ struct PersisterStats {
 // one that failed (`error` set; `path` is where it was going).
 struct PersistReport {
   std::string job;
+  // The process whose snapshot this is (RegionHeader::writer_pid): whose
+  // credential the node agent's report carries (see Note [One job's
+  // checkpoints] in coordinator/core/core.h).
+  int64_t writer_pid = 0;
   std::string path;
   std::string error;
   int64_t step = 0, epoch = 0, samples = 0, world_size = 0, generation = 0;

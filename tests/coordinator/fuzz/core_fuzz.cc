@@ -188,6 +188,7 @@ class Harness {
       spec.set_settle_ms(200);
       spec.set_min_workers(1 + static_cast<int>(spec.job_id().size() % 2));
       spec.set_max_workers(3);
+      spec.set_checkpoint_dir("/ckpt");
     }
     r.set_worker_id(Worker(in));
     r.set_worker_secret(Secret(in, r.worker_id()));
