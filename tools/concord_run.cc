@@ -578,7 +578,8 @@ class NodeServices {
         o_.node_id.empty() ? concord::HostName() : o_.node_id;
     return [agent, embedded,
             node](const concord::checkpoint::PersistReport& w) {
-      const concord::v1::CheckpointReport r = ReportOf(w, node);
+      const concord::v1::CheckpointReport r =
+          concord::checkpoint::ReportOf(w, node);
       if (agent != nullptr) {
         agent->CheckpointReported(w.job, r, w.writer_pid);
         return;
@@ -644,26 +645,6 @@ class NodeServices {
   }
 
  private:
-  static concord::v1::CheckpointReport ReportOf(
-      const concord::checkpoint::PersistReport& w, const std::string& node) {
-    concord::v1::CheckpointReport r;
-    r.set_step(w.step);
-    r.set_epoch(w.epoch);
-    r.set_samples(w.samples);
-    r.set_world_size(static_cast<int32_t>(w.world_size));
-    r.set_generation(w.generation);
-    r.set_path(w.path);
-    r.set_bytes(w.bytes);
-    r.set_write_seconds(w.seconds);
-    r.set_stall_seconds(w.stall_seconds);
-    r.set_skipped(w.skipped);
-    r.set_error(w.error);
-    r.set_memory(w.memory);
-    r.set_written_unix_ms(absl::ToUnixMillis(absl::Now()));
-    r.set_node(node);
-    return r;
-  }
-
   // A directory only this user can enter, under /tmp; empty (said why) when
   // it could not be made.
   static std::string PrivateDir(const char* name) {

@@ -160,6 +160,22 @@ absl::Status CoordinatorClient::KvSet(const std::string& job_id,
       });
 }
 
+absl::Status CoordinatorClient::ReportCheckpoint(
+    const std::string& job_id, const v1::CheckpointReport& report,
+    absl::Duration timeout) {
+  v1::ReportCheckpointRequest request;
+  request.set_job_id(job_id);
+  request.set_worker_id(identity_.worker_id);
+  request.set_worker_secret(identity_.worker_secret);
+  *request.mutable_report() = report;
+  v1::ReportCheckpointResponse response;
+  return CallWithRetry(
+      replicas_, identity_.token, timeout,
+      [&](v1::WorkerService::Stub* stub, grpc::ClientContext* ctx) {
+        return stub->ReportCheckpoint(ctx, request, &response);
+      });
+}
+
 absl::StatusOr<std::vector<std::string>> CoordinatorClient::KvGet(
     const std::string& job_id, int64_t generation,
     const std::vector<std::string>& keys, absl::Duration timeout) {

@@ -87,6 +87,11 @@ class CoordinatorClient {
   absl::Status KvSet(const std::string& job_id, int64_t generation,
                      const std::string& key, const std::string& value,
                      absl::Duration timeout);
+  // A checkpoint this worker wrote itself (see Note [Writes from the worker]
+  // in worker/checkpoint/checkpointer.h).
+  absl::Status ReportCheckpoint(const std::string& job_id,
+                                const v1::CheckpointReport& report,
+                                absl::Duration timeout);
   // Blocks until every key is set; DEADLINE_EXCEEDED after `timeout`.
   absl::StatusOr<std::vector<std::string>> KvGet(
       const std::string& job_id, int64_t generation,

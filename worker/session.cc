@@ -636,6 +636,16 @@ Session::~Session() {
   watcher_.reset();
 }
 
+void Session::ReportCheckpoint(const v1::CheckpointReport& report) {
+  if (client_ == nullptr) return;
+  if (absl::Status s = client_->ReportCheckpoint(options_.spec.job_id(), report,
+                                                 absl::Seconds(10));
+      !s.ok()) {
+    Log()->warn("checkpoint of step {}: the coordinator was not told: {}",
+                report.step(), std::string(s.message()));
+  }
+}
+
 void Session::ReportProgress(int64_t step, double samples_per_second,
                              std::optional<double> loss) {
   step_.store(step, std::memory_order_relaxed);

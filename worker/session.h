@@ -199,6 +199,12 @@ class Session final : public comm::GroupFactory {
     return reform_wanted_.load(std::memory_order_relaxed);
   }
 
+  // See Note [Writes from the worker] in worker/checkpoint/checkpointer.h: a
+  // checkpoint this worker wrote itself, or failed to, told to the
+  // coordinator (at most 10 s; a failure is logged). Nothing without one.
+  // Thread-safe.
+  void ReportCheckpoint(const v1::CheckpointReport& report);
+
   // Progress carried by the next heartbeat: the last committed step, this
   // worker's throughput and, when given, the step's training loss (a NaN or
   // infinite loss is not sent: the heartbeat then carries none). Thread-safe,

@@ -560,11 +560,38 @@ absl::Status Core::CheckpointReported(const std::string& job_id,
   CONCORD_RETURN_IF_ERROR(ValidateCheckpoint(job_id, report));
   CONCORD_RETURN_IF_ERROR(
       CheckCheckpointPath(job_id, job->spec.checkpoint_dir(), report));
+  return Reported(*job, report, /*writer=*/"");
+}
+
+absl::Status Core::WorkerCheckpointReported(
+    const v1::ReportCheckpointRequest& request) {
+  CONCORD_RETURN_IF_ERROR(ValidateRequest(request));
+  const std::string& job_id = request.job_id();
+  Job* job = FindJob(job_id);
+  if (job == nullptr) return JobNotFound(job_id);
+  auto bound = job->bindings.find(request.worker_id());
+  if (bound == job->bindings.end() ||
+      !ConstantTimeEquals(bound->second, request.worker_secret())) {
+    return absl::PermissionDeniedError(absl::StrFormat(
+        "worker %s is not a worker of job %s bound to that secret: a worker "
+        "reports its own job's checkpoints only",
+        request.worker_id(), job_id));
+  }
+  CONCORD_RETURN_IF_ERROR(CheckCheckpointPath(
+      job_id, job->spec.checkpoint_dir(), request.report()));
+  return Reported(*job, request.report(), request.worker_id());
+}
+
+absl::Status Core::Reported(Job& job_ref, const v1::CheckpointReport& report,
+                            const std::string& writer) {
+  Job* job = &job_ref;
+  const std::string& job_id = job->spec.job_id();
   // See Note [Resume source]: what the node's memory holds now (a write, done
   // or failed, was of the snapshot there). See Note [One job's checkpoints]:
   // the oldest snapshot makes room.
   auto& snapshots = job->memory_snapshots;
-  bool in_memory = !report.node().empty();
+  // A worker's own write is not in its node's memory.
+  bool in_memory = !report.node().empty() && writer.empty();
   const size_t max_nodes = MaxMemoryNodes(job->spec);
   if (in_memory && snapshots.count(report.node()) == 0 &&
       snapshots.size() >= max_nodes) {
@@ -609,7 +636,8 @@ absl::Status Core::CheckpointReported(const std::string& job_id,
   v1::CheckpointTotals& totals = job->checkpoint_totals;
   totals.set_skipped(totals.skipped() + report.skipped());
   const std::string node =
-      report.node().empty() ? "a node agent" : report.node();
+      (report.node().empty() ? std::string("a node agent") : report.node()) +
+      (writer.empty() ? "" : ", by worker " + writer + " itself");
   if (!report.error().empty()) {
     totals.set_failed(totals.failed() + 1);
     if (!totals.has_failing()) {

@@ -251,6 +251,15 @@ class Core {
   // nothing changes then.
   absl::Status CheckpointReported(const std::string& job_id,
                                   const v1::CheckpointReport& report);
+  // See Note [Writes from the worker] in worker/checkpoint/checkpointer.h: a
+  // worker of the job, bound to its secret, wrote a checkpoint itself (or
+  // failed to); kept as CheckpointReported keeps a node agent's, but not as
+  // in its node's memory. INVALID_ARGUMENT for a bad field or a memory
+  // snapshot, NOT_FOUND for an unknown job, PERMISSION_DENIED for a worker
+  // not bound to that secret in the job, or a path outside its folder;
+  // nothing changes then.
+  absl::Status WorkerCheckpointReported(
+      const v1::ReportCheckpointRequest& request);
   static constexpr size_t kKeptCheckpoints = 10;
   // The nodes whose memory snapshots a job of `spec` keeps: twice its
   // max_workers (nodes come and go), at least 16.
@@ -741,6 +750,11 @@ class Core {
   // waiting for one, or an expected survivor of the one that ended): it is
   // forgotten, and finished when out of data; the event says `*_when`
   // (`what`: the reason and message).
+  // A checkpoint report checked (CheckpointReported and
+  // WorkerCheckpointReported): kept; `writer` is the worker that wrote it
+  // itself (then it is not in its node's memory), empty for a node agent's.
+  absl::Status Reported(Job& job, const v1::CheckpointReport& report,
+                        const std::string& writer);
   void Withdraw(Job& job, const std::string& worker_id, int64_t step,
                 const v1::LeaveRequest& request, const std::string& what,
                 const std::string& out_of_data_when,

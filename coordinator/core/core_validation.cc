@@ -485,6 +485,18 @@ absl::Status ValidateCheckpoint(const std::string& job_id,
   return ValidText("node", r.node(), kMaxMessageLength);
 }
 
+absl::Status ValidateRequest(const v1::ReportCheckpointRequest& r) {
+  CONCORD_RETURN_IF_ERROR(
+      ValidateCaller(r.job_id(), r.worker_id(), r.worker_secret()));
+  CONCORD_RETURN_IF_ERROR(ValidateCheckpoint(r.job_id(), r.report()));
+  if (r.report().memory()) {
+    return Invalid("report.memory",
+                   "a worker reports what it wrote to disk, not a memory "
+                   "snapshot");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckCheckpointPath(const std::string& job_id,
                                  const std::string& checkpoint_dir,
                                  const v1::CheckpointReport& r) {

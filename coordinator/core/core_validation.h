@@ -40,6 +40,7 @@ absl::Status ValidateRequest(const v1::JoinRequest& r);
 absl::Status ValidateRequest(const v1::HeartbeatRequest& r);
 absl::Status ValidateRequest(const v1::LeaveRequest& r);
 absl::Status ValidateRequest(const v1::KvSetRequest& r);
+absl::Status ValidateRequest(const v1::ReportCheckpointRequest& r);
 absl::Status ValidateRequest(const v1::KvGetRequest& r);
 absl::Status ValidateRequest(const v1::WatchMembershipRequest& r);
 // See Note [Exited workers] in core.h: a node agent's exit report.

@@ -352,6 +352,16 @@ grpc::ServerUnaryReactor* WorkerServiceImpl::Leave(
   });
 }
 
+grpc::ServerUnaryReactor* WorkerServiceImpl::ReportCheckpoint(
+    grpc::CallbackServerContext* context,
+    const v1::ReportCheckpointRequest* request,
+    v1::ReportCheckpointResponse* /*response*/) {
+  return AnswerNow(context, auth_, metrics_, "ReportCheckpoint", [&] {
+    return host_->Mutate(
+        [&](Core& core) { return core.WorkerCheckpointReported(*request); });
+  });
+}
+
 grpc::ServerUnaryReactor* WorkerServiceImpl::KvSet(
     grpc::CallbackServerContext* context, const v1::KvSetRequest* request,
     v1::KvSetResponse* /*response*/) {

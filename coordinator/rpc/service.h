@@ -55,6 +55,11 @@ class WorkerServiceImpl final : public v1::WorkerService::CallbackService {
   grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* context,
                                   const v1::LeaveRequest* request,
                                   v1::LeaveResponse* response) override;
+  // Errors as Core::WorkerCheckpointReported.
+  grpc::ServerUnaryReactor* ReportCheckpoint(
+      grpc::CallbackServerContext* context,
+      const v1::ReportCheckpointRequest* request,
+      v1::ReportCheckpointResponse* response) override;
   // Errors as Core::KvSet.
   grpc::ServerUnaryReactor* KvSet(grpc::CallbackServerContext* context,
                                   const v1::KvSetRequest* request,

@@ -85,6 +85,20 @@ class AuthTest : public ::testing::Test {
            v1::KvSetResponse r;
            return w->KvSet(c, q, &r);
          }},
+        {"ReportCheckpoint", Needs::kWorker,
+         [w](grpc::ClientContext* c) {
+           v1::ReportCheckpointRequest q;
+           q.set_job_id("job");
+           q.set_worker_id("w0");
+           q.set_worker_secret(Secret("w0"));
+           // Refused past auth as a bad field (a worker reports no memory
+           // snapshot), not for a path outside a folder.
+           q.mutable_report()->set_step(10);
+           q.mutable_report()->set_memory(true);
+           q.mutable_report()->set_node("n");
+           v1::ReportCheckpointResponse r;
+           return w->ReportCheckpoint(c, q, &r);
+         }},
         {"KvGet", Needs::kWorker,
          [w](grpc::ClientContext* c) {
            v1::KvGetRequest q;

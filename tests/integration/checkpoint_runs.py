@@ -36,10 +36,11 @@ SLOW = {"CONCORD_TEST_MIN_STEP_MS": "25"}
 
 
 def launch(ctx, name, job, ck, nproc=3, extra=(), env=None, setup=None, after="",
-           coordinator=None, train_extra=(), momentum=te.MOMENTUM):
+           coordinator=None, train_extra=(), momentum=te.MOMENTUM, keep="100"):
     """concord-run of the job's command in its own process group; `setup`:
     a shell script run first in a mount namespace of its own (unshare -m),
-    `after` one run there after concord-run (its status is the exit's)."""
+    `after` one run there after concord-run (its status is the exit's);
+    `keep`: --checkpoint-keep (None: concord-run's default)."""
     rd = te.RunDir(ctx.tmp, name)
     train = ["--model", ctx.fx.model, "--data", ctx.fx.data, "--loss", "mse",
              "--optimizer", "sgd", "--lr", te.LR, "--momentum", momentum,
@@ -52,8 +53,9 @@ def launch(ctx, name, job, ck, nproc=3, extra=(), env=None, setup=None, after=""
            "--rendezvous-timeout-ms", te.RENDEZVOUS_TIMEOUT_MS,
            "--collective-timeout-ms", te.COLLECTIVE_TIMEOUT_MS, "--history", rd.history] + \
         te.HEARTBEAT + [
-           "--checkpoint-dir", ck, "--checkpoint-every", EVERY,
-           "--checkpoint-keep", "100"] + list(extra) + ["--", ctx.bins.train] + train
+           "--checkpoint-dir", ck, "--checkpoint-every", EVERY] + \
+        (["--checkpoint-keep", keep] if keep else []) + list(extra) + \
+        ["--", ctx.bins.train] + train
     if setup:
         script = '%s && { "$@"; rc=$?; %s exit $rc; }' % (setup, after)
         cmd = ["unshare", "-m", "sh", "-c", script, "sh"] + cmd

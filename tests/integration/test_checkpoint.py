@@ -37,6 +37,11 @@ Cases (--list):
              directory: the job resumes from the previous complete
              checkpoint; a failing write is said once in the log, and (read-
              only) in the coordinator's totals, one event and /metrics.
+  small-shm  /dev/shm a 16 KiB tmpfs: the node's memory stage fails; rank 0
+             writes each checkpoint itself, says so once and reports it
+             with its credential (the coordinator's record has them all);
+             the default --checkpoint-keep leaves the newest 3; the job
+             completes, its last checkpoint bit-identical.
   coordinator
              against a separate coordinator: `concordctl checkpoints` lists
              the newest ones with their stall; the totals and /metrics count
@@ -406,6 +411,55 @@ def case_full_disk(ctx, name):
     compare_final(checks, name, rd2, copy, job, ref)
 
 
+def case_small_shm(ctx, name):
+    """Module docstring, small-shm (see Note [Writes from the worker] in
+    worker/checkpoint/checkpointer.h)."""
+    checks = ctx.checks
+    ref = reference(ctx)
+    job, ck = name, os.path.join(ctx.tmp, "ck-" + name)
+    coord = start_coordinator(ctx, name)
+    if coord is None:
+        return
+    try:
+        # The default --checkpoint-keep (3): pruning on a real job.
+        rd, p = launch(ctx, name, job, ck, coordinator=coord, keep=None,
+                       setup="mount -t tmpfs -o size=16k tmpfs /dev/shm")
+        rc = p.wait(RUN_TIMEOUT)
+        if "mount:" in p.stderr() or "unshare:" in p.stderr():
+            checks.not_applicable(name, "a tmpfs on /dev/shm needs root and mount namespaces")
+            return
+        said = re.findall(r"the memory stage failed \((.*)\): checkpoint of step \d+ written "
+                          r"to .* from this worker", p.stderr())
+        checks.check(rc == 0 and len(said) == 1 and "No space left" in said[0],
+                     name + ": the job completes; rank 0 writes the checkpoints itself, said "
+                     "once (%d line(s))" % len(said), p.describe())
+        kept = steps(ck, job)
+        listed, out = checkpoints_json(ctx, coord, job)
+        totals = listed.get("totals") or {}
+        newest = (listed.get("checkpoints") or [{}])[0]
+        checks.check(len(kept) == 3 and kept == sorted(c.get("step") for c in
+                                                       (listed.get("checkpoints") or [])[:3]),
+                     name + ": the default --checkpoint-keep: the newest 3 on disk (%s), the "
+                     "older ones pruned" % kept, out)
+        checks.check(totals.get("written", 0) > len(kept) and
+                     not totals.get("failed") and newest.get("step") == kept[-1],
+                     name + ": the coordinator has every write (%s written, none failed; the "
+                     "newest of step %s, on disk %s)" % (totals.get("written"),
+                                                         newest.get("step"), kept), out)
+        status = ts.ctl(ctx.bins, coord, "-o", "json", "status", job)
+        events = []
+        try:
+            events = [e["message"] for e in json.loads(status.stdout)["recent_events"]
+                      if e["kind"] == "checkpoint"]
+        except (ValueError, KeyError):
+            pass
+        checks.check(any("itself" in e for e in events),
+                     name + ": its events name the worker that wrote them", "\n".join(events))
+        compare_final(checks, name, rd, ck, job, ref)
+    finally:
+        coord.stop()
+
+
 def case_read_only(ctx, name):
     """The checkpoint dir holds a complete checkpoint and is mounted
     read-only: the job resumes from it, cannot write more, says so once and
@@ -654,6 +708,7 @@ CASES = {
     "crash-during-latest": lambda ctx: case_crash(ctx, "crash-dl", "during-latest"),
     "full-disk": lambda ctx: case_full_disk(ctx, "full-disk"),
     "read-only": lambda ctx: case_read_only(ctx, "read-only"),
+    "small-shm": lambda ctx: case_small_shm(ctx, "small-shm"),
     "coordinator": lambda ctx: case_coordinator(ctx, "coordinator"),
     "started-again": lambda ctx: case_started_again(ctx, "started-again"),
     "slowmo": lambda ctx: case_slowmo(ctx, "slowmo"),

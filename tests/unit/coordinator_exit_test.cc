@@ -461,6 +461,70 @@ TEST_F(CoordinatorExitTest, MemorySnapshotsAreKeptForBoundedNodes) {
   }
 }
 
+// See Note [Writes from the worker] in worker/checkpoint/checkpointer.h: a
+// worker's report of its own write is kept with its credential only, as an
+// agent's is, but not as in its node's memory; a failure is counted.
+TEST_F(CoordinatorExitTest, AWorkersOwnWriteIsKeptWithItsCredentialOnly) {
+  FormLong(2);
+  auto from = [](const std::string& worker, const v1::CheckpointReport& c) {
+    v1::ReportCheckpointRequest r;
+    r.set_job_id(kJob);
+    r.set_worker_id(worker);
+    r.set_worker_secret(Secret(worker));
+    *r.mutable_report() = c;
+    return r;
+  };
+  (void)core_.TakeDirtyJobs();
+  v1::ReportCheckpointRequest wrong_secret = from(Worker(0), Checkpoint(20));
+  wrong_secret.set_worker_secret(Secret(Worker(1)));
+  v1::ReportCheckpointRequest outside = from(Worker(0), Checkpoint(20));
+  outside.mutable_report()->set_path("/tmp/job/step-20");
+  v1::ReportCheckpointRequest memory = from(Worker(0), Checkpoint(20));
+  memory.mutable_report()->clear_path();
+  memory.mutable_report()->set_memory(true);
+  v1::ReportCheckpointRequest other_job = from(Worker(0), Checkpoint(20));
+  other_job.set_job_id("other");
+  const std::vector<std::pair<v1::ReportCheckpointRequest, absl::StatusCode>>
+      refused = {
+          {wrong_secret, absl::StatusCode::kPermissionDenied},
+          {from("stranger", Checkpoint(20)),
+           absl::StatusCode::kPermissionDenied},
+          {outside, absl::StatusCode::kPermissionDenied},
+          {memory, absl::StatusCode::kInvalidArgument},
+          {other_job, absl::StatusCode::kNotFound},
+      };
+  for (const auto& [request, code] : refused) {
+    EXPECT_EQ(core_.WorkerCheckpointReported(request).code(), code)
+        << request.ShortDebugString();
+  }
+  EXPECT_TRUE(core_.TakeDirtyJobs().empty());
+
+  ASSERT_TRUE(
+      core_.WorkerCheckpointReported(from(Worker(0), Checkpoint(20))).ok());
+  v1::CheckpointReport failed = Checkpoint(30);
+  failed.set_error("the memory stage failed (no space), and so did ...");
+  ASSERT_TRUE(core_.WorkerCheckpointReported(from(Worker(0), failed)).ok());
+  const v1::JobStatus status = Status();
+  ASSERT_EQ(status.checkpoints_size(), 1);
+  EXPECT_EQ(status.checkpoints(0).step(), 20);
+  EXPECT_EQ(status.checkpoint_totals().written(), 1);
+  EXPECT_EQ(status.checkpoint_totals().failed(), 1);
+  EXPECT_EQ(status.checkpoint_totals().failing().error(), failed.error());
+  bool said = false;
+  for (const auto& e : status.recent_events()) {
+    said = said || absl::StrContains(e.message(), "by worker w0 itself");
+  }
+  EXPECT_TRUE(said);
+  auto record = core_.ExportJob(kJob);
+  ASSERT_TRUE(record.has_value());
+  EXPECT_EQ(record->memory_snapshots_size(), 0);  // not in its node's memory
+  // A worker taken out is bound no more.
+  ASSERT_TRUE(Exited(Worker(1)).ok());
+  EXPECT_EQ(
+      core_.WorkerCheckpointReported(from(Worker(1), Checkpoint(40))).code(),
+      absl::StatusCode::kPermissionDenied);
+}
+
 // A failed write is counted and shown (status, one event until a write
 // succeeds again, metrics), never listed as a checkpoint; the next write
 // clears it; the totals are persisted with the job.

@@ -1,5 +1,8 @@
 #include "worker/checkpoint/checkpointer.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <system_error>
@@ -21,8 +24,14 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Create(
   CONCORD_ASSIGN_OR_RETURN(c->region_, Region::Open(config.memory));
   if (config.memory.empty()) {
     CONCORD_ASSIGN_OR_RETURN(c->persister_region_, c->region_->Share());
+    // See Note [Writes from the worker]: its writes are reported as the
+    // worker's own (memory-only snapshots have no one to tell).
+    Checkpointer* self = c.get();
     c->persister_ = std::make_unique<Persister>(
-        c->persister_region_.get(), config.dir, config.keep, config.test_crash);
+        c->persister_region_.get(), config.dir, config.keep, config.test_crash,
+        [self](const PersistReport& r) {
+          if (!r.memory) self->Report(r);
+        });
   }
   return c;
 }
@@ -50,11 +59,11 @@ void Checkpointer::Save(const Content& content, bool wait,
     live_ = std::move(staged.live);
     pending_counters_ = content.counters;
     pending_stall_ = since_start();
+    staged_ = std::move(staged.content);
     try {
-      copier_ = std::thread(
-          [this, persist = persists_, staged = std::move(staged.content)] {
-            copied_ = BeginSnapshot(*region_, staged, job_, persist, &pending_);
-          });
+      copier_ = std::thread([this, persist = persists_] {
+        copied_ = BeginSnapshot(*region_, staged_, job_, persist, &pending_);
+      });
       copying_.store(true, std::memory_order_release);
       return;
     } catch (const std::system_error&) {
@@ -71,7 +80,88 @@ void Checkpointer::Save(const Content& content, bool wait,
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
+  // See Note [Writes from the worker].
+  if (persists_ && !r.ok()) {
+    WriteDirect(content, std::string(r.status().message()), since_start());
+    return;
+  }
+  if (persists_ && wait && *r == WriteResult::kSkippedBusy) {
+    WriteDirect(content,
+                "the node's previous write still ran after 5 minutes, and "
+                "this is the job's last checkpoint",
+                since_start());
+    return;
+  }
   Finish(r, pending, {}, content.counters, since_start());
+}
+
+void Checkpointer::WriteDirect(const Content& content, const std::string& why,
+                               double stall) {
+  const auto start = std::chrono::steady_clock::now();
+  WriteOptions options;
+  options.keep = config_.keep;
+  absl::StatusOr<WriteStats> written =
+      WriteCheckpoint(content, config_.dir, job_, options);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+  const Counters& k = content.counters;
+  if (!written.ok()) {
+    ReportFailure(k, absl::StrCat("the memory stage failed (", why,
+                                  "), and so did the write from the worker: ",
+                                  written.status().message()));
+    return;
+  }
+  if (!direct_said_) {
+    Log()->warn(
+        "the memory stage failed ({}): checkpoint of step {} written to {} "
+        "from this worker during its step ({:.2f} s); so are the next ones "
+        "while it fails",
+        why, k.step, written->path, seconds);
+    direct_said_ = true;
+  }
+  last_error_.clear();
+  last_stall_ = stall + seconds;
+  PersistReport report;
+  report.job = job_;
+  report.writer_pid = ::getpid();
+  report.path = written->path;
+  report.step = k.step;
+  report.epoch = k.epoch;
+  report.samples = k.position;
+  report.world_size = k.world_size;
+  report.generation = k.generation;
+  report.bytes = written->bytes;
+  report.seconds = written->seconds;
+  report.stall_seconds = last_stall_;
+  Report(report);
+  ++saved_;
+  last_saved_ = k;
+  if (on_saved_) on_saved_(k);
+}
+
+void Checkpointer::ReportFailure(const Counters& k, const std::string& error) {
+  Warn(k.step, error);
+  PersistReport report;
+  report.job = job_;
+  report.writer_pid = ::getpid();
+  report.path = CheckpointStepPath(config_.dir, job_, k.step);
+  report.error = error;
+  report.step = k.step;
+  report.epoch = k.epoch;
+  report.samples = k.position;
+  report.world_size = k.world_size;
+  report.generation = k.generation;
+  Report(report);
+}
+
+void Checkpointer::Report(const PersistReport& report) {
+  std::function<void(const PersistReport&)> report_to;
+  {
+    std::lock_guard<std::mutex> lock(report_mu_);
+    report_to = on_report_;
+  }
+  if (report_to) report_to(report);
 }
 
 void Checkpointer::Prepare(const Content& content) {
@@ -103,10 +193,33 @@ void Checkpointer::Fence() {
   copying_.store(false, std::memory_order_release);
   const Versions live = std::move(live_);
   live_.clear();
-  Finish(copied_, pending_, live, pending_counters_,
-         pending_stall_ + std::chrono::duration<double>(
-                              std::chrono::steady_clock::now() - start)
-                              .count());
+  const Content staged = std::move(staged_);
+  staged_ = Content{};
+  const double stall =
+      pending_stall_ +
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+  if (!copied_.ok()) {
+    // See Note [Writes from the worker]: written from here while its live
+    // tensors are as staged; the next ones are copied during their steps.
+    overlap_off_ = true;
+    const std::string why(copied_.status().message());
+    const bool unchanged = std::all_of(
+        live.begin(), live.end(),
+        [](const auto& t) { return t.first._version() == t.second; });
+    if (persists_ && unchanged) {
+      WriteDirect(staged, why, stall);
+    } else if (persists_) {
+      ReportFailure(pending_counters_,
+                    absl::StrCat("the memory stage failed (", why,
+                                 "), and a tensor was written before the "
+                                 "worker could write it instead"));
+    } else {
+      Warn(pending_counters_.step, why);
+    }
+    return;
+  }
+  Finish(copied_, pending_, live, pending_counters_, stall);
 }
 
 void Checkpointer::Finish(const absl::StatusOr<WriteResult>& copied,
@@ -143,6 +256,11 @@ void Checkpointer::Complete(const absl::StatusOr<int64_t>& finished,
   }
   ++saved_;
   last_saved_ = counters;
+  if (direct_said_) {
+    Log()->info("the memory stage works again (checkpoint of step {})",
+                counters.step);
+    direct_said_ = false;
+  }
   if (on_saved_) on_saved_(counters);
 }
 

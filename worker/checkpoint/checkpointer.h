@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -55,6 +56,24 @@ struct Candidate {
 // re-form, and one line in every worker's log names the step and the
 // source. A generation with a member that holds a commit goes on from that
 // member as always. Config::resume = false (--no-resume) starts afresh.
+//
+// Note [Writes from the worker]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Durability is never lost without a word. When the memory stage fails on
+// the worker that the disk tier writes from (rank 0: the node's region
+// cannot grow, Docker's 64 MB /dev/shm, or the node's previous write still
+// runs when the job's last checkpoint waits 5 minutes for it), that worker
+// writes the checkpoint to Config::dir itself, during its step, as the
+// persister would (the same files, checks and pruning), and says so once
+// (one warning line until the memory stage works again). An overlapped
+// snapshot whose copy fails is written so at its Fence while none of its
+// live tensors moved (else it is lost, said and reported), and the next
+// ones are copied during their steps. Each such write, or its failure with both
+// reasons, goes to the coordinator with the worker's own credential
+// (WorkerService.ReportCheckpoint: the job's status, events, /metrics and
+// concordctl show it as they show a node agent's). A worker without a node
+// agent reports its own persister's writes the same way, and writes the
+// job's last checkpoint before it leaves (Flush).
 
 class Checkpointer {
  public:
@@ -107,6 +126,18 @@ class Checkpointer {
   void OnSaved(std::function<void(const Counters&)> callback) {
     on_saved_ = std::move(callback);
   }
+  // See Note [Writes from the worker]: where this worker's own writes and
+  // their failures go (its session's coordinator). Runs on the training
+  // thread, or on the persister's thread of a worker without an agent.
+  void OnReport(std::function<void(const PersistReport&)> callback) {
+    std::lock_guard<std::mutex> lock(report_mu_);
+    on_report_ = std::move(callback);
+  }
+  // Writes what this worker's own persister (without an agent) holds, now.
+  void Flush() {
+    Fence();
+    if (persister_ != nullptr) persister_->Flush();
+  }
   // The counters of the last snapshot this worker copied into the region
   // (step -1: none).
   const Counters& last_saved() const { return last_saved_; }
@@ -145,6 +176,15 @@ class Checkpointer {
   void Complete(const absl::StatusOr<int64_t>& finished,
                 const Counters& counters);
   void Warn(int64_t step, const std::string& error);
+  // See Note [Writes from the worker]: the memory stage failed (`why`) on
+  // the disk tier's writer, which writes `content` to disk itself; `stall`:
+  // the step's stall so far.
+  void WriteDirect(const Content& content, const std::string& why,
+                   double stall);
+  // A write of this worker's failed: `error`, for the checkpoint of
+  // `counters`.
+  void ReportFailure(const Counters& counters, const std::string& error);
+  void Report(const PersistReport& report);
 
   const Config config_;
   const std::string job_;
@@ -166,6 +206,7 @@ class Checkpointer {
   std::atomic<bool> copying_{false};
   std::thread copier_;
   absl::StatusOr<WriteResult> copied_ = WriteResult::kWritten;
+  Content staged_;  // what the thread copies (kept for WriteDirect)
   PendingSnapshot pending_;
   Versions live_;
   Counters pending_counters_;
@@ -174,6 +215,11 @@ class Checkpointer {
   std::thread preparer_;
   // A dropped overlapped snapshot turns overlapping off.
   bool overlap_off_ = false;
+  // See Note [Writes from the worker]: said until a snapshot is in the
+  // region again.
+  bool direct_said_ = false;
+  std::mutex report_mu_;
+  std::function<void(const PersistReport&)> on_report_;
 };
 
 }  // namespace concord::checkpoint

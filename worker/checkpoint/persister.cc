@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/logging.h"
 #include "worker/checkpoint/disk.h"
 #include "worker/checkpoint/memory.h"
@@ -183,6 +184,25 @@ bool Persister::PersistOnce() {
     on_report_(report);
   }
   return true;
+}
+
+v1::CheckpointReport ReportOf(const PersistReport& w, const std::string& node) {
+  v1::CheckpointReport r;
+  r.set_step(w.step);
+  r.set_epoch(w.epoch);
+  r.set_samples(w.samples);
+  r.set_world_size(static_cast<int32_t>(w.world_size));
+  r.set_generation(w.generation);
+  r.set_path(w.path);
+  r.set_bytes(w.bytes);
+  r.set_write_seconds(w.seconds);
+  r.set_stall_seconds(w.stall_seconds);
+  r.set_skipped(w.skipped);
+  r.set_error(w.error);
+  r.set_memory(w.memory);
+  r.set_written_unix_ms(absl::ToUnixMillis(absl::Now()));
+  r.set_node(node);
+  return r;
 }
 
 }  // namespace concord::checkpoint

@@ -13,6 +13,7 @@
 #include <string>
 #include <thread>
 
+#include "concord/v1/worker.pb.h"
 #include "worker/checkpoint/config.h"
 #include "worker/checkpoint/file_writer.h"
 #include "worker/checkpoint/region.h"
@@ -60,6 +61,11 @@ struct PersistReport {
   // [Resume source] in coordinator/core/core.h).
   bool memory = false;
 };
+
+// What the coordinator keeps of `report` (a node agent's report, or a
+// worker's of its own write), written now on `node`.
+v1::CheckpointReport ReportOf(const PersistReport& report,
+                              const std::string& node);
 
 // Note [Persister priority]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~

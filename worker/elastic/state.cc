@@ -184,8 +184,10 @@ void State::SaveFinal() {
   if (checkpointer_ == nullptr || step == 0 || left_) return;
   // Every rank takes part (the ranks' generators are gathered: see Note
   // [Each rank's randomness]); a writer whose last snapshot is this state
-  // writes nothing.
+  // writes nothing. See Note [Writes from the worker]: without a node agent,
+  // it is on disk (and told) before the worker leaves.
   TakeCheckpoint(/*wait=*/true);
+  checkpointer_->Flush();
 }
 
 void State::TakeCheckpoint(bool wait) {
@@ -419,6 +421,12 @@ absl::Status State::MakeCheckpointer() {
         absl::StrCat("checkpoints: ", made.status().message()));
   }
   checkpointer_ = *std::move(made);
+  // See Note [Writes from the worker].
+  checkpointer_->OnReport(
+      [session = session_](const checkpoint::PersistReport& report) {
+        session->ReportCheckpoint(
+            checkpoint::ReportOf(report, session->options().node_id));
+      });
   checkpointer_->OnSaved([this](const checkpoint::Counters& saved) {
     if (const auto& history = session_->history()) {
       history->Checkpoint(saved.generation, saved.step, saved.epoch,
