@@ -411,6 +411,17 @@ def case_full_disk(ctx, name):
     compare_final(checks, name, rd2, copy, job, ref)
 
 
+def checkpoint_events(ctx, coord, job):
+    """The messages of the job's recent checkpoint events (`concordctl -o
+    json status`), and that command's output."""
+    status = ts.ctl(ctx.bins, coord, "-o", "json", "status", job)
+    try:
+        return [e["message"] for e in json.loads(status.stdout)["recent_events"]
+                if e["kind"] == "checkpoint"], status.stdout
+    except (ValueError, KeyError):
+        return [], status.stdout
+
+
 def case_small_shm(ctx, name):
     """Module docstring, small-shm (see Note [Writes from the worker] in
     worker/checkpoint/checkpointer.h)."""
@@ -446,13 +457,7 @@ def case_small_shm(ctx, name):
                      name + ": the coordinator has every write (%s written, none failed; the "
                      "newest of step %s, on disk %s)" % (totals.get("written"),
                                                          newest.get("step"), kept), out)
-        status = ts.ctl(ctx.bins, coord, "-o", "json", "status", job)
-        events = []
-        try:
-            events = [e["message"] for e in json.loads(status.stdout)["recent_events"]
-                      if e["kind"] == "checkpoint"]
-        except (ValueError, KeyError):
-            pass
+        events, _ = checkpoint_events(ctx, coord, job)
         checks.check(any("itself" in e for e in events),
                      name + ": its events name the worker that wrote them", "\n".join(events))
         compare_final(checks, name, rd, ck, job, ref)
@@ -511,15 +516,9 @@ def read_only_run(ctx, name, job, ck, step, setup, coord, ref_rd):
                  "Read-only" in failing.get("error", "") and failing.get("step", 0) > step,
                  name + ": the coordinator shows the failing write (%s failed, %s written)" % (
                      totals.get("failed"), totals.get("written")), out)
-    status = ts.ctl(ctx.bins, coord, "-o", "json", "status", job)
-    events = []
-    try:
-        events = [e["message"] for e in json.loads(status.stdout)["recent_events"]
-                  if e["kind"] == "checkpoint"]
-    except (ValueError, KeyError):
-        pass
+    events, status = checkpoint_events(ctx, coord, job)
     checks.check(len([e for e in events if "not written" in e]) == 1,
-                 name + ": one event for the failing writes", "%s\n%s" % (events, status.stdout[-2000:]))
+                 name + ": one event for the failing writes", "%s\n%s" % (events, status[-2000:]))
     _, samples = coord.metrics()
     label = '{job="%s"}' % job
     checks.check(samples.get("concord_job_checkpoint_failing" + label) == 1 and
