@@ -68,6 +68,7 @@ void Checkpointer::Save(const Content& content, bool wait,
       return;
     } catch (const std::system_error&) {
       live_.clear();  // no thread to be had: copied here, below
+      staged_ = Content{};
     }
   }
   PendingSnapshot pending;
