@@ -345,10 +345,11 @@ class NodeAgent::Impl final : public v1::WorkerService::CallbackService {
   std::map<std::string, Beating> heard_;
   // See Note [One job's checkpoints] in coordinator/core/core.h: the workers
   // of each job whose calls this agent passed on, with their secrets and
-  // (once a heartbeat carried it) pids, newest last; kept past their exit
-  // (a snapshot's report may come after its writer is gone), at most
-  // kMaxVouchers a job. A checkpoint report carries the credential of its
-  // snapshot's writer, or the newest of its job.
+  // (once a heartbeat carried it) pids, in the order first seen (or seen
+  // with a new secret or pid); kept past their exit (a snapshot's report may
+  // come after its writer is gone), at most kMaxVouchers a job. A checkpoint
+  // report carries the credential of its snapshot's writer, or the last seen
+  // of its job.
   struct Voucher {
     std::string worker_id;
     std::string secret;

@@ -621,6 +621,8 @@ void NodeAgent::Impl::Vouch(const std::string& job_id,
                    [&](const Voucher& v) { return v.worker_id == worker_id; });
   Voucher v{worker_id, secret, pid};
   if (it != vouchers.end()) {
+    // Every heartbeat comes here: the same worker again changes nothing.
+    if (it->secret == secret && (pid == 0 || it->pid == pid)) return;
     if (pid == 0 && it->secret == secret) v.pid = it->pid;
     vouchers.erase(it);
   }

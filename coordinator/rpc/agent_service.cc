@@ -310,8 +310,11 @@ class NodeCall final
   // the worker leaves or exits (its last snapshot's report may come later);
   // bounded by kMaxCarried.
   void Vouch(const std::string& worker_id, const std::string& secret) {
-    if (vouched_.size() < kMaxCarried || vouched_.count(worker_id) != 0) {
-      vouched_[worker_id] = secret;
+    auto it = vouched_.find(worker_id);
+    if (it != vouched_.end()) {
+      if (it->second != secret) it->second = secret;
+    } else if (vouched_.size() < kMaxCarried) {
+      vouched_.emplace(worker_id, secret);
     }
   }
 

@@ -127,6 +127,38 @@ class NodeAgentTest : public ::testing::Test {
     return status;
   }
 
+  // On a raw Node stream of job "job" (3 workers), w0 and w1 join; w2
+  // joins directly, not on it. Returns once both joins on the stream are
+  // answered (each accepted). `checkpoint_dir`: the job's folder.
+  void JoinTwoOnStreamOneDirectly(
+      grpc::ClientReaderWriter<v1::NodeRequest, v1::NodeUpdate>* stream,
+      const std::string& checkpoint_dir = "") {
+    auto join = [&](const std::string& worker) {
+      v1::JoinRequest q = JoinReq("job", 3, 3, worker);
+      q.mutable_spec()->set_checkpoint_dir(checkpoint_dir);
+      return q;
+    };
+    v1::NodeRequest first;
+    first.set_job_id("job");
+    for (int i = 0; i < 2; ++i) {
+      v1::NodeJoin* j = first.add_joins();
+      j->set_id(static_cast<uint64_t>(i + 1));
+      *j->mutable_request() = join(W(i));
+    }
+    ASSERT_TRUE(stream->Write(first));
+    auto direct = v1::WorkerService::NewStub(Channel(server_->address()));
+    v1::JoinResponse w2;
+    ASSERT_TRUE(direct->Join(Ctx(kWorkerToken).get(), join(W(2)), &w2).ok());
+    int joined = 0;
+    v1::NodeUpdate update;
+    while (joined < 2 && stream->Read(&update)) {
+      for (const v1::JoinResult& r : update.joins()) {
+        EXPECT_EQ(r.code(), 0) << r.message();
+        ++joined;
+      }
+    }
+    ASSERT_EQ(joined, 2);
+  }
   std::vector<Event> Events(const std::string& job) {
     return server_->host().Read(
         [&](const Core& core) { return core.Events(job); });
@@ -507,29 +539,9 @@ TEST_F(NodeAgentTest, ExitReportsOfForeignOrMalformedWorkersAreRefused) {
   auto stub = v1::AgentService::NewStub(Channel(server_->address()));
   auto context = Ctx(kWorkerToken);
   auto stream = stub->Node(context.get());
-  // w0 and w1 join on this stream, w2 on its own.
-  v1::NodeRequest first;
-  first.set_job_id("job");
-  for (int i = 0; i < 2; ++i) {
-    v1::NodeJoin* join = first.add_joins();
-    join->set_id(static_cast<uint64_t>(i + 1));
-    *join->mutable_request() = JoinReq("job", 3, 3, W(i));
-  }
-  ASSERT_TRUE(stream->Write(first));
-  auto direct = v1::WorkerService::NewStub(Channel(server_->address()));
-  v1::JoinResponse w2;
-  ASSERT_TRUE(
-      direct->Join(Ctx(kWorkerToken).get(), JoinReq("job", 3, 3, W(2)), &w2)
-          .ok());
-  int joined = 0;
+  JoinTwoOnStreamOneDirectly(stream.get());
+  if (HasFatalFailure()) return;
   v1::NodeUpdate update;
-  while (joined < 2 && stream->Read(&update)) {
-    for (const v1::JoinResult& r : update.joins()) {
-      EXPECT_EQ(r.code(), 0) << r.message();
-      ++joined;
-    }
-  }
-  ASSERT_EQ(joined, 2);
   const size_t events = Events("job").size();
 
   struct Case {
@@ -602,30 +614,11 @@ TEST_F(NodeAgentTest, ExitReportsOfForeignOrMalformedWorkersAreRefused) {
 // answer: each refusal is followed by a good report, and only the good ones
 // are in the job's record.
 TEST_F(NodeAgentTest, CheckpointReportsNeedACarriedWorkerItsNodeAndItsFolder) {
-  auto join = [](const std::string& job, const std::string& worker) {
-    v1::JoinRequest q = JoinReq(job, 3, 3, worker);
-    q.mutable_spec()->set_checkpoint_dir("/ckpt");
-    return q;
-  };
   auto stub = v1::AgentService::NewStub(Channel(server_->address()));
   auto context = Ctx(kWorkerToken);
   auto stream = stub->Node(context.get());
-  v1::NodeRequest first;
-  first.set_job_id("job");
-  for (int i = 0; i < 2; ++i) {
-    v1::NodeJoin* j = first.add_joins();
-    j->set_id(static_cast<uint64_t>(i + 1));
-    *j->mutable_request() = join("job", W(i));
-  }
-  ASSERT_TRUE(stream->Write(first));
-  auto direct = v1::WorkerService::NewStub(Channel(server_->address()));
-  v1::JoinResponse w2;
-  ASSERT_TRUE(
-      direct->Join(Ctx(kWorkerToken).get(), join("job", W(2)), &w2).ok());
-  int joined = 0;
-  v1::NodeUpdate update;
-  while (joined < 2 && stream->Read(&update)) joined += update.joins_size();
-  ASSERT_EQ(joined, 2);
+  JoinTwoOnStreamOneDirectly(stream.get(), "/ckpt");
+  if (HasFatalFailure()) return;
 
   auto report = [](const std::string& worker, const std::string& secret,
                    int64_t step, const std::string& node,

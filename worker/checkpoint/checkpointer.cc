@@ -98,14 +98,10 @@ void Checkpointer::Save(const Content& content, bool wait,
 
 void Checkpointer::WriteDirect(const Content& content, const std::string& why,
                                double stall) {
-  const auto start = std::chrono::steady_clock::now();
   WriteOptions options;
   options.keep = config_.keep;
   absl::StatusOr<WriteStats> written =
       WriteCheckpoint(content, config_.dir, job_, options);
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-          .count();
   const Counters& k = content.counters;
   if (!written.ok()) {
     ReportFailure(k, absl::StrCat("the memory stage failed (", why,
@@ -118,20 +114,13 @@ void Checkpointer::WriteDirect(const Content& content, const std::string& why,
         "the memory stage failed ({}): checkpoint of step {} written to {} "
         "from this worker during its step ({:.2f} s); so are the next ones "
         "while it fails",
-        why, k.step, written->path, seconds);
+        why, k.step, written->path, written->seconds);
     direct_said_ = true;
   }
   last_error_.clear();
-  last_stall_ = stall + seconds;
-  PersistReport report;
-  report.job = job_;
-  report.writer_pid = ::getpid();
+  last_stall_ = stall + written->seconds;
+  PersistReport report = OwnReport(k);
   report.path = written->path;
-  report.step = k.step;
-  report.epoch = k.epoch;
-  report.samples = k.position;
-  report.world_size = k.world_size;
-  report.generation = k.generation;
   report.bytes = written->bytes;
   report.seconds = written->seconds;
   report.stall_seconds = last_stall_;
@@ -143,17 +132,22 @@ void Checkpointer::WriteDirect(const Content& content, const std::string& why,
 
 void Checkpointer::ReportFailure(const Counters& k, const std::string& error) {
   Warn(k.step, error);
+  PersistReport report = OwnReport(k);
+  report.error = error;
+  Report(report);
+}
+
+PersistReport Checkpointer::OwnReport(const Counters& k) const {
   PersistReport report;
   report.job = job_;
   report.writer_pid = ::getpid();
   report.path = CheckpointStepPath(config_.dir, job_, k.step);
-  report.error = error;
   report.step = k.step;
   report.epoch = k.epoch;
   report.samples = k.position;
   report.world_size = k.world_size;
   report.generation = k.generation;
-  Report(report);
+  return report;
 }
 
 void Checkpointer::Report(const PersistReport& report) {

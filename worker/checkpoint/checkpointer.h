@@ -184,6 +184,9 @@ class Checkpointer {
   // A write of this worker's failed: `error`, for the checkpoint of
   // `counters`.
   void ReportFailure(const Counters& counters, const std::string& error);
+  // A report of this worker's own write of the checkpoint of `counters`, at
+  // its path; the write's figures (or error) left to fill.
+  PersistReport OwnReport(const Counters& counters) const;
   void Report(const PersistReport& report);
 
   const Config config_;
