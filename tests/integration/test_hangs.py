@@ -38,9 +38,11 @@ end exits 0 saying "nothing left to do", and concord-run exits 0 (2
 outputs). Group "false-alarms" (none may take anyone out: no "failure"
 event, 3 outputs, one generation):
 
-  busy            rank 0's local worker computes for 12 s before step 10,
-                  outside the step (pytorch/examples' MNIST evaluates
-                  between epochs), with --hang-timeout-ms 3000;
+  busy            local worker 0 computes for 60 s between the two epochs
+                  (before step 201), outside the step, as pytorch/examples'
+                  MNIST evaluates, under the default hang timeout (5 s
+                  here) and a 120 s collective timeout (the others wait in
+                  the next step's agreement all that time);
   checkpoint      checkpoints every 5 steps with --hang-timeout-ms 2000;
   slow-start      local 1 sleeps 12 s, idle, in its first step (a slow
                   first batch): more than the 5 s floor, less than the
@@ -78,6 +80,7 @@ import torch  # noqa: E402
 import processes  # noqa: E402  (tests/reference, on the path eh sets)
 
 STALL_STEP = 10
+BETWEEN = 201  # the first step of the second epoch (200 steps an epoch at 3 ranks)
 # 2400 samples, 4 per rank: 200 steps an epoch at 3 ranks, 300 at 2; steps
 # of at least 40 ms (CONCORD_TEST_MIN_STEP_MS): a job of about 16 s at 3
 # ranks, 24 s at 2. A worker that stalls 15 s at step 10 wakes while the
@@ -132,13 +135,17 @@ def coordinator_events(rd, kind=None):
     return out
 
 
-def launch(ctx, name, rd, fx, extra_run=(), extra_train=(), env=None, nproc=3):
+def launch(ctx, name, rd, fx, extra_run=(), extra_train=(), env=None, nproc=3,
+           collective_ms=None):
     train = eh.train_args(fx, rd, BATCH, EPOCHS, shuffle_seed=5, extra=extra_train)
     cmd = eh.launch_cmd(ctx.bins, nproc, name, train, min_workers=2)
     # The harness's 2 s heartbeat timeout would find a stopped worker before
     # the hang rule could: the default's 10 s leaves it to the rule.
     at = cmd.index("--heartbeat-timeout-ms")
     cmd[at + 1] = "10000"
+    if collective_ms is not None:
+        at = cmd.index("--collective-timeout-ms")
+        cmd[at + 1] = str(collective_ms)
     cmd[1:1] = list(extra_run)
     run_env = {"CONCORD_TEST_MIN_STEP_MS": STEP_MS}
     run_env.update(env or {})
@@ -342,12 +349,19 @@ def case_straggler_evict(ctx, name):
     eh.summary(name, p, rd, "a fifth of the speed until evicted")
 
 
-def case_quiet(ctx, name, extra_run=(), extra_train=(), env=None):
+def case_quiet(ctx, name, extra_run=(), extra_train=(), env=None, collective_ms=None):
     """A false alarm: nobody is taken out."""
     fx = eh.Fixture(ctx.tmp, N)
     rd = eh.RunDir(ctx.tmp, name)
-    p = launch(ctx, name, rd, fx, extra_run, extra_train, env)
+    p = launch(ctx, name, rd, fx, extra_run, extra_train, env, collective_ms=collective_ms)
     finish_checks(ctx, name, p, rd, 3)
+    if env and "CONCORD_TEST_BUSY" in env:
+        seconds = env["CONCORD_TEST_BUSY"].split(":")[2]
+        text = p.stderr()
+        ctx.checks.check("CONCORD_TEST_BUSY: computing for %s s" % seconds in text and
+                         "CONCORD_TEST_BUSY: done" in text,
+                         name + ": the worker computed for %s s outside the step" % seconds,
+                         text[-2000:])
     failures = coordinator_events(rd, "failure")
     formed = [g for g in coordinator_events(rd, "generation") if "members" in g]
     ctx.checks.check(not failures and len(formed) == 1,
@@ -436,8 +450,8 @@ def _cases():
                                                   outputs=2, n=SHORT_N)),
     ]
     quiet = [
-        ("busy", lambda ctx: case_quiet(ctx, "busy", ["--hang-timeout-ms", "3000"],
-                                        env={"CONCORD_TEST_BUSY": "0:%d:12" % STALL_STEP})),
+        ("busy", lambda ctx: case_quiet(ctx, "busy", env={"CONCORD_TEST_BUSY": "0:%d:60" % BETWEEN},
+                                        collective_ms=120000)),
         ("checkpoint", lambda ctx: case_quiet(
             ctx, "checkpoint", ["--hang-timeout-ms", "2000", "--checkpoint-dir",
                                 os.path.join(ctx.tmp, "ckpt"), "--checkpoint-every", "5"])),
