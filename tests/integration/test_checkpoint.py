@@ -12,7 +12,9 @@ Cases (--list):
              resumes from the newest complete checkpoint (its log line names
              the step and "disk"), exits 0, and its final parameters and its
              final checkpoint's optimizer state are bit-identical to an
-             uninterrupted run's with the same flags.
+             uninterrupted run's with the same flags. Both runs with the
+             default --checkpoint-keep (3): the newest 3 are left, the
+             final one included, none of the first run's.
   memory     only the workers SIGKILLed (concord-run, the node agent, lives
              and restarts them): they resume from the node's memory snapshot
              (the log names "memory", as the coordinator named it: the agent
@@ -24,6 +26,8 @@ Cases (--list):
              state.pt load with weights_only=True; optimizer.pt too on
              PyTorch 2.x (1.13's weights-only unpickler has no floats at all:
              PyTorch's own optimizer files fail the same way there, checked);
+             every .pt of every step-N: zipfile's CRC-32 checks (testzip),
+             the size and CRC-32 its manifest lists, torch.load;
              SGD with momentum from checkpoint S continued in Python over the
              same windows (the sample log) ends within 1e-6 of Concord's
              checkpoint S' > S.
@@ -32,11 +36,26 @@ Cases (--list):
              zipfile's CRC-32 checks and load with torch.load(weights_only)
              to the values written; a sparse 4 GiB + 1 record and one past
              4 GiB read with their sizes, offset and CRC-32s.
-  crash-*, full-disk, read-only
-             a write killed at each stage, a full disk, a read-only
-             directory: the job resumes from the previous complete
-             checkpoint; a failing write is said once in the log, and (read-
-             only) in the coordinator's totals, one event and /metrics.
+  crash-*, full-tmpfs, read-only
+             a write killed at each stage, a full tmpfs (no O_DIRECT there:
+             buffered writes), a read-only directory: the job resumes from
+             the previous complete checkpoint; a failing write is said once
+             in the log, and (read-only) in the coordinator's totals, one
+             event and /metrics.
+  full-disk  a loop-mounted ext4 (the disk tier's O_DIRECT writes; root)
+             filled by other files to the room of 3 checkpoints: the 4th's
+             first O_DIRECT write fails with ENOSPC, said once with the
+             writer's text; concord-run exits 1 naming the last checkpoint
+             not written; concordctl's totals, one event and /metrics show
+             the failures; the 3 were written with O_DIRECT (their whole
+             blocks not in the page cache), load in Python, and a copy of
+             them resumes the job bit-identical.
+  disk-eio   a loop-mounted ext4 whose backing memfd is sealed against
+             writes mid-run: the kernel's EIO (then EROFS, once ext4 aborts
+             its journal) at every write; said once with EIO's text, exit
+             1, the coordinator shows it; no staging directory left; the
+             checkpoints before load in Python and resume the job
+             bit-identical.
   small-shm  /dev/shm a 16 KiB tmpfs: the node's memory stage fails; rank 0
              writes each checkpoint itself, says so once and reports it
              with its credential (the coordinator's record has them all);
@@ -65,6 +84,8 @@ check and 'N passed, N failed'; exits 1 on any failure.
 """
 
 import argparse
+import errno
+import fcntl
 import json
 import os
 import re
@@ -92,16 +113,28 @@ from checkpoint_runs import (  # noqa: E402
 fixtures = te.fixtures
 
 
-def case_kill_all(ctx, name, nproc_after=3):
+def case_kill_all(ctx, name, nproc_after=3, keep="100"):
     checks = ctx.checks
     ref = reference(ctx) if nproc_after == 3 else None
     job, ck = name, os.path.join(ctx.tmp, "ck-" + name)
-    rd, p = launch(ctx, name + "-1", job, ck, env=SLOW)
+    rd, p = launch(ctx, name + "-1", job, ck, env=SLOW, keep=keep)
     if not wait_for_checkpoint(checks, name, p, ck, job, 60):
         return
-    rd2, p2, step, seen = run_again(ctx, name, job, ck, p, nproc=nproc_after)
+    rd2, p2, step, seen = run_again(ctx, name, job, ck, p, nproc=nproc_after, keep=keep)
     total = 17 * EPOCHS
     checks.check(seen < total, name + ": killed before the end (checkpoint %d of %d)" % (seen, total))
+    if keep is None:
+        # Both runs pruned to concord-run's default --checkpoint-keep (3):
+        # the newest 3 of the second run, its final one included; none of
+        # the first run's (the resume's step and older) left.
+        kept = steps(ck, job)
+        extra = [d for d in os.listdir(os.path.join(ck, job))
+                 if d != "latest" and not re.match(r"step-\d+$", d)]
+        checks.check(len(kept) == 3 and kept[-1] == total and kept[0] > (step or 0) and
+                     not extra,
+                     name + ": the default --checkpoint-keep: the newest 3 on disk (%s), the "
+                     "older ones of both runs pruned (resumed from %s)" % (kept, step),
+                     str(extra))
     check_history(checks, name, [rd, rd2], nproc_after)
     if nproc_after == 3:
         compare_final(checks, name, rd2, ck, job, ref)
@@ -272,6 +305,7 @@ def case_python(ctx, name):
     checks.check(not problems, name + ": the files load with weights_only=True (%s)" % (
         "model and state; optimizer as PyTorch's own: not in 1.13" if v1 else "all"),
         "; ".join(problems))
+    check_files(checks, name, ck, "ref", have)
     # Continue from s0 to s1 in Python on the same windows.
     model0, opt0, _ = load_ckpt(ck, "ref", s0)
     model1, opt1, _ = load_ckpt(ck, "ref", s1)
@@ -377,11 +411,13 @@ def last_not_written(stderr, why, newest):
     return wrote == newest and int(m.group(1)) > (newest or 0)
 
 
-def case_full_disk(ctx, name):
-    """The checkpoint dir is a 96 KiB tmpfs: a few checkpoints fit, then the
-    disk is full. Training goes on and completes; the failure is said once;
-    the checkpoints there are complete: the job started again from a copy of
-    them resumes from the newest and ends bit-identical."""
+def case_full_tmpfs(ctx, name):
+    """The checkpoint dir is a 96 KiB tmpfs, which refuses O_DIRECT (see
+    Note [Direct writes] in worker/checkpoint/file_writer.h: buffered writes
+    there): a few checkpoints fit, then the disk is full. Training goes on
+    and completes; the failure is said once; the checkpoints there are
+    complete: the job started again from a copy of them resumes from the
+    newest and ends bit-identical."""
     checks = ctx.checks
     ref = reference(ctx)
     job, ck = name, os.path.join(ctx.tmp, "ck-" + name)
@@ -409,6 +445,380 @@ def case_full_disk(ctx, name):
     checks.check(rc == 0 and step == kept[-1], name + ": resumed from the newest complete one "
                  "(%s of %s)" % (step, kept), p2.describe())
     compare_final(checks, name, rd2, copy, job, ref)
+
+
+def mkfs_ext4(ctx, name, image):
+    """Makes an ext4 filesystem (4 KiB blocks, none reserved) in `image`, a
+    file or /proc/PID/fd/N; False (a case not applicable, or a failed
+    check) when it cannot."""
+    mkfs = shutil.which("mkfs.ext4") or next(
+        (p for p in ("/sbin/mkfs.ext4", "/usr/sbin/mkfs.ext4") if os.path.exists(p)), None)
+    if mkfs is None:
+        ctx.checks.not_applicable(name, "no mkfs.ext4 (Debian's e2fsprogs)")
+        return False
+    r = subprocess.run([mkfs, "-q", "-F", "-b", "4096", "-m", "0", image],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
+    return ctx.checks.check(r.returncode == 0, name + ": mkfs.ext4 of a loop image", r.stdout)
+
+
+def release_loops(image):
+    """Detaches any loop device still backed by `image` (mount -o loop
+    detaches its own at the unmount; the namespace's end unmounts)."""
+    try:
+        out = subprocess.run(["losetup", "-j", image], capture_output=True, text=True,
+                             timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return
+    for line in out.splitlines():
+        dev = line.split(":", 1)[0]
+        if dev.startswith("/dev/loop"):
+            subprocess.run(["losetup", "-d", dev], capture_output=True, timeout=30)
+
+
+# A helper run in the job's mount namespace (launch's `setup` and `after`),
+# where the loop-mounted disk is:
+#   disk.py fill ROOT N    fills ROOT's filesystem with files ROOT/.filler-*
+#                          until exactly N blocks are free (statvfs f_bavail);
+#   disk.py probe JOBDIR OUT
+#                          writes to OUT the free blocks of JOBDIR's
+#                          filesystem and, for each step-N/*.pt, its size and
+#                          each page's residency in the page cache (mincore(2)
+#                          over a mapping that touches nothing), before
+#                          anything reads the files. See Note [Direct writes] in
+#                          worker/checkpoint/file_writer.h: the pages a file's
+#                          whole 4 KiB blocks went to with O_DIRECT are not in
+#                          the page cache; its last partial page, written
+#                          after O_DIRECT is turned off, is.
+DISK_TOOL = r'''
+import ctypes, json, mmap, os, sys
+if sys.argv[1] == "fill":
+    root, want, i = sys.argv[2], int(sys.argv[3]), 0
+    while os.statvfs(root).f_bavail > want:
+        st = os.statvfs(root)
+        with open(os.path.join(root, ".filler-%d" % i), "wb") as f:
+            os.posix_fallocate(f.fileno(), 0, (st.f_bavail - want) * st.f_frsize)
+            os.fsync(f.fileno())
+        i += 1
+    free = os.statvfs(root).f_bavail
+    print("disk.py: %d blocks free (%d wanted)" % (free, want), file=sys.stderr)
+    sys.exit(0 if free == want else 1)
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                      ctypes.c_int, ctypes.c_long]
+libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+job_dir, out = sys.argv[2], {}
+for d in sorted(os.listdir(job_dir)):
+    if not d.startswith("step-"):
+        continue
+    for f in sorted(os.listdir(os.path.join(job_dir, d))):
+        path = os.path.join(job_dir, d, f)
+        size = os.path.getsize(path)
+        if not f.endswith(".pt") or size == 0:
+            continue
+        fd = os.open(path, os.O_RDONLY)
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        os.close(fd)
+        if addr is None or addr == ctypes.c_void_p(-1).value:
+            raise OSError(ctypes.get_errno(), "mmap " + path)
+        vec = ctypes.create_string_buffer((size + mmap.PAGESIZE - 1) // mmap.PAGESIZE)
+        if libc.mincore(addr, size, vec) != 0:
+            raise OSError(ctypes.get_errno(), "mincore " + path)
+        libc.munmap(addr, size)
+        out[d + "/" + f] = [size, [b & 1 for b in vec.raw]]
+with open(sys.argv[3], "w") as f:
+    json.dump({"page": mmap.PAGESIZE, "free": os.statvfs(job_dir).f_bavail, "files": out}, f)
+'''
+DIRECT_ALIGN = 4096  # WriteBuffers::kAlign
+
+
+def direct_write_problems(path):
+    """What in `disk.py probe`'s output (`path`) says that the data files were
+    not written with O_DIRECT: a page of a file's first whole 4 KiB blocks
+    in the page cache, or (the probe's own check) its buffered last page
+    not; and no file with a whole block at all."""
+    try:
+        with open(path) as f:
+            got = json.load(f)
+    except (OSError, ValueError) as e:
+        return ["no residency probe output: %s" % e], 0
+    page, problems, direct = got["page"], [], 0
+    for f, (size, resident) in sorted(got["files"].items()):
+        whole = size // DIRECT_ALIGN * DIRECT_ALIGN
+        cached = [i for i, r in enumerate(resident) if r and (i + 1) * page <= whole]
+        direct += whole
+        if cached:
+            problems.append("%s: pages %s of its %d bytes written with O_DIRECT are cached" % (
+                f, cached, whole))
+        if whole < size and not resident[(size - 1) // page]:
+            problems.append("%s: its buffered last page is not cached" % f)
+    if not direct:
+        problems.append("no data file of a whole 4 KiB block: %s" % got["files"])
+    return problems, direct
+
+
+def check_files(checks, name, ck, job, kept):
+    """Every .pt of each checkpoint in `kept` (a real job's files): zipfile's
+    CRC-32 checks pass (testzip), the file's size and CRC-32 are the
+    manifest's, torch.load(weights_only=True) loads it (optimizer files on
+    PyTorch 2.x: 1.13's weights-only unpickler has no floats, see the python
+    case)."""
+    v1 = torch.__version__.startswith("1.")
+    problems, files = [], 0
+    for s in kept:
+        d = os.path.join(ck, job, "step-%d" % s)
+        with open(os.path.join(d, "manifest.json")) as f:
+            listed = json.load(f)["files"]
+        pts = sorted(f for f in os.listdir(d) if f.endswith(".pt"))
+        if pts != sorted(listed):
+            problems.append("step-%d: files %s, the manifest lists %s" % (s, pts, sorted(listed)))
+        for f in pts:
+            path = os.path.join(d, f)
+            files += 1
+            try:
+                with open(path, "rb") as fh:
+                    data = fh.read()
+                if (len(data), zlib.crc32(data)) != (listed.get(f, {}).get("size"),
+                                                     listed.get(f, {}).get("crc32")):
+                    problems.append("step-%d/%s: size or CRC-32 not the manifest's" % (s, f))
+                with zipfile.ZipFile(path) as z:
+                    bad = z.testzip()
+                if bad is not None:
+                    problems.append("step-%d/%s: record %s fails its CRC-32" % (s, f, bad))
+                torch.load(path, weights_only=not (v1 and f.startswith("optimizer")))
+            except Exception as e:  # noqa: BLE001
+                problems.append("step-%d/%s: %s" % (s, f, e))
+    checks.check(files > 0 and not problems,
+                 name + ": every file of the %d checkpoint(s) kept (%d .pt) passes zipfile's "
+                 "CRC-32 checks, matches the manifest and loads with torch.load" % (
+                     len(kept), files), "; ".join(problems[:10]))
+
+
+def check_failing(ctx, name, coord, job, first, last, written):
+    """The coordinator's view of a failing disk tier: `concordctl
+    checkpoints` totals (`written` written, the latest failure with one of
+    the texts `last`), one event in `concordctl status` (with `first`, the
+    first failure's text), /metrics."""
+    checks = ctx.checks
+    listed, out = checkpoints_json(ctx, coord, job)
+    totals = listed.get("totals") or {}
+    failing = totals.get("failing") or {}
+    checks.check(totals.get("written") == written and totals.get("failed", 0) >= 1 and
+                 any(why in failing.get("error", "") for why in last),
+                 name + ": concordctl checkpoints shows the failing writes with the errno's text "
+                 "(%s written, %s failed: %s)" % (totals.get("written"), totals.get("failed"),
+                                                  failing.get("error")), out)
+    events, status = checkpoint_events(ctx, coord, job)
+    failed = [e for e in events if "not written" in e]
+    checks.check(len(failed) == 1 and first in failed[0],
+                 name + ": one event in concordctl status, with the errno's text",
+                 "%s\n%s" % (events, status[-2000:]))
+    _, samples = coord.metrics()
+    label = '{job="%s"}' % job
+    checks.check(samples.get("concord_job_checkpoint_failing" + label) == 1 and
+                 samples.get("concord_job_checkpoint_failures_total" + label) == totals.get("failed"),
+                 name + ": /metrics says the checkpoints fail (%s failures)" % totals.get("failed"),
+                 json.dumps({k: v for k, v in samples.items() if "checkpoint" in k}))
+
+
+def resume_from_copy(ctx, name, job, copy, kept, ref):
+    """The job started again from the copy of the failed disk's folder:
+    nothing staged there, it resumes from the newest complete checkpoint and
+    ends bit-identical to the uninterrupted run."""
+    checks = ctx.checks
+    staged = [d for d in os.listdir(os.path.join(copy, job)) if d.startswith(".")]
+    checks.check(not staged, name + ": no staging directory left of the failed writes",
+                 str(staged))
+    rd2, p2 = launch(ctx, name + "-2", job, copy)
+    rc = p2.wait(RUN_TIMEOUT)
+    step = resumed_step(p2.stderr(), "disk")
+    checks.check(rc == 0 and step == kept[-1], name + ": started again, resumed from the newest "
+                 "complete one (%s of %s)" % (step, kept), p2.describe())
+    compare_final(checks, name, rd2, copy, job, ref)
+
+
+ENOSPC = os.strerror(errno.ENOSPC)  # "No space left on device"
+EIO = os.strerror(errno.EIO)  # "Input/output error"
+EROFS = os.strerror(errno.EROFS)  # "Read-only file system"
+# Steps of at least 10 ms (the reference's): the disk cases' runs.
+STEADY = {"CONCORD_TEST_MIN_STEP_MS": "10"}
+
+
+def case_full_disk(ctx, name):
+    """The checkpoint dir is an ext4 on a loop device (4 KiB blocks; too
+    small for a journal), where the disk tier writes with O_DIRECT (see Note
+    [Direct writes] in worker/checkpoint/file_writer.h). Other files fill it
+    to the room of FIT checkpoints (their blocks counted from the
+    reference's), the next one's folder and a block: that one's first data
+    file (model.pt) cannot take its first O_DIRECT write, and every write
+    after fails there too (a failed write's staging directory is removed).
+    Training goes on and completes; the failure is said once, the writer's
+    ENOSPC; concord-run exits 1 naming the last checkpoint not written; the
+    coordinator shows the failing writes; the FIT checkpoints there were
+    written with O_DIRECT (their whole blocks not in the page cache), are
+    complete and load in Python; the job started again from a copy of them
+    resumes from the newest and ends bit-identical."""
+    job, ck = name, os.path.join(ctx.tmp, "ck-" + name)
+    image = os.path.join(ctx.tmp, name + ".img")
+    with open(image, "wb") as f:
+        f.truncate(1 << 20)
+    try:
+        if mkfs_ext4(ctx, name, image):
+            full_disk_run(ctx, name, job, ck, image)
+    finally:
+        release_loops(image)
+        os.remove(image)
+
+
+FIT = 3  # checkpoints that fit on case full-disk's disk
+BLOCK = 4096  # its filesystem's block
+
+
+def full_disk_run(ctx, name, job, ck, image):
+    checks = ctx.checks
+    ref = reference(ctx)
+    # A checkpoint's blocks: its folder's, each file's. The job's folder and
+    # `latest` take one each; model.pt is written first (modules first).
+    sample = os.path.join(ref[1], "ref", "step-%d" % EVERY)
+    sizes = {f: os.path.getsize(os.path.join(sample, f)) for f in os.listdir(sample)}
+    per = 1 + sum((n + BLOCK - 1) // BLOCK for n in sizes.values())
+    first = sizes["model.pt"] // BLOCK * BLOCK
+    free = 2 + FIT * per + 1 + (first // BLOCK) // 2
+    os.makedirs(ck)
+    copy = os.path.join(ctx.tmp, "ck-%s-copy" % name)
+    tool, probe = os.path.join(ctx.tmp, "disk.py"), os.path.join(ctx.tmp, name + "-probe.json")
+    with open(tool, "w") as f:
+        f.write(DISK_TOOL)
+    coord = start_coordinator(ctx, name)
+    if coord is None:
+        return
+    try:
+        # The mount lives with the namespace (unmounted, its loop device
+        # detached, when the job ends): the files are probed, then copied out.
+        setup = "mount -o loop %s %s && %s %s fill %s %d" % (image, ck, sys.executable, tool, ck,
+                                                            free)
+        after = "%s %s probe %s %s; mkdir %s && cp -a %s %s;" % (
+            sys.executable, tool, os.path.join(ck, job), probe, copy, os.path.join(ck, job), copy)
+        rd, p = launch(ctx, name + "-1", job, ck, setup=setup, env=STEADY, coordinator=coord,
+                       after=after)
+        rc = p.wait(RUN_TIMEOUT)
+        if "mount:" in p.stderr() or "unshare:" in p.stderr():
+            checks.not_applicable(name, "a loop mount needs root, loop devices and mount "
+                                  "namespaces")
+            return
+        if not checks.check("disk.py: %d blocks free" % free in p.stderr() and
+                            os.path.isdir(copy), name + ": the disk filled to %d free blocks "
+                            "(%d a checkpoint)" % (free, per), p.describe()):
+            return
+        said = re.findall(r"not written \(([^)]*)\)", p.stderr())
+        checks.check(len(said) == 1 and re.search(
+            r"cannot write \S*/\.staging-step-\d+-\d+/model\.pt: " + ENOSPC + "$", said[0]),
+            name + ": the failure said once, the writer's at model.pt (%d line(s): %s)" % (
+                len(said), said[:1]), p.stderr()[-3000:])
+        kept = steps(copy, job)
+        checks.check(rc == 1 and kept and last_not_written(p.stderr(), ENOSPC, kept[-1]),
+                     name + ": training goes on to the end on a full disk; exits 1, saying that "
+                     "the last checkpoint was not written", p.describe())
+        checks.check(len(kept) == FIT, name + ": %d checkpoints fit (%s)" % (FIT, kept))
+        problems, direct = direct_write_problems(probe)
+        checks.check(not problems, name + ": the disk tier wrote with O_DIRECT (%d bytes in "
+                     "whole blocks, none in the page cache)" % direct, "; ".join(problems[:10]))
+        try:
+            with open(probe) as f:
+                left = json.load(f)["free"]
+        except (OSError, ValueError, KeyError):
+            left = None
+        # The failed write's folder took one; model.pt's whole blocks (its
+        # first write, with O_DIRECT) did not fit in the rest.
+        checks.check(left is not None and 1 <= left and left - 1 < first // BLOCK,
+                     name + ": the ENOSPC came from an O_DIRECT write: %s block(s) left, less "
+                     "than a folder's and model.pt's %d whole blocks" % (left, first // BLOCK))
+        check_failing(ctx, name, coord, job, ENOSPC, [ENOSPC], len(kept))
+    finally:
+        coord.stop()
+    if kept:
+        check_files(checks, name, copy, job, kept)
+        resume_from_copy(ctx, name, job, copy, kept, ref)
+
+
+def case_disk_eio(ctx, name):
+    """The checkpoint dir is an 8 MiB ext4 (with its journal) on a loop
+    device whose backing file is a memfd: once a checkpoint of step >= 30 is
+    complete the memfd is sealed against writes (F_SEAL_WRITE), and from then
+    on every write of the device fails and the kernel returns EIO, as a dying
+    disk does. Training goes on and completes; the failure is said once,
+    with EIO's text, naming a file of the staging directory; concord-run
+    exits 1 naming the last checkpoint not written (EIO, or EROFS once ext4
+    has aborted its journal over the I/O errors: its commit timer decides
+    which comes first); the coordinator shows the failing writes; nothing
+    half-written is left; the checkpoints written before load in Python,
+    and the job started again from a copy of them resumes from the newest
+    and ends bit-identical."""
+    checks = ctx.checks
+    if not hasattr(os, "memfd_create") or not hasattr(fcntl, "F_SEAL_WRITE"):
+        checks.not_applicable(name, "no memfd seals in this Python")
+        return
+    fd = os.memfd_create(name, os.MFD_ALLOW_SEALING)
+    backing = "/proc/%d/fd/%d" % (os.getpid(), fd)
+    try:
+        os.ftruncate(fd, 8 << 20)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+        if mkfs_ext4(ctx, name, backing):
+            disk_eio_run(ctx, name, fd, backing)
+    finally:
+        release_loops(backing)
+        os.close(fd)
+
+
+def disk_eio_run(ctx, name, fd, backing):
+    checks = ctx.checks
+    ref = reference(ctx)
+    job, ck = name, os.path.join(ctx.tmp, "ck-" + name)
+    os.makedirs(ck)
+    copy = os.path.join(ctx.tmp, "ck-%s-copy" % name)
+    coord = start_coordinator(ctx, name)
+    if coord is None:
+        return
+    try:
+        rd, p = launch(ctx, name + "-1", job, ck, setup="mount -o loop %s %s" % (backing, ck),
+                       env=STEADY, coordinator=coord, after="cp -a %s %s;" % (ck, copy))
+        # The job's view of the folder, in its mount namespace.
+        inside = "/proc/%d/root%s" % (p.pid, ck)
+        te.testlib.wait_for(lambda: processes.latest_checkpoint_step(inside, job) >= 30 or
+                            p.poll() is not None, timeout=60)
+        if p.poll() is not None and ("mount:" in p.stderr() or "unshare:" in p.stderr()):
+            checks.not_applicable(name, "a loop mount needs root, loop devices and mount "
+                                  "namespaces")
+            return
+        sealed = processes.latest_checkpoint_step(inside, job)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE)
+        if not checks.check(sealed >= 30 and p.poll() is None,
+                            name + ": the disk fails while the job runs (after the checkpoint "
+                            "of step %d)" % sealed, p.describe()):
+            return
+        rc = p.wait(RUN_TIMEOUT)
+        said = re.findall(r"not written \(([^)]*)\)", p.stderr())
+        checks.check(len(said) == 1 and re.search(
+            r"cannot \w+ \S*/\.staging-step-\d+-\d+\S*: " + EIO, said[0]),
+            name + ": the failure said once, with EIO's text, in the middle of a write (%d "
+            "line(s): %s)" % (len(said), said[:1]), p.stderr()[-3000:])
+        kept = steps(copy, job)
+        # ext4 aborts its journal at the I/O error and refuses writes after
+        # (EROFS) once it has tried to commit: when depends on its commit
+        # timer, so the last failure may be either.
+        last = [why for why in (EIO, EROFS) if last_not_written(p.stderr(), why, kept[-1])] \
+            if kept else []
+        checks.check(rc == 1 and kept and kept[-1] >= sealed and last,
+                     name + ": training goes on to the end; exits 1, saying that the last "
+                     "checkpoint was not written (%s; the newest of step %s)" % (
+                         last[:1], kept[-1] if kept else None), p.describe())
+        check_failing(ctx, name, coord, job, EIO, [EIO, EROFS], len(kept))
+    finally:
+        coord.stop()
+    if kept:
+        check_files(checks, name, copy, job, kept)
+        resume_from_copy(ctx, name, job, copy, kept, ref)
 
 
 def checkpoint_events(ctx, coord, job):
@@ -697,7 +1107,7 @@ def case_powersgd(ctx, name):
 
 
 CASES = {
-    "kill-all": lambda ctx: case_kill_all(ctx, "kill-all"),
+    "kill-all": lambda ctx: case_kill_all(ctx, "kill-all", keep=None),
     "memory": lambda ctx: case_memory(ctx, "memory"),
     "world2": lambda ctx: case_kill_all(ctx, "world2", nproc_after=2),
     "python": lambda ctx: case_python(ctx, "python"),
@@ -706,6 +1116,8 @@ CASES = {
     "crash-before-rename": lambda ctx: case_crash(ctx, "crash-br", "before-rename"),
     "crash-during-latest": lambda ctx: case_crash(ctx, "crash-dl", "during-latest"),
     "full-disk": lambda ctx: case_full_disk(ctx, "full-disk"),
+    "full-tmpfs": lambda ctx: case_full_tmpfs(ctx, "full-tmpfs"),
+    "disk-eio": lambda ctx: case_disk_eio(ctx, "disk-eio"),
     "read-only": lambda ctx: case_read_only(ctx, "read-only"),
     "small-shm": lambda ctx: case_small_shm(ctx, "small-shm"),
     "coordinator": lambda ctx: case_coordinator(ctx, "coordinator"),
