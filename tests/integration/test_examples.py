@@ -86,6 +86,19 @@ Concord, under the installed launcher, with a worker killed mid-run.
    across the loss
    holds every invariant (the resume a restore of the checkpoint's digest,
    every sample of every epoch trained).
+6. mnist with durable checkpoints (after its run of 3.): pytorch/examples'
+   model has Dropout2d and dropout, drawn from each rank's CPU generator.
+   concord-run --job-id mnist --checkpoint-dir DIR --checkpoint-every 5, 6
+   epochs of 960 samples (60 steps at 3 ranks, 32 samples a rank a step),
+   uninterrupted; then killed whole (the launcher and every worker
+   SIGKILLed on the first progress line once the checkpoint of step 10 is
+   complete) and the same command run again. Checked: the run again exits
+   0, resumed from disk at the newest complete checkpoint, before the last
+   step; steps, test accuracy and parameter sum on all 3 ranks equal to the
+   uninterrupted run's; its final checkpoint's files the same to the bit
+   (every tensor of model.pt, optimizer.pt and state.pt, each rank's
+   generators in rng/ranks included); the history across the loss holds
+   every invariant.
 
 Prints one line per check and a final 'N passed, N failed'; exits 1 on any
 failure.
@@ -258,6 +271,128 @@ def check_mnist(checks, args, prefix, binary, data, work):
         accuracy = float(finals[0]["test_accuracy"])
         checks.check(accuracy > 0.3, "mnist: test accuracy %.4f > 0.3 "
                      "(chance: 0.1)" % accuracy, str(finals))
+    check_mnist_checkpoints(checks, prefix, binary, data, work, args.device)
+
+
+# The mnist example's checkpointed runs (module docstring, 6.): 10 steps an
+# epoch at 3 ranks (32 samples a rank a step), a checkpoint every 5 steps;
+# the kill comes once the checkpoint of step MNIST_CKPT_KILL_AFTER is
+# complete. Its steps take about 10 ms on 2 cores, and the node's writes
+# lag: in a 30-step run the kill came at step 25 (`latest` named 15), so
+# the runs are of 60 steps.
+MNIST_CKPT_SAMPLES, MNIST_CKPT_BATCH, MNIST_CKPT_EPOCHS = 960, 32, 6
+MNIST_CKPT_STEPS = MNIST_CKPT_EPOCHS * 10
+MNIST_CKPT_EVERY, MNIST_CKPT_KILL_AFTER = 5, 10
+MNIST_KEYS = ("steps", "test_accuracy", "param_sum")
+
+
+def run_mnist_checkpointed(checks, prefix, binary, data, work, device, tag,
+                           kill=None):
+    """The mnist example as 3 ranks under concord-run --checkpoint-dir
+    WORK/mnist-ck (job "mnist"), a progress line every step. Returns (exit
+    status, output, the checkpoint step seen at the kill, history
+    directory, the job's checkpoint folder)."""
+    hist = os.path.join(work, "mnist-ck-history-" + tag)
+    ck = os.path.join(work, "mnist-ck")
+    rc, text, seen = run_checkpointed(
+        checks, prefix, "mnist (%s)" % tag, "mnist",
+        [binary, "--data", data, "--epochs", str(MNIST_CKPT_EPOCHS),
+         "--train-samples", str(MNIST_CKPT_SAMPLES), "--batch-size",
+         str(MNIST_CKPT_BATCH), "--test-samples", "1000", "--log-interval",
+         "1"], ck, hist, MNIST_CKPT_EVERY, MNIST_CKPT_KILL_AFTER,
+        MNIST_CKPT_STEPS, device, kill=kill)
+    return rc, text, seen, hist, os.path.join(ck, "mnist")
+
+
+def same_values(a, b, where):
+    """Where the loaded contents `a` and `b` (dicts, lists, tensors,
+    numbers) differ, bit for bit."""
+    import torch
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        same = (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+                and a.dtype == b.dtype and a.shape == b.shape and
+                torch.equal(a, b))
+        return [] if same else [where]
+    if isinstance(a, dict) and isinstance(b, dict):
+        if sorted(map(str, a)) != sorted(map(str, b)):
+            return ["%s: keys %s / %s" % (where, sorted(map(str, a)),
+                                          sorted(map(str, b)))]
+        return [d for k in a for d in same_values(a[k], b[k],
+                                                  "%s/%s" % (where, k))]
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        if len(a) != len(b):
+            return ["%s: %d / %d items" % (where, len(a), len(b))]
+        return [d for i, (x, y) in enumerate(zip(a, b))
+                for d in same_values(x, y, "%s[%d]" % (where, i))]
+    return [] if a == b else ["%s: %r / %r" % (where, a, b)]
+
+
+def compare_final_checkpoints(checks, name, a, b):
+    """The newest step-N of job folders `a` (uninterrupted) and `b`: the
+    same step, and every .pt the same to the bit, each rank's random
+    generators (state.pt's rng/ranks) included."""
+    import torch
+
+    def newest(job_dir):
+        found = [int(d[5:]) for d in os.listdir(job_dir)
+                 if re.match(r"step-\d+$", d)]
+        return max(found) if found else None
+
+    sa, sb = newest(a), newest(b)
+    problems = [] if sa == sb and sa is not None else [
+        "newest checkpoints: step %s / %s" % (sa, sb)]
+    keys = []
+    if not problems:
+        da, db = (os.path.join(x, "step-%d" % sa) for x in (a, b))
+        files = sorted(f for f in os.listdir(da) if f.endswith(".pt"))
+        if files != sorted(f for f in os.listdir(db) if f.endswith(".pt")):
+            problems.append("files %s / %s" % (files, os.listdir(db)))
+        v1 = torch.__version__.startswith("1.")
+        for f in files:
+            weights_only = not (v1 and f.startswith("optimizer"))
+            x = torch.load(os.path.join(da, f), weights_only=weights_only)
+            y = torch.load(os.path.join(db, f), weights_only=weights_only)
+            if isinstance(x, dict):
+                keys += ["%s:%s" % (f, k) for k in x]
+            problems += same_values(x, y, f)
+    checks.check(not problems and any(k.endswith("rng/ranks") for k in keys),
+                 "%s: the final checkpoint (step %s) the same to the bit as "
+                 "the uninterrupted run's, each rank's random generators "
+                 "included" % (name, sb), "; ".join(problems[:10]) +
+                 "\nkeys: %s" % keys)
+
+
+def check_mnist_checkpoints(checks, prefix, binary, data, work, device):
+    """Module docstring, 6.: uninterrupted, then killed whole and the same
+    command again."""
+    rc, text, _, _, ref_dir = run_mnist_checkpointed(
+        checks, prefix, binary, data, os.path.join(work, "mnist-ref"),
+        device, "uninterrupted")
+    finals = final_lines(text, "mnist")
+    ends = {tuple(f[k] for k in MNIST_KEYS) for f in finals}
+    if not checks.check(rc == 0 and len(finals) == 3 and len(ends) == 1 and
+                        all(f["world"] == "3" for f in finals),
+                        "mnist (uninterrupted, checkpointed): exits 0, three "
+                        "ranks end equal", text[-3000:]):
+        return
+    reference = ends.pop()
+
+    def kill_all(launcher_pid):
+        os.killpg(launcher_pid, signal.SIGKILL)
+
+    lost = os.path.join(work, "mnist-lost")
+    rc, text, seen, hist1, _ = run_mnist_checkpointed(
+        checks, prefix, binary, data, lost, device, "killed whole",
+        kill=kill_all)
+    checks.check(rc is not None and rc < 0, "mnist (killed whole): the "
+                 "launcher and every worker SIGKILLed", "exit %s" % rc)
+    rc, text, _, hist2, job_dir = run_mnist_checkpointed(
+        checks, prefix, binary, data, lost, device, "again")
+    check_resumed(checks, "mnist", "killed whole, the same command again", rc,
+                  text, "disk", seen, reference, MNIST_KEYS, [hist1, hist2],
+                  MNIST_CKPT_SAMPLES, MNIST_CKPT_EPOCHS, MNIST_CKPT_STEPS)
+    compare_final_checkpoints(checks, "mnist (killed whole, the same command "
+                              "again)", ref_dir, job_dir)
 
 
 def model_py(args, *argv):
@@ -456,6 +591,37 @@ GAN_KEYS = ("steps", "generator_crc", "generator_sum", "discriminator_crc",
             "discriminator_sum")
 
 
+def run_checkpointed(checks, prefix, name, job, command, ck, hist, every,
+                     kill_after, total, device, extra=(), kill=None):
+    """`command` (an example's binary and flags) as 3 ranks under
+    concord-run --job-id JOB --checkpoint-dir CK --checkpoint-every EVERY
+    --history HIST, `kill(launcher_pid)` called once, on the first progress
+    line after the checkpoint of step `kill_after` is complete (of `total`
+    steps). Returns (exit status, output, the checkpoint step seen at the
+    kill)."""
+    os.makedirs(hist)
+    cmd = [os.path.join(prefix, "bin", "concord-run"), "--standalone",
+           "--nproc", "3", "--job-id", job, "--history", hist,
+           "--checkpoint-dir", ck, "--checkpoint-every",
+           str(every)] + list(extra) + ["--"] + command
+    seen = []
+
+    def on_line(line, launcher_pid):
+        if kill and not seen and PROGRESS.search(line):
+            step = processes.latest_checkpoint_step(ck, job)
+            if step < kill_after:
+                return
+            seen.append(step)
+            kill(launcher_pid)
+
+    rc, text, _ = run_streamed(cmd, worker_env(device), 180, on_line)
+    if kill:
+        checks.check(seen and seen[0] < total,
+                     "%s: killed mid-run (checkpoint of step %s complete)" %
+                     (name, seen[0] if seen else None), text[-3000:])
+    return rc, text, seen[0] if seen else None
+
+
 def run_gan_checkpointed(checks, prefix, binary, data, work, device, tag,
                          extra=(), kill=None):
     """The gan example as 3 ranks under concord-run --checkpoint-dir (job
@@ -463,33 +629,45 @@ def run_gan_checkpointed(checks, prefix, binary, data, work, device, tag,
     called once, on the first progress line after the checkpoint of step
     GAN_CKPT_KILL_AFTER is complete. Returns (exit status, output, the
     checkpoint step seen at the kill, history directory)."""
-    ck = os.path.join(work, "gan-ck")
     hist = os.path.join(work, "gan-ck-history-" + tag)
-    os.makedirs(hist)
-    cmd = [os.path.join(prefix, "bin", "concord-run"), "--standalone",
-           "--nproc", "3", "--job-id", "gan", "--history", hist,
-           "--checkpoint-dir", ck, "--checkpoint-every",
-           str(GAN_CKPT_EVERY)] + list(extra) + [
-           "--", binary, "--data", data, "--epochs", str(GAN_CKPT_EPOCHS),
-           "--train-samples", str(GAN_SAMPLES), "--batch-size", "16",
-           "--log-interval", "5"]
-    seen = []
+    rc, text, seen = run_checkpointed(
+        checks, prefix, "gan (%s)" % tag, "gan",
+        [binary, "--data", data, "--epochs", str(GAN_CKPT_EPOCHS),
+         "--train-samples", str(GAN_SAMPLES), "--batch-size", "16",
+         "--log-interval", "5"], os.path.join(work, "gan-ck"), hist,
+        GAN_CKPT_EVERY, GAN_CKPT_KILL_AFTER, GAN_CKPT_EPOCHS * 10, device,
+        extra, kill)
+    return rc, text, seen, hist
 
-    def on_line(line, launcher_pid):
-        if kill and not seen and PROGRESS.search(line):
-            step = processes.latest_checkpoint_step(ck, "gan")
-            if step < GAN_CKPT_KILL_AFTER:
-                return
-            seen.append(step)
-            kill(launcher_pid)
 
-    rc, text, _ = run_streamed(cmd, worker_env(device), 180, on_line)
-    if kill:
-        checks.check(seen and seen[0] < GAN_CKPT_EPOCHS * 10,
-                     "gan (%s): killed mid-run (checkpoint of step %s "
-                     "complete)" % (tag, seen[0] if seen else None),
-                     text[-3000:])
-    return rc, text, seen[0] if seen else None, hist
+def check_resumed(checks, example, tag, rc, text, source, seen, reference,
+                  keys, histories, samples, epochs, total):
+    """A checkpointed run of `example` that resumed from `source` (disk or
+    memory) after a loss: exit 0, the newest complete checkpoint taken
+    (before the end: steps were left to train), the final lines' `keys`
+    on all 3 ranks equal to the uninterrupted run's (`reference`), history
+    invariants across the loss."""
+    name = "%s (%s)" % (example, tag)
+    m = re.search(r"resuming from step (\d+) of the checkpoint in %s \(" %
+                  source, text)
+    step = int(m.group(1)) if m else None
+    checks.check(rc == 0 and step is not None and seen is not None and
+                 seen <= step < total, "%s: exits 0 after resuming from %s "
+                 "at step %s (>= %s, the newest complete checkpoint when "
+                 "killed; < %d, the last)" % (name, source, step, seen,
+                                              total), text[-3000:])
+    finals = final_lines(text, example)
+    ends = {tuple(f[k] for k in keys) for f in finals}
+    checks.check(len(finals) == 3 and ends == {reference},
+                 "%s: %s on all 3 ranks bit-identical to the uninterrupted "
+                 "run's" % (name, ", ".join(keys)),
+                 "uninterrupted: %s\n%s" % (reference, "\n".join(
+                     map(str, finals))))
+    problems, summary = history.check_runs(histories, samples, epochs, total)
+    checks.check(not problems and "3 resume(s)" in summary,
+                 "%s: history invariants across the loss, the resume "
+                 "a restore of the checkpoint's digest (%s)" % (name, summary),
+                 "; ".join(problems[:20]))
 
 
 def check_gan_resumed(checks, tag, rc, text, source, seen, reference,
@@ -497,27 +675,9 @@ def check_gan_resumed(checks, tag, rc, text, source, seen, reference,
     """A checkpointed gan run that resumed from `source` (disk or memory)
     after a loss: exit 0, the newest complete checkpoint taken, both
     models bit-identical to the uninterrupted run, history invariants."""
-    m = re.search(r"resuming from step (\d+) of the checkpoint in %s \(" %
-                  source, text)
-    step = int(m.group(1)) if m else None
-    checks.check(rc == 0 and step is not None and seen is not None and
-                 step >= seen, "gan (%s): exits 0 after resuming from %s at "
-                 "step %s (>= %s, the newest complete checkpoint when "
-                 "killed)" % (tag, source, step, seen), text[-3000:])
-    finals = final_lines(text, "gan")
-    ends = {tuple(f[k] for k in GAN_KEYS) for f in finals}
-    checks.check(len(finals) == 3 and ends == {reference},
-                 "gan (%s): both models' parameters bit-identical to the "
-                 "uninterrupted run's on all 3 ranks" % tag,
-                 "uninterrupted: %s\n%s" % (reference, "\n".join(
-                     map(str, finals))))
-    problems, summary = history.check_runs(histories, GAN_SAMPLES,
-                                           GAN_CKPT_EPOCHS,
-                                           GAN_CKPT_EPOCHS * 10)
-    checks.check(not problems and "3 resume(s)" in summary,
-                 "gan (%s): history invariants across the loss, the resume "
-                 "a restore of the checkpoint's digest (%s)" % (tag, summary),
-                 "; ".join(problems[:20]))
+    check_resumed(checks, "gan", tag, rc, text, source, seen, reference,
+                  GAN_KEYS, histories, GAN_SAMPLES, GAN_CKPT_EPOCHS,
+                  GAN_CKPT_EPOCHS * 10)
 
 
 def check_gan_checkpoints(checks, prefix, binary, data, work, device):
