@@ -411,6 +411,13 @@ def last_not_written(stderr, why, newest):
     return wrote == newest and int(m.group(1)) > (newest or 0)
 
 
+ENOSPC = os.strerror(errno.ENOSPC)  # "No space left on device"
+EIO = os.strerror(errno.EIO)  # "Input/output error"
+EROFS = os.strerror(errno.EROFS)  # "Read-only file system"
+# Steps of at least 10 ms (the reference's): the disk cases' runs.
+STEADY = {"CONCORD_TEST_MIN_STEP_MS": "10"}
+
+
 def case_full_tmpfs(ctx, name):
     """The checkpoint dir is a 96 KiB tmpfs, which refuses O_DIRECT (see
     Note [Direct writes] in worker/checkpoint/file_writer.h: buffered writes
@@ -425,7 +432,7 @@ def case_full_tmpfs(ctx, name):
     copy = os.path.join(ctx.tmp, "ck-%s-copy" % name)
     # The tmpfs lives with the namespace: its content is copied out after.
     setup = "mount -t tmpfs -o size=96k tmpfs %s" % ck
-    rd, p = launch(ctx, name + "-1", job, ck, setup=setup, env=SLOW,
+    rd, p = launch(ctx, name + "-1", job, ck, setup=setup, env=STEADY,
                    after="cp -a %s %s;" % (ck, copy))
     rc = p.wait(RUN_TIMEOUT)
     if "mount:" in p.stderr() or "unshare:" in p.stderr():
@@ -636,13 +643,6 @@ def resume_from_copy(ctx, name, job, copy, kept, ref):
     checks.check(rc == 0 and step == kept[-1], name + ": started again, resumed from the newest "
                  "complete one (%s of %s)" % (step, kept), p2.describe())
     compare_final(checks, name, rd2, copy, job, ref)
-
-
-ENOSPC = os.strerror(errno.ENOSPC)  # "No space left on device"
-EIO = os.strerror(errno.EIO)  # "Input/output error"
-EROFS = os.strerror(errno.EROFS)  # "Read-only file system"
-# Steps of at least 10 ms (the reference's): the disk cases' runs.
-STEADY = {"CONCORD_TEST_MIN_STEP_MS": "10"}
 
 
 def case_full_disk(ctx, name):
