@@ -69,6 +69,7 @@ void save_checkpoint(const Job& job, const std::string& dir, int64_t step,
   c.counters.step = step;
   c.counters.world_size = job.world_size();
   c.counters.generation = job.generation();
+  c.counters.run = job.state()->session().run();
   for (const auto& [name, module] : state.modules()) {
     c.modules.emplace_back(name, NamedStateOf(*module));
   }

@@ -248,7 +248,8 @@ void AddCheckpointFlags(CLI::App& app, Options& o, bool& no_resume) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   checkpoints->add_flag("--no-resume", no_resume,
-                        "start afresh even where a checkpoint is");
+                        "this run starts afresh: it resumes only from its "
+                        "own checkpoints");
   // Not a checkpoint flag: last in --help.
   app.add_flag_callback(
       "--env",

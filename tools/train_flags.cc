@@ -124,7 +124,8 @@ void AddCheckpointFlags(CLI::App& app, TrainFlags& f) {
                    "complete checkpoints kept (default 3)")
       ->check(CLI::PositiveNumber);
   checkpoints->add_flag("--no-resume", f.no_resume,
-                        "start afresh even where a checkpoint is");
+                        "this run starts afresh: it resumes only from its "
+                        "own checkpoints");
 }
 
 void AddDeviceFlags(CLI::App& app, TrainFlags& f) {

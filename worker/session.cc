@@ -411,6 +411,7 @@ v1::JoinRequest Session::MakeJoinRequest(
 
 void Session::TakeAssignment(const v1::JoinResponse& joined) {
   generation_.store(joined.generation());
+  run_.store(joined.run());
   rank_.store(joined.rank());
   world_size_.store(joined.world_size());
   finished_workers_.store(joined.finished_workers());

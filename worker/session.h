@@ -145,6 +145,9 @@ class Session final : public comm::GroupFactory {
   int rank() const { return rank_.load(); }
   int world_size() const { return world_size_.load(); }
   int64_t generation() const { return generation_.load(); }
+  // See Note [Runs] in coordinator/core/core.h: the job's run this worker
+  // belongs to (JoinResponse.run; 0 before its first generation).
+  int64_t run() const { return run_.load(); }
   int authoritative_rank() const { return authoritative_rank_; }
   // See Note [Resume source] in coordinator/core/core.h: the checkpoint the
   // coordinator named for the current generation (training thread only).
@@ -323,6 +326,7 @@ class Session final : public comm::GroupFactory {
   std::atomic<int> rank_{0};
   std::atomic<int> world_size_{1};
   std::atomic<int64_t> generation_{0};
+  std::atomic<int64_t> run_{0};
   std::atomic<bool> reform_wanted_{false};
   std::atomic<bool> beyond_size_warned_{false};
   std::atomic<int> finished_workers_{0};

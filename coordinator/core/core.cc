@@ -99,9 +99,14 @@ void Core::StartAgain(Job& job, const std::string& worker_id) {
   job.ended_world_size = 0;
   job.rendezvous_started = now;
   job.last_arrival = now;
+  job.run = RunAfter(now, job.run);
   AddEvent(job, "job", worker_id,
            absl::StrCat("job started again (", ended, "); generation ",
-                        job.generation + 1, " is next"));
+                        job.generation + 1, " is next, of run ", job.run));
+}
+
+int64_t Core::RunAfter(absl::Time now, int64_t previous) {
+  return std::max(absl::ToUnixMicros(now), previous + 1);
 }
 
 // ABORTED unless `generation` is the job's current, still running one.
@@ -170,10 +175,12 @@ absl::Status Core::Join(const v1::JoinRequest& request, uint64_t* call) {
     }
     job = &jobs_[spec.job_id()];
     job->spec = spec;
+    job->run = RunAfter(now, 0);
     job->rendezvous_started = now;
-    AddEvent(*job, "job", "",
-             absl::StrFormat("job created: min_workers %d, max_workers %d",
-                             spec.min_workers(), spec.max_workers()));
+    AddEvent(
+        *job, "job", "",
+        absl::StrFormat("job created: min_workers %d, max_workers %d, run %d",
+                        spec.min_workers(), spec.max_workers(), job->run));
   } else {
     CONCORD_ASSIGN_OR_RETURN(reform, Admit(*job, spec, request));
   }
@@ -314,6 +321,7 @@ absl::StatusOr<std::optional<Assignment>> Core::GetAssignment(
     a.probe = job->probe;
     a.resume_from = job->resume_from;
     a.resume_memory = job->resume_memory;
+    a.run = job->run;
     a.world_size = static_cast<int32_t>(job->members.size());
     a.authoritative_rank = job->authoritative_rank;
     a.finished_workers = static_cast<int32_t>(job->finished.size());
@@ -582,10 +590,20 @@ absl::Status Core::WorkerCheckpointReported(
   return Reported(*job, request.report(), request.worker_id());
 }
 
-absl::Status Core::Reported(Job& job_ref, const v1::CheckpointReport& report,
+absl::Status Core::Reported(Job& job_ref, const v1::CheckpointReport& given,
                             const std::string& writer) {
   Job* job = &job_ref;
   const std::string& job_id = job->spec.job_id();
+  // See Note [Runs]: this run's only; one without a run is taken as this
+  // run's.
+  if (given.run() != 0 && given.run() != job->run) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "the checkpoint of step %d is of run %d of job %s, whose run is %d "
+        "(a writer of an earlier run still reporting?)",
+        given.step(), given.run(), job_id, job->run));
+  }
+  v1::CheckpointReport report = given;
+  report.set_run(job->run);
   // See Note [Resume source]: what the node's memory holds now (a write, done
   // or failed, was of the snapshot there). See Note [One job's checkpoints]:
   // the oldest snapshot makes room.
@@ -597,9 +615,9 @@ absl::Status Core::Reported(Job& job_ref, const v1::CheckpointReport& report,
       snapshots.size() >= max_nodes) {
     auto oldest = std::min_element(snapshots.begin(), snapshots.end(),
                                    [](const auto& a, const auto& b) {
-                                     return a.second.step() < b.second.step();
+                                     return OlderCheckpoint(a.second, b.second);
                                    });
-    if (oldest->second.step() <= report.step()) {
+    if (!OlderCheckpoint(report, oldest->second)) {
       snapshots.erase(oldest);
     } else if (report.memory()) {
       return absl::ResourceExhaustedError(absl::StrFormat(
@@ -622,10 +640,10 @@ absl::Status Core::Reported(Job& job_ref, const v1::CheckpointReport& report,
   // One older than the newest complete checkpoint can never be named.
   auto prune_memory = [job] {
     if (job->checkpoints.empty()) return;
-    const int64_t disk = job->checkpoints.back().step();
+    const v1::CheckpointReport& disk = job->checkpoints.back();
     auto& held = job->memory_snapshots;
     for (auto it = held.begin(); it != held.end();) {
-      it = it->second.step() < disk ? held.erase(it) : std::next(it);
+      it = OlderCheckpoint(it->second, disk) ? held.erase(it) : std::next(it);
     }
   };
   if (report.memory()) {
@@ -655,15 +673,16 @@ absl::Status Core::Reported(Job& job_ref, const v1::CheckpointReport& report,
   totals.set_written(totals.written() + 1);
   totals.clear_failing();
   auto& kept = job->checkpoints;
-  auto at = std::lower_bound(kept.begin(), kept.end(), report.step(),
-                             [](const v1::CheckpointReport& r, int64_t step) {
-                               return r.step() < step;
-                             });
-  if (at != kept.end() && at->step() == report.step()) {
-    *at = report;
-  } else {
-    kept.insert(at, report);
-  }
+  // A step written again (by a later run: see Note [Runs]) replaces the
+  // one at its path.
+  kept.erase(std::remove_if(kept.begin(), kept.end(),
+                            [&](const v1::CheckpointReport& r) {
+                              return r.path() == report.path();
+                            }),
+             kept.end());
+  kept.insert(
+      std::upper_bound(kept.begin(), kept.end(), report, OlderCheckpoint),
+      report);
   if (kept.size() > kKeptCheckpoints) {
     kept.erase(kept.begin(), kept.end() - kKeptCheckpoints);
   }

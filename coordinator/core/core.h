@@ -68,6 +68,8 @@ struct Assignment {
   // See Note [Resume source].
   std::optional<v1::CheckpointReport> resume_from;
   std::optional<v1::CheckpointReport> resume_memory;
+  // See Note [Runs].
+  int64_t run = 0;
 };
 
 // A job's figures for the per-job Prometheus metrics (see Note [Job history]).
@@ -238,6 +240,28 @@ class Core {
   //  - the worker checks again what it is told: it loads a named checkpoint
   //    only at its own folder's path for that step, and only when the
   //    manifest's job id is its job's (worker/checkpoint/checkpointer.cc).
+  //
+  // Note [Runs]
+  // ~~~~~~~~~~~
+  // A job's record has a run: when the record was made, or when the job was
+  // started again after it failed or was stopped, in microseconds since the
+  // Unix epoch, always larger than the run before it (RunAfter). Every
+  // assignment carries it (JoinResponse.run); the workers stamp it on every
+  // snapshot and checkpoint (manifest.json's "run"), and their reports carry
+  // it: one of another run is FAILED_PRECONDITION (an earlier run's writer
+  // still reporting) and changes nothing; one without (0, an older writer)
+  // is taken as this run's. Checkpoints are ordered by run, then step,
+  // everywhere: the records kept here and the one a generation is told to
+  // resume from, the workers' offers at a resume, the folder's scan, pruning
+  // and `latest`. So a run started afresh (--no-resume) is never overtaken
+  // by an earlier run's higher steps, and with --no-resume a worker
+  // considers only its own run's checkpoints: a total loss later in the run
+  // resumes from the run's newest. The run is also the identity in the
+  // job folder's writer lock (see Note [One writer per folder] in
+  // worker/checkpoint/writer_lock.h). A --standalone coordinator makes a new
+  // record, hence a new run, at every launch; a coordinator service keeps a
+  // job's run across its own restarts (it is persisted with the record).
+  static int64_t RunAfter(absl::Time now, int64_t previous);
 
   // See Note [Checkpoints] in worker/checkpoint/checkpointer.h: a node agent
   // wrote a complete checkpoint of the job, or failed to (`error` set). The
@@ -475,6 +499,8 @@ class Core {
     v1::JobState state = v1::JOB_STATE_RENDEZVOUS;
     std::string failure;
     int64_t generation = 0;  // current; 0 before the first forms
+    // See Note [Runs].
+    int64_t run = 0;
     int32_t authoritative_rank = 0;
     std::vector<MemberState> members;  // of the current generation, by rank
     WorkerList<MemberState> waiting;   // registered for the next generation

@@ -18,6 +18,7 @@
 #include "common/job_defaults.h"
 #include "coordinator/core/core.h"
 #include "coordinator/core/core_internal.h"
+#include "coordinator/core/core_validation.h"
 
 namespace concord::coordinator {
 
@@ -442,10 +443,14 @@ void Core::FormGeneration(Job& job, size_t n) {
         break;
       }
     }
-    const int64_t disk = job.resume_from ? job.resume_from->step() : 0;
+    // See Note [Runs]: a memory snapshot is of this run, the disk's may be
+    // of an earlier one.
+    const v1::CheckpointReport disk =
+        job.resume_from.value_or(v1::CheckpointReport());
     for (const auto& [node, snapshot] : job.memory_snapshots) {
-      if (snapshot.step() >= disk &&
-          (!job.resume_memory || snapshot.step() > job.resume_memory->step())) {
+      if (!OlderCheckpoint(snapshot, disk) &&
+          (!job.resume_memory ||
+           OlderCheckpoint(*job.resume_memory, snapshot))) {
         job.resume_memory = snapshot;
       }
     }

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <set>
 #include <string>
+#include <utility>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
@@ -455,6 +456,11 @@ absl::Status ValidateExit(const std::string& job_id,
   return ValidText("how", how, kMaxMessageLength);
 }
 
+bool OlderCheckpoint(const v1::CheckpointReport& a,
+                     const v1::CheckpointReport& b) {
+  return std::make_pair(a.run(), a.step()) < std::make_pair(b.run(), b.step());
+}
+
 absl::Status ValidateCheckpoint(const std::string& job_id,
                                 const v1::CheckpointReport& r) {
   CONCORD_RETURN_IF_ERROR(ValidateId("job_id", job_id));
@@ -465,6 +471,7 @@ absl::Status ValidateCheckpoint(const std::string& job_id,
   CONCORD_RETURN_IF_ERROR(NonNegative("samples", r.samples()));
   CONCORD_RETURN_IF_ERROR(NonNegative("world_size", r.world_size()));
   CONCORD_RETURN_IF_ERROR(NonNegative("generation", r.generation()));
+  CONCORD_RETURN_IF_ERROR(NonNegative("run", r.run()));
   CONCORD_RETURN_IF_ERROR(NonNegative("written_unix_ms", r.written_unix_ms()));
   CONCORD_RETURN_IF_ERROR(NonNegative("skipped", r.skipped()));
   CONCORD_RETURN_IF_ERROR(

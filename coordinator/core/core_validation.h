@@ -51,6 +51,9 @@ absl::Status ValidateExit(const std::string& job_id,
 absl::Status ValidateProcess(const std::string& job_id,
                              const std::string& worker_id,
                              const v1::ProcessView& v);
+// See Note [Runs] in core.h: checkpoints are ordered by run, then step.
+bool OlderCheckpoint(const v1::CheckpointReport& a,
+                     const v1::CheckpointReport& b);
 // A node agent's checkpoint report (Core::CheckpointReported), or one kept
 // in a job's record.
 absl::Status ValidateCheckpoint(const std::string& job_id,

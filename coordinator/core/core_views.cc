@@ -127,6 +127,7 @@ absl::StatusOr<v1::JobStatus> Core::GetJob(
   const absl::Duration hang_timeout =
       HangTimeout(job->spec.hang_timeout_ms(), JobStepMs(progress));
   status.set_hang_timeout_ms(absl::ToInt64Milliseconds(hang_timeout));
+  status.set_run(job->run);
   for (size_t i = 0; i < job->members.size(); ++i) {
     v1::MemberStatus& out = *status.add_members();
     out = StatusOf(job->members[i]);
@@ -272,6 +273,7 @@ std::optional<v1::JobRecord> Core::ExportJob(const std::string& job_id) const {
     *record.add_checkpoints() = c;
   }
   *record.mutable_checkpoint_totals() = job->checkpoint_totals;
+  record.set_run(job->run);
   for (const auto& [w, s] : job->retired) {
     (*record.mutable_retired_bindings())[w] = s;
   }
@@ -391,7 +393,8 @@ absl::Status Core::CheckRestoredWorkers(const Job& job) {
 
 absl::Status Core::RestoreJob(const v1::JobRecord& record) {
   CONCORD_RETURN_IF_ERROR(ValidateSpec(record.spec()));
-  if (record.generation() < 0 || !v1::JobState_IsValid(record.state()) ||
+  if (record.generation() < 0 || record.run() < 0 ||
+      !v1::JobState_IsValid(record.state()) ||
       record.state() == v1::JOB_STATE_UNSPECIFIED) {
     return absl::InvalidArgumentError(absl::StrCat(
         "job record ", record.spec().job_id(), " has a bad generation/state"));
@@ -437,10 +440,9 @@ absl::Status Core::RestoreJob(const v1::JobRecord& record) {
   job.finished.insert(record.finished().begin(), record.finished().end());
   job.checkpoints.assign(record.checkpoints().begin(),
                          record.checkpoints().end());
-  std::sort(job.checkpoints.begin(), job.checkpoints.end(),
-            [](const v1::CheckpointReport& a, const v1::CheckpointReport& b) {
-              return a.step() < b.step();
-            });
+  std::sort(job.checkpoints.begin(), job.checkpoints.end(), OlderCheckpoint);
+  // See Note [Runs]: a record of a coordinator before runs begins one.
+  job.run = record.run() > 0 ? record.run() : RunAfter(clock_->Now(), 0);
   job.checkpoint_totals = record.checkpoint_totals();
   job.retired.insert(record.retired_bindings().begin(),
                      record.retired_bindings().end());

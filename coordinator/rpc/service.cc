@@ -260,6 +260,7 @@ std::optional<absl::Status> JoinAnswer(Core& core,
   response->set_world_size(a.world_size);
   response->set_authoritative_rank(a.authoritative_rank);
   response->set_finished_workers(a.finished_workers);
+  response->set_run(a.run);
   response->set_heartbeat_interval_ms(
       absl::ToInt64Milliseconds(a.heartbeat_interval));
   if (a.resume_memory.has_value()) {

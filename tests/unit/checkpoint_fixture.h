@@ -91,10 +91,13 @@ inline std::string StagingDir(const TempDir& dir, int64_t step) {
 }
 
 // The names in `path`, sorted.
+// A folder's entries but the writer lock (see Note [One writer per folder]
+// in worker/checkpoint/writer_lock.h; writer_lock_test.cc checks it).
 inline std::vector<std::string> Entries(const std::string& path) {
   std::vector<std::string> out;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(path, ec)) {
+    if (e.path().filename() == ".writer") continue;
     out.push_back(e.path().filename().string());
   }
   std::sort(out.begin(), out.end());
@@ -196,6 +199,7 @@ inline void ExpectSameContent(const Content& actual, const Content& expected) {
   EXPECT_EQ(actual.counters.position, expected.counters.position);
   EXPECT_EQ(actual.counters.world_size, expected.counters.world_size);
   EXPECT_EQ(actual.counters.generation, expected.counters.generation);
+  EXPECT_EQ(actual.counters.run, expected.counters.run);
   ASSERT_EQ(actual.modules.size(), expected.modules.size());
   for (size_t i = 0; i < actual.modules.size(); ++i) {
     EXPECT_EQ(actual.modules[i].first, expected.modules[i].first);
@@ -232,7 +236,7 @@ inline NamedTensors Cloned(const NamedTensors& tensors) {
 // tensors.
 inline Content SampleContent(int64_t step, int64_t n = 16) {
   Content c;
-  c.counters = Counters{step, 2, 96, 4, 7};
+  c.counters = Counters{step, 2, 96, 4, 7, /*run=*/17};
   c.modules.emplace_back(
       "model",
       NamedTensors{

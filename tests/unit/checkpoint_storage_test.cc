@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "checkpoint_fixture.h"
 #include "worker/checkpoint/file_writer.h"
+#include "worker/checkpoint/writer_lock.h"
 
 namespace concord::checkpoint {
 namespace {
@@ -380,6 +381,90 @@ TEST(CheckpointDiskTest, LatestNeverMovesBackwards) {
   fs::remove_all(JobDir(dir) + "/step-30");
   ASSERT_TRUE(Write(SampleContent(25), dir).ok());
   EXPECT_EQ(ReadText(JobDir(dir) + "/latest"), "step-25\n");
+}
+
+// ---- runs (see Note [Runs] in coordinator/core/core.h)
+
+Content OfRun(int64_t step, int64_t run) {
+  Content c = SampleContent(step);
+  c.counters.run = run;
+  return c;
+}
+
+// A run started afresh (--no-resume) at step 0 is newer than an earlier
+// run's higher steps: loaded first, named by `latest`, and the earlier run's
+// are pruned first.
+TEST(CheckpointRunsTest, ALaterRunIsNewerWhateverItsSteps) {
+  TempDir dir;
+  WriteOptions options;
+  options.keep = 3;
+  for (int64_t step : {400, 500}) {
+    ASSERT_TRUE(Write(OfRun(step, 1), dir, options).ok());
+  }
+  ASSERT_TRUE(Write(OfRun(50, 2), dir, options).ok());
+  EXPECT_EQ(ReadText(JobDir(dir) + "/latest"), "step-50\n");
+  const std::vector<CheckpointInfo> list = ListCheckpoints(dir.path(), kJob);
+  ASSERT_EQ(list.size(), 3u);
+  EXPECT_EQ(std::make_pair(list[0].run, list[0].step), std::make_pair(2L, 50L));
+  EXPECT_EQ(std::make_pair(list[1].run, list[1].step),
+            std::make_pair(1L, 500L));
+  EXPECT_EQ(std::make_pair(list[2].run, list[2].step),
+            std::make_pair(1L, 400L));
+  absl::StatusOr<Loaded> newest = LoadNewest(dir.path(), kJob);
+  ASSERT_TRUE(newest.ok()) << newest.status();
+  EXPECT_EQ(newest->content.counters.step, 50);
+  EXPECT_EQ(newest->content.counters.run, 2);
+  // One run's alone: --no-resume's view.
+  absl::StatusOr<Loaded> first = LoadNewest(dir.path(), kJob, /*only_run=*/1);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->info.step, 500);
+  EXPECT_TRUE(absl::IsNotFound(LoadNewest(dir.path(), kJob, 3).status()));
+  // Two more of run 2: the keep of 3 prunes run 1's, though their steps are
+  // higher.
+  for (int64_t step : {60, 70}) {
+    ASSERT_TRUE(Write(OfRun(step, 2), dir, options).ok());
+  }
+  EXPECT_THAT(Entries(JobDir(dir)),
+              ElementsAre("latest", "step-50", "step-60", "step-70"));
+  EXPECT_EQ(ReadText(JobDir(dir) + "/latest"), "step-70\n");
+  // An earlier run's write (a writer of run 1 still going) moves nothing
+  // back and prunes nothing newer.
+  ASSERT_TRUE(Write(OfRun(600, 1), dir, options).ok());
+  EXPECT_EQ(ReadText(JobDir(dir) + "/latest"), "step-70\n");
+  EXPECT_EQ(LoadNewest(dir.path(), kJob)->info.step, 70);
+}
+
+// A later run's checkpoint of a step an earlier run wrote replaces it.
+TEST(CheckpointRunsTest, AStepWrittenAgainByALaterRunReplacesIt) {
+  TempDir dir;
+  ASSERT_TRUE(Write(OfRun(100, 1), dir).ok());
+  ASSERT_TRUE(Write(OfRun(100, 2), dir).ok());
+  EXPECT_THAT(Entries(JobDir(dir)), ElementsAre("latest", "step-100"));
+  EXPECT_EQ(LoadNewest(dir.path(), kJob)->content.counters.run, 2);
+  EXPECT_TRUE(absl::IsNotFound(LoadNewest(dir.path(), kJob, 1).status()));
+}
+
+// See Note [One writer per folder] in worker/checkpoint/writer_lock.h: while
+// a writer of another run holds the folder, a write is refused and changes
+// nothing; once it is gone, the write takes the folder.
+TEST(CheckpointRunsTest, AWriteIsRefusedWhileAnotherRunHoldsTheFolder) {
+  TempDir dir;
+  ASSERT_TRUE(Write(OfRun(10, 31), dir).ok());
+  // Another writer of run 31 (a node agent of that run, say) holds it too.
+  WriterLock keeper;
+  ASSERT_TRUE(keeper.Hold(JobDir(dir), 31).ok());
+  const std::vector<std::string> before = Entries(JobDir(dir));
+  absl::StatusOr<WriteStats> refused = Write(OfRun(20, 32), dir);
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition)
+      << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("is written by run 31"));
+  EXPECT_EQ(Entries(JobDir(dir)), before);  // no staging, nothing pruned
+  EXPECT_EQ(LoadNewest(dir.path(), kJob)->info.step, 10);
+  // That writer gone (its run ended), run 32 writes.
+  keeper.Release();
+  ASSERT_TRUE(Write(OfRun(20, 32), dir).ok());
+  EXPECT_EQ(LoadNewest(dir.path(), kJob)->info.step, 20);
 }
 
 // Once renamed into place the checkpoint is complete and loads: a failure

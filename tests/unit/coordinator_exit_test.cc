@@ -664,6 +664,95 @@ TEST_F(CoordinatorExitTest, AStoppedJobStartsAgainFromItsNewestCheckpoint) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+v1::CheckpointReport OfRun(v1::CheckpointReport r, int64_t run) {
+  r.set_run(run);
+  return r;
+}
+
+// See Note [Runs]: a job's run is set when its record is made, carried by
+// every assignment, shown and persisted; starting the job again begins a
+// later one. Checkpoints are ordered by run, then step: the new run's step
+// 50 is named over the earlier run's 500, a step written again replaces the
+// earlier run's at its path, and a report of another run changes nothing.
+TEST_F(CoordinatorExitTest,
+       RunsOrderCheckpointsAndAnEarlierRunsReportsAreRefused) {
+  FormLong(2);
+  auto run_of = [this](Core& core, const std::string& worker) -> int64_t {
+    auto a = core.GetAssignment(kJob, worker);
+    return a.ok() && a->has_value() ? (*a)->run : -1;
+  };
+  const int64_t first = run_of(core_, Worker(0));
+  // The record's start (this fake clock's is the Unix epoch: 1 µs after).
+  EXPECT_EQ(first, std::max<int64_t>(absl::ToUnixMicros(clock_.Now()), 1));
+  EXPECT_EQ(run_of(core_, Worker(1)), first);
+  EXPECT_EQ(Status().run(), first);
+  ASSERT_TRUE(
+      core_.CheckpointReported(kJob, OfRun(Checkpoint(400), first)).ok());
+  // Without a run (an older writer): taken as this run's.
+  ASSERT_TRUE(core_.CheckpointReported(kJob, Checkpoint(500)).ok());
+  ASSERT_EQ(Status().checkpoints_size(), 2);
+  EXPECT_EQ(Status().checkpoints(1).run(), first);
+  (void)core_.TakeDirtyJobs();
+  const absl::Status later =
+      core_.CheckpointReported(kJob, OfRun(Checkpoint(600), first + 1));
+  EXPECT_EQ(later.code(), absl::StatusCode::kFailedPrecondition) << later;
+  EXPECT_TRUE(core_.TakeDirtyJobs().empty());
+  // Persisted with the record, and restored.
+  auto record = core_.ExportJob(kJob);
+  ASSERT_TRUE(record.has_value());
+  EXPECT_EQ(record->run(), first);
+  {
+    Core restored(&clock_);
+    ASSERT_TRUE(restored.RestoreJob(*record).ok());
+    EXPECT_EQ(run_of(restored, Worker(0)), first);
+    record->set_run(-1);
+    EXPECT_EQ(Core(&clock_).RestoreJob(*record).code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+  // Started again (afresh: --no-resume): a later run.
+  clock_.Advance(absl::Seconds(5));
+  v1::StopJobRequest stop;
+  stop.set_job_id(kJob);
+  ASSERT_TRUE(core_.StopJob(stop).ok());
+  ASSERT_TRUE(core_.Join(JoinReq(spec_, "n0")).ok());
+  ASSERT_TRUE(core_.Join(JoinReq(spec_, "n1")).ok());
+  const int64_t second = run_of(core_, "n0");
+  EXPECT_EQ(second, absl::ToUnixMicros(clock_.Now()));
+  EXPECT_GT(second, first);
+  EXPECT_EQ(Status().run(), second);
+  // The earlier run's writer, still reporting, is refused.
+  EXPECT_EQ(
+      core_.CheckpointReported(kJob, OfRun(Checkpoint(700), first)).code(),
+      absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(
+      core_.CheckpointReported(kJob, OfRun(Checkpoint(50), second)).ok());
+  // Its step 400 written again: the earlier run's record at that path goes.
+  ASSERT_TRUE(
+      core_.CheckpointReported(kJob, OfRun(Checkpoint(400), second)).ok());
+  v1::JobStatus status = Status();
+  ASSERT_EQ(status.checkpoints_size(), 3);  // oldest first
+  EXPECT_EQ(
+      std::make_pair(status.checkpoints(0).run(), status.checkpoints(0).step()),
+      std::make_pair(first, int64_t{500}));
+  EXPECT_EQ(
+      std::make_pair(status.checkpoints(1).run(), status.checkpoints(1).step()),
+      std::make_pair(second, int64_t{50}));
+  EXPECT_EQ(
+      std::make_pair(status.checkpoints(2).run(), status.checkpoints(2).step()),
+      std::make_pair(second, int64_t{400}));
+  // Everyone lost: the next generation is told this run's newest.
+  ASSERT_TRUE(Exited("n0").ok());
+  ASSERT_TRUE(Exited("n1").ok());
+  ASSERT_TRUE(core_.Join(JoinReq(spec_, "m0")).ok());
+  ASSERT_TRUE(core_.Join(JoinReq(spec_, "m1")).ok());
+  auto a = core_.GetAssignment(kJob, "m0");
+  ASSERT_TRUE(a.ok() && a->has_value());
+  ASSERT_TRUE((*a)->resume_from.has_value());
+  EXPECT_EQ((*a)->resume_from->step(), 400);
+  EXPECT_EQ((*a)->resume_from->run(), second);
+  EXPECT_EQ((*a)->run, second);  // the same run goes on
+}
+
 v1::CheckpointReport Memory(int64_t step, const std::string& node) {
   v1::CheckpointReport r;
   r.set_step(step);

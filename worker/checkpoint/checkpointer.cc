@@ -147,6 +147,7 @@ PersistReport Checkpointer::OwnReport(const Counters& k) const {
   report.samples = k.position;
   report.world_size = k.world_size;
   report.generation = k.generation;
+  report.run = k.run;
   return report;
 }
 
@@ -267,14 +268,23 @@ void Checkpointer::Warn(int64_t step, const std::string& error) {
 }
 
 std::optional<Candidate> Checkpointer::FindCandidate(
-    bool disk, const std::optional<Named>& named) {
+    bool disk, const std::optional<Named>& named, int64_t only_run) {
   if (preparer_.joinable()) preparer_.join();
   Fence();  // this worker's own snapshot, complete
+  // See Note [Runs] in coordinator/core/core.h: with --no-resume, this run's
+  // own checkpoints alone.
+  auto of_run = [only_run](int64_t run) {
+    return only_run == 0 || run == only_run;
+  };
   std::optional<Candidate> best;
+  auto newer = [&best](const Counters& k) {
+    return !best || Newer(k, best->content.counters);
+  };
   absl::StatusOr<Content> memory = ReadSnapshot(*region_);
   if (memory.ok()) {
     const RegionHeader& h = region_->header();
-    if (std::string(h.job, strnlen(h.job, sizeof(h.job))) == job_) {
+    if (std::string(h.job, strnlen(h.job, sizeof(h.job))) == job_ &&
+        of_run(memory->counters.run)) {
       best = Candidate{
           memory->counters.step,
           absl::StrCat("memory (",
@@ -288,19 +298,28 @@ std::optional<Candidate> Checkpointer::FindCandidate(
   }
   // Memory wins a tie: no file to read.
   // See Note [One job's checkpoints]: only this job's own folder is read.
+  const bool this_run = named.has_value() && of_run(named->run);
   const bool ours =
-      named.has_value() &&
+      this_run &&
       named->path == CheckpointStepPath(config_.dir, job_, named->step);
-  if (named.has_value() && !ours) {
+  if (this_run && !ours) {
     Log()->warn(
         "the checkpoint the coordinator named, step {} at {}, is not this "
         "job's ({} expected); looking in {}",
         named->step, named->path,
         CheckpointStepPath(config_.dir, job_, named->step), config_.dir);
   }
-  if (disk && ours && (!best || best->step < named->step)) {
+  Counters named_at;
+  if (named.has_value()) {
+    named_at.step = named->step;
+    named_at.run = named->run;
+  }
+  if (disk && ours && newer(named_at)) {
     absl::StatusOr<Content> content = LoadCheckpoint(named->path, job_);
-    if (content.ok() && content->counters.step == named->step) {
+    // A later run may have written its step again (see Note [Runs]).
+    const bool same = content.ok() && content->counters.step == named->step &&
+                      (named->run == 0 || content->counters.run == named->run);
+    if (same) {
       best = Candidate{
           named->step,
           absl::StrCat("disk (", named->path, "), as the coordinator named"),
@@ -310,7 +329,8 @@ std::optional<Candidate> Checkpointer::FindCandidate(
           "the checkpoint the coordinator named, step {} at {}, does not "
           "load here ({}); looking in {}",
           named->step, named->path,
-          content.ok() ? absl::StrCat("it holds step ", content->counters.step)
+          content.ok() ? absl::StrCat("it holds step ", content->counters.step,
+                                      " of run ", content->counters.run)
                        : std::string(content.status().message()),
           config_.dir);
     }
@@ -318,13 +338,19 @@ std::optional<Candidate> Checkpointer::FindCandidate(
   // A newer complete one in the directory (written, but its report lost
   // with its writer) is taken over the named one.
   if (disk) {
-    const std::vector<CheckpointInfo> listed =
-        ListCheckpoints(config_.dir, job_);
-    if (listed.empty() || (best && best->step >= listed.front().step)) {
-      return best;
+    std::vector<CheckpointInfo> listed = ListCheckpoints(config_.dir, job_);
+    listed.erase(
+        std::remove_if(listed.begin(), listed.end(),
+                       [&](const CheckpointInfo& i) { return !of_run(i.run); }),
+        listed.end());
+    Counters front;
+    if (!listed.empty()) {
+      front.step = listed.front().step;
+      front.run = listed.front().run;
     }
-    absl::StatusOr<Loaded> loaded = LoadNewest(config_.dir, job_);
-    if (loaded.ok() && (!best || loaded->info.step > best->step)) {
+    if (listed.empty() || !newer(front)) return best;
+    absl::StatusOr<Loaded> loaded = LoadNewest(config_.dir, job_, only_run);
+    if (loaded.ok() && newer(loaded->content.counters)) {
       best = Candidate{loaded->info.step,
                        absl::StrCat("disk (", loaded->info.path, ")"),
                        std::move(loaded->content)};

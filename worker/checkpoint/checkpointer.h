@@ -55,7 +55,10 @@ struct Candidate {
 // rank loads it and broadcasts it as the authoritative rank does after a
 // re-form, and one line in every worker's log names the step and the
 // source. A generation with a member that holds a commit goes on from that
-// member as always. Config::resume = false (--no-resume) starts afresh.
+// member as always. Config::resume = false (--no-resume) starts this run
+// afresh: only the run's own checkpoints are offered (see Note [Runs] in
+// coordinator/core/core.h), so a total loss later in the run resumes from
+// the run's newest, and an earlier run's never wins.
 //
 // Note [Writes from the worker]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -147,12 +150,17 @@ class Checkpointer {
   // (see Note [Resume source] in coordinator/core/core.h) when it loads, or a
   // newer one in the directory that does (its report was lost with its
   // writer).
+  // With `only_run` (--no-resume: see Note [Runs] in
+  // coordinator/core/core.h), only that run's checkpoints; the newest wins
+  // by run, then step.
   struct Named {
     int64_t step = 0;
     std::string path;
+    int64_t run = 0;
   };
   std::optional<Candidate> FindCandidate(
-      bool disk, const std::optional<Named>& named = std::nullopt);
+      bool disk, const std::optional<Named>& named = std::nullopt,
+      int64_t only_run = 0);
 
   // The bytes of the region this worker has mapped, once a Prepare in
   // flight is done.

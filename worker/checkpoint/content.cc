@@ -278,7 +278,8 @@ Flat Flatten(const Content& content) {
                    {"epoch", c.epoch},
                    {"position", c.position},
                    {"world_size", c.world_size},
-                   {"generation", c.generation}};
+                   {"generation", c.generation},
+                   {"run", c.run}};
   s["modules"] = json::array();
   for (const auto& [name, tensors] : content.modules) {
     s["modules"].push_back({{"name", name}, {"tensors", named(tensors)}});
@@ -330,6 +331,7 @@ absl::StatusOr<Content> Unflatten(const json& s,
     c.counters.position = k.at("position").get<int64_t>();
     c.counters.world_size = k.at("world_size").get<int64_t>();
     c.counters.generation = k.at("generation").get<int64_t>();
+    c.counters.run = k.value("run", int64_t{0});
     for (const json& m : s.at("modules")) {
       auto t = named(m.at("tensors"));
       if (!t.ok()) return t.status();

@@ -70,7 +70,17 @@ struct Counters {
   int64_t position = 0;  // samples of the epoch consumed (the loop's unit)
   int64_t world_size = 0;
   int64_t generation = 0;
+  // See Note [Runs] in coordinator/core/core.h: the job's run that took it
+  // (0: unknown, an older checkpoint's). Checkpoints are ordered by run, then
+  // step (Newer).
+  int64_t run = 0;
 };
+
+// Whether a checkpoint of `a` is newer than one of `b`: a later run, or the
+// same run and a later step.
+inline bool Newer(const Counters& a, const Counters& b) {
+  return a.run != b.run ? a.run > b.run : a.step > b.step;
+}
 
 struct Content {
   Counters counters;

@@ -20,6 +20,7 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "worker/checkpoint/file_writer.h"
+#include "worker/checkpoint/writer_lock.h"
 #include "worker/crc32.h"
 #include "worker/zip_writer.h"
 
@@ -235,6 +236,7 @@ Scanned Scan(const std::string& path, const std::string& job) {
     s.info.position = m.at("samples").get<int64_t>();
     s.info.world_size = m.at("world_size").get<int64_t>();
     s.info.generation = m.at("generation").get<int64_t>();
+    s.info.run = m.value("run", int64_t{0});
     for (const auto& [file, f] : m.at("files").items()) {
       const uint64_t size = f.at("size").get<uint64_t>();
       s.info.bytes += size;
@@ -249,7 +251,14 @@ Scanned Scan(const std::string& path, const std::string& job) {
   return s;
 }
 
-// Every step-N directory, newest first, scanned.
+// Whether `a` is newer than `b` (see Note [Runs] in coordinator/core/core.h).
+bool NewerInfo(const CheckpointInfo& a, const CheckpointInfo& b) {
+  return Newer(Counters{a.step, 0, 0, 0, 0, a.run},
+               Counters{b.step, 0, 0, 0, 0, b.run});
+}
+
+// Every step-N directory, newest first (by run, then step; one whose
+// manifest does not parse by its name's step, as of run 0), scanned.
 std::vector<Scanned> ScanAll(const std::string& dir, const std::string& job) {
   if (!CheckJob(job).ok()) return {};
   std::vector<std::pair<int64_t, std::string>> found;
@@ -261,7 +270,6 @@ std::vector<Scanned> ScanAll(const std::string& dir, const std::string& job) {
       found.emplace_back(step, entry.path().string());
     }
   }
-  std::sort(found.rbegin(), found.rend());
   std::vector<Scanned> out;
   for (const auto& [step, path] : found) {
     Scanned s = Scan(path, job);
@@ -269,8 +277,15 @@ std::vector<Scanned> ScanAll(const std::string& dir, const std::string& job) {
       s.status = absl::InvalidArgumentError(absl::StrCat(
           "manifest.json says step ", s.info.step, " in step-", step));
     }
+    if (!s.status.ok()) {
+      s.info.step = step;
+      s.info.run = 0;
+    }
     out.push_back(std::move(s));
   }
+  std::sort(out.begin(), out.end(), [](const Scanned& a, const Scanned& b) {
+    return NewerInfo(a.info, b.info);
+  });
   return out;
 }
 
@@ -339,6 +354,8 @@ class Staging {
       CONCORD_RETURN_IF_ERROR(
           SyncDir(fs::path(job_dir).parent_path().string()));
     }
+    // See Note [One writer per folder] in worker/checkpoint/writer_lock.h.
+    CONCORD_RETURN_IF_ERROR(HoldWriterLock(job_dir, content.counters.run));
     const int64_t step = content.counters.step;
     std::string path = (fs::path(job_dir) /
                         absl::StrCat(".staging-step-", step, "-", ::getpid()))
@@ -397,6 +414,7 @@ class Staging {
             {"samples", content.counters.position},
             {"world_size", content.counters.world_size},
             {"generation", content.counters.generation},
+            {"run", content.counters.run},
             {"created_unix_ms",
              std::chrono::duration_cast<std::chrono::milliseconds>(
                  std::chrono::system_clock::now().time_since_epoch())
@@ -453,18 +471,19 @@ std::string LatestTmp(const std::string& job_dir) {
 }
 
 // `latest` says step-N, replaced by rename; never moved back to an older
-// step while the one it names is there (another writer's newer one, or a
-// step written again).
-absl::Status ReplaceLatest(const std::string& job_dir, int64_t step,
-                           WriteFault fault) {
+// checkpoint (by run, then step) while the one it names is complete there
+// (another writer's newer one).
+absl::Status ReplaceLatest(const std::string& job_dir, const std::string& job,
+                           const CheckpointInfo& written, WriteFault fault) {
   const std::string latest = (fs::path(job_dir) / "latest").string();
+  const int64_t step = written.step;
   {
     std::ifstream in(latest);
     std::string named;
-    if (in && std::getline(in, named)) {
-      const int64_t at = StepOf(named, "step-");
-      std::error_code ec;
-      if (at > step && fs::is_directory(fs::path(job_dir) / named, ec)) {
+    if (in && std::getline(in, named) && StepOf(named, "step-") >= 0 &&
+        named != absl::StrCat("step-", step)) {
+      const Scanned there = Scan((fs::path(job_dir) / named).string(), job);
+      if (there.status.ok() && NewerInfo(there.info, written)) {
         return absl::OkStatus();
       }
     }
@@ -487,14 +506,15 @@ absl::Status ReplaceLatest(const std::string& job_dir, int64_t step,
 
 // After step `step` is in place: the complete ones beyond `keep` go, and
 // what crashed writers left (staging, trash, `latest` temporaries).
-void Prune(const std::string& dir, const std::string& job, int64_t step,
-           int keep) {
+void Prune(const std::string& dir, const std::string& job,
+           const CheckpointInfo& written, int keep) {
+  const int64_t step = written.step;
   std::vector<Scanned> all = ScanAll(dir, job);
   int kept = 0;
   int64_t oldest_kept = step;
   for (const Scanned& s : all) {
     if (!s.status.ok()) continue;
-    if (s.info.step > step) continue;  // another writer's newer one
+    if (NewerInfo(s.info, written)) continue;  // another writer's newer one
     if (++kept > keep) {
       RemoveAll(s.info.path, nullptr);
     } else {
@@ -569,7 +589,11 @@ absl::StatusOr<WriteStats> WriteCheckpoint(const Content& content,
   // the newest complete step-N, `latest` is for people): a failure to
   // point `latest` at it is a warning, not a failed checkpoint.
   WriteStats stats;
-  if (absl::Status s = ReplaceLatest(job_dir, step, options.fault); !s.ok()) {
+  CheckpointInfo written;
+  written.step = step;
+  written.run = content.counters.run;
+  if (absl::Status s = ReplaceLatest(job_dir, job, written, options.fault);
+      !s.ok()) {
     if (s.code() == absl::StatusCode::kAborted) return s;  // a test fault
     stats.warning = absl::StrCat("'latest' not updated: ", s.message());
   }
@@ -579,7 +603,7 @@ absl::StatusOr<WriteStats> WriteCheckpoint(const Content& content,
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
           .count();
   // Only now, and not in the write's time.
-  Prune(dir, job, step, options.keep);
+  Prune(dir, job, written, options.keep);
   return stats;
 }
 
@@ -602,6 +626,7 @@ absl::StatusOr<Content> LoadCheckpoint(const std::string& path,
   c.counters.position = s.info.position;
   c.counters.world_size = s.info.world_size;
   c.counters.generation = s.info.generation;
+  c.counters.run = s.info.run;
   try {
     const json& files = s.manifest.at("files");
     auto read = [&](const std::string& file) -> absl::StatusOr<c10::IValue> {
@@ -667,16 +692,19 @@ absl::StatusOr<Content> LoadCheckpoint(const std::string& path,
 }
 
 absl::StatusOr<Loaded> LoadNewest(const std::string& dir,
-                                  const std::string& job) {
+                                  const std::string& job, int64_t only_run) {
   for (Scanned& s : ScanAll(dir, job)) {
+    if (only_run != 0 && (!s.status.ok() || s.info.run != only_run)) continue;
     absl::StatusOr<Content> content =
         s.status.ok() ? LoadCheckpoint(s.info.path, job) : s.status;
     if (content.ok()) return Loaded{s.info, *std::move(content)};
     Log()->warn("checkpoint {} passed over: {}", s.info.path,
                 std::string(content.status().message()));
   }
-  return absl::NotFoundError(
-      absl::StrCat("no complete checkpoint of job ", job, " in ", dir));
+  return absl::NotFoundError(absl::StrCat(
+      "no complete checkpoint of job ", job,
+      only_run != 0 ? absl::StrCat(" of run ", only_run) : std::string(),
+      " in ", dir));
 }
 
 }  // namespace concord::checkpoint

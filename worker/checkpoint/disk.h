@@ -10,9 +10,11 @@
 //   DIR/<job>/step-<N>/   model.pt, optimizer.pt, ..., state.pt,
 //                         manifest.json
 //   DIR/<job>/latest      "step-<N>\n": the newest complete one
+//   DIR/<job>/.writer     the run that writes here (see Note [One writer
+//                         per folder] in worker/checkpoint/writer_lock.h)
 // A checkpoint is written into DIR/<job>/.staging-step-<N>-<pid>/, each
 // file fsynced; manifest.json last (the step, epoch, samples, world size,
-// generation, and each file's size and CRC-32), fsynced with the
+// generation, run, and each file's size and CRC-32), fsynced with the
 // directory; then the directory is renamed to step-<N> and DIR/<job>
 // fsynced; then `latest` is replaced by rename (written and fsynced
 // first). Only then are checkpoints beyond the newest `keep` deleted, and
@@ -25,7 +27,12 @@
 //    next older one is tried;
 //  - `latest` is for people and Python; the loader takes the newest step-N
 //    that passes its checks, so a crash between the rename and `latest`
-//    loses nothing.
+//    loses nothing;
+//  - newest is by run, then step (see Note [Runs] in
+//    coordinator/core/core.h), for the loader, `latest` and pruning alike;
+//    a later run's step-N replaces an earlier run's.
+// Only the run that holds the folder's writer lock writes (FAILED_PRECONDITION
+// naming the holder otherwise, nothing changed).
 // A write that fails (a full disk, a directory made read-only or removed)
 // removes its staging directory and returns the error; the checkpoints
 // already there stay.
@@ -76,11 +83,14 @@ struct CheckpointInfo {
   int64_t position = 0;
   int64_t world_size = 0;
   int64_t generation = 0;
+  // See Note [Runs] in coordinator/core/core.h (0: written before runs).
+  int64_t run = 0;
   uint64_t bytes = 0;
 };
 
-// Every DIR/<job>/step-<N> whose manifest parses, newest first (the files
-// are not read). A missing DIR/<job> is none.
+// Every DIR/<job>/step-<N> whose manifest parses, newest first (by run, then
+// step; see Note [Runs] in coordinator/core/core.h), the files there at
+// their sizes but not read. A missing DIR/<job> is none.
 std::vector<CheckpointInfo> ListCheckpoints(const std::string& dir,
                                             const std::string& job);
 
@@ -92,13 +102,13 @@ absl::StatusOr<Content> LoadCheckpoint(const std::string& path,
                                        const std::string& job);
 
 // The newest checkpoint of `job` in `dir` that loads (see Note [Checkpoint
-// directories]): one warning line for each newer one passed over.
-// NOT_FOUND when there is none.
+// directories]), of run `only_run` alone unless it is 0: one warning line
+// for each newer one passed over. NOT_FOUND when there is none.
 struct Loaded {
   CheckpointInfo info;
   Content content;
 };
 absl::StatusOr<Loaded> LoadNewest(const std::string& dir,
-                                  const std::string& job);
+                                  const std::string& job, int64_t only_run = 0);
 
 }  // namespace concord::checkpoint

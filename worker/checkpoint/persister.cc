@@ -100,6 +100,7 @@ bool Persister::PersistOnce() {
       report.samples = content->counters.position;
       report.world_size = content->counters.world_size;
       report.generation = content->counters.generation;
+      report.run = content->counters.run;
       WriteOptions options;
       options.keep = keep_;
       options.buffers = buffers_;
@@ -193,6 +194,7 @@ v1::CheckpointReport ReportOf(const PersistReport& w, const std::string& node) {
   r.set_samples(w.samples);
   r.set_world_size(static_cast<int32_t>(w.world_size));
   r.set_generation(w.generation);
+  r.set_run(w.run);
   r.set_path(w.path);
   r.set_bytes(w.bytes);
   r.set_write_seconds(w.seconds);

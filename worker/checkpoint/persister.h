@@ -48,6 +48,9 @@ struct PersistReport {
   std::string path;
   std::string error;
   int64_t step = 0, epoch = 0, samples = 0, world_size = 0, generation = 0;
+  // See Note [Runs] in coordinator/core/core.h (0: a memory-only report,
+  // whose content is not read: the coordinator takes it as the job's run).
+  int64_t run = 0;
   uint64_t bytes = 0;
   double seconds = 0;
   // The training step's stall for this snapshot (RegionHeader::stall_ns).

@@ -6,6 +6,7 @@
 #include <optional>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -329,6 +330,7 @@ checkpoint::Content State::Capture(NamedTensors participants) const {
   c.counters.position = committed_.position;
   c.counters.world_size = session_->world_size();
   c.counters.generation = session_->generation();
+  c.counters.run = session_->run();
   for (const Model& m : models_) {
     c.modules.emplace_back(m.name, m.engine->NamedState());
   }
@@ -452,7 +454,6 @@ absl::Status State::SyncCheckpoints(int* root) {
       std::find(nodes.begin(), nodes.end(), nodes[me]) - nodes.begin());
   checkpointer_->SetRole(/*writes_memory=*/first == me, /*persists=*/me == 0);
   region_prepared_ = false;
-  if (!config.resume) return absl::OkStatus();
   CONCORD_ASSIGN_OR_RETURN(const ResumeChoice choice,
                            ChooseResume(*comm, nodes, opts));
   if (choice.winner < 0) return absl::OkStatus();
@@ -480,29 +481,42 @@ absl::StatusOr<State::ResumeChoice> State::ChooseResume(
   std::optional<checkpoint::Checkpointer::Named> named;
   int disk_rank = 0;
   if (const auto& from = session_->resume_from(); from.has_value()) {
-    named = checkpoint::Checkpointer::Named{from->step(), from->path()};
+    named = checkpoint::Checkpointer::Named{from->step(), from->path(),
+                                            from->run()};
     const auto on_node = std::find(nodes.begin(), nodes.end(), from->node());
     if (on_node != nodes.end()) {
       disk_rank = static_cast<int>(on_node - nodes.begin());
     }
   }
-  choice.mine =
-      checkpointer_->FindCandidate(/*disk=*/comm.rank() == disk_rank, named);
+  // See Note [Runs] in coordinator/core/core.h: --no-resume takes this run's
+  // own checkpoints only, and the newest is by run, then step.
+  // (A coordinator that names no run: nothing, as --no-resume did before.)
+  const int64_t only_run = session_->options().checkpoint.resume ? 0
+                           : session_->run() != 0 ? session_->run()
+                                                  : -1;
+  choice.mine = checkpointer_->FindCandidate(
+      /*disk=*/comm.rank() == disk_rank, named, only_run);
   const bool in_memory =
       choice.mine && absl::StartsWith(choice.mine->source, "memory");
   CONCORD_ASSIGN_OR_RETURN(
       torch::Tensor offers,
       AllgatherInts(
           comm,
-          {choice.mine ? choice.mine->step : int64_t{-1}, in_memory ? 1 : 0},
+          {choice.mine ? choice.mine->content.counters.run : 0,
+           choice.mine ? choice.mine->step : int64_t{-1}, in_memory ? 1 : 0},
           opts));
-  int64_t best_memory = 0;
+  int64_t best_memory = 0, best_run = 0;
   for (int r = 0; r < comm.size(); ++r) {
-    const int64_t s = offers[r][0].item<int64_t>();
-    const int64_t m = offers[r][1].item<int64_t>();
-    if (s > choice.step || (s == choice.step && s > 0 && m > best_memory)) {
+    const int64_t run = offers[r][0].item<int64_t>();
+    const int64_t s = offers[r][1].item<int64_t>();
+    const int64_t m = offers[r][2].item<int64_t>();
+    if (s <= 0) continue;
+    const auto key = std::make_tuple(run, s, m);
+    if (choice.winner < 0 ||
+        key > std::make_tuple(best_run, choice.step, best_memory)) {
       choice.winner = r;
       choice.step = s;
+      best_run = run;
       best_memory = m;
     }
   }
