@@ -658,6 +658,10 @@ TEST(CheckpointFileWriterTest, AFailedWriteIsReportedAndNothingWaits) {
   EXPECT_FALSE(appended);
   EXPECT_TRUE(absl::IsUnavailable(finished)) << finished;
   EXPECT_THAT(std::string(finished.message()), HasSubstr(std::strerror(EFBIG)));
+  // Which write failed, and where.
+  EXPECT_THAT(
+      std::string(finished.message()),
+      testing::ContainsRegex("write of [0-9]+ bytes at offset [0-9]+: "));
 }
 
 TEST(CheckpointFileWriterTest, AnExistingFileIsNotOverwritten) {

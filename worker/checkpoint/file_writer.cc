@@ -15,11 +15,18 @@
 namespace concord::checkpoint {
 namespace {
 
-// The errno of writing `n` bytes of `data` to `fd`, 0 when all were.
+// The errno of writing `n` bytes of `data` to `fd`, 0 when all were;
+// kWroteNothing when a write(2) returned 0 (no errno to say).
+constexpr int kWroteNothing = -1;
 int WriteErrno(int fd, const char* data, size_t n) {
   errno = 0;
   if (WriteAll(fd, std::string_view(data, n))) return 0;
-  return errno == 0 ? EIO : errno;
+  return errno == 0 ? kWroteNothing : errno;
+}
+
+std::string ErrorText(int error) {
+  return error == kWroteNothing ? "a write(2) wrote nothing"
+                                : std::strerror(error);
 }
 
 size_t RoundUp(size_t n, size_t to) {
@@ -109,12 +116,18 @@ void FileWriter::WriteQueued() {
     if (queue_.empty()) return;  // stopped, and all written
     const Block b = queue_.front();
     const bool failed = error_ != 0;
+    const uint64_t at = written_;
     lock.unlock();
     const int e = failed ? 0 : WriteErrno(fd_, b.data, b.n);
     if (b.owned) buffers_->Give(b.data);
     lock.lock();
     queue_.pop_front();
-    if (error_ == 0) error_ = e;
+    written_ += b.n;
+    if (error_ == 0 && e != 0) {
+      error_ = e;
+      failed_in_ = absl::StrCat(direct_ ? "an O_DIRECT write" : "a write",
+                                " of ", b.n, " bytes at offset ", at);
+    }
     cv_.notify_all();
   }
 }
@@ -191,6 +204,7 @@ void FileWriter::TakeBlock(std::unique_lock<std::mutex>& lock) {
   while (error_ == 0 && (current_ = buffers_->TryTake(&no_memory)) == nullptr) {
     if (no_memory) {
       error_ = ENOMEM;
+      failed_in_ = "taking a block for its queue";
       break;
     }
     cv_.wait(lock);
@@ -204,19 +218,35 @@ void FileWriter::TakeBlock(std::unique_lock<std::mutex>& lock) {
 absl::Status FileWriter::Finish() {
   Drain();
   int error = error_;
+  std::string in = failed_in_;
+  // The first failure of the steps below, and in which.
+  auto fail = [&](int e, std::string what) {
+    if (error != 0 || e == 0) return;
+    error = e;
+    in = std::move(what);
+  };
   if (error == 0 && fill_ > 0) {
     const size_t aligned = direct_ ? fill_ / kAlign * kAlign : 0;
-    if (aligned > 0) error = WriteErrno(fd_, current_, aligned);
+    if (aligned > 0) {
+      fail(WriteErrno(fd_, current_, aligned),
+           absl::StrCat("an O_DIRECT write of ", aligned, " bytes at offset ",
+                        written_));
+      written_ += aligned;
+    }
     if (error == 0 && aligned < fill_) {
       // The tail is not a whole block: written through the page cache.
       if (direct_) {
         const int flags = ::fcntl(fd_, F_GETFL);
         if (flags < 0 || ::fcntl(fd_, F_SETFL, flags & ~O_DIRECT) != 0) {
-          error = errno;
+          fail(errno, "turning O_DIRECT off");
         }
       }
-      if (error == 0)
-        error = WriteErrno(fd_, current_ + aligned, fill_ - aligned);
+      if (error == 0) {
+        fail(WriteErrno(fd_, current_ + aligned, fill_ - aligned),
+             absl::StrCat("a buffered write of the last ", fill_ - aligned,
+                          " bytes at offset ", written_));
+        written_ += fill_ - aligned;
+      }
     }
     fill_ = 0;
   }
@@ -224,13 +254,14 @@ absl::Status FileWriter::Finish() {
     buffers_->Give(current_);
     current_ = nullptr;
   }
-  if (error == 0 && ::fsync(fd_) != 0) error = errno;
-  if (::close(fd_) != 0 && error == 0) error = errno;
+  if (error == 0 && ::fsync(fd_) != 0) fail(errno, "fsync");
+  if (::close(fd_) != 0) fail(errno, "close");
   fd_ = -1;
   error_ = error;
+  failed_in_ = in;
   if (error != 0) {
     return absl::UnavailableError(
-        absl::StrCat("cannot write ", path_, ": ", std::strerror(error)));
+        absl::StrCat("cannot write ", path_, ", ", in, ": ", ErrorText(error)));
   }
   return absl::OkStatus();
 }

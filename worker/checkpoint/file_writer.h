@@ -148,6 +148,10 @@ class FileWriter {
   std::deque<Block> queue_;  // in file order, each a whole number of kAlign
   bool stop_ = false;
   int error_ = 0;  // the errno of the first write that failed
+  // What failed first ("an O_DIRECT write of N bytes at offset O", "fsync"),
+  // for the message; and the bytes the queue wrote (or tried) so far.
+  std::string failed_in_;
+  uint64_t written_ = 0;
   std::thread writer_;
 };
 
