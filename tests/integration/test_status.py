@@ -218,12 +218,14 @@ def part_watch(args, checks, tmp, bins, coord):
         if len(members) == 2 and all(
                 m.get("health") == "" and (m.get("progress") or {}).get("step_ms", 0) > 0
                 and "own_ms" in m["progress"] and "recent" in m["progress"] for m in members) \
-                and j.get("hang_timeout_ms", 0) >= 5000 and j.get("stragglers") == "report":
+                and j.get("hang_timeout_ms", 0) >= 5000 and j.get("stragglers") == "report" \
+                and j.get("run", 0) > 1.7e15:
             return j
         return None
     checks.check(wait_for(reported, 30, 0.5) is not None,
                  "/api/jobs/ID: each member's health (\"\") and progress (step, own, wait "
-                 "times), the hang timeout in force and the straggler policy",
+                 "times), the hang timeout in force, the straggler policy and the job's run "
+                 "(its start, in microseconds since the epoch)",
                  json.dumps(api_job(coord))[:2000])
     scraped = wait_for(scrape, 30, 0.5)
     checks.check(scraped is not None,

@@ -383,6 +383,19 @@ TEST(CheckpointDiskTest, LatestNeverMovesBackwards) {
   EXPECT_EQ(ReadText(JobDir(dir) + "/latest"), "step-25\n");
 }
 
+// A checkpoint folder that is not there yet is made, each new level's entry
+// synced into its parent (not observable here: the write works through
+// several new levels and loads).
+TEST(CheckpointDiskTest, AFolderNotThereYetIsMadeLevelByLevel) {
+  TempDir dir;
+  const std::string deep = dir.path() + "/a/b/c";
+  WriteOptions options;
+  ASSERT_TRUE(WriteCheckpoint(SampleContent(10), deep, kJob, options).ok());
+  absl::StatusOr<Loaded> loaded = LoadNewest(deep, kJob);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->info.step, 10);
+}
+
 // ---- runs (see Note [Runs] in coordinator/core/core.h)
 
 Content OfRun(int64_t step, int64_t run) {

@@ -342,17 +342,23 @@ class Staging {
                                       const std::string& job,
                                       std::shared_ptr<WriteBuffers> buffers) {
     std::error_code ec;
-    const bool made = !fs::exists(job_dir, ec);
+    // The folders this write makes (the job's, and the checkpoint folder and
+    // those above it that are not there yet), outermost first.
+    std::vector<fs::path> made;
+    for (fs::path p = job_dir; !p.empty() && !fs::exists(p, ec);
+         p = p.parent_path()) {
+      made.insert(made.begin(), p);
+      if (p == p.parent_path()) break;
+    }
     fs::create_directories(job_dir, ec);
     if (ec) {
       return absl::UnavailableError(
           absl::StrCat("cannot make ", job_dir, ": ", ec.message()));
     }
-    // A job's first checkpoint: its folder's entry in the checkpoint
-    // folder is made durable too, as every later rename's is.
-    if (made) {
-      CONCORD_RETURN_IF_ERROR(
-          SyncDir(fs::path(job_dir).parent_path().string()));
+    // A job's first checkpoint: each new folder's entry in its parent is
+    // made durable too, as every later rename's is.
+    for (const fs::path& p : made) {
+      CONCORD_RETURN_IF_ERROR(SyncDir(p.parent_path().string()));
     }
     // See Note [One writer per folder] in worker/checkpoint/writer_lock.h.
     CONCORD_RETURN_IF_ERROR(HoldWriterLock(job_dir, content.counters.run));
