@@ -240,18 +240,24 @@ def concord_bench(args, size, d):
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+def run_writing(cmd, f):
+    """Runs `cmd`, which writes the file `f`, and removes `f` however it
+    ended."""
+    try:
+        return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              universal_newlines=True)
+    finally:
+        if os.path.exists(f):
+            os.remove(f)
+
+
 def dd_once(d, nbytes, direct, bs=16 << 20):
     f = os.path.join(d, "dd.bin")
     count = max(1, (nbytes + bs - 1) // bs)
     cmd = ["dd", "if=/dev/zero", "of=" + f, "bs=%d" % bs, "count=%d" % count, "conv=fsync"]
     if direct:
         cmd.append("oflag=direct")
-    try:
-        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           universal_newlines=True)
-    finally:
-        if os.path.exists(f):
-            os.remove(f)
+    r = run_writing(cmd, f)
     m = re.search(r"^(\d+) bytes .* copied, ([\d.e+-]+) s", r.stderr, re.M)
     if r.returncode != 0 or not m:
         raise RuntimeError("%s: %s" % (" ".join(cmd), r.stderr.strip()))
@@ -277,12 +283,7 @@ def fio_once(d, nbytes, bs):
     cmd = ["fio", "--name=checkpoint", "--filename=" + f, "--rw=write", "--bs=%d" % bs,
            "--size=%d" % size, "--direct=1", "--ioengine=psync", "--end_fsync=1",
            "--output-format=json"]
-    try:
-        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           universal_newlines=True)
-    finally:
-        if os.path.exists(f):
-            os.remove(f)
+    r = run_writing(cmd, f)
     if r.returncode != 0:
         raise RuntimeError("%s: %s" % (" ".join(cmd), r.stderr.strip()))
     job = json.loads(r.stdout[r.stdout.index("{"):])["jobs"][0]

@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -193,3 +194,19 @@ class Context(object):
         self.bins, self.checks, self.tmp, self.bin_dir = bins, checks, tmp, bin_dir
         self.fx = te.Fixture(tmp, N_SAMPLES)
         self.ref = None
+
+
+def run_selected(args, cases, prefix):
+    """The cases of `cases` named by args.case (all without) against
+    args.bin_dir's binaries, in a temporary directory named with `prefix`:
+    one line per check, 'N passed, N failed'; returns the exit status."""
+    checks = te.Checks()
+    bins = te.Bins(args.bin_dir)
+    if bins.missing():
+        checks.fail("concord binaries present", str(bins.missing()))
+        return checks.finish()
+    tmp = tempfile.mkdtemp(prefix=prefix)
+    ctx = Context(bins, checks, tmp, args.bin_dir)
+    te.run_cases(ctx, [(n, f) for n, f in cases.items() if not args.case or n in args.case],
+                 args.keep)
+    return checks.finish()

@@ -93,7 +93,6 @@ import shutil
 import subprocess
 import signal
 import sys
-import tempfile
 import zipfile
 import zlib
 
@@ -106,9 +105,9 @@ import elastic_harness as te  # noqa: E402
 import test_status as ts  # noqa: E402
 import processes  # noqa: E402  (tests/reference, on the path elastic_harness sets)
 from checkpoint_runs import (  # noqa: E402
-    EPOCHS, EVERY, N_SAMPLES, RUN_TIMEOUT, SLOW, Context, check_history, checkpoints_json,
-    compare_final, launch, load_ckpt, reference, resumed_step, run_again, start_coordinator,
-    steps, wait_for_checkpoint)
+    EPOCHS, EVERY, N_SAMPLES, RUN_TIMEOUT, SLOW, check_history, checkpoints_json,
+    compare_final, launch, load_ckpt, reference, resumed_step, run_again, run_selected,
+    start_coordinator, steps, wait_for_checkpoint)
 
 fixtures = te.fixtures
 
@@ -624,12 +623,7 @@ def check_failing(ctx, name, coord, job, first, last, written):
     checks.check(len(failed) == 1 and first in failed[0],
                  name + ": one event in concordctl status, with the errno's text",
                  "%s\n%s" % (events, status[-2000:]))
-    _, samples = coord.metrics()
-    label = '{job="%s"}' % job
-    checks.check(samples.get("concord_job_checkpoint_failing" + label) == 1 and
-                 samples.get("concord_job_checkpoint_failures_total" + label) == totals.get("failed"),
-                 name + ": /metrics says the checkpoints fail (%s failures)" % totals.get("failed"),
-                 json.dumps({k: v for k, v in samples.items() if "checkpoint" in k}))
+    check_failing_metrics(checks, name, coord, job, totals)
 
 
 def resume_from_copy(ctx, name, job, copy, kept, ref):
@@ -827,6 +821,17 @@ def disk_eio_run(ctx, name, fd, backing):
         resume_from_copy(ctx, name, job, copy, kept, ref)
 
 
+def check_failing_metrics(checks, name, coord, job, totals):
+    """/metrics says the job's checkpoints fail, with the coordinator's
+    count of failures (`totals`, its CheckpointTotals as JSON)."""
+    _, samples = coord.metrics()
+    label = '{job="%s"}' % job
+    checks.check(samples.get("concord_job_checkpoint_failing" + label) == 1 and
+                 samples.get("concord_job_checkpoint_failures_total" + label) == totals.get("failed"),
+                 name + ": /metrics says the checkpoints fail (%s failures)" % totals.get("failed"),
+                 json.dumps({k: v for k, v in samples.items() if "checkpoint" in k}))
+
+
 def checkpoint_events(ctx, coord, job):
     """The messages of the job's recent checkpoint events (`concordctl -o
     json status`), and that command's output."""
@@ -935,12 +940,7 @@ def read_only_run(ctx, name, job, ck, step, setup, coord, ref_rd):
     events, status = checkpoint_events(ctx, coord, job)
     checks.check(len([e for e in events if "not written" in e]) == 1,
                  name + ": one event for the failing writes", "%s\n%s" % (events, status[-2000:]))
-    _, samples = coord.metrics()
-    label = '{job="%s"}' % job
-    checks.check(samples.get("concord_job_checkpoint_failing" + label) == 1 and
-                 samples.get("concord_job_checkpoint_failures_total" + label) == totals.get("failed"),
-                 name + ": /metrics says the checkpoints fail (%s failures)" % totals.get("failed"),
-                 json.dumps({k: v for k, v in samples.items() if "checkpoint" in k}))
+    check_failing_metrics(checks, name, coord, job, totals)
 
 
 def case_coordinator(ctx, name):
@@ -1145,16 +1145,7 @@ def main():
         return 0
     if not args.bin_dir:
         p.error("--bin-dir is required")
-    checks = te.Checks()
-    bins = te.Bins(args.bin_dir)
-    if bins.missing():
-        checks.fail("concord binaries present", str(bins.missing()))
-        return checks.finish()
-    tmp = tempfile.mkdtemp(prefix="concord_checkpoint_")
-    ctx = Context(bins, checks, tmp, args.bin_dir)
-    cases = [(n, f) for n, f in CASES.items() if not args.case or n in args.case]
-    te.run_cases(ctx, cases, args.keep)
-    return checks.finish()
+    return run_selected(args, CASES, "concord_checkpoint_")
 
 
 if __name__ == "__main__":

@@ -37,7 +37,6 @@ import re
 import signal
 import socket
 import sys
-import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -45,8 +44,8 @@ sys.path.insert(0, HERE)
 import elastic_harness as te  # noqa: E402
 import processes  # noqa: E402  (tests/reference, on the path elastic_harness sets)
 from checkpoint_runs import (  # noqa: E402
-    RUN_TIMEOUT, SLOW, Context, check_history, compare_final, launch, reference,
-    resumed_step, steps)
+    RUN_TIMEOUT, SLOW, check_history, compare_final, launch, reference, resumed_step,
+    run_selected, steps)
 
 
 def manifests(ck, job):
@@ -203,16 +202,7 @@ def main():
     p.add_argument("--case", action="append", default=[], choices=list(CASES))
     p.add_argument("--keep", action="store_true")
     args = p.parse_args()
-    checks = te.Checks()
-    bins = te.Bins(args.bin_dir)
-    if bins.missing():
-        checks.fail("concord binaries present", str(bins.missing()))
-        return checks.finish()
-    tmp = tempfile.mkdtemp(prefix="concord_checkpoint_writers_")
-    ctx = Context(bins, checks, tmp, args.bin_dir)
-    cases = [(n, f) for n, f in CASES.items() if not args.case or n in args.case]
-    te.run_cases(ctx, cases, args.keep)
-    return checks.finish()
+    return run_selected(args, CASES, "concord_checkpoint_writers_")
 
 
 if __name__ == "__main__":

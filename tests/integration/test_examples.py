@@ -368,22 +368,13 @@ def check_mnist_checkpoints(checks, prefix, binary, data, work, device):
     rc, text, _, _, ref_dir = run_mnist_checkpointed(
         checks, prefix, binary, data, os.path.join(work, "mnist-ref"),
         device, "uninterrupted")
-    finals = final_lines(text, "mnist")
-    ends = {tuple(f[k] for k in MNIST_KEYS) for f in finals}
-    if not checks.check(rc == 0 and len(finals) == 3 and len(ends) == 1 and
-                        all(f["world"] == "3" for f in finals),
-                        "mnist (uninterrupted, checkpointed): exits 0, three "
-                        "ranks end equal", text[-3000:]):
+    reference = uninterrupted_end(checks, "mnist", MNIST_KEYS, rc, text)
+    if reference is None:
         return
-    reference = ends.pop()
-
-    def kill_all(launcher_pid):
-        os.killpg(launcher_pid, signal.SIGKILL)
-
     lost = os.path.join(work, "mnist-lost")
     rc, text, seen, hist1, _ = run_mnist_checkpointed(
         checks, prefix, binary, data, lost, device, "killed whole",
-        kill=kill_all)
+        kill=kill_group)
     checks.check(rc is not None and rc < 0, "mnist (killed whole): the "
                  "launcher and every worker SIGKILLed", "exit %s" % rc)
     rc, text, _, hist2, job_dir = run_mnist_checkpointed(
@@ -640,6 +631,25 @@ def run_gan_checkpointed(checks, prefix, binary, data, work, device, tag,
     return rc, text, seen, hist
 
 
+def uninterrupted_end(checks, example, keys, rc, text):
+    """The uninterrupted checkpointed run of `example`: exit 0, three ranks
+    at world size 3 ending on the same `keys`. Returns that end (None: a
+    failed check)."""
+    finals = final_lines(text, example)
+    ends = {tuple(f[k] for k in keys) for f in finals}
+    if not checks.check(rc == 0 and len(finals) == 3 and len(ends) == 1 and
+                        all(f["world"] == "3" for f in finals),
+                        "%s (uninterrupted, checkpointed): exits 0, three "
+                        "ranks end equal" % example, text[-3000:]):
+        return None
+    return ends.pop()
+
+
+def kill_group(launcher_pid):
+    """The launcher and every worker (its process group), SIGKILL."""
+    os.killpg(launcher_pid, signal.SIGKILL)
+
+
 def check_resumed(checks, example, tag, rc, text, source, seen, reference,
                   keys, histories, samples, epochs, total):
     """A checkpointed run of `example` that resumed from `source` (disk or
@@ -685,22 +695,13 @@ def check_gan_checkpoints(checks, prefix, binary, data, work, device):
     rc, text, _, _ = run_gan_checkpointed(checks, prefix, binary, data,
                                           os.path.join(work, "ref"), device,
                                           "uninterrupted")
-    finals = final_lines(text, "gan")
-    ends = {tuple(f[k] for k in GAN_KEYS) for f in finals}
-    if not checks.check(rc == 0 and len(finals) == 3 and len(ends) == 1 and
-                        all(f["world"] == "3" for f in finals),
-                        "gan (uninterrupted, checkpointed): exits 0, three "
-                        "ranks end equal", text[-3000:]):
+    reference = uninterrupted_end(checks, "gan", GAN_KEYS, rc, text)
+    if reference is None:
         return
-    reference = ends.pop()
-
-    def kill_all(launcher_pid):
-        os.killpg(launcher_pid, signal.SIGKILL)
-
     lost = os.path.join(work, "lost")
     rc, text, seen, hist1 = run_gan_checkpointed(
         checks, prefix, binary, data, lost, device, "killed whole",
-        kill=kill_all)
+        kill=kill_group)
     checks.check(rc is not None and rc < 0, "gan (killed whole): the "
                  "launcher and every worker SIGKILLed", "exit %s" % rc)
     rc, text, _, hist2 = run_gan_checkpointed(
