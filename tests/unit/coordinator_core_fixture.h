@@ -132,4 +132,31 @@ class CoordinatorReformTest : public CoordinatorDecisionsTest {
   }
 };
 
+constexpr char kKilled[] = "killed by signal 9 (SIGKILL)";
+
+// Exited workers and checkpoint records (coordinator_exit_test.cc,
+// coordinator_checkpoint_test.cc): a job whose workers only a report takes
+// out.
+class CoordinatorExitTest : public CoordinatorReformTest {
+ protected:
+  // A job of `n` workers with a 60 s heartbeat timeout (nothing but the
+  // report can take a worker out within the test), generation 1 running.
+  int64_t FormLong(int n, int min_workers = 1) {
+    spec_ = Spec(n, min_workers);
+    spec_.set_heartbeat_timeout_ms(60000);
+    for (int i = 0; i < n; ++i) {
+      EXPECT_TRUE(core_.Join(JoinReq(spec_, Worker(i))).ok());
+    }
+    EXPECT_EQ(core_.State(kJob), v1::JOB_STATE_RUNNING);
+    return core_.CurrentGeneration(kJob);
+  }
+
+  absl::StatusOr<bool> Exited(const std::string& worker,
+                              const std::string& how = kKilled) {
+    return core_.WorkerExited(kJob, worker, Secret(worker), how);
+  }
+
+  v1::JobSpec spec_;
+};
+
 }  // namespace concord::coordinator::testing
