@@ -38,6 +38,13 @@ std::string Collective(int64_t seq, const std::string& kind) {
                  : absl::StrCat("a group's ", kind);
 }
 
+// Whether its node agent last saw the member's process stopped (SIGSTOP, a
+// debugger, a frozen cgroup): whatever its last heartbeat said it waited in,
+// it waits in nothing.
+bool Stopped(const MemberProgress& m) {
+  return m.process.has_value() && m.process->state() == "stopped";
+}
+
 }  // namespace
 
 std::string RecentCollectives(const v1::WorkerProgress& progress, size_t n) {
@@ -136,6 +143,7 @@ HangVerdict JudgeHang(const std::vector<MemberProgress>& members,
     }
     const std::optional<absl::Time> since = PendingSince(m);
     if (!since.has_value() || now - *since < timeout) continue;
+    if (Stopped(m)) continue;  // in a collective, but waiting in nothing
     waiters.push_back(&m);
     const int64_t g = m.progress->generation();
     if (g > waited_generation) {
@@ -170,14 +178,19 @@ HangVerdict JudgeHang(const std::vector<MemberProgress>& members,
     if (!m.progress.has_value()) continue;
     const v1::WorkerProgress& p = *m.progress;
     const std::optional<absl::Time> since = PendingSince(m);
-    if (since.has_value() && now - *since >= timeout) continue;  // a waiter
-    if (!p.activity().empty()) continue;                         // busy
+    const bool stopped = Stopped(m);
+    if (!stopped && since.has_value() && now - *since >= timeout) {
+      continue;  // a waiter
+    }
+    if (!p.activity().empty()) continue;  // busy
     const absl::Duration own = OwnTimeout(m, setting_ms, timeout);
     if (now - m.progressed < own) continue;  // progressing, or computing
     // It must hold the waiters up: not have issued what they wait in.
     const int64_t issued =
         p.generation() == waited_generation ? p.collectives() : 0;
-    if (waited_seq > 0 && issued >= waited_seq) continue;
+    // (A stopped process holds them up wherever it stopped, even inside the
+    // collective they wait in.)
+    if (waited_seq > 0 && issued >= waited_seq && !stopped) continue;
     verdict.hung.push_back(m.worker_id);
     verdict.details.push_back(absl::StrFormat(
         "hung at step %d (rank %d): no progress of its own for %s (no step, "
@@ -288,7 +301,7 @@ absl::Duration CooldownAfter(int evictions, absl::Duration base) {
 
 std::string HealthOf(const MemberProgress& member, absl::Time now,
                      absl::Duration timeout) {
-  if (member.process.has_value() && member.process->state() == "stopped") {
+  if (Stopped(member)) {
     return "stopped";
   }
   if (timeout <= absl::ZeroDuration() || !member.progress.has_value()) {

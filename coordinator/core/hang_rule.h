@@ -11,7 +11,11 @@
 // the step, and its recent step time. From those the coordinator tells apart,
 // with the hang timeout T:
 //
-//  - waiting: a member whose oldest collective has been in flight for T;
+//  - waiting: a member whose oldest collective has been in flight for T,
+//    unless its node agent sees its process stopped (SIGSTOP, a debugger):
+//    stopped inside a collective, it waits in nothing, and it holds the
+//    others up even in the collective they wait in (so a SIGSTOP that lands
+//    mid-allreduce names it hung, not every member stuck together);
 //  - hung: while some member waits, a member that is not waiting itself, has
 //    not issued the collective the waiters wait in (its count is below the
 //    highest waited number), reports no activity, and has shown no progress

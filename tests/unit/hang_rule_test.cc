@@ -336,6 +336,28 @@ TEST(JudgeHangTest, WhatTheAgentSawOfAHungProcessIsInItsEvent) {
   EXPECT_EQ(HealthOf(members[1], now, absl::Seconds(5)), "idle");
 }
 
+// A member SIGSTOPped inside the very collective the others wait in: its
+// last heartbeat says it waits there too, but its agent sees it stopped. It
+// is the one hung, not everyone stuck together.
+TEST(JudgeHangTest, AMemberStoppedInsideTheWaitedCollectiveIsHung) {
+  const absl::Time now = kT0;
+  std::vector<MemberProgress> members = {Waiting(0, 11, absl::Seconds(6), now),
+                                         Waiting(1, 11, absl::Seconds(6), now),
+                                         Waiting(2, 11, absl::Seconds(6), now)};
+  for (MemberProgress& m : members) m.progressed = now - absl::Seconds(6);
+  ASSERT_EQ(JudgeHang(members, now, 0).kind, HangVerdict::Kind::kStuckTogether);
+  members[1].process = View("stopped", 100);
+  members[1].process_seen = now - absl::Milliseconds(200);
+  const HangVerdict v = JudgeHang(members, now, 0);
+  ASSERT_EQ(v.kind, HangVerdict::Kind::kHung);
+  EXPECT_THAT(v.hung, ElementsAre(members[1].worker_id));
+  EXPECT_THAT(v.details[0],
+              HasSubstr("its node agent saw its process stopped"));
+  // Continued (its agent sees it sleeping in the collective): a waiter again.
+  members[1].process = View("sleeping", 100);
+  EXPECT_EQ(JudgeHang(members, now, 0).kind, HangVerdict::Kind::kStuckTogether);
+}
+
 TEST(JudgeHangTest, EveryoneWaitingAndNoneMovingIsStuckTogether) {
   const absl::Time now = kT0;
   std::vector<MemberProgress> members = {Waiting(0, 11, absl::Seconds(6), now),
