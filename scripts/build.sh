@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Configures and builds Concord into ${BUILD_DIR:-build} (executables in
-# build/bin). Extra arguments go to CMake's configure step.
+# build/bin). Extra arguments go to CMake's configure step; TARGETS (a
+# space-separated list) builds only those targets.
 #
 # Compiles go through ccache when it is installed (CONCORD_CCACHE=0: never),
 # with its cache outside the clone (CONCORD_CCACHE_DIR, default
@@ -31,7 +32,7 @@ else
 fi
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCONCORD_WERROR=ON \
   "${launcher[@]}" "$@"
-cmake --build "$BUILD_DIR" -j "$JOBS"
+cmake --build "$BUILD_DIR" -j "$JOBS" ${TARGETS:+--target $TARGETS}
 if [ -n "${CCACHE_DIR:-}" ]; then
   ccache --show-stats | grep -E "^(Cacheable calls|  Hits|  Misses)" | awk '!seen[$1]++' |
     sed "s/^/build.sh: ccache: /" || true
