@@ -42,6 +42,34 @@ absl::Status CallWithRetry(CoordinatorClient::Replicas& replicas,
   }
 }
 
+// A unary WorkerService method of the stub, as
+// `&v1::WorkerService::Stub::Join`.
+template <typename Request, typename Response>
+using UnaryMethod = grpc::Status (v1::WorkerService::Stub::*)(
+    grpc::ClientContext*, const Request&, Response*);
+
+// Every unary call of the client: `request`, stamped with this process's
+// worker id and secret (see Note [Worker binding] in
+// coordinator/core/core.h), sent with CallWithRetry; its response, or the
+// call's error.
+template <typename Request, typename Response>
+absl::StatusOr<Response> Call(CoordinatorClient::Replicas& replicas,
+                              const ClientIdentity& identity,
+                              absl::Duration timeout,
+                              UnaryMethod<Request, Response> method,
+                              Request& request) {
+  request.set_worker_id(identity.worker_id);
+  request.set_worker_secret(identity.worker_secret);
+  Response response;
+  absl::Status status = CallWithRetry(
+      replicas, identity.token, timeout,
+      [&](v1::WorkerService::Stub* stub, grpc::ClientContext* context) {
+        return (stub->*method)(context, request, &response);
+      });
+  if (!status.ok()) return status;
+  return response;
+}
+
 bool Terminal(v1::JobState state) {
   return state == v1::JOB_STATE_SUCCEEDED || state == v1::JOB_STATE_FAILED ||
          state == v1::JOB_STATE_STOPPED;
@@ -100,44 +128,20 @@ CoordinatorClient::CoordinatorClient(const std::string& address,
 absl::StatusOr<v1::JoinResponse> CoordinatorClient::Join(
     v1::JoinRequest request, absl::Duration wait) {
   request.set_wait_timeout_ms(absl::ToInt64Milliseconds(wait));
-  request.set_worker_id(identity_.worker_id);
-  request.set_worker_secret(identity_.worker_secret);
-  v1::JoinResponse response;
-  absl::Status status = CallWithRetry(
-      replicas_, identity_.token, wait,
-      [&](v1::WorkerService::Stub* stub, grpc::ClientContext* ctx) {
-        return stub->Join(ctx, request, &response);
-      });
-  if (!status.ok()) return status;
-  return response;
+  return Call(replicas_, identity_, wait, &v1::WorkerService::Stub::Join,
+              request);
 }
 
 absl::StatusOr<v1::HeartbeatResponse> CoordinatorClient::Heartbeat(
     v1::HeartbeatRequest request, absl::Duration timeout) {
-  request.set_worker_id(identity_.worker_id);
-  request.set_worker_secret(identity_.worker_secret);
-  v1::HeartbeatResponse response;
-  absl::Status status = CallWithRetry(
-      replicas_, identity_.token, timeout,
-      [&](v1::WorkerService::Stub* stub, grpc::ClientContext* ctx) {
-        return stub->Heartbeat(ctx, request, &response);
-      });
-  if (!status.ok()) return status;
-  return response;
+  return Call(replicas_, identity_, timeout,
+              &v1::WorkerService::Stub::Heartbeat, request);
 }
 
 absl::StatusOr<v1::LeaveResponse> CoordinatorClient::Leave(
     v1::LeaveRequest request, absl::Duration timeout) {
-  request.set_worker_id(identity_.worker_id);
-  request.set_worker_secret(identity_.worker_secret);
-  v1::LeaveResponse response;
-  absl::Status status = CallWithRetry(
-      replicas_, identity_.token, timeout,
-      [&](v1::WorkerService::Stub* stub, grpc::ClientContext* ctx) {
-        return stub->Leave(ctx, request, &response);
-      });
-  if (!status.ok()) return status;
-  return response;
+  return Call(replicas_, identity_, timeout, &v1::WorkerService::Stub::Leave,
+              request);
 }
 
 absl::Status CoordinatorClient::KvSet(const std::string& job_id,
@@ -150,14 +154,9 @@ absl::Status CoordinatorClient::KvSet(const std::string& job_id,
   request.set_generation(generation);
   request.set_key(key);
   request.set_value(value);
-  request.set_worker_id(identity_.worker_id);
-  request.set_worker_secret(identity_.worker_secret);
-  v1::KvSetResponse response;
-  return CallWithRetry(
-      replicas_, identity_.token, timeout,
-      [&](v1::WorkerService::Stub* stub, grpc::ClientContext* ctx) {
-        return stub->KvSet(ctx, request, &response);
-      });
+  return Call(replicas_, identity_, timeout, &v1::WorkerService::Stub::KvSet,
+              request)
+      .status();
 }
 
 absl::Status CoordinatorClient::ReportCheckpoint(
@@ -165,15 +164,10 @@ absl::Status CoordinatorClient::ReportCheckpoint(
     absl::Duration timeout) {
   v1::ReportCheckpointRequest request;
   request.set_job_id(job_id);
-  request.set_worker_id(identity_.worker_id);
-  request.set_worker_secret(identity_.worker_secret);
   *request.mutable_report() = report;
-  v1::ReportCheckpointResponse response;
-  return CallWithRetry(
-      replicas_, identity_.token, timeout,
-      [&](v1::WorkerService::Stub* stub, grpc::ClientContext* ctx) {
-        return stub->ReportCheckpoint(ctx, request, &response);
-      });
+  return Call(replicas_, identity_, timeout,
+              &v1::WorkerService::Stub::ReportCheckpoint, request)
+      .status();
 }
 
 absl::StatusOr<std::vector<std::string>> CoordinatorClient::KvGet(
@@ -184,17 +178,11 @@ absl::StatusOr<std::vector<std::string>> CoordinatorClient::KvGet(
   request.set_generation(generation);
   for (const auto& k : keys) request.add_keys(k);
   request.set_wait_timeout_ms(absl::ToInt64Milliseconds(timeout));
-  request.set_worker_id(identity_.worker_id);
-  request.set_worker_secret(identity_.worker_secret);
-  v1::KvGetResponse response;
-  absl::Status status = CallWithRetry(
-      replicas_, identity_.token, timeout,
-      [&](v1::WorkerService::Stub* stub, grpc::ClientContext* ctx) {
-        return stub->KvGet(ctx, request, &response);
-      });
-  if (!status.ok()) return status;
-  return std::vector<std::string>(response.values().begin(),
-                                  response.values().end());
+  absl::StatusOr<v1::KvGetResponse> response = Call(
+      replicas_, identity_, timeout, &v1::WorkerService::Stub::KvGet, request);
+  if (!response.ok()) return response.status();
+  return std::vector<std::string>(response->values().begin(),
+                                  response->values().end());
 }
 
 absl::Status CoordinatorClient::WatchOnce(

@@ -1,8 +1,9 @@
 #pragma once
 // The worker's client of the coordinator's WorkerService.
 //
-// Idempotent calls (KvSet, KvGet, Heartbeat, Join) are retried with backoff
-// while the coordinator is UNAVAILABLE, up to the call's own deadline.
+// Every unary call (Join, Heartbeat, Leave, KvSet, KvGet, ReportCheckpoint)
+// goes through one wrapper (Call in the .cc): retried with backoff while the
+// coordinator is UNAVAILABLE, up to the call's own deadline.
 // Every call carries the worker token (`authorization: Bearer`) and this
 // process's worker id and secret (see Note [Worker binding] in
 // coordinator/core/core.h): the client fills in worker_id/worker_secret of
@@ -56,8 +57,8 @@ class CoordinatorClient {
     std::shared_ptr<v1::WorkerService::Stub> stub(size_t i);
     // After replica `used` was UNAVAILABLE (`why`): gives it a fresh
     // channel if its channel is older than a second (see Note [Fresh channels]
-    // in the .cc), moves to the next replica; returns whether that is worth
-    // trying at once (not back at the first).
+    // in common/coordinator_channel.h), moves to the next replica; returns
+    // whether that is worth trying at once (not back at the first).
     bool Next(size_t used, const absl::Status& why);
 
    private:
