@@ -15,7 +15,7 @@
 #include "absl/time/clock.h"
 #include "common/auth.h"
 #include "common/tls.h"
-#include "coordinator/http/jobs_collector.h"
+#include "coordinator/metrics/jobs_collector.h"
 #include "coordinator/store/file_store.h"
 
 namespace concord::coordinator {

@@ -23,7 +23,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "coordinator/core/core.h"
-#include "coordinator/http/metrics.h"
+#include "coordinator/metrics/metrics.h"
 #include "coordinator/store/history_file.h"
 #include "coordinator/store/store.h"
 

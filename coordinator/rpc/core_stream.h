@@ -12,7 +12,7 @@
 #include "common/grpc_status.h"
 #include "concord/v1/worker.pb.h"
 #include "coordinator/host/host.h"
-#include "coordinator/http/metrics.h"
+#include "coordinator/metrics/metrics.h"
 
 namespace concord::coordinator {
 

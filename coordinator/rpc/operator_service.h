@@ -8,7 +8,7 @@
 
 #include "concord/v1/operator.grpc.pb.h"
 #include "coordinator/host/host.h"
-#include "coordinator/http/metrics.h"
+#include "coordinator/metrics/metrics.h"
 #include "coordinator/rpc/authorizer.h"
 
 namespace concord::coordinator {

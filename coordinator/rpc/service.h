@@ -17,7 +17,7 @@
 
 #include "concord/v1/worker.grpc.pb.h"
 #include "coordinator/host/host.h"
-#include "coordinator/http/metrics.h"
+#include "coordinator/metrics/metrics.h"
 #include "coordinator/rpc/authorizer.h"
 
 namespace concord::coordinator {

@@ -1,4 +1,4 @@
-#include "coordinator/http/jobs_collector.h"
+#include "coordinator/metrics/jobs_collector.h"
 
 #include <prometheus/client_metric.h>
 

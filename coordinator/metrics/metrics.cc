@@ -1,4 +1,4 @@
-#include "coordinator/http/metrics.h"
+#include "coordinator/metrics/metrics.h"
 
 #include <string>
 
