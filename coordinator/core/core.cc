@@ -89,24 +89,18 @@ void Core::StartAgain(Job& job, const std::string& worker_id) {
   job.drained.clear();
   job.finished.clear();
   job.cooling.clear();
-  job.resume_from.reset();
-  job.resume_memory.reset();
-  // The ended run's agents (and their memory) are gone with it.
-  job.memory_snapshots.clear();
   // A new run, not the next generation of the ended one: no rank change.
   job.ended_ranks.clear();
   job.ended_generation = 0;
   job.ended_world_size = 0;
   job.rendezvous_started = now;
   job.last_arrival = now;
-  job.run = RunAfter(now, job.run);
+  // The ended run's agents (and their memory) are gone with it.
+  job.checkpoints.BeginRun(now);
   AddEvent(job, "job", worker_id,
            absl::StrCat("job started again (", ended, "); generation ",
-                        job.generation + 1, " is next, of run ", job.run));
-}
-
-int64_t Core::RunAfter(absl::Time now, int64_t previous) {
-  return std::max(absl::ToUnixMicros(now), previous + 1);
+                        job.generation + 1, " is next, of run ",
+                        job.checkpoints.run()));
 }
 
 // ABORTED unless `generation` is the job's current, still running one.
@@ -175,12 +169,13 @@ absl::Status Core::Join(const v1::JoinRequest& request, uint64_t* call) {
     }
     job = &jobs_[spec.job_id()];
     job->spec = spec;
-    job->run = RunAfter(now, 0);
+    job->checkpoints.BeginRun(now);
     job->rendezvous_started = now;
     AddEvent(
         *job, "job", "",
         absl::StrFormat("job created: min_workers %d, max_workers %d, run %d",
-                        spec.min_workers(), spec.max_workers(), job->run));
+                        spec.min_workers(), spec.max_workers(),
+                        job->checkpoints.run()));
   } else {
     CONCORD_ASSIGN_OR_RETURN(reform, Admit(*job, spec, request));
   }
@@ -319,9 +314,9 @@ absl::StatusOr<std::optional<Assignment>> Core::GetAssignment(
     a.rank = member->rank;
     a.rank_change = job->rank_change;
     a.probe = job->probe;
-    a.resume_from = job->resume_from;
-    a.resume_memory = job->resume_memory;
-    a.run = job->run;
+    a.resume_from = job->checkpoints.resume_from();
+    a.resume_memory = job->checkpoints.resume_memory();
+    a.run = job->checkpoints.run();
     a.world_size = static_cast<int32_t>(job->members.size());
     a.authoritative_rank = job->authoritative_rank;
     a.finished_workers = static_cast<int32_t>(job->finished.size());
@@ -590,108 +585,12 @@ absl::Status Core::WorkerCheckpointReported(
   return Reported(*job, request.report(), request.worker_id());
 }
 
-absl::Status Core::Reported(Job& job_ref, const v1::CheckpointReport& given,
+absl::Status Core::Reported(Job& job, const v1::CheckpointReport& report,
                             const std::string& writer) {
-  Job* job = &job_ref;
-  const std::string& job_id = job->spec.job_id();
-  // See Note [Runs]: this run's only; one without a run is taken as this
-  // run's.
-  if (given.run() != 0 && given.run() != job->run) {
-    return absl::FailedPreconditionError(absl::StrFormat(
-        "the checkpoint of step %d is of run %d of job %s, whose run is %d "
-        "(a writer of an earlier run still reporting?)",
-        given.step(), given.run(), job_id, job->run));
-  }
-  v1::CheckpointReport report = given;
-  report.set_run(job->run);
-  // See Note [Resume source]: what the node's memory holds now (a write, done
-  // or failed, was of the snapshot there). See Note [One job's checkpoints]:
-  // the oldest snapshot makes room.
-  auto& snapshots = job->memory_snapshots;
-  // A worker's own write is not in its node's memory.
-  bool in_memory = !report.node().empty() && writer.empty();
-  const size_t max_nodes = MaxMemoryNodes(job->spec);
-  if (in_memory && snapshots.count(report.node()) == 0 &&
-      snapshots.size() >= max_nodes) {
-    auto oldest = std::min_element(snapshots.begin(), snapshots.end(),
-                                   [](const auto& a, const auto& b) {
-                                     return OlderCheckpoint(a.second, b.second);
-                                   });
-    if (!OlderCheckpoint(report, oldest->second)) {
-      snapshots.erase(oldest);
-    } else if (report.memory()) {
-      return absl::ResourceExhaustedError(absl::StrFormat(
-          "job %s keeps the memory snapshots of %d nodes, all newer than "
-          "step %d of %s",
-          job_id, snapshots.size(), report.step(), report.node()));
-    } else {
-      in_memory = false;
-    }
-  }
-  if (in_memory) {
-    v1::CheckpointReport& held = snapshots[report.node()];
-    held = report;
-    held.set_memory(true);
-    held.clear_path();
-    held.clear_error();
-    held.clear_write_seconds();
-    held.clear_skipped();
-  }
-  // One older than the newest complete checkpoint can never be named.
-  auto prune_memory = [job] {
-    if (job->checkpoints.empty()) return;
-    const v1::CheckpointReport& disk = job->checkpoints.back();
-    auto& held = job->memory_snapshots;
-    for (auto it = held.begin(); it != held.end();) {
-      it = OlderCheckpoint(it->second, disk) ? held.erase(it) : std::next(it);
-    }
-  };
-  if (report.memory()) {
-    prune_memory();
-    Changed(*job);
-    return absl::OkStatus();
-  }
-  v1::CheckpointTotals& totals = job->checkpoint_totals;
-  totals.set_skipped(totals.skipped() + report.skipped());
-  const std::string node =
-      (report.node().empty() ? std::string("a node agent") : report.node()) +
-      (writer.empty() ? "" : ", by worker " + writer + " itself");
-  if (!report.error().empty()) {
-    totals.set_failed(totals.failed() + 1);
-    if (!totals.has_failing()) {
-      AddEvent(
-          *job, "checkpoint", "",
-          absl::StrFormat("checkpoint of step %d not written to %s (%s): "
-                          "%s; training goes on",
-                          report.step(), report.path(), node, report.error()));
-    }
-    *totals.mutable_failing() = report;
-    Changed(*job);
-    return absl::OkStatus();
-  }
-  const bool recovered = totals.has_failing();
-  totals.set_written(totals.written() + 1);
-  totals.clear_failing();
-  auto& kept = job->checkpoints;
-  // A step written again (by a later run: see Note [Runs]) replaces the
-  // one at its path.
-  kept.erase(std::remove_if(kept.begin(), kept.end(),
-                            [&](const v1::CheckpointReport& r) {
-                              return r.path() == report.path();
-                            }),
-             kept.end());
-  kept.insert(
-      std::upper_bound(kept.begin(), kept.end(), report, OlderCheckpoint),
-      report);
-  if (kept.size() > kKeptCheckpoints) {
-    kept.erase(kept.begin(), kept.end() - kKeptCheckpoints);
-  }
-  prune_memory();
-  AddEvent(*job, "checkpoint", "",
-           absl::StrFormat("checkpoint of step %d written to %s (%s)%s",
-                           report.step(), report.path(), node,
-                           recovered ? ", after failed writes" : ""));
-  Changed(*job);
+  CONCORD_ASSIGN_OR_RETURN(const std::string event,
+                           job.checkpoints.Record(job.spec, report, writer));
+  if (!event.empty()) AddEvent(job, "checkpoint", "", event);
+  Changed(job);
   return absl::OkStatus();
 }
 

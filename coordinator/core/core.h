@@ -10,6 +10,12 @@
 // call with its own mutex. Every request is validated first
 // (core_validation.h): a bad one is INVALID_ARGUMENT and changes nothing.
 //
+// Core is the facade; the parts with their own state and tests stand apart:
+// a job's checkpoint records (its run, the checkpoints and memory snapshots
+// kept, what a generation resumes from: CheckpointRecords,
+// checkpoint_records.h), the hang and straggler rules (hang_rule.h) and the
+// job's history (job_history.h).
+//
 // Uneven inputs: the members agree among themselves, at every step, whether
 // each still has data (see Note [Step agreement] in worker/elastic/state.h); a
 // member that ran out says so with Leave(END_OF_DATA) at that step boundary
@@ -35,6 +41,7 @@
 #include "concord/v1/coordinator_state.pb.h"
 #include "concord/v1/operator.pb.h"
 #include "concord/v1/worker.pb.h"
+#include "coordinator/core/checkpoint_records.h"
 #include "coordinator/core/hang_rule.h"
 #include "coordinator/core/job_history.h"
 #include "coordinator/core/worker_list.h"
@@ -261,7 +268,9 @@ class Core {
   // worker/checkpoint/writer_lock.h). A --standalone coordinator makes a new
   // record, hence a new run, at every launch; a coordinator service keeps a
   // job's run across its own restarts (it is persisted with the record).
-  static int64_t RunAfter(absl::Time now, int64_t previous);
+  static int64_t RunAfter(absl::Time now, int64_t previous) {
+    return CheckpointRecords::RunAfter(now, previous);
+  }
 
   // See Note [Checkpoints] in worker/checkpoint/checkpointer.h: a node agent
   // wrote a complete checkpoint of the job, or failed to (`error` set). The
@@ -284,11 +293,10 @@ class Core {
   // nothing changes then.
   absl::Status WorkerCheckpointReported(
       const v1::ReportCheckpointRequest& request);
-  static constexpr size_t kKeptCheckpoints = 10;
-  // The nodes whose memory snapshots a job of `spec` keeps: twice its
-  // max_workers (nodes come and go), at least 16.
+  // The job's records are a CheckpointRecords (checkpoint_records.h).
+  static constexpr size_t kKeptCheckpoints = CheckpointRecords::kKept;
   static size_t MaxMemoryNodes(const v1::JobSpec& spec) {
-    return std::max<size_t>(16, 2 * static_cast<size_t>(spec.max_workers()));
+    return CheckpointRecords::MaxMemoryNodes(spec);
   }
 
   // See Note [What the agent sees] in agent/process_view.h: a node agent saw
@@ -499,8 +507,6 @@ class Core {
     v1::JobState state = v1::JOB_STATE_RENDEZVOUS;
     std::string failure;
     int64_t generation = 0;  // current; 0 before the first forms
-    // See Note [Runs].
-    int64_t run = 0;
     int32_t authoritative_rank = 0;
     std::vector<MemberState> members;  // of the current generation, by rank
     WorkerList<MemberState> waiting;   // registered for the next generation
@@ -517,18 +523,14 @@ class Core {
     std::map<std::string, std::string> bindings;  // See Note [Worker binding]
     // See Note [Starting again]: the bindings of the run that ended last.
     std::map<std::string, std::string> retired;
-    // See Note [Resume source]: of the current generation.
-    std::optional<v1::CheckpointReport> resume_from;
-    std::optional<v1::CheckpointReport> resume_memory;
-    // See Note [Resume source]: by node, the newest snapshot in its memory.
-    std::map<std::string, v1::CheckpointReport> memory_snapshots;
     std::set<std::string> drained;
     // Left for good: ran out of data, or had completed when their generation
     // ended. A later Leave of theirs is a no-op.
     std::set<std::string> finished;
-    // CheckpointReported's, by step ascending.
-    std::vector<v1::CheckpointReport> checkpoints;
-    v1::CheckpointTotals checkpoint_totals;
+    // The run, the checkpoints and memory snapshots reported, and what the
+    // current generation resumes from (see Note [Runs], see Note [Resume
+    // source]).
+    CheckpointRecords checkpoints;
     // Transient, never exported: by worker id, while the worker has a
     // stream open or is bound.
     std::map<std::string, WatchState> watches;
@@ -772,15 +774,15 @@ class Core {
                              const v1::JoinRequest& request);
   void AddWaiting(Job& job, const v1::JoinRequest& request, uint64_t call,
                   absl::Time now);
+  // A checkpoint report checked (CheckpointReported and
+  // WorkerCheckpointReported): kept in job.checkpoints (`writer` as for
+  // CheckpointRecords::Record), with its event.
+  absl::Status Reported(Job& job, const v1::CheckpointReport& report,
+                        const std::string& writer);
   // Leave from a worker that is no member of the running generation (still
   // waiting for one, or an expected survivor of the one that ended): it is
   // forgotten, and finished when out of data; the event says `*_when`
   // (`what`: the reason and message).
-  // A checkpoint report checked (CheckpointReported and
-  // WorkerCheckpointReported): kept; `writer` is the worker that wrote it
-  // itself (then it is not in its node's memory), empty for a node agent's.
-  absl::Status Reported(Job& job, const v1::CheckpointReport& report,
-                        const std::string& writer);
   void Withdraw(Job& job, const std::string& worker_id, int64_t step,
                 const v1::LeaveRequest& request, const std::string& what,
                 const std::string& out_of_data_when,

@@ -109,8 +109,10 @@ std::vector<JobMetricsSample> Core::MetricsSamples(
     if (h.last_reform().has_value()) {
       s.last_reform_seconds = absl::ToDoubleSeconds(*h.last_reform());
     }
-    s.checkpoint_totals = job.checkpoint_totals;
-    if (!job.checkpoints.empty()) s.last_checkpoint = job.checkpoints.back();
+    s.checkpoint_totals = job.checkpoints.totals();
+    if (!job.checkpoints.kept().empty()) {
+      s.last_checkpoint = job.checkpoints.kept().back();
+    }
     if (job.state != v1::JOB_STATE_RUNNING) continue;
     for (const MemberState& m : job.members) {
       if (!m.progress.has_value() || !(m.progress->step_ms() > 0)) continue;

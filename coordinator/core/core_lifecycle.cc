@@ -425,52 +425,10 @@ void Core::FormGeneration(Job& job, size_t n) {
   job.ended_ranks.clear();
   job.kv.clear();
   // See Note [Resume source].
-  job.resume_from.reset();
-  job.resume_memory.reset();
   const bool held =
       std::any_of(job.members.begin(), job.members.end(),
                   [](const MemberState& m) { return m.committed_step > 0; });
-  std::string source;
-  if (!held) {
-    // See Note [One job's checkpoints]: a record kept before the job's
-    // folder was checked is named only at its step's path there.
-    for (auto it = job.checkpoints.rbegin(); it != job.checkpoints.rend();
-         ++it) {
-      if (!job.spec.checkpoint_dir().empty() &&
-          it->path() == CheckpointStepPath(job.spec.checkpoint_dir(),
-                                           job.spec.job_id(), it->step())) {
-        job.resume_from = *it;
-        break;
-      }
-    }
-    // See Note [Runs]: a memory snapshot is of this run, the disk's may be
-    // of an earlier one.
-    const v1::CheckpointReport disk =
-        job.resume_from.value_or(v1::CheckpointReport());
-    for (const auto& [node, snapshot] : job.memory_snapshots) {
-      if (!OlderCheckpoint(snapshot, disk) &&
-          (!job.resume_memory ||
-           OlderCheckpoint(*job.resume_memory, snapshot))) {
-        job.resume_memory = snapshot;
-      }
-    }
-    if (job.resume_memory) {
-      source = absl::StrFormat(
-          "; no member holds a committed step: its state comes from step %d "
-          "in the memory of %s",
-          job.resume_memory->step(), job.resume_memory->node());
-      if (job.resume_from) {
-        absl::StrAppendFormat(&source, " (or, without it, step %d of %s)",
-                              job.resume_from->step(), job.resume_from->path());
-      }
-    } else if (job.resume_from) {
-      source = absl::StrFormat(
-          "; no member holds a committed step: its state comes from step %d "
-          "of the checkpoint %s (%s)",
-          job.resume_from->step(), job.resume_from->path(),
-          job.resume_from->node());
-    }
-  }
+  const std::string source = job.checkpoints.NameResume(job.spec, held);
   job.state = v1::JOB_STATE_RUNNING;
   job.history.GenerationFormed(now, job.generation,
                                static_cast<int32_t>(job.members.size()));

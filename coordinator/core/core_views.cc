@@ -127,7 +127,7 @@ absl::StatusOr<v1::JobStatus> Core::GetJob(
   const absl::Duration hang_timeout =
       HangTimeout(job->spec.hang_timeout_ms(), JobStepMs(progress));
   status.set_hang_timeout_ms(absl::ToInt64Milliseconds(hang_timeout));
-  status.set_run(job->run);
+  status.set_run(job->checkpoints.run());
   for (size_t i = 0; i < job->members.size(); ++i) {
     v1::MemberStatus& out = *status.add_members();
     out = StatusOf(job->members[i]);
@@ -154,10 +154,10 @@ absl::StatusOr<v1::JobStatus> Core::GetJob(
   for (const MemberState& m : job->expected) {
     if (!m.back) *status.add_expected() = StatusOf(m);
   }
-  for (const v1::CheckpointReport& c : job->checkpoints) {
+  for (const v1::CheckpointReport& c : job->checkpoints.kept()) {
     *status.add_checkpoints() = c;
   }
-  *status.mutable_checkpoint_totals() = job->checkpoint_totals;
+  *status.mutable_checkpoint_totals() = job->checkpoints.totals();
   const size_t first = job->events.size() > internal::kRecentEvents
                            ? job->events.size() - internal::kRecentEvents
                            : 0;
@@ -269,22 +269,9 @@ std::optional<v1::JobRecord> Core::ExportJob(const std::string& job_id) const {
     *record.add_expected() = member_record(m);
   }
   for (const std::string& w : job->finished) record.add_finished(w);
-  for (const v1::CheckpointReport& c : job->checkpoints) {
-    *record.add_checkpoints() = c;
-  }
-  *record.mutable_checkpoint_totals() = job->checkpoint_totals;
-  record.set_run(job->run);
+  job->checkpoints.Export(record);
   for (const auto& [w, s] : job->retired) {
     (*record.mutable_retired_bindings())[w] = s;
-  }
-  if (job->resume_from.has_value()) {
-    *record.mutable_resume_from() = *job->resume_from;
-  }
-  if (job->resume_memory.has_value()) {
-    *record.mutable_resume_memory() = *job->resume_memory;
-  }
-  for (const auto& [node, snapshot] : job->memory_snapshots) {
-    *record.add_memory_snapshots() = snapshot;
   }
   for (const auto& [k, v] : job->kv) (*record.mutable_kv())[k] = v;
   for (const Event& e : job->events) *record.add_events() = ToProto(e);
@@ -347,48 +334,12 @@ absl::Status Core::CheckRestoredWorkers(const Job& job) {
       return bad(std::string(s.message()));
     }
   }
-  if (job.checkpoints.size() > kKeptCheckpoints) {
-    return bad("more checkpoints than are kept");
-  }
-  for (const v1::CheckpointReport& c : job.checkpoints) {
-    if (absl::Status s = ValidateCheckpoint(id, c); !s.ok()) {
-      return bad(absl::StrCat("checkpoint: ", s.message()));
-    }
-  }
-  const v1::CheckpointTotals& totals = job.checkpoint_totals;
-  if (totals.written() < 0 || totals.skipped() < 0 || totals.failed() < 0) {
-    return bad("negative checkpoint totals");
-  }
-  if (totals.has_failing()) {
-    if (absl::Status s = ValidateCheckpoint(id, totals.failing()); !s.ok()) {
-      return bad(absl::StrCat("failing checkpoint: ", s.message()));
-    }
-  }
   for (const auto& [w, secret] : job.retired) {
     if (absl::Status s = ValidateId("retired binding", w); !s.ok()) {
       return bad(std::string(s.message()));
     }
   }
-  if (job.resume_from.has_value()) {
-    if (absl::Status s = ValidateCheckpoint(id, *job.resume_from); !s.ok()) {
-      return bad(absl::StrCat("resume_from: ", s.message()));
-    }
-  }
-  if (job.resume_memory.has_value()) {
-    if (absl::Status s = ValidateCheckpoint(id, *job.resume_memory);
-        !s.ok() || !job.resume_memory->memory()) {
-      return bad(absl::StrCat("resume_memory: ",
-                              s.ok() ? "not a memory snapshot" : s.message()));
-    }
-  }
-  for (const auto& [node, snapshot] : job.memory_snapshots) {
-    if (absl::Status s = ValidateCheckpoint(id, snapshot);
-        !s.ok() || !snapshot.memory() || snapshot.node() != node) {
-      return bad(absl::StrCat("memory snapshot of ", node, ": ",
-                              s.ok() ? "not a memory snapshot" : s.message()));
-    }
-  }
-  return absl::OkStatus();
+  return job.checkpoints.Check(id);
 }
 
 absl::Status Core::RestoreJob(const v1::JobRecord& record) {
@@ -438,19 +389,9 @@ absl::Status Core::RestoreJob(const v1::JobRecord& record) {
   job.bindings.insert(record.bindings().begin(), record.bindings().end());
   job.drained.insert(record.drained().begin(), record.drained().end());
   job.finished.insert(record.finished().begin(), record.finished().end());
-  job.checkpoints.assign(record.checkpoints().begin(),
-                         record.checkpoints().end());
-  std::sort(job.checkpoints.begin(), job.checkpoints.end(), OlderCheckpoint);
-  // See Note [Runs]: a record of a coordinator before runs begins one.
-  job.run = record.run() > 0 ? record.run() : RunAfter(clock_->Now(), 0);
-  job.checkpoint_totals = record.checkpoint_totals();
+  job.checkpoints.Restore(record, now);
   job.retired.insert(record.retired_bindings().begin(),
                      record.retired_bindings().end());
-  if (record.has_resume_from()) job.resume_from = record.resume_from();
-  if (record.has_resume_memory()) job.resume_memory = record.resume_memory();
-  for (const v1::CheckpointReport& snapshot : record.memory_snapshots()) {
-    job.memory_snapshots[snapshot.node()] = snapshot;
-  }
   // See Note [Evicting stragglers] in hang_rule.h: a worker waiting out its
   // cool-down is still held back.
   for (const v1::CoolingRecord& r : record.cooling()) {
