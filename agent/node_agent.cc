@@ -13,6 +13,39 @@
 
 namespace concord::agent {
 
+NodeAgent::Impl::Impl(NodeAgentOptions options)
+    : options_(std::move(options)),
+      pass_on_(this),
+      replicas_(options_.coordinator, options_.tls, options_.token),
+      streams_(options_, &replicas_) {
+  // See Note [Passing calls on].
+  const google::protobuf::ServiceDescriptor* service = Descriptor();
+  for (int i = 0; i < service->method_count(); ++i) {
+    if (!HandledHere(service->method(i)->name())) MarkMethodGeneric(i);
+  }
+}
+
+absl::Status NodeAgent::Impl::Listen() {
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials(),
+                           &port);
+  builder.RegisterService(this);
+  builder.RegisterCallbackGenericService(&pass_on_);
+  server_ = builder.BuildAndStart();
+  if (server_ == nullptr) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on '", options_.listen, "'"));
+  }
+  address_ = options_.listen;
+  if (port > 0 && address_.rfind("unix:", 0) != 0) {
+    address_ =
+        address_.substr(0, address_.rfind(':') + 1) + std::to_string(port);
+  }
+  streams_.Start();
+  return absl::OkStatus();
+}
+
 // A unary call passed on as it is. Deleted in OnDone, after Finish, which
 // the forwarded call's completion calls.
 class NodeAgent::Impl::ForwardCall final : public grpc::ServerUnaryReactor {
@@ -31,11 +64,11 @@ grpc::ServerUnaryReactor* NodeAgent::Impl::Forward(
     return call;
   }
   ++forwarded_;
-  Prepare(&call->client_, context->deadline());
-  auto [replica, used] = Current();
+  replicas_.Prepare(&call->client_, context->deadline());
+  auto [replica, used] = replicas_.Current();
   start(replica.worker.get(), &call->client_,
         [this, call, used = used](grpc::Status status) {
-          Note(status, used);
+          replicas_.Note(status, used);
           call->Finish(status);
         });
   return call;
@@ -48,13 +81,7 @@ grpc::ServerUnaryReactor* NodeAgent::Impl::Leave(
                               grpc::ClientContext* c, auto done) {
     stub->async()->Leave(
         c, request, response, [=, done = std::move(done)](grpc::Status s) {
-          if (s.ok()) {  // the job's news (JobNews)
-            std::lock_guard<std::mutex> lock(mu_);
-            Heard(request->job_id(), response->state());
-            if (request->reason() == v1::LEAVE_REASON_COMPLETED) {
-              news_[request->job_id()].completed = true;
-            }
-          }
+          if (s.ok()) streams_.Left(*request, *response);  // the job's news
           done(std::move(s));
         });
   });
@@ -98,12 +125,12 @@ class NodeAgent::Impl::PassOnCall final
       return;
     }
     ++impl_->forwarded_;
-    impl_->Prepare(&client_, context_->deadline());
-    auto [replica, used] = impl_->Current();
+    impl_->replicas_.Prepare(&client_, context_->deadline());
+    auto [replica, used] = impl_->replicas_.Current();
     replica.generic->UnaryCall(
         &client_, context_->method(), grpc::StubOptions(), &request_,
         &response_, [this, used = used](grpc::Status status) {
-          impl_->Note(status, used);
+          impl_->replicas_.Note(status, used);
           if (status.ok()) {
             StartWriteAndFinish(&response_, grpc::WriteOptions(), status);
           } else {
@@ -139,45 +166,30 @@ grpc::ServerUnaryReactor* NodeAgent::Impl::Heartbeat(
         grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "job_id is empty"));
     return reactor;
   }
-  std::unique_lock<std::mutex> lock(mu_);
-  if (stopping_) {
-    lock.unlock();
-    reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                 "the node agent is shutting down"));
-    return reactor;
-  }
-  batcher_.Add(request->worker_id(),
-               PendingHeartbeat{request, response, reactor}, absl::Now());
-  cv_.notify_one();
+  streams_.Heartbeat(request, response, reactor);
   return reactor;
 }
 
+grpc::ServerUnaryReactor* NodeAgent::Impl::Join(
+    grpc::CallbackServerContext* context, const v1::JoinRequest* request,
+    v1::JoinResponse* response) {
+  return streams_.Join(Authorize(*context), request, response);
+}
+
+grpc::ServerWriteReactor<v1::MembershipUpdate>*
+NodeAgent::Impl::WatchMembership(grpc::CallbackServerContext* context,
+                                 const v1::WatchMembershipRequest* request) {
+  return streams_.Watch(Authorize(*context), request);
+}
+
 void NodeAgent::Impl::Shutdown() {
-  std::vector<std::pair<std::string, PendingHeartbeat>> unsent;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_) return;
-    stopping_ = true;
-    unsent = batcher_.TakeAll(absl::Now());
-    cv_.notify_all();
-  }
-  CancelStreams();
-  if (flusher_.joinable()) flusher_.join();
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    exits_cv_.notify_all();
-  }
-  for (auto& [worker, p] : unsent) {
-    p.reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                   "the node agent is shutting down"));
-  }
+  // No new work, the pending heartbeats answered, the flusher stopped; then
+  // the server; then the streams opened meanwhile, drained.
+  if (!streams_.Stop()) return;
   if (server_ != nullptr) {
     server_->Shutdown(std::chrono::system_clock::now());
   }
-  CancelStreams();
-  std::unique_lock<std::mutex> lock(mu_);
-  drained_.wait(lock, [&] { return live_streams_ == 0; });
-  ReleaseEnded(lock);  // see Note [Where gRPC objects end]
+  streams_.Drain();
 }
 
 NodeAgent::NodeAgent(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -208,25 +220,25 @@ NodeAgent::Counters NodeAgent::counters() const { return impl_->counters(); }
 
 bool NodeAgent::WorkerExited(const std::string& worker_id,
                              const std::string& how) {
-  return impl_->WorkerExited(worker_id, how);
+  return impl_->streams().WorkerExited(worker_id, how);
 }
 
 void NodeAgent::CheckpointReported(const std::string& job_id,
                                    const v1::CheckpointReport& report,
                                    int64_t writer_pid) {
-  impl_->CheckpointReported(job_id, report, writer_pid);
+  impl_->streams().CheckpointReported(job_id, report, writer_pid);
 }
 
 bool NodeAgent::AwaitWrites(absl::Duration timeout) {
-  return impl_->AwaitWrites(timeout);
+  return impl_->streams().AwaitWrites(timeout);
 }
 
 bool NodeAgent::AwaitExitReports(absl::Duration timeout) {
-  return impl_->AwaitExitReports(timeout);
+  return impl_->streams().AwaitExitReports(timeout);
 }
 
 NodeAgent::JobNews NodeAgent::job_news(const std::string& job_id) const {
-  return impl_->job_news(job_id);
+  return impl_->streams().job_news(job_id);
 }
 
 }  // namespace concord::agent

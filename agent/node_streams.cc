@@ -1,5 +1,8 @@
-// The Node stream of a job at the node agent, and the workers' Join and
-// WatchMembership calls it carries (see Note [Node agents] in node_agent.h).
+// The Node streams of the node's jobs at the node agent, the workers' Join
+// and WatchMembership calls they carry, and the flusher that sends the
+// heartbeats on them (see node_streams.h).
+
+#include "agent/node_streams.h"
 
 #include <spdlog/spdlog.h>
 
@@ -12,7 +15,6 @@
 #include <vector>
 
 #include "absl/time/clock.h"
-#include "agent/node_agent_impl.h"
 
 namespace concord::agent {
 namespace {
@@ -25,12 +27,12 @@ bool Terminal(v1::JobState state) {
 }  // namespace
 
 // One worker's Join at the agent, sent and answered on its job's node
-// stream. Fields are guarded by the agent's mutex.
-class NodeAgent::Impl::JoinCall final : public grpc::ServerUnaryReactor {
+// stream. Fields are guarded by the streams' mutex.
+class NodeStreams::JoinCall final : public grpc::ServerUnaryReactor {
  public:
-  JoinCall(Impl* agent, const v1::JoinRequest* request,
+  JoinCall(NodeStreams* owner, const v1::JoinRequest* request,
            v1::JoinResponse* response)
-      : agent_(agent), request_(request), response_(response) {}
+      : owner_(owner), request_(request), response_(response) {}
 
   const v1::JoinRequest& request() const { return *request_; }
   uint64_t id() const { return id_; }
@@ -46,9 +48,9 @@ class NodeAgent::Impl::JoinCall final : public grpc::ServerUnaryReactor {
       *response_ = result.response();
       // See Note [Exited workers]: the coordinator bound the worker to this
       // secret; its exit report will carry it.
-      agent_->known_[request_->worker_id()] =
+      owner_->known_[request_->worker_id()] =
           Known{request_->spec().job_id(), request_->worker_secret()};
-      agent_->Vouch(request_->spec().job_id(), request_->worker_id(),
+      owner_->Vouch(request_->spec().job_id(), request_->worker_id(),
                     request_->worker_secret(), /*pid=*/0);
     }
     after->Add(
@@ -66,7 +68,7 @@ class NodeAgent::Impl::JoinCall final : public grpc::ServerUnaryReactor {
   void OnDone() override { delete this; }
 
  private:
-  Impl* agent_;
+  NodeStreams* owner_;
   const v1::JoinRequest* request_;
   v1::JoinResponse* response_;
   uint64_t id_ = 0;
@@ -75,12 +77,12 @@ class NodeAgent::Impl::JoinCall final : public grpc::ServerUnaryReactor {
 };
 
 // One worker's WatchMembership at the agent, fed by its job's node stream.
-// Fields are guarded by the agent's mutex.
-class NodeAgent::Impl::WatchCall final
+// Fields are guarded by the streams' mutex.
+class NodeStreams::WatchCall final
     : public grpc::ServerWriteReactor<v1::MembershipUpdate> {
  public:
-  WatchCall(Impl* agent, const v1::WatchMembershipRequest* request)
-      : agent_(agent), request_(request) {}
+  WatchCall(NodeStreams* owner, const v1::WatchMembershipRequest* request)
+      : owner_(owner), request_(request) {}
 
   const v1::WatchMembershipRequest& request() const { return *request_; }
 
@@ -117,7 +119,7 @@ class NodeAgent::Impl::WatchCall final
 
   void OnWriteDone(bool ok) override {
     Actions after;
-    std::lock_guard<std::mutex> lock(agent_->mu_);
+    std::lock_guard<std::mutex> lock(owner_->mu_);
     writing_ = false;
     if (ended_) {
       after.Add([this, s = status_] { Finish(s); });
@@ -139,10 +141,10 @@ class NodeAgent::Impl::WatchCall final
   }
   void OnCancel() override {
     Actions after;
-    std::lock_guard<std::mutex> lock(agent_->mu_);
+    std::lock_guard<std::mutex> lock(owner_->mu_);
     if (ended_) return;
     Detach(&after);
-    agent_->batcher_.Forget(request_->worker_id());
+    owner_->batcher_.Forget(request_->worker_id());
     End(grpc::Status(grpc::StatusCode::CANCELLED, "the call was cancelled"),
         &after);
   }
@@ -166,7 +168,7 @@ class NodeAgent::Impl::WatchCall final
   // With mu_ held: no longer fed by the node stream.
   void Detach(Actions* after);
 
-  Impl* agent_;
+  NodeStreams* owner_;
   const v1::WatchMembershipRequest* request_;
   NodeStream* stream_ = nullptr;
   bool writing_ = false;
@@ -182,23 +184,24 @@ class NodeAgent::Impl::WatchCall final
 // views are handed to the workers' calls. Held (AddHold) until its read fails
 // and no write is in flight, so that a write decided under the mutex is always
 // started on a live reactor; deleted in OnDone, which ends the workers' calls
-// still on it with the stream's status. Fields are guarded by the agent's
+// still on it with the stream's status. Fields are guarded by the streams'
 // mutex.
-class NodeAgent::Impl::NodeStream final
+class NodeStreams::NodeStream final
     : public grpc::ClientBidiReactor<v1::NodeRequest, v1::NodeUpdate> {
  public:
-  NodeStream(Impl* agent, std::string job_id)
-      : agent_(agent), job_id_(std::move(job_id)) {}
+  NodeStream(NodeStreams* owner, std::string job_id)
+      : owner_(owner), job_id_(std::move(job_id)) {}
 
   // With mu_ held: starts the call.
   void Open(Actions* after) {
-    agent_->Prepare(&context_, std::chrono::system_clock::time_point::max());
-    auto [replica, used] = agent_->Current();
+    owner_->replicas_->Prepare(&context_,
+                               std::chrono::system_clock::time_point::max());
+    auto [replica, used] = owner_->replicas_->Current();
     used_ = used;
     replica.agent->async()->Node(&context_, this);
     queued_.set_job_id(job_id_);
-    ++agent_->live_streams_;
-    ++agent_->node_streams_;
+    ++owner_->live_streams_;
+    ++owner_->node_streams_;
     after->Add([this] {
       AddHold();
       StartRead(&read_);
@@ -246,7 +249,7 @@ class NodeAgent::Impl::NodeStream final
   }
   void Flush(Actions* after) { WriteQueued(after); }
   void AddJoin(JoinCall* call, Actions* after) {
-    call->set_id(++agent_->next_join_);
+    call->set_id(++owner_->next_join_);
     call->set_stream(this);
     joins_[call->id()] = call;
     v1::NodeJoin* join = queued_.add_joins();
@@ -263,9 +266,9 @@ class NodeAgent::Impl::NodeStream final
   // See Note [Exited workers]: reports a worker's exit.
   void AddExit(const std::string& worker_id, const Known& known,
                const std::string& how, Actions* after) {
-    const uint64_t id = ++agent_->next_exit_;
+    const uint64_t id = ++owner_->next_exit_;
     exits_[id] = worker_id;
-    ++agent_->exits_pending_;
+    ++owner_->exits_pending_;
     v1::ExitedWorker* exited = queued_.add_exited();
     exited->set_id(id);
     exited->set_worker_id(worker_id);
@@ -289,19 +292,19 @@ class NodeAgent::Impl::NodeStream final
 
   void OnReadDone(bool ok) override {
     Actions after;
-    std::lock_guard<std::mutex> lock(agent_->mu_);
+    std::lock_guard<std::mutex> lock(owner_->mu_);
     if (!ok) {
       Break(&after);
       return;
     }
-    ++agent_->node_updates_;
+    ++owner_->node_updates_;
     for (v1::HeartbeatResult& result : *read_.mutable_heartbeats()) {
       auto it = heartbeats_.find(result.id());
       if (it == heartbeats_.end()) continue;
       const PendingHeartbeat p = it->second;
       heartbeats_.erase(it);
       if (result.code() == 0) {
-        agent_->Heard(job_id_, result.response().state());
+        owner_->Heard(job_id_, result.response().state());
         *p.response = std::move(*result.mutable_response());
       }
       after.Add(
@@ -323,13 +326,13 @@ class NodeAgent::Impl::NodeStream final
             "{}: {}",
             it->second, result.message());
       }
-      agent_->Heard(job_id_, result.state(), result.failure());
+      owner_->Heard(job_id_, result.state(), result.failure());
       exits_.erase(it);
-      agent_->ExitAnswered();
+      owner_->ExitAnswered();
     }
     for (const v1::WorkerView& view : read_.views()) {
       if (view.code() == 0) {
-        agent_->Heard(job_id_, view.update().state(), view.update().failure());
+        owner_->Heard(job_id_, view.update().state(), view.update().failure());
       }
       auto it = watches_.find(view.worker_id());
       if (it == watches_.end()) continue;
@@ -343,7 +346,7 @@ class NodeAgent::Impl::NodeStream final
   }
   void OnWriteDone(bool ok) override {
     Actions after;
-    std::lock_guard<std::mutex> lock(agent_->mu_);
+    std::lock_guard<std::mutex> lock(owner_->mu_);
     writing_ = false;
     if (!ok || broken_) {
       Break(&after);  // (the read fails too)
@@ -353,14 +356,15 @@ class NodeAgent::Impl::NodeStream final
   }
   // Not deleted here: see Note [Where gRPC objects end].
   void OnDone(const grpc::Status& status) override {
-    Impl* const agent = agent_;  // `this` may be deleted once mu_ is free
-    const absl::Duration linger = agent->options_.test_linger;
+    // `this` may be deleted once mu_ is free.
+    NodeStreams* const owner = owner_;
+    const absl::Duration linger = owner->test_linger_;
     if (linger > absl::ZeroDuration()) absl::SleepFor(linger);  // test hook
     Actions after;
     {
-      std::lock_guard<std::mutex> lock(agent->mu_);
+      std::lock_guard<std::mutex> lock(owner->mu_);
       Break(&after);
-      agent_->Note(status, used_);
+      owner_->replicas_->Note(status, used_);
       for (auto& [id, call] : watches_) call->StreamEnded(status, &after);
       watches_.clear();
       for (auto& [id, call] : joins_) {
@@ -382,22 +386,22 @@ class NodeAgent::Impl::NodeStream final
       // Reports not answered are lost with the stream: the coordinator's
       // other rules (a lost watch, heartbeat_timeout) take those workers
       // out.
-      for (size_t i = 0; i < exits_.size(); ++i) agent_->ExitAnswered();
+      for (size_t i = 0; i < exits_.size(); ++i) owner_->ExitAnswered();
       exits_.clear();
       if (Unref()) {
-        agent_->ended_streams_.push_back(this);
-        agent_->cv_.notify_all();  // the flusher deletes it
+        owner_->ended_streams_.push_back(this);
+        owner_->cv_.notify_all();  // the flusher deletes it
       }
     }
     // The workers' calls end (Finish) before the stream stops counting as
     // live, so that Shutdown's wait covers them too.
     after.Run();
     {
-      std::lock_guard<std::mutex> lock(agent->mu_);
-      --agent->live_streams_;
-      agent->drained_.notify_all();
+      std::lock_guard<std::mutex> lock(owner->mu_);
+      --owner->live_streams_;
+      owner->drained_.notify_all();
     }
-    // The agent may be gone by now; the hook's duration was read before.
+    // The streams may be gone by now; the hook's duration was read before.
     if (linger > absl::ZeroDuration()) absl::SleepFor(linger);
   }
 
@@ -431,9 +435,9 @@ class NodeAgent::Impl::NodeStream final
   void Break(Actions* after) {
     if (!broken_) {
       broken_ = true;
-      auto it = agent_->streams_.find(job_id_);
-      if (it != agent_->streams_.end() && it->second == this) {
-        agent_->streams_.erase(it);
+      auto it = owner_->streams_.find(job_id_);
+      if (it != owner_->streams_.end() && it->second == this) {
+        owner_->streams_.erase(it);
       }
     }
     if (!writing_ && !released_) {
@@ -442,7 +446,7 @@ class NodeAgent::Impl::NodeStream final
     }
   }
 
-  Impl* agent_;
+  NodeStreams* owner_;
   const std::string job_id_;
   grpc::ClientContext context_;
   size_t used_ = 0;  // the replica
@@ -460,31 +464,68 @@ class NodeAgent::Impl::NodeStream final
   int refs_ = 1;           // gRPC's until OnDone, and Shutdown's
 };
 
-void NodeAgent::Impl::WatchCall::Attach(NodeStream* stream, Actions* after) {
+void NodeStreams::WatchCall::Attach(NodeStream* stream, Actions* after) {
   stream_ = stream;
   stream->Add(this, after);
 }
 
-void NodeAgent::Impl::WatchCall::Detach(Actions* after) {
+void NodeStreams::WatchCall::Detach(Actions* after) {
   if (stream_ != nullptr) stream_->Remove(this, after);
   stream_ = nullptr;
 }
 
-void NodeAgent::Impl::ReleaseEnded(std::unique_lock<std::mutex>& lock) {
+NodeStreams::NodeStreams(const NodeAgentOptions& options,
+                         CoordinatorReplicas* replicas)
+    : policy_(options.batch),
+      test_linger_(options.test_linger),
+      replicas_(replicas),
+      batcher_(options.batch),
+      processes_(GpuActivity::Open()) {}
+
+void NodeStreams::Start() {
+  flusher_ = std::thread([this] { FlushLoop(); });
+}
+
+bool NodeStreams::Stop() {
+  std::vector<std::pair<std::string, PendingHeartbeat>> unsent;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return false;
+    stopping_ = true;
+    unsent = batcher_.TakeAll(absl::Now());
+    cv_.notify_all();
+  }
+  CancelStreams();
+  if (flusher_.joinable()) flusher_.join();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    exits_cv_.notify_all();
+  }
+  for (auto& [worker, p] : unsent) {
+    p.reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                   "the node agent is shutting down"));
+  }
+  return true;
+}
+
+void NodeStreams::Drain() {
+  CancelStreams();
+  std::unique_lock<std::mutex> lock(mu_);
+  drained_.wait(lock, [&] { return live_streams_ == 0; });
+  ReleaseEnded(lock);  // see Note [Where gRPC objects end]
+}
+
+void NodeStreams::ReleaseEnded(std::unique_lock<std::mutex>& lock) {
   std::vector<NodeStream*> ended = std::move(ended_streams_);
   ended_streams_.clear();
   lock.unlock();
-  std::vector<Replica> retired;
-  {
-    std::lock_guard<std::mutex> replicas(replica_mu_);
-    retired.swap(retired_);
-  }
+  std::vector<CoordinatorReplicas::Replica> retired = replicas_->TakeRetired();
   for (NodeStream* stream : ended) delete stream;
   retired.clear();
   lock.lock();
 }
 
-void NodeAgent::Impl::FlushLoop() {
+void NodeStreams::FlushLoop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_) {
     // See Note [Where gRPC objects end].
@@ -496,7 +537,7 @@ void NodeAgent::Impl::FlushLoop() {
       // One message a job's stream (a node runs one job's workers).
       Actions after;
       std::set<NodeStream*> streams;
-      processes_.RefreshGpu(options_.batch.interval / 2);
+      processes_.RefreshGpu(policy_.interval / 2);
       for (auto& [worker, p] : batch) {
         NodeStream* stream = StreamFor(p.request->job_id(), &after);
         stream->AddHeartbeat(p, ViewOf(worker, *p.request, now));
@@ -523,23 +564,23 @@ void NodeAgent::Impl::FlushLoop() {
   }
 }
 
-void NodeAgent::Impl::JoinCall::OnCancel() {
+void NodeStreams::JoinCall::OnCancel() {
   Actions after;
-  std::lock_guard<std::mutex> lock(agent_->mu_);
+  std::lock_guard<std::mutex> lock(owner_->mu_);
   if (answered_) return;
   if (stream_ != nullptr) stream_->CancelJoin(this, &after);
   Answer(grpc::Status(grpc::StatusCode::CANCELLED, "the call was cancelled"),
          &after);
 }
 
-grpc::ServerUnaryReactor* NodeAgent::Impl::Join(
-    grpc::CallbackServerContext* context, const v1::JoinRequest* request,
-    v1::JoinResponse* response) {
+grpc::ServerUnaryReactor* NodeStreams::Join(const grpc::Status& caller,
+                                            const v1::JoinRequest* request,
+                                            v1::JoinResponse* response) {
   auto* call = new JoinCall(this, request, response);
   Actions after;
   std::lock_guard<std::mutex> lock(mu_);
-  if (grpc::Status auth = Authorize(*context); !auth.ok()) {
-    call->Answer(auth, &after);
+  if (!caller.ok()) {
+    call->Answer(caller, &after);
   } else if (stopping_) {
     call->Answer(grpc::Status(grpc::StatusCode::UNAVAILABLE,
                               "the node agent is shutting down"),
@@ -549,14 +590,29 @@ grpc::ServerUnaryReactor* NodeAgent::Impl::Join(
                               "spec.job_id is empty"),
                  &after);
   } else {
-    ++forwarded_;
+    ++joins_;
     StreamFor(request->spec().job_id(), &after)->AddJoin(call, &after);
   }
   return call;
 }
 
-NodeAgent::Impl::NodeStream* NodeAgent::Impl::StreamFor(
-    const std::string& job_id, Actions* after) {
+void NodeStreams::Heartbeat(const v1::HeartbeatRequest* request,
+                            v1::HeartbeatResponse* response,
+                            grpc::ServerUnaryReactor* reactor) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (stopping_) {
+    lock.unlock();
+    reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                 "the node agent is shutting down"));
+    return;
+  }
+  batcher_.Add(request->worker_id(),
+               PendingHeartbeat{request, response, reactor}, absl::Now());
+  cv_.notify_one();
+}
+
+NodeStreams::NodeStream* NodeStreams::StreamFor(const std::string& job_id,
+                                                Actions* after) {
   auto it = streams_.find(job_id);
   if (it != streams_.end()) return it->second;
   auto* stream = new NodeStream(this, job_id);
@@ -565,14 +621,13 @@ NodeAgent::Impl::NodeStream* NodeAgent::Impl::StreamFor(
   return stream;
 }
 
-grpc::ServerWriteReactor<v1::MembershipUpdate>*
-NodeAgent::Impl::WatchMembership(grpc::CallbackServerContext* context,
-                                 const v1::WatchMembershipRequest* request) {
+grpc::ServerWriteReactor<v1::MembershipUpdate>* NodeStreams::Watch(
+    const grpc::Status& caller, const v1::WatchMembershipRequest* request) {
   auto* call = new WatchCall(this, request);
   Actions after;
   std::lock_guard<std::mutex> lock(mu_);
-  if (grpc::Status auth = Authorize(*context); !auth.ok()) {
-    call->End(auth, &after);
+  if (!caller.ok()) {
+    call->End(caller, &after);
   } else if (stopping_) {
     call->End(grpc::Status(grpc::StatusCode::UNAVAILABLE,
                            "the node agent is shutting down"),
@@ -587,16 +642,42 @@ NodeAgent::Impl::WatchMembership(grpc::CallbackServerContext* context,
   return call;
 }
 
-void NodeAgent::Impl::Heard(const std::string& job_id, v1::JobState state,
-                            const std::string& failure) {
+void NodeStreams::Left(const v1::LeaveRequest& request,
+                       const v1::LeaveResponse& response) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Heard(request.job_id(), response.state());
+  if (request.reason() == v1::LEAVE_REASON_COMPLETED) {
+    news_[request.job_id()].completed = true;
+  }
+}
+
+NodeAgent::JobNews NodeStreams::job_news(const std::string& job_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = news_.find(job_id);
+  return it == news_.end() ? NodeAgent::JobNews{} : it->second;
+}
+
+NodeAgent::Counters NodeStreams::counters() const {
+  NodeAgent::Counters c;
+  c.heartbeats = heartbeats_.load();
+  c.heartbeat_batches = batches_.load();
+  c.node_streams = node_streams_.load();
+  c.node_updates = node_updates_.load();
+  c.forwarded = joins_.load();
+  c.exits = exits_.load();
+  return c;
+}
+
+void NodeStreams::Heard(const std::string& job_id, v1::JobState state,
+                        const std::string& failure) {
   if (state == v1::JOB_STATE_UNSPECIFIED) return;
-  JobNews& news = news_[job_id];
+  NodeAgent::JobNews& news = news_[job_id];
   if (Terminal(news.state)) return;
   news.state = state;
   news.failure = failure;
 }
 
-std::optional<v1::ProcessView> NodeAgent::Impl::ViewOf(
+std::optional<v1::ProcessView> NodeStreams::ViewOf(
     const std::string& worker_id, const v1::HeartbeatRequest& request,
     absl::Time now) {
   const int64_t pid = request.progress().pid();
@@ -612,9 +693,8 @@ std::optional<v1::ProcessView> NodeAgent::Impl::ViewOf(
   return processes_.View(pid);
 }
 
-void NodeAgent::Impl::Vouch(const std::string& job_id,
-                            const std::string& worker_id,
-                            const std::string& secret, int64_t pid) {
+void NodeStreams::Vouch(const std::string& job_id, const std::string& worker_id,
+                        const std::string& secret, int64_t pid) {
   std::vector<Voucher>& vouchers = vouchers_[job_id];
   auto it =
       std::find_if(vouchers.begin(), vouchers.end(),
@@ -630,12 +710,12 @@ void NodeAgent::Impl::Vouch(const std::string& job_id,
   if (vouchers.size() > kMaxVouchers) vouchers.erase(vouchers.begin());
 }
 
-bool NodeAgent::Impl::ReportLate(absl::Time now,
-                                 std::unique_lock<std::mutex>& lock) {
-  next_late_check_ = now + options_.batch.interval;
+bool NodeStreams::ReportLate(absl::Time now,
+                             std::unique_lock<std::mutex>& lock) {
+  next_late_check_ = now + policy_.interval;
   Actions after;
   std::set<NodeStream*> streams;
-  const absl::Duration late = options_.batch.interval * 3 / 2;
+  const absl::Duration late = policy_.interval * 3 / 2;
   bool gpu_refreshed = false;
   for (auto it = heard_.begin(); it != heard_.end();) {
     const Beating& h = it->second;
@@ -644,7 +724,7 @@ bool NodeAgent::Impl::ReportLate(absl::Time now,
       continue;
     }
     if (!gpu_refreshed) {
-      processes_.RefreshGpu(options_.batch.interval / 2);
+      processes_.RefreshGpu(policy_.interval / 2);
       gpu_refreshed = true;
     }
     std::optional<v1::ProcessView> view;
@@ -668,8 +748,8 @@ bool NodeAgent::Impl::ReportLate(absl::Time now,
   return true;
 }
 
-bool NodeAgent::Impl::WorkerExited(const std::string& worker_id,
-                                   const std::string& how) {
+bool NodeStreams::WorkerExited(const std::string& worker_id,
+                               const std::string& how) {
   Actions after;
   std::lock_guard<std::mutex> lock(mu_);
   batcher_.Forget(worker_id);
@@ -686,9 +766,9 @@ bool NodeAgent::Impl::WorkerExited(const std::string& worker_id,
   return true;
 }
 
-void NodeAgent::Impl::CheckpointReported(const std::string& job_id,
-                                         const v1::CheckpointReport& report,
-                                         int64_t writer_pid) {
+void NodeStreams::CheckpointReported(const std::string& job_id,
+                                     const v1::CheckpointReport& report,
+                                     int64_t writer_pid) {
   Actions after;
   std::lock_guard<std::mutex> lock(mu_);
   if (stopping_) return;
@@ -712,7 +792,7 @@ void NodeAgent::Impl::CheckpointReported(const std::string& job_id,
   StreamFor(job_id, &after)->AddCheckpoint(std::move(c), &after);
 }
 
-bool NodeAgent::Impl::AwaitWrites(absl::Duration timeout) {
+bool NodeStreams::AwaitWrites(absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   for (;;) {
     {
@@ -726,13 +806,13 @@ bool NodeAgent::Impl::AwaitWrites(absl::Duration timeout) {
   }
 }
 
-bool NodeAgent::Impl::AwaitExitReports(absl::Duration timeout) {
+bool NodeStreams::AwaitExitReports(absl::Duration timeout) {
   std::unique_lock<std::mutex> lock(mu_);
   return exits_cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout),
                             [this] { return exits_pending_ == 0; });
 }
 
-void NodeAgent::Impl::CancelStreams() {
+void NodeStreams::CancelStreams() {
   // Cancelled outside the mutex (gRPC may run a reaction on this thread),
   // each held meanwhile so that its OnDone does not delete it.
   std::vector<NodeStream*> open;
