@@ -88,7 +88,7 @@ void Core::StartAgain(Job& job, const std::string& worker_id) {
   job.kv.clear();
   job.drained.clear();
   job.finished.clear();
-  job.cooling.clear();
+  job.cooling.Clear();
   // A new run, not the next generation of the ended one: no rank change.
   job.ended_ranks.clear();
   job.ended_generation = 0;
@@ -267,18 +267,18 @@ void Core::AddWaiting(Job& job, const v1::JoinRequest& request, uint64_t call,
   m.joined = back ? survivor->joined : now;
   if (back) job.expected.MarkBack(survivor);
   // See Note [Evicting stragglers] in hang_rule.h.
-  auto cooling = job.cooling.find(worker_id);
-  const bool held = cooling != job.cooling.end() && cooling->second.until > now;
+  const std::optional<absl::Time> held_until =
+      job.cooling.HeldUntil(worker_id, now);
+  const bool held = held_until.has_value();
   m.held = held;
   job.waiting.Add(std::move(m));
   job.last_arrival = now;
   const v1::JobSpec& spec = job.spec;
   if (held) {
-    AddEvent(
-        job, "join", worker_id,
-        absl::StrFormat("joined from %s; held back until its cool-down "
-                        "as an evicted straggler ends in %s",
-                        request.host(), Seconds(cooling->second.until - now)));
+    AddEvent(job, "join", worker_id,
+             absl::StrFormat("joined from %s; held back until its cool-down "
+                             "as an evicted straggler ends in %s",
+                             request.host(), Seconds(*held_until - now)));
   } else if (back) {
     const size_t missing = job.expected.size() - job.expected.back_count();
     AddEvent(job, "join", worker_id,
@@ -372,13 +372,7 @@ absl::StatusOr<v1::HeartbeatResponse> Core::Heartbeat(
   BeforeProgress(*job, now);
   member.last_heartbeat = now;
   if (request.has_progress()) {
-    // See Note [Hangs] in hang_rule.h.
-    if (!member.progress.has_value() ||
-        ShowsProgress(member.mark, request.progress(), request.step(), now)) {
-      member.mark = MarkOf(request.progress(), request.step(), now);
-    }
-    member.progress = request.progress();
-    member.progress_reported = now;
+    member.health.Reported(request.progress(), request.step(), now);
   }
   member.committed_step = std::max(member.committed_step, request.step());
   member.samples_per_second = request.samples_per_second();

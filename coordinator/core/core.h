@@ -14,7 +14,8 @@
 // a job's checkpoint records (its run, the checkpoints and memory snapshots
 // kept, what a generation resumes from: CheckpointRecords,
 // checkpoint_records.h), the hang and straggler rules (hang_rule.h) and the
-// job's history (job_history.h).
+// job's history (job_history.h), and a member's health and the job's
+// straggler cool-downs (MemberHealth, Cooldowns: health.h).
 //
 // Uneven inputs: the members agree among themselves, at every step, whether
 // each still has data (see Note [Step agreement] in worker/elastic/state.h); a
@@ -43,6 +44,7 @@
 #include "concord/v1/worker.pb.h"
 #include "coordinator/core/checkpoint_records.h"
 #include "coordinator/core/hang_rule.h"
+#include "coordinator/core/health.h"
 #include "coordinator/core/job_history.h"
 #include "coordinator/core/worker_list.h"
 
@@ -468,32 +470,12 @@ class Core {
     double samples_per_second = 0;
     std::optional<double> loss;  // of its last heartbeat that had one
     v1::DdpTimings ddp;
-    // See Note [Hangs] in hang_rule.h: its last WorkerProgress, when it
-    // arrived, and where it stood when it last showed progress of its own
-    // (transient, never exported).
-    std::optional<v1::WorkerProgress> progress;
-    absl::Time progress_reported;
-    ProgressMark mark;
-    // What its node agent last saw of its process and when the agent looked,
-    // where that view last showed progress, and when (transient).
-    std::optional<v1::ProcessView> process;
-    absl::Time process_seen;
-    ProcessMark process_mark;
-    absl::Time process_progressed = absl::InfinitePast();
-    // See Note [Stragglers] in hang_rule.h: slow intervals counted up, fast
-    // ones down (0..2 x kStragglerIntervals), and whether it is named one
-    // (transient).
-    int slow_count = 0;
-    bool straggler = false;
+    // See Note [Hangs] and see Note [Stragglers] in hang_rule.h: its
+    // progress as the rules see it (transient, never exported).
+    MemberHealth health;
     // Of a waiting worker: an evicted straggler in its cool-down, which no
     // generation admits yet (see Note [Evicting stragglers]).
     bool held = false;
-  };
-  // See Note [Evicting stragglers] in hang_rule.h: a worker evicted as a
-  // straggler, how often, and until when it is held back.
-  struct Cooling {
-    int evictions = 0;
-    absl::Time until;
   };
   // A worker's WatchMembership streams (see Note [Re-forming]).
   struct WatchState {
@@ -546,9 +528,10 @@ class Core {
     // When the members were last compared for stragglers (see Note
     // [Stragglers] in hang_rule.h; transient).
     absl::Time stragglers_checked;
-    // By worker id: the workers evicted as stragglers (kept for the job's
-    // life, so that a worker evicted again waits longer).
-    std::map<std::string, Cooling> cooling;
+    // See Note [Evicting stragglers] in hang_rule.h: the workers evicted as
+    // stragglers (kept for the job's life, so that a worker evicted again
+    // waits longer).
+    Cooldowns cooling;
     // The time of the last heartbeat not yet in `history` (see Note [Lazy
     // progress] in core_history.cc); transient.
     std::optional<absl::Time> progress_pending;

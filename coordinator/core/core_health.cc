@@ -2,8 +2,9 @@
 // Note [Evicting stragglers], all in hang_rule.h): the members' progress as
 // the rules see it, and applying their verdicts (hung members taken out,
 // stragglers named or evicted, evicted workers held for their cool-down). The
-// rules themselves are pure functions in hang_rule.cc; the tick that calls
-// these is in core_lifecycle.cc.
+// rules themselves are pure functions in hang_rule.cc; the state they judge is
+// each member's MemberHealth and the job's Cooldowns (health.h); the tick that
+// calls these is in core_lifecycle.cc.
 
 #include <spdlog/spdlog.h>
 
@@ -29,15 +30,7 @@ std::vector<MemberProgress> Core::ProgressOf(const Job& job) {
   std::vector<MemberProgress> out;
   out.reserve(job.members.size());
   for (const MemberState& m : job.members) {
-    MemberProgress& p = out.emplace_back();
-    p.worker_id = m.worker_id;
-    p.rank = m.rank;
-    p.step = m.committed_step;
-    p.progress = m.progress;
-    p.reported = m.progress_reported;
-    p.progressed = std::max(m.mark.at, m.process_progressed);
-    p.process = m.process;
-    p.process_seen = m.process_seen;
+    out.push_back(m.health.ProgressOf(m.worker_id, m.rank, m.committed_step));
   }
   return out;
 }
@@ -51,23 +44,7 @@ absl::Status Core::ProcessSeen(const std::string& job_id,
   if (job->state != v1::JOB_STATE_RUNNING) return absl::OkStatus();
   const std::optional<size_t> index = MemberIndex(*job, worker_id);
   if (!index.has_value()) return absl::OkStatus();
-  MemberState& m = job->members[*index];
-  const absl::Time now = clock_->Now();
-  const absl::Time seen =
-      now - absl::Milliseconds(std::min<int64_t>(process.age_ms(), 60000));
-  // See Note [Hangs] in hang_rule.h: the GPU of a member in a collective
-  // runs that collective's kernel.
-  const bool waits =
-      m.progress.has_value() && !m.progress->pending_kind().empty();
-  // At first sight the mark is where it stands (no CPU over no time; a busy
-  // GPU is progress already).
-  if (!m.process.has_value()) m.process_mark = {process.cpu_ms(), seen};
-  if (ProcessShowsProgress(m.process_mark, process, waits, seen)) {
-    m.process_mark = {process.cpu_ms(), seen};
-    m.process_progressed = seen;
-  }
-  m.process = process;
-  m.process_seen = seen;
+  job->members[*index].health.Seen(process, clock_->Now());
   return absl::OkStatus();
 }
 
@@ -81,10 +58,7 @@ bool Core::TakeOutHung(Job& job, absl::Time now) {
           : kHangFloor;
   bool someone_waits = false;
   for (const MemberState& m : job.members) {
-    if (m.progress.has_value() && !m.progress->pending_kind().empty() &&
-        now - m.progress_reported +
-                absl::Milliseconds(m.progress->pending_ms()) >=
-            least) {
+    if (m.health.WaitsFor(now, least)) {
       someone_waits = true;
       break;
     }
@@ -120,7 +94,7 @@ bool Core::CheckStragglers(Job& job, absl::Time now) {
   job.stragglers_checked = now;
   bool any = false;
   for (const MemberState& m : job.members) {
-    if (m.progress.has_value() && m.progress->own_ms() > 0) {
+    if (m.health.progress().has_value() && m.health.progress()->own_ms() > 0) {
       any = true;
       break;
     }
@@ -131,28 +105,21 @@ bool Core::CheckStragglers(Job& job, absl::Time now) {
   bool changed = false;
   for (size_t i = 0; i < job.members.size(); ++i) {
     MemberState& m = job.members[i];
-    m.slow_count = std::clamp(m.slow_count + (slow[i] ? 1 : -1), 0,
-                              2 * kStragglerIntervals);
-    const bool was = m.straggler;
-    if (!m.straggler && m.slow_count >= kStragglerIntervals) {
-      m.straggler = true;
-    } else if (m.straggler && m.slow_count == 0) {
-      m.straggler = false;
-    }
-    if (m.straggler == was) continue;
+    if (!m.health.CountInterval(slow[i])) continue;
     changed = true;
+    const v1::WorkerProgress& p = *m.health.progress();
     const std::string what =
-        m.straggler
+        m.health.straggler()
             ? absl::StrFormat(
                   "straggler: rank %d's own work is %.1f ms a step against "
                   "%.1f ms for the others (it waits %.1f ms; slow for %d "
                   "heartbeat intervals)",
-                  m.rank, m.progress->own_ms(), OthersOwnMs(progress, i),
-                  m.progress->wait_ms(), kStragglerIntervals)
+                  m.rank, p.own_ms(), OthersOwnMs(progress, i), p.wait_ms(),
+                  kStragglerIntervals)
             : absl::StrFormat(
                   "no longer a straggler: rank %d's own work is "
                   "%.1f ms a step against %.1f ms for the others",
-                  m.rank, m.progress->own_ms(), OthersOwnMs(progress, i));
+                  m.rank, p.own_ms(), OthersOwnMs(progress, i));
     spdlog::warn("job {}: worker {}: {}", job.spec.job_id(), m.worker_id, what);
     AddEvent(job, "straggler", m.worker_id, what);
   }
@@ -162,9 +129,10 @@ bool Core::CheckStragglers(Job& job, absl::Time now) {
     std::optional<size_t> slowest;
     for (size_t i = 0; i < job.members.size(); ++i) {
       const MemberState& m = job.members[i];
-      if (m.straggler &&
+      if (m.health.straggler() &&
           (!slowest.has_value() ||
-           m.progress->own_ms() > job.members[*slowest].progress->own_ms())) {
+           m.health.progress()->own_ms() >
+               job.members[*slowest].health.progress()->own_ms())) {
         slowest = i;
       }
     }
@@ -174,11 +142,10 @@ bool Core::CheckStragglers(Job& job, absl::Time now) {
       if (e.evict) {
         const MemberState& m = job.members[*slowest];
         const std::string worker_id = m.worker_id;
-        Cooling& c = job.cooling[worker_id];
-        ++c.evictions;
-        const absl::Duration cooldown = CooldownAfter(
-            c.evictions, absl::Milliseconds(job.spec.straggler_cooldown_ms()));
-        c.until = now + cooldown;
+        const absl::Duration base =
+            absl::Milliseconds(job.spec.straggler_cooldown_ms());
+        const Cooldowns::Cooling& c = job.cooling.Evict(worker_id, now, base);
+        const absl::Duration cooldown = CooldownAfter(c.evictions, base);
         const std::string what = absl::StrFormat(
             "evicted as a straggler (rank %d): the job's throughput is %.2f "
             "steps/s with it and %.2f without it (estimated); it may join "
@@ -202,7 +169,7 @@ bool Core::CheckStragglers(Job& job, absl::Time now) {
 
 size_t Core::Eligible(const Job& job) {
   size_t held = 0;
-  for (const auto& [worker_id, cooling] : job.cooling) {
+  for (const auto& [worker_id, cooling] : job.cooling.all()) {
     const MemberState* w = job.waiting.Find(worker_id);
     if (w != nullptr && w->held) ++held;
   }
@@ -211,7 +178,7 @@ size_t Core::Eligible(const Job& job) {
 
 bool Core::ReleaseHeld(Job& job, absl::Time now) {
   bool released = false;
-  for (const auto& [worker_id, cooling] : job.cooling) {
+  for (const auto& [worker_id, cooling] : job.cooling.all()) {
     MemberState* w = job.waiting.Find(worker_id);
     if (w == nullptr || !w->held || cooling.until > now) continue;
     w->held = false;

@@ -115,10 +115,10 @@ std::vector<JobMetricsSample> Core::MetricsSamples(
     }
     if (job.state != v1::JOB_STATE_RUNNING) continue;
     for (const MemberState& m : job.members) {
-      if (!m.progress.has_value() || !(m.progress->step_ms() > 0)) continue;
-      s.workers.push_back({m.worker_id, m.progress->step_ms(),
-                           m.progress->own_ms(), m.progress->wait_ms(),
-                           m.straggler});
+      const std::optional<v1::WorkerProgress>& p = m.health.progress();
+      if (!p.has_value() || !(p->step_ms() > 0)) continue;
+      s.workers.push_back({m.worker_id, p->step_ms(), p->own_ms(), p->wait_ms(),
+                           m.health.straggler()});
     }
   }
   return samples;

@@ -381,13 +381,7 @@ void Core::FormGeneration(Job& job, size_t n) {
     m.last_heartbeat = now;
     // See Note [Hangs]: a new generation, a fresh start; what was in flight
     // belonged to the last one.
-    m.mark = m.progress.has_value() ? MarkOf(*m.progress, m.committed_step, now)
-                                    : ProgressMark{0, 0, 0, 0, now};
-    if (m.progress.has_value()) {
-      m.progress->set_pending_seq(0);
-      m.progress->clear_pending_kind();
-      m.progress->set_pending_ms(0);
-    }
+    m.health.Restart(m.committed_step, now);
     m.completed = false;
     m.unreachable.clear();
     if (m.committed_step > job.members[job.authoritative_rank].committed_step) {

@@ -85,11 +85,13 @@ v1::MemberStatus Core::StatusOf(const MemberState& m) const {
   *out.mutable_ddp() = m.ddp;
   out.set_completed(m.completed);
   if (m.loss.has_value()) out.set_loss(*m.loss);
-  if (m.progress.has_value()) *out.mutable_progress() = *m.progress;
-  if (m.process.has_value()) {
-    *out.mutable_process() = *m.process;
+  if (m.health.progress().has_value()) {
+    *out.mutable_progress() = *m.health.progress();
+  }
+  if (m.health.process().has_value()) {
+    *out.mutable_process() = *m.health.process();
     out.set_process_age_ms(std::max<int64_t>(
-        0, absl::ToInt64Milliseconds(clock_->Now() - m.process_seen)));
+        0, absl::ToInt64Milliseconds(clock_->Now() - m.health.process_seen())));
   }
   return out;
 }
@@ -133,7 +135,7 @@ absl::StatusOr<v1::JobStatus> Core::GetJob(
     out = StatusOf(job->members[i]);
     if (job->state == v1::JOB_STATE_RUNNING) {
       out.set_health(HealthOf(progress[i], clock_->Now(), hang_timeout));
-      if (out.health().empty() && job->members[i].straggler) {
+      if (out.health().empty() && job->members[i].health.straggler()) {
         out.set_health("slow");
       }
     }
@@ -144,7 +146,7 @@ absl::StatusOr<v1::JobStatus> Core::GetJob(
     if (m.held) {
       // See Note [Evicting stragglers] in hang_rule.h.
       const absl::Duration left =
-          job->cooling.at(m.worker_id).until - clock_->Now();
+          job->cooling.all().at(m.worker_id).until - clock_->Now();
       out.set_health(absl::StrCat(
           "cooling down (",
           absl::ToInt64Seconds(std::max(left, absl::ZeroDuration())),
@@ -278,12 +280,7 @@ std::optional<v1::JobRecord> Core::ExportJob(const std::string& job_id) const {
   record.set_next_event_seq(job->next_event_seq);
   for (const auto& [w, s] : job->bindings) (*record.mutable_bindings())[w] = s;
   for (const std::string& w : job->drained) record.add_drained(w);
-  for (const auto& [w, c] : job->cooling) {
-    v1::CoolingRecord& r = *record.add_cooling();
-    r.set_worker_id(w);
-    r.set_evictions(c.evictions);
-    r.set_until_unix_ms(UnixMs(c.until));
-  }
+  job->cooling.Export(record);
   return record;
 }
 
@@ -394,16 +391,9 @@ absl::Status Core::RestoreJob(const v1::JobRecord& record) {
                      record.retired_bindings().end());
   // See Note [Evicting stragglers] in hang_rule.h: a worker waiting out its
   // cool-down is still held back.
-  for (const v1::CoolingRecord& r : record.cooling()) {
-    if (r.worker_id().empty() || r.evictions() < 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("job record ", record.spec().job_id(),
-                       ": a cooling entry without a worker or an eviction"));
-    }
-    Cooling& c = job.cooling[r.worker_id()];
-    c.evictions = r.evictions();
-    c.until = absl::FromUnixMillis(r.until_unix_ms());
-    if (MemberState* w = job.waiting.Find(r.worker_id());
+  CONCORD_RETURN_IF_ERROR(job.cooling.Restore(record, record.spec().job_id()));
+  for (const auto& [worker_id, c] : job.cooling.all()) {
+    if (MemberState* w = job.waiting.Find(worker_id);
         w != nullptr && c.until > now) {
       w->held = true;
     }
