@@ -14,8 +14,9 @@
 // a job's checkpoint records (its run, the checkpoints and memory snapshots
 // kept, what a generation resumes from: CheckpointRecords,
 // checkpoint_records.h), the hang and straggler rules (hang_rule.h) and the
-// job's history (job_history.h), and a member's health and the job's
-// straggler cool-downs (MemberHealth, Cooldowns: health.h).
+// job's history (job_history.h), a member's health and the job's straggler
+// cool-downs (MemberHealth, Cooldowns: health.h), and the job's events
+// (EventLog, event_log.h; Event too).
 //
 // Uneven inputs: the members agree among themselves, at every step, whether
 // each still has data (see Note [Step agreement] in worker/elastic/state.h); a
@@ -43,6 +44,7 @@
 #include "concord/v1/operator.pb.h"
 #include "concord/v1/worker.pb.h"
 #include "coordinator/core/checkpoint_records.h"
+#include "coordinator/core/event_log.h"
 #include "coordinator/core/hang_rule.h"
 #include "coordinator/core/health.h"
 #include "coordinator/core/job_history.h"
@@ -127,20 +129,6 @@ struct JobEpochs {
   uint64_t kv = 0;
   // A Membership view may differ: any persisted change but a KvSet.
   uint64_t view = 0;
-};
-
-struct Event {
-  int64_t seq = 0;
-  absl::Time time;
-  // "job", "join", "generation", "leave", "failure", "drain", "checkpoint",
-  // "stop", "straggler" (see Note [Stragglers] in hang_rule.h).
-  std::string kind;
-  std::string worker_id;
-  std::string message;
-  // A "generation" event's generation, and, when it formed, its members'
-  // worker ids by rank (see Note [Coordinator history]; not persisted).
-  int64_t generation = 0;
-  std::vector<std::string> members;
 };
 
 class Core {
@@ -500,8 +488,7 @@ class Core {
     absl::Time rendezvous_started;
     absl::Time last_arrival;  // of a new waiting worker (see Note [Formation])
     std::map<std::string, std::string> kv;  // of the current generation
-    std::deque<Event> events;
-    int64_t next_event_seq = 1;
+    EventLog events;
     std::map<std::string, std::string> bindings;  // See Note [Worker binding]
     // See Note [Starting again]: the bindings of the run that ended last.
     std::map<std::string, std::string> retired;

@@ -12,8 +12,6 @@
 
 namespace concord::coordinator::internal {
 
-// Oldest events are dropped beyond this many per job.
-inline constexpr size_t kMaxEvents = 10000;
 // Jobs one coordinator holds at most (ended jobs included).
 inline constexpr size_t kMaxJobs = 10000;
 // Events in a JobStatus.

@@ -486,13 +486,8 @@ void Core::AddEvent(Job& job, std::string kind, std::string worker_id,
   spdlog::info("job {}: {}{}{}: {}", job.spec.job_id(), kind,
                worker_id.empty() ? "" : " ", worker_id, message);
   if (kind == "failure") job.history.RecordFailure();
-  if (job.events.size() >= internal::kMaxEvents) job.events.pop_front();
-  Event& e = job.events.emplace_back();
-  e.seq = job.next_event_seq++;
-  e.time = clock_->Now();
-  e.kind = std::move(kind);
-  e.worker_id = std::move(worker_id);
-  e.message = std::move(message);
+  job.events.Add(clock_->Now(), std::move(kind), std::move(worker_id),
+                 std::move(message));
 }
 
 void Core::Changed(Job& job, bool persist, Concerns concerns) {
@@ -562,7 +557,7 @@ JobEpochs Core::Epochs(const std::string& job_id) const {
 std::vector<Event> Core::Events(const std::string& job_id) const {
   const Job* job = FindJob(job_id);
   if (job == nullptr) return {};
-  return std::vector<Event>(job->events.begin(), job->events.end());
+  return std::vector<Event>(job->events.all().begin(), job->events.all().end());
 }
 
 std::vector<Event> Core::EventsAfter(const std::string& job_id, int64_t after,
@@ -570,19 +565,12 @@ std::vector<Event> Core::EventsAfter(const std::string& job_id, int64_t after,
   *lost = 0;
   const Job* job = FindJob(job_id);
   if (job == nullptr) return {};
-  auto first = job->events.end();
-  while (first != job->events.begin() && std::prev(first)->seq > after) {
-    --first;
-  }
-  if (first == job->events.begin() && first != job->events.end()) {
-    *lost = std::max<int64_t>(0, first->seq - after - 1);
-  }
-  return std::vector<Event>(first, job->events.end());
+  return job->events.After(after, lost);
 }
 
 int64_t Core::LastEventSeq(const std::string& job_id) const {
   const Job* job = FindJob(job_id);
-  return job == nullptr ? 0 : job->next_event_seq - 1;
+  return job == nullptr ? 0 : job->events.last_seq();
 }
 
 std::optional<v1::JobState> Core::State(const std::string& job_id) const {

@@ -20,26 +20,6 @@ namespace {
 
 int64_t UnixMs(absl::Time t) { return absl::ToUnixMillis(t); }
 
-v1::Event ToProto(const Event& e) {
-  v1::Event out;
-  out.set_seq(e.seq);
-  out.set_time_unix_ms(UnixMs(e.time));
-  out.set_kind(e.kind);
-  out.set_worker_id(e.worker_id);
-  out.set_message(e.message);
-  return out;
-}
-
-Event FromProto(const v1::Event& e) {
-  Event out;
-  out.seq = e.seq();
-  out.time = absl::FromUnixMillis(e.time_unix_ms());
-  out.kind = e.kind();
-  out.worker_id = e.worker_id();
-  out.message = e.message();
-  return out;
-}
-
 }  // namespace
 
 absl::StatusOr<v1::MembershipUpdate> Core::Membership(
@@ -160,11 +140,8 @@ absl::StatusOr<v1::JobStatus> Core::GetJob(
     *status.add_checkpoints() = c;
   }
   *status.mutable_checkpoint_totals() = job->checkpoints.totals();
-  const size_t first = job->events.size() > internal::kRecentEvents
-                           ? job->events.size() - internal::kRecentEvents
-                           : 0;
-  for (size_t i = first; i < job->events.size(); ++i) {
-    *status.add_recent_events() = ToProto(job->events[i]);
+  for (v1::Event& e : job->events.Recent(internal::kRecentEvents)) {
+    *status.add_recent_events() = std::move(e);
   }
   return status;
 }
@@ -176,11 +153,8 @@ absl::StatusOr<v1::ListEventsResponse> Core::ListEvents(
   if (job == nullptr) return JobNotFound(request.job_id());
   const int limit = request.limit() == 0 ? 100 : request.limit();
   v1::ListEventsResponse response;
-  auto it = std::upper_bound(
-      job->events.begin(), job->events.end(), request.after_seq(),
-      [](int64_t seq, const Event& e) { return seq < e.seq; });
-  for (; it != job->events.end() && response.events_size() < limit; ++it) {
-    *response.add_events() = ToProto(*it);
+  for (v1::Event& e : job->events.Page(request.after_seq(), limit)) {
+    *response.add_events() = std::move(e);
   }
   return response;
 }
@@ -276,8 +250,7 @@ std::optional<v1::JobRecord> Core::ExportJob(const std::string& job_id) const {
     (*record.mutable_retired_bindings())[w] = s;
   }
   for (const auto& [k, v] : job->kv) (*record.mutable_kv())[k] = v;
-  for (const Event& e : job->events) *record.add_events() = ToProto(e);
-  record.set_next_event_seq(job->next_event_seq);
+  job->events.Export(record);
   for (const auto& [w, s] : job->bindings) (*record.mutable_bindings())[w] = s;
   for (const std::string& w : job->drained) record.add_drained(w);
   job->cooling.Export(record);
@@ -402,12 +375,7 @@ absl::Status Core::RestoreJob(const v1::JobRecord& record) {
   job.rendezvous_started = now;
   job.last_arrival = now;
   job.kv.insert(record.kv().begin(), record.kv().end());
-  for (const v1::Event& e : record.events()) {
-    job.events.push_back(FromProto(e));
-  }
-  job.next_event_seq =
-      std::max<int64_t>(record.next_event_seq(),
-                        job.events.empty() ? 1 : job.events.back().seq + 1);
+  job.events.Restore(record);
 
   Job* existing = FindJob(record.spec().job_id());
   if (existing != nullptr && existing->generation > job.generation) {
