@@ -190,10 +190,7 @@ absl::Status Core::Join(const v1::JoinRequest& request, uint64_t* call) {
   if (job->bindings.count(worker_id) == 0) {
     // A new binding: a lost stream of an earlier holder of the id says
     // nothing about this process.
-    auto watch = job->watches.find(worker_id);
-    if (watch != job->watches.end()) {
-      SetLost(*job, worker_id, watch->second, std::nullopt);
-    }
+    job->watches.Rebound(worker_id);
   }
   job->bindings[worker_id] = request.worker_secret();
   job->finished.erase(worker_id);

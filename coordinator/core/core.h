@@ -15,8 +15,9 @@
 // kept, what a generation resumes from: CheckpointRecords,
 // checkpoint_records.h), the hang and straggler rules (hang_rule.h) and the
 // job's history (job_history.h), a member's health and the job's straggler
-// cool-downs (MemberHealth, Cooldowns: health.h), and the job's events
-// (EventLog, event_log.h; Event too).
+// cool-downs (MemberHealth, Cooldowns: health.h), the job's events
+// (EventLog, event_log.h; Event too) and its workers' watch streams
+// (Watches, watches.h).
 //
 // Uneven inputs: the members agree among themselves, at every step, whether
 // each still has data (see Note [Step agreement] in worker/elastic/state.h); a
@@ -48,6 +49,7 @@
 #include "coordinator/core/hang_rule.h"
 #include "coordinator/core/health.h"
 #include "coordinator/core/job_history.h"
+#include "coordinator/core/watches.h"
 #include "coordinator/core/worker_list.h"
 
 namespace concord::coordinator {
@@ -465,13 +467,6 @@ class Core {
     // generation admits yet (see Note [Evicting stragglers]).
     bool held = false;
   };
-  // A worker's WatchMembership streams (see Note [Re-forming]).
-  struct WatchState {
-    int64_t open = 0;
-    // When its last stream was lost; unset while one is open, after a
-    // normal close, or once the worker id is bound anew.
-    std::optional<absl::Time> lost_at;
-  };
   struct Job {
     v1::JobSpec spec;
     v1::JobState state = v1::JOB_STATE_RENDEZVOUS;
@@ -500,14 +495,9 @@ class Core {
     // current generation resumes from (see Note [Runs], see Note [Resume
     // source]).
     CheckpointRecords checkpoints;
-    // Transient, never exported: by worker id, while the worker has a
-    // stream open or is bound.
-    std::map<std::string, WatchState> watches;
-    // The workers in `watches` whose lost_at is set (transient).
-    std::set<std::string> lost_watches;
-    // The workers in `watches` with no stream open (transient): Tick
-    // forgets them once their binding is released.
-    std::set<std::string> idle_watches;
+    // The workers' WatchMembership streams (see Note [Re-forming];
+    // transient, never exported).
+    Watches watches;
     // Transient, never exported (see Note [Job history]).
     JobHistory history;
     // Transient (see Note [Asynchronous waits]).
@@ -634,10 +624,6 @@ class Core {
   // See Note [Unreachable peers]: drains waiting workers until no two of them
   // are unreachable from one another.
   void ExcludeUnreachable(Job& job);
-  // Sets (or, with nullopt, clears) the watch's lost_at, keeping
-  // lost_watches in step.
-  static void SetLost(Job& job, const std::string& worker_id, WatchState& watch,
-                      std::optional<absl::Time> at);
   // See Note [Re-forming]: drops the expected survivors whose watch stream was
   // lost at least the grace ago; returns whether it dropped any.
   bool DropDisconnected(Job& job);

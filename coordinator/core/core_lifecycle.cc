@@ -39,38 +39,15 @@ void Core::WatchOpened(const std::string& job_id,
                        const std::string& worker_id) {
   Job* job = FindJob(job_id);
   if (job == nullptr) return;
-  WatchState& watch = job->watches[worker_id];
-  ++watch.open;
-  job->idle_watches.erase(worker_id);
-  SetLost(*job, worker_id, watch, std::nullopt);
-}
-
-void Core::SetLost(Job& job, const std::string& worker_id, WatchState& watch,
-                   std::optional<absl::Time> at) {
-  watch.lost_at = at;
-  if (at.has_value()) {
-    job.lost_watches.insert(worker_id);
-  } else {
-    job.lost_watches.erase(worker_id);
-  }
+  job->watches.Opened(worker_id);
 }
 
 void Core::WatchClosed(const std::string& job_id, const std::string& worker_id,
                        bool lost) {
   Job* job = FindJob(job_id);
   if (job == nullptr) return;
-  auto it = job->watches.find(worker_id);
-  if (it == job->watches.end() || it->second.open <= 0) return;
-  WatchState& watch = it->second;
-  --watch.open;
-  SetLost(*job, worker_id, watch,
-          lost ? std::optional<absl::Time>(clock_->Now()) : std::nullopt);
-  if (watch.open == 0 && job->bindings.count(worker_id) == 0) {
-    SetLost(*job, worker_id, watch, std::nullopt);
-    job->watches.erase(it);
-    return;
-  }
-  if (watch.open == 0) job->idle_watches.insert(worker_id);
+  const bool bound = job->bindings.count(worker_id) > 0;
+  if (!job->watches.Closed(worker_id, lost, bound, clock_->Now())) return;
   if (lost && DropDisconnected(*job)) {
     MaybeFormGeneration(*job);
     Changed(*job);
@@ -79,7 +56,7 @@ void Core::WatchClosed(const std::string& job_id, const std::string& worker_id,
 
 bool Core::DropDisconnected(Job& job) {
   if (job.state != v1::JOB_STATE_RENDEZVOUS || job.expected.empty() ||
-      job.lost_watches.empty()) {
+      job.watches.lost().empty()) {
     return false;
   }
   const absl::Time now = clock_->Now();
@@ -87,16 +64,15 @@ bool Core::DropDisconnected(Job& job) {
   std::vector<std::string> dropped;
   // Only a worker whose stream was lost can be dropped: look at those, not
   // at every survivor.
-  for (const std::string& id : job.lost_watches) {
+  for (const std::string& id : job.watches.lost()) {
     const MemberState* survivor = job.expected.Find(id);
     if (survivor == nullptr || survivor->back) continue;
     const MemberState& e = *survivor;
-    auto watch = job.watches.find(e.worker_id);
-    if (watch == job.watches.end() || watch->second.open > 0 ||
-        !watch->second.lost_at.has_value()) {
+    const std::optional<absl::Time> lost = job.watches.LostAt(e.worker_id);
+    if (!lost.has_value()) {
       continue;  // never watched (since its binding), or watching now
     }
-    const absl::Time lost_at = *watch->second.lost_at;
+    const absl::Time lost_at = *lost;
     // A heartbeat after the loss: alive, its watcher just reconnecting.
     if (e.last_heartbeat > lost_at || now - lost_at < grace) continue;
     dropped.push_back(e.worker_id);
@@ -119,20 +95,8 @@ void Core::Tick() {
   for (auto& [job_id, job] : jobs_) {
     const absl::Duration heartbeat_timeout =
         absl::Milliseconds(job.spec.heartbeat_timeout_ms());
-    // Streams of workers released since they closed (only those with no
-    // stream open are looked at: a tick costs nothing per open stream).
-    for (auto it = job.idle_watches.begin(); it != job.idle_watches.end();) {
-      auto watch = job.watches.find(*it);
-      if (watch == job.watches.end() || watch->second.open > 0) {
-        it = job.idle_watches.erase(it);
-      } else if (job.bindings.count(*it) == 0) {
-        job.lost_watches.erase(*it);
-        job.watches.erase(watch);
-        it = job.idle_watches.erase(it);
-      } else {
-        ++it;
-      }
-    }
+    // Streams of workers released since they closed.
+    job.watches.ForgetReleased(job.bindings);
     if (job.state == v1::JOB_STATE_RUNNING) {
       std::vector<std::string> failed;  // in rank order
       for (const MemberState& m : job.members) {

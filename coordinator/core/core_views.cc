@@ -386,8 +386,6 @@ absl::Status Core::RestoreJob(const v1::JobRecord& record) {
   // Open watch streams outlive a replaced record (see Note [Re-forming]).
   if (existing != nullptr) {
     job.watches = std::move(existing->watches);
-    job.lost_watches = std::move(existing->lost_watches);
-    job.idle_watches = std::move(existing->idle_watches);
   }
   ++version_;
   job.epochs = JobEpochs{version_, version_, version_};
