@@ -9,12 +9,20 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/time/time.h"
+
 namespace concord {
 
 inline constexpr int64_t kDefaultHeartbeatIntervalMs = 1000;
 inline constexpr int64_t kDefaultHeartbeatTimeoutMs = 10000;
 inline constexpr int64_t kDefaultRendezvousTimeoutMs = 300000;
 inline constexpr int64_t kDefaultCollectiveTimeoutMs = 300000;
+// The same two as the worker's options hold them (every collective's, every
+// communicator's connection and the join's timeout when nobody set one).
+inline constexpr absl::Duration kDefaultRendezvousTimeout =
+    absl::Milliseconds(kDefaultRendezvousTimeoutMs);
+inline constexpr absl::Duration kDefaultCollectiveTimeout =
+    absl::Milliseconds(kDefaultCollectiveTimeoutMs);
 // How long a straggler evicted for the first time waits before it may join
 // again (docs/reliability.md, "Stragglers"); doubled at each later eviction.
 inline constexpr int64_t kDefaultStragglerCooldownMs = 60000;

@@ -23,6 +23,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/job_defaults.h"
 #include "common/tls.h"
 #include "concord/v1/worker.pb.h"
 #include "worker/checkpoint/config.h"
@@ -57,8 +58,8 @@ struct WorkerOptions {
   // See Note [Shared-memory allreduce]: Gloo generations whose ranks are all on
   // this host sum through shared memory (CONCORD_SHM=0: Gloo's TCP only).
   bool shared_memory = true;
-  absl::Duration join_timeout = absl::Minutes(5);
-  absl::Duration collective_timeout = absl::Minutes(5);
+  absl::Duration join_timeout = kDefaultRendezvousTimeout;
+  absl::Duration collective_timeout = kDefaultCollectiveTimeout;
   // See Note [Worker device] in worker/device.h: the device asked for (default:
   // the CPU), the communicator backend, and this worker's rank among the
   // workers of its node (concord-run's CONCORD_LOCAL_RANK; -1: unknown).

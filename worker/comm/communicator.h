@@ -15,13 +15,14 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/job_defaults.h"
 #include "worker/comm/work.h"
 
 namespace concord::comm {
 
 struct CollectiveOptions {
   // A collective that has not finished after this long fails (UNAVAILABLE).
-  absl::Duration timeout = absl::Minutes(5);
+  absl::Duration timeout = kDefaultCollectiveTimeout;
 };
 
 class Communicator {

@@ -21,6 +21,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/job_defaults.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/reform_plan.h"
 #include "worker/comm/store.h"
@@ -57,7 +58,7 @@ struct NextCommunicatorRequest {
   // This worker in the new generation.
   int rank = 0;
   int64_t generation = 0;
-  absl::Duration timeout = absl::Minutes(5);
+  absl::Duration timeout = kDefaultCollectiveTimeout;
   // Rank 0 reads the members' entries this many keys at a time (the
   // coordinator refuses a KvGet of more than 4096).
   int keys_per_get = 1024;

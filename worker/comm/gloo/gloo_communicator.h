@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "common/job_defaults.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/group.h"
 #include "worker/comm/store.h"
@@ -35,7 +36,7 @@ struct GlooOptions {
   // Address this rank listens on for its peers (e.g. "127.0.0.1").
   std::string hostname = "127.0.0.1";
   // Bound on the rendezvous (connecting the full mesh).
-  absl::Duration connect_timeout = absl::Minutes(5);
+  absl::Duration connect_timeout = kDefaultCollectiveTimeout;
   // Sum allreduces of float32, float64, int32 and int64 through shared
   // memory when every rank is on this host and every rank asks for it
   // (see Note [Shared-memory allreduce]; Gloo's arithmetic, bit for bit).

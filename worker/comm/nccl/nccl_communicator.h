@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
+#include "common/job_defaults.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/next_communicator.h"
 #include "worker/comm/store.h"
@@ -25,7 +26,7 @@ struct NcclOptions {
   int size = 1;
   int64_t generation = 0;
   int device = 0;  // CUDA device index of this rank
-  absl::Duration connect_timeout = absl::Minutes(5);
+  absl::Duration connect_timeout = kDefaultCollectiveTimeout;
 };
 
 // Note [NCCL streams]

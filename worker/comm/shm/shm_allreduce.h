@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/job_defaults.h"
 #include "worker/comm/store.h"
 
 namespace concord::comm {
@@ -25,7 +26,7 @@ struct ShmAllreduceOptions {
   // Bytes of each slot (two sets of `size` slots are mapped). A tensor
   // larger than this goes through in windows.
   size_t window_bytes = 4 << 20;
-  absl::Duration setup_timeout = absl::Minutes(5);
+  absl::Duration setup_timeout = kDefaultCollectiveTimeout;
 };
 
 // The ring chunks of a Gloo allreduce of `elements` elements of
