@@ -17,68 +17,21 @@
 namespace concord::detail {
 namespace {
 
-int64_t MiB(const char* name, double mb) {
-  if (!(mb > 0) || !std::isfinite(mb) || mb > 1024 * 1024) {
-    throw Error(ErrorCode::kInvalidArgument,
-                absl::StrCat("DdpOptions::", name,
-                             ": not a size in MiB in (0, 1048576]: ", mb));
-  }
-  return static_cast<int64_t>(std::llround(mb * 1024 * 1024));
-}
-
-// The public options as the engine takes them (one field each; the
-// engine checks what contradicts).
-ddp::EngineOptions EngineOptionsFrom(const DdpOptions& o,
-                                     const Timeouts& timeouts) {
-  ddp::EngineOptions e;
-  if (o.bucket_cap_mb()) {
-    e.reducer.bucket_cap_bytes = MiB("bucket_cap_mb", *o.bucket_cap_mb());
-    // See Note [LibTorch versions] in worker/torch_compat.h.
-    if (compat::kFirstBucketFollowsUserCap) {
-      e.reducer.first_bucket_bytes = e.reducer.bucket_cap_bytes;
-    }
-  }
-  e.broadcast_buffers = o.broadcast_buffers();
-  e.reducer.find_unused_parameters = o.find_unused_parameters();
-  e.reducer.static_graph = o.static_graph();
-  e.reducer.gradient_as_bucket_view = o.gradient_as_bucket_view();
-  e.ignore = o.params_and_buffers_to_ignore();
-  e.reducer.message_size = o.message_size();
-  e.reducer.delay_allreduce = o.delay_allreduce();
-  e.reducer.allreduce_always_fp32 = o.allreduce_always_fp32();
-  e.reducer.gradient_average = o.gradient_average();
-  e.reducer.gradient_predivide_factor = o.gradient_predivide_factor();
-  e.allreduce_trigger_params = o.allreduce_trigger_params();
-  e.reducer.collective_timeout =
-      absl::Milliseconds(timeouts.collective()->count());
-  if (o.slowmo()) {
-    if (!o.comm_hook().empty()) {
-      throw Error(ErrorCode::kInvalidArgument,
-                  "DdpOptions: comm_hook and slowmo exclude each other (SlowMo "
-                  "does not average gradients every step)");
-    }
-    // SlowMo broadcasts the buffers before every forward itself.
-    e.broadcast_buffers = false;
-  }
-  return e;
-}
-
-slowmo::SlowMoOptions SlowMoOptionsFrom(const DdpOptions& d,
-                                        std::string node_id,
-                                        std::chrono::milliseconds collective) {
-  absl::StatusOr<slowmo::SlowMoOptions> s = slowmo::FromPublic(*d.slowmo());
-  if (!s.ok()) {
-    throw Error(ErrorCode::kInvalidArgument,
-                absl::StrCat("SlowMoOptions: ", s.status().message()));
-  }
-  s->broadcast_buffers = d.broadcast_buffers();
-  s->node_id = std::move(node_id);
-  s->collective_timeout = absl::Milliseconds(collective.count());
-  if (absl::Status valid = slowmo::ValidateOptions(*s); !valid.ok()) {
+// What SlowMo runs with besides the user's options, checked with them
+// (kInvalidArgument "SlowMoOptions: ...").
+slowmo::SlowMoInternals SlowMoInternalsOf(
+    const DdpOptions& d, std::string node_id,
+    std::chrono::milliseconds collective) {
+  slowmo::SlowMoInternals internals;
+  internals.broadcast_buffers = d.broadcast_buffers();
+  internals.node_id = std::move(node_id);
+  internals.collective_timeout = absl::Milliseconds(collective.count());
+  if (absl::Status valid = slowmo::ValidateOptions(*d.slowmo(), internals);
+      !valid.ok()) {
     throw Error(ErrorCode::kInvalidArgument,
                 absl::StrCat("SlowMoOptions: ", valid.message()));
   }
-  return *std::move(s);
+  return internals;
 }
 
 }  // namespace
@@ -87,11 +40,13 @@ slowmo::SlowMoOptions SlowMoOptionsFrom(const DdpOptions& d,
 namespace concord {
 
 void DdpOptions::validate() const {
-  const auto any_timeout = std::chrono::minutes(5);
-  ddp::EngineOptions engine = detail::EngineOptionsFrom(
-      *this, Timeouts().collective(std::chrono::milliseconds(any_timeout)));
-  if (slowmo()) detail::SlowMoOptionsFrom(*this, "", any_timeout);
-  ThrowIfError(ddp::Engine::ValidateOptions(engine, !comm_hook().empty()));
+  ThrowIfError(ddp::Engine::ValidateOptions(*this, !comm_hook().empty()));
+  if (slowmo()) {
+    detail::SlowMoInternalsOf(
+        *this, "",
+        std::chrono::milliseconds(
+            absl::ToInt64Milliseconds(kDefaultCollectiveTimeout)));
+  }
   if (!comm_hook().empty()) {
     // The name and its arguments; a world of one is enough to check them.
     auto hook = ddp::MakeCommHook(comm_hook(), nullptr);
@@ -149,19 +104,19 @@ void DdpCore::Impl::OnCollective(worker::TestFault::Point point) {
 
 template <typename Create>
 void DdpCore::Impl::Init(Create create) {
-  ddp::EngineOptions engine_options =
-      EngineOptionsFrom(options, job.timeouts());
   // Checked before anything is made.
-  std::optional<slowmo::SlowMoOptions> slowmo_options;
+  ThrowIfError(
+      ddp::Engine::ValidateOptions(options, !options.comm_hook().empty()));
+  std::optional<slowmo::SlowMoInternals> slowmo_internals;
   if (options.slowmo()) {
-    slowmo_options =
-        SlowMoOptionsFrom(options, job.state()->session().options().node_id,
+    slowmo_internals =
+        SlowMoInternalsOf(options, job.state()->session().options().node_id,
                           *job.timeouts().collective());
   }
-  ThrowIfError(ddp::Engine::ValidateOptions(engine_options,
-                                            !options.comm_hook().empty()));
-  auto created =
-      create(Communicator(), job.authoritative_rank(), engine_options);
+  ddp::ReducerInternals internals;
+  internals.collective_timeout =
+      absl::Milliseconds(job.timeouts().collective()->count());
+  auto created = create(Communicator(), job.authoritative_rank(), internals);
   ThrowIfError(created.status());
   engine = *std::move(created);
   engine->SetTraceRecorder(job.state()->trace());
@@ -175,10 +130,10 @@ void DdpCore::Impl::Init(Create create) {
   });
   if (!options.comm_hook().empty()) RegisterHook();
   BindSyncBatchNorm();
-  if (slowmo_options) StartSlowMo(*slowmo_options);
+  if (slowmo_internals) StartSlowMo(*slowmo_internals);
 }
 
-void DdpCore::Impl::StartSlowMo(const slowmo::SlowMoOptions& slowmo_options) {
+void DdpCore::Impl::StartSlowMo(const slowmo::SlowMoInternals& internals) {
   // The buffers DDP keeps equal (not those it was told to ignore).
   std::vector<torch::Tensor> all = engine->AllBuffers();
   const auto& ignore = options.params_and_buffers_to_ignore();
@@ -192,9 +147,9 @@ void DdpCore::Impl::StartSlowMo(const slowmo::SlowMoOptions& slowmo_options) {
       buffers.push_back(t);
     }
   }
-  auto made = slowmo::SlowMo::Create(engine->parameters(), buffers,
-                                     Communicator(), job.authoritative_rank(),
-                                     slowmo_options, &job.state()->session());
+  auto made = slowmo::SlowMo::Create(
+      engine->parameters(), buffers, Communicator(), job.authoritative_rank(),
+      *options.slowmo(), internals, &job.state()->session());
   ThrowIfError(made.status());
   slowmo = *std::move(made);
   // Gradients stay local: fairscale's SlowMo module reduces none.
@@ -291,9 +246,9 @@ DdpCore::DdpCore(std::shared_ptr<torch::nn::Module> module, const Job& job,
     : impl_(std::make_unique<Impl>(job, options)) {
   impl_->module = module;
   impl_->Register(module->name());
-  impl_->Init([&](auto comm, int authoritative, const auto& engine_options) {
+  impl_->Init([&](auto comm, int authoritative, const auto& internals) {
     return ddp::Engine::Create(std::move(module), std::move(comm),
-                               authoritative, engine_options);
+                               authoritative, options, internals);
   });
 }
 
@@ -302,9 +257,9 @@ DdpCore::DdpCore(const torch::jit::Module& module, const Job& job,
     : impl_(std::make_unique<Impl>(job, options)) {
   impl_->Register(module.type()->name() ? module.type()->name()->qualifiedName()
                                         : "torch::jit::Module");
-  impl_->Init([&](auto comm, int authoritative, const auto& engine_options) {
-    return ddp::Engine::Create(module, std::move(comm), authoritative,
-                               engine_options);
+  impl_->Init([&](auto comm, int authoritative, const auto& internals) {
+    return ddp::Engine::Create(module, std::move(comm), authoritative, options,
+                               internals);
   });
 }
 

@@ -113,9 +113,9 @@ struct DdpCore::Impl {
   void RegisterHook();
   // Every SyncBatchNorm in `module` reduces over the job's ranks.
   void BindSyncBatchNorm();
-  // DdpOptions::slowmo (checked and converted by Init): makes `slowmo` and
-  // its hooks.
-  void StartSlowMo(const slowmo::SlowMoOptions& slowmo_options);
+  // DdpOptions::slowmo (checked by Init, with what the job adds): makes
+  // `slowmo` and its hooks.
+  void StartSlowMo(const slowmo::SlowMoInternals& internals);
   void RemoveSlowMoHooks();
   // After a re-form rebound the engine: the comm hook and the SyncBatchNorm
   // layers on the new generation's communicator.

@@ -131,25 +131,6 @@ torch::Device ResolveTrainDevice(const Flags& flags,
                        static_cast<torch::DeviceIndex>(device.index));
 }
 
-concord::DdpOptions DdpOptionsFrom(const Flags& f) {
-  concord::DdpOptions o;
-  if (f.bucket_cap_given) o.bucket_cap_mb(f.bucket_cap_mb);
-  o.find_unused_parameters(f.find_unused_parameters)
-      .static_graph(f.static_graph)
-      .gradient_as_bucket_view(f.gradient_as_bucket_view)
-      .broadcast_buffers(!f.no_broadcast_buffers)
-      .params_and_buffers_to_ignore(f.ignore)
-      .delay_allreduce(f.delay_allreduce)
-      .allreduce_always_fp32(f.allreduce_always_fp32)
-      .gradient_predivide_factor(f.predivide_factor)
-      .gradient_average(!f.no_gradient_average)
-      .message_size(f.message_size)
-      .allreduce_trigger_params(f.allreduce_trigger_params)
-      .comm_hook(f.comm_hook);
-  if (f.slowmo_options) o.slowmo(*f.slowmo_options);
-  return o;
-}
-
 Prepared Prepare(const Flags& flags) {
   Prepared in;
   in.loss = flags.loss == "mse" ? Loss::kMse : Loss::kCrossEntropy;
@@ -221,20 +202,20 @@ Prepared Prepare(const Flags& flags) {
       state.insert(name);
     }
     for (const auto& [name, t] : in.named_buffers) state.insert(name);
-    for (const auto& name : flags.ignore) {
+    for (const auto& name : flags.ddp.params_and_buffers_to_ignore()) {
       if (state.count(name) == 0) {
         Fail(2, absl::StrCat("--ignore ", name, ": --model ", flags.model,
                              " has no such parameter or buffer"));
       }
     }
-    for (const auto& name : flags.allreduce_trigger_params) {
+    for (const auto& name : flags.ddp.allreduce_trigger_params()) {
       if (params.count(name) == 0) {
         Fail(2, absl::StrCat("--allreduce-trigger-params ", name, ": --model ",
                              flags.model, " has no such parameter"));
       }
     }
   }
-  in.ddp = DdpOptionsFrom(flags);
+  in.ddp = flags.ddp;
   try {
     in.ddp.validate();
   } catch (const concord::Error& e) {
@@ -649,7 +630,7 @@ class Trainer {
                    state.step(), job_.generation(), job_.world_size());
     }
     Report(epoch, sps);
-    if (flags_.slowmo_options) {
+    if (flags_.ddp.slowmo()) {
       fault_.MaybeDie("slowmo");
       ddp_->perform_slowmo(optimizer_);
     }

@@ -104,11 +104,9 @@ absl::StatusOr<std::optional<concord::SlowMoOptions>> SlowMoOptionsFrom(
   // fairscale: slow momentum is off exactly when lr = 1 and momentum = 0.
   if (!slow) o.slowmo_momentum(0.0).slowmo_lr(1.0);
   // Checked as the library will (the graph's name, the values' ranges).
-  if (absl::StatusOr<slowmo::SlowMoOptions> s = slowmo::FromPublic(o);
-      !s.ok()) {
-    return absl::Status(
-        s.status().code(),
-        absl::StrCat("--algorithm ", f.algorithm, ": ", s.status().message()));
+  if (absl::Status valid = slowmo::ValidateOptions(o); !valid.ok()) {
+    return absl::Status(valid.code(), absl::StrCat("--algorithm ", f.algorithm,
+                                                   ": ", valid.message()));
   }
   return std::optional<concord::SlowMoOptions>(o);
 }

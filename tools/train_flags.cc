@@ -47,38 +47,40 @@ void AddTrainingFlags(CLI::App& app, TrainFlags& f) {
                  "concord-run, which merges theirs");
 }
 
-// Returns --bucket-cap-mb, to tell whether it was given.
-CLI::Option* AddDdpFlags(CLI::App& app, TrainFlags& f) {
+void AddDdpFlags(CLI::App& app, TrainFlags& f) {
   auto* ddp = app.add_option_group("DDP", "DistributedDataParallel options");
+  DdpOptions& o = f.ddp;
   CLI::Option* cap =
-      ddp->add_option("--bucket-cap-mb", f.bucket_cap_mb,
-                      "bucket size cap in MiB (PyTorch's bucket_cap_mb)")
+      ddp->add_option_function<double>(
+             "--bucket-cap-mb", [&o](const double& mb) { o.bucket_cap_mb(mb); },
+             "bucket size cap in MiB (PyTorch's bucket_cap_mb; default 25)")
           ->check(CLI::PositiveNumber);
-  ddp->add_flag("--find-unused-parameters", f.find_unused_parameters);
-  ddp->add_flag("--static-graph", f.static_graph);
+  ddp->add_flag("--find-unused-parameters", o.find_unused_parameters());
+  ddp->add_flag("--static-graph", o.static_graph());
   ddp->add_option("--grad-accum", f.grad_accum,
                   "micro-batches per optimizer step (K-1 under no_sync)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-  ddp->add_option("--comm-hook", f.comm_hook,
+  ddp->add_option("--comm-hook", o.comm_hook(),
                   "allreduce, fp16, bf16 or powersgd[:RANK[:START_ITER]]");
-  ddp->add_flag("--gradient-as-bucket-view", f.gradient_as_bucket_view);
-  ddp->add_flag("--no-broadcast-buffers", f.no_broadcast_buffers);
-  ddp->add_option("--ignore", f.ignore,
+  ddp->add_flag("--gradient-as-bucket-view", o.gradient_as_bucket_view());
+  ddp->add_flag_callback("--no-broadcast-buffers",
+                         [&o] { o.broadcast_buffers(false); });
+  ddp->add_option("--ignore", o.params_and_buffers_to_ignore(),
                   "parameter or buffer left out of DDP (repeatable)");
-  ddp->add_flag("--delay-allreduce", f.delay_allreduce, "apex: no overlap");
-  ddp->add_flag("--allreduce-always-fp32", f.allreduce_always_fp32);
-  ddp->add_option("--predivide-factor", f.predivide_factor,
+  ddp->add_flag("--delay-allreduce", o.delay_allreduce(), "apex: no overlap");
+  ddp->add_flag("--allreduce-always-fp32", o.allreduce_always_fp32());
+  ddp->add_option("--predivide-factor", o.gradient_predivide_factor(),
                   "apex gradient_predivide_factor")
       ->check(CLI::PositiveNumber);
-  ddp->add_flag("--no-gradient-average", f.no_gradient_average,
-                "apex gradient_average=False: sum, do not average");
-  auto* message = ddp->add_option("--message-size", f.message_size,
+  ddp->add_flag_callback(
+      "--no-gradient-average", [&o] { o.gradient_average(false); },
+      "apex gradient_average=False: sum, do not average");
+  auto* message = ddp->add_option("--message-size", o.message_size(),
                                   "apex: bucket threshold in elements")
                       ->check(CLI::PositiveNumber);
-  ddp->add_option("--allreduce-trigger-params", f.allreduce_trigger_params,
+  ddp->add_option("--allreduce-trigger-params", o.allreduce_trigger_params(),
                   "apex: parameters whose gradient closes a bucket");
   message->excludes(cap);
-  return cap;
 }
 
 void AddElasticFlags(CLI::App& app, TrainFlags& f) {
@@ -171,11 +173,11 @@ absl::Status Check(TrainFlags& f) {
   }
   auto slowmo = concord::train::SlowMoOptionsFrom(f.slowmo);
   if (!slowmo.ok()) return slowmo.status();
-  f.slowmo_options = *slowmo;
-  if (f.slowmo_options) {
+  f.ddp.slowmo(*slowmo);
+  if (f.ddp.slowmo()) {
     // No gradient is reduced between averages: DDP's gradient options do
     // not apply.
-    if (!f.comm_hook.empty()) {
+    if (!f.ddp.comm_hook().empty()) {
       return absl::InvalidArgumentError(
           "--comm-hook applies to --algorithm ddp only (" + f.slowmo.algorithm +
           " reduces no gradients)");
@@ -194,7 +196,7 @@ absl::StatusOr<TrainFlags> ParseTrainFlags(int argc, char** argv) {
   TrainFlags f;
   CLI::App app{"Trains a TorchScript model with Concord DDP."};
   AddTrainingFlags(app, f);
-  CLI::Option* cap = AddDdpFlags(app, f);
+  AddDdpFlags(app, f);
   AddElasticFlags(app, f);
   AddCheckpointFlags(app, f);
   concord::train::AddSlowMoFlags(app, &f.slowmo);
@@ -206,7 +208,6 @@ absl::StatusOr<TrainFlags> ParseTrainFlags(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return absl::InvalidArgumentError(e.what());
   }
-  f.bucket_cap_given = cap->count() > 0;
   CONCORD_RETURN_IF_ERROR(Check(f));
   return f;
 }

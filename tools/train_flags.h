@@ -1,6 +1,6 @@
 #pragma once
-// concord-train's command line (no LibTorch here): every flag, parsed and
-// checked against each other before anything is loaded.
+// concord-train's command line (no LibTorch here but <torch/arg.h>): every
+// flag, parsed and checked against each other before anything is loaded.
 
 #include <cstdint>
 #include <optional>
@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "concord/ddp_options.h"
 #include "tools/slowmo_flags.h"
 
 namespace concord::train {
@@ -33,22 +34,10 @@ struct TrainFlags {
   // the CPU; CONCORD_BACKEND's, else auto.
   std::string device;
   std::string backend;
-  // DDP (PyTorch's and apex's options).
-  double bucket_cap_mb = 25;
-  bool bucket_cap_given = false;  // --bucket-cap-mb was on the command line
-  bool find_unused_parameters = false;
-  bool static_graph = false;
+  // DDP: PyTorch's and apex's options, parsed straight into the public
+  // struct (its defaults are the flags'); SlowMo's go into its `slowmo`.
+  concord::DdpOptions ddp;
   int64_t grad_accum = 1;
-  std::string comm_hook;
-  bool gradient_as_bucket_view = false;
-  bool no_broadcast_buffers = false;
-  std::vector<std::string> ignore;
-  bool delay_allreduce = false;
-  bool allreduce_always_fp32 = false;
-  double predivide_factor = 1.0;
-  bool no_gradient_average = false;
-  int64_t message_size = 0;
-  std::vector<std::string> allreduce_trigger_params;
   bool sync_bn = false;
   // Elastic training.
   std::string sharding = "elastic";
@@ -64,7 +53,6 @@ struct TrainFlags {
   bool no_resume = false;
   // SlowMo: --algorithm and fairscale's arguments.
   concord::train::SlowMoFlags slowmo;
-  std::optional<concord::SlowMoOptions> slowmo_options;
 };
 
 // Parses argv. --help prints the usage and exits 0; INVALID_ARGUMENT (one

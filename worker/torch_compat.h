@@ -19,9 +19,8 @@
 //   (1 MiB) whatever bucket_cap_mb says; 2.x (2.6 checked,
 //   torch/nn/parallel/distributed.py) caps it at bucket_cap_mb when the user
 //   gives one, initially and when rebuilt, and at 1 MiB only by default.
-//   kFirstBucketFollowsUserCap says which; concord-train applies it to
-//   --bucket-cap-mb (ddp::ReducerOptions::first_bucket_bytes for library
-//   users).
+//   kFirstBucketFollowsUserCap says which; ddp::BucketCapsOf
+//   (worker/ddp/reducer.h) applies it to DdpOptions::bucket_cap_mb.
 // - An optimizer's per-parameter state is keyed by the parameter's
 //   TensorImpl printed as a string in 1.13, by the pointer itself in 2.x:
 //   OptimizerStateKey(parameter).

@@ -34,7 +34,7 @@ extern int auth_rank;
 extern int64_t epochs, epoch_size, world, batch, steps;
 extern std::string worker_id;
 extern std::vector<torch::Tensor> p16, p32, buffers;
-extern concord::slowmo::SlowMoOptions options;
+extern concord::SlowMoOptions options;
 extern torch::Tensor x, loss;
 // The step's forward and loss, as the program computes them.
 torch::Tensor compute_loss();

@@ -29,9 +29,10 @@ struct Scalar : torch::nn::Module {
 
 std::unique_ptr<ddp::Engine> Wrap(std::shared_ptr<torch::nn::Module> m,
                                   std::shared_ptr<comm::Communicator> comm,
-                                  ddp::EngineOptions options = {}) {
-  auto ddp =
-      ddp::Engine::Create(std::move(m), std::move(comm), 0, std::move(options));
+                                  DdpOptions options = {},
+                                  ddp::ReducerInternals internals = {}) {
+  auto ddp = ddp::Engine::Create(std::move(m), std::move(comm), 0,
+                                 std::move(options), std::move(internals));
   EXPECT_TRUE(ddp.ok()) << ddp.status();
   return ddp.ok() ? std::move(*ddp) : nullptr;
 }
@@ -46,8 +47,8 @@ void Step(ddp::Engine& ddp, Scalar& m, float x) {
 TEST(DdpNoSyncTest, AccumulatedGradientsAreReducedAtTheNextSync) {
   RunRanks(2, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
     auto m = std::make_shared<Scalar>();
-    ddp::EngineOptions o;
-    o.reducer.find_unused_parameters = true;
+    DdpOptions o;
+    o.find_unused_parameters(true);
     auto ddp = Wrap(m, comm, o);
     {
       auto guard = ddp->NoSync();
@@ -62,8 +63,8 @@ TEST(DdpNoSyncTest, AccumulatedGradientsAreReducedAtTheNextSync) {
 TEST(DdpUnusedTest, LocallyUnusedParametersTakePartGloballyUnusedAreLeftAlone) {
   RunRanks(2, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
     auto m = std::make_shared<Scalar>();
-    ddp::EngineOptions o;
-    o.reducer.find_unused_parameters = true;
+    DdpOptions o;
+    o.find_unused_parameters(true);
     auto ddp = Wrap(m, comm, o);
     // `unused` is used on rank 1 only: its reduced gradient is (0 + 3) / 2.
     torch::Tensor out = ddp->Forward([&] {
@@ -99,8 +100,8 @@ TEST(DdpUnusedTest, WithoutFindUnusedEveryRankFailsInsteadOfHanging) {
 TEST(DdpStaticGraphTest, UnusedSetIsLearntOnceAndResultsMatch) {
   RunRanks(3, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
     auto m = std::make_shared<Scalar>();
-    ddp::EngineOptions o;
-    o.reducer.static_graph = true;
+    DdpOptions o;
+    o.static_graph(true);
     auto ddp = Wrap(m, comm, o);
     for (int i = 0; i < 3; ++i) {
       m->w.mutable_grad() = torch::Tensor();
@@ -116,8 +117,8 @@ TEST(DdpBucketViewTest, GradientsAreViewsOfTheBuckets) {
   RunRanks(2, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
     torch::manual_seed(0);
     auto net = torch::nn::Linear(4, 3);
-    ddp::EngineOptions o;
-    o.reducer.gradient_as_bucket_view = true;
+    DdpOptions o;
+    o.gradient_as_bucket_view(true);
     auto ddp = Wrap(net.ptr(), comm, o);
     for (int i = 0; i < 3; ++i) {
       torch::Tensor out = ddp->Forward([&] {
@@ -152,10 +153,11 @@ TEST(DdpRebuildTest, BucketsAreRebuiltOnceFromTheReadyOrder) {
     torch::manual_seed(0);
     auto net =
         torch::nn::Sequential(torch::nn::Linear(8, 8), torch::nn::Linear(8, 8));
-    ddp::EngineOptions o;
-    o.reducer.first_bucket_bytes = 1;  // one gradient per bucket at first
-    o.reducer.bucket_cap_bytes = 1000;
-    auto ddp = Wrap(net.ptr(), comm, o);
+    DdpOptions o;
+    o.bucket_cap_mb(1000.0 / (1 << 20));  // 1000 bytes
+    ddp::ReducerInternals internals;
+    internals.first_bucket_bytes = 1;  // one gradient per bucket at first
+    auto ddp = Wrap(net.ptr(), comm, o, internals);
     for (int i = 0; i < 3; ++i) {
       torch::Tensor out = ddp->Forward([&] {
         return net->forward(torch::ones({1, 8}));
@@ -195,14 +197,14 @@ TEST(DdpIgnoreTest, IgnoredParametersAreNeitherBroadcastNorReduced) {
       torch::NoGradGuard no_grad;
       m->unused.fill_(rank + 5.0f);
     }
-    ddp::EngineOptions o;
-    o.ignore = {"unused"};
+    DdpOptions o;
+    o.params_and_buffers_to_ignore({"unused"});
     auto ddp = Wrap(m, comm, o);
     EXPECT_FLOAT_EQ(m->unused.item<float>(), rank + 5.0f);
     Step(*ddp, *m, rank + 1.0f);  // no error although `unused` gets no grad
     EXPECT_FLOAT_EQ(m->w.grad().item<float>(), 1.5f);
-    ddp::EngineOptions bad;
-    bad.ignore = {"nope"};
+    DdpOptions bad;
+    bad.params_and_buffers_to_ignore({"nope"});
     EXPECT_EQ(ddp::Engine::Create(m, comm, 0, bad).status().code(),
               absl::StatusCode::kInvalidArgument);
   });
@@ -216,8 +218,8 @@ TEST_P(DdpHookTest, CompressionFollowsItsDocumentedArithmetic) {
   const float xs[3] = {1.0f / 3, 2.0f / 7, 1.0f / 11};
   RunRanks(3, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
     auto m = std::make_shared<Scalar>();
-    ddp::EngineOptions o;
-    o.ignore = {"unused"};
+    DdpOptions o;
+    o.params_and_buffers_to_ignore({"unused"});
     auto ddp = Wrap(m, comm, o);
     ASSERT_TRUE(ddp->RegisterCommHook(*ddp::MakeCommHook(name, comm)).ok());
     EXPECT_EQ(ddp->RegisterCommHook(*ddp::MakeCommHook(name, comm)).code(),
@@ -252,8 +254,8 @@ TEST(DdpHookTest, UnknownHookAndHookWithApexScalingAreRejected) {
   RunRanks(1, [&](int, std::shared_ptr<comm::Communicator> comm) {
     EXPECT_EQ(ddp::MakeCommHook("powersgd:x", comm).status().code(),
               absl::StatusCode::kInvalidArgument);
-    ddp::EngineOptions o;
-    o.reducer.gradient_predivide_factor = 2;
+    DdpOptions o;
+    o.gradient_predivide_factor(2);
     EXPECT_EQ(ddp::Engine::ValidateOptions(o, true).code(),
               absl::StatusCode::kInvalidArgument);
   });
@@ -261,7 +263,7 @@ TEST(DdpHookTest, UnknownHookAndHookWithApexScalingAreRejected) {
 
 struct ApexCase {
   const char* name;
-  ddp::EngineOptions options;
+  DdpOptions options;
   double expected;  // reduced gradient of w for inputs x = 1, 2, 3, 4
 };
 
@@ -271,16 +273,16 @@ TEST_P(DdpApexTest, ArithmeticAsDocumented) {
   const ApexCase c = GetParam();
   RunRanks(4, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
     auto m = std::make_shared<Scalar>();
-    ddp::EngineOptions o = c.options;
-    o.ignore = {"unused"};
+    DdpOptions o = c.options;
+    o.params_and_buffers_to_ignore({"unused"});
     auto ddp = Wrap(m, comm, o);
     Step(*ddp, *m, rank + 1.0f);
     EXPECT_NEAR(m->w.grad().item<float>(), c.expected, 1e-6) << c.name;
   });
 }
 
-ddp::EngineOptions With(void (*set)(ddp::EngineOptions&)) {
-  ddp::EngineOptions o;
+DdpOptions With(void (*set)(DdpOptions&)) {
+  DdpOptions o;
   set(o);
   return o;
 }
@@ -289,41 +291,31 @@ INSTANTIATE_TEST_SUITE_P(
     Apex, DdpApexTest,
     ::testing::Values(
         // sum = 10 over 4 ranks.
-        ApexCase{"default", ddp::EngineOptions{}, 2.5},
+        ApexCase{"default", DdpOptions{}, 2.5},
         // 1/f before, f/W after: (10 / 8) * (8 / 4).
-        ApexCase{"predivide", With([](ddp::EngineOptions& o) {
-                   o.reducer.gradient_predivide_factor = 8;
-                 }),
+        ApexCase{"predivide",
+                 With([](DdpOptions& o) { o.gradient_predivide_factor(8); }),
                  2.5},
         // f == W: no post-scaling at all.
-        ApexCase{"predivide_world", With([](ddp::EngineOptions& o) {
-                   o.reducer.gradient_predivide_factor = 4;
-                 }),
+        ApexCase{"predivide_world",
+                 With([](DdpOptions& o) { o.gradient_predivide_factor(4); }),
                  2.5},
-        ApexCase{"no_average", With([](ddp::EngineOptions& o) {
-                   o.reducer.gradient_average = false;
-                 }),
-                 10.0},
-        ApexCase{"no_average_predivide", With([](ddp::EngineOptions& o) {
-                   o.reducer.gradient_average = false;
-                   o.reducer.gradient_predivide_factor = 2;
+        ApexCase{"no_average",
+                 With([](DdpOptions& o) { o.gradient_average(false); }), 10.0},
+        ApexCase{"no_average_predivide", With([](DdpOptions& o) {
+                   o.gradient_average(false);
+                   o.gradient_predivide_factor(2);
                  }),
                  5.0},
-        ApexCase{"always_fp32", With([](ddp::EngineOptions& o) {
-                   o.reducer.allreduce_always_fp32 = true;
-                 }),
+        ApexCase{"always_fp32",
+                 With([](DdpOptions& o) { o.allreduce_always_fp32(true); }),
                  2.5},
-        ApexCase{"delay_allreduce", With([](ddp::EngineOptions& o) {
-                   o.reducer.delay_allreduce = true;
-                 }),
+        ApexCase{"delay_allreduce",
+                 With([](DdpOptions& o) { o.delay_allreduce(true); }), 2.5},
+        ApexCase{"message_size", With([](DdpOptions& o) { o.message_size(1); }),
                  2.5},
-        ApexCase{"message_size", With([](ddp::EngineOptions& o) {
-                   o.reducer.message_size = 1;
-                 }),
-                 2.5},
-        ApexCase{"trigger", With([](ddp::EngineOptions& o) {
-                   o.allreduce_trigger_params = {"w"};
-                 }),
+        ApexCase{"trigger",
+                 With([](DdpOptions& o) { o.allreduce_trigger_params({"w"}); }),
                  2.5}),
     [](const auto& info) { return std::string(info.param.name); });
 
@@ -333,10 +325,10 @@ TEST(DdpApexFp32Test, HalfGradientsAreReducedInFloat) {
   RunRanks(3, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
     auto m = std::make_shared<Scalar>();
     m->to(torch::kHalf);
-    ddp::EngineOptions o;
-    o.ignore = {"unused"};
-    o.reducer.allreduce_always_fp32 = true;
-    o.reducer.gradient_predivide_factor = 3;
+    DdpOptions o;
+    o.params_and_buffers_to_ignore({"unused"});
+    o.allreduce_always_fp32(true);
+    o.gradient_predivide_factor(3);
     auto ddp = Wrap(m, comm, o);
     const float xs[3] = {1.0f / 3, 2.0f / 7, 1.0f / 11};
     torch::Tensor out = ddp->Forward(

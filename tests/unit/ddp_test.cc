@@ -63,10 +63,11 @@ TEST_P(DdpTest, GradientsAreTheMeanOverRanksForAnyBucketing) {
                       int rank, std::shared_ptr<comm::Communicator> comm) {
     auto net = MakeNet(/*seed=*/rank);  // different init on every rank
     net->train();
-    ddp::EngineOptions options;
-    options.reducer.first_bucket_bytes = cap;
-    options.reducer.bucket_cap_bytes = 2 * cap;
-    auto ddp = ddp::Engine::Create(net.ptr(), comm, 0, options);
+    DdpOptions options;
+    options.bucket_cap_mb(2.0 * static_cast<double>(cap) / (1 << 20));
+    ddp::ReducerInternals internals;
+    internals.first_bucket_bytes = cap;
+    auto ddp = ddp::Engine::Create(net.ptr(), comm, 0, options, internals);
     ASSERT_TRUE(ddp.ok()) << ddp.status();
     // PyTorch's first iteration: one bucket; the caps apply after the rebuild.
     EXPECT_EQ((*ddp)->reducer().buckets().size(), 1u);

@@ -106,16 +106,16 @@ std::vector<std::vector<size_t>> Layout(const Rank& r) {
 
 TEST(DdpRebindTest, SurvivorsAndANewcomerAgreeOnModelLayoutAndGradients) {
   std::vector<Rank> ranks(3);
-  ddp::EngineOptions options;
-  options.reducer.first_bucket_bytes =
-      256;  // several buckets after the rebuild
-  options.reducer.bucket_cap_bytes = 512;
+  DdpOptions options;
+  options.bucket_cap_mb(512.0 / (1 << 20));  // 512 bytes
+  ddp::ReducerInternals internals;
+  internals.first_bucket_bytes = 256;  // several buckets after the rebuild
   // Generation 1: ranks 0 and 1 train two iterations (the buckets are
   // rebuilt from the ready order after the first).
   RunRanks(2, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
     Rank& r = ranks[static_cast<size_t>(rank)];
     r.net = MakeNet(rank);
-    auto ddp = ddp::Engine::Create(r.net.ptr(), comm, 0, options);
+    auto ddp = ddp::Engine::Create(r.net.ptr(), comm, 0, options, internals);
     ASSERT_TRUE(ddp.ok()) << ddp.status();
     r.ddp = *std::move(ddp);
     for (int step = 0; step < 2; ++step) Step(r, rank, step);
@@ -138,7 +138,7 @@ TEST(DdpRebindTest, SurvivorsAndANewcomerAgreeOnModelLayoutAndGradients) {
       ASSERT_TRUE(r.ddp->Rebind(comm, /*authoritative_rank=*/0).ok());
     } else {
       r.net = MakeNet(7);
-      auto ddp = ddp::Engine::Create(r.net.ptr(), comm, 0, options);
+      auto ddp = ddp::Engine::Create(r.net.ptr(), comm, 0, options, internals);
       ASSERT_TRUE(ddp.ok()) << ddp.status();
       r.ddp = *std::move(ddp);
     }

@@ -104,14 +104,14 @@ inline void ReferenceUpdate(Reference& ref, int64_t n, const SlowMoOptions& o,
                     static_cast<float>(LrOf(i)) * grad(r, n, i);
     }
   }
-  const bool slowmo = o.slowmo_lr != 1.0 || o.slowmo_momentum != 0.0;
+  const bool slowmo = o.slowmo_lr() != 1.0 || o.slowmo_momentum() != 0.0;
   if (slowmo && !ref.initialized) {
     ref.x_old = ref.x[0].clone();
     ref.u = torch::zeros({kTotal});
     ref.initialized = true;
   }
-  const bool slow = slowmo && (n + 1) % o.slowmo_frequency == 0;
-  const bool average = (n + 1) % o.localsgd_frequency == 0 || slow;
+  const bool slow = slowmo && (n + 1) % o.slowmo_frequency() == 0;
+  const bool average = (n + 1) % o.localsgd_frequency() == 0 || slow;
   if (average) {
     torch::Tensor mean = torch::zeros({kTotal});
     for (int r = 0; r < world; ++r) mean += ref.x[r] / world;
@@ -123,9 +123,9 @@ inline void ReferenceUpdate(Reference& ref, int64_t n, const SlowMoOptions& o,
       const double x = ref.x[0][i].item<float>();
       const double xo = ref.x_old[i].item<float>();
       const double u =
-          o.slowmo_momentum * ref.u[i].item<float>() + (xo - x) / lr;
+          o.slowmo_momentum() * ref.u[i].item<float>() + (xo - x) / lr;
       ref.u[i] = u;
-      ref.x_old[i] = xo - o.slowmo_lr * lr * u;
+      ref.x_old[i] = xo - o.slowmo_lr() * lr * u;
     }
     for (int r = 0; r < world; ++r) ref.x[r] = ref.x_old.clone();
   }

@@ -84,7 +84,7 @@ void LocalSgdReference(std::vector<Fp16Model>& ref, int64_t n,
                        const SlowMoOptions& o, std::vector<SlowRef>& slows) {
   torch::NoGradGuard no_grad;
   const int world = static_cast<int>(ref.size());
-  const bool slowmo = o.slowmo_lr != 1.0 || o.slowmo_momentum != 0.0;
+  const bool slowmo = o.slowmo_lr() != 1.0 || o.slowmo_momentum() != 0.0;
   for (int r = 0; r < world && slowmo; ++r) {
     SlowRef& slow = slows[r];
     if (slow.initialized) continue;
@@ -95,9 +95,9 @@ void LocalSgdReference(std::vector<Fp16Model>& ref, int64_t n,
     }
     slow.initialized = true;
   }
-  const bool slow_step = slowmo && (n + 1) % o.slowmo_frequency == 0;
-  const bool average = (n + 1) % o.localsgd_frequency == 0 &&
-                       !(o.slowmo_memory_efficient && slow_step);
+  const bool slow_step = slowmo && (n + 1) % o.slowmo_frequency() == 0;
+  const bool average = (n + 1) % o.localsgd_frequency() == 0 &&
+                       !(o.slowmo_memory_efficient() && slow_step);
   if (average) {
     for (auto& r : ref) {
       for (size_t j = 0; j < 2; ++j) {
@@ -115,7 +115,7 @@ void LocalSgdReference(std::vector<Fp16Model>& ref, int64_t n,
       }
     }
   }
-  const bool sharded = o.slowmo_memory_efficient;
+  const bool sharded = o.slowmo_memory_efficient();
   for (int r = 0; r < (sharded ? 1 : world) && slow_step; ++r) {
     SlowRef& slow = slows[r];
     for (size_t j = 0; j < 2; ++j) {
@@ -128,10 +128,10 @@ void LocalSgdReference(std::vector<Fp16Model>& ref, int64_t n,
       }
       const double lr = kLr[j];
       slow.u[j]
-          .mul_(o.slowmo_momentum)
+          .mul_(o.slowmo_momentum())
           .sub_(x, 1.0 / lr)
           .add_(slow.x_old[j], 1.0 / lr);
-      slow.x_old[j].add_(slow.u[j], -lr * o.slowmo_lr);
+      slow.x_old[j].add_(slow.u[j], -lr * o.slowmo_lr());
       if (sharded) {
         for (auto& q : ref) q.p32[j].copy_(slow.x_old[j]);
       } else {
@@ -148,10 +148,10 @@ void LocalSgdReference(std::vector<Fp16Model>& ref, int64_t n,
 
 SlowMoOptions LocalSgd(int64_t tau) {
   SlowMoOptions o;
-  o.base_algorithm = BaseAlgorithm::kLocalSgd;
-  o.localsgd_frequency = tau;
-  o.slowmo_lr = 1.0;
-  o.slowmo_momentum = 0.0;
+  o.base_algorithm(BaseAlgorithm::kLocalSgd);
+  o.localsgd_frequency(tau);
+  o.slowmo_lr(1.0);
+  o.slowmo_momentum(0.0);
   return o;
 }
 
@@ -184,7 +184,7 @@ void RunFp16LocalSgd(int world, const SlowMoOptions& o, int64_t steps,
     for (int r = 0; r < world; ++r) ref.push_back(MakeFp16(r));
     std::vector<SlowRef> slows(world);
     // Sharded, the owner's state (every rank's, the same at the start).
-    const SlowRef& slow = slows[o.slowmo_memory_efficient ? 0 : rank];
+    const SlowRef& slow = slows[o.slowmo_memory_efficient() ? 0 : rank];
     bool differed = false, error_kept = false;
     for (int64_t n = 0; n < steps; ++n) {
       ASSERT_TRUE((*s)->PrepareForward().ok());
@@ -238,13 +238,13 @@ TEST(SlowMoFp16Test, LocalSgdErrorFeedbackBitForBit) {
 
 TEST(SlowMoFp16Test, SlowMomentumStepsTheFp32Masters) {
   SlowMoOptions o = LocalSgd(2);
-  o.slowmo_momentum = 0.5;
-  o.slowmo_lr = 0.7;
-  o.slowmo_frequency = 4;
-  o.slowmo_memory_efficient = false;
+  o.slowmo_momentum(0.5);
+  o.slowmo_lr(0.7);
+  o.slowmo_frequency(4);
+  o.slowmo_memory_efficient(false);
   RunFp16LocalSgd(2, o, 9, /*exact=*/true);
-  o.slowmo_memory_efficient = true;  // sharded: reduce of the masters
-  o.slowmo_num_shards = 2;
+  o.slowmo_memory_efficient(true);  // sharded: reduce of the masters
+  o.slowmo_num_shards(2);
   RunFp16LocalSgd(2, o, 9, /*exact=*/true);
 }
 
@@ -252,9 +252,9 @@ TEST(SlowMoFp16Test, SlowMomentumStepsTheFp32Masters) {
 // exponential over 3 ranks: in-peer r - 1, then r - 2), with error feedback.
 TEST(SlowMoFp16Test, SgpRoundWithFp16Parameters) {
   SlowMoOptions o;
-  o.base_algorithm = BaseAlgorithm::kSgp;
-  o.slowmo_lr = 1.0;
-  o.slowmo_momentum = 0.0;
+  o.base_algorithm(BaseAlgorithm::kSgp);
+  o.slowmo_lr(1.0);
+  o.slowmo_momentum(0.0);
   const int world = 3;
   RunRanks(world, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
     torch::NoGradGuard no_grad;
@@ -333,12 +333,12 @@ void StepWith(Fp16Model& m, const std::vector<torch::Tensor>& g16) {
 // reference (gradient: the node's fp16 average) bit for bit.
 TEST(SlowMoFp16Test, HierarchyNodesTakeTheirMastersFp32) {
   SlowMoOptions o = LocalSgd(2);
-  o.slowmo_momentum = 0.5;
-  o.slowmo_lr = 0.7;
-  o.slowmo_frequency = 4;
-  o.slowmo_memory_efficient = true;
-  o.slowmo_num_shards = 2;
-  o.nprocs_per_node = 2;
+  o.slowmo_momentum(0.5);
+  o.slowmo_lr(0.7);
+  o.slowmo_frequency(4);
+  o.slowmo_memory_efficient(true);
+  o.slowmo_num_shards(2);
+  o.nprocs_per_node(2);
   const std::vector<std::string> ids = {"n0", "n1", "n0", "n1"};
   const std::vector<std::vector<int>> node_ranks = {{0, 2}, {1, 3}};
   comm::InMemoryStore group_store;
@@ -346,8 +346,9 @@ TEST(SlowMoFp16Test, HierarchyNodesTakeTheirMastersFp32) {
   RunRanks(4, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
     Fp16Model m = MakeFp16(rank);
     SlowMoOptions mine = o;
-    mine.node_id = ids[static_cast<size_t>(rank)];
-    auto made = SlowMo::Create(m.p16, {}, comm, 0, mine, &factory);
+    SlowMoInternals internals;
+    internals.node_id = ids[static_cast<size_t>(rank)];
+    auto made = SlowMo::Create(m.p16, {}, comm, 0, mine, internals, &factory);
     ASSERT_TRUE(made.ok()) << made.status();
     auto& s = *made;
     ASSERT_TRUE(s->SetFp32Params(m.p32).ok());
@@ -397,10 +398,10 @@ TEST(SlowMoFp16Test, HierarchyNodesTakeTheirMastersFp32) {
 // SlowMo instances side by side on the same ranks).
 TEST(SlowMoFp16Test, OneFlatMasterWorksLikeOnePerParameter) {
   SlowMoOptions o = LocalSgd(2);
-  o.slowmo_momentum = 0.5;
-  o.slowmo_lr = 0.7;
-  o.slowmo_frequency = 4;
-  o.slowmo_num_shards = 2;
+  o.slowmo_momentum(0.5);
+  o.slowmo_lr(0.7);
+  o.slowmo_frequency(4);
+  o.slowmo_num_shards(2);
   RunRanks(2, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
     Fp16Model a = MakeFp16(rank);  // one master per parameter
     a.opt = std::make_unique<torch::optim::SGD>(a.p32,
@@ -440,8 +441,8 @@ TEST(SlowMoFp16Test, OneFlatMasterWorksLikeOnePerParameter) {
 // step: INVALID_ARGUMENT with a one-line message, nothing changed.
 TEST(SlowMoFp16Test, MismatchedFp32ParamsChangeNothing) {
   SlowMoOptions o = LocalSgd(1);
-  o.slowmo_momentum = 0.5;
-  o.slowmo_frequency = 1;
+  o.slowmo_momentum(0.5);
+  o.slowmo_frequency(1);
   RunRanks(1, [&](int, std::shared_ptr<comm::Communicator> comm) {
     Fp16Model m = MakeFp16(0);
     auto s = *SlowMo::Create(m.p16, {}, comm, 0, o);

@@ -75,14 +75,16 @@ struct Nodes {
 // gradient is their node's average.
 void TwoNodesOfTwo(SlowMoOptions o, int64_t steps) {
   const Nodes nodes({"n0", "n1", "n0", "n1"});
-  o.nprocs_per_node = 2;
+  o.nprocs_per_node(2);
   comm::InMemoryStore group_store;
   comm::GlooGroupFactory factory(&group_store, comm::GlooOptions());
   RunRanks(4, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
     Model m = MakeModel(rank);
     SlowMoOptions mine = o;
-    mine.node_id = nodes.ids[static_cast<size_t>(rank)];
-    auto made = SlowMo::Create(m.params, {}, comm, 0, mine, &factory);
+    SlowMoInternals internals;
+    internals.node_id = nodes.ids[static_cast<size_t>(rank)];
+    auto made =
+        SlowMo::Create(m.params, {}, comm, 0, mine, internals, &factory);
     ASSERT_TRUE(made.ok()) << made.status();
     auto& s = *made;
     const int node = nodes.layout.node_of[static_cast<size_t>(rank)];
@@ -121,21 +123,21 @@ void TwoNodesOfTwo(SlowMoOptions o, int64_t steps) {
 
 TEST(SlowMoHierarchyTest, LocalSgdBetweenMastersOfTwoNodesOfTwo) {
   SlowMoOptions o;
-  o.localsgd_frequency = 3;
-  o.slowmo_momentum = 0.0;  // slow momentum off
-  o.slowmo_lr = 1.0;
+  o.localsgd_frequency(3);
+  o.slowmo_momentum(0.0);  // slow momentum off
+  o.slowmo_lr(1.0);
   TwoNodesOfTwo(o, 7);
 }
 
 TEST(SlowMoHierarchyTest, ShardedSlowMomentumBetweenMastersOfTwoNodesOfTwo) {
   SlowMoOptions o;
-  o.localsgd_frequency = 2;
-  o.slowmo_momentum = 0.6;
-  o.slowmo_lr = 1.2;
-  o.slowmo_frequency = 4;
-  o.slowmo_memory_efficient = true;
+  o.localsgd_frequency(2);
+  o.slowmo_momentum(0.6);
+  o.slowmo_lr(1.2);
+  o.slowmo_frequency(4);
+  o.slowmo_memory_efficient(true);
   TwoNodesOfTwo(o, 12);
-  o.slowmo_memory_efficient = false;
+  o.slowmo_memory_efficient(false);
   TwoNodesOfTwo(o, 8);
 }
 
@@ -147,17 +149,18 @@ TEST(SlowMoHierarchyTest, ShardedSlowMomentumBetweenMastersOfTwoNodesOfTwo) {
 TEST(SlowMoHierarchyTest, SgpGossipsBetweenMastersOfUnevenNodes) {
   const Nodes nodes({"a", "b", "a", "c", "c"});
   SlowMoOptions o;
-  o.base_algorithm = BaseAlgorithm::kSgp;
-  o.slowmo_momentum = 0.0;
-  o.slowmo_lr = 1.0;
-  o.nprocs_per_node = 2;
+  o.base_algorithm(BaseAlgorithm::kSgp);
+  o.slowmo_momentum(0.0);
+  o.slowmo_lr(1.0);
+  o.nprocs_per_node(2);
   comm::InMemoryStore group_store;
   comm::GlooGroupFactory factory(&group_store, comm::GlooOptions());
   RunRanks(5, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
     Model m = MakeModel(rank);
     SlowMoOptions mine = o;
-    mine.node_id = nodes.ids[static_cast<size_t>(rank)];
-    auto s = *SlowMo::Create(m.params, {}, comm, 0, mine, &factory);
+    SlowMoInternals internals;
+    internals.node_id = nodes.ids[static_cast<size_t>(rank)];
+    auto s = *SlowMo::Create(m.params, {}, comm, 0, mine, internals, &factory);
     const int node = nodes.layout.node_of[static_cast<size_t>(rank)];
     std::vector<torch::Tensor> x(3);
     for (auto& v : x) {
@@ -204,12 +207,12 @@ TEST(SlowMoHierarchyTest, SgpGossipsBetweenMastersOfUnevenNodes) {
 // updates (the second a slow step) match the reference over the new nodes.
 TEST(SlowMoHierarchyTest, MasterDeathElectsTheNextRankAndKeepsTheState) {
   SlowMoOptions o;
-  o.localsgd_frequency = 2;
-  o.slowmo_momentum = 0.5;
-  o.slowmo_lr = 0.8;
-  o.slowmo_frequency = 4;
-  o.slowmo_num_shards = 2;
-  o.nprocs_per_node = 2;
+  o.localsgd_frequency(2);
+  o.slowmo_momentum(0.5);
+  o.slowmo_lr(0.8);
+  o.slowmo_frequency(4);
+  o.slowmo_num_shards(2);
+  o.nprocs_per_node(2);
   const Nodes before({"n0", "n1", "n0", "n1"});
   const Nodes after({"n1", "n0", "n1"});
   comm::InMemoryStore group_store, next_store;
@@ -220,8 +223,9 @@ TEST(SlowMoHierarchyTest, MasterDeathElectsTheNextRankAndKeepsTheState) {
   RunRanks(4, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
     Model m = MakeModel(rank);
     SlowMoOptions mine = o;
-    mine.node_id = before.ids[static_cast<size_t>(rank)];
-    auto s = *SlowMo::Create(m.params, {}, comm, 0, mine, &factory);
+    SlowMoInternals internals;
+    internals.node_id = before.ids[static_cast<size_t>(rank)];
+    auto s = *SlowMo::Create(m.params, {}, comm, 0, mine, internals, &factory);
     for (int64_t n = 0; n < 6; ++n) {
       SetGrads(m, rank, n);
       ASSERT_TRUE(s->AfterBackward().ok());
@@ -285,10 +289,10 @@ TEST(SlowMoHierarchyTest, HierarchyNeedsAGroupFactory) {
   RunRanks(1, [&](int, std::shared_ptr<comm::Communicator> comm) {
     Model m = MakeModel(0);
     SlowMoOptions o;
-    o.nprocs_per_node = 2;
+    o.nprocs_per_node(2);
     auto s = SlowMo::Create(m.params, {}, comm, 0, o);
     EXPECT_TRUE(absl::IsInvalidArgument(s.status())) << s.status();
-    o.nprocs_per_node = 0;
+    o.nprocs_per_node(0);
     s = SlowMo::Create(m.params, {}, comm, 0, o);
     EXPECT_TRUE(absl::IsInvalidArgument(s.status())) << s.status();
   });

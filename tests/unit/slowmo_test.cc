@@ -50,7 +50,7 @@ void RunAndCompare(int world, SlowMoOptions o, int64_t steps) {
       }
     }
     // Between averages the ranks really drift apart (the test can fail).
-    if (world > 1 && o.localsgd_frequency > 1) {
+    if (world > 1 && o.localsgd_frequency() > 1) {
       EXPECT_TRUE(differed);
     }
     EXPECT_EQ((*s)->num_updates(), steps);
@@ -59,10 +59,10 @@ void RunAndCompare(int world, SlowMoOptions o, int64_t steps) {
 
 SlowMoOptions LocalSgd(int64_t tau) {
   SlowMoOptions o;
-  o.base_algorithm = BaseAlgorithm::kLocalSgd;
-  o.localsgd_frequency = tau;
-  o.slowmo_lr = 1.0;
-  o.slowmo_momentum = 0.0;  // fairscale: slow momentum off
+  o.base_algorithm(BaseAlgorithm::kLocalSgd);
+  o.localsgd_frequency(tau);
+  o.slowmo_lr(1.0);
+  o.slowmo_momentum(0.0);  // fairscale: slow momentum off
   return o;
 }
 
@@ -72,25 +72,25 @@ TEST(SlowMoTest, LocalSgdAveragesEveryTauUpdates) {
 
 TEST(SlowMoTest, SlowMomentumStepMatchesTheFormula) {
   SlowMoOptions o = LocalSgd(2);
-  o.slowmo_momentum = 0.5;
-  o.slowmo_lr = 0.7;
-  o.slowmo_frequency = 4;
-  o.slowmo_memory_efficient = false;
+  o.slowmo_momentum(0.5);
+  o.slowmo_lr(0.7);
+  o.slowmo_frequency(4);
+  o.slowmo_memory_efficient(false);
   for (int world : {1, 3}) RunAndCompare(world, o, 12);
 }
 
 TEST(SlowMoTest, ShardedEqualsUnsharded) {
   SlowMoOptions o = LocalSgd(2);
-  o.slowmo_momentum = 0.6;
-  o.slowmo_lr = 1.2;
-  o.slowmo_frequency = 4;
-  o.slowmo_memory_efficient = true;
+  o.slowmo_momentum(0.6);
+  o.slowmo_lr(1.2);
+  o.slowmo_frequency(4);
+  o.slowmo_memory_efficient(true);
   for (int shards : {1, 2, 3, 32}) {
-    o.slowmo_num_shards = shards;
+    o.slowmo_num_shards(shards);
     RunAndCompare(3, o, 12);
   }
   // Shards cover the vector without overlap: 2 shards of ceil(12/2).
-  o.slowmo_num_shards = 2;
+  o.slowmo_num_shards(2);
   RunRanks(3, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
     Model m = MakeModel(rank);
     auto s = *SlowMo::Create(m.params, {}, comm, 0, o);
@@ -108,12 +108,12 @@ TEST(SlowMoTest, ShardedEqualsUnsharded) {
 // update plus slow momentum.
 TEST(SlowMoTest, SgpAveragesExactlyOnSlowStepsWhenAsked) {
   SlowMoOptions o;
-  o.base_algorithm = BaseAlgorithm::kSgp;
-  o.slowmo_sgp_average_params = true;
-  o.slowmo_memory_efficient = false;
-  o.slowmo_frequency = 1;
-  o.localsgd_frequency = 1;  // the reference's "average every update"
-  o.slowmo_momentum = 0.4;
+  o.base_algorithm(BaseAlgorithm::kSgp);
+  o.slowmo_sgp_average_params(true);
+  o.slowmo_memory_efficient(false);
+  o.slowmo_frequency(1);
+  o.localsgd_frequency(1);  // the reference's "average every update"
+  o.slowmo_momentum(0.4);
   RunAndCompare(3, o, 5);
 }
 
@@ -124,11 +124,11 @@ TEST(SlowMoTest, SgpAveragesExactlyOnSlowStepsWhenAsked) {
 void PushSumRounds(int world, GraphType graph, std::vector<int> offsets,
                    bool push_sum) {
   SlowMoOptions o;
-  o.base_algorithm = BaseAlgorithm::kSgp;
-  o.slowmo_lr = 1.0;
-  o.slowmo_momentum = 0.0;
-  o.graph = graph;
-  o.push_sum = push_sum;
+  o.base_algorithm(BaseAlgorithm::kSgp);
+  o.slowmo_lr(1.0);
+  o.slowmo_momentum(0.0);
+  o.sgp_graph(GraphTypeName(graph));
+  o.push_sum(push_sum);
   RunRanks(world, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
     Model m = MakeModel(rank, /*differ=*/true);
     auto s = *SlowMo::Create(m.params, {}, comm, 0, o);
@@ -187,11 +187,12 @@ TEST(SlowMoTest, PushPullKeepsTheNetworkAverage) {
 TEST(SlowMoTest, BuffersFollowTheAuthoritativeRankBeforeEachForward) {
   for (bool broadcast : {true, false}) {
     SlowMoOptions o = LocalSgd(3);
-    o.broadcast_buffers = broadcast;
+    SlowMoInternals internals;
+    internals.broadcast_buffers = broadcast;
     RunRanks(3, [&](int rank, std::shared_ptr<comm::Communicator> comm) {
       Model m = MakeModel(rank);
       torch::Tensor running = torch::full({4}, static_cast<float>(rank));
-      auto s = *SlowMo::Create(m.params, {running}, comm, 2, o);
+      auto s = *SlowMo::Create(m.params, {running}, comm, 2, o, internals);
       ASSERT_TRUE(s->PrepareForward().ok());
       EXPECT_TRUE(torch::equal(
           running,
@@ -202,11 +203,11 @@ TEST(SlowMoTest, BuffersFollowTheAuthoritativeRankBeforeEachForward) {
 
 SlowMoOptions ShardedSlowMo() {
   SlowMoOptions o = LocalSgd(2);
-  o.slowmo_momentum = 0.5;
-  o.slowmo_lr = 0.8;
-  o.slowmo_frequency = 4;
-  o.slowmo_memory_efficient = true;
-  o.slowmo_num_shards = 3;
+  o.slowmo_momentum(0.5);
+  o.slowmo_lr(0.8);
+  o.slowmo_frequency(4);
+  o.slowmo_memory_efficient(true);
+  o.slowmo_num_shards(3);
   return o;
 }
 
@@ -241,7 +242,7 @@ Reference TrainOnAtTwo(Model& m, SlowMo& s, int rank, const SlowMoOptions& o,
 void ReshardAfterLoss(int world, int shards,
                       std::vector<std::pair<int64_t, int64_t>> lost) {
   SlowMoOptions o = ShardedSlowMo();
-  o.slowmo_num_shards = shards;
+  o.slowmo_num_shards(shards);
   std::mutex mu;
   torch::Tensor u_full = torch::zeros({kTotal});
   torch::Tensor old_full = torch::zeros({kTotal});
@@ -326,9 +327,9 @@ TEST(SlowMoTest, ShardLostWithItsReplicaRestarts) {
 // the two ranks' numerators.
 TEST(SlowMoTest, MembershipChangeRebuildsTheGossipGraph) {
   SlowMoOptions o;
-  o.base_algorithm = BaseAlgorithm::kSgp;
-  o.slowmo_memory_efficient = false;
-  o.slowmo_frequency = 2;
+  o.base_algorithm(BaseAlgorithm::kSgp);
+  o.slowmo_memory_efficient(false);
+  o.slowmo_frequency(2);
   comm::InMemoryStore next_store;
   std::mutex mu;
   torch::Tensor root_u, root_old;

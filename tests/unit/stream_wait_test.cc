@@ -113,7 +113,8 @@ struct Snapshot {
   int synchronizes = 0;
 };
 
-std::vector<torch::Tensor> Backward(int world, ddp::EngineOptions options,
+std::vector<torch::Tensor> Backward(int world, DdpOptions options,
+                                    ddp::ReducerInternals internals,
                                     Snapshot* data_after,
                                     Snapshot* control_after) {
   WaitCounts counts_data, counts_control;
@@ -127,7 +128,7 @@ std::vector<torch::Tensor> Backward(int world, ddp::EngineOptions options,
         gloo, rank == 0 ? data : &ignored_data,
         rank == 0 ? control : &ignored_control);
     auto net = MakeNet();
-    auto ddp = ddp::Engine::Create(net.ptr(), counting, 0, options);
+    auto ddp = ddp::Engine::Create(net.ptr(), counting, 0, options, internals);
     ASSERT_TRUE(ddp.ok()) << ddp.status();
     if (rank == 0) {
       data->waits = data->synchronizes = 0;
@@ -148,7 +149,7 @@ std::vector<torch::Tensor> Backward(int world, ddp::EngineOptions options,
 
 TEST(StreamWaitTest, BackwardOrdersTheBucketsAndTheHostDoesNotWait) {
   Snapshot data, control;
-  const auto grads = Backward(2, ddp::EngineOptions{}, &data, &control);
+  const auto grads = Backward(2, DdpOptions{}, {}, &data, &control);
   // Every bucket is synchronized, none waited for: on a device the end of
   // backward only orders the current stream after the allreduce.
   EXPECT_GT(data.synchronizes, 0);
@@ -159,12 +160,12 @@ TEST(StreamWaitTest, BackwardOrdersTheBucketsAndTheHostDoesNotWait) {
 
 TEST(StreamWaitTest, BlockingWaitHasTheHostWaitForEveryBucket) {
   Snapshot data, control, stream_data, stream_control;
-  ddp::EngineOptions options;
-  options.reducer.blocking_wait = true;
-  const auto blocking = Backward(2, options, &data, &control);
+  ddp::ReducerInternals internals;
+  internals.blocking_wait = true;
+  const auto blocking = Backward(2, DdpOptions{}, internals, &data, &control);
   EXPECT_GT(data.waits, 0);
   const auto stream =
-      Backward(2, ddp::EngineOptions{}, &stream_data, &stream_control);
+      Backward(2, DdpOptions{}, {}, &stream_data, &stream_control);
   // The same buckets: waited for in one mode, synchronized in the other.
   EXPECT_EQ(data.waits, stream_data.synchronizes);
   EXPECT_EQ(data.synchronizes, 0);  // the model has no buffers
@@ -178,9 +179,9 @@ TEST(StreamWaitTest, BlockingWaitHasTheHostWaitForEveryBucket) {
 TEST(StreamWaitTest, FindUnusedParametersWaitsForItsBitmapOnTheHost) {
   // PyTorch reads the bitmap on the host too.
   Snapshot data, control;
-  ddp::EngineOptions options;
-  options.reducer.find_unused_parameters = true;
-  Backward(2, options, &data, &control);
+  DdpOptions options;
+  options.find_unused_parameters(true);
+  Backward(2, options, {}, &data, &control);
   EXPECT_EQ(control.waits, 1);
   EXPECT_EQ(data.waits, 0);
 }

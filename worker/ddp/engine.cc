@@ -10,9 +10,9 @@
 namespace concord::ddp {
 namespace {
 
-comm::CollectiveOptions CollectiveOpts(const EngineOptions& o) {
+comm::CollectiveOptions CollectiveOpts(const ReducerInternals& internals) {
   comm::CollectiveOptions c;
-  c.timeout = o.reducer.collective_timeout;
+  c.timeout = internals.collective_timeout;
   return c;
 }
 
@@ -21,7 +21,7 @@ comm::CollectiveOptions CollectiveOpts(const EngineOptions& o) {
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
     std::shared_ptr<torch::nn::Module> module,
     std::shared_ptr<comm::Communicator> comm, int authoritative_rank,
-    EngineOptions options) {
+    concord::DdpOptions options, ReducerInternals internals) {
   if (module == nullptr) return absl::InvalidArgumentError("null module");
   Named named;
   for (const auto& item : module->named_parameters(/*recurse=*/true)) {
@@ -30,12 +30,14 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
   for (const auto& item : module->named_buffers(/*recurse=*/true)) {
     named.buffers.emplace_back(item.key(), item.value());
   }
-  return Init(std::move(named), std::move(comm), authoritative_rank, options);
+  return Init(std::move(named), std::move(comm), authoritative_rank,
+              std::move(options), std::move(internals));
 }
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
     torch::jit::Module module, std::shared_ptr<comm::Communicator> comm,
-    int authoritative_rank, EngineOptions options) {
+    int authoritative_rank, concord::DdpOptions options,
+    ReducerInternals internals) {
   Named named;
   for (const auto& item : module.named_parameters(/*recurse=*/true)) {
     named.params.emplace_back(item.name, item.value);
@@ -43,23 +45,13 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
   for (const auto& item : module.named_buffers(/*recurse=*/true)) {
     named.buffers.emplace_back(item.name, item.value);
   }
-  auto ddp =
-      Init(std::move(named), std::move(comm), authoritative_rank, options);
+  auto ddp = Init(std::move(named), std::move(comm), authoritative_rank,
+                  std::move(options), std::move(internals));
   if (ddp.ok()) (*ddp)->script_ = std::move(module);
   return ddp;
 }
 
 namespace {
-
-ddp::ReducerOptions ReducerOptionsFrom(const EngineOptions& options,
-                                       int authoritative_rank) {
-  ddp::ReducerOptions r = options.reducer;
-  r.authoritative_rank = authoritative_rank;
-  // Triggers are resolved by name against the trainable parameters; for
-  // validation their presence is what matters.
-  r.trigger_params.assign(options.allreduce_trigger_params.size(), 0);
-  return r;
-}
 
 std::string Describe(const std::string& kind, const std::string& name,
                      const torch::Tensor& t) {
@@ -105,17 +97,20 @@ absl::Status VerifySameModel(comm::Communicator& comm, int root,
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Init(
     Named named, std::shared_ptr<comm::Communicator> comm,
-    int authoritative_rank, EngineOptions options) {
+    int authoritative_rank, concord::DdpOptions options,
+    ReducerInternals internals) {
   if (comm == nullptr) return absl::InvalidArgumentError("null communicator");
   if (authoritative_rank < 0 || authoritative_rank >= comm->size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "authoritative rank ", authoritative_rank, " out of range"));
   }
-  std::set<std::string> ignored(options.ignore.begin(), options.ignore.end());
+  const std::vector<std::string>& ignore =
+      options.params_and_buffers_to_ignore();
+  std::set<std::string> ignored(ignore.begin(), ignore.end());
   std::set<std::string> known;
   for (const auto& [name, t] : named.params) known.insert(name);
   for (const auto& [name, t] : named.buffers) known.insert(name);
-  for (const auto& name : options.ignore) {
+  for (const auto& name : ignore) {
     if (known.count(name) == 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           "cannot ignore '", name, "': no such parameter or buffer"));
@@ -124,7 +119,6 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Init(
   std::unique_ptr<Engine> ddp(new Engine());
   ddp->comm_ = comm;
   ddp->authoritative_rank_ = authoritative_rank;
-  ddp->options_ = options;
   std::vector<torch::Tensor> synced;  // broadcast at creation
   std::vector<std::string> description;
   std::vector<std::string> trainable_names;
@@ -147,18 +141,21 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Init(
         "the module has no parameter that requires grad (outside `ignore`)");
   }
 
-  ddp::ReducerOptions r = ReducerOptionsFrom(options, authoritative_rank);
-  r.trigger_params.clear();
-  for (const auto& name : options.allreduce_trigger_params) {
+  internals.authoritative_rank = authoritative_rank;
+  internals.trigger_params.clear();
+  for (const auto& name : options.allreduce_trigger_params()) {
     auto it = std::find(trainable_names.begin(), trainable_names.end(), name);
     if (it == trainable_names.end()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "allreduce trigger '", name, "' is not a trainable parameter"));
     }
-    r.trigger_params.push_back(
+    internals.trigger_params.push_back(
         static_cast<size_t>(it - trainable_names.begin()));
   }
-  CONCORD_RETURN_IF_ERROR(ddp::Reducer::Validate(r, /*has_hook=*/false));
+  CONCORD_RETURN_IF_ERROR(
+      ddp::Reducer::Validate(options, internals, /*has_hook=*/false));
+  ddp->options_ = options;
+  ddp->internals_ = internals;
 
   synced.insert(synced.end(), ddp->buffers_.begin(), ddp->buffers_.end());
   ddp->synced_ = std::move(synced);
@@ -166,12 +163,13 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Init(
   CONCORD_RETURN_IF_ERROR(ddp->VerifyAndBroadcast());
   ddp->named_ = std::move(named);
   ddp->reducer_ = std::make_unique<ddp::Reducer>(
-      ddp->params_, std::move(trainable_names), comm, r);
+      ddp->params_, std::move(trainable_names), comm, std::move(options),
+      std::move(internals));
   return ddp;
 }
 
 absl::Status Engine::VerifyAndBroadcast() {
-  const comm::CollectiveOptions opts = CollectiveOpts(options_);
+  const comm::CollectiveOptions opts = CollectiveOpts(internals_);
   CONCORD_RETURN_IF_ERROR(
       VerifySameModel(*comm_, authoritative_rank_, description_, opts));
   // Every rank starts from the authoritative rank's model.
@@ -211,9 +209,14 @@ void Engine::SetTraceRecorder(std::shared_ptr<trace::Recorder> recorder) {
   reducer_->SetTraceRecorder(trace_);
 }
 
-absl::Status Engine::ValidateOptions(const EngineOptions& options,
+absl::Status Engine::ValidateOptions(const concord::DdpOptions& options,
                                      bool has_comm_hook) {
-  return ddp::Reducer::Validate(ReducerOptionsFrom(options, 0), has_comm_hook);
+  if (options.slowmo() && !options.comm_hook().empty()) {
+    return absl::InvalidArgumentError(
+        "DdpOptions: comm_hook and slowmo exclude each other (SlowMo does not "
+        "average gradients every step)");
+  }
+  return ddp::Reducer::Validate(options, ReducerInternals{}, has_comm_hook);
 }
 
 absl::Status Engine::RegisterCommHook(ddp::CommHook hook) {
@@ -227,10 +230,11 @@ absl::Status Engine::PrepareForward() {
   const bool sync =
       torch::GradMode::is_enabled() && require_backward_grad_sync_;
   if (sync) CONCORD_RETURN_IF_ERROR(reducer_->PrepareForBackward());
-  if (options_.broadcast_buffers && require_forward_param_sync_ &&
-      !buffers_.empty()) {
+  // With SlowMo, SlowMo broadcasts the buffers before every forward itself.
+  if (options_.broadcast_buffers() && !options_.slowmo() &&
+      require_forward_param_sync_ && !buffers_.empty()) {
     absl::Status s = comm::BroadcastCoalesced(
-        *comm_, buffers_, authoritative_rank_, CollectiveOpts(options_));
+        *comm_, buffers_, authoritative_rank_, CollectiveOpts(internals_));
     if (!s.ok()) {
       return absl::Status(
           s.code(), absl::StrCat("buffer broadcast failed: ", s.message()));

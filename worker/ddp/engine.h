@@ -39,20 +39,6 @@
 
 namespace concord::ddp {
 
-struct EngineOptions {
-  // What the reducer runs with (the bucket caps, the gradient options of
-  // PyTorch's DDP and apex's, the collective timeout, blocking_wait), with
-  // their defaults written once, in ReducerOptions. Create fills its
-  // authoritative_rank and trigger_params (from the names below).
-  ReducerOptions reducer;
-  bool broadcast_buffers = PublicDefaults().broadcast_buffers();
-  // Parameters and buffers DDP leaves alone (not broadcast, not reduced), by
-  // the names of NamedState(): PyTorch's _set_params_and_buffers_to_ignore.
-  std::vector<std::string> ignore;
-  // apex's allreduce_trigger_params, by name.
-  std::vector<std::string> allreduce_trigger_params;
-};
-
 class Engine {
  public:
   // Verifies that every rank wraps the same model (names, shapes, dtypes,
@@ -64,14 +50,15 @@ class Engine {
   static absl::StatusOr<std::unique_ptr<Engine>> Create(
       std::shared_ptr<torch::nn::Module> module,
       std::shared_ptr<comm::Communicator> comm, int authoritative_rank,
-      EngineOptions options = {});
+      concord::DdpOptions options = {}, ReducerInternals internals = {});
   static absl::StatusOr<std::unique_ptr<Engine>> Create(
       torch::jit::Module module, std::shared_ptr<comm::Communicator> comm,
-      int authoritative_rank, EngineOptions options = {});
+      int authoritative_rank, concord::DdpOptions options = {},
+      ReducerInternals internals = {});
 
   // INVALID_ARGUMENT when the options contradict each other (with a hook:
   // `has_comm_hook`). Create checks this too; tools call it before joining.
-  static absl::Status ValidateOptions(const EngineOptions& options,
+  static absl::Status ValidateOptions(const concord::DdpOptions& options,
                                       bool has_comm_hook);
 
   // Replaces the default allreduce (see Note [DDP Communication Hook]). Call
@@ -151,7 +138,7 @@ class Engine {
   void SetGradientDivisor(double divisor) {
     reducer_->SetGradientDivisor(divisor);
   }
-  // ReducerOptions::blocking_wait, between iterations.
+  // ReducerInternals::blocking_wait, between iterations.
   void SetBlockingWait(bool blocking) { reducer_->SetBlockingWait(blocking); }
   bool blocking_wait() const { return reducer_->blocking_wait(); }
 
@@ -200,7 +187,8 @@ class Engine {
   };
   static absl::StatusOr<std::unique_ptr<Engine>> Init(
       Named named, std::shared_ptr<comm::Communicator> comm,
-      int authoritative_rank, EngineOptions options);
+      int authoritative_rank, concord::DdpOptions options,
+      ReducerInternals internals);
   Engine() = default;
   // VerifySameModel, then the broadcast of `synced_`.
   absl::Status VerifyAndBroadcast();
@@ -215,7 +203,10 @@ class Engine {
   std::vector<std::string> description_;
   std::shared_ptr<comm::Communicator> comm_;
   int authoritative_rank_ = 0;
-  EngineOptions options_;
+  // The user's options as given; what the inside adds (the collective
+  // timeout, blocking waits) in `internals_`, the reducer's too.
+  concord::DdpOptions options_;
+  ReducerInternals internals_;
   std::unique_ptr<ddp::Reducer> reducer_;
   std::shared_ptr<trace::Recorder> trace_;
   bool require_backward_grad_sync_ = true;

@@ -4,11 +4,13 @@
 #include <torch/csrc/autograd/engine.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "worker/ddp/bucket_assignment.h"
 #include "worker/error.h"
 #include "worker/tensor_ops.h"
+#include "worker/torch_compat.h"
 #include "worker/trace/recorder.h"
 #include "worker/trace/work_tracer.h"
 
@@ -21,31 +23,54 @@ int64_t Micros(std::chrono::steady_clock::duration d) {
 
 }  // namespace
 
-const concord::DdpOptions& PublicDefaults() {
-  static const concord::DdpOptions defaults;
-  return defaults;
-}
-
-absl::Status Reducer::Validate(const ReducerOptions& o, bool has_hook) {
-  if (o.first_bucket_bytes <= 0 || o.bucket_cap_bytes <= 0) {
+absl::StatusOr<BucketCaps> BucketCapsOf(const concord::DdpOptions& options,
+                                        const ReducerInternals& internals) {
+  BucketCaps caps;
+  caps.first = 1 << 20;
+  caps.later = 25 << 20;
+  if (const std::optional<double>& mb = options.bucket_cap_mb()) {
+    if (!(*mb > 0) || !std::isfinite(*mb) || *mb > 1024 * 1024) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("DdpOptions::bucket_cap_mb: not a size in MiB in (0, "
+                       "1048576]: ",
+                       *mb));
+    }
+    caps.later = static_cast<int64_t>(std::llround(*mb * 1024 * 1024));
+    // See Note [LibTorch versions] in worker/torch_compat.h.
+    if (compat::kFirstBucketFollowsUserCap) caps.first = caps.later;
+  }
+  if (internals.first_bucket_bytes) caps.first = *internals.first_bucket_bytes;
+  if (caps.first <= 0 || caps.later <= 0) {
     return absl::InvalidArgumentError("bucket caps must be positive");
   }
-  if (o.message_size < 0) {
+  return caps;
+}
+
+absl::Status Reducer::Validate(const concord::DdpOptions& o,
+                               const ReducerInternals& internals,
+                               bool has_hook) {
+  if (absl::StatusOr<BucketCaps> caps = BucketCapsOf(o, internals);
+      !caps.ok()) {
+    return caps.status();
+  }
+  if (o.message_size() < 0) {
     return absl::InvalidArgumentError("message_size must not be negative");
   }
-  if (!(o.gradient_predivide_factor > 0)) {
+  if (!(o.gradient_predivide_factor() > 0)) {
     return absl::InvalidArgumentError(
         "gradient_predivide_factor must be positive");
   }
-  const bool apex_scaling = o.allreduce_always_fp32 || !o.gradient_average ||
-                            o.gradient_predivide_factor != 1.0;
+  const bool apex_scaling = o.allreduce_always_fp32() ||
+                            !o.gradient_average() ||
+                            o.gradient_predivide_factor() != 1.0;
   if (has_hook && apex_scaling) {
     return absl::InvalidArgumentError(
         "a communication hook decides the reduction: it cannot be combined "
         "with allreduce_always_fp32, gradient_average=false or "
         "gradient_predivide_factor");
   }
-  if (o.delay_allreduce && !o.trigger_params.empty()) {
+  if (o.delay_allreduce() && (!o.allreduce_trigger_params().empty() ||
+                              !internals.trigger_params.empty())) {
     return absl::InvalidArgumentError(
         "delay_allreduce and allreduce_trigger_params contradict each other");
   }
@@ -54,12 +79,14 @@ absl::Status Reducer::Validate(const ReducerOptions& o, bool has_hook) {
 
 Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
                  std::shared_ptr<comm::Communicator> comm,
-                 ReducerOptions options)
+                 concord::DdpOptions options, ReducerInternals internals)
     : params_(std::move(params)),
       names_(std::move(names)),
       comm_(std::move(comm)),
-      options_(std::move(options)) {
-  ThrowIfError(Validate(options_, /*has_hook=*/false));
+      options_(std::move(options)),
+      internals_(std::move(internals)) {
+  ThrowIfError(Validate(options_, internals_, /*has_hook=*/false));
+  caps_ = *BucketCapsOf(options_, internals_);
   divisor_ = static_cast<double>(comm_->size());
   SetScales();
   saved_grads_.resize(params_.size());
@@ -76,7 +103,7 @@ Reducer::~Reducer() {
     params_[i].remove_hook(hook_handles_[i]);
   }
   for (auto& b : buckets_) {
-    if (b.work) b.work->Wait(options_.collective_timeout).IgnoreError();
+    if (b.work) b.work->Wait(internals_.collective_timeout).IgnoreError();
   }
 }
 
@@ -87,18 +114,18 @@ void Reducer::SetTraceRecorder(std::shared_ptr<trace::Recorder> recorder) {
 }
 
 void Reducer::SetScales() {
-  const double f = options_.gradient_predivide_factor;
+  const double f = options_.gradient_predivide_factor();
   pytorch_scaling_ = false;
   scale_in_fp32_ = false;
   if (hook_) {
     pre_scale_ = post_scale_ = 1.0;  // the hook divides
-  } else if (f != 1.0 || !options_.gradient_average ||
-             options_.allreduce_always_fp32) {
+  } else if (f != 1.0 || !options_.gradient_average() ||
+             options_.allreduce_always_fp32()) {
     // apex's arithmetic: 1/f before the allreduce, f/world after.
     pre_scale_ = 1.0 / f;
     post_scale_ =
-        options_.gradient_average && f != divisor_ ? f / divisor_ : 1.0;
-    scale_in_fp32_ = options_.allreduce_always_fp32;
+        options_.gradient_average() && f != divisor_ ? f / divisor_ : 1.0;
+    scale_in_fp32_ = options_.allreduce_always_fp32();
   } else {
     pre_scale_ = 1.0 / divisor_;  // PyTorch: divide while copying
     post_scale_ = 1.0;
@@ -133,7 +160,7 @@ void Reducer::Rebind(std::shared_ptr<comm::Communicator> comm,
   }
   hook_launch_us_.clear();
   comm_ = std::move(comm);
-  options_.authoritative_rank = authoritative_rank;
+  internals_.authoritative_rank = authoritative_rank;
   hook_ = nullptr;
   divisor_ = static_cast<double>(comm_->size());
   SetScales();
@@ -204,9 +231,9 @@ absl::Status Reducer::SetLayoutState(const at::Tensor& state) {
 absl::Status Reducer::SyncLayout() {
   at::Tensor t = LayoutState();
   comm::CollectiveOptions opts;
-  opts.timeout = options_.collective_timeout;
+  opts.timeout = internals_.collective_timeout;
   absl::Status s =
-      comm_->Broadcast(t, options_.authoritative_rank, opts)->Wait();
+      comm_->Broadcast(t, internals_.authoritative_rank, opts)->Wait();
   if (!s.ok()) {
     return absl::Status(s.code(), absl::StrCat("bucket layout broadcast "
                                                "failed: ",
@@ -220,7 +247,8 @@ absl::Status Reducer::RegisterCommHook(CommHook hook) {
     return absl::FailedPreconditionError(
         "a communication hook is already registered");
   }
-  if (absl::Status s = Validate(options_, /*has_hook=*/true); !s.ok()) {
+  if (absl::Status s = Validate(options_, internals_, /*has_hook=*/true);
+      !s.ok()) {
     return absl::FailedPreconditionError(s.message());
   }
   hook_ = std::move(hook);
@@ -232,26 +260,26 @@ void Reducer::Build(const std::vector<size_t>& order) {
   std::vector<GradSpec> specs(params_.size());
   for (size_t i = 0; i < params_.size(); ++i) {
     const at::Tensor& p = params_[i];
-    specs[i].bytes = options_.message_size > 0
+    specs[i].bytes = options_.message_size() > 0
                          ? p.numel()
                          : static_cast<int64_t>(p.nbytes());
     specs[i].dtype = static_cast<int>(p.scalar_type());
   }
-  for (size_t i : options_.trigger_params) {
+  for (size_t i : internals_.trigger_params) {
     if (i < specs.size()) specs[i].closes_bucket = true;
   }
-  int64_t first = options_.message_size > 0 ? options_.message_size
-                                            : options_.first_bucket_bytes;
-  int64_t cap = options_.message_size > 0 ? options_.message_size
-                                          : options_.bucket_cap_bytes;
+  int64_t first =
+      options_.message_size() > 0 ? options_.message_size() : caps_.first;
+  int64_t cap =
+      options_.message_size() > 0 ? options_.message_size() : caps_.later;
   const int64_t huge = std::numeric_limits<int64_t>::max();
   // PyTorch 1.13 reduces the first iteration in one bucket per dtype unless
   // it looks for unused parameters without a static graph (then it never
   // rebuilds); the capped layout comes with the rebuild.
   const bool single_first =
-      order.empty() && options_.message_size == 0 &&
-      (options_.static_graph || !options_.find_unused_parameters);
-  if (options_.delay_allreduce || single_first) first = cap = huge;
+      order.empty() && options_.message_size() == 0 &&
+      (options_.static_graph() || !options_.find_unused_parameters());
+  if (options_.delay_allreduce() || single_first) first = cap = huge;
   const auto assignment =
       order.empty() ? InitialBucketAssignment(specs, first, cap)
                     : ComputeBucketAssignment(specs, order, first, cap);
@@ -282,7 +310,7 @@ void Reducer::Build(const std::vector<size_t>& order) {
                 shaped.strides());
       offset += p.numel();
       slots_[indices[k]] = Slot{buckets.size(), k, false, false};
-      if (options_.gradient_as_bucket_view && p.grad().defined()) {
+      if (options_.gradient_as_bucket_view() && p.grad().defined()) {
         at::NoGradGuard no_grad;
         view.copy_(p.grad());
         p.mutable_grad() = view;
@@ -312,9 +340,9 @@ absl::Status Reducer::Rebuild() {
   }
   at::Tensor t = at::tensor(order, at::kLong);
   comm::CollectiveOptions opts;
-  opts.timeout = options_.collective_timeout;
+  opts.timeout = internals_.collective_timeout;
   absl::Status s =
-      comm_->Broadcast(t, options_.authoritative_rank, opts)->Wait();
+      comm_->Broadcast(t, internals_.authoritative_rank, opts)->Wait();
   if (!s.ok()) {
     return absl::Status(s.code(),
                         absl::StrCat("bucket rebuild failed: ", s.message()));
@@ -333,8 +361,8 @@ absl::Status Reducer::Rebuild() {
 
 absl::Status Reducer::PrepareForBackward() {
   const bool may_rebuild =
-      options_.rebuild_buckets && !options_.delay_allreduce &&
-      (options_.static_graph || !options_.find_unused_parameters);
+      !options_.delay_allreduce() &&
+      (options_.static_graph() || !options_.find_unused_parameters());
   if (may_rebuild && !rebuilt_ && stats_.iterations >= 1) {
     if (absl::Status s = Rebuild(); !s.ok()) return s;
   }
@@ -449,7 +477,7 @@ std::shared_ptr<comm::Work> Reducer::Launch(size_t index) {
     return hook_(grad_bucket);
   }
   comm::CollectiveOptions opts;
-  opts.timeout = options_.collective_timeout;
+  opts.timeout = internals_.collective_timeout;
   at::Tensor flat = bucket.flat;
   if (scale_in_fp32_ && flat.scalar_type() != at::kFloat) {
     // apex's allreduce_different_streams path: the bucket widened to fp32,
@@ -504,7 +532,7 @@ void Reducer::FinalizeBackward() {
   LaunchReadyBuckets();
 
   const bool tracks_usage =
-      options_.find_unused_parameters || options_.static_graph;
+      options_.find_unused_parameters() || options_.static_graph();
   std::vector<bool> globally_used(params_.size(), true);
   absl::Status status;
   if (tracks_usage && !static_used_.empty()) {
@@ -514,13 +542,13 @@ void Reducer::FinalizeBackward() {
     for (size_t i = 0; i < params_.size(); ++i) flags[i] = slots_[i].used;
     at::Tensor used = at::tensor(flags, at::kInt);
     comm::CollectiveOptions opts;
-    opts.timeout = options_.collective_timeout;
+    opts.timeout = internals_.collective_timeout;
     status = comm_->AllreduceSum(used, opts)->Wait();
     const int32_t* counts = used.data_ptr<int32_t>();
     for (size_t i = 0; status.ok() && i < params_.size(); ++i) {
       globally_used[i] = counts[i] > 0;
     }
-    if (options_.static_graph && status.ok()) static_used_ = globally_used;
+    if (options_.static_graph() && status.ok()) static_used_ = globally_used;
   }
   if (status.ok()) {
     const int64_t wait_start = trace_ ? trace::NowMicros() : 0;
@@ -564,9 +592,9 @@ absl::Status Reducer::WaitAndWriteBack(const std::vector<bool>& globally_used) {
     // current stream, after the collective (device) or after it ended
     // (host).
     comm::Work& work = *buckets_[b].work;
-    absl::Status s = options_.blocking_wait
-                         ? work.Wait(options_.collective_timeout)
-                         : work.Synchronize(options_.collective_timeout);
+    absl::Status s = internals_.blocking_wait
+                         ? work.Wait(internals_.collective_timeout)
+                         : work.Synchronize(internals_.collective_timeout);
     if (trace_ && b < hook_launch_us_.size() && hook_launch_us_[b] != 0) {
       // A hook's work: it ended (as far as anyone can tell) when this wait
       // did.
@@ -595,7 +623,7 @@ absl::Status Reducer::WaitAndWriteBack(const std::vector<bool>& globally_used) {
       if (!globally_used[i]) continue;
       at::Tensor& saved = saved_grads_[i];
       at::Tensor& grad = params_[i].mutable_grad();
-      if (options_.gradient_as_bucket_view) {
+      if (options_.gradient_as_bucket_view()) {
         grad = bucket.views[k];  // the bucket is the gradient
       } else if (saved.defined() && !saved.is_alias_of(bucket.flat)) {
         copies.push_back(FlatPiece{saved, bucket.views[k].storage_offset() -

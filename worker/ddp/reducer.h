@@ -27,11 +27,14 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/job_defaults.h"
 #include "concord/ddp_options.h"
 #include "worker/comm/communicator.h"
 #include "worker/ddp/comm_hooks.h"
@@ -43,43 +46,39 @@ class WorkTracer;
 
 namespace concord::ddp {
 
-// The public options' defaults (concord/ddp_options.h), made once: the one
-// place DDP's defaults are written.
-const concord::DdpOptions& PublicDefaults();
-
-struct ReducerOptions {
-  // PyTorch: dist._DEFAULT_FIRST_BUCKET_BYTES and bucket_cap_mb = 25 (the
-  // public bucket_cap_mb is unset by default: these are its meaning).
-  int64_t first_bucket_bytes = 1 << 20;
-  int64_t bucket_cap_bytes = 25 << 20;
-  // apex's message_size: when > 0, buckets close at this many elements
-  // (every bucket, no small first one) instead of the byte caps.
-  int64_t message_size = PublicDefaults().message_size();
-  bool rebuild_buckets = true;
-  bool find_unused_parameters = PublicDefaults().find_unused_parameters();
-  bool static_graph = PublicDefaults().static_graph();
-  bool gradient_as_bucket_view = PublicDefaults().gradient_as_bucket_view();
-  // apex: no overlap; every bucket is reduced after backward.
-  bool delay_allreduce = PublicDefaults().delay_allreduce();
-  // apex: fp16/bf16 buckets are reduced in fp32.
-  bool allreduce_always_fp32 = PublicDefaults().allreduce_always_fp32();
-  // apex: divide the sum by the world size (false: plain sum).
-  bool gradient_average = PublicDefaults().gradient_average();
-  // apex: multiply by 1/f before the allreduce and f/world_size after.
-  double gradient_predivide_factor =
-      PublicDefaults().gradient_predivide_factor();
-  // apex's allreduce_trigger_params: indices whose gradient closes a bucket.
-  std::vector<size_t> trigger_params;
+// What the reducer runs with besides the user's concord::DdpOptions (the
+// one home of DDP's options and their defaults, concord/ddp_options.h): what
+// only the inside sets, never a user.
+struct ReducerInternals {
   // Source of the rebuilt bucket layout.
   int authoritative_rank = 0;
-  absl::Duration collective_timeout = absl::Minutes(5);
+  absl::Duration collective_timeout = kDefaultCollectiveTimeout;
   // See Note [Stream-ordered waits] in worker/comm/work.h: false (c10d's
   // default), the end of backward makes the current stream wait for the
   // buckets and returns; true (TORCH_NCCL_BLOCKING_WAIT), the host waits
   // for every bucket and a failure throws from backward, before the
   // optimizer can step: what a transactional elastic step needs.
   bool blocking_wait = false;
+  // apex's allreduce_trigger_params, resolved to indices into the
+  // reducer's parameters (the engine resolves the names).
+  std::vector<size_t> trigger_params;
+  // The first bucket's byte cap in place of what DdpOptions::bucket_cap_mb
+  // means (tests make buckets of one gradient); unset: BucketCapsOf's.
+  std::optional<int64_t> first_bucket_bytes;
 };
+
+// The byte caps of the first bucket and of the later ones.
+struct BucketCaps {
+  int64_t first = 0;
+  int64_t later = 0;
+};
+
+// PyTorch's: dist._DEFAULT_FIRST_BUCKET_BYTES (1 MiB) and bucket_cap_mb
+// (25 when unset); with LibTorch 2.x the first bucket takes a given cap
+// too (see Note [LibTorch versions] in worker/torch_compat.h).
+// INVALID_ARGUMENT for a bucket_cap_mb that is not a size in MiB.
+absl::StatusOr<BucketCaps> BucketCapsOf(const concord::DdpOptions& options,
+                                        const ReducerInternals& internals);
 
 // What a bucket holds, for logging and tests.
 struct BucketInfo {
@@ -112,13 +111,18 @@ class Reducer {
   // used in error messages. Registers the hooks. INVALID_ARGUMENT through
   // `Validate` for contradictory options.
   Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
-          std::shared_ptr<comm::Communicator> comm, ReducerOptions options);
+          std::shared_ptr<comm::Communicator> comm, concord::DdpOptions options,
+          ReducerInternals internals);
   // Removes the hooks; waits (bounded) for collectives still in flight.
   ~Reducer();
   Reducer(const Reducer&) = delete;
   Reducer& operator=(const Reducer&) = delete;
 
-  static absl::Status Validate(const ReducerOptions& options, bool has_hook);
+  // INVALID_ARGUMENT for options that contradict each other (with a
+  // communication hook: `has_hook`) or a value out of range.
+  static absl::Status Validate(const concord::DdpOptions& options,
+                               const ReducerInternals& internals,
+                               bool has_hook);
 
   // Replaces the default reduction (see Note [DDP Communication Hook]).
   // FAILED_PRECONDITION once a hook is set or apex scaling options are on.
@@ -156,9 +160,9 @@ class Reducer {
   // the initial world size while ranks that ran out of data shadow with
   // zeros). Must be positive.
   void SetGradientDivisor(double divisor);
-  // ReducerOptions::blocking_wait, between iterations.
-  void SetBlockingWait(bool blocking) { options_.blocking_wait = blocking; }
-  bool blocking_wait() const { return options_.blocking_wait; }
+  // ReducerInternals::blocking_wait, between iterations.
+  void SetBlockingWait(bool blocking) { internals_.blocking_wait = blocking; }
+  bool blocking_wait() const { return internals_.blocking_wait; }
 
   // Timeline (see Note [Trace files] in worker/trace/recorder.h): each bucket's
   // allreduce, from its launch to its completion, on the bucket's track,
@@ -214,7 +218,9 @@ class Reducer {
   std::vector<at::Tensor> params_;
   std::vector<std::string> names_;
   std::shared_ptr<comm::Communicator> comm_;
-  ReducerOptions options_;
+  concord::DdpOptions options_;
+  ReducerInternals internals_;
+  BucketCaps caps_;
   CommHook hook_;
   std::function<void(size_t)> launch_observer_;
   std::function<void()> gradient_observer_;

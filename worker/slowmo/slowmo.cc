@@ -24,10 +24,11 @@ struct SlowMo::Plan {
 absl::StatusOr<std::unique_ptr<SlowMo>> SlowMo::Create(
     std::vector<torch::Tensor> params, std::vector<torch::Tensor> buffers,
     std::shared_ptr<comm::Communicator> comm, int authoritative_rank,
-    SlowMoOptions options, comm::GroupFactory* groups) {
-  CONCORD_RETURN_IF_ERROR(ValidateOptions(options));
+    concord::SlowMoOptions options, SlowMoInternals internals,
+    comm::GroupFactory* groups) {
+  CONCORD_RETURN_IF_ERROR(ValidateOptions(options, internals));
   if (comm == nullptr) return absl::InvalidArgumentError("no communicator");
-  if (options.nprocs_per_node > 1 && groups == nullptr) {
+  if (options.nprocs_per_node() > 1 && groups == nullptr) {
     return absl::InvalidArgumentError(
         "nprocs_per_node > 1 needs a group factory for the node groups");
   }
@@ -53,29 +54,32 @@ absl::StatusOr<std::unique_ptr<SlowMo>> SlowMo::Create(
   s->buffers_ = std::move(buffers);
   s->comm_ = std::move(comm);
   s->authoritative_rank_ = authoritative_rank;
-  s->options_ = options;
+  s->graph_type_ = *GraphOf(options);
+  s->options_ = std::move(options);
+  s->internals_ = std::move(internals);
+  const concord::SlowMoOptions& o = s->options_;
   // fairscale: slow momentum off is slowmo_lr = 1 and slowmo_momentum = 0.
-  s->slowmo_ = options.slowmo_lr != 1.0 || options.slowmo_momentum != 0.0;
-  s->slowmo_lr_ = s->slowmo_ ? options.slowmo_lr : 1.0;
-  s->slowmo_momentum_ = s->slowmo_ ? options.slowmo_momentum : 0.0;
+  s->slowmo_ = o.slowmo_lr() != 1.0 || o.slowmo_momentum() != 0.0;
+  s->slowmo_lr_ = s->slowmo_ ? o.slowmo_lr() : 1.0;
+  s->slowmo_momentum_ = s->slowmo_ ? o.slowmo_momentum() : 0.0;
   s->ps_weight_ = torch::ones({1}, s->params_[0].options());
   s->groups_ = groups;
   s->num_nodes_ = s->comm_->size();
   s->master_rank_ = s->comm_->rank();
   // With a hierarchy the graph is over the nodes, known once connected.
-  if (options.nprocs_per_node == 1) CONCORD_RETURN_IF_ERROR(s->RebuildGraph());
+  if (o.nprocs_per_node() == 1) CONCORD_RETURN_IF_ERROR(s->RebuildGraph());
   return s;
 }
 
 absl::Status SlowMo::RebuildGraph() {
   gossip_round_ = 0;
-  if (options_.base_algorithm != BaseAlgorithm::kSgp) return absl::OkStatus();
+  if (options_.base_algorithm() != BaseAlgorithm::kSgp) return absl::OkStatus();
   auto graph =
-      GossipGraph::Create(options_.graph, num_nodes_, options_.peers_per_itr);
+      GossipGraph::Create(graph_type_, num_nodes_, options_.peers_per_itr());
   if (!graph.ok()) {
     return absl::FailedPreconditionError(
         absl::StrCat("SGP over ", num_nodes_,
-                     options_.nprocs_per_node > 1 ? " nodes: " : " ranks: ",
+                     options_.nprocs_per_node() > 1 ? " nodes: " : " ranks: ",
                      graph.status().message()));
   }
   graph_ = std::move(*graph);
@@ -88,13 +92,13 @@ absl::Status SlowMo::EnsureGroups() {
   masters_ = comm_;
   num_nodes_ = comm_->size();
   master_rank_ = comm_->rank();
-  if (options_.nprocs_per_node > 1) {
+  if (options_.nprocs_per_node() > 1) {
     comm::CollectiveOptions opts;
-    opts.timeout = options_.collective_timeout;
-    std::vector<std::string> ids(1, options_.node_id);
+    opts.timeout = internals_.collective_timeout;
+    std::vector<std::string> ids(1, internals_.node_id);
     if (comm_->size() > 1) {
       absl::StatusOr<std::vector<std::string>> all =
-          comm::AllgatherStrings(*comm_, options_.node_id, opts);
+          comm::AllgatherStrings(*comm_, internals_.node_id, opts);
       if (!all.ok()) {
         return absl::Status(
             all.status().code(),
@@ -102,7 +106,7 @@ absl::Status SlowMo::EnsureGroups() {
       }
       ids = *std::move(all);
     }
-    const NodeLayout layout = GroupNodes(ids, options_.nprocs_per_node);
+    const NodeLayout layout = GroupNodes(ids, options_.nprocs_per_node());
     const int me = comm_->rank();
     const std::vector<int>& node = layout.nodes[static_cast<size_t>(
         layout.node_of[static_cast<size_t>(me)])];
@@ -136,13 +140,13 @@ absl::Status SlowMo::EnsureGroups() {
 
 SlowMo::Plan SlowMo::PlanFor(int64_t update) const {
   Plan plan;
-  plan.slow = slowmo_ && (update + 1) % options_.slowmo_frequency == 0;
-  const bool skip = options_.slowmo_memory_efficient && plan.slow;
-  const bool sgp = options_.base_algorithm == BaseAlgorithm::kSgp;
+  plan.slow = slowmo_ && (update + 1) % options_.slowmo_frequency() == 0;
+  const bool skip = options_.slowmo_memory_efficient() && plan.slow;
+  const bool sgp = options_.base_algorithm() == BaseAlgorithm::kSgp;
   const bool localsgd_due =
-      options_.base_algorithm == BaseAlgorithm::kLocalSgd &&
-      (update + 1) % options_.localsgd_frequency == 0;
-  plan.allreduce = (sgp && plan.slow && options_.slowmo_sgp_average_params) ||
+      options_.base_algorithm() == BaseAlgorithm::kLocalSgd &&
+      (update + 1) % options_.localsgd_frequency() == 0;
+  plan.allreduce = (sgp && plan.slow && options_.slowmo_sgp_average_params()) ||
                    (localsgd_due && !skip);
   plan.gossip = sgp && !skip && !plan.allreduce;
   return plan;
@@ -158,15 +162,15 @@ std::string SlowMo::CheckpointDivergence(
   }
   if (num_updates_ == 0) return {};
   const Plan plan = PlanFor(num_updates_ - 1);
-  const bool localsgd = options_.base_algorithm == BaseAlgorithm::kLocalSgd;
+  const bool localsgd = options_.base_algorithm() == BaseAlgorithm::kLocalSgd;
   if (plan.allreduce ||
-      (localsgd && plan.slow && options_.slowmo_memory_efficient)) {
+      (localsgd && plan.slow && options_.slowmo_memory_efficient())) {
     return {};
   }
   if (!localsgd) return "SGP's gossip leaves the ranks' parameters unequal";
   return absl::StrCat("LocalSGD's parameters differ between averages (every ",
-                      options_.localsgd_frequency, " updates; this is update ",
-                      num_updates_, ")");
+                      options_.localsgd_frequency(),
+                      " updates; this is update ", num_updates_, ")");
 }
 
 absl::Status SlowMo::Wait(std::shared_ptr<comm::Work> work,
@@ -179,9 +183,9 @@ absl::Status SlowMo::Wait(std::shared_ptr<comm::Work> work,
 }
 
 absl::Status SlowMo::PrepareForward() {
-  if (options_.broadcast_buffers && !buffers_.empty()) {
+  if (internals_.broadcast_buffers && !buffers_.empty()) {
     comm::CollectiveOptions opts;
-    opts.timeout = options_.collective_timeout;
+    opts.timeout = internals_.collective_timeout;
     absl::Status s =
         comm::BroadcastCoalesced(*comm_, buffers_, authoritative_rank_, opts);
     if (!s.ok()) {
@@ -194,7 +198,8 @@ absl::Status SlowMo::PrepareForward() {
 }
 
 void SlowMo::Debias() {
-  if (options_.base_algorithm != BaseAlgorithm::kSgp || !is_numerator_) return;
+  if (options_.base_algorithm() != BaseAlgorithm::kSgp || !is_numerator_)
+    return;
   torch::NoGradGuard no_grad;
   for (auto& p : params_) p.div_(ps_weight_);
   is_numerator_ = false;
@@ -213,7 +218,7 @@ absl::Status SlowMo::AfterBackward() {
     if (!grads.empty()) {
       torch::Tensor flat = FlattenTensors(grads).div_(node_->size());
       comm::CollectiveOptions opts;
-      opts.timeout = options_.collective_timeout;
+      opts.timeout = internals_.collective_timeout;
       CONCORD_RETURN_IF_ERROR(
           Wait(node_->AllreduceSum(flat, opts), "node gradient average"));
       size_t k = 0;
@@ -230,7 +235,7 @@ absl::Status SlowMo::AfterBackward() {
 }
 
 void SlowMo::ToNumerators() {
-  if (options_.base_algorithm != BaseAlgorithm::kSgp || is_numerator_) return;
+  if (options_.base_algorithm() != BaseAlgorithm::kSgp || is_numerator_) return;
   torch::NoGradGuard no_grad;
   for (auto& p : params_) p.mul_(ps_weight_);
   is_numerator_ = true;
@@ -327,14 +332,14 @@ void SlowMo::Layout(int64_t total) {
   total_ = total;
   const int world = num_nodes_;
   const int rank = master_rank_;
-  num_shards_ = options_.slowmo_memory_efficient
-                    ? std::min(world, options_.slowmo_num_shards)
+  num_shards_ = options_.slowmo_memory_efficient()
+                    ? std::min(world, options_.slowmo_num_shards())
                     : 1;
   portion_length_ = (total + num_shards_ - 1) / num_shards_;
   portion_start_ = portion_end_ = 0;
   replica_start_ = replica_end_ = 0;
   if (rank < 0) return;  // not a master: no slow-momentum state
-  if (!options_.slowmo_memory_efficient) {
+  if (!options_.slowmo_memory_efficient()) {
     portion_end_ = total;
     return;
   }
@@ -355,7 +360,7 @@ void SlowMo::Layout(int64_t total) {
 
 absl::Status SlowMo::Gossip(torch::Tensor& flat, torch::Tensor& weight) {
   const GossipPeers peers = graph_->PeersAt(master_rank_, gossip_round_);
-  const bool push_sum = options_.push_sum;
+  const bool push_sum = options_.push_sum();
   if (!push_sum && peers.in.size() != peers.out.size()) {
     return absl::FailedPreconditionError(
         "push-pull gossip needs as many in-peers as out-peers");
@@ -367,7 +372,7 @@ absl::Status SlowMo::Gossip(torch::Tensor& flat, torch::Tensor& weight) {
     received.push_back(torch::empty_like(message));
   }
   comm::CollectiveOptions opts;
-  opts.timeout = options_.collective_timeout;
+  opts.timeout = internals_.collective_timeout;
   CONCORD_RETURN_IF_ERROR(
       Wait(masters_->Exchange(message, peers.out, received, peers.in, opts),
            "gossip"));
@@ -468,10 +473,10 @@ absl::Status SlowMo::PerformSlowMo(torch::optim::Optimizer& optimizer) {
   }
   // See Note [Node hierarchy]: the node takes its master's result (with fp32
   // masters, the master's p32).
-  const bool sgp = options_.base_algorithm == BaseAlgorithm::kSgp;
+  const bool sgp = options_.base_algorithm() == BaseAlgorithm::kSgp;
   if (node_ != nullptr && (averaging || plan.slow)) {
     comm::CollectiveOptions opts;
-    opts.timeout = options_.collective_timeout;
+    opts.timeout = internals_.collective_timeout;
     torch::Tensor& values = master32.defined() ? master32 : flat;
     const int64_t n = values.numel();
     torch::Tensor message =
@@ -508,7 +513,7 @@ absl::Status SlowMo::MastersStep(const Plan& plan, torch::Tensor& flat,
                                  SlowState& state) {
   comm::Communicator& masters = *masters_;
   comm::CollectiveOptions opts;
-  opts.timeout = options_.collective_timeout;
+  opts.timeout = internals_.collective_timeout;
   const int world = masters.size();
   if (plan.gossip) CONCORD_RETURN_IF_ERROR(Gossip(flat, weight));
   if (plan.allreduce) {
@@ -540,7 +545,7 @@ absl::Status SlowMo::MastersStep(const Plan& plan, torch::Tensor& flat,
     const int64_t end = std::min<int64_t>((s + 1) * portion_length_, total_);
     return y.narrow(0, start, end - start);
   };
-  const bool sharded = options_.slowmo_memory_efficient;
+  const bool sharded = options_.slowmo_memory_efficient();
   if (sharded) {
     // fairscale's "gather": every rank divides, each slice is reduced to
     // its owner.

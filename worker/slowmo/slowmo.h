@@ -42,8 +42,8 @@ class SlowMo final : public elastic::Participant {
  public:
   // `params`: the module's parameters (what is averaged or gossiped), all of
   // one floating dtype and device; `buffers`: the module's buffers
-  // (broadcast before every forward when options.broadcast_buffers).
-  // `groups` (needed with options.nprocs_per_node > 1, must outlive this)
+  // (broadcast before every forward when internals.broadcast_buffers).
+  // `groups` (needed with options.nprocs_per_node() > 1, must outlive this)
   // makes the node groups of each generation (see Note [Node hierarchy]); they
   // are connected at the first call that needs them in a generation (no
   // collective here). Errors: those of ValidateOptions, INVALID_ARGUMENT (no
@@ -53,7 +53,8 @@ class SlowMo final : public elastic::Participant {
   static absl::StatusOr<std::unique_ptr<SlowMo>> Create(
       std::vector<torch::Tensor> params, std::vector<torch::Tensor> buffers,
       std::shared_ptr<comm::Communicator> comm, int authoritative_rank,
-      SlowMoOptions options, comm::GroupFactory* groups = nullptr);
+      concord::SlowMoOptions options, SlowMoInternals internals = {},
+      comm::GroupFactory* groups = nullptr);
 
   // Note [Push-sum]
   // ~~~~~~~~~~~~~~~
@@ -254,7 +255,7 @@ class SlowMo final : public elastic::Participant {
   bool is_ps_numerator() const { return is_numerator_; }
   int64_t gossip_round() const { return gossip_round_; }
   const std::optional<GossipGraph>& graph() const { return graph_; }
-  const SlowMoOptions& options() const { return options_; }
+  const concord::SlowMoOptions& options() const { return options_; }
 
  private:
   SlowMo() = default;
@@ -323,7 +324,9 @@ class SlowMo final : public elastic::Participant {
   std::shared_ptr<comm::Communicator> masters_, node_;
   int num_nodes_ = 1;
   int master_rank_ = 0;  // rank in masters_, -1 on a non-master
-  SlowMoOptions options_;
+  concord::SlowMoOptions options_;
+  SlowMoInternals internals_;
+  GraphType graph_type_ = GraphType::kNPeerDirectedExponential;  // sgp_graph
   bool slowmo_ = false;
   double slowmo_lr_ = 1.0;
   double slowmo_momentum_ = 0.0;

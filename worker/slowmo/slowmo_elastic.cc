@@ -82,7 +82,7 @@ absl::StatusOr<NamedTensors> SlowMo::GatherRankState(
   }
   const int world = comm_->size();
   comm::CollectiveOptions opts;
-  opts.timeout = options_.collective_timeout;
+  opts.timeout = internals_.collective_timeout;
   torch::Tensor mine = torch::tensor(
       {static_cast<int64_t>(entries.size()), Numel(entries),
        static_cast<int64_t>(std::hash<std::string>{}(layout) >> 1)},
@@ -173,7 +173,7 @@ absl::Status SlowMo::ScatterRankState(int root, int64_t root_world,
   const NamedTensors entries = StateEntries(content);
   const bool is_root = comm_->rank() == root;
   comm::CollectiveOptions opts;
-  opts.timeout = options_.collective_timeout;
+  opts.timeout = internals_.collective_timeout;
   // Every rank learns whether any disagrees, so that all of them fail.
   torch::Tensor mismatch =
       torch::tensor({Numel(entries) != root_numel ||
@@ -234,7 +234,7 @@ absl::Status SlowMo::Reshard(int root, int64_t root_updates,
                              bool root_initialized, int64_t my_updates,
                              torch::optim::Optimizer& optimizer) {
   comm::CollectiveOptions opts;
-  opts.timeout = options_.collective_timeout;
+  opts.timeout = internals_.collective_timeout;
   if (!slowmo_ || !root_initialized) {
     initialized_ = false;
     momentum_ = old_params_ = torch::Tensor();
@@ -256,7 +256,7 @@ absl::Status SlowMo::Reshard(int root, int64_t root_updates,
   // may sit on a rank that is no longer a master.
   const bool valid = initialized_ && my_updates == root_updates;
   torch::Tensor u, x_old, lost;
-  if (!options_.slowmo_memory_efficient) {
+  if (!options_.slowmo_memory_efficient()) {
     // Every master holds everything: take it from the lowest rank that has
     // it (the authoritative rank unless it is no master).
     torch::Tensor has =
@@ -345,7 +345,7 @@ absl::Status SlowMo::Reshard(int root, int64_t root_updates,
     // The slow step works on push-sum numerators (fp32 masters hold them
     // throughout).
     if (fp32_params_.empty() && !is_numerator_ &&
-        options_.base_algorithm == BaseAlgorithm::kSgp) {
+        options_.base_algorithm() == BaseAlgorithm::kSgp) {
       x = x.mul(ps_weight_);
     }
     x_old = torch::where(lost, x, x_old);
@@ -354,7 +354,7 @@ absl::Status SlowMo::Reshard(int root, int64_t root_updates,
         "slow momentum: {} of {} elements lost with their owner{}; they "
         "restart from the current parameters",
         lost_count, n,
-        options_.slowmo_memory_efficient ? " and its replica" : "s");
+        options_.slowmo_memory_efficient() ? " and its replica" : "s");
   }
   Layout(n);
   const int64_t len = portion_end_ - portion_start_;
@@ -375,7 +375,7 @@ absl::Status SlowMo::SyncState(std::shared_ptr<comm::Communicator> comm,
   comm_ = std::move(comm);
   authoritative_rank_ = authoritative_rank;
   comm::CollectiveOptions opts;
-  opts.timeout = options_.collective_timeout;
+  opts.timeout = internals_.collective_timeout;
   int64_t master_numel = -1;  // none
   if (!fp32_params_.empty()) master_numel = UnitOffsets().back();
   // See Note [Each rank's optimizer state]: the rows a resume hands out.
@@ -470,7 +470,7 @@ absl::StatusOr<NamedTensors> SlowMo::CheckpointState(
   // master's (every master holds all of it).
   torch::Tensor both = torch::zeros({2 * n}, StateOptions(torch::kFloat));
   const int64_t len = portion_end_ - portion_start_;
-  const bool contributes = options_.slowmo_memory_efficient
+  const bool contributes = options_.slowmo_memory_efficient()
                                ? len > 0 && momentum_.defined()
                                : master_rank_ == 0 && momentum_.defined();
   if (contributes) {
@@ -478,7 +478,7 @@ absl::StatusOr<NamedTensors> SlowMo::CheckpointState(
     both.narrow(0, n + portion_start_, len).copy_(old_params_);
   }
   comm::CollectiveOptions opts;
-  opts.timeout = options_.collective_timeout;
+  opts.timeout = internals_.collective_timeout;
   CONCORD_RETURN_IF_ERROR(
       Wait(comm_->AllreduceSum(both, opts), "slow-momentum gather"));
   out.emplace_back("slow_momentum", both.narrow(0, 0, n));
