@@ -12,7 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
-#include "worker/elastic/optimizer_snapshot.h"
+#include "worker/checkpoint/optimizer_snapshot.h"
 
 namespace concord::checkpoint {
 
@@ -90,7 +90,7 @@ absl::StatusOr<std::map<std::string, at::Tensor>> ApplyTo(
           absl::StrCat("the checkpoint has no optimizer '", name, "'"));
     }
   }
-  std::vector<elastic::OptimizerSnapshot> before(live.optimizers.size());
+  std::vector<checkpoint::OptimizerSnapshot> before(live.optimizers.size());
   for (size_t i = 0; i < live.optimizers.size(); ++i) {
     const auto& [name, optimizer] = live.optimizers[i];
     before[i].Take(*optimizer);

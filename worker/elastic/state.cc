@@ -103,12 +103,12 @@ void State::OnReset(std::function<void(const ResetInfo&)> callback) {
 }
 
 bool State::Changed(const Optimizer& o) {
-  return OptimizerSnapshot::Signature(*o.optimizer) != o.signature;
+  return checkpoint::OptimizerSnapshot::Signature(*o.optimizer) != o.signature;
 }
 
 void State::StartStep() {
   for (Optimizer& o : optimizers_) {
-    o.signature = OptimizerSnapshot::Signature(*o.optimizer);
+    o.signature = checkpoint::OptimizerSnapshot::Signature(*o.optimizer);
     o.early_this_step = false;
     o.copied = o.timing != Timing::kLate;
     if (o.copied) o.copy.Take(*o.optimizer);

@@ -39,8 +39,8 @@
 #include "absl/status/statusor.h"
 #include "concord/elastic_events.h"
 #include "worker/checkpoint/checkpointer.h"
+#include "worker/checkpoint/optimizer_snapshot.h"
 #include "worker/ddp/engine.h"
-#include "worker/elastic/optimizer_snapshot.h"
 #include "worker/elastic/retryable.h"
 #include "worker/session.h"
 
@@ -332,7 +332,7 @@ class State {
     Timing timing = Timing::kUnseen;
     bool early_this_step = false;
     bool copied = false;  // `copy` holds this step's start
-    OptimizerSnapshot copy;
+    checkpoint::OptimizerSnapshot copy;
   };
   struct Snapshot {
     int64_t step = 0, epoch = 0, position = 0;

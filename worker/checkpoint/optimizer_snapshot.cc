@@ -1,9 +1,9 @@
-#include "worker/elastic/optimizer_snapshot.h"
+#include "worker/checkpoint/optimizer_snapshot.h"
 
 #include <sstream>
 #include <typeinfo>
 
-namespace concord::elastic {
+namespace concord::checkpoint {
 namespace {
 
 using torch::optim::OptimizerParamState;
@@ -211,4 +211,4 @@ void OptimizerSnapshot::Restore(torch::optim::Optimizer& optimizer) const {
   }
 }
 
-}  // namespace concord::elastic
+}  // namespace concord::checkpoint

@@ -11,7 +11,7 @@
 #include <unordered_map>
 #include <vector>
 
-namespace concord::elastic {
+namespace concord::checkpoint {
 
 class OptimizerSnapshot {
  public:
@@ -53,4 +53,4 @@ class OptimizerSnapshot {
   bool serialized_ = false;
 };
 
-}  // namespace concord::elastic
+}  // namespace concord::checkpoint
