@@ -32,7 +32,7 @@ class ElasticCore {
   ElasticCore(const Job& job, const ElasticStateOptions& options)
       : job_(job),
         admit_workers_(options.admit_workers()),
-        state_(&job.state()->session(), ElasticOptionsFrom(options)) {
+        state_(&job.state()->session(), Checked(options)) {
     JobState& js = *job_.state();
     if (js.elastic != nullptr) {
       throw Error(ErrorCode::kAlreadyExists,
@@ -254,19 +254,15 @@ class ElasticCore {
   }
 
  private:
-  static elastic::ElasticOptions ElasticOptionsFrom(
-      const ElasticStateOptions& o) {
-    elastic::ElasticOptions e;
-    e.divide_by_initial_world_size = o.divide_by_initial_world_size();
-    e.throw_on_early_termination = o.throw_on_early_termination();
+  // The options as given, once checked.
+  static const ElasticStateOptions& Checked(const ElasticStateOptions& o) {
     if (o.max_repeated_failures() < 1) {
       throw Error(ErrorCode::kInvalidArgument,
                   absl::StrCat("ElasticStateOptions::max_repeated_failures: "
                                "must be at least 1, got ",
                                o.max_repeated_failures()));
     }
-    e.max_repeated_failures = o.max_repeated_failures();
-    return e;
+    return o;
   }
 
   void CheckAdd(const std::string& name, const char* what) const {

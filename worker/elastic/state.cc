@@ -45,13 +45,14 @@ absl::StatusOr<torch::Tensor> AllgatherInts(
 
 }  // namespace
 
-State::State(worker::Session* session, ElasticOptions options)
+State::State(worker::Session* session, concord::ElasticStateOptions options)
     : session_(session), options_(options), random_(session->torch_device()) {
-  options_.max_repeated_failures = std::max(1, options_.max_repeated_failures);
+  options_.max_repeated_failures(std::max(1, options_.max_repeated_failures()));
 }
 
 State::State(worker::Session* session, ddp::Engine* ddp,
-             torch::optim::Optimizer* optimizer, ElasticOptions options)
+             torch::optim::Optimizer* optimizer,
+             concord::ElasticStateOptions options)
     : State(session, options) {
   AddModel("model", ddp);
   AddOptimizer("optimizer", optimizer);
@@ -628,7 +629,7 @@ void State::Restore() {
 
 void State::SetDivisor() {
   const int world = session_->world_size();
-  const double divisor = options_.divide_by_initial_world_size
+  const double divisor = options_.divide_by_initial_world_size()
                              ? world + session_->finished_workers()
                              : world;
   for (const Model& m : models_) m.engine->SetGradientDivisor(divisor);
@@ -748,7 +749,7 @@ absl::StatusOr<StepDecision> State::BeginStep(bool has_data, bool admit) {
     const int64_t with_data = flags[0].item<int64_t>();
     const bool admitting = flags[1].item<int64_t>() > 0;
     if (with_data < world) {
-      if (options_.throw_on_early_termination) {
+      if (options_.throw_on_early_termination()) {
         return absl::FailedPreconditionError(
             absl::StrFormat("%d of %d ranks ran out of data before step %d "
                             "(throw_on_early_termination)",
@@ -855,7 +856,7 @@ absl::Status Run(State& state,
     const bool again = state.step == failed_step && !state.members_changed();
     repeats = again ? repeats + 1 : 0;
     failed_step = state.step;
-    if (repeats >= state.options().max_repeated_failures) {
+    if (repeats >= state.options().max_repeated_failures()) {
       return absl::FailedPreconditionError(absl::StrFormat(
           "step %d failed %d times in a row, after re-forms that changed "
           "no member and with no step committed in between; giving up: %s",

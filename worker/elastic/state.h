@@ -38,6 +38,7 @@
 
 #include "absl/status/statusor.h"
 #include "concord/elastic_events.h"
+#include "concord/elastic_options.h"
 #include "worker/checkpoint/checkpointer.h"
 #include "worker/checkpoint/optimizer_snapshot.h"
 #include "worker/ddp/engine.h"
@@ -45,15 +46,6 @@
 #include "worker/session.h"
 
 namespace concord::elastic {
-
-struct ElasticOptions {
-  // See Note [Step agreement].
-  bool divide_by_initial_world_size = true;
-  bool throw_on_early_termination = false;
-  // See Note [Re-form loops]: failures of one step after re-forms that changed
-  // nothing before Run gives up. At least 1.
-  int max_repeated_failures = 3;
-};
 
 // Note [Participants in checkpoints]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -147,10 +139,12 @@ class State {
  public:
   // `session` must outlive the state. Add the modules and optimizers, then
   // Sync.
-  explicit State(worker::Session* session, ElasticOptions options = {});
+  explicit State(worker::Session* session,
+                 concord::ElasticStateOptions options = {});
   // One module and its optimizer ("model", "optimizer").
   State(worker::Session* session, ddp::Engine* ddp,
-        torch::optim::Optimizer* optimizer, ElasticOptions options = {});
+        torch::optim::Optimizer* optimizer,
+        concord::ElasticStateOptions options = {});
   // Ends an overlapped snapshot's copy; the gradient observers it left on
   // the modules do nothing from then on.
   ~State();
@@ -313,7 +307,7 @@ class State {
   int64_t reforms() const { return reforms_; }
   const std::vector<ReformRecord>& reform_records() const { return records_; }
   worker::Session& session() { return *session_; }
-  const ElasticOptions& options() const { return options_; }
+  const concord::ElasticStateOptions& options() const { return options_; }
   // Whether the last re-form changed the members (lost or admitted a
   // worker); true until there was one (see Note [Re-form loops]).
   bool members_changed() const { return members_changed_; }
@@ -393,7 +387,7 @@ class State {
   static bool Changed(const Optimizer& o);
 
   worker::Session* session_;
-  ElasticOptions options_;
+  concord::ElasticStateOptions options_;
   std::vector<Model> models_;
   std::vector<Optimizer> optimizers_;
   struct Attached {
@@ -442,7 +436,7 @@ class State {
 // retryable error, a peer that fails the same collective every time) would
 // re-form forever. Run counts the failures of one step that follow a
 // re-form which changed nobody (same members, no step committed since):
-// ElasticOptions::max_repeated_failures of them end the loop with
+// ElasticStateOptions::max_repeated_failures of them end the loop with
 // FAILED_PRECONDITION naming the step and the error. Between them it waits
 // 0.2 s, doubling, at most 5 s. A re-form that lost or admitted a worker,
 // or a commit, starts the count again: workers dying one after the other
