@@ -3,7 +3,6 @@
 #include <torch/csrc/autograd/engine.h>
 
 #include <algorithm>
-#include <cmath>
 #include <optional>
 
 #include "absl/strings/match.h"
@@ -12,7 +11,6 @@
 #include "worker/ddp/comm_hooks.h"
 #include "worker/ddp/engine.h"
 #include "worker/error.h"
-#include "worker/torch_compat.h"
 
 namespace concord::detail {
 namespace {
@@ -43,9 +41,7 @@ void DdpOptions::validate() const {
   ThrowIfError(ddp::Engine::ValidateOptions(*this, !comm_hook().empty()));
   if (slowmo()) {
     detail::SlowMoInternalsOf(
-        *this, "",
-        std::chrono::milliseconds(
-            absl::ToInt64Milliseconds(kDefaultCollectiveTimeout)));
+        *this, "", std::chrono::milliseconds(kDefaultCollectiveTimeoutMs));
   }
   if (!comm_hook().empty()) {
     // The name and its arguments; a world of one is enough to check them.
