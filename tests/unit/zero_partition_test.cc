@@ -1,0 +1,42 @@
+#include <gtest/gtest.h>
+
+#include "worker/zero/partition.h"
+
+namespace concord::zero {
+namespace {
+
+TEST(ZeroPartitionTest, LargestFirstToTheLeastLoadedRank) {
+  // Sorted: 100 (i=1), 50 (i=3), 40 (i=0), 10 (i=2). Rank 0 takes 100, rank 1
+  // takes 50 and then 40 (90 < 100), rank 1 again 10 (90 < 100).
+  const Partition p = PartitionParameters({{40, 100, 10, 50}}, 2);
+  EXPECT_EQ(p, (Partition{{{1}}, {{3, 0, 2}}}));
+  EXPECT_EQ(OwnerOf(p, {{40, 100, 10, 50}}), (std::vector<int>{1, 0, 1, 1}));
+}
+
+TEST(ZeroPartitionTest, TiesKeepTheOrderAndGoToTheLowestRank) {
+  // Four equal sizes over three ranks: 0, 1, 2 in order, then rank 0 again.
+  EXPECT_EQ(PartitionParameters({{8, 8, 8, 8}}, 3),
+            (Partition{{{0, 3}}, {{1}}, {{2}}}));
+}
+
+TEST(ZeroPartitionTest, TotalsCarryAcrossGroups) {
+  // Group 0 loads rank 0 with 30 and rank 1 with 20; group 1's largest goes
+  // to rank 1 (20 < 30), then rank 1 holds 45 and the next goes to rank 0.
+  const std::vector<std::vector<int64_t>> numels = {{30, 20}, {25, 5}};
+  const Partition p = PartitionParameters(numels, 2);
+  EXPECT_EQ(p, (Partition{{{0}, {1}}, {{1}, {0}}}));
+  EXPECT_EQ(OwnerOf(p, numels), (std::vector<int>{0, 1, 1, 0}));
+}
+
+TEST(ZeroPartitionTest, MoreRanksThanParametersLeavesSomeEmpty) {
+  const Partition p = PartitionParameters({{3, 7}}, 4);
+  EXPECT_EQ(p, (Partition{{{1}}, {{0}}, {{}}, {{}}}));
+}
+
+TEST(ZeroPartitionTest, OneRankTakesEverything) {
+  const Partition p = PartitionParameters({{1, 2}, {3}}, 1);
+  EXPECT_EQ(p, (Partition{{{1, 0}, {0}}}));
+}
+
+}  // namespace
+}  // namespace concord::zero

@@ -1,0 +1,32 @@
+#pragma once
+// Note [ZeRO partition]
+// ~~~~~~~~~~~~~~~~~~~~~
+// Which rank steps which parameter under ZeroRedundancyOptimizer
+// (include/concord/zero.h), as PyTorch's ZeroRedundancyOptimizer
+// ._partition_parameters decides it: the parameter groups in order, each
+// group's parameters sorted by element count, largest first (a stable sort:
+// equal sizes keep their order), each given to the rank with the fewest
+// elements so far over all groups (the lowest such rank on a tie). A rank's
+// parameters of a group are in the order they were given to it. Every
+// parameter is placed, trainable or not. Torch-free: counts in, indices
+// out, the same on every rank.
+
+#include <cstdint>
+#include <vector>
+
+namespace concord::zero {
+
+// shards[rank][group]: indices into that group's parameter list.
+using Partition = std::vector<std::vector<std::vector<int>>>;
+
+// `numels[group][i]`: the element count of the group's i-th parameter.
+// `world_size` >= 1.
+Partition PartitionParameters(const std::vector<std::vector<int64_t>>& numels,
+                              int world_size);
+
+// For every parameter, flattened over the groups in order (PyTorch's
+// state_dict indices), the rank that steps it.
+std::vector<int> OwnerOf(const Partition& partition,
+                         const std::vector<std::vector<int64_t>>& numels);
+
+}  // namespace concord::zero
