@@ -20,6 +20,7 @@
 #include "concord/error.h"            // IWYU pragma: export
 #include "concord/job.h"              // IWYU pragma: export
 #include "concord/sync_batch_norm.h"  // IWYU pragma: export
+#include "concord/zero.h"             // IWYU pragma: export
 
 // Note [Public API]
 // ~~~~~~~~~~~~~~~~~

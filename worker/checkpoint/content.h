@@ -37,6 +37,7 @@
 #include <ATen/core/ivalue.h>
 #include <c10/core/Device.h>
 #include <torch/optim/optimizer.h>
+#include <torch/serialize/archive.h>
 
 #include <cstdint>
 #include <map>
@@ -106,6 +107,11 @@ OptimizerContent CaptureOptimizer(const std::string& name,
 // state tensor whose shape is not its parameter's.
 absl::Status ApplyOptimizer(const OptimizerContent& saved,
                             torch::optim::Optimizer& optimizer);
+// Optimizer::load, with the saved groups' options put back on every
+// LibTorch (see Note [LibTorch versions] in worker/torch_compat.h). Throws
+// what Optimizer::load throws for an archive that does not fit.
+void LoadNativeOptimizer(torch::serialize::InputArchive& archive,
+                         torch::optim::Optimizer& optimizer);
 // Copies `saved` into the module's `live` tensors by name.
 // FAILED_PRECONDITION naming the first name missing on either side or whose
 // shape or dtype differs (CheckModule: the same check alone); nothing is

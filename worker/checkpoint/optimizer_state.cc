@@ -383,6 +383,18 @@ std::vector<std::unique_ptr<optim::OptimizerOptions>> SavedNativeOptions(
 
 }  // namespace
 
+void LoadNativeOptimizer(torch::serialize::InputArchive& archive,
+                         optim::Optimizer& optimizer) {
+  auto options = SavedNativeOptions(archive, optimizer);
+  optimizer.load(archive);
+  // LibTorch 1.13's Optimizer::load leaves every group's options as they
+  // were (2.x puts the saved ones back): put them back for both.
+  auto& groups = optimizer.param_groups();
+  for (size_t i = 0; i < options.size() && i < groups.size(); ++i) {
+    if (options[i] != nullptr) groups[i].set_options(std::move(options[i]));
+  }
+}
+
 OptimizerContent CaptureOptimizer(const std::string& name,
                                   const optim::Optimizer& optimizer) {
   OptimizerContent out;
@@ -441,14 +453,7 @@ absl::Status ApplyOptimizer(const OptimizerContent& saved,
       const at::Tensor bytes = saved.native.contiguous().to(torch::kCPU);
       archive.load_from(static_cast<const char*>(bytes.data_ptr()),
                         static_cast<size_t>(bytes.numel()));
-      auto options = SavedNativeOptions(archive, optimizer);
-      optimizer.load(archive);
-      // LibTorch 1.13's Optimizer::load leaves every group's options as they
-      // were (2.x puts the saved ones back): put them back for both.
-      auto& groups = optimizer.param_groups();
-      for (size_t i = 0; i < options.size() && i < groups.size(); ++i) {
-        if (options[i] != nullptr) groups[i].set_options(std::move(options[i]));
-      }
+      LoadNativeOptimizer(archive, optimizer);
     } catch (const std::exception& e) {
       return absl::FailedPreconditionError(
           absl::StrCat(what, " does not load: ", e.what()));

@@ -1,0 +1,169 @@
+#pragma once
+// concord::ZeroRedundancyOptimizer: PyTorch's ZeroRedundancyOptimizer
+// (torch.distributed.optim) for a LibTorch program. Each rank keeps the
+// optimizer state of its shard of the parameters only, steps that shard
+// with the optimizer it wraps, and sends the updated parameters to the
+// others; with Adam that is 8 bytes of state per parameter over the world
+// instead of 8 on every rank.
+//
+//   concord::DistributedDataParallel ddp(model, job);
+//   concord::ZeroRedundancyOptimizer optimizer(
+//       ddp->parameters(), torch::optim::AdamOptions(1e-3), job);
+//   ... forward, backward, optimizer.step() as with any optimizer ...
+//   optimizer.consolidate_state_dict(0);         // every rank, then on 0:
+//   if (job.rank() == 0) torch::save(optimizer, "optimizer.pt");
+//
+// The arithmetic is PyTorch's (see Note [ZeRO partition] in
+// worker/zero/partition.h): the same partition, each parameter stepped by
+// the wrapped LibTorch optimizer, so parameters and optimizer state end
+// bit-identical to PyTorch's ZeroRedundancyOptimizer with DDP, and to an
+// unsharded optimizer of the same kind.
+//
+// It is a torch::optim::Optimizer: param_groups() holds every parameter
+// with its group's options (a learning-rate scheduler changes them there;
+// each step hands them to the wrapped optimizer), zero_grad() clears every
+// gradient, and torch::save / torch::load take the whole state as the
+// wrapped optimizer's own archive (save after consolidate_state_dict; load
+// on every rank, each keeping its shard). state() is empty: this rank's
+// state is local_optimizer().state().
+
+#include <torch/arg.h>
+#include <torch/optim/adagrad.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/optimizer.h>
+#include <torch/optim/rmsprop.h>
+#include <torch/optim/sgd.h>
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "concord/job.h"
+
+namespace concord {
+
+struct ZeroOptions {
+  // PyTorch's parameters_as_bucket_view: the parameters each rank steps
+  // live in one flat tensor per rank (their data are views into it), so a
+  // step sends one tensor per rank. Parameters that need no gradient stay
+  // outside.
+  TORCH_ARG(bool, parameters_as_bucket_view) = false;
+};
+
+namespace detail {
+// The LibTorch optimizer whose options these are.
+template <typename Options>
+struct OptimizerFor;
+template <>
+struct OptimizerFor<torch::optim::SGDOptions> {
+  using type = torch::optim::SGD;
+};
+template <>
+struct OptimizerFor<torch::optim::AdamOptions> {
+  using type = torch::optim::Adam;
+};
+template <>
+struct OptimizerFor<torch::optim::AdamWOptions> {
+  using type = torch::optim::AdamW;
+};
+template <>
+struct OptimizerFor<torch::optim::RMSpropOptions> {
+  using type = torch::optim::RMSprop;
+};
+template <>
+struct OptimizerFor<torch::optim::AdagradOptions> {
+  using type = torch::optim::Adagrad;
+};
+}  // namespace detail
+
+class ZeroRedundancyOptimizer : public torch::optim::Optimizer {
+ public:
+  // Makes the wrapped optimizer over the given groups (each with its
+  // options set): PyTorch's optimizer_class.
+  using OptimizerFactory =
+      std::function<std::unique_ptr<torch::optim::Optimizer>(
+          std::vector<torch::optim::OptimizerParamGroup>)>;
+
+  // Over `params` (or groups), wrapping the LibTorch optimizer whose
+  // options `defaults` are (SGD, Adam, AdamW, RMSprop, Adagrad), on the
+  // job's current world. Every rank makes it with the same parameters in the
+  // same order. Throws Error kInvalidArgument: no parameters, parameters of
+  // different dtypes or devices, or a sparse one.
+  template <typename Options,
+            typename Type = typename detail::OptimizerFor<Options>::type>
+  ZeroRedundancyOptimizer(std::vector<torch::optim::OptimizerParamGroup> groups,
+                          const Options& defaults, const Job& job,
+                          const ZeroOptions& options = {})
+      : ZeroRedundancyOptimizer(
+            std::move(groups), std::make_unique<Options>(defaults),
+            [defaults](std::vector<torch::optim::OptimizerParamGroup> g) {
+              return std::make_unique<Type>(std::move(g), defaults);
+            },
+            job, options) {}
+  template <typename Options,
+            typename Type = typename detail::OptimizerFor<Options>::type>
+  ZeroRedundancyOptimizer(std::vector<torch::Tensor> params,
+                          const Options& defaults, const Job& job,
+                          const ZeroOptions& options = {})
+      : ZeroRedundancyOptimizer(
+            std::vector<torch::optim::OptimizerParamGroup>{
+                torch::optim::OptimizerParamGroup(std::move(params))},
+            defaults, job, options) {}
+  // Any other optimizer: `make` builds it over this rank's groups (and, for
+  // consolidate_state_dict and load, over all of them); `defaults` are the
+  // options of groups that have none.
+  ZeroRedundancyOptimizer(
+      std::vector<torch::optim::OptimizerParamGroup> groups,
+      std::unique_ptr<torch::optim::OptimizerOptions> defaults,
+      OptimizerFactory make, const Job& job, const ZeroOptions& options = {});
+  ~ZeroRedundancyOptimizer() override;
+  ZeroRedundancyOptimizer(const ZeroRedundancyOptimizer&) = delete;
+  ZeroRedundancyOptimizer& operator=(const ZeroRedundancyOptimizer&) = delete;
+
+  // Steps this rank's shard with the wrapped optimizer (the groups' options
+  // as param_groups() has them), then every rank's updated parameters reach
+  // every rank (one broadcast per rank, of its parameters coalesced or its
+  // bucket). Every rank calls it. Returns the closure's loss, as the
+  // wrapped optimizer does. Throws Error: that of the broadcast (a peer
+  // gone: kUnavailable, kDeadlineExceeded, kAborted), kFailedPrecondition
+  // when the job's world changed since the optimizer was made.
+  torch::Tensor step(LossClosure closure = nullptr) override;
+
+  // Gathers every rank's shard of the state on rank `to` (PyTorch's
+  // consolidate_state_dict), for save there. Every rank calls it.
+  // Throws Error: those of step's broadcast; kInvalidArgument for a `to`
+  // outside the world; kFailedPrecondition for an optimizer that has no
+  // PyTorch state_dict form (not one of the five above).
+  void consolidate_state_dict(int to = 0);
+
+  // The whole state, as the wrapped optimizer's archive (torch::save):
+  // what the last consolidate_state_dict gathered on this rank. Throws
+  // Error kFailedPrecondition on a rank it did not gather on.
+  void save(torch::serialize::OutputArchive& archive) const override;
+  // A whole state saved by the wrapped optimizer's kind (an unsharded one
+  // or a ZeroRedundancyOptimizer's save): every rank keeps its shard's and
+  // every group's options. Throws c10::Error for an archive that does not
+  // fit, as LibTorch's optimizers do.
+  void load(torch::serialize::InputArchive& archive) override;
+
+  // PyTorch's add_param_group: the new group's parameters are placed
+  // after the others' (those keep their rank). Every rank calls it alike.
+  // Hides Optimizer::add_param_group: call it on the
+  // ZeroRedundancyOptimizer itself.
+  void add_param_group(const torch::optim::OptimizerParamGroup& group);
+
+  // The optimizer stepping this rank's shard (PyTorch's `optim`).
+  torch::optim::Optimizer& local_optimizer();
+  const torch::optim::Optimizer& local_optimizer() const;
+  // The rank stepping each parameter, flattened over the groups in order
+  // (the indices of PyTorch's state_dict).
+  std::vector<int> owners() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace concord
