@@ -166,7 +166,55 @@ Timeouts InForce(const worker::WorkerOptions& w) {
       .hang(milliseconds(w.spec.hang_timeout_ms()));
 }
 
+// Where a device or backend request came from, before a message that names
+// it ("device cuda:1: ..."): the option when set, else the variable.
+std::string RequestSource(bool option, const env::Variable& variable) {
+  return option ? "JobOptions::" : absl::StrCat(variable.name, ": ");
+}
+
+// `o` resolved (Resolve's `w`) on this machine: the device and backend a
+// Job would use, or kFailedPrecondition naming the request's source.
+JobPlan PlanOf(const JobOptions& o, const worker::WorkerOptions& w) {
+  JobPlan plan;
+  auto device = worker::ResolveWorkerDevice(w);
+  if (!device.ok()) {
+    throw Error(
+        ErrorCode::kFailedPrecondition,
+        absl::StrCat(RequestSource(o.device().has_value(), env::kDevice),
+                     device.status().message()));
+  }
+  if (!device->note.empty()) {
+    plan.device_note = absl::StrCat(
+        RequestSource(o.device().has_value(), env::kDevice), device->note);
+  }
+  auto backend = worker::ResolveBackend(w, device->device);
+  if (!backend.ok()) {
+    throw Error(
+        ErrorCode::kFailedPrecondition,
+        absl::StrCat(RequestSource(o.backend().has_value(), env::kBackend),
+                     backend.status().message()));
+  }
+  if (device->device.is_cuda()) {
+    plan.device = c10::Device(
+        c10::kCUDA, static_cast<c10::DeviceIndex>(device->device.index));
+  }
+  plan.backend = std::string(BackendName(*backend));
+  plan.elastic = !w.coordinator.empty();
+  plan.job_id = w.spec.job_id();
+  plan.worker_id = w.worker_id;
+  plan.local_rank = w.local_rank < 0 && !plan.elastic ? 0 : w.local_rank;
+  plan.min_workers = w.spec.min_workers();
+  plan.max_workers = w.spec.max_workers();
+  plan.trace_file = w.trace_file;
+  plan.timeouts = InForce(w);
+  return plan;
+}
+
 }  // namespace
+
+JobPlan plan_job(const JobOptions& options) {
+  return PlanOf(options, Resolve(options));
+}
 
 namespace detail {
 
@@ -193,6 +241,9 @@ void JobState::Finish(bool ok, const std::string& message) {
 
 Job::Job(const JobOptions& options) {
   worker::WorkerOptions resolved = Resolve(options);
+  // The device and backend, checked before anything is made: plan_job's
+  // errors (the session resolves them again, to the same).
+  PlanOf(options, resolved);
   if (!resolved.log_level.empty()) {
     Log()->set_level(*ParseLogLevel(resolved.log_level));  // checked
   }

@@ -141,13 +141,54 @@ struct JobOptions {
   TORCH_ARG(CheckpointOptions, checkpoints);
 };
 
+// What a Job with some JobOptions would be on this machine, resolved from
+// the options, the environment and the CUDA devices visible, without
+// joining (plan_job): torchrun's environment as this worker would read it.
+// A Job made with the same options in the same process gets these values.
+struct JobPlan {
+  // Where the model and batches go (Job::device()): `cuda` and `auto`
+  // resolved against the local rank and the devices visible;
+  // see Note [Worker device] in worker/device.h.
+  c10::Device device = c10::kCPU;
+  // "gloo" or "nccl" (Job::backend()), `auto` resolved for `device`.
+  std::string backend;
+  // When `auto` found no CUDA device and falls back to the CPU: the one line
+  // that says so, naming where the request came from ("JobOptions::device
+  // auto: ..." or "CONCORD_DEVICE: device auto: ..."); empty otherwise. Job
+  // logs it as a warning.
+  std::string device_note;
+  // Whether a coordinator runs the job (Job::elastic()).
+  bool elastic = false;
+  std::string job_id;
+  std::string worker_id;  // Job::worker_id()
+  int local_rank = 0;     // Job::local_rank()
+  int min_workers = 1;
+  int max_workers = 1;
+  // The timeline's file (JobOptions::trace_file, else CONCORD_TRACE_FILE);
+  // empty: none. Not created here: Job makes it, before joining.
+  std::string trace_file;
+  // The timeouts in force, every field set (Job::timeouts()).
+  Timeouts timeouts;
+};
+
+// Plans the job `options` and the environment describe, without joining it
+// or touching a file: what fails here fails the same way in Job's
+// constructor, before it contacts anyone. For a launcher or a tool that
+// checks its flags before it loads a model. Throws Error: kInvalidArgument
+// (a bad option or CONCORD_* value, naming it, as Job does),
+// kFailedPrecondition (the device or backend is not there, naming where the
+// request came from: "JobOptions::device cuda:1: ..." for an option,
+// "CONCORD_DEVICE: device cuda:1: ..." for the variable; the same for the
+// backend).
+JobPlan plan_job(const JobOptions& options = {});
+
 class Job {
  public:
   // Joins the job JobOptions and the environment describe; blocks until a
   // generation forms (at most the rendezvous timeout). Throws Error:
   // kInvalidArgument (a bad option or CONCORD_* value, naming it),
   // kFailedPrecondition (the device is not there, NCCL asked for where
-  // this build has none, the job failed or was stopped),
+  // this build has none: plan_job's errors; the job failed or was stopped),
   // kDeadlineExceeded (no generation formed in time),
   // kUnavailable (the coordinator cannot be reached),
   // kPermissionDenied / kUnauthenticated (the token was refused).

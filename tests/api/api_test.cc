@@ -131,6 +131,101 @@ TEST(JobTest, BadOptionsAreOneLineErrors) {
   }
 }
 
+// The message of the concord::Error `f` throws ("" when it throws none).
+std::string MessageOf(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const concord::Error& e) {
+    return e.message();
+  }
+  return "";
+}
+
+TEST(JobPlanTest, ItIsWhatTheJobIsWithoutJoining) {
+  const concord::JobPlan plan = concord::plan_job();
+  concord::Job job;
+  EXPECT_EQ(plan.device, job.device());
+  EXPECT_EQ(plan.backend, job.backend());
+  EXPECT_TRUE(plan.device_note.empty());
+  EXPECT_EQ(plan.elastic, job.elastic());
+  EXPECT_EQ(plan.job_id, "default");
+  EXPECT_EQ(plan.worker_id, job.worker_id());
+  EXPECT_EQ(plan.local_rank, job.local_rank());
+  EXPECT_EQ(plan.min_workers, job.min_workers());
+  EXPECT_EQ(plan.max_workers, job.max_workers());
+  EXPECT_TRUE(plan.trace_file.empty());
+  EXPECT_EQ(plan.timeouts.rendezvous(), job.timeouts().rendezvous());
+  EXPECT_EQ(plan.timeouts.collective(), job.timeouts().collective());
+  EXPECT_EQ(plan.timeouts.hang(), job.timeouts().hang());
+  job.finish();
+  // The options over the environment; no file is made.
+  setenv("CONCORD_MAX_WORKERS", "4", 1);
+  setenv("CONCORD_TRACE_FILE", "/nonexistent-concord-dir/t.json", 1);
+  const concord::JobPlan set = concord::plan_job(
+      concord::JobOptions().min_workers(2).job_id("planned").timeouts(
+          concord::Timeouts().collective(milliseconds(1500))));
+  unsetenv("CONCORD_MAX_WORKERS");
+  unsetenv("CONCORD_TRACE_FILE");
+  EXPECT_EQ(set.min_workers, 2);
+  EXPECT_EQ(set.max_workers, 4);
+  EXPECT_EQ(set.job_id, "planned");
+  EXPECT_EQ(set.trace_file, "/nonexistent-concord-dir/t.json");
+  EXPECT_EQ(set.timeouts.collective(), milliseconds(1500));
+}
+
+TEST(JobPlanTest, ItRefusesWhatTheJobWouldNamingTheSource) {
+  using concord::ErrorCode;
+  using concord::JobOptions;
+  auto plan = [](JobOptions o) { return [o] { concord::plan_job(o); }; };
+  auto join = [](JobOptions o) { return [o] { concord::Job job(o); }; };
+  EXPECT_EQ(CodeOf(plan(JobOptions().device("tpu"))),
+            ErrorCode::kInvalidArgument);
+  EXPECT_EQ(MessageOf(plan(JobOptions().device("tpu")))
+                .rfind("JobOptions::device: ", 0),
+            0u);
+  EXPECT_EQ(CodeOf(plan(JobOptions().min_workers(3).max_workers(2))),
+            ErrorCode::kInvalidArgument);
+  // A device or backend that is not there: where the request came from,
+  // then the request; the same from Job's constructor.
+  const auto on_cpu = JobOptions().backend("nccl");
+  EXPECT_EQ(CodeOf(plan(on_cpu)), ErrorCode::kFailedPrecondition);
+  EXPECT_EQ(MessageOf(plan(on_cpu)),
+            "JobOptions::backend nccl needs a CUDA device; this worker's is "
+            "cpu");
+  EXPECT_EQ(MessageOf(join(on_cpu)), MessageOf(plan(on_cpu)));
+  setenv("CONCORD_BACKEND", "nccl", 1);
+  EXPECT_EQ(MessageOf(plan(JobOptions())),
+            "CONCORD_BACKEND: backend nccl needs a CUDA device; this "
+            "worker's is cpu");
+  unsetenv("CONCORD_BACKEND");
+  if (torch::cuda::is_available()) return;
+  EXPECT_EQ(CodeOf(plan(JobOptions().device("cuda:1"))),
+            ErrorCode::kFailedPrecondition);
+  EXPECT_EQ(
+      MessageOf(plan(JobOptions().device("cuda:1")))
+          .rfind("JobOptions::device cuda:1: no CUDA device is visible", 0),
+      0u);
+  EXPECT_EQ(MessageOf(join(JobOptions().device("cuda:1"))),
+            MessageOf(plan(JobOptions().device("cuda:1"))));
+  setenv("CONCORD_DEVICE", "cuda", 1);
+  EXPECT_EQ(MessageOf(plan(JobOptions()))
+                .rfind("CONCORD_DEVICE: device cuda: no CUDA device", 0),
+            0u);
+  // `auto` falls back to the CPU, and says so once, naming the source.
+  setenv("CONCORD_DEVICE", "auto", 1);
+  const concord::JobPlan fallback = concord::plan_job();
+  unsetenv("CONCORD_DEVICE");
+  EXPECT_EQ(fallback.device, c10::Device(c10::kCPU));
+  EXPECT_EQ(fallback.backend, "gloo");
+  EXPECT_EQ(fallback.device_note.rfind("CONCORD_DEVICE: device auto: ", 0), 0u)
+      << fallback.device_note;
+  EXPECT_NE(fallback.device_note.find("training on the CPU"),
+            std::string::npos);
+  EXPECT_EQ(concord::plan_job(JobOptions().device("auto"))
+                .device_note.rfind("JobOptions::device auto: ", 0),
+            0u);
+}
+
 // A second Net with `net`'s parameters.
 Net CopyOf(const Net& net) {
   Net copy;
