@@ -11,6 +11,7 @@
 #include "worker/ddp/comm_hooks.h"
 #include "worker/ddp/engine.h"
 #include "worker/error.h"
+#include "worker/torch_compat.h"
 
 namespace concord::detail {
 namespace {
@@ -53,6 +54,12 @@ void DdpOptions::validate() const {
     }
   }
 }
+
+void zero_grad(torch::optim::Optimizer& optimizer, bool set_to_none) {
+  compat::ZeroGrad(optimizer, set_to_none);
+}
+
+void disable_torchscript_cpu_fusion() { compat::UnfusedTorchScriptOnCpu(); }
 
 }  // namespace concord
 

@@ -7,13 +7,15 @@
 //
 // - Optimizer::zero_grad() zeroes gradients in 1.13 but sets them to none
 //   (undefined) in 2.x, as Python's does since 2.0. Concord always says which
-//   it wants: ZeroGrad(optimizer, set_to_none).
+//   it wants: ZeroGrad(optimizer, set_to_none), which programs call as
+//   concord::zero_grad (concord/ddp.h).
 // - TorchScript's CPU fuser: off in Debian 12's 1.13 (built without LLVM),
 //   on in Debian 13's 2.6 (with LLVM), where a model's elementwise ops then
 //   run in generated kernels that round differently from ATen's, and where
 //   Python's torch hangs the first time it fuses a graph. concord-train runs
 //   TorchScript unfused on CPU with every LibTorch, as the Python reference
-//   tests do (tests/reference/fixtures.py): UnfusedTorchScriptOnCpu().
+//   tests do (tests/reference/fixtures.py): UnfusedTorchScriptOnCpu(), which
+//   programs call as concord::disable_torchscript_cpu_fusion (concord/ddp.h).
 // - DDP's first bucket (the same arithmetic as the PyTorch of the LibTorch
 //   Concord is built with): 1.13 caps it at dist._DEFAULT_FIRST_BUCKET_BYTES
 //   (1 MiB) whatever bucket_cap_mb says; 2.x (2.6 checked,

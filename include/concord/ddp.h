@@ -287,4 +287,24 @@ class DistributedDataParallel
   }
 };
 
+// A training loop's two calls whose LibTorch behaves differently from one
+// version to the next, made the same with LibTorch 1.13 and 2.x:
+// see Note [LibTorch versions] in worker/torch_compat.h.
+
+// Zeroes every gradient `optimizer` owns (set_to_none false: detached and
+// filled with zeros, as PyTorch's zero_grad(set_to_none=False)) or drops
+// them (true: undefined, as PyTorch's zero_grad() since 2.0).
+// Optimizer::zero_grad() alone zeroes them in LibTorch 1.13 and drops them
+// in 2.x.
+void zero_grad(torch::optim::Optimizer& optimizer, bool set_to_none);
+
+// Runs TorchScript graphs unfused on the CPU from now on, in the whole
+// process (Python's torch._C._jit_override_can_fuse_on_cpu(False)): every
+// elementwise op of a scripted model is ATen's, with the same arithmetic as
+// PyTorch's reference (eager, or TorchScript without the fuser), whatever
+// LibTorch this is. LibTorch 2.x with LLVM fuses them into generated
+// kernels that round differently; 1.13 as Debian builds it never fuses.
+// Call it before the first forward (concord-train does, for --model).
+void disable_torchscript_cpu_fusion();
+
 }  // namespace concord

@@ -226,6 +226,20 @@ TEST(JobPlanTest, ItRefusesWhatTheJobWouldNamingTheSource) {
             0u);
 }
 
+TEST(ZeroGradTest, ZeroesOrDropsTheGradientsWithEveryLibTorch) {
+  Net net;
+  torch::optim::SGD optimizer(net->parameters(), 0.1);
+  net->forward(torch::ones({2, 4})).sum().backward();
+  concord::zero_grad(optimizer, /*set_to_none=*/false);
+  for (const auto& p : net->parameters()) {
+    ASSERT_TRUE(p.grad().defined());
+    EXPECT_EQ(p.grad().abs().sum().item<double>(), 0);
+  }
+  net->forward(torch::ones({2, 4})).sum().backward();
+  concord::zero_grad(optimizer, /*set_to_none=*/true);
+  for (const auto& p : net->parameters()) EXPECT_FALSE(p.grad().defined());
+}
+
 // A second Net with `net`'s parameters.
 Net CopyOf(const Net& net) {
   Net copy;
@@ -292,6 +306,8 @@ TEST(DistributedDataParallelTest, ForwardTakesTheModulesOwnSignature) {
 }
 
 TEST(DistributedDataParallelTest, WrapsTorchScriptModules) {
+  // ATen's arithmetic, as PyTorch's (the result is exact either way here).
+  concord::disable_torchscript_cpu_fusion();
   concord::Job job;
   torch::jit::Module m("Scale");
   m.register_parameter("w", torch::full({3}, 2.0).requires_grad_(),
