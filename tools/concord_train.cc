@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "common/environment.h"
 #include "common/logging.h"
@@ -33,8 +34,6 @@
 #include "tools/slowmo_flags.h"
 #include "tools/train_data.h"
 #include "tools/train_flags.h"
-#include "worker/session.h"
-#include "worker/torch_compat.h"
 
 namespace {
 
@@ -90,54 +89,64 @@ struct Prepared {
   int max_workers = 1;                 // the environment's, before joining
 };
 
-// See Note [Worker device]: --device and --backend (else the environment's)
-// resolved on this machine before joining; the job is then given the device
-// itself, so that it does not resolve `auto` again. A device or backend
-// that is not there is exit 2 with one line; `auto` without a GPU says so
-// once.
-// Where a device or backend came from, before a message that names it
-// ("device cuda:3: ..."): the flag when given, else the variable.
-std::string DeviceSource(const std::string& flag,
-                         const concord::env::Variable& variable) {
-  return flag.empty() ? absl::StrCat(variable.name, ": ") : "--";
+// The library names the JobOptions field it was given ("JobOptions::device
+// cuda:3: ...", "JobOptions::checkpoints.every: ..."); concord-train names
+// the flag that set it ("--device cuda:3: ..."). A message about the
+// environment names its variable already.
+std::string FlagMessage(const std::string& message) {
+  static const std::pair<absl::string_view, absl::string_view> kFlags[] = {
+      {"JobOptions::device", "--device"},
+      {"JobOptions::backend", "--backend"},
+      {"JobOptions::checkpoints.", "--checkpoint-"},
+      {"JobOptions::trace_file", "--trace"}};
+  for (const auto& [field, flag] : kFlags) {
+    if (absl::StartsWith(message, field)) {
+      return absl::StrCat(flag, message.substr(field.size()));
+    }
+  }
+  return message;
 }
 
-torch::Device ResolveTrainDevice(const Flags& flags,
-                                 concord::worker::WorkerOptions& options) {
-  if (!flags.device.empty()) {
-    options.device = *concord::ParseDeviceRequest(flags.device);
+// The job's flags over the environment's values (concord-run's).
+concord::JobOptions JobOptionsOf(const Flags& flags) {
+  concord::JobOptions job;
+  if (!flags.device.empty()) job.device(flags.device);
+  if (!flags.backend.empty()) job.backend(flags.backend);
+  concord::CheckpointOptions checkpoints;
+  if (flags.checkpoint_dir) checkpoints.dir(*flags.checkpoint_dir);
+  if (flags.checkpoint_every) checkpoints.every(*flags.checkpoint_every);
+  if (flags.checkpoint_keep) checkpoints.keep(*flags.checkpoint_keep);
+  if (flags.no_resume) checkpoints.resume(false);
+  // Its own loop writes parameters and optimizer state only in the
+  // optimizer's step, after the backward: see Note [Overlapped snapshots].
+  // CONCORD_CHECKPOINT_OVERLAP=0 says otherwise.
+  if (std::getenv(std::string(concord::env::kCheckpointOverlap.name).c_str()) ==
+      nullptr) {
+    checkpoints.overlap(true);
   }
-  if (!flags.backend.empty()) {
-    options.backend = *concord::ParseBackendRequest(flags.backend);
-  }
-  auto resolved = concord::worker::ResolveWorkerDevice(options);
-  if (!resolved.ok()) {
-    Fail(2, absl::StrCat(DeviceSource(flags.device, concord::env::kDevice),
-                         resolved.status().message()));
-  }
-  if (!resolved->note.empty()) {
-    std::cerr << "concord-train: "
-              << DeviceSource(flags.device, concord::env::kDevice)
-              << resolved->note << std::endl;
-  }
-  const concord::WorkerDevice& device = resolved->device;
-  auto backend = concord::worker::ResolveBackend(options, device);
-  if (!backend.ok()) {
-    Fail(2, absl::StrCat(DeviceSource(flags.backend, concord::env::kBackend),
-                         backend.status().message()));
-  }
-  if (!device.is_cuda()) return torch::kCPU;
-  return torch::Device(torch::kCUDA,
-                       static_cast<torch::DeviceIndex>(device.index));
+  job.checkpoints(checkpoints);
+  return job;
 }
 
 Prepared Prepare(const Flags& flags) {
   Prepared in;
+  // The job as the flags and what concord-run set (the launcher's
+  // contract, docs/cli.md) describe it, planned on this machine before
+  // anything is loaded: a bad flag, value or device joins nothing;
+  // see Note [Worker device]. The job is then given the device itself, so
+  // that it does not resolve `auto` again.
+  in.job = JobOptionsOf(flags);
+  concord::JobPlan plan;
+  try {
+    plan = concord::plan_job(in.job);
+  } catch (const concord::Error& e) {
+    Fail(2, FlagMessage(e.message()));
+  }
   in.loss = flags.loss == "mse" ? Loss::kMse : Loss::kCrossEntropy;
   const bool builtin = absl::StartsWith(flags.model, "builtin:");
   if (!builtin) {
     // The same arithmetic with every LibTorch (see Note [LibTorch versions]).
-    concord::compat::UnfusedTorchScriptOnCpu();
+    concord::disable_torchscript_cpu_fusion();
     auto loaded = concord::train::LoadModel(flags.model);
     if (!loaded.ok()) Fail(2, std::string(loaded.status().message()));
     in.script = std::move(*loaded);
@@ -164,14 +173,14 @@ Prepared Prepare(const Flags& flags) {
              !st.ok()) {
     Fail(2, std::string(st.message()));
   }
-  // What concord-run set (the launcher's contract, docs/cli.md), read
-  // before joining so that a bad value or flag joins nothing.
-  auto env = concord::worker::WorkerOptions::FromEnvironment();
-  if (!env.ok()) Fail(2, std::string(env.status().message()));
-  in.max_workers = env->spec.max_workers();
-  in.device = ResolveTrainDevice(flags, *env);
+  // `auto` without a GPU says so once.
+  if (!plan.device_note.empty()) {
+    std::cerr << "concord-train: " << FlagMessage(plan.device_note)
+              << std::endl;
+  }
+  in.max_workers = plan.max_workers;
+  in.device = plan.device;
   in.job.device(in.device.str());
-  if (!flags.backend.empty()) in.job.backend(flags.backend);
   if (in.script) {
     in.script->to(in.device);
   } else {
@@ -225,7 +234,7 @@ Prepared Prepare(const Flags& flags) {
                 : e.message());
   }
   // The timeline: --trace alone, or the file concord-run --trace gave.
-  if (!flags.trace.empty() && !env->trace_file.empty()) {
+  if (!flags.trace.empty() && !plan.trace_file.empty()) {
     Fail(2,
          "--trace: concord-run --trace collects this worker's timeline "
          "already; give --trace to one of them");
@@ -238,19 +247,6 @@ Prepared Prepare(const Flags& flags) {
                 flags.trace, in.max_workers));
   }
   if (!flags.trace.empty()) in.job.trace_file(flags.trace);
-  concord::CheckpointOptions checkpoints;
-  if (flags.checkpoint_dir) checkpoints.dir(*flags.checkpoint_dir);
-  if (flags.checkpoint_every) checkpoints.every(*flags.checkpoint_every);
-  if (flags.checkpoint_keep) checkpoints.keep(*flags.checkpoint_keep);
-  if (flags.no_resume) checkpoints.resume(false);
-  // Its own loop writes parameters and optimizer state only in the
-  // optimizer's step, after the backward: see Note [Overlapped snapshots].
-  // CONCORD_CHECKPOINT_OVERLAP=0 says otherwise.
-  if (std::getenv(std::string(concord::env::kCheckpointOverlap.name).c_str()) ==
-      nullptr) {
-    checkpoints.overlap(true);
-  }
-  in.job.checkpoints(checkpoints);
   return in;
 }
 
@@ -605,9 +601,9 @@ class Trainer {
       optimizer_.step();
     }
     fault_.MaybeDie("optimizer");
-    // Zeroed, not dropped, whatever the LibTorch version's default (see Note
-    // [LibTorch versions]): PyTorch's zero_grad(set_to_none=False).
-    concord::compat::ZeroGrad(optimizer_, /*set_to_none=*/false);
+    // Zeroed, not dropped, whatever the LibTorch version's default:
+    // PyTorch's zero_grad(set_to_none=False).
+    concord::zero_grad(optimizer_, /*set_to_none=*/false);
     ++run_.batches;
     run_.samples_done += job_samples;
     run_.last_loss = l.item<double>();
@@ -748,10 +744,7 @@ int Train(const Flags& flags, concord::train::Progress& progress) {
     if (e.code() == concord::ErrorCode::kInvalidArgument) {
       // A bad flag or environment value (the trace file, ...): nothing
       // was joined.
-      const std::string trace = "JobOptions::trace_file: ";
-      Fail(2, absl::StartsWith(e.message(), trace)
-                  ? "--trace: " + e.message().substr(trace.size())
-                  : e.message());
+      Fail(2, FlagMessage(e.message()));
     }
     Fail(1, absl::StrCat("cannot join the job: ", e.what()));
   }

@@ -2,10 +2,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "worker/checkpoint/config.h"
-#include "worker/device.h"
 
 namespace concord::train {
 
@@ -143,30 +140,11 @@ void AddDeviceFlags(CLI::App& app, TrainFlags& f) {
                "TorchScript)");
 }
 
-// What CLI11's per-flag checks cannot see: values checked by the library's
-// own parsers, and flags that do not go together.
+// What CLI11's per-flag checks cannot see: flags that do not go together.
+// (The job's flags, --device, --backend and --checkpoint-*, go to
+// concord::plan_job with the environment's values: concord-train's
+// Prepare.)
 absl::Status Check(TrainFlags& f) {
-  if (f.checkpoint_dir) {
-    checkpoint::Config c;
-    c.dir = *f.checkpoint_dir;
-    c.every = f.checkpoint_every.value_or(0);
-    c.keep = f.checkpoint_keep.value_or(kDefaultCheckpointKeep);
-    if (auto st = checkpoint::Validate(c, "--checkpoint-"); !st.ok()) {
-      return st;
-    }
-  }
-  if (!f.device.empty()) {
-    if (auto d = concord::ParseDeviceRequest(f.device); !d.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--device: ", d.status().message()));
-    }
-  }
-  if (!f.backend.empty()) {
-    if (auto b = concord::ParseBackendRequest(f.backend); !b.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--backend: ", b.status().message()));
-    }
-  }
   if (f.sharding == "fixed" && f.grad_accum > 1) {
     return absl::InvalidArgumentError(
         "--grad-accum: gradient accumulation needs --sharding elastic");

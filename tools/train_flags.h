@@ -1,6 +1,8 @@
 #pragma once
 // concord-train's command line (no LibTorch here but <torch/arg.h>): every
-// flag, parsed and checked against each other before anything is loaded.
+// flag, parsed and checked against each other before anything is loaded;
+// those of the job (--device, --backend, --checkpoint-*) are checked with
+// the environment's values by concord::plan_job, also before.
 
 #include <cstdint>
 #include <optional>
@@ -30,8 +32,9 @@ struct TrainFlags {
   int64_t log_interval = 10;
   std::string log_level = "info";
   std::string trace;
-  // See Note [Worker device] in worker/device.h: empty = CONCORD_DEVICE's, else
-  // the CPU; CONCORD_BACKEND's, else auto.
+  // JobOptions::device and backend (see Note [Worker device] in
+  // worker/device.h): empty = CONCORD_DEVICE's, else the CPU;
+  // CONCORD_BACKEND's, else auto.
   std::string device;
   std::string backend;
   // DDP: PyTorch's and apex's options, parsed straight into the public
