@@ -54,7 +54,7 @@ LIBS = ["libconcord.so"]
 HEADERS = ["concord/concord.h", "concord/job.h", "concord/ddp.h",
            "concord/comm_hook.h", "concord/elastic.h", "concord/data.h",
            "concord/checkpoint.h",
-           "concord/error.h", "concord/sync_batch_norm.h",
+           "concord/error.h", "concord/sync_batch_norm.h", "concord/zero.h",
            # Plain structs the library's own layers use too.
            "concord/ddp_options.h", "concord/slowmo_options.h",
            "concord/elastic_events.h", "concord/elastic_options.h"]

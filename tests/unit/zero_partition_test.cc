@@ -38,5 +38,22 @@ TEST(ZeroPartitionTest, OneRankTakesEverything) {
   EXPECT_EQ(p, (Partition{{{1, 0}, {0}}}));
 }
 
+TEST(ZeroMirrorsTest, OneNodeMirrorsOnTheNextRank) {
+  EXPECT_EQ(MirrorsOf({"a", "a", "a"}), (std::vector<int>{1, 2, 0}));
+}
+
+TEST(ZeroMirrorsTest, TheMirrorIsOnAnotherNodeWhereThereIsOne) {
+  // Two nodes of two ranks each: every rank's mirror is on the other node,
+  // one shard each.
+  EXPECT_EQ(MirrorsOf({"a", "a", "b", "b"}), (std::vector<int>{2, 3, 0, 1}));
+  // An uneven layout: rank 2 (node c) mirrors on 3 (node a).
+  EXPECT_EQ(MirrorsOf({"a", "b", "c", "a"}), (std::vector<int>{1, 2, 3, 1}));
+}
+
+TEST(ZeroMirrorsTest, AloneHasNoMirror) {
+  EXPECT_EQ(MirrorsOf({"a"}), (std::vector<int>{-1}));
+  EXPECT_TRUE(MirrorsOf({}).empty());
+}
+
 }  // namespace
 }  // namespace concord::zero

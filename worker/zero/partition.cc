@@ -47,4 +47,27 @@ std::vector<int> OwnerOf(const Partition& partition,
   return owner;
 }
 
+std::vector<int> MirrorsOf(const std::vector<std::string>& nodes) {
+  const int world = static_cast<int>(nodes.size());
+  std::vector<int> out(nodes.size(), -1);
+  std::vector<int> load(nodes.size(), 0);
+  for (int r = 0; world > 1 && r < world; ++r) {
+    bool elsewhere = false;
+    for (int k = 1; k < world; ++k) {
+      elsewhere =
+          elsewhere || nodes[size_t((r + k) % world)] != nodes[size_t(r)];
+    }
+    // The least loaded candidate, the first after r on a tie.
+    int best = -1;
+    for (int k = 1; k < world; ++k) {
+      const int other = (r + k) % world;
+      if (elsewhere && nodes[size_t(other)] == nodes[size_t(r)]) continue;
+      if (best < 0 || load[size_t(other)] < load[size_t(best)]) best = other;
+    }
+    out[size_t(r)] = best;
+    ++load[size_t(best)];
+  }
+  return out;
+}
+
 }  // namespace concord::zero

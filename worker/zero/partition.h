@@ -12,6 +12,7 @@
 // out, the same on every rank.
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace concord::zero {
@@ -28,5 +29,19 @@ Partition PartitionParameters(const std::vector<std::vector<int64_t>>& numels,
 // state_dict indices), the rank that steps it.
 std::vector<int> OwnerOf(const Partition& partition,
                          const std::vector<std::vector<int64_t>>& numels);
+
+// Note [ZeRO mirrors]
+// ~~~~~~~~~~~~~~~~~~~
+// Under run_elastic each rank's shard of the optimizer state has a second
+// home, so that a rank that dies takes no state with it: its mirror, a
+// rank that steps the same parameters with the same gradients alongside
+// (the same arithmetic on the same inputs, so both copies stay bit-identical
+// without sending state). The mirror of rank r is on another node where
+// there is one: of the ranks there (every other rank when all share r's
+// node), the one mirroring the fewest shards so far, the first after r
+// cyclically on a tie, ranks taken in order; so every rank mirrors one
+// shard where the nodes are alike. One rank alone has none (-1).
+// `nodes[r]`: rank r's node.
+std::vector<int> MirrorsOf(const std::vector<std::string>& nodes);
 
 }  // namespace concord::zero
