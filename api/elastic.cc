@@ -284,10 +284,25 @@ class ElasticCore {
     models_ = job_.state()->ddps;
     for (DdpCore::Impl* m : models_) state_.AddModel(m->name, m->engine.get());
     for (const auto& [name, optimizer] : optimizers_) {
-      state_.AddOptimizer(name, optimizer);
+      // See Note [Elastic ZeRO] in api/zero.cc: sharded state is a
+      // participant's, not the authoritative rank's to send.
+      if (auto* zero = dynamic_cast<ZeroRedundancyOptimizer*>(optimizer)) {
+        state_.Attach(ZeroParticipant(*zero, name), zero,
+                      absl::StrCat("zero/", name));
+      } else {
+        state_.AddOptimizer(name, optimizer);
+      }
     }
     for (DdpCore::Impl* m : models_) {
       torch::optim::Optimizer* owner = OptimizerOf(*m);
+      if (m->slowmo != nullptr &&
+          dynamic_cast<ZeroRedundancyOptimizer*>(owner) != nullptr) {
+        throw Error(ErrorCode::kFailedPrecondition,
+                    absl::StrCat("run_elastic: ", m->Describe(),
+                                 " runs SlowMo, whose optimizer must be an "
+                                 "unsharded one, not a "
+                                 "ZeroRedundancyOptimizer"));
+      }
       if (m->slowmo != nullptr) {
         if (owner == nullptr) {
           throw Error(ErrorCode::kFailedPrecondition,

@@ -13,6 +13,7 @@
 #include "concord/ddp.h"
 #include "concord/elastic.h"
 #include "concord/job.h"
+#include "concord/zero.h"
 #include "worker/ddp/engine.h"
 #include "worker/ddp/powersgd.h"
 #include "worker/elastic/powersgd_participant.h"
@@ -176,6 +177,11 @@ void ExitIfJobSucceeded(const absl::Status& status,
 // being taken (the committed one plus one), a collective about to start,
 // the step agreement before a step's first forward, join().
 int64_t ElasticStep(const ElasticCore& elastic);
+// See Note [Elastic ZeRO] in api/zero.cc: the optimizer as a participant of
+// the elastic state. Throws Error kFailedPrecondition for an optimizer with
+// no PyTorch state_dict form.
+elastic::Participant* ZeroParticipant(ZeroRedundancyOptimizer& zero,
+                                      const std::string& name);
 void ObserveCollective(ElasticCore& elastic);
 void BeginElasticStep(ElasticCore& elastic);
 bool JoinElastic(ElasticCore& elastic);

@@ -6,14 +6,24 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "api/internal.h"
+#include "common/status_macros.h"
 #include "worker/checkpoint/content.h"
+#include "worker/checkpoint/optimizer_snapshot.h"
 #include "worker/comm/coalesced.h"
+#include "worker/elastic/state.h"
 #include "worker/error.h"
 #include "worker/tensor_ops.h"
 #include "worker/torch_compat.h"
@@ -23,7 +33,41 @@ namespace concord {
 
 namespace optim = torch::optim;
 
-struct ZeroRedundancyOptimizer::Impl {
+// Note [Elastic ZeRO]
+// ~~~~~~~~~~~~~~~~~~~
+// Added to an ElasticState, a ZeroRedundancyOptimizer is one of its
+// participants (see Note [Participants in checkpoints] in
+// worker/elastic/state.h), not one of its optimizers: its state is sharded,
+// and no rank may take it whole from the authoritative rank.
+// - Every shard has a mirror (see Note [ZeRO mirrors] in
+//   worker/zero/partition.h): each rank also steps the shards it mirrors,
+//   with the same gradients, so a shard lives on two ranks, on two nodes
+//   where the job has two.
+// - A step is transactional. At its start (BeginStep) each rank copies its
+//   own and its mirrored shards (parameters and state; no allocation after
+//   the first step). If the step fails, the re-form decides where the job
+//   goes on from: a survivor's commit of the step (the job's step is then
+//   the step just taken: every rank had finished its local update before
+//   any could finish the step, since that needs every rank's broadcast) or
+//   the step before. Each rank then offers the version that matches, live
+//   or copied, or nothing (a newcomer, a version that does not match).
+// - SyncState, on the new generation: every member says which parameters
+//   it holds at the job's step; each parameter is taken from the lowest rank
+//   holding it (its value and its state, one message per sending rank),
+//   the parameters are partitioned over the new world as PyTorch does, and
+//   each rank keeps the state of its new shard and of the shards it now
+//   mirrors. A parameter no member holds (its owner and its mirror left
+//   together) is FAILED_PRECONDITION naming it: the job must resume from a
+//   checkpoint, and says so.
+// - Checkpoints hold the whole state (every rank's shard, gathered), as
+//   "zero/<name>/<index>/<key>" with PyTorch's state_dict indices and keys;
+//   the rank that resumes one offers every parameter.
+// Memory per rank, over the unsharded optimizer state S and parameters P
+// over N ranks: the live state of its shard and its mirrored one (2 S/N) and
+// their copies at the step's start (2 (S + P)/N).
+
+struct ZeroRedundancyOptimizer::Impl final : elastic::Participant {
+  ZeroRedundancyOptimizer* self;
   Job job;
   ZeroOptions options;
   OptimizerFactory make;
@@ -40,8 +84,53 @@ struct ZeroRedundancyOptimizer::Impl {
   // unsharded optimizer of the wrapped kind over every parameter.
   std::unique_ptr<optim::Optimizer> consolidated;
 
-  Impl(const Job& j, const ZeroOptions& o, OptimizerFactory m)
-      : job(j), options(o), make(std::move(m)) {}
+  // See Note [Elastic ZeRO]: set while an ElasticState holds it, by that
+  // name.
+  bool elastic = false;
+  std::string name;
+  // This generation's mirrors (rank -> its mirror) and the optimizer
+  // stepping the shards this rank mirrors (null: none).
+  std::vector<int> mirror_of;
+  std::unique_ptr<optim::Optimizer> mirror;
+  // The committed step the step being taken started from, whether the
+  // local update ran, and the copies of the shards at its start.
+  int64_t base = 0;
+  bool stepped = false;
+  bool copied = false;
+  checkpoint::OptimizerSnapshot own_copy, mirror_copy;
+  // A checkpoint this rank resumed, by parameter index (the others: none),
+  // and whether this rank holds nothing the job can use.
+  std::optional<std::map<int64_t, NamedTensors>> resumed;
+  bool empty = false;
+
+  Impl(ZeroRedundancyOptimizer* s, const Job& j, const ZeroOptions& o,
+       OptimizerFactory m)
+      : self(s), job(j), options(o), make(std::move(m)) {}
+
+  std::vector<optim::OptimizerParamGroup>& groups() {
+    return self->param_groups();
+  }
+  // The local optimizers over the shards of `ranks` under `partition`,
+  // with the groups' options.
+  std::unique_ptr<optim::Optimizer> MakeOver(const zero::Partition& partition,
+                                             const std::vector<int>& ranks);
+  // Parameter indices (state_dict's) this rank steps: its own shard, then
+  // the ones it mirrors.
+  std::vector<int64_t> Held() const;
+  // Every held parameter's state, by index (CPU tensors).
+  std::map<int64_t, NamedTensors> HeldState() const;
+  std::vector<int> Mirrored() const;
+  int64_t Offset(size_t group) const;
+
+  // elastic::Participant (see Note [Elastic ZeRO]).
+  absl::Status SyncState(std::shared_ptr<comm::Communicator> comm,
+                         int authoritative_rank, int64_t step,
+                         torch::optim::Optimizer& optimizer) override;
+  absl::StatusOr<NamedTensors> CheckpointState(
+      const torch::optim::Optimizer& optimizer) override;
+  absl::Status ResumeState(const NamedTensors* saved,
+                           torch::optim::Optimizer& optimizer) override;
+  void BeginStep(int64_t step) override;
 
   int rank() const { return comm->rank(); }
   int world() const { return comm->size(); }
@@ -159,7 +248,7 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(
     std::unique_ptr<optim::OptimizerOptions> defaults, OptimizerFactory make,
     const Job& job, const ZeroOptions& options)
     : optim::Optimizer(std::move(groups), std::move(defaults)),
-      impl_(std::make_unique<Impl>(job, options, std::move(make))) {
+      impl_(std::make_unique<Impl>(this, job, options, std::move(make))) {
   const std::vector<torch::Tensor> params = AllParams(param_groups());
   CheckParams(params);
   impl_->comm = job.state()->session().shared_communicator();
@@ -169,20 +258,7 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(
   }
   impl_->partition =
       zero::PartitionParameters(NumelsOf(param_groups()), impl_->world());
-  std::vector<std::vector<torch::Tensor>> mine;
-  const auto& shard = impl_->partition[size_t(impl_->rank())];
-  for (size_t g = 0; g < param_groups().size(); ++g) {
-    std::vector<torch::Tensor> ps;
-    for (int i : shard[g]) ps.push_back(param_groups()[g].params()[size_t(i)]);
-    mine.push_back(std::move(ps));
-  }
-  impl_->local = impl_->make(GroupsWith(param_groups(), std::move(mine)));
-  if (impl_->local == nullptr ||
-      impl_->local->param_groups().size() != param_groups().size()) {
-    Fail(ErrorCode::kInvalidArgument,
-         "the optimizer factory must make an optimizer over exactly the "
-         "groups it is given");
-  }
+  impl_->local = impl_->MakeOver(impl_->partition, {impl_->rank()});
   impl_->trainable = TrainableMask(params);
   impl_->BuildBuckets(param_groups());
 }
@@ -247,9 +323,28 @@ torch::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
     z.trainable = std::move(mask);
     z.BuildBuckets(param_groups());
   }
+  if (z.elastic && z.stepped) {
+    // See Note [Elastic ZeRO]: a step's shards are the commit's or the next.
+    Fail(ErrorCode::kFailedPrecondition,
+         "step() ran twice in one step of run_elastic: commit in between");
+  }
   CopyOptions(param_groups(), z.local->param_groups());
   torch::Tensor loss = z.local->step(std::move(closure));
   CopyOptions(z.local->param_groups(), param_groups());
+  if (z.mirror != nullptr) {
+    // See Note [ZeRO mirrors]: the mirrored shards, with the same gradients.
+    CopyOptions(param_groups(), z.mirror->param_groups());
+    z.mirror->step();
+  }
+  z.stepped = true;
+  if (z.elastic) {
+    // CONCORD_TEST_FAULT's "zero" point (worker/test_fault.h).
+    detail::JobState& js = *z.job.state();
+    if (js.elastic != nullptr && !js.faults().empty()) {
+      js.faults().Reached(detail::ElasticStep(*js.elastic),
+                          worker::TestFault::Point::kZero, z.name);
+    }
+  }
   z.SyncParams(param_groups());
   return loss;
 }
@@ -408,6 +503,382 @@ void ZeroRedundancyOptimizer::add_param_group(
       std::move(mine), param_groups().back().options().clone()));
   z.trainable = TrainableMask(AllParams(param_groups()));
   impl_->BuildBuckets(param_groups());
+}
+
+std::unique_ptr<optim::Optimizer> ZeroRedundancyOptimizer::Impl::MakeOver(
+    const zero::Partition& over, const std::vector<int>& ranks) {
+  std::vector<std::vector<torch::Tensor>> params(groups().size());
+  for (size_t g = 0; g < groups().size(); ++g) {
+    for (int r : ranks) {
+      for (int i : over[size_t(r)][g]) {
+        params[g].push_back(groups()[g].params()[size_t(i)]);
+      }
+    }
+  }
+  std::unique_ptr<optim::Optimizer> out =
+      make(GroupsWith(groups(), std::move(params)));
+  if (out == nullptr || out->param_groups().size() != groups().size()) {
+    Fail(ErrorCode::kInvalidArgument,
+         "the optimizer factory must make an optimizer over exactly the "
+         "groups it is given");
+  }
+  return out;
+}
+
+int64_t ZeroRedundancyOptimizer::Impl::Offset(size_t group) const {
+  int64_t offset = 0;
+  for (size_t g = 0; g < group; ++g) {
+    offset += int64_t(self->param_groups()[g].params().size());
+  }
+  return offset;
+}
+
+namespace {
+
+// The state_dict indices of MakeOver(partition, ranks)'s parameters, in
+// its order (group by group).
+std::vector<int64_t> IndicesOver(const zero::Partition& partition,
+                                 const std::vector<int>& ranks,
+                                 const std::vector<int64_t>& offsets) {
+  std::vector<int64_t> out;
+  for (size_t g = 0; g < offsets.size(); ++g) {
+    for (int r : ranks) {
+      for (int i : partition[size_t(r)][g]) out.push_back(offsets[g] + i);
+    }
+  }
+  return out;
+}
+
+// `optimizer`'s per-parameter state by the indices of `indices` (CPU).
+void CaptureInto(const optim::Optimizer& optimizer,
+                 const std::vector<int64_t>& indices,
+                 std::map<int64_t, NamedTensors>& out) {
+  checkpoint::OptimizerContent c =
+      checkpoint::CaptureOptimizer(kName, optimizer);
+  for (auto& [index, tensors] : c.state) {
+    for (auto& [key, t] : tensors) t = t.to(torch::kCPU);
+    out[indices[size_t(index)]] = std::move(tensors);
+  }
+}
+
+std::string PickleTensors(const NamedTensors& tensors) {
+  c10::Dict<std::string, torch::Tensor> dict;
+  for (const auto& [name, t] : tensors) dict.insert(name, t);
+  const std::vector<char> bytes = torch::pickle_save(c10::IValue(dict));
+  return std::string(bytes.begin(), bytes.end());
+}
+
+NamedTensors UnpickleTensors(const std::string& bytes) {
+  NamedTensors out;
+  const c10::IValue v = torch::pickle_load(Bytes(bytes));
+  for (const auto& entry : v.toGenericDict()) {
+    out.emplace_back(entry.key().toStringRef(), entry.value().toTensor());
+  }
+  return out;
+}
+
+// "<index>/<key>" -> (index, key); false for another shape.
+bool SplitName(const std::string& name, int64_t* index, std::string* key) {
+  const size_t slash = name.find('/');
+  if (slash == std::string::npos || slash == 0) return false;
+  try {
+    size_t used = 0;
+    *index = std::stoll(name.substr(0, slash), &used);
+    if (used != slash) return false;
+  } catch (const std::exception&) {
+    return false;
+  }
+  *key = name.substr(slash + 1);
+  return !key->empty();
+}
+
+}  // namespace
+
+std::vector<int> ZeroRedundancyOptimizer::Impl::Mirrored() const {
+  std::vector<int> out;
+  for (size_t r = 0; r < mirror_of.size(); ++r) {
+    if (mirror_of[r] == rank()) out.push_back(int(r));
+  }
+  return out;
+}
+
+std::vector<int64_t> ZeroRedundancyOptimizer::Impl::Held() const {
+  std::vector<int64_t> offsets;
+  for (size_t g = 0; g < self->param_groups().size(); ++g) {
+    offsets.push_back(Offset(g));
+  }
+  std::vector<int64_t> out = IndicesOver(partition, {rank()}, offsets);
+  const std::vector<int64_t> more = IndicesOver(partition, Mirrored(), offsets);
+  out.insert(out.end(), more.begin(), more.end());
+  return out;
+}
+
+std::map<int64_t, NamedTensors> ZeroRedundancyOptimizer::Impl::HeldState()
+    const {
+  std::vector<int64_t> offsets;
+  for (size_t g = 0; g < self->param_groups().size(); ++g) {
+    offsets.push_back(Offset(g));
+  }
+  std::map<int64_t, NamedTensors> out;
+  CaptureInto(*local, IndicesOver(partition, {rank()}, offsets), out);
+  if (mirror != nullptr) {
+    CaptureInto(*mirror, IndicesOver(partition, Mirrored(), offsets), out);
+  }
+  return out;
+}
+
+void ZeroRedundancyOptimizer::Impl::BeginStep(int64_t step) {
+  if (!elastic) return;
+  base = step;
+  stepped = false;
+  own_copy.Take(*local);
+  if (mirror != nullptr) mirror_copy.Take(*mirror);
+  copied = true;
+}
+
+absl::Status ZeroRedundancyOptimizer::Impl::SyncState(
+    std::shared_ptr<comm::Communicator> next, int root, int64_t step,
+    torch::optim::Optimizer& /*optimizer*/) {
+  const comm::CollectiveOptions opts = Collective();
+  const std::vector<torch::Tensor> params = AllParams(groups());
+  const auto n = int64_t(params.size());
+  // What this rank offers: the version of the job's step, live or copied.
+  bool offers = resumed.has_value();
+  if (!offers && !empty && comm != nullptr) {
+    const int64_t live = stepped ? base + 1 : base;
+    if (live == step) {
+      offers = true;
+    } else if (stepped && copied && base == step) {
+      own_copy.Restore(*local);
+      if (mirror != nullptr) mirror_copy.Restore(*mirror);
+      stepped = false;
+      offers = true;
+    }
+  }
+  std::vector<int64_t> held;
+  if (resumed.has_value()) {
+    for (int64_t i = 0; i < n; ++i) held.push_back(i);
+  } else if (offers) {
+    held = Held();
+  }
+  auto offered =
+      comm::AllgatherStrings(*next, nlohmann::json(held).dump(), opts);
+  CONCORD_RETURN_IF_ERROR(offered.status());
+  auto nodes = comm::AllgatherStrings(
+      *next, job.state()->session().options().node_id, opts);
+  CONCORD_RETURN_IF_ERROR(nodes.status());
+  // Each parameter from the lowest rank holding it.
+  std::vector<int> source(size_t(n), -1);
+  for (size_t r = 0; r < offered->size(); ++r) {
+    const auto list = nlohmann::json::parse((*offered)[r], nullptr, false);
+    if (!list.is_array()) {
+      return absl::InternalError("ZeroRedundancyOptimizer: a malformed offer");
+    }
+    for (const auto& i : list) {
+      const int64_t k = i.get<int64_t>();
+      if (k >= 0 && k < n && source[size_t(k)] < 0) source[size_t(k)] = int(r);
+    }
+  }
+  std::vector<int64_t> missing;
+  for (int64_t i = 0; i < n; ++i) {
+    if (source[size_t(i)] < 0) missing.push_back(i);
+  }
+  if (!missing.empty() && step > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        kName, ": the optimizer state of parameter(s) ",
+        absl::StrJoin(missing, ", "), " at step ", step,
+        " is on no member (the rank stepping them and the one mirroring them "
+        "left together): resume the job from a checkpoint"));
+  }
+  // The groups' options (a scheduler's learning rate) are the
+  // authoritative rank's.
+  {
+    std::string bytes;
+    if (next->rank() == root) {
+      torch::serialize::OutputArchive archive;
+      for (size_t g = 0; g < groups().size(); ++g) {
+        torch::serialize::OutputArchive one;
+        groups()[g].options().serialize(one);
+        archive.write(std::to_string(g), one);
+      }
+      std::ostringstream out;
+      archive.save_to(out);
+      bytes = out.str();
+    }
+    CONCORD_RETURN_IF_ERROR(comm::BroadcastBytes(*next, root, &bytes, opts));
+    if (next->rank() != root) {
+      try {
+        std::istringstream in(bytes);
+        torch::serialize::InputArchive archive;
+        archive.load_from(in);
+        for (size_t g = 0; g < groups().size(); ++g) {
+          torch::serialize::InputArchive one;
+          archive.read(std::to_string(g), one);
+          std::unique_ptr<optim::OptimizerOptions> o =
+              groups()[g].options().clone();
+          o->serialize(one);
+          groups()[g].set_options(std::move(o));
+        }
+      } catch (const std::exception& e) {
+        return absl::InternalError(absl::StrCat(
+            kName,
+            ": the authoritative rank's options do not load: ", e.what()));
+      }
+    }
+  }
+  // The new world's partition and mirrors, and what this rank keeps.
+  const zero::Partition next_partition =
+      zero::PartitionParameters(NumelsOf(groups()), next->size());
+  const std::vector<int> next_mirrors = zero::MirrorsOf(*nodes);
+  std::vector<int> next_mirrored;
+  for (size_t r = 0; r < next_mirrors.size(); ++r) {
+    if (next_mirrors[r] == next->rank()) next_mirrored.push_back(int(r));
+  }
+  std::vector<int64_t> offsets;
+  for (size_t g = 0; g < groups().size(); ++g) offsets.push_back(Offset(g));
+  const std::vector<int64_t> own_indices =
+      IndicesOver(next_partition, {next->rank()}, offsets);
+  const std::vector<int64_t> mirror_indices =
+      IndicesOver(next_partition, next_mirrored, offsets);
+  std::set<int64_t> keep(own_indices.begin(), own_indices.end());
+  keep.insert(mirror_indices.begin(), mirror_indices.end());
+  // One message per sending rank: its parameters' values and state.
+  std::map<int64_t, NamedTensors> received;
+  std::map<int64_t, NamedTensors> mine;
+  if (offers) mine = resumed.has_value() ? *resumed : HeldState();
+  for (int s = 0; s < next->size(); ++s) {
+    if (std::find(source.begin(), source.end(), s) == source.end()) continue;
+    std::string bytes;
+    if (s == next->rank()) {
+      NamedTensors out;
+      for (int64_t i = 0; i < n; ++i) {
+        if (source[size_t(i)] != s) continue;
+        out.emplace_back(absl::StrCat("p/", i),
+                         params[size_t(i)].detach().to(torch::kCPU));
+        auto it = mine.find(i);
+        if (it == mine.end()) continue;
+        for (const auto& [key, t] : it->second) {
+          out.emplace_back(absl::StrCat("s/", i, "/", key), t);
+        }
+      }
+      bytes = PickleTensors(out);
+    }
+    CONCORD_RETURN_IF_ERROR(comm::BroadcastBytes(*next, s, &bytes, opts));
+    torch::NoGradGuard no_grad;
+    for (auto& [name, t] : UnpickleTensors(bytes)) {
+      int64_t i = 0;
+      std::string key;
+      if (absl::StartsWith(name, "p/")) {
+        params[size_t(std::stoll(name.substr(2)))].detach().copy_(t);
+      } else if (SplitName(name.substr(2), &i, &key) && keep.count(i) != 0) {
+        received[i].emplace_back(key, t);
+      }
+    }
+  }
+  // The new shards' optimizers, with the state received.
+  auto fill = [&](optim::Optimizer& o,
+                  const std::vector<int64_t>& indices) -> absl::Status {
+    checkpoint::OptimizerContent c = checkpoint::CaptureOptimizer(kName, o);
+    if (c.type.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(kName,
+                       " under run_elastic needs an optimizer with a PyTorch "
+                       "state_dict form (SGD, Adam, AdamW, RMSprop, Adagrad)"));
+    }
+    c.state.clear();
+    for (size_t k = 0; k < indices.size(); ++k) {
+      auto it = received.find(indices[k]);
+      if (it != received.end()) c.state.emplace_back(int64_t(k), it->second);
+    }
+    return checkpoint::ApplyOptimizer(c, o);
+  };
+  std::unique_ptr<optim::Optimizer> next_local =
+      MakeOver(next_partition, {next->rank()});
+  CONCORD_RETURN_IF_ERROR(fill(*next_local, own_indices));
+  std::unique_ptr<optim::Optimizer> next_mirror;
+  if (!next_mirrored.empty()) {
+    next_mirror = MakeOver(next_partition, next_mirrored);
+    CONCORD_RETURN_IF_ERROR(fill(*next_mirror, mirror_indices));
+  }
+  local = std::move(next_local);
+  mirror = std::move(next_mirror);
+  partition = next_partition;
+  mirror_of = next_mirrors;
+  comm = std::move(next);
+  base = step;
+  stepped = false;
+  copied = false;
+  resumed.reset();
+  empty = false;
+  consolidated.reset();
+  BuildBuckets(groups());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<NamedTensors> ZeroRedundancyOptimizer::Impl::CheckpointState(
+    const torch::optim::Optimizer& /*optimizer*/) {
+  std::vector<int64_t> offsets;
+  for (size_t g = 0; g < groups().size(); ++g) offsets.push_back(Offset(g));
+  std::map<int64_t, NamedTensors> own;
+  CaptureInto(*local, IndicesOver(partition, {rank()}, offsets), own);
+  NamedTensors mine;
+  for (const auto& [i, tensors] : own) {
+    for (const auto& [key, t] : tensors) {
+      mine.emplace_back(absl::StrCat(i, "/", key), t);
+    }
+  }
+  auto all = comm::AllgatherStrings(*comm, PickleTensors(mine), Collective());
+  CONCORD_RETURN_IF_ERROR(all.status());
+  NamedTensors out;
+  for (const std::string& bytes : *all) {
+    for (auto& entry : UnpickleTensors(bytes)) out.push_back(std::move(entry));
+  }
+  return out;
+}
+
+absl::Status ZeroRedundancyOptimizer::Impl::ResumeState(
+    const NamedTensors* saved, torch::optim::Optimizer& /*optimizer*/) {
+  if (saved == nullptr) {
+    resumed.reset();
+    empty = true;
+    return absl::OkStatus();
+  }
+  const auto n = int64_t(AllParams(groups()).size());
+  std::map<int64_t, NamedTensors> state;
+  for (const auto& [name, t] : *saved) {
+    int64_t i = 0;
+    std::string key;
+    if (!SplitName(name, &i, &key) || i < 0 || i >= n) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(kName, ": the checkpoint's entry '", name,
+                       "' is not the state of one "
+                       "of its ",
+                       n, " parameters"));
+    }
+    state[i].emplace_back(key, t);
+  }
+  if (state.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        kName,
+        ": the checkpoint holds no state of it (was it taken by a job "
+        "without a ZeroRedundancyOptimizer?)"));
+  }
+  resumed = std::move(state);
+  empty = false;
+  return absl::OkStatus();
+}
+
+elastic::Participant* detail::ZeroParticipant(ZeroRedundancyOptimizer& zero,
+                                              const std::string& name) {
+  ZeroRedundancyOptimizer::Impl& z = zero.impl();
+  if (checkpoint::CaptureOptimizer(kName, *z.local).type.empty()) {
+    Fail(ErrorCode::kFailedPrecondition,
+         "under run_elastic it needs an optimizer with a PyTorch state_dict "
+         "form (SGD, Adam, AdamW, RMSprop, Adagrad)");
+  }
+  z.elastic = true;
+  z.name = name;
+  return &z;
 }
 
 optim::Optimizer& ZeroRedundancyOptimizer::local_optimizer() {

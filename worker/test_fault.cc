@@ -28,19 +28,20 @@ absl::StatusOr<std::vector<TestFault>> ParseTestFaults(const std::string& spec,
     if (!stall_ok || !absl::SimpleAtoi(parts[0], &local) ||
         !absl::SimpleAtoi(parts[1], &f.step) || f.step < 1 ||
         (parts[2] != "forward" && parts[2] != "backward" &&
-         parts[2] != "bucket") ||
+         parts[2] != "bucket" && parts[2] != "zero") ||
         parts[3].empty() || !absl::SimpleAtoi(parts[4], &f.occurrence) ||
         f.occurrence < 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("CONCORD_TEST_FAULT: '", one,
-                       "': expected LOCAL:STEP:forward|backward|bucket:MODULE:"
-                       "N[:stall=SECONDS] (STEP, N >= 1; 0 < SECONDS <= "
-                       "86400)"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "CONCORD_TEST_FAULT: '", one,
+          "': expected LOCAL:STEP:forward|backward|bucket|zero:NAME:"
+          "N[:stall=SECONDS] (STEP, N >= 1; 0 < SECONDS <= "
+          "86400)"));
     }
     f.stall = absl::Seconds(stall_s);
     f.point = parts[2] == "forward"    ? TestFault::Point::kForward
               : parts[2] == "backward" ? TestFault::Point::kBackward
-                                       : TestFault::Point::kBucket;
+              : parts[2] == "bucket"   ? TestFault::Point::kBucket
+                                       : TestFault::Point::kZero;
     f.module = parts[3];
     if (local == local_rank) out.push_back(std::move(f));
   }
@@ -59,7 +60,8 @@ void TestFaults::Reached(int64_t step, TestFault::Point point,
     if (++counts_[i] != f.occurrence || fired_[i]) continue;
     const char* where = point == TestFault::Point::kForward    ? "forward"
                         : point == TestFault::Point::kBackward ? "backward"
-                                                               : "bucket";
+                        : point == TestFault::Point::kBucket   ? "bucket"
+                                                               : "zero";
     if (f.stall > absl::ZeroDuration()) {
       fired_[i] = true;
       Log()->warn(

@@ -11,7 +11,9 @@
 // synchronised backward of the module, before its first bucket's
 // allreduce, while the peers may have launched theirs) or "bucket" (before
 // the N-th bucket's allreduce of a synchronised backward: with N >= 2,
-// between two buckets). With ":stall=S" it does not die but sleeps S
+// between two buckets) or "zero" (MODULE is then a ZeroRedundancyOptimizer's
+// ElasticState name: in its step, after its local update, before the
+// parameters' broadcast). With ":stall=S" it does not die but sleeps S
 // seconds there, idle, once (a hang: see Note [Hangs] in
 // coordinator/core/hang_rule.h). Only a worker's first run does either
 // (CONCORD_RESTART_COUNT unset or 0). Read by
@@ -28,7 +30,7 @@
 namespace concord::worker {
 
 struct TestFault {
-  enum class Point { kForward, kBackward, kBucket };
+  enum class Point { kForward, kBackward, kBucket, kZero };
   int64_t step = 0;
   Point point = Point::kForward;
   std::string module;

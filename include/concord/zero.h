@@ -40,16 +40,9 @@
 #include <vector>
 
 #include "concord/job.h"
+#include "concord/zero_options.h"
 
 namespace concord {
-
-struct ZeroOptions {
-  // PyTorch's parameters_as_bucket_view: the parameters each rank steps
-  // live in one flat tensor per rank (their data are views into it), so a
-  // step sends one tensor per rank. Parameters that need no gradient stay
-  // outside.
-  TORCH_ARG(bool, parameters_as_bucket_view) = false;
-};
 
 namespace detail {
 // The LibTorch optimizer whose options these are.
@@ -160,7 +153,9 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer {
   // (the indices of PyTorch's state_dict).
   std::vector<int> owners() const;
 
+  // Inside Concord (ElasticState).
   struct Impl;
+  Impl& impl() { return *impl_; }
 
  private:
   std::unique_ptr<Impl> impl_;

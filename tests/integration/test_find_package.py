@@ -57,7 +57,8 @@ HEADERS = ["concord/concord.h", "concord/job.h", "concord/ddp.h",
            "concord/error.h", "concord/sync_batch_norm.h", "concord/zero.h",
            # Plain structs the library's own layers use too.
            "concord/ddp_options.h", "concord/slowmo_options.h",
-           "concord/elastic_events.h", "concord/elastic_options.h"]
+           "concord/elastic_events.h", "concord/elastic_options.h",
+           "concord/zero_options.h"]
 # What a program built against the package must not need.
 PRIVATE_INCLUDES = re.compile(
     r'#\s*include\s*[<"](grpc|grpcpp|grpc\+\+|google/protobuf|openssl|absl|'

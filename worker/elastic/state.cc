@@ -114,7 +114,7 @@ void State::StartStep() {
     o.copied = o.timing != Timing::kLate;
     if (o.copied) o.copy.Take(*o.optimizer);
   }
-  for (const Attached& a : participants_) a.participant->BeginStep();
+  for (const Attached& a : participants_) a.participant->BeginStep(step);
   in_step_ = true;
 }
 

@@ -117,10 +117,10 @@ class Participant {
   // fit `optimizer`'s parameters; nothing changed then.
   virtual absl::Status ResumeState(const NamedTensors* saved,
                                    torch::optim::Optimizer& optimizer) = 0;
-  // A step begins (State::BeginStep decided to run it); it failed
-  // (State::Restore): for state the step's collectives change before the
-  // commit, which must go back to the step's start.
-  virtual void BeginStep() {}
+  // A step begins after committed step `step` (State::BeginStep decided to
+  // run it); it failed (State::Restore): for state the step's collectives
+  // change before the commit, which must go back to the step's start.
+  virtual void BeginStep(int64_t /*step*/) {}
   virtual void RestoreStep() {}
 };
 
