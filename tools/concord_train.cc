@@ -385,9 +385,7 @@ class Trainer {
         fixed_(flags.sharding == "fixed"),
         fault_(concord::train::FaultInjection::FromEnvironment()),
         ddp_(std::move(model), job, in.ddp),
-        optimizer_(Trainable(in), torch::optim::SGDOptions(flags.lr)
-                                      .momentum(flags.momentum)
-                                      .weight_decay(flags.weight_decay)),
+        optimizer_(MakeOptimizer(flags, Trainable(in), job)),
         sampler_(static_cast<size_t>(n_), job,
                  concord::ElasticSamplerOptions()
                      .shuffle(flags.shuffle)
@@ -396,11 +394,11 @@ class Trainer {
         // generation it trains in.
         shard_(job.rank()),
         shards_(flags, n_, job.world_size()) {
-    if (fault_.Armed("backward") && !optimizer_.param_groups().empty() &&
-        !optimizer_.param_groups()[0].params().empty()) {
+    if (fault_.Armed("backward") && !optimizer_->param_groups().empty() &&
+        !optimizer_->param_groups()[0].params().empty()) {
       // The first parameter's gradient comes last in backward: by then
       // buckets are in flight.
-      optimizer_.param_groups()[0].params().front().register_hook(
+      optimizer_->param_groups()[0].params().front().register_hook(
           [this](const torch::Tensor&) { fault_.MaybeDie("backward"); });
     }
     const auto elastic_options =
@@ -411,9 +409,9 @@ class Trainer {
             // A newcomer has no fixed shard: the world only shrinks.
             .admit_workers(!fixed_);
     if (fixed_) {
-      state_.emplace(ddp_, optimizer_, elastic_options);
+      state_.emplace(ddp_, *optimizer_, elastic_options);
     } else {
-      state_.emplace(ddp_, optimizer_, sampler_, elastic_options);
+      state_.emplace(ddp_, *optimizer_, sampler_, elastic_options);
     }
     // The "forward" fault point: after the step agreement, before DDP's
     // buffer broadcast and the model's forward (SyncBatchNorm's allgather).
@@ -517,6 +515,39 @@ class Trainer {
  private:
   static constexpr bool kScript = std::is_same_v<Model, torch::jit::Module>;
 
+  // --optimizer's, sharded over the ranks with --zero.
+  template <typename Optimizer, typename Options>
+  static std::unique_ptr<torch::optim::Optimizer> Make(
+      const Flags& flags, std::vector<torch::Tensor> params,
+      const Options& options, const concord::Job& job) {
+    if (flags.zero) {
+      return std::make_unique<concord::ZeroRedundancyOptimizer>(
+          std::move(params), options, job, flags.zero_options);
+    }
+    return std::make_unique<Optimizer>(std::move(params), options);
+  }
+  static std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(
+      const Flags& flags, std::vector<torch::Tensor> params,
+      const concord::Job& job) {
+    if (flags.optimizer == "adam") {
+      return Make<torch::optim::Adam>(
+          flags, std::move(params),
+          torch::optim::AdamOptions(flags.lr).weight_decay(flags.weight_decay),
+          job);
+    }
+    if (flags.optimizer == "adamw") {
+      return Make<torch::optim::AdamW>(
+          flags, std::move(params),
+          torch::optim::AdamWOptions(flags.lr).weight_decay(flags.weight_decay),
+          job);
+    }
+    return Make<torch::optim::SGD>(flags, std::move(params),
+                                   torch::optim::SGDOptions(flags.lr)
+                                       .momentum(flags.momentum)
+                                       .weight_decay(flags.weight_decay),
+                                   job);
+  }
+
   // The optimizer takes every trainable parameter, also those DDP ignores
   // (they train on their local gradient, as in PyTorch).
   static std::vector<torch::Tensor> Trainable(const Prepared& in) {
@@ -598,12 +629,12 @@ class Trainer {
     }
     {
       concord::TraceScope span(job_, "optimizer");
-      optimizer_.step();
+      optimizer_->step();
     }
     fault_.MaybeDie("optimizer");
     // Zeroed, not dropped, whatever the LibTorch version's default:
     // PyTorch's zero_grad(set_to_none=False).
-    concord::zero_grad(optimizer_, /*set_to_none=*/false);
+    concord::zero_grad(*optimizer_, /*set_to_none=*/false);
     ++run_.batches;
     run_.samples_done += job_samples;
     run_.last_loss = l.item<double>();
@@ -628,7 +659,7 @@ class Trainer {
     Report(epoch, sps);
     if (flags_.ddp.slowmo()) {
       fault_.MaybeDie("slowmo");
-      ddp_->perform_slowmo(optimizer_);
+      ddp_->perform_slowmo(*optimizer_);
     }
     job_.report_progress(state.step(), sps, run_.last_loss);
     // A step's time is whole: forward, backward, the optimizer, the commit
@@ -714,7 +745,7 @@ class Trainer {
   const bool fixed_;
   concord::train::FaultInjection fault_;
   concord::DistributedDataParallel<Model> ddp_;
-  torch::optim::SGD optimizer_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
   concord::ElasticSampler sampler_;
   std::optional<concord::ElasticState> state_;
   const int shard_;

@@ -18,9 +18,21 @@ void AddTrainingFlags(CLI::App& app, TrainFlags& f) {
       ->required();
   app.add_option("--loss", f.loss)
       ->check(CLI::IsMember({"cross_entropy", "mse"}));
-  app.add_option("--optimizer", f.optimizer)->check(CLI::IsMember({"sgd"}));
+  app.add_option("--optimizer", f.optimizer,
+                 "LibTorch's SGD (with --momentum), Adam or AdamW (betas "
+                 "0.9 and 0.999, eps 1e-8)")
+      ->check(CLI::IsMember({"sgd", "adam", "adamw"}));
   app.add_option("--lr", f.lr)->check(CLI::PositiveNumber);
-  app.add_option("--momentum", f.momentum)->check(CLI::Range(0.0, 1.0));
+  app.add_option("--momentum", f.momentum, "SGD's")
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_flag("--zero", f.zero,
+               "shard the optimizer state over the ranks "
+               "(ZeroRedundancyOptimizer, PyTorch's partition)");
+  app.add_flag_callback(
+      "--zero-bucket-view",
+      [&f] { f.zero_options.parameters_as_bucket_view(true); },
+      "with --zero: each rank's parameters in one flat tensor "
+      "(parameters_as_bucket_view)");
   app.add_option("--weight-decay", f.weight_decay)
       ->check(CLI::NonNegativeNumber);
   app.add_option("--batch-size", f.batch_size, "samples per rank and step")
@@ -149,6 +161,13 @@ absl::Status Check(TrainFlags& f) {
     return absl::InvalidArgumentError(
         "--grad-accum: gradient accumulation needs --sharding elastic");
   }
+  if (f.momentum != 0 && f.optimizer != "sgd") {
+    return absl::InvalidArgumentError(
+        "--momentum applies to --optimizer sgd only");
+  }
+  if (f.zero_options.parameters_as_bucket_view() && !f.zero) {
+    return absl::InvalidArgumentError("--zero-bucket-view needs --zero");
+  }
   auto slowmo = concord::train::SlowMoOptionsFrom(f.slowmo);
   if (!slowmo.ok()) return slowmo.status();
   f.ddp.slowmo(*slowmo);
@@ -163,6 +182,11 @@ absl::Status Check(TrainFlags& f) {
     if (f.grad_accum > 1) {
       return absl::InvalidArgumentError(
           "--grad-accum applies to --algorithm ddp only");
+    }
+    if (f.zero) {
+      return absl::InvalidArgumentError(
+          "--zero applies to --algorithm ddp only (" + f.slowmo.algorithm +
+          " steps an unsharded optimizer)");
     }
   }
   return absl::OkStatus();

@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "concord/ddp_options.h"
+#include "concord/zero_options.h"
 #include "tools/slowmo_flags.h"
 
 namespace concord::train {
@@ -23,6 +24,9 @@ struct TrainFlags {
   double lr = 0.01;
   double momentum = 0;
   double weight_decay = 0;
+  // ZeroRedundancyOptimizer over the optimizer, with these options.
+  bool zero = false;
+  concord::ZeroOptions zero_options;
   int64_t batch_size = 32;
   int64_t epochs = 1;
   bool shuffle = false;
