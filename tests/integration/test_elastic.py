@@ -68,6 +68,11 @@ Groups (one ctest entry each):
              out (3 s) and the survivor fails within a bounded time with a
              clear message. KNOWN PRODUCT BUG: the message is a bare
              DEADLINE_EXCEEDED (see case_below_min_coordinator).
+  zero       --optimizer adam --zero: a worker dies after the optimizer step,
+             after its local update (before the parameters' broadcast), or in
+             backward (W = 3, 4), or dies and is restarted; the survivors (and
+             the newcomer) bit-identical to the unsharded job's with the same
+             death.
   chaos      4 workers, --max-restarts 20, --min-workers 2: this script
              SIGKILLs a random live concord-train every 2-4 s (seeded) for a
              bounded time, then lets the job finish.
@@ -103,6 +108,7 @@ from elastic_harness import (  # noqa: E402
     RunDir,
     SIGKILL_STATUS,
     TRAIN_FLAGS,
+    TrainArgs,
     check_history,
     check_metrics,
     check_outputs_identical,
@@ -191,6 +197,72 @@ def case_prestep(ctx, name):
                      "fault-free run with 2 workers", "; ".join(problems))
     summary(name + "-ref", p_ref, ref)
     summary(name, p, rd, "killed 2:1:forward")
+
+
+def adam_args(args, extra=()):
+    """train_args' concord-train flags with Adam instead of SGD."""
+    out = list(args)
+    i = out.index("--optimizer")
+    out[i + 1] = "adam"
+    j = out.index("--momentum")
+    del out[j:j + 2]
+    return TrainArgs(out + list(extra), args.history_dir)
+
+
+def case_zero(ctx, name, world, min_workers, ref_kill, kill=None, fault=None, extra=(),
+              restarts=0):
+    """(g) A job whose Adam state is sharded (--zero, see Note [Elastic ZeRO]
+    in api/zero.cc) loses a worker mid-step: its shard lives on in its
+    mirror, and the survivors end bit-identical to the unsharded job's that
+    loses the same worker at the same step. `kill`: concord-train's
+    CONCORD_TEST_KILL for both runs; `fault`: the library's
+    CONCORD_TEST_FAULT "zero" point for the sharded run (the worker dies after
+    its local update, before the parameters' broadcast, and the survivors put
+    their shards' copies back), `ref_kill` the unsharded run's kill at the
+    same step (in backward: nobody commits the step either). With `restarts`
+    (and min_workers = world) the dead worker comes back as a newcomer that the
+    others wait for: it gets its shard, at the same step in both runs."""
+    n, batch, epochs = 150, 4, 3
+    fx = Fixture(ctx.tmp, n)
+    ref = RunDir(ctx.tmp, name + "-unsharded")
+    rd = RunDir(ctx.tmp, name)
+    p_ref = Proc(name + "-unsharded",
+                 launch_cmd(ctx.bins, world, name + "-unsharded",
+                            adam_args(train_args(fx, ref, batch, epochs, shuffle_seed=7)),
+                            min_workers=min_workers, restarts=restarts), ref.logs,
+                 env=kill_env(ref_kill))
+    expect_exit(ctx.checks, name + " (unsharded Adam, killed %s)" % ref_kill, p_ref, 0,
+                RUN_TIMEOUT)
+    env = kill_env(kill)
+    if fault:
+        env["CONCORD_TEST_FAULT"] = fault
+    p = Proc(name, launch_cmd(ctx.bins, world, name,
+                              adam_args(train_args(fx, rd, batch, epochs, shuffle_seed=7),
+                                        ["--zero"] + list(extra)),
+                              min_workers=min_workers, restarts=restarts), rd.logs, env=env)
+    expect_exit(ctx.checks, name + " (--zero %s, killed %s)" % (" ".join(extra), kill or fault),
+                p, 0, RUN_TIMEOUT)
+    died = re.findall(r"concord-run: worker (\d+) .* killed by signal 9", p.stderr())
+    ctx.checks.check(len(died) == 1, name + ": one worker died", "died: %s" % died)
+    survivors = world if restarts else world - 1
+    state = check_outputs_identical(ctx.checks, name, rd, expected_count=survivors)
+    want = check_outputs_identical(ctx.checks, name + "-unsharded", ref,
+                                   expected_count=survivors)
+    final = last_step_of(rd)
+    check_metrics(ctx.checks, name, rd, world_size=survivors, min_reforms=1,
+                  optimizer_steps=final)
+    check_sample_logs(ctx.checks, name, rd, n, epochs, final)  # and the history
+    problems = []
+    if state is None or want is None:
+        problems.append("an output is missing")
+    else:
+        problems += fixtures.compare_states(state, want, rtol=0.0, atol=0.0)
+        problems += ["%s not bit-identical" % k for k in want
+                     if k in state and not torch.equal(state[k], want[k])]
+    ctx.checks.check(not problems, name + ": the survivors' parameters bit-identical to the "
+                     "unsharded job's survivors'", "; ".join(problems[:10]))
+    summary(name + "-unsharded", p_ref, ref)
+    summary(name, p, rd, "killed %s" % (kill or fault))
 
 
 def case_fixed(ctx, name, world, n, batch, epochs, kills=(), min_workers=None):
@@ -635,6 +707,16 @@ def _cases():
         ctx, "below-min-standalone"))
     c["below-min-coordinator"] = ("rendezvous-timeout", lambda ctx: case_below_min_coordinator(
         ctx, "below-min-coordinator"))
+    # (g) sharded optimizer state
+    c["zero-w3-optimizer"] = ("zero", lambda ctx: case_zero(
+        ctx, "zero-w3-optimizer", 3, 2, "1:4:optimizer", kill="1:4:optimizer"))
+    c["zero-w3-broadcast"] = ("zero", lambda ctx: case_zero(
+        ctx, "zero-w3-broadcast", 3, 2, "1:4:backward", fault="1:4:zero:optimizer:1"))
+    c["zero-w4-bucket-view-backward"] = ("zero", lambda ctx: case_zero(
+        ctx, "zero-w4-bucket-view-backward", 4, 2, "2:5:backward", kill="2:5:backward",
+        extra=["--zero-bucket-view"]))
+    c["zero-w3-restart"] = ("zero", lambda ctx: case_zero(
+        ctx, "zero-w3-restart", 3, 3, "1:6:optimizer", kill="1:6:optimizer", restarts=1))
     # chaos
     c["chaos-w4"] = ("chaos", lambda ctx: case_chaos(ctx, "chaos-w4", ctx.seed))
     return c
