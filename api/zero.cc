@@ -889,6 +889,28 @@ const optim::Optimizer& ZeroRedundancyOptimizer::local_optimizer() const {
   return *impl_->local;
 }
 
+int64_t ZeroRedundancyOptimizer::state_bytes() const {
+  const Impl& z = *impl_;
+  int64_t bytes = 0;
+  auto add = [&bytes, &z](const optim::Optimizer* o) {
+    if (o == nullptr) return;
+    const int copies = z.copied ? 2 : 1;
+    for (const auto& [index, tensors] :
+         checkpoint::CaptureOptimizer(kName, *o).state) {
+      for (const auto& [key, t] : tensors) {
+        if (key != "step") bytes += copies * int64_t(t.nbytes());
+      }
+    }
+    if (!z.copied) return;
+    for (const auto& g : o->param_groups()) {
+      for (const auto& p : g.params()) bytes += int64_t(p.nbytes());
+    }
+  };
+  add(z.local.get());
+  add(z.mirror.get());
+  return bytes;
+}
+
 std::vector<int> ZeroRedundancyOptimizer::owners() const {
   return zero::OwnerOf(impl_->partition, NumelsOf(param_groups()));
 }

@@ -35,6 +35,7 @@
 #include <torch/optim/rmsprop.h>
 #include <torch/optim/sgd.h>
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -152,6 +153,11 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer {
   // The rank stepping each parameter, flattened over the groups in order
   // (the indices of PyTorch's state_dict).
   std::vector<int> owners() const;
+  // Bytes of optimizer state this rank keeps: its shard's and, under
+  // run_elastic, the shards it mirrors and the copies of both taken at each
+  // step's start, their parameters included (see Note [Elastic ZeRO] in
+  // api/zero.cc).
+  int64_t state_bytes() const;
 
   // Inside Concord (ElasticState).
   struct Impl;
