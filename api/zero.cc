@@ -59,9 +59,11 @@ namespace optim = torch::optim;
 //   mirrors. A parameter no member holds (its owner and its mirror left
 //   together) is FAILED_PRECONDITION naming it: the job must resume from a
 //   checkpoint, and says so.
-// - Checkpoints hold the whole state (every rank's shard, gathered), as
-//   "zero/<name>/<index>/<key>" with PyTorch's state_dict indices and keys;
-//   the rank that resumes one offers every parameter.
+// - Checkpoints hold the whole state as an unsharded optimizer's (every
+//   rank's shard gathered: PyTorch's state_dict in `<name>.pt`), so a
+//   sharded job's checkpoint resumes an unsharded job and the other way
+//   round, at any world size; the rank that resumes one offers every
+//   parameter.
 // Memory per rank, over the unsharded optimizer state S and parameters P
 // over N ranks: the live state of its shard and its mirrored one (2 S/N) and
 // their copies at the step's start (2 (S + P)/N).
@@ -130,7 +132,14 @@ struct ZeroRedundancyOptimizer::Impl final : elastic::Participant {
       const torch::optim::Optimizer& optimizer) override;
   absl::Status ResumeState(const NamedTensors* saved,
                            torch::optim::Optimizer& optimizer) override;
+  std::string OptimizerName() const override { return name; }
+  absl::StatusOr<checkpoint::OptimizerContent> CheckpointOptimizer() override;
+  absl::Status ResumeOptimizer(
+      const checkpoint::OptimizerContent& saved) override;
   void BeginStep(int64_t step) override;
+  // An unsharded optimizer of the wrapped kind over every parameter, with
+  // the groups' options and no state.
+  std::unique_ptr<optim::Optimizer> MakeWhole();
 
   int rank() const { return comm->rank(); }
   int world() const { return comm->size(); }
@@ -815,8 +824,19 @@ absl::Status ZeroRedundancyOptimizer::Impl::SyncState(
   return absl::OkStatus();
 }
 
+std::unique_ptr<optim::Optimizer> ZeroRedundancyOptimizer::Impl::MakeWhole() {
+  std::vector<std::vector<torch::Tensor>> all;
+  for (const auto& g : groups()) all.push_back(g.params());
+  return make(GroupsWith(groups(), std::move(all)));
+}
+
 absl::StatusOr<NamedTensors> ZeroRedundancyOptimizer::Impl::CheckpointState(
     const torch::optim::Optimizer& /*optimizer*/) {
+  return NamedTensors{};  // all of it is in CheckpointOptimizer's
+}
+
+absl::StatusOr<checkpoint::OptimizerContent>
+ZeroRedundancyOptimizer::Impl::CheckpointOptimizer() {
   std::vector<int64_t> offsets;
   for (size_t g = 0; g < groups().size(); ++g) offsets.push_back(Offset(g));
   std::map<int64_t, NamedTensors> own;
@@ -829,40 +849,51 @@ absl::StatusOr<NamedTensors> ZeroRedundancyOptimizer::Impl::CheckpointState(
   }
   auto all = comm::AllgatherStrings(*comm, PickleTensors(mine), Collective());
   CONCORD_RETURN_IF_ERROR(all.status());
-  NamedTensors out;
+  std::map<int64_t, NamedTensors> state;
   for (const std::string& bytes : *all) {
-    for (auto& entry : UnpickleTensors(bytes)) out.push_back(std::move(entry));
+    for (auto& [entry, t] : UnpickleTensors(bytes)) {
+      int64_t i = 0;
+      std::string key;
+      if (!SplitName(entry, &i, &key)) {
+        return absl::InternalError(
+            absl::StrCat(kName, ": a malformed shard entry '", entry, "'"));
+      }
+      state[i].emplace_back(key, std::move(t));
+    }
   }
-  return out;
+  // PyTorch's state_dict of the whole optimizer: the groups' options and
+  // indices as an unsharded one has them, every shard's state.
+  checkpoint::OptimizerContent whole =
+      checkpoint::CaptureOptimizer(name, *MakeWhole());
+  whole.state.assign(state.begin(), state.end());
+  return whole;
 }
 
 absl::Status ZeroRedundancyOptimizer::Impl::ResumeState(
     const NamedTensors* saved, torch::optim::Optimizer& /*optimizer*/) {
   if (saved == nullptr) {
+    // Another rank resumed the checkpoint: what this one holds is not the
+    // job's.
     resumed.reset();
     empty = true;
-    return absl::OkStatus();
   }
-  const auto n = int64_t(AllParams(groups()).size());
-  std::map<int64_t, NamedTensors> state;
-  for (const auto& [name, t] : *saved) {
-    int64_t i = 0;
-    std::string key;
-    if (!SplitName(name, &i, &key) || i < 0 || i >= n) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(kName, ": the checkpoint's entry '", name,
-                       "' is not the state of one "
-                       "of its ",
-                       n, " parameters"));
-    }
-    state[i].emplace_back(key, t);
-  }
-  if (state.empty()) {
+  return absl::OkStatus();
+}
+
+absl::Status ZeroRedundancyOptimizer::Impl::ResumeOptimizer(
+    const checkpoint::OptimizerContent& saved) {
+  // Checked and its options taken on an unsharded optimizer of the same
+  // kind: a checkpoint of a sharded job or of an unsharded one alike.
+  std::unique_ptr<optim::Optimizer> whole = MakeWhole();
+  CONCORD_RETURN_IF_ERROR(checkpoint::ApplyOptimizer(saved, *whole));
+  if (saved.type.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        kName,
-        ": the checkpoint holds no state of it (was it taken by a job "
-        "without a ZeroRedundancyOptimizer?)"));
+        "optimizer '", name, "' was saved in LibTorch's own format, which ",
+        kName, " does not take"));
   }
+  CopyOptions(whole->param_groups(), groups());
+  std::map<int64_t, NamedTensors> state;
+  for (const auto& [i, tensors] : saved.state) state[i] = tensors;
   resumed = std::move(state);
   empty = false;
   return absl::OkStatus();

@@ -37,14 +37,17 @@ SLOW = {"CONCORD_TEST_MIN_STEP_MS": "25"}
 
 
 def launch(ctx, name, job, ck, nproc=3, extra=(), env=None, setup=None, after="",
-           coordinator=None, train_extra=(), momentum=te.MOMENTUM, keep="100"):
+           coordinator=None, train_extra=(), momentum=te.MOMENTUM, keep="100",
+           optimizer="sgd"):
     """concord-run of the job's command in its own process group; `setup`:
     a shell script run first in a mount namespace of its own (unshare -m),
     `after` one run there after concord-run (its status is the exit's);
-    `keep`: --checkpoint-keep (None: concord-run's default)."""
+    `keep`: --checkpoint-keep (None: concord-run's default); `optimizer`:
+    concord-train's (SGD's with `momentum`)."""
     rd = te.RunDir(ctx.tmp, name)
     train = ["--model", ctx.fx.model, "--data", ctx.fx.data, "--loss", "mse",
-             "--optimizer", "sgd", "--lr", te.LR, "--momentum", momentum,
+             "--optimizer", optimizer, "--lr", te.LR] + \
+        (["--momentum", momentum] if optimizer == "sgd" else []) + [
              "--batch-size", BATCH, "--epochs", EPOCHS, "--output", rd.output,
              "--metrics-out", rd.metrics, "--sample-log", rd.samples,
              "--log-interval", "50"] + list(train_extra)
@@ -122,8 +125,10 @@ def compare_final(checks, name, rd, ck, job, ref, ref_job="ref"):
         _, oa, ma = load_ckpt(ck, job, last)
         _, oe, me = load_ckpt(ref_ck, ref_job, ref_last)
         for i, s in oe["state"].items():
-            if not torch.equal(oa["state"][i]["momentum_buffer"], s["momentum_buffer"]):
-                problems.append("momentum of parameter %d differs" % i)
+            for key, t in s.items():
+                got = oa["state"].get(i, {}).get(key)
+                if got is None or not torch.equal(torch.as_tensor(got), torch.as_tensor(t)):
+                    problems.append("%s of parameter %d differs" % (key, i))
         if oa["param_groups"] != oe["param_groups"]:
             problems.append("param_groups differ")
         if (ma["epoch"], ma["samples"]) != (me["epoch"], me["samples"]):

@@ -22,6 +22,11 @@ Cases (--list):
   world2     a job killed whole resumes with 2 workers instead of 3: it
              completes (exit 0) from the checkpoint's step, every sample of
              the remaining epochs once.
+  zero       the same with --optimizer adam --zero (sharded state): the
+             resume bit-identical to the uninterrupted sharded run (its
+             optimizer.pt's Adam state included), optimizer.pt loads into
+             torch.optim.Adam, and the checkpoints resume across: sharded ->
+             unsharded and unsharded -> sharded, both at 2 workers.
   python     the uninterrupted run's checkpoints in Python: model.pt and
              state.pt load with weights_only=True; optimizer.pt too on
              PyTorch 2.x (1.13's weights-only unpickler has no floats at all:
@@ -1112,7 +1117,62 @@ def case_powersgd(ctx, name):
     check_history(checks, name, [rd, rd2], 3)
 
 
+def case_zero(ctx, name):
+    """A job sharding its Adam state (--zero) killed whole resumes from its
+    checkpoint bit-identical to its uninterrupted run; its optimizer.pt is
+    PyTorch's Adam state_dict, whole; it resumes an unsharded job at 2
+    workers, and an unsharded job's checkpoint resumes a sharded job at 2."""
+    checks = ctx.checks
+    zero = ["--zero"]
+    ref_rd, p_ref = launch(ctx, name + "-ref", name + "-ref", os.path.join(ctx.tmp, "ck-zr"),
+                           optimizer="adam", train_extra=zero,
+                           env={"CONCORD_TEST_MIN_STEP_MS": "10"})
+    checks.check(p_ref.wait(RUN_TIMEOUT) == 0, name + ": the uninterrupted sharded run exits 0",
+                 p_ref.describe())
+    ref = (ref_rd, os.path.join(ctx.tmp, "ck-zr"))
+    # Killed whole, the same command again.
+    job, ck = name, os.path.join(ctx.tmp, "ck-" + name)
+    rd, p = launch(ctx, name + "-1", job, ck, env=SLOW, optimizer="adam", train_extra=zero)
+    if not wait_for_checkpoint(checks, name, p, ck, job, 60):
+        return
+    rd2, p2, step, _ = run_again(ctx, name, job, ck, p, optimizer="adam", train_extra=zero)
+    check_history(checks, name, [rd, rd2], 3)
+    compare_final(checks, name, rd2, ck, job, ref, ref_job=name + "-ref")
+    # The checkpoint in PyTorch: an ordinary Adam's state_dict.
+    last = steps(ck, job)[-1]
+    model, opt, _ = load_ckpt(ck, job, last)
+    problems = []
+    try:
+        params = [torch.nn.Parameter(t.clone()) for t in model.values()]
+        adam = torch.optim.Adam(params, lr=float(te.LR))
+        adam.load_state_dict(opt)
+        if len(adam.state) != len(params):
+            problems.append("state for %d of %d parameters" % (len(adam.state), len(params)))
+        for p_, s in zip(params, [opt["state"][i] for i in sorted(opt["state"])]):
+            if s["exp_avg"].shape != p_.shape:
+                problems.append("exp_avg of shape %s" % (tuple(s["exp_avg"].shape),))
+    except Exception as e:  # noqa: BLE001
+        problems.append("%s: %s" % (type(e).__name__, e))
+    checks.check(not problems, name + ": step %d's optimizer.pt loads into torch.optim.Adam "
+                 "with every parameter's state" % last, "; ".join(problems))
+    # Across: the sharded checkpoints resume an unsharded job at 2 workers,
+    # and an unsharded job's resume a sharded one at 2.
+    for kind, first, second in (("sharded -> unsharded", zero, []),
+                                ("unsharded -> sharded", [], zero)):
+        tag = name + ("-su" if first else "-us")
+        job, ck = tag, os.path.join(ctx.tmp, "ck-" + tag)
+        rd, p = launch(ctx, tag + "-1", job, ck, env=SLOW, optimizer="adam", train_extra=first)
+        if not wait_for_checkpoint(checks, tag, p, ck, job, 60):
+            continue
+        rd2, p2, step, _ = run_again(ctx, tag, job, ck, p, nproc=2, optimizer="adam",
+                                     train_extra=second)
+        checks.check(re.search(r"concord-train: done: \d+ steps", p2.stdout()) is not None,
+                     "%s (%s): training completed at world size 2" % (tag, kind), p2.describe())
+        check_history(checks, tag, [rd, rd2], 2)
+
+
 CASES = {
+    "zero": lambda ctx: case_zero(ctx, "zero"),
     "kill-all": lambda ctx: case_kill_all(ctx, "kill-all", keep=None),
     "memory": lambda ctx: case_memory(ctx, "memory"),
     "world2": lambda ctx: case_kill_all(ctx, "world2", nproc_after=2),

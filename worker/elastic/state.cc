@@ -216,6 +216,19 @@ void State::TakeCheckpoint(bool wait) {
       gathered.emplace_back(absl::StrCat(a.name, "/", key), std::move(t));
     }
   }
+  std::vector<checkpoint::OptimizerContent> sharded;
+  for (const Attached& a : participants_) {
+    if (a.participant->OptimizerName().empty()) continue;
+    absl::StatusOr<checkpoint::OptimizerContent> whole =
+        a.participant->CheckpointOptimizer();
+    if (!whole.ok()) {
+      Log()->warn("checkpoint of step {} not taken: gathering {}: {}",
+                  committed_.step, a.participant->OptimizerName(),
+                  std::string(whole.status().message()));
+      return;
+    }
+    sharded.push_back(*std::move(whole));
+  }
   checkpointer_->Fence();  // the last one counted in last_saved
   const checkpoint::Counters& last = checkpointer_->last_saved();
   if (last.step == committed_.step && last.epoch == committed_.epoch &&
@@ -233,7 +246,8 @@ void State::TakeCheckpoint(bool wait) {
         "goes on as after a re-form, not as this run does (said once)",
         committed_.step, why);
   }
-  checkpoint::Content content = Capture(std::move(gathered));
+  checkpoint::Content content =
+      Capture(std::move(gathered), std::move(sharded));
   // See Note [Overlapped snapshots]: parameters and optimizer state may be
   // copied while the next step's forward runs.
   std::vector<torch::Tensor> deferred;
@@ -324,7 +338,9 @@ void State::FenceCheckpoint() {
   if (checkpointer_ != nullptr) checkpointer_->Fence();
 }
 
-checkpoint::Content State::Capture(NamedTensors participants) const {
+checkpoint::Content State::Capture(
+    NamedTensors participants,
+    std::vector<checkpoint::OptimizerContent> sharded) const {
   checkpoint::Content c;
   c.counters.step = committed_.step;
   c.counters.epoch = committed_.epoch;
@@ -338,6 +354,7 @@ checkpoint::Content State::Capture(NamedTensors participants) const {
   for (const Optimizer& o : optimizers_) {
     c.optimizers.push_back(checkpoint::CaptureOptimizer(o.name, *o.optimizer));
   }
+  for (auto& o : sharded) c.optimizers.push_back(std::move(o));
   for (const auto& [name, v] : committed_.values) {
     c.extra.emplace_back(absl::StrCat("values/", name), v);
   }
@@ -412,6 +429,19 @@ absl::Status State::Apply(const checkpoint::Content& content) {
     const Attached& a = participants_[i];
     CONCORD_RETURN_IF_ERROR(
         Annotate(a.participant->ResumeState(&parts[i], *a.optimizer), a.name));
+  }
+  for (const Attached& a : participants_) {
+    const std::string name = a.participant->OptimizerName();
+    if (name.empty()) continue;
+    const checkpoint::OptimizerContent* saved = nullptr;
+    for (const auto& o : content.optimizers) {
+      if (o.name == name) saved = &o;
+    }
+    if (saved == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("it has no optimizer named '", name, "'"));
+    }
+    CONCORD_RETURN_IF_ERROR(a.participant->ResumeOptimizer(*saved));
   }
   return absl::OkStatus();
 }

@@ -117,6 +117,22 @@ class Participant {
   // fit `optimizer`'s parameters; nothing changed then.
   virtual absl::Status ResumeState(const NamedTensors* saved,
                                    torch::optim::Optimizer& optimizer) = 0;
+  // A participant that keeps an optimizer's state in its stead, sharded
+  // (ZeroRedundancyOptimizer: see Note [Elastic ZeRO] in api/zero.cc), says
+  // the optimizer's name: checkpoints then hold that optimizer's whole
+  // state as any optimizer's (PyTorch's state_dict, `<name>.pt`), gathered
+  // by CheckpointOptimizer (every rank, where CheckpointState runs; the
+  // writer keeps it), and the rank resuming one gets it in ResumeOptimizer
+  // (after ResumeState; FAILED_PRECONDITION naming what does not fit, nothing
+  // changed then). Empty: none.
+  virtual std::string OptimizerName() const { return {}; }
+  virtual absl::StatusOr<checkpoint::OptimizerContent> CheckpointOptimizer() {
+    return absl::UnimplementedError("no optimizer");
+  }
+  virtual absl::Status ResumeOptimizer(
+      const checkpoint::OptimizerContent& /*saved*/) {
+    return absl::OkStatus();
+  }
   // A step begins after committed step `step` (State::BeginStep decided to
   // run it); it failed (State::Restore): for state the step's collectives
   // change before the commit, which must go back to the step's start.
@@ -357,7 +373,10 @@ class State {
   // snapshots] in worker/checkpoint/memory.h): before anything writes a
   // parameter or the optimizer's state.
   void FenceCheckpoint();
-  checkpoint::Content Capture(NamedTensors participants) const;
+  // `sharded`: the whole state of optimizers participants keep sharded.
+  checkpoint::Content Capture(
+      NamedTensors participants,
+      std::vector<checkpoint::OptimizerContent> sharded = {}) const;
   absl::Status Apply(const checkpoint::Content& content);
   // See Note [Checkpoints]: at a Sync, who writes the node's snapshot, and
   // whether the generation resumes from a checkpoint: the rank whose state
