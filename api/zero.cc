@@ -104,6 +104,10 @@ struct ZeroRedundancyOptimizer::Impl final : elastic::Participant {
   // and whether this rank holds nothing the job can use.
   std::optional<std::map<int64_t, NamedTensors>> resumed;
   bool empty = false;
+  // What ranks leaving at the end of their data handed to this one (see
+  // HandOver), and the committed step it is of.
+  std::map<int64_t, NamedTensors> adopted;
+  int64_t adopted_step = -1;
 
   Impl(ZeroRedundancyOptimizer* s, const Job& j, const ZeroOptions& o,
        OptimizerFactory m)
@@ -133,6 +137,10 @@ struct ZeroRedundancyOptimizer::Impl final : elastic::Participant {
   absl::Status ResumeState(const NamedTensors* saved,
                            torch::optim::Optimizer& optimizer) override;
   std::string OptimizerName() const override { return name; }
+  bool HandsOver() const override { return true; }
+  absl::Status HandOver(comm::Communicator& comm,
+                        const std::vector<bool>& leaving,
+                        int64_t step) override;
   absl::StatusOr<checkpoint::OptimizerContent> CheckpointOptimizer() override;
   absl::Status ResumeOptimizer(
       const checkpoint::OptimizerContent& saved) override;
@@ -670,6 +678,10 @@ absl::Status ZeroRedundancyOptimizer::Impl::SyncState(
   } else if (offers) {
     held = Held();
   }
+  const bool adopts = !adopted.empty() && adopted_step == step;
+  if (adopts) {
+    for (const auto& [i, tensors] : adopted) held.push_back(i);
+  }
   auto offered =
       comm::AllgatherStrings(*next, nlohmann::json(held).dump(), opts);
   CONCORD_RETURN_IF_ERROR(offered.status());
@@ -755,6 +767,7 @@ absl::Status ZeroRedundancyOptimizer::Impl::SyncState(
   std::map<int64_t, NamedTensors> received;
   std::map<int64_t, NamedTensors> mine;
   if (offers) mine = resumed.has_value() ? *resumed : HeldState();
+  if (adopts) mine.insert(adopted.begin(), adopted.end());
   for (int s = 0; s < next->size(); ++s) {
     if (std::find(source.begin(), source.end(), s) == source.end()) continue;
     std::string bytes;
@@ -819,8 +832,54 @@ absl::Status ZeroRedundancyOptimizer::Impl::SyncState(
   copied = false;
   resumed.reset();
   empty = false;
+  adopted.clear();
+  adopted_step = -1;
   consolidated.reset();
   BuildBuckets(groups());
+  return absl::OkStatus();
+}
+
+absl::Status ZeroRedundancyOptimizer::Impl::HandOver(
+    comm::Communicator& old, const std::vector<bool>& leaving, int64_t step) {
+  // Each leaving rank's shards (its own and those it mirrors, at the
+  // committed step: the step's update ran, or none did) to the first rank
+  // after it that stays; the next SyncState offers them.
+  const int world = old.size();
+  const comm::CollectiveOptions opts = Collective();
+  adopted.clear();
+  adopted_step = step;
+  for (int r = 0; r < world; ++r) {
+    if (!leaving[size_t(r)]) continue;
+    int to = -1;
+    for (int k = 1; k < world && to < 0; ++k) {
+      if (!leaving[size_t((r + k) % world)]) to = (r + k) % world;
+    }
+    std::string bytes;
+    if (r == old.rank()) {
+      // Every parameter held, with state or without ("held").
+      const std::vector<int64_t> indices = Held();
+      NamedTensors out = {{"held", torch::tensor(indices, torch::kLong)}};
+      for (const auto& [i, tensors] : HeldState()) {
+        for (const auto& [key, t] : tensors) {
+          out.emplace_back(absl::StrCat(i, "/", key), t);
+        }
+      }
+      bytes = PickleTensors(out);
+    }
+    CONCORD_RETURN_IF_ERROR(comm::BroadcastBytes(old, r, &bytes, opts));
+    if (old.rank() != to) continue;
+    for (auto& [entry, t] : UnpickleTensors(bytes)) {
+      int64_t i = 0;
+      std::string key;
+      if (entry == "held") {
+        for (int64_t k = 0; k < t.numel(); ++k) {
+          adopted[t[k].item<int64_t>()];  // an entry, with state or not
+        }
+      } else if (SplitName(entry, &i, &key)) {
+        adopted[i].emplace_back(key, t);
+      }
+    }
+  }
   return absl::OkStatus();
 }
 

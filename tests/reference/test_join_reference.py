@@ -42,6 +42,8 @@ Steps for each --case:
      each must end with those parameters too (survivors bit-identical); the
      authoritative rank's --output is compared as well. Also: every parameter changed, and
      Concord's metrics count the longest stream's steps.
+  The zero-* cases run Concord with its optimizer state sharded (--zero)
+  against the same PyTorch reference (an unsharded optimizer).
   The throw case (--throw-on-early-termination) instead checks that PyTorch's
   run fails with its "exhausted" RuntimeError, and that every concord-train
   worker exits with status 1 and says "early termination" on its stderr
@@ -109,6 +111,21 @@ CASES = {
         doc="a CNN with BatchNorm2d (buffers: compared for a report only), 49 samples, 3 "
             "ranks, batch 8: rank 0 [8,8,1,8,8,1], ranks 1-2 [8,8,8,8]",
         kind="cnn-bn2d", samples=49, world=3, batch=8, flags=[]),
+    # Sharded optimizer state (--zero, ZeroRedundancyOptimizer): the same
+    # arithmetic as PyTorch's DDP under join with an unsharded optimizer.
+    # PyTorch's own ZeroRedundancyOptimizer under Join differs from that: a
+    # joined rank's ZeRO join hook steps its shard with the gradients of its
+    # last step again (DDP's join hook does not set them), where Concord's
+    # leaving rank hands its shard to one that stays.
+    "zero-w3-initial": dict(
+        doc="w3-initial with --zero: ranks 1 and 2 leave together after step 2 and hand "
+            "their shards to rank 0",
+        kind="mlp-plain", samples=97, world=3, batch=32, flags=[], concord=["--zero"]),
+    "zero-w4-active": dict(
+        doc="w4-active with --zero --zero-bucket-view: ranks 2 and 3 (each the other's "
+            "mirror) leave together after step 4",
+        kind="mlp-plain", samples=66, world=4, batch=8, flags=[NO_DIVIDE],
+        concord=["--zero", "--zero-bucket-view"]),
     "throw-w3": dict(
         doc="--throw-on-early-termination on the join example: every rank fails when ranks "
             "1 and 2 run out after step 2",
@@ -210,7 +227,8 @@ def concord(args, checks, case, per_rank):
     per_worker = os.path.join(case.dir, "per_worker")
     os.makedirs(per_worker, exist_ok=True)
     metrics = os.path.join(case.dir, "concord_metrics.json")
-    train = [train_bin] + case.common() + ["--sharding", "fixed"] + case.flags + [
+    train = [train_bin] + case.common() + ["--sharding", "fixed"] + case.flags + \
+        case.spec.get("concord", []) + [
         "--output", out, "--metrics-out", metrics] + (
             ["--output-per-worker", per_worker] if per_rank else [])
     status_dir = os.path.join(case.dir, "worker_status")

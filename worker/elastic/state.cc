@@ -786,6 +786,7 @@ absl::StatusOr<StepDecision> State::BeginStep(bool has_data, bool admit) {
                             world - with_data, world, step + 1));
       }
       if (with_data == 0) return StepDecision::kDone;
+      CONCORD_RETURN_IF_ERROR(HandOver(*comm, has_data));
       if (!has_data) {
         CONCORD_RETURN_IF_ERROR(session_->LeaveAtEndOfData(step));
         left_ = true;
@@ -805,6 +806,31 @@ absl::StatusOr<StepDecision> State::BeginStep(bool has_data, bool admit) {
         Reform(absl::StrFormat("admitting waiting workers after step %d", step),
                /*restore=*/false));
   }
+}
+
+absl::Status State::HandOver(comm::Communicator& comm, bool has_data) {
+  bool wanted = false;
+  for (const Attached& a : participants_) {
+    wanted = wanted || a.participant->HandsOver();
+  }
+  if (!wanted) return absl::OkStatus();
+  torch::Tensor flags = torch::zeros({comm.size()}, torch::kLong);
+  flags[comm.rank()] = has_data ? 0 : 1;
+  comm::CollectiveOptions opts;
+  opts.timeout = session_->options().collective_timeout;
+  CONCORD_RETURN_IF_ERROR(
+      Annotate(comm.AllreduceSum(flags, opts)->Wait(), "agreeing who leaves"));
+  std::vector<bool> leaving(static_cast<size_t>(comm.size()));
+  for (int r = 0; r < comm.size(); ++r) {
+    leaving[static_cast<size_t>(r)] = flags[r].item<int64_t>() > 0;
+  }
+  for (const Attached& a : participants_) {
+    if (!a.participant->HandsOver()) continue;
+    CONCORD_RETURN_IF_ERROR(
+        Annotate(a.participant->HandOver(comm, leaving, step),
+                 absl::StrCat("handing over ", a.name)));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status State::Reform(const std::string& reason, bool restore) {

@@ -117,6 +117,17 @@ class Participant {
   // fit `optimizer`'s parameters; nothing changed then.
   virtual absl::Status ResumeState(const NamedTensors* saved,
                                    torch::optim::Optimizer& optimizer) = 0;
+  // Ranks whose data ran out leave cleanly (see Note [Step agreement]): when
+  // HandsOver, every rank of the generation calls HandOver with who leaves
+  // (`leaving[rank]`) before they go, at committed step `step`, so that
+  // what only a leaving rank holds reaches one that stays. Errors: those of
+  // the collectives (retryable).
+  virtual bool HandsOver() const { return false; }
+  virtual absl::Status HandOver(comm::Communicator& /*comm*/,
+                                const std::vector<bool>& /*leaving*/,
+                                int64_t /*step*/) {
+    return absl::OkStatus();
+  }
   // A participant that keeps an optimizer's state in its stead, sharded
   // (ZeroRedundancyOptimizer: see Note [Elastic ZeRO] in api/zero.cc), says
   // the optimizer's name: checkpoints then hold that optimizer's whole
@@ -401,6 +412,9 @@ class State {
   void LogResume(const ResumeChoice& choice,
                  const std::vector<std::string>& nodes, int me) const;
   void SetDivisor();
+  // See Participant::HandOver: ranks leave at the end of their data (a
+  // collective of the generation when a participant hands over).
+  absl::Status HandOver(comm::Communicator& comm, bool has_data);
   // See Note [Early optimizer steps]: the step begins (versions, copies).
   void StartStep();
   static bool Changed(const Optimizer& o);
