@@ -5,6 +5,7 @@
 // Exit status: 0 done; 2 bad flags or inputs (one line on stderr, before any
 // training); 1 a failure while training.
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -265,10 +266,51 @@ struct RunFigures {
   std::vector<int64_t> first_step_after_reform;
 };
 
+// Bytes of optimizer state this rank keeps: a ZeroRedundancyOptimizer's
+// state_bytes(), else every parameter's state tensors (not its step count).
+int64_t OptimizerStateBytes(const torch::optim::Optimizer& optimizer) {
+  namespace optim = torch::optim;
+  if (const auto* zero =
+          dynamic_cast<const concord::ZeroRedundancyOptimizer*>(&optimizer)) {
+    return zero->state_bytes();
+  }
+  int64_t bytes = 0;
+  auto add = [&bytes](const torch::Tensor& t) {
+    if (t.defined()) bytes += static_cast<int64_t>(t.nbytes());
+  };
+  for (const auto& [key, s] : optimizer.state()) {
+    if (const auto* sgd = dynamic_cast<const optim::SGDParamState*>(s.get())) {
+      add(sgd->momentum_buffer());
+    } else if (const auto* adam =
+                   dynamic_cast<const optim::AdamParamState*>(s.get())) {
+      add(adam->exp_avg());
+      add(adam->exp_avg_sq());
+      add(adam->max_exp_avg_sq());
+    } else if (const auto* adamw =
+                   dynamic_cast<const optim::AdamWParamState*>(s.get())) {
+      add(adamw->exp_avg());
+      add(adamw->exp_avg_sq());
+      add(adamw->max_exp_avg_sq());
+    } else if (const auto* rms =
+                   dynamic_cast<const optim::RMSpropParamState*>(s.get())) {
+      add(rms->square_avg());
+      add(rms->momentum_buffer());
+      add(rms->grad_avg());
+    } else if (const auto* ada =
+                   dynamic_cast<const optim::AdagradParamState*>(s.get())) {
+      add(ada->sum());
+    }
+  }
+  return bytes;
+}
+
 // --metrics-out: the authoritative rank's figures as JSON.
 void WriteMetrics(const Flags& flags, const concord::Job& job,
                   const concord::ElasticState& state,
+                  const torch::optim::Optimizer& optimizer,
                   const concord::DdpStats& stats, const RunFigures& run) {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
   nlohmann::json m = {
       {"algorithm", flags.slowmo.algorithm},
       {"world_size", job.world_size()},
@@ -284,6 +326,8 @@ void WriteMetrics(const Flags& flags, const concord::Job& job,
       {"overlap_us", stats.overlap_us},
       {"steps", run.batches},
       {"optimizer_steps", state.step()},
+      {"optimizer_state_bytes", OptimizerStateBytes(optimizer)},
+      {"peak_rss_bytes", static_cast<int64_t>(usage.ru_maxrss) * 1024},
       {"step_time_ms_mean", run.mean_ms},
       {"step_time_ms_median", run.median_ms},
       {"step_times_ms", run.step_ms},
@@ -498,7 +542,7 @@ class Trainer {
         }
       }
       if (!flags_.metrics_out.empty()) {
-        WriteMetrics(flags_, job_, state, ddp_->stats(), run_);
+        WriteMetrics(flags_, job_, state, *optimizer_, ddp_->stats(), run_);
       }
       progress_.PrintLine(absl::StrFormat(
           "concord-train: done: %d steps in %.2f s, %.1f samples/s, mean step "
