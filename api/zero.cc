@@ -662,14 +662,18 @@ absl::Status ZeroRedundancyOptimizer::Impl::SyncState(
   // What this rank offers: the version of the job's step, live or copied.
   bool offers = resumed.has_value();
   if (!offers && !empty && comm != nullptr) {
-    const int64_t live = stepped ? base + 1 : base;
-    if (live == step) {
-      offers = true;
-    } else if (stepped && copied && base == step) {
-      own_copy.Restore(*local);
-      if (mirror != nullptr) mirror_copy.Restore(*mirror);
-      stepped = false;
-      offers = true;
+    switch (zero::OfferAt(base, stepped, copied, step)) {
+      case zero::Offer::kLive:
+        offers = true;
+        break;
+      case zero::Offer::kCopy:
+        own_copy.Restore(*local);
+        if (mirror != nullptr) mirror_copy.Restore(*mirror);
+        stepped = false;
+        offers = true;
+        break;
+      case zero::Offer::kNone:
+        break;
     }
   }
   std::vector<int64_t> held;
@@ -688,26 +692,21 @@ absl::Status ZeroRedundancyOptimizer::Impl::SyncState(
   auto nodes = comm::AllgatherStrings(
       *next, job.state()->session().options().node_id, opts);
   CONCORD_RETURN_IF_ERROR(nodes.status());
-  // Each parameter from the lowest rank holding it.
-  std::vector<int> source(size_t(n), -1);
-  for (size_t r = 0; r < offered->size(); ++r) {
-    const auto list = nlohmann::json::parse((*offered)[r], nullptr, false);
+  // Each parameter from the lowest rank holding it (see Note [ZeRO sources]).
+  std::vector<std::vector<int64_t>> offers_of;
+  for (const std::string& text : *offered) {
+    const auto list = nlohmann::json::parse(text, nullptr, false);
     if (!list.is_array()) {
       return absl::InternalError("ZeroRedundancyOptimizer: a malformed offer");
     }
-    for (const auto& i : list) {
-      const int64_t k = i.get<int64_t>();
-      if (k >= 0 && k < n && source[size_t(k)] < 0) source[size_t(k)] = int(r);
-    }
+    offers_of.push_back(list.get<std::vector<int64_t>>());
   }
-  std::vector<int64_t> missing;
-  for (int64_t i = 0; i < n; ++i) {
-    if (source[size_t(i)] < 0) missing.push_back(i);
-  }
-  if (!missing.empty() && step > 0) {
+  const zero::Sources sources = zero::SourcesOf(offers_of, n);
+  const std::vector<int>& source = sources.rank;
+  if (!sources.missing.empty() && step > 0) {
     return absl::FailedPreconditionError(absl::StrCat(
         kName, ": the optimizer state of parameter(s) ",
-        absl::StrJoin(missing, ", "), " at step ", step,
+        absl::StrJoin(sources.missing, ", "), " at step ", step,
         " is on no member (the rank stepping them and the one mirroring them "
         "left together): resume the job from a checkpoint"));
   }

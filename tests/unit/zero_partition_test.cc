@@ -55,5 +55,41 @@ TEST(ZeroMirrorsTest, AloneHasNoMirror) {
   EXPECT_TRUE(MirrorsOf({}).empty());
 }
 
+TEST(ZeroOfferTest, TheLiveShardsOfTheJobsStep) {
+  // The step after commit 4 ran its update and someone committed it (the
+  // job goes on from 5), or nobody stepped and the job is at 4.
+  EXPECT_EQ(OfferAt(4, /*stepped=*/true, /*copied=*/true, 5), Offer::kLive);
+  EXPECT_EQ(OfferAt(4, /*stepped=*/false, /*copied=*/true, 4), Offer::kLive);
+  // Whether the step's start was copied does not matter then.
+  EXPECT_EQ(OfferAt(4, /*stepped=*/true, /*copied=*/false, 5), Offer::kLive);
+}
+
+TEST(ZeroOfferTest, TheCopyWhenTheJobWentBackToTheStepsStart) {
+  // This rank's update ran, the broadcast failed, nobody committed.
+  EXPECT_EQ(OfferAt(4, /*stepped=*/true, /*copied=*/true, 4), Offer::kCopy);
+}
+
+TEST(ZeroOfferTest, NothingOfAnotherStep) {
+  // A newcomer (its shards are of step 0), a worker two steps behind, an
+  // update without a copy of the step's start.
+  EXPECT_EQ(OfferAt(0, false, false, 7), Offer::kNone);
+  EXPECT_EQ(OfferAt(2, true, true, 4), Offer::kNone);
+  EXPECT_EQ(OfferAt(4, true, /*copied=*/false, 4), Offer::kNone);
+}
+
+TEST(ZeroSourcesTest, EachParameterFromTheLowestRankOfferingIt) {
+  // Ranks 0 and 2 hold parameter 1 (its owner and its mirror): rank 0
+  // sends it; rank 1 (a newcomer) offers nothing.
+  const Sources s = SourcesOf({{1, 2}, {}, {0, 1}, {3}}, 4);
+  EXPECT_EQ(s.rank, (std::vector<int>{2, 0, 0, 3}));
+  EXPECT_TRUE(s.missing.empty());
+}
+
+TEST(ZeroSourcesTest, AParameterNobodyHoldsIsMissing) {
+  const Sources s = SourcesOf({{0, 7, -1}, {2}}, 4);
+  EXPECT_EQ(s.rank, (std::vector<int>{0, -1, 1, -1}));
+  EXPECT_EQ(s.missing, (std::vector<int64_t>{1, 3}));
+}
+
 }  // namespace
 }  // namespace concord::zero

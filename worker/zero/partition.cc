@@ -70,4 +70,27 @@ std::vector<int> MirrorsOf(const std::vector<std::string>& nodes) {
   return out;
 }
 
+Offer OfferAt(int64_t base, bool stepped, bool copied, int64_t step) {
+  if ((stepped ? base + 1 : base) == step) return Offer::kLive;
+  if (stepped && copied && base == step) return Offer::kCopy;
+  return Offer::kNone;
+}
+
+Sources SourcesOf(const std::vector<std::vector<int64_t>>& offers,
+                  int64_t parameters) {
+  Sources out;
+  out.rank.assign(static_cast<size_t>(parameters), -1);
+  for (size_t r = 0; r < offers.size(); ++r) {
+    for (int64_t i : offers[r]) {
+      if (i >= 0 && i < parameters && out.rank[size_t(i)] < 0) {
+        out.rank[size_t(i)] = static_cast<int>(r);
+      }
+    }
+  }
+  for (int64_t i = 0; i < parameters; ++i) {
+    if (out.rank[size_t(i)] < 0) out.missing.push_back(i);
+  }
+  return out;
+}
+
 }  // namespace concord::zero

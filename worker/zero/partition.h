@@ -44,4 +44,27 @@ std::vector<int> OwnerOf(const Partition& partition,
 // `nodes[r]`: rank r's node.
 std::vector<int> MirrorsOf(const std::vector<std::string>& nodes);
 
+// Note [ZeRO sources]
+// ~~~~~~~~~~~~~~~~~~~
+// After a re-form every member says which parameters it holds at the job's
+// step (see Note [Elastic ZeRO] in api/zero.cc). What it holds of a step
+// it took part in: its shards as the step left them (`stepped`: the local
+// update of the step after committed step `base` ran) or as the step's
+// start copied them (`copied`). OfferAt picks the version of the job's
+// step `step`: the live one when it is that step's, the copy when the job
+// went back to the step's start, none otherwise (a newcomer, a worker of an
+// older step).
+enum class Offer { kLive, kCopy, kNone };
+Offer OfferAt(int64_t base, bool stepped, bool copied, int64_t step);
+
+// Each parameter from the lowest rank offering it (`offers[rank]`: the
+// indices it holds; out-of-range ones are ignored): its rank, -1 where none
+// does (`missing`, in order).
+struct Sources {
+  std::vector<int> rank;
+  std::vector<int64_t> missing;
+};
+Sources SourcesOf(const std::vector<std::vector<int64_t>>& offers,
+                  int64_t parameters);
+
 }  // namespace concord::zero
