@@ -69,8 +69,8 @@ Groups (one ctest entry each):
              clear message. KNOWN PRODUCT BUG: the message is a bare
              DEADLINE_EXCEEDED (see case_below_min_coordinator).
   zero       --optimizer adam --zero: a worker dies after the optimizer step,
-             after its local update (before the parameters' broadcast), or in
-             backward (W = 3, 4), or dies and is restarted; the survivors (and
+             after its local update (before the parameters' broadcast), or
+             before its forward (W = 3, 4), or dies and is restarted; the survivors (and
              the newcomer) bit-identical to the unsharded job's with the same
              death.
   chaos      4 workers, --max-restarts 20, --min-workers 2: this script
@@ -219,9 +219,10 @@ def case_zero(ctx, name, world, min_workers, ref_kill, kill=None, fault=None, ex
     CONCORD_TEST_FAULT "zero" point for the sharded run (the worker dies after
     its local update, before the parameters' broadcast, and the survivors put
     their shards' copies back), `ref_kill` the unsharded run's kill at the
-    same step (in backward: nobody commits the step either). With `restarts`
-    (and min_workers = world) the dead worker comes back as a newcomer that the
-    others wait for: it gets its shard, at the same step in both runs."""
+    same step (before its forward: nobody commits the step either). With
+    `restarts` (and min_workers = world) the dead worker comes back as a
+    newcomer that the others wait for: it gets its shard, at the same step in
+    both runs."""
     n, batch, epochs = 150, 4, 3
     fx = Fixture(ctx.tmp, n)
     ref = RunDir(ctx.tmp, name + "-unsharded")
@@ -711,9 +712,11 @@ def _cases():
     c["zero-w3-optimizer"] = ("zero", lambda ctx: case_zero(
         ctx, "zero-w3-optimizer", 3, 2, "1:4:optimizer", kill="1:4:optimizer"))
     c["zero-w3-broadcast"] = ("zero", lambda ctx: case_zero(
-        ctx, "zero-w3-broadcast", 3, 2, "1:4:backward", fault="1:4:zero:optimizer:1"))
-    c["zero-w4-bucket-view-backward"] = ("zero", lambda ctx: case_zero(
-        ctx, "zero-w4-bucket-view-backward", 4, 2, "2:5:backward", kill="2:5:backward",
+        ctx, "zero-w3-broadcast", 3, 2, "1:4:forward", fault="1:4:zero:optimizer:1"))
+    # Deaths whose step nobody commits, whatever the timing: before the
+    # forward (a death in backward may come after its share was summed).
+    c["zero-w4-bucket-view-forward"] = ("zero", lambda ctx: case_zero(
+        ctx, "zero-w4-bucket-view-forward", 4, 2, "2:5:forward", kill="2:5:forward",
         extra=["--zero-bucket-view"]))
     c["zero-w3-restart"] = ("zero", lambda ctx: case_zero(
         ctx, "zero-w3-restart", 3, 3, "1:6:optimizer", kill="1:6:optimizer", restarts=1))
