@@ -19,6 +19,14 @@
 // bit-identical to PyTorch's ZeroRedundancyOptimizer with DDP, and to an
 // unsharded optimizer of the same kind.
 //
+// Under run_elastic (ElasticState::add it as any optimizer) no state goes
+// with a rank that dies: each shard is also stepped by a mirror rank, on
+// another node where there is one, and a re-form re-partitions over the new
+// world; checkpoints hold the whole state as an unsharded optimizer's
+// (PyTorch's state_dict). It then wraps SGD, Adam, AdamW, RMSprop or
+// Adagrad only (see Note [Elastic ZeRO] in api/zero.cc; docs/api.md says
+// what it costs).
+//
 // It is a torch::optim::Optimizer: param_groups() holds every parameter
 // with its group's options (a learning-rate scheduler changes them there;
 // each step hands them to the wrapped optimizer), zero_grad() clears every
