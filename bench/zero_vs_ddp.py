@@ -1,0 +1,308 @@
+#!/usr/bin/python3
+"""Benchmark: concord::ZeroRedundancyOptimizer against unsharded Concord DDP
+and against PyTorch's DDP, plain and with its ZeroRedundancyOptimizer: the
+same model, data, world size, Adam and number of steps (issue 48).
+
+Usage (Debian's python3, which has torch; build concord-train and
+concord-run first):
+
+    /usr/bin/python3 bench/zero_vs_ddp.py --bin-dir build/bin
+    /usr/bin/python3 bench/zero_vs_ddp.py --bin-dir build/bin --world-size 4 --steps 60 \\
+        --repeat 3
+
+What it does:
+  1. Writes tests/reference/fixtures.py's mlp-large task (Linear layers of
+     width 1024, ~2.6 M parameters, cross_entropy): Adam's state (exp_avg,
+     exp_avg_sq: 8 bytes a parameter, ~21 MB) is twice the parameters.
+     The data is --steps x world size x batch samples: every rank takes --steps
+     full batches (one epoch, no shuffle, rank r taking samples r, r+W, ...).
+  2. Trains it five times, Adam (lr --lr), one compute thread per worker:
+     - concord ddp:         `concord-run --standalone --nproc W --
+                            concord-train --optimizer adam` (unsharded);
+     - concord zero:        the same with --zero (elastic ZeRO: concord-train
+                            always runs under run_elastic);
+     - concord zero+bview:  --zero --zero-bucket-view;
+     - torch ddp:           PyTorch's DDP and torch.optim.Adam, W processes
+                            (torch.multiprocessing, spawn), gloo;
+     - torch zero:          PyTorch's DDP and
+                            ZeroRedundancyOptimizer(optimizer_class=Adam).
+     Concord's DDP has no overlap of ZeRO's parameter broadcast with the
+     backward yet (PyTorch's overlap_with_ddp); neither side uses it.
+  3. Prints, per kind: rank 0's mean and median step time (ms; forward,
+     backward, optimizer step, and for Concord the elastic commit; the first
+     2 steps excluded), the median over --repeat runs run interleaved;
+     optimizer-state bytes on rank 0 (Concord: --metrics-out's
+     optimizer_state_bytes, the authoritative rank's, i.e.
+     ZeroRedundancyOptimizer::state_bytes() or the LibTorch optimizer's
+     state tensors; PyTorch: the nbytes of the (local) optimizer's state
+     tensors, 'step' excluded) and that over unsharded state / W; peak RSS
+     per rank (ru_maxrss; Concord: the largest of concord-run and its
+     workers, from wait4 on concord-run; PyTorch: the largest rank's).
+  Then the expectation of Note [Elastic ZeRO] (api/zero.cc) for each rank of
+  Concord's elastic ZeRO, from the partition (PyTorch's greedy one) and the
+  mirrors (rank r mirrors rank r-1's shard on one host): its own and its
+  mirrored shard's state live, plus copies of both with their parameters;
+  and the same over an even split, 2 S/W + 2 (S + P)/W (S the unsharded
+  state, P the parameters' bytes), against "state/N plus the chosen
+  redundancy".
+"""
+
+import argparse
+import datetime
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
+
+import fixtures  # noqa: E402
+
+KIND = "mlp-large"
+WARMUP = 2  # steps left out of the mean, as concord-train does
+MIB = 1024.0 * 1024.0
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--bin-dir", required=True)
+    p.add_argument("--world-size", type=int, default=3)
+    p.add_argument("--steps", type=int, default=40, help="optimizer steps per run")
+    p.add_argument("--batch-size", type=int, default=32, help="samples per rank and step")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--repeat", type=int, default=2,
+                   help="runs of each, interleaved; step times: the median over them")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--timeout", type=float, default=600)
+    return p.parse_args()
+
+
+# --- Concord ------------------------------------------------------------------
+
+def run_concord(args, tmp, model, data, name, flags):
+    out = os.path.join(tmp, name.replace(" ", "-").replace("+", "-"))
+    os.makedirs(out, exist_ok=True)
+    metrics = os.path.join(out, "metrics.json")
+    cmd = [os.path.join(args.bin_dir, "concord-run"), "--standalone",
+           "--nproc", str(args.world_size), "--job-id", "bench-" + os.path.basename(out), "--",
+           os.path.join(args.bin_dir, "concord-train"), "--model", model, "--data", data,
+           "--loss", fixtures.default_loss(KIND), "--optimizer", "adam", "--lr", str(args.lr),
+           "--batch-size", str(args.batch_size), "--epochs", "1", "--seed", str(args.seed),
+           "--log-interval", "1000000", "--metrics-out", metrics] + flags
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    with open(os.path.join(out, "stdout"), "w") as so, open(os.path.join(out, "stderr"), "w") as se:
+        proc = subprocess.Popen(cmd, env=env, stdout=so, stderr=se)
+        # wait4: ru_maxrss of concord-run and of every worker it reaped, the
+        # largest of them.
+        deadline = time.monotonic() + args.timeout
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid == proc.pid:
+                break
+            if time.monotonic() > deadline:
+                proc.kill()
+                sys.exit("%s timed out after %.0f s" % (name, args.timeout))
+            time.sleep(0.05)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        with open(os.path.join(out, "stderr")) as f:
+            sys.exit("%s failed (exit %d):\n%s" % (name, proc.returncode, f.read()[-3000:]))
+    with open(metrics) as f:
+        m = json.load(f)
+    return {"name": name, "steps": m["optimizer_steps"], "step_ms": m["step_time_ms_mean"],
+            "median_ms": m["step_time_ms_median"],
+            "state_bytes": m["optimizer_state_bytes"], "rank0_rss": m["peak_rss_bytes"],
+            "max_rss": usage.ru_maxrss * 1024, "per_rank_state": None}
+
+
+# --- PyTorch --------------------------------------------------------------------
+
+def torch_worker(rank, world, init_file, cfg, prefix):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank,
+                            world_size=world, timeout=datetime.timedelta(seconds=300))
+    try:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        data = torch.load(cfg["data"])
+        model = fixtures.build_model(KIND)
+        initial = fixtures.initial_state(cfg["model"])
+        with torch.no_grad():
+            for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+                t.copy_(initial[name])
+        model.train()
+        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        if cfg["zero"]:
+            optimizer = ZeroRedundancyOptimizer(ddp.parameters(),
+                                                optimizer_class=torch.optim.Adam, lr=cfg["lr"])
+            local = optimizer.optim
+        else:
+            optimizer = local = torch.optim.Adam(ddp.parameters(), lr=cfg["lr"])
+        shard = fixtures.shard_indices(data["inputs"].size(0), rank, world)
+        batch = cfg["batch_size"]
+        times = []
+        for s in range(cfg["steps"]):
+            index = torch.tensor(shard[s * batch:(s + 1) * batch])
+            x, y = data["inputs"][index], data["targets"][index]
+            start = time.perf_counter()
+            optimizer.zero_grad(set_to_none=False)
+            F.cross_entropy(ddp(x), y).backward()
+            optimizer.step()
+            times.append((time.perf_counter() - start) * 1e3)
+        state_bytes = sum(t.numel() * t.element_size() for st in local.state.values()
+                          for k, t in st.items() if k != "step" and torch.is_tensor(t))
+        timed = times[WARMUP:] if len(times) > WARMUP else times
+        result = {"step_ms": sum(timed) / len(timed), "steps": len(times),
+                  "median_ms": float(torch.tensor(timed).median()),
+                  "state_bytes": state_bytes,
+                  "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+        with open("%s.rank%d.json" % (prefix, rank), "w") as f:
+            json.dump(result, f)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    # As tests/reference/test_zero_reference.py: leave without the
+    # destructors (PyTorch 1.13's ProcessGroupGloo can deadlock in them).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def run_torch(args, tmp, model, data, name, zero):
+    # A fresh prefix per run: gloo's FileStore must not be reused.
+    prefix = tempfile.mkdtemp(prefix=name.replace(" ", "-") + ".", dir=tmp) + "/run"
+    cfg = {"model": model, "data": data, "zero": zero, "lr": args.lr,
+           "batch_size": args.batch_size, "steps": args.steps}
+    os.environ["OMP_NUM_THREADS"] = "1"
+    ctx = mp.start_processes(torch_worker, args=(args.world_size, prefix + ".store", cfg, prefix),
+                             nprocs=args.world_size, join=False, start_method="spawn")
+    deadline = time.monotonic() + args.timeout
+    try:
+        while not ctx.join(timeout=1.0):
+            if time.monotonic() > deadline:
+                sys.exit("%s timed out after %.0f s" % (name, args.timeout))
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.kill()
+                p.join()
+    ranks = []
+    for r in range(args.world_size):
+        with open("%s.rank%d.json" % (prefix, r)) as f:
+            ranks.append(json.load(f))
+    return {"name": name, "steps": ranks[0]["steps"], "step_ms": ranks[0]["step_ms"],
+            "median_ms": ranks[0]["median_ms"],
+            "state_bytes": ranks[0]["state_bytes"], "rank0_rss": ranks[0]["rss"],
+            "max_rss": max(r["rss"] for r in ranks),
+            "per_rank_state": [r["state_bytes"] for r in ranks]}
+
+
+# --- Note [Elastic ZeRO]'s expectation ----------------------------------------------
+
+def partition(numels, world):
+    """PyTorch's ZeroRedundancyOptimizer partition (one group): largest
+    parameters first, each to the rank with the fewest elements so far."""
+    sizes = [0] * world
+    for n in sorted(numels, reverse=True):
+        r = sizes.index(min(sizes))
+        sizes[r] += n
+    return sizes
+
+
+def expected_elastic(numels, world, state_per_elem, elem_bytes):
+    """Bytes per rank: its own shard and the one it mirrors (rank r mirrors
+    rank r-1's, Note [ZeRO mirrors] on one host), live state plus the copies
+    of state and parameters taken at each step's start."""
+    shard = partition(numels, world)
+    out = []
+    for r in range(world):
+        held = shard[r] + (shard[(r - 1) % world] if world > 1 else 0)
+        out.append(held * (2 * state_per_elem + elem_bytes))
+    return out, shard
+
+
+def median(values):
+    v = sorted(values)
+    n = len(v)
+    return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
+
+
+def main():
+    args = parse_args()
+    torch.set_num_threads(1)
+    os.environ["OMP_NUM_THREADS"] = "1"
+    tmp = tempfile.mkdtemp(prefix="concord-bench-zero-")
+    samples = args.steps * args.world_size * args.batch_size
+    model, data = fixtures.make_fixture(os.path.join(tmp, "task"), KIND, samples, args.seed)
+    numels = [p.numel() for p in fixtures.build_model(KIND).parameters()]
+    params = sum(numels)
+    runs = [lambda: run_concord(args, tmp, model, data, "concord ddp", []),
+            lambda: run_concord(args, tmp, model, data, "concord zero", ["--zero"]),
+            lambda: run_concord(args, tmp, model, data, "concord zero+bview",
+                                ["--zero", "--zero-bucket-view"]),
+            lambda: run_torch(args, tmp, model, data, "torch ddp", False),
+            lambda: run_torch(args, tmp, model, data, "torch zero", True)]
+    # Interleaved: a change in the machine's load reaches every kind alike.
+    results = [[] for _ in runs]
+    for _ in range(args.repeat):
+        for i, run in enumerate(runs):
+            results[i].append(run())
+    rows = []
+    for each in results:
+        row = dict(each[-1])
+        row["step_ms"] = median([r["step_ms"] for r in each])
+        row["median_ms"] = median([r["median_ms"] for r in each])
+        row["rank0_rss"] = max(r["rank0_rss"] for r in each)
+        row["max_rss"] = max(r["max_rss"] for r in each)
+        rows.append(row)
+    W = args.world_size
+    S = rows[0]["state_bytes"]  # unsharded Adam state
+    P = params * 4
+    print("%s (%d parameters, %.2f MiB; Adam state S = %.2f MiB unsharded), world size %d, "
+          "batch %d per rank, %d samples, Adam lr %g, 1 compute thread per worker, no "
+          "overlap of ZeRO with DDP, %d run(s) of each" % (
+              KIND, params, P / MIB, S / MIB, W, args.batch_size, samples, args.lr,
+              args.repeat))
+    header = "%-19s %5s %16s %8s %13s %8s %21s" % (
+        "run", "steps", "step ms mean/med", "vs ddp", "state MiB/rk0", "/(S/W)",
+        "peak RSS MiB rk0/max")
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        base = rows[3] if r["name"].startswith("torch") else rows[0]
+        print("%-19s %5d %8.2f/%7.2f %7.2fx %13.2f %7.2fx %10.1f/%10.1f" % (
+            r["name"], r["steps"], r["step_ms"], r["median_ms"], r["step_ms"] / base["step_ms"],
+            r["state_bytes"] / MIB, r["state_bytes"] / (S / W), r["rank0_rss"] / MIB,
+            r["max_rss"] / MIB))
+    print("(step ms: rank 0's mean and median step, first %d steps excluded, median over the "
+          "runs; vs ddp: mean against the same side's unsharded DDP. state: rank 0's optimizer "
+          "state (Concord: the authoritative rank's --metrics-out). peak RSS: ru_maxrss, the "
+          "largest over the runs; Concord's max over concord-run and its workers, PyTorch's "
+          "over its ranks)" % WARMUP)
+    torch_zero = rows[4]["per_rank_state"]
+    print("PyTorch ZeRO state per rank (MiB): %s" % ", ".join(
+        "%.2f" % (b / MIB) for b in torch_zero))
+    expected, shard = expected_elastic(numels, W, S / params, 4)
+    even = (2 * S + 2 * (S + P)) / W
+    print("Note [Elastic ZeRO]: per rank, own + mirrored shard's state live and copies of both "
+          "with their parameters; shards of %s parameters (rank r mirrors rank r-1):"
+          % "/".join(str(s) for s in shard))
+    for r, e in enumerate(expected):
+        print("  rank %d: expected %.2f MiB = %.2fx S/W" % (r, e / MIB, e / (S / W)))
+    measured = rows[1]["state_bytes"]
+    print("  even split: 2 S/W + 2 (S + P)/W = %.2f MiB = %.2fx S/W; concord zero's rank 0 "
+          "measured %.2f MiB = %.3fx its expectation (goal <= 1.1x)" % (
+              even / MIB, even / (S / W), measured / MIB, measured / expected[0]))
+
+
+if __name__ == "__main__":
+    main()
