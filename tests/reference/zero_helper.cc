@@ -32,6 +32,7 @@
 #include <iostream>
 #include <iterator>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -72,7 +73,9 @@ void PutState(Dict& out, const std::string& prefix,
 template <typename Key>
 Key KeyOf(const torch::Tensor& p) {
   if constexpr (std::is_same_v<Key, std::string>) {
-    return c10::guts::to_string(p.unsafeGetTensorImpl());
+    std::ostringstream printed;  // c10::guts::to_string of 1.13
+    printed << p.unsafeGetTensorImpl();
+    return printed.str();
   } else {
     return static_cast<Key>(p.unsafeGetTensorImpl());
   }
