@@ -59,7 +59,6 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -170,11 +169,7 @@ def torch_worker(rank, world, init_file, cfg, prefix):
         dist.barrier()
     finally:
         dist.destroy_process_group()
-    # As tests/reference/test_zero_reference.py: leave without the
-    # destructors (PyTorch 1.13's ProcessGroupGloo can deadlock in them).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    fixtures.leave_rank()
 
 
 def run_torch(args, tmp, model, data, name, zero):
@@ -183,18 +178,10 @@ def run_torch(args, tmp, model, data, name, zero):
     cfg = {"model": model, "data": data, "zero": zero, "lr": args.lr,
            "batch_size": args.batch_size, "steps": args.steps}
     os.environ["OMP_NUM_THREADS"] = "1"
-    ctx = mp.start_processes(torch_worker, args=(args.world_size, prefix + ".store", cfg, prefix),
-                             nprocs=args.world_size, join=False, start_method="spawn")
-    deadline = time.monotonic() + args.timeout
-    try:
-        while not ctx.join(timeout=1.0):
-            if time.monotonic() > deadline:
-                sys.exit("%s timed out after %.0f s" % (name, args.timeout))
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
-                p.join()
+    error = fixtures.run_ranks(torch_worker, (args.world_size, prefix + ".store", cfg, prefix),
+                               args.world_size, args.timeout, name, start_method="spawn")
+    if error:
+        sys.exit(error)
     ranks = []
     for r in range(args.world_size):
         with open("%s.rank%d.json" % (prefix, r)) as f:

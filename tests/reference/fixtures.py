@@ -341,6 +341,39 @@ def last_joiner(lengths):
 
 # --- state dict helpers ------------------------------------------------------
 
+def leave_rank():
+    """Ends a torch.multiprocessing rank (run_ranks') without running the
+    destructors: PyTorch 1.13 can deadlock in ProcessGroupGloo's destructor,
+    reached from the Reducers' when the worker's locals go. Call it once
+    everything is written."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def run_ranks(worker, args, world, timeout, what, start_method="fork"):
+    """worker(rank, *args) in `world` processes of torch.multiprocessing;
+    waits at most `timeout` seconds and kills whatever is left. Returns None,
+    or why not ("<what> timed out after T s", "<what> failed: ...")."""
+    import torch.multiprocessing as mp  # noqa: WPS433 (only where ranks run)
+    import time
+    ctx = mp.start_processes(worker, args=args, nprocs=world, join=False,
+                             start_method=start_method)
+    deadline = time.monotonic() + timeout
+    try:
+        while not ctx.join(timeout=1.0):
+            if time.monotonic() > deadline:
+                return "%s timed out after %.0f s" % (what, timeout)
+    except Exception as e:  # ProcessRaisedException, ProcessExitedException
+        return "%s failed: %s" % (what, e)
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.kill()
+                p.join()
+    return None
+
+
 def load_state(path):
     """Load a dict name -> tensor written by torch.save (Python) or by
     Concord (see Note [State dict files]), the way a careful Python user does:

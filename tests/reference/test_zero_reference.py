@@ -46,7 +46,6 @@ import zlib
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -180,11 +179,7 @@ def torch_worker(rank, world, init_file, in_path, prefix):
         dist.barrier()
     finally:
         dist.destroy_process_group()
-    # As torch_ddp_train.py: leave without the destructors (PyTorch 1.13's
-    # ProcessGroupGloo can deadlock in them). Everything is written by now.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    fixtures.leave_rank()
 
 
 def run_torch(tmp, name, in_path, timeout=120.0):
@@ -192,20 +187,10 @@ def run_torch(tmp, name, in_path, timeout=120.0):
     world = CASES[name][0]
     prefix = os.path.join(tmp, name + ".torch")
     init_file = os.path.join(tmp, name + ".store")
-    ctx = mp.start_processes(torch_worker, args=(world, init_file, in_path, prefix),
-                             nprocs=world, join=False, start_method="fork")
-    deadline = time.monotonic() + timeout
-    try:
-        while not ctx.join(timeout=1.0):
-            if time.monotonic() > deadline:
-                return None, "PyTorch's ZeroRedundancyOptimizer timed out after %.0f s" % timeout
-    except Exception as e:  # ProcessRaisedException, ProcessExitedException
-        return None, "PyTorch's ZeroRedundancyOptimizer failed: %s" % e
-    finally:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
-                p.join()
+    error = fixtures.run_ranks(torch_worker, (world, init_file, in_path, prefix), world,
+                               timeout, "PyTorch's ZeroRedundancyOptimizer")
+    if error:
+        return None, error
     return [fixtures.load_state("%s.rank%d.pt" % (prefix, r)) for r in range(world)], None
 
 
