@@ -38,7 +38,7 @@ What it does:
      tensors, 'step' excluded) and that over unsharded state / W; peak RSS
      per rank (ru_maxrss; Concord: the largest of concord-run and its
      workers, from wait4 on concord-run; PyTorch: the largest rank's).
-  Then the expectation of Note [Elastic ZeRO] (api/zero.cc) for each rank of
+  Then the expectation for each rank (see Note [Elastic ZeRO] in api/zero.cc) of
   Concord's elastic ZeRO, from the partition (PyTorch's greedy one) and the
   mirrors (rank r mirrors rank r-1's shard on one host): its own and its
   mirrored shard's state live, plus copies of both with their parameters;
@@ -193,7 +193,7 @@ def run_torch(args, tmp, model, data, name, zero):
             "per_rank_state": [r["state_bytes"] for r in ranks]}
 
 
-# --- Note [Elastic ZeRO]'s expectation ----------------------------------------------
+# --- the expected state (see Note [Elastic ZeRO]) -------------------------------------
 
 def partition(numels, world):
     """PyTorch's ZeroRedundancyOptimizer partition (one group): largest
@@ -207,7 +207,7 @@ def partition(numels, world):
 
 def expected_elastic(numels, world, state_per_elem, elem_bytes):
     """Bytes per rank: its own shard and the one it mirrors (rank r mirrors
-    rank r-1's, Note [ZeRO mirrors] on one host), live state plus the copies
+    rank r-1's on one host, see Note [ZeRO mirrors]), live state plus the copies
     of state and parameters taken at each step's start."""
     shard = partition(numels, world)
     out = []
@@ -280,7 +280,7 @@ def main():
         "%.2f" % (b / MIB) for b in torch_zero))
     expected, shard = expected_elastic(numels, W, S / params, 4)
     even = (2 * S + 2 * (S + P)) / W
-    print("Note [Elastic ZeRO]: per rank, own + mirrored shard's state live and copies of both "
+    print("Expected (Elastic ZeRO): per rank, own + mirrored shard's state live and copies of both "
           "with their parameters; shards of %s parameters (rank r mirrors rank r-1):"
           % "/".join(str(s) for s in shard))
     for r, e in enumerate(expected):
