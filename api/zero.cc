@@ -327,8 +327,8 @@ void ZeroRedundancyOptimizer::Impl::CheckWorld() const {
                       now == nullptr
                           ? std::string("none")
                           : absl::StrCat("generation ", now->generation()),
-                      ": its shards of the optimizer state do not follow a "
-                      "re-form"));
+                      ": its shards of the optimizer state follow a re-form "
+                      "only under run_elastic (ElasticState::add it)"));
   }
 }
 
@@ -488,14 +488,18 @@ void ZeroRedundancyOptimizer::load(torch::serialize::InputArchive& archive) {
       z.make(GroupsWith(param_groups(), std::move(all)));
   checkpoint::LoadNativeOptimizer(archive, *full);
   CopyOptions(full->param_groups(), param_groups());
-  CopyOptions(param_groups(), z.local->param_groups());
-  auto& state = z.local->state();
-  state.clear();
-  for (const auto& g : z.local->param_groups()) {
-    for (const auto& p : g.params()) {
-      auto it = full->state().find(compat::OptimizerStateKey(p));
-      if (it != full->state().end()) {
-        state[compat::OptimizerStateKey(p)] = it->second->clone();
+  // This rank's shard, and the shards it mirrors (see Note [Elastic ZeRO]).
+  for (optim::Optimizer* o : {z.local.get(), z.mirror.get()}) {
+    if (o == nullptr) continue;
+    CopyOptions(param_groups(), o->param_groups());
+    auto& state = o->state();
+    state.clear();
+    for (const auto& g : o->param_groups()) {
+      for (const auto& p : g.params()) {
+        auto it = full->state().find(compat::OptimizerStateKey(p));
+        if (it != full->state().end()) {
+          state[compat::OptimizerStateKey(p)] = it->second->clone();
+        }
       }
     }
   }
@@ -518,6 +522,17 @@ void ZeroRedundancyOptimizer::add_param_group(
   }
   z.local->add_param_group(optim::OptimizerParamGroup(
       std::move(mine), param_groups().back().options().clone()));
+  if (z.mirror != nullptr) {
+    // The new group's parameters of the shards this rank mirrors.
+    std::vector<torch::Tensor> mirrored;
+    for (int r : z.Mirrored()) {
+      for (int i : z.partition[size_t(r)].back()) {
+        mirrored.push_back(param_groups().back().params()[size_t(i)]);
+      }
+    }
+    z.mirror->add_param_group(optim::OptimizerParamGroup(
+        std::move(mirrored), param_groups().back().options().clone()));
+  }
   z.trainable = TrainableMask(AllParams(param_groups()));
   impl_->BuildBuckets(param_groups());
 }

@@ -129,7 +129,8 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer {
   // bucket). Every rank calls it. Returns the closure's loss, as the
   // wrapped optimizer does. Throws Error: that of the broadcast (a peer
   // gone: kUnavailable, kDeadlineExceeded, kAborted), kFailedPrecondition
-  // when the job's world changed since the optimizer was made.
+  // when the job re-formed outside run_elastic since the optimizer was
+  // made.
   torch::Tensor step(LossClosure closure = nullptr) override;
 
   // Gathers every rank's shard of the state on rank `to` (PyTorch's
@@ -150,7 +151,8 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer {
   void load(torch::serialize::InputArchive& archive) override;
 
   // PyTorch's add_param_group: the new group's parameters are placed
-  // after the others' (those keep their rank). Every rank calls it alike.
+  // after the others' (those keep their rank). Every rank calls it alike,
+  // under run_elastic between steps.
   // Hides Optimizer::add_param_group: call it on the
   // ZeroRedundancyOptimizer itself.
   void add_param_group(const torch::optim::OptimizerParamGroup& group);
