@@ -38,6 +38,53 @@ TEST(ZeroPartitionTest, OneRankTakesEverything) {
   EXPECT_EQ(p, (Partition{{{1, 0}, {0}}}));
 }
 
+TEST(ZeroBucketAssignmentTest, WholeBucketsGoRoundTheRanks) {
+  const BucketAssignment a = AssignBuckets({{4, 2}, {8}, {1, 1, 1}}, 2, false);
+  ASSERT_EQ(a.runs.size(), 3u);
+  EXPECT_EQ(a.runs[2].bucket, 2);
+  EXPECT_EQ(a.runs[2].rank, 0);
+  EXPECT_EQ(a.runs[2].offset, 0);
+  EXPECT_EQ(a.runs[2].length, 3);
+  EXPECT_EQ(a.ranks, (std::vector<std::vector<int>>{{0}, {1}, {0}}));
+  EXPECT_EQ(a.unplaceable, -1);
+}
+
+TEST(ZeroBucketAssignmentTest, ShardBucketsCutsRunsBelowTheThreshold) {
+  // An MLP's three rebuilt buckets (elements per parameter). Total 533507,
+  // threshold 177835.7. Smallest bucket first: bucket 2 whole to rank 0;
+  // bucket 1's bias to rank 1 (its weight would reach the threshold), its
+  // weight to rank 2 (rank 1 holds part already); bucket 0's first three to
+  // rank 1 (512 elements so far), its last to rank 0 (6656 < 262144).
+  const BucketAssignment a = AssignBuckets(
+      {{3, 1536, 512, 262144}, {512, 262144}, {512, 6144}}, 3, true);
+  std::vector<std::vector<int>> runs;
+  for (const BucketRun& r : a.runs) {
+    runs.push_back({r.bucket, r.rank, r.offset, r.length});
+  }
+  EXPECT_EQ(runs, (std::vector<std::vector<int>>{{2, 0, 0, 2},
+                                                 {1, 1, 0, 1},
+                                                 {1, 2, 1, 1},
+                                                 {0, 1, 0, 3},
+                                                 {0, 0, 3, 1}}));
+  EXPECT_EQ(a.ranks, (std::vector<std::vector<int>>{{0, 1}, {1, 2}, {0}}));
+}
+
+TEST(ZeroBucketAssignmentTest, ARunNeverStartsEmpty) {
+  // The first parameter reaches the threshold (50.5) alone: it opens the
+  // run rather than closing an empty one; the next closes it.
+  const BucketAssignment a = AssignBuckets({{100, 1}}, 2, true);
+  ASSERT_EQ(a.runs.size(), 2u);
+  EXPECT_EQ(a.runs[0].rank, 0);
+  EXPECT_EQ(a.runs[0].length, 1);
+  EXPECT_EQ(a.runs[1].rank, 1);
+  EXPECT_EQ(a.runs[1].offset, 1);
+}
+
+TEST(ZeroBucketAssignmentTest, MoreRunsThanRanksIsUnplaceable) {
+  const BucketAssignment a = AssignBuckets({{1, 100, 1, 100, 1, 100}}, 2, true);
+  EXPECT_EQ(a.unplaceable, 0);
+}
+
 TEST(ZeroMirrorsTest, OneNodeMirrorsOnTheNextRank) {
   EXPECT_EQ(MirrorsOf({"a", "a", "a"}), (std::vector<int>{1, 2, 0}));
 }

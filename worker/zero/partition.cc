@@ -47,6 +47,77 @@ std::vector<int> OwnerOf(const Partition& partition,
   return owner;
 }
 
+BucketAssignment AssignBuckets(const std::vector<std::vector<int64_t>>& buckets,
+                               int world_size, bool shard_buckets) {
+  BucketAssignment out;
+  out.ranks.resize(buckets.size());
+  auto give = [&](int bucket, int rank, int offset, int length) {
+    out.runs.push_back(BucketRun{bucket, rank, offset, length});
+    out.ranks[size_t(bucket)].push_back(rank);
+  };
+  if (!shard_buckets) {
+    for (size_t b = 0; b < buckets.size(); ++b) {
+      give(int(b), int(b) % world_size, 0, int(buckets[b].size()));
+    }
+  } else {
+    int64_t total = 0;
+    for (const auto& b : buckets) {
+      total = std::accumulate(b.begin(), b.end(), total);
+    }
+    // PyTorch compares against total / world as a float.
+    const double threshold = double(total) / world_size;
+    std::vector<int64_t> sizes(size_t(world_size), 0);
+    std::vector<int64_t> bucket_sizes;
+    for (const auto& b : buckets) {
+      bucket_sizes.push_back(std::accumulate(b.begin(), b.end(), int64_t{0}));
+    }
+    std::vector<int> order(buckets.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+      return bucket_sizes[size_t(a)] < bucket_sizes[size_t(b)];
+    });
+    // The first rank with the fewest elements not holding part of `bucket`.
+    auto least = [&](int bucket) {
+      int best = -1;
+      for (int r = 0; r < world_size; ++r) {
+        const auto& taken = out.ranks[size_t(bucket)];
+        if (std::find(taken.begin(), taken.end(), r) != taken.end()) continue;
+        if (best < 0 || sizes[size_t(r)] < sizes[size_t(best)]) best = r;
+      }
+      return best;
+    };
+    for (int b : order) {
+      const std::vector<int64_t>& params = buckets[size_t(b)];
+      int offset = 0;
+      int64_t run = 0;
+      for (int i = 0; i < int(params.size()); ++i) {
+        const int64_t n = params[size_t(i)];
+        if (double(run + n) >= threshold && i > offset) {
+          const int rank = least(b);
+          if (rank < 0) {
+            out.unplaceable = b;
+            return out;
+          }
+          give(b, rank, offset, i - offset);
+          sizes[size_t(rank)] += run;
+          offset = i;
+          run = 0;
+        }
+        run += n;
+      }
+      const int rank = least(b);
+      if (rank < 0) {
+        out.unplaceable = b;
+        return out;
+      }
+      give(b, rank, offset, int(params.size()) - offset);
+      sizes[size_t(rank)] += run;
+    }
+  }
+  for (auto& r : out.ranks) std::sort(r.begin(), r.end());
+  return out;
+}
+
 std::vector<int> MirrorsOf(const std::vector<std::string>& nodes) {
   const int world = static_cast<int>(nodes.size());
   std::vector<int> out(nodes.size(), -1);

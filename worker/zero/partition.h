@@ -30,6 +30,45 @@ Partition PartitionParameters(const std::vector<std::vector<int64_t>>& numels,
 std::vector<int> OwnerOf(const Partition& partition,
                          const std::vector<std::vector<int64_t>>& numels);
 
+// Note [ZeRO overlap partition]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// With ZeroOptions::overlap_with_ddp the shards follow DDP's buckets (as
+// PyTorch's ZeroRedundancyOptimizer._bucket_assignments_per_rank decides):
+// - whole buckets: bucket b to rank b % world;
+// - shard_buckets: the buckets by increasing element count (a stable sort),
+//   each cut into runs of consecutive parameters, a run closed before the
+//   parameter that would bring it to the threshold (total elements / world)
+//   unless that parameter is the run's first; each run, and the bucket's
+//   remainder, goes to the rank with the fewest elements so far among
+//   those not yet holding part of this bucket (the lowest on a tie).
+// A rank's parameters are in the order its runs were given to it. The
+// broadcasts after a step go bucket by bucket, each bucket's runs in rank
+// order.
+
+// One run of a bucket's parameters given to one rank: `length` parameters
+// from `offset` in the bucket's list.
+struct BucketRun {
+  int bucket = 0;
+  int rank = 0;
+  int offset = 0;
+  int length = 0;
+};
+
+struct BucketAssignment {
+  // In the order they were given.
+  std::vector<BucketRun> runs;
+  // ranks[bucket]: the ranks holding part of it, ascending.
+  std::vector<std::vector<int>> ranks;
+  // shard_buckets: a bucket cut into more runs than there are ranks (every
+  // rank already holds part of it; PyTorch fails there too), else -1.
+  int unplaceable = -1;
+};
+
+// `buckets[b]`: the element counts of bucket b's parameters, in the
+// bucket's order (none empty). `world_size` >= 1.
+BucketAssignment AssignBuckets(const std::vector<std::vector<int64_t>>& buckets,
+                               int world_size, bool shard_buckets);
+
 // Note [ZeRO mirrors]
 // ~~~~~~~~~~~~~~~~~~~
 // Under run_elastic each rank's shard of the optimizer state has a second
