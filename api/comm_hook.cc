@@ -94,4 +94,9 @@ Future ProcessGroup::allreduce(at::Tensor tensor) {
       std::move(work), [tensor] { return tensor; }));
 }
 
+Future allreduce_hook(GradBucket& bucket) {
+  ProcessGroup& group = bucket.process_group();
+  return group.allreduce(bucket.buffer().div_(group.size()));
+}
+
 }  // namespace concord

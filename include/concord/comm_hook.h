@@ -115,4 +115,10 @@ class GradBucket {
 // A hook: the future of the bucket's reduced gradients.
 using CommHook = std::function<Future(GradBucket& bucket)>;
 
+// PyTorch's allreduce_hook (ddp_comm_hooks.default_hooks): the bucket
+// divided by the world size, then summed over the ranks. DDP without a hook
+// multiplies by 1/world while copying instead, which rounds differently
+// from dividing at some world sizes.
+Future allreduce_hook(GradBucket& bucket);
+
 }  // namespace concord

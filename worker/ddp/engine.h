@@ -177,6 +177,8 @@ class Engine {
   const ddp::Reducer& reducer() const { return *reducer_; }
   // Bucket sizes, rebuilds and the last iteration's timings.
   const ddp::ReducerStats& stats() const { return reducer_->stats(); }
+  // Reducer::rebuilt.
+  bool BucketsRebuilt() const { return reducer_->rebuilt(); }
   comm::Communicator& communicator() { return *comm_; }
   int authoritative_rank() const { return authoritative_rank_; }
 

@@ -184,6 +184,10 @@ class Reducer {
   }
 
   std::vector<BucketInfo> buckets() const;
+  // Whether the buckets have their rebuilt layout (PyTorch's
+  // _has_rebuilt_buckets): after the rebuild, or a layout taken from a peer
+  // or a checkpoint that had one.
+  bool rebuilt() const { return rebuilt_; }
   int64_t iterations() const { return stats_.iterations; }
   const ReducerStats& stats() const { return stats_; }
 
