@@ -19,6 +19,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "api/internal.h"
+#include "api/zero_impl.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 #include "worker/checkpoint/content.h"
 #include "worker/checkpoint/optimizer_snapshot.h"
@@ -68,110 +70,11 @@ namespace optim = torch::optim;
 // over N ranks: the live state of its shard and its mirrored one (2 S/N) and
 // their copies at the step's start (2 (S + P)/N).
 
-struct ZeroRedundancyOptimizer::Impl final : elastic::Participant {
-  ZeroRedundancyOptimizer* self;
-  Job job;
-  ZeroOptions options;
-  OptimizerFactory make;
-  // The world the partition is for: the generation's communicator it was
-  // made on, this rank in it.
-  std::shared_ptr<comm::Communicator> comm;
-  zero::Partition partition;
-  std::unique_ptr<optim::Optimizer> local;
-  // ZeroOptions::parameters_as_bucket_view: each rank's trainable
-  // parameters, flat (one tensor per rank).
-  std::vector<torch::Tensor> buckets;
-  std::vector<bool> trainable;
-  // What consolidate_state_dict gathered here (null elsewhere): an
-  // unsharded optimizer of the wrapped kind over every parameter.
-  std::unique_ptr<optim::Optimizer> consolidated;
-
-  // See Note [Elastic ZeRO]: set while an ElasticState holds it, by that
-  // name.
-  bool elastic = false;
-  std::string name;
-  // This generation's mirrors (rank -> its mirror) and the optimizer
-  // stepping the shards this rank mirrors (null: none).
-  std::vector<int> mirror_of;
-  std::unique_ptr<optim::Optimizer> mirror;
-  // The committed step the step being taken started from, whether the
-  // local update ran, and the copies of the shards at its start.
-  int64_t base = 0;
-  bool stepped = false;
-  bool copied = false;
-  checkpoint::OptimizerSnapshot own_copy, mirror_copy;
-  // A checkpoint this rank resumed, by parameter index (the others: none),
-  // and whether this rank holds nothing the job can use.
-  std::optional<std::map<int64_t, NamedTensors>> resumed;
-  bool empty = false;
-  // What ranks leaving at the end of their data handed to this one (see
-  // HandOver), and the committed step it is of.
-  std::map<int64_t, NamedTensors> adopted;
-  int64_t adopted_step = -1;
-
-  Impl(ZeroRedundancyOptimizer* s, const Job& j, const ZeroOptions& o,
-       OptimizerFactory m)
-      : self(s), job(j), options(o), make(std::move(m)) {}
-
-  std::vector<optim::OptimizerParamGroup>& groups() {
-    return self->param_groups();
-  }
-  // The local optimizers over the shards of `ranks` under `partition`,
-  // with the groups' options.
-  std::unique_ptr<optim::Optimizer> MakeOver(const zero::Partition& partition,
-                                             const std::vector<int>& ranks);
-  // Parameter indices (state_dict's) this rank steps: its own shard, then
-  // the ones it mirrors.
-  std::vector<int64_t> Held() const;
-  // Every held parameter's state, by index (CPU tensors).
-  std::map<int64_t, NamedTensors> HeldState() const;
-  std::vector<int> Mirrored() const;
-  int64_t Offset(size_t group) const;
-
-  // elastic::Participant (see Note [Elastic ZeRO]).
-  absl::Status SyncState(std::shared_ptr<comm::Communicator> comm,
-                         int authoritative_rank, int64_t step,
-                         torch::optim::Optimizer& optimizer) override;
-  absl::StatusOr<NamedTensors> CheckpointState(
-      const torch::optim::Optimizer& optimizer) override;
-  absl::Status ResumeState(const NamedTensors* saved,
-                           torch::optim::Optimizer& optimizer) override;
-  std::string OptimizerName() const override { return name; }
-  bool HandsOver() const override { return true; }
-  absl::Status HandOver(comm::Communicator& comm,
-                        const std::vector<bool>& leaving,
-                        int64_t step) override;
-  absl::StatusOr<checkpoint::OptimizerContent> CheckpointOptimizer() override;
-  absl::Status ResumeOptimizer(
-      const checkpoint::OptimizerContent& saved) override;
-  void BeginStep(int64_t step) override;
-  // An unsharded optimizer of the wrapped kind over every parameter, with
-  // the groups' options and no state.
-  std::unique_ptr<optim::Optimizer> MakeWhole();
-
-  int rank() const { return comm->rank(); }
-  int world() const { return comm->size(); }
-  comm::CollectiveOptions Collective() const {
-    comm::CollectiveOptions o;
-    o.timeout = absl::Milliseconds(job.timeouts().collective()->count());
-    return o;
-  }
-  // ZeroOptions::parameters_as_bucket_view: (re)makes `buckets` and points
-  // the parameters into them.
-  void BuildBuckets(const std::vector<optim::OptimizerParamGroup>& groups);
-  // kFailedPrecondition once the job left the generation `comm` is of.
-  void CheckWorld() const;
-  // Every rank's parameters from the rank that stepped them.
-  void SyncParams(const std::vector<optim::OptimizerParamGroup>& groups);
-};
-
 namespace {
 
-constexpr const char* kName = "ZeroRedundancyOptimizer";
-
-[[noreturn]] void Fail(ErrorCode code, const std::string& message) {
-  throw Error(code, absl::StrCat(kName, ": ", message));
-}
+using zero_api::CopyOptions;
+using zero_api::Fail;
+using zero_api::kName;
 
 std::vector<std::vector<int64_t>> NumelsOf(
     const std::vector<optim::OptimizerParamGroup>& groups) {
@@ -236,14 +139,6 @@ std::vector<bool> TrainableMask(const std::vector<torch::Tensor>& params) {
   return out;
 }
 
-// Every group's options from `from` to `to` (the same number of groups).
-void CopyOptions(const std::vector<optim::OptimizerParamGroup>& from,
-                 std::vector<optim::OptimizerParamGroup>& to) {
-  for (size_t g = 0; g < from.size() && g < to.size(); ++g) {
-    if (from[g].has_options()) to[g].set_options(from[g].options().clone());
-  }
-}
-
 std::vector<optim::OptimizerParamGroup> GroupsWith(
     const std::vector<optim::OptimizerParamGroup>& like,
     std::vector<std::vector<torch::Tensor>> params) {
@@ -273,8 +168,24 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(
     Fail(ErrorCode::kFailedPrecondition,
          "the job is between generations (a re-form failed)");
   }
-  impl_->partition =
-      zero::PartitionParameters(NumelsOf(param_groups()), impl_->world());
+  if (options.overlap_with_ddp()) {
+    // See Note [ZeRO overlapped with DDP] in api/zero_overlap.cc: no shard
+    // until DDP's buckets are known.
+    if (param_groups().size() != 1) {
+      Fail(ErrorCode::kInvalidArgument,
+           "overlap_with_ddp takes one parameter group");
+    }
+    if (options.parameters_as_bucket_view()) {
+      Log()->warn(
+          "ZeroRedundancyOptimizer: parameters_as_bucket_view is ignored with "
+          "overlap_with_ddp (each bucket's share is flat already)");
+    }
+    impl_->partition = zero::Partition(size_t(impl_->world()),
+                                       std::vector<std::vector<int>>(1));
+  } else {
+    impl_->partition =
+        zero::PartitionParameters(NumelsOf(param_groups()), impl_->world());
+  }
   impl_->local = impl_->MakeOver(impl_->partition, {impl_->rank()});
   impl_->trainable = TrainableMask(params);
   impl_->BuildBuckets(param_groups());
@@ -286,7 +197,7 @@ void ZeroRedundancyOptimizer::Impl::BuildBuckets(
     const std::vector<optim::OptimizerParamGroup>& groups) {
   Impl& z = *this;
   z.buckets.clear();
-  if (!z.options.parameters_as_bucket_view()) return;
+  if (!z.options.parameters_as_bucket_view() || z.overlapped()) return;
   torch::NoGradGuard no_grad;
   for (int r = 0; r < z.world(); ++r) {
     std::vector<torch::Tensor> trainable;
@@ -334,6 +245,16 @@ void ZeroRedundancyOptimizer::Impl::CheckWorld() const {
 
 torch::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
   Impl& z = *impl_;
+  if (z.overlapped()) {
+    // PyTorch's: the step is the hook's.
+    if (!z.overlap.warned) {
+      Log()->warn(
+          "ZeroRedundancyOptimizer: step() does nothing with overlap_with_ddp "
+          "(DDP's backward steps); leave it out of the training loop");
+      z.overlap.warned = true;
+    }
+    return {};
+  }
   z.CheckWorld();
   std::vector<bool> mask = TrainableMask(AllParams(param_groups()));
   if (mask != z.trainable) {
@@ -405,6 +326,7 @@ void ZeroRedundancyOptimizer::Impl::SyncParams(
 void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
   Impl& z = *impl_;
   z.CheckWorld();
+  z.CheckOverlapReady("consolidate_state_dict");
   if (to < 0 || to >= z.world()) {
     Fail(ErrorCode::kInvalidArgument,
          absl::StrCat("consolidate_state_dict(", to,
@@ -482,6 +404,7 @@ void ZeroRedundancyOptimizer::save(
 
 void ZeroRedundancyOptimizer::load(torch::serialize::InputArchive& archive) {
   Impl& z = *impl_;
+  z.CheckOverlapReady("load");
   std::vector<std::vector<torch::Tensor>> all;
   for (const auto& g : param_groups()) all.push_back(g.params());
   std::unique_ptr<optim::Optimizer> full =
@@ -509,6 +432,10 @@ void ZeroRedundancyOptimizer::add_param_group(
     const optim::OptimizerParamGroup& group) {
   Impl& z = *impl_;
   z.CheckWorld();
+  if (z.overlapped()) {
+    Fail(ErrorCode::kFailedPrecondition,
+         "add_param_group: overlap_with_ddp takes one parameter group");
+  }
   std::vector<torch::Tensor> params = AllParams(param_groups());
   params.insert(params.end(), group.params().begin(), group.params().end());
   CheckParams(params);
@@ -975,6 +902,12 @@ absl::Status ZeroRedundancyOptimizer::Impl::ResumeOptimizer(
 elastic::Participant* detail::ZeroParticipant(ZeroRedundancyOptimizer& zero,
                                               const std::string& name) {
   ZeroRedundancyOptimizer::Impl& z = zero.impl();
+  if (z.overlapped()) {
+    Fail(ErrorCode::kFailedPrecondition,
+         "overlap_with_ddp is not supported under run_elastic yet (its step "
+         "runs inside DDP's backward); without it the step is "
+         "transactional");
+  }
   if (checkpoint::CaptureOptimizer(kName, *z.local).type.empty()) {
     Fail(ErrorCode::kFailedPrecondition,
          "under run_elastic it needs an optimizer with a PyTorch state_dict "
@@ -1016,6 +949,7 @@ int64_t ZeroRedundancyOptimizer::state_bytes() const {
 }
 
 std::vector<int> ZeroRedundancyOptimizer::owners() const {
+  impl_->CheckOverlapReady("owners");
   return zero::OwnerOf(impl_->partition, NumelsOf(param_groups()));
 }
 

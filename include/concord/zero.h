@@ -27,6 +27,17 @@
 // Adagrad only (see Note [Elastic ZeRO] in api/zero.cc; docs/api.md says
 // what it costs).
 //
+// With ZeroOptions::overlap_with_ddp the step runs inside DDP's backward
+// (PyTorch's ddp_zero_hook), as soon as each bucket's gradients are
+// reduced:
+//
+//   concord::ZeroRedundancyOptimizer optimizer(
+//       ddp->parameters(), torch::optim::AdamOptions(1e-3), job,
+//       concord::ZeroOptions().overlap_with_ddp(true));
+//   ddp->register_comm_hook(concord::hook_with_zero_step(
+//       concord::allreduce_hook, ddp, optimizer));
+//   ... forward, backward: the parameters are updated when it returns ...
+//
 // It is a torch::optim::Optimizer: param_groups() holds every parameter
 // with its group's options (a learning-rate scheduler changes them there;
 // each step hands them to the wrapped optimizer), zero_grad() clears every
@@ -48,6 +59,8 @@
 #include <memory>
 #include <vector>
 
+#include "concord/comm_hook.h"
+#include "concord/ddp.h"
 #include "concord/job.h"
 #include "concord/zero_options.h"
 
@@ -169,12 +182,55 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer {
   // api/zero.cc).
   int64_t state_bytes() const;
 
-  // Inside Concord (ElasticState).
+  // Inside Concord (ElasticState, the overlap hooks).
   struct Impl;
   Impl& impl() { return *impl_; }
 
  private:
   std::unique_ptr<Impl> impl_;
 };
+
+// PyTorch's hook_with_zero_step(hook, ddp, zero, shard_buckets), for a
+// `zero` made with ZeroOptions::overlap_with_ddp over `ddp`'s parameters:
+// `hook` (allreduce_hook, or any other) reduces each bucket; at the last
+// bucket each rank waits for its buckets' reductions, steps their share
+// of the parameters with the wrapped optimizer and sends them, bucket by
+// bucket, and backward returns once every parameter is updated. The shards
+// follow DDP's buckets (see Note [ZeRO overlap partition] in
+// worker/zero/partition.h): each bucket to one rank (b % world), or with
+// `shard_buckets` split over ranks to even out their shares. DDP's first
+// two backwards update nothing: the first builds DDP's final buckets, the
+// second tells the optimizer what they hold. Register it on `ddp` before
+// the first forward; `ddp` and `zero` outlive its backwards. Throws Error
+// kInvalidArgument: `zero` without overlap_with_ddp; kAlreadyExists: a
+// hook made for `zero` already. In backward (from the hook), Error
+// kFailedPrecondition: `zero`'s parameters are not exactly `ddp`'s, or
+// shard_buckets cannot place a bucket.
+CommHook hook_with_zero_step(CommHook hook, detail::DdpCore& ddp,
+                             ZeroRedundancyOptimizer& zero,
+                             bool shard_buckets = false);
+template <typename Wrapped>
+CommHook hook_with_zero_step(CommHook hook,
+                             DistributedDataParallel<Wrapped>& ddp,
+                             ZeroRedundancyOptimizer& zero,
+                             bool shard_buckets = false) {
+  return hook_with_zero_step(std::move(hook), ddp->core(), zero, shard_buckets);
+}
+
+// PyTorch's hook_with_zero_step_interleaved: the same, but each bucket's
+// share is stepped and sent as soon as that bucket is reduced, interleaving
+// the optimizer's work and broadcasts with the other buckets' reductions.
+// The same parameters, bit for bit.
+CommHook hook_with_zero_step_interleaved(CommHook hook, detail::DdpCore& ddp,
+                                         ZeroRedundancyOptimizer& zero,
+                                         bool shard_buckets = false);
+template <typename Wrapped>
+CommHook hook_with_zero_step_interleaved(CommHook hook,
+                                         DistributedDataParallel<Wrapped>& ddp,
+                                         ZeroRedundancyOptimizer& zero,
+                                         bool shard_buckets = false) {
+  return hook_with_zero_step_interleaved(std::move(hook), ddp->core(), zero,
+                                         shard_buckets);
+}
 
 }  // namespace concord

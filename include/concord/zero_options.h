@@ -13,6 +13,15 @@ struct ZeroOptions {
   // step sends one tensor per rank. Parameters that need no gradient stay
   // outside.
   TORCH_ARG(bool, parameters_as_bucket_view) = false;
+  // PyTorch's overlap_with_ddp: the step runs inside DDP's backward, each
+  // bucket's share as soon as its gradients are reduced, through the hook
+  // hook_with_zero_step or hook_with_zero_step_interleaved (concord/zero.h)
+  // registered on the DistributedDataParallel; step() then does nothing.
+  // The shards follow DDP's buckets, known once DDP has rebuilt them: as
+  // PyTorch's, the first two backwards update nothing. One parameter
+  // group; parameters_as_bucket_view is ignored (the parameters of each
+  // bucket's share are flat already). Not under run_elastic yet.
+  TORCH_ARG(bool, overlap_with_ddp) = false;
 };
 
 }  // namespace concord

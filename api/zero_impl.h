@@ -1,0 +1,181 @@
+#pragma once
+// What api/zero.cc and api/zero_overlap.cc share of
+// concord::ZeroRedundancyOptimizer (include/concord/zero.h): its Impl.
+
+#include <torch/torch.h>
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "concord/comm_hook.h"
+#include "concord/error.h"
+#include "concord/zero.h"
+#include "worker/checkpoint/content.h"
+#include "worker/checkpoint/optimizer_snapshot.h"
+#include "worker/comm/communicator.h"
+#include "worker/elastic/state.h"
+#include "worker/zero/partition.h"
+
+namespace concord {
+
+namespace optim = torch::optim;
+
+namespace zero_api {
+inline constexpr const char* kName = "ZeroRedundancyOptimizer";
+// Throws Error with `message` after the class's name.
+[[noreturn]] inline void Fail(ErrorCode code, const std::string& message) {
+  throw Error(code, absl::StrCat(kName, ": ", message));
+}
+// Every group's options from `from` to `to` (the same number of groups).
+inline void CopyOptions(const std::vector<optim::OptimizerParamGroup>& from,
+                        std::vector<optim::OptimizerParamGroup>& to) {
+  for (size_t g = 0; g < from.size() && g < to.size(); ++g) {
+    if (from[g].has_options()) to[g].set_options(from[g].options().clone());
+  }
+}
+}  // namespace zero_api
+
+struct ZeroRedundancyOptimizer::Impl final : elastic::Participant {
+  ZeroRedundancyOptimizer* self;
+  Job job;
+  ZeroOptions options;
+  OptimizerFactory make;
+  // The world the partition is for: the generation's communicator it was
+  // made on, this rank in it.
+  std::shared_ptr<comm::Communicator> comm;
+  zero::Partition partition;
+  std::unique_ptr<optim::Optimizer> local;
+  // ZeroOptions::parameters_as_bucket_view: each rank's trainable
+  // parameters, flat (one tensor per rank).
+  std::vector<torch::Tensor> buckets;
+  std::vector<bool> trainable;
+  // What consolidate_state_dict gathered here (null elsewhere): an
+  // unsharded optimizer of the wrapped kind over every parameter.
+  std::unique_ptr<optim::Optimizer> consolidated;
+
+  // See Note [Elastic ZeRO]: set while an ElasticState holds it, by that
+  // name.
+  bool elastic = false;
+  std::string name;
+  // This generation's mirrors (rank -> its mirror) and the optimizer
+  // stepping the shards this rank mirrors (null: none).
+  std::vector<int> mirror_of;
+  std::unique_ptr<optim::Optimizer> mirror;
+  // The committed step the step being taken started from, whether the
+  // local update ran, and the copies of the shards at its start.
+  int64_t base = 0;
+  bool stepped = false;
+  bool copied = false;
+  checkpoint::OptimizerSnapshot own_copy, mirror_copy;
+  // A checkpoint this rank resumed, by parameter index (the others: none),
+  // and whether this rank holds nothing the job can use.
+  std::optional<std::map<int64_t, NamedTensors>> resumed;
+  bool empty = false;
+  // What ranks leaving at the end of their data handed to this one (see
+  // HandOver), and the committed step it is of.
+  std::map<int64_t, NamedTensors> adopted;
+  int64_t adopted_step = -1;
+
+  Impl(ZeroRedundancyOptimizer* s, const Job& j, const ZeroOptions& o,
+       OptimizerFactory m)
+      : self(s), job(j), options(o), make(std::move(m)) {}
+
+  std::vector<optim::OptimizerParamGroup>& groups() {
+    return self->param_groups();
+  }
+  // The local optimizers over the shards of `ranks` under `partition`,
+  // with the groups' options.
+  std::unique_ptr<optim::Optimizer> MakeOver(const zero::Partition& partition,
+                                             const std::vector<int>& ranks);
+  // Parameter indices (state_dict's) this rank steps: its own shard, then
+  // the ones it mirrors.
+  std::vector<int64_t> Held() const;
+  // Every held parameter's state, by index (CPU tensors).
+  std::map<int64_t, NamedTensors> HeldState() const;
+  std::vector<int> Mirrored() const;
+  int64_t Offset(size_t group) const;
+
+  // elastic::Participant (see Note [Elastic ZeRO]).
+  absl::Status SyncState(std::shared_ptr<comm::Communicator> comm,
+                         int authoritative_rank, int64_t step,
+                         torch::optim::Optimizer& optimizer) override;
+  absl::StatusOr<NamedTensors> CheckpointState(
+      const torch::optim::Optimizer& optimizer) override;
+  absl::Status ResumeState(const NamedTensors* saved,
+                           torch::optim::Optimizer& optimizer) override;
+  std::string OptimizerName() const override { return name; }
+  bool HandsOver() const override { return true; }
+  absl::Status HandOver(comm::Communicator& comm,
+                        const std::vector<bool>& leaving,
+                        int64_t step) override;
+  absl::StatusOr<checkpoint::OptimizerContent> CheckpointOptimizer() override;
+  absl::Status ResumeOptimizer(
+      const checkpoint::OptimizerContent& saved) override;
+  void BeginStep(int64_t step) override;
+  // An unsharded optimizer of the wrapped kind over every parameter, with
+  // the groups' options and no state.
+  std::unique_ptr<optim::Optimizer> MakeWhole();
+
+  int rank() const { return comm->rank(); }
+  int world() const { return comm->size(); }
+  comm::CollectiveOptions Collective() const {
+    comm::CollectiveOptions o;
+    o.timeout = absl::Milliseconds(job.timeouts().collective()->count());
+    return o;
+  }
+  // ZeroOptions::parameters_as_bucket_view: (re)makes `buckets` and points
+  // the parameters into them.
+  void BuildBuckets(const std::vector<optim::OptimizerParamGroup>& groups);
+  // ZeroOptions::overlap_with_ddp (see Note [ZeRO overlapped with DDP] in
+  // api/zero_overlap.cc).
+  struct Overlap {
+    // PyTorch's _OverlapStatus.
+    enum class Status { kUninitialized, kCollecting, kInitialized };
+    Status status = Status::kUninitialized;
+    bool hooked = false;
+    bool shard_buckets = false;
+    bool warned = false;  // step() said it does nothing
+    // Each DDP bucket's parameters, as indices into the group's.
+    std::vector<std::vector<int>> buckets;
+    zero::BucketAssignment assignment;
+    // Each run's parameters, flat (their data are views into it), and
+    // this rank's run of each bucket (-1: none).
+    std::vector<torch::Tensor> flats;
+    std::vector<int> mine;
+    // The backward under way: this rank's buckets' futures and gradients,
+    // the broadcasts issued, the buckets seen.
+    struct Pending {
+      Future future;
+      torch::Tensor buffer;
+      std::vector<torch::Tensor> gradients;
+    };
+    std::map<size_t, Pending> pending;
+    std::vector<std::shared_ptr<comm::Work>> broadcasts;
+    size_t seen = 0;
+  };
+  Overlap overlap;
+  bool overlapped() const { return options.overlap_with_ddp(); }
+  // kFailedPrecondition naming `what` until the overlap knows its shards.
+  void CheckOverlapReady(const char* what) const;
+  // PyTorch's _hook_with_zero_step_setup, for each bucket of a backward.
+  void OverlapSetup(bool ddp_rebuilt, const GradBucket& bucket);
+  // PyTorch's _init_zero_for_overlap: the shards from DDP's buckets.
+  void OverlapInit();
+  // Steps this rank's run of bucket `b` with `gradients` (the bucket's).
+  void OverlapStep(size_t b, const std::vector<torch::Tensor>& gradients);
+  // Sends bucket `b`'s runs from their ranks (asynchronous).
+  void OverlapBroadcast(size_t b);
+  // Waits for the backward's broadcasts; ends its per-backward state.
+  void OverlapFinish();
+
+  // kFailedPrecondition once the job left the generation `comm` is of.
+  void CheckWorld() const;
+  // Every rank's parameters from the rank that stepped them.
+  void SyncParams(const std::vector<optim::OptimizerParamGroup>& groups);
+};
+
+}  // namespace concord

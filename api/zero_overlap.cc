@@ -1,0 +1,309 @@
+// ZeroRedundancyOptimizer overlapped with DDP's backward: PyTorch's
+// ddp_zero_hook (hook_with_zero_step, hook_with_zero_step_interleaved), in
+// include/concord/zero.h.
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "api/internal.h"
+#include "api/zero_impl.h"
+#include "worker/ddp/engine.h"
+#include "worker/error.h"
+
+namespace concord {
+
+// Note [ZeRO overlapped with DDP]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// With ZeroOptions::overlap_with_ddp the optimizer step moves into DDP's
+// communication hook, as PyTorch's ddp_zero_hook does it:
+// - Warm-up (PyTorch's _OverlapStatus). Until DDP has rebuilt its buckets
+//   the hook only reduces. The first backward with rebuilt buckets records
+//   each bucket's parameters (kCollecting); at bucket 0 of the next one the
+//   shards are made from them (see Note [ZeRO overlap partition] in
+//   worker/zero/partition.h): each rank's runs become flat tensors that its
+//   parameters' data are views of, and the wrapped optimizer is made over
+//   this rank's runs (kInitialized). So nothing is updated in the first
+//   two backwards, as in PyTorch.
+// - hook_with_zero_step: each bucket is reduced by the wrapped hook; at the
+//   last bucket, for each bucket in order, a rank holding a run of it waits
+//   for its reduction, steps that run with the bucket's gradients (only
+//   those parameters: every other parameter of the wrapped optimizer has no
+//   gradient meanwhile), and every rank issues the bucket's broadcasts, one
+//   per run in rank order. The hook returns once all broadcasts are done:
+//   backward ends with every parameter updated.
+// - hook_with_zero_step_interleaved: the same work per bucket as a
+//   continuation of the bucket's reduction. Concord runs continuations on
+//   the thread that waits for the future (the end of backward, bucket by
+//   bucket in order), so every rank issues the broadcasts in the same order
+//   whatever the timing; the last bucket's continuation waits for them.
+// Both update every parameter once, with the same gradients and the same
+// arithmetic as PyTorch (the wrapped hook's: allreduce_hook divides before
+// summing), so the parameters are bit-identical to PyTorch's either way.
+// step() does nothing (it warns once), as PyTorch's; the state can be
+// consolidated, saved and loaded once the shards exist (kFailedPrecondition
+// before, where PyTorch raises).
+
+void ZeroRedundancyOptimizer::Impl::CheckOverlapReady(const char* what) const {
+  if (overlapped() && overlap.status != Overlap::Status::kInitialized) {
+    zero_api::Fail(
+        ErrorCode::kFailedPrecondition,
+        absl::StrCat(what,
+                     ": with overlap_with_ddp the shards follow DDP's "
+                     "buckets, known from the third backward on"));
+  }
+}
+
+void ZeroRedundancyOptimizer::Impl::OverlapSetup(bool ddp_rebuilt,
+                                                 const GradBucket& bucket) {
+  Overlap& o = overlap;
+  if (!ddp_rebuilt) return;
+  if (o.status == Overlap::Status::kUninitialized) {
+    o.status = Overlap::Status::kCollecting;
+  }
+  if (o.status != Overlap::Status::kCollecting) return;
+  if (bucket.index() == 0 && !o.buckets.empty()) {
+    OverlapInit();
+    return;
+  }
+  const std::vector<torch::Tensor>& params = groups()[0].params();
+  std::unordered_map<const void*, int> index;
+  for (size_t i = 0; i < params.size(); ++i) {
+    index[params[i].unsafeGetTensorImpl()] = int(i);
+  }
+  std::vector<int> mine;
+  for (const torch::Tensor& p : bucket.parameters()) {
+    auto it = index.find(p.unsafeGetTensorImpl());
+    if (it == index.end()) {
+      zero_api::Fail(
+          ErrorCode::kFailedPrecondition,
+          absl::StrCat("overlap_with_ddp: DDP's bucket ", bucket.index(),
+                       " holds a parameter this optimizer does not "
+                       "(make it over ddp->parameters())"));
+    }
+    mine.push_back(it->second);
+  }
+  o.buckets.push_back(std::move(mine));
+}
+
+void ZeroRedundancyOptimizer::Impl::OverlapInit() {
+  Overlap& o = overlap;
+  const std::vector<torch::Tensor>& params = groups()[0].params();
+  std::vector<int> count(params.size(), 0);
+  std::vector<std::vector<int64_t>> numels;
+  for (const auto& bucket : o.buckets) {
+    numels.emplace_back();
+    for (int i : bucket) {
+      ++count[size_t(i)];
+      numels.back().push_back(params[size_t(i)].numel());
+    }
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (count[i] != 1) {
+      zero_api::Fail(
+          ErrorCode::kFailedPrecondition,
+          absl::StrCat("overlap_with_ddp: parameter ", i, " is in ", count[i],
+                       " of DDP's buckets (make the optimizer over "
+                       "exactly ddp->parameters())"));
+    }
+  }
+  o.assignment = zero::AssignBuckets(numels, world(), o.shard_buckets);
+  if (o.assignment.unplaceable >= 0) {
+    zero_api::Fail(
+        ErrorCode::kFailedPrecondition,
+        absl::StrCat("shard_buckets: DDP's bucket ", o.assignment.unplaceable,
+                     " splits into more runs than there are ranks (", world(),
+                     "); use whole buckets"));
+  }
+  partition =
+      zero::Partition(size_t(world()), std::vector<std::vector<int>>(1));
+  o.mine.assign(o.buckets.size(), -1);
+  o.flats.clear();
+  torch::NoGradGuard no_grad;
+  for (size_t k = 0; k < o.assignment.runs.size(); ++k) {
+    const zero::BucketRun& run = o.assignment.runs[k];
+    const std::vector<int>& bucket = o.buckets[size_t(run.bucket)];
+    std::vector<torch::Tensor> members;
+    int64_t size = 0;
+    for (int j = run.offset; j < run.offset + run.length; ++j) {
+      const int i = bucket[size_t(j)];
+      partition[size_t(run.rank)][0].push_back(i);
+      members.push_back(params[size_t(i)]);
+      size += params[size_t(i)].numel();
+    }
+    // PyTorch's _build_ddp_param_buckets: the run's parameters become views
+    // of one tensor, what its broadcast sends.
+    torch::Tensor flat = torch::empty({size}, members[0].options());
+    int64_t offset = 0;
+    for (torch::Tensor& p : members) {
+      torch::Tensor view = flat.narrow(0, offset, p.numel());
+      view.copy_(p.detach().flatten());
+      p.set_data(view.view_as(p));
+      offset += p.numel();
+    }
+    o.flats.push_back(std::move(flat));
+    if (run.rank == rank()) o.mine[size_t(run.bucket)] = int(k);
+  }
+  local = MakeOver(partition, {rank()});
+  o.status = Overlap::Status::kInitialized;
+}
+
+void ZeroRedundancyOptimizer::Impl::OverlapStep(
+    size_t b, const std::vector<torch::Tensor>& gradients) {
+  const Overlap& o = overlap;
+  const zero::BucketRun& run = o.assignment.runs[size_t(o.mine[b])];
+  const std::vector<torch::Tensor>& params = groups()[0].params();
+  // PyTorch hands its functional optimizer a gradient for this run's
+  // parameters and None for the others: here the others have none while
+  // the wrapped optimizer steps.
+  std::vector<torch::Tensor>& locals = local->param_groups()[0].params();
+  std::vector<torch::Tensor> saved;
+  saved.reserve(locals.size());
+  for (torch::Tensor& p : locals) {
+    saved.push_back(p.grad());
+    p.mutable_grad() = torch::Tensor();
+  }
+  for (int j = run.offset; j < run.offset + run.length; ++j) {
+    params[size_t(o.buckets[b][size_t(j)])].mutable_grad() =
+        gradients[size_t(j)];
+  }
+  zero_api::CopyOptions(groups(), local->param_groups());
+  local->step();
+  zero_api::CopyOptions(local->param_groups(), groups());
+  for (size_t k = 0; k < locals.size(); ++k) {
+    locals[k].mutable_grad() = saved[k];
+  }
+}
+
+void ZeroRedundancyOptimizer::Impl::OverlapBroadcast(size_t b) {
+  Overlap& o = overlap;
+  if (world() == 1) return;
+  const comm::CollectiveOptions opts = Collective();
+  for (int r : o.assignment.ranks[b]) {
+    for (size_t k = 0; k < o.assignment.runs.size(); ++k) {
+      const zero::BucketRun& run = o.assignment.runs[k];
+      if (size_t(run.bucket) != b || run.rank != r) continue;
+      o.broadcasts.push_back(comm->Broadcast(o.flats[k], r, opts));
+    }
+  }
+}
+
+void ZeroRedundancyOptimizer::Impl::OverlapFinish() {
+  Overlap& o = overlap;
+  std::vector<std::shared_ptr<comm::Work>> works = std::move(o.broadcasts);
+  o.broadcasts.clear();
+  o.pending.clear();
+  o.seen = 0;
+  for (auto& w : works) ThrowIfError(w->Synchronize());
+}
+
+namespace {
+
+// What making either hook checks and records.
+ZeroRedundancyOptimizer::Impl& Hooked(ZeroRedundancyOptimizer& zero,
+                                      bool shard_buckets) {
+  ZeroRedundancyOptimizer::Impl& z = zero.impl();
+  if (!z.overlapped()) {
+    zero_api::Fail(ErrorCode::kInvalidArgument,
+                   "hook_with_zero_step needs one made with "
+                   "ZeroOptions().overlap_with_ddp(true)");
+  }
+  if (z.overlap.hooked) {
+    zero_api::Fail(ErrorCode::kAlreadyExists,
+                   "a hook_with_zero_step hook was made for it already");
+  }
+  z.overlap.hooked = true;
+  z.overlap.shard_buckets = shard_buckets;
+  return z;
+}
+
+// Each bucket's start in either hook: whether the optimizer steps in this
+// backward.
+bool Setup(ZeroRedundancyOptimizer::Impl& z, detail::DdpCore& ddp,
+           const GradBucket& bucket) {
+  z.CheckWorld();
+  auto& o = z.overlap;
+  if (bucket.index() == 0) {
+    // What a backward that failed half-way left.
+    o.pending.clear();
+    o.broadcasts.clear();
+    o.seen = 0;
+  }
+  z.OverlapSetup(ddp.impl().engine->BucketsRebuilt(), bucket);
+  return o.status ==
+         ZeroRedundancyOptimizer::Impl::Overlap::Status::kInitialized;
+}
+
+// The bucket's reduced gradients in its buffer (a hook's future may hold
+// them elsewhere; the reducer copies them in the same way).
+void TakeValue(const torch::Tensor& value, const torch::Tensor& buffer) {
+  if (!value.is_same(buffer)) {
+    torch::NoGradGuard no_grad;
+    buffer.copy_(value.view_as(buffer));
+  }
+}
+
+}  // namespace
+
+CommHook hook_with_zero_step(CommHook hook, detail::DdpCore& ddp,
+                             ZeroRedundancyOptimizer& zero,
+                             bool shard_buckets) {
+  ZeroRedundancyOptimizer::Impl* z = &Hooked(zero, shard_buckets);
+  detail::DdpCore* core = &ddp;
+  return [hook = std::move(hook), z, core](GradBucket& bucket) -> Future {
+    Future future = hook(bucket);
+    if (!Setup(*z, *core, bucket)) return future;
+    auto& o = z->overlap;
+    const size_t b = bucket.index();
+    if (o.mine[b] >= 0) {
+      o.pending.insert_or_assign(
+          b, ZeroRedundancyOptimizer::Impl::Overlap::Pending{
+                 future, bucket.buffer(), bucket.gradients()});
+    }
+    if (b + 1 != o.buckets.size()) return future;
+    // The last bucket: every bucket's share, in bucket order.
+    for (size_t k = 0; k < o.buckets.size(); ++k) {
+      if (o.mine[k] >= 0) {
+        auto it = o.pending.find(k);
+        if (it == o.pending.end()) {
+          zero_api::Fail(ErrorCode::kInternal,
+                         absl::StrCat("bucket ", k, " was not reduced"));
+        }
+        TakeValue(it->second.future.wait(), it->second.buffer);
+        z->OverlapStep(k, it->second.gradients);
+      }
+      z->OverlapBroadcast(k);
+    }
+    z->OverlapFinish();
+    return future;
+  };
+}
+
+CommHook hook_with_zero_step_interleaved(CommHook hook, detail::DdpCore& ddp,
+                                         ZeroRedundancyOptimizer& zero,
+                                         bool shard_buckets) {
+  ZeroRedundancyOptimizer::Impl* z = &Hooked(zero, shard_buckets);
+  detail::DdpCore* core = &ddp;
+  return [hook = std::move(hook), z, core](GradBucket& bucket) -> Future {
+    Future future = hook(bucket);
+    if (!Setup(*z, *core, bucket)) return future;
+    const size_t b = bucket.index();
+    torch::Tensor buffer = bucket.buffer();
+    std::vector<torch::Tensor> gradients = bucket.gradients();
+    return future.then([z, b, buffer, gradients](torch::Tensor value) {
+      auto& o = z->overlap;
+      TakeValue(value, buffer);
+      if (o.mine[b] >= 0) z->OverlapStep(b, gradients);
+      z->OverlapBroadcast(b);
+      if (++o.seen == o.buckets.size()) z->OverlapFinish();
+      return buffer;
+    });
+  };
+}
+
+}  // namespace concord
