@@ -12,13 +12,20 @@
 //   lr, momentum: () float64;
 //   bucket_view: () int64: ZeroOptions::parameters_as_bucket_view;
 //   groups: () int64: 1 one parameter group; 2 the last layer's parameters
-//       in a second group (lr / 2) added with add_param_group.
+//       in a second group (lr / 2) added with add_param_group;
+//   overlap: () int64: 0 none, 1 ZeroOptions::overlap_with_ddp with
+//       hook_with_zero_step(allreduce_hook), 2 with
+//       hook_with_zero_step_interleaved; shard_buckets: () int64 their
+//       argument;
+//   model: () int64: 0 the MLP above, 1 Linear(12, 512), ReLU,
+//       Linear(512, 512), Tanh, Linear(512, 512), ReLU, Linear(512, 3);
+//   bucket_cap_mb: () float64: DdpOptions::bucket_cap_mb, negative: unset.
 // Every step: zero_grad; mse_loss(ddp(x[s][rank]), y[s][rank]).backward();
-// optimizer.step(). Then consolidate_state_dict(0) and, on rank 0,
-// torch::save of the optimizer, loaded back into a plain LibTorch optimizer
-// of the same kind over the model's parameters.
-// Rank r writes PREFIX.rank<r>.pt: its final param.<i>, owner.<i> (the
-// rank stepping parameter i), local.<i>.<key> (this rank's own optimizer
+// optimizer.step() (not with overlap: backward steps). Then
+// consolidate_state_dict(0) and, on rank 0, torch::save of the optimizer,
+// loaded back into a plain LibTorch optimizer of the same kind over the model's
+// parameters. Rank r writes PREFIX.rank<r>.pt: its final param.<i>, owner.<i>
+// (the rank stepping parameter i), local.<i>.<key> (this rank's own optimizer
 // state, for the parameters it steps), local_count (how many parameters
 // this rank holds optimizer state for) and, on rank 0, state.<i>.<key> (the
 // plain optimizer's state after loading the saved one). Keys: SGD's
@@ -90,9 +97,18 @@ torch::optim::OptimizerParamState* StateOf(torch::optim::Optimizer& o,
 }
 
 int Train(const Dict& in, const std::string& prefix) {
-  torch::nn::Sequential model(torch::nn::Linear(12, 24), torch::nn::ReLU(),
-                              torch::nn::Linear(24, 24), torch::nn::Tanh(),
-                              torch::nn::Linear(24, 3));
+  torch::nn::Sequential model;
+  if (Get(in, "model").item<int64_t>() == 1) {
+    model =
+        torch::nn::Sequential(torch::nn::Linear(12, 512), torch::nn::ReLU(),
+                              torch::nn::Linear(512, 512), torch::nn::Tanh(),
+                              torch::nn::Linear(512, 512), torch::nn::ReLU(),
+                              torch::nn::Linear(512, 3));
+  } else {
+    model = torch::nn::Sequential(torch::nn::Linear(12, 24), torch::nn::ReLU(),
+                                  torch::nn::Linear(24, 24), torch::nn::Tanh(),
+                                  torch::nn::Linear(24, 3));
+  }
   {
     torch::NoGradGuard no_grad;
     auto params = model->parameters();
@@ -101,13 +117,20 @@ int Train(const Dict& in, const std::string& prefix) {
     }
   }
   concord::Job job;
-  concord::DistributedDataParallel ddp(model, job);
+  concord::DdpOptions ddp_options;
+  const double cap = Get(in, "bucket_cap_mb").item<double>();
+  if (cap >= 0) ddp_options.bucket_cap_mb(cap);
+  concord::DistributedDataParallel ddp(model, job, ddp_options);
+  const int64_t overlap = Get(in, "overlap").item<int64_t>();
+  const bool shard_buckets = Get(in, "shard_buckets").item<int64_t>() != 0;
   const bool adam = Get(in, "optimizer").item<int64_t>() == 1;
   const double lr = Get(in, "lr").item<double>();
   const double momentum = Get(in, "momentum").item<double>();
   const bool two_groups = Get(in, "groups").item<int64_t>() == 2;
-  const auto zero_options = concord::ZeroOptions().parameters_as_bucket_view(
-      Get(in, "bucket_view").item<int64_t>() != 0);
+  const auto zero_options = concord::ZeroOptions()
+                                .parameters_as_bucket_view(
+                                    Get(in, "bucket_view").item<int64_t>() != 0)
+                                .overlap_with_ddp(overlap != 0);
   std::vector<torch::Tensor> params = ddp->parameters();
   std::vector<torch::Tensor> last(params.end() - 2, params.end());
   if (two_groups) params.resize(params.size() - 2);
@@ -130,6 +153,14 @@ int Train(const Dict& in, const std::string& prefix) {
     }
   }
 
+  if (overlap == 1) {
+    ddp->register_comm_hook(concord::hook_with_zero_step(
+        concord::allreduce_hook, ddp, *optimizer, shard_buckets));
+  } else if (overlap == 2) {
+    ddp->register_comm_hook(concord::hook_with_zero_step_interleaved(
+        concord::allreduce_hook, ddp, *optimizer, shard_buckets));
+  }
+
   const torch::Tensor x = Get(in, "x"), y = Get(in, "y");
   TORCH_CHECK(x.size(1) == job.world_size(), "the inputs are for ", x.size(1),
               " ranks, the job has ", job.world_size());
@@ -137,7 +168,7 @@ int Train(const Dict& in, const std::string& prefix) {
   for (int64_t s = 0; s < x.size(0); ++s) {
     optimizer->zero_grad();
     torch::mse_loss(ddp->forward(x[s][r]), y[s][r]).backward();
-    optimizer->step();
+    if (overlap == 0) optimizer->step();
   }
 
   Dict result(c10::StringType::get(), c10::TensorType::get());
