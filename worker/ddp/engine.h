@@ -177,8 +177,9 @@ class Engine {
   const ddp::Reducer& reducer() const { return *reducer_; }
   // Bucket sizes, rebuilds and the last iteration's timings.
   const ddp::ReducerStats& stats() const { return reducer_->stats(); }
-  // Reducer::rebuilt.
+  // Reducer::rebuilt and Reducer::buckets (indices into parameters()).
   bool BucketsRebuilt() const { return reducer_->rebuilt(); }
+  std::vector<ddp::BucketInfo> Buckets() const { return reducer_->buckets(); }
   comm::Communicator& communicator() { return *comm_; }
   int authoritative_rank() const { return authoritative_rank_; }
 
