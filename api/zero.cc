@@ -275,16 +275,18 @@ torch::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
     z.mirror->step();
   }
   z.stepped = true;
-  if (z.elastic) {
-    // CONCORD_TEST_FAULT's "zero" point (worker/test_fault.h).
-    detail::JobState& js = *z.job.state();
-    if (js.elastic != nullptr && !js.faults().empty()) {
-      js.faults().Reached(detail::ElasticStep(*js.elastic),
-                          worker::TestFault::Point::kZero, z.name);
-    }
-  }
+  z.ReachedFault();
   z.SyncParams(param_groups());
   return loss;
+}
+
+void ZeroRedundancyOptimizer::Impl::ReachedFault() {
+  if (!elastic) return;
+  detail::JobState& js = *job.state();
+  if (js.elastic != nullptr && !js.faults().empty()) {
+    js.faults().Reached(detail::ElasticStep(*js.elastic),
+                        worker::TestFault::Point::kZero, name);
+  }
 }
 
 void ZeroRedundancyOptimizer::Impl::SyncParams(
@@ -588,6 +590,12 @@ std::map<int64_t, NamedTensors> ZeroRedundancyOptimizer::Impl::HeldState()
 
 void ZeroRedundancyOptimizer::Impl::BeginStep(int64_t step) {
   if (!elastic) return;
+  if (overlapped() && overlap.status != Overlap::Status::kInitialized &&
+      OverlapBucketsFromDdp(step)) {
+    // See Note [Elastic ZeRO overlapped with DDP]: the shards exist from
+    // the third step's start.
+    OverlapInit();
+  }
   base = step;
   stepped = false;
   own_copy.Take(*local);
@@ -689,8 +697,23 @@ absl::Status ZeroRedundancyOptimizer::Impl::SyncState(
     }
   }
   // The new world's partition and mirrors, and what this rank keeps.
-  const zero::Partition next_partition =
-      zero::PartitionParameters(NumelsOf(groups()), next->size());
+  zero::Partition next_partition;
+  if (overlapped()) {
+    // See Note [Elastic ZeRO overlapped with DDP]: what DDP's layout (the
+    // authoritative rank's, synced already) and the job's step say.
+    Overlap fresh;
+    fresh.ddp = overlap.ddp;
+    fresh.shard_buckets = overlap.shard_buckets;
+    fresh.warned = overlap.warned;
+    overlap = std::move(fresh);
+    next_partition = OverlapBucketsFromDdp(step)
+                         ? OverlapLayout(next->size())
+                         : zero::Partition(size_t(next->size()),
+                                           std::vector<std::vector<int>>(1));
+  } else {
+    next_partition =
+        zero::PartitionParameters(NumelsOf(groups()), next->size());
+  }
   const std::vector<int> next_mirrors = zero::MirrorsOf(*nodes);
   std::vector<int> next_mirrored;
   for (size_t r = 0; r < next_mirrors.size(); ++r) {
@@ -902,12 +925,6 @@ absl::Status ZeroRedundancyOptimizer::Impl::ResumeOptimizer(
 elastic::Participant* detail::ZeroParticipant(ZeroRedundancyOptimizer& zero,
                                               const std::string& name) {
   ZeroRedundancyOptimizer::Impl& z = zero.impl();
-  if (z.overlapped()) {
-    Fail(ErrorCode::kFailedPrecondition,
-         "overlap_with_ddp is not supported under run_elastic yet (its step "
-         "runs inside DDP's backward); without it the step is "
-         "transactional");
-  }
   if (checkpoint::CaptureOptimizer(kName, *z.local).type.empty()) {
     Fail(ErrorCode::kFailedPrecondition,
          "under run_elastic it needs an optimizer with a PyTorch state_dict "

@@ -136,18 +136,18 @@ struct ZeroRedundancyOptimizer::Impl final : elastic::Participant {
     // PyTorch's _OverlapStatus.
     enum class Status { kUninitialized, kCollecting, kInitialized };
     Status status = Status::kUninitialized;
-    bool hooked = false;
+    // The DDP the hook was made for (null: none yet).
+    detail::DdpCore* ddp = nullptr;
     bool shard_buckets = false;
     bool warned = false;  // step() said it does nothing
     // Each DDP bucket's parameters, as indices into the group's.
     std::vector<std::vector<int>> buckets;
     zero::BucketAssignment assignment;
-    // Each run's parameters, flat (their data are views into it), and
-    // this rank's run of each bucket (-1: none).
+    // Each run's parameters, flat (their data are views into it).
     std::vector<torch::Tensor> flats;
-    std::vector<int> mine;
-    // The backward under way: this rank's buckets' futures and gradients,
-    // the broadcasts issued, the buckets seen.
+    // The backward under way: the futures and gradients of the buckets
+    // this rank steps a run of (its own, or one it mirrors), the
+    // broadcasts issued, the buckets seen.
     struct Pending {
       Future future;
       torch::Tensor buffer;
@@ -163,9 +163,21 @@ struct ZeroRedundancyOptimizer::Impl final : elastic::Participant {
   void CheckOverlapReady(const char* what) const;
   // PyTorch's _hook_with_zero_step_setup, for each bucket of a backward.
   void OverlapSetup(bool ddp_rebuilt, const GradBucket& bucket);
-  // PyTorch's _init_zero_for_overlap: the shards from DDP's buckets.
+  // PyTorch's _init_zero_for_overlap: the shards from DDP's buckets, and
+  // the optimizers over this rank's.
   void OverlapInit();
-  // Steps this rank's run of bucket `b` with `gradients` (the bucket's).
+  // The shards of `overlap.buckets` over `world` ranks: the assignment and
+  // each run's flat tensor; the partition they make. Marks the overlap
+  // initialized.
+  zero::Partition OverlapLayout(int world);
+  // Under run_elastic (see Note [Elastic ZeRO overlapped with DDP] in
+  // api/zero_overlap.cc): DDP's buckets from its layout once it has rebuilt
+  // them and the job has committed `step` >= 2; false: not yet.
+  bool OverlapBucketsFromDdp(int64_t step);
+  // Whether this rank steps a run of bucket `b`: its own or a mirrored one.
+  bool Holds(size_t b) const;
+  // Steps this rank's runs of bucket `b`, its own and those it mirrors,
+  // with `gradients` (the bucket's).
   void OverlapStep(size_t b, const std::vector<torch::Tensor>& gradients);
   // Sends bucket `b`'s runs from their ranks (asynchronous).
   void OverlapBroadcast(size_t b);
@@ -174,6 +186,9 @@ struct ZeroRedundancyOptimizer::Impl final : elastic::Participant {
 
   // kFailedPrecondition once the job left the generation `comm` is of.
   void CheckWorld() const;
+  // CONCORD_TEST_FAULT's "zero" point (worker/test_fault.h), under
+  // run_elastic: after the local update, before the broadcasts.
+  void ReachedFault();
   // Every rank's parameters from the rank that stepped them.
   void SyncParams(const std::vector<optim::OptimizerParamGroup>& groups);
 };

@@ -49,6 +49,26 @@ namespace concord {
 // consolidated, saved and loaded once the shards exist (kFailedPrecondition
 // before, where PyTorch raises).
 
+// Note [Elastic ZeRO overlapped with DDP]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Under run_elastic (see Note [Elastic ZeRO] in api/zero.cc) the overlapped
+// step keeps what makes the plain one transactional, and its shards follow
+// the job rather than what one process saw:
+// - The shards come from DDP's bucket layout (the authoritative rank's
+//   after a re-form, the checkpoint's after a resume), not from watching a
+//   backward: at the start of step 3 (BeginStep with two steps committed,
+//   DDP's buckets rebuilt), which is when PyTorch's warm-up ends too; a
+//   re-form derives them the same way from the job's step, so survivors,
+//   newcomers and a job resumed from a checkpoint agree, and the copies at
+//   a step's start are of the optimizers the step updates.
+// - Mirrors step the runs they mirror in the same hook, with the same
+//   gradients.
+// - Both hooks wait for every bucket this rank steps, update all of them
+//   (no collective in between, so a rank either updates all or none) and
+//   only then broadcast: as with step(), a rank can finish the step only
+//   after every rank has updated. The interleaved hook thus runs as
+//   hook_with_zero_step; the parameters are the same bit for bit.
+
 void ZeroRedundancyOptimizer::Impl::CheckOverlapReady(const char* what) const {
   if (overlapped() && overlap.status != Overlap::Status::kInitialized) {
     zero_api::Fail(
@@ -92,6 +112,13 @@ void ZeroRedundancyOptimizer::Impl::OverlapSetup(bool ddp_rebuilt,
 }
 
 void ZeroRedundancyOptimizer::Impl::OverlapInit() {
+  partition = OverlapLayout(world());
+  local = MakeOver(partition, {rank()});
+  const std::vector<int> mirrored = Mirrored();
+  mirror = mirrored.empty() ? nullptr : MakeOver(partition, mirrored);
+}
+
+zero::Partition ZeroRedundancyOptimizer::Impl::OverlapLayout(int world) {
   Overlap& o = overlap;
   const std::vector<torch::Tensor>& params = groups()[0].params();
   std::vector<int> count(params.size(), 0);
@@ -112,17 +139,15 @@ void ZeroRedundancyOptimizer::Impl::OverlapInit() {
                        "exactly ddp->parameters())"));
     }
   }
-  o.assignment = zero::AssignBuckets(numels, world(), o.shard_buckets);
+  o.assignment = zero::AssignBuckets(numels, world, o.shard_buckets);
   if (o.assignment.unplaceable >= 0) {
     zero_api::Fail(
         ErrorCode::kFailedPrecondition,
         absl::StrCat("shard_buckets: DDP's bucket ", o.assignment.unplaceable,
-                     " splits into more runs than there are ranks (", world(),
+                     " splits into more runs than there are ranks (", world,
                      "); use whole buckets"));
   }
-  partition =
-      zero::Partition(size_t(world()), std::vector<std::vector<int>>(1));
-  o.mine.assign(o.buckets.size(), -1);
+  zero::Partition out(size_t(world), std::vector<std::vector<int>>(1));
   o.flats.clear();
   torch::NoGradGuard no_grad;
   for (size_t k = 0; k < o.assignment.runs.size(); ++k) {
@@ -132,7 +157,7 @@ void ZeroRedundancyOptimizer::Impl::OverlapInit() {
     int64_t size = 0;
     for (int j = run.offset; j < run.offset + run.length; ++j) {
       const int i = bucket[size_t(j)];
-      partition[size_t(run.rank)][0].push_back(i);
+      out[size_t(run.rank)][0].push_back(i);
       members.push_back(params[size_t(i)]);
       size += params[size_t(i)].numel();
     }
@@ -147,36 +172,87 @@ void ZeroRedundancyOptimizer::Impl::OverlapInit() {
       offset += p.numel();
     }
     o.flats.push_back(std::move(flat));
-    if (run.rank == rank()) o.mine[size_t(run.bucket)] = int(k);
   }
-  local = MakeOver(partition, {rank()});
   o.status = Overlap::Status::kInitialized;
+  return out;
+}
+
+bool ZeroRedundancyOptimizer::Impl::OverlapBucketsFromDdp(int64_t step) {
+  Overlap& o = overlap;
+  if (o.ddp == nullptr || step < 2) return false;
+  const ddp::Engine& engine = *o.ddp->impl().engine;
+  if (!engine.BucketsRebuilt()) return false;
+  const std::vector<torch::Tensor>& mine = groups()[0].params();
+  std::unordered_map<const void*, int> index;
+  for (size_t i = 0; i < mine.size(); ++i) {
+    index[mine[i].unsafeGetTensorImpl()] = int(i);
+  }
+  o.buckets.clear();
+  for (const ddp::BucketInfo& b : engine.Buckets()) {
+    o.buckets.emplace_back();
+    for (size_t p : b.params) {
+      auto it = index.find(engine.parameters()[p].unsafeGetTensorImpl());
+      if (it == index.end()) {
+        zero_api::Fail(ErrorCode::kFailedPrecondition,
+                       "overlap_with_ddp: DDP's buckets hold a parameter this "
+                       "optimizer does not (make it over ddp->parameters())");
+      }
+      o.buckets.back().push_back(it->second);
+    }
+  }
+  return true;
+}
+
+bool ZeroRedundancyOptimizer::Impl::Holds(size_t b) const {
+  for (const zero::BucketRun& run : overlap.assignment.runs) {
+    if (size_t(run.bucket) != b) continue;
+    if (run.rank == rank()) return true;
+    if (size_t(run.rank) < mirror_of.size() &&
+        mirror_of[size_t(run.rank)] == rank()) {
+      return true;
+    }
+  }
+  return false;
 }
 
 void ZeroRedundancyOptimizer::Impl::OverlapStep(
     size_t b, const std::vector<torch::Tensor>& gradients) {
   const Overlap& o = overlap;
-  const zero::BucketRun& run = o.assignment.runs[size_t(o.mine[b])];
   const std::vector<torch::Tensor>& params = groups()[0].params();
   // PyTorch hands its functional optimizer a gradient for this run's
   // parameters and None for the others: here the others have none while
-  // the wrapped optimizer steps.
-  std::vector<torch::Tensor>& locals = local->param_groups()[0].params();
+  // the wrapped optimizers step.
+  std::vector<torch::Tensor*> stepped_params;
+  for (optim::Optimizer* opt : {local.get(), mirror.get()}) {
+    if (opt == nullptr) continue;
+    for (torch::Tensor& p : opt->param_groups()[0].params()) {
+      stepped_params.push_back(&p);
+    }
+  }
   std::vector<torch::Tensor> saved;
-  saved.reserve(locals.size());
-  for (torch::Tensor& p : locals) {
-    saved.push_back(p.grad());
-    p.mutable_grad() = torch::Tensor();
+  saved.reserve(stepped_params.size());
+  for (torch::Tensor* p : stepped_params) {
+    saved.push_back(p->grad());
+    p->mutable_grad() = torch::Tensor();
   }
-  for (int j = run.offset; j < run.offset + run.length; ++j) {
-    params[size_t(o.buckets[b][size_t(j)])].mutable_grad() =
-        gradients[size_t(j)];
+  for (const zero::BucketRun& run : o.assignment.runs) {
+    if (size_t(run.bucket) != b) continue;
+    const bool mirrored = size_t(run.rank) < mirror_of.size() &&
+                          mirror_of[size_t(run.rank)] == rank();
+    if (run.rank != rank() && !mirrored) continue;
+    for (int j = run.offset; j < run.offset + run.length; ++j) {
+      params[size_t(o.buckets[b][size_t(j)])].mutable_grad() =
+          gradients[size_t(j)];
+    }
   }
-  zero_api::CopyOptions(groups(), local->param_groups());
-  local->step();
+  for (optim::Optimizer* opt : {local.get(), mirror.get()}) {
+    if (opt == nullptr) continue;
+    zero_api::CopyOptions(groups(), opt->param_groups());
+    opt->step();
+  }
   zero_api::CopyOptions(local->param_groups(), groups());
-  for (size_t k = 0; k < locals.size(); ++k) {
-    locals[k].mutable_grad() = saved[k];
+  for (size_t k = 0; k < stepped_params.size(); ++k) {
+    stepped_params[k]->mutable_grad() = saved[k];
   }
 }
 
@@ -204,28 +280,29 @@ void ZeroRedundancyOptimizer::Impl::OverlapFinish() {
 
 namespace {
 
+using Impl = ZeroRedundancyOptimizer::Impl;
+
 // What making either hook checks and records.
-ZeroRedundancyOptimizer::Impl& Hooked(ZeroRedundancyOptimizer& zero,
-                                      bool shard_buckets) {
-  ZeroRedundancyOptimizer::Impl& z = zero.impl();
+Impl& Hooked(ZeroRedundancyOptimizer& zero, detail::DdpCore& ddp,
+             bool shard_buckets) {
+  Impl& z = zero.impl();
   if (!z.overlapped()) {
     zero_api::Fail(ErrorCode::kInvalidArgument,
                    "hook_with_zero_step needs one made with "
                    "ZeroOptions().overlap_with_ddp(true)");
   }
-  if (z.overlap.hooked) {
+  if (z.overlap.ddp != nullptr) {
     zero_api::Fail(ErrorCode::kAlreadyExists,
                    "a hook_with_zero_step hook was made for it already");
   }
-  z.overlap.hooked = true;
+  z.overlap.ddp = &ddp;
   z.overlap.shard_buckets = shard_buckets;
   return z;
 }
 
 // Each bucket's start in either hook: whether the optimizer steps in this
 // backward.
-bool Setup(ZeroRedundancyOptimizer::Impl& z, detail::DdpCore& ddp,
-           const GradBucket& bucket) {
+bool Setup(Impl& z, const GradBucket& bucket) {
   z.CheckWorld();
   auto& o = z.overlap;
   if (bucket.index() == 0) {
@@ -234,9 +311,12 @@ bool Setup(ZeroRedundancyOptimizer::Impl& z, detail::DdpCore& ddp,
     o.broadcasts.clear();
     o.seen = 0;
   }
-  z.OverlapSetup(ddp.impl().engine->BucketsRebuilt(), bucket);
-  return o.status ==
-         ZeroRedundancyOptimizer::Impl::Overlap::Status::kInitialized;
+  // Under run_elastic the shards come with the step (see Note [Elastic ZeRO
+  // overlapped with DDP]).
+  if (!z.elastic) {
+    z.OverlapSetup(o.ddp->impl().engine->BucketsRebuilt(), bucket);
+  }
+  return o.status == Impl::Overlap::Status::kInitialized;
 }
 
 // The bucket's reduced gradients in its buffer (a hook's future may hold
@@ -248,57 +328,76 @@ void TakeValue(const torch::Tensor& value, const torch::Tensor& buffer) {
   }
 }
 
+// hook_with_zero_step's work for one bucket, once the optimizer steps.
+Future StepAtLastBucket(Impl& z, GradBucket& bucket, Future future) {
+  auto& o = z.overlap;
+  const size_t b = bucket.index();
+  if (z.Holds(b)) {
+    o.pending.insert_or_assign(
+        b, Impl::Overlap::Pending{future, bucket.buffer(), bucket.gradients()});
+  }
+  if (b + 1 != o.buckets.size()) return future;
+  auto reduced = [&](size_t k) -> Impl::Overlap::Pending& {
+    auto it = o.pending.find(k);
+    if (it == o.pending.end()) {
+      zero_api::Fail(ErrorCode::kInternal,
+                     absl::StrCat("bucket ", k, " was not reduced"));
+    }
+    TakeValue(it->second.future.wait(), it->second.buffer);
+    return it->second;
+  };
+  if (z.elastic) {
+    // See Note [Elastic ZeRO overlapped with DDP]: every update, then the
+    // broadcasts.
+    std::vector<size_t> held;
+    for (size_t k = 0; k < o.buckets.size(); ++k) {
+      if (z.Holds(k)) held.push_back(k);
+    }
+    for (size_t k : held) reduced(k);
+    z.stepped = true;
+    for (size_t k : held) z.OverlapStep(k, o.pending.at(k).gradients);
+    z.ReachedFault();
+    for (size_t k = 0; k < o.buckets.size(); ++k) z.OverlapBroadcast(k);
+  } else {
+    // PyTorch's order: bucket by bucket, each share's update then its
+    // broadcast.
+    for (size_t k = 0; k < o.buckets.size(); ++k) {
+      if (z.Holds(k)) z.OverlapStep(k, reduced(k).gradients);
+      z.OverlapBroadcast(k);
+    }
+  }
+  z.OverlapFinish();
+  return future;
+}
+
 }  // namespace
 
 CommHook hook_with_zero_step(CommHook hook, detail::DdpCore& ddp,
                              ZeroRedundancyOptimizer& zero,
                              bool shard_buckets) {
-  ZeroRedundancyOptimizer::Impl* z = &Hooked(zero, shard_buckets);
-  detail::DdpCore* core = &ddp;
-  return [hook = std::move(hook), z, core](GradBucket& bucket) -> Future {
+  Impl* z = &Hooked(zero, ddp, shard_buckets);
+  return [hook = std::move(hook), z](GradBucket& bucket) -> Future {
     Future future = hook(bucket);
-    if (!Setup(*z, *core, bucket)) return future;
-    auto& o = z->overlap;
-    const size_t b = bucket.index();
-    if (o.mine[b] >= 0) {
-      o.pending.insert_or_assign(
-          b, ZeroRedundancyOptimizer::Impl::Overlap::Pending{
-                 future, bucket.buffer(), bucket.gradients()});
-    }
-    if (b + 1 != o.buckets.size()) return future;
-    // The last bucket: every bucket's share, in bucket order.
-    for (size_t k = 0; k < o.buckets.size(); ++k) {
-      if (o.mine[k] >= 0) {
-        auto it = o.pending.find(k);
-        if (it == o.pending.end()) {
-          zero_api::Fail(ErrorCode::kInternal,
-                         absl::StrCat("bucket ", k, " was not reduced"));
-        }
-        TakeValue(it->second.future.wait(), it->second.buffer);
-        z->OverlapStep(k, it->second.gradients);
-      }
-      z->OverlapBroadcast(k);
-    }
-    z->OverlapFinish();
-    return future;
+    if (!Setup(*z, bucket)) return future;
+    return StepAtLastBucket(*z, bucket, std::move(future));
   };
 }
 
 CommHook hook_with_zero_step_interleaved(CommHook hook, detail::DdpCore& ddp,
                                          ZeroRedundancyOptimizer& zero,
                                          bool shard_buckets) {
-  ZeroRedundancyOptimizer::Impl* z = &Hooked(zero, shard_buckets);
-  detail::DdpCore* core = &ddp;
-  return [hook = std::move(hook), z, core](GradBucket& bucket) -> Future {
+  Impl* z = &Hooked(zero, ddp, shard_buckets);
+  return [hook = std::move(hook), z](GradBucket& bucket) -> Future {
     Future future = hook(bucket);
-    if (!Setup(*z, *core, bucket)) return future;
+    if (!Setup(*z, bucket)) return future;
+    if (z->elastic) return StepAtLastBucket(*z, bucket, std::move(future));
     const size_t b = bucket.index();
     torch::Tensor buffer = bucket.buffer();
     std::vector<torch::Tensor> gradients = bucket.gradients();
     return future.then([z, b, buffer, gradients](torch::Tensor value) {
       auto& o = z->overlap;
       TakeValue(value, buffer);
-      if (o.mine[b] >= 0) z->OverlapStep(b, gradients);
+      if (z->Holds(b)) z->OverlapStep(b, gradients);
       z->OverlapBroadcast(b);
       if (++o.seen == o.buckets.size()) z->OverlapFinish();
       return buffer;

@@ -95,12 +95,47 @@ TEST(ZeroRedundancyOptimizerTest, OverlapRefusesWhatItCannotDo) {
                   {torch::zeros({2}, torch::requires_grad())}));
             }),
             ErrorCode::kFailedPrecondition);
-  // Not under run_elastic yet.
-  concord::ElasticSampler sampler(4, job);
+}
+
+TEST(ZeroRedundancyOptimizerTest, OverlappedUnderRunElasticFromTheThirdStep) {
+  concord::Job job;
+  torch::manual_seed(1);
+  Net net, plain_net;
+  CopyParams(*net, *plain_net);
+  concord::DistributedDataParallel ddp(net, job);
+  concord::ZeroRedundancyOptimizer zero(
+      ddp->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9), job,
+      concord::ZeroOptions().overlap_with_ddp(true));
+  ddp->register_comm_hook(concord::hook_with_zero_step_interleaved(
+      concord::allreduce_hook, ddp, zero));
+  torch::optim::SGD plain(plain_net->parameters(),
+                          torch::optim::SGDOptions(0.1).momentum(0.9));
+  concord::ElasticSampler sampler(12, job);
   concord::ElasticState state(job);
   state.add("ddp", ddp).add("zero", zero).add(sampler);
-  EXPECT_EQ(CodeOf([&] { concord::run_elastic(state, [] {}); }),
-            ErrorCode::kFailedPrecondition);
+  const torch::Tensor x = torch::randn({12, 4}), y = torch::randn({12, 1});
+  int steps = 0;
+  concord::run_elastic(state, [&] {
+    while (auto batch = sampler.next(2)) {
+      const torch::Tensor idx =
+          torch::tensor(std::vector<int64_t>(batch->begin(), batch->end()));
+      concord::zero_grad(zero, false);
+      torch::mse_loss(ddp->forward(x.index({idx})), y.index({idx})).backward();
+      state.commit();
+      concord::zero_grad(plain, false);
+      torch::mse_loss(plain_net->forward(x.index({idx})), y.index({idx}))
+          .backward();
+      if (steps >= 2) plain.step();
+      ++steps;
+      const auto got = net->parameters(), want = plain_net->parameters();
+      for (size_t i = 0; i < got.size(); ++i) {
+        EXPECT_TRUE(torch::equal(got[i], want[i]))
+            << "step " << steps << " parameter " << i;
+      }
+    }
+  });
+  EXPECT_EQ(steps, 6);
+  EXPECT_EQ(zero.local_optimizer().state().size(), 4u);
 }
 
 }  // namespace
