@@ -438,6 +438,17 @@ class Trainer {
         // generation it trains in.
         shard_(job.rank()),
         shards_(flags, n_, job.world_size()) {
+    if (flags.zero_options.overlap_with_ddp()) {
+      // --zero-overlap: the optimizer steps in DDP's backward.
+      auto& zero = dynamic_cast<concord::ZeroRedundancyOptimizer&>(*optimizer_);
+      ddp_->register_comm_hook(
+          flags.zero_overlap == "interleaved"
+              ? concord::hook_with_zero_step_interleaved(
+                    concord::allreduce_hook, ddp_, zero,
+                    flags.zero_shard_buckets)
+              : concord::hook_with_zero_step(concord::allreduce_hook, ddp_,
+                                             zero, flags.zero_shard_buckets));
+    }
     if (fault_.Armed("backward") && !optimizer_->param_groups().empty() &&
         !optimizer_->param_groups()[0].params().empty()) {
       // The first parameter's gradient comes last in backward: by then
@@ -671,7 +682,7 @@ class Trainer {
       concord::TraceScope span(job_, "backward");
       l.backward();
     }
-    {
+    if (!flags_.zero_options.overlap_with_ddp()) {
       concord::TraceScope span(job_, "optimizer");
       optimizer_->step();
     }

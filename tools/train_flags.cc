@@ -33,6 +33,15 @@ void AddTrainingFlags(CLI::App& app, TrainFlags& f) {
       [&f] { f.zero_options.parameters_as_bucket_view(true); },
       "with --zero: each rank's parameters in one flat tensor "
       "(parameters_as_bucket_view)");
+  app.add_option("--zero-overlap", f.zero_overlap,
+                 "with --zero: step inside DDP's backward as each bucket is "
+                 "reduced (overlap_with_ddp, PyTorch's hook_with_zero_step or "
+                 "hook_with_zero_step_interleaved); the first two steps "
+                 "update nothing")
+      ->check(CLI::IsMember({"step", "interleaved"}));
+  app.add_flag("--zero-shard-buckets", f.zero_shard_buckets,
+               "with --zero-overlap: split DDP's buckets over the ranks to "
+               "even out the shards (shard_buckets)");
   app.add_option("--weight-decay", f.weight_decay)
       ->check(CLI::NonNegativeNumber);
   app.add_option("--batch-size", f.batch_size, "samples per rank and step")
@@ -167,6 +176,25 @@ absl::Status Check(TrainFlags& f) {
   }
   if (f.zero_options.parameters_as_bucket_view() && !f.zero) {
     return absl::InvalidArgumentError("--zero-bucket-view needs --zero");
+  }
+  if (!f.zero_overlap.empty() && !f.zero) {
+    return absl::InvalidArgumentError("--zero-overlap needs --zero");
+  }
+  if (f.zero_shard_buckets && f.zero_overlap.empty()) {
+    return absl::InvalidArgumentError(
+        "--zero-shard-buckets needs --zero-overlap");
+  }
+  if (!f.zero_overlap.empty()) {
+    if (f.zero_options.parameters_as_bucket_view()) {
+      return absl::InvalidArgumentError(
+          "--zero-bucket-view does not apply with --zero-overlap (each "
+          "bucket's share is flat already)");
+    }
+    if (!f.ddp.comm_hook().empty()) {
+      return absl::InvalidArgumentError(
+          "--comm-hook: --zero-overlap's hook reduces with allreduce");
+    }
+    f.zero_options.overlap_with_ddp(true);
   }
   auto slowmo = concord::train::SlowMoOptionsFrom(f.slowmo);
   if (!slowmo.ok()) return slowmo.status();

@@ -27,6 +27,10 @@ struct TrainFlags {
   // ZeroRedundancyOptimizer over the optimizer, with these options.
   bool zero = false;
   concord::ZeroOptions zero_options;
+  // ZeroOptions::overlap_with_ddp through hook_with_zero_step ("step") or
+  // hook_with_zero_step_interleaved ("interleaved"); empty: no overlap.
+  std::string zero_overlap;
+  bool zero_shard_buckets = false;
   int64_t batch_size = 32;
   int64_t epochs = 1;
   bool shuffle = false;

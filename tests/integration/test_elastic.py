@@ -210,7 +210,7 @@ def adam_args(args, extra=()):
 
 
 def case_zero(ctx, name, world, min_workers, ref_kill, kill=None, fault=None, extra=(),
-              restarts=0):
+              restarts=0, ref_extra=()):
     """(g) A job whose Adam state is sharded (--zero, see Note [Elastic ZeRO]
     in api/zero.cc) loses a worker mid-step: its shard lives on in its
     mirror, and the survivors end bit-identical to the unsharded job's that
@@ -222,17 +222,22 @@ def case_zero(ctx, name, world, min_workers, ref_kill, kill=None, fault=None, ex
     same step (before its forward: nobody commits the step either). With
     `restarts` (and min_workers = world) the dead worker comes back as a
     newcomer that the others wait for: it gets its shard, at the same step in
-    both runs."""
+    both runs. `ref_extra`: flags of the reference run besides Adam's (with
+    --zero-overlap it is the overlapped job killed cleanly at the step's
+    start: the two warm-up steps of the overlap update nothing, which an
+    unsharded job does not have)."""
+    ref_what = " ".join(ref_extra) or "unsharded Adam"
     n, batch, epochs = 150, 4, 3
     fx = Fixture(ctx.tmp, n)
     ref = RunDir(ctx.tmp, name + "-unsharded")
     rd = RunDir(ctx.tmp, name)
     p_ref = Proc(name + "-unsharded",
                  launch_cmd(ctx.bins, world, name + "-unsharded",
-                            adam_args(train_args(fx, ref, batch, epochs, shuffle_seed=7)),
+                            adam_args(train_args(fx, ref, batch, epochs, shuffle_seed=7),
+                                      list(ref_extra)),
                             min_workers=min_workers, restarts=restarts), ref.logs,
                  env=kill_env(ref_kill))
-    expect_exit(ctx.checks, name + " (unsharded Adam, killed %s)" % ref_kill, p_ref, 0,
+    expect_exit(ctx.checks, name + " (%s, killed %s)" % (ref_what, ref_kill), p_ref, 0,
                 RUN_TIMEOUT)
     env = kill_env(kill)
     if fault:
@@ -261,7 +266,7 @@ def case_zero(ctx, name, world, min_workers, ref_kill, kill=None, fault=None, ex
         problems += ["%s not bit-identical" % k for k in want
                      if k in state and not torch.equal(state[k], want[k])]
     ctx.checks.check(not problems, name + ": the survivors' parameters bit-identical to the "
-                     "unsharded job's survivors'", "; ".join(problems[:10]))
+                     "reference job's survivors' (%s)" % ref_what, "; ".join(problems[:10]))
     summary(name + "-unsharded", p_ref, ref)
     summary(name, p, rd, "killed %s" % (kill or fault))
 
@@ -720,6 +725,13 @@ def _cases():
         extra=["--zero-bucket-view"]))
     c["zero-w3-restart"] = ("zero", lambda ctx: case_zero(
         ctx, "zero-w3-restart", 3, 3, "1:6:optimizer", kill="1:6:optimizer", restarts=1))
+    # Overlapped with DDP (Note [Elastic ZeRO overlapped with DDP]): a worker
+    # dies in backward after its shards' update, before their broadcast; it
+    # comes back and gets its shard. Several buckets (with LibTorch 2.x).
+    overlap = ["--zero-overlap", "step", "--bucket-cap-mb", "0.002"]
+    c["zero-w3-overlap-restart"] = ("zero", lambda ctx: case_zero(
+        ctx, "zero-w3-overlap-restart", 3, 3, "1:5:forward", fault="1:5:zero:optimizer:1",
+        restarts=1, extra=overlap, ref_extra=["--zero"] + overlap))
     # chaos
     c["chaos-w4"] = ("chaos", lambda ctx: case_chaos(ctx, "chaos-w4", ctx.seed))
     return c
