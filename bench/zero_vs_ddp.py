@@ -16,18 +16,28 @@ What it does:
      exp_avg_sq: 8 bytes a parameter, ~21 MB) is twice the parameters.
      The data is --steps x world size x batch samples: every rank takes --steps
      full batches (one epoch, no shuffle, rank r taking samples r, r+W, ...).
-  2. Trains it five times, Adam (lr --lr), one compute thread per worker:
+  2. Trains it seven times, Adam (lr --lr), one compute thread per worker,
+     DDP's buckets capped at --bucket-cap-mb on both sides (so that the
+     overlap has buckets to spread over the ranks):
      - concord ddp:         `concord-run --standalone --nproc W --
                             concord-train --optimizer adam` (unsharded);
      - concord zero:        the same with --zero (elastic ZeRO: concord-train
                             always runs under run_elastic);
      - concord zero+bview:  --zero --zero-bucket-view;
+     - concord zero+ovl:    --zero --zero-overlap step (the step inside
+                            DDP's backward, see Note [ZeRO overlapped with
+                            DDP] in api/zero_overlap.cc);
      - torch ddp:           PyTorch's DDP and torch.optim.Adam, W processes
                             (torch.multiprocessing, spawn), gloo;
      - torch zero:          PyTorch's DDP and
-                            ZeroRedundancyOptimizer(optimizer_class=Adam).
-     Concord's DDP has no overlap of ZeRO's parameter broadcast with the
-     backward yet (PyTorch's overlap_with_ddp); neither side uses it.
+                            ZeroRedundancyOptimizer(optimizer_class=Adam);
+     - torch zero+ovl:      overlap_with_ddp=True with
+                            hook_with_zero_step(allreduce_hook) (PyTorch
+                            refuses gloo for it, for a hang of the
+                            interleaved hook; the benchmark lifts that check
+                            for the non-interleaved one, which runs).
+     The overlapped runs update nothing in their first two steps, which
+     the means leave out anyway.
   3. Prints, per kind: rank 0's mean and median step time (ms; forward,
      backward, optimizer step, and for Concord the elastic commit; the first
      2 steps excluded), the median over --repeat runs run interleaved;
@@ -82,6 +92,8 @@ def parse_args():
     p.add_argument("--repeat", type=int, default=2,
                    help="runs of each, interleaved; step times: the median over them")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--bucket-cap-mb", type=float, default=2.0,
+                   help="DDP's bucket_cap_mb, both sides")
     p.add_argument("--timeout", type=float, default=600)
     return p.parse_args()
 
@@ -97,7 +109,8 @@ def run_concord(args, tmp, model, data, name, flags):
            os.path.join(args.bin_dir, "concord-train"), "--model", model, "--data", data,
            "--loss", fixtures.default_loss(KIND), "--optimizer", "adam", "--lr", str(args.lr),
            "--batch-size", str(args.batch_size), "--epochs", "1", "--seed", str(args.seed),
-           "--log-interval", "1000000", "--metrics-out", metrics] + flags
+           "--log-interval", "1000000", "--metrics-out", metrics,
+           "--bucket-cap-mb", str(args.bucket_cap_mb)] + flags
     env = dict(os.environ, OMP_NUM_THREADS="1")
     with open(os.path.join(out, "stdout"), "w") as so, open(os.path.join(out, "stderr"), "w") as se:
         proc = subprocess.Popen(cmd, env=env, stdout=so, stderr=se)
@@ -139,8 +152,25 @@ def torch_worker(rank, world, init_file, cfg, prefix):
             for name, t in list(model.named_parameters()) + list(model.named_buffers()):
                 t.copy_(initial[name])
         model.train()
-        ddp = torch.nn.parallel.DistributedDataParallel(model)
-        if cfg["zero"]:
+        ddp = torch.nn.parallel.DistributedDataParallel(model,
+                                                        bucket_cap_mb=cfg["bucket_cap_mb"])
+        if cfg["zero"] == "overlap":
+            from torch.distributed.algorithms.ddp_comm_hooks import ddp_zero_hook
+            from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+            optimizer = ZeroRedundancyOptimizer(ddp.parameters(),
+                                                optimizer_class=torch.optim.Adam,
+                                                overlap_with_ddp=True, lr=cfg["lr"])
+            # PyTorch refuses gloo here (pytorch/pytorch#62300, a hang of the
+            # interleaved hook); hook_with_zero_step runs on it.
+            real = ddp_zero_hook.dist.get_backend
+            ddp_zero_hook.dist.get_backend = lambda group=None: "nccl"
+            try:
+                hook = ddp_zero_hook.hook_with_zero_step(allreduce_hook, ddp, optimizer)
+            finally:
+                ddp_zero_hook.dist.get_backend = real
+            ddp.register_comm_hook(None, hook)
+            local = None
+        elif cfg["zero"]:
             optimizer = ZeroRedundancyOptimizer(ddp.parameters(),
                                                 optimizer_class=torch.optim.Adam, lr=cfg["lr"])
             local = optimizer.optim
@@ -155,8 +185,11 @@ def torch_worker(rank, world, init_file, cfg, prefix):
             start = time.perf_counter()
             optimizer.zero_grad(set_to_none=False)
             F.cross_entropy(ddp(x), y).backward()
-            optimizer.step()
+            if cfg["zero"] != "overlap":
+                optimizer.step()
             times.append((time.perf_counter() - start) * 1e3)
+        if local is None:
+            local = optimizer.optim  # made in the third backward
         state_bytes = sum(t.numel() * t.element_size() for st in local.state.values()
                           for k, t in st.items() if k != "step" and torch.is_tensor(t))
         timed = times[WARMUP:] if len(times) > WARMUP else times
@@ -176,6 +209,7 @@ def run_torch(args, tmp, model, data, name, zero):
     # A fresh prefix per run: gloo's FileStore must not be reused.
     prefix = tempfile.mkdtemp(prefix=name.replace(" ", "-") + ".", dir=tmp) + "/run"
     cfg = {"model": model, "data": data, "zero": zero, "lr": args.lr,
+           "bucket_cap_mb": args.bucket_cap_mb,
            "batch_size": args.batch_size, "steps": args.steps}
     os.environ["OMP_NUM_THREADS"] = "1"
     error = fixtures.run_ranks(torch_worker, (args.world_size, prefix + ".store", cfg, prefix),
@@ -236,8 +270,11 @@ def main():
             lambda: run_concord(args, tmp, model, data, "concord zero", ["--zero"]),
             lambda: run_concord(args, tmp, model, data, "concord zero+bview",
                                 ["--zero", "--zero-bucket-view"]),
+            lambda: run_concord(args, tmp, model, data, "concord zero+ovl",
+                                ["--zero", "--zero-overlap", "step"]),
             lambda: run_torch(args, tmp, model, data, "torch ddp", False),
-            lambda: run_torch(args, tmp, model, data, "torch zero", True)]
+            lambda: run_torch(args, tmp, model, data, "torch zero", True),
+            lambda: run_torch(args, tmp, model, data, "torch zero+ovl", "overlap")]
     # Interleaved: a change in the machine's load reaches every kind alike.
     results = [[] for _ in runs]
     for _ in range(args.repeat):
@@ -255,17 +292,17 @@ def main():
     S = rows[0]["state_bytes"]  # unsharded Adam state
     P = params * 4
     print("%s (%d parameters, %.2f MiB; Adam state S = %.2f MiB unsharded), world size %d, "
-          "batch %d per rank, %d samples, Adam lr %g, 1 compute thread per worker, no "
-          "overlap of ZeRO with DDP, %d run(s) of each" % (
+          "batch %d per rank, %d samples, Adam lr %g, bucket_cap_mb %g, 1 compute thread per "
+          "worker, %d run(s) of each" % (
               KIND, params, P / MIB, S / MIB, W, args.batch_size, samples, args.lr,
-              args.repeat))
+              args.bucket_cap_mb, args.repeat))
     header = "%-19s %5s %16s %8s %13s %8s %21s" % (
         "run", "steps", "step ms mean/med", "vs ddp", "state MiB/rk0", "/(S/W)",
         "peak RSS MiB rk0/max")
     print(header)
     print("-" * len(header))
     for r in rows:
-        base = rows[3] if r["name"].startswith("torch") else rows[0]
+        base = rows[4] if r["name"].startswith("torch") else rows[0]
         print("%-19s %5d %8.2f/%7.2f %7.2fx %13.2f %7.2fx %10.1f/%10.1f" % (
             r["name"], r["steps"], r["step_ms"], r["median_ms"], r["step_ms"] / base["step_ms"],
             r["state_bytes"] / MIB, r["state_bytes"] / (S / W), r["rank0_rss"] / MIB,
@@ -275,7 +312,7 @@ def main():
           "state (Concord: the authoritative rank's --metrics-out). peak RSS: ru_maxrss, the "
           "largest over the runs; Concord's max over concord-run and its workers, PyTorch's "
           "over its ranks)" % WARMUP)
-    torch_zero = rows[4]["per_rank_state"]
+    torch_zero = rows[5]["per_rank_state"]
     print("PyTorch ZeRO state per rank (MiB): %s" % ", ".join(
         "%.2f" % (b / MIB) for b in torch_zero))
     expected, shard = expected_elastic(numels, W, S / params, 4)

@@ -725,7 +725,7 @@ def _cases():
         extra=["--zero-bucket-view"]))
     c["zero-w3-restart"] = ("zero", lambda ctx: case_zero(
         ctx, "zero-w3-restart", 3, 3, "1:6:optimizer", kill="1:6:optimizer", restarts=1))
-    # Overlapped with DDP (Note [Elastic ZeRO overlapped with DDP]): a worker
+    # Overlapped with DDP (see Note [Elastic ZeRO overlapped with DDP]): a worker
     # dies in backward after its shards' update, before their broadcast; it
     # comes back and gets its shard. Several buckets (with LibTorch 2.x).
     overlap = ["--zero-overlap", "step", "--bucket-cap-mb", "0.002"]

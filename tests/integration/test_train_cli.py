@@ -254,6 +254,16 @@ def run(args, checks, tmp):
                      ["delay_allreduce", "trigger"], out)
     expect_rejection(checks, "--grad-accum 0", train(extra=["--grad-accum", "0"]),
                      ["grad-accum"], out)
+    expect_rejection(checks, "--zero-overlap without --zero",
+                     train(extra=["--zero-overlap", "step"]), ["zero-overlap"], out)
+    expect_rejection(checks, "--zero-overlap of an unknown kind",
+                     train(extra=["--zero", "--zero-overlap", "sometimes"]),
+                     ["zero-overlap", "sometimes"], out)
+    expect_rejection(checks, "--zero-overlap with --comm-hook",
+                     train(extra=["--zero", "--zero-overlap", "step", "--comm-hook", "fp16"]),
+                     ["comm-hook"], out)
+    expect_rejection(checks, "--zero-shard-buckets without --zero-overlap",
+                     train(extra=["--zero", "--zero-shard-buckets"]), ["zero-shard-buckets"], out)
     expect_rejection(checks, "--ignore an unknown name",
                      train(extra=["--ignore", "no.such.param"]), ["no.such.param"], out)
     expect_rejection(checks, "--allreduce-trigger-params an unknown name",
