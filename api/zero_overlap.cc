@@ -370,27 +370,20 @@ Future StepAtLastBucket(Impl& z, GradBucket& bucket, Future future) {
   return future;
 }
 
-}  // namespace
-
-CommHook hook_with_zero_step(CommHook hook, detail::DdpCore& ddp,
-                             ZeroRedundancyOptimizer& zero,
-                             bool shard_buckets) {
+// Either hook: the wrapped hook's reduction, then (once the shards exist)
+// the step, at the last bucket or bucket by bucket.
+CommHook OverlapHook(CommHook hook, detail::DdpCore& ddp,
+                     ZeroRedundancyOptimizer& zero, bool shard_buckets,
+                     bool interleaved) {
   Impl* z = &Hooked(zero, ddp, shard_buckets);
-  return [hook = std::move(hook), z](GradBucket& bucket) -> Future {
+  return [hook = std::move(hook), z, interleaved](GradBucket& bucket) {
     Future future = hook(bucket);
     if (!Setup(*z, bucket)) return future;
-    return StepAtLastBucket(*z, bucket, std::move(future));
-  };
-}
-
-CommHook hook_with_zero_step_interleaved(CommHook hook, detail::DdpCore& ddp,
-                                         ZeroRedundancyOptimizer& zero,
-                                         bool shard_buckets) {
-  Impl* z = &Hooked(zero, ddp, shard_buckets);
-  return [hook = std::move(hook), z](GradBucket& bucket) -> Future {
-    Future future = hook(bucket);
-    if (!Setup(*z, bucket)) return future;
-    if (z->elastic) return StepAtLastBucket(*z, bucket, std::move(future));
+    // Under run_elastic both run as hook_with_zero_step (see Note [Elastic
+    // ZeRO overlapped with DDP]).
+    if (!interleaved || z->elastic) {
+      return StepAtLastBucket(*z, bucket, std::move(future));
+    }
     const size_t b = bucket.index();
     torch::Tensor buffer = bucket.buffer();
     std::vector<torch::Tensor> gradients = bucket.gradients();
@@ -403,6 +396,20 @@ CommHook hook_with_zero_step_interleaved(CommHook hook, detail::DdpCore& ddp,
       return buffer;
     });
   };
+}
+
+}  // namespace
+
+CommHook hook_with_zero_step(CommHook hook, detail::DdpCore& ddp,
+                             ZeroRedundancyOptimizer& zero,
+                             bool shard_buckets) {
+  return OverlapHook(std::move(hook), ddp, zero, shard_buckets, false);
+}
+
+CommHook hook_with_zero_step_interleaved(CommHook hook, detail::DdpCore& ddp,
+                                         ZeroRedundancyOptimizer& zero,
+                                         bool shard_buckets) {
+  return OverlapHook(std::move(hook), ddp, zero, shard_buckets, true);
 }
 
 }  // namespace concord
