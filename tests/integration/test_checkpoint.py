@@ -27,6 +27,9 @@ Cases (--list):
              optimizer.pt's Adam state included), optimizer.pt loads into
              torch.optim.Adam, and the checkpoints resume across: sharded ->
              unsharded and unsharded -> sharded, both at 2 workers.
+  zero-overlap  the same killed-whole resume with --zero --zero-overlap step
+             (the step in DDP's backward), bit-identical to its uninterrupted
+             run, optimizer.pt into torch.optim.Adam.
   python     the uninterrupted run's checkpoints in Python: model.pt and
              state.pt load with weights_only=True; optimizer.pt too on
              PyTorch 2.x (1.13's weights-only unpickler has no floats at all:
@@ -1117,19 +1120,22 @@ def case_powersgd(ctx, name):
     check_history(checks, name, [rd, rd2], 3)
 
 
-def case_zero(ctx, name):
+def case_zero(ctx, name, zero=("--zero",), across=True):
     """A job sharding its Adam state (--zero) killed whole resumes from its
     checkpoint bit-identical to its uninterrupted run; its optimizer.pt is
     PyTorch's Adam state_dict, whole; it resumes an unsharded job at 2
-    workers, and an unsharded job's checkpoint resumes a sharded job at 2."""
+    workers, and an unsharded job's checkpoint resumes a sharded job at 2
+    (`across`). With --zero-overlap the resumed job's shards come from the
+    checkpoint's bucket layout (see Note [Elastic ZeRO overlapped with
+    DDP] in api/zero_overlap.cc)."""
     checks = ctx.checks
-    zero = ["--zero"]
-    ref_rd, p_ref = launch(ctx, name + "-ref", name + "-ref", os.path.join(ctx.tmp, "ck-zr"),
+    zero = list(zero)
+    ref_rd, p_ref = launch(ctx, name + "-ref", name + "-ref", os.path.join(ctx.tmp, "ck-" + name + "-ref"),
                            optimizer="adam", train_extra=zero,
                            env={"CONCORD_TEST_MIN_STEP_MS": "10"})
     checks.check(p_ref.wait(RUN_TIMEOUT) == 0, name + ": the uninterrupted sharded run exits 0",
                  p_ref.describe())
-    ref = (ref_rd, os.path.join(ctx.tmp, "ck-zr"))
+    ref = (ref_rd, os.path.join(ctx.tmp, "ck-" + name + "-ref"))
     # Killed whole, the same command again.
     job, ck = name, os.path.join(ctx.tmp, "ck-" + name)
     rd, p = launch(ctx, name + "-1", job, ck, env=SLOW, optimizer="adam", train_extra=zero)
@@ -1158,7 +1164,7 @@ def case_zero(ctx, name):
     # Across: the sharded checkpoints resume an unsharded job at 2 workers,
     # and an unsharded job's resume a sharded one at 2.
     for kind, first, second in (("sharded -> unsharded", zero, []),
-                                ("unsharded -> sharded", [], zero)):
+                                ("unsharded -> sharded", [], zero)) if across else ():
         tag = name + ("-su" if first else "-us")
         job, ck = tag, os.path.join(ctx.tmp, "ck-" + tag)
         rd, p = launch(ctx, tag + "-1", job, ck, env=SLOW, optimizer="adam", train_extra=first)
@@ -1173,6 +1179,9 @@ def case_zero(ctx, name):
 
 CASES = {
     "zero": lambda ctx: case_zero(ctx, "zero"),
+    "zero-overlap": lambda ctx: case_zero(ctx, "zero-overlap",
+                                          zero=("--zero", "--zero-overlap", "step"),
+                                          across=False),
     "kill-all": lambda ctx: case_kill_all(ctx, "kill-all", keep=None),
     "memory": lambda ctx: case_memory(ctx, "memory"),
     "world2": lambda ctx: case_kill_all(ctx, "world2", nproc_after=2),
