@@ -311,7 +311,14 @@ void ZeroRedundancyOptimizer::Impl::SyncParams(
       shard.push_back(p.detach());
     }
     if (shard.empty()) continue;
-    flats.push_back(FlattenTensors(shard));
+    if (r == z.rank()) {
+      flats.push_back(FlattenTensors(shard));
+    } else {
+      // Received whole: nothing of this rank's values to copy in first.
+      int64_t size = 0;
+      for (const auto& p : shard) size += p.numel();
+      flats.push_back(torch::empty({size}, shard[0].options()));
+    }
     works.push_back(z.comm->Broadcast(flats.back(), r, opts));
     shards.push_back(std::move(shard));
   }
