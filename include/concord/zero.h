@@ -203,7 +203,8 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer {
 // second tells the optimizer what they hold. Register it on `ddp` before
 // the first forward; `ddp` and `zero` outlive its backwards. Throws Error
 // kInvalidArgument: `zero` without overlap_with_ddp; kAlreadyExists: a
-// hook made for `zero` already. In backward (from the hook), Error
+// hook made for `zero` already. When the shards are made (in backward,
+// from the hook; under run_elastic at the third step's start), Error
 // kFailedPrecondition: `zero`'s parameters are not exactly `ddp`'s, or
 // shard_buckets cannot place a bucket.
 CommHook hook_with_zero_step(CommHook hook, detail::DdpCore& ddp,
@@ -220,7 +221,9 @@ CommHook hook_with_zero_step(CommHook hook,
 // PyTorch's hook_with_zero_step_interleaved: the same, but each bucket's
 // share is stepped and sent as soon as that bucket is reduced, interleaving
 // the optimizer's work and broadcasts with the other buckets' reductions.
-// The same parameters, bit for bit.
+// The same parameters, bit for bit. Under run_elastic both update every
+// share before the first broadcast, which keeps the step transactional: this
+// one then runs as hook_with_zero_step.
 CommHook hook_with_zero_step_interleaved(CommHook hook, detail::DdpCore& ddp,
                                          ZeroRedundancyOptimizer& zero,
                                          bool shard_buckets = false);

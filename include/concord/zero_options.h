@@ -20,7 +20,8 @@ struct ZeroOptions {
   // The shards follow DDP's buckets, known once DDP has rebuilt them: as
   // PyTorch's, the first two backwards update nothing. One parameter
   // group; parameters_as_bucket_view is ignored (the parameters of each
-  // bucket's share are flat already). Not under run_elastic yet.
+  // bucket's share are flat already). Under run_elastic too (see
+  // concord/zero.h).
   TORCH_ARG(bool, overlap_with_ddp) = false;
 };
 
