@@ -174,11 +174,15 @@ struct ZeroRedundancyOptimizer::Impl final : elastic::Participant {
   // api/zero_overlap.cc): DDP's buckets from its layout once it has rebuilt
   // them and the job has committed `step` >= 2; false: not yet.
   bool OverlapBucketsFromDdp(int64_t step);
-  // Whether this rank steps a run of bucket `b`: its own or a mirrored one.
+  // Whether this rank steps `run` (its own or a mirrored one), and a run
+  // of bucket `b`.
+  bool Steps(const zero::BucketRun& run) const;
   bool Holds(size_t b) const;
-  // Steps this rank's runs of bucket `b`, its own and those it mirrors,
-  // with `gradients` (the bucket's).
-  void OverlapStep(size_t b, const std::vector<torch::Tensor>& gradients);
+  // A bucket's index and its reduced gradients.
+  using ReducedBucket = std::pair<size_t, const std::vector<torch::Tensor>*>;
+  // Steps this rank's runs of the `reduced` buckets, its own and those it
+  // mirrors, with their gradients: one step of each wrapped optimizer.
+  void OverlapStep(const std::vector<ReducedBucket>& reduced);
   // Sends bucket `b`'s runs from their ranks (asynchronous).
   void OverlapBroadcast(size_t b);
   // Waits for the backward's broadcasts; ends its per-backward state.

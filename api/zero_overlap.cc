@@ -69,6 +69,32 @@ namespace concord {
 //   after every rank has updated. The interleaved hook thus runs as
 //   hook_with_zero_step; the parameters are the same bit for bit.
 
+namespace {
+
+// Each of `tensors` as an index into `params` (a DDP bucket's parameters
+// into the optimizer's group). kFailedPrecondition for one that is not
+// there.
+std::vector<int> IndicesIn(const std::vector<torch::Tensor>& params,
+                           const std::vector<torch::Tensor>& tensors) {
+  std::unordered_map<const void*, int> index;
+  for (size_t i = 0; i < params.size(); ++i) {
+    index[params[i].unsafeGetTensorImpl()] = int(i);
+  }
+  std::vector<int> out;
+  for (const torch::Tensor& t : tensors) {
+    auto it = index.find(t.unsafeGetTensorImpl());
+    if (it == index.end()) {
+      zero_api::Fail(ErrorCode::kFailedPrecondition,
+                     "overlap_with_ddp: DDP's buckets hold a parameter this "
+                     "optimizer does not (make it over ddp->parameters())");
+    }
+    out.push_back(it->second);
+  }
+  return out;
+}
+
+}  // namespace
+
 void ZeroRedundancyOptimizer::Impl::CheckOverlapReady(const char* what) const {
   if (overlapped() && overlap.status != Overlap::Status::kInitialized) {
     zero_api::Fail(
@@ -91,24 +117,7 @@ void ZeroRedundancyOptimizer::Impl::OverlapSetup(bool ddp_rebuilt,
     OverlapInit();
     return;
   }
-  const std::vector<torch::Tensor>& params = groups()[0].params();
-  std::unordered_map<const void*, int> index;
-  for (size_t i = 0; i < params.size(); ++i) {
-    index[params[i].unsafeGetTensorImpl()] = int(i);
-  }
-  std::vector<int> mine;
-  for (const torch::Tensor& p : bucket.parameters()) {
-    auto it = index.find(p.unsafeGetTensorImpl());
-    if (it == index.end()) {
-      zero_api::Fail(
-          ErrorCode::kFailedPrecondition,
-          absl::StrCat("overlap_with_ddp: DDP's bucket ", bucket.index(),
-                       " holds a parameter this optimizer does not "
-                       "(make it over ddp->parameters())"));
-    }
-    mine.push_back(it->second);
-  }
-  o.buckets.push_back(std::move(mine));
+  o.buckets.push_back(IndicesIn(groups()[0].params(), bucket.parameters()));
 }
 
 void ZeroRedundancyOptimizer::Impl::OverlapInit() {
@@ -182,41 +191,29 @@ bool ZeroRedundancyOptimizer::Impl::OverlapBucketsFromDdp(int64_t step) {
   if (o.ddp == nullptr || step < 2) return false;
   const ddp::Engine& engine = *o.ddp->impl().engine;
   if (!engine.BucketsRebuilt()) return false;
-  const std::vector<torch::Tensor>& mine = groups()[0].params();
-  std::unordered_map<const void*, int> index;
-  for (size_t i = 0; i < mine.size(); ++i) {
-    index[mine[i].unsafeGetTensorImpl()] = int(i);
-  }
   o.buckets.clear();
   for (const ddp::BucketInfo& b : engine.Buckets()) {
-    o.buckets.emplace_back();
-    for (size_t p : b.params) {
-      auto it = index.find(engine.parameters()[p].unsafeGetTensorImpl());
-      if (it == index.end()) {
-        zero_api::Fail(ErrorCode::kFailedPrecondition,
-                       "overlap_with_ddp: DDP's buckets hold a parameter this "
-                       "optimizer does not (make it over ddp->parameters())");
-      }
-      o.buckets.back().push_back(it->second);
-    }
+    std::vector<torch::Tensor> members;
+    for (size_t p : b.params) members.push_back(engine.parameters()[p]);
+    o.buckets.push_back(IndicesIn(groups()[0].params(), members));
   }
   return true;
 }
 
+bool ZeroRedundancyOptimizer::Impl::Steps(const zero::BucketRun& run) const {
+  return run.rank == rank() || (size_t(run.rank) < mirror_of.size() &&
+                                mirror_of[size_t(run.rank)] == rank());
+}
+
 bool ZeroRedundancyOptimizer::Impl::Holds(size_t b) const {
   for (const zero::BucketRun& run : overlap.assignment.runs) {
-    if (size_t(run.bucket) != b) continue;
-    if (run.rank == rank()) return true;
-    if (size_t(run.rank) < mirror_of.size() &&
-        mirror_of[size_t(run.rank)] == rank()) {
-      return true;
-    }
+    if (size_t(run.bucket) == b && Steps(run)) return true;
   }
   return false;
 }
 
 void ZeroRedundancyOptimizer::Impl::OverlapStep(
-    size_t b, const std::vector<torch::Tensor>& gradients) {
+    const std::vector<ReducedBucket>& reduced) {
   const Overlap& o = overlap;
   const std::vector<torch::Tensor>& params = groups()[0].params();
   // PyTorch hands its functional optimizer a gradient for this run's
@@ -235,14 +232,13 @@ void ZeroRedundancyOptimizer::Impl::OverlapStep(
     saved.push_back(p->grad());
     p->mutable_grad() = torch::Tensor();
   }
-  for (const zero::BucketRun& run : o.assignment.runs) {
-    if (size_t(run.bucket) != b) continue;
-    const bool mirrored = size_t(run.rank) < mirror_of.size() &&
-                          mirror_of[size_t(run.rank)] == rank();
-    if (run.rank != rank() && !mirrored) continue;
-    for (int j = run.offset; j < run.offset + run.length; ++j) {
-      params[size_t(o.buckets[b][size_t(j)])].mutable_grad() =
-          gradients[size_t(j)];
+  for (const auto& [b, gradients] : reduced) {
+    for (const zero::BucketRun& run : o.assignment.runs) {
+      if (size_t(run.bucket) != b || !Steps(run)) continue;
+      for (int j = run.offset; j < run.offset + run.length; ++j) {
+        params[size_t(o.buckets[b][size_t(j)])].mutable_grad() =
+            (*gradients)[size_t(j)];
+      }
     }
   }
   for (optim::Optimizer* opt : {local.get(), mirror.get()}) {
@@ -353,16 +349,17 @@ Future StepAtLastBucket(Impl& z, GradBucket& bucket, Future future) {
     for (size_t k = 0; k < o.buckets.size(); ++k) {
       if (z.Holds(k)) held.push_back(k);
     }
-    for (size_t k : held) reduced(k);
+    std::vector<Impl::ReducedBucket> all;
+    for (size_t k : held) all.emplace_back(k, &reduced(k).gradients);
     z.stepped = true;
-    for (size_t k : held) z.OverlapStep(k, o.pending.at(k).gradients);
+    z.OverlapStep(all);
     z.ReachedFault();
     for (size_t k = 0; k < o.buckets.size(); ++k) z.OverlapBroadcast(k);
   } else {
     // PyTorch's order: bucket by bucket, each share's update then its
     // broadcast.
     for (size_t k = 0; k < o.buckets.size(); ++k) {
-      if (z.Holds(k)) z.OverlapStep(k, reduced(k).gradients);
+      if (z.Holds(k)) z.OverlapStep({{k, &reduced(k).gradients}});
       z.OverlapBroadcast(k);
     }
   }
@@ -390,7 +387,7 @@ CommHook OverlapHook(CommHook hook, detail::DdpCore& ddp,
     return future.then([z, b, buffer, gradients](torch::Tensor value) {
       auto& o = z->overlap;
       TakeValue(value, buffer);
-      if (z->Holds(b)) z->OverlapStep(b, gradients);
+      if (z->Holds(b)) z->OverlapStep({{b, &gradients}});
       z->OverlapBroadcast(b);
       if (++o.seen == o.buckets.size()) z->OverlapFinish();
       return buffer;
