@@ -61,11 +61,15 @@ namespace optim = torch::optim;
 //   mirrors. A parameter no member holds (its owner and its mirror left
 //   together) is FAILED_PRECONDITION naming it: the job must resume from a
 //   checkpoint, and says so.
-// - Checkpoints hold the whole state as an unsharded optimizer's (every
-//   rank's shard gathered: PyTorch's state_dict in `<name>.pt`), so a
-//   sharded job's checkpoint resumes an unsharded job and the other way
-//   round, at any world size; the rank that resumes one offers every
-//   parameter.
+// - Checkpoints hold the whole state as an unsharded optimizer's (PyTorch's
+//   state_dict in `<name>.pt`), so a sharded job's checkpoint resumes an
+//   unsharded job and the other way round, at any world size; the rank that
+//   resumes one offers every parameter. The shards are gathered only on the
+//   ranks that write their node's snapshot (each node's lowest,
+//   comm::GatherStrings): a node's snapshot is the whole job's state (any
+//   node's may be the one a re-form resumes from), and `<name>.pt` is one
+//   file PyTorch loads; every other rank sends its shard and never holds
+//   the rest.
 // Memory per rank, over the unsharded optimizer state S and parameters P
 // over N ranks: the live state of its shard and its mirrored one (2 S/N) and
 // their copies at the step's start (2 (S + P)/N).
@@ -367,25 +371,27 @@ void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
     index = global[size_t(index)];
     for (auto& [key, t] : tensors) t = t.to(torch::kCPU);
   }
+  // Every shard goes to `to` alone (PyTorch broadcasts each rank's to
+  // every rank): the others never hold the whole state.
   std::vector<std::pair<int64_t, NamedTensors>> state;
-  const comm::CollectiveOptions opts = z.Collective();
+  std::string bytes;
+  if (z.rank() != to) {
+    std::vector<char> pickled =
+        torch::pickle_save(checkpoint::OptimizerToIValue(mine));
+    bytes.assign(pickled.begin(), pickled.end());
+  }
+  absl::StatusOr<std::vector<std::string>> shards =
+      comm::GatherStrings(*z.comm, bytes, {to}, z.Collective());
+  ThrowIfError(shards.status());
+  z.consolidated.reset();
+  if (z.rank() != to) return;
   for (int r = 0; r < z.world(); ++r) {
     if (r == to) continue;
-    std::string bytes;
-    if (r == z.rank()) {
-      std::vector<char> pickled =
-          torch::pickle_save(checkpoint::OptimizerToIValue(mine));
-      bytes.assign(pickled.begin(), pickled.end());
-    }
-    ThrowIfError(comm::BroadcastBytes(*z.comm, r, &bytes, opts));
-    if (z.rank() != to) continue;
     auto theirs = checkpoint::OptimizerFromIValue(
-        kName, mine.type, torch::pickle_load(Bytes(bytes)));
+        kName, mine.type, torch::pickle_load(Bytes((*shards)[size_t(r)])));
     ThrowIfError(theirs.status());
     for (auto& entry : theirs->state) state.push_back(std::move(entry));
   }
-  z.consolidated.reset();
-  if (z.rank() != to) return;
   for (auto& entry : mine.state) state.push_back(std::move(entry));
   std::sort(state.begin(), state.end(),
             [](const auto& a, const auto& b) { return a.first < b.first; });
@@ -866,7 +872,8 @@ absl::StatusOr<NamedTensors> ZeroRedundancyOptimizer::Impl::CheckpointState(
 }
 
 absl::StatusOr<checkpoint::OptimizerContent>
-ZeroRedundancyOptimizer::Impl::CheckpointOptimizer() {
+ZeroRedundancyOptimizer::Impl::CheckpointOptimizer(
+    const std::vector<int>& writers) {
   std::vector<int64_t> offsets;
   for (size_t g = 0; g < groups().size(); ++g) offsets.push_back(Offset(g));
   std::map<int64_t, NamedTensors> own;
@@ -877,8 +884,14 @@ ZeroRedundancyOptimizer::Impl::CheckpointOptimizer() {
       mine.emplace_back(absl::StrCat(i, "/", key), t);
     }
   }
-  auto all = comm::AllgatherStrings(*comm, PickleTensors(mine), Collective());
+  // Each shard goes only to the ranks that write their node's snapshot:
+  // the others never hold the whole state, not even for the checkpoint.
+  auto all =
+      comm::GatherStrings(*comm, PickleTensors(mine), writers, Collective());
   CONCORD_RETURN_IF_ERROR(all.status());
+  checkpoint::OptimizerContent whole =
+      checkpoint::CaptureOptimizer(name, *MakeWhole());
+  if (all->empty()) return whole;  // not a writer: not kept
   std::map<int64_t, NamedTensors> state;
   for (const std::string& bytes : *all) {
     for (auto& [entry, t] : UnpickleTensors(bytes)) {
@@ -893,8 +906,6 @@ ZeroRedundancyOptimizer::Impl::CheckpointOptimizer() {
   }
   // PyTorch's state_dict of the whole optimizer: the groups' options and
   // indices as an unsharded one has them, every shard's state.
-  checkpoint::OptimizerContent whole =
-      checkpoint::CaptureOptimizer(name, *MakeWhole());
   whole.state.assign(state.begin(), state.end());
   return whole;
 }

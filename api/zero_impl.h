@@ -112,7 +112,8 @@ struct ZeroRedundancyOptimizer::Impl final : elastic::Participant {
   absl::Status HandOver(comm::Communicator& comm,
                         const std::vector<bool>& leaving,
                         int64_t step) override;
-  absl::StatusOr<checkpoint::OptimizerContent> CheckpointOptimizer() override;
+  absl::StatusOr<checkpoint::OptimizerContent> CheckpointOptimizer(
+      const std::vector<int>& writers) override;
   absl::Status ResumeOptimizer(
       const checkpoint::OptimizerContent& saved) override;
   void BeginStep(int64_t step) override;

@@ -363,5 +363,36 @@ TEST(GlooCommunicatorTest, ExchangeDeliversEachMessageToItsPeer) {
   });
 }
 
+TEST(GlooCommunicatorTest, GatherStringsReachesOnlyTheRoots) {
+  const int world = 4;
+  RunRanks(world, [&](int rank, std::shared_ptr<Communicator> comm) {
+    // Lengths differ (rank 2's is empty); ranks 1 and 3 gather, the others
+    // get nothing.
+    const std::string mine =
+        rank == 2 ? std::string() : std::string(100 * (rank + 1), 'a' + rank);
+    auto got = GatherStrings(*comm, mine, {3, 1}, {});
+    ASSERT_TRUE(got.ok()) << got.status();
+    if (rank == 1 || rank == 3) {
+      ASSERT_EQ(got->size(), 4u);
+      for (int r = 0; r < world; ++r) {
+        const std::string expected =
+            r == 2 ? std::string() : std::string(100 * (r + 1), 'a' + r);
+        EXPECT_EQ((*got)[static_cast<size_t>(r)], expected) << "from " << r;
+      }
+    } else {
+      EXPECT_TRUE(got->empty());
+    }
+    // Nothing to send anywhere: still a collective that matches up.
+    auto none = GatherStrings(*comm, std::string(), {0}, {});
+    ASSERT_TRUE(none.ok()) << none.status();
+    EXPECT_EQ(none->size(), rank == 0 ? 4u : 0u);
+    at::Tensor one = at::ones({3}, at::kFloat);
+    ASSERT_TRUE(comm->AllreduceSum(one, {})->Wait().ok());
+    EXPECT_TRUE(at::equal(one, at::full({3}, 4.0f)));
+    auto bad = GatherStrings(*comm, mine, {world}, {});
+    EXPECT_TRUE(absl::IsInvalidArgument(bad.status())) << bad.status();
+  });
+}
+
 }  // namespace
 }  // namespace concord::comm

@@ -2,9 +2,11 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 
+#include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "worker/tensor_ops.h"
 
@@ -68,6 +70,64 @@ absl::StatusOr<std::vector<std::string>> AllgatherStrings(
   const int64_t* sizes = lengths.data_ptr<int64_t>();
   for (int r = 0; r < world; ++r) {
     out.emplace_back(data + r * longest, static_cast<size_t>(sizes[r]));
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<std::string>> GatherStrings(
+    Communicator& comm, const std::string& value, const std::vector<int>& roots,
+    const CollectiveOptions& options) {
+  const int world = comm.size();
+  const int me = comm.rank();
+  for (int r : roots) {
+    if (r < 0 || r >= world) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("GatherStrings: root ", r, " of ", world, " ranks"));
+    }
+  }
+  const bool root = std::find(roots.begin(), roots.end(), me) != roots.end();
+  const auto longs = at::TensorOptions().dtype(at::kLong);
+  const auto bytes = at::TensorOptions().dtype(at::kByte);
+  at::Tensor length = at::tensor({static_cast<int64_t>(value.size())}, longs);
+  at::Tensor lengths = at::empty({world}, longs);
+  CONCORD_RETURN_IF_ERROR(comm.Allgather(lengths, length, options)->Wait());
+  const int64_t longest = lengths.max().item<int64_t>();
+  std::vector<int> to;
+  for (int r : roots) {
+    if (r != me) to.push_back(r);
+  }
+  std::vector<int> from;
+  std::vector<at::Tensor> recv;
+  if (root) {
+    for (int r = 0; r < world; ++r) {
+      if (r == me) continue;
+      from.push_back(r);
+      recv.push_back(at::empty({longest}, bytes));
+    }
+  }
+  if (longest > 0 && world > 1) {
+    at::Tensor mine = at::zeros({longest}, bytes);
+    if (!value.empty()) {
+      std::memcpy(mine.data_ptr(), value.data(), value.size());
+    }
+    CONCORD_RETURN_IF_ERROR(
+        comm.Exchange(mine, std::move(to), recv, from, options)->Wait());
+  }
+  std::vector<std::string> out;
+  if (!root) return out;
+  const int64_t* sizes = lengths.data_ptr<int64_t>();
+  size_t next = 0;
+  for (int r = 0; r < world; ++r) {
+    if (r == me) {
+      out.push_back(value);
+      continue;
+    }
+    const auto size = static_cast<size_t>(sizes[r]);
+    out.emplace_back(
+        size == 0 ? std::string()
+                  : std::string(static_cast<const char*>(recv[next].data_ptr()),
+                                size));
+    ++next;
   }
   return out;
 }

@@ -33,4 +33,15 @@ absl::StatusOr<std::vector<std::string>> AllgatherStrings(
     Communicator& comm, const std::string& value,
     const CollectiveOptions& options);
 
+// Every rank's `value`, in rank order, on the ranks in `roots` (sorted or
+// not, no duplicates, each in range); an empty vector on the others. The
+// lengths are allgathered, then each rank sends its bytes (padded to the
+// longest) to every root with one Exchange: nothing else is gathered where
+// it is not kept (a sharded optimizer's state reaching only the ranks that
+// write checkpoints). Blocks. Every rank calls it with the same `roots`.
+// Errors: those of Work::Wait; INVALID_ARGUMENT for a root out of range.
+absl::StatusOr<std::vector<std::string>> GatherStrings(
+    Communicator& comm, const std::string& value, const std::vector<int>& roots,
+    const CollectiveOptions& options);
+
 }  // namespace concord::comm

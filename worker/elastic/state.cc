@@ -220,7 +220,7 @@ void State::TakeCheckpoint(bool wait) {
   for (const Attached& a : participants_) {
     if (a.participant->OptimizerName().empty()) continue;
     absl::StatusOr<checkpoint::OptimizerContent> whole =
-        a.participant->CheckpointOptimizer();
+        a.participant->CheckpointOptimizer(writers_);
     if (!whole.ok()) {
       Log()->warn("checkpoint of step {} not taken: gathering {}: {}",
                   committed_.step, a.participant->OptimizerName(),
@@ -481,9 +481,16 @@ absl::Status State::SyncCheckpoints(int* root) {
   CONCORD_ASSIGN_OR_RETURN(
       const std::vector<std::string> nodes,
       comm::AllgatherStrings(*comm, session_->options().node_id, opts));
-  const int first = static_cast<int>(
-      std::find(nodes.begin(), nodes.end(), nodes[me]) - nodes.begin());
-  checkpointer_->SetRole(/*writes_memory=*/first == me, /*persists=*/me == 0);
+  writers_.clear();
+  for (size_t r = 0; r < nodes.size(); ++r) {
+    if (std::find(nodes.begin(), nodes.end(), nodes[r]) - nodes.begin() ==
+        static_cast<std::ptrdiff_t>(r)) {
+      writers_.push_back(static_cast<int>(r));
+    }
+  }
+  const bool writes =
+      std::find(writers_.begin(), writers_.end(), me) != writers_.end();
+  checkpointer_->SetRole(/*writes_memory=*/writes, /*persists=*/me == 0);
   region_prepared_ = false;
   CONCORD_ASSIGN_OR_RETURN(const ResumeChoice choice,
                            ChooseResume(*comm, nodes, opts));

@@ -132,12 +132,15 @@ class Participant {
   // (ZeroRedundancyOptimizer: see Note [Elastic ZeRO] in api/zero.cc), says
   // the optimizer's name: checkpoints then hold that optimizer's whole
   // state as any optimizer's (PyTorch's state_dict, `<name>.pt`), gathered
-  // by CheckpointOptimizer (every rank, where CheckpointState runs; the
-  // writer keeps it), and the rank resuming one gets it in ResumeOptimizer
-  // (after ResumeState; FAILED_PRECONDITION naming what does not fit, nothing
-  // changed then). Empty: none.
+  // by CheckpointOptimizer on the ranks in `writers` only (each node's
+  // snapshot writer, which keeps it; every rank calls it where
+  // CheckpointState runs, and the others' result is not kept), and the rank
+  // resuming one gets it in ResumeOptimizer (after ResumeState;
+  // FAILED_PRECONDITION naming what does not fit, nothing changed then).
+  // Empty: none.
   virtual std::string OptimizerName() const { return {}; }
-  virtual absl::StatusOr<checkpoint::OptimizerContent> CheckpointOptimizer() {
+  virtual absl::StatusOr<checkpoint::OptimizerContent> CheckpointOptimizer(
+      const std::vector<int>& /*writers*/) {
     return absl::UnimplementedError("no optimizer");
   }
   virtual absl::Status ResumeOptimizer(
@@ -454,6 +457,9 @@ class State {
   // its first checkpoint (Checkpointer::Prepare).
   bool region_prepared_ = false;
   std::unique_ptr<checkpoint::Checkpointer> checkpointer_;
+  // This generation's ranks that write their node's snapshot (each node's
+  // lowest), in rank order: where a sharded optimizer's state is gathered.
+  std::vector<int> writers_;
   int64_t checkpointed_step_ = -1;  // the last commit's step
   // See Note [Participants in checkpoints]: the divergence was said.
   bool divergence_said_ = false;
