@@ -149,13 +149,6 @@ zero::Partition ZeroRedundancyOptimizer::Impl::OverlapLayout(int world) {
     }
   }
   o.assignment = zero::AssignBuckets(numels, world, o.shard_buckets);
-  if (o.assignment.unplaceable >= 0) {
-    zero_api::Fail(
-        ErrorCode::kFailedPrecondition,
-        absl::StrCat("shard_buckets: DDP's bucket ", o.assignment.unplaceable,
-                     " splits into more runs than there are ranks (", world,
-                     "); use whole buckets"));
-  }
   zero::Partition out(size_t(world), std::vector<std::vector<int>>(1));
   o.flats.clear();
   torch::NoGradGuard no_grad;

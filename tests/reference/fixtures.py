@@ -678,7 +678,7 @@ def simulate(model_path, data_path, loss, world_size, batch_size, epochs,
              lr=0.01, momentum=0.0, weight_decay=0.0, shuffle_seed=None,
              grad_accum=1, broadcast_buffers=True, ignore=(), reduce=None,
              layouts=None, ring=None, first_layout_steps=1, all_ranks=False, trace=None,
-             join=False, divide_by_initial_world_size=True):
+             join=False, divide_by_initial_world_size=True, skip_steps=0):
     """Train W copies of the model in ONE process, applying DDP's semantics by
     hand, in the loop of concord-train and torch_ddp_train.py:
 
@@ -729,6 +729,10 @@ def simulate(model_path, data_path, loss, world_size, batch_size, epochs,
     0's. At the end every rank takes the parameters and buffers of
     last_joiner() (DDP._sync_final_model). With the default reduction and
     grad_accum 1 only.
+
+    skip_steps: the first skip_steps synchronised steps reduce the gradients
+    but leave the optimizers out (a ZeroRedundancyOptimizer overlapped with
+    DDP updates nothing in its two warm-up iterations).
 
     Returns rank 0's final state_dict, or with all_ranks a list of every
     rank's. With trace (a list), appends per micro-batch (epoch, b, sync,
@@ -843,7 +847,8 @@ def simulate(model_path, data_path, loss, world_size, batch_size, epochs,
                         else:
                             nm[k].grad.copy_(part)
         for r in active:
-            opts[r].step()
+            if sync_steps > skip_steps:
+                opts[r].step()
             opts[r].zero_grad(set_to_none=False)
     if join:
         src = models[last_joiner([len(st) for st in streams])]

@@ -126,6 +126,17 @@ CASES = {
             "mirror) leave together after step 4",
         kind="mlp-plain", samples=66, world=4, batch=8, flags=[NO_DIVIDE],
         concord=["--zero", "--zero-bucket-view"]),
+    # Overlapped with DDP's backward (--zero-overlap: each bucket's share of
+    # the step in its allreduce's callback): PyTorch's DDP under join whose
+    # optimizer leaves out the two warm-up steps, in which the overlap
+    # updates nothing. The model is one bucket (DDP's first holds 1 MiB),
+    # cut into runs over the ranks (--zero-shard-buckets); ranks 2 and 3
+    # leave after step 4 and hand their runs over.
+    "zero-overlap-w4-active": dict(
+        doc="w4-active with --zero --zero-overlap step --zero-shard-buckets: the first 2 "
+            "steps update nothing; ranks 2 and 3 leave after step 4 with their runs",
+        kind="mlp-plain", samples=66, world=4, batch=8, flags=[NO_DIVIDE], skip_steps=2,
+        concord=["--zero", "--zero-overlap", "step", "--zero-shard-buckets"]),
     "throw-w3": dict(
         doc="--throw-on-early-termination on the join example: every rank fails when ranks "
             "1 and 2 run out after step 2",
@@ -174,6 +185,7 @@ class Case(object):
         self.last_joiner = fixtures.last_joiner(self.lengths)
         self.survivors = [r for r, n in enumerate(self.lengths) if n == max(self.lengths)]
         self.divide_by_initial = NO_DIVIDE not in self.flags
+        self.skip_steps = self.spec.get("skip_steps", 0)
 
     def common(self):
         return ["--model", self.model, "--data", self.data] + fixtures.train_flags(
@@ -188,7 +200,8 @@ def pytorch_reference(args, checks, case):
     out = os.path.join(case.dir, "torch_final_{rank}.pt")
     metrics = os.path.join(case.dir, "torch_metrics.json")
     argv = case.common() + case.flags + ["--world-size", str(case.world), "--output", out,
-                                         "--metrics-out", metrics]
+                                         "--metrics-out", metrics,
+                                         "--skip-steps", str(case.skip_steps)]
     captured = io.StringIO()
     with contextlib.redirect_stderr(captured):
         rc = torch_ddp_train.run(torch_ddp_train.parse_args(argv), timeout=args.timeout)
@@ -338,7 +351,7 @@ def compare_case(checks, case, ref, ref_m, ring, conc, conc_m):
                 case.model, case.data, case.loss, case.world, spec["batch"], EPOCHS, lr=LR,
                 momentum=MOMENTUM, weight_decay=WEIGHT_DECAY,
                 shuffle_seed=spec.get("shuffle_seed"), layouts=layouts, ring=ring, join=True,
-                divide_by_initial_world_size=divide)
+                divide_by_initial_world_size=divide, skip_steps=case.skip_steps)
         tol = BIT_EXACT if ring or case.world < 3 else EXACT
         fixtures.report_mismatch(
             checks, "[%s] pytorch reference matches the single-process join simulation "

@@ -145,6 +145,9 @@ def parse_args(argv=None):
     ddp.add_argument("--bucket-cap-mb", type=float, default=None)
     ddp.add_argument("--find-unused-parameters", action="store_true")
     ddp.add_argument("--static-graph", action="store_true")
+    p.add_argument("--skip-steps", type=int, default=0, metavar="N",
+                   help="leave out the optimizer's first N steps (the two warm-up steps of a "
+                        "ZeroRedundancyOptimizer overlapped with DDP update nothing)")
     ddp.add_argument("--grad-accum", type=int, default=1,
                      help="micro-batches per optimizer step (K-1 under no_sync)")
     ddp.add_argument("--comm-hook", choices=("allreduce", "fp16", "bf16"))
@@ -288,6 +291,7 @@ def worker(rank, args, init_file):
         last_loss = float("nan")
         steps = 0
         wall = [0.0, 0.0]
+        synced = [0]  # synchronised steps so far (--skip-steps)
 
         def loop():
             nonlocal last_loss, steps
@@ -309,7 +313,9 @@ def worker(rank, args, init_file):
                         out = ddp(x)
                         loss = compute_loss(args.loss, out, y)
                         loss.backward()
-                        opt.step()
+                        if synced[0] >= args.skip_steps:
+                            opt.step()
+                        synced[0] += 1
                         opt.zero_grad(set_to_none=False)
                     else:
                         with ddp.no_sync():

@@ -46,7 +46,6 @@ TEST(ZeroBucketAssignmentTest, WholeBucketsGoRoundTheRanks) {
   EXPECT_EQ(a.runs[2].offset, 0);
   EXPECT_EQ(a.runs[2].length, 3);
   EXPECT_EQ(a.ranks, (std::vector<std::vector<int>>{{0}, {1}, {0}}));
-  EXPECT_EQ(a.unplaceable, -1);
 }
 
 TEST(ZeroBucketAssignmentTest, ShardBucketsCutsRunsBelowTheThreshold) {
@@ -80,9 +79,21 @@ TEST(ZeroBucketAssignmentTest, ARunNeverStartsEmpty) {
   EXPECT_EQ(a.runs[1].offset, 1);
 }
 
-TEST(ZeroBucketAssignmentTest, MoreRunsThanRanksIsUnplaceable) {
+TEST(ZeroBucketAssignmentTest, MoreRunsThanRanksGoToTheLeastLoaded) {
+  // 303 elements over 2 ranks (threshold 151.5): runs of 102, 101 and 100;
+  // the third, with both ranks holding part of the bucket, goes to rank 1
+  // (101 elements against rank 0's 102), where PyTorch asserts.
   const BucketAssignment a = AssignBuckets({{1, 100, 1, 100, 1, 100}}, 2, true);
-  EXPECT_EQ(a.unplaceable, 0);
+  ASSERT_EQ(a.runs.size(), 3u);
+  EXPECT_EQ(a.runs[0].rank, 0);
+  EXPECT_EQ(a.runs[0].length, 3);
+  EXPECT_EQ(a.runs[1].rank, 1);
+  EXPECT_EQ(a.runs[1].offset, 3);
+  EXPECT_EQ(a.runs[1].length, 2);
+  EXPECT_EQ(a.runs[2].rank, 1);
+  EXPECT_EQ(a.runs[2].offset, 5);
+  EXPECT_EQ(a.runs[2].length, 1);
+  EXPECT_EQ(a.ranks[0], (std::vector<int>{0, 1}));
 }
 
 TEST(ZeroMirrorsTest, OneNodeMirrorsOnTheNextRank) {

@@ -53,7 +53,10 @@ BucketAssignment AssignBuckets(const std::vector<std::vector<int64_t>>& buckets,
   out.ranks.resize(buckets.size());
   auto give = [&](int bucket, int rank, int offset, int length) {
     out.runs.push_back(BucketRun{bucket, rank, offset, length});
-    out.ranks[size_t(bucket)].push_back(rank);
+    std::vector<int>& holders = out.ranks[size_t(bucket)];
+    if (std::find(holders.begin(), holders.end(), rank) == holders.end()) {
+      holders.push_back(rank);
+    }
   };
   if (!shard_buckets) {
     for (size_t b = 0; b < buckets.size(); ++b) {
@@ -76,12 +79,16 @@ BucketAssignment AssignBuckets(const std::vector<std::vector<int64_t>>& buckets,
     std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
       return bucket_sizes[size_t(a)] < bucket_sizes[size_t(b)];
     });
-    // The first rank with the fewest elements not holding part of `bucket`.
+    // The first rank with the fewest elements not holding part of `bucket`;
+    // when every rank holds part of it, the first with the fewest.
     auto least = [&](int bucket) {
+      const auto& taken = out.ranks[size_t(bucket)];
+      const bool all = int(taken.size()) == world_size;
       int best = -1;
       for (int r = 0; r < world_size; ++r) {
-        const auto& taken = out.ranks[size_t(bucket)];
-        if (std::find(taken.begin(), taken.end(), r) != taken.end()) continue;
+        if (!all && std::find(taken.begin(), taken.end(), r) != taken.end()) {
+          continue;
+        }
         if (best < 0 || sizes[size_t(r)] < sizes[size_t(best)]) best = r;
       }
       return best;
@@ -94,10 +101,6 @@ BucketAssignment AssignBuckets(const std::vector<std::vector<int64_t>>& buckets,
         const int64_t n = params[size_t(i)];
         if (double(run + n) >= threshold && i > offset) {
           const int rank = least(b);
-          if (rank < 0) {
-            out.unplaceable = b;
-            return out;
-          }
           give(b, rank, offset, i - offset);
           sizes[size_t(rank)] += run;
           offset = i;
@@ -106,10 +109,6 @@ BucketAssignment AssignBuckets(const std::vector<std::vector<int64_t>>& buckets,
         run += n;
       }
       const int rank = least(b);
-      if (rank < 0) {
-        out.unplaceable = b;
-        return out;
-      }
       give(b, rank, offset, int(params.size()) - offset);
       sizes[size_t(rank)] += run;
     }

@@ -40,7 +40,12 @@ std::vector<int> OwnerOf(const Partition& partition,
 //   parameter that would bring it to the threshold (total elements / world)
 //   unless that parameter is the run's first; each run, and the bucket's
 //   remainder, goes to the rank with the fewest elements so far among
-//   those not yet holding part of this bucket (the lowest on a tie).
+//   those not yet holding part of this bucket (the lowest on a tie). A
+//   bucket cut into more runs than there are ranks (PyTorch asserts there:
+//   "All indices are disallowed") gives its further runs to the rank with
+//   the fewest elements among all: a job that shrinks under run_elastic
+//   keeps a layout it could start with at its first world size, which
+//   otherwise may not fit the smaller one.
 // A rank's parameters are in the order its runs were given to it. The
 // broadcasts after a step go bucket by bucket, each bucket's runs in rank
 // order.
@@ -57,11 +62,8 @@ struct BucketRun {
 struct BucketAssignment {
   // In the order they were given.
   std::vector<BucketRun> runs;
-  // ranks[bucket]: the ranks holding part of it, ascending.
+  // ranks[bucket]: the ranks holding part of it, ascending, each once.
   std::vector<std::vector<int>> ranks;
-  // shard_buckets: a bucket cut into more runs than there are ranks (every
-  // rank already holds part of it; PyTorch fails there too), else -1.
-  int unplaceable = -1;
 };
 
 // `buckets[b]`: the element counts of bucket b's parameters, in the
