@@ -225,6 +225,50 @@ TEST(GlooCommunicatorTest, BroadcastFromEveryRoot) {
   });
 }
 
+// See Note [Shared-memory broadcast]: the root's bytes on every rank, over
+// several windows (4 MiB each) and in any dtype, interleaved with sums that
+// share the segment's two sets of slots, as Gloo's TCP broadcast has them.
+TEST(ShmBroadcastTest, EveryRootsBytesOverWindowsAndBetweenSums) {
+  const int world = 3;
+  for (bool shm : {false, true}) {
+    RunRanks(
+        world,
+        [&](int rank, std::shared_ptr<Communicator> comm) {
+          EXPECT_EQ(static_cast<GlooCommunicator&>(*comm).uses_shared_memory(),
+                    shm);
+          const std::vector<std::pair<at::ScalarType, int64_t>> cases = {
+              {at::kFloat, 1},
+              {at::kHalf, 3001},
+              {at::kDouble, 1300001},
+              {at::kByte, 9 << 20}};
+          for (int root = 0; root < world; ++root) {
+            for (const auto& [dtype, numel] : cases) {
+              at::Generator gen = at::detail::createCPUGenerator(root);
+              const at::Tensor want =
+                  dtype == at::kByte
+                      ? at::randint(256, {numel}, gen, at::kByte)
+                      : at::randn({numel}, gen, at::kDouble).to(dtype);
+              at::Tensor t = rank == root ? want.clone() : at::zeros_like(want);
+              ASSERT_TRUE(comm->Broadcast(t, root, {})->Wait().ok());
+              EXPECT_TRUE(at::equal(t, want)) << "root " << root << " dtype "
+                                              << dtype << " numel " << numel;
+              // A sum right after, in the other set of slots.
+              at::Tensor one = at::ones({5}, at::kFloat);
+              ASSERT_TRUE(comm->AllreduceSum(one, {})->Wait().ok());
+              EXPECT_TRUE(at::equal(one, at::full({5}, float(world))));
+            }
+          }
+          // A view into a larger tensor: only its bytes change.
+          at::Tensor base = at::full({4, 6}, float(rank));
+          at::Tensor row = base.select(0, 2);
+          ASSERT_TRUE(comm->Broadcast(row, 1, {})->Wait().ok());
+          EXPECT_TRUE(at::equal(row, at::full({6}, 1.0f)));
+          EXPECT_TRUE(at::equal(base.select(0, 3), at::full({6}, float(rank))));
+        },
+        absl::Seconds(30), shm);
+  }
+}
+
 TEST(GlooCommunicatorTest, ManyAsyncCollectivesCompleteInIssueOrder) {
   RunRanks(2, [&](int rank, std::shared_ptr<Communicator> comm) {
     std::vector<at::Tensor> tensors;

@@ -281,8 +281,7 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
     } else if (made.status().code() == absl::StatusCode::kFailedPrecondition) {
       // Every rank reached the same verdict: Gloo's TCP for all.
       Log()->debug("generation {}: allreduce over Gloo's TCP ({})",
-                            options.generation,
-                            std::string(made.status().message()));
+                   options.generation, std::string(made.status().message()));
     } else {
       return made.status();
     }
@@ -417,6 +416,14 @@ std::shared_ptr<Work> GlooCommunicator::Broadcast(
   auto staged = std::make_shared<Staged>(tensor, /*read=*/rank() == root);
   return Enqueue([this, staged, root, options](uint32_t tag) -> absl::Status {
     const at::Tensor host = staged->Host();
+    if (shm_ != nullptr) {
+      // See Note [Shared-memory broadcast].
+      CONCORD_RETURN_IF_ERROR(
+          shm_->Broadcast(host.data_ptr(), static_cast<size_t>(host.nbytes()),
+                          root, options.timeout));
+      staged->CopyBack();
+      return absl::OkStatus();
+    }
     gloo::BroadcastOptions opts(context_);
     opts.setTag(tag);
     opts.setTimeout(ToMillis(options.timeout));

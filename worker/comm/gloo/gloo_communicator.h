@@ -37,9 +37,11 @@ struct GlooOptions {
   std::string hostname = "127.0.0.1";
   // Bound on the rendezvous (connecting the full mesh).
   absl::Duration connect_timeout = kDefaultCollectiveTimeout;
-  // Sum allreduces of float32, float64, int32 and int64 through shared
-  // memory when every rank is on this host and every rank asks for it
-  // (see Note [Shared-memory allreduce]; Gloo's arithmetic, bit for bit).
+  // Sum allreduces of float32, float64, int32 and int64, and broadcasts,
+  // through shared memory when every rank is on this host and every rank
+  // asks for it; Gloo's results, bit for bit:
+  // see Note [Shared-memory allreduce];
+  // see Note [Shared-memory broadcast].
   // Workers: on unless CONCORD_SHM=0.
   bool shared_memory = false;
   // Most keys one read of the store may name (the coordinator's KvGet takes
@@ -60,7 +62,8 @@ class GlooCommunicator final : public Communicator {
   int rank() const override { return options_.rank; }
   int size() const override { return options_.size; }
   int64_t generation() const override { return options_.generation; }
-  // Whether sum allreduces go through shared memory (GlooOptions).
+  // Whether sum allreduces and broadcasts go through shared memory
+  // (GlooOptions).
   bool uses_shared_memory() const { return shm_ != nullptr; }
 
   // Supported dtypes: float32, float64, float16, bfloat16 (summed in float,

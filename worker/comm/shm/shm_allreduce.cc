@@ -450,6 +450,27 @@ absl::Status ShmAllreduce::Sum(T* data, size_t n, absl::Duration timeout) {
   return absl::OkStatus();
 }
 
+absl::Status ShmAllreduce::Broadcast(void* data, size_t bytes, int root,
+                                     absl::Duration timeout) {
+  if (base_ == nullptr) {
+    return absl::FailedPreconditionError("shared memory broadcast: closed");
+  }
+  const absl::Time deadline = absl::Now() + timeout;
+  auto* out = static_cast<uint8_t*>(data);
+  const size_t window = options_.window_bytes;
+  for (size_t off = 0; off < bytes; off += window) {
+    const size_t len = std::min(window, bytes - off);
+    const int set = static_cast<int>(windows_++ & 1);
+    if (options_.rank == root) std::memcpy(Slot(set, root), out + off, len);
+    if (absl::Status s = Barrier(deadline); !s.ok()) {
+      Abort();  // as Sum's: the barriers' count is no longer shared
+      return s;
+    }
+    if (options_.rank != root) std::memcpy(out + off, Slot(set, root), len);
+  }
+  return absl::OkStatus();
+}
+
 template absl::Status ShmAllreduce::Sum(float*, size_t, absl::Duration);
 template absl::Status ShmAllreduce::Sum(double*, size_t, absl::Duration);
 template absl::Status ShmAllreduce::Sum(int32_t*, size_t, absl::Duration);

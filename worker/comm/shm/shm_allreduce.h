@@ -84,6 +84,18 @@ size_t GlooRingChunkElements(size_t elements, size_t element_size, int size);
 // fails. All are UNAVAILABLE, as Gloo's IoException, and a failed group
 // fails every later call.
 
+// Note [Shared-memory broadcast]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// The same segment carries Gloo's broadcasts on one host (a sharded
+// optimizer's updated parameters after every step, the state a re-form
+// sends): a window at a time, the root copies its window into its slot of
+// the current set; one barrier; every other rank copies it out. One
+// barrier a window suffices with the two sets: the root writes a set again
+// only after the barrier of the window in between, which its peers reach
+// only once they have copied that set out (the same rule as Sum's, whose
+// windows share the count of sets with these). The bytes move as they are,
+// whatever the dtype: bit for bit Gloo's broadcast.
+
 class ShmAllreduce {
  public:
   // Collective: every rank of the group calls it with the same options but
@@ -101,6 +113,12 @@ class ShmAllreduce {
   // float, double, int32_t or int64_t (instantiated in the .cc).
   template <typename T>
   absl::Status Sum(T* data, size_t n, absl::Duration timeout);
+
+  // Overwrites `bytes` bytes at `data` with `root`'s (see Note [Shared-memory
+  // broadcast]); every rank calls it with the same bytes and root, in the
+  // same order as Sum. Errors as Sum's.
+  absl::Status Broadcast(void* data, size_t bytes, int root,
+                         absl::Duration timeout);
 
   // Fails the collective in flight here and at every peer; later calls
   // fail at once. Safe from any thread.
