@@ -2,7 +2,11 @@
 
 #include <torch/torch.h>
 
+#include <map>
+#include <memory>
 #include <set>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "api/internal.h"
@@ -64,6 +68,14 @@ void save_checkpoint(const Job& job, const std::string& dir, int64_t step,
                 absl::StrCat("save_checkpoint: step ", step, " and keep ", keep,
                              " must be at least 1"));
   }
+  // A sharded optimizer's state is gathered on rank 0 first, every rank
+  // sending its shard (a collective: every rank calls save_checkpoint).
+  std::map<std::string, checkpoint::OptimizerContent> sharded;
+  for (const auto& [name, optimizer] : state.optimizers()) {
+    if (auto* zero = dynamic_cast<ZeroRedundancyOptimizer*>(optimizer)) {
+      sharded[name] = detail::ZeroCheckpoint(*zero, name, /*root=*/0);
+    }
+  }
   if (job.rank() != 0) return;
   checkpoint::Content c;
   c.counters.step = step;
@@ -74,7 +86,10 @@ void save_checkpoint(const Job& job, const std::string& dir, int64_t step,
     c.modules.emplace_back(name, NamedStateOf(*module));
   }
   for (const auto& [name, optimizer] : state.optimizers()) {
-    c.optimizers.push_back(checkpoint::CaptureOptimizer(name, *optimizer));
+    auto it = sharded.find(name);
+    c.optimizers.push_back(
+        it != sharded.end() ? std::move(it->second)
+                            : checkpoint::CaptureOptimizer(name, *optimizer));
   }
   for (const auto& [name, v] : state.values()) {
     c.extra.emplace_back(absl::StrCat("values/", name), v);
@@ -97,12 +112,37 @@ std::optional<int64_t> load_checkpoint(const Job& job, const std::string& dir,
   for (const auto& [name, module] : state.modules()) {
     live.modules.emplace_back(name, NamedStateOf(*module));
   }
-  live.optimizers = state.optimizers();
+  // A sharded optimizer takes its shards from the whole state, checked
+  // first (nothing changes when anything does not fit).
+  std::vector<std::pair<ZeroRedundancyOptimizer*,
+                        std::shared_ptr<torch::optim::Optimizer>>>
+      sharded;
+  for (const auto& [name, optimizer] : state.optimizers()) {
+    auto* zero = dynamic_cast<ZeroRedundancyOptimizer*>(optimizer);
+    if (zero == nullptr) {
+      live.optimizers.emplace_back(name, optimizer);
+      continue;
+    }
+    const checkpoint::OptimizerContent* saved = nullptr;
+    for (const auto& o : c.optimizers) {
+      if (o.name == name) saved = &o;
+    }
+    absl::StatusOr<std::shared_ptr<torch::optim::Optimizer>> whole =
+        saved == nullptr ? absl::FailedPreconditionError(absl::StrCat(
+                               "the checkpoint has no optimizer '", name, "'"))
+                         : detail::ZeroCheck(*zero, *saved);
+    if (!whole.ok()) {
+      throw Error(ErrorCode::kFailedPrecondition,
+                  absl::StrCat("load_checkpoint: ", whole.status().message()));
+    }
+    sharded.emplace_back(zero, *std::move(whole));
+  }
   auto values = checkpoint::ApplyTo(c, live);
   if (!values.ok()) {
     throw Error(ErrorCode::kFailedPrecondition,
                 absl::StrCat("load_checkpoint: ", values.status().message()));
   }
+  for (const auto& [zero, whole] : sharded) detail::ZeroApply(*zero, *whole);
   state.values() = *std::move(values);
   return c.counters.step;
 }

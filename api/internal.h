@@ -14,6 +14,7 @@
 #include "concord/elastic.h"
 #include "concord/job.h"
 #include "concord/zero.h"
+#include "worker/checkpoint/content.h"
 #include "worker/ddp/engine.h"
 #include "worker/ddp/powersgd.h"
 #include "worker/elastic/powersgd_participant.h"
@@ -182,6 +183,22 @@ int64_t ElasticStep(const ElasticCore& elastic);
 // no PyTorch state_dict form.
 elastic::Participant* ZeroParticipant(ZeroRedundancyOptimizer& zero,
                                       const std::string& name);
+// concord::save_checkpoint's side of it (a loop without run_elastic):
+// every rank's shard gathered on `root` alone, the whole state as an
+// unsharded optimizer's named `name` there (PyTorch's state_dict; the state
+// left empty elsewhere). Every rank calls it. Throws Error: those of the
+// gather; kFailedPrecondition before an overlapped optimizer has its shards
+// or for one with no PyTorch state_dict form.
+checkpoint::OptimizerContent ZeroCheckpoint(ZeroRedundancyOptimizer& zero,
+                                            const std::string& name, int root);
+// concord::load_checkpoint's: `saved` (a whole optimizer's, sharded or
+// not, in either format) checked against `zero`'s parameters and options
+// without changing anything (FAILED_PRECONDITION naming what does not
+// fit), then ZeroApply takes this rank's shards from it (cannot fail).
+absl::StatusOr<std::shared_ptr<torch::optim::Optimizer>> ZeroCheck(
+    ZeroRedundancyOptimizer& zero, const checkpoint::OptimizerContent& saved);
+void ZeroApply(ZeroRedundancyOptimizer& zero,
+               const torch::optim::Optimizer& whole);
 void ObserveCollective(ElasticCore& elastic);
 void BeginElasticStep(ElasticCore& elastic);
 bool JoinElastic(ElasticCore& elastic);

@@ -420,27 +420,58 @@ void ZeroRedundancyOptimizer::save(
 void ZeroRedundancyOptimizer::load(torch::serialize::InputArchive& archive) {
   Impl& z = *impl_;
   z.CheckOverlapReady("load");
-  std::vector<std::vector<torch::Tensor>> all;
-  for (const auto& g : param_groups()) all.push_back(g.params());
-  std::unique_ptr<optim::Optimizer> full =
-      z.make(GroupsWith(param_groups(), std::move(all)));
+  std::unique_ptr<optim::Optimizer> full = z.MakeWhole();
   checkpoint::LoadNativeOptimizer(archive, *full);
-  CopyOptions(full->param_groups(), param_groups());
+  detail::ZeroApply(*this, *full);
+}
+
+void detail::ZeroApply(ZeroRedundancyOptimizer& zero,
+                       const torch::optim::Optimizer& whole) {
+  ZeroRedundancyOptimizer::Impl& z = zero.impl();
+  CopyOptions(whole.param_groups(), zero.param_groups());
   // This rank's shard, and the shards it mirrors (see Note [Elastic ZeRO]).
   for (optim::Optimizer* o : {z.local.get(), z.mirror.get()}) {
     if (o == nullptr) continue;
-    CopyOptions(param_groups(), o->param_groups());
+    CopyOptions(zero.param_groups(), o->param_groups());
     auto& state = o->state();
     state.clear();
     for (const auto& g : o->param_groups()) {
       for (const auto& p : g.params()) {
-        auto it = full->state().find(compat::OptimizerStateKey(p));
-        if (it != full->state().end()) {
+        auto it = whole.state().find(compat::OptimizerStateKey(p));
+        if (it != whole.state().end()) {
           state[compat::OptimizerStateKey(p)] = it->second->clone();
         }
       }
     }
   }
+}
+
+checkpoint::OptimizerContent detail::ZeroCheckpoint(
+    ZeroRedundancyOptimizer& zero, const std::string& name, int root) {
+  ZeroRedundancyOptimizer::Impl& z = zero.impl();
+  z.CheckWorld();
+  z.CheckOverlapReady("save_checkpoint");
+  if (checkpoint::CaptureOptimizer(kName, *z.local).type.empty()) {
+    Fail(ErrorCode::kFailedPrecondition,
+         "save_checkpoint needs an optimizer with a PyTorch state_dict form "
+         "(SGD, Adam, AdamW, RMSprop, Adagrad)");
+  }
+  CopyOptions(zero.param_groups(), z.local->param_groups());
+  auto whole = z.CheckpointOptimizer({root});
+  ThrowIfError(whole.status());
+  whole->name = name;
+  return *std::move(whole);
+}
+
+absl::StatusOr<std::shared_ptr<torch::optim::Optimizer>> detail::ZeroCheck(
+    ZeroRedundancyOptimizer& zero, const checkpoint::OptimizerContent& saved) {
+  ZeroRedundancyOptimizer::Impl& z = zero.impl();
+  z.CheckOverlapReady("load_checkpoint");
+  // Checked and filled on an unsharded optimizer of the same kind: a
+  // checkpoint of a sharded job or of an unsharded one alike.
+  std::shared_ptr<optim::Optimizer> whole = z.MakeWhole();
+  CONCORD_RETURN_IF_ERROR(checkpoint::ApplyOptimizer(saved, *whole));
+  return whole;
 }
 
 void ZeroRedundancyOptimizer::add_param_group(

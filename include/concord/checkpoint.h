@@ -74,15 +74,22 @@ class CheckpointState {
 };
 
 // Rank 0 writes `state` as DIR/<job id>/step-<step>/ and keeps the newest
-// `keep`; the other ranks return at once. Throws Error: kInvalidArgument
+// `keep`; the other ranks return at once, after sending their shards of a
+// ZeroRedundancyOptimizer's state to rank 0 (it is written whole, as an
+// unsharded optimizer's state_dict: with one, every rank calls this at the
+// same step). Throws Error: kInvalidArgument
 // (a step < 1, keep < 1, a name that cannot be a file name),
 // kUnavailable naming what could not be written (nothing half-written is
-// left to load).
+// left to load); with a ZeroRedundancyOptimizer, those of its gather (a
+// peer gone) and kFailedPrecondition before an overlapped one has its
+// shards (the third backward).
 void save_checkpoint(const Job& job, const std::string& dir, int64_t step,
                      const CheckpointState& state, int keep = 3);
 
 // Loads the job's newest complete checkpoint in DIR into `state` (each
-// module and optimizer by name) and returns its step; none there:
+// module and optimizer by name; a ZeroRedundancyOptimizer takes its shards
+// of the whole state, whether a sharded or an unsharded job saved it) and
+// returns its step; none there:
 // std::nullopt. One that fails its checks is passed over with a warning
 // line. Throws Error kFailedPrecondition naming what does not fit (a module
 // or optimizer the checkpoint lacks, another shape, another optimizer

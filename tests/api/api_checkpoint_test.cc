@@ -7,8 +7,11 @@
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "api_test_util.h"
 
@@ -71,6 +74,84 @@ TEST(CheckpointTest, APlainLoopSavesAndResumes) {
             concord::ErrorCode::kInvalidArgument);
   EXPECT_EQ(CodeOf([&] { state.add("model", fresh); }),
             concord::ErrorCode::kInvalidArgument);
+  std::filesystem::remove_all(dir);
+}
+
+// A ZeroRedundancyOptimizer in a plain loop's checkpoint: its whole state
+// as an unsharded Adam's (PyTorch's state_dict), which a plain Adam loads
+// and goes on with bit for bit, as does a fresh ZeroRedundancyOptimizer; a
+// sharded optimizer over another model is refused and changes nothing.
+TEST(CheckpointTest, AShardedOptimizersStateIsSavedWholeAndLoadsEitherWay) {
+  char tmpl[] = "/tmp/concord-api-ckpt-zero-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  concord::Job job;
+  auto step = [](Net& net, torch::optim::Optimizer& opt, int k) {
+    opt.zero_grad();
+    net->forward(torch::full({3, 4}, 0.25f * static_cast<float>(k)))
+        .pow(2)
+        .sum()
+        .backward();
+    opt.step();
+  };
+  Net net;
+  concord::ZeroRedundancyOptimizer zero(net->parameters(),
+                                        torch::optim::AdamOptions(0.01), job);
+  concord::CheckpointState state;
+  state.add("model", net).add("optimizer", zero);
+  for (int k = 1; k <= 3; ++k) step(net, zero, k);
+  concord::save_checkpoint(job, dir, 3, state);
+  for (int k = 4; k <= 5; ++k) step(net, zero, k);
+  // optimizer.pt is PyTorch's state_dict: "state" (every parameter's) and
+  // "param_groups".
+  std::string file;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir)) {
+    if (e.path().filename() == "optimizer.pt") file = e.path().string();
+  }
+  ASSERT_FALSE(file.empty());
+  std::ifstream in(file, std::ios::binary);
+  const std::vector<char> bytes((std::istreambuf_iterator<char>(in)),
+                                std::istreambuf_iterator<char>());
+  const c10::IValue dict = torch::pickle_load(bytes);
+  ASSERT_TRUE(dict.isGenericDict());
+  EXPECT_EQ(dict.toGenericDict().at("state").toGenericDict().size(),
+            net->parameters().size());
+  EXPECT_TRUE(dict.toGenericDict().contains("param_groups"));
+
+  // Into an unsharded Adam (PyTorch's format: the plain path loads it).
+  Net plain;
+  torch::optim::Adam plain_opt(plain->parameters(),
+                               torch::optim::AdamOptions(0.5));
+  concord::CheckpointState as_plain;
+  as_plain.add("model", plain).add("optimizer", plain_opt);
+  EXPECT_EQ(concord::load_checkpoint(job, dir, as_plain), 3);
+  EXPECT_EQ(plain_opt.state().size(), net->parameters().size());
+  // Into a fresh sharded one.
+  Net fresh;
+  concord::ZeroRedundancyOptimizer fresh_zero(
+      fresh->parameters(), torch::optim::AdamOptions(0.5), job);
+  concord::CheckpointState as_zero;
+  as_zero.add("model", fresh).add("optimizer", fresh_zero);
+  EXPECT_EQ(concord::load_checkpoint(job, dir, as_zero), 3);
+  for (int k = 4; k <= 5; ++k) {
+    step(plain, plain_opt, k);
+    step(fresh, fresh_zero, k);
+  }
+  for (size_t i = 0; i < net->parameters().size(); ++i) {
+    EXPECT_TRUE(net->parameters()[i].equal(plain->parameters()[i])) << i;
+    EXPECT_TRUE(net->parameters()[i].equal(fresh->parameters()[i])) << i;
+  }
+
+  TwoInputs other;
+  concord::ZeroRedundancyOptimizer other_zero(other->parameters(),
+                                              torch::optim::AdamOptions(), job);
+  const auto before = other->parameters()[0].clone();
+  concord::CheckpointState wrong;
+  wrong.add("model", other).add("optimizer", other_zero);
+  EXPECT_EQ(CodeOf([&] { concord::load_checkpoint(job, dir, wrong); }),
+            concord::ErrorCode::kFailedPrecondition);
+  EXPECT_TRUE(other->parameters()[0].equal(before));
+  EXPECT_TRUE(other_zero.local_optimizer().state().empty());
   std::filesystem::remove_all(dir);
 }
 

@@ -83,6 +83,7 @@ Cases (--list): see CASES.
 import argparse
 import collections
 import datetime
+import glob
 import math
 import os
 import sys
@@ -480,6 +481,23 @@ def run_case(checks, bin_dir, tmp, name):
                  "into a plain LibTorch optimizer (%d tensors), bit-identical to PyTorch's %s"
                  % (what, len(state), "ranks' own states put together" if case.overlap
                     else "state_dict()"), "\n".join(problems))
+    # concord::save_checkpoint of the sharded optimizer: PyTorch's state_dict,
+    # whole, in optimizer.pt.
+    found = glob.glob(os.path.join(tmp, name + ".concord.ckpt", "*", "step-%d" % case.steps,
+                                   "optimizer.pt"))
+    problems = ["optimizer.pt: %d found" % len(found)] if len(found) != 1 else []
+    if not problems:
+        saved = torch.load(found[0], weights_only=False)
+        flat = {}
+        for i, entry in saved["state"].items():
+            put_state(flat, "state.%d" % i, entry)
+        problems = differences(flat, want[0], state)
+        groups = [len(g["params"]) for g in saved["param_groups"]]
+        if sum(groups) != len(params):
+            problems.append("param_groups hold %s parameters of %d" % (groups, len(params)))
+    checks.check(state and not problems, "%s: concord::save_checkpoint writes the whole state as "
+                 "PyTorch's state_dict (optimizer.pt, %d tensors), bit-identical to PyTorch's"
+                 % (what, len(state)), "\n".join(problems))
 
 
 def main():

@@ -28,7 +28,9 @@
 // (the rank stepping parameter i), local.<i>.<key> (this rank's own optimizer
 // state, for the parameters it steps), local_count (how many parameters
 // this rank holds optimizer state for) and, on rank 0, state.<i>.<key> (the
-// plain optimizer's state after loading the saved one). Keys: SGD's
+// plain optimizer's state after loading the saved one). Then every rank
+// calls concord::save_checkpoint(job, PREFIX.ckpt, S, {"optimizer"}): rank
+// 0 writes PREFIX.ckpt/<job id>/step-<S>/optimizer.pt. Keys: SGD's
 // momentum_buffer; Adam's exp_avg, exp_avg_sq and step (int64).
 // Exit status 0, or 1 with one line on stderr (2 for a bad command line).
 
@@ -210,6 +212,11 @@ int Train(const Dict& in, const std::string& prefix) {
       PutState(result, "state." + std::to_string(i), *s);
     }
   }
+  // The same state in a plain loop's checkpoint (every rank sends its
+  // shard to rank 0, which writes it whole as PyTorch's state_dict).
+  concord::CheckpointState checkpoint;
+  checkpoint.add("optimizer", *optimizer);
+  concord::save_checkpoint(job, prefix + ".ckpt", x.size(0), checkpoint);
   const std::vector<char> bytes = torch::pickle_save(c10::IValue(result));
   const std::string path = prefix + ".rank" + std::to_string(r) + ".pt";
   std::ofstream f(path, std::ios::binary);
