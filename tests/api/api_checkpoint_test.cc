@@ -21,22 +21,30 @@ using concord_test::CodeOf;
 using concord_test::Net;
 using concord_test::TwoInputs;
 
+// A fresh directory for one test's checkpoints.
+std::string TempDir() {
+  char tmpl[] = "/tmp/concord-api-ckpt-XXXXXX";
+  EXPECT_NE(mkdtemp(tmpl), nullptr);
+  return tmpl;
+}
+
+// One training step of `net` with `opt` on the k-th batch.
+void Step(Net& net, torch::optim::Optimizer& opt, int k) {
+  opt.zero_grad();
+  net->forward(torch::full({3, 4}, 0.25f * static_cast<float>(k)))
+      .pow(2)
+      .sum()
+      .backward();
+  opt.step();
+}
+
 // A plain loop's checkpoints (concord/checkpoint.h): saved at a step,
 // loaded into a fresh model and optimizer, the next steps are the same bit
 // for bit; a model of another shape is refused and changes nothing.
 TEST(CheckpointTest, APlainLoopSavesAndResumes) {
-  char tmpl[] = "/tmp/concord-api-ckpt-XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
-  const std::string dir = tmpl;
+  const std::string dir = TempDir();
   concord::Job job;
-  auto step = [](Net& net, torch::optim::Optimizer& opt, int k) {
-    opt.zero_grad();
-    net->forward(torch::full({3, 4}, 0.25f * static_cast<float>(k)))
-        .pow(2)
-        .sum()
-        .backward();
-    opt.step();
-  };
+  const auto step = Step;
   Net net;
   torch::optim::Adam opt(net->parameters(), torch::optim::AdamOptions(0.01));
   concord::CheckpointState state;
@@ -82,18 +90,9 @@ TEST(CheckpointTest, APlainLoopSavesAndResumes) {
 // and goes on with bit for bit, as does a fresh ZeroRedundancyOptimizer; a
 // sharded optimizer over another model is refused and changes nothing.
 TEST(CheckpointTest, AShardedOptimizersStateIsSavedWholeAndLoadsEitherWay) {
-  char tmpl[] = "/tmp/concord-api-ckpt-zero-XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
-  const std::string dir = tmpl;
+  const std::string dir = TempDir();
   concord::Job job;
-  auto step = [](Net& net, torch::optim::Optimizer& opt, int k) {
-    opt.zero_grad();
-    net->forward(torch::full({3, 4}, 0.25f * static_cast<float>(k)))
-        .pow(2)
-        .sum()
-        .backward();
-    opt.step();
-  };
+  const auto step = Step;
   Net net;
   concord::ZeroRedundancyOptimizer zero(net->parameters(),
                                         torch::optim::AdamOptions(0.01), job);

@@ -51,19 +51,36 @@ absl::Status BroadcastBytes(Communicator& comm, int root, std::string* bytes,
   return absl::OkStatus();
 }
 
+namespace {
+
+// Every rank's value's length (an int64 tensor of size() elements).
+absl::StatusOr<at::Tensor> Lengths(Communicator& comm, const std::string& value,
+                                   const CollectiveOptions& options) {
+  const auto longs = at::TensorOptions().dtype(at::kLong);
+  at::Tensor length = at::tensor({static_cast<int64_t>(value.size())}, longs);
+  at::Tensor lengths = at::empty({comm.size()}, longs);
+  CONCORD_RETURN_IF_ERROR(comm.Allgather(lengths, length, options)->Wait());
+  return lengths;
+}
+
+// `value`'s bytes in a byte tensor of `size` (>= value.size()), zeros after.
+at::Tensor Padded(const std::string& value, int64_t size) {
+  at::Tensor out = at::zeros({size}, at::TensorOptions().dtype(at::kByte));
+  if (!value.empty()) std::memcpy(out.data_ptr(), value.data(), value.size());
+  return out;
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<std::string>> AllgatherStrings(
     Communicator& comm, const std::string& value,
     const CollectiveOptions& options) {
   const int world = comm.size();
-  const auto longs = at::TensorOptions().dtype(at::kLong);
-  const auto bytes = at::TensorOptions().dtype(at::kByte);
-  at::Tensor length = at::tensor({static_cast<int64_t>(value.size())}, longs);
-  at::Tensor lengths = at::empty({world}, longs);
-  CONCORD_RETURN_IF_ERROR(comm.Allgather(lengths, length, options)->Wait());
+  CONCORD_ASSIGN_OR_RETURN(const at::Tensor lengths,
+                           Lengths(comm, value, options));
   const int64_t longest = lengths.max().item<int64_t>();
-  at::Tensor mine = at::zeros({longest}, bytes);
-  if (!value.empty()) std::memcpy(mine.data_ptr(), value.data(), value.size());
-  at::Tensor all = at::empty({world * longest}, bytes);
+  at::Tensor mine = Padded(value, longest);
+  at::Tensor all = at::empty({world * longest}, mine.options());
   CONCORD_RETURN_IF_ERROR(comm.Allgather(all, mine, options)->Wait());
   std::vector<std::string> out;
   const char* data = static_cast<const char*>(all.data_ptr());
@@ -86,11 +103,8 @@ absl::StatusOr<std::vector<std::string>> GatherStrings(
     }
   }
   const bool root = std::find(roots.begin(), roots.end(), me) != roots.end();
-  const auto longs = at::TensorOptions().dtype(at::kLong);
-  const auto bytes = at::TensorOptions().dtype(at::kByte);
-  at::Tensor length = at::tensor({static_cast<int64_t>(value.size())}, longs);
-  at::Tensor lengths = at::empty({world}, longs);
-  CONCORD_RETURN_IF_ERROR(comm.Allgather(lengths, length, options)->Wait());
+  CONCORD_ASSIGN_OR_RETURN(const at::Tensor lengths,
+                           Lengths(comm, value, options));
   const int64_t longest = lengths.max().item<int64_t>();
   std::vector<int> to;
   for (int r : roots) {
@@ -102,14 +116,11 @@ absl::StatusOr<std::vector<std::string>> GatherStrings(
     for (int r = 0; r < world; ++r) {
       if (r == me) continue;
       from.push_back(r);
-      recv.push_back(at::empty({longest}, bytes));
+      recv.push_back(at::empty({longest}, at::kByte));
     }
   }
   if (longest > 0 && world > 1) {
-    at::Tensor mine = at::zeros({longest}, bytes);
-    if (!value.empty()) {
-      std::memcpy(mine.data_ptr(), value.data(), value.size());
-    }
+    at::Tensor mine = Padded(value, longest);
     CONCORD_RETURN_IF_ERROR(
         comm.Exchange(mine, std::move(to), recv, from, options)->Wait());
   }
