@@ -80,6 +80,18 @@ using zero_api::CopyOptions;
 using zero_api::Fail;
 using zero_api::kName;
 
+// Throws Error kFailedPrecondition, "<what> an optimizer with a PyTorch
+// state_dict form ...", for a wrapped optimizer that has none.
+void RequireStateDictForm(const ZeroRedundancyOptimizer::Impl& z,
+                          const char* what) {
+  if (checkpoint::CaptureOptimizer(kName, *z.local).type.empty()) {
+    Fail(ErrorCode::kFailedPrecondition,
+         absl::StrCat(what,
+                      " an optimizer with a PyTorch state_dict form (SGD, "
+                      "Adam, AdamW, RMSprop, Adagrad)"));
+  }
+}
+
 std::vector<std::vector<int64_t>> NumelsOf(
     const std::vector<optim::OptimizerParamGroup>& groups) {
   std::vector<std::vector<int64_t>> out;
@@ -451,11 +463,7 @@ checkpoint::OptimizerContent detail::ZeroCheckpoint(
   ZeroRedundancyOptimizer::Impl& z = zero.impl();
   z.CheckWorld();
   z.CheckOverlapReady("save_checkpoint");
-  if (checkpoint::CaptureOptimizer(kName, *z.local).type.empty()) {
-    Fail(ErrorCode::kFailedPrecondition,
-         "save_checkpoint needs an optimizer with a PyTorch state_dict form "
-         "(SGD, Adam, AdamW, RMSprop, Adagrad)");
-  }
+  RequireStateDictForm(z, "save_checkpoint needs");
   CopyOptions(zero.param_groups(), z.local->param_groups());
   auto whole = z.CheckpointOptimizer({root});
   ThrowIfError(whole.status());
@@ -974,11 +982,7 @@ absl::Status ZeroRedundancyOptimizer::Impl::ResumeOptimizer(
 elastic::Participant* detail::ZeroParticipant(ZeroRedundancyOptimizer& zero,
                                               const std::string& name) {
   ZeroRedundancyOptimizer::Impl& z = zero.impl();
-  if (checkpoint::CaptureOptimizer(kName, *z.local).type.empty()) {
-    Fail(ErrorCode::kFailedPrecondition,
-         "under run_elastic it needs an optimizer with a PyTorch state_dict "
-         "form (SGD, Adam, AdamW, RMSprop, Adagrad)");
-  }
+  RequireStateDictForm(z, "under run_elastic it needs");
   z.elastic = true;
   z.name = name;
   return &z;

@@ -7,6 +7,7 @@
 #include <sstream>
 #include <thread>
 #include <tuple>
+#include <unordered_set>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -482,11 +483,9 @@ absl::Status State::SyncCheckpoints(int* root) {
       const std::vector<std::string> nodes,
       comm::AllgatherStrings(*comm, session_->options().node_id, opts));
   writers_.clear();
+  std::unordered_set<std::string> seen;
   for (size_t r = 0; r < nodes.size(); ++r) {
-    if (std::find(nodes.begin(), nodes.end(), nodes[r]) - nodes.begin() ==
-        static_cast<std::ptrdiff_t>(r)) {
-      writers_.push_back(static_cast<int>(r));
-    }
+    if (seen.insert(nodes[r]).second) writers_.push_back(static_cast<int>(r));
   }
   const bool writes =
       std::find(writers_.begin(), writers_.end(), me) != writers_.end();
