@@ -438,5 +438,33 @@ TEST(GlooCommunicatorTest, GatherStringsReachesOnlyTheRoots) {
   });
 }
 
+// With `skip`, a root gets nothing from the ranks it skips (an empty
+// string), every other value whole; ranks that send nowhere still match up.
+TEST(GlooCommunicatorTest, GatherStringsSkipsWhatARootDoesNotTake) {
+  const int world = 4;
+  RunRanks(world, [&](int rank, std::shared_ptr<Communicator> comm) {
+    const auto skip = [](int root, int r) {
+      return (root == 1 && r == 2) || (root == 3 && (r == 0 || r == 2));
+    };
+    const std::string mine(50 * (rank + 1), 'a' + rank);
+    auto got = GatherStrings(*comm, mine, {1, 3}, {}, skip);
+    ASSERT_TRUE(got.ok()) << got.status();
+    if (rank == 1 || rank == 3) {
+      ASSERT_EQ(got->size(), 4u);
+      for (int r = 0; r < world; ++r) {
+        const std::string expected = r != rank && skip(rank, r)
+                                         ? std::string()
+                                         : std::string(50 * (r + 1), 'a' + r);
+        EXPECT_EQ((*got)[static_cast<size_t>(r)], expected) << "from " << r;
+      }
+    } else {
+      EXPECT_TRUE(got->empty());
+    }
+    at::Tensor one = at::ones({3}, at::kFloat);
+    ASSERT_TRUE(comm->AllreduceSum(one, {})->Wait().ok());
+    EXPECT_TRUE(at::equal(one, at::full({3}, 4.0f)));
+  });
+}
+
 }  // namespace
 }  // namespace concord::comm

@@ -93,7 +93,8 @@ absl::StatusOr<std::vector<std::string>> AllgatherStrings(
 
 absl::StatusOr<std::vector<std::string>> GatherStrings(
     Communicator& comm, const std::string& value, const std::vector<int>& roots,
-    const CollectiveOptions& options) {
+    const CollectiveOptions& options,
+    const std::function<bool(int root, int rank)>& skip) {
   const int world = comm.size();
   const int me = comm.rank();
   for (int r : roots) {
@@ -106,15 +107,18 @@ absl::StatusOr<std::vector<std::string>> GatherStrings(
   CONCORD_ASSIGN_OR_RETURN(const at::Tensor lengths,
                            Lengths(comm, value, options));
   const int64_t longest = lengths.max().item<int64_t>();
+  const auto skips = [&skip](int to, int from) {
+    return skip != nullptr && skip(to, from);
+  };
   std::vector<int> to;
   for (int r : roots) {
-    if (r != me) to.push_back(r);
+    if (r != me && !skips(r, me)) to.push_back(r);
   }
   std::vector<int> from;
   std::vector<at::Tensor> recv;
   if (root) {
     for (int r = 0; r < world; ++r) {
-      if (r == me) continue;
+      if (r == me || skips(me, r)) continue;
       from.push_back(r);
       recv.push_back(at::empty({longest}, at::kByte));
     }
@@ -131,6 +135,10 @@ absl::StatusOr<std::vector<std::string>> GatherStrings(
   for (int r = 0; r < world; ++r) {
     if (r == me) {
       out.push_back(value);
+      continue;
+    }
+    if (skips(me, r)) {
+      out.emplace_back();
       continue;
     }
     const auto size = static_cast<size_t>(sizes[r]);

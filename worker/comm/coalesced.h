@@ -4,6 +4,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -38,10 +39,13 @@ absl::StatusOr<std::vector<std::string>> AllgatherStrings(
 // lengths are allgathered, then each rank sends its bytes (padded to the
 // longest) to every root with one Exchange: nothing else is gathered where
 // it is not kept (a sharded optimizer's state reaching only the ranks that
-// write checkpoints). Blocks. Every rank calls it with the same `roots`.
+// write checkpoints). With `skip`, root `root` gets nothing from `rank`
+// where skip(root, rank) (an empty string in its place; every rank's
+// `skip` says the same). Blocks. Every rank calls it with the same `roots`.
 // Errors: those of Work::Wait; INVALID_ARGUMENT for a root out of range.
 absl::StatusOr<std::vector<std::string>> GatherStrings(
     Communicator& comm, const std::string& value, const std::vector<int>& roots,
-    const CollectiveOptions& options);
+    const CollectiveOptions& options,
+    const std::function<bool(int root, int rank)>& skip = nullptr);
 
 }  // namespace concord::comm
