@@ -3,12 +3,15 @@
 // tier's persister thread, on real regions and files in a directory of their
 // own per test. The disk format's crashes and damage:
 // checkpoint_storage_test.cc.
+#include <unistd.h>
+
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint_fixture.h"
+#include "common/status_macros.h"
 #include "worker/checkpoint/checkpointer.h"
 #include "worker/checkpoint/persister.h"
 
@@ -339,6 +342,126 @@ TEST(CheckpointOverlapTest, PrepareMakesTheRegionAhead) {
   std::optional<Candidate> got = c->FindCandidate(false);
   ASSERT_TRUE(got.has_value());
   ExpectSameContent(got->content, content);
+}
+
+// ---- holes (see Note [Holes] in worker/checkpoint/memory.h) ----------------
+
+// Two workers of one node on the node's region (config.memory).
+std::unique_ptr<Checkpointer> NodeCheckpointer(const TempDir& dir,
+                                               bool overlap = false) {
+  Config config;
+  config.dir = dir.path();
+  config.memory = dir / "shm";
+  config.every = 10;
+  config.overlap = overlap;
+  absl::StatusOr<std::unique_ptr<Checkpointer>> c =
+      Checkpointer::Create(config, kJob);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? *std::move(c) : nullptr;
+}
+
+// `full` with the optimizer's state as holes: meta tensors of its shapes.
+Content Holed(const Content& full) {
+  Content c = full;
+  c.optimizers[0] = Cloned(full.optimizers[0]);
+  for (auto& [index, tensors] : c.optimizers[0].state) {
+    for (auto& [key, t] : tensors) t = at::empty_like(t, at::kMeta);
+  }
+  return c;
+}
+
+// What another worker of the node does: its state copied into the laid-out
+// snapshot's holes.
+absl::Status Fill(Checkpointer& peer, const Content& full) {
+  CONCORD_ASSIGN_OR_RETURN(Content laid,
+                           peer.LaidOut(full.counters.step, ::getpid()));
+  const auto& from = full.optimizers[0].state;
+  const auto& to = laid.optimizers[0].state;
+  for (size_t i = 0; i < from.size(); ++i) {
+    for (size_t k = 0; k < from[i].second.size(); ++k) {
+      to[i].second[k].second.copy_(from[i].second[k].second);
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The writer lays out a content with holes and publishes it only when the
+// node's other worker said it filled them; unfilled, it is dropped.
+TEST(CheckpointHolesTest, PublishedOnceTheNodesOtherWorkerFilledThem) {
+  for (const bool overlap : {false, true}) {
+    SCOPED_TRACE(overlap ? "overlapped" : "during the step");
+    TempDir dir;
+    std::unique_ptr<Checkpointer> writer = NodeCheckpointer(dir, overlap);
+    std::unique_ptr<Checkpointer> peer = NodeCheckpointer(dir, overlap);
+    ASSERT_NE(writer, nullptr);
+    ASSERT_NE(peer, nullptr);
+    writer->SetRole(/*writes_memory=*/true, /*persists=*/false);
+    const Content full = SampleContent(5, 1 << 16);
+    const Content holed = Holed(full);
+    EXPECT_TRUE(HasHoles(holed));
+    EXPECT_FALSE(HasHoles(full));
+    writer->Save(holed, false, Deferrable(full));
+    EXPECT_EQ(writer->holes(), Checkpointer::HoleState::kLaidOut);
+    EXPECT_EQ(writer->saved(), 0);
+    EXPECT_FALSE(peer->FindCandidate(false).has_value());
+    // Another step's or another writer's snapshot is not this one.
+    EXPECT_TRUE(
+        absl::IsFailedPrecondition(peer->LaidOut(6, ::getpid()).status()));
+    EXPECT_TRUE(
+        absl::IsFailedPrecondition(peer->LaidOut(5, ::getpid() + 1).status()));
+    ASSERT_TRUE(Fill(*peer, full).ok());
+    writer->Filled(absl::OkStatus());
+    writer->Fence();
+    EXPECT_EQ(writer->saved(), 1);
+    std::optional<Candidate> got = peer->FindCandidate(false);
+    ASSERT_TRUE(got.has_value());
+    ExpectSameContent(got->content, full);
+
+    // A worker that could not fill its holes: the snapshot is dropped.
+    const Content next = SampleContent(6, 1 << 16);
+    writer->Save(Holed(next), false, Deferrable(next));
+    ASSERT_EQ(writer->holes(), Checkpointer::HoleState::kLaidOut);
+    writer->Filled(absl::InternalError("rank 1: no place"));
+    writer->Fence();
+    EXPECT_EQ(writer->saved(), 1);
+    EXPECT_FALSE(peer->FindCandidate(false).has_value());
+    // Nobody said anything by the Fence: dropped too.
+    writer->Save(Holed(next), false, Deferrable(next));
+    writer->Fence();
+    EXPECT_EQ(writer->saved(), 1);
+    // And a complete one after.
+    writer->Save(Holed(next), false, Deferrable(next));
+    ASSERT_TRUE(Fill(*peer, next).ok());
+    writer->Filled(absl::OkStatus());
+    writer->Fence();
+    EXPECT_EQ(writer->saved(), 2);
+    got = peer->FindCandidate(false);
+    ASSERT_TRUE(got.has_value());
+    ExpectSameContent(got->content, next);
+  }
+}
+
+// The disk tier's writer whose memory stage fails never writes its holes
+// to disk: it waits for the content with them filled (WriteFilled).
+TEST(CheckpointHolesTest, AFailedMemoryStageWritesTheFilledContent) {
+  TempDir dir;
+  std::unique_ptr<Checkpointer> writer = NodeCheckpointer(dir);
+  ASSERT_NE(writer, nullptr);
+  writer->SetRole(/*writes_memory=*/true, /*persists=*/true);
+  const Content full = SampleContent(10);
+  Content holed = Holed(full);
+  // A hole of 4 PiB: no region maps that much.
+  holed.optimizers[0].state[0].second[1].second =
+      at::empty({int64_t{1} << 50}, at::TensorOptions().device(at::kMeta));
+  writer->Save(holed);
+  EXPECT_EQ(writer->holes(), Checkpointer::HoleState::kFailed);
+  EXPECT_FALSE(fs::exists(StepDir(dir, 10)));
+  writer->WriteFilled(full);
+  EXPECT_EQ(writer->saved(), 1);
+  absl::StatusOr<Loaded> loaded = LoadNewest(dir.path(), kJob);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->info.step, 10);
+  ExpectSameOptimizer(loaded->content.optimizers[0], full.optimizers[0]);
 }
 
 // ---- the resume source (see Note [Resume source] in coordinator/core/core.h)

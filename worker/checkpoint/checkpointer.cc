@@ -44,6 +44,7 @@ Checkpointer::~Checkpointer() {
 
 void Checkpointer::Save(const Content& content, bool wait,
                         const std::vector<at::Tensor>& deferred) {
+  holes_ = HoleState::kNone;
   if (!writes_memory_) return;
   if (preparer_.joinable()) preparer_.join();
   Fence();
@@ -53,6 +54,11 @@ void Checkpointer::Save(const Content& content, bool wait,
                                          start)
         .count();
   };
+  // See Note [Holes]: published once the node's other workers filled them
+  // (Filled), never written to disk as it is.
+  const bool holes = HasHoles(content);
+  filled_.reset();
+  awaiting_fill_ = false;
   if (config_.overlap && !wait && !overlap_off_ && !deferred.empty()) {
     // See Note [Overlapped snapshots].
     Staged staged = Stage(content, deferred);
@@ -60,15 +66,39 @@ void Checkpointer::Save(const Content& content, bool wait,
     pending_counters_ = content.counters;
     pending_stall_ = since_start();
     staged_ = std::move(staged.content);
+    if (holes) {
+      // Laid out here, so that the node's other workers may fill the holes
+      // while this worker's own tensors are copied on the thread.
+      const absl::StatusOr<WriteResult> laid =
+          LayOutSnapshot(*region_, staged_, job_, persists_, &pending_);
+      if (!laid.ok() || *laid != WriteResult::kWritten) {
+        live_.clear();
+        staged_ = Content{};
+        HeldBack(laid, pending_, content.counters, since_start());
+        return;
+      }
+      holes_ = HoleState::kLaidOut;
+      awaiting_fill_ = true;
+    }
     try {
-      copier_ = std::thread([this, persist = persists_] {
-        copied_ = BeginSnapshot(*region_, staged_, job_, persist, &pending_);
+      copier_ = std::thread([this, persist = persists_, holes] {
+        if (holes) {
+          CopySnapshot(pending_);
+          copied_ = WriteResult::kWritten;
+        } else {
+          copied_ = BeginSnapshot(*region_, staged_, job_, persist, &pending_);
+        }
       });
       copying_.store(true, std::memory_order_release);
       return;
     } catch (const std::system_error&) {
-      live_.clear();  // no thread to be had: copied here, below
+      live_.clear();  // no thread to be had: copied here
       staged_ = Content{};
+      if (holes) {
+        CopySnapshot(pending_);
+        pending_stall_ = since_start();
+        return;  // published by Filled
+      }
     }
   }
   PendingSnapshot pending;
@@ -80,6 +110,23 @@ void Checkpointer::Save(const Content& content, bool wait,
       break;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (holes) {
+    if (r.ok() && *r == WriteResult::kWritten) {
+      pending_ = std::move(pending);
+      pending_counters_ = content.counters;
+      pending_stall_ = since_start();
+      holes_ = HoleState::kLaidOut;
+      awaiting_fill_ = true;
+      return;  // published by Filled
+    }
+    if (persists_ && wait && r.ok()) {
+      r = absl::UnavailableError(
+          "the node's previous write still ran after 5 minutes, and this is "
+          "the job's last checkpoint");
+    }
+    HeldBack(r, pending, content.counters, since_start());
+    return;
   }
   // See Note [Writes from the worker].
   if (persists_ && !r.ok()) {
@@ -94,6 +141,46 @@ void Checkpointer::Save(const Content& content, bool wait,
     return;
   }
   Finish(r, pending, {}, content.counters, since_start());
+}
+
+void Checkpointer::HeldBack(const absl::StatusOr<WriteResult>& r,
+                            const PendingSnapshot& pending,
+                            const Counters& counters, double stall) {
+  if (r.ok()) {  // skipped: the persister holds the region
+    holes_ = HoleState::kSkipped;
+    Finish(r, pending, {}, counters, stall);
+    return;
+  }
+  if (!persists_) {
+    holes_ = HoleState::kSkipped;
+    last_stall_ = stall;
+    Warn(counters.step, std::string(r.status().message()));
+    return;
+  }
+  // See Note [Writes from the worker]: WriteFilled writes it, holes filled.
+  holes_ = HoleState::kFailed;
+  held_why_ = std::string(r.status().message());
+  held_stall_ = stall;
+}
+
+void Checkpointer::Filled(const absl::Status& filled) {
+  if (!awaiting_fill_) return;
+  filled_ = filled;
+  if (copying_.load(std::memory_order_acquire)) return;  // at the Fence
+  awaiting_fill_ = false;
+  Finish(WriteResult::kWritten, pending_, {}, pending_counters_,
+         pending_stall_);
+}
+
+void Checkpointer::WriteFilled(const Content& content) {
+  if (holes_ != HoleState::kFailed) return;
+  holes_ = HoleState::kNone;
+  WriteDirect(content, held_why_, held_stall_);
+}
+
+absl::StatusOr<Content> Checkpointer::LaidOut(int64_t step,
+                                              int32_t writer_pid) {
+  return ReadLaidOut(*region_, step, writer_pid);
 }
 
 void Checkpointer::WriteDirect(const Content& content, const std::string& why,
@@ -215,6 +302,10 @@ void Checkpointer::Fence() {
     }
     return;
   }
+  if (awaiting_fill_ && !filled_.has_value()) {
+    filled_ = absl::AbortedError("its holes were never filled");
+  }
+  awaiting_fill_ = false;
   Finish(copied_, pending_, live, pending_counters_, stall);
 }
 
@@ -233,6 +324,16 @@ void Checkpointer::Finish(const absl::StatusOr<WriteResult>& copied,
         counters.step);
     return;
   }
+  if (filled_.has_value() && !filled_->ok()) {
+    // See Note [Holes]: a worker of the node did not fill its own.
+    DropSnapshot(pending);
+    Warn(counters.step, absl::StrCat("a shard was not copied into the node's "
+                                     "snapshot: ",
+                                     filled_->message()));
+    filled_.reset();
+    return;
+  }
+  filled_.reset();
   Complete(FinishSnapshot(pending, stall, live), counters);
 }
 

@@ -39,7 +39,9 @@ struct Candidate {
 //    workers. The training step waits for that copy and for nothing else.
 //    The worker with the lowest rank of each node writes; the state of a
 //    data-parallel job is the same on every rank, so one copy per node is
-//    enough for any restarted worker of that node.
+//    enough for any restarted worker of that node (a sharded optimizer's
+//    shards are not: the node's other workers copy theirs in, see Note
+//    [Shards copied where they are] in worker/elastic/state.h).
 //  - disk: the agent's persister thread writes rank 0's snapshot to
 //    Config::dir (see Note [Checkpoint directories]) in the background; a
 //    checkpoint that falls due while the previous one is still being written
@@ -112,6 +114,25 @@ class Checkpointer {
   // snapshots] in worker/checkpoint/memory.h).
   void Save(const Content& content, bool wait = false,
             const std::vector<at::Tensor>& deferred = {});
+  // See Note [Holes] in worker/checkpoint/memory.h: what the last Save of
+  // a content with holes left to do. kLaidOut: the node's other workers
+  // fill them now, then Filled; kFailed: the memory stage failed on the
+  // disk tier's writer, which writes the content, holes filled, with
+  // WriteFilled; kSkipped: nothing (a skip, or a failure said).
+  enum class HoleState { kNone, kLaidOut, kSkipped, kFailed };
+  HoleState holes() const { return holes_; }
+  // Whether the node's other workers filled the holes (`filled` OK) or not:
+  // the snapshot is published (an overlapped one at its Fence) or dropped
+  // (a warning). Nothing when the last Save laid out no holes.
+  void Filled(const absl::Status& filled);
+  // holes() kFailed: writes `content` (the last Save's, its holes filled)
+  // to disk from this worker (see Note [Writes from the worker]).
+  void WriteFilled(const Content& content);
+  // The snapshot of `step` that the node's writer (process `writer_pid`)
+  // has laid out in the node's region and not yet published: its tensors,
+  // views of the region, for this worker to fill its holes.
+  // FAILED_PRECONDITION when the region holds no such snapshot.
+  absl::StatusOr<Content> LaidOut(int64_t step, int32_t writer_pid);
   // Waits for an overlapped snapshot's copy and publishes it; drops it when
   // a deferred tensor was written meanwhile (one warning line; later
   // snapshots copy everything during their step). Call before anything may
@@ -180,6 +201,12 @@ class Checkpointer {
   void Finish(const absl::StatusOr<WriteResult>& copied,
               const PendingSnapshot& pending, const Versions& live,
               const Counters& counters, double stall);
+  // A content with holes not laid out (`r`: skipped or failed): counts the
+  // skip, says the failure, or (the disk tier's writer) keeps the failure
+  // for WriteFilled.
+  void HeldBack(const absl::StatusOr<WriteResult>& r,
+                const PendingSnapshot& pending, const Counters& counters,
+                double stall);
   // Bookkeeping of a snapshot FinishSnapshot ended.
   void Complete(const absl::StatusOr<int64_t>& finished,
                 const Counters& counters);
@@ -222,6 +249,13 @@ class Checkpointer {
   Versions live_;
   Counters pending_counters_;
   double pending_stall_ = 0;
+  // See Note [Holes]: the last Save's, whether a laid-out snapshot waits
+  // for Filled and what it said, and a failure WriteFilled writes past.
+  HoleState holes_ = HoleState::kNone;
+  bool awaiting_fill_ = false;
+  std::optional<absl::Status> filled_;
+  std::string held_why_;
+  double held_stall_ = 0;
   // Prepare's thread; joined before anything else touches region_.
   std::thread preparer_;
   // A dropped overlapped snapshot turns overlapping off.

@@ -66,16 +66,11 @@ Layout LayOut(const Content& content) {
 
 size_t SnapshotBytes(const Content& content) { return LayOut(content).bytes; }
 
-absl::StatusOr<WriteResult> BeginSnapshot(Region& region,
-                                          const Content& content,
-                                          const std::string& job, bool persist,
-                                          PendingSnapshot* pending) {
-  const Layout laid = LayOut(content);
-  const Flat& flat = laid.flat;
-  const nlohmann::json& table = laid.table;
-  const std::string& layout = laid.layout;
-  const size_t data_offset = laid.data_offset;
-  const size_t bytes = laid.bytes;
+absl::StatusOr<WriteResult> LayOutSnapshot(Region& region,
+                                           const Content& content,
+                                           const std::string& job, bool persist,
+                                           PendingSnapshot* pending) {
+  Layout laid = LayOut(content);
   RegionHeader* h = &region.header();
   // Claim the region first: a persister reading it must not see it remapped.
   uint32_t s = h->state.load(std::memory_order_acquire);
@@ -86,7 +81,7 @@ absl::StatusOr<WriteResult> BeginSnapshot(Region& region,
     }
   } while (!h->state.compare_exchange_weak(s, RegionHeader::kWriting,
                                            std::memory_order_acq_rel));
-  if (absl::Status grown = region.Reserve(bytes); !grown.ok()) {
+  if (absl::Status grown = region.Reserve(laid.bytes); !grown.ok()) {
     // Nothing was written (a failed Reserve leaves the mapping as it was):
     // the last snapshot, complete or not, is what the region holds.
     region.header().state.store(s, std::memory_order_release);
@@ -96,35 +91,72 @@ absl::StatusOr<WriteResult> BeginSnapshot(Region& region,
   std::memcpy(h->magic, kMagic, sizeof(kMagic));
   h->version = kVersion;
   h->writer_pid = static_cast<int32_t>(::getpid());
-  std::memcpy(region.base() + kHeaderBytes, layout.data(), layout.size());
-  {
-    torch::NoGradGuard no_grad;
-    char* data = region.base() + data_offset;
-    for (size_t i = 0; i < flat.tensors.size(); ++i) {
-      const at::Tensor& t = flat.tensors[i];
-      char* to = data + table[i]["offset"].get<size_t>();
-      if (t.numel() == 0) continue;
-      if (t.device().is_cpu() && t.is_contiguous()) {
-        // A plain copy: LibTorch's copy_ splits a large one over its
-        // threads, which stalls when the cores are busy with training.
-        std::memcpy(to, t.data_ptr(), t.numel() * t.element_size());
-        continue;
-      }
-      at::Tensor dst = torch::from_blob(
-          to, t.sizes(),
-          torch::TensorOptions().dtype(t.scalar_type()).device(torch::kCPU));
-      dst.copy_(t);
-    }
-  }
+  std::memcpy(region.base() + kHeaderBytes, laid.layout.data(),
+              laid.layout.size());
+  // The header says where everything is before any tensor is copied: the
+  // node's other workers fill the holes from it (ReadLaidOut).
   h->step = content.counters.step;
   h->layout_offset = kHeaderBytes;
-  h->layout_size = layout.size();
-  h->bytes = bytes;
+  h->layout_size = laid.layout.size();
+  h->bytes = laid.bytes;
   h->persist = persist ? 1 : 0;
   std::memset(h->job, 0, sizeof(h->job));
   std::memcpy(h->job, job.data(), std::min(job.size(), sizeof(h->job) - 1));
-  *pending = PendingSnapshot{&region, content.counters.step};
+  PendingSnapshot p{&region, content.counters.step, {}, {}};
+  p.tensors = std::move(laid.flat.tensors);
+  for (const nlohmann::json& t : laid.table) {
+    p.offsets.push_back(laid.data_offset + t["offset"].get<size_t>());
+  }
+  *pending = std::move(p);
   return WriteResult::kWritten;
+}
+
+void CopySnapshot(const PendingSnapshot& pending) {
+  torch::NoGradGuard no_grad;
+  char* base = pending.region->base();
+  for (size_t i = 0; i < pending.tensors.size(); ++i) {
+    const at::Tensor& t = pending.tensors[i];
+    // A hole (see Note [Holes]) is another worker's to fill.
+    if (t.numel() == 0 || t.is_meta()) continue;
+    char* to = base + pending.offsets[i];
+    if (t.device().is_cpu() && t.is_contiguous()) {
+      // A plain copy: LibTorch's copy_ splits a large one over its
+      // threads, which stalls when the cores are busy with training.
+      std::memcpy(to, t.data_ptr(), t.numel() * t.element_size());
+      continue;
+    }
+    at::Tensor dst = torch::from_blob(
+        to, t.sizes(),
+        torch::TensorOptions().dtype(t.scalar_type()).device(torch::kCPU));
+    dst.copy_(t);
+  }
+}
+
+absl::StatusOr<WriteResult> BeginSnapshot(Region& region,
+                                          const Content& content,
+                                          const std::string& job, bool persist,
+                                          PendingSnapshot* pending) {
+  CONCORD_ASSIGN_OR_RETURN(
+      const WriteResult r,
+      LayOutSnapshot(region, content, job, persist, pending));
+  if (r == WriteResult::kWritten) CopySnapshot(*pending);
+  return r;
+}
+
+bool HasHoles(const Content& content) {
+  for (const OptimizerContent& o : content.optimizers) {
+    for (const auto& [index, tensors] : o.state) {
+      for (const auto& [key, t] : tensors) {
+        if (t.is_meta()) return true;
+      }
+    }
+  }
+  return false;
+}
+
+void DropSnapshot(const PendingSnapshot& pending) {
+  pending.region->header().state.store(RegionHeader::kEmpty,
+                                       std::memory_order_release);
 }
 
 absl::StatusOr<int64_t> FinishSnapshot(const PendingSnapshot& pending,
@@ -171,6 +203,7 @@ Staged Stage(const Content& content, const std::vector<at::Tensor>& deferred) {
   Staged staged;
   torch::NoGradGuard no_grad;
   for (at::Tensor& t : flat.tensors) {
+    if (t.is_meta()) continue;  // a hole stays one (see Note [Holes])
     if (t.device().is_cpu() && later.count(t.unsafeGetTensorImpl()) > 0) {
       staged.live.emplace_back(t, t._version());
     } else {
@@ -184,17 +217,11 @@ Staged Stage(const Content& content, const std::vector<at::Tensor>& deferred) {
   return staged;
 }
 
-absl::StatusOr<Content> ReadSnapshot(Region& region) {
-  const RegionHeader& h = region.header();
-  const uint32_t s = h.state.load(std::memory_order_acquire);
-  if (std::memcmp(h.magic, kMagic, sizeof(kMagic)) != 0 ||
-      (s != RegionHeader::kReady && s != RegionHeader::kPersisting)) {
-    return absl::NotFoundError("no complete snapshot in memory");
-  }
-  if (h.version != kVersion) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "a snapshot of format ", h.version, ", expected ", kVersion));
-  }
+namespace {
+
+// The content a region's header and layout describe, its tensors views of
+// the region (the header's state and version checked by the caller).
+absl::StatusOr<Content> ReadLayout(Region& region) {
   CONCORD_RETURN_IF_ERROR(region.MapAll());
   const RegionHeader& mapped = region.header();
   if (mapped.layout_offset + mapped.layout_size > region.mapped()) {
@@ -232,6 +259,37 @@ absl::StatusOr<Content> ReadSnapshot(Region& region) {
         absl::StrCat("a snapshot's tensor table: ", e.what()));
   }
   return Unflatten(layout.at("skeleton"), tensors);
+}
+
+}  // namespace
+
+absl::StatusOr<Content> ReadSnapshot(Region& region) {
+  const RegionHeader& h = region.header();
+  const uint32_t s = h.state.load(std::memory_order_acquire);
+  if (std::memcmp(h.magic, kMagic, sizeof(kMagic)) != 0 ||
+      (s != RegionHeader::kReady && s != RegionHeader::kPersisting)) {
+    return absl::NotFoundError("no complete snapshot in memory");
+  }
+  if (h.version != kVersion) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a snapshot of format ", h.version, ", expected ", kVersion));
+  }
+  return ReadLayout(region);
+}
+
+absl::StatusOr<Content> ReadLaidOut(Region& region, int64_t step,
+                                    int32_t writer_pid) {
+  const RegionHeader& h = region.header();
+  const uint32_t s = h.state.load(std::memory_order_acquire);
+  if (std::memcmp(h.magic, kMagic, sizeof(kMagic)) != 0 ||
+      h.version != kVersion || s != RegionHeader::kWriting ||
+      h.writer_pid != writer_pid || h.step != step) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the node's snapshot region does not hold step ", step,
+                     " being written by pid ", writer_pid, " (it says step ",
+                     h.step, ", pid ", h.writer_pid, ", state ", s, ")"));
+  }
+  return ReadLayout(region);
 }
 
 }  // namespace concord::checkpoint

@@ -92,18 +92,47 @@ struct Staged {
 // snapshot's stall.
 Staged Stage(const Content& content, const std::vector<at::Tensor>& deferred);
 
-// A snapshot copied into its region and not yet published.
+// Note [Holes]
+// ~~~~~~~~~~~~
+// A snapshot's content may have holes: optimizer state tensors on the meta
+// device, of the shape and dtype the real ones have, that another worker of
+// the node copies into the region itself (a sharded optimizer's shards,
+// see Note [Shards copied where they are] in worker/elastic/state.h). The
+// writer lays them out as any tensor (LayOutSnapshot: the header and the
+// layout are complete before a byte is copied), copies everything else
+// (CopySnapshot), and publishes only once the node's other workers said
+// they filled theirs: each finds its tensors through ReadLaidOut, which
+// reads the layout of the snapshot being written, and copies into them. A
+// content with holes is never written to disk as it is.
+
+// A snapshot laid out in its region and not yet published: its tensors in
+// Flatten's order and the offset in the region each goes to.
 struct PendingSnapshot {
   Region* region = nullptr;
   int64_t step = 0;
+  std::vector<at::Tensor> tensors;
+  std::vector<size_t> offsets;
 };
-// WriteSnapshot but the publishing: claims `region`, grows it if need be and
-// copies `content` in; `pending` says what FinishSnapshot publishes. The
-// region says kWriting until then.
+// Whether an optimizer's state in `content` has holes (see Note [Holes]).
+bool HasHoles(const Content& content);
+// BeginSnapshot's first half: claims `region`, grows it if need be and
+// writes its header and `content`'s layout, copying no tensor.
+absl::StatusOr<WriteResult> LayOutSnapshot(Region& region,
+                                           const Content& content,
+                                           const std::string& job, bool persist,
+                                           PendingSnapshot* pending);
+// Its second half: copies every tensor of what LayOutSnapshot laid out but
+// the holes.
+void CopySnapshot(const PendingSnapshot& pending);
+// WriteSnapshot but the publishing (LayOutSnapshot, then CopySnapshot):
+// claims `region`, grows it if need be and copies `content` in; `pending`
+// says what FinishSnapshot publishes. The region says kWriting until then.
 absl::StatusOr<WriteResult> BeginSnapshot(Region& region,
                                           const Content& content,
                                           const std::string& job, bool persist,
                                           PendingSnapshot* pending);
+// Drops a laid-out snapshot unpublished: the region says kEmpty.
+void DropSnapshot(const PendingSnapshot& pending);
 // Publishes what BeginSnapshot copied as complete (kReady, the persister
 // rung) with `stall_seconds` as its stall, and returns its step; ABORTED
 // naming a tensor of `live` written since its Stage (the snapshot is
@@ -117,5 +146,12 @@ absl::StatusOr<int64_t> FinishSnapshot(const PendingSnapshot& pending,
 // none (empty, or torn by a writer that died); INVALID_ARGUMENT for a
 // malformed one.
 absl::StatusOr<Content> ReadSnapshot(Region& region);
+// The snapshot of `step` that the worker `writer_pid` is writing into
+// `region` (laid out, not published), its tensors views of the region: a
+// node's other worker fills its holes through it (see Note [Holes]).
+// FAILED_PRECONDITION when the region holds no such snapshot being written;
+// INVALID_ARGUMENT for a malformed layout.
+absl::StatusOr<Content> ReadLaidOut(Region& region, int64_t step,
+                                    int32_t writer_pid);
 
 }  // namespace concord::checkpoint
