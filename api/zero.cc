@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -64,12 +65,13 @@ namespace optim = torch::optim;
 // - Checkpoints hold the whole state as an unsharded optimizer's (PyTorch's
 //   state_dict in `<name>.pt`), so a sharded job's checkpoint resumes an
 //   unsharded job and the other way round, at any world size; the rank that
-//   resumes one offers every parameter. The shards are gathered only on the
-//   ranks that write their node's snapshot (each node's lowest,
-//   comm::GatherStrings): a node's snapshot is the whole job's state (any
-//   node's may be the one a re-form resumes from), and `<name>.pt` is one
-//   file PyTorch loads; every other rank sends its shard and never holds
-//   the rest.
+//   resumes one offers every parameter. A node's snapshot is the whole
+//   job's state (any node's may be the one a re-form resumes from), and
+//   `<name>.pt` is one file PyTorch loads; see Note [Shards copied where
+//   they are] in worker/elastic/state.h: a rank copies its own shard into
+//   its node's snapshot (CheckpointOptimizer sends the writer its shapes,
+//   FillShard copies) or sends it as bytes to other nodes' writers, and
+//   only the writers ever hold the rest.
 // Memory per rank, over the unsharded optimizer state S and parameters P
 // over N ranks: the live state of its shard and its mirrored one (2 S/N) and
 // their copies at the step's start (2 (S + P)/N).
@@ -465,7 +467,8 @@ checkpoint::OptimizerContent detail::ZeroCheckpoint(
   z.CheckOverlapReady("save_checkpoint");
   RequireStateDictForm(z, "save_checkpoint needs");
   CopyOptions(zero.param_groups(), z.local->param_groups());
-  auto whole = z.CheckpointOptimizer({root});
+  auto whole =
+      z.CheckpointOptimizer(elastic::ShardPlacement::To(root, z.world()));
   ThrowIfError(whole.status());
   whole->name = name;
   return *std::move(whole);
@@ -912,7 +915,7 @@ absl::StatusOr<NamedTensors> ZeroRedundancyOptimizer::Impl::CheckpointState(
 
 absl::StatusOr<checkpoint::OptimizerContent>
 ZeroRedundancyOptimizer::Impl::CheckpointOptimizer(
-    const std::vector<int>& writers) {
+    const elastic::ShardPlacement& placement) {
   std::vector<int64_t> offsets;
   for (size_t g = 0; g < groups().size(); ++g) offsets.push_back(Offset(g));
   std::map<int64_t, NamedTensors> own;
@@ -923,30 +926,126 @@ ZeroRedundancyOptimizer::Impl::CheckpointOptimizer(
       mine.emplace_back(absl::StrCat(i, "/", key), t);
     }
   }
-  // Each shard goes only to the ranks that write their node's snapshot:
-  // the others never hold the whole state, not even for the checkpoint.
-  auto all =
-      comm::GatherStrings(*comm, PickleTensors(mine), writers, Collective());
+  // See Note [Shards copied where they are] in worker/elastic/state.h: each
+  // shard goes only to the ranks that write their node's snapshot, as bytes
+  // or, to its own node's writer, as its entries' shapes (a hole each, which
+  // this rank fills). The others never hold the whole state.
+  const int me = rank();
+  bool as_bytes = false;  // a writer keeps its own shard: as bytes
+  for (int w : placement.writers) {
+    as_bytes |= w == me || placement.AsBytes(w, me);
+  }
+  auto all = comm::GatherStrings(
+      *comm, as_bytes ? PickleTensors(mine) : std::string(), placement.writers,
+      Collective(),
+      [&placement](int w, int r) { return !placement.AsBytes(w, r); });
   CONCORD_RETURN_IF_ERROR(all.status());
+  std::vector<std::string> holes;
+  if (placement.AnyInPlace()) {
+    const auto shaped = [&placement](int w, int r) {
+      return w != r && placement.in_place[static_cast<size_t>(r)] &&
+             placement.writer_of[static_cast<size_t>(r)] == w;
+    };
+    nlohmann::json shapes = nlohmann::json::array();
+    if (shaped(placement.writer_of[static_cast<size_t>(me)], me)) {
+      for (const auto& [entry, t] : mine) {
+        shapes.push_back(
+            {entry, static_cast<int>(t.scalar_type()), t.sizes().vec()});
+      }
+      shard_ = std::move(own);
+    }
+    CONCORD_ASSIGN_OR_RETURN(
+        holes, comm::GatherStrings(
+                   *comm, shapes.empty() ? std::string() : shapes.dump(),
+                   placement.writers, Collective(),
+                   [&shaped](int w, int r) { return !shaped(w, r); }));
+  }
   checkpoint::OptimizerContent whole =
       checkpoint::CaptureOptimizer(name, *MakeWhole());
   if (all->empty()) return whole;  // not a writer: not kept
   std::map<int64_t, NamedTensors> state;
+  const auto add = [&state](const std::string& entry, at::Tensor t) {
+    int64_t i = 0;
+    std::string key;
+    if (!SplitName(entry, &i, &key)) {
+      return absl::InternalError(
+          absl::StrCat(kName, ": a malformed shard entry '", entry, "'"));
+    }
+    state[i].emplace_back(key, std::move(t));
+    return absl::OkStatus();
+  };
   for (const std::string& bytes : *all) {
+    if (bytes.empty()) continue;  // a shard not sent as bytes
     for (auto& [entry, t] : UnpickleTensors(bytes)) {
-      int64_t i = 0;
-      std::string key;
-      if (!SplitName(entry, &i, &key)) {
-        return absl::InternalError(
-            absl::StrCat(kName, ": a malformed shard entry '", entry, "'"));
-      }
-      state[i].emplace_back(key, std::move(t));
+      CONCORD_RETURN_IF_ERROR(add(entry, std::move(t)));
+    }
+  }
+  for (const std::string& said : holes) {
+    if (said.empty()) continue;
+    const nlohmann::json shapes =
+        nlohmann::json::parse(said, nullptr, /*allow_exceptions=*/false);
+    if (!shapes.is_array()) {
+      return absl::InternalError(
+          absl::StrCat(kName, ": a malformed list of a shard's shapes"));
+    }
+    for (const nlohmann::json& e : shapes) {
+      // A hole (see Note [Holes] in worker/checkpoint/memory.h): its rank
+      // copies it into the node's snapshot.
+      CONCORD_RETURN_IF_ERROR(add(
+          e.at(0).get<std::string>(),
+          at::empty(e.at(2).get<std::vector<int64_t>>(),
+                    at::TensorOptions()
+                        .dtype(static_cast<at::ScalarType>(e.at(1).get<int>()))
+                        .device(at::kMeta))));
     }
   }
   // PyTorch's state_dict of the whole optimizer: the groups' options and
   // indices as an unsharded one has them, every shard's state.
   whole.state.assign(state.begin(), state.end());
   return whole;
+}
+
+absl::Status ZeroRedundancyOptimizer::Impl::FillShard(
+    const checkpoint::Content& laid) {
+  const std::map<int64_t, NamedTensors> shard = std::move(shard_);
+  shard_.clear();
+  const checkpoint::OptimizerContent* into = nullptr;
+  for (const auto& o : laid.optimizers) {
+    if (o.name == name) into = &o;
+  }
+  if (into == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the node's snapshot has no optimizer '", name, "' to copy into"));
+  }
+  std::map<int64_t, const NamedTensors*> places;
+  for (const auto& [i, tensors] : into->state) places[i] = &tensors;
+  torch::NoGradGuard no_grad;
+  for (const auto& [i, tensors] : shard) {
+    const auto place = places.find(i);
+    for (const auto& [key, t] : tensors) {
+      const at::Tensor* to = nullptr;
+      if (place != places.end()) {
+        for (const auto& [k, v] : *place->second) {
+          if (k == key) to = &v;
+        }
+      }
+      if (to == nullptr || !to->sizes().equals(t.sizes()) ||
+          to->scalar_type() != t.scalar_type()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "optimizer '", name, "': the node's snapshot has ",
+            to == nullptr ? "no place" : checkpoint::DescribeTensor(*to),
+            " for parameter ", i, "'s ", key, " (",
+            checkpoint::DescribeTensor(t), ")"));
+      }
+      if (t.device().is_cpu() && t.is_contiguous()) {
+        // A plain copy, as the snapshot's own (see CopySnapshot).
+        std::memcpy(to->data_ptr(), t.data_ptr(), t.numel() * t.element_size());
+      } else {
+        to->copy_(t);
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ZeroRedundancyOptimizer::Impl::ResumeState(

@@ -113,12 +113,16 @@ struct ZeroRedundancyOptimizer::Impl final : elastic::Participant {
                         const std::vector<bool>& leaving,
                         int64_t step) override;
   absl::StatusOr<checkpoint::OptimizerContent> CheckpointOptimizer(
-      const std::vector<int>& writers) override;
+      const elastic::ShardPlacement& placement) override;
+  absl::Status FillShard(const checkpoint::Content& laid) override;
   absl::Status ResumeOptimizer(
       const checkpoint::OptimizerContent& saved) override;
   void BeginStep(int64_t step) override;
   // An unsharded optimizer of the wrapped kind over every parameter, with
   // the groups' options and no state.
+  // See Note [Shards copied where they are] in worker/elastic/state.h:
+  // this rank's shard of the last CheckpointOptimizer, for FillShard.
+  std::map<int64_t, NamedTensors> shard_;
   std::unique_ptr<optim::Optimizer> MakeWhole();
 
   int rank() const { return comm->rank(); }

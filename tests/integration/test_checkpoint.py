@@ -26,7 +26,16 @@ Cases (--list):
              resume bit-identical to the uninterrupted sharded run (its
              optimizer.pt's Adam state included), optimizer.pt loads into
              torch.optim.Adam, and the checkpoints resume across: sharded ->
-             unsharded and unsharded -> sharded, both at 2 workers.
+             unsharded and unsharded -> sharded, both at 2 workers. Ranks 1
+             and 2 copy their shards into the node's snapshot themselves
+             (the log says so), and the "memory" case with --zero resumes
+             from that snapshot bit-identical.
+  zero-nodes two nodes (two concord-run launchers of 2 workers, one
+             coordinator) sharding Adam: every worker dies and the node
+             with rank 0 is lost whole; the job resumes from the other
+             node's memory snapshot (its other rank's shard copied in place,
+             the lost node's two sent as bytes), bit-identical to the two
+             nodes' uninterrupted run.
   zero-overlap  the same killed-whole resume with --zero --zero-overlap step
              (the step in DDP's backward), bit-identical to its uninterrupted
              run, optimizer.pt into torch.optim.Adam.
@@ -246,11 +255,16 @@ def check_samples_after(checks, name, rd, resumed):
 
 
 def case_memory(ctx, name):
+    memory_resume(ctx, name, reference(ctx))
+
+
+def memory_resume(ctx, name, ref, ref_job="ref", **kw):
+    """Only the workers SIGKILLed: they resume from the node's memory
+    snapshot, bit-identical to `ref`'s run."""
     checks = ctx.checks
-    ref = reference(ctx)
     job, ck = name, os.path.join(ctx.tmp, "ck-" + name)
     rd, p = launch(ctx, name, job, ck, extra=["--max-restarts", "1", "--min-workers", "1"],
-                   env=SLOW)
+                   env=SLOW, **kw)
     if not wait_for_checkpoint(checks, name, p, ck, job, 60):
         return
     trainers = processes.children(p.pid)
@@ -270,7 +284,8 @@ def case_memory(ctx, name):
                            r"the coordinator named" % step, p.stderr()) is not None,
                  name + ": it is the memory snapshot the coordinator named", p.stderr()[-3000:])
     check_history(checks, name, [rd], 3)
-    compare_final(checks, name, rd, ck, job, ref)
+    compare_final(checks, name, rd, ck, job, ref, ref_job=ref_job)
+    return p
 
 
 def case_python(ctx, name):
@@ -1120,7 +1135,7 @@ def case_powersgd(ctx, name):
     check_history(checks, name, [rd, rd2], 3)
 
 
-def case_zero(ctx, name, zero=("--zero",), across=True):
+def case_zero(ctx, name, zero=("--zero",), across=True, in_place=True):
     """A job sharding its Adam state (--zero) killed whole resumes from its
     checkpoint bit-identical to its uninterrupted run; its optimizer.pt is
     PyTorch's Adam state_dict, whole; it resumes an unsharded job at 2
@@ -1144,6 +1159,18 @@ def case_zero(ctx, name, zero=("--zero",), across=True):
     rd2, p2, step, _ = run_again(ctx, name, job, ck, p, optimizer="adam", train_extra=zero)
     check_history(checks, name, [rd, rd2], 3)
     compare_final(checks, name, rd2, ck, job, ref, ref_job=name + "-ref")
+    # See Note [Shards copied where they are]: ranks 1 and 2 copied their
+    # shards into the node's snapshot themselves, and only the workers
+    # killed resume from that snapshot bit-identical.
+    # With the overlap this model's one bucket, all of it, is rank 0's shard.
+    said = re.search(r"ranks ([\d,]+) copied their optimizer shards into this node's snapshot "
+                     r"themselves", p_ref.stderr())
+    checks.check((said is not None and said.group(1) == "1,2") if in_place else said is None,
+                 name + (": ranks 1 and 2 copied their shards into the node's snapshot "
+                         "themselves" if in_place else ": nothing to copy in place: rank 0 "
+                         "holds every parameter"), p_ref.stderr()[-3000:])
+    memory_resume(ctx, name + "-memory", ref, ref_job=name + "-ref", optimizer="adam",
+                  train_extra=zero)
     # The checkpoint in PyTorch: an ordinary Adam's state_dict.
     last = steps(ck, job)[-1]
     model, opt, _ = load_ckpt(ck, job, last)
@@ -1177,11 +1204,87 @@ def case_zero(ctx, name, zero=("--zero",), across=True):
         check_history(checks, tag, [rd, rd2], 2)
 
 
+def case_zero_nodes(ctx, name):
+    """Two nodes (two concord-run launchers of 2 workers on one coordinator,
+    node ids a and b) sharding Adam: each node's snapshot gets its other
+    rank's shard in place and the other node's two as bytes (see Note
+    [Shards copied where they are]). Every worker dies and the node with
+    rank 0 is lost whole: the job resumes from the other node's snapshot
+    (never written to disk), bit-identical to the same two nodes'
+    uninterrupted run."""
+    checks = ctx.checks
+    rd0 = te.RunDir(ctx.tmp, name + "-coordinator")
+    coord = te.start_coordinator(ctx, name, rd0)
+    if coord is None:
+        return
+    zero = ["--zero"]
+
+    def two_nodes(tag, job, ck, env, restarts="0"):
+        return [launch(ctx, "%s-%s" % (tag, node), job, ck, nproc=2, env=env,
+                       coordinator=coord, optimizer="adam", train_extra=zero,
+                       extra=["--node-id", node, "--min-workers", "4", "--max-workers", "4",
+                              "--max-restarts", restarts])
+                for node in ("a", "b")]
+
+    def rank0(runs):
+        return [i for i, (_, p) in enumerate(runs)
+                if re.search(r"as rank 0 of 4", p.stderr())]
+
+    try:
+        ref_ck = os.path.join(ctx.tmp, "ck-" + name + "-ref")
+        ref = two_nodes(name + "-ref", name + "-ref", ref_ck, {"CONCORD_TEST_MIN_STEP_MS": "10"})
+        rcs = [p.wait(RUN_TIMEOUT) for _, p in ref]
+        checks.check(rcs == [0, 0], name + ": the uninterrupted two-node run exits 0",
+                     "\n".join(p.describe() for _, p in ref))
+        saved = [i for i, (rd, _) in enumerate(ref) if os.path.exists(rd.output)]
+        job, ck = name, os.path.join(ctx.tmp, "ck-" + name)
+        runs = two_nodes(name + "-1", job, ck, SLOW, restarts="1")
+        if not wait_for_checkpoint(checks, name, runs[0][1], ck, job, 60):
+            return
+        first = rank0(runs)
+        if not checks.check(len(first) == 1 and len(saved) == 1,
+                            name + ": one launcher's worker is rank 0, one wrote the output",
+                            "rank 0 on %s, output by %s" % (first, saved)):
+            return
+        lost, kept = runs[first[0]], runs[1 - first[0]]
+        # The node with rank 0 lost whole, the other's workers killed (its
+        # agent restarts them), then the lost node's launcher again.
+        lost[1].kill_group()
+        lost[1].wait(10)
+        for pid in processes.children(kept[1].pid):
+            os.kill(pid, signal.SIGKILL)
+        node = "ab"[first[0]]
+        again = launch(ctx, "%s-2-%s" % (name, node), job, ck, nproc=2, env=SLOW,
+                       coordinator=coord, optimizer="adam", train_extra=zero,
+                       extra=["--node-id", node, "--min-workers", "4", "--max-workers", "4"])
+        rcs = [kept[1].wait(RUN_TIMEOUT), again[1].wait(RUN_TIMEOUT)]
+        checks.check(rcs == [0, 0], name + ": both nodes finish (exit 0)",
+                     kept[1].describe() + again[1].describe())
+        text = kept[1].stderr() + again[1].stderr()
+        m = re.search(r"resuming from step (\d+) of a checkpoint rank \d+ loaded \(memory\)|"
+                      r"resuming from step (\d+) of the checkpoint in memory", text)
+        checks.check(m is not None and int(m.group(1) or m.group(2)) >= 60 and
+                     re.search(r"checkpoint in memory", kept[1].stderr()) is not None,
+                     name + ": resumed from the surviving node's snapshot (step %s)" %
+                     (m and (m.group(1) or m.group(2))), text[-3000:])
+        wrote = [r for r, _ in (kept, again) if os.path.exists(r.output)]
+        if checks.check(len(wrote) == 1, name + ": one node wrote the final output", str(wrote)):
+            compare_final(checks, name, wrote[0], ck, job, (ref[saved[0]][0], ref_ck),
+                          ref_job=name + "-ref")
+    finally:
+        coord.stop()
+
+
+def case_zero_nodes_entry(ctx):
+    case_zero_nodes(ctx, "zero-nodes")
+
+
 CASES = {
     "zero": lambda ctx: case_zero(ctx, "zero"),
+    "zero-nodes": case_zero_nodes_entry,
     "zero-overlap": lambda ctx: case_zero(ctx, "zero-overlap",
                                           zero=("--zero", "--zero-overlap", "step"),
-                                          across=False),
+                                          across=False, in_place=False),
     "kill-all": lambda ctx: case_kill_all(ctx, "kill-all", keep=None),
     "memory": lambda ctx: case_memory(ctx, "memory"),
     "world2": lambda ctx: case_kill_all(ctx, "world2", nproc_after=2),

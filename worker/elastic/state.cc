@@ -1,17 +1,23 @@
 #include "worker/elastic/state.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cinttypes>
+#include <cstdio>
 #include <cstring>
 #include <optional>
 #include <sstream>
 #include <thread>
 #include <tuple>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -221,7 +227,7 @@ void State::TakeCheckpoint(bool wait) {
   for (const Attached& a : participants_) {
     if (a.participant->OptimizerName().empty()) continue;
     absl::StatusOr<checkpoint::OptimizerContent> whole =
-        a.participant->CheckpointOptimizer(writers_);
+        a.participant->CheckpointOptimizer(placement_);
     if (!whole.ok()) {
       Log()->warn("checkpoint of step {} not taken: gathering {}: {}",
                   committed_.step, a.participant->OptimizerName(),
@@ -230,11 +236,17 @@ void State::TakeCheckpoint(bool wait) {
     }
     sharded.push_back(*std::move(whole));
   }
+  // See Note [Shards copied where they are]: every rank goes on to
+  // PlaceShards, whether its writer saves or not.
+  const bool in_place = !sharded.empty() && placement_.AnyInPlace();
   checkpointer_->Fence();  // the last one counted in last_saved
   const checkpoint::Counters& last = checkpointer_->last_saved();
+  checkpoint::Content content;
   if (last.step == committed_.step && last.epoch == committed_.epoch &&
       last.position == committed_.position) {
-    return;  // SaveFinal: this is the newest already
+    // SaveFinal: this is the newest already.
+    if (in_place) PlaceShards(content, /*saved=*/false);
+    return;
   }
   // See Note [Participants in checkpoints].
   for (const Attached& a : participants_) {
@@ -247,8 +259,7 @@ void State::TakeCheckpoint(bool wait) {
         "goes on as after a re-form, not as this run does (said once)",
         committed_.step, why);
   }
-  checkpoint::Content content =
-      Capture(std::move(gathered), std::move(sharded));
+  content = Capture(std::move(gathered), std::move(sharded));
   // See Note [Overlapped snapshots]: parameters and optimizer state may be
   // copied while the next step's forward runs.
   std::vector<torch::Tensor> deferred;
@@ -264,6 +275,97 @@ void State::TakeCheckpoint(bool wait) {
     }
   }
   checkpointer_->Save(content, wait, deferred);
+  if (in_place) PlaceShards(content, /*saved=*/true);
+}
+
+void State::PlaceShards(checkpoint::Content& content, bool saved) {
+  using Holes = checkpoint::Checkpointer::HoleState;
+  std::shared_ptr<comm::Communicator> comm = session_->shared_communicator();
+  comm::CollectiveOptions opts;
+  opts.timeout = session_->options().collective_timeout;
+  const int me = comm->rank();
+  const auto r = static_cast<size_t>(me);
+  const bool writer = placement_.writer_of[r] == me;
+  const Holes holes = saved ? checkpointer_->holes() : Holes::kSkipped;
+  // What each writer did with its snapshot.
+  std::string did;
+  if (writer) {
+    did = holes == Holes::kLaidOut
+              ? absl::StrCat("laid ", ::getpid(), " ", committed_.step)
+          : holes == Holes::kFailed ? "failed"
+                                    : "skipped";
+  }
+  const auto fail = [&](const absl::Status& s) {
+    Log()->warn("checkpoint of step {}: copying the shards: {}",
+                committed_.step, std::string(s.message()));
+    if (writer) checkpointer_->Filled(s);
+  };
+  absl::StatusOr<std::vector<std::string>> writers_did =
+      comm::AllgatherStrings(*comm, did, opts);
+  if (!writers_did.ok()) return fail(writers_did.status());
+  // This rank's shard into its node's snapshot.
+  std::string filled;
+  int64_t step = 0;
+  int32_t pid = 0;
+  const std::string& mine =
+      (*writers_did)[static_cast<size_t>(placement_.writer_of[r])];
+  if (!writer && placement_.in_place[r] &&
+      std::sscanf(mine.c_str(), "laid %d %" SCNd64, &pid, &step) == 2) {
+    absl::StatusOr<checkpoint::Content> laid =
+        checkpointer_->LaidOut(step, pid);
+    absl::Status s = laid.status();
+    for (const Attached& a : participants_) {
+      if (!s.ok()) break;
+      if (!a.participant->OptimizerName().empty()) {
+        s = a.participant->FillShard(*laid);
+      }
+    }
+    if (!s.ok()) filled = absl::StrCat("rank ", me, ": ", s.message());
+  }
+  absl::StatusOr<std::vector<std::string>> fills =
+      comm::AllgatherStrings(*comm, filled, opts);
+  if (!fills.ok()) return fail(fills.status());
+  if (writer && holes == Holes::kLaidOut) {
+    absl::Status all = absl::OkStatus();
+    std::vector<int> ranks;
+    for (size_t p = 0; p < fills->size(); ++p) {
+      if (placement_.writer_of[p] != me || p == r) continue;
+      ranks.push_back(static_cast<int>(p));
+      if (all.ok() && !(*fills)[p].empty()) {
+        all = absl::InternalError((*fills)[p]);
+      }
+    }
+    if (all.ok() && !in_place_said_) {
+      in_place_said_ = true;
+      Log()->info(
+          "checkpoint of step {}: ranks {} copied their optimizer shards into "
+          "this node's snapshot themselves (said once)",
+          committed_.step, absl::StrJoin(ranks, ","));
+    }
+    checkpointer_->Filled(all);
+  }
+  // See Note [Writes from the worker]: a writer whose memory stage failed
+  // gets its node's shards as bytes after all, and writes to disk itself.
+  ShardPlacement bytes = placement_;
+  bytes.writers.clear();
+  for (int w : placement_.writers) {
+    if ((*writers_did)[static_cast<size_t>(w)] == "failed") {
+      bytes.writers.push_back(w);
+    }
+  }
+  if (bytes.writers.empty()) return;
+  std::fill(bytes.in_place.begin(), bytes.in_place.end(), false);
+  for (const Attached& a : participants_) {
+    const std::string name = a.participant->OptimizerName();
+    if (name.empty()) continue;
+    absl::StatusOr<checkpoint::OptimizerContent> whole =
+        a.participant->CheckpointOptimizer(bytes);
+    if (!whole.ok()) return fail(whole.status());
+    for (checkpoint::OptimizerContent& o : content.optimizers) {
+      if (o.name == name) o = *whole;
+    }
+  }
+  if (writer && holes == Holes::kFailed) checkpointer_->WriteFilled(content);
 }
 
 absl::StatusOr<NamedTensors> State::GatherRandomness() {
@@ -478,17 +580,35 @@ absl::Status State::SyncCheckpoints(int* root) {
   comm::CollectiveOptions opts;
   opts.timeout = session_->options().collective_timeout;
   const int me = comm->rank();
-  // Who writes this node's snapshot: its lowest rank.
+  // Who writes this node's snapshot: its lowest rank. Each rank's node and
+  // its region's path (empty: its own memory), one allgather.
+  const std::string& node = session_->options().node_id;
   CONCORD_ASSIGN_OR_RETURN(
-      const std::vector<std::string> nodes,
-      comm::AllgatherStrings(*comm, session_->options().node_id, opts));
-  writers_.clear();
-  std::unordered_set<std::string> seen;
-  for (size_t r = 0; r < nodes.size(); ++r) {
-    if (seen.insert(nodes[r]).second) writers_.push_back(static_cast<int>(r));
+      const std::vector<std::string> said,
+      comm::AllgatherStrings(
+          *comm, absl::StrCat(node.size(), ":", node, config.memory), opts));
+  std::vector<std::string> nodes, regions;
+  for (const std::string& s : said) {
+    const size_t colon = s.find(':');
+    const size_t length = std::stoul(s.substr(0, colon));
+    nodes.push_back(s.substr(colon + 1, length));
+    regions.push_back(s.substr(colon + 1 + length));
   }
-  const bool writes =
-      std::find(writers_.begin(), writers_.end(), me) != writers_.end();
+  placement_ = ShardPlacement{};
+  std::unordered_map<std::string, int> writer_of_node;
+  for (size_t r = 0; r < nodes.size(); ++r) {
+    const auto [at, added] =
+        writer_of_node.emplace(nodes[r], static_cast<int>(r));
+    if (added) placement_.writers.push_back(static_cast<int>(r));
+    const int writer = at->second;
+    placement_.writer_of.push_back(writer);
+    // See Note [Shards copied where they are]: the node's region, mapped by
+    // this rank and its writer alike.
+    placement_.in_place.push_back(!regions[r].empty() &&
+                                  regions[r] ==
+                                      regions[static_cast<size_t>(writer)]);
+  }
+  const bool writes = placement_.writer_of[static_cast<size_t>(me)] == me;
   checkpointer_->SetRole(/*writes_memory=*/writes, /*persists=*/me == 0);
   region_prepared_ = false;
   CONCORD_ASSIGN_OR_RETURN(const ResumeChoice choice,

@@ -76,6 +76,59 @@ namespace concord::elastic {
 // the ranks in a way it does not keep (Participant::CheckpointDivergence),
 // in one warning line.
 
+// Note [Shards copied where they are]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Every node's snapshot holds the whole job's state (any node's may be the
+// one a re-form resumes from), a sharded optimizer's too, and no process
+// that does not write a snapshot ever holds that state whole. A rank's
+// shard reaches each node's snapshot one of two ways (ShardPlacement):
+//  - in place: on its own node, when the node's region is shared (concord-
+//    run's, CONCORD_CHECKPOINT_MEMORY: every worker of the node maps it),
+//    the rank copies its shard into the snapshot itself. Its node's writer
+//    gets only the shard's entries' shapes and dtypes and lays them out as
+//    holes (see Note [Holes] in worker/checkpoint/memory.h);
+//  - as bytes (comm::GatherStrings) to every other node's writer, and to its
+//    own where the region is a worker's own (no node agent).
+// A checkpoint, on every rank of the generation: CheckpointOptimizer (the
+// bytes to other nodes, the shapes to the rank's own writer), the writer's
+// Save (laid out, its own tensors copied or, overlapped, being copied), an
+// allgather of what each writer did ("laid <pid> <step>", "skipped" or
+// "failed"), each in-place rank's FillShard through Checkpointer::LaidOut,
+// an allgather of how that went, and the writer's Filled: the snapshot is
+// published once every rank of its node filled its holes, dropped (one
+// warning) otherwise. When the memory stage fails on the disk tier's writer
+// (see Note [Writes from the worker] in worker/checkpoint/checkpointer.h),
+// its node's shards are gathered to it as bytes after all and it writes
+// the checkpoint to disk itself. The writer's process thus holds its own
+// shard, the other nodes' and, at most, the region's mapping; a node's
+// other ranks copy theirs once, with no serialization.
+struct ShardPlacement {
+  // Each node's snapshot writer (its lowest rank), in rank order.
+  std::vector<int> writers;
+  // Rank r's node's writer.
+  std::vector<int> writer_of;
+  // Whether rank r copies its shard into its node's snapshot itself.
+  std::vector<bool> in_place;
+  // Whether `rank`'s shard reaches `writer` as bytes.
+  bool AsBytes(int writer, int rank) const {
+    return writer != rank && !(in_place[static_cast<size_t>(rank)] &&
+                               writer_of[static_cast<size_t>(rank)] == writer);
+  }
+  // Everything to `root` as bytes (a plain loop's checkpoint, a writer
+  // whose memory stage failed).
+  static ShardPlacement To(int root, int world) {
+    return {{root},
+            std::vector<int>(static_cast<size_t>(world), root),
+            std::vector<bool>(static_cast<size_t>(world), false)};
+  }
+  bool AnyInPlace() const {
+    for (size_t r = 0; r < in_place.size(); ++r) {
+      if (in_place[r] && writer_of[r] != static_cast<int>(r)) return true;
+    }
+    return false;
+  }
+};
+
 // State kept outside the model and the optimizer that must follow the
 // authoritative rank after every re-form (SlowMo's slow momentum, old
 // parameters and push-sum weight). Its owner keeps it transactional: it
@@ -131,17 +184,26 @@ class Participant {
   // A participant that keeps an optimizer's state in its stead, sharded
   // (ZeroRedundancyOptimizer: see Note [Elastic ZeRO] in api/zero.cc), says
   // the optimizer's name: checkpoints then hold that optimizer's whole
-  // state as any optimizer's (PyTorch's state_dict, `<name>.pt`), gathered
-  // by CheckpointOptimizer on the ranks in `writers` only (each node's
-  // snapshot writer, which keeps it; every rank calls it where
-  // CheckpointState runs, and the others' result is not kept), and the rank
-  // resuming one gets it in ResumeOptimizer (after ResumeState;
-  // FAILED_PRECONDITION naming what does not fit, nothing changed then).
-  // Empty: none.
+  // state as any optimizer's (PyTorch's state_dict, `<name>.pt`), put
+  // together by CheckpointOptimizer on the ranks in `placement.writers`
+  // only (each node's snapshot writer, which keeps it; every rank calls it
+  // where CheckpointState runs, and the others' result is not kept). See
+  // Note [Shards copied where they are]: a shard of a rank
+  // `placement.in_place` is a hole in its writer's result, and that rank
+  // copies it in with FillShard. The rank resuming one gets it in
+  // ResumeOptimizer (after ResumeState; FAILED_PRECONDITION naming what
+  // does not fit, nothing changed then). Empty: none.
   virtual std::string OptimizerName() const { return {}; }
   virtual absl::StatusOr<checkpoint::OptimizerContent> CheckpointOptimizer(
-      const std::vector<int>& /*writers*/) {
+      const ShardPlacement& /*placement*/) {
     return absl::UnimplementedError("no optimizer");
+  }
+  // This rank's shard of the last CheckpointOptimizer, copied into `laid`
+  // (its node's snapshot as its writer laid it out, the shard's tensors
+  // views of the region). FAILED_PRECONDITION naming an entry `laid` lacks
+  // or whose shape or dtype differs.
+  virtual absl::Status FillShard(const checkpoint::Content& /*laid*/) {
+    return absl::OkStatus();
   }
   virtual absl::Status ResumeOptimizer(
       const checkpoint::OptimizerContent& /*saved*/) {
@@ -371,6 +433,10 @@ class State {
   // [Participants in checkpoints]: a collective); a history record when it
   // was taken.
   void TakeCheckpoint(bool wait);
+  // See Note [Shards copied where they are]: the rest of a checkpoint whose
+  // shards some ranks copy in place, on every rank: `content` is what this
+  // rank saved (`saved`: it is a writer and Save ran).
+  void PlaceShards(checkpoint::Content& content, bool saved);
   // See Note [Each rank's randomness]: every rank's committed generators
   // ("rng/ranks", "rng/sizes"; none when the ranks' differ). A collective.
   absl::StatusOr<NamedTensors> GatherRandomness();
@@ -458,8 +524,10 @@ class State {
   bool region_prepared_ = false;
   std::unique_ptr<checkpoint::Checkpointer> checkpointer_;
   // This generation's ranks that write their node's snapshot (each node's
-  // lowest), in rank order: where a sharded optimizer's state is gathered.
-  std::vector<int> writers_;
+  // lowest) and how a sharded optimizer's shards reach them (see Note
+  // [Shards copied where they are]).
+  ShardPlacement placement_;
+  bool in_place_said_ = false;
   int64_t checkpointed_step_ = -1;  // the last commit's step
   // See Note [Participants in checkpoints]: the divergence was said.
   bool divergence_said_ = false;
