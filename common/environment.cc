@@ -48,6 +48,7 @@ const std::vector<const Variable*>& All() {
       &kTestKill,
       &kTestAgentLingerMs,
       &kTestMinStepMs,
+      &kTestShardsAsBytes,
       &kTestBusy,
   };
   return all;

@@ -231,6 +231,12 @@ inline constexpr Variable kTestAgentLingerMs =
         "concord-run's node agent lingers on gRPC's thread as each node stream "
         "ends, and concord-run waits twice as long before it exits",
         SetBy::kTest);
+inline constexpr Variable kTestShardsAsBytes =
+    Int("CONCORD_TEST_SHARDS_AS_BYTES", "0|1", 0, 0, 1,
+        "a sharded optimizer's checkpoint sends every shard to its node's "
+        "snapshot writer as bytes, none copied in place (a benchmark's other "
+        "side)",
+        SetBy::kTest);
 inline constexpr Variable kTestMinStepMs =
     Int("CONCORD_TEST_MIN_STEP_MS", "milliseconds", 0, 0, kNoMax,
         "concord-train's steps take at least this long", SetBy::kTest);

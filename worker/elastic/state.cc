@@ -19,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/environment.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "worker/comm/coalesced.h"
@@ -595,6 +596,9 @@ absl::Status State::SyncCheckpoints(int* root) {
     regions.push_back(s.substr(colon + 1 + length));
   }
   placement_ = ShardPlacement{};
+  // A benchmark's other side: every shard as bytes.
+  int64_t as_bytes = 0;
+  if (!env::GetInt(env::kTestShardsAsBytes, &as_bytes).ok()) as_bytes = 0;
   std::unordered_map<std::string, int> writer_of_node;
   for (size_t r = 0; r < nodes.size(); ++r) {
     const auto [at, added] =
@@ -604,7 +608,7 @@ absl::Status State::SyncCheckpoints(int* root) {
     placement_.writer_of.push_back(writer);
     // See Note [Shards copied where they are]: the node's region, mapped by
     // this rank and its writer alike.
-    placement_.in_place.push_back(!regions[r].empty() &&
+    placement_.in_place.push_back(as_bytes == 0 && !regions[r].empty() &&
                                   regions[r] ==
                                       regions[static_cast<size_t>(writer)]);
   }
