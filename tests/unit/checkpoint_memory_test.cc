@@ -175,11 +175,14 @@ TEST(CheckpointMemoryTest, ASnapshotThatCannotFitKeepsTheLastOne) {
   ExpectSameContent(*read, small);
 }
 
-// A checkpointer of job kJob writing into `dir` (no node agent).
+// A checkpointer of job kJob writing into `dir`, its region its own (no node
+// agent) or the file `memory` (a node agent's).
 std::unique_ptr<Checkpointer> MakeCheckpointer(const TempDir& dir,
-                                               bool overlap = false) {
+                                               bool overlap = false,
+                                               const std::string& memory = "") {
   Config config;
   config.dir = dir.path();
+  config.memory = memory;
   config.every = 10;
   config.overlap = overlap;
   absl::StatusOr<std::unique_ptr<Checkpointer>> c =
@@ -349,15 +352,7 @@ TEST(CheckpointOverlapTest, PrepareMakesTheRegionAhead) {
 // Two workers of one node on the node's region (config.memory).
 std::unique_ptr<Checkpointer> NodeCheckpointer(const TempDir& dir,
                                                bool overlap = false) {
-  Config config;
-  config.dir = dir.path();
-  config.memory = dir / "shm";
-  config.every = 10;
-  config.overlap = overlap;
-  absl::StatusOr<std::unique_ptr<Checkpointer>> c =
-      Checkpointer::Create(config, kJob);
-  EXPECT_TRUE(c.ok()) << c.status();
-  return c.ok() ? *std::move(c) : nullptr;
+  return MakeCheckpointer(dir, overlap, dir / "shm");
 }
 
 // `full` with the optimizer's state as holes: meta tensors of its shapes.
