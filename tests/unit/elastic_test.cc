@@ -10,6 +10,7 @@
 
 #include "rank_threads.h"
 #include "worker/ddp/engine.h"
+#include "worker/elastic/state.h"
 
 namespace concord {
 namespace {
@@ -19,6 +20,46 @@ using Clock = std::chrono::steady_clock;
 
 double SecondsSince(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// See Note [Shards copied where they are]: each node's lowest rank writes
+// its snapshot; a rank on its writer's shared region copies its shard in
+// place, any other (another node, a region of its own) sends it as bytes.
+TEST(ShardPlacementTest, InPlaceOnTheWritersSharedRegionBytesElsewhere) {
+  // Ranks 0, 2, 3 on node a (rank 3 without an agent: a region of its
+  // own), ranks 1 and 4 on node b.
+  const std::vector<std::string> nodes = {"a", "b", "a", "a", "b"};
+  const std::vector<std::string> regions = {"/dev/shm/a", "/dev/shm/b",
+                                            "/dev/shm/a", "", "/dev/shm/b"};
+  const elastic::ShardPlacement p =
+      elastic::ShardPlacement::Over(nodes, regions);
+  EXPECT_EQ(p.writers, (std::vector<int>{0, 1}));
+  EXPECT_EQ(p.writer_of, (std::vector<int>{0, 1, 0, 0, 1}));
+  EXPECT_EQ(p.in_place, (std::vector<bool>{true, true, true, false, true}));
+  EXPECT_TRUE(p.AnyInPlace());
+  // Rank 2's shard: in place on node a, bytes to node b.
+  EXPECT_FALSE(p.AsBytes(0, 2));
+  EXPECT_TRUE(p.AsBytes(1, 2));
+  // Rank 3's: bytes to both writers; a writer never sends itself its own.
+  EXPECT_TRUE(p.AsBytes(0, 3));
+  EXPECT_TRUE(p.AsBytes(1, 3));
+  EXPECT_FALSE(p.AsBytes(0, 0));
+  EXPECT_TRUE(p.AsBytes(1, 0));
+  // A writer alone on its node, or regions of their own: nothing in place.
+  EXPECT_FALSE(
+      elastic::ShardPlacement::Over({"a", "b"}, {"/s", "/s"}).AnyInPlace());
+  EXPECT_FALSE(
+      elastic::ShardPlacement::Over({"a", "a"}, {"", ""}).AnyInPlace());
+  const elastic::ShardPlacement bytes =
+      elastic::ShardPlacement::Over(nodes, regions, /*as_bytes=*/true);
+  EXPECT_EQ(bytes.writers, p.writers);
+  EXPECT_FALSE(bytes.AnyInPlace());
+  EXPECT_TRUE(bytes.AsBytes(0, 2));
+  // A plain loop's checkpoint: everything to one root as bytes.
+  const elastic::ShardPlacement to = elastic::ShardPlacement::To(2, 3);
+  EXPECT_EQ(to.writers, (std::vector<int>{2}));
+  EXPECT_TRUE(to.AsBytes(2, 0));
+  EXPECT_FALSE(to.AsBytes(2, 2));
 }
 
 TEST(GlooAbortTest, AbortFailsTheWorkInFlightAtOnceAndLaterWorkToo) {

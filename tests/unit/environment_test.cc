@@ -393,6 +393,19 @@ TEST(EnvironmentTest, EveryVariableOfTheTableIsRead) {
              e.Set(kTestBusy, "0:10:2.5");  // another worker's
              EXPECT_EQ(train::FaultInjection::FromEnvironment().busy_step, -1);
            }},
+          // The elastic state's, read with env::GetInt; what it does is
+          // ShardPlacement::Over's `as_bytes` (ShardPlacementTest).
+          {kTestShardsAsBytes.name,
+           [](ScopedEnvironment& e) {
+             int64_t v = -1;
+             ASSERT_TRUE(env::GetInt(kTestShardsAsBytes, &v).ok());
+             EXPECT_EQ(v, 0);
+             e.Set(kTestShardsAsBytes, "1");
+             ASSERT_TRUE(env::GetInt(kTestShardsAsBytes, &v).ok());
+             EXPECT_EQ(v, 1);
+             e.Set(kTestShardsAsBytes, "2");
+             EXPECT_FALSE(env::GetInt(kTestShardsAsBytes, &v).ok());
+           }},
           {kTestMinStepMs.name,
            [](ScopedEnvironment& e) {
              e.Set(kTestMinStepMs, "9");

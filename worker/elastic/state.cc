@@ -573,6 +573,25 @@ absl::Status State::MakeCheckpointer() {
   return absl::OkStatus();
 }
 
+ShardPlacement ShardPlacement::Over(const std::vector<std::string>& nodes,
+                                    const std::vector<std::string>& regions,
+                                    bool as_bytes) {
+  ShardPlacement p;
+  std::unordered_map<std::string, int> writer_of_node;
+  for (size_t r = 0; r < nodes.size(); ++r) {
+    const auto [at, added] =
+        writer_of_node.emplace(nodes[r], static_cast<int>(r));
+    if (added) p.writers.push_back(static_cast<int>(r));
+    const int writer = at->second;
+    p.writer_of.push_back(writer);
+    // See Note [Shards copied where they are]: the node's region, mapped by
+    // this rank and its writer alike.
+    p.in_place.push_back(!as_bytes && !regions[r].empty() &&
+                         regions[r] == regions[static_cast<size_t>(writer)]);
+  }
+  return p;
+}
+
 absl::Status State::SyncCheckpoints(int* root) {
   const checkpoint::Config& config = session_->options().checkpoint;
   if (!config.enabled()) return absl::OkStatus();
@@ -595,23 +614,10 @@ absl::Status State::SyncCheckpoints(int* root) {
     nodes.push_back(s.substr(colon + 1, length));
     regions.push_back(s.substr(colon + 1 + length));
   }
-  placement_ = ShardPlacement{};
   // A benchmark's other side: every shard as bytes.
   int64_t as_bytes = 0;
   if (!env::GetInt(env::kTestShardsAsBytes, &as_bytes).ok()) as_bytes = 0;
-  std::unordered_map<std::string, int> writer_of_node;
-  for (size_t r = 0; r < nodes.size(); ++r) {
-    const auto [at, added] =
-        writer_of_node.emplace(nodes[r], static_cast<int>(r));
-    if (added) placement_.writers.push_back(static_cast<int>(r));
-    const int writer = at->second;
-    placement_.writer_of.push_back(writer);
-    // See Note [Shards copied where they are]: the node's region, mapped by
-    // this rank and its writer alike.
-    placement_.in_place.push_back(as_bytes == 0 && !regions[r].empty() &&
-                                  regions[r] ==
-                                      regions[static_cast<size_t>(writer)]);
-  }
+  placement_ = ShardPlacement::Over(nodes, regions, as_bytes == 1);
   const bool writes = placement_.writer_of[static_cast<size_t>(me)] == me;
   checkpointer_->SetRole(/*writes_memory=*/writes, /*persists=*/me == 0);
   region_prepared_ = false;

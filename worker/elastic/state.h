@@ -121,6 +121,13 @@ struct ShardPlacement {
             std::vector<int>(static_cast<size_t>(world), root),
             std::vector<bool>(static_cast<size_t>(world), false)};
   }
+  // Each rank's node and region path (empty: a worker's own memory) in
+  // rank order: each node's lowest rank writes its snapshot, and a rank
+  // whose region is its writer's copies its shard in place, unless
+  // `as_bytes` (CONCORD_TEST_SHARDS_AS_BYTES).
+  static ShardPlacement Over(const std::vector<std::string>& nodes,
+                             const std::vector<std::string>& regions,
+                             bool as_bytes = false);
   bool AnyInPlace() const {
     for (size_t r = 0; r < in_place.size(); ++r) {
       if (in_place[r] && writer_of[r] != static_cast<int>(r)) return true;
