@@ -645,6 +645,7 @@ std::map<int64_t, NamedTensors> ZeroRedundancyOptimizer::Impl::HeldState()
 
 void ZeroRedundancyOptimizer::Impl::BeginStep(int64_t step) {
   if (!elastic) return;
+  shard_.clear();  // the last checkpoint's, filled or not: never kept longer
   if (overlapped() && overlap.status != Overlap::Status::kInitialized &&
       OverlapBucketsFromDdp(step)) {
     // See Note [Elastic ZeRO overlapped with DDP]: the shards exist from
