@@ -992,12 +992,20 @@ ZeroRedundancyOptimizer::Impl::CheckpointOptimizer(
     for (const nlohmann::json& e : shapes) {
       // A hole (see Note [Holes] in worker/checkpoint/memory.h): its rank
       // copies it into the node's snapshot.
-      CONCORD_RETURN_IF_ERROR(add(
-          e.at(0).get<std::string>(),
-          at::empty(e.at(2).get<std::vector<int64_t>>(),
-                    at::TensorOptions()
-                        .dtype(static_cast<at::ScalarType>(e.at(1).get<int>()))
-                        .device(at::kMeta))));
+      std::string entry;
+      at::Tensor hole;
+      try {
+        entry = e.at(0).get<std::string>();
+        hole = at::empty(
+            e.at(2).get<std::vector<int64_t>>(),
+            at::TensorOptions()
+                .dtype(static_cast<at::ScalarType>(e.at(1).get<int>()))
+                .device(at::kMeta));
+      } catch (const std::exception& error) {
+        return absl::InternalError(absl::StrCat(
+            kName, ": a malformed shape of a shard's entry: ", error.what()));
+      }
+      CONCORD_RETURN_IF_ERROR(add(entry, std::move(hole)));
     }
   }
   // PyTorch's state_dict of the whole optimizer: the groups' options and
