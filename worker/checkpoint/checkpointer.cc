@@ -59,6 +59,7 @@ void Checkpointer::Save(const Content& content, bool wait,
   const bool holes = HasHoles(content);
   filled_.reset();
   awaiting_fill_ = false;
+  pending_ = PendingSnapshot{};  // a last one never filled
   if (config_.overlap && !wait && !overlap_off_ && !deferred.empty()) {
     // See Note [Overlapped snapshots].
     Staged staged = Stage(content, deferred);
@@ -170,6 +171,7 @@ void Checkpointer::Filled(const absl::Status& filled) {
   awaiting_fill_ = false;
   Finish(WriteResult::kWritten, pending_, {}, pending_counters_,
          pending_stall_);
+  pending_ = PendingSnapshot{};  // its tensors, not kept past the snapshot
 }
 
 void Checkpointer::WriteFilled(const Content& content) {
@@ -307,6 +309,7 @@ void Checkpointer::Fence() {
   }
   awaiting_fill_ = false;
   Finish(copied_, pending_, live, pending_counters_, stall);
+  pending_ = PendingSnapshot{};  // its tensors, not kept past the snapshot
 }
 
 void Checkpointer::Finish(const absl::StatusOr<WriteResult>& copied,
