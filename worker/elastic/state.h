@@ -114,8 +114,7 @@ struct ShardPlacement {
     return writer != rank && !(in_place[static_cast<size_t>(rank)] &&
                                writer_of[static_cast<size_t>(rank)] == writer);
   }
-  // Everything to `root` as bytes (a plain loop's checkpoint, a writer
-  // whose memory stage failed).
+  // Everything to `root` as bytes (a plain loop's checkpoint).
   static ShardPlacement To(int root, int world) {
     return {{root},
             std::vector<int>(static_cast<size_t>(world), root),
