@@ -8,6 +8,7 @@ loss; a separate coordinator and its `concordctl checkpoints`."""
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -199,6 +200,36 @@ class Context(object):
         self.bins, self.checks, self.tmp, self.bin_dir = bins, checks, tmp, bin_dir
         self.fx = te.Fixture(tmp, N_SAMPLES)
         self.ref = None
+
+
+def memory_resume(ctx, name, ref, ref_job="ref", **kw):
+    """Only the workers SIGKILLed: they resume from the node's memory
+    snapshot, bit-identical to `ref`'s run."""
+    checks = ctx.checks
+    job, ck = name, os.path.join(ctx.tmp, "ck-" + name)
+    rd, p = launch(ctx, name, job, ck, extra=["--max-restarts", "1", "--min-workers", "1"],
+                   env=SLOW, **kw)
+    if not wait_for_checkpoint(checks, name, p, ck, job, 60):
+        return
+    trainers = processes.children(p.pid)
+    for pid in trainers:
+        os.kill(pid, signal.SIGKILL)
+    checks.check(len(trainers) == 3, name + ": all 3 workers SIGKILLed, the agent lives",
+                 "children: %s" % trainers)
+    rc = p.wait(RUN_TIMEOUT)
+    checks.check(rc == 0, name + ": concord-run restarts them and exits 0", p.describe())
+    step = resumed_step(p.stderr(), "memory")
+    checks.check(step is not None and step >= 60,
+                 name + ": the restarted workers resumed from the node's memory (step %s)" % step,
+                 p.stderr()[-3000:])
+    # See Note [Resume source]: the agent reported its memory snapshots; the
+    # coordinator named the one they took.
+    checks.check(re.search(r"resuming from step %s of the checkpoint in memory \([^\n]*\), as "
+                           r"the coordinator named" % step, p.stderr()) is not None,
+                 name + ": it is the memory snapshot the coordinator named", p.stderr()[-3000:])
+    check_history(checks, name, [rd], 3)
+    compare_final(checks, name, rd, ck, job, ref, ref_job=ref_job)
+    return p
 
 
 def run_selected(args, cases, prefix):
