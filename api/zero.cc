@@ -76,11 +76,31 @@ namespace optim = torch::optim;
 // over N ranks: the live state of its shard and its mirrored one (2 S/N) and
 // their copies at the step's start (2 (S + P)/N).
 
+// Note [ZeRO on the timeline]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// With a trace file (JobOptions::trace_file, concord-run --trace) a step's
+// parts that a sharded optimizer adds to DDP's are spans of the training
+// track, so that where its time goes is read off the timeline rather than
+// guessed: "zero copy" (BeginStep's copies of the shards this rank holds,
+// under run_elastic), "zero update" (the wrapped optimizer's step over this
+// rank's shard), "zero mirror" (its step over the shards this rank mirrors)
+// and "zero broadcast" (the parameters from the ranks that stepped them, to
+// the last one's arrival). With overlap_with_ddp they lie inside backward:
+// the updates where the hook makes them (at the last bucket, or bucket by
+// bucket for the interleaved hook), and "zero broadcast" is the wait for
+// the broadcasts issued before it (each bucket's after its update in
+// PyTorch's order; all after every update under run_elastic, see Note
+// [Elastic ZeRO overlapped with DDP] in api/zero_overlap.cc).
+
 namespace {
 
 using zero_api::CopyOptions;
 using zero_api::Fail;
+using zero_api::kBroadcastSpan;
+using zero_api::kCopySpan;
+using zero_api::kMirrorSpan;
 using zero_api::kName;
+using zero_api::kUpdateSpan;
 
 // Throws Error kFailedPrecondition, "<what> an optimizer with a PyTorch
 // state_dict form ...", for a wrapped optimizer that has none.
@@ -285,16 +305,24 @@ torch::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
          "step() ran twice in one step of run_elastic: commit in between");
   }
   CopyOptions(param_groups(), z.local->param_groups());
-  torch::Tensor loss = z.local->step(std::move(closure));
+  torch::Tensor loss;
+  {
+    auto span = z.Traced(kUpdateSpan);
+    loss = z.local->step(std::move(closure));
+  }
   CopyOptions(z.local->param_groups(), param_groups());
   if (z.mirror != nullptr) {
     // See Note [ZeRO mirrors]: the mirrored shards, with the same gradients.
+    auto span = z.Traced(kMirrorSpan);
     CopyOptions(param_groups(), z.mirror->param_groups());
     z.mirror->step();
   }
   z.stepped = true;
   z.ReachedFault();
-  z.SyncParams(param_groups());
+  {
+    auto span = z.Traced(kBroadcastSpan);
+    z.SyncParams(param_groups());
+  }
   return loss;
 }
 
@@ -654,9 +682,17 @@ void ZeroRedundancyOptimizer::Impl::BeginStep(int64_t step) {
   }
   base = step;
   stepped = false;
+  // The copies are the step's that starts, not the committed one's the
+  // timeline is at until its first forward.
+  const std::shared_ptr<trace::Recorder>& trace = job.state()->trace();
+  const int64_t start = trace != nullptr ? trace::NowMicros() : 0;
   own_copy.Take(*local);
   if (mirror != nullptr) mirror_copy.Take(*mirror);
   copied = true;
+  if (trace != nullptr) {
+    trace->Complete(kCopySpan, trace::Recorder::kTrainThread, start,
+                    trace::NowMicros(), {{"step", step + 1}});
+  }
 }
 
 absl::Status ZeroRedundancyOptimizer::Impl::SyncState(

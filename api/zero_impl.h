@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -18,6 +19,7 @@
 #include "worker/checkpoint/optimizer_snapshot.h"
 #include "worker/comm/communicator.h"
 #include "worker/elastic/state.h"
+#include "worker/trace/recorder.h"
 #include "worker/zero/partition.h"
 
 namespace concord {
@@ -30,6 +32,12 @@ inline constexpr const char* kName = "ZeroRedundancyOptimizer";
 [[noreturn]] inline void Fail(ErrorCode code, const std::string& message) {
   throw Error(code, absl::StrCat(kName, ": ", message));
 }
+// The parts of a step on the job's timeline (see Note [ZeRO on the
+// timeline] in api/zero.cc).
+inline constexpr const char* kCopySpan = "zero copy";
+inline constexpr const char* kUpdateSpan = "zero update";
+inline constexpr const char* kMirrorSpan = "zero mirror";
+inline constexpr const char* kBroadcastSpan = "zero broadcast";
 // Every group's options from `from` to `to` (the same number of groups).
 inline void CopyOptions(const std::vector<optim::OptimizerParamGroup>& from,
                         std::vector<optim::OptimizerParamGroup>& to) {
@@ -124,6 +132,12 @@ struct ZeroRedundancyOptimizer::Impl final : elastic::Participant {
   // this rank's shard of the last CheckpointOptimizer, for FillShard.
   std::map<int64_t, NamedTensors> shard_;
   std::unique_ptr<optim::Optimizer> MakeWhole();
+
+  // Times a part of the step on the job's timeline (see Note [ZeRO on the
+  // timeline] in api/zero.cc); nothing without a trace file.
+  trace::Recorder::Span Traced(std::string_view part) const {
+    return trace::Recorder::Span(job.state()->trace(), part);
+  }
 
   int rank() const { return comm->rank(); }
   int world() const { return comm->size(); }

@@ -236,6 +236,8 @@ void ZeroRedundancyOptimizer::Impl::OverlapStep(
   }
   for (optim::Optimizer* opt : {local.get(), mirror.get()}) {
     if (opt == nullptr) continue;
+    auto span = Traced(opt == local.get() ? zero_api::kUpdateSpan
+                                          : zero_api::kMirrorSpan);
     zero_api::CopyOptions(groups(), opt->param_groups());
     opt->step();
   }
@@ -259,6 +261,7 @@ void ZeroRedundancyOptimizer::Impl::OverlapBroadcast(size_t b) {
 }
 
 void ZeroRedundancyOptimizer::Impl::OverlapFinish() {
+  auto span = Traced(zero_api::kBroadcastSpan);
   Overlap& o = overlap;
   std::vector<std::shared_ptr<comm::Work>> works = std::move(o.broadcasts);
   o.broadcasts.clear();

@@ -411,6 +411,50 @@ def case_hook(checks, job):
                  "; ".join(problems[:6]))
 
 
+ZERO_SPANS = ("zero copy", "zero update", "zero mirror", "zero broadcast")
+
+
+def case_zero(checks, job):
+    """A sharded optimizer's parts of a step are on the timeline (see Note
+    [ZeRO on the timeline] in api/zero.cc), plain and overlapped with DDP:
+    in a world of 2 each rank steps its shard and mirrors the other's."""
+    for kind, extra in (("plain", []),
+                        ("overlapped", ["--zero-overlap", "step", "--bucket-cap-mb", "0.0005"])):
+        name = "zero " + kind
+        trace = os.path.join(job.tmp, "zero-%s.json" % kind)
+        r = processes.run_command(job.cmd(run_extra=["--trace", trace],
+                                         train_extra=["--optimizer", "adam", "--zero"] + extra),
+                                 timeout=RUN_TIMEOUT)
+        if not checks.check(r.returncode == 0 and os.path.exists(trace),
+                            name + ": a 2-worker --zero job with --trace succeeds", r.describe()):
+            continue
+        spans = check_trace_basics(checks, name, load_trace(trace))
+        by = steps_by_rank(spans)
+        done = DONE.search(r.stdout)
+        steps = int(done.group(1)) if done else 0
+        # The overlap updates nothing in its first two steps (PyTorch's warm-up).
+        first = 3 if extra else 1
+        problems = []
+        for pid in (0, 1):
+            for step in range(first, steps + 1):
+                got = by.get(pid, {}).get(step, {})
+                within = got.get("backward" if extra else "step", [None])[0]
+                for want in ZERO_SPANS:
+                    found = got.get(want, [])
+                    if len(found) != 1:
+                        problems.append("rank %d step %d: %d %s" % (pid, step, len(found), want))
+                    elif want != "zero copy" and within and not (
+                            within["ts"] <= found[0]["ts"] and found[0]["ts"] + found[0]["dur"]
+                            <= within["ts"] + within["dur"]):
+                        problems.append("rank %d step %d: %s outside %s" % (
+                            pid, step, want, within["name"]))
+        checks.check(steps > first and not problems,
+                     name + ": each of steps %d..%d on both ranks has one %s span (the updates "
+                     "and broadcast in its %s)" % (first, steps, ", ".join(ZERO_SPANS),
+                                                   "backward" if extra else "step"),
+                     "; ".join(problems[:8]))
+
+
 def case_kill(checks, job):
     trace = os.path.join(job.tmp, "killed.json")
     env = {"CONCORD_TEST_KILL": "1:%d:backward" % KILL_STEP}
@@ -506,7 +550,7 @@ def case_errors(checks, job):
 
 
 CASES = {"progress": case_progress, "tty": case_tty, "trace": case_trace, "hook": case_hook,
-         "kill": case_kill, "errors": case_errors}
+         "kill": case_kill, "errors": case_errors, "zero": case_zero}
 
 
 def main():
@@ -519,7 +563,7 @@ def main():
     tmp = tempfile.mkdtemp(prefix="concord-watch-")
     try:
         job = Job(args, tmp)
-        for name in args.case or ["errors", "progress", "tty", "trace", "hook", "kill"]:
+        for name in args.case or ["errors", "progress", "tty", "trace", "hook", "zero", "kill"]:
             CASES[name](checks, job)
     finally:
         if args.keep:
