@@ -46,9 +46,13 @@ namespace optim = torch::optim;
 //   worker/zero/partition.h): each rank also steps the shards it mirrors,
 //   with the same gradients, so a shard lives on two ranks, on two nodes
 //   where the job has two.
-// - A step is transactional. At its start (BeginStep) each rank copies its
-//   own and its mirrored shards (parameters and state; no allocation after
-//   the first step). If the step fails, the re-form decides where the job
+// - A step is transactional. Each rank keeps its own and its mirrored
+//   shards as they were at the step's start: as it updates them it copies
+//   their parameters, and the update keeps the state from before (see Note
+//   [Steps that keep their start] in worker/checkpoint/optimizer_snapshot.h:
+//   Adam's and AdamW's moments are written into a second buffer rather than
+//   copied, other optimizers' state is copied first; no allocation after
+//   the first steps). If the step fails, the re-form decides where the job
 //   goes on from: a survivor's commit of the step (the job's step is then
 //   the step just taken: every rank had finished its local update before
 //   any could finish the step, since that needs every rank's broadcast) or
@@ -74,16 +78,18 @@ namespace optim = torch::optim;
 //   only the writers ever hold the rest.
 // Memory per rank, over the unsharded optimizer state S and parameters P
 // over N ranks: the live state of its shard and its mirrored one (2 S/N) and
-// their copies at the step's start (2 (S + P)/N).
+// both as they were at the step's start (2 (S + P)/N).
 
 // Note [ZeRO on the timeline]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // With a trace file (JobOptions::trace_file, concord-run --trace) a step's
 // parts that a sharded optimizer adds to DDP's are spans of the training
 // track, so that where its time goes is read off the timeline rather than
-// guessed: "zero copy" (BeginStep's copies of the shards this rank holds,
-// under run_elastic), "zero update" (the wrapped optimizer's step over this
-// rank's shard), "zero mirror" (its step over the shards this rank mirrors)
+// guessed: "zero copy" (under run_elastic, the copies of the parameters of
+// the shards this rank holds, before their update), "zero update" (the
+// wrapped optimizer's step over this rank's shard, with what it keeps of
+// the state, see Note [Elastic ZeRO]), "zero mirror" (the same over the
+// shards this rank mirrors)
 // and "zero broadcast" (the parameters from the ranks that stepped them, to
 // the last one's arrival). With overlap_with_ddp they lie inside backward:
 // the updates where the hook makes them (at the last bucket, or bucket by
@@ -305,17 +311,13 @@ torch::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
          "step() ran twice in one step of run_elastic: commit in between");
   }
   CopyOptions(param_groups(), z.local->param_groups());
-  torch::Tensor loss;
-  {
-    auto span = z.Traced(kUpdateSpan);
-    loss = z.local->step(std::move(closure));
-  }
+  z.TakeParams();
+  torch::Tensor loss = z.Update(*z.local, std::move(closure));
   CopyOptions(z.local->param_groups(), param_groups());
   if (z.mirror != nullptr) {
     // See Note [ZeRO mirrors]: the mirrored shards, with the same gradients.
-    auto span = z.Traced(kMirrorSpan);
     CopyOptions(param_groups(), z.mirror->param_groups());
-    z.mirror->step();
+    z.Update(*z.mirror);
   }
   z.stepped = true;
   z.ReachedFault();
@@ -682,17 +684,28 @@ void ZeroRedundancyOptimizer::Impl::BeginStep(int64_t step) {
   }
   base = step;
   stepped = false;
-  // The copies are the step's that starts, not the committed one's the
-  // timeline is at until its first forward.
-  const std::shared_ptr<trace::Recorder>& trace = job.state()->trace();
-  const int64_t start = trace != nullptr ? trace::NowMicros() : 0;
-  own_copy.Take(*local);
-  if (mirror != nullptr) mirror_copy.Take(*mirror);
+  copied = false;  // until the update (TakeParams, Update)
+}
+
+void ZeroRedundancyOptimizer::Impl::TakeParams() {
+  if (!elastic) return;
+  auto span = Traced(kCopySpan);
+  own_copy.TakeParams(*local);
+  if (mirror != nullptr) mirror_copy.TakeParams(*mirror);
+}
+
+torch::Tensor ZeroRedundancyOptimizer::Impl::Update(
+    optim::Optimizer& o, optim::Optimizer::LossClosure closure) {
+  const bool own = &o == local.get();
+  auto span = Traced(own ? kUpdateSpan : kMirrorSpan);
+  if (!elastic) return o.step(std::move(closure));
+  // See Note [Steps that keep their start] in
+  // worker/checkpoint/optimizer_snapshot.h: the state from before the
+  // step is kept while the step runs.
+  torch::Tensor loss =
+      (own ? own_copy : mirror_copy).StepTaking(o, std::move(closure));
   copied = true;
-  if (trace != nullptr) {
-    trace->Complete(kCopySpan, trace::Recorder::kTrainThread, start,
-                    trace::NowMicros(), {{"step", step + 1}});
-  }
+  return loss;
 }
 
 absl::Status ZeroRedundancyOptimizer::Impl::SyncState(
@@ -1143,23 +1156,19 @@ const optim::Optimizer& ZeroRedundancyOptimizer::local_optimizer() const {
 int64_t ZeroRedundancyOptimizer::state_bytes() const {
   const Impl& z = *impl_;
   int64_t bytes = 0;
-  auto add = [&bytes, &z](const optim::Optimizer* o) {
+  auto add = [&bytes](const optim::Optimizer* o) {
     if (o == nullptr) return;
-    const int copies = z.copied ? 2 : 1;
     for (const auto& [index, tensors] :
          checkpoint::CaptureOptimizer(kName, *o).state) {
       for (const auto& [key, t] : tensors) {
-        if (key != "step") bytes += copies * int64_t(t.nbytes());
+        if (key != "step") bytes += int64_t(t.nbytes());
       }
-    }
-    if (!z.copied) return;
-    for (const auto& g : o->param_groups()) {
-      for (const auto& p : g.params()) bytes += int64_t(p.nbytes());
     }
   };
   add(z.local.get());
   add(z.mirror.get());
-  return bytes;
+  // Under run_elastic, the shards as they were at the step's start.
+  return bytes + z.own_copy.bytes() + z.mirror_copy.bytes();
 }
 
 std::vector<int> ZeroRedundancyOptimizer::owners() const {

@@ -74,7 +74,8 @@ struct ZeroRedundancyOptimizer::Impl final : elastic::Participant {
   std::vector<int> mirror_of;
   std::unique_ptr<optim::Optimizer> mirror;
   // The committed step the step being taken started from, whether the
-  // local update ran, and the copies of the shards at its start.
+  // local update ran, and the shards as they were at its start (`copied`:
+  // kept by this step's update).
   int64_t base = 0;
   bool stepped = false;
   bool copied = false;
@@ -126,6 +127,13 @@ struct ZeroRedundancyOptimizer::Impl final : elastic::Participant {
   absl::Status ResumeOptimizer(
       const checkpoint::OptimizerContent& saved) override;
   void BeginStep(int64_t step) override;
+  // A step's update of this rank's shards (see Note [Elastic ZeRO]): under
+  // run_elastic TakeParams copies the parameters of the shards it holds,
+  // then Update steps `o` (`local` or `mirror`) keeping the state from
+  // before (`own_copy`, `mirror_copy`); elsewhere Update is o.step().
+  void TakeParams();
+  torch::Tensor Update(optim::Optimizer& o,
+                       optim::Optimizer::LossClosure closure = nullptr);
   // An unsharded optimizer of the wrapped kind over every parameter, with
   // the groups' options and no state.
   // See Note [Shards copied where they are] in worker/elastic/state.h:

@@ -234,12 +234,11 @@ void ZeroRedundancyOptimizer::Impl::OverlapStep(
       }
     }
   }
+  TakeParams();
   for (optim::Optimizer* opt : {local.get(), mirror.get()}) {
     if (opt == nullptr) continue;
-    auto span = Traced(opt == local.get() ? zero_api::kUpdateSpan
-                                          : zero_api::kMirrorSpan);
     zero_api::CopyOptions(groups(), opt->param_groups());
-    opt->step();
+    Update(*opt);
   }
   zero_api::CopyOptions(local->param_groups(), groups());
   for (size_t k = 0; k < stepped_params.size(); ++k) {

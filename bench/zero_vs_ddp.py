@@ -62,6 +62,7 @@ import datetime
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -80,12 +81,14 @@ import fixtures  # noqa: E402
 KIND = "mlp-large"
 WARMUP = 2  # steps left out of the mean, as concord-train does
 MIB = 1024.0 * 1024.0
+PARTS = ("backward", "optimizer", "zero copy", "zero update", "zero mirror", "zero broadcast")
 
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--bin-dir", required=True)
-    p.add_argument("--world-size", type=int, default=3)
+    p.add_argument("--world-size", default="3",
+                   help="world sizes, comma-separated (e.g. 3,6): a table for each")
     p.add_argument("--steps", type=int, default=40, help="optimizer steps per run")
     p.add_argument("--batch-size", type=int, default=32, help="samples per rank and step")
     p.add_argument("--lr", type=float, default=1e-3)
@@ -104,8 +107,10 @@ def run_concord(args, tmp, model, data, name, flags):
     out = os.path.join(tmp, name.replace(" ", "-").replace("+", "-"))
     os.makedirs(out, exist_ok=True)
     metrics = os.path.join(out, "metrics.json")
+    trace = os.path.join(out, "trace.json")
     cmd = [os.path.join(args.bin_dir, "concord-run"), "--standalone",
-           "--nproc", str(args.world_size), "--job-id", "bench-" + os.path.basename(out), "--",
+           "--nproc", str(args.world_size), "--job-id", "bench-" + os.path.basename(out),
+           "--trace", trace, "--",
            os.path.join(args.bin_dir, "concord-train"), "--model", model, "--data", data,
            "--loss", fixtures.default_loss(KIND), "--optimizer", "adam", "--lr", str(args.lr),
            "--batch-size", str(args.batch_size), "--epochs", "1", "--seed", str(args.seed),
@@ -134,7 +139,25 @@ def run_concord(args, tmp, model, data, name, flags):
     return {"name": name, "steps": m["optimizer_steps"], "step_ms": m["step_time_ms_mean"],
             "median_ms": m["step_time_ms_median"],
             "state_bytes": m["optimizer_state_bytes"], "rank0_rss": m["peak_rss_bytes"],
-            "max_rss": usage.ru_maxrss * 1024, "per_rank_state": None}
+            "max_rss": usage.ru_maxrss * 1024, "per_rank_state": None,
+            "parts": step_parts(trace)}
+
+
+def step_parts(path):
+    """The mean ms per step of the parts the timeline names (see Note [ZeRO
+    on the timeline] in api/zero.cc; DDP's optimizer step, and its backward,
+    which holds the overlapped updates), over every rank's steps after the
+    first WARMUP."""
+    with open(path) as f:
+        events = json.load(f)
+    total = {name: 0.0 for name in PARTS}
+    for e in events:
+        if e.get("ph") == "X" and e.get("tid") == 0 and e["name"] in total and \
+                e.get("args", {}).get("step", 0) > WARMUP:
+            total[e["name"]] += e["dur"] / 1e3
+    steps = sum(1 for e in events if e.get("ph") == "X" and e.get("tid") == 0 and
+                e["name"] == "step" and e.get("args", {}).get("step", 0) > WARMUP)
+    return {name: t / max(1, steps) for name, t in total.items()}
 
 
 # --- PyTorch --------------------------------------------------------------------
@@ -261,6 +284,19 @@ def main():
     args = parse_args()
     torch.set_num_threads(1)
     os.environ["OMP_NUM_THREADS"] = "1"
+    try:
+        sizes = [int(w) for w in args.world_size.split(",")]
+    except ValueError:
+        sys.exit("--world-size: comma-separated integers, not %r" % args.world_size)
+    if not sizes or min(sizes) < 2:
+        sys.exit("--world-size: each at least 2, not %r" % args.world_size)
+    for i, world in enumerate(sizes):
+        if i:
+            print()
+        bench_world(argparse.Namespace(**dict(vars(args), world_size=world)))
+
+
+def bench_world(args):
     tmp = tempfile.mkdtemp(prefix="concord-bench-zero-")
     samples = args.steps * args.world_size * args.batch_size
     model, data = fixtures.make_fixture(os.path.join(tmp, "task"), KIND, samples, args.seed)
@@ -326,6 +362,16 @@ def main():
     print("  even split: 2 S/W + 2 (S + P)/W = %.2f MiB = %.2fx S/W; concord zero's rank 0 "
           "measured %.2f MiB = %.3fx its expectation (goal <= 1.1x)" % (
               even / MIB, even / (S / W), measured / MIB, measured / expected[0]))
+    print("Where Concord's steps go (ms per step, the mean over every rank's steps after the "
+          "first %d, from --trace; the overlapped run's updates and broadcast lie inside its "
+          "backward):" % WARMUP)
+    print("  %-19s %s" % ("run", " ".join("%14s" % p for p in PARTS)))
+    for r in rows[:4]:
+        print("  %-19s %s" % (r["name"], " ".join("%14.2f" % r["parts"][p] for p in PARTS)))
+    ratio = rows[3]["step_ms"] / rows[0]["step_ms"]
+    print("Step-time goal (issue 48): concord zero+ovl at %.2fx concord ddp's mean step at W = %d "
+          "(goal <= 1.00x): %s" % (ratio, W, "met" if ratio <= 1.0 else "not met"))
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -177,7 +177,7 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer {
   // (the indices of PyTorch's state_dict).
   std::vector<int> owners() const;
   // Bytes of optimizer state this rank keeps: its shard's and, under
-  // run_elastic, the shards it mirrors and the copies of both taken at each
+  // run_elastic, the shards it mirrors and both as they were at the last
   // step's start, their parameters included (see Note [Elastic ZeRO] in
   // api/zero.cc).
   int64_t state_bytes() const;

@@ -1,7 +1,15 @@
 #include "worker/checkpoint/optimizer_snapshot.h"
 
+#include <ATen/ScalarOps.h>
+
+#include <cmath>
 #include <sstream>
+#include <tuple>
 #include <typeinfo>
+#include <unordered_map>
+#include <utility>
+
+#include "worker/torch_compat.h"
 
 namespace concord::checkpoint {
 namespace {
@@ -146,6 +154,11 @@ std::string OptimizerSnapshot::Signature(
 }
 
 void OptimizerSnapshot::Take(torch::optim::Optimizer& optimizer) {
+  TakeParams(optimizer);
+  TakeState(optimizer);
+}
+
+void OptimizerSnapshot::TakeParams(torch::optim::Optimizer& optimizer) {
   torch::NoGradGuard no_grad;
   size_t i = 0;
   for (const auto& group : optimizer.param_groups()) {
@@ -159,6 +172,10 @@ void OptimizerSnapshot::Take(torch::optim::Optimizer& optimizer) {
   for (const auto& group : optimizer.param_groups()) {
     options_.push_back(group.has_options() ? group.options().clone() : nullptr);
   }
+}
+
+void OptimizerSnapshot::TakeState(torch::optim::Optimizer& optimizer) {
+  torch::NoGradGuard no_grad;
   serialized_ = !AllKnown(optimizer);
   if (serialized_) {
     state_.clear();
@@ -177,6 +194,201 @@ void OptimizerSnapshot::Take(torch::optim::Optimizer& optimizer) {
   for (const auto& [key, state] : optimizer.state()) {
     CopyInto(*state, state_[key]);
   }
+}
+
+bool OptimizerSnapshot::Folds(const torch::optim::Optimizer& optimizer) {
+  namespace optim = torch::optim;
+  const bool adam = typeid(optimizer) == typeid(optim::Adam);
+  if (!adam && typeid(optimizer) != typeid(optim::AdamW)) return false;
+  for (const auto& group : optimizer.param_groups()) {
+    const bool amsgrad =
+        adam ? static_cast<const optim::AdamOptions&>(group.options()).amsgrad()
+             : static_cast<const optim::AdamWOptions&>(group.options())
+                   .amsgrad();
+    for (const torch::Tensor& p : group.params()) {
+      if (!p.grad().defined()) continue;
+      if (p.grad().is_sparse()) return false;
+      auto it = optimizer.state().find(compat::OptimizerStateKey(p));
+      if (it == optimizer.state().end()) return false;  // made by this step
+      const OptimizerParamState& state = *it->second;
+      // A moment undefined where the step reads it: LibTorch's own step
+      // decides what happens.
+      if (adam) {
+        const auto* a = dynamic_cast<const optim::AdamParamState*>(&state);
+        if (a == nullptr || !a->exp_avg().defined() ||
+            !a->exp_avg_sq().defined() ||
+            (amsgrad && !a->max_exp_avg_sq().defined())) {
+          return false;
+        }
+      } else {
+        const auto* a = dynamic_cast<const optim::AdamWParamState*>(&state);
+        if (a == nullptr || !a->exp_avg().defined() ||
+            !a->exp_avg_sq().defined() ||
+            (amsgrad && !a->max_exp_avg_sq().defined())) {
+          return false;
+        }
+      }
+    }
+  }
+  return true;
+}
+
+namespace {
+
+// `spare` made fit to be written with what `like` holds: kept when it has
+// its sizes, strides, type and device, else a new tensor like it.
+torch::Tensor& Fit(torch::Tensor& spare, const torch::Tensor& like) {
+  if (!spare.defined() || spare.is_same(like) ||
+      spare.sizes() != like.sizes() || spare.strides() != like.strides() ||
+      spare.dtype() != like.dtype() || spare.device() != like.device()) {
+    spare = at::empty_like(like, at::MemoryFormat::Preserve);
+  }
+  return spare;
+}
+
+// See Note [Steps that keep their start]: LibTorch's Adam::step (`decoupled`:
+// AdamW::step) for one parameter, its state read from `was` and written
+// into `next`'s tensors.
+template <typename State, typename Options>
+void FoldedAdam(torch::Tensor& p, const Options& options, const State& was,
+                State& next, bool decoupled) {
+  auto grad = p.grad();
+  if (decoupled && options.weight_decay() != 0) {
+    p.mul_(1 - options.lr() * options.weight_decay());
+  }
+  next.step(was.step() + 1);
+  const auto beta1 = std::get<0>(options.betas());
+  const auto beta2 = std::get<1>(options.betas());
+  const auto bias_correction1 = 1 - std::pow(beta1, next.step());
+  const auto bias_correction2 = 1 - std::pow(beta2, next.step());
+  if (!decoupled && options.weight_decay() != 0) {
+    grad = grad.add(p, options.weight_decay());
+  }
+  // exp_avg.mul_(beta1) is at::mul_out(exp_avg, wrapped(beta1), exp_avg)
+  // (at::native::mul_ in ATen/native/BinaryOps.cpp).
+  torch::Tensor& exp_avg = Fit(next.exp_avg(), was.exp_avg());
+  at::mul_out(exp_avg, at::native::wrapped_scalar_tensor(beta1), was.exp_avg());
+  exp_avg.add_(grad, 1 - beta1);
+  torch::Tensor& exp_avg_sq = Fit(next.exp_avg_sq(), was.exp_avg_sq());
+  at::mul_out(exp_avg_sq, at::native::wrapped_scalar_tensor(beta2),
+              was.exp_avg_sq());
+  exp_avg_sq.addcmul_(grad, grad, 1 - beta2);
+  torch::Tensor denom;
+  if (options.amsgrad()) {
+    torch::Tensor& max_exp_avg_sq =
+        Fit(next.max_exp_avg_sq(), was.max_exp_avg_sq());
+    torch::max_out(max_exp_avg_sq, exp_avg_sq, was.max_exp_avg_sq());
+    denom = (max_exp_avg_sq.sqrt() / std::sqrt(bias_correction2))
+                .add_(options.eps());
+  } else {
+    // An unused moment goes on as it was (LibTorch leaves it alone).
+    next.max_exp_avg_sq(was.max_exp_avg_sq());
+    denom =
+        (exp_avg_sq.sqrt() / std::sqrt(bias_correction2)).add_(options.eps());
+  }
+  const auto step_size = options.lr() / bias_correction1;
+  p.addcdiv_(exp_avg, denom, -step_size);
+}
+
+using KeptState = std::unordered_map<
+    std::decay_t<
+        decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type,
+    std::unique_ptr<OptimizerParamState>>;
+
+template <typename State, typename Options>
+void FoldGroup(torch::optim::OptimizerParamGroup& group,
+               torch::optim::Optimizer& optimizer, KeptState& kept,
+               bool decoupled) {
+  const auto& options = static_cast<const Options&>(group.options());
+  for (torch::Tensor& p : group.params()) {
+    const auto key = compat::OptimizerStateKey(p);
+    auto found = optimizer.state().find(key);
+    if (found == optimizer.state().end()) {
+      kept.erase(key);  // no gradient (Folds): no state before or after
+      continue;
+    }
+    std::unique_ptr<OptimizerParamState>& live = found->second;
+    std::unique_ptr<OptimizerParamState>& spare = kept[key];
+    if (!p.grad().defined()) {
+      CopyInto(*live, spare);  // the step leaves it as it is
+      continue;
+    }
+    if (spare == nullptr || typeid(*spare) != typeid(*live)) {
+      spare = std::make_unique<State>();
+    }
+    FoldedAdam(p, options, static_cast<const State&>(*live),
+               static_cast<State&>(*spare), decoupled);
+    live.swap(spare);  // the optimizer's the new state, the snapshot the old
+  }
+}
+
+}  // namespace
+
+torch::Tensor OptimizerSnapshot::StepTaking(
+    torch::optim::Optimizer& optimizer,
+    torch::optim::Optimizer::LossClosure closure) {
+  namespace optim = torch::optim;
+  if (!Folds(optimizer)) {
+    TakeState(optimizer);
+    return optimizer.step(std::move(closure));
+  }
+  // As LibTorch's step: the closure first, with gradients on.
+  torch::NoGradGuard no_grad;
+  torch::Tensor loss;
+  if (closure != nullptr) {
+    at::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+  serialized_ = false;
+  archive_.clear();
+  for (auto it = state_.begin(); it != state_.end();) {
+    it = optimizer.state().count(it->first) ? std::next(it) : state_.erase(it);
+  }
+  const bool adam = typeid(optimizer) == typeid(optim::Adam);
+  for (auto& group : optimizer.param_groups()) {
+    if (adam) {
+      FoldGroup<optim::AdamParamState, optim::AdamOptions>(group, optimizer,
+                                                           state_, false);
+    } else {
+      FoldGroup<optim::AdamWParamState, optim::AdamWOptions>(group, optimizer,
+                                                             state_, true);
+    }
+  }
+  return loss;
+}
+
+int64_t OptimizerSnapshot::bytes() const {
+  int64_t out = int64_t(archive_.size());
+  auto add = [&out](const torch::Tensor& t) {
+    if (t.defined()) out += int64_t(t.nbytes());
+  };
+  for (const torch::Tensor& p : params_) add(p);
+  namespace optim = torch::optim;
+  for (const auto& [key, state] : state_) {
+    if (const auto* s =
+            dynamic_cast<const optim::AdamParamState*>(state.get())) {
+      add(s->exp_avg());
+      add(s->exp_avg_sq());
+      add(s->max_exp_avg_sq());
+    } else if (const auto* s =
+                   dynamic_cast<const optim::AdamWParamState*>(state.get())) {
+      add(s->exp_avg());
+      add(s->exp_avg_sq());
+      add(s->max_exp_avg_sq());
+    } else if (const auto* s =
+                   dynamic_cast<const optim::SGDParamState*>(state.get())) {
+      add(s->momentum_buffer());
+    } else if (const auto* s =
+                   dynamic_cast<const optim::RMSpropParamState*>(state.get())) {
+      add(s->square_avg());
+      add(s->momentum_buffer());
+      add(s->grad_avg());
+    } else if (const auto* s =
+                   dynamic_cast<const optim::AdagradParamState*>(state.get())) {
+      add(s->sum());
+    }
+  }
+  return out;
 }
 
 void OptimizerSnapshot::Restore(torch::optim::Optimizer& optimizer) const {
