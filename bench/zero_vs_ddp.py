@@ -7,7 +7,7 @@ Usage (Debian's python3, which has torch; build concord-train and
 concord-run first):
 
     /usr/bin/python3 bench/zero_vs_ddp.py --bin-dir build/bin
-    /usr/bin/python3 bench/zero_vs_ddp.py --bin-dir build/bin --world-size 4 --steps 60 \\
+    /usr/bin/python3 bench/zero_vs_ddp.py --bin-dir build/bin --world-size 3,4,6 --steps 30 \\
         --repeat 3
 
 What it does:
@@ -48,6 +48,15 @@ What it does:
      tensors, 'step' excluded) and that over unsharded state / W; peak RSS
      per rank (ru_maxrss; Concord: the largest of concord-run and its
      workers, from wait4 on concord-run; PyTorch: the largest rank's).
+  4. Where Concord's steps go: every Concord run is traced (concord-run
+     --trace), and the mean ms per step of backward, DDP's optimizer step
+     and the sharded optimizer's parts (see Note [ZeRO on the timeline] in
+     api/zero.cc: zero copy, zero update, zero mirror, zero broadcast) over
+     every rank's steps after the first 2; and whether the overlapped run
+     meets issue 48's goal (a mean step no longer than unsharded Concord
+     DDP's).
+  With several --world-size values, all of it again for each, one after
+  the other.
   Then the expectation for each rank (see Note [Elastic ZeRO] in api/zero.cc) of
   Concord's elastic ZeRO, from the partition (PyTorch's greedy one) and the
   mirrors (rank r mirrors rank r-1's shard on one host): its own and its
