@@ -48,17 +48,17 @@ std::vector<torch::Tensor> StateTensors(optim::Optimizer& o,
   for (const auto& p : ps) {
     auto it = o.state().find(compat::OptimizerStateKey(p));
     if (it == o.state().end()) continue;
+    const auto adam_like = [&out](const auto& a) {
+      out.push_back(torch::tensor(a.step()));
+      out.push_back(a.exp_avg());
+      out.push_back(a.exp_avg_sq());
+      if (a.max_exp_avg_sq().defined()) out.push_back(a.max_exp_avg_sq());
+    };
     if (auto* a = dynamic_cast<optim::AdamParamState*>(it->second.get())) {
-      out.push_back(torch::tensor(a->step()));
-      out.push_back(a->exp_avg());
-      out.push_back(a->exp_avg_sq());
-      if (a->max_exp_avg_sq().defined()) out.push_back(a->max_exp_avg_sq());
+      adam_like(*a);
     } else if (auto* w =
                    dynamic_cast<optim::AdamWParamState*>(it->second.get())) {
-      out.push_back(torch::tensor(w->step()));
-      out.push_back(w->exp_avg());
-      out.push_back(w->exp_avg_sq());
-      if (w->max_exp_avg_sq().defined()) out.push_back(w->max_exp_avg_sq());
+      adam_like(*w);
     } else if (auto* s =
                    dynamic_cast<optim::SGDParamState*>(it->second.get())) {
       out.push_back(s->momentum_buffer());

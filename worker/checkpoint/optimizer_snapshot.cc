@@ -80,6 +80,34 @@ void CopyInto(const OptimizerParamState& src,
   CopyState(src, *slot);
 }
 
+// Calls `f` on each tensor of a state of a type CopyState knows.
+template <typename F>
+void ForEachTensor(const OptimizerParamState& state, F&& f) {
+  namespace optim = torch::optim;
+  const auto adam_like = [&f](const auto& s) {
+    f(s.exp_avg());
+    f(s.exp_avg_sq());
+    f(s.max_exp_avg_sq());
+  };
+  if (const auto* s = dynamic_cast<const optim::AdamParamState*>(&state)) {
+    adam_like(*s);
+  } else if (const auto* w =
+                 dynamic_cast<const optim::AdamWParamState*>(&state)) {
+    adam_like(*w);
+  } else if (const auto* g =
+                 dynamic_cast<const optim::SGDParamState*>(&state)) {
+    f(g->momentum_buffer());
+  } else if (const auto* r =
+                 dynamic_cast<const optim::RMSpropParamState*>(&state)) {
+    f(r->square_avg());
+    f(r->momentum_buffer());
+    f(r->grad_avg());
+  } else if (const auto* a =
+                 dynamic_cast<const optim::AdagradParamState*>(&state)) {
+    f(a->sum());
+  }
+}
+
 bool Known(const OptimizerParamState& s) {
   namespace optim = torch::optim;
   return dynamic_cast<const optim::AdamParamState*>(&s) != nullptr ||
@@ -205,28 +233,22 @@ bool OptimizerSnapshot::Folds(const torch::optim::Optimizer& optimizer) {
         adam ? static_cast<const optim::AdamOptions&>(group.options()).amsgrad()
              : static_cast<const optim::AdamWOptions&>(group.options())
                    .amsgrad();
+    // A moment undefined where the step reads it: LibTorch's own step
+    // decides what happens.
+    const auto ready = [amsgrad](const auto* s) {
+      return s != nullptr && s->exp_avg().defined() &&
+             s->exp_avg_sq().defined() &&
+             (!amsgrad || s->max_exp_avg_sq().defined());
+    };
     for (const torch::Tensor& p : group.params()) {
       if (!p.grad().defined()) continue;
       if (p.grad().is_sparse()) return false;
       auto it = optimizer.state().find(compat::OptimizerStateKey(p));
       if (it == optimizer.state().end()) return false;  // made by this step
-      const OptimizerParamState& state = *it->second;
-      // A moment undefined where the step reads it: LibTorch's own step
-      // decides what happens.
-      if (adam) {
-        const auto* a = dynamic_cast<const optim::AdamParamState*>(&state);
-        if (a == nullptr || !a->exp_avg().defined() ||
-            !a->exp_avg_sq().defined() ||
-            (amsgrad && !a->max_exp_avg_sq().defined())) {
-          return false;
-        }
-      } else {
-        const auto* a = dynamic_cast<const optim::AdamWParamState*>(&state);
-        if (a == nullptr || !a->exp_avg().defined() ||
-            !a->exp_avg_sq().defined() ||
-            (amsgrad && !a->max_exp_avg_sq().defined())) {
-          return false;
-        }
+      const OptimizerParamState* state = it->second.get();
+      if (adam ? !ready(dynamic_cast<const optim::AdamParamState*>(state))
+               : !ready(dynamic_cast<const optim::AdamWParamState*>(state))) {
+        return false;
       }
     }
   }
@@ -363,31 +385,7 @@ int64_t OptimizerSnapshot::bytes() const {
     if (t.defined()) out += int64_t(t.nbytes());
   };
   for (const torch::Tensor& p : params_) add(p);
-  namespace optim = torch::optim;
-  for (const auto& [key, state] : state_) {
-    if (const auto* s =
-            dynamic_cast<const optim::AdamParamState*>(state.get())) {
-      add(s->exp_avg());
-      add(s->exp_avg_sq());
-      add(s->max_exp_avg_sq());
-    } else if (const auto* s =
-                   dynamic_cast<const optim::AdamWParamState*>(state.get())) {
-      add(s->exp_avg());
-      add(s->exp_avg_sq());
-      add(s->max_exp_avg_sq());
-    } else if (const auto* s =
-                   dynamic_cast<const optim::SGDParamState*>(state.get())) {
-      add(s->momentum_buffer());
-    } else if (const auto* s =
-                   dynamic_cast<const optim::RMSpropParamState*>(state.get())) {
-      add(s->square_avg());
-      add(s->momentum_buffer());
-      add(s->grad_avg());
-    } else if (const auto* s =
-                   dynamic_cast<const optim::AdagradParamState*>(state.get())) {
-      add(s->sum());
-    }
-  }
+  for (const auto& [key, state] : state_) ForEachTensor(*state, add);
   return out;
 }
 
