@@ -195,6 +195,34 @@ TEST_F(TraceTest, WorkTracerTimesAWorkFromWatchToCompletion) {
   EXPECT_EQ(reduced[1]["args"]["failed"], 1);
 }
 
+// A job whose steps are shorter than the tracer's first wake-up (a world of
+// one, a loaded machine) still has its collectives on the timeline: what
+// ended before the tracer stops is recorded, what is still pending is not,
+// and the stop does not wait for it.
+TEST_F(TraceTest, WorkTracerRecordsWhatEndedBeforeItStopped) {
+  const std::string path = Path("stopped.json");
+  {
+    auto r = Recorder::Create(path, "w");
+    ASSERT_TRUE(r.ok());
+    (*r)->SetGeneration(1, 0, 1);
+    WorkTracer tracer(*r);
+    for (int64_t b = 0; b < 3; ++b) {
+      auto done = std::make_shared<comm::PromiseWork>();
+      done->MarkDone(absl::OkStatus());
+      tracer.Watch(done, "ended", Recorder::BucketThread(size_t(b)),
+                   {{"bucket", b}});
+    }
+    tracer.Watch(std::make_shared<comm::PromiseWork>(), "pending", 9, {});
+    auto last = std::make_shared<comm::PromiseWork>();
+    last->MarkDone(absl::UnavailableError("peer gone"));
+    tracer.Watch(last, "ended", 8, {});
+  }  // at once: the tracer's thread may not have run yet
+  const auto events = nlohmann::json::parse(Read(path));
+  ASSERT_EQ(Named(events, "ended").size(), 4u);
+  EXPECT_EQ(Named(events, "ended")[3]["args"]["failed"], 1);
+  EXPECT_TRUE(Named(events, "pending").empty());
+}
+
 // The tracer waits for works in launch order: a work that ended while the
 // tracer still waited for an earlier one ends at its own completion, not
 // when the tracer got round to it (else the next step's collective on the

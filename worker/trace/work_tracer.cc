@@ -33,23 +33,29 @@ void WorkTracer::Watch(std::shared_ptr<comm::Work> work, std::string name,
 }
 
 void WorkTracer::Loop() {
+  bool stopping = false;
   for (;;) {
     Pending p;
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
-      if (stop_) return;
+      if (queue_.empty()) return;  // stopped, and every work seen to
+      stopping = stop_;
       p = std::move(queue_.front());
       queue_.pop_front();
     }
     // Bounded waits, so that a stop is noticed while a collective hangs.
+    // Once stopped, the works that have ended are still recorded (a short
+    // job may end before this thread first ran) and the others dropped.
     absl::Status s;
     for (;;) {
-      s = p.work->Wait(absl::Milliseconds(100));
-      if (s.code() != absl::StatusCode::kDeadlineExceeded) break;
+      s = p.work->Wait(stopping ? absl::ZeroDuration()
+                                : absl::Milliseconds(100));
+      if (s.code() != absl::StatusCode::kDeadlineExceeded || stopping) break;
       std::lock_guard<std::mutex> lock(mu_);
-      if (stop_) return;
+      stopping = stop_;
     }
+    if (s.code() == absl::StatusCode::kDeadlineExceeded) continue;
     if (!s.ok()) p.args.emplace_back("failed", 1);
     // The work's own end where it knows it: this thread may notice late
     // (a loaded machine), and the next step's collective on the same track

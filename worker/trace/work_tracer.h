@@ -24,7 +24,8 @@ namespace concord::trace {
 class WorkTracer {
  public:
   explicit WorkTracer(std::shared_ptr<Recorder> recorder);
-  // Stops waiting: works still pending are not recorded.
+  // Stops waiting: the works that have ended are recorded, those still
+  // pending are not.
   ~WorkTracer();
   WorkTracer(const WorkTracer&) = delete;
   WorkTracer& operator=(const WorkTracer&) = delete;
