@@ -89,9 +89,9 @@ namespace optim = torch::optim;
 // the shards this rank holds, before their update), "zero update" (the
 // wrapped optimizer's step over this rank's shard, with what it keeps of
 // the state, see Note [Elastic ZeRO]), "zero mirror" (the same over the
-// shards this rank mirrors)
-// and "zero broadcast" (the parameters from the ranks that stepped them, to
-// the last one's arrival). With overlap_with_ddp they lie inside backward:
+// shards this rank mirrors) and "zero broadcast" (the parameters from the
+// ranks that stepped them, to the last one's arrival). With
+// overlap_with_ddp they lie inside backward:
 // the updates where the hook makes them (at the last bucket, or bucket by
 // bucket for the interleaved hook), and "zero broadcast" is the wait for
 // the broadcasts issued before it (each bucket's after its update in

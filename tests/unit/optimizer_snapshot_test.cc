@@ -188,6 +188,37 @@ TEST(OptimizerSnapshotTest, StepTakingKeepsTheStateWithoutCopyingIt) {
   EXPECT_EQ(snapshot.bytes(), 3 * params);
 }
 
+TEST(OptimizerSnapshotTest, AStepWithAClosureIsLibTorchsOwn) {
+  // The closure gives parameter 3 its first gradient: the step must update
+  // it (and make its state) as LibTorch's does.
+  std::vector<torch::Tensor> a = Params(9), b = Params(9);
+  optim::Adam plain(a, optim::AdamOptions(0.01));
+  optim::Adam taking(b, optim::AdamOptions(0.01));
+  OptimizerSnapshot snapshot;
+  SetGrads(a, 1);  // parameter 3 without a gradient
+  SetGrads(b, 1);
+  plain.step();
+  snapshot.TakeParams(taking);
+  snapshot.StepTaking(taking);
+  auto closure = [](std::vector<torch::Tensor>& ps) {
+    return [&ps]() {
+      SetGrads(ps, 2);  // every parameter
+      return torch::ones({});
+    };
+  };
+  EXPECT_TRUE(OptimizerSnapshot::Folds(taking));
+  const auto before = Clones(b);
+  plain.step(closure(a));
+  snapshot.TakeParams(taking);
+  EXPECT_TRUE(
+      torch::equal(snapshot.StepTaking(taking, closure(b)), torch::ones({})));
+  ExpectEqual(b, a, "parameters");
+  ExpectEqual(StateTensors(taking, b), StateTensors(plain, a), "state");
+  snapshot.Restore(taking);
+  ExpectEqual(b, before, "parameters restored");
+  EXPECT_EQ(taking.state().size(), 3u);  // parameter 3's state dropped
+}
+
 TEST(OptimizerSnapshotTest, ASubclassOrAFirstStepIsNotFolded) {
   struct MyAdam : optim::Adam {
     using optim::Adam::Adam;

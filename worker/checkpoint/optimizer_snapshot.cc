@@ -350,17 +350,13 @@ torch::Tensor OptimizerSnapshot::StepTaking(
     torch::optim::Optimizer& optimizer,
     torch::optim::Optimizer::LossClosure closure) {
   namespace optim = torch::optim;
-  if (!Folds(optimizer)) {
+  // A closure may give parameters their first gradients, which Folds did
+  // not see: the optimizer's own step then.
+  if (closure != nullptr || !Folds(optimizer)) {
     TakeState(optimizer);
     return optimizer.step(std::move(closure));
   }
-  // As LibTorch's step: the closure first, with gradients on.
   torch::NoGradGuard no_grad;
-  torch::Tensor loss;
-  if (closure != nullptr) {
-    at::AutoGradMode enable_grad(true);
-    loss = closure();
-  }
   serialized_ = false;
   archive_.clear();
   for (auto it = state_.begin(); it != state_.end();) {
@@ -376,7 +372,7 @@ torch::Tensor OptimizerSnapshot::StepTaking(
                                                              state_, true);
     }
   }
-  return loss;
+  return {};
 }
 
 int64_t OptimizerSnapshot::bytes() const {

@@ -22,8 +22,9 @@
 // result is LibTorch's bit for bit (tested against step() for every option
 // that changes the arithmetic). Two buffers per moment alternate: no copy,
 // and no allocation after the first such step. The parameters, which the
-// model holds, are copied (TakeParams). Any other optimizer is copied as
-// Take copies it, then stepped by its own step().
+// model holds, are copied (TakeParams). Any other optimizer, and a step
+// given a closure (which may make first gradients), is copied as Take
+// copies it, then stepped by its own step().
 
 #include <torch/torch.h>
 
@@ -56,9 +57,10 @@ class OptimizerSnapshot {
   torch::Tensor StepTaking(
       torch::optim::Optimizer& optimizer,
       torch::optim::Optimizer::LossClosure closure = nullptr);
-  // Whether StepTaking keeps `optimizer`'s state without copying it: the
-  // type is LibTorch's Adam or AdamW (not a subclass) and every parameter
-  // with a gradient has its state already, with dense gradients.
+  // Whether StepTaking keeps `optimizer`'s state without copying it (when
+  // it is given no closure): the type is LibTorch's Adam or AdamW (not a
+  // subclass) and every parameter with a gradient has its state already,
+  // with dense gradients.
   static bool Folds(const torch::optim::Optimizer& optimizer);
   // Puts back what Take copied, into the same tensors (a parameter keeps
   // its identity; per-parameter state made since is dropped). Call only
