@@ -52,9 +52,9 @@ What it does:
      --trace), and the mean ms per step of backward, DDP's optimizer step
      and the sharded optimizer's parts (see Note [ZeRO on the timeline] in
      api/zero.cc: zero copy, zero update, zero mirror, zero broadcast) over
-     every rank's steps after the first 2; and whether the overlapped run
-     meets issue 48's goal (a mean step no longer than unsharded Concord
-     DDP's).
+     every rank's steps after the first 2 (the median over the runs); and
+     whether the overlapped run meets issue 48's goal (a mean step no
+     longer than unsharded Concord DDP's).
   With several --world-size values, all of it again for each, one after
   the other.
   Then the expectation for each rank (see Note [Elastic ZeRO] in api/zero.cc) of
@@ -332,6 +332,8 @@ def bench_world(args):
         row["median_ms"] = median([r["median_ms"] for r in each])
         row["rank0_rss"] = max(r["rank0_rss"] for r in each)
         row["max_rss"] = max(r["max_rss"] for r in each)
+        if "parts" in row:
+            row["parts"] = {p: median([r["parts"][p] for r in each]) for p in PARTS}
         rows.append(row)
     W = args.world_size
     S = rows[0]["state_bytes"]  # unsharded Adam state
@@ -372,8 +374,8 @@ def bench_world(args):
           "measured %.2f MiB = %.3fx its expectation (goal <= 1.1x)" % (
               even / MIB, even / (S / W), measured / MIB, measured / expected[0]))
     print("Where Concord's steps go (ms per step, the mean over every rank's steps after the "
-          "first %d, from --trace; the overlapped run's updates and broadcast lie inside its "
-          "backward):" % WARMUP)
+          "first %d, from --trace, the median over the runs; the overlapped run's updates and "
+          "broadcast lie inside its backward):" % WARMUP)
     print("  %-19s %s" % ("run", " ".join("%14s" % p for p in PARTS)))
     for r in rows[:4]:
         print("  %-19s %s" % (r["name"], " ".join("%14.2f" % r["parts"][p] for p in PARTS)))
