@@ -5,6 +5,7 @@ the checks every case shares: the final state bit for bit against the
 reference, the resume step a log line names, the history checker across the
 loss; a separate coordinator and its `concordctl checkpoints`."""
 
+import argparse
 import json
 import os
 import re
@@ -230,6 +231,24 @@ def memory_resume(ctx, name, ref, ref_job="ref", **kw):
     check_history(checks, name, [rd], 3)
     compare_final(checks, name, rd, ck, job, ref, ref_job=ref_job)
     return p
+
+
+def main(doc, cases, prefix):
+    """A checkpoint test file's command line: --bin-dir, --case (repeated;
+    every case without), --list (the cases' names), --keep (the temporary
+    directory); runs them with run_selected."""
+    p = argparse.ArgumentParser(description=doc.split("\n")[0])
+    p.add_argument("--bin-dir")
+    p.add_argument("--case", action="append", default=[], choices=list(cases))
+    p.add_argument("--list", action="store_true")
+    p.add_argument("--keep", action="store_true")
+    args = p.parse_args()
+    if args.list:
+        print("\n".join(cases))
+        return 0
+    if not args.bin_dir:
+        p.error("--bin-dir is required")
+    return run_selected(args, cases, prefix)
 
 
 def run_selected(args, cases, prefix):

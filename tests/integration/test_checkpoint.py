@@ -83,7 +83,6 @@ Every subprocess has a timeout; a hang is a failure. Prints one line per
 check and 'N passed, N failed'; exits 1 on any failure.
 """
 
-import argparse
 import errno
 import fcntl
 import json
@@ -107,7 +106,7 @@ import processes  # noqa: E402  (tests/reference, on the path elastic_harness se
 from checkpoint_runs import (  # noqa: E402
     EPOCHS, EVERY, N_SAMPLES, RUN_TIMEOUT, SLOW, check_history, checkpoints_json,
     compare_final, launch, load_ckpt, memory_resume, reference, resumed_step, run_again,
-    run_selected, start_coordinator, steps, wait_for_checkpoint)
+    main as checkpoint_main, start_coordinator, steps, wait_for_checkpoint)
 
 fixtures = te.fixtures
 
@@ -1109,20 +1108,5 @@ CASES = {
 }
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--bin-dir")
-    p.add_argument("--case", action="append", default=[], choices=list(CASES))
-    p.add_argument("--list", action="store_true")
-    p.add_argument("--keep", action="store_true")
-    args = p.parse_args()
-    if args.list:
-        print("\n".join(CASES))
-        return 0
-    if not args.bin_dir:
-        p.error("--bin-dir is required")
-    return run_selected(args, CASES, "concord_checkpoint_")
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(checkpoint_main(__doc__, CASES, "concord_checkpoint_"))

@@ -30,7 +30,6 @@ Every subprocess has a timeout; a hang is a failure. Prints one line per
 check and 'N passed, N failed'; exits 1 on any failure.
 """
 
-import argparse
 import json
 import os
 import re
@@ -45,7 +44,7 @@ import elastic_harness as te  # noqa: E402
 import processes  # noqa: E402  (tests/reference, on the path elastic_harness sets)
 from checkpoint_runs import (  # noqa: E402
     RUN_TIMEOUT, SLOW, check_history, compare_final, launch, reference, resumed_step,
-    run_selected, steps)
+    main as checkpoint_main, steps)
 
 
 def manifests(ck, job):
@@ -196,14 +195,5 @@ CASES = {
 }
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--bin-dir", required=True)
-    p.add_argument("--case", action="append", default=[], choices=list(CASES))
-    p.add_argument("--keep", action="store_true")
-    args = p.parse_args()
-    return run_selected(args, CASES, "concord_checkpoint_writers_")
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(checkpoint_main(__doc__, CASES, "concord_checkpoint_writers_"))

@@ -33,7 +33,6 @@ Every subprocess has a timeout; a hang is a failure. Prints one line per
 check and 'N passed, N failed'; exits 1 on any failure.
 """
 
-import argparse
 import os
 import re
 import signal
@@ -48,7 +47,7 @@ import elastic_harness as te  # noqa: E402
 import processes  # noqa: E402  (tests/reference, on the path elastic_harness sets)
 from checkpoint_runs import (  # noqa: E402
     RUN_TIMEOUT, SLOW, check_history, compare_final, launch, load_ckpt, memory_resume,
-    run_again, run_selected, steps, wait_for_checkpoint)
+    run_again, main as checkpoint_main, steps, wait_for_checkpoint)
 
 
 def case_zero(ctx, name, zero=("--zero",), across=True, in_place=True):
@@ -204,14 +203,5 @@ CASES = {
 }
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--bin-dir", required=True)
-    p.add_argument("--case", action="append", default=[], choices=list(CASES))
-    p.add_argument("--keep", action="store_true")
-    args = p.parse_args()
-    return run_selected(args, CASES, "concord_checkpoint_zero_")
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(checkpoint_main(__doc__, CASES, "concord_checkpoint_zero_"))
