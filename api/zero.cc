@@ -372,10 +372,16 @@ void ZeroRedundancyOptimizer::Impl::SyncParams(
   }
   for (auto& w : works) ThrowIfError(w->Synchronize());
   if (!z.buckets.empty()) return;
+  // A mirror stepped the shards it mirrors itself, to the same bits (see
+  // Note [ZeRO mirrors]): their broadcasts are not copied in again.
+  const std::vector<int> mirrored = z.Mirrored();
   size_t k = 0;
   for (int r = 0; r < z.world(); ++r) {
     if (ShardOf(z.partition, groups, r).empty()) continue;
-    if (r != z.rank()) UnflattenInto(flats[k], shards[k]);
+    if (r != z.rank() &&
+        std::find(mirrored.begin(), mirrored.end(), r) == mirrored.end()) {
+      UnflattenInto(flats[k], shards[k]);
+    }
     ++k;
   }
 }
@@ -640,6 +646,12 @@ bool SplitName(const std::string& name, int64_t* index, std::string* key) {
 
 }  // namespace
 
+std::vector<int> ZeroRedundancyOptimizer::Impl::MirrorsFor(
+    const zero::Partition& partition, const std::vector<std::string>& nodes) {
+  return zero::MirrorsOf(nodes,
+                         zero::ShardSizes(partition, NumelsOf(groups())));
+}
+
 std::vector<int> ZeroRedundancyOptimizer::Impl::Mirrored() const {
   std::vector<int> out;
   for (size_t r = 0; r < mirror_of.size(); ++r) {
@@ -819,7 +831,7 @@ absl::Status ZeroRedundancyOptimizer::Impl::SyncState(
     next_partition =
         zero::PartitionParameters(NumelsOf(groups()), next->size());
   }
-  const std::vector<int> next_mirrors = zero::MirrorsOf(*nodes);
+  const std::vector<int> next_mirrors = MirrorsFor(next_partition, *nodes);
   std::vector<int> next_mirrored;
   for (size_t r = 0; r < next_mirrors.size(); ++r) {
     if (next_mirrors[r] == next->rank()) next_mirrored.push_back(int(r));
@@ -895,6 +907,7 @@ absl::Status ZeroRedundancyOptimizer::Impl::SyncState(
   mirror = std::move(next_mirror);
   partition = next_partition;
   mirror_of = next_mirrors;
+  this->nodes = *nodes;
   comm = std::move(next);
   base = step;
   stepped = false;

@@ -73,6 +73,8 @@ struct ZeroRedundancyOptimizer::Impl final : elastic::Participant {
   // stepping the shards this rank mirrors (null: none).
   std::vector<int> mirror_of;
   std::unique_ptr<optim::Optimizer> mirror;
+  // This generation's members' nodes, by rank.
+  std::vector<std::string> nodes;
   // The committed step the step being taken started from, whether the
   // local update ran, and the shards as they were at its start (`copied`:
   // kept by this step's update).
@@ -106,6 +108,10 @@ struct ZeroRedundancyOptimizer::Impl final : elastic::Participant {
   // Every held parameter's state, by index (CPU tensors).
   std::map<int64_t, NamedTensors> HeldState() const;
   std::vector<int> Mirrored() const;
+  // The mirrors of `partition`'s shards over the members' `nodes` (see
+  // Note [ZeRO mirrors]).
+  std::vector<int> MirrorsFor(const zero::Partition& partition,
+                              const std::vector<std::string>& nodes);
   int64_t Offset(size_t group) const;
 
   // elastic::Participant (see Note [Elastic ZeRO]).

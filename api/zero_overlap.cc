@@ -122,6 +122,9 @@ void ZeroRedundancyOptimizer::Impl::OverlapSetup(bool ddp_rebuilt,
 
 void ZeroRedundancyOptimizer::Impl::OverlapInit() {
   partition = OverlapLayout(world());
+  // Under run_elastic the mirrors follow the shards (see Note [ZeRO
+  // mirrors]); nothing is stepped before, so no state moves.
+  if (elastic) mirror_of = MirrorsFor(partition, nodes);
   local = MakeOver(partition, {rank()});
   const std::vector<int> mirrored = Mirrored();
   mirror = mirrored.empty() ? nullptr : MakeOver(partition, mirrored);

@@ -59,8 +59,9 @@ What it does:
   the other.
   Then the expectation for each rank (see Note [Elastic ZeRO] in api/zero.cc) of
   Concord's elastic ZeRO, from the partition (PyTorch's greedy one) and the
-  mirrors (rank r mirrors rank r-1's shard on one host): its own and its
-  mirrored shard's state live, plus copies of both with their parameters;
+  mirrors (see Note [ZeRO mirrors] in worker/zero/partition.h: the largest
+  shards mirrored on the ranks stepping the fewest elements): its own and
+  its mirrored shards' state live, plus copies of both with their parameters;
   and the same over an even split, 2 S/W + 2 (S + P)/W (S the unsharded
   state, P the parameters' bytes), against "state/N plus the chosen
   redundancy".
@@ -271,16 +272,33 @@ def partition(numels, world):
     return sizes
 
 
+def mirrors_of(shard):
+    """Note [ZeRO mirrors] on one host: the shards largest first (the lower
+    rank on a tie), each mirrored on the other rank stepping the fewest
+    elements so far (the first after it cyclically on a tie)."""
+    world = len(shard)
+    load = list(shard)
+    out = [-1] * world
+    for r in sorted(range(world), key=lambda r: -shard[r]):
+        if world < 2:
+            break
+        best = min(((r + k) % world for k in range(1, world)), key=lambda o: load[o])
+        out[r] = best
+        load[best] += shard[r]
+    return out
+
+
 def expected_elastic(numels, world, state_per_elem, elem_bytes):
-    """Bytes per rank: its own shard and the one it mirrors (rank r mirrors
-    rank r-1's on one host, see Note [ZeRO mirrors]), live state plus the copies
-    of state and parameters taken at each step's start."""
+    """Bytes per rank: its own shard and those it mirrors (see Note [ZeRO
+    mirrors]), live state plus the copies of state and parameters taken at
+    each step's start."""
     shard = partition(numels, world)
+    mirror = mirrors_of(shard)
     out = []
     for r in range(world):
-        held = shard[r] + (shard[(r - 1) % world] if world > 1 else 0)
+        held = shard[r] + sum(shard[o] for o in range(world) if mirror[o] == r)
         out.append(held * (2 * state_per_elem + elem_bytes))
-    return out, shard
+    return out, shard, mirror
 
 
 def median(values):
@@ -362,11 +380,11 @@ def bench_world(args):
     torch_zero = rows[5]["per_rank_state"]
     print("PyTorch ZeRO state per rank (MiB): %s" % ", ".join(
         "%.2f" % (b / MIB) for b in torch_zero))
-    expected, shard = expected_elastic(numels, W, S / params, 4)
+    expected, shard, mirror = expected_elastic(numels, W, S / params, 4)
     even = (2 * S + 2 * (S + P)) / W
     print("Expected (Elastic ZeRO): per rank, own + mirrored shard's state live and copies of both "
-          "with their parameters; shards of %s parameters (rank r mirrors rank r-1):"
-          % "/".join(str(s) for s in shard))
+          "with their parameters; shards of %s parameters, mirrored on ranks %s:"
+          % ("/".join(str(s) for s in shard), "/".join(str(m) for m in mirror)))
     for r, e in enumerate(expected):
         print("  rank %d: expected %.2f MiB = %.2fx S/W" % (r, e / MIB, e / (S / W)))
     measured = rows[1]["state_bytes"]

@@ -122,8 +122,8 @@ CASES = {
             "their shards to rank 0",
         kind="mlp-plain", samples=97, world=3, batch=32, flags=[], concord=["--zero"]),
     "zero-w4-active": dict(
-        doc="w4-active with --zero --zero-bucket-view: ranks 2 and 3 (each the other's "
-            "mirror) leave together after step 4",
+        doc="w4-active with --zero --zero-bucket-view: ranks 2 and 3 leave together after "
+            "step 4 and hand their shards (and rank 0's, which 3 mirrors) to rank 0",
         kind="mlp-plain", samples=66, world=4, batch=8, flags=[NO_DIVIDE],
         concord=["--zero", "--zero-bucket-view"]),
     # Overlapped with DDP's backward (--zero-overlap: each bucket's share of

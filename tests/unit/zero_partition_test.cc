@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "worker/zero/partition.h"
 
 namespace concord::zero {
@@ -106,6 +108,49 @@ TEST(ZeroMirrorsTest, TheMirrorIsOnAnotherNodeWhereThereIsOne) {
   EXPECT_EQ(MirrorsOf({"a", "a", "b", "b"}), (std::vector<int>{2, 3, 0, 1}));
   // An uneven layout: rank 2 (node c) mirrors on 3 (node a).
   EXPECT_EQ(MirrorsOf({"a", "b", "c", "a"}), (std::vector<int>{1, 2, 3, 1}));
+}
+
+TEST(ZeroMirrorsTest, EqualShardsMakeARing) {
+  EXPECT_EQ(MirrorsOf({"a", "a", "a", "a"}, {5, 5, 5, 5}),
+            (std::vector<int>{1, 2, 3, 0}));
+  // Empty shards (the overlap's warm-up) too.
+  EXPECT_EQ(MirrorsOf({"a", "a", "a"}, {0, 0, 0}), (std::vector<int>{1, 2, 0}));
+}
+
+TEST(ZeroMirrorsTest, TheLargestShardsAreMirroredOnTheSmallest) {
+  // Three large matrices and small parameters over 4 ranks (bench's
+  // mlp-large): a ring would give rank 1 its shard and rank 0's, 2 M
+  // elements; evened out, no rank steps more than 1.5 M.
+  const std::vector<int64_t> sizes{1048576, 1048576, 524288, 13322};
+  const std::vector<int> mirrors = MirrorsOf({"a", "a", "a", "a"}, sizes);
+  EXPECT_EQ(mirrors, (std::vector<int>{3, 2, 0, 1}));
+  std::vector<int64_t> load = sizes;
+  for (size_t r = 0; r < sizes.size(); ++r) {
+    EXPECT_NE(mirrors[r], int(r));
+    load[size_t(mirrors[r])] += sizes[r];
+  }
+  EXPECT_EQ(*std::max_element(load.begin(), load.end()), 1048576 + 524288);
+  // Over 6 ranks every large shard is mirrored by a rank of small ones.
+  const std::vector<int> six =
+      MirrorsOf(std::vector<std::string>(6, "a"),
+                {1048576, 1048576, 524288, 4, 4, 13314});
+  EXPECT_EQ(six, (std::vector<int>{3, 4, 5, 5, 2, 2}));
+  // Equal shards among unequal ones: the first after the shard on a tie.
+  EXPECT_EQ(MirrorsOf({"a", "a", "a"}, {1048576, 1048576, 537610}),
+            (std::vector<int>{2, 0, 1}));
+}
+
+TEST(ZeroMirrorsTest, AnotherNodeComesBeforeALighterRank) {
+  // Rank 0's large shard: rank 1 shares its node and holds nothing, but
+  // the mirror goes to node b.
+  EXPECT_EQ(MirrorsOf({"a", "a", "b", "b"}, {100, 0, 60, 50}),
+            (std::vector<int>{3, 2, 1, 1}));
+}
+
+TEST(ZeroMirrorsTest, ShardSizesCountEveryGroup) {
+  // Two groups: rank 0 holds group 0's parameter 1 and group 1's 0.
+  const Partition p{{{1}, {0}}, {{0, 2}, {}}};
+  EXPECT_EQ(ShardSizes(p, {{3, 10, 4}, {7}}), (std::vector<int64_t>{17, 7}));
 }
 
 TEST(ZeroMirrorsTest, AloneHasNoMirror) {

@@ -117,11 +117,23 @@ BucketAssignment AssignBuckets(const std::vector<std::vector<int64_t>>& buckets,
   return out;
 }
 
-std::vector<int> MirrorsOf(const std::vector<std::string>& nodes) {
+std::vector<int> MirrorsOf(const std::vector<std::string>& nodes,
+                           const std::vector<int64_t>& sizes) {
   const int world = static_cast<int>(nodes.size());
   std::vector<int> out(nodes.size(), -1);
-  std::vector<int> load(nodes.size(), 0);
-  for (int r = 0; world > 1 && r < world; ++r) {
+  if (world < 2) return out;
+  // Without sizes, shards of one size.
+  const std::vector<int64_t> own = sizes.size() == nodes.size()
+                                       ? sizes
+                                       : std::vector<int64_t>(nodes.size(), 1);
+  std::vector<int64_t> load = own;
+  // The shards, largest first (a stable sort: the lower rank on a tie).
+  std::vector<int> order(nodes.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    return own[size_t(a)] > own[size_t(b)];
+  });
+  for (int r : order) {
     bool elsewhere = false;
     for (int k = 1; k < world; ++k) {
       elsewhere =
@@ -135,7 +147,23 @@ std::vector<int> MirrorsOf(const std::vector<std::string>& nodes) {
       if (best < 0 || load[size_t(other)] < load[size_t(best)]) best = other;
     }
     out[size_t(r)] = best;
-    ++load[size_t(best)];
+    load[size_t(best)] += own[size_t(r)];
+  }
+  return out;
+}
+
+std::vector<int64_t> ShardSizes(
+    const Partition& partition,
+    const std::vector<std::vector<int64_t>>& numels) {
+  std::vector<int64_t> out(partition.size(), 0);
+  for (size_t rank = 0; rank < partition.size(); ++rank) {
+    for (size_t g = 0; g < partition[rank].size() && g < numels.size(); ++g) {
+      for (int i : partition[rank][g]) {
+        if (i >= 0 && size_t(i) < numels[g].size()) {
+          out[rank] += numels[g][size_t(i)];
+        }
+      }
+    }
   }
   return out;
 }

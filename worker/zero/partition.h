@@ -77,13 +77,31 @@ BucketAssignment AssignBuckets(const std::vector<std::vector<int64_t>>& buckets,
 // home, so that a rank that dies takes no state with it: its mirror, a
 // rank that steps the same parameters with the same gradients alongside
 // (the same arithmetic on the same inputs, so both copies stay bit-identical
-// without sending state). The mirror of rank r is on another node where
-// there is one: of the ranks there (every other rank when all share r's
-// node), the one mirroring the fewest shards so far, the first after r
-// cyclically on a tie, ranks taken in order; so every rank mirrors one
-// shard where the nodes are alike. One rank alone has none (-1).
-// `nodes[r]`: rank r's node.
-std::vector<int> MirrorsOf(const std::vector<std::string>& nodes);
+// without sending state). A step waits for its slowest rank, and a rank's
+// update and state grow with the elements it steps (its own shard's and
+// those it mirrors), so the mirrors even those out: the shards are taken
+// largest first (by element count, the lower rank on a tie), and each
+// shard's mirror is the rank stepping the fewest elements so far (the
+// first after the shard's rank cyclically on a tie) on another node where
+// there is one (among every other rank when all share the shard's node).
+// Shards of one size on one node give a ring: rank r mirrors on r + 1. One
+// rank alone has none (-1). The partition's shards are uneven where a few
+// parameters are large (PyTorch's greedy partition places whole
+// parameters), and then the largest shards' mirrors go to the smallest:
+// three matrices of 1 M elements and small ones over 4 ranks step at most
+// 1.5 M elements a rank rather than 2 M with a ring. The mirrors are
+// decided at each re-form, and when the overlap's shards are first made
+// (nothing is stepped before); add_param_group keeps them, its new
+// parameters mirrored where their shard's other parameters are.
+// `nodes[r]`: rank r's node; `sizes[r]`: the elements of rank r's shard
+// (ShardSizes), or empty for shards of one size.
+std::vector<int> MirrorsOf(const std::vector<std::string>& nodes,
+                           const std::vector<int64_t>& sizes = {});
+
+// The elements of each rank's shard.
+std::vector<int64_t> ShardSizes(
+    const Partition& partition,
+    const std::vector<std::vector<int64_t>>& numels);
 
 // Note [ZeRO sources]
 // ~~~~~~~~~~~~~~~~~~~
