@@ -4,9 +4,11 @@
 
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "concord/comm_hook.h"
@@ -189,8 +191,21 @@ elastic::Participant* ZeroParticipant(ZeroRedundancyOptimizer& zero,
 // left empty elsewhere). Every rank calls it. Throws Error: those of the
 // gather; kFailedPrecondition before an overlapped optimizer has its shards
 // or for one with no PyTorch state_dict form.
+// `in_file`: `root` gets the other ranks' shards as holes (their shapes and
+// CRC-32s), which each rank then writes into the file itself (see Note
+// [Shards written where they are] in worker/checkpoint/disk.h and
+// ZeroShard).
 checkpoint::OptimizerContent ZeroCheckpoint(ZeroRedundancyOptimizer& zero,
-                                            const std::string& name, int root);
+                                            const std::string& name, int root,
+                                            bool in_file = false);
+// What this rank holds of the last in_file ZeroCheckpoint's holes (CPU,
+// contiguous, by parameter index and key), handed over once.
+std::map<std::pair<int64_t, std::string>, at::Tensor> ZeroShard(
+    ZeroRedundancyOptimizer& zero);
+// The communicator a ZeroRedundancyOptimizer's collectives go over, and
+// their options.
+std::pair<comm::Communicator*, comm::CollectiveOptions> ZeroComm(
+    ZeroRedundancyOptimizer& zero);
 // concord::load_checkpoint's: `saved` (a whole optimizer's, sharded or
 // not, in either format) checked against `zero`'s parameters and options
 // without changing anything (FAILED_PRECONDITION naming what does not

@@ -26,6 +26,7 @@
 #include "worker/checkpoint/content.h"
 #include "worker/checkpoint/optimizer_snapshot.h"
 #include "worker/comm/coalesced.h"
+#include "worker/crc32.h"
 #include "worker/elastic/state.h"
 #include "worker/error.h"
 #include "worker/tensor_ops.h"
@@ -497,17 +498,36 @@ void detail::ZeroApply(ZeroRedundancyOptimizer& zero,
 }
 
 checkpoint::OptimizerContent detail::ZeroCheckpoint(
-    ZeroRedundancyOptimizer& zero, const std::string& name, int root) {
+    ZeroRedundancyOptimizer& zero, const std::string& name, int root,
+    bool in_file) {
   ZeroRedundancyOptimizer::Impl& z = zero.impl();
   z.CheckWorld();
   z.CheckOverlapReady("save_checkpoint");
   RequireStateDictForm(z, "save_checkpoint needs");
   CopyOptions(zero.param_groups(), z.local->param_groups());
-  auto whole =
-      z.CheckpointOptimizer(elastic::ShardPlacement::To(root, z.world()));
+  z.shard_.clear();
+  auto whole = z.CheckpointOptimizer(
+      in_file ? elastic::ShardPlacement::InFile(root, z.world())
+              : elastic::ShardPlacement::To(root, z.world()));
   ThrowIfError(whole.status());
   whole->name = name;
   return *std::move(whole);
+}
+
+std::map<std::pair<int64_t, std::string>, at::Tensor> detail::ZeroShard(
+    ZeroRedundancyOptimizer& zero) {
+  std::map<int64_t, NamedTensors> shard = std::move(zero.impl().shard_);
+  zero.impl().shard_.clear();
+  std::map<std::pair<int64_t, std::string>, at::Tensor> out;
+  for (auto& [i, tensors] : shard) {
+    for (auto& [key, t] : tensors) out[{i, key}] = std::move(t);
+  }
+  return out;
+}
+
+std::pair<comm::Communicator*, comm::CollectiveOptions> detail::ZeroComm(
+    ZeroRedundancyOptimizer& zero) {
+  return {zero.impl().comm.get(), zero.impl().Collective()};
 }
 
 absl::StatusOr<std::shared_ptr<torch::optim::Optimizer>> detail::ZeroCheck(
@@ -1011,9 +1031,28 @@ ZeroRedundancyOptimizer::Impl::CheckpointOptimizer(
     };
     nlohmann::json shapes = nlohmann::json::array();
     if (shaped(placement.writer_of[static_cast<size_t>(me)], me)) {
-      for (const auto& [entry, t] : mine) {
-        shapes.push_back(
-            {entry, static_cast<int>(t.scalar_type()), t.sizes().vec()});
+      if (placement.crcs) {
+        // See Note [Shards written where they are] in
+        // worker/checkpoint/disk.h: the bytes this rank will write, and
+        // their CRC-32 for the file's headers.
+        for (auto& [i, tensors] : own) {
+          for (auto& [key, t] : tensors) {
+            t = t.detach().to(at::kCPU).contiguous();
+          }
+        }
+        for (const auto& [i, tensors] : own) {
+          for (const auto& [key, t] : tensors) {
+            shapes.push_back(
+                {absl::StrCat(i, "/", key), static_cast<int>(t.scalar_type()),
+                 t.sizes().vec(),
+                 Crc32(0, t.data_ptr(), size_t(t.numel()) * t.element_size())});
+          }
+        }
+      } else {
+        for (const auto& [entry, t] : mine) {
+          shapes.push_back(
+              {entry, static_cast<int>(t.scalar_type()), t.sizes().vec()});
+        }
       }
       shard_ = std::move(own);
     }
@@ -1053,9 +1092,12 @@ ZeroRedundancyOptimizer::Impl::CheckpointOptimizer(
     }
     for (const nlohmann::json& e : shapes) {
       // A hole (see Note [Holes] in worker/checkpoint/memory.h): its rank
-      // copies it into the node's snapshot.
+      // copies it into the node's snapshot, or writes it into the file
+      // (with its CRC-32, see Note [Shards written where they are] in
+      // worker/checkpoint/disk.h).
       std::string entry;
       at::Tensor hole;
+      std::optional<uint32_t> crc;
       try {
         entry = e.at(0).get<std::string>();
         hole = at::empty(
@@ -1063,9 +1105,15 @@ ZeroRedundancyOptimizer::Impl::CheckpointOptimizer(
             at::TensorOptions()
                 .dtype(static_cast<at::ScalarType>(e.at(1).get<int>()))
                 .device(at::kMeta));
+        if (e.size() > 3) crc = e.at(3).get<uint32_t>();
       } catch (const std::exception& error) {
         return absl::InternalError(absl::StrCat(
             kName, ": a malformed shape of a shard's entry: ", error.what()));
+      }
+      if (crc.has_value()) {
+        int64_t i = 0;
+        std::string key;
+        if (SplitName(entry, &i, &key)) whole.hole_crc[{i, key}] = *crc;
       }
       CONCORD_RETURN_IF_ERROR(add(entry, std::move(hole)));
     }

@@ -49,6 +49,7 @@ const std::vector<const Variable*>& All() {
       &kTestAgentLingerMs,
       &kTestMinStepMs,
       &kTestShardsAsBytes,
+      &kTestCheckpointHoles,
       &kTestBusy,
   };
   return all;

@@ -234,8 +234,14 @@ inline constexpr Variable kTestAgentLingerMs =
 inline constexpr Variable kTestShardsAsBytes =
     Int("CONCORD_TEST_SHARDS_AS_BYTES", "0|1", 0, 0, 1,
         "a sharded optimizer's checkpoint sends every shard to its node's "
-        "snapshot writer as bytes, none copied in place (a benchmark's other "
-        "side)",
+        "snapshot writer (save_checkpoint's: rank 0) as bytes, none copied "
+        "or written in place (a benchmark's other side)",
+        SetBy::kTest);
+inline constexpr Variable kTestCheckpointHoles =
+    Int("CONCORD_TEST_CHECKPOINT_HOLES", "0|1|2", 0, 0, 2,
+        "save_checkpoint's ranks but 0, with a sharded optimizer: 1 take "
+        "rank 0's files as on a filesystem they do not share and send it "
+        "their shards' bytes; 2 fail to write their shards into them",
         SetBy::kTest);
 inline constexpr Variable kTestMinStepMs =
     Int("CONCORD_TEST_MIN_STEP_MS", "milliseconds", 0, 0, kNoMax,

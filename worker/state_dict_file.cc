@@ -39,13 +39,24 @@ absl::StatusOr<Pickled> Pickle(const c10::IValue& value) {
 }
 
 absl::Status WriteArchive(const c10::IValue& value, const ZipWriter::Sink& sink,
-                          uint32_t* crc32, ZipWriter::Options options) {
+                          uint32_t* crc32, ZipWriter::Options options,
+                          ArchiveHoles* holes) {
   // The archive around the pickle: see Note [Archive writer].
   CONCORD_ASSIGN_OR_RETURN(Pickled pickled, Pickle(value));
   const std::vector<char>& pickle = pickled.pickle;
   const std::vector<at::Tensor>& storages = pickled.storages;
   ZipWriter zip("archive", sink, options);
   for (size_t i = 0; i < storages.size(); ++i) {
+    const void* storage = storages[i].storage().unsafeGetStorageImpl();
+    if (holes != nullptr) {
+      if (auto hole = holes->crc.find(storage); hole != holes->crc.end()) {
+        CONCORD_ASSIGN_OR_RETURN(
+            holes->offset[storage],
+            zip.AddHole(absl::StrCat("data/", i),
+                        storages[i].storage().nbytes(), hole->second));
+        continue;
+      }
+    }
     // A CPU storage's bytes are its own memory, which `value` keeps alive;
     // one on a device is copied to the host here, for this call only.
     const bool own = storages[i].device().is_cpu();

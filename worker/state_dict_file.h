@@ -24,6 +24,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -52,10 +53,19 @@ absl::StatusOr<Pickled> Pickle(const c10::IValue& value);
 // storage's own memory, valid while `value` lives and unchanged while the
 // caller leaves its tensors alone. `crc32`, when given: the archive's
 // CRC-32; `options`: the archive writer's. UNAVAILABLE when `sink` failed;
-// INTERNAL when LibTorch's pickler threw.
+// INTERNAL when LibTorch's pickler threw. `holes`, when given: storages
+// whose records are written as holes (ZipWriter::AddHole, their bytes never
+// read), and where each one's data went.
+struct ArchiveHoles {
+  // By storage (its StorageImpl): the CRC-32 of the bytes that will fill it.
+  std::map<const void*, uint32_t> crc;
+  // Set by WriteArchive: each hole's data offset in the archive.
+  std::map<const void*, uint64_t> offset;
+};
 absl::Status WriteArchive(const c10::IValue& value, const ZipWriter::Sink& sink,
                           uint32_t* crc32 = nullptr,
-                          ZipWriter::Options options = {});
+                          ZipWriter::Options options = {},
+                          ArchiveHoles* holes = nullptr);
 
 // What an archive of WriteArchive or torch.save holds. INVALID_ARGUMENT
 // when `bytes` are not one.

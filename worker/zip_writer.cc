@@ -1,8 +1,10 @@
 #include "worker/zip_writer.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "worker/crc32.h"
 
 namespace concord {
@@ -49,8 +51,7 @@ bool ZipWriter::Put(const std::string& bytes) {
   return true;
 }
 
-absl::Status ZipWriter::Add(std::string_view name, const void* data, size_t n,
-                            bool lasting) {
+absl::Status ZipWriter::Header(std::string_view name, size_t n, uint32_t crc) {
   if (finished_) {
     return absl::FailedPreconditionError("the archive is finished");
   }
@@ -61,7 +62,6 @@ absl::Status ZipWriter::Add(std::string_view name, const void* data, size_t n,
         absl::StrCat("a record's name is ", path.size(), " bytes long"));
   }
   const bool zip64 = options_.zip64 || n >= kMax32;
-  const uint32_t crc = Crc32(0, data, n);
 
   // The padding field's length puts the data at the alignment.
   const size_t extra_fixed = (zip64 ? 20 : 0) + 4;
@@ -94,6 +94,13 @@ absl::Status ZipWriter::Add(std::string_view name, const void* data, size_t n,
 
   entries_.push_back({std::move(path), offset_, n, crc});
   if (!Put(h)) return Failed();
+  return absl::OkStatus();
+}
+
+absl::Status ZipWriter::Add(std::string_view name, const void* data, size_t n,
+                            bool lasting) {
+  const uint32_t crc = Crc32(0, data, n);
+  CONCORD_RETURN_IF_ERROR(Header(name, n, crc));
   if (n > 0) {
     if (!sink_(data, n, lasting)) {
       failed_ = true;
@@ -103,6 +110,25 @@ absl::Status ZipWriter::Add(std::string_view name, const void* data, size_t n,
     offset_ += n;
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> ZipWriter::AddHole(std::string_view name, size_t n,
+                                            uint32_t crc) {
+  // Page-aligned and never freed: a direct writer may write from it.
+  alignas(kPageAlign) static const char kZeros[size_t{64} << 10] = {};
+  CONCORD_RETURN_IF_ERROR(Header(name, n, crc));
+  const uint64_t at = offset_;
+  for (size_t done = 0; done < n;) {
+    const size_t chunk = std::min(n - done, sizeof(kZeros));
+    if (!sink_(kZeros, chunk, /*lasting=*/true)) {
+      failed_ = true;
+      return Failed();
+    }
+    done += chunk;
+  }
+  crc_ = Crc32Combine(crc_, crc, n);
+  offset_ += n;
+  return at;
 }
 
 absl::Status ZipWriter::Finish() {

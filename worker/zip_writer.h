@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace concord {
 
@@ -71,6 +72,13 @@ class ZipWriter {
   // the sink failed, now or before; FAILED_PRECONDITION after Finish.
   absl::Status Add(std::string_view name, const void* data, size_t n,
                    bool lasting);
+  // Adds the record `top`/`name` of `n` bytes whose CRC-32 is `crc` but
+  // writes zeros for its data, which another process writes into the file
+  // later (see Note [Shards written where they are] in
+  // worker/checkpoint/disk.h); crc32() counts the record's real bytes.
+  // Returns the data's offset in the archive. Errors as Add's.
+  absl::StatusOr<uint64_t> AddHole(std::string_view name, size_t n,
+                                   uint32_t crc);
   // Writes the central directory and the end records.
   absl::Status Finish();
 
@@ -87,6 +95,8 @@ class ZipWriter {
   };
   // Writes `bytes` (a header: its CRC is taken here).
   bool Put(const std::string& bytes);
+  // Add's header, for `n` bytes of CRC-32 `crc`.
+  absl::Status Header(std::string_view name, size_t n, uint32_t crc);
   absl::Status Failed() const;
 
   const std::string top_;

@@ -74,14 +74,18 @@ class CheckpointState {
 };
 
 // Rank 0 writes `state` as DIR/<job id>/step-<step>/ and keeps the newest
-// `keep`; the other ranks return at once, after sending their shards of a
-// ZeroRedundancyOptimizer's state to rank 0 (it is written whole, as an
-// unsharded optimizer's state_dict: with one, every rank calls this at the
-// same step). Throws Error: kInvalidArgument
+// `keep`; the other ranks return at once. A ZeroRedundancyOptimizer's state
+// is written whole, as an unsharded optimizer's state_dict, but gathered
+// nowhere: with one, every rank calls this at the same step, rank 0 writes
+// the files with the other ranks' shards left as holes, and each rank
+// writes its own shard into rank 0's file (or, where it does not see rank
+// 0's filesystem, sends it to rank 0, which writes it); every rank returns
+// once the checkpoint is published, or throws the error rank 0 met (see
+// README "Checkpoints"). Throws Error: kInvalidArgument
 // (a step < 1, keep < 1, a name that cannot be a file name),
 // kUnavailable naming what could not be written (nothing half-written is
-// left to load); with a ZeroRedundancyOptimizer, those of its gather (a
-// peer gone) and kFailedPrecondition before an overlapped one has its
+// left to load); with a ZeroRedundancyOptimizer, those of its collectives
+// (a peer gone) and kFailedPrecondition before an overlapped one has its
 // shards (the third backward).
 void save_checkpoint(const Job& job, const std::string& dir, int64_t step,
                      const CheckpointState& state, int keep = 3);

@@ -86,6 +86,7 @@ import datetime
 import glob
 import math
 import os
+import re
 import sys
 import tempfile
 import time
@@ -143,6 +144,19 @@ CASES = {
     "w3-sgd-overlap-interleaved": Case(3, 0, False, 1, 2, False),
     "w2-sgd-overlap-interleaved-shard-buckets": Case(2, 0, False, 1, 2, True),
 }
+
+
+# How concord::save_checkpoint writes the sharded state (see Note [Shards
+# written where they are] in worker/checkpoint/disk.h): every rank its shard
+# into rank 0's file (the default), or, for these cases, the ranks taking
+# rank 0's files as on another filesystem (they send their bytes, which rank
+# 0 writes into the holes), or every shard gathered on rank 0 as bytes.
+CHECKPOINT_WRITES = {
+    "w3-adam-groups": ("ranks 1-2 not seeing rank 0's files: their bytes written by rank 0",
+                       {"CONCORD_TEST_CHECKPOINT_HOLES": "1"}),
+    "w2-adam-bucket-view": ("gathered on rank 0 as bytes", {"CONCORD_TEST_SHARDS_AS_BYTES": "1"}),
+}
+IN_PLACE = ("each rank's shard written into rank 0's file by that rank", {})
 
 
 def describe(case):
@@ -371,19 +385,27 @@ def run_torch(tmp, name, in_path, timeout=120.0):
     return [fixtures.load_state("%s.rank%d.pt" % (prefix, r)) for r in range(world)], None
 
 
+def concord_command(bin_dir, tmp, name, in_path, prefix, env, flags=()):
+    """Runs zero_helper under concord-run (with `flags`) for case `name`: its
+    CommandResult."""
+    world = CASES[name].world
+    cmd = [os.path.join(bin_dir, "concord-run"), "--standalone", "--nproc", str(world),
+           "--job-id", "zero-" + name] + list(flags) + ["--",
+           os.path.join(bin_dir, "zero_helper"), "--in", in_path, "--out", prefix]
+    return processes.run_command(cmd, timeout=120, cwd=tmp, env=env)
+
+
 def run_concord(bin_dir, tmp, name, in_path):
-    """Concord's side: (every rank's results, None) or (None, why not)."""
+    """Concord's side: (every rank's results, its output) or (None, why not)."""
     world = CASES[name].world
     prefix = os.path.join(tmp, name + ".concord")
-    cmd = [os.path.join(bin_dir, "concord-run"), "--standalone", "--nproc", str(world),
-           "--job-id", "zero-" + name, "--",
-           os.path.join(bin_dir, "zero_helper"), "--in", in_path, "--out", prefix]
-    r = processes.run_command(cmd, timeout=120, cwd=tmp)
+    r = concord_command(bin_dir, tmp, name, in_path, prefix,
+                        CHECKPOINT_WRITES.get(name, IN_PLACE)[1])
     if r.returncode != 0 or r.timed_out:
         return None, r.describe()
     return [{str(k): v for k, v in torch.load("%s.rank%d.pt" % (prefix, rank),
                                               weights_only=False).items()}
-            for rank in range(world)], None
+            for rank in range(world)], r.stdout + r.stderr
 
 
 def differences(actual, expected, keys):
@@ -441,9 +463,9 @@ def run_case(checks, bin_dir, tmp, name):
             return
         want[0].update(consolidated)
     start = time.monotonic()
-    got, error = run_concord(bin_dir, tmp, name, in_path)
+    got, output = run_concord(bin_dir, tmp, name, in_path)
     if not checks.check(got is not None, "%s: concord-run --standalone --nproc %d -- zero_helper"
-                        % (what, world), error or ""):
+                        % (what, world), output):
         return
     checks.ok("%s: ran (PyTorch %.1f s, Concord %.1f s)" % (what, torch_s,
                                                             time.monotonic() - start))
@@ -495,9 +517,56 @@ def run_case(checks, bin_dir, tmp, name):
         groups = [len(g["params"]) for g in saved["param_groups"]]
         if sum(groups) != len(params):
             problems.append("param_groups hold %s parameters of %d" % (groups, len(params)))
+    how, env = CHECKPOINT_WRITES.get(name, IN_PLACE)
     checks.check(state and not problems, "%s: concord::save_checkpoint writes the whole state as "
-                 "PyTorch's state_dict (optimizer.pt, %d tensors), bit-identical to PyTorch's"
-                 % (what, len(state)), "\n".join(problems))
+                 "PyTorch's state_dict (optimizer.pt, %d tensors; %s), bit-identical to PyTorch's"
+                 % (what, len(state), how), "\n".join(problems))
+    # Rank 0's line says who wrote the other ranks' shards into its file.
+    said = re.search(r"save_checkpoint: step \d+: (\d+) tensors of sharded optimizer state "
+                     r"written into it by the ranks holding them, (\d+) by rank 0", output)
+    if "CONCORD_TEST_SHARDS_AS_BYTES" in env:
+        checks.check(said is None, "%s: rank 0 wrote the state it gathered itself" % what,
+                     said.group(0) if said else "")
+    else:
+        by_ranks, from_bytes = (int(said.group(1)), int(said.group(2))) if said else (0, 0)
+        unseen = "CONCORD_TEST_CHECKPOINT_HOLES" in env
+        if unseen:
+            right = by_ranks == 0 and from_bytes > 0
+        else:
+            right = by_ranks > 0 and from_bytes == 0
+        checks.check(said and right,
+                     "%s: the other ranks' shards went into rank 0's file %s" % (
+                         what, "as bytes rank 0 wrote" if unseen else "from those ranks"),
+                     said.group(0) if said else "rank 0 said nothing of it:\n" + output[-3000:])
+    if name == FAILED_WRITE_CASE:
+        check_failed_write(checks, bin_dir, tmp, name, in_path)
+
+
+# The case run once more with its ranks failing to write their shards into
+# rank 0's checkpoint (CONCORD_TEST_CHECKPOINT_HOLES=2).
+FAILED_WRITE_CASE = "w3-adam"
+
+
+def check_failed_write(checks, bin_dir, tmp, name, in_path):
+    """A rank that cannot write its shard fails the checkpoint on every rank,
+    at once (no rank waits for a collective), and leaves nothing behind."""
+    what = "%s, its ranks failing to write their shards" % name
+    prefix = os.path.join(tmp, name + ".failing")
+    # --min-workers 1: concord-run lets the last ranks end on their own.
+    r = concord_command(bin_dir, tmp, name, in_path, prefix,
+                        {"CONCORD_TEST_CHECKPOINT_HOLES": "2"}, ["--min-workers", "1"])
+    said = set(re.findall(r"\[worker (\d+)\] zero_helper: UNAVAILABLE: rank \d+ could not "
+                          r"write its shard into the checkpoint: test fault", r.stderr))
+    world = CASES[name].world
+    checks.check(r.returncode != 0 and not r.timed_out and len(said) == world,
+                 "%s: every rank's save_checkpoint throws rank 0's error (%d of %d, in %.1f s)"
+                 % (what, len(said), world, r.elapsed), r.describe())
+    # The job's folder keeps its writer lock (.writer) alone.
+    jobs = glob.glob(os.path.join(prefix + ".ckpt", "*"))
+    left = sorted(e for j in jobs for e in os.listdir(j) if e != ".writer")
+    checks.check(len(jobs) == 1 and not left,
+                 "%s: no checkpoint and no staging directory left in %s" % (what, jobs),
+                 "left: %s" % left)
 
 
 def main():

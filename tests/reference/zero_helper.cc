@@ -30,7 +30,9 @@
 // this rank holds optimizer state for) and, on rank 0, state.<i>.<key> (the
 // plain optimizer's state after loading the saved one). Then every rank
 // calls concord::save_checkpoint(job, PREFIX.ckpt, S, {"optimizer"}): rank
-// 0 writes PREFIX.ckpt/<job id>/step-<S>/optimizer.pt. Keys: SGD's
+// 0 writes PREFIX.ckpt/<job id>/step-<S>/optimizer.pt, every other rank its
+// shard into it (see Note [Shards written where they are] in
+// worker/checkpoint/disk.h). Keys: SGD's
 // momentum_buffer; Adam's exp_avg, exp_avg_sq and step (int64).
 // Exit status 0, or 1 with one line on stderr (2 for a bad command line).
 
@@ -212,8 +214,8 @@ int Train(const Dict& in, const std::string& prefix) {
       PutState(result, "state." + std::to_string(i), *s);
     }
   }
-  // The same state in a plain loop's checkpoint (every rank sends its
-  // shard to rank 0, which writes it whole as PyTorch's state_dict).
+  // The same state in a plain loop's checkpoint (rank 0 writes it whole as
+  // PyTorch's state_dict, each rank its own shard into the file).
   concord::CheckpointState checkpoint;
   checkpoint.add("optimizer", *optimizer);
   concord::save_checkpoint(job, prefix + ".ckpt", x.size(0), checkpoint);

@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "worker/crc32.h"
+
 namespace concord {
 namespace {
 
@@ -111,6 +113,56 @@ TEST(ZipWriterTest, ARecordOf4GiBAndOneAfterItGetZip64Headers) {
     ASSERT_EQ(::ftruncate(fd, static_cast<off_t>(out.size)), 0);
     ::close(fd);
   }
+}
+
+// A hole (see Note [Shards written where they are] in
+// worker/checkpoint/disk.h), once its bytes are written at the offset
+// AddHole gave, makes the very archive Add makes, CRC-32 and all; until
+// then the sink saw only zeros for it.
+TEST(ZipWriterTest, AHoleFilledAtItsOffsetIsTheArchiveAddWrites) {
+  std::string big((size_t{100} << 10) + 3, '\0');  // page-aligned (>= 64 KiB)
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(i * 7);
+  const std::string small = "a small record";
+  const std::string tail = "after them";
+  auto write = [&](bool holes, std::vector<uint64_t>* at) {
+    std::string out;
+    ZipWriter zip("archive", [&](const void* data, size_t n, bool) {
+      out.append(static_cast<const char*>(data), n);
+      return true;
+    });
+    for (const std::string* r : std::vector<const std::string*>{&big, &small}) {
+      const std::string name = r == &big ? "data/0" : "data/1";
+      if (holes) {
+        auto offset =
+            zip.AddHole(name, r->size(), Crc32(0, r->data(), r->size()));
+        EXPECT_TRUE(offset.ok());
+        at->push_back(*offset);
+      } else {
+        EXPECT_TRUE(zip.Add(name, r->data(), r->size(), false).ok());
+      }
+    }
+    EXPECT_TRUE(zip.Add("tail", tail.data(), tail.size(), false).ok());
+    EXPECT_TRUE(zip.Finish().ok());
+    EXPECT_EQ(zip.size(), out.size());
+    if (!holes) {
+      EXPECT_EQ(zip.crc32(), Crc32(0, out.data(), out.size()));
+    }
+    return std::make_pair(out, zip.crc32());
+  };
+  std::vector<uint64_t> at;
+  const auto [whole, whole_crc] = write(false, nullptr);
+  auto [holed, holed_crc] = write(true, &at);
+  ASSERT_EQ(at.size(), 2u);
+  EXPECT_EQ(at[0] % ZipWriter::kPageAlign, 0u);
+  EXPECT_EQ(at[1] % ZipWriter::kAlign, 0u);
+  EXPECT_EQ(holed.substr(at[0], big.size()), std::string(big.size(), '\0'));
+  EXPECT_EQ(holed.substr(at[1], small.size()), std::string(small.size(), '\0'));
+  holed.replace(at[0], big.size(), big);
+  holed.replace(at[1], small.size(), small);
+  EXPECT_EQ(holed, whole);
+  // The archive's CRC counts the bytes that fill the holes.
+  EXPECT_EQ(holed_crc, whole_crc);
+  EXPECT_EQ(holed_crc, Crc32(0, whole.data(), whole.size()));
 }
 
 // A sink that fails stops the writer: every later call says so.

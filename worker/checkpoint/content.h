@@ -63,6 +63,11 @@ struct OptimizerContent {
   std::vector<std::pair<int64_t, NamedTensors>> state;
   // `type` empty: LibTorch's Optimizer::save archive, as uint8.
   at::Tensor native;
+  // Holes in `state` (tensors on the meta device) that another rank writes
+  // into the checkpoint's file itself: the CRC-32 of the bytes it will
+  // write, by parameter index and key (see Note [Shards written where they
+  // are] in worker/checkpoint/disk.h). The memory tier's holes have none.
+  std::map<std::pair<int64_t, std::string>, uint32_t> hole_crc;
 };
 
 struct Counters {

@@ -92,13 +92,14 @@ absl::StatusOr<Written> WriteFile(const std::string& path, Fill fill,
 // then (the snapshot region's memory, which the persister holds; or a
 // program's tensors during its synchronous save_checkpoint): the archive's
 // big records may go to the disk from where they lie.
-absl::StatusOr<Written> WriteArchiveFile(
-    const std::string& path, const c10::IValue& value,
-    std::shared_ptr<WriteBuffers> buffers) {
+absl::StatusOr<Written> WriteArchiveFile(const std::string& path,
+                                         const c10::IValue& value,
+                                         std::shared_ptr<WriteBuffers> buffers,
+                                         ArchiveHoles* holes = nullptr) {
   return WriteFile(
       path,
       [&](const ZipWriter::Sink& sink, uint32_t* crc) {
-        return WriteArchive(value, sink, crc);
+        return WriteArchive(value, sink, crc, {}, holes);
       },
       std::move(buffers));
 }
@@ -374,6 +375,8 @@ class Staging {
 
   const std::string& path() const { return path_; }
   uint64_t bytes() const { return bytes_; }
+  // The holes WriteContent left (see Note [Shards written where they are]).
+  const std::vector<FileHole>& holes() const { return holes_; }
 
   // One file per module and per optimizer of a known type, then the rest
   // (counters, extra tensors, the optimizers' native states) in state.pt.
@@ -393,9 +396,44 @@ class Staging {
         continue;
       }
       CONCORD_ASSIGN_OR_RETURN(const std::string file, FileOf(o.name, taken));
+      // See Note [Shards written where they are]: a hole is an empty CPU
+      // tensor in the archive (never touched, so never in memory), written
+      // as zeros with the CRC of what will fill it.
+      OptimizerContent laid = o;
+      ArchiveHoles holes;
+      std::vector<FileHole> found;
+      std::vector<const void*> keys;
+      for (auto& [index, tensors] : laid.state) {
+        for (auto& [key, t] : tensors) {
+          if (!t.is_meta()) continue;
+          const auto crc = o.hole_crc.find({index, key});
+          if (crc == o.hole_crc.end()) {
+            return absl::InternalError(absl::StrCat(
+                "optimizer '", o.name, "': a hole (parameter ", index, ", '",
+                key, "') with no CRC to write it with"));
+          }
+          t = at::empty(t.sizes(), t.options().device(at::kCPU));
+          keys.push_back(t.storage().unsafeGetStorageImpl());
+          holes.crc[keys.back()] = crc->second;
+          found.push_back({o.name, index, key,
+                           (fs::path(path_) / file).string(), 0,
+                           t.storage().nbytes()});
+        }
+      }
       CONCORD_RETURN_IF_ERROR(
-          Add(file, OptimizerToIValue(o),
-              {{"kind", "optimizer"}, {"name", o.name}, {"type", o.type}}));
+          Add(file, OptimizerToIValue(laid),
+              {{"kind", "optimizer"}, {"name", o.name}, {"type", o.type}},
+              found.empty() ? nullptr : &holes));
+      for (size_t k = 0; k < found.size(); ++k) {
+        const auto at = holes.offset.find(keys[k]);
+        if (at == holes.offset.end()) {
+          return absl::InternalError(absl::StrCat(
+              "optimizer '", o.name, "': the hole of parameter ",
+              found[k].index, ", '", found[k].key, "' is not in its file"));
+        }
+        found[k].offset = at->second;
+      }
+      holes_.insert(holes_.end(), found.begin(), found.end());
     }
     return Add(kStateFile, TensorDict(state), {{"kind", "state"}});
   }
@@ -431,10 +469,10 @@ class Staging {
   }
 
   absl::Status Add(const std::string& file, const c10::IValue& value,
-                   json description) {
-    CONCORD_ASSIGN_OR_RETURN(
-        const Written w,
-        WriteArchiveFile((fs::path(path_) / file).string(), value, buffers_));
+                   json description, ArchiveHoles* holes = nullptr) {
+    CONCORD_ASSIGN_OR_RETURN(const Written w,
+                             WriteArchiveFile((fs::path(path_) / file).string(),
+                                              value, buffers_, holes));
     description["size"] = w.size;
     description["crc32"] = w.crc;
     manifest_["files"][file] = std::move(description);
@@ -446,6 +484,7 @@ class Staging {
   json manifest_;
   std::shared_ptr<WriteBuffers> buffers_;
   uint64_t bytes_ = 0;
+  std::vector<FileHole> holes_;
 };
 
 // Renames the sealed staging directory to step-N (an older step-N moved
@@ -577,6 +616,14 @@ absl::StatusOr<WriteStats> WriteCheckpoint(const Content& content,
   };
   if (absl::Status s = staging.WriteContent(content); !s.ok()) {
     return failed(s);
+  }
+  if (!staging.holes().empty()) {
+    absl::Status s = options.fill_holes
+                         ? options.fill_holes(staging.holes())
+                         : absl::InternalError(
+                               "a checkpoint with holes and nobody to "
+                               "fill them");
+    if (!s.ok()) return failed(s);
   }
   if (options.fault == WriteFault::kBeforeManifest) {
     return absl::AbortedError("test fault before the manifest");

@@ -38,6 +38,7 @@
 // already there stay.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -50,12 +51,48 @@
 
 namespace concord::checkpoint {
 
+// Note [Shards written where they are]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A plain loop's checkpoint of a sharded optimizer (save_checkpoint with a
+// ZeroRedundancyOptimizer) is one `<name>.pt` that PyTorch loads, yet no
+// rank gathers the state to write it. Each rank sends rank 0 its shard's
+// shapes, dtypes and CRC-32s (holes, see OptimizerContent::hole_crc); rank
+// 0 writes the checkpoint's files into the staging directory, each hole's
+// record as zeros with the CRC of the bytes it will hold (ZipWriter::
+// AddHole: the file's CRC-32 in the manifest comes from the pieces', as
+// always), and says where each hole lies (WriteOptions::fill_holes, after
+// every file is written and synced, before the manifest). Every rank then
+// writes its own shard into the file itself (pwrite at those offsets,
+// fdatasync) where it sees the staging file, the same size and the same
+// first bytes (a filesystem shared with rank 0); a rank that does not, or
+// cannot open it, sends the bytes to rank 0, which writes them. Only when
+// every hole is filled and synced does rank 0 write the manifest and
+// publish the checkpoint; a failure anywhere removes the staging directory
+// and fails the checkpoint on every rank. Rank 0 thus holds its own shard
+// and, at most, the shards of ranks that cannot reach its filesystem.
+
+// A hole of a file being written: the bytes of optimizer `optimizer`'s
+// state `key` of parameter `index` go to `offset` of `path`.
+struct FileHole {
+  std::string optimizer;
+  int64_t index = 0;
+  std::string key;
+  std::string path;
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+};
+
 struct WriteOptions {
   int keep = 3;
   WriteFault fault = WriteFault::kNone;
   // Where the files' blocks come from (see Note [Write queue] in
   // worker/checkpoint/file_writer.h); null: a pool for this write alone.
   std::shared_ptr<WriteBuffers> buffers;
+  // A content with holes (OptimizerContent::hole_crc): fills them, once
+  // every file is written and synced, before the manifest (see Note
+  // [Shards written where they are]). Its error fails the write. Without
+  // it, holes are INTERNAL.
+  std::function<absl::Status(const std::vector<FileHole>&)> fill_holes;
 };
 
 struct WriteStats {

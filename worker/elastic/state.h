@@ -114,11 +114,23 @@ struct ShardPlacement {
     return writer != rank && !(in_place[static_cast<size_t>(rank)] &&
                                writer_of[static_cast<size_t>(rank)] == writer);
   }
+  // Holes in a file rather than in a region (see Note [Shards written where
+  // they are] in worker/checkpoint/disk.h): each in-place rank also sends
+  // the CRC-32 of every entry it will write.
+  bool crcs = false;
   // Everything to `root` as bytes (a plain loop's checkpoint).
   static ShardPlacement To(int root, int world) {
     return {{root},
             std::vector<int>(static_cast<size_t>(world), root),
             std::vector<bool>(static_cast<size_t>(world), false)};
+  }
+  // A plain loop's checkpoint written where the shards are: `root` writes
+  // the file, the others their shards into it.
+  static ShardPlacement InFile(int root, int world) {
+    ShardPlacement p = To(root, world);
+    p.in_place.assign(static_cast<size_t>(world), true);
+    p.crcs = true;
+    return p;
   }
   // Each rank's node and region path (empty: a worker's own memory) in
   // rank order: each node's lowest rank writes its snapshot, and a rank
