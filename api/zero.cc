@@ -1014,10 +1014,10 @@ ZeroRedundancyOptimizer::Impl::CheckpointOptimizer(
   // or, to its own node's writer, as its entries' shapes (a hole each, which
   // this rank fills). The others never hold the whole state.
   const int me = rank();
-  bool as_bytes = false;  // a writer keeps its own shard: as bytes
-  for (int w : placement.writers) {
-    as_bytes |= w == me || placement.AsBytes(w, me);
-  }
+  // A writer takes its own shard as it is; the others' come as bytes or as
+  // holes.
+  bool as_bytes = false;
+  for (int w : placement.writers) as_bytes |= placement.AsBytes(w, me);
   auto all = comm::GatherStrings(
       *comm, as_bytes ? PickleTensors(mine) : std::string(), placement.writers,
       Collective(),
@@ -1076,7 +1076,13 @@ ZeroRedundancyOptimizer::Impl::CheckpointOptimizer(
     state[i].emplace_back(key, std::move(t));
     return absl::OkStatus();
   };
-  for (const std::string& bytes : *all) {
+  for (int r = 0; r < int(all->size()); ++r) {
+    const std::string& bytes = (*all)[size_t(r)];
+    if (r == me) {
+      for (const auto& [entry, t] : mine)
+        CONCORD_RETURN_IF_ERROR(add(entry, t));
+      continue;
+    }
     if (bytes.empty()) continue;  // a shard not sent as bytes
     for (auto& [entry, t] : UnpickleTensors(bytes)) {
       CONCORD_RETURN_IF_ERROR(add(entry, std::move(t)));
