@@ -34,7 +34,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 
 import torch
 

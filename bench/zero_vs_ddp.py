@@ -273,7 +273,7 @@ def partition(numels, world):
 
 
 def mirrors_of(shard):
-    """Note [ZeRO mirrors] on one host: the shards largest first (the lower
+    """The mirrors on one host (see Note [ZeRO mirrors]): the shards largest first (the lower
     rank on a tie), each mirrored on the other rank stepping the fewest
     elements so far (the first after it cyclically on a tie)."""
     world = len(shard)

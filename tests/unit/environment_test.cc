@@ -406,6 +406,21 @@ TEST(EnvironmentTest, EveryVariableOfTheTableIsRead) {
              e.Set(kTestShardsAsBytes, "2");
              EXPECT_FALSE(env::GetInt(kTestShardsAsBytes, &v).ok());
            }},
+          // save_checkpoint's, read with env::GetInt; what it does is
+          // checked by reference_zero_w3_adam and _w3_adam_groups (see
+          // Note [Shards written where they are] in
+          // worker/checkpoint/disk.h).
+          {kTestCheckpointHoles.name,
+           [](ScopedEnvironment& e) {
+             int64_t v = -1;
+             ASSERT_TRUE(env::GetInt(kTestCheckpointHoles, &v).ok());
+             EXPECT_EQ(v, 0);
+             e.Set(kTestCheckpointHoles, "2");
+             ASSERT_TRUE(env::GetInt(kTestCheckpointHoles, &v).ok());
+             EXPECT_EQ(v, 2);
+             e.Set(kTestCheckpointHoles, "3");
+             EXPECT_FALSE(env::GetInt(kTestCheckpointHoles, &v).ok());
+           }},
           {kTestMinStepMs.name,
            [](ScopedEnvironment& e) {
              e.Set(kTestMinStepMs, "9");
