@@ -244,9 +244,6 @@ std::string WriteOwnHoles(const nlohmann::json& table,
   return absl::StrCat("ok ", holes.size());
 }
 
-// The writer's side, once its files are written with holes: says where
-// they are, writes those of ranks that sent bytes, and checks that every
-// hole was filled.
 // Whether the other ranks heard of the holes (and wait for the outcome),
 // and whether the collectives still work.
 struct Announced {
@@ -256,6 +253,9 @@ struct Announced {
   size_t by_ranks = 0, from_bytes = 0;
 };
 
+// The writer's side, once its files are written with holes: says where
+// they are, writes those of ranks that sent bytes, and checks that every
+// hole was filled.
 absl::Status FillHoles(comm::Communicator& comm,
                        const comm::CollectiveOptions& options,
                        const std::vector<checkpoint::FileHole>& holes,
@@ -275,8 +275,9 @@ absl::Status FillHoles(comm::Communicator& comm,
       if (fd < 0) return Errno("cannot open", h.path);
       Ranges ranges;
       for (const checkpoint::FileHole& other : holes) {
-        if (other.path == h.path)
+        if (other.path == h.path) {
           ranges.emplace_back(other.offset, other.bytes);
+        }
       }
       CONCORD_ASSIGN_OR_RETURN(const auto print,
                                Fingerprint(fd, h.path, ranges));

@@ -1,6 +1,5 @@
 #include "worker/zip_writer.h"
 
-#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -114,17 +113,11 @@ absl::Status ZipWriter::Add(std::string_view name, const void* data, size_t n,
 
 absl::StatusOr<uint64_t> ZipWriter::AddHole(std::string_view name, size_t n,
                                             uint32_t crc) {
-  // Page-aligned and never freed: a direct writer may write from it.
-  alignas(kPageAlign) static const char kZeros[size_t{64} << 10] = {};
   CONCORD_RETURN_IF_ERROR(Header(name, n, crc));
   const uint64_t at = offset_;
-  for (size_t done = 0; done < n;) {
-    const size_t chunk = std::min(n - done, sizeof(kZeros));
-    if (!sink_(kZeros, chunk, /*lasting=*/true)) {
-      failed_ = true;
-      return Failed();
-    }
-    done += chunk;
+  if (n > 0 && !sink_(nullptr, n, /*lasting=*/false)) {
+    failed_ = true;
+    return Failed();
   }
   crc_ = Crc32Combine(crc_, crc, n);
   offset_ += n;

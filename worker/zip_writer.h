@@ -52,8 +52,10 @@ class ZipWriter {
 
   // The archive's next `n` bytes. `lasting`: they are a record's data,
   // valid and unchanged until the sink's owner has finished with the
-  // archive, so the sink may keep the pointer instead of copying. False on
-  // a failure: the writer stops.
+  // archive, so the sink may keep the pointer instead of copying. `data`
+  // null: `n` zero bytes, a hole's (AddHole), which the sink may leave
+  // unwritten where zeros read back (a file's sparse hole). False on a
+  // failure: the writer stops.
   using Sink = std::function<bool(const void* data, size_t n, bool lasting)>;
 
   struct Options {
@@ -73,8 +75,8 @@ class ZipWriter {
   absl::Status Add(std::string_view name, const void* data, size_t n,
                    bool lasting);
   // Adds the record `top`/`name` of `n` bytes whose CRC-32 is `crc` but
-  // writes zeros for its data, which another process writes into the file
-  // later (see Note [Shards written where they are] in
+  // gives the sink a hole (null data) for it, which another process writes
+  // into the file later (see Note [Shards written where they are] in
   // worker/checkpoint/disk.h); crc32() counts the record's real bytes.
   // Returns the data's offset in the archive. Errors as Add's.
   absl::StatusOr<uint64_t> AddHole(std::string_view name, size_t n,

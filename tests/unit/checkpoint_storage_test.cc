@@ -4,6 +4,7 @@
 // and the persister: checkpoint_memory_test.cc.
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -604,6 +605,53 @@ TEST(CheckpointFileWriterTest, LastingBytesAreWrittenFromWhereTheyLie) {
     const std::string back((std::istreambuf_iterator<char>(in)),
                            std::istreambuf_iterator<char>());
     EXPECT_TRUE(back == expected) << path << (direct ? " (direct)" : "");
+  }
+  if (places.size() > 1) fs::remove_all(shm);
+}
+
+// Skip (a hole another process fills, see Note [Shards written where they
+// are] in worker/checkpoint/disk.h): zeros read back, the file has its
+// size also when it ends in a hole, and the whole pages of a hole are
+// neither copied nor written (on the test's directory, a sparse file).
+TEST(CheckpointFileWriterTest, SkippedBytesReadBackAsZerosAndAreNotWritten) {
+  TempDir dir;
+  std::vector<std::string> places = {dir.path()};
+  std::string shm = "/dev/shm/concord-file-writer-XXXXXX";
+  if (::mkdtemp(shm.data()) != nullptr) places.push_back(shm);
+  constexpr size_t kPage = FileWriter::kAlign;
+  constexpr size_t kBlock = 3 * kPage;
+  constexpr size_t kHole = 64 * kPage + 5;  // more than the whole pool
+  const std::string head(kPage + 17, 'h'), middle(300, 'm');
+  for (const std::string& place : places) {
+    const std::string path = (fs::path(place) / "skipped").string();
+    absl::StatusOr<std::unique_ptr<FileWriter>> w = FileWriter::Create(
+        path, std::make_shared<WriteBuffers>(kBlock, 2 * kBlock));
+    ASSERT_TRUE(w.ok()) << w.status();
+    // From an odd size, then from a whole page, then at the end.
+    ASSERT_TRUE((*w)->Append(head.data(), head.size()));
+    ASSERT_TRUE((*w)->Skip(kHole));
+    ASSERT_TRUE((*w)->Append(middle.data(), middle.size()));
+    ASSERT_TRUE(
+        (*w)->Skip(kPage - (head.size() + kHole + middle.size()) % kPage));
+    ASSERT_TRUE((*w)->Skip(2 * kPage));
+    const uint64_t copied = (*w)->copied();
+    const uint64_t size = (*w)->size();
+    ASSERT_TRUE((*w)->Finish().ok()) << path;
+    std::string expected = head + std::string(kHole, '\0') + middle;
+    expected.resize(
+        expected.size() + kPage - expected.size() % kPage + 2 * kPage, '\0');
+    EXPECT_EQ(size, expected.size());
+    // Only the bytes around the holes' whole pages went through blocks.
+    EXPECT_LT(copied, 3 * kPage + head.size() + middle.size()) << path;
+    std::ifstream in(path, std::ios::binary);
+    const std::string back((std::istreambuf_iterator<char>(in)),
+                           std::istreambuf_iterator<char>());
+    EXPECT_EQ(back.size(), expected.size()) << path;
+    EXPECT_TRUE(back == expected) << path;
+    struct stat st {};
+    ASSERT_EQ(::stat(path.c_str(), &st), 0);
+    EXPECT_LT(static_cast<uint64_t>(st.st_blocks) * 512, expected.size())
+        << path;
   }
   if (places.size() > 1) fs::remove_all(shm);
 }

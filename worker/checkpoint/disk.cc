@@ -75,6 +75,7 @@ absl::StatusOr<Written> WriteFile(const std::string& path, Fill fill,
                            FileWriter::Create(path, std::move(buffers)));
   Written w;
   const ZipWriter::Sink sink = [&](const void* data, size_t n, bool lasting) {
+    if (data == nullptr) return file->Skip(n);
     return lasting ? file->AppendLasting(data, n) : file->Append(data, n);
   };
   const absl::Status filled = fill(sink, &w.crc);

@@ -58,9 +58,10 @@ namespace concord::checkpoint {
 // rank gathers the state to write it. Each rank sends rank 0 its shard's
 // shapes, dtypes and CRC-32s (holes, see OptimizerContent::hole_crc); rank
 // 0 writes the checkpoint's files into the staging directory, each hole's
-// record as zeros with the CRC of the bytes it will hold (ZipWriter::
-// AddHole: the file's CRC-32 in the manifest comes from the pieces', as
-// always), and says where each hole lies (WriteOptions::fill_holes, after
+// record with the CRC of the bytes it will hold (ZipWriter::AddHole: the
+// file's CRC-32 in the manifest comes from the pieces', as always) and its
+// data left unwritten (FileWriter::Skip: a sparse hole, its whole pages
+// never written by rank 0), and says where each hole lies (WriteOptions::fill_holes, after
 // every file is written and synced, before the manifest). Every rank then
 // writes its own shard into the file itself (pwrite at those offsets,
 // fdatasync) where it sees the staging file, the same size and the same

@@ -24,6 +24,11 @@ int WriteErrno(int fd, const char* data, size_t n) {
   return errno == 0 ? kWroteNothing : errno;
 }
 
+// Moves the file offset `n` bytes on, leaving them unwritten (a hole).
+int SkipErrno(int fd, size_t n) {
+  return ::lseek(fd, static_cast<off_t>(n), SEEK_CUR) < 0 ? errno : 0;
+}
+
 std::string ErrorText(int error) {
   return error == kWroteNothing ? "a write(2) wrote nothing"
                                 : std::strerror(error);
@@ -118,7 +123,9 @@ void FileWriter::WriteQueued() {
     const bool failed = error_ != 0;
     const uint64_t at = written_;
     lock.unlock();
-    const int e = failed ? 0 : WriteErrno(fd_, b.data, b.n);
+    const int e = failed              ? 0
+                  : b.data == nullptr ? SkipErrno(fd_, b.n)
+                                      : WriteErrno(fd_, b.data, b.n);
     if (b.owned) buffers_->Give(b.data);
     lock.lock();
     queue_.pop_front();
@@ -188,6 +195,41 @@ bool FileWriter::AppendLasting(const void* data, size_t n) {
   return Append(static_cast<const char*>(data) + body, n - body);
 }
 
+bool FileWriter::Skip(size_t n) {
+  static const char kZeros[kAlign] = {};
+  // Zeros through the block up to the next kAlign unit, and after the last.
+  const auto zeros = [this](size_t k) {
+    for (; k > 0;) {
+      const size_t take = std::min(k, kAlign);
+      if (!Append(kZeros, take)) return false;
+      k -= take;
+    }
+    return true;
+  };
+  const size_t head = std::min(n, (kAlign - size_ % kAlign) % kAlign);
+  if (!zeros(head)) return false;
+  n -= head;
+  const size_t body = n / kAlign * kAlign;
+  if (body > 0) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (error_ != 0 || current_ == nullptr) return false;
+    // The block so far is a whole number of kAlign (the file's size is).
+    if (fill_ > 0) {
+      queue_.push_back({current_, fill_, /*owned=*/true});
+      current_ = nullptr;
+      fill_ = 0;
+    }
+    queue_.push_back({nullptr, body, /*owned=*/false});
+    size_ += body;
+    skipped_ = true;
+    cv_.notify_all();
+    if (current_ == nullptr) TakeBlock(lock);
+    lock.unlock();
+    if (current_ == nullptr) return false;
+  }
+  return zeros(n - body);
+}
+
 void FileWriter::Flush() {
   std::unique_lock<std::mutex> lock(mu_);
   queue_.push_back({current_, fill_, /*owned=*/true});
@@ -253,6 +295,11 @@ absl::Status FileWriter::Finish() {
   if (current_ != nullptr) {
     buffers_->Give(current_);
     current_ = nullptr;
+  }
+  // A file that ends in a hole has its size all the same.
+  if (error == 0 && skipped_ &&
+      ::ftruncate(fd_, static_cast<off_t>(size_)) != 0) {
+    fail(errno, "setting its size");
   }
   if (error == 0 && ::fsync(fd_) != 0) fail(errno, "fsync");
   if (::close(fd_) != 0) fail(errno, "close");

@@ -107,6 +107,11 @@ class FileWriter {
   // and both the file's size and `data` are kAlign-aligned, the whole
   // kAlign units are written from `data` itself, not copied.
   bool AppendLasting(const void* data, size_t n);
+  // Appends `n` zero bytes, leaving the whole kAlign units among them
+  // unwritten (a sparse hole, which reads back as zeros): another process
+  // writes them later (see Note [Shards written where they are] in
+  // worker/checkpoint/disk.h). False once a write failed.
+  bool Skip(size_t n);
   // Writes what is buffered, fsyncs and closes. UNAVAILABLE naming the path
   // and the error of the first write that failed.
   absl::Status Finish();
@@ -118,7 +123,7 @@ class FileWriter {
 
  private:
   struct Block {
-    char* data;
+    char* data;  // null: `n` bytes skipped (Skip)
     size_t n;
     bool owned;  // a block of buffers_, given back once written
   };
@@ -142,6 +147,7 @@ class FileWriter {
   size_t fill_ = 0;
   uint64_t size_ = 0;
   uint64_t copied_ = 0;
+  bool skipped_ = false;  // some bytes were left as a hole (Skip)
 
   std::mutex mu_;
   std::condition_variable cv_;
