@@ -1079,8 +1079,9 @@ ZeroRedundancyOptimizer::Impl::CheckpointOptimizer(
   for (int r = 0; r < int(all->size()); ++r) {
     const std::string& bytes = (*all)[size_t(r)];
     if (r == me) {
-      for (const auto& [entry, t] : mine)
+      for (const auto& [entry, t] : mine) {
         CONCORD_RETURN_IF_ERROR(add(entry, t));
+      }
       continue;
     }
     if (bytes.empty()) continue;  // a shard not sent as bytes

@@ -515,17 +515,29 @@ TEST(CheckpointWriteFailureTest, ANameThatCannotBeAFileRemovesTheStaging) {
 // ---- direct writes (see Note [Direct writes])
 // ------------------------------------------------------------
 
+// Where the file writer's tests write: the test's directory (O_DIRECT where
+// its filesystem has it) and, where one can be made, a directory in
+// /dev/shm (tmpfs, which may refuse it), removed with the object.
+struct WriterPlaces {
+  TempDir dir;
+  std::string shm = "/dev/shm/concord-file-writer-XXXXXX";
+  std::vector<std::string> all = {dir.path()};
+  WriterPlaces() {
+    if (::mkdtemp(shm.data()) != nullptr) all.push_back(shm);
+  }
+  ~WriterPlaces() {
+    if (all.size() > 1) fs::remove_all(shm);
+  }
+};
+
 // Every size around the block and the buffer, appended in odd pieces, reads
 // back byte for byte with its exact size: on the test's directory (O_DIRECT
 // where its filesystem has it) and in /dev/shm (tmpfs, which may refuse it).
 TEST(CheckpointFileWriterTest, WritesEveryByteAtItsSize) {
-  TempDir dir;
-  std::vector<std::string> places = {dir.path()};
-  std::string shm = "/dev/shm/concord-file-writer-XXXXXX";
-  if (::mkdtemp(shm.data()) != nullptr) places.push_back(shm);
+  const WriterPlaces places;
   constexpr size_t kBuffer = 3 * FileWriter::kAlign;
   std::mt19937 rng(7);
-  for (const std::string& place : places) {
+  for (const std::string& place : places.all) {
     for (size_t size :
          {size_t{0}, size_t{1}, FileWriter::kAlign - 1, FileWriter::kAlign,
           FileWriter::kAlign + 1, kBuffer, 5 * kBuffer + 123}) {
@@ -549,7 +561,6 @@ TEST(CheckpointFileWriterTest, WritesEveryByteAtItsSize) {
       EXPECT_TRUE(back == bytes) << path << (direct ? " (direct)" : "");
     }
   }
-  if (places.size() > 1) fs::remove_all(shm);
 }
 
 // Bytes the caller keeps (AppendLasting) go to the file from where they lie
@@ -558,10 +569,7 @@ TEST(CheckpointFileWriterTest, WritesEveryByteAtItsSize) {
 // is copied into blocks. Everything reads back byte for byte, O_DIRECT or
 // not (/dev/shm).
 TEST(CheckpointFileWriterTest, LastingBytesAreWrittenFromWhereTheyLie) {
-  TempDir dir;
-  std::vector<std::string> places = {dir.path()};
-  std::string shm = "/dev/shm/concord-file-writer-XXXXXX";
-  if (::mkdtemp(shm.data()) != nullptr) places.push_back(shm);
+  const WriterPlaces places;
   constexpr size_t kPage = FileWriter::kAlign;
   constexpr size_t kBlock = 3 * kPage;
   constexpr size_t kLasting = 40 * kPage + 123;  // more than the whole pool
@@ -576,7 +584,7 @@ TEST(CheckpointFileWriterTest, LastingBytesAreWrittenFromWhereTheyLie) {
   // Brings the file's size back to a whole page after the two lasting
   // pieces.
   const std::string tail(kPage - (kLasting + 2 * kPage) % kPage, 't');
-  for (const std::string& place : places) {
+  for (const std::string& place : places.all) {
     const std::string path = (fs::path(place) / "lasting").string();
     absl::StatusOr<std::unique_ptr<FileWriter>> w = FileWriter::Create(
         path, std::make_shared<WriteBuffers>(kBlock, 2 * kBlock));
@@ -606,7 +614,6 @@ TEST(CheckpointFileWriterTest, LastingBytesAreWrittenFromWhereTheyLie) {
                            std::istreambuf_iterator<char>());
     EXPECT_TRUE(back == expected) << path << (direct ? " (direct)" : "");
   }
-  if (places.size() > 1) fs::remove_all(shm);
 }
 
 // Skip (a hole another process fills, see Note [Shards written where they
@@ -614,15 +621,12 @@ TEST(CheckpointFileWriterTest, LastingBytesAreWrittenFromWhereTheyLie) {
 // size also when it ends in a hole, and the whole pages of a hole are
 // neither copied nor written (on the test's directory, a sparse file).
 TEST(CheckpointFileWriterTest, SkippedBytesReadBackAsZerosAndAreNotWritten) {
-  TempDir dir;
-  std::vector<std::string> places = {dir.path()};
-  std::string shm = "/dev/shm/concord-file-writer-XXXXXX";
-  if (::mkdtemp(shm.data()) != nullptr) places.push_back(shm);
+  const WriterPlaces places;
   constexpr size_t kPage = FileWriter::kAlign;
   constexpr size_t kBlock = 3 * kPage;
   constexpr size_t kHole = 64 * kPage + 5;  // more than the whole pool
   const std::string head(kPage + 17, 'h'), middle(300, 'm');
-  for (const std::string& place : places) {
+  for (const std::string& place : places.all) {
     const std::string path = (fs::path(place) / "skipped").string();
     absl::StatusOr<std::unique_ptr<FileWriter>> w = FileWriter::Create(
         path, std::make_shared<WriteBuffers>(kBlock, 2 * kBlock));
@@ -653,7 +657,6 @@ TEST(CheckpointFileWriterTest, SkippedBytesReadBackAsZerosAndAreNotWritten) {
     EXPECT_LT(static_cast<uint64_t>(st.st_blocks) * 512, expected.size())
         << path;
   }
-  if (places.size() > 1) fs::remove_all(shm);
 }
 
 // See Note [Write queue]: the pool grows to its limit and no further while

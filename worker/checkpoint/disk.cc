@@ -398,8 +398,9 @@ class Staging {
       }
       CONCORD_ASSIGN_OR_RETURN(const std::string file, FileOf(o.name, taken));
       // See Note [Shards written where they are]: a hole is an empty CPU
-      // tensor in the archive (never touched, so never in memory), written
-      // as zeros with the CRC of what will fill it.
+      // tensor in the archive (never touched, so never in memory), its
+      // record's data left unwritten (a sparse hole) under the CRC of what
+      // will fill it.
       OptimizerContent laid = o;
       ArchiveHoles holes;
       std::vector<FileHole> found;
