@@ -118,9 +118,9 @@ TEST(ZeroMirrorsTest, EqualShardsMakeARing) {
 }
 
 TEST(ZeroMirrorsTest, TheLargestShardsAreMirroredOnTheSmallest) {
-  // Three large matrices and small parameters over 4 ranks (bench's
-  // mlp-large): a ring would give rank 1 its shard and rank 0's, 2 M
-  // elements; evened out, no rank steps more than 1.5 M.
+  // Two matrices of 1 M elements, one of 0.5 M and small parameters over 4
+  // ranks (bench's mlp-large): a ring would give rank 1 its shard and rank
+  // 0's, 2.1 M elements; evened out, no rank steps more than 1.57 M.
   const std::vector<int64_t> sizes{1048576, 1048576, 524288, 13322};
   const std::vector<int> mirrors = MirrorsOf({"a", "a", "a", "a"}, sizes);
   EXPECT_EQ(mirrors, (std::vector<int>{3, 2, 0, 1}));

@@ -88,8 +88,9 @@ BucketAssignment AssignBuckets(const std::vector<std::vector<int64_t>>& buckets,
 // rank alone has none (-1). The partition's shards are uneven where a few
 // parameters are large (PyTorch's greedy partition places whole
 // parameters), and then the largest shards' mirrors go to the smallest:
-// three matrices of 1 M elements and small ones over 4 ranks step at most
-// 1.5 M elements a rank rather than 2 M with a ring. The mirrors are
+// two matrices of 1 M elements, one of 0.5 M and small ones over 4 ranks
+// (bench/zero_vs_ddp.py's model) step at most 1.57 M elements a rank
+// rather than 2.1 M with a ring. The mirrors are
 // decided at each re-form, and when the overlap's shards are first made
 // (nothing is stepped before); add_param_group keeps them, its new
 // parameters mirrored where their shard's other parameters are.
