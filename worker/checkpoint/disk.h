@@ -54,23 +54,24 @@ namespace concord::checkpoint {
 // Note [Shards written where they are]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // A plain loop's checkpoint of a sharded optimizer (save_checkpoint with a
-// ZeroRedundancyOptimizer) is one `<name>.pt` that PyTorch loads, yet no
-// rank gathers the state to write it. Each rank sends rank 0 its shard's
-// shapes, dtypes and CRC-32s (holes, see OptimizerContent::hole_crc); rank
-// 0 writes the checkpoint's files into the staging directory, each hole's
-// record with the CRC of the bytes it will hold (ZipWriter::AddHole: the
-// file's CRC-32 in the manifest comes from the pieces', as always) and its
-// data left unwritten (FileWriter::Skip: a sparse hole, its whole pages
-// never written by rank 0), and says where each hole lies (WriteOptions::fill_holes, after
-// every file is written and synced, before the manifest). Every rank then
-// writes its own shard into the file itself (pwrite at those offsets,
-// fdatasync) where it sees the staging file, the same size and the same
-// first bytes (a filesystem shared with rank 0); a rank that does not, or
-// cannot open it, sends the bytes to rank 0, which writes them. Only when
-// every hole is filled and synced does rank 0 write the manifest and
-// publish the checkpoint; a failure anywhere removes the staging directory
-// and fails the checkpoint on every rank. Rank 0 thus holds its own shard
-// and, at most, the shards of ranks that cannot reach its filesystem.
+// ZeroRedundancyOptimizer) is one `<name>.pt` that PyTorch loads, yet no rank
+// gathers the state to write it. Each rank sends rank 0 its shard's shapes,
+// dtypes and CRC-32s (holes, see OptimizerContent::hole_crc); rank 0 writes the
+// checkpoint's files into the staging directory, each hole's record with the
+// CRC of the bytes it will hold (ZipWriter::AddHole: the file's CRC-32 in the
+// manifest comes from the pieces', as always) and its data left unwritten
+// (FileWriter::Skip: a sparse hole, its whole pages never written by rank 0),
+// and says where each hole lies (WriteOptions::fill_holes, after every file is
+// written and synced, before the manifest). Every rank then writes its own
+// shard into the file itself (pwrite at those offsets, fdatasync) where it sees
+// the staging file, the same size and the same first bytes (a filesystem shared
+// with rank 0); a rank that does not, or cannot open it, sends the bytes to
+// rank 0, which writes them. (The holes are taken as zeros in what a rank
+// compares, as some are filled while others look.) Only when every hole is
+// filled and synced does rank 0 write the manifest and publish the checkpoint;
+// a failure anywhere removes the staging directory and fails the checkpoint on
+// every rank. Rank 0 thus holds its own shard and, at most, the shards of ranks
+// that cannot reach its filesystem.
 
 // A hole of a file being written: the bytes of optimizer `optimizer`'s
 // state `key` of parameter `index` go to `offset` of `path`.
