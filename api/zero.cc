@@ -1038,10 +1038,6 @@ ZeroRedundancyOptimizer::Impl::CheckpointOptimizer(
         for (auto& [i, tensors] : own) {
           for (auto& [key, t] : tensors) {
             t = t.detach().to(at::kCPU).contiguous();
-          }
-        }
-        for (const auto& [i, tensors] : own) {
-          for (const auto& [key, t] : tensors) {
             shapes.push_back(
                 {absl::StrCat(i, "/", key), static_cast<int>(t.scalar_type()),
                  t.sizes().vec(),
