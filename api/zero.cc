@@ -517,7 +517,7 @@ void detail::ZeroApply(ZeroRedundancyOptimizer& zero,
   // The mirror's state is the loaded one now, with nothing to replay (and
   // no catch-up to take).
   z.lag.pending.reset();
-  if (z.Lagging()) z.ResetLag(z.Logged());
+  if (z.Lagging()) z.ResetLag(z.Seen());
 }
 
 checkpoint::OptimizerContent detail::ZeroCheckpoint(
@@ -589,7 +589,7 @@ void ZeroRedundancyOptimizer::add_param_group(
   // over the groups it logged it for first; a catch-up under way is not
   // taken (the log holds its step).
   z.lag.pending.reset();
-  const int64_t logged = z.Logged();
+  const int64_t logged = z.Seen();
   if (z.mirror != nullptr && z.Lagging()) z.ReplayMirror(logged);
   if (z.mirror != nullptr) {
     // The new group's parameters of the shards this rank mirrors.
@@ -964,6 +964,7 @@ void ZeroRedundancyOptimizer::Impl::LogMirror() {
   auto span = Traced(kMirrorSpan);
   torch::NoGradGuard no_grad;
   Lag::Entry e;
+  e.step = base + 1;
   for (const auto& g : groups()) e.options.push_back(g.options().clone());
   const std::vector<torch::Tensor> params = ParamsOf(*mirror);
   int64_t size = 0;
@@ -1005,11 +1006,10 @@ void ZeroRedundancyOptimizer::Impl::LogMirror() {
 }
 
 void ZeroRedundancyOptimizer::Impl::ReplayMirror(int64_t step) {
-  if (!zero::LagReaches(lag.at, int64_t(lag.entries.size()), step)) {
+  if (!zero::LagReaches(lag.at, Seen(), step)) {
     Fail(ErrorCode::kInternal,
-         absl::StrCat("a mirror holding step ", lag.at, " and ",
-                      lag.entries.size(), " logged step(s) cannot replay to ",
-                      step));
+         absl::StrCat("a mirror holding step ", lag.at, " and the steps to ",
+                      Seen(), " cannot replay to ", step));
   }
   if (mirror == nullptr || step == lag.at) {
     ResetLag(step);
@@ -1022,8 +1022,8 @@ void ZeroRedundancyOptimizer::Impl::ReplayMirror(int64_t step) {
     params[k].detach().copy_(lag.params[k]);
     saved.push_back(params[k].grad());
   }
-  for (int64_t s = lag.at + 1; s <= step; ++s) {
-    Lag::Entry& e = lag.entries[size_t(s - lag.at - 1)];
+  for (const Lag::Entry& e : lag.entries) {
+    if (e.step > step) break;
     for (size_t g = 0; g < e.options.size(); ++g) {
       mirror->param_groups()[g].set_options(e.options[g]->clone());
     }
@@ -1105,7 +1105,12 @@ void ZeroRedundancyOptimizer::Impl::FinishCatchUp() {
   lag.pending.reset();
   auto span = Traced(kCatchUpSpan);
   for (auto& w : done.works) ThrowIfError(w->Synchronize());
-  if (mirror == nullptr || done.step != base) return;
+  // The step it is of is committed, and no update ran since (the log ends
+  // there): the parameters are still that step's.
+  if (mirror == nullptr || done.step > base ||
+      (!lag.entries.empty() && lag.entries.back().step > done.step)) {
+    return;
+  }
   std::map<int64_t, NamedTensors> received;
   for (int r : Mirrored()) {
     auto it = done.bulk.find(r);
@@ -1117,8 +1122,6 @@ void ZeroRedundancyOptimizer::Impl::FinishCatchUp() {
   for (size_t g = 0; g < groups().size(); ++g) offsets.push_back(Offset(g));
   ThrowIfError(FillState(*mirror, IndicesOver(partition, Mirrored(), offsets),
                          received));
-  // The parameters are the committed step's still: this step's update has
-  // not run.
   ResetLag(done.step);
 }
 
@@ -1150,8 +1153,7 @@ absl::Status ZeroRedundancyOptimizer::Impl::SyncState(
     }
     if (!Lagging()) {
       offers_mirrored = offers;
-    } else if (mirror != nullptr &&
-               zero::LagReaches(lag.at, int64_t(lag.entries.size()), step)) {
+    } else if (mirror != nullptr && zero::LagReaches(lag.at, Seen(), step)) {
       ReplayMirror(step);
       offers_mirrored = true;
     }

@@ -4,6 +4,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <optional>
@@ -86,11 +87,12 @@ struct ZeroRedundancyOptimizer::Impl final : elastic::Participant {
   // ZeroOptions::mirror_lag under run_elastic (see Note [Lagging mirrors]
   // in api/zero.cc): `mirror` holds the mirrored shards' state at step
   // `at`, `params` their parameters then, and `entries` what each step
-  // since handed the mirror instead of stepping it (steps at + 1, at + 2,
-  // ...). `caught_up`: the step the owners last sent their state at (the
-  // same on every rank).
+  // since handed the mirror instead of stepping it, in order (a step that
+  // updated nothing has none). `caught_up`: the step the owners last sent
+  // their state at (the same on every rank).
   struct Lag {
     struct Entry {
+      int64_t step = 0;
       std::vector<std::unique_ptr<optim::OptimizerOptions>> options;
       // The defined gradients, flat in the mirror's parameter order.
       torch::Tensor gradients;
@@ -115,14 +117,20 @@ struct ZeroRedundancyOptimizer::Impl final : elastic::Participant {
   };
   Lag lag;
   bool Lagging() const { return elastic && options.mirror_lag() > 0; }
-  int64_t Logged() const { return lag.at + int64_t(lag.entries.size()); }
+  // The last step whose update the mirror has seen (or knows there was
+  // none): the committed one, or the one just logged.
+  int64_t Seen() const {
+    return std::max(lag.at, lag.entries.empty()
+                                ? base
+                                : std::max(base, lag.entries.back().step));
+  }
   // The mirror as it is now is step `step`'s: copies its parameters, drops
   // the log.
   void ResetLag(int64_t step);
   // In place of the mirror's update: this step's gradients of the mirrored
   // shards and the groups' options.
   void LogMirror();
-  // The mirrored shards' state and parameters at `step` (Logged() at most),
+  // The mirrored shards' state and parameters at `step` (Seen() at most),
   // by stepping the mirror with what the log holds up to it.
   void ReplayMirror(int64_t step);
   // Every mirror_lag steps, once the step's broadcasts are done, each owner

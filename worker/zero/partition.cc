@@ -174,8 +174,8 @@ Offer OfferAt(int64_t base, bool stepped, bool copied, int64_t step) {
   return Offer::kNone;
 }
 
-bool LagReaches(int64_t at, int64_t logged, int64_t step) {
-  return logged >= 0 && at <= step && step <= at + logged;
+bool LagReaches(int64_t at, int64_t seen, int64_t step) {
+  return at <= step && step <= seen;
 }
 
 bool CatchUpDue(int64_t step, int64_t caught_up, int64_t lag) {

@@ -118,10 +118,10 @@ enum class Offer { kLive, kCopy, kNone };
 Offer OfferAt(int64_t base, bool stepped, bool copied, int64_t step);
 
 // A lagging mirror (see Note [Lagging mirrors] in api/zero.cc) holds the
-// shards it mirrors at step `at` and the gradients of the `logged` steps
-// after it: it can offer the job's step `step` when that lies in between
-// (replaying step - at of them).
-bool LagReaches(int64_t at, int64_t logged, int64_t step);
+// shards it mirrors at step `at` and the gradients of every update since,
+// up to step `seen`: it can offer the job's step `step` when that lies in
+// between (replaying the updates up to it).
+bool LagReaches(int64_t at, int64_t seen, int64_t step);
 // Whether the owners send their state to their mirrors at the end of step
 // `step`: `lag` (ZeroOptions::mirror_lag, > 0) steps have been logged since
 // the last time, at `caught_up`. Every rank's answer is the same: all of it
