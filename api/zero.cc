@@ -79,10 +79,7 @@ namespace optim = torch::optim;
 //   only the writers ever hold the rest.
 // Memory per rank, over the unsharded optimizer state S and parameters P
 // over N ranks: the live state of its shard and its mirrored one (2 S/N) and
-// both as they were at the step's start (2 (S + P)/N); with lagging mirrors
-// (see Note [Lagging mirrors]) the mirrored shard's state, its parameters
-// and K gradients in place of its live state and copies (S/N + (K + 1)
-// P/N), and for the catch-up under way the state it brings (S/N).
+// both as they were at the step's start (2 (S + P)/N).
 
 // Note [ZeRO on the timeline]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -93,12 +90,8 @@ namespace optim = torch::optim;
 // the shards this rank holds, before their update), "zero update" (the
 // wrapped optimizer's step over this rank's shard, with what it keeps of
 // the state, see Note [Elastic ZeRO]), "zero mirror" (the same over the
-// shards this rank mirrors; with lagging mirrors, see Note [Lagging
-// mirrors], the copy of their gradients instead), "zero catch-up" (a
-// lagging mirror's catch-up: its start after the broadcasts, and the next
-// update's wait for it and taking of the state) and "zero broadcast" (the
-// parameters from the ranks that stepped them, to the last one's
-// arrival). With
+// shards this rank mirrors) and "zero broadcast" (the parameters from the
+// ranks that stepped them, to the last one's arrival). With
 // overlap_with_ddp they lie inside backward:
 // the updates where the hook makes them (at the last bucket, or bucket by
 // bucket for the interleaved hook), and "zero broadcast" is the wait for
@@ -111,7 +104,6 @@ namespace {
 using zero_api::CopyOptions;
 using zero_api::Fail;
 using zero_api::kBroadcastSpan;
-using zero_api::kCatchUpSpan;
 using zero_api::kCopySpan;
 using zero_api::kMirrorSpan;
 using zero_api::kName;
@@ -216,11 +208,6 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(
       impl_(std::make_unique<Impl>(this, job, options, std::move(make))) {
   const std::vector<torch::Tensor> params = AllParams(param_groups());
   CheckParams(params);
-  if (options.mirror_lag() < 0) {
-    Fail(ErrorCode::kInvalidArgument,
-         absl::StrCat("mirror_lag must be 0 or more, got ",
-                      options.mirror_lag()));
-  }
   impl_->comm = job.state()->session().shared_communicator();
   if (impl_->comm == nullptr) {
     Fail(ErrorCode::kFailedPrecondition,
@@ -324,14 +311,11 @@ torch::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
     Fail(ErrorCode::kFailedPrecondition,
          "step() ran twice in one step of run_elastic: commit in between");
   }
-  z.FinishCatchUp();
   CopyOptions(param_groups(), z.local->param_groups());
   z.TakeParams();
   torch::Tensor loss = z.Update(*z.local, std::move(closure));
   CopyOptions(z.local->param_groups(), param_groups());
-  if (z.mirror != nullptr && z.Lagging()) {
-    z.LogMirror();  // see Note [Lagging mirrors]
-  } else if (z.mirror != nullptr) {
+  if (z.mirror != nullptr) {
     // See Note [ZeRO mirrors]: the mirrored shards, with the same gradients.
     CopyOptions(param_groups(), z.mirror->param_groups());
     z.Update(*z.mirror);
@@ -342,7 +326,6 @@ torch::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
     auto span = z.Traced(kBroadcastSpan);
     z.SyncParams(param_groups());
   }
-  z.StartCatchUp();
   return loss;
 }
 
@@ -391,10 +374,8 @@ void ZeroRedundancyOptimizer::Impl::SyncParams(
   for (auto& w : works) ThrowIfError(w->Synchronize());
   if (!z.buckets.empty()) return;
   // A mirror stepped the shards it mirrors itself, to the same bits (see
-  // Note [ZeRO mirrors]): their broadcasts are not copied in again. A
-  // lagging one did not (see Note [Lagging mirrors]).
-  const std::vector<int> mirrored =
-      z.Lagging() ? std::vector<int>{} : z.Mirrored();
+  // Note [ZeRO mirrors]): their broadcasts are not copied in again.
+  const std::vector<int> mirrored = z.Mirrored();
   size_t k = 0;
   for (int r = 0; r < z.world(); ++r) {
     if (ShardOf(z.partition, groups, r).empty()) continue;
@@ -514,10 +495,6 @@ void detail::ZeroApply(ZeroRedundancyOptimizer& zero,
       }
     }
   }
-  // The mirror's state is the loaded one now, with nothing to replay (and
-  // no catch-up to take).
-  z.lag.pending.reset();
-  if (z.Lagging()) z.ResetLag(z.Seen());
 }
 
 checkpoint::OptimizerContent detail::ZeroCheckpoint(
@@ -585,12 +562,6 @@ void ZeroRedundancyOptimizer::add_param_group(
   }
   z.local->add_param_group(optim::OptimizerParamGroup(
       std::move(mine), param_groups().back().options().clone()));
-  // A lagging mirror (see Note [Lagging mirrors]) steps what it logged
-  // over the groups it logged it for first; a catch-up under way is not
-  // taken (the log holds its step).
-  z.lag.pending.reset();
-  const int64_t logged = z.Seen();
-  if (z.mirror != nullptr && z.Lagging()) z.ReplayMirror(logged);
   if (z.mirror != nullptr) {
     // The new group's parameters of the shards this rank mirrors.
     std::vector<torch::Tensor> mirrored;
@@ -601,7 +572,6 @@ void ZeroRedundancyOptimizer::add_param_group(
     }
     z.mirror->add_param_group(optim::OptimizerParamGroup(
         std::move(mirrored), param_groups().back().options().clone()));
-    if (z.Lagging()) z.ResetLag(logged);
   }
   z.trainable = TrainableMask(AllParams(param_groups()));
   impl_->BuildBuckets(param_groups());
@@ -663,31 +633,6 @@ void CaptureInto(const optim::Optimizer& optimizer,
   }
 }
 
-// Replaces `o`'s state with `received`'s, by index into every parameter
-// (`indices`: those of o's parameters, in order; a parameter not received
-// gets no state).
-absl::Status FillState(optim::Optimizer& o, const std::vector<int64_t>& indices,
-                       const std::map<int64_t, NamedTensors>& received) {
-  checkpoint::OptimizerContent c = checkpoint::CaptureOptimizer(kName, o);
-  if (c.type.empty()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(kName,
-                     " under run_elastic needs an optimizer with a PyTorch "
-                     "state_dict form (SGD, Adam, AdamW, RMSprop, Adagrad)"));
-  }
-  c.state.clear();
-  for (size_t k = 0; k < indices.size(); ++k) {
-    auto it = received.find(indices[k]);
-    if (it != received.end()) c.state.emplace_back(int64_t(k), it->second);
-  }
-  return checkpoint::ApplyOptimizer(c, o);
-}
-
-// Every parameter of `o`'s groups, in order.
-std::vector<torch::Tensor> ParamsOf(const optim::Optimizer& o) {
-  return AllParams(o.param_groups());
-}
-
 std::string PickleTensors(const NamedTensors& tensors) {
   c10::Dict<std::string, torch::Tensor> dict;
   for (const auto& [name, t] : tensors) dict.insert(name, t);
@@ -719,94 +664,6 @@ bool SplitName(const std::string& name, int64_t* index, std::string* key) {
   return !key->empty();
 }
 
-// A shard's state on its way to its mirror (see Note [Lagging mirrors]):
-// tensors of one element or none in `header` as they are ("<index>/<key>"),
-// the others' bytes in `bulk` (on the state's device, each 64-byte
-// aligned) and, in `header` under "#<index>/<key>", an int64 tensor of
-// their offset there, dtype, then sizes.
-struct PackedState {
-  NamedTensors header;
-  torch::Tensor bulk;
-};
-
-PackedState PackState(
-    const std::vector<std::pair<int64_t, NamedTensors>>& state,
-    const torch::TensorOptions& on) {
-  PackedState out;
-  int64_t size = 0;
-  std::vector<std::pair<int64_t, const torch::Tensor*>> placed;
-  for (const auto& [i, tensors] : state) {
-    for (const auto& [key, t] : tensors) {
-      const std::string name = absl::StrCat(i, "/", key);
-      if (t.numel() <= 1) {
-        out.header.emplace_back(name, t.to(torch::kCPU));
-        continue;
-      }
-      std::vector<int64_t> meta = {size, int64_t(t.scalar_type())};
-      meta.insert(meta.end(), t.sizes().begin(), t.sizes().end());
-      out.header.emplace_back("#" + name, torch::tensor(meta, torch::kLong));
-      placed.emplace_back(size, &t);
-      size += (int64_t(t.nbytes()) + 63) / 64 * 64;
-    }
-  }
-  out.bulk = torch::empty({size}, on.dtype(torch::kByte));
-  torch::NoGradGuard no_grad;
-  for (const auto& [offset, t] : placed) {
-    out.bulk.narrow(0, offset, int64_t(t->nbytes()))
-        .copy_(t->contiguous().flatten().view(torch::kByte));
-  }
-  return out;
-}
-
-// The bytes `header`'s tensors take in their bulk.
-int64_t BulkBytes(const NamedTensors& header) {
-  int64_t out = 0;
-  for (const auto& [name, t] : header) {
-    if (name.empty() || name[0] != '#' || t.numel() < 2) continue;
-    const auto m = t.accessor<int64_t, 1>();
-    int64_t numel = 1;
-    for (int64_t d = 2; d < t.numel(); ++d) numel *= m[d];
-    const int64_t bytes =
-        numel * int64_t(c10::elementSize(c10::ScalarType(m[1])));
-    out = std::max(out, m[0] + (bytes + 63) / 64 * 64);
-  }
-  return out;
-}
-
-// PackState's tensors back, by index into `out` (views into `bulk`).
-absl::Status UnpackState(const NamedTensors& header, const torch::Tensor& bulk,
-                         std::map<int64_t, NamedTensors>& out) {
-  for (const auto& [name, t] : header) {
-    int64_t i = 0;
-    std::string key;
-    const bool placed = !name.empty() && name[0] == '#';
-    if (!SplitName(placed ? name.substr(1) : name, &i, &key)) {
-      return absl::InternalError(
-          absl::StrCat(kName, ": a mirror's state names '", name, "'"));
-    }
-    if (!placed) {
-      out[i].emplace_back(key, t);
-      continue;
-    }
-    const auto m = t.accessor<int64_t, 1>();
-    const auto dtype = c10::ScalarType(m[1]);
-    std::vector<int64_t> sizes;
-    int64_t numel = 1;
-    for (int64_t d = 2; d < t.numel(); ++d) {
-      sizes.push_back(m[d]);
-      numel *= m[d];
-    }
-    const int64_t bytes = numel * int64_t(c10::elementSize(dtype));
-    if (!bulk.defined() || m[0] < 0 || m[0] + bytes > bulk.numel()) {
-      return absl::InternalError(absl::StrCat(
-          kName, ": a mirror's state '", name, "' lies outside its bytes"));
-    }
-    out[i].emplace_back(key,
-                        bulk.narrow(0, m[0], bytes).view(dtype).view(sizes));
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 std::vector<int> ZeroRedundancyOptimizer::Impl::MirrorsFor(
@@ -823,31 +680,26 @@ std::vector<int> ZeroRedundancyOptimizer::Impl::Mirrored() const {
   return out;
 }
 
-std::vector<int64_t> ZeroRedundancyOptimizer::Impl::Held(bool own,
-                                                         bool mirrored) const {
+std::vector<int64_t> ZeroRedundancyOptimizer::Impl::Held() const {
   std::vector<int64_t> offsets;
   for (size_t g = 0; g < self->param_groups().size(); ++g) {
     offsets.push_back(Offset(g));
   }
-  std::vector<int64_t> out;
-  if (own) out = IndicesOver(partition, {rank()}, offsets);
-  if (mirrored) {
-    const std::vector<int64_t> more =
-        IndicesOver(partition, Mirrored(), offsets);
-    out.insert(out.end(), more.begin(), more.end());
-  }
+  std::vector<int64_t> out = IndicesOver(partition, {rank()}, offsets);
+  const std::vector<int64_t> more = IndicesOver(partition, Mirrored(), offsets);
+  out.insert(out.end(), more.begin(), more.end());
   return out;
 }
 
-std::map<int64_t, NamedTensors> ZeroRedundancyOptimizer::Impl::HeldState(
-    bool own, bool mirrored) const {
+std::map<int64_t, NamedTensors> ZeroRedundancyOptimizer::Impl::HeldState()
+    const {
   std::vector<int64_t> offsets;
   for (size_t g = 0; g < self->param_groups().size(); ++g) {
     offsets.push_back(Offset(g));
   }
   std::map<int64_t, NamedTensors> out;
-  if (own) CaptureInto(*local, IndicesOver(partition, {rank()}, offsets), out);
-  if (mirrored && mirror != nullptr) {
+  CaptureInto(*local, IndicesOver(partition, {rank()}, offsets), out);
+  if (mirror != nullptr) {
     CaptureInto(*mirror, IndicesOver(partition, Mirrored(), offsets), out);
   }
   return out;
@@ -856,29 +708,22 @@ std::map<int64_t, NamedTensors> ZeroRedundancyOptimizer::Impl::HeldState(
 void ZeroRedundancyOptimizer::Impl::BeginStep(int64_t step) {
   if (!elastic) return;
   shard_.clear();  // the last checkpoint's, filled or not: never kept longer
-  bool made = false;
   if (overlapped() && overlap.status != Overlap::Status::kInitialized &&
       OverlapBucketsFromDdp(step)) {
     // See Note [Elastic ZeRO overlapped with DDP]: the shards exist from
     // the third step's start.
     OverlapInit();
-    made = true;
   }
   base = step;
   stepped = false;
   copied = false;  // until the update (TakeParams, Update)
-  if (made && Lagging()) {
-    // Nothing stepped yet: the new mirrors hold the step as it is.
-    ResetLag(step);
-    lag.caught_up = step;
-  }
 }
 
 void ZeroRedundancyOptimizer::Impl::TakeParams() {
   if (!elastic) return;
   auto span = Traced(kCopySpan);
   own_copy.TakeParams(*local);
-  if (mirror != nullptr && !Lagging()) mirror_copy.TakeParams(*mirror);
+  if (mirror != nullptr) mirror_copy.TakeParams(*mirror);
 }
 
 torch::Tensor ZeroRedundancyOptimizer::Impl::Update(
@@ -895,248 +740,14 @@ torch::Tensor ZeroRedundancyOptimizer::Impl::Update(
   return loss;
 }
 
-// Note [Lagging mirrors]
-// ~~~~~~~~~~~~~~~~~~~~~~
-// With ZeroOptions::mirror_lag K > 0 a mirror (see Note [ZeRO mirrors] in
-// worker/zero/partition.h) does not step the shards it mirrors. Every rank
-// has every parameter's reduced gradient once backward is done, so in
-// place of the update it copies the mirrored parameters' gradients, with
-// the groups' options of the step (a scheduler's learning rate), into a
-// log ("zero mirror" on the timeline). It keeps the mirrored state and
-// parameters as they were at the log's start, and the broadcasts bring it
-// the owners' parameters as they bring them to every other rank.
-// - Replay. When the mirror's shards are needed (a re-form that takes them
-//   from it, a hand-over, add_param_group) it puts the kept parameters
-//   back and steps the wrapped optimizer with each logged gradient and
-//   options in turn, up to the job's step: the owner's arithmetic on the
-//   owner's inputs, so the shard's state and parameters are the owner's
-//   bit for bit (LibTorch's step(); see Note [Steps that keep their
-//   start] in worker/checkpoint/optimizer_snapshot.h for why the owner's
-//   StepTaking is the same). The log is as transactional as an update: a
-//   step's gradients are logged where the update would have run, so a
-//   survivor's commit of the step implies every rank logged it, and a job
-//   that goes back to the step's start replays one fewer.
-// - Catch-up. At the end of every K-th step, once its broadcasts are done,
-//   the owners start sending their shards' state to their mirrors: every
-//   rank learns every shard's layout (small), then each owner's bytes go
-//   to its mirror alone, asynchronously, while the next step's forward
-//   runs. The next step's update waits for them and the mirror takes the
-//   state as its own; the step it is of is committed by then (a step
-//   starts after its predecessor's commit), the parameters are still that
-//   step's, and the log empties. A re-form, a load or add_param_group
-//   before then drops it: the log still reaches the job's step.
-// Memory per mirrored parameter: its state, its parameter and K gradients
-// (Adam in fp32: 8 + 4 + 4 K bytes), and 8 more while a catch-up is on its
-// way, against 8 + 12 for a mirror that steps (its state, and both as they
-// were at the step's start). Work: a copy of the gradient a step, and the
-// owner's state over the network every K steps, instead of the wrapped
-// optimizer's update: a trade that pays where the network is fast next to
-// the update (bench/zero_vs_ddp.py measures both).
-
-void ZeroRedundancyOptimizer::Impl::ResetLag(int64_t step) {
-  torch::NoGradGuard no_grad;
-  lag.at = step;
-  for (auto& e : lag.entries) {
-    if (e.gradients.defined()) lag.spare.push_back(std::move(e.gradients));
-  }
-  lag.entries.clear();
-  if (mirror == nullptr) {
-    lag.params.clear();
-    return;
-  }
-  const std::vector<torch::Tensor> params = ParamsOf(*mirror);
-  if (lag.params.size() != params.size()) lag.params.clear();
-  for (size_t k = 0; k < params.size(); ++k) {
-    const torch::Tensor p = params[k].detach();
-    if (k < lag.params.size() && lag.params[k].sizes() == p.sizes() &&
-        lag.params[k].scalar_type() == p.scalar_type() &&
-        lag.params[k].device() == p.device()) {
-      lag.params[k].copy_(p);
-    } else if (k < lag.params.size()) {
-      lag.params[k] = p.clone();
-    } else {
-      lag.params.push_back(p.clone());
-    }
-  }
-}
-
-void ZeroRedundancyOptimizer::Impl::LogMirror() {
-  auto span = Traced(kMirrorSpan);
-  torch::NoGradGuard no_grad;
-  Lag::Entry e;
-  e.step = base + 1;
-  for (const auto& g : groups()) e.options.push_back(g.options().clone());
-  const std::vector<torch::Tensor> params = ParamsOf(*mirror);
-  int64_t size = 0;
-  for (const auto& p : params) {
-    e.defined.push_back(p.grad().defined());
-    if (p.grad().defined()) size += p.numel();
-  }
-  if (params.empty()) {  // mirroring empty shards
-    lag.entries.push_back(std::move(e));
-    return;
-  }
-  // A dropped entry's buffer of that size, or a new one.
-  auto it = std::find_if(lag.spare.begin(), lag.spare.end(),
-                         [&](const torch::Tensor& t) {
-                           return t.numel() == size &&
-                                  t.scalar_type() == params[0].scalar_type() &&
-                                  t.device() == params[0].device();
-                         });
-  if (it != lag.spare.end()) {
-    e.gradients = std::move(*it);
-    lag.spare.erase(it);
-  } else {
-    e.gradients = torch::empty({size}, params[0].options());
-  }
-  int64_t offset = 0;
-  for (const auto& p : params) {
-    if (!p.grad().defined()) continue;
-    e.gradients.narrow(0, offset, p.numel()).view_as(p).copy_(p.grad());
-    offset += p.numel();
-  }
-  lag.entries.push_back(std::move(e));
-  // What the log holds is never more than mirror_lag steps: the dropped
-  // entries' buffers are spare only until the log has taken them back.
-  while (int64_t(lag.entries.size() + lag.spare.size()) >
-             options.mirror_lag() &&
-         !lag.spare.empty()) {
-    lag.spare.pop_back();
-  }
-}
-
-void ZeroRedundancyOptimizer::Impl::ReplayMirror(int64_t step) {
-  if (!zero::LagReaches(lag.at, Seen(), step)) {
-    Fail(ErrorCode::kInternal,
-         absl::StrCat("a mirror holding step ", lag.at, " and the steps to ",
-                      Seen(), " cannot replay to ", step));
-  }
-  if (mirror == nullptr || step == lag.at) {
-    ResetLag(step);
-    return;
-  }
-  torch::NoGradGuard no_grad;
-  const std::vector<torch::Tensor> params = ParamsOf(*mirror);
-  std::vector<torch::Tensor> saved;
-  for (size_t k = 0; k < params.size(); ++k) {
-    params[k].detach().copy_(lag.params[k]);
-    saved.push_back(params[k].grad());
-  }
-  for (const Lag::Entry& e : lag.entries) {
-    if (e.step > step) break;
-    for (size_t g = 0; g < e.options.size(); ++g) {
-      mirror->param_groups()[g].set_options(e.options[g]->clone());
-    }
-    int64_t offset = 0;
-    for (size_t k = 0; k < params.size(); ++k) {
-      torch::Tensor p = params[k];
-      if (!e.defined[k]) {
-        p.mutable_grad() = torch::Tensor();
-        continue;
-      }
-      p.mutable_grad() = e.gradients.narrow(0, offset, p.numel()).view_as(p);
-      offset += p.numel();
-    }
-    mirror->step();
-  }
-  for (size_t k = 0; k < params.size(); ++k) {
-    torch::Tensor p = params[k];
-    p.mutable_grad() = saved[k];
-  }
-  ResetLag(step);
-}
-
-void ZeroRedundancyOptimizer::Impl::StartCatchUp() {
-  const int64_t step = base + 1;  // the step just taken
-  if (!Lagging() ||
-      !zero::CatchUpDue(step, lag.caught_up, options.mirror_lag())) {
-    return;
-  }
-  lag.caught_up = step;
-  if (world() == 1 || mirror_of.size() != size_t(world())) return;
-  auto span = Traced(kCatchUpSpan);
-  const comm::CollectiveOptions opts = Collective();
-  const torch::TensorOptions on = groups()[0].params()[0].options();
-  // This rank's shard's state, for its mirror: every rank learns every
-  // shard's layout (small), then each owner's bytes go to its mirror alone,
-  // one exchange per owner in rank order.
-  PackedState packed;
-  const int mine = mirror_of[size_t(rank())];
-  if (mine >= 0 && mine != rank()) {
-    checkpoint::OptimizerContent c =
-        checkpoint::CaptureOptimizer(kName, *local);
-    std::vector<int64_t> offsets;
-    for (size_t g = 0; g < groups().size(); ++g) offsets.push_back(Offset(g));
-    const std::vector<int64_t> indices =
-        IndicesOver(partition, {rank()}, offsets);
-    for (auto& [k, tensors] : c.state) k = indices[size_t(k)];
-    packed = PackState(c.state, on);
-  }
-  auto layouts =
-      comm::AllgatherStrings(*comm, PickleTensors(packed.header), opts);
-  ThrowIfError(layouts.status());
-  Lag::CatchUp next;
-  next.step = step;
-  for (const std::string& bytes : *layouts) {
-    next.headers.push_back(UnpickleTensors(bytes));
-  }
-  const torch::TensorOptions bytes = on.dtype(torch::kByte);
-  for (int r = 0; r < world(); ++r) {
-    const int m = mirror_of[size_t(r)];
-    const int64_t n = BulkBytes(next.headers[size_t(r)]);
-    if (m < 0 || m == r || n == 0) continue;
-    if (rank() == r) {
-      next.works.push_back(comm->Exchange(packed.bulk, {m}, {}, {}, opts));
-    } else if (rank() == m) {
-      next.bulk[r] = torch::empty({n}, bytes);
-      next.works.push_back(comm->Exchange(torch::empty({n}, bytes), {},
-                                          {next.bulk[r]}, {r}, opts));
-    } else {
-      next.works.push_back(
-          comm->Exchange(torch::empty({0}, bytes), {}, {}, {}, opts));
-    }
-  }
-  lag.pending = std::move(next);
-}
-
-void ZeroRedundancyOptimizer::Impl::FinishCatchUp() {
-  if (!lag.pending.has_value()) return;
-  Lag::CatchUp done = std::move(*lag.pending);
-  lag.pending.reset();
-  auto span = Traced(kCatchUpSpan);
-  for (auto& w : done.works) ThrowIfError(w->Synchronize());
-  // The step it is of is committed, and no update ran since (the log ends
-  // there): the parameters are still that step's.
-  if (mirror == nullptr || done.step > base ||
-      (!lag.entries.empty() && lag.entries.back().step > done.step)) {
-    return;
-  }
-  std::map<int64_t, NamedTensors> received;
-  for (int r : Mirrored()) {
-    auto it = done.bulk.find(r);
-    ThrowIfError(UnpackState(
-        done.headers[size_t(r)],
-        it == done.bulk.end() ? torch::Tensor() : it->second, received));
-  }
-  std::vector<int64_t> offsets;
-  for (size_t g = 0; g < groups().size(); ++g) offsets.push_back(Offset(g));
-  ThrowIfError(FillState(*mirror, IndicesOver(partition, Mirrored(), offsets),
-                         received));
-  ResetLag(done.step);
-}
-
 absl::Status ZeroRedundancyOptimizer::Impl::SyncState(
     std::shared_ptr<comm::Communicator> next, int root, int64_t step,
     torch::optim::Optimizer& /*optimizer*/) {
   const comm::CollectiveOptions opts = Collective();
   const std::vector<torch::Tensor> params = AllParams(groups());
   const auto n = int64_t(params.size());
-  // A catch-up under way is not taken: the mirror's log holds its step.
-  lag.pending.reset();
-  // What this rank offers: the version of the job's step, live or copied;
-  // a lagging mirror's (see Note [Lagging mirrors]) replayed up to it.
+  // What this rank offers: the version of the job's step, live or copied.
   bool offers = resumed.has_value();
-  bool offers_mirrored = false;
   if (!offers && !empty && comm != nullptr) {
     switch (zero::OfferAt(base, stepped, copied, step)) {
       case zero::Offer::kLive:
@@ -1144,25 +755,19 @@ absl::Status ZeroRedundancyOptimizer::Impl::SyncState(
         break;
       case zero::Offer::kCopy:
         own_copy.Restore(*local);
-        if (mirror != nullptr && !Lagging()) mirror_copy.Restore(*mirror);
+        if (mirror != nullptr) mirror_copy.Restore(*mirror);
         stepped = false;
         offers = true;
         break;
       case zero::Offer::kNone:
         break;
     }
-    if (!Lagging()) {
-      offers_mirrored = offers;
-    } else if (mirror != nullptr && zero::LagReaches(lag.at, Seen(), step)) {
-      ReplayMirror(step);
-      offers_mirrored = true;
-    }
   }
   std::vector<int64_t> held;
   if (resumed.has_value()) {
     for (int64_t i = 0; i < n; ++i) held.push_back(i);
-  } else if (offers || offers_mirrored) {
-    held = Held(offers, offers_mirrored);
+  } else if (offers) {
+    held = Held();
   }
   const bool adopts = !adopted.empty() && adopted_step == step;
   if (adopts) {
@@ -1262,11 +867,7 @@ absl::Status ZeroRedundancyOptimizer::Impl::SyncState(
   // One message per sending rank: its parameters' values and state.
   std::map<int64_t, NamedTensors> received;
   std::map<int64_t, NamedTensors> mine;
-  if (resumed.has_value()) {
-    mine = *resumed;
-  } else if (offers || offers_mirrored) {
-    mine = HeldState(offers, offers_mirrored);
-  }
+  if (offers) mine = resumed.has_value() ? *resumed : HeldState();
   if (adopts) mine.insert(adopted.begin(), adopted.end());
   for (int s = 0; s < next->size(); ++s) {
     if (std::find(source.begin(), source.end(), s) == source.end()) continue;
@@ -1298,8 +899,21 @@ absl::Status ZeroRedundancyOptimizer::Impl::SyncState(
     }
   }
   // The new shards' optimizers, with the state received.
-  auto fill = [&](optim::Optimizer& o, const std::vector<int64_t>& indices) {
-    return FillState(o, indices, received);
+  auto fill = [&](optim::Optimizer& o,
+                  const std::vector<int64_t>& indices) -> absl::Status {
+    checkpoint::OptimizerContent c = checkpoint::CaptureOptimizer(kName, o);
+    if (c.type.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(kName,
+                       " under run_elastic needs an optimizer with a PyTorch "
+                       "state_dict form (SGD, Adam, AdamW, RMSprop, Adagrad)"));
+    }
+    c.state.clear();
+    for (size_t k = 0; k < indices.size(); ++k) {
+      auto it = received.find(indices[k]);
+      if (it != received.end()) c.state.emplace_back(int64_t(k), it->second);
+    }
+    return checkpoint::ApplyOptimizer(c, o);
   };
   std::unique_ptr<optim::Optimizer> next_local =
       MakeOver(next_partition, {next->rank()});
@@ -1318,10 +932,6 @@ absl::Status ZeroRedundancyOptimizer::Impl::SyncState(
   base = step;
   stepped = false;
   copied = false;
-  if (Lagging()) {
-    ResetLag(step);
-    lag.caught_up = step;
-  }
   resumed.reset();
   empty = false;
   adopted.clear();
@@ -1348,9 +958,6 @@ absl::Status ZeroRedundancyOptimizer::Impl::HandOver(
     }
     std::string bytes;
     if (r == old.rank()) {
-      // A lagging mirror's shards at the committed step (see Note [Lagging
-      // mirrors]); it has logged every step up to it.
-      if (Lagging() && mirror != nullptr) ReplayMirror(step);
       // Every parameter held, with state or without ("held").
       const std::vector<int64_t> indices = Held();
       NamedTensors out = {{"held", torch::tensor(indices, torch::kLong)}};
@@ -1624,15 +1231,6 @@ int64_t ZeroRedundancyOptimizer::state_bytes() const {
   };
   add(z.local.get());
   add(z.mirror.get());
-  // A lagging mirror's parameters and log (see Note [Lagging mirrors]).
-  for (const auto& t : z.lag.params) bytes += int64_t(t.nbytes());
-  for (const auto& e : z.lag.entries) {
-    if (e.gradients.defined()) bytes += int64_t(e.gradients.nbytes());
-  }
-  for (const auto& t : z.lag.spare) bytes += int64_t(t.nbytes());
-  if (z.lag.pending.has_value()) {
-    for (const auto& [r, t] : z.lag.pending->bulk) bytes += int64_t(t.nbytes());
-  }
   // Under run_elastic, the shards as they were at the step's start.
   return bytes + z.own_copy.bytes() + z.mirror_copy.bytes();
 }

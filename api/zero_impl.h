@@ -4,7 +4,6 @@
 
 #include <torch/torch.h>
 
-#include <algorithm>
 #include <map>
 #include <memory>
 #include <optional>
@@ -39,7 +38,6 @@ inline constexpr const char* kCopySpan = "zero copy";
 inline constexpr const char* kUpdateSpan = "zero update";
 inline constexpr const char* kMirrorSpan = "zero mirror";
 inline constexpr const char* kBroadcastSpan = "zero broadcast";
-inline constexpr const char* kCatchUpSpan = "zero catch-up";
 // Every group's options from `from` to `to` (the same number of groups).
 inline void CopyOptions(const std::vector<optim::OptimizerParamGroup>& from,
                         std::vector<optim::OptimizerParamGroup>& to) {
@@ -84,60 +82,6 @@ struct ZeroRedundancyOptimizer::Impl final : elastic::Participant {
   bool stepped = false;
   bool copied = false;
   checkpoint::OptimizerSnapshot own_copy, mirror_copy;
-  // ZeroOptions::mirror_lag under run_elastic (see Note [Lagging mirrors]
-  // in api/zero.cc): `mirror` holds the mirrored shards' state at step
-  // `at`, `params` their parameters then, and `entries` what each step
-  // since handed the mirror instead of stepping it, in order (a step that
-  // updated nothing has none). `caught_up`: the step the owners last sent
-  // their state at (the same on every rank).
-  struct Lag {
-    struct Entry {
-      int64_t step = 0;
-      std::vector<std::unique_ptr<optim::OptimizerOptions>> options;
-      // The defined gradients, flat in the mirror's parameter order.
-      torch::Tensor gradients;
-      std::vector<bool> defined;
-    };
-    int64_t at = 0;
-    std::vector<torch::Tensor> params;
-    std::vector<Entry> entries;
-    // Flat buffers of dropped entries, for the next ones.
-    std::vector<torch::Tensor> spare;
-    int64_t caught_up = 0;
-    // A catch-up under way (see Note [Lagging mirrors]): the owners' state
-    // at `step` on its way, every owner's layout, and what this rank
-    // receives, by owner.
-    struct CatchUp {
-      int64_t step = 0;
-      std::vector<std::shared_ptr<comm::Work>> works;
-      std::vector<NamedTensors> headers;
-      std::map<int, torch::Tensor> bulk;
-    };
-    std::optional<CatchUp> pending;
-  };
-  Lag lag;
-  bool Lagging() const { return elastic && options.mirror_lag() > 0; }
-  // The last step whose update the mirror has seen (or knows there was
-  // none): the committed one, or the one just logged.
-  int64_t Seen() const {
-    return std::max(lag.at, lag.entries.empty()
-                                ? base
-                                : std::max(base, lag.entries.back().step));
-  }
-  // The mirror as it is now is step `step`'s: copies its parameters, drops
-  // the log.
-  void ResetLag(int64_t step);
-  // In place of the mirror's update: this step's gradients of the mirrored
-  // shards and the groups' options.
-  void LogMirror();
-  // The mirrored shards' state and parameters at `step` (Seen() at most),
-  // by stepping the mirror with what the log holds up to it.
-  void ReplayMirror(int64_t step);
-  // Every mirror_lag steps, once the step's broadcasts are done, each owner
-  // starts sending its shard's state to its mirror; the next step's update
-  // waits for it and the mirror takes it (see Note [Lagging mirrors]).
-  void StartCatchUp();
-  void FinishCatchUp();
   // A checkpoint this rank resumed, by parameter index (the others: none),
   // and whether this rank holds nothing the job can use.
   std::optional<std::map<int64_t, NamedTensors>> resumed;
@@ -160,10 +104,9 @@ struct ZeroRedundancyOptimizer::Impl final : elastic::Participant {
                                              const std::vector<int>& ranks);
   // Parameter indices (state_dict's) this rank steps: its own shard, then
   // the ones it mirrors.
-  std::vector<int64_t> Held(bool own = true, bool mirrored = true) const;
+  std::vector<int64_t> Held() const;
   // Every held parameter's state, by index (CPU tensors).
-  std::map<int64_t, NamedTensors> HeldState(bool own = true,
-                                            bool mirrored = true) const;
+  std::map<int64_t, NamedTensors> HeldState() const;
   std::vector<int> Mirrored() const;
   // The mirrors of `partition`'s shards over the members' `nodes` (see
   // Note [ZeRO mirrors]).

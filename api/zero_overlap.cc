@@ -237,14 +237,9 @@ void ZeroRedundancyOptimizer::Impl::OverlapStep(
       }
     }
   }
-  FinishCatchUp();
   TakeParams();
   for (optim::Optimizer* opt : {local.get(), mirror.get()}) {
     if (opt == nullptr) continue;
-    if (opt == mirror.get() && Lagging()) {
-      LogMirror();  // see Note [Lagging mirrors] in api/zero.cc
-      continue;
-    }
     zero_api::CopyOptions(groups(), opt->param_groups());
     Update(*opt);
   }
@@ -268,16 +263,13 @@ void ZeroRedundancyOptimizer::Impl::OverlapBroadcast(size_t b) {
 }
 
 void ZeroRedundancyOptimizer::Impl::OverlapFinish() {
-  {
-    auto span = Traced(zero_api::kBroadcastSpan);
-    Overlap& o = overlap;
-    std::vector<std::shared_ptr<comm::Work>> works = std::move(o.broadcasts);
-    o.broadcasts.clear();
-    o.pending.clear();
-    o.seen = 0;
-    for (auto& w : works) ThrowIfError(w->Synchronize());
-  }
-  if (elastic) StartCatchUp();  // see Note [Lagging mirrors] in api/zero.cc
+  auto span = Traced(zero_api::kBroadcastSpan);
+  Overlap& o = overlap;
+  std::vector<std::shared_ptr<comm::Work>> works = std::move(o.broadcasts);
+  o.broadcasts.clear();
+  o.pending.clear();
+  o.seen = 0;
+  for (auto& w : works) ThrowIfError(w->Synchronize());
 }
 
 namespace {

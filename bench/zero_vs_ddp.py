@@ -16,7 +16,7 @@ What it does:
      exp_avg_sq: 8 bytes a parameter, ~21 MB) is twice the parameters.
      The data is --steps x world size x batch samples: every rank takes --steps
      full batches (one epoch, no shuffle, rank r taking samples r, r+W, ...).
-  2. Trains it nine times, Adam (lr --lr), one compute thread per worker,
+  2. Trains it seven times, Adam (lr --lr), one compute thread per worker,
      DDP's buckets capped at --bucket-cap-mb on both sides (so that the
      overlap has buckets to spread over the ranks):
      - concord ddp:         `concord-run --standalone --nproc W --
@@ -27,10 +27,6 @@ What it does:
      - concord zero+ovl:    --zero --zero-overlap step (the step inside
                             DDP's backward, see Note [ZeRO overlapped with
                             DDP] in api/zero_overlap.cc);
-     - concord zero+lag, concord zero+ovl+lag: --zero and --zero --zero-overlap
-                            step with --zero-mirror-lag --mirror-lag (mirrors
-                            that log gradients instead of stepping, see Note
-                            [Lagging mirrors] in api/zero.cc);
      - torch ddp:           PyTorch's DDP and torch.optim.Adam, W processes
                             (torch.multiprocessing, spawn), gloo;
      - torch zero:          PyTorch's DDP and
@@ -55,8 +51,7 @@ What it does:
   4. Where Concord's steps go: every Concord run is traced (concord-run
      --trace), and the mean ms per step of backward, DDP's optimizer step
      and the sharded optimizer's parts (see Note [ZeRO on the timeline] in
-     api/zero.cc: zero copy, zero update, zero mirror, zero catch-up, zero
-     broadcast) over
+     api/zero.cc: zero copy, zero update, zero mirror, zero broadcast) over
      every rank's steps after the first 2 (the median over the runs); and
      whether the overlapped run meets issue 48's goal (a mean step no
      longer than unsharded Concord DDP's).
@@ -96,8 +91,7 @@ import fixtures  # noqa: E402
 KIND = "mlp-large"
 WARMUP = 2  # steps left out of the mean, as concord-train does
 MIB = 1024.0 * 1024.0
-PARTS = ("backward", "optimizer", "zero copy", "zero update", "zero mirror", "zero catch-up",
-         "zero broadcast")
+PARTS = ("backward", "optimizer", "zero copy", "zero update", "zero mirror", "zero broadcast")
 
 
 def parse_args():
@@ -113,8 +107,6 @@ def parse_args():
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--bucket-cap-mb", type=float, default=2.0,
                    help="DDP's bucket_cap_mb, both sides")
-    p.add_argument("--mirror-lag", type=int, default=4,
-                   help="--zero-mirror-lag of the lagging runs")
     p.add_argument("--timeout", type=float, default=600)
     return p.parse_args()
 
@@ -296,21 +288,16 @@ def mirrors_of(shard):
     return out
 
 
-def expected_elastic(numels, world, state_per_elem, elem_bytes, lag=0):
+def expected_elastic(numels, world, state_per_elem, elem_bytes):
     """Bytes per rank: its own shard and those it mirrors (see Note [ZeRO
     mirrors]), live state plus the copies of state and parameters taken at
-    each step's start; with `lag` (see Note [Lagging mirrors]) the mirrored
-    shards' state, their parameters and `lag` gradients instead."""
+    each step's start."""
     shard = partition(numels, world)
     mirror = mirrors_of(shard)
     out = []
     for r in range(world):
-        mirrored = sum(shard[o] for o in range(world) if mirror[o] == r)
-        own = shard[r] * (2 * state_per_elem + elem_bytes)
-        if lag:
-            out.append(own + mirrored * (state_per_elem + (1 + lag) * elem_bytes))
-        else:
-            out.append(own + mirrored * (2 * state_per_elem + elem_bytes))
+        held = shard[r] + sum(shard[o] for o in range(world) if mirror[o] == r)
+        out.append(held * (2 * state_per_elem + elem_bytes))
     return out, shard, mirror
 
 
@@ -348,11 +335,6 @@ def bench_world(args):
                                 ["--zero", "--zero-bucket-view"]),
             lambda: run_concord(args, tmp, model, data, "concord zero+ovl",
                                 ["--zero", "--zero-overlap", "step"]),
-            lambda: run_concord(args, tmp, model, data, "concord zero+lag",
-                                ["--zero", "--zero-mirror-lag", str(args.mirror_lag)]),
-            lambda: run_concord(args, tmp, model, data, "concord zero+ovl+lag",
-                                ["--zero", "--zero-overlap", "step",
-                                 "--zero-mirror-lag", str(args.mirror_lag)]),
             lambda: run_torch(args, tmp, model, data, "torch ddp", False),
             lambda: run_torch(args, tmp, model, data, "torch zero", True),
             lambda: run_torch(args, tmp, model, data, "torch zero+ovl", "overlap")]
@@ -371,9 +353,8 @@ def bench_world(args):
         if "parts" in row:
             row["parts"] = {p: median([r["parts"][p] for r in each]) for p in PARTS}
         rows.append(row)
-    by = {r["name"]: r for r in rows}
     W = args.world_size
-    S = by["concord ddp"]["state_bytes"]  # unsharded Adam state
+    S = rows[0]["state_bytes"]  # unsharded Adam state
     P = params * 4
     print("%s (%d parameters, %.2f MiB; Adam state S = %.2f MiB unsharded), world size %d, "
           "batch %d per rank, %d samples, Adam lr %g, bucket_cap_mb %g, 1 compute thread per "
@@ -386,7 +367,7 @@ def bench_world(args):
     print(header)
     print("-" * len(header))
     for r in rows:
-        base = by["torch ddp"] if r["name"].startswith("torch") else by["concord ddp"]
+        base = rows[4] if r["name"].startswith("torch") else rows[0]
         print("%-19s %5d %8.2f/%7.2f %7.2fx %13.2f %7.2fx %10.1f/%10.1f" % (
             r["name"], r["steps"], r["step_ms"], r["median_ms"], r["step_ms"] / base["step_ms"],
             r["state_bytes"] / MIB, r["state_bytes"] / (S / W), r["rank0_rss"] / MIB,
@@ -396,7 +377,7 @@ def bench_world(args):
           "state (Concord: the authoritative rank's --metrics-out). peak RSS: ru_maxrss, the "
           "largest over the runs; Concord's max over concord-run and its workers, PyTorch's "
           "over its ranks)" % WARMUP)
-    torch_zero = by["torch zero"]["per_rank_state"]
+    torch_zero = rows[5]["per_rank_state"]
     print("PyTorch ZeRO state per rank (MiB): %s" % ", ".join(
         "%.2f" % (b / MIB) for b in torch_zero))
     expected, shard, mirror = expected_elastic(numels, W, S / params, 4)
@@ -406,30 +387,19 @@ def bench_world(args):
           % ("/".join(str(s) for s in shard), "/".join(str(m) for m in mirror)))
     for r, e in enumerate(expected):
         print("  rank %d: expected %.2f MiB = %.2fx S/W" % (r, e / MIB, e / (S / W)))
-    measured = by["concord zero"]["state_bytes"]
+    measured = rows[1]["state_bytes"]
     print("  even split: 2 S/W + 2 (S + P)/W = %.2f MiB = %.2fx S/W; concord zero's rank 0 "
           "measured %.2f MiB = %.3fx its expectation (goal <= 1.1x)" % (
               even / MIB, even / (S / W), measured / MIB, measured / expected[0]))
-    K = args.mirror_lag
-    lagged, _, _ = expected_elastic(numels, W, S / params, 4, K)
-    measured = by["concord zero+lag"]["state_bytes"]
-    print("Expected with --zero-mirror-lag %d: the mirrored shards' state, parameters and %d "
-          "gradients in place of their live state and copies: %s MiB; concord zero+lag's rank 0 "
-          "measured %.2f MiB = %.3fx its expectation (goal <= 1.1x)" % (
-              K, K, "/".join("%.2f" % (e / MIB) for e in lagged), measured / MIB,
-              measured / lagged[0]))
     print("Where Concord's steps go (ms per step, the mean over every rank's steps after the "
           "first %d, from --trace, the median over the runs; the overlapped run's updates and "
           "broadcast lie inside its backward):" % WARMUP)
     print("  %-19s %s" % ("run", " ".join("%14s" % p for p in PARTS)))
-    for r in rows:
-        if not r["name"].startswith("concord"):
-            continue
+    for r in rows[:4]:
         print("  %-19s %s" % (r["name"], " ".join("%14.2f" % r["parts"][p] for p in PARTS)))
-    for name in ("concord zero+ovl", "concord zero+ovl+lag"):
-        ratio = by[name]["step_ms"] / by["concord ddp"]["step_ms"]
-        print("Step-time goal (issue 48): %s at %.2fx concord ddp's mean step at W = %d "
-              "(goal <= 1.00x): %s" % (name, ratio, W, "met" if ratio <= 1.0 else "not met"))
+    ratio = rows[3]["step_ms"] / rows[0]["step_ms"]
+    print("Step-time goal (issue 48): concord zero+ovl at %.2fx concord ddp's mean step at W = %d "
+          "(goal <= 1.00x): %s" % (ratio, W, "met" if ratio <= 1.0 else "not met"))
     shutil.rmtree(tmp, ignore_errors=True)
 
 

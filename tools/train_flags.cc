@@ -39,12 +39,6 @@ void AddTrainingFlags(CLI::App& app, TrainFlags& f) {
                  "hook_with_zero_step_interleaved); the first two steps "
                  "update nothing")
       ->check(CLI::IsMember({"step", "interleaved"}));
-  app.add_option_function<int64_t>(
-         "--zero-mirror-lag", [&f](int64_t k) { f.zero_options.mirror_lag(k); },
-         "with --zero: mirrors keep each shard's state up to K steps back "
-         "and the gradients since, instead of stepping it (mirror_lag; "
-         "0: they step it)")
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20));
   app.add_flag("--zero-shard-buckets", f.zero_shard_buckets,
                "with --zero-overlap: split DDP's buckets over the ranks to "
                "even out the shards (shard_buckets)");
@@ -182,9 +176,6 @@ absl::Status Check(TrainFlags& f) {
   }
   if (f.zero_options.parameters_as_bucket_view() && !f.zero) {
     return absl::InvalidArgumentError("--zero-bucket-view needs --zero");
-  }
-  if (f.zero_options.mirror_lag() != 0 && !f.zero) {
-    return absl::InvalidArgumentError("--zero-mirror-lag needs --zero");
   }
   if (!f.zero_overlap.empty() && !f.zero) {
     return absl::InvalidArgumentError("--zero-overlap needs --zero");

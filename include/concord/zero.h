@@ -21,9 +21,8 @@
 //
 // Under run_elastic (ElasticState::add it as any optimizer) no state goes
 // with a rank that dies: each shard is also stepped by a mirror rank, on
-// another node where there is one (or, with ZeroOptions::mirror_lag, kept
-// by it as a few steps' gradients to step only if the owner leaves), and a
-// re-form re-partitions over the new world; checkpoints hold the whole state as an unsharded optimizer's
+// another node where there is one, and a re-form re-partitions over the new
+// world; checkpoints hold the whole state as an unsharded optimizer's
 // (PyTorch's state_dict). It then wraps SGD, Adam, AdamW, RMSprop or
 // Adagrad only (see Note [Elastic ZeRO] in api/zero.cc; docs/api.md says
 // what it costs).
@@ -180,9 +179,7 @@ class ZeroRedundancyOptimizer : public torch::optim::Optimizer {
   // Bytes of optimizer state this rank keeps: its shard's and, under
   // run_elastic, the shards it mirrors and both as they were at the last
   // step's start, their parameters included (see Note [Elastic ZeRO] in
-  // api/zero.cc); with mirror_lag, a mirror's kept parameters, logged
-  // gradients and a catch-up's state on its way (see Note [Lagging
-  // mirrors]).
+  // api/zero.cc).
   int64_t state_bytes() const;
 
   // Inside Concord (ElasticState, the overlap hooks).

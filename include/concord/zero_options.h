@@ -23,15 +23,6 @@ struct ZeroOptions {
   // bucket's share are flat already). Under run_elastic too (see
   // concord/zero.h).
   TORCH_ARG(bool, overlap_with_ddp) = false;
-  // Under run_elastic, how each shard's mirror keeps it (see Note [Lagging
-  // mirrors] in api/zero.cc). 0: the mirror steps the shard with the owner,
-  // every step (the wrapped optimizer's work over the shard once more). K >
-  // 0: the mirror keeps the shard's state from at most K steps back and
-  // each step's gradients since (K copies of the shard's gradients), steps
-  // them only when the owner leaves, and takes the owner's state every K
-  // steps instead. Ignored outside run_elastic (no mirrors). Negative:
-  // kInvalidArgument.
-  TORCH_ARG(int64_t, mirror_lag) = 0;
 };
 
 }  // namespace concord

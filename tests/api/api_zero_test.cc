@@ -97,22 +97,6 @@ TEST(ZeroRedundancyOptimizerTest, OverlapRefusesWhatItCannotDo) {
             ErrorCode::kFailedPrecondition);
 }
 
-TEST(ZeroRedundancyOptimizerTest, ANegativeMirrorLagIsRefused) {
-  concord::Job job;
-  Net net;
-  EXPECT_EQ(CodeOf([&] {
-              concord::ZeroRedundancyOptimizer zero(
-                  net->parameters(), torch::optim::AdamOptions(1e-3), job,
-                  concord::ZeroOptions().mirror_lag(-1));
-            }),
-            ErrorCode::kInvalidArgument);
-  // Outside run_elastic a lag changes nothing: there are no mirrors.
-  concord::ZeroRedundancyOptimizer zero(net->parameters(),
-                                        torch::optim::AdamOptions(1e-3), job,
-                                        concord::ZeroOptions().mirror_lag(4));
-  EXPECT_EQ(zero.state_bytes(), 0);
-}
-
 TEST(ZeroRedundancyOptimizerTest, OverlappedUnderRunElasticFromTheThirdStep) {
   concord::Job job;
   torch::manual_seed(1);

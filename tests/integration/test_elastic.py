@@ -72,8 +72,7 @@ Groups (one ctest entry each):
              after its local update (before the parameters' broadcast), or
              before its forward (W = 3, 4), or dies and is restarted; the survivors (and
              the newcomer) bit-identical to the unsharded job's with the same
-             death. Also with lagging mirrors (--zero-mirror-lag), plain and
-             overlapped.
+             death.
   chaos      4 workers, --max-restarts 20, --min-workers 2: this script
              SIGKILLs a random live concord-train every 2-4 s (seeded) for a
              bounded time, then lets the job finish.
@@ -733,19 +732,6 @@ def _cases():
     c["zero-w3-overlap-restart"] = ("zero", lambda ctx: case_zero(
         ctx, "zero-w3-overlap-restart", 3, 3, "1:5:forward", fault="1:5:zero:optimizer:1",
         restarts=1, extra=overlap, ref_extra=["--zero"] + overlap))
-    # Lagging mirrors (see Note [Lagging mirrors] in api/zero.cc): the dead
-    # worker's shard is replayed by its mirror from the state it took at the
-    # last catch-up (step 3, lag 3) and the gradients logged since (steps 4
-    # and 5, of which the job keeps 4); overlapped, lag 2, the newcomer gets
-    # the replayed shard (worker 0's: with LibTorch 1.13's one bucket, rank
-    # 0 steps every parameter).
-    c["zero-w3-lag-broadcast"] = ("zero", lambda ctx: case_zero(
-        ctx, "zero-w3-lag-broadcast", 3, 2, "1:5:forward", fault="1:5:zero:optimizer:1",
-        extra=["--zero-mirror-lag", "3"]))
-    c["zero-w3-lag-overlap-restart"] = ("zero", lambda ctx: case_zero(
-        ctx, "zero-w3-lag-overlap-restart", 3, 3, "0:6:forward", fault="0:6:zero:optimizer:1",
-        restarts=1, extra=overlap + ["--zero-mirror-lag", "2"],
-        ref_extra=["--zero"] + overlap))
     # chaos
     c["chaos-w4"] = ("chaos", lambda ctx: case_chaos(ctx, "chaos-w4", ctx.seed))
     return c

@@ -126,15 +126,6 @@ CASES = {
             "step 4 and hand their shards (and rank 0's, which 3 mirrors) to rank 0",
         kind="mlp-plain", samples=66, world=4, batch=8, flags=[NO_DIVIDE],
         concord=["--zero", "--zero-bucket-view"]),
-    # Lagging mirrors (--zero-mirror-lag, see Note [Lagging mirrors] in
-    # api/zero.cc): the leaving ranks step their mirrors' logs up to the
-    # committed step before they hand them over.
-    "zero-lag-w4-active": dict(
-        doc="w4-active with --zero --zero-mirror-lag 3: ranks 2 and 3 leave together "
-            "after step 4 (state caught up at step 3, one step logged since) and hand "
-            "their shards over",
-        kind="mlp-plain", samples=66, world=4, batch=8, flags=[NO_DIVIDE],
-        concord=["--zero", "--zero-mirror-lag", "3"]),
     # Overlapped with DDP's backward (--zero-overlap: each bucket's share of
     # the step in its allreduce's callback): PyTorch's DDP under join whose
     # optimizer leaves out the two warm-up steps, in which the overlap

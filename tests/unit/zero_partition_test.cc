@@ -180,29 +180,6 @@ TEST(ZeroOfferTest, NothingOfAnotherStep) {
   EXPECT_EQ(OfferAt(4, true, /*copied=*/false, 4), Offer::kNone);
 }
 
-TEST(ZeroLagTest, ALaggingMirrorReachesTheStepsItLogged) {
-  // State at step 4, the updates of steps 5 and 6 seen.
-  EXPECT_FALSE(zero::LagReaches(4, 6, 3));  // before its state
-  EXPECT_TRUE(zero::LagReaches(4, 6, 4));   // nothing to replay
-  EXPECT_TRUE(zero::LagReaches(4, 6, 5));   // the job went back a step
-  EXPECT_TRUE(zero::LagReaches(4, 6, 6));   // the step just taken
-  EXPECT_FALSE(zero::LagReaches(4, 6, 7));  // a gradient it never saw
-  EXPECT_TRUE(zero::LagReaches(0, 0, 0));
-}
-
-TEST(ZeroLagTest, CatchUpEveryLagSteps) {
-  // Caught up at step 2, lag 3: steps 3, 4, 5 logged, then at the end of
-  // step 5 the owners send their state (taken at step 6's update).
-  EXPECT_FALSE(zero::CatchUpDue(2, 2, 3));
-  EXPECT_FALSE(zero::CatchUpDue(4, 2, 3));
-  EXPECT_TRUE(zero::CatchUpDue(5, 2, 3));
-  // Lag 1: every step.
-  EXPECT_TRUE(zero::CatchUpDue(3, 2, 1));
-  EXPECT_FALSE(zero::CatchUpDue(2, 2, 1));
-  // No lag: never (the mirrors step).
-  EXPECT_FALSE(zero::CatchUpDue(100, 0, 0));
-}
-
 TEST(ZeroSourcesTest, EachParameterFromTheLowestRankOfferingIt) {
   // Ranks 0 and 2 hold parameter 1 (its owner and its mirror): rank 0
   // sends it; rank 1 (a newcomer) offers nothing.

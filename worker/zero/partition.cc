@@ -174,14 +174,6 @@ Offer OfferAt(int64_t base, bool stepped, bool copied, int64_t step) {
   return Offer::kNone;
 }
 
-bool LagReaches(int64_t at, int64_t seen, int64_t step) {
-  return at <= step && step <= seen;
-}
-
-bool CatchUpDue(int64_t step, int64_t caught_up, int64_t lag) {
-  return lag > 0 && step - caught_up >= lag;
-}
-
 Sources SourcesOf(const std::vector<std::vector<int64_t>>& offers,
                   int64_t parameters) {
   Sources out;

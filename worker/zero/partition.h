@@ -117,17 +117,6 @@ std::vector<int64_t> ShardSizes(
 enum class Offer { kLive, kCopy, kNone };
 Offer OfferAt(int64_t base, bool stepped, bool copied, int64_t step);
 
-// A lagging mirror (see Note [Lagging mirrors] in api/zero.cc) holds the
-// shards it mirrors at step `at` and the gradients of every update since,
-// up to step `seen`: it can offer the job's step `step` when that lies in
-// between (replaying the updates up to it).
-bool LagReaches(int64_t at, int64_t seen, int64_t step);
-// Whether the owners send their state to their mirrors at the end of step
-// `step`: `lag` (ZeroOptions::mirror_lag, > 0) steps have been logged since
-// the last time, at `caught_up`. Every rank's answer is the same: all of it
-// comes from the job's steps.
-bool CatchUpDue(int64_t step, int64_t caught_up, int64_t lag);
-
 // Each parameter from the lowest rank offering it (`offers[rank]`: the
 // indices it holds; out-of-range ones are ignored): its rank, -1 where none
 // does (`missing`, in order).
