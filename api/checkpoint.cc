@@ -20,8 +20,10 @@
 #include "absl/strings/str_cat.h"
 #include "api/internal.h"
 #include "common/environment.h"
+#include "common/errno_status.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "common/write_all.h"
 #include "worker/checkpoint/content.h"
 #include "worker/checkpoint/disk.h"
 #include "worker/comm/coalesced.h"
@@ -70,11 +72,6 @@ absl::Status StatusOf(const nlohmann::json& j) {
                       j.value("message", std::string()));
 }
 
-absl::Status Errno(const std::string& what, const std::string& path) {
-  return absl::UnavailableError(
-      absl::StrCat(what, " ", path, ": ", std::strerror(errno)));
-}
-
 // (offset, bytes) of a file's holes.
 using Ranges = std::vector<std::pair<uint64_t, uint64_t>>;
 
@@ -83,7 +80,7 @@ using Ranges = std::vector<std::pair<uint64_t, uint64_t>>;
 absl::StatusOr<std::pair<uint64_t, uint32_t>> Fingerprint(
     int fd, const std::string& path, const Ranges& holes) {
   struct stat st {};
-  if (::fstat(fd, &st) != 0) return Errno("cannot stat", path);
+  if (::fstat(fd, &st) != 0) return ErrnoStatus("cannot stat", path);
   std::string head(
       std::min<uint64_t>(static_cast<uint64_t>(st.st_size), kFingerprintBytes),
       '\0');
@@ -91,7 +88,7 @@ absl::StatusOr<std::pair<uint64_t, uint32_t>> Fingerprint(
   while (got < head.size()) {
     const ssize_t n = ::pread(fd, head.data() + got, head.size() - got,
                               static_cast<off_t>(got));
-    if (n <= 0) return Errno("cannot read", path);
+    if (n <= 0) return ErrnoStatus("cannot read", path);
     got += static_cast<size_t>(n);
   }
   for (const auto& [offset, bytes] : holes) {
@@ -118,13 +115,9 @@ bool Matches(const nlohmann::json& table, const std::string& path,
 
 absl::Status WriteAt(int fd, const std::string& path, const void* data,
                      size_t n, uint64_t offset) {
-  const char* p = static_cast<const char*>(data);
-  for (size_t done = 0; done < n;) {
-    const ssize_t w =
-        ::pwrite(fd, p + done, n - done, static_cast<off_t>(offset + done));
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return Errno("cannot write", path);
-    done += static_cast<size_t>(w);
+  if (!WriteAllAt(fd, std::string_view(static_cast<const char*>(data), n),
+                  offset)) {
+    return ErrnoStatus("cannot write", path);
   }
   return absl::OkStatus();
 }
@@ -152,7 +145,7 @@ class HoleFiles {
   }
   absl::Status SyncAll() {
     for (const auto& [path, fd] : fds_) {
-      if (::fdatasync(fd) != 0) return Errno("cannot sync", path);
+      if (::fdatasync(fd) != 0) return ErrnoStatus("cannot sync", path);
     }
     return absl::OkStatus();
   }
@@ -272,7 +265,7 @@ absl::Status FillHoles(comm::Communicator& comm,
       by_name[HoleName(h.optimizer, h.index, h.key)] = &h;
       if (table["files"].contains(h.path)) continue;
       const int fd = files.Open(h.path);
-      if (fd < 0) return Errno("cannot open", h.path);
+      if (fd < 0) return ErrnoStatus("cannot open", h.path);
       Ranges ranges;
       for (const checkpoint::FileHole& other : holes) {
         if (other.path == h.path) {
@@ -332,7 +325,7 @@ absl::Status FillHoles(comm::Communicator& comm,
       }
       const checkpoint::FileHole& h = *it->second;
       const int fd = files.Open(h.path);
-      if (fd < 0) return Errno("cannot open", h.path);
+      if (fd < 0) return ErrnoStatus("cannot open", h.path);
       CONCORD_RETURN_IF_ERROR(WriteAt(fd, h.path, t.data_ptr(), n, h.offset));
       ++filled;
       ++announced->from_bytes;

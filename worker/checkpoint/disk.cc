@@ -17,6 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/errno_status.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "worker/checkpoint/file_writer.h"
@@ -46,17 +47,12 @@ uint32_t ManifestCrc(json manifest) {
 constexpr char kStateFile[] = "state.pt";
 constexpr char kManifest[] = "manifest.json";
 
-absl::Status Errno(const std::string& what, const std::string& path) {
-  return absl::UnavailableError(
-      absl::StrCat(what, " ", path, ": ", std::strerror(errno)));
-}
-
 absl::Status SyncDir(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return Errno("cannot open directory", path);
+  if (fd < 0) return ErrnoStatus("cannot open directory", path);
   const int rc = ::fsync(fd);
   ::close(fd);
-  if (rc != 0) return Errno("cannot sync directory", path);
+  if (rc != 0) return ErrnoStatus("cannot sync directory", path);
   return absl::OkStatus();
 }
 
@@ -369,7 +365,8 @@ class Staging {
                         absl::StrCat(".staging-step-", step, "-", ::getpid()))
                            .string();
     RemoveAll(path, nullptr);
-    if (::mkdir(path.c_str(), 0755) != 0) return Errno("cannot make", path);
+    if (::mkdir(path.c_str(), 0755) != 0)
+      return ErrnoStatus("cannot make", path);
     return Staging(std::move(path), ManifestOf(content, job),
                    std::move(buffers));
   }
@@ -501,11 +498,11 @@ absl::Status Publish(const std::string& staging, const std::string& job_dir,
                 .string();
     RemoveAll(trash, nullptr);
     if (::rename(final_dir.c_str(), trash.c_str()) != 0) {
-      return Errno("cannot move aside", final_dir);
+      return ErrnoStatus("cannot move aside", final_dir);
     }
   }
   if (::rename(staging.c_str(), final_dir.c_str()) != 0) {
-    return Errno("cannot rename into place", final_dir);
+    return ErrnoStatus("cannot rename into place", final_dir);
   }
   CONCORD_RETURN_IF_ERROR(SyncDir(job_dir));
   if (!trash.empty()) RemoveAll(trash, nullptr);
@@ -544,7 +541,7 @@ absl::Status ReplaceLatest(const std::string& job_dir, const std::string& job,
   }
   CONCORD_RETURN_IF_ERROR(WriteTextFile(latest_tmp, text).status());
   if (::rename(latest_tmp.c_str(), latest.c_str()) != 0) {
-    const absl::Status s = Errno("cannot rename into place", latest);
+    const absl::Status s = ErrnoStatus("cannot rename into place", latest);
     std::remove(latest_tmp.c_str());
     return s;
   }

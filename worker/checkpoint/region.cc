@@ -11,15 +11,14 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/errno_status.h"
 #include "common/status_macros.h"
 
 namespace concord::checkpoint {
 namespace {
 
 absl::Status Errno(const std::string& what, const std::string& path) {
-  return absl::UnavailableError(
-      absl::StrCat(what, " ", path.empty() ? "anonymous memory" : path, ": ",
-                   std::strerror(errno)));
+  return ErrnoStatus(what, path.empty() ? "anonymous memory" : path);
 }
 
 }  // namespace

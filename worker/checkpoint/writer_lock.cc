@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/errno_status.h"
 #include "common/host.h"
 
 namespace concord::checkpoint {
@@ -25,11 +26,6 @@ constexpr char kLockFile[] = ".writer";
 // Tries before giving up while other processes are taking the lock (each
 // waits 5-25 ms): about a second.
 constexpr int kTries = 60;
-
-absl::Status Errno(const std::string& what, const std::string& path) {
-  return absl::UnavailableError(
-      absl::StrCat(what, " ", path, ": ", std::strerror(errno)));
-}
 
 std::string ReadLine(int fd) {
   std::string text(4096, '\0');
@@ -46,12 +42,12 @@ absl::Status WriteLine(int fd, const std::string& path,
                                           {"since_unix_ms", me.since_unix_ms}}
                                .dump() +
                            "\n";
-  if (::ftruncate(fd, 0) != 0) return Errno("cannot truncate", path);
+  if (::ftruncate(fd, 0) != 0) return ErrnoStatus("cannot truncate", path);
   if (::pwrite(fd, line.data(), line.size(), 0) !=
       static_cast<ssize_t>(line.size())) {
-    return Errno("cannot write", path);
+    return ErrnoStatus("cannot write", path);
   }
-  if (::fsync(fd) != 0) return Errno("cannot sync", path);
+  if (::fsync(fd) != 0) return ErrnoStatus("cannot sync", path);
   return absl::OkStatus();
 }
 
@@ -97,7 +93,7 @@ absl::Status WriterLock::Hold(const std::string& job_dir, int64_t run) {
   const std::string path = absl::StrCat(job_dir, "/", kLockFile);
   const int fd =
       ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
-  if (fd < 0) return Errno("cannot open the writer lock", path);
+  if (fd < 0) return ErrnoStatus("cannot open the writer lock", path);
   const WriterIdentity me{run, HostName(), ::getpid(),
                           absl::ToUnixMillis(absl::Now())};
   // A holder of another run is named only when seen holding it several
@@ -150,7 +146,7 @@ absl::Status WriterLock::Hold(const std::string& job_dir, int64_t run) {
   ::close(fd);
   if (error != 0) {
     errno = error;
-    return Errno("cannot lock the writer lock", path);
+    return ErrnoStatus("cannot lock the writer lock", path);
   }
   return absl::UnavailableError(
       absl::StrCat("cannot take the writer lock ", path, " for run ", run,
