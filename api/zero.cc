@@ -373,9 +373,10 @@ void ZeroRedundancyOptimizer::Impl::SyncParams(
   }
   for (auto& w : works) ThrowIfError(w->Synchronize());
   if (!z.buckets.empty()) return;
-  // A mirror stepped the shards it mirrors itself, to the same bits (see
-  // Note [ZeRO mirrors]): their broadcasts are not copied in again.
-  const std::vector<int> mirrored = z.Mirrored();
+  // A mirror that stepped the shards it mirrors whole made the same bits
+  // (see Note [ZeRO mirrors]): their broadcasts are not copied in again.
+  const std::vector<int> mirrored =
+      z.mirror_deferred ? std::vector<int>{} : z.Mirrored();
   size_t k = 0;
   for (int r = 0; r < z.world(); ++r) {
     if (ShardOf(z.partition, groups, r).empty()) continue;
@@ -717,6 +718,7 @@ void ZeroRedundancyOptimizer::Impl::BeginStep(int64_t step) {
   base = step;
   stepped = false;
   copied = false;  // until the update (TakeParams, Update)
+  mirror_deferred = false;
 }
 
 void ZeroRedundancyOptimizer::Impl::TakeParams() {
@@ -733,11 +735,15 @@ torch::Tensor ZeroRedundancyOptimizer::Impl::Update(
   if (!elastic) return o.step(std::move(closure));
   // See Note [Steps that keep their start] in
   // worker/checkpoint/optimizer_snapshot.h: the state from before the
-  // step is kept while the step runs.
-  torch::Tensor loss =
-      (own ? own_copy : mirror_copy).StepTaking(o, std::move(closure));
+  // step is kept while the step runs. A mirror moves the state alone where
+  // it can: the parameters come with their owner's broadcast (see Note
+  // [ZeRO mirrors] in worker/zero/partition.h).
   copied = true;
-  return loss;
+  if (!own) {
+    mirror_deferred = mirror_copy.StepStateTaking(o);
+    return {};
+  }
+  return own_copy.StepTaking(o, std::move(closure));
 }
 
 absl::Status ZeroRedundancyOptimizer::Impl::SyncState(
@@ -751,6 +757,12 @@ absl::Status ZeroRedundancyOptimizer::Impl::SyncState(
   if (!offers && !empty && comm != nullptr) {
     switch (zero::OfferAt(base, stepped, copied, step)) {
       case zero::Offer::kLive:
+        // The mirrored shards' parameters at the step may not all have
+        // arrived (their owner may be the rank that left): made here, from
+        // the step's start and the state, the owner's bits.
+        if (stepped && mirror_deferred && mirror != nullptr) {
+          mirror_copy.FinishParams(*mirror);
+        }
         offers = true;
         break;
       case zero::Offer::kCopy:

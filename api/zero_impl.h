@@ -81,6 +81,10 @@ struct ZeroRedundancyOptimizer::Impl final : elastic::Participant {
   int64_t base = 0;
   bool stepped = false;
   bool copied = false;
+  // Whether this step's update of the mirrored shards moved their state
+  // alone, their parameters left to their owners' broadcasts (see Note
+  // [ZeRO mirrors] in worker/zero/partition.h).
+  bool mirror_deferred = false;
   checkpoint::OptimizerSnapshot own_copy, mirror_copy;
   // A checkpoint this rank resumed, by parameter index (the others: none),
   // and whether this rank holds nothing the job can use.

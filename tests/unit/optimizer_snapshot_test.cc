@@ -21,11 +21,16 @@ namespace optim = torch::optim;
 using Make = std::function<std::unique_ptr<optim::Optimizer>(
     std::vector<torch::Tensor>)>;
 
-// Parameters of a few shapes (one without a gradient at some steps).
+// Parameters of a few shapes (one without a gradient at some steps), two
+// of them larger than a folded step's chunk and of odd sizes (see Note
+// [Folded steps in chunks] in worker/checkpoint/optimizer_snapshot.cc), one
+// not contiguous.
 std::vector<torch::Tensor> Params(int64_t seed) {
   torch::manual_seed(seed);
-  return {torch::randn({7, 5}), torch::randn({33}), torch::randn({2, 3, 4}),
-          torch::randn({1})};
+  return {torch::randn({7, 5}),    torch::randn({33}),
+          torch::randn({2, 3, 4}), torch::randn({1}),
+          torch::randn({70001}),   torch::randn({301, 257}),
+          torch::randn({9, 6}).t()};
 }
 
 // Gradients for `step`: the same on both sides; parameter 3 has none at
@@ -155,6 +160,54 @@ TEST(OptimizerSnapshotTest, StepTakingIsLibTorchsStepBitForBit) {
   }
 }
 
+// A mirror's step (see Note [ZeRO mirrors] in worker/zero/partition.h):
+// the state as LibTorch's step makes it and the parameters untouched (their
+// owner sends them); FinishParams then makes the parameters' update, and
+// Restore still puts back the step's start.
+TEST(OptimizerSnapshotTest, StepStateTakingLeavesTheParametersToFinishParams) {
+  for (const Case& c : Cases()) {
+    SCOPED_TRACE(c.name);
+    std::vector<torch::Tensor> a = Params(4), b = Params(4);
+    auto plain = c.make(a);
+    auto mirror = c.make(b);
+    OptimizerSnapshot snapshot;
+    for (int step = 0; step < 5; ++step) {
+      SetGrads(a, step);
+      SetGrads(b, step);
+      const auto before = Clones(b);
+      const auto state_before = Clones(StateTensors(*mirror, b));
+      plain->step();
+      snapshot.TakeParams(*mirror);
+      const bool deferred = snapshot.StepStateTaking(*mirror);
+      EXPECT_EQ(deferred, c.folds && step > 0);
+      ExpectEqual(StateTensors(*mirror, b), StateTensors(*plain, a),
+                  "state after step " + std::to_string(step));
+      if (!deferred) {
+        ExpectEqual(b, a, "parameters stepped whole");
+        continue;
+      }
+      ExpectEqual(b, before, "parameters left alone");
+      if (step == 2) {
+        // Half-written by a broadcast that never finished: FinishParams
+        // starts from the step's start regardless.
+        b[0].zero_();
+      }
+      if (step == 3) {
+        snapshot.Restore(*mirror);
+        ExpectEqual(b, before, "parameters restored");
+        ExpectEqual(StateTensors(*mirror, b), state_before, "state restored");
+        snapshot.TakeParams(*mirror);
+        EXPECT_TRUE(snapshot.StepStateTaking(*mirror));
+      }
+      snapshot.FinishParams(*mirror);
+      ExpectEqual(b, a, "parameters finished at step " + std::to_string(step));
+      // Parameter 3 has no gradient at odd steps: FinishParams leaves it.
+      ExpectEqual(StateTensors(*mirror, b), StateTensors(*plain, a),
+                  "state after FinishParams");
+    }
+  }
+}
+
 TEST(OptimizerSnapshotTest, StepTakingKeepsTheStateWithoutCopyingIt) {
   std::vector<torch::Tensor> ps = Params(5);
   optim::Adam adam(ps, optim::AdamOptions(0.01));
@@ -216,7 +269,7 @@ TEST(OptimizerSnapshotTest, AStepWithAClosureIsLibTorchsOwn) {
   ExpectEqual(StateTensors(taking, b), StateTensors(plain, a), "state");
   snapshot.Restore(taking);
   ExpectEqual(b, before, "parameters restored");
-  EXPECT_EQ(taking.state().size(), 3u);  // parameter 3's state dropped
+  EXPECT_EQ(taking.state().size(), b.size() - 1);  // parameter 3's dropped
 }
 
 TEST(OptimizerSnapshotTest, ASubclassOrAFirstStepIsNotFolded) {

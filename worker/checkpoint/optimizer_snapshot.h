@@ -57,6 +57,18 @@ class OptimizerSnapshot {
   torch::Tensor StepTaking(
       torch::optim::Optimizer& optimizer,
       torch::optim::Optimizer::LossClosure closure = nullptr);
+  // StepTaking's first half, for a shard whose parameters another rank
+  // steps and sends (a ZeRO mirror, see Note [ZeRO mirrors] in
+  // worker/zero/partition.h): where StepTaking folds (Folds), the state
+  // alone moves and the parameters stay as TakeParams copied them; true
+  // then. Elsewhere it is StepTaking, parameters and all; false.
+  bool StepStateTaking(torch::optim::Optimizer& optimizer);
+  // After a StepStateTaking that returned true, and before the next
+  // TakeParams: each parameter whose state it moved becomes its copy from
+  // TakeParams updated with the optimizer's state, the bits StepTaking
+  // would have made (the second half, for a mirror whose shard's owner
+  // left before its parameters arrived).
+  void FinishParams(torch::optim::Optimizer& optimizer) const;
   // Whether StepTaking keeps `optimizer`'s state without copying it (when
   // it is given no closure): the type is LibTorch's Adam or AdamW (not a
   // subclass) and every parameter with a gradient has its state already,
@@ -91,11 +103,20 @@ class OptimizerSnapshot {
 
   // Take's second part: the per-parameter state, copied.
   void TakeState(torch::optim::Optimizer& optimizer);
+  // StepTaking's folded step of a Folds optimizer; the parameters too when
+  // `params`.
+  void Fold(torch::optim::Optimizer& optimizer, bool params);
 
   std::vector<torch::Tensor> params_;
   std::unordered_map<Key, std::unique_ptr<torch::optim::OptimizerParamState>>
       state_;
   std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> options_;
+  // By parameter (every group's in order): whose update the last
+  // StepStateTaking left to FinishParams.
+  std::vector<bool> deferred_;
+  // A folded step's temporaries (see Note [Folded steps in chunks] in
+  // optimizer_snapshot.cc).
+  mutable torch::Tensor scratch_;
   std::string archive_;  // serialized_: the whole optimizer
   bool serialized_ = false;
 };

@@ -77,7 +77,14 @@ BucketAssignment AssignBuckets(const std::vector<std::vector<int64_t>>& buckets,
 // home, so that a rank that dies takes no state with it: its mirror, a
 // rank that steps the same parameters with the same gradients alongside
 // (the same arithmetic on the same inputs, so both copies stay bit-identical
-// without sending state). A step waits for its slowest rank, and a rank's
+// without sending state). For Adam and AdamW a mirror moves the state alone
+// (the moments, about half of the update's work) and takes the parameters
+// from their owner's broadcast, as every other rank does; if the step fails
+// before they arrive and the job goes on from it, the mirror makes them from
+// the step's start and the new state, the owner's arithmetic (see
+// OptimizerSnapshot::StepStateTaking in
+// worker/checkpoint/optimizer_snapshot.h). Other optimizers' mirrors step
+// whole. A step waits for its slowest rank, and a rank's
 // update and state grow with the elements it steps (its own shard's and
 // those it mirrors), so the mirrors even those out: the shards are taken
 // largest first (by element count, the lower rank on a tie), and each
