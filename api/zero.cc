@@ -45,8 +45,9 @@ namespace optim = torch::optim;
 // and no rank may take it whole from the authoritative rank.
 // - Every shard has a mirror (see Note [ZeRO mirrors] in
 //   worker/zero/partition.h): each rank also steps the shards it mirrors,
-//   with the same gradients, so a shard lives on two ranks, on two nodes
-//   where the job has two.
+//   with the same gradients (for Adam and AdamW their state alone, the
+//   parameters arriving with the owner's broadcast), so a shard lives on
+//   two ranks, on two nodes where the job has two.
 // - A step is transactional. Each rank keeps its own and its mirrored
 //   shards as they were at the step's start: as it updates them it copies
 //   their parameters, and the update keeps the state from before (see Note

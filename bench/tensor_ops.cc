@@ -11,6 +11,14 @@
 // (161 tensors, 25.6 M floats) and 2,000 small tensors of 1,000 floats (one
 // DDP bucket's worth of a model made of small layers). bytes_per_second
 // counts the bytes read and written.
+//
+// Adam's step over the same two lists of parameters: `BM_AdamStepLibTorch` is
+// torch::optim::Adam::step (what an unsharded job's optimizer does),
+// `BM_AdamStepKeepingStart` the step a sharded optimizer under run_elastic
+// takes over its shard (OptimizerSnapshot::TakeParams + StepTaking: the
+// same bits, the state from before kept, see Note [Steps that keep their
+// start]) and `BM_AdamStepMirror` a mirror's (TakeParams + StepStateTaking:
+// the moments alone). items_per_second counts parameters.
 
 #include "worker/tensor_ops.h"
 
@@ -21,6 +29,7 @@
 #include <vector>
 
 #include "bench/model_sizes.h"
+#include "worker/checkpoint/optimizer_snapshot.h"
 
 namespace {
 
@@ -133,6 +142,46 @@ void BM_ScaleConcord(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * kBucket * 8);
 }
 
+// Adam over the list of parameters state.range(0), its state made by a
+// first step; `how` steps it once (once before the timing).
+template <typename F>
+void AdamStep(benchmark::State& state, F&& how) {
+  std::vector<at::Tensor> params = Tensors(state.range(0));
+  int64_t count = 0;
+  for (auto& p : params) {
+    p.mutable_grad() = at::randn_like(p);
+    count += p.numel();
+  }
+  torch::optim::Adam adam(params, torch::optim::AdamOptions(1e-3));
+  adam.step();
+  concord::checkpoint::OptimizerSnapshot snapshot;
+  // The steady state: a folded step's second buffers exist from its first.
+  how(adam, snapshot);
+  for (auto _ : state) how(adam, snapshot);
+  state.SetItemsProcessed(state.iterations() * count);
+}
+
+void BM_AdamStepLibTorch(benchmark::State& state) {
+  AdamStep(state, [](torch::optim::Adam& adam,
+                     concord::checkpoint::OptimizerSnapshot&) { adam.step(); });
+}
+
+void BM_AdamStepKeepingStart(benchmark::State& state) {
+  AdamStep(state, [](torch::optim::Adam& adam,
+                     concord::checkpoint::OptimizerSnapshot& snapshot) {
+    snapshot.TakeParams(adam);
+    snapshot.StepTaking(adam);
+  });
+}
+
+void BM_AdamStepMirror(benchmark::State& state) {
+  AdamStep(state, [](torch::optim::Adam& adam,
+                     concord::checkpoint::OptimizerSnapshot& snapshot) {
+    snapshot.TakeParams(adam);
+    snapshot.StepStateTaking(adam);
+  });
+}
+
 BENCHMARK(BM_FlattenLibTorch)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_FlattenConcord)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_UnflattenLibTorch)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
@@ -143,6 +192,12 @@ BENCHMARK(BM_CastFromHalfLibTorch)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_CastFromHalfConcord)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_ScaleLibTorch)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_ScaleConcord)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_AdamStepLibTorch)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_AdamStepKeepingStart)
+    ->Arg(0)
+    ->Arg(1)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_AdamStepMirror)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

@@ -285,11 +285,14 @@ torch::Tensor& Fit(torch::Tensor& spare, const torch::Tensor& like) {
 // parameter's size, paged in afresh at every step. Elsewhere (CUDA, where a
 // chunk would be a launch, or another layout) the operations run whole, as
 // LibTorch's.
-constexpr int64_t kChunk = int64_t{1} << 15;
+constexpr int64_t kChunk = int64_t{1} << 16;
 
-// Whether a folded step may run over `tensors` chunk by chunk.
+// Whether a folded step may run over `tensors` chunk by chunk: more than a
+// chunk's elements (a smaller parameter is in the cache whole, and a view
+// costs about as much as an operation on it).
 bool Chunkable(std::initializer_list<const torch::Tensor*> tensors) {
   const torch::Tensor& first = **tensors.begin();
+  if (first.numel() <= kChunk) return false;
   for (const torch::Tensor* t : tensors) {
     if (!t->defined() || !t->device().is_cpu() || !t->is_contiguous() ||
         t->numel() != first.numel() || t->dtype() != first.dtype()) {

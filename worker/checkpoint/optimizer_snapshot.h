@@ -21,10 +21,13 @@
 // are the same ones (mul_ is mul_out with its output as an input), so the
 // result is LibTorch's bit for bit (tested against step() for every option
 // that changes the arithmetic). Two buffers per moment alternate: no copy,
-// and no allocation after the first such step. The parameters, which the
-// model holds, are copied (TakeParams). Any other optimizer, and a step
-// given a closure (which may make first gradients), is copied as Take
-// copies it, then stepped by its own step().
+// and no allocation after the first such step. On the CPU the operations
+// run in cache-sized chunks (see Note [Folded steps in chunks] in
+// optimizer_snapshot.cc; bench/tensor_ops.cc's BM_AdamStep* compare it with
+// LibTorch's step). The parameters, which the model holds, are copied
+// (TakeParams). Any other optimizer, and a step given a closure (which may
+// make first gradients), is copied as Take copies it, then stepped by its
+// own step().
 
 #include <torch/torch.h>
 
