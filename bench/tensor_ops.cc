@@ -12,13 +12,14 @@
 // DDP bucket's worth of a model made of small layers). bytes_per_second
 // counts the bytes read and written.
 //
-// Adam's step over the same two lists of parameters: `BM_AdamStepLibTorch` is
-// torch::optim::Adam::step (what an unsharded job's optimizer does),
-// `BM_AdamStepKeepingStart` the step a sharded optimizer under run_elastic
-// takes over its shard (OptimizerSnapshot::TakeParams + StepTaking: the
-// same bits, the state from before kept, see Note [Steps that keep their
-// start]) and `BM_AdamStepMirror` a mirror's (TakeParams + StepStateTaking:
-// the moments alone). items_per_second counts parameters.
+// Adam's step over the same two lists of parameters and over three large
+// matrices (2): `BM_AdamStepLibTorch` is torch::optim::Adam::step (what an
+// unsharded job's optimizer does), `BM_AdamStepKeepingStart` the step a
+// sharded optimizer under run_elastic takes over its shard
+// (OptimizerSnapshot::TakeParams + StepTaking: the same bits, the state
+// from before kept, see Note [Steps that keep their start]) and
+// `BM_AdamStepMirror` a mirror's (TakeParams + StepStateTaking: the moments
+// alone). items_per_second counts parameters.
 
 #include "worker/tensor_ops.h"
 
@@ -34,8 +35,11 @@
 namespace {
 
 std::vector<at::Tensor> Tensors(int64_t which) {
-  std::vector<int64_t> sizes = which == 0 ? concord::bench::ResNet50Like()
-                                          : std::vector<int64_t>(2000, 1000);
+  std::vector<int64_t> sizes =
+      which == 0   ? concord::bench::ResNet50Like()
+      : which == 1 ? std::vector<int64_t>(2000, 1000)
+                   // bench/zero_vs_ddp.py's mlp-large's weight matrices
+                   : std::vector<int64_t>{1048576, 1048576, 524288};
   std::vector<at::Tensor> out;
   for (int64_t n : sizes) out.push_back(at::randn({n}));
   return out;
@@ -192,12 +196,20 @@ BENCHMARK(BM_CastFromHalfLibTorch)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_CastFromHalfConcord)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_ScaleLibTorch)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_ScaleConcord)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_AdamStepLibTorch)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_AdamStepLibTorch)
+    ->Arg(0)
+    ->Arg(1)
+    ->Arg(2)
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_AdamStepKeepingStart)
     ->Arg(0)
     ->Arg(1)
     ->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_AdamStepMirror)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_AdamStepMirror)
+    ->Arg(0)
+    ->Arg(1)
+    ->Arg(2)
+    ->Unit(benchmark::kMillisecond);
 
 }  // namespace
 
