@@ -204,6 +204,7 @@ BENCHMARK(BM_AdamStepLibTorch)
 BENCHMARK(BM_AdamStepKeepingStart)
     ->Arg(0)
     ->Arg(1)
+    ->Arg(2)
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_AdamStepMirror)
     ->Arg(0)

@@ -272,7 +272,7 @@ torch::Tensor& Fit(torch::Tensor& spare, const torch::Tensor& like) {
 }
 
 // Note [Folded steps in chunks]
-// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // A folded step's operations are elementwise: an element's arithmetic is
 // the same whatever range an operation is given (the vectorized and scalar
 // loops agree; the unit test compares against LibTorch's step() on tensors
