@@ -125,39 +125,65 @@ std::vector<Case> Cases() {
   };
 }
 
-TEST(OptimizerSnapshotTest, StepTakingIsLibTorchsStepBitForBit) {
+// One case's two sides: LibTorch's own step over `a`, the snapshot's over
+// `b`, the same parameters with the same gradients.
+struct Sides {
+  Sides(const Case& c, int64_t seed)
+      : a(Params(seed)), b(Params(seed)), plain(c.make(a)), other(c.make(b)) {}
+
+  // Gives both sides the step's gradients and takes LibTorch's step;
+  // `before` and `state_before` are b's parameters and state until then.
+  void Step(int step) {
+    SetGrads(a, step);
+    SetGrads(b, step);
+    before = Clones(b);
+    state_before = Clones(StateTensors(*other, b));
+    plain->step();
+  }
+
+  std::vector<torch::Tensor> a, b;
+  std::unique_ptr<optim::Optimizer> plain, other;
+  std::vector<torch::Tensor> before, state_before;
+};
+
+// Calls f(case, sides, snapshot, step) after each of five steps of
+// LibTorch's of every case (Sides::Step).
+template <typename F>
+void OverEveryCase(int64_t seed, F&& f) {
   for (const Case& c : Cases()) {
     SCOPED_TRACE(c.name);
-    std::vector<torch::Tensor> a = Params(3), b = Params(3);
-    auto plain = c.make(a);
-    auto taking = c.make(b);
+    Sides sides(c, seed);
     OptimizerSnapshot snapshot;
     for (int step = 0; step < 5; ++step) {
-      SetGrads(a, step);
-      SetGrads(b, step);
-      const auto before = Clones(b);
-      const auto state_before = Clones(StateTensors(*taking, b));
-      EXPECT_EQ(OptimizerSnapshot::Folds(*taking), c.folds && step > 0);
-      plain->step();
-      snapshot.TakeParams(*taking);
-      snapshot.StepTaking(*taking);
-      ExpectEqual(b, a, "parameters after step " + std::to_string(step));
-      ExpectEqual(StateTensors(*taking, b), StateTensors(*plain, a),
-                  "state after step " + std::to_string(step));
-      // What Restore puts back is the step's start, bit for bit; stepping
-      // again from there is the same step.
-      if (step == 3) {
-        snapshot.Restore(*taking);
-        ExpectEqual(b, before, "parameters restored");
-        ExpectEqual(StateTensors(*taking, b), state_before, "state restored");
-        snapshot.TakeParams(*taking);
-        snapshot.StepTaking(*taking);
-        ExpectEqual(b, a, "parameters stepped again");
-        ExpectEqual(StateTensors(*taking, b), StateTensors(*plain, a),
-                    "state stepped again");
-      }
+      sides.Step(step);
+      f(c, sides, snapshot, step);
     }
   }
+}
+
+TEST(OptimizerSnapshotTest, StepTakingIsLibTorchsStepBitForBit) {
+  OverEveryCase(3, [](const Case& c, Sides& sides, OptimizerSnapshot& snapshot,
+                      int step) {
+    auto& [a, b, plain, taking, before, state_before] = sides;
+    EXPECT_EQ(OptimizerSnapshot::Folds(*taking), c.folds && step > 0);
+    snapshot.TakeParams(*taking);
+    snapshot.StepTaking(*taking);
+    ExpectEqual(b, a, "parameters after step " + std::to_string(step));
+    ExpectEqual(StateTensors(*taking, b), StateTensors(*plain, a),
+                "state after step " + std::to_string(step));
+    // What Restore puts back is the step's start, bit for bit; stepping
+    // again from there is the same step.
+    if (step == 3) {
+      snapshot.Restore(*taking);
+      ExpectEqual(b, before, "parameters restored");
+      ExpectEqual(StateTensors(*taking, b), state_before, "state restored");
+      snapshot.TakeParams(*taking);
+      snapshot.StepTaking(*taking);
+      ExpectEqual(b, a, "parameters stepped again");
+      ExpectEqual(StateTensors(*taking, b), StateTensors(*plain, a),
+                  "state stepped again");
+    }
+  });
 }
 
 // A mirror's step (see Note [ZeRO mirrors] in worker/zero/partition.h):
@@ -165,47 +191,37 @@ TEST(OptimizerSnapshotTest, StepTakingIsLibTorchsStepBitForBit) {
 // owner sends them); FinishParams then makes the parameters' update, and
 // Restore still puts back the step's start.
 TEST(OptimizerSnapshotTest, StepStateTakingLeavesTheParametersToFinishParams) {
-  for (const Case& c : Cases()) {
-    SCOPED_TRACE(c.name);
-    std::vector<torch::Tensor> a = Params(4), b = Params(4);
-    auto plain = c.make(a);
-    auto mirror = c.make(b);
-    OptimizerSnapshot snapshot;
-    for (int step = 0; step < 5; ++step) {
-      SetGrads(a, step);
-      SetGrads(b, step);
-      const auto before = Clones(b);
-      const auto state_before = Clones(StateTensors(*mirror, b));
-      plain->step();
-      snapshot.TakeParams(*mirror);
-      const bool deferred = snapshot.StepStateTaking(*mirror);
-      EXPECT_EQ(deferred, c.folds && step > 0);
-      ExpectEqual(StateTensors(*mirror, b), StateTensors(*plain, a),
-                  "state after step " + std::to_string(step));
-      if (!deferred) {
-        ExpectEqual(b, a, "parameters stepped whole");
-        continue;
-      }
-      ExpectEqual(b, before, "parameters left alone");
-      if (step == 2) {
-        // Half-written by a broadcast that never finished: FinishParams
-        // starts from the step's start regardless.
-        b[0].zero_();
-      }
-      if (step == 3) {
-        snapshot.Restore(*mirror);
-        ExpectEqual(b, before, "parameters restored");
-        ExpectEqual(StateTensors(*mirror, b), state_before, "state restored");
-        snapshot.TakeParams(*mirror);
-        EXPECT_TRUE(snapshot.StepStateTaking(*mirror));
-      }
-      snapshot.FinishParams(*mirror);
-      ExpectEqual(b, a, "parameters finished at step " + std::to_string(step));
-      // Parameter 3 has no gradient at odd steps: FinishParams leaves it.
-      ExpectEqual(StateTensors(*mirror, b), StateTensors(*plain, a),
-                  "state after FinishParams");
+  OverEveryCase(4, [](const Case& c, Sides& sides, OptimizerSnapshot& snapshot,
+                      int step) {
+    auto& [a, b, plain, mirror, before, state_before] = sides;
+    snapshot.TakeParams(*mirror);
+    const bool deferred = snapshot.StepStateTaking(*mirror);
+    EXPECT_EQ(deferred, c.folds && step > 0);
+    ExpectEqual(StateTensors(*mirror, b), StateTensors(*plain, a),
+                "state after step " + std::to_string(step));
+    if (!deferred) {
+      ExpectEqual(b, a, "parameters stepped whole");
+      return;
     }
-  }
+    ExpectEqual(b, before, "parameters left alone");
+    if (step == 2) {
+      // Half-written by a broadcast that never finished: FinishParams
+      // starts from the step's start regardless.
+      b[0].zero_();
+    }
+    if (step == 3) {
+      snapshot.Restore(*mirror);
+      ExpectEqual(b, before, "parameters restored");
+      ExpectEqual(StateTensors(*mirror, b), state_before, "state restored");
+      snapshot.TakeParams(*mirror);
+      EXPECT_TRUE(snapshot.StepStateTaking(*mirror));
+    }
+    snapshot.FinishParams(*mirror);
+    ExpectEqual(b, a, "parameters finished at step " + std::to_string(step));
+    // Parameter 3 has no gradient at odd steps: FinishParams leaves it.
+    ExpectEqual(StateTensors(*mirror, b), StateTensors(*plain, a),
+                "state after FinishParams");
+  });
 }
 
 TEST(OptimizerSnapshotTest, StepTakingKeepsTheStateWithoutCopyingIt) {
