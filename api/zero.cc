@@ -60,6 +60,16 @@ namespace optim = torch::optim;
 //   any could finish the step, since that needs every rank's broadcast) or
 //   the step before. Each rank then offers the version that matches, live
 //   or copied, or nothing (a newcomer, a version that does not match).
+// - One rank alone, or two that mirror each other, step every shard
+//   (zero::EveryRankStepsAll): the mirrors step whole, nobody broadcasts,
+//   and once the State has seen the update come after the step's last
+//   collective (Participant::BeginStep's `late`, see Note [Early optimizer
+//   steps] in worker/elastic/state.h) nothing can fail the step after it:
+//   the step keeps no start, as an unsharded optimizer's does not, and
+//   costs what DDP's does (the shards, S/2 each, live on both ranks: the
+//   mirrors' redundancy is the whole state at W = 2). Should a collective
+//   after the update fail after all, the update is taken again, as an
+//   unsharded optimizer's is, and a warning says so.
 // - SyncState, on the new generation: every member says which parameters
 //   it holds at the job's step; each parameter is taken from the lowest rank
 //   holding it (its value and its state, one message per sending rank),
@@ -80,7 +90,8 @@ namespace optim = torch::optim;
 //   only the writers ever hold the rest.
 // Memory per rank, over the unsharded optimizer state S and parameters P
 // over N ranks: the live state of its shard and its mirrored one (2 S/N) and
-// both as they were at the step's start (2 (S + P)/N).
+// both as they were at the step's start (2 (S + P)/N); at N <= 2, S and,
+// after the first step, no copies.
 
 // Note [ZeRO on the timeline]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -323,7 +334,7 @@ torch::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
   }
   z.stepped = true;
   z.ReachedFault();
-  {
+  if (!z.StepsAll()) {
     auto span = z.Traced(kBroadcastSpan);
     z.SyncParams(param_groups());
   }
@@ -707,7 +718,14 @@ std::map<int64_t, NamedTensors> ZeroRedundancyOptimizer::Impl::HeldState()
   return out;
 }
 
-void ZeroRedundancyOptimizer::Impl::BeginStep(int64_t step) {
+bool ZeroRedundancyOptimizer::Impl::StepsAll() const {
+  return elastic && comm != nullptr &&
+         zero::EveryRankStepsAll(
+             mirror_of,
+             zero::ShardSizes(partition, NumelsOf(self->param_groups())));
+}
+
+void ZeroRedundancyOptimizer::Impl::BeginStep(int64_t step, bool late) {
   if (!elastic) return;
   shard_.clear();  // the last checkpoint's, filled or not: never kept longer
   if (overlapped() && overlap.status != Overlap::Status::kInitialized &&
@@ -720,10 +738,29 @@ void ZeroRedundancyOptimizer::Impl::BeginStep(int64_t step) {
   stepped = false;
   copied = false;  // until the update (TakeParams, Update)
   mirror_deferred = false;
+  // See Note [Elastic ZeRO]: with every shard on every member and nothing
+  // after the update that can fail the step, the step is DDP's.
+  keep_start = !(late && StepsAll());
+  if (!keep_start) {
+    own_copy.Clear();
+    mirror_copy.Clear();
+  }
+}
+
+void ZeroRedundancyOptimizer::Impl::RestoreStep() {
+  if (!elastic || !stepped || copied) return;
+  // See Note [Early optimizer steps] in worker/elastic/state.h: updated in
+  // place, then a collective of the step failed.
+  Log()->warn(
+      "{} '{}' stepped before a collective of step {} that failed, in the "
+      "first step it did so: its update is taken again when the step is "
+      "(Note [Early optimizer steps])",
+      kName, name, base + 1);
+  stepped = false;
 }
 
 void ZeroRedundancyOptimizer::Impl::TakeParams() {
-  if (!elastic) return;
+  if (!elastic || !keep_start) return;
   auto span = Traced(kCopySpan);
   own_copy.TakeParams(*local);
   if (mirror != nullptr) mirror_copy.TakeParams(*mirror);
@@ -733,18 +770,18 @@ torch::Tensor ZeroRedundancyOptimizer::Impl::Update(
     optim::Optimizer& o, optim::Optimizer::LossClosure closure) {
   const bool own = &o == local.get();
   auto span = Traced(own ? kUpdateSpan : kMirrorSpan);
-  if (!elastic) return o.step(std::move(closure));
+  if (!elastic || !keep_start) return o.step(std::move(closure));
   // See Note [Steps that keep their start] in
   // worker/checkpoint/optimizer_snapshot.h: the state from before the
   // step is kept while the step runs. A mirror moves the state alone where
   // it can: the parameters come with their owner's broadcast (see Note
-  // [ZeRO mirrors] in worker/zero/partition.h).
+  // [ZeRO mirrors] in worker/zero/partition.h), unless nobody broadcasts.
   copied = true;
-  if (!own) {
+  if (!own && !StepsAll()) {
     mirror_deferred = mirror_copy.StepStateTaking(o);
     return {};
   }
-  return own_copy.StepTaking(o, std::move(closure));
+  return (own ? own_copy : mirror_copy).StepTaking(o, std::move(closure));
 }
 
 absl::Status ZeroRedundancyOptimizer::Impl::SyncState(

@@ -352,7 +352,9 @@ Future StepAtLastBucket(Impl& z, GradBucket& bucket, Future future) {
     z.stepped = true;
     z.OverlapStep(all);
     z.ReachedFault();
-    for (size_t k = 0; k < o.buckets.size(); ++k) z.OverlapBroadcast(k);
+    if (!z.StepsAll()) {
+      for (size_t k = 0; k < o.buckets.size(); ++k) z.OverlapBroadcast(k);
+    }
   } else {
     // PyTorch's order: bucket by bucket, each share's update then its
     // broadcast.

@@ -138,4 +138,74 @@ TEST(ZeroRedundancyOptimizerTest, OverlappedUnderRunElasticFromTheThirdStep) {
   EXPECT_EQ(zero.local_optimizer().state().size(), 4u);
 }
 
+// See Note [Elastic ZeRO] in api/zero.cc: a rank alone steps every shard,
+// so once the State has seen its update come after the step's last
+// collective the step keeps no start, an unsharded optimizer's cost; a
+// sharded optimizer stepping before another model's collectives keeps it
+// every step, as an unsharded one does (Note [Early optimizer steps]).
+// Either way the parameters are LibTorch's Adam's, bit for bit.
+TEST(ZeroRedundancyOptimizerTest,
+     AStepKeepsItsStartOnlyWhereACollectiveFollows) {
+  for (bool early : {false, true}) {
+    SCOPED_TRACE(early ? "steps before another model's collectives"
+                       : "steps after the step's last collective");
+    concord::Job job;
+    torch::manual_seed(1);
+    Net net, plain_net, other;
+    CopyParams(*net, *plain_net);
+    concord::DistributedDataParallel ddp(net, job);
+    concord::DistributedDataParallel second(other, job);
+    concord::ZeroRedundancyOptimizer zero(ddp->parameters(),
+                                          torch::optim::AdamOptions(0.01), job);
+    torch::optim::Adam plain(plain_net->parameters(),
+                             torch::optim::AdamOptions(0.01));
+    concord::ElasticSampler sampler(12, job);
+    torch::optim::SGD second_optimizer(second->parameters(), 0.1);
+    concord::ElasticState state(job);
+    state.add("ddp", ddp)
+        .add("second", second)
+        .add("zero", zero)
+        .add("second_optimizer", second_optimizer)
+        .add(sampler);
+    const torch::Tensor x = torch::randn({12, 4}), y = torch::randn({12, 1});
+    int64_t live = 0;
+    int steps = 0;
+    concord::run_elastic(state, [&] {
+      while (auto batch = sampler.next(2)) {
+        const torch::Tensor idx =
+            torch::tensor(std::vector<int64_t>(batch->begin(), batch->end()));
+        auto loss = [&](const torch::Tensor& out) {
+          return torch::mse_loss(out, y.index({idx}));
+        };
+        concord::zero_grad(zero, false);
+        loss(ddp->forward(x.index({idx}))).backward();
+        if (early) zero.step();
+        loss(second->forward(x.index({idx}))).backward();
+        if (!early) zero.step();
+        state.commit();
+        plain.zero_grad();
+        loss(plain_net->forward(x.index({idx}))).backward();
+        plain.step();
+        ++steps;
+        const auto got = net->parameters(), want = plain_net->parameters();
+        for (size_t i = 0; i < got.size(); ++i) {
+          EXPECT_TRUE(torch::equal(got[i], want[i]))
+              << "step " << steps << " parameter " << i;
+        }
+        live = 0;
+        for (const auto& p : plain_net->parameters()) {
+          live += 2 * p.numel() * int64_t(sizeof(float));  // exp_avg(_sq)
+        }
+      }
+    });
+    EXPECT_EQ(steps, 6);
+    if (early) {
+      // The moments' kept buffers and the parameters as they were.
+      EXPECT_GT(zero.state_bytes(), live);
+    } else {
+      EXPECT_EQ(zero.state_bytes(), live);
+    }
+  }
+}
+
 }  // namespace

@@ -725,6 +725,14 @@ def _cases():
         extra=["--zero-bucket-view"]))
     c["zero-w3-restart"] = ("zero", lambda ctx: case_zero(
         ctx, "zero-w3-restart", 3, 3, "1:6:optimizer", kill="1:6:optimizer", restarts=1))
+    # Two ranks mirror each other and step every shard, with no broadcast and,
+    # from the second step, no step-start copies (see Note [Elastic ZeRO]):
+    # rank 0 dies after its update and rank 1 goes on alone with rank 0's
+    # shard from its mirror; or rank 1 dies and comes back for its shard.
+    c["zero-w2-shrink"] = ("zero", lambda ctx: case_zero(
+        ctx, "zero-w2-shrink", 2, 1, "0:4:optimizer", kill="0:4:optimizer"))
+    c["zero-w2-restart"] = ("zero", lambda ctx: case_zero(
+        ctx, "zero-w2-restart", 2, 2, "1:6:optimizer", kill="1:6:optimizer", restarts=1))
     # Overlapped with DDP (see Note [Elastic ZeRO overlapped with DDP]): a worker
     # dies in backward after its shards' update, before their broadcast; it
     # comes back and gets its shard. Several buckets with LibTorch 2.x; with

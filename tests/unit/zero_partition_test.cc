@@ -158,6 +158,21 @@ TEST(ZeroMirrorsTest, AloneHasNoMirror) {
   EXPECT_TRUE(MirrorsOf({}).empty());
 }
 
+TEST(ZeroMirrorsTest, OneRankOrTwoMirroringEachOtherStepEverything) {
+  EXPECT_TRUE(EveryRankStepsAll(MirrorsOf({"a"}), {10}));
+  EXPECT_TRUE(EveryRankStepsAll(MirrorsOf({"a", "a"}), {10, 7}));
+  EXPECT_TRUE(EveryRankStepsAll(MirrorsOf({"a", "b"}), {}));
+  // An empty shard needs no mirror.
+  EXPECT_TRUE(EveryRankStepsAll({1, -1}, {10, 0}));
+  EXPECT_FALSE(EveryRankStepsAll({1, -1}, {10, 3}));
+  // From three ranks on, each shard is on two of them only.
+  EXPECT_FALSE(EveryRankStepsAll(MirrorsOf({"a", "a", "a"}), {5, 5, 5}));
+  EXPECT_FALSE(EveryRankStepsAll(MirrorsOf({"a", "a", "b", "b"}), {}));
+  // One non-empty shard over three ranks is still on two of them only.
+  EXPECT_FALSE(EveryRankStepsAll({1, 2, 0}, {9, 0, 0}));
+  EXPECT_TRUE(EveryRankStepsAll({}, {}));
+}
+
 TEST(ZeroOfferTest, TheLiveShardsOfTheJobsStep) {
   // The step after commit 4 ran its update and someone committed it (the
   // job goes on from 5), or nobody stepped and the job is at 4.

@@ -533,6 +533,16 @@ void OptimizerSnapshot::FinishParams(torch::optim::Optimizer& optimizer) const {
   }
 }
 
+void OptimizerSnapshot::Clear() {
+  params_.clear();
+  state_.clear();
+  options_.clear();
+  deferred_.clear();
+  scratch_ = torch::Tensor();
+  archive_.clear();
+  serialized_ = false;
+}
+
 int64_t OptimizerSnapshot::bytes() const {
   int64_t out = int64_t(archive_.size());
   auto add = [&out](const torch::Tensor& t) {

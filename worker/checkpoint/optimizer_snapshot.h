@@ -95,6 +95,9 @@ class OptimizerSnapshot {
   // The bytes this snapshot holds: its parameters' and state's tensors (or
   // the serialized optimizer).
   int64_t bytes() const;
+  // Drops everything it holds (bytes() is then 0); the next Take or
+  // TakeParams allocates anew.
+  void Clear();
 
   // Whether the last Take went through Optimizer::save.
   bool serialized() const { return serialized_; }

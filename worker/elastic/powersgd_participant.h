@@ -36,7 +36,9 @@ class PowerSgdParticipant final : public Participant {
   // error feedback; the others drop their error feedback.
   absl::Status ResumeState(const NamedTensors* saved,
                            torch::optim::Optimizer& optimizer) override;
-  void BeginStep(int64_t /*step*/) override { state_->BeginStep(); }
+  void BeginStep(int64_t /*step*/, bool /*late*/) override {
+    state_->BeginStep();
+  }
   void RestoreStep() override { state_->Restore(); }
 
  private:

@@ -99,7 +99,7 @@ void State::AddOptimizer(const std::string& name,
 
 void State::Attach(Participant* participant, torch::optim::Optimizer* optimizer,
                    const std::string& name) {
-  participants_.push_back(Attached{participant, optimizer, name});
+  participants_.push_back(Attached{participant, optimizer, name, {}});
 }
 
 absl::Status State::AddGenerator(const std::string& name,
@@ -111,33 +111,54 @@ void State::OnReset(std::function<void(const ResetInfo&)> callback) {
   callbacks_.push_back(std::move(callback));
 }
 
-bool State::Changed(const Optimizer& o) {
-  return checkpoint::OptimizerSnapshot::Signature(*o.optimizer) != o.signature;
+void State::Watch::Start(const torch::optim::Optimizer& optimizer) {
+  signature = checkpoint::OptimizerSnapshot::Signature(optimizer);
+  early_this_step = false;
+}
+
+bool State::Watch::Changed(const torch::optim::Optimizer& optimizer) const {
+  return checkpoint::OptimizerSnapshot::Signature(optimizer) != signature;
+}
+
+bool State::Watch::Observe(const torch::optim::Optimizer& optimizer) {
+  if (early_this_step || !Changed(optimizer)) return false;
+  early_this_step = true;
+  if (timing == Timing::kEarly) return false;
+  timing = Timing::kEarly;
+  return true;
+}
+
+void State::Watch::Commit(const torch::optim::Optimizer& optimizer) {
+  if (timing == Timing::kUnseen && !early_this_step && Changed(optimizer)) {
+    timing = Timing::kLate;
+  }
 }
 
 void State::StartStep() {
   for (Optimizer& o : optimizers_) {
-    o.signature = checkpoint::OptimizerSnapshot::Signature(*o.optimizer);
-    o.early_this_step = false;
-    o.copied = o.timing != Timing::kLate;
+    o.watch.Start(*o.optimizer);
+    o.copied = o.watch.timing != Timing::kLate;
     if (o.copied) o.copy.Take(*o.optimizer);
   }
-  for (const Attached& a : participants_) a.participant->BeginStep(step);
+  for (Attached& a : participants_) {
+    if (a.optimizer != nullptr) a.watch.Start(*a.optimizer);
+    a.participant->BeginStep(step, a.watch.timing == Timing::kLate);
+  }
   in_step_ = true;
 }
 
 void State::ObserveCollective() {
   if (!in_step_) return;
   for (Optimizer& o : optimizers_) {
-    if (o.early_this_step || !Changed(o)) continue;
-    o.early_this_step = true;
-    if (o.timing != Timing::kEarly) {
+    if (o.watch.Observe(*o.optimizer)) {
       Log()->debug(
           "optimizer '{}' steps before a later collective of step {}: it is "
           "copied at the start of every step from now on",
           o.name, step + 1);
-      o.timing = Timing::kEarly;
     }
+  }
+  for (Attached& a : participants_) {
+    if (a.optimizer != nullptr) a.watch.Observe(*a.optimizer);
   }
 }
 
@@ -145,10 +166,9 @@ void State::Commit() { CommitState(/*may_checkpoint=*/true); }
 
 void State::CommitState(bool may_checkpoint) {
   if (in_step_) {
-    for (Optimizer& o : optimizers_) {
-      if (o.timing == Timing::kUnseen && !o.early_this_step && Changed(o)) {
-        o.timing = Timing::kLate;
-      }
+    for (Optimizer& o : optimizers_) o.watch.Commit(*o.optimizer);
+    for (Attached& a : participants_) {
+      if (a.optimizer != nullptr) a.watch.Commit(*a.optimizer);
     }
     in_step_ = false;
   }
@@ -776,11 +796,17 @@ void State::Restore() {
   }
   if (!in_step_) return;
   in_step_ = false;
-  for (const Attached& a : participants_) a.participant->RestoreStep();
+  for (Attached& a : participants_) {
+    // Changed before the failed collective: it changes early.
+    if (a.optimizer != nullptr && a.watch.Changed(*a.optimizer)) {
+      a.watch.timing = Timing::kEarly;
+    }
+    a.participant->RestoreStep();
+  }
   for (Optimizer& o : optimizers_) {
     // Stepped before the failed collective: it steps early.
-    const bool stepped = Changed(o);
-    if (stepped) o.timing = Timing::kEarly;
+    const bool stepped = o.watch.Changed(*o.optimizer);
+    if (stepped) o.watch.timing = Timing::kEarly;
     if (o.copied) {
       o.copy.Restore(*o.optimizer);
     } else if (stepped) {

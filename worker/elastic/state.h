@@ -230,7 +230,12 @@ class Participant {
   // A step begins after committed step `step` (State::BeginStep decided to
   // run it); it failed (State::Restore): for state the step's collectives
   // change before the commit, which must go back to the step's start.
-  virtual void BeginStep(int64_t /*step*/) {}
+  // `late`: the optimizer it was attached with has been seen to change only
+  // after its step's last collective, as an optimizer the State then no
+  // longer copies (see Note [Early optimizer steps]); what the participant
+  // changes after the step's collectives, with no collective of its own
+  // after that, need not be kept.
+  virtual void BeginStep(int64_t /*step*/, bool /*late*/) {}
   virtual void RestoreStep() {}
 };
 
@@ -371,7 +376,12 @@ class State {
   // more: after the first step, a plain loop pays nothing. One that first
   // steps early in a later step (its program changed pattern) is copied
   // from the next step on; if that very step fails, its update is taken
-  // again, and the State says so in one warning line naming it.
+  // again, and the State says so in one warning line naming it. The
+  // optimizer a participant is attached with is watched the same way, and
+  // the participant told at each step's start whether it is seen late
+  // (Participant::BeginStep): a sharded optimizer whose every member steps
+  // every shard then keeps no copy either (see Note [Elastic ZeRO] in
+  // api/zero.cc).
 
   // See Note [Early optimizer steps]: a collective of the current step is about
   // to start. Cheap (a version counter per parameter); any thread that
@@ -427,14 +437,24 @@ class State {
     std::string name;
     ddp::Engine* engine;
   };
-  // See Note [Early optimizer steps].
+  // See Note [Early optimizer steps]: when an optimizer (or an attached
+  // participant's) changes within a step.
   enum class Timing { kUnseen, kLate, kEarly };
-  struct Optimizer {
-    std::string name;
-    torch::optim::Optimizer* optimizer;
+  struct Watch {
     std::string signature;  // OptimizerSnapshot::Signature at the step start
     Timing timing = Timing::kUnseen;
     bool early_this_step = false;
+    void Start(const torch::optim::Optimizer& optimizer);
+    bool Changed(const torch::optim::Optimizer& optimizer) const;
+    // A collective of the step starts; true when this makes it early.
+    bool Observe(const torch::optim::Optimizer& optimizer);
+    // The step commits.
+    void Commit(const torch::optim::Optimizer& optimizer);
+  };
+  struct Optimizer {
+    std::string name;
+    torch::optim::Optimizer* optimizer;
+    Watch watch;
     bool copied = false;  // `copy` holds this step's start
     checkpoint::OptimizerSnapshot copy;
   };
@@ -504,7 +524,6 @@ class State {
   absl::Status HandOver(comm::Communicator& comm, bool has_data);
   // See Note [Early optimizer steps]: the step begins (versions, copies).
   void StartStep();
-  static bool Changed(const Optimizer& o);
 
   worker::Session* session_;
   concord::ElasticStateOptions options_;
@@ -512,8 +531,9 @@ class State {
   std::vector<Optimizer> optimizers_;
   struct Attached {
     Participant* participant;
-    torch::optim::Optimizer* optimizer;
+    torch::optim::Optimizer* optimizer;  // may be null
     std::string name;
+    Watch watch;
   };
   std::vector<Attached> participants_;
   std::vector<torch::Tensor> buffers_;  // every module's

@@ -152,6 +152,17 @@ std::vector<int> MirrorsOf(const std::vector<std::string>& nodes,
   return out;
 }
 
+bool EveryRankStepsAll(const std::vector<int>& mirrors,
+                       const std::vector<int64_t>& sizes) {
+  for (size_t r = 0; r < mirrors.size(); ++r) {
+    if (r < sizes.size() && sizes[r] == 0) continue;
+    for (size_t s = 0; s < mirrors.size(); ++s) {
+      if (s != r && mirrors[r] != int(s)) return false;
+    }
+  }
+  return true;
+}
+
 std::vector<int64_t> ShardSizes(
     const Partition& partition,
     const std::vector<std::vector<int64_t>>& numels) {

@@ -106,6 +106,14 @@ BucketAssignment AssignBuckets(const std::vector<std::vector<int64_t>>& buckets,
 std::vector<int> MirrorsOf(const std::vector<std::string>& nodes,
                            const std::vector<int64_t>& sizes = {});
 
+// Whether every rank steps every non-empty shard, its own or as its mirror
+// (`mirrors` from MirrorsOf, `sizes` from ShardSizes; a rank missing from
+// `sizes` counts as non-empty): one rank alone, or two mirroring each
+// other. No rank then needs another's parameters after a step, and none
+// broadcasts them (see Note [Elastic ZeRO] in api/zero.cc).
+bool EveryRankStepsAll(const std::vector<int>& mirrors,
+                       const std::vector<int64_t>& sizes);
+
 // The elements of each rank's shard.
 std::vector<int64_t> ShardSizes(
     const Partition& partition,
