@@ -25,6 +25,15 @@
 #   shared name to LibTorch's copy, and with GCC's --as-needed (Ubuntu's
 #   default) it would be dropped from the link altogether.
 #
+# A program linking libconcord.so (api/CMakeLists.txt) loads LibTorch in
+# its own right, and the dynamic linker searches a program's own libraries
+# before those of the libraries it loads, so libconcord.so's calls into
+# Gloo would bind to LibTorch's copy however libconcord.so itself was
+# linked (a SIGSEGV in the first collective, seen on pip's LibTorch 2.11).
+# With OFF, Concord::concord therefore puts Debian's libgloo on the
+# program's link line ahead of LibTorch, kept by --no-as-needed although the
+# program calls none of it (concord_gloo_first).
+#
 # scripts/gpu-suite.sh chooses ON when the wheel has the headers and
 # libtorch_cpu.so exports gloo:: symbols, OFF otherwise.
 option(CONCORD_GLOO_FROM_TORCH
@@ -46,3 +55,31 @@ if(CONCORD_GLOO_FROM_TORCH)
 else()
   find_package(Gloo CONFIG REQUIRED)
 endif()
+
+# Link items that make a program linking libconcord.so load Debian's libgloo
+# ahead of LibTorch (see Note [Gloo next to pip's LibTorch]): the library's
+# file with --no-as-needed, then --as-needed; nothing with
+# CONCORD_GLOO_FROM_TORCH. A path rather than the gloo target, so that the
+# installed package needs no find_package(Gloo).
+function(concord_gloo_first out)
+  set(items)
+  if(NOT CONCORD_GLOO_FROM_TORCH)
+    get_target_property(file gloo IMPORTED_LOCATION)
+    if(NOT file)
+      get_target_property(configs gloo IMPORTED_CONFIGURATIONS)
+      foreach(config IN LISTS configs)
+        get_target_property(file gloo IMPORTED_LOCATION_${config})
+        if(file)
+          break()
+        endif()
+      endforeach()
+    endif()
+    if(NOT file)
+      message(FATAL_ERROR "Concord: the gloo target names no library file")
+    endif()
+    # As LibTorch's own package names libtorch_cpu.so (one item each: CMake
+    # may drop a repeated flag).
+    set(items "-Wl,--no-as-needed,${file}" "-Wl,--as-needed")
+  endif()
+  set(${out} "${items}" PARENT_SCOPE)
+endfunction()
