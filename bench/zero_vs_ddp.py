@@ -10,6 +10,14 @@ concord-run first):
     /usr/bin/python3 bench/zero_vs_ddp.py --bin-dir build/bin --world-size 3,4,6 --steps 30 \\
         --repeat 3
 
+On a GPU (scripts/gpu-suite.sh runs the first; --device cuda:N puts every
+rank on that GPU, which only gloo allows, --device cuda rank r on cuda:r):
+
+    python3 bench/zero_vs_ddp.py --bin-dir build-gpu/bin --device cuda:0 --backend gloo \\
+        --world-size 2 --steps 20 --repeat 1
+    python3 bench/zero_vs_ddp.py --bin-dir build-gpu/bin --device cuda --backend nccl \\
+        --world-size 2
+
 What it does:
   1. Writes tests/reference/fixtures.py's mlp-large task (Linear layers of
      width 1024, ~2.6 M parameters, cross_entropy): Adam's state (exp_avg,
@@ -18,7 +26,12 @@ What it does:
      full batches (one epoch, no shuffle, rank r taking samples r, r+W, ...).
   2. Trains it seven times, Adam (lr --lr), one compute thread per worker,
      DDP's buckets capped at --bucket-cap-mb on both sides (so that the
-     overlap has buckets to spread over the ranks):
+     overlap has buckets to spread over the ranks), on --device (cpu by
+     default) with --backend (gloo by default) on both sides: concord-train
+     --device --backend, and PyTorch's model and batches moved to the
+     device, init_process_group(backend) and, on a GPU, DDP's
+     device_ids=[index]. NCCL needs a GPU per rank: --backend nccl is
+     refused on the CPU and where ranks would share a GPU.
      - concord ddp:         `concord-run --standalone --nproc W --
                             concord-train --optimizer adam` (unsharded);
      - concord zero:        the same with --zero (elastic ZeRO: concord-train
@@ -28,33 +41,41 @@ What it does:
                             DDP's backward, see Note [ZeRO overlapped with
                             DDP] in api/zero_overlap.cc);
      - torch ddp:           PyTorch's DDP and torch.optim.Adam, W processes
-                            (torch.multiprocessing, spawn), gloo;
+                            (torch.multiprocessing, spawn), --backend;
      - torch zero:          PyTorch's DDP and
                             ZeroRedundancyOptimizer(optimizer_class=Adam);
      - torch zero+ovl:      overlap_with_ddp=True with
                             hook_with_zero_step(allreduce_hook) (PyTorch
                             refuses gloo for it, for a hang of the
                             interleaved hook; the benchmark lifts that check
-                            for the non-interleaved one, which runs).
+                            for the non-interleaved one, which runs; with
+                            nccl there is nothing to lift).
      The overlapped runs update nothing in their first two steps, which
      the means leave out anyway.
   3. Prints, per kind: rank 0's mean and median step time (ms; forward,
      backward, optimizer step, and for Concord the elastic commit; the first
-     2 steps excluded), the median over --repeat runs run interleaved;
+     2 steps excluded), the median over --repeat runs run interleaved (on a
+     GPU PyTorch's step also holds the batch's copy to the device, as
+     concord-train's does, and is timed between torch.cuda.synchronize()
+     calls; concord-train's ends with the loss read back, which waits for
+     the GPU);
      optimizer-state bytes on rank 0 (Concord: --metrics-out's
      optimizer_state_bytes, the authoritative rank's, i.e.
      ZeroRedundancyOptimizer::state_bytes() or the LibTorch optimizer's
      state tensors; PyTorch: the nbytes of the (local) optimizer's state
-     tensors, 'step' excluded) and that over unsharded state / W; peak RSS
-     per rank (ru_maxrss; Concord: the largest of concord-run and its
-     workers, from wait4 on concord-run; PyTorch: the largest rank's).
+     tensors, 'step' excluded, wherever they live) and that over unsharded
+     state / W; peak RSS per rank (ru_maxrss, host memory only; Concord: the
+     largest of concord-run and its workers, from wait4 on concord-run;
+     PyTorch: the largest rank's). On a GPU also PyTorch's
+     torch.cuda.max_memory_allocated() per rank, each run's.
   4. Where Concord's steps go: every Concord run is traced (concord-run
      --trace), and the mean ms per step of backward, DDP's optimizer step
      and the sharded optimizer's parts (see Note [ZeRO on the timeline] in
      api/zero.cc: zero copy, zero update, zero mirror, zero broadcast) over
-     every rank's steps after the first 2 (the median over the runs); and
-     whether the overlapped run meets issue 48's goal (a mean step no
-     longer than unsharded Concord DDP's).
+     every rank's steps after the first 2 (the median over the runs; on a
+     GPU these spans are host time, and a kernel launched in one may be
+     waited for in a later one); and whether the overlapped run meets issue
+     48's goal (a mean step no longer than unsharded Concord DDP's).
   With several --world-size values, all of it again for each, one after
   the other.
   Then the expectation for each rank (see Note [Elastic ZeRO] in api/zero.cc) of
@@ -63,7 +84,8 @@ What it does:
   shards mirrored on the ranks stepping the fewest elements): its own and
   its mirrored shards' state live, plus copies of both with their parameters;
   and the same over an even split, 2 S/W + 2 (S + P)/W (S the unsharded
-  state, P the parameters' bytes), against "state/N plus the chosen
+  state, P the parameters' bytes; 2 S/W at W = 2, whose ranks step every
+  shard and keep no copies), against "state/N plus the chosen
   redundancy".
 """
 
@@ -91,6 +113,8 @@ import fixtures  # noqa: E402
 KIND = "mlp-large"
 WARMUP = 2  # steps left out of the mean, as concord-train does
 MIB = 1024.0 * 1024.0
+# Deaths of concord-run at its exit after a completed run (see run_concord).
+EXIT_DEATHS = []
 PARTS = ("backward", "optimizer", "zero copy", "zero update", "zero mirror", "zero broadcast")
 
 
@@ -108,7 +132,44 @@ def parse_args():
     p.add_argument("--bucket-cap-mb", type=float, default=2.0,
                    help="DDP's bucket_cap_mb, both sides")
     p.add_argument("--timeout", type=float, default=600)
+    p.add_argument("--device", default="cpu",
+                   help="cpu, cuda (rank r on cuda:r) or cuda:N (every rank on one device), "
+                   "both sides")
+    p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo",
+                   help="the process group's backend, both sides (nccl: a GPU per rank)")
     return p.parse_args()
+
+
+def check_device(args, sizes):
+    """None, or why --device and --backend cannot run these world sizes here
+    (one line)."""
+    try:
+        device = torch.device(args.device)
+    except (RuntimeError, ValueError):
+        return "--device: cpu, cuda or cuda:N, not %r" % args.device
+    if device.type == "cpu":
+        if device.index is not None:
+            return "--device: cpu, cuda or cuda:N, not %r" % args.device
+        if args.backend == "nccl":
+            return "--backend nccl needs CUDA tensors: give --device cuda or cuda:N"
+        return None
+    if device.type != "cuda":
+        return "--device: cpu, cuda or cuda:N, not %r" % args.device
+    if not torch.cuda.is_available():
+        return "--device %s: no CUDA device is visible" % args.device
+    count = torch.cuda.device_count()
+    if device.index is not None and device.index >= count:
+        return "--device %s: this machine has %d CUDA device(s)" % (args.device, count)
+    world = max(sizes)
+    if args.backend == "nccl" and (world > count or device.index is not None):
+        return ("--backend nccl needs a GPU per rank (NCCL refuses two ranks on one GPU): "
+                "world size %d, %d CUDA device(s), --device %s; use --device cuda with "
+                "world sizes up to %d, or --backend gloo" % (world, count, args.device, count))
+    if device.index is None and world > count:
+        return ("--device cuda puts rank r on cuda:r: world size %d needs %d CUDA devices, "
+                "this machine has %d; --device cuda:0 shares one (with --backend gloo)"
+                % (world, world, count))
+    return None
 
 
 # --- Concord ------------------------------------------------------------------
@@ -125,7 +186,9 @@ def run_concord(args, tmp, model, data, name, flags):
            "--loss", fixtures.default_loss(KIND), "--optimizer", "adam", "--lr", str(args.lr),
            "--batch-size", str(args.batch_size), "--epochs", "1", "--seed", str(args.seed),
            "--log-interval", "1000000", "--metrics-out", metrics,
-           "--bucket-cap-mb", str(args.bucket_cap_mb)] + flags
+           "--bucket-cap-mb", str(args.bucket_cap_mb),
+           # concord-run gives rank r LOCAL_RANK r: "cuda" is cuda:r.
+           "--device", args.device, "--backend", args.backend] + flags
     env = dict(os.environ, OMP_NUM_THREADS="1")
     with open(os.path.join(out, "stdout"), "w") as so, open(os.path.join(out, "stderr"), "w") as se:
         proc = subprocess.Popen(cmd, env=env, stdout=so, stderr=se)
@@ -141,9 +204,16 @@ def run_concord(args, tmp, model, data, name, flags):
                 sys.exit("%s timed out after %.0f s" % (name, args.timeout))
             time.sleep(0.05)
         proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
-        with open(os.path.join(out, "stderr")) as f:
-            sys.exit("%s failed (exit %d):\n%s" % (name, proc.returncode, f.read()[-3000:]))
+    with open(os.path.join(out, "stderr")) as f:
+        stderr = f.read()
+    if proc.returncode < 0 and os.path.exists(metrics) and "wrote the timeline" in stderr:
+        # concord-run died of a signal after the job completed and its
+        # results were written: the figures stand, and the death is reported.
+        EXIT_DEATHS.append("%s: concord-run killed by signal %d after writing the timeline"
+                           % (name, -proc.returncode))
+        print("warning: " + EXIT_DEATHS[-1], file=sys.stderr)
+    elif proc.returncode != 0:
+        sys.exit("%s failed (exit %d):\n%s" % (name, proc.returncode, stderr[-3000:]))
     with open(metrics) as f:
         m = json.load(f)
     return {"name": name, "steps": m["optimizer_steps"], "step_ms": m["step_time_ms_mean"],
@@ -174,7 +244,12 @@ def step_parts(path):
 
 def torch_worker(rank, world, init_file, cfg, prefix):
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank,
+    device = torch.device("cuda", rank) if cfg["device"] == "cuda" else \
+        torch.device(cfg["device"])
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group(cfg["backend"], init_method="file://" + init_file, rank=rank,
                             world_size=world, timeout=datetime.timedelta(seconds=300))
     try:
         from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -185,8 +260,11 @@ def torch_worker(rank, world, init_file, cfg, prefix):
             for name, t in list(model.named_parameters()) + list(model.named_buffers()):
                 t.copy_(initial[name])
         model.train()
+        model.to(device)
+        on_device = {"device_ids": [device.index]} if cuda else {}
         ddp = torch.nn.parallel.DistributedDataParallel(model,
-                                                        bucket_cap_mb=cfg["bucket_cap_mb"])
+                                                        bucket_cap_mb=cfg["bucket_cap_mb"],
+                                                        **on_device)
         if cfg["zero"] == "overlap":
             from torch.distributed.algorithms.ddp_comm_hooks import ddp_zero_hook
             from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
@@ -215,11 +293,17 @@ def torch_worker(rank, world, init_file, cfg, prefix):
         for s in range(cfg["steps"]):
             index = torch.tensor(shard[s * batch:(s + 1) * batch])
             x, y = data["inputs"][index], data["targets"][index]
+            if cuda:
+                torch.cuda.synchronize(device)
             start = time.perf_counter()
+            if cuda:
+                x, y = x.to(device), y.to(device)
             optimizer.zero_grad(set_to_none=False)
             F.cross_entropy(ddp(x), y).backward()
             if cfg["zero"] != "overlap":
                 optimizer.step()
+            if cuda:
+                torch.cuda.synchronize(device)
             times.append((time.perf_counter() - start) * 1e3)
         if local is None:
             local = optimizer.optim  # made in the third backward
@@ -229,7 +313,9 @@ def torch_worker(rank, world, init_file, cfg, prefix):
         result = {"step_ms": sum(timed) / len(timed), "steps": len(times),
                   "median_ms": float(torch.tensor(timed).median()),
                   "state_bytes": state_bytes,
-                  "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+                  "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                  "cuda_max_allocated": torch.cuda.max_memory_allocated(device) if cuda
+                  else None}
         with open("%s.rank%d.json" % (prefix, rank), "w") as f:
             json.dump(result, f)
         dist.barrier()
@@ -242,7 +328,7 @@ def run_torch(args, tmp, model, data, name, zero):
     # A fresh prefix per run: gloo's FileStore must not be reused.
     prefix = tempfile.mkdtemp(prefix=name.replace(" ", "-") + ".", dir=tmp) + "/run"
     cfg = {"model": model, "data": data, "zero": zero, "lr": args.lr,
-           "bucket_cap_mb": args.bucket_cap_mb,
+           "bucket_cap_mb": args.bucket_cap_mb, "device": args.device, "backend": args.backend,
            "batch_size": args.batch_size, "steps": args.steps}
     os.environ["OMP_NUM_THREADS"] = "1"
     error = fixtures.run_ranks(torch_worker, (args.world_size, prefix + ".store", cfg, prefix),
@@ -257,7 +343,8 @@ def run_torch(args, tmp, model, data, name, zero):
             "median_ms": ranks[0]["median_ms"],
             "state_bytes": ranks[0]["state_bytes"], "rank0_rss": ranks[0]["rss"],
             "max_rss": max(r["rss"] for r in ranks),
-            "per_rank_state": [r["state_bytes"] for r in ranks]}
+            "per_rank_state": [r["state_bytes"] for r in ranks],
+            "cuda_max_allocated": [r["cuda_max_allocated"] for r in ranks]}
 
 
 # --- the expected state (see Note [Elastic ZeRO]) -------------------------------------
@@ -291,13 +378,15 @@ def mirrors_of(shard):
 def expected_elastic(numels, world, state_per_elem, elem_bytes):
     """Bytes per rank: its own shard and those it mirrors (see Note [ZeRO
     mirrors]), live state plus the copies of state and parameters taken at
-    each step's start."""
+    each step's start; at one or two ranks, which step every shard, no
+    copies after the first step (see Note [Elastic ZeRO])."""
     shard = partition(numels, world)
     mirror = mirrors_of(shard)
+    per_elem = state_per_elem if world <= 2 else 2 * state_per_elem + elem_bytes
     out = []
     for r in range(world):
         held = shard[r] + sum(shard[o] for o in range(world) if mirror[o] == r)
-        out.append(held * (2 * state_per_elem + elem_bytes))
+        out.append(held * per_elem)
     return out, shard, mirror
 
 
@@ -317,6 +406,9 @@ def main():
         sys.exit("--world-size: comma-separated integers, not %r" % args.world_size)
     if not sizes or min(sizes) < 2:
         sys.exit("--world-size: each at least 2, not %r" % args.world_size)
+    error = check_device(args, sizes)
+    if error:
+        sys.exit(error)
     for i, world in enumerate(sizes):
         if i:
             print()
@@ -357,10 +449,10 @@ def bench_world(args):
     S = rows[0]["state_bytes"]  # unsharded Adam state
     P = params * 4
     print("%s (%d parameters, %.2f MiB; Adam state S = %.2f MiB unsharded), world size %d, "
-          "batch %d per rank, %d samples, Adam lr %g, bucket_cap_mb %g, 1 compute thread per "
-          "worker, %d run(s) of each" % (
-              KIND, params, P / MIB, S / MIB, W, args.batch_size, samples, args.lr,
-              args.bucket_cap_mb, args.repeat))
+          "device %s, backend %s, batch %d per rank, %d samples, Adam lr %g, bucket_cap_mb %g, "
+          "1 compute thread per worker, %d run(s) of each" % (
+              KIND, params, P / MIB, S / MIB, W, args.device, args.backend, args.batch_size,
+              samples, args.lr, args.bucket_cap_mb, args.repeat))
     header = "%-19s %5s %16s %8s %13s %8s %21s" % (
         "run", "steps", "step ms mean/med", "vs ddp", "state MiB/rk0", "/(S/W)",
         "peak RSS MiB rk0/max")
@@ -380,17 +472,28 @@ def bench_world(args):
     torch_zero = rows[5]["per_rank_state"]
     print("PyTorch ZeRO state per rank (MiB): %s" % ", ".join(
         "%.2f" % (b / MIB) for b in torch_zero))
+    if rows[4]["cuda_max_allocated"][0] is not None:
+        # Each run's per rank, the largest over the runs.
+        print("PyTorch torch.cuda.max_memory_allocated per rank (MiB): %s" % "; ".join(
+            "%s %s" % (each[0]["name"], ", ".join(
+                "%.2f" % (max(r["cuda_max_allocated"][k] for r in each) / MIB)
+                for k in range(W)))
+            for each in results[4:]))
     expected, shard, mirror = expected_elastic(numels, W, S / params, 4)
-    even = (2 * S + 2 * (S + P)) / W
-    print("Expected (Elastic ZeRO): per rank, own + mirrored shard's state live and copies of both "
-          "with their parameters; shards of %s parameters, mirrored on ranks %s:"
-          % ("/".join(str(s) for s in shard), "/".join(str(m) for m in mirror)))
+    copies = W > 2
+    even = (2 * S + (2 * (S + P) if copies else 0)) / W
+    print("Expected (Elastic ZeRO): per rank, own + mirrored shard's state live%s; shards of %s "
+          "parameters, mirrored on ranks %s:"
+          % (" and copies of both with their parameters" if copies else
+             " (every rank steps every shard: no copies)",
+             "/".join(str(s) for s in shard), "/".join(str(m) for m in mirror)))
     for r, e in enumerate(expected):
         print("  rank %d: expected %.2f MiB = %.2fx S/W" % (r, e / MIB, e / (S / W)))
     measured = rows[1]["state_bytes"]
-    print("  even split: 2 S/W + 2 (S + P)/W = %.2f MiB = %.2fx S/W; concord zero's rank 0 "
+    print("  even split: %s = %.2f MiB = %.2fx S/W; concord zero's rank 0 "
           "measured %.2f MiB = %.3fx its expectation (goal <= 1.1x)" % (
-              even / MIB, even / (S / W), measured / MIB, measured / expected[0]))
+              "2 S/W + 2 (S + P)/W" if copies else "2 S/W", even / MIB, even / (S / W),
+              measured / MIB, measured / expected[0]))
     print("Where Concord's steps go (ms per step, the mean over every rank's steps after the "
           "first %d, from --trace, the median over the runs; the overlapped run's updates and "
           "broadcast lie inside its backward):" % WARMUP)
@@ -400,6 +503,10 @@ def bench_world(args):
     ratio = rows[3]["step_ms"] / rows[0]["step_ms"]
     print("Step-time goal (issue 48): concord zero+ovl at %.2fx concord ddp's mean step at W = %d "
           "(goal <= 1.00x): %s" % (ratio, W, "met" if ratio <= 1.0 else "not met"))
+    if EXIT_DEATHS:
+        print("concord-run died at its exit after completing %d run(s), results kept: %s"
+              % (len(EXIT_DEATHS), "; ".join(EXIT_DEATHS)))
+        del EXIT_DEATHS[:]
     shutil.rmtree(tmp, ignore_errors=True)
 
 

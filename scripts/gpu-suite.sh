@@ -105,6 +105,7 @@ GPU_BENCHES=(
   '"$PY" bench/syncbn_vs_pytorch.py --bin-dir "$BIN" --device cuda --backend nccl --world-size "$NCCL_WORLD"'
   '"$PY" bench/syncbn_vs_pytorch.py --bin-dir "$BIN" --device cuda --backend nccl --world-size "$NCCL_WORLD" --dtype bfloat16 --channels-last'
   '"$PY" bench/syncbn_vs_pytorch.py --bin-dir "$BIN" --device cuda:0 --backend gloo --world-size 2'
+  '"$PY" bench/zero_vs_ddp.py --bin-dir "$BIN" --device cuda:0 --backend gloo --world-size 2 --steps 20 --repeat 1'
 )
 
 DEPS=.gpu-deps/debs

@@ -3,7 +3,7 @@
 with PyTorch's DDP, bit for bit.
 
     /usr/bin/python3 tests/reference/test_zero_reference.py --bin-dir B
-        [--case NAME ...] [--list]
+        [--case NAME ...] [--device cpu|cuda:N] [--list]
 
 An MLP (Linear(12, 24), ReLU, Linear(24, 24), Tanh, Linear(24, 3)) in DDP,
 S steps of zero_grad, mse_loss(ddp(x), y).backward(), optimizer.step(),
@@ -51,7 +51,17 @@ processes (torch.multiprocessing, fork), gloo through a file store,
 DDP(model) and ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class,
 parameters_as_bucket_view=..., overlap_with_ddp=...). Both start from the same tensors: this
 script writes the initial parameters and every rank's inputs and targets
-into one .pt file that both read. Checked per case:
+into one .pt file that both read.
+
+--device cuda:N (the gpu test reference_zero_cuda_gloo, with a Python whose
+torch has CUDA: CONCORD_CUDA_PYTHON): the same on CUDA tensors, every rank
+on cuda:N over Gloo on both sides (NCCL refuses two ranks on one GPU):
+zero_helper --device cuda:N (JobOptions::device, backend gloo; the model
+and the batches on job.device()) and, on PyTorch's side, the model and the
+batches on the device, DDP(device_ids=[N]) and processes started with spawn
+(CUDA cannot be forked). Everything compared is read back onto the CPU.
+Without a CUDA device it prints "CONCORD_TEST_SKIPPED: no CUDA device" and
+exits 0 (ctest: skipped). Checked per case:
 
 - the partition: the rank stepping each parameter is PyTorch's
   (zero._param_to_rank);
@@ -309,8 +319,12 @@ def zero_hook(overlap, ddp, zero, shard_buckets):
         ddp_zero_hook.dist.get_backend = get_backend
 
 
-def torch_worker(rank, world, init_file, in_path, prefix):
+def torch_worker(rank, world, init_file, in_path, prefix, device="cpu"):
     torch.set_num_threads(1)
+    device = torch.device(device)
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.set_device(device)
     dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank,
                             world_size=world, timeout=datetime.timedelta(seconds=120))
     try:
@@ -320,9 +334,12 @@ def torch_worker(rank, world, init_file, in_path, prefix):
         with torch.no_grad():
             for i, p in enumerate(model.parameters()):
                 p.copy_(inputs["param.%d" % i])
+        model.to(device)
         bucket_cap_mb = float(inputs["bucket_cap_mb"])
-        ddp = nn.parallel.DistributedDataParallel(
-            model, **(dict(bucket_cap_mb=bucket_cap_mb) if bucket_cap_mb >= 0 else {}))
+        options = dict(bucket_cap_mb=bucket_cap_mb) if bucket_cap_mb >= 0 else {}
+        if cuda:
+            options["device_ids"] = [device.index]
+        ddp = nn.parallel.DistributedDataParallel(model, **options)
         adam = int(inputs["optimizer"]) == 1
         lr = float(inputs["lr"])
         two_groups = int(inputs["groups"]) == 2
@@ -339,7 +356,7 @@ def torch_worker(rank, world, init_file, in_path, prefix):
         if overlap:
             ddp.register_comm_hook(None, zero_hook(overlap, ddp, zero,
                                                    bool(int(inputs["shard_buckets"]))))
-        x, y = inputs["x"], inputs["y"]
+        x, y = inputs["x"].to(device), inputs["y"].to(device)
         for s in range(x.size(0)):
             zero.zero_grad(set_to_none=False)
             F.mse_loss(ddp(x[s][rank]), y[s][rank]).backward()
@@ -373,37 +390,40 @@ def torch_worker(rank, world, init_file, in_path, prefix):
     fixtures.leave_rank()
 
 
-def run_torch(tmp, name, in_path, timeout=120.0):
+def run_torch(tmp, name, in_path, device, timeout=120.0):
     """PyTorch's side: (every rank's results, None) or (None, why not)."""
     world = CASES[name].world
     prefix = os.path.join(tmp, name + ".torch")
     init_file = os.path.join(tmp, name + ".store")
-    error = fixtures.run_ranks(torch_worker, (world, init_file, in_path, prefix), world,
-                               timeout, "PyTorch's ZeroRedundancyOptimizer")
+    error = fixtures.run_ranks(torch_worker, (world, init_file, in_path, prefix, device), world,
+                               timeout, "PyTorch's ZeroRedundancyOptimizer",
+                               start_method="fork" if device == "cpu" else "spawn")
     if error:
         return None, error
     return [fixtures.load_state("%s.rank%d.pt" % (prefix, r)) for r in range(world)], None
 
 
-def concord_command(bin_dir, tmp, name, in_path, prefix, env, flags=()):
-    """Runs zero_helper under concord-run (with `flags`) for case `name`: its
-    CommandResult."""
+def concord_command(bin_dir, tmp, name, in_path, prefix, env, device, flags=()):
+    """Runs zero_helper under concord-run (with `flags`) for case `name` on
+    `device`: its CommandResult."""
     world = CASES[name].world
     cmd = [os.path.join(bin_dir, "concord-run"), "--standalone", "--nproc", str(world),
            "--job-id", "zero-" + name] + list(flags) + ["--",
-           os.path.join(bin_dir, "zero_helper"), "--in", in_path, "--out", prefix]
+           os.path.join(bin_dir, "zero_helper"), "--in", in_path, "--out", prefix] + (
+               [] if device == "cpu" else ["--device", device])
     return processes.run_command(cmd, timeout=120, cwd=tmp, env=env)
 
 
-def run_concord(bin_dir, tmp, name, in_path):
+def run_concord(bin_dir, tmp, name, in_path, device):
     """Concord's side: (every rank's results, its output) or (None, why not)."""
     world = CASES[name].world
     prefix = os.path.join(tmp, name + ".concord")
     r = concord_command(bin_dir, tmp, name, in_path, prefix,
-                        CHECKPOINT_WRITES.get(name, IN_PLACE)[1])
+                        CHECKPOINT_WRITES.get(name, IN_PLACE)[1], device)
     if r.returncode != 0 or r.timed_out:
         return None, r.describe()
     return [{str(k): v for k, v in torch.load("%s.rank%d.pt" % (prefix, rank),
+                                              map_location="cpu",
                                               weights_only=False).items()}
             for rank in range(world)], r.stdout + r.stderr
 
@@ -438,14 +458,14 @@ def union_of_local_states(want):
     return out, stateless
 
 
-def run_case(checks, bin_dir, tmp, name):
+def run_case(checks, bin_dir, tmp, name, device="cpu"):
     case = CASES[name]
     world = case.world
-    what = "%s, %s" % (name, describe(case))
+    what = "%s, %s%s" % (name, describe(case), "" if device == "cpu" else ", on " + device)
     in_path = os.path.join(tmp, name + ".in.pt")
     inputs = make_inputs(name, in_path)
     start = time.monotonic()
-    want, error = run_torch(tmp, name, in_path)
+    want, error = run_torch(tmp, name, in_path, device)
     if not checks.check(want is not None, "%s: PyTorch's ZeroRedundancyOptimizer and DDP, %d "
                         "ranks, %d steps" % (what, world, case.steps), error or ""):
         return
@@ -463,7 +483,7 @@ def run_case(checks, bin_dir, tmp, name):
             return
         want[0].update(consolidated)
     start = time.monotonic()
-    got, output = run_concord(bin_dir, tmp, name, in_path)
+    got, output = run_concord(bin_dir, tmp, name, in_path, device)
     if not checks.check(got is not None, "%s: concord-run --standalone --nproc %d -- zero_helper"
                         % (what, world), output):
         return
@@ -509,7 +529,7 @@ def run_case(checks, bin_dir, tmp, name):
                                    "optimizer.pt"))
     problems = ["optimizer.pt: %d found" % len(found)] if len(found) != 1 else []
     if not problems:
-        saved = torch.load(found[0], weights_only=False)
+        saved = torch.load(found[0], map_location="cpu", weights_only=False)
         flat = {}
         for i, entry in saved["state"].items():
             put_state(flat, "state.%d" % i, entry)
@@ -539,7 +559,7 @@ def run_case(checks, bin_dir, tmp, name):
                          what, "as bytes rank 0 wrote" if unseen else "from those ranks"),
                      said.group(0) if said else "rank 0 said nothing of it:\n" + output[-3000:])
     if name == FAILED_WRITE_CASE:
-        check_failed_write(checks, bin_dir, tmp, name, in_path)
+        check_failed_write(checks, bin_dir, tmp, name, in_path, device)
 
 
 # The case run once more with its ranks failing to write their shards into
@@ -547,14 +567,15 @@ def run_case(checks, bin_dir, tmp, name):
 FAILED_WRITE_CASE = "w3-adam"
 
 
-def check_failed_write(checks, bin_dir, tmp, name, in_path):
+def check_failed_write(checks, bin_dir, tmp, name, in_path, device):
     """A rank that cannot write its shard fails the checkpoint on every rank,
     at once (no rank waits for a collective), and leaves nothing behind."""
     what = "%s, its ranks failing to write their shards" % name
     prefix = os.path.join(tmp, name + ".failing")
     # --min-workers 1: concord-run lets the last ranks end on their own.
     r = concord_command(bin_dir, tmp, name, in_path, prefix,
-                        {"CONCORD_TEST_CHECKPOINT_HOLES": "2"}, ["--min-workers", "1"])
+                        {"CONCORD_TEST_CHECKPOINT_HOLES": "2"}, device,
+                        ["--min-workers", "1"])
     said = set(re.findall(r"\[worker (\d+)\] zero_helper: UNAVAILABLE: rank \d+ could not "
                           r"write its shard into the checkpoint: test fault", r.stderr))
     world = CASES[name].world
@@ -574,8 +595,12 @@ def main():
     parser.add_argument("--bin-dir", required=True)
     parser.add_argument("--case", action="append", choices=sorted(CASES),
                         help="a case to run (repeatable; default: all)")
+    parser.add_argument("--device", default="cpu",
+                        help="cpu, or cuda:N: every rank on that GPU over Gloo, both sides")
     parser.add_argument("--list", action="store_true", help="list the cases")
     args = parser.parse_args()
+    if args.device != "cpu" and not re.fullmatch(r"cuda:\d+", args.device):
+        parser.error("--device: cpu or cuda:N, not %r" % args.device)
     if args.list:
         for name, case in CASES.items():
             print("%s: %d ranks, %s; %d steps; overlap %d, shard_buckets %d, model %d (%s), "
@@ -583,12 +608,16 @@ def main():
                                         case.overlap, int(case.shard_buckets), case.model,
                                         "big" if case.model else "small", case.bucket_cap_mb))
         return 0
+    if args.device != "cpu" and not torch.cuda.is_available():
+        print("CONCORD_TEST_SKIPPED: no CUDA device (torch %s, built with CUDA %s)" % (
+            torch.__version__, torch.version.cuda))
+        return 0
     torch.set_num_threads(1)
     checks = fixtures.Checks()
     bin_dir = os.path.abspath(args.bin_dir)
     with tempfile.TemporaryDirectory(prefix="zero_") as tmp:
         for name in args.case or list(CASES):
-            run_case(checks, bin_dir, tmp, name)
+            run_case(checks, bin_dir, tmp, name, args.device)
     return checks.finish()
 
 

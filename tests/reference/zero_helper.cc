@@ -1,8 +1,12 @@
 // concord-run --standalone --nproc W -- zero_helper --in IN.pt --out PREFIX
+//     [--device DEVICE]
 //
 // The C++ half of test_zero_reference.py: a program on the public API
 // (<concord/concord.h> only) training an MLP under DistributedDataParallel
-// with a ZeroRedundancyOptimizer, each worker a rank over Gloo on the CPU.
+// with a ZeroRedundancyOptimizer, each worker a rank over Gloo on the CPU,
+// or with --device (JobOptions::device, e.g. cuda:0, and backend gloo: the
+// ranks may share a GPU) on that device: the model and every batch moved to
+// job.device(). A device that is not there fails the Job (one line, exit 1).
 // IN.pt (torch.save, written by the test) is a dict:
 //   param.<i>: the model's initial parameters, in registration order
 //       (Linear(12, 24), Linear(24, 24), Linear(24, 3));
@@ -100,7 +104,8 @@ torch::optim::OptimizerParamState* StateOf(torch::optim::Optimizer& o,
   return it == state.end() ? nullptr : it->second.get();
 }
 
-int Train(const Dict& in, const std::string& prefix) {
+int Train(const Dict& in, const std::string& prefix,
+          const std::string& device) {
   torch::nn::Sequential model;
   if (Get(in, "model").item<int64_t>() == 1) {
     model =
@@ -120,7 +125,10 @@ int Train(const Dict& in, const std::string& prefix) {
       params[i].copy_(Get(in, "param." + std::to_string(i)));
     }
   }
-  concord::Job job;
+  concord::JobOptions job_options;
+  if (!device.empty()) job_options.device(device).backend("gloo");
+  concord::Job job(job_options);
+  model->to(job.device());
   concord::DdpOptions ddp_options;
   const double cap = Get(in, "bucket_cap_mb").item<double>();
   if (cap >= 0) ddp_options.bucket_cap_mb(cap);
@@ -171,7 +179,9 @@ int Train(const Dict& in, const std::string& prefix) {
   const int64_t r = job.rank();
   for (int64_t s = 0; s < x.size(0); ++s) {
     optimizer->zero_grad();
-    torch::mse_loss(ddp->forward(x[s][r]), y[s][r]).backward();
+    torch::mse_loss(ddp->forward(x[s][r].to(job.device())),
+                    y[s][r].to(job.device()))
+        .backward();
     if (overlap == 0) optimizer->step();
   }
 
@@ -231,14 +241,16 @@ int Train(const Dict& in, const std::string& prefix) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 5 || std::string(argv[1]) != "--in" ||
-      std::string(argv[3]) != "--out") {
-    std::cerr << "usage: zero_helper --in IN.pt --out PREFIX" << std::endl;
+  if ((argc != 5 && argc != 7) || std::string(argv[1]) != "--in" ||
+      std::string(argv[3]) != "--out" ||
+      (argc == 7 && std::string(argv[5]) != "--device")) {
+    std::cerr << "usage: zero_helper --in IN.pt --out PREFIX [--device DEVICE]"
+              << std::endl;
     return 2;
   }
   try {
     torch::set_num_threads(1);
-    return Train(Load(argv[2]), argv[4]);
+    return Train(Load(argv[2]), argv[4], argc == 7 ? argv[6] : "");
   } catch (const std::exception& e) {
     const std::string what = e.what();
     std::cerr << "zero_helper: " << what.substr(0, what.find('\n'))
