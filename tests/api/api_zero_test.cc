@@ -142,7 +142,8 @@ TEST(ZeroRedundancyOptimizerTest, OverlappedUnderRunElasticFromTheThirdStep) {
 // so once the State has seen its update come after the step's last
 // collective the step keeps no start, an unsharded optimizer's cost; a
 // sharded optimizer stepping before another model's collectives keeps it
-// every step, as an unsharded one does (Note [Early optimizer steps]).
+// every step, as an unsharded one does (see Note [Early optimizer steps] in
+// worker/elastic/state.h).
 // Either way the parameters are LibTorch's Adam's, bit for bit.
 TEST(ZeroRedundancyOptimizerTest,
      AStepKeepsItsStartOnlyWhereACollectiveFollows) {

@@ -84,12 +84,13 @@ BucketAssignment AssignBuckets(const std::vector<std::vector<int64_t>>& buckets,
 // the step's start and the new state, the owner's arithmetic (see
 // OptimizerSnapshot::StepStateTaking in
 // worker/checkpoint/optimizer_snapshot.h). Other optimizers' mirrors step
-// whole. A step waits for its slowest rank, and a rank's
-// update and state grow with the elements it steps (its own shard's and
-// those it mirrors), so the mirrors even those out: the shards are taken
-// largest first (by element count, the lower rank on a tie), and each
-// shard's mirror is the rank stepping the fewest elements so far (the
-// first after the shard's rank cyclically on a tie) on another node where
+// whole, and so does every mirror where every rank steps every shard
+// (EveryRankStepsAll: two ranks), since nobody broadcasts there. A step waits
+// for its slowest rank, and a rank's update and state grow with the elements it
+// steps (its own shard's and those it mirrors), so the mirrors even those out:
+// the shards are taken largest first (by element count, the lower rank on a
+// tie), and each shard's mirror is the rank stepping the fewest elements so far
+// (the first after the shard's rank cyclically on a tie) on another node where
 // there is one (among every other rank when all share the shard's node).
 // Shards of one size on one node give a ring: rank r mirrors on r + 1. One
 // rank alone has none (-1). The partition's shards are uneven where a few
