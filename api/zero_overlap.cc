@@ -263,12 +263,13 @@ void ZeroRedundancyOptimizer::Impl::OverlapBroadcast(size_t b) {
 }
 
 void ZeroRedundancyOptimizer::Impl::OverlapFinish() {
-  auto span = Traced(zero_api::kBroadcastSpan);
   Overlap& o = overlap;
   std::vector<std::shared_ptr<comm::Work>> works = std::move(o.broadcasts);
   o.broadcasts.clear();
   o.pending.clear();
   o.seen = 0;
+  if (works.empty()) return;  // nobody broadcasts (one rank, or two)
+  auto span = Traced(zero_api::kBroadcastSpan);
   for (auto& w : works) ThrowIfError(w->Synchronize());
 }
 

@@ -32,6 +32,11 @@ Cases (all by default), each with real processes on loopback:
              'generation 2' instant with world size 1, and the survivor's
              steps to the end.
   errors     bad --trace values: exit 2 with one line, no job.
+  zero       --optimizer adam --zero with --trace: at 4 workers every step
+             has a zero copy, update and broadcast span on every rank and a
+             zero mirror on the ranks that mirror; at 2, plain and
+             overlapped, a zero update and mirror in every step, a zero
+             copy in the first update only and no zero broadcast.
 
 Prints one line per check and 'N passed, N failed'; exits 1 on a failure.
 """
@@ -416,17 +421,23 @@ ZERO_SPANS = ("zero copy", "zero update", "zero mirror", "zero broadcast")
 
 def case_zero(checks, job):
     """A sharded optimizer's parts of a step are on the timeline (see Note
-    [ZeRO on the timeline] in api/zero.cc), plain and overlapped with DDP:
-    in a world of 2 each rank steps its shard and mirrors the other's."""
-    for kind, extra in (("plain", []),
-                        ("overlapped", ["--zero-overlap", "step", "--bucket-cap-mb", "0.0005"])):
-        name = "zero " + kind
-        trace = os.path.join(job.tmp, "zero-%s.json" % kind)
-        r = processes.run_command(job.cmd(run_extra=["--trace", trace],
+    [ZeRO on the timeline] in api/zero.cc), plain and overlapped with DDP.
+    In a world of 4 each rank copies what it holds, steps its shard, steps
+    the one it mirrors and waits for the broadcasts in every step. In a
+    world of 2 the ranks mirror each other and so step every shard (see
+    Note [Elastic ZeRO]): nobody broadcasts, and the start is kept (copied)
+    in the first update only, until the State has seen the update come
+    after the step's collectives."""
+    overlap = ["--zero-overlap", "step", "--bucket-cap-mb", "0.0005"]
+    for kind, world, extra in (("plain", 4, []), ("plain", 2, []), ("overlapped", 2, overlap)):
+        name = "zero %s at %d" % (kind, world)
+        trace = os.path.join(job.tmp, "zero-%s-%d.json" % (kind, world))
+        r = processes.run_command(job.cmd(nproc=world, run_extra=["--trace", trace],
                                          train_extra=["--optimizer", "adam", "--zero"] + extra),
                                  timeout=RUN_TIMEOUT)
         if not checks.check(r.returncode == 0 and os.path.exists(trace),
-                            name + ": a 2-worker --zero job with --trace succeeds", r.describe()):
+                            name + ": a %d-worker --zero job with --trace succeeds" % world,
+                            r.describe()):
             continue
         spans = check_trace_basics(checks, name, load_trace(trace))
         by = steps_by_rank(spans)
@@ -435,23 +446,42 @@ def case_zero(checks, job):
         # The overlap updates nothing in its first two steps (PyTorch's warm-up).
         first = 3 if extra else 1
         problems = []
-        for pid in (0, 1):
+        mirroring = {}  # step: the ranks with a zero mirror span
+        for pid in range(world):
             for step in range(first, steps + 1):
                 got = by.get(pid, {}).get(step, {})
                 within = got.get("backward" if extra else "step", [None])[0]
+                if got.get("zero mirror"):
+                    mirroring.setdefault(step, set()).add(pid)
                 for want in ZERO_SPANS:
+                    if world > 2 and want == "zero mirror":
+                        # The largest shards' ranks may mirror none (see
+                        # Note [ZeRO mirrors]).
+                        count = min(1, len(got.get(want, [])))
+                    elif world > 2 or want in ("zero update", "zero mirror"):
+                        count = 1
+                    elif want == "zero copy":
+                        count = 1 if step == first else 0
+                    else:
+                        count = 0
                     found = got.get(want, [])
-                    if len(found) != 1:
+                    if len(found) != count:
                         problems.append("rank %d step %d: %d %s" % (pid, step, len(found), want))
-                    elif want != "zero copy" and within and not (
+                    elif found and want != "zero copy" and within and not (
                             within["ts"] <= found[0]["ts"] and found[0]["ts"] + found[0]["dur"]
                             <= within["ts"] + within["dur"]):
                         problems.append("rank %d step %d: %s outside %s" % (
                             pid, step, want, within["name"]))
-        checks.check(steps > first and not problems,
-                     name + ": each of steps %d..%d on both ranks has one %s span (the updates "
-                     "and broadcast in its %s)" % (first, steps, ", ".join(ZERO_SPANS),
-                                                   "backward" if extra else "step"),
+        if len(set(frozenset(m) for m in mirroring.values())) != 1 or \
+                len(mirroring) != steps - first + 1:
+            problems.append("the ranks that mirror change or are none: %s" % mirroring)
+        what = ("one zero copy, zero update and zero broadcast span, one zero mirror on the same "
+                "ranks in every step" if world > 2 else
+                "one zero update and zero mirror span, no zero broadcast, a zero copy in step "
+                "%d only" % first)
+        checks.check(steps > first + 1 and not problems,
+                     name + ": each of steps %d..%d on every rank has %s (inside its %s)"
+                     % (first, steps, what, "backward" if extra else "step"),
                      "; ".join(problems[:8]))
 
 
