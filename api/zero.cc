@@ -334,7 +334,7 @@ torch::Tensor ZeroRedundancyOptimizer::step(LossClosure closure) {
   }
   z.stepped = true;
   z.ReachedFault();
-  if (!z.StepsAll()) {
+  if (!z.steps_all) {
     auto span = z.Traced(kBroadcastSpan);
     z.SyncParams(param_groups());
   }
@@ -718,13 +718,6 @@ std::map<int64_t, NamedTensors> ZeroRedundancyOptimizer::Impl::HeldState()
   return out;
 }
 
-bool ZeroRedundancyOptimizer::Impl::StepsAll() const {
-  return elastic && comm != nullptr &&
-         zero::EveryRankStepsAll(
-             mirror_of,
-             zero::ShardSizes(partition, NumelsOf(self->param_groups())));
-}
-
 void ZeroRedundancyOptimizer::Impl::BeginStep(int64_t step, bool late) {
   if (!elastic) return;
   shard_.clear();  // the last checkpoint's, filled or not: never kept longer
@@ -740,7 +733,9 @@ void ZeroRedundancyOptimizer::Impl::BeginStep(int64_t step, bool late) {
   mirror_deferred = false;
   // See Note [Elastic ZeRO]: with every shard on every member and nothing
   // after the update that can fail the step, the step is DDP's.
-  keep_start = !(late && StepsAll());
+  steps_all = zero::EveryRankStepsAll(
+      mirror_of, zero::ShardSizes(partition, NumelsOf(groups())));
+  keep_start = !(late && steps_all);
   if (!keep_start) {
     own_copy.Clear();
     mirror_copy.Clear();
@@ -777,7 +772,7 @@ torch::Tensor ZeroRedundancyOptimizer::Impl::Update(
   // it can: the parameters come with their owner's broadcast (see Note
   // [ZeRO mirrors] in worker/zero/partition.h), unless nobody broadcasts.
   copied = true;
-  if (!own && !StepsAll()) {
+  if (!own && !steps_all) {
     mirror_deferred = mirror_copy.StepStateTaking(o);
     return {};
   }
@@ -982,6 +977,7 @@ absl::Status ZeroRedundancyOptimizer::Impl::SyncState(
   base = step;
   stepped = false;
   copied = false;
+  steps_all = false;  // until the next BeginStep
   resumed.reset();
   empty = false;
   adopted.clear();

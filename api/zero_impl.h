@@ -89,6 +89,10 @@ struct ZeroRedundancyOptimizer::Impl final : elastic::Participant {
   // every member steps every shard and the State sees the step's update
   // come after its last collective (BeginStep's `late`).
   bool keep_start = true;
+  // Under run_elastic, set by BeginStep: whether every member steps every
+  // shard, its own or as a mirror (zero::EveryRankStepsAll); nobody
+  // broadcasts then.
+  bool steps_all = false;
   checkpoint::OptimizerSnapshot own_copy, mirror_copy;
   // A checkpoint this rank resumed, by parameter index (the others: none),
   // and whether this rank holds nothing the job can use.
@@ -142,9 +146,6 @@ struct ZeroRedundancyOptimizer::Impl final : elastic::Participant {
       const checkpoint::OptimizerContent& saved) override;
   void BeginStep(int64_t step, bool late) override;
   void RestoreStep() override;
-  // Under run_elastic: whether every member steps every shard, its own or
-  // as a mirror (zero::EveryRankStepsAll): no parameters are broadcast.
-  bool StepsAll() const;
   // A step's update of this rank's shards (see Note [Elastic ZeRO]): under
   // run_elastic TakeParams copies the parameters of the shards it holds,
   // then Update steps `o` (`local` or `mirror`) keeping the state from

@@ -353,7 +353,7 @@ Future StepAtLastBucket(Impl& z, GradBucket& bucket, Future future) {
     z.stepped = true;
     z.OverlapStep(all);
     z.ReachedFault();
-    if (!z.StepsAll()) {
+    if (!z.steps_all) {
       for (size_t k = 0; k < o.buckets.size(); ++k) z.OverlapBroadcast(k);
     }
   } else {
